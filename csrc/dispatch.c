@@ -1,0 +1,380 @@
+/*
+ * The public kernels of ggmlopt.h: pick the SIMD path once, then cut each call
+ * into blocks and run the blocks on the thread pool.
+ *
+ * Reductions are summed block by block in a fixed order, and the block size
+ * depends only on the problem size, so a sum is the same whatever the number of
+ * threads.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ggmlopt.h"
+#include "kernel_table.h"
+#include "threadpool.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+
+/* ---- CPU detection and the table of paths --------------------------------- */
+
+typedef struct {
+    const char *name;
+    const ggmlopt_kernel_table *table; /* NULL: not compiled in */
+    int supported;
+} go_path;
+
+static go_path paths[] = {
+#if defined(__x86_64__) || defined(_M_X64)
+    {"avx2", &ggmlopt_kernels_avx2, 0},
+#else
+    {"avx2", NULL, 0},
+#endif
+#if defined(__aarch64__)
+    {"neon", &ggmlopt_kernels_neon, 1},
+#else
+    {"neon", NULL, 0},
+#endif
+    {"scalar", &ggmlopt_kernels_scalar, 1},
+};
+#define GO_NPATHS ((int)(sizeof(paths) / sizeof(paths[0])))
+
+static char cpu_features[128];
+static _Atomic(const ggmlopt_kernel_table *) active = NULL;
+
+#if defined(__x86_64__) || defined(_M_X64)
+static unsigned long long go_xgetbv0(void) {
+    unsigned int eax, edx;
+    __asm__ __volatile__("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((unsigned long long)edx << 32) | eax;
+}
+#endif
+
+static void detect_cpu(void) {
+#if defined(__x86_64__) || defined(_M_X64)
+    unsigned int a, b, c, d;
+    int avx = 0, fma = 0, f16c = 0, avx2 = 0, osymm = 0;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        fma = (c >> 12) & 1;
+        f16c = (c >> 29) & 1;
+        avx = (c >> 28) & 1;
+        /* the OS must save the YMM registers on context switches */
+        if ((c >> 27) & 1) osymm = (go_xgetbv0() & 6) == 6;
+    }
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) avx2 = (b >> 5) & 1;
+    paths[0].supported = avx && avx2 && fma && f16c && osymm;
+    snprintf(cpu_features, sizeof(cpu_features), "avx=%d avx2=%d fma=%d f16c=%d os_ymm=%d", avx,
+             avx2, fma, f16c, osymm);
+#elif defined(__aarch64__)
+    snprintf(cpu_features, sizeof(cpu_features), "neon=1");
+#else
+    cpu_features[0] = '\0';
+#endif
+}
+
+static const ggmlopt_kernel_table *best_table(void) {
+    for (int i = 0; i < GO_NPATHS; ++i)
+        if (paths[i].table && paths[i].supported) return paths[i].table;
+    return &ggmlopt_kernels_scalar;
+}
+
+static const ggmlopt_kernel_table *kernels(void) {
+    const ggmlopt_kernel_table *t = atomic_load_explicit(&active, memory_order_acquire);
+    if (!t) {
+        detect_cpu();
+        t = best_table();
+        atomic_store_explicit(&active, t, memory_order_release);
+    }
+    return t;
+}
+
+int ggmlopt_simd_count(void) { return GO_NPATHS; }
+const char *ggmlopt_simd_name(int i) { return i >= 0 && i < GO_NPATHS ? paths[i].name : NULL; }
+int ggmlopt_simd_compiled(int i) { return i >= 0 && i < GO_NPATHS && paths[i].table != NULL; }
+int ggmlopt_simd_supported(int i) {
+    kernels();
+    return i >= 0 && i < GO_NPATHS && paths[i].table != NULL && paths[i].supported;
+}
+const char *ggmlopt_simd_active(void) { return kernels()->name; }
+const char *ggmlopt_cpu_features(void) {
+    kernels();
+    return cpu_features;
+}
+
+int ggmlopt_simd_select(const char *name) {
+    kernels();
+    if (!name) {
+        atomic_store_explicit(&active, best_table(), memory_order_release);
+        return 0;
+    }
+    for (int i = 0; i < GO_NPATHS; ++i) {
+        if (strcmp(paths[i].name, name) != 0) continue;
+        if (!paths[i].table) return -2;
+        if (!paths[i].supported) return -3;
+        atomic_store_explicit(&active, paths[i].table, memory_order_release);
+        return 0;
+    }
+    return -1;
+}
+
+void ggmlopt_set_num_threads(int n) { go_pool_set_threads(n); }
+int ggmlopt_get_num_threads(void) { return go_pool_threads(); }
+
+/* ---- blocks on threads ---------------------------------------------------- */
+
+#define GO_MAX_BLOCKS 256
+
+typedef double (*go_block_fn)(const void *args, int64_t begin, int64_t end);
+
+typedef struct {
+    go_block_fn fn;
+    const void *args;
+    int64_t n, block;
+    int nblocks;
+    double *partial;
+} go_blocks_job;
+
+static void blocks_part(void *ctx, int part, int nparts) {
+    go_blocks_job *job = (go_blocks_job *)ctx;
+    const int b0 = (int)((int64_t)job->nblocks * part / nparts);
+    const int b1 = (int)((int64_t)job->nblocks * (part + 1) / nparts);
+    for (int b = b0; b < b1; ++b) {
+        const int64_t begin = b * job->block;
+        const int64_t end = begin + job->block < job->n ? begin + job->block : job->n;
+        job->partial[b] = job->fn(job->args, begin, end);
+    }
+}
+
+/* Runs fn over [0, n) in blocks of at least block_min items (a multiple of 16,
+ * so threads never share a cache line of output) and returns the sum of what
+ * the blocks return, added in block order.  Threads join in only once n reaches
+ * parallel_min. */
+static double run_blocks(int64_t n, int64_t block_min, int64_t parallel_min, go_block_fn fn,
+                         const void *args) {
+    if (n <= 0) return 0.0;
+    int64_t block = (n + GO_MAX_BLOCKS - 1) / GO_MAX_BLOCKS;
+    if (block < block_min) block = block_min;
+    block = (block + 15) & ~(int64_t)15;
+    const int nblocks = (int)((n + block - 1) / block);
+    if (nblocks == 1) return fn(args, 0, n);
+
+    double partial[GO_MAX_BLOCKS];
+    go_blocks_job job = {fn, args, n, block, nblocks, partial};
+    int nparts = n >= parallel_min ? go_pool_threads() : 1;
+    if (nparts > nblocks) nparts = nblocks;
+    if (nparts > 1) {
+        go_pool_run(blocks_part, &job, nparts);
+    } else {
+        blocks_part(&job, 0, 1);
+    }
+    double s = 0.0;
+    for (int b = 0; b < nblocks; ++b) s += partial[b];
+    return s;
+}
+
+/* Elementwise kernels go parallel from about 256 KiB of traffic. */
+#define GO_BLOCK_MIN 16384
+#define GO_PARALLEL_MIN_ELEMWISE 32768
+#define GO_PARALLEL_MIN_REDUCE 65536
+
+/* ---- the public kernels --------------------------------------------------- */
+
+typedef struct { float *w; const float *g; float *m; float *v; const float *params; } adamw_args;
+static double adamw_block(const void *p, int64_t b, int64_t e) {
+    const adamw_args *a = (const adamw_args *)p;
+    kernels()->adamw_step_f32(e - b, a->w + b, a->g + b, a->m + b, a->v + b, a->params);
+    return 0.0;
+}
+void ggmlopt_adamw_step_f32(int64_t n, float *w, const float *g, float *m, float *v,
+                            const float params[GGMLOPT_ADAMW_NPARAMS]) {
+    adamw_args a = {w, g, m, v, params};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE / 2, adamw_block, &a);
+}
+
+typedef struct { float *w; const float *g; float alpha, wd; } sgd_args;
+static double sgd_block(const void *p, int64_t b, int64_t e) {
+    const sgd_args *a = (const sgd_args *)p;
+    kernels()->sgd_step_f32(e - b, a->w + b, a->g + b, a->alpha, a->wd);
+    return 0.0;
+}
+void ggmlopt_sgd_step_f32(int64_t n, float *w, const float *g, float alpha, float wd) {
+    sgd_args a = {w, g, alpha, wd};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, sgd_block, &a);
+}
+
+typedef struct { float a; const float *x; float *y; } axpy_args;
+static double axpy_block(const void *p, int64_t b, int64_t e) {
+    const axpy_args *a = (const axpy_args *)p;
+    kernels()->axpy_f32(e - b, a->a, a->x ? a->x + b : NULL, a->y + b);
+    return 0.0;
+}
+void ggmlopt_axpy_f32(int64_t n, float a, const float *x, float *y) {
+    axpy_args args = {a, x, y};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, axpy_block, &args);
+}
+
+static double scale_block(const void *p, int64_t b, int64_t e) {
+    const axpy_args *a = (const axpy_args *)p;
+    kernels()->scale_f32(e - b, a->a, a->y + b);
+    return 0.0;
+}
+void ggmlopt_scale_f32(int64_t n, float a, float *x) {
+    axpy_args args = {a, NULL, x};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, scale_block, &args);
+}
+
+static double fill_block(const void *p, int64_t b, int64_t e) {
+    const axpy_args *a = (const axpy_args *)p;
+    kernels()->fill_f32(e - b, a->a, a->y + b);
+    return 0.0;
+}
+void ggmlopt_fill_f32(int64_t n, float value, float *x) {
+    axpy_args args = {value, NULL, x};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, fill_block, &args);
+}
+
+static double sum_block(const void *p, int64_t b, int64_t e) {
+    return kernels()->sum_f32(e - b, (const float *)p + b);
+}
+double ggmlopt_sum_f32(int64_t n, const float *x) {
+    return run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_REDUCE, sum_block, x);
+}
+
+static double sumsq_block(const void *p, int64_t b, int64_t e) {
+    return kernels()->sumsq_f32(e - b, (const float *)p + b);
+}
+double ggmlopt_sumsq_f32(int64_t n, const float *x) {
+    return run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_REDUCE, sumsq_block, x);
+}
+
+typedef struct { int64_t ncols; const float *x; int32_t *out; } argmax_args;
+static double argmax_block(const void *p, int64_t b, int64_t e) {
+    const argmax_args *a = (const argmax_args *)p;
+    kernels()->argmax_rows_f32(e - b, a->ncols, a->x + b * a->ncols, a->out + b);
+    return 0.0;
+}
+static int64_t rows_for(int64_t ncols, int64_t items) {
+    const int64_t r = ncols > 0 ? items / ncols : items;
+    return r > 0 ? r : 1;
+}
+void ggmlopt_argmax_rows_f32(int64_t nrows, int64_t ncols, const float *x, int32_t *out) {
+    argmax_args a = {ncols, x, out};
+    run_blocks(nrows, rows_for(ncols, GO_BLOCK_MIN), rows_for(ncols, GO_PARALLEL_MIN_REDUCE),
+               argmax_block, &a);
+}
+
+typedef struct { const int32_t *a, *b; } count_args;
+static double count_block(const void *p, int64_t b, int64_t e) {
+    const count_args *a = (const count_args *)p;
+    return (double)kernels()->count_equal_i32(e - b, a->a + b, a->b + b);
+}
+int64_t ggmlopt_count_equal_i32(int64_t n, const int32_t *a, const int32_t *b) {
+    count_args args = {a, b};
+    /* each block's count is exact in a double, and so is their sum below 2^53 */
+    return (int64_t)run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_REDUCE, count_block, &args);
+}
+
+typedef struct { int64_t ncols; const float *x, *l; float *grad; float scale; } ce_args;
+static double ce_block(const void *p, int64_t b, int64_t e) {
+    const ce_args *a = (const ce_args *)p;
+    return kernels()->cross_entropy_rows_f32(e - b, a->ncols, a->x + b * a->ncols,
+                                             a->l + b * a->ncols,
+                                             a->grad ? a->grad + b * a->ncols : NULL, a->scale);
+}
+double ggmlopt_cross_entropy_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                 const float *labels, float *grad, float grad_scale) {
+    if (nrows <= 0) return 0.0;
+    ce_args a = {ncols, logits, labels, grad, grad_scale / (float)nrows};
+    /* exp-bound: threads pay off from a few thousand logits */
+    const double total = run_blocks(nrows, rows_for(ncols, 2048), rows_for(ncols, 8192), ce_block, &a);
+    return total / (double)nrows;
+}
+
+typedef struct { const float *out, *l; float *grad; float scale; } se_args;
+static double se_block(const void *p, int64_t b, int64_t e) {
+    const se_args *a = (const se_args *)p;
+    return kernels()->squared_error_f32(e - b, a->out + b, a->l + b, a->grad ? a->grad + b : NULL,
+                                        a->scale);
+}
+double ggmlopt_squared_error_f32(int64_t n, const float *out, const float *labels, float *grad,
+                                 float grad_scale) {
+    se_args a = {out, labels, grad, grad_scale};
+    return run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, se_block, &a);
+}
+
+typedef struct { const void *src; float *dst; float scale; } convert_args;
+static double u8_block(const void *p, int64_t b, int64_t e) {
+    const convert_args *a = (const convert_args *)p;
+    kernels()->convert_u8_f32(e - b, (const uint8_t *)a->src + b, a->dst + b, a->scale);
+    return 0.0;
+}
+void ggmlopt_convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale) {
+    convert_args a = {src, dst, scale};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_REDUCE, u8_block, &a);
+}
+static double f16_block(const void *p, int64_t b, int64_t e) {
+    const convert_args *a = (const convert_args *)p;
+    kernels()->convert_f16_f32(e - b, (const uint16_t *)a->src + b, a->dst + b, a->scale);
+    return 0.0;
+}
+void ggmlopt_convert_f16_f32(int64_t n, const uint16_t *src, float *dst, float scale) {
+    convert_args a = {src, dst, scale};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_REDUCE, f16_block, &a);
+}
+
+/* ---- dataset shard gathers ----------------------------------------------- */
+
+/* kind 0: raw bytes; 1: uint8 -> float32; 2: float16 -> float32 */
+typedef struct {
+    int kind;
+    int64_t shard;  /* bytes (kind 0) or elements */
+    const int64_t *perm;
+    const void *src;
+    void *dst;
+    float scale;
+} gather_args;
+static double gather_block(const void *p, int64_t b, int64_t e) {
+    const gather_args *a = (const gather_args *)p;
+    const ggmlopt_kernel_table *k = kernels();
+    for (int64_t j = b; j < e; ++j) {
+        const int64_t s = a->perm[j];
+        switch (a->kind) {
+        case 0:
+            memcpy((char *)a->dst + j * a->shard, (const char *)a->src + s * a->shard,
+                   (size_t)a->shard);
+            break;
+        case 1:
+            k->convert_u8_f32(a->shard, (const uint8_t *)a->src + s * a->shard,
+                              (float *)a->dst + j * a->shard, a->scale);
+            break;
+        default:
+            k->convert_f16_f32(a->shard, (const uint16_t *)a->src + s * a->shard,
+                               (float *)a->dst + j * a->shard, a->scale);
+            break;
+        }
+    }
+    return 0.0;
+}
+static void gather(gather_args *a, int64_t nshards, int64_t shard_bytes_out) {
+    /* a block moves at least 256 KiB; threads from 1 MiB */
+    const int64_t per_block = rows_for(shard_bytes_out, 1 << 18);
+    const int64_t parallel = rows_for(shard_bytes_out, 1 << 20);
+    run_blocks(nshards, per_block, parallel, gather_block, a);
+}
+void ggmlopt_gather_shards(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
+                           const void *src, void *dst) {
+    gather_args a = {0, shard_bytes, perm, src, dst, 1.0f};
+    gather(&a, nshards, shard_bytes);
+}
+void ggmlopt_gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
+                                  const uint8_t *src, float *dst, float scale) {
+    gather_args a = {1, shard_elems, perm, src, dst, scale};
+    gather(&a, nshards, shard_elems * 4);
+}
+void ggmlopt_gather_shards_f16_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
+                                   const uint16_t *src, float *dst, float scale) {
+    gather_args a = {2, shard_elems, perm, src, dst, scale};
+    gather(&a, nshards, shard_elems * 4);
+}

@@ -1,0 +1,42 @@
+/*
+ * The dispatch table: one instance per SIMD path (kernels_<isa>.c), each
+ * filled with that path's compilation of the kernels in kernels/ (*.inc files).
+ * dispatch.c picks one at load time; the public functions in ggmlopt.h split
+ * large calls into ranges and call the active table on each range.
+ */
+#ifndef GGMLOPT_KERNEL_TABLE_H
+#define GGMLOPT_KERNEL_TABLE_H
+
+#include <stdint.h>
+
+typedef struct ggmlopt_kernel_table {
+    const char *name;
+    void (*adamw_step_f32)(int64_t n, float *w, const float *g, float *m, float *v,
+                           const float *params);
+    void (*sgd_step_f32)(int64_t n, float *w, const float *g, float alpha, float wd);
+    void (*axpy_f32)(int64_t n, float a, const float *x, float *y);
+    void (*scale_f32)(int64_t n, float a, float *x);
+    void (*fill_f32)(int64_t n, float value, float *x);
+    double (*sum_f32)(int64_t n, const float *x);
+    double (*sumsq_f32)(int64_t n, const float *x);
+    void (*argmax_rows_f32)(int64_t nrows, int64_t ncols, const float *x, int32_t *out);
+    int64_t (*count_equal_i32)(int64_t n, const int32_t *a, const int32_t *b);
+    /* Sum over the given rows of each row's loss (not the mean); grad rows get
+     * (softmax - labels) * grad_scale, the caller folding 1/nrows into grad_scale. */
+    double (*cross_entropy_rows_f32)(int64_t nrows, int64_t ncols, const float *logits,
+                                     const float *labels, float *grad, float grad_scale);
+    double (*squared_error_f32)(int64_t n, const float *out, const float *labels, float *grad,
+                                float grad_scale);
+    void (*convert_u8_f32)(int64_t n, const uint8_t *src, float *dst, float scale);
+    void (*convert_f16_f32)(int64_t n, const uint16_t *src, float *dst, float scale);
+} ggmlopt_kernel_table;
+
+extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;
+#if defined(__x86_64__) || defined(_M_X64)
+extern const ggmlopt_kernel_table ggmlopt_kernels_avx2;
+#endif
+#if defined(__aarch64__)
+extern const ggmlopt_kernel_table ggmlopt_kernels_neon;
+#endif
+
+#endif

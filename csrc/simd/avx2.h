@@ -1,0 +1,101 @@
+/* SIMD mapping for x86-64 with AVX2, FMA and F16C: 8 floats a register. */
+#ifndef GGMLOPT_SIMD_AVX2_H
+#define GGMLOPT_SIMD_AVX2_H
+
+#include <immintrin.h>
+#include "simd/scalar_math.h"
+
+#define GO_FN(name) name##_avx2
+#define GO_EPR 8
+
+typedef __m256 go_vf;
+typedef struct { __m256d lo, hi; } go_dacc;
+
+#define go_vload(p) _mm256_loadu_ps(p)
+#define go_vstore(p, v) _mm256_storeu_ps((p), (v))
+#define go_vset1(x) _mm256_set1_ps(x)
+#define go_vadd(a, b) _mm256_add_ps((a), (b))
+#define go_vsub(a, b) _mm256_sub_ps((a), (b))
+#define go_vmul(a, b) _mm256_mul_ps((a), (b))
+#define go_vdiv(a, b) _mm256_div_ps((a), (b))
+#define go_vfma(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define go_vsqrt(a) _mm256_sqrt_ps(a)
+#define go_vmax(a, b) _mm256_max_ps((a), (b))
+#define go_vmask_nonzero(a, b) \
+    _mm256_and_ps(_mm256_cmp_ps((a), _mm256_setzero_ps(), _CMP_NEQ_UQ), (b))
+#define go_vany_eq(v, s) (_mm256_movemask_ps(_mm256_cmp_ps((v), (s), _CMP_EQ_OQ)) != 0)
+
+static inline double go_vreduce_add(__m256 v) {
+    __m256d d = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+                              _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd(d, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+static inline float go_vreduce_max(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+static inline go_dacc go_dacc_zero(void) {
+    go_dacc a = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+    return a;
+}
+static inline go_dacc go_dacc_add(go_dacc acc, __m256 v) {
+    acc.lo = _mm256_add_pd(acc.lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    acc.hi = _mm256_add_pd(acc.hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    return acc;
+}
+static inline go_dacc go_dacc_add_sq(go_dacc acc, __m256 v) {
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    acc.lo = _mm256_fmadd_pd(lo, lo, acc.lo);
+    acc.hi = _mm256_fmadd_pd(hi, hi, acc.hi);
+    return acc;
+}
+static inline double go_dacc_reduce(go_dacc acc) {
+    const __m256d d = _mm256_add_pd(acc.lo, acc.hi);
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd(d, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+/* Same algorithm as go_expf_scalar, 8 lanes at a time. */
+static inline __m256 go_vexp(__m256 x) {
+    const __m256 too_small = _mm256_cmp_ps(x, _mm256_set1_ps(GO_EXP_LO), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_set1_ps(GO_EXP_HI), x); /* this order keeps NaN */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(GO_EXP_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(GO_EXP_C1), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(GO_EXP_C2), r);
+    __m256 p = _mm256_set1_ps(GO_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P5));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* n below -127 only for lanes masked to 0 below; keep the shift in range */
+    const __m256i ni = _mm256_max_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(-127));
+    const __m256 pow2n =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
+    /* andnot: lanes below GO_EXP_LO become 0; NaN lanes compare false and stay NaN */
+    return _mm256_andnot_ps(too_small, _mm256_mul_ps(p, pow2n));
+}
+
+static inline __m256 go_vload_u8(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline __m256 go_vload_f16(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* Equal entries among 8 int32 pairs. */
+static inline int64_t go_count_eq_i32(const int32_t *a, const int32_t *b) {
+    const __m256i eq = _mm256_cmpeq_epi32(_mm256_loadu_si256((const __m256i *)a),
+                                          _mm256_loadu_si256((const __m256i *)b));
+    return __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(eq)));
+}
+
+#endif

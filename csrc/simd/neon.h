@@ -1,0 +1,89 @@
+/* SIMD mapping for aarch64 NEON: 4 floats a register. */
+#ifndef GGMLOPT_SIMD_NEON_H
+#define GGMLOPT_SIMD_NEON_H
+
+#include <arm_neon.h>
+#include "simd/scalar_math.h"
+
+#define GO_FN(name) name##_neon
+#define GO_EPR 4
+
+typedef float32x4_t go_vf;
+typedef struct { float64x2_t lo, hi; } go_dacc;
+
+#define go_vload(p) vld1q_f32(p)
+#define go_vstore(p, v) vst1q_f32((p), (v))
+#define go_vset1(x) vdupq_n_f32(x)
+#define go_vadd(a, b) vaddq_f32((a), (b))
+#define go_vsub(a, b) vsubq_f32((a), (b))
+#define go_vmul(a, b) vmulq_f32((a), (b))
+#define go_vdiv(a, b) vdivq_f32((a), (b))
+#define go_vfma(a, b, c) vfmaq_f32((c), (a), (b))
+#define go_vsqrt(a) vsqrtq_f32(a)
+#define go_vmax(a, b) vmaxq_f32((a), (b))
+/* b where a != 0: clear lanes whose a compares equal to 0 */
+#define go_vmask_nonzero(a, b) \
+    vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(b), vceqzq_f32(a)))
+#define go_vany_eq(v, s) (vmaxvq_u32(vceqq_f32((v), (s))) != 0)
+#define go_vreduce_max(v) vmaxvq_f32(v)
+
+static inline double go_vreduce_add(float32x4_t v) {
+    const float64x2_t d = vaddq_f64(vcvt_f64_f32(vget_low_f32(v)), vcvt_high_f64_f32(v));
+    return vaddvq_f64(d);
+}
+
+static inline go_dacc go_dacc_zero(void) {
+    go_dacc a = {vdupq_n_f64(0.0), vdupq_n_f64(0.0)};
+    return a;
+}
+static inline go_dacc go_dacc_add(go_dacc acc, float32x4_t v) {
+    acc.lo = vaddq_f64(acc.lo, vcvt_f64_f32(vget_low_f32(v)));
+    acc.hi = vaddq_f64(acc.hi, vcvt_high_f64_f32(v));
+    return acc;
+}
+static inline go_dacc go_dacc_add_sq(go_dacc acc, float32x4_t v) {
+    const float64x2_t lo = vcvt_f64_f32(vget_low_f32(v));
+    const float64x2_t hi = vcvt_high_f64_f32(v);
+    acc.lo = vfmaq_f64(acc.lo, lo, lo);
+    acc.hi = vfmaq_f64(acc.hi, hi, hi);
+    return acc;
+}
+static inline double go_dacc_reduce(go_dacc acc) { return vaddvq_f64(vaddq_f64(acc.lo, acc.hi)); }
+
+/* Same algorithm as go_expf_scalar, 4 lanes at a time. */
+static inline float32x4_t go_vexp(float32x4_t x) {
+    const uint32x4_t too_small = vcltq_f32(x, vdupq_n_f32(GO_EXP_LO));
+    x = vminq_f32(x, vdupq_n_f32(GO_EXP_HI));
+    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(GO_EXP_LOG2E)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(GO_EXP_C1));
+    r = vfmsq_f32(r, n, vdupq_n_f32(GO_EXP_C2));
+    float32x4_t p = vdupq_n_f32(GO_EXP_P0);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P1), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P4), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P5), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t ni = vmaxq_s32(vcvtq_s32_f32(n), vdupq_n_s32(-127));
+    const float32x4_t pow2n =
+        vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(ni, vdupq_n_s32(127)), 23));
+    const float32x4_t e = vmulq_f32(p, pow2n);
+    return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), too_small));
+}
+
+static inline float32x4_t go_vload_u8(const uint8_t *p) {
+    uint32_t four;
+    memcpy(&four, p, 4); /* exactly 4 bytes: never reads past the array */
+    const uint16x8_t w = vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(four)));
+    return vcvtq_f32_u32(vmovl_u16(vget_low_u16(w)));
+}
+static inline float32x4_t go_vload_f16(const uint16_t *p) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
+
+static inline int64_t go_count_eq_i32(const int32_t *a, const int32_t *b) {
+    const uint32x4_t eq = vceqq_s32(vld1q_s32(a), vld1q_s32(b));
+    return (int64_t)vaddvq_u32(vshrq_n_u32(eq, 31));
+}
+
+#endif

@@ -1,0 +1,41 @@
+/* SIMD mapping for the portable path: a "vector" of one float.  The kernels'
+ * main loops then run over every element and their leftover loops never run. */
+#ifndef GGMLOPT_SIMD_SCALAR_H
+#define GGMLOPT_SIMD_SCALAR_H
+
+#include "simd/scalar_math.h"
+
+#define GO_FN(name) name##_scalar
+#define GO_EPR 1
+
+typedef float go_vf;
+typedef double go_dacc;
+
+#define go_vload(p) (*(p))
+#define go_vstore(p, v) (*(p) = (v))
+#define go_vset1(x) ((float)(x))
+#define go_vadd(a, b) ((a) + (b))
+#define go_vsub(a, b) ((a) - (b))
+#define go_vmul(a, b) ((a) * (b))
+#define go_vdiv(a, b) ((a) / (b))
+#define go_vfma(a, b, c) ((a) * (b) + (c))
+#define go_vsqrt(a) sqrtf(a)
+#define go_vmax(a, b) ((a) > (b) ? (a) : (b))
+/* b where a != 0, else 0 (a NaN counts as nonzero) */
+#define go_vmask_nonzero(a, b) ((a) != 0.0f ? (b) : 0.0f)
+#define go_vexp(x) go_expf_scalar(x)
+#define go_vreduce_add(v) ((double)(v))
+#define go_vreduce_max(v) (v)
+#define go_vany_eq(v, s) ((v) == (s))
+
+#define go_dacc_zero() 0.0
+#define go_dacc_add(acc, v) ((acc) + (double)(v))
+#define go_dacc_add_sq(acc, v) ((acc) + (double)(v) * (double)(v))
+#define go_dacc_reduce(acc) (acc)
+
+#define go_vload_u8(p) ((float)*(p))
+#define go_vload_f16(p) go_f16_to_f32(*(p))
+
+#define go_count_eq_i32(a, b) ((int64_t)(*(a) == *(b)))
+
+#endif

@@ -1,0 +1,60 @@
+/* Scalar helpers every path uses for its leftover elements. */
+#ifndef GGMLOPT_SCALAR_MATH_H
+#define GGMLOPT_SCALAR_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float go_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t go_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* IEEE half to float, exact for every input (subnormals, inf, NaN). */
+static inline float go_f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu;
+    const uint32_t mant = h & 0x3ffu;
+    if (exp == 0x1fu) return go_bits_to_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp != 0) return go_bits_to_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+    /* zero or subnormal: mant * 2^-24, exact in float */
+    const float mag = (float)mant * (1.0f / 16777216.0f);
+    return sign ? -mag : mag;
+}
+
+/* Cephes-style expf: range reduction by ln2 in two parts, degree-6 polynomial.
+ * Within 2 ulp of expf on [-87, 88]; 0 below -88 (and for -inf), clamped at 88
+ * (the kernels only call it on x - max(x) <= 0).  Written without libm so the
+ * scalar path matches the vector paths' algorithm. */
+#define GO_EXP_HI 88.0f
+#define GO_EXP_LO (-88.0f)
+#define GO_EXP_LOG2E 1.44269504088896341f
+#define GO_EXP_C1 0.693359375f
+#define GO_EXP_C2 (-2.12194440e-4f)
+#define GO_EXP_P0 1.9875691500e-4f
+#define GO_EXP_P1 1.3981999507e-3f
+#define GO_EXP_P2 8.3334519073e-3f
+#define GO_EXP_P3 4.1665795894e-2f
+#define GO_EXP_P4 1.6666665459e-1f
+#define GO_EXP_P5 5.0000001201e-1f
+/* 1.5 * 2^23: adding and subtracting it rounds a float to the nearest integer */
+#define GO_ROUND_MAGIC 12582912.0f
+
+static inline float go_expf_scalar(float x) {
+    if (!(x >= GO_EXP_LO)) return x != x ? x : 0.0f; /* NaN stays NaN */
+    if (x > GO_EXP_HI) x = GO_EXP_HI;
+    volatile float t = x * GO_EXP_LOG2E + GO_ROUND_MAGIC; /* volatile: keep the rounding trick */
+    const float n = t - GO_ROUND_MAGIC;
+    float r = x - n * GO_EXP_C1;
+    r = r - n * GO_EXP_C2;
+    float p = GO_EXP_P0;
+    p = p * r + GO_EXP_P1;
+    p = p * r + GO_EXP_P2;
+    p = p * r + GO_EXP_P3;
+    p = p * r + GO_EXP_P4;
+    p = p * r + GO_EXP_P5;
+    p = p * (r * r) + r + 1.0f;
+    const int32_t ni = (int32_t)n;
+    return p * go_bits_to_f32((uint32_t)(ni + 127) << 23);
+}
+
+#endif

@@ -1,0 +1,16 @@
+"""python -m ggmlopt: show the build configuration and run one AdamW step."""
+import numpy as np
+
+import ggmlopt
+from ggmlopt import kernels
+
+ggmlopt.show_config()
+rng = np.random.default_rng(0)
+n = 1_000_003
+w, g = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+m, v = np.zeros(n, np.float32), np.zeros(n, np.float32)
+b1h, b2h = kernels.adamw_bias_corrections(0.9, 0.999, 1)
+w0 = w.copy()
+kernels.adamw_step(w, g, m, v, alpha=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, wd=0.0,
+                   beta1h=b1h, beta2h=b2h)
+print(f"one AdamW step over {n} parameters: mean |dw| = {np.abs(w - w0).mean():.6f} (expected ~1e-3)")

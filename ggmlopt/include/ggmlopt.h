@@ -1,0 +1,113 @@
+/*
+ * ggmlopt: the C kernels behind ggml's training engine for Python.
+ *
+ * Every function here goes through a dispatch table filled once from CPU
+ * detection (scalar, AVX2+FMA or NEON; GGMLOPT_SIMD=scalar|avx2|neon pins one)
+ * and splits large calls across the library's worker threads.  Kernels never
+ * allocate, never touch Python and may be called without the GIL.
+ *
+ * All arrays are dense; n counts elements, not bytes.  Sums accumulate in double.
+ */
+#ifndef GGMLOPT_H
+#define GGMLOPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Index of each AdamW hyper-parameter in the 7-float array, laid out as ggml's
+ * adamw_params tensor.  beta1h = 1/(1 - beta1^t), beta2h = 1/(1 - beta2^t) are
+ * computed once per step by the caller (ggml does it on the host). */
+enum {
+    GGMLOPT_ADAMW_ALPHA = 0,
+    GGMLOPT_ADAMW_BETA1 = 1,
+    GGMLOPT_ADAMW_BETA2 = 2,
+    GGMLOPT_ADAMW_EPS = 3,
+    GGMLOPT_ADAMW_WD = 4,
+    GGMLOPT_ADAMW_BETA1H = 5,
+    GGMLOPT_ADAMW_BETA2H = 6,
+    GGMLOPT_ADAMW_NPARAMS = 7
+};
+
+/* ---- optimizer steps ---------------------------------------------------- */
+
+/* m = beta1*m + (1-beta1)*g;  v = beta2*v + (1-beta2)*g^2;
+ * w = w*(1 - alpha*wd) - alpha * (m*beta1h) / (sqrt(v*beta2h) + eps) */
+void ggmlopt_adamw_step_f32(int64_t n, float *w, const float *g, float *m, float *v,
+                            const float params[GGMLOPT_ADAMW_NPARAMS]);
+
+/* w = w*(1 - alpha*wd) - alpha*g */
+void ggmlopt_sgd_step_f32(int64_t n, float *w, const float *g, float alpha, float wd);
+
+/* ---- elementwise helpers for gradients ----------------------------------- */
+
+void ggmlopt_axpy_f32(int64_t n, float a, const float *x, float *y); /* y += a*x */
+void ggmlopt_scale_f32(int64_t n, float a, float *x);                /* x *= a   */
+void ggmlopt_fill_f32(int64_t n, float value, float *x);             /* x = value */
+
+/* ---- reductions ----------------------------------------------------------- */
+
+double ggmlopt_sum_f32(int64_t n, const float *x);
+double ggmlopt_sumsq_f32(int64_t n, const float *x); /* sum of x^2 */
+/* Per row of a (nrows, ncols) matrix: the index of the maximum; ties go to the
+ * LAST maximal index (ggml's rule); a row with no comparable value (all NaN)
+ * gives 0. */
+void ggmlopt_argmax_rows_f32(int64_t nrows, int64_t ncols, const float *x, int32_t *out);
+int64_t ggmlopt_count_equal_i32(int64_t n, const int32_t *a, const int32_t *b);
+
+/* ---- losses ------------------------------------------------------------- */
+
+/* Cross-entropy of rows of logits against probability labels, (nrows, ncols):
+ * returns mean over rows of -sum(labels * log_softmax(row)).  When grad is not
+ * NULL it receives (softmax(row) - labels) * grad_scale / nrows (ggml's
+ * cross_entropy_loss_back with upstream gradient grad_scale).  Terms whose label
+ * is 0 contribute nothing, so -inf logits with zero labels give no NaN. */
+double ggmlopt_cross_entropy_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                 const float *labels, float *grad, float grad_scale);
+
+/* Returns sum((out - labels)^2); when grad is not NULL it receives
+ * 2*(out - labels)*grad_scale. */
+double ggmlopt_squared_error_f32(int64_t n, const float *out, const float *labels, float *grad,
+                                 float grad_scale);
+
+/* ---- datasets ------------------------------------------------------------- */
+
+void ggmlopt_convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale);
+void ggmlopt_convert_f16_f32(int64_t n, const uint16_t *src, float *dst, float scale);
+
+/* dst shard j = src shard perm[j], for j < nshards; a shard is shard_bytes bytes. */
+void ggmlopt_gather_shards(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
+                           const void *src, void *dst);
+/* The same, converting to float32 times scale; a shard is shard_elems elements. */
+void ggmlopt_gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
+                                  const uint8_t *src, float *dst, float scale);
+void ggmlopt_gather_shards_f16_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
+                                   const uint16_t *src, float *dst, float scale);
+
+/* ---- run time ----------------------------------------------------------- */
+
+/* Paths, best first.  A path is "compiled" when this build holds its code and
+ * "supported" when the CPU can run it. */
+int ggmlopt_simd_count(void);
+const char *ggmlopt_simd_name(int i);
+int ggmlopt_simd_compiled(int i);
+int ggmlopt_simd_supported(int i);
+/* Pin a path by name; returns 0 on success, -1 for an unknown name, -2 for a
+ * path not compiled in, -3 for one this CPU cannot run.  NULL: best available. */
+int ggmlopt_simd_select(const char *name);
+const char *ggmlopt_simd_active(void);
+/* CPU features the dispatcher looks at, as a space-separated list of "name=0|1". */
+const char *ggmlopt_cpu_features(void);
+
+/* Threads for large calls (1 = the calling thread only).  n < 1 is clamped to 1. */
+void ggmlopt_set_num_threads(int n);
+int ggmlopt_get_num_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GGMLOPT_H */

@@ -1,0 +1,37 @@
+# C-level entry points of the ggmlopt kernels, for other Cython code:
+#
+#     from ggmlopt.kernels cimport adamw_step_f32
+#     with nogil:
+#         adamw_step_f32(n, w, g, m, v, params)
+#
+# Each forwards to the function of the same name with a ggmlopt_ prefix in
+# ggmlopt.h (see ggmlopt.get_include()), which documents the formulas.  They
+# take raw pointers, check nothing, never allocate and never need the GIL.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+
+cdef void adamw_step_f32(int64_t n, float *w, const float *g, float *m, float *v,
+                         const float *params) noexcept nogil
+cdef void sgd_step_f32(int64_t n, float *w, const float *g, float alpha,
+                       float wd) noexcept nogil
+cdef void axpy_f32(int64_t n, float a, const float *x, float *y) noexcept nogil
+cdef void scale_f32(int64_t n, float a, float *x) noexcept nogil
+cdef void fill_f32(int64_t n, float value, float *x) noexcept nogil
+cdef double sum_f32(int64_t n, const float *x) noexcept nogil
+cdef double sumsq_f32(int64_t n, const float *x) noexcept nogil
+cdef void argmax_rows_f32(int64_t nrows, int64_t ncols, const float *x,
+                          int32_t *out) noexcept nogil
+cdef int64_t count_equal_i32(int64_t n, const int32_t *a, const int32_t *b) noexcept nogil
+cdef double cross_entropy_f32(int64_t nrows, int64_t ncols, const float *logits,
+                              const float *labels, float *grad,
+                              float grad_scale) noexcept nogil
+cdef double squared_error_f32(int64_t n, const float *out, const float *labels, float *grad,
+                              float grad_scale) noexcept nogil
+cdef void convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale) noexcept nogil
+cdef void convert_f16_f32(int64_t n, const uint16_t *src, float *dst,
+                          float scale) noexcept nogil
+cdef void gather_shards_bytes(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
+                        const void *src, void *dst) noexcept nogil
+cdef void gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
+                               const uint8_t *src, float *dst, float scale) noexcept nogil
+cdef void gather_shards_f16_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
+                                const uint16_t *src, float *dst, float scale) noexcept nogil

@@ -1,0 +1,522 @@
+# cython: language_level=3
+"""The SIMD kernels, callable on NumPy arrays.
+
+Each function checks its arguments (dtype, C-contiguity, shapes, writability,
+overlap) and raises TypeError or ValueError naming the argument before any
+memory is touched; the work then runs without the GIL.  Outputs are written in
+place or into ``out=``.  The C-level forms are in ``kernels.pxd``.
+"""
+import os
+
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+
+cnp.import_array()
+
+cdef extern from "ggmlopt.h" nogil:
+    void ggmlopt_adamw_step_f32(int64_t n, float *w, const float *g, float *m, float *v,
+                                const float *params)
+    void ggmlopt_sgd_step_f32(int64_t n, float *w, const float *g, float alpha, float wd)
+    void ggmlopt_axpy_f32(int64_t n, float a, const float *x, float *y)
+    void ggmlopt_scale_f32(int64_t n, float a, float *x)
+    void ggmlopt_fill_f32(int64_t n, float value, float *x)
+    double ggmlopt_sum_f32(int64_t n, const float *x)
+    double ggmlopt_sumsq_f32(int64_t n, const float *x)
+    void ggmlopt_argmax_rows_f32(int64_t nrows, int64_t ncols, const float *x, int32_t *out)
+    int64_t ggmlopt_count_equal_i32(int64_t n, const int32_t *a, const int32_t *b)
+    double ggmlopt_cross_entropy_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                     const float *labels, float *grad, float grad_scale)
+    double ggmlopt_squared_error_f32(int64_t n, const float *out, const float *labels,
+                                     float *grad, float grad_scale)
+    void ggmlopt_convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale)
+    void ggmlopt_convert_f16_f32(int64_t n, const uint16_t *src, float *dst, float scale)
+    void ggmlopt_gather_shards(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
+                               const void *src, void *dst)
+    void ggmlopt_gather_shards_u8_f32(int64_t nshards, int64_t shard_elems,
+                                      const int64_t *perm, const uint8_t *src, float *dst,
+                                      float scale)
+    void ggmlopt_gather_shards_f16_f32(int64_t nshards, int64_t shard_elems,
+                                       const int64_t *perm, const uint16_t *src, float *dst,
+                                       float scale)
+    int ggmlopt_simd_count()
+    const char *ggmlopt_simd_name(int i)
+    int ggmlopt_simd_compiled(int i)
+    int ggmlopt_simd_supported(int i)
+    int ggmlopt_simd_select(const char *name)
+    const char *ggmlopt_simd_active()
+    const char *ggmlopt_cpu_features()
+    void ggmlopt_set_num_threads(int n)
+    int ggmlopt_get_num_threads()
+
+
+# ---- C-level API (declared in kernels.pxd) ----------------------------------
+
+cdef void adamw_step_f32(int64_t n, float *w, const float *g, float *m, float *v,
+                         const float *params) noexcept nogil:
+    ggmlopt_adamw_step_f32(n, w, g, m, v, params)
+
+cdef void sgd_step_f32(int64_t n, float *w, const float *g, float alpha,
+                       float wd) noexcept nogil:
+    ggmlopt_sgd_step_f32(n, w, g, alpha, wd)
+
+cdef void axpy_f32(int64_t n, float a, const float *x, float *y) noexcept nogil:
+    ggmlopt_axpy_f32(n, a, x, y)
+
+cdef void scale_f32(int64_t n, float a, float *x) noexcept nogil:
+    ggmlopt_scale_f32(n, a, x)
+
+cdef void fill_f32(int64_t n, float value, float *x) noexcept nogil:
+    ggmlopt_fill_f32(n, value, x)
+
+cdef double sum_f32(int64_t n, const float *x) noexcept nogil:
+    return ggmlopt_sum_f32(n, x)
+
+cdef double sumsq_f32(int64_t n, const float *x) noexcept nogil:
+    return ggmlopt_sumsq_f32(n, x)
+
+cdef void argmax_rows_f32(int64_t nrows, int64_t ncols, const float *x,
+                          int32_t *out) noexcept nogil:
+    ggmlopt_argmax_rows_f32(nrows, ncols, x, out)
+
+cdef int64_t count_equal_i32(int64_t n, const int32_t *a, const int32_t *b) noexcept nogil:
+    return ggmlopt_count_equal_i32(n, a, b)
+
+cdef double cross_entropy_f32(int64_t nrows, int64_t ncols, const float *logits,
+                              const float *labels, float *grad,
+                              float grad_scale) noexcept nogil:
+    return ggmlopt_cross_entropy_f32(nrows, ncols, logits, labels, grad, grad_scale)
+
+cdef double squared_error_f32(int64_t n, const float *out, const float *labels, float *grad,
+                              float grad_scale) noexcept nogil:
+    return ggmlopt_squared_error_f32(n, out, labels, grad, grad_scale)
+
+cdef void convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale) noexcept nogil:
+    ggmlopt_convert_u8_f32(n, src, dst, scale)
+
+cdef void convert_f16_f32(int64_t n, const uint16_t *src, float *dst,
+                          float scale) noexcept nogil:
+    ggmlopt_convert_f16_f32(n, src, dst, scale)
+
+cdef void gather_shards_bytes(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
+                        const void *src, void *dst) noexcept nogil:
+    ggmlopt_gather_shards(nshards, shard_bytes, perm, src, dst)
+
+cdef void gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
+                               const uint8_t *src, float *dst, float scale) noexcept nogil:
+    ggmlopt_gather_shards_u8_f32(nshards, shard_elems, perm, src, dst, scale)
+
+cdef void gather_shards_f16_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
+                                const uint16_t *src, float *dst, float scale) noexcept nogil:
+    ggmlopt_gather_shards_f16_f32(nshards, shard_elems, perm, src, dst, scale)
+
+
+# ---- argument checks ----------------------------------------------------------
+
+cdef cnp.ndarray _array(object a, str name, object dtype, bint writable):
+    """a as an ndarray of exactly dtype, C-contiguous (and writable when asked)."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray of {np.dtype(dtype).name}, "
+                        f"got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{name}: the array is read-only, it must be writable")
+    return <cnp.ndarray>a
+
+
+cdef _same_size(cnp.ndarray a, str aname, cnp.ndarray b, str bname):
+    if a.size != b.size:
+        raise ValueError(f"{bname}: expected {a.size} elements (the size of {aname}), "
+                         f"got {b.size}")
+
+
+cdef _no_overlap(list named):
+    """Raise when two of the (name, array) pairs share memory."""
+    cdef Py_ssize_t i, j
+    for i in range(len(named)):
+        for j in range(i + 1, len(named)):
+            if np.may_share_memory(named[i][1], named[j][1]):
+                raise ValueError(f"{named[i][0]} and {named[j][0]} overlap in memory; "
+                                 "they must be distinct arrays")
+
+
+cdef float _finite_float(object x, str name) except? -1:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a real number, got {type(x).__name__}") from None
+    if not np.isfinite(v):
+        raise ValueError(f"{name}: expected a finite number, got {v}")
+    return <float>v
+
+
+cdef inline float *_f32(cnp.ndarray a):
+    return <float *>cnp.PyArray_DATA(a)
+
+
+# ---- Python entry points ---------------------------------------------------------
+
+def adamw_bias_corrections(beta1, beta2, int64_t iteration):
+    """(beta1h, beta2h) = (1/(1 - beta1^t), 1/(1 - beta2^t)) in float32, as ggml
+    computes them on the host once per step (t = iteration >= 1)."""
+    if iteration < 1:
+        raise ValueError(f"iteration: expected >= 1, got {iteration}")
+    b1 = np.float32(beta1)
+    b2 = np.float32(beta2)
+    one = np.float32(1.0)
+    with np.errstate(divide="ignore"):
+        return (float(one / (one - b1 ** np.float32(iteration))),
+                float(one / (one - b2 ** np.float32(iteration))))
+
+
+def adamw_step(w, g, m, v, *, alpha, beta1, beta2, eps, wd, beta1h, beta2h):
+    """One AdamW step over flat float32 arrays of one size, in place on w, m, v.
+
+    m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g^2;
+    w = w*(1 - alpha*wd) - alpha*(m*beta1h)/(sqrt(v*beta2h) + eps).
+    beta1h, beta2h: see adamw_bias_corrections.
+    """
+    cdef cnp.ndarray aw = _array(w, "w", np.float32, True)
+    cdef cnp.ndarray ag = _array(g, "g", np.float32, False)
+    cdef cnp.ndarray am = _array(m, "m", np.float32, True)
+    cdef cnp.ndarray av = _array(v, "v", np.float32, True)
+    _same_size(aw, "w", ag, "g")
+    _same_size(aw, "w", am, "m")
+    _same_size(aw, "w", av, "v")
+    _no_overlap([("w", aw), ("g", ag), ("m", am), ("v", av)])
+    cdef float params[7]
+    params[0] = _finite_float(alpha, "alpha")
+    params[1] = _finite_float(beta1, "beta1")
+    params[2] = _finite_float(beta2, "beta2")
+    params[3] = _finite_float(eps, "eps")
+    params[4] = _finite_float(wd, "wd")
+    params[5] = _finite_float(beta1h, "beta1h")
+    params[6] = _finite_float(beta2h, "beta2h")
+    cdef int64_t n = aw.size
+    cdef float *_p0 = _f32(aw)
+    cdef float *_p1 = _f32(ag)
+    cdef float *_p2 = _f32(am)
+    cdef float *_p3 = _f32(av)
+    with nogil:
+        ggmlopt_adamw_step_f32(n, _p0, _p1, _p2, _p3, params)
+
+
+def sgd_step(w, g, *, alpha, wd=0.0):
+    """w = w*(1 - alpha*wd) - alpha*g, in place on the float32 array w."""
+    cdef cnp.ndarray aw = _array(w, "w", np.float32, True)
+    cdef cnp.ndarray ag = _array(g, "g", np.float32, False)
+    _same_size(aw, "w", ag, "g")
+    _no_overlap([("w", aw), ("g", ag)])
+    cdef float a = _finite_float(alpha, "alpha"), d = _finite_float(wd, "wd")
+    cdef int64_t n = aw.size
+    cdef float *_p0 = _f32(aw)
+    cdef float *_p1 = _f32(ag)
+    with nogil:
+        ggmlopt_sgd_step_f32(n, _p0, _p1, a, d)
+
+
+def axpy(a, x, y):
+    """y += a*x over float32 arrays of one size (x may be y itself)."""
+    cdef float fa = _finite_float(a, "a")
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef cnp.ndarray ay = _array(y, "y", np.float32, True)
+    _same_size(ay, "y", ax, "x")
+    if not (cnp.PyArray_DATA(ax) == cnp.PyArray_DATA(ay)):
+        _no_overlap([("x", ax), ("y", ay)])
+    cdef int64_t n = ay.size
+    cdef float *_p0 = _f32(ax)
+    cdef float *_p1 = _f32(ay)
+    with nogil:
+        ggmlopt_axpy_f32(n, fa, _p0, _p1)
+
+
+def scale(x, a):
+    """x *= a, in place on a float32 array."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, True)
+    cdef float fa = _finite_float(a, "a")
+    cdef int64_t n = ax.size
+    cdef float *_p0 = _f32(ax)
+    with nogil:
+        ggmlopt_scale_f32(n, fa, _p0)
+
+
+def fill(x, value):
+    """x[...] = value, in place on a float32 array."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, True)
+    cdef float fv = <float>float(value)
+    cdef int64_t n = ax.size
+    cdef float *_p0 = _f32(ax)
+    with nogil:
+        ggmlopt_fill_f32(n, fv, _p0)
+
+
+def sum(x):
+    """Sum of a float32 array, accumulated in double; 0.0 when empty."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef int64_t n = ax.size
+    cdef double s
+    cdef float *_p0 = _f32(ax)
+    with nogil:
+        s = ggmlopt_sum_f32(n, _p0)
+    return s
+
+
+def mean(x):
+    """Mean of a non-empty float32 array, accumulated in double."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    if ax.size == 0:
+        raise ValueError("x: the mean of an empty array is undefined")
+    return sum(ax) / ax.size
+
+
+def sumsq(x):
+    """Sum of squares of a float32 array, accumulated in double; 0.0 when empty."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef int64_t n = ax.size
+    cdef double s
+    cdef float *_p0 = _f32(ax)
+    with nogil:
+        s = ggmlopt_sumsq_f32(n, _p0)
+    return s
+
+
+cdef tuple _matrix(cnp.ndarray a, str name):
+    if a.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array (rows, columns), got {a.ndim}-D")
+    if a.shape[1] == 0:
+        raise ValueError(f"{name}: rows must have at least one column")
+    return a.shape[0], a.shape[1]
+
+
+def argmax_rows(x, out=None):
+    """Index of the maximum of each row of a 2-D float32 array, as int32; ties go
+    to the last maximal index (ggml's rule).  Returns out (shape (rows,))."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef int64_t nrows, ncols
+    nrows, ncols = _matrix(ax, "x")
+    if out is None:
+        out = np.empty(nrows, dtype=np.int32)
+    cdef cnp.ndarray ao = _array(out, "out", np.int32, True)
+    if ao.size != nrows:
+        raise ValueError(f"out: expected {nrows} elements (one per row of x), got {ao.size}")
+    cdef float *_p0 = _f32(ax)
+    cdef int32_t *_p1 = <int32_t *>cnp.PyArray_DATA(ao)
+    with nogil:
+        ggmlopt_argmax_rows_f32(nrows, ncols, _p0, _p1)
+    return out
+
+
+def count_equal(a, b):
+    """Number of positions where two int32 arrays of one size hold equal values."""
+    cdef cnp.ndarray aa = _array(a, "a", np.int32, False)
+    cdef cnp.ndarray ab = _array(b, "b", np.int32, False)
+    _same_size(aa, "a", ab, "b")
+    cdef int64_t n = aa.size, c
+    cdef int32_t *_p0 = <int32_t *>cnp.PyArray_DATA(aa)
+    cdef int32_t *_p1 = <int32_t *>cnp.PyArray_DATA(ab)
+    with nogil:
+        c = ggmlopt_count_equal_i32(n, _p0,
+                                    _p1)
+    return c
+
+
+def cross_entropy(logits, labels, grad=None, grad_scale=1.0):
+    """Mean over rows of -sum(labels * log_softmax(logits)) for 2-D float32
+    (rows, classes) arrays.  When grad is given it receives
+    (softmax(logits) - labels) * grad_scale / rows (the gradient of the loss
+    times grad_scale)."""
+    cdef cnp.ndarray ax = _array(logits, "logits", np.float32, False)
+    cdef cnp.ndarray al = _array(labels, "labels", np.float32, False)
+    cdef int64_t nrows, ncols
+    nrows, ncols = _matrix(ax, "logits")
+    if nrows == 0:
+        raise ValueError("logits: the cross-entropy of zero rows is undefined")
+    if al.ndim != 2 or al.shape[0] != nrows or al.shape[1] != ncols:
+        raise ValueError(f"labels: expected shape {(nrows, ncols)} like logits, "
+                         f"got {(<object>al).shape}")
+    cdef float scale_ = _finite_float(grad_scale, "grad_scale")
+    cdef cnp.ndarray agr = None
+    cdef float *pgrad = NULL
+    if grad is not None:
+        agr = _array(grad, "grad", np.float32, True)
+        if agr.size != ax.size:
+            raise ValueError(f"grad: expected {ax.size} elements like logits, got {agr.size}")
+        _no_overlap([("grad", agr), ("logits", ax), ("labels", al)])
+        pgrad = _f32(agr)
+    cdef double loss
+    cdef float *_p0 = _f32(ax)
+    cdef float *_p1 = _f32(al)
+    with nogil:
+        loss = ggmlopt_cross_entropy_f32(nrows, ncols, _p0, _p1, pgrad, scale_)
+    return loss
+
+
+def squared_error(out, labels, grad=None, grad_scale=1.0):
+    """sum((out - labels)^2) over float32 arrays of one size.  When grad is given
+    it receives 2*(out - labels)*grad_scale."""
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, False)
+    cdef cnp.ndarray al = _array(labels, "labels", np.float32, False)
+    _same_size(ao, "out", al, "labels")
+    cdef float scale_ = _finite_float(grad_scale, "grad_scale")
+    cdef cnp.ndarray agr = None
+    cdef float *pgrad = NULL
+    if grad is not None:
+        agr = _array(grad, "grad", np.float32, True)
+        _same_size(ao, "out", agr, "grad")
+        _no_overlap([("grad", agr), ("out", ao), ("labels", al)])
+        pgrad = _f32(agr)
+    cdef int64_t n = ao.size
+    cdef double s
+    cdef float *_p0 = _f32(ao)
+    cdef float *_p1 = _f32(al)
+    with nogil:
+        s = ggmlopt_squared_error_f32(n, _p0, _p1, pgrad, scale_)
+    return s
+
+
+def to_float32(src, out=None, scale=1.0):
+    """src (uint8 or float16) converted to float32 and multiplied by scale."""
+    if not isinstance(src, np.ndarray) or src.dtype not in (np.uint8, np.float16):
+        raise TypeError("src: expected a numpy.ndarray of uint8 or float16, got "
+                        + (str(src.dtype) if isinstance(src, np.ndarray) else type(src).__name__))
+    cdef cnp.ndarray asrc = _array(src, "src", src.dtype, False)
+    if out is None:
+        out = np.empty((<object>asrc).shape, dtype=np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    _same_size(asrc, "src", ao, "out")
+    cdef float fs = _finite_float(scale, "scale")
+    cdef int64_t n = asrc.size
+    cdef bint is_u8 = asrc.dtype == np.uint8
+    cdef uint8_t *_p0 = <uint8_t *>cnp.PyArray_DATA(asrc)
+    cdef float *_p1 = _f32(ao)
+    cdef uint16_t *_p2 = <uint16_t *>cnp.PyArray_DATA(asrc)
+    with nogil:
+        if is_u8:
+            ggmlopt_convert_u8_f32(n, _p0, _p1, fs)
+        else:
+            ggmlopt_convert_f16_f32(n, _p2, _p1, fs)
+    return out
+
+
+def gather_shards(src, dst, perm, scale=None):
+    """dst shard j = src shard perm[j], for j < len(perm).
+
+    src: C-contiguous array whose first axis indexes shards (nshards, ...).
+    dst: C-contiguous, writable, holding exactly len(perm) shards; of src's dtype,
+    or float32 from uint8/float16 src (then multiplied by scale, default 1).
+    perm: int64 shard indices, each in [0, nshards).
+    """
+    if not isinstance(src, np.ndarray):
+        raise TypeError(f"src: expected a numpy.ndarray, got {type(src).__name__}")
+    cdef cnp.ndarray asrc = _array(src, "src", src.dtype, False)
+    if asrc.ndim < 1:
+        raise ValueError("src: expected at least one axis (the shards)")
+    cdef cnp.ndarray ap = _array(perm, "perm", np.int64, False)
+    cdef int64_t nsrc = asrc.shape[0], nperm = ap.size
+    cdef int64_t shard_elems = asrc.size // nsrc if nsrc > 0 else 0
+    convert = isinstance(dst, np.ndarray) and dst.dtype == np.float32 \
+        and asrc.dtype in (np.uint8, np.float16)
+    cdef cnp.ndarray ad = _array(dst, "dst", np.float32 if convert else asrc.dtype, True)
+    if ad.size != nperm * shard_elems:
+        raise ValueError(f"dst: expected {nperm * shard_elems} elements ({nperm} shards of "
+                         f"{shard_elems}), got {ad.size}")
+    _no_overlap([("src", asrc), ("dst", ad)])
+    if nperm and (ap.min() < 0 or ap.max() >= nsrc):
+        raise IndexError(f"perm: shard indices must lie in [0, {nsrc})")
+    if scale is not None and not convert:
+        raise ValueError("scale: only used when converting uint8/float16 to float32")
+    cdef float fs = 1.0 if scale is None else _finite_float(scale, "scale")
+    cdef const int64_t *pp = <int64_t *>cnp.PyArray_DATA(ap)
+    cdef void *ps = cnp.PyArray_DATA(asrc)
+    cdef void *pd = cnp.PyArray_DATA(ad)
+    cdef int kind = 0 if not convert else (1 if asrc.dtype == np.uint8 else 2)
+    cdef int64_t shard_bytes = shard_elems * asrc.itemsize
+    with nogil:
+        if kind == 0:
+            ggmlopt_gather_shards(nperm, shard_bytes, pp, ps, pd)
+        elif kind == 1:
+            ggmlopt_gather_shards_u8_f32(nperm, shard_elems, pp, <uint8_t *>ps, <float *>pd, fs)
+        else:
+            ggmlopt_gather_shards_f16_f32(nperm, shard_elems, pp, <uint16_t *>ps,
+                                          <float *>pd, fs)
+
+
+# ---- run time: SIMD paths and threads ------------------------------------------
+
+def _paths():
+    return [(ggmlopt_simd_name(i).decode(), bool(ggmlopt_simd_compiled(i)),
+             bool(ggmlopt_simd_supported(i))) for i in range(ggmlopt_simd_count())]
+
+
+def use_simd(name=None):
+    """Pin the SIMD path ('scalar', 'avx2', 'neon'), or None for the best one this
+    CPU runs.  Returns the name of the path that was active before."""
+    previous = ggmlopt_simd_active().decode()
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name: expected a str or None, got {type(name).__name__}")
+    cdef int rc
+    if name is None:
+        rc = ggmlopt_simd_select(NULL)
+    else:
+        bname = name.encode()
+        rc = ggmlopt_simd_select(bname)
+    if rc == -1:
+        raise ValueError(f"SIMD path {name!r} is unknown; expected one of "
+                         f"{[p[0] for p in _paths()]}")
+    if rc == -2:
+        raise ValueError(f"SIMD path {name!r} is not compiled into this build "
+                         f"(compiled: {[p[0] for p in _paths() if p[1]]})")
+    if rc == -3:
+        raise ValueError(f"SIMD path {name!r} is compiled in but this CPU cannot run it "
+                         f"(CPU: {ggmlopt_cpu_features().decode()})")
+    return previous
+
+
+def simd_paths():
+    """The paths this CPU can run, best first (always ending with 'scalar')."""
+    return [p[0] for p in _paths() if p[1] and p[2]]
+
+
+_override = os.environ.get("GGMLOPT_SIMD") or None
+
+
+def simd_info():
+    """{'compiled': [...], 'cpu': {feature: bool}, 'active': name, 'override': env value}"""
+    cpu = {}
+    for item in ggmlopt_cpu_features().decode().split():
+        key, _, val = item.partition("=")
+        cpu[key] = val == "1"
+    return {
+        "compiled": [p[0] for p in reversed(_paths()) if p[1]],
+        "cpu": cpu,
+        "active": ggmlopt_simd_active().decode(),
+        "override": _override,
+    }
+
+
+def set_num_threads(n):
+    """Threads the kernels use for large arrays (1: only the calling thread)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n: expected an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"n: expected at least 1 thread, got {n}")
+    ggmlopt_set_num_threads(min(int(n), 64))
+
+
+def get_num_threads():
+    """Threads the kernels use for large arrays."""
+    return ggmlopt_get_num_threads()
+
+
+# CPU detection happens here, once, at import; GGMLOPT_SIMD pins a path.
+if _override is not None:
+    try:
+        use_simd(_override)
+    except ValueError as e:
+        raise ImportError(f"GGMLOPT_SIMD={_override!r}: {e}") from None
+else:
+    use_simd(None)

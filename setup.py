@@ -1,0 +1,103 @@
+"""Build: Cython extensions plus the C kernels in csrc/.
+
+Only the AVX2 translation unit gets -mavx2 -mfma (and -mf16c for the float16
+conversion); every other object is compiled for the baseline ISA, so the
+package imports on any x86-64 and picks the AVX2 path at run time.  On aarch64
+the NEON unit is compiled instead (NEON is baseline there).
+"""
+
+import glob
+import os
+import platform
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+MACHINE = platform.machine().lower()
+IS_X86_64 = MACHINE in ("x86_64", "amd64")
+IS_AARCH64 = MACHINE in ("aarch64", "arm64")
+
+INCLUDE_DIRS = ["ggmlopt/include", "csrc", np.get_include()]
+# -fno-math-errno lets GCC vectorise the scalar fallback's sqrt; no -ffast-math:
+# the kernels rely on IEEE inf/NaN handling.
+BASE_CFLAGS = ["-O3", "-fno-math-errno", "-std=c11"] if os.name != "nt" else ["/O2"]
+
+KERNEL_SOURCES = ["csrc/dispatch.c", "csrc/threadpool.c", "csrc/kernels_scalar.c"]
+# Sources compiled apart with their own ISA flags: {source: extra flags}.
+ISA_SOURCES = {}
+if IS_X86_64:
+    ISA_SOURCES["csrc/kernels_avx2.c"] = ["-mavx2", "-mfma", "-mf16c"]
+elif IS_AARCH64:
+    KERNEL_SOURCES.append("csrc/kernels_neon.c")
+
+
+class BuildExtWithIsaFlags(build_ext):
+    """Compiles each ISA-specific C file with its own flags and links the objects in."""
+
+    def build_extension(self, ext):
+        if getattr(ext, "isa_sources", None):
+            for src, flags in ext.isa_sources.items():
+                objects = self.compiler.compile(
+                    [src],
+                    output_dir=self.build_temp,
+                    include_dirs=ext.include_dirs,
+                    extra_postargs=BASE_CFLAGS + flags,
+                    depends=glob.glob("csrc/**/*.h", recursive=True)
+                    + glob.glob("csrc/**/*.inc", recursive=True)
+                    + ["ggmlopt/include/ggmlopt.h"],
+                )
+                ext.extra_objects = list(ext.extra_objects or []) + objects
+        super().build_extension(ext)
+
+
+def extensions():
+    kernel_deps = (
+        glob.glob("csrc/**/*.h", recursive=True)
+        + glob.glob("csrc/**/*.inc", recursive=True)
+        + ["ggmlopt/include/ggmlopt.h"]
+    )
+    kernels = Extension(
+        "ggmlopt.kernels",
+        ["ggmlopt/kernels.pyx"] + KERNEL_SOURCES,
+        include_dirs=INCLUDE_DIRS,
+        extra_compile_args=BASE_CFLAGS,
+        extra_link_args=["-pthread"] if os.name != "nt" else [],
+        depends=kernel_deps,
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+    exts = [kernels]
+    # Every other Cython module reaches the kernels through `cimport ggmlopt.kernels`
+    # (one copy of the dispatch table and thread pool per process), so none of
+    # them links csrc/ itself.
+    for pyx in sorted(glob.glob("ggmlopt/*.pyx")):
+        name = "ggmlopt." + os.path.splitext(os.path.basename(pyx))[0]
+        if name == "ggmlopt.kernels":
+            continue
+        exts.append(
+            Extension(
+                name,
+                [pyx],
+                include_dirs=INCLUDE_DIRS,
+                extra_compile_args=BASE_CFLAGS,
+                define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            )
+        )
+    exts = cythonize(
+        exts,
+        compiler_directives={
+            "language_level": 3,
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "embedsignature": True,
+        },
+    )
+    # set after cythonize, which rebuilds the Extension objects
+    for ext in exts:
+        ext.isa_sources = ISA_SOURCES if ext.name == "ggmlopt.kernels" else {}
+    return exts
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtWithIsaFlags})
