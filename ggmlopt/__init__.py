@@ -6,10 +6,14 @@ progress bar, on SIMD kernels (scalar, AVX2+FMA, NEON) picked at run time.
 """
 from ._runtime import get_include, show_config
 from .kernels import get_num_threads, set_num_threads, simd_info
+from .dataset import Dataset
+from . import datasets
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Dataset",
+    "datasets",
     "get_include",
     "get_num_threads",
     "set_num_threads",

@@ -1,0 +1,393 @@
+# cython: language_level=3
+"""Dataset: datapoints and labels in owned aligned memory, cut into shards.
+
+As in ggml's ``ggml_opt_dataset``: the data is ``ndata`` datapoints of
+``ne_datapoint`` elements, the labels ``ndata`` rows of ``ne_label`` elements,
+and both are split into ``nshards = ndata / ndata_shard`` shards of
+``ndata_shard`` consecutive datapoints.  ``shuffle`` permutes shards, not
+datapoints, and ``get_batch`` copies the shards of one batch, in permuted order,
+into caller-owned batch arrays with one gather kernel call that runs without the
+GIL.  Data stored as uint8 or float16 can be gathered straight into a float32
+batch, scaled on the fly (MNIST as uint8 with scale 1/255 takes a quarter of the
+memory of float32).
+"""
+import numbers
+
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
+
+from ggmlopt._memory cimport AlignedBuffer
+from ggmlopt.kernels cimport gather_shards_bytes, gather_shards_f16_f32, gather_shards_u8_f32
+
+cnp.import_array()
+
+_DATA_DTYPES = {
+    np.dtype(np.float32): STORAGE_F32,
+    np.dtype(np.float16): STORAGE_F16,
+    np.dtype(np.uint8): STORAGE_U8,
+    np.dtype(np.int32): STORAGE_I32,
+}
+_LABEL_DTYPES = {
+    np.dtype(np.float32): STORAGE_F32,
+    np.dtype(np.int32): STORAGE_I32,
+}
+_KIND_DTYPES = {
+    STORAGE_F32: np.dtype(np.float32),
+    STORAGE_F16: np.dtype(np.float16),
+    STORAGE_U8: np.dtype(np.uint8),
+    STORAGE_I32: np.dtype(np.int32),
+}
+_MAX_BYTES = (1 << 62)
+
+
+def _count(value, str name, int64_t minimum):
+    """value as an int64 >= minimum; TypeError for non-integers (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    v = int(value)
+    if v < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {v}")
+    if v >= _MAX_BYTES:
+        raise ValueError(f"{name}: {v} is too large")
+    return v
+
+
+def _storage_dtype(dtype, str name, dict allowed):
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name}: expected a NumPy dtype, got {dtype!r}") from None
+    if dt not in allowed:
+        names = ", ".join(d.name for d in allowed)
+        raise TypeError(f"{name}: {dt} is not supported; expected one of {names}")
+    return dt
+
+
+def _rng_from(rng_or_ctx):
+    """A numpy Generator from a Generator, an int seed, or anything with a Generator .rng."""
+    if isinstance(rng_or_ctx, np.random.Generator):
+        return rng_or_ctx
+    if isinstance(rng_or_ctx, numbers.Integral) and not isinstance(rng_or_ctx, bool):
+        if rng_or_ctx < 0:
+            raise ValueError(f"rng_or_ctx: a seed must be >= 0, got {rng_or_ctx}")
+        return np.random.default_rng(int(rng_or_ctx))
+    rng = getattr(rng_or_ctx, "rng", None)
+    if isinstance(rng, np.random.Generator):
+        return rng
+    raise TypeError("rng_or_ctx: expected a numpy.random.Generator, an int seed, or an "
+                    "OptContext (an object whose .rng is a numpy.random.Generator), got "
+                    f"{type(rng_or_ctx).__name__}")
+
+
+cdef inline bint _overlaps(cnp.ndarray a, AlignedBuffer buf):
+    """Whether a's memory range meets buf's."""
+    if buf is None:
+        return False
+    cdef uintptr_t a0 = <uintptr_t>cnp.PyArray_DATA(a)
+    cdef uintptr_t a1 = a0 + <uintptr_t>cnp.PyArray_NBYTES(a)
+    cdef uintptr_t b0 = <uintptr_t>buf.data
+    cdef uintptr_t b1 = b0 + <uintptr_t>buf.nbytes
+    return a0 < b1 and b0 < a1
+
+
+cdef cnp.ndarray _batch_array(object a, str name):
+    """a as a C-contiguous writable ndarray (its dtype is checked by the caller)."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(a).__name__}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+    if not a.flags.writeable:
+        raise ValueError(f"{name}: the array is read-only, it must be writable")
+    return <cnp.ndarray>a
+
+
+cdef class Dataset:
+    """Dataset(ne_datapoint, ne_label, ndata, ndata_shard=1, data_dtype=np.float32,
+    label_dtype=np.float32, data_scale=None)
+
+    ndata datapoints of ne_datapoint elements each, with ne_label label elements
+    each (no labels when ne_label == 0), zero-filled, in shards of ndata_shard
+    consecutive datapoints.  Fill ``data`` and ``labels`` (writable views), then
+    ``shuffle`` and ``get_batch``.
+
+    data_dtype: float32, float16, uint8 or int32.  label_dtype: float32 or int32.
+    data_scale: for uint8 or float16 data only: the factor applied when
+    get_batch converts to a float32 batch (default 1).
+    """
+
+    def __cinit__(self, ne_datapoint, ne_label, ndata, ndata_shard=1,
+                  data_dtype=np.float32, label_dtype=np.float32, data_scale=None):
+        ne_datapoint = _count(ne_datapoint, "ne_datapoint", 1)
+        ne_label = _count(ne_label, "ne_label", 0)
+        ndata = _count(ndata, "ndata", 1)
+        ndata_shard = _count(ndata_shard, "ndata_shard", 1)
+        if ndata % ndata_shard != 0:
+            raise ValueError(f"ndata: {ndata} is not a multiple of ndata_shard={ndata_shard}")
+        ddt = _storage_dtype(data_dtype, "data_dtype", _DATA_DTYPES)
+        ldt = _storage_dtype(label_dtype, "label_dtype", _LABEL_DTYPES)
+        scale = 1.0
+        if data_scale is not None:
+            if ddt not in (np.dtype(np.uint8), np.dtype(np.float16)):
+                raise ValueError(f"data_scale: only for uint8 or float16 data (converted to "
+                                 f"float32 by get_batch), not for {ddt}")
+            if isinstance(data_scale, bool) or not isinstance(data_scale, numbers.Real):
+                raise TypeError(f"data_scale: expected a real number, got "
+                                f"{type(data_scale).__name__}")
+            scale = float(data_scale)
+            if not np.isfinite(np.float32(scale)):
+                raise ValueError(f"data_scale: expected a finite float32, got {scale}")
+        data_bytes = ndata * ne_datapoint * ddt.itemsize
+        label_bytes = ndata * ne_label * ldt.itemsize
+        if data_bytes >= _MAX_BYTES or label_bytes >= _MAX_BYTES:
+            raise ValueError(f"ndata: {ndata} datapoints of {ne_datapoint} + {ne_label} "
+                             "elements do not fit in memory")
+
+        self.ndata = ndata
+        self.ndata_shard = ndata_shard
+        self.nshards = ndata // ndata_shard
+        self.ne_datapoint = ne_datapoint
+        self.ne_label = ne_label
+        self._data_kind = _DATA_DTYPES[ddt]
+        self._label_kind = _LABEL_DTYPES[ldt]
+        self._data_scale = <float>scale
+        self._shard_data_bytes = ndata_shard * ne_datapoint * ddt.itemsize
+        self._shard_label_bytes = ndata_shard * ne_label * ldt.itemsize
+
+        self._data_buf = AlignedBuffer(data_bytes)
+        self._data = self._data_buf.data
+        self._data_view = self._data_buf.view(ddt, (ndata, ne_datapoint))
+        if ne_label > 0:
+            self._labels_buf = AlignedBuffer(label_bytes)
+            self._labels = self._labels_buf.data
+            self._labels_view = self._labels_buf.view(ldt, (ndata, ne_label))
+        else:
+            self._labels_buf = None
+            self._labels = NULL
+            self._labels_view = None
+        self._perm_buf = AlignedBuffer(self.nshards * 8)
+        self._perm = <int64_t *>self._perm_buf.data
+        cdef int64_t i
+        for i in range(self.nshards):
+            self._perm[i] = i
+        self._perm_view = self._perm_buf.view(np.int64, (self.nshards,))
+
+    # ---- construction from arrays ------------------------------------------------
+
+    @classmethod
+    def from_arrays(cls, data, labels=None, ndata_shard=1, data_scale=None):
+        """A Dataset holding copies of data and labels.
+
+        data: (ndata, ne_datapoint) array of float32, float16, uint8 or int32 (more
+        trailing axes are flattened: (ndata, 28, 28) gives ne_datapoint = 784).
+        labels: None, or a 2-D (ndata, ne_label) array of float32 or int32 (class
+        indices are not one-hot encoded here: encode them first).
+        The dtypes are taken from the arrays; nothing is cast.
+        """
+        if not isinstance(data, np.ndarray):
+            raise TypeError(f"data: expected a numpy.ndarray, got {type(data).__name__}")
+        if data.ndim < 2:
+            raise ValueError(f"data: expected shape (ndata, ne_datapoint), got {data.shape}")
+        ddt = _storage_dtype(data.dtype, "data", _DATA_DTYPES)
+        ndata = data.shape[0]
+        if ndata == 0:
+            raise ValueError("data: expected at least one datapoint, got shape "
+                             f"{data.shape}")
+        ne_datapoint = data.size // ndata
+        if ne_datapoint == 0:
+            raise ValueError(f"data: datapoints have no elements (shape {data.shape})")
+        ne_label = 0
+        ldt = np.dtype(np.float32)
+        if labels is not None:
+            if not isinstance(labels, np.ndarray):
+                raise TypeError(f"labels: expected a numpy.ndarray or None, got "
+                                f"{type(labels).__name__}")
+            if labels.ndim != 2:
+                raise ValueError(f"labels: expected shape (ndata, ne_label), got "
+                                 f"{labels.shape} (one-hot encode class indices first)")
+            ldt = _storage_dtype(labels.dtype, "labels", _LABEL_DTYPES)
+            if labels.shape[0] != ndata:
+                raise ValueError(f"labels: expected {ndata} rows (one per datapoint of data), "
+                                 f"got {labels.shape[0]}")
+            ne_label = labels.shape[1]
+            if ne_label == 0:
+                raise ValueError("labels: expected at least one label element per datapoint "
+                                 "(pass labels=None for a dataset without labels)")
+        cdef Dataset ds = cls(ne_datapoint, ne_label, ndata, ndata_shard, ddt, ldt, data_scale)
+        np.copyto(ds._data_view, data.reshape(ndata, ne_datapoint))
+        if labels is not None:
+            np.copyto(ds._labels_view, labels)
+        return ds
+
+    # ---- views and properties ---------------------------------------------------
+
+    @property
+    def data(self):
+        """Writable view (ndata, ne_datapoint) of the data this Dataset owns."""
+        return self._data_view
+
+    @property
+    def labels(self):
+        """Writable view (ndata, ne_label) of the labels, or None when ne_label == 0."""
+        return self._labels_view
+
+    @property
+    def data_dtype(self):
+        """The storage dtype of the data."""
+        return _KIND_DTYPES[self._data_kind]
+
+    @property
+    def label_dtype(self):
+        """The storage dtype of the labels (None when the dataset has no labels)."""
+        return _KIND_DTYPES[self._label_kind] if self.ne_label > 0 else None
+
+    @property
+    def data_scale(self):
+        """The factor applied to uint8/float16 data gathered into float32 batches."""
+        return float(self._data_scale)
+
+    @property
+    def permutation(self):
+        """A read-only copy of the shard order (int64, nshards)."""
+        out = self._perm_view.copy()
+        out.flags.writeable = False
+        return out
+
+    def __len__(self):
+        return self.ndata
+
+    def __repr__(self):
+        return (f"Dataset(ne_datapoint={self.ne_datapoint}, ne_label={self.ne_label}, "
+                f"ndata={self.ndata}, ndata_shard={self.ndata_shard}, "
+                f"data_dtype={self.data_dtype.name}, label_dtype={_KIND_DTYPES[self._label_kind].name})")
+
+    # ---- shuffle -----------------------------------------------------------------
+
+    def shuffle(self, rng_or_ctx, idata=-1):
+        """Permute the shards: all of them when idata < 0, else only the first
+        idata / ndata_shard (idata a multiple of ndata_shard, at most ndata).
+
+        rng_or_ctx: a numpy.random.Generator, an int seed, or an OptContext (its
+        .rng).  The order is ``rng.shuffle(order[:k])`` on the current order, so a
+        generator in a given state always gives the same permutation.
+        """
+        if isinstance(idata, bool) or not isinstance(idata, numbers.Integral):
+            raise TypeError(f"idata: expected an int, got {type(idata).__name__}")
+        idata = int(idata)
+        if idata > self.ndata:
+            raise ValueError(f"idata: expected at most ndata={self.ndata}, got {idata}")
+        if idata >= 0 and idata % self.ndata_shard != 0:
+            raise ValueError(f"idata: expected a multiple of ndata_shard={self.ndata_shard}, "
+                             f"got {idata}")
+        rng = _rng_from(rng_or_ctx)
+        if idata < 0:
+            rng.shuffle(self._perm_view)
+        else:
+            rng.shuffle(self._perm_view[:idata // self.ndata_shard])
+
+    # ---- get_batch ---------------------------------------------------------------
+
+    cdef int get_batch_c(self, void *data_batch, bint to_f32, void *labels_batch,
+                         int64_t shards_per_batch, int64_t ibatch) noexcept nogil:
+        """Copy the shards of batch ibatch into data_batch (shards_per_batch shards,
+        of the storage dtype, or float32 when to_f32) and labels_batch."""
+        if shards_per_batch < 1 or ibatch < 0 or ibatch > self.nshards // shards_per_batch - 1:
+            return GET_BATCH_OUT_OF_RANGE
+        if (labels_batch == NULL) != (self._labels == NULL):
+            return GET_BATCH_LABELS_MISMATCH
+        if to_f32 and self._data_kind != STORAGE_U8 and self._data_kind != STORAGE_F16:
+            if self._data_kind != STORAGE_F32:
+                return GET_BATCH_NO_CONVERSION
+            to_f32 = False  # float32 storage: a plain copy
+        cdef const int64_t *perm = self._perm + ibatch * shards_per_batch
+        cdef int64_t shard_elems = self.ndata_shard * self.ne_datapoint
+        if not to_f32:
+            gather_shards_bytes(shards_per_batch, self._shard_data_bytes, perm,
+                                self._data, data_batch)
+        elif self._data_kind == STORAGE_U8:
+            gather_shards_u8_f32(shards_per_batch, shard_elems, perm,
+                                 <const uint8_t *>self._data, <float *>data_batch,
+                                 self._data_scale)
+        else:
+            gather_shards_f16_f32(shards_per_batch, shard_elems, perm,
+                                  <const uint16_t *>self._data, <float *>data_batch,
+                                  self._data_scale)
+        if labels_batch != NULL:
+            gather_shards_bytes(shards_per_batch, self._shard_label_bytes, perm,
+                                self._labels, labels_batch)
+        return GET_BATCH_OK
+
+    def get_batch(self, data_batch, labels_batch, ibatch):
+        """Copy batch ibatch: shard ``permutation[ibatch * k + j]`` goes to slot j,
+        with k = data_batch.size / (ndata_shard * ne_datapoint) shards per batch.
+
+        data_batch: C-contiguous writable array of any shape whose size is a whole
+        number k >= 1 of shards, of the data's dtype, or float32 for uint8/float16
+        data (converted and multiplied by data_scale).
+        labels_batch: None exactly when the dataset has no labels; else a
+        C-contiguous writable array of the label dtype holding k shards of labels.
+        ibatch: 0 <= ibatch and (ibatch + 1) * k <= nshards.
+        """
+        cdef cnp.ndarray d = _batch_array(data_batch, "data_batch")
+        cdef object ddt = _KIND_DTYPES[self._data_kind]
+        cdef bint to_f32 = False
+        if d.dtype != ddt:
+            if d.dtype == np.float32 and (self._data_kind == STORAGE_U8
+                                          or self._data_kind == STORAGE_F16):
+                to_f32 = True
+            else:
+                extra = " or float32" if self._data_kind in (STORAGE_U8, STORAGE_F16) else ""
+                raise TypeError(f"data_batch: expected dtype {ddt.name}{extra} (the dataset "
+                                f"stores {ddt.name}), got {d.dtype}")
+        cdef int64_t shard_elems = self.ndata_shard * self.ne_datapoint
+        cdef int64_t size = d.size
+        if size == 0 or size % shard_elems != 0:
+            raise ValueError(f"data_batch: expected a whole number (>= 1) of shards of "
+                             f"{shard_elems} elements (ndata_shard={self.ndata_shard} x "
+                             f"ne_datapoint={self.ne_datapoint}), got {size} elements")
+        cdef int64_t shards_per_batch = size // shard_elems
+        cdef cnp.ndarray lab = None
+        cdef void *plab = NULL
+        cdef object ldt
+        if self._labels == NULL:
+            if labels_batch is not None:
+                raise ValueError("labels_batch: this dataset has no labels (ne_label=0); "
+                                 "pass None")
+        else:
+            if labels_batch is None:
+                raise ValueError(f"labels_batch: this dataset has labels (ne_label="
+                                 f"{self.ne_label}); pass an array for them")
+            lab = _batch_array(labels_batch, "labels_batch")
+            ldt = _KIND_DTYPES[self._label_kind]
+            if lab.dtype != ldt:
+                raise TypeError(f"labels_batch: expected dtype {ldt.name}, got {lab.dtype}")
+            if lab.size != shards_per_batch * self.ndata_shard * self.ne_label:
+                raise ValueError(f"labels_batch: expected {shards_per_batch * self.ndata_shard} "
+                                 f"x ne_label={self.ne_label} = "
+                                 f"{shards_per_batch * self.ndata_shard * self.ne_label} "
+                                 f"elements ({shards_per_batch} shards, as data_batch), "
+                                 f"got {lab.size}")
+            plab = cnp.PyArray_DATA(lab)
+        if isinstance(ibatch, bool) or not isinstance(ibatch, numbers.Integral):
+            raise TypeError(f"ibatch: expected an int, got {type(ibatch).__name__}")
+        nbatches = self.nshards // shards_per_batch
+        if ibatch < 0 or ibatch >= nbatches:
+            raise IndexError(f"ibatch: expected 0 <= ibatch < {nbatches} (nshards="
+                             f"{self.nshards} in batches of {shards_per_batch} shards), "
+                             f"got {ibatch}")
+        if _overlaps(d, self._data_buf) or _overlaps(d, self._labels_buf) or (
+                lab is not None and (_overlaps(lab, self._data_buf)
+                                     or _overlaps(lab, self._labels_buf))):
+            raise ValueError("data_batch/labels_batch: a batch array must not share memory "
+                             "with the dataset's own data or labels")
+        if lab is not None and np.may_share_memory(d, lab):
+            raise ValueError("data_batch and labels_batch overlap in memory; they must be "
+                             "distinct arrays")
+        cdef void *pd = cnp.PyArray_DATA(d)
+        cdef int64_t ib = ibatch
+        cdef int rc
+        with nogil:
+            rc = self.get_batch_c(pd, to_f32, plab, shards_per_batch, ib)
+        if rc != GET_BATCH_OK:  # the checks above make this unreachable
+            raise RuntimeError(f"get_batch: internal status {rc}")
