@@ -40,6 +40,7 @@ _KIND_DTYPES = {
     STORAGE_I32: np.dtype(np.int32),
 }
 _MAX_BYTES = (1 << 62)
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _count(value, str name, int64_t minimum):
@@ -136,7 +137,7 @@ cdef class Dataset:
                 raise TypeError(f"data_scale: expected a real number, got "
                                 f"{type(data_scale).__name__}")
             scale = float(data_scale)
-            if not np.isfinite(np.float32(scale)):
+            if not abs(scale) <= _F32_MAX:  # NaN fails too
                 raise ValueError(f"data_scale: expected a finite float32, got {scale}")
         data_bytes = ndata * ne_datapoint * ddt.itemsize
         label_bytes = ndata * ne_label * ldt.itemsize

@@ -1,0 +1,143 @@
+"""Readers for datasets on disk: IDX files (the format MNIST-style datasets ship in).
+
+IDX layout (big-endian): two zero bytes, a type code, the number of dimensions
+``ndim``, then ``ndim`` uint32 sizes, then the elements in C order.  Unlike
+ggml's example loader, which reads past a short file silently, every check here
+(magic, type, sizes, exact file length) raises a ValueError naming the file.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from typing import NamedTuple
+
+import numpy as np
+
+from .dataset import Dataset
+
+__all__ = ["IDX_DTYPES", "MnistSplits", "load_idx", "load_mnist", "MNIST_FILES"]
+
+# IDX type code -> element dtype (big-endian as stored)
+IDX_DTYPES = {
+    0x08: np.dtype(np.uint8),
+    0x09: np.dtype(np.int8),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+# split -> (images file, labels file), without the optional .gz suffix
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] != _GZIP_MAGIC:
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: not a valid gzip file ({e})") from None
+
+
+def load_idx(path: str | os.PathLike) -> np.ndarray:
+    """The array stored in an IDX file (optionally gzip-compressed: detected by its
+    magic bytes, whatever the name).
+
+    Returns a C-contiguous array in native byte order of the file's element type
+    (uint8, int8, int16, int32, float32 or float64) and shape.  Raises
+    FileNotFoundError for a missing file and ValueError for a wrong magic number,
+    an unknown type code, or a length that does not match the header.
+    """
+    path = os.fspath(path)
+    raw = _read_bytes(path)
+    if len(raw) < 4:
+        raise ValueError(f"{path}: {len(raw)} bytes, too short for an IDX header (4 bytes)")
+    if raw[0] != 0 or raw[1] != 0:
+        raise ValueError(f"{path}: not an IDX file (magic bytes {raw[:4].hex()}, expected "
+                         "00 00 <type> <ndim>)")
+    code, ndim = raw[2], raw[3]
+    if code not in IDX_DTYPES:
+        known = ", ".join(f"0x{c:02x}" for c in IDX_DTYPES)
+        raise ValueError(f"{path}: unknown IDX element type 0x{code:02x} (expected one of "
+                         f"{known})")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: truncated header: {ndim} dimensions need {header} bytes, "
+                         f"the file has {len(raw)}")
+    shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    dtype = IDX_DTYPES[code]
+    expected = header + int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if len(raw) != expected:
+        what = "truncated" if len(raw) < expected else "trailing bytes"
+        raise ValueError(f"{path}: {what}: shape {shape} of {dtype.name} needs {expected} "
+                         f"bytes, the file has {len(raw)}")
+    arr = np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
+    return np.ascontiguousarray(arr, dtype=dtype.newbyteorder("="))
+
+
+def _find(directory: str, name: str) -> str:
+    for candidate in (name, name + ".gz"):
+        path = os.path.join(directory, candidate)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"{directory}: neither {name} nor {name}.gz found")
+
+
+class MnistSplits(NamedTuple):
+    """The train and test Datasets of load_mnist."""
+
+    train: Dataset
+    test: Dataset
+
+
+def _mnist_split(directory: str, images_name: str, labels_name: str, nclasses: int,
+                 ndata_shard: int) -> Dataset:
+    images_path = _find(directory, images_name)
+    labels_path = _find(directory, labels_name)
+    images = load_idx(images_path)
+    labels = load_idx(labels_path)
+    if images.dtype != np.uint8 or images.ndim != 3:
+        raise ValueError(f"{images_path}: expected uint8 images of shape (n, rows, cols), "
+                         f"got {images.dtype} {images.shape}")
+    if labels.dtype != np.uint8 or labels.ndim != 1:
+        raise ValueError(f"{labels_path}: expected uint8 labels of shape (n,), got "
+                         f"{labels.dtype} {labels.shape}")
+    if labels.shape[0] != images.shape[0]:
+        raise ValueError(f"{labels_path}: {labels.shape[0]} labels for {images.shape[0]} "
+                         f"images in {images_path}")
+    if labels.size and int(labels.max()) >= nclasses:
+        raise ValueError(f"{labels_path}: label {int(labels.max())} out of range for "
+                         f"nclasses={nclasses}")
+    n = images.shape[0]
+    ds = Dataset(images.shape[1] * images.shape[2], nclasses, n, ndata_shard,
+                 data_dtype=np.uint8, label_dtype=np.float32, data_scale=1.0 / 255.0)
+    ds.data[...] = images.reshape(n, -1)
+    ds.labels[np.arange(n), labels] = 1.0
+    return ds
+
+
+def load_mnist(directory: str | os.PathLike, ndata_shard: int = 1,
+               nclasses: int = 10) -> MnistSplits:
+    """MNIST-style train and test Datasets from the four standard IDX files in
+    directory (train-images-idx3-ubyte, train-labels-idx1-ubyte,
+    t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each possibly with .gz).
+
+    Data: uint8, (n, rows * cols), data_scale 1/255 (get_batch into a float32
+    batch gives pixels in [0, 1]).  Labels: one-hot float32, (n, nclasses).
+    Returns MnistSplits(train, test).
+    """
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"directory: {directory} is not a directory")
+    return MnistSplits(
+        *(_mnist_split(directory, *MNIST_FILES[split], nclasses, ndata_shard)
+          for split in ("train", "test")))
