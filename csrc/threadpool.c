@@ -35,13 +35,16 @@ static struct {
     go_pool_task task;
     void *ctx;
     int nparts;
+    /* generation current when worker i was started: the first task it must run
+     * is the next one, even if that is posted before the thread gets to look */
+    uint64_t start_generation[GO_POOL_MAX_THREADS + 1];
 } pool = {.run_mu = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 
 static void *worker_main(void *arg) {
     const int id = (int)(intptr_t)arg;
-    uint64_t seen = atomic_load_explicit(&pool.generation, memory_order_acquire);
+    uint64_t seen = pool.start_generation[id];
     for (;;) {
         uint64_t gen;
         int spins = 0;
@@ -116,6 +119,7 @@ void go_pool_set_threads(int n) {
 static void ensure_workers(void) {
     while (pool.nworkers < pool.nthreads - 1) {
         const int id = pool.nworkers + 1;
+        pool.start_generation[id] = atomic_load_explicit(&pool.generation, memory_order_acquire);
         if (pthread_create(&pool.threads[pool.nworkers], NULL, worker_main, (void *)(intptr_t)id) != 0)
             break;
         pool.nworkers++;
