@@ -247,7 +247,13 @@ def scale(x, a):
 def fill(x, value):
     """x[...] = value, in place on a float32 array."""
     cdef cnp.ndarray ax = _array(x, "x", np.float32, True)
-    cdef float fv = <float>float(value)
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"value: expected a real number, got {type(value).__name__}")
+    try:
+        fv_obj = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"value: expected a real number, got {type(value).__name__}") from None
+    cdef float fv = <float>fv_obj
     cdef int64_t n = ax.size
     cdef float *_p0 = _f32(ax)
     with nogil:
@@ -303,6 +309,7 @@ def argmax_rows(x, out=None):
     cdef cnp.ndarray ao = _array(out, "out", np.int32, True)
     if ao.size != nrows:
         raise ValueError(f"out: expected {nrows} elements (one per row of x), got {ao.size}")
+    _no_overlap([("x", ax), ("out", ao)])
     cdef float *_p0 = _f32(ax)
     cdef int32_t *_p1 = <int32_t *>cnp.PyArray_DATA(ao)
     with nogil:
@@ -388,6 +395,7 @@ def to_float32(src, out=None, scale=1.0):
         out = np.empty((<object>asrc).shape, dtype=np.float32)
     cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
     _same_size(asrc, "src", ao, "out")
+    _no_overlap([("src", asrc), ("out", ao)])
     cdef float fs = _finite_float(scale, "scale")
     cdef int64_t n = asrc.size
     cdef bint is_u8 = asrc.dtype == np.uint8
@@ -412,6 +420,8 @@ def gather_shards(src, dst, perm, scale=None):
     """
     if not isinstance(src, np.ndarray):
         raise TypeError(f"src: expected a numpy.ndarray, got {type(src).__name__}")
+    if src.dtype.hasobject:
+        raise TypeError(f"src: expected an array of plain numbers, got dtype {src.dtype}")
     cdef cnp.ndarray asrc = _array(src, "src", src.dtype, False)
     if asrc.ndim < 1:
         raise ValueError("src: expected at least one axis (the shards)")
@@ -425,6 +435,7 @@ def gather_shards(src, dst, perm, scale=None):
         raise ValueError(f"dst: expected {nperm * shard_elems} elements ({nperm} shards of "
                          f"{shard_elems}), got {ad.size}")
     _no_overlap([("src", asrc), ("dst", ad)])
+    _no_overlap([("perm", ap), ("dst", ad)])
     if nperm and (ap.min() < 0 or ap.max() >= nsrc):
         raise IndexError(f"perm: shard indices must lie in [0, {nsrc})")
     if scale is not None and not convert:
