@@ -427,7 +427,12 @@ def gather_shards(src, dst, perm, scale=None):
         raise ValueError("src: expected at least one axis (the shards)")
     cdef cnp.ndarray ap = _array(perm, "perm", np.int64, False)
     cdef int64_t nsrc = asrc.shape[0], nperm = ap.size
-    cdef int64_t shard_elems = asrc.size // nsrc if nsrc > 0 else 0
+    # a shard is one index of the first axis: the product of the other axes (also
+    # when src holds no shard at all)
+    cdef int64_t shard_elems = 1
+    cdef int k
+    for k in range(1, asrc.ndim):
+        shard_elems *= asrc.shape[k]
     convert = isinstance(dst, np.ndarray) and dst.dtype == np.float32 \
         and asrc.dtype in (np.uint8, np.float16)
     cdef cnp.ndarray ad = _array(dst, "dst", np.float32 if convert else asrc.dtype, True)
