@@ -160,9 +160,11 @@ cdef inline float *_f32(cnp.ndarray a):
 
 # ---- Python entry points ---------------------------------------------------------
 
-def adamw_bias_corrections(beta1, beta2, int64_t iteration):
+def adamw_bias_corrections(beta1, beta2, iteration):
     """(beta1h, beta2h) = (1/(1 - beta1^t), 1/(1 - beta2^t)) in float32, as ggml
     computes them on the host once per step (t = iteration >= 1)."""
+    if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)):
+        raise TypeError(f"iteration: expected an int, got {type(iteration).__name__}")
     if iteration < 1:
         raise ValueError(f"iteration: expected >= 1, got {iteration}")
     b1 = np.float32(beta1)
