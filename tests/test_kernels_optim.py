@@ -30,7 +30,7 @@ def close(actual, expected, rtol):
 
 def test_adamw_several_steps_match_float64(simd_path, layout, rng, place):
     size, offset = layout
-    hp = dict(alpha=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, wd=0.1)
+    hp = {"alpha": 1e-2, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "wd": 0.1}
     w = place(rng.standard_normal(size).astype(F32), offset)
     m = place(np.zeros(size, F32), offset)
     v = place(np.zeros(size, F32), offset)
