@@ -26,7 +26,6 @@ static struct {
     pthread_mutex_t mu;     /* guards sleeping and waking */
     pthread_cond_t cv;
     pthread_t threads[GO_POOL_MAX_THREADS];
-    uint64_t start_generation[GO_POOL_MAX_THREADS + 1]; /* per worker id, set before it starts */
     int nworkers;   /* started workers */
     int nthreads;   /* wanted: workers + caller */
     int sleepers;
@@ -36,14 +35,15 @@ static struct {
     go_pool_task task;
     void *ctx;
     int nparts;
+    /* generation current when worker i was started: the first task it must run
+     * is the next one, even if that is posted before the thread gets to look */
+    uint64_t start_generation[GO_POOL_MAX_THREADS + 1];
 } pool = {.run_mu = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 
 static void *worker_main(void *arg) {
     const int id = (int)(intptr_t)arg;
-    /* the generation current when this worker was created: a task published
-     * before the thread got to run is still seen as new */
     uint64_t seen = pool.start_generation[id];
     for (;;) {
         uint64_t gen;

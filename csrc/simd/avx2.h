@@ -20,6 +20,7 @@ typedef struct { __m256d lo, hi; } go_dacc;
 #define go_vdiv(a, b) _mm256_div_ps((a), (b))
 #define go_vfma(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define go_vsqrt(a) _mm256_sqrt_ps(a)
+/* maxps returns its second operand when either is NaN: a NaN in a yields b */
 #define go_vmax(a, b) _mm256_max_ps((a), (b))
 #define go_vmask_nonzero(a, b) \
     _mm256_and_ps(_mm256_cmp_ps((a), _mm256_setzero_ps(), _CMP_NEQ_UQ), (b))

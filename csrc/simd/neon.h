@@ -20,12 +20,13 @@ typedef struct { float64x2_t lo, hi; } go_dacc;
 #define go_vdiv(a, b) vdivq_f32((a), (b))
 #define go_vfma(a, b, c) vfmaq_f32((c), (a), (b))
 #define go_vsqrt(a) vsqrtq_f32(a)
-#define go_vmax(a, b) vmaxq_f32((a), (b))
+/* maxNum: a NaN lane in one operand yields the other operand's lane */
+#define go_vmax(a, b) vmaxnmq_f32((a), (b))
 /* b where a != 0: clear lanes whose a compares equal to 0 */
 #define go_vmask_nonzero(a, b) \
     vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(b), vceqzq_f32(a)))
 #define go_vany_eq(v, s) (vmaxvq_u32(vceqq_f32((v), (s))) != 0)
-#define go_vreduce_max(v) vmaxvq_f32(v)
+#define go_vreduce_max(v) vmaxnmvq_f32(v)
 
 static inline double go_vreduce_add(float32x4_t v) {
     const float64x2_t d = vaddq_f64(vcvt_f64_f32(vget_low_f32(v)), vcvt_high_f64_f32(v));

@@ -20,6 +20,7 @@ typedef double go_dacc;
 #define go_vdiv(a, b) ((a) / (b))
 #define go_vfma(a, b, c) ((a) * (b) + (c))
 #define go_vsqrt(a) sqrtf(a)
+/* a NaN in a yields b */
 #define go_vmax(a, b) ((a) > (b) ? (a) : (b))
 /* b where a != 0, else 0 (a NaN counts as nonzero) */
 #define go_vmask_nonzero(a, b) ((a) != 0.0f ? (b) : 0.0f)
