@@ -135,11 +135,21 @@ cdef _same_size(cnp.ndarray a, str aname, cnp.ndarray b, str bname):
 
 
 cdef _no_overlap(list named):
-    """Raise when two of the (name, array) pairs share memory."""
+    """Raise when two of the (name, array) pairs share memory.  Every array here
+    passed _array (C-contiguous), so comparing address ranges is exact and costs
+    nanoseconds, where np.may_share_memory costs a third of a microsecond."""
     cdef Py_ssize_t i, j
+    cdef char *a0
+    cdef char *a1
+    cdef char *b0
+    cdef char *b1
     for i in range(len(named)):
+        a0 = <char *>cnp.PyArray_DATA(<cnp.ndarray>named[i][1])
+        a1 = a0 + cnp.PyArray_NBYTES(<cnp.ndarray>named[i][1])
         for j in range(i + 1, len(named)):
-            if np.may_share_memory(named[i][1], named[j][1]):
+            b0 = <char *>cnp.PyArray_DATA(<cnp.ndarray>named[j][1])
+            b1 = b0 + cnp.PyArray_NBYTES(<cnp.ndarray>named[j][1])
+            if a0 < b1 and b0 < a1:
                 raise ValueError(f"{named[i][0]} and {named[j][0]} overlap in memory; "
                                  "they must be distinct arrays")
 

@@ -85,6 +85,18 @@ static inline __m256 go_vexp(__m256 x) {
     return _mm256_andnot_ps(too_small, _mm256_mul_ps(p, pow2n));
 }
 
+/* The first n (0 < n < 8) lanes of p, the others set to fill; never touches
+ * memory past p + n (masked loads do not fault on masked-off lanes). */
+static const int32_t go_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+static inline __m256 go_vload_partial(const float *p, int64_t n, float fill) {
+    const __m256i mask = _mm256_loadu_si256((const __m256i *)(go_mask_table + 8 - n));
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, mask),
+                            _mm256_castsi256_ps(mask));
+}
+static inline void go_vstore_partial(float *p, __m256 v, int64_t n) {
+    _mm256_maskstore_ps(p, _mm256_loadu_si256((const __m256i *)(go_mask_table + 8 - n)), v);
+}
+
 static inline __m256 go_vload_u8(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }

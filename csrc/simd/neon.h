@@ -72,6 +72,19 @@ static inline float32x4_t go_vexp(float32x4_t x) {
     return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), too_small));
 }
 
+/* The first n (0 < n < 4) lanes of p, the others set to fill; through a stack
+ * copy, so nothing past p + n is read. */
+static inline float32x4_t go_vload_partial(const float *p, int64_t n, float fill) {
+    float tmp[4] = {fill, fill, fill, fill};
+    memcpy(tmp, p, (size_t)n * sizeof(float));
+    return vld1q_f32(tmp);
+}
+static inline void go_vstore_partial(float *p, float32x4_t v, int64_t n) {
+    float tmp[4];
+    vst1q_f32(tmp, v);
+    memcpy(p, tmp, (size_t)n * sizeof(float));
+}
+
 static inline float32x4_t go_vload_u8(const uint8_t *p) {
     uint32_t four;
     memcpy(&four, p, 4); /* exactly 4 bytes: never reads past the array */

@@ -34,6 +34,10 @@ typedef double go_dacc;
 #define go_dacc_add_sq(acc, v) ((acc) + (double)(v) * (double)(v))
 #define go_dacc_reduce(acc) (acc)
 
+/* one-lane vectors are never partial; defined for kernels written for every path */
+#define go_vload_partial(p, n, fill) ((n) > 0 ? *(p) : (fill))
+#define go_vstore_partial(p, v, n) ((void)((n) > 0 ? (*(p) = (v)) : 0.0f))
+
 #define go_vload_u8(p) ((float)*(p))
 #define go_vload_f16(p) go_f16_to_f32(*(p))
 
