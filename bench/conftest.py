@@ -96,6 +96,14 @@ def rng():
     return np.random.default_rng(1234)
 
 
+_loadavg_at_start = None
+
+
+def pytest_sessionstart(session):
+    global _loadavg_at_start
+    _loadavg_at_start = os.getloadavg()
+
+
 def pytest_benchmark_update_machine_info(config, machine_info):
     """Record the SIMD path, thread counts and load, so a table says what it measured."""
     info = kernels.simd_info()
@@ -107,7 +115,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         "num_threads": kernels.get_num_threads(),
         "numpy": np.__version__,
         "cpu_count": os.cpu_count(),
-        "loadavg_at_start": os.getloadavg(),
+        "loadavg_at_start": _loadavg_at_start,
     }
     try:
         import torch

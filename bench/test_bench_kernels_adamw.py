@@ -15,8 +15,14 @@ NUMPY_TARGETS = {1_000_000: 1 / 8}  # at least 8x faster than in-place NumPy
 BYTES_PER_PARAM = 28  # read w, g, m, v; write w, m, v: 7 float32
 
 
-def case_name(n):
-    return f"adamw n={n:.0e}".replace("e+0", "e")
+# Also timed with both libraries on one thread: on a loaded machine torch's
+# OpenMP threads suffer most, and one thread compares the kernels themselves.
+ONE_THREAD_SIZES = [100_000, 1_000_000]
+
+
+def case_name(n, nthreads=None):
+    name = f"adamw n={n:.0e}".replace("e+0", "e")
+    return name if nthreads is None else f"{name}, {nthreads} thread"
 
 
 def make_state(n, rng):
@@ -45,8 +51,13 @@ def numpy_adamw(w, g, m, v, tmp, beta1h, beta2h):
     w -= tmp
 
 
-@pytest.mark.parametrize("n", sorted(TORCH_TARGETS))
-def test_adamw_ggmlopt(benchmark, n, rng):
+SIZES = [(n, None) for n in sorted(TORCH_TARGETS)] + [(n, 1) for n in ONE_THREAD_SIZES]
+
+
+@pytest.mark.parametrize("n, nthreads", SIZES)
+def test_adamw_ggmlopt(benchmark, n, nthreads, rng, threads):
+    if nthreads:
+        threads(nthreads)
     w, g, m, v = make_state(n, rng)
     b1h, b2h = kernels.adamw_bias_corrections(BETA1, BETA2, ITERATION)
 
@@ -54,19 +65,21 @@ def test_adamw_ggmlopt(benchmark, n, rng):
         kernels.adamw_step(w, g, m, v, alpha=ALPHA, beta1=BETA1, beta2=BETA2, eps=EPS, wd=WD,
                            beta1h=b1h, beta2h=b2h)
 
-    measure(benchmark, step, case=case_name(n), role="ggmlopt", label="ggmlopt.adamw_step",
-            items=n, bytes_moved=BYTES_PER_PARAM * n)
+    measure(benchmark, step, case=case_name(n, nthreads), role="ggmlopt",
+            label="ggmlopt.adamw_step", items=n, bytes_moved=BYTES_PER_PARAM * n)
 
 
-@pytest.mark.parametrize("n", sorted(TORCH_TARGETS))
-def test_adamw_torch_fused(benchmark, n, rng):
+@pytest.mark.parametrize("n, nthreads", SIZES)
+def test_adamw_torch_fused(benchmark, n, nthreads, rng, threads):
     torch = pytest.importorskip("torch")
+    if nthreads:
+        threads(nthreads)
     w, g, _, _ = make_state(n, rng)
     p = torch.nn.Parameter(torch.from_numpy(w))
     p.grad = torch.from_numpy(g)
     opt = torch.optim.AdamW([p], lr=ALPHA, betas=(BETA1, BETA2), eps=EPS, weight_decay=WD,
                             fused=True)
-    measure(benchmark, opt.step, case=case_name(n), role="baseline",
+    measure(benchmark, opt.step, case=case_name(n, nthreads), role="baseline",
             label="torch AdamW(fused=True).step", target=TORCH_TARGETS[n], items=n,
             bytes_moved=BYTES_PER_PARAM * n)
 
