@@ -87,13 +87,13 @@ def machine_lines(data):
     g = m.get("ggmlopt", {})
     cpu = m.get("cpu", {}).get("brand_raw", "?")
     lines = [
-        f"- CPU: {cpu}, {g.get('cpu_count', '?')} logical cores; "
+        (f"- CPU: {cpu}, {g.get('cpu_count', '?')} logical cores; "
         f"Python {m.get('python_version', '?')}, NumPy {g.get('numpy', '?')}, "
-        f"torch {g.get('torch') or 'absent'}",
-        f"- ggmlopt SIMD path: {g.get('simd_active', '?')} (compiled: "
+        f"torch {g.get('torch') or 'absent'}"),
+        (f"- ggmlopt SIMD path: {g.get('simd_active', '?')} (compiled: "
         f"{', '.join(g.get('simd_compiled', []))}; GGMLOPT_SIMD override: "
         f"{g.get('simd_override')}); ggmlopt threads: {g.get('num_threads', '?')}, "
-        f"torch threads: {g.get('torch_num_threads', '-')} (\"1 thread\" cases set both to 1)",
+        f"torch threads: {g.get('torch_num_threads', '-')} (\"1 thread\" cases set both to 1)"),
     ]
     start, end = g.get("loadavg_at_start"), g.get("loadavg_at_end")
     if start and end:
