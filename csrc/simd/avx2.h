@@ -25,6 +25,11 @@ typedef struct { __m256d lo, hi; } go_dacc;
 #define go_vmask_nonzero(a, b) \
     _mm256_and_ps(_mm256_cmp_ps((a), _mm256_setzero_ps(), _CMP_NEQ_UQ), (b))
 #define go_vany_eq(v, s) (_mm256_movemask_ps(_mm256_cmp_ps((v), (s), _CMP_EQ_OQ)) != 0)
+/* index of the last lane of v equal to s, -1 for none */
+static inline int go_vlast_eq(__m256 v, __m256 s) {
+    const int m = _mm256_movemask_ps(_mm256_cmp_ps(v, s, _CMP_EQ_OQ));
+    return m ? 31 - __builtin_clz((unsigned)m) : -1;
+}
 
 static inline double go_vreduce_add(__m256 v) {
     __m256d d = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),

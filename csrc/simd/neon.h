@@ -26,6 +26,12 @@ typedef struct { float64x2_t lo, hi; } go_dacc;
 #define go_vmask_nonzero(a, b) \
     vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(b), vceqzq_f32(a)))
 #define go_vany_eq(v, s) (vmaxvq_u32(vceqq_f32((v), (s))) != 0)
+/* index of the last lane of v equal to s, -1 for none: the largest of
+ * (lane + 1) over equal lanes */
+static inline int go_vlast_eq(float32x4_t v, float32x4_t s) {
+    static const uint32_t lane_plus_one[4] = {1, 2, 3, 4};
+    return (int)vmaxvq_u32(vandq_u32(vceqq_f32(v, s), vld1q_u32(lane_plus_one))) - 1;
+}
 #define go_vreduce_max(v) vmaxnmvq_f32(v)
 
 static inline double go_vreduce_add(float32x4_t v) {

@@ -28,6 +28,7 @@ typedef double go_dacc;
 #define go_vreduce_add(v) ((double)(v))
 #define go_vreduce_max(v) (v)
 #define go_vany_eq(v, s) ((v) == (s))
+#define go_vlast_eq(v, s) ((v) == (s) ? 0 : -1)
 
 #define go_dacc_zero() 0.0
 #define go_dacc_add(acc, v) ((acc) + (double)(v))
