@@ -20,6 +20,12 @@ typedef struct { __m256d lo, hi; } go_dacc;
 #define go_vdiv(a, b) _mm256_div_ps((a), (b))
 #define go_vfma(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define go_vsqrt(a) _mm256_sqrt_ps(a)
+/* 1/a within 2 ulp: the 12-bit estimate and one Newton step.  vdivps shares the
+ * divide unit with vsqrtps, and the pair made AdamW compute-bound in cache. */
+static inline __m256 go_vrecip(__m256 a) {
+    const __m256 r = _mm256_rcp_ps(a);
+    return _mm256_mul_ps(r, _mm256_fnmadd_ps(a, r, _mm256_set1_ps(2.0f)));
+}
 /* maxps returns its second operand when either is NaN: a NaN in a yields b */
 #define go_vmax(a, b) _mm256_max_ps((a), (b))
 #define go_vmask_nonzero(a, b) \

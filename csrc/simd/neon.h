@@ -20,6 +20,12 @@ typedef struct { float64x2_t lo, hi; } go_dacc;
 #define go_vdiv(a, b) vdivq_f32((a), (b))
 #define go_vfma(a, b, c) vfmaq_f32((c), (a), (b))
 #define go_vsqrt(a) vsqrtq_f32(a)
+/* 1/a within 2 ulp: the 8-bit estimate and two Newton steps */
+static inline float32x4_t go_vrecip(float32x4_t a) {
+    float32x4_t r = vrecpeq_f32(a);
+    r = vmulq_f32(r, vrecpsq_f32(a, r));
+    return vmulq_f32(r, vrecpsq_f32(a, r));
+}
 /* maxNum: a NaN lane in one operand yields the other operand's lane */
 #define go_vmax(a, b) vmaxnmq_f32((a), (b))
 /* b where a != 0: clear lanes whose a compares equal to 0 */

@@ -20,6 +20,7 @@ typedef double go_dacc;
 #define go_vdiv(a, b) ((a) / (b))
 #define go_vfma(a, b, c) ((a) * (b) + (c))
 #define go_vsqrt(a) sqrtf(a)
+#define go_vrecip(a) (1.0f / (a))
 /* a NaN in a yields b */
 #define go_vmax(a, b) ((a) > (b) ? (a) : (b))
 /* b where a != 0, else 0 (a NaN counts as nonzero) */
