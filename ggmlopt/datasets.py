@@ -81,7 +81,7 @@ def load_idx(path: str | os.PathLike) -> np.ndarray:
         raise ValueError(f"{path}: {what}: shape {shape} of {dtype.name} needs {expected} "
                          f"bytes, the file has {len(raw)}")
     arr = np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
-    return np.ascontiguousarray(arr, dtype=dtype.newbyteorder("="))
+    return arr.astype(dtype.newbyteorder("="))  # a writable copy that owns its memory
 
 
 def _find(directory: str, name: str) -> str:
