@@ -16,7 +16,7 @@ import numpy as np
 
 from .dataset import Dataset
 
-__all__ = ["IDX_DTYPES", "MnistSplits", "load_idx", "load_mnist", "MNIST_FILES"]
+__all__ = ["IDX_DTYPES", "MNIST_FILES", "MnistSplits", "load_idx", "load_mnist"]
 
 # IDX type code -> element dtype (big-endian as stored)
 IDX_DTYPES = {

@@ -117,31 +117,31 @@ def test_data_scale_defaults_to_one():
 # ---- bad construction --------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, exc, name", [
-    (dict(ne_datapoint=0), ValueError, "ne_datapoint"),
-    (dict(ne_datapoint=-3), ValueError, "ne_datapoint"),
-    (dict(ne_label=-1), ValueError, "ne_label"),
-    (dict(ndata=0), ValueError, "ndata"),
-    (dict(ndata=-4), ValueError, "ndata"),
-    (dict(ndata_shard=0), ValueError, "ndata_shard"),
-    (dict(ndata_shard=-1), ValueError, "ndata_shard"),
-    (dict(ndata=10, ndata_shard=3), ValueError, "ndata"),
-    (dict(ndata=2.0), TypeError, "ndata"),
-    (dict(ne_datapoint=True), TypeError, "ne_datapoint"),
-    (dict(ne_datapoint=1 << 40, ndata=1 << 40), ValueError, "ndata"),
-    (dict(data_dtype=np.float64), TypeError, "data_dtype"),
-    (dict(data_dtype=np.int64), TypeError, "data_dtype"),
-    (dict(data_dtype=">f4"), TypeError, "data_dtype"),
-    (dict(data_dtype="nonsense"), TypeError, "data_dtype"),
-    (dict(label_dtype=np.uint8), TypeError, "label_dtype"),
-    (dict(label_dtype=np.float16), TypeError, "label_dtype"),
-    (dict(data_scale=0.5), ValueError, "data_scale"),          # float32 data: no scale
-    (dict(data_dtype=np.int32, data_scale=2), ValueError, "data_scale"),
-    (dict(data_dtype=np.uint8, data_scale="x"), TypeError, "data_scale"),
-    (dict(data_dtype=np.uint8, data_scale=float("nan")), ValueError, "data_scale"),
-    (dict(data_dtype=np.uint8, data_scale=1e300), ValueError, "data_scale"),
+    ({"ne_datapoint": 0}, ValueError, "ne_datapoint"),
+    ({"ne_datapoint": -3}, ValueError, "ne_datapoint"),
+    ({"ne_label": -1}, ValueError, "ne_label"),
+    ({"ndata": 0}, ValueError, "ndata"),
+    ({"ndata": -4}, ValueError, "ndata"),
+    ({"ndata_shard": 0}, ValueError, "ndata_shard"),
+    ({"ndata_shard": -1}, ValueError, "ndata_shard"),
+    ({"ndata": 10, "ndata_shard": 3}, ValueError, "ndata"),
+    ({"ndata": 2.0}, TypeError, "ndata"),
+    ({"ne_datapoint": True}, TypeError, "ne_datapoint"),
+    ({"ne_datapoint": 1 << 40, "ndata": 1 << 40}, ValueError, "ndata"),
+    ({"data_dtype": np.float64}, TypeError, "data_dtype"),
+    ({"data_dtype": np.int64}, TypeError, "data_dtype"),
+    ({"data_dtype": ">f4"}, TypeError, "data_dtype"),
+    ({"data_dtype": "nonsense"}, TypeError, "data_dtype"),
+    ({"label_dtype": np.uint8}, TypeError, "label_dtype"),
+    ({"label_dtype": np.float16}, TypeError, "label_dtype"),
+    ({"data_scale": 0.5}, ValueError, "data_scale"),          # float32 data: no scale
+    ({"data_dtype": np.int32, "data_scale": 2}, ValueError, "data_scale"),
+    ({"data_dtype": np.uint8, "data_scale": "x"}, TypeError, "data_scale"),
+    ({"data_dtype": np.uint8, "data_scale": float("nan")}, ValueError, "data_scale"),
+    ({"data_dtype": np.uint8, "data_scale": 1e300}, ValueError, "data_scale"),
 ])
 def test_bad_construction_names_the_argument(kwargs, exc, name):
-    args = dict(ne_datapoint=3, ne_label=2, ndata=6, ndata_shard=1)
+    args = {"ne_datapoint": 3, "ne_label": 2, "ndata": 6, "ndata_shard": 1}
     args.update(kwargs)
     with pytest.raises(exc, match=name):
         go.Dataset(**args)
