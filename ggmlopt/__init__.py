@@ -8,11 +8,34 @@ from ._runtime import get_include, show_config
 from .kernels import get_num_threads, set_num_threads, simd_info
 from .dataset import Dataset
 from . import datasets
+from . import nn
+from .context import OptContext
+from .optim_params import (AdamWParams, BuildType, LossType, OptimizerParams, OptimizerType,
+                           SGDParams, constant_optimizer_params, default_optimizer_params)
+from .progress import progress_bar
+from .result import Result
+from .training import EpochStats, History, epoch, fit
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdamWParams",
+    "BuildType",
     "Dataset",
+    "EpochStats",
+    "History",
+    "LossType",
+    "OptContext",
+    "OptimizerParams",
+    "OptimizerType",
+    "Result",
+    "SGDParams",
+    "constant_optimizer_params",
+    "default_optimizer_params",
+    "epoch",
+    "fit",
+    "nn",
+    "progress_bar",
     "datasets",
     "get_include",
     "get_num_threads",
