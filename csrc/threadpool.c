@@ -26,6 +26,7 @@ static struct {
     pthread_mutex_t mu;     /* guards sleeping and waking */
     pthread_cond_t cv;
     pthread_t threads[GO_POOL_MAX_THREADS];
+    uint64_t start_generation[GO_POOL_MAX_THREADS + 1]; /* per worker id, set before it starts */
     int nworkers;   /* started workers */
     int nthreads;   /* wanted: workers + caller */
     int sleepers;
@@ -41,7 +42,9 @@ static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 
 static void *worker_main(void *arg) {
     const int id = (int)(intptr_t)arg;
-    uint64_t seen = atomic_load_explicit(&pool.generation, memory_order_acquire);
+    /* the generation current when this worker was created: a task published
+     * before the thread got to run is still seen as new */
+    uint64_t seen = pool.start_generation[id];
     for (;;) {
         uint64_t gen;
         int spins = 0;
@@ -116,6 +119,7 @@ void go_pool_set_threads(int n) {
 static void ensure_workers(void) {
     while (pool.nworkers < pool.nthreads - 1) {
         const int id = pool.nworkers + 1;
+        pool.start_generation[id] = atomic_load_explicit(&pool.generation, memory_order_acquire);
         if (pthread_create(&pool.threads[pool.nworkers], NULL, worker_main, (void *)(intptr_t)id) != 0)
             break;
         pool.nworkers++;
