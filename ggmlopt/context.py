@@ -16,8 +16,13 @@ import numpy as np
 from . import kernels
 from ._arena import ParamArena
 from ._memory import AlignedBuffer
-from .optim_params import (BuildType, LossType, OptimizerType, default_optimizer_params,
-                           validate_optimizer_params)
+from .optim_params import (
+    BuildType,
+    LossType,
+    OptimizerType,
+    default_optimizer_params,
+    validate_optimizer_params,
+)
 from .result import Result
 
 __all__ = ["OptContext"]
