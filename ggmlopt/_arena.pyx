@@ -1,0 +1,144 @@
+# cython: language_level=3
+"""ParamArena: every parameter of a model, its gradients and AdamW momenta in one
+aligned block, updated by one kernel call per optimizer step.
+
+Layout: consecutive sections of ``section`` floats (``size`` rounded up to 16,
+so each section starts on a 64-byte line): weights, gradients, then (for AdamW)
+the first and second moments.  Backward passes add into the gradients, so they
+accumulate over the physical batches of a logical batch in place (ggml's
+grad_accs) until the context zeroes them.
+
+Parameters sit back to back inside each section, so one parameter is
+the same element range in every section.  The padding at the end of a section is
+never touched by a kernel.
+"""
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int64_t
+
+from ggmlopt._memory cimport AlignedBuffer
+from ggmlopt.kernels cimport adamw_step_f32, fill_f32, sgd_step_f32, sumsq_f32
+
+cnp.import_array()
+
+_SECTIONS = ("weights", "grads", "m", "v")
+
+
+cdef class ParamArena:
+    """ParamArena(size, momenta=False)
+
+    size: parameter elements (>= 1).  momenta: keep AdamW's m and v.
+    All sections start zeroed.
+    """
+
+    def __cinit__(self, int64_t size, bint momenta=False):
+        if size < 1:
+            raise ValueError(f"size: expected at least 1 parameter element, got {size}")
+        self.size = size
+        self.section = (size + 15) // 16 * 16
+        self.momenta = momenta
+        cdef int64_t nsections = 2 + (2 if momenta else 0)
+        self._buf = AlignedBuffer(nsections * self.section * sizeof(float))
+        cdef float *base = <float *>self._buf.data
+        self._w = base
+        self._g = base + self.section
+        self._m = NULL
+        self._v = NULL
+        if momenta:
+            self._m = self._g + self.section
+            self._v = self._m + self.section
+
+    # ---- C level ----------------------------------------------------------------
+
+    cdef void zero_grads_c(self) noexcept nogil:
+        fill_f32(self.size, 0.0, self._g)
+
+    cdef void zero_momenta_c(self) noexcept nogil:
+        if self._m != NULL:
+            fill_f32(self.size, 0.0, self._m)
+            fill_f32(self.size, 0.0, self._v)
+
+    cdef void adamw_step_c(self, const float *params) noexcept nogil:
+        adamw_step_f32(self.size, self._w, self._g, self._m, self._v, params)
+
+    cdef void sgd_step_c(self, float alpha, float wd) noexcept nogil:
+        sgd_step_f32(self.size, self._w, self._g, alpha, wd)
+
+    # ---- Python level -----------------------------------------------------------
+
+    cdef int64_t _offset(self, str which) except -1:
+        cdef float *p
+        if which == "weights":
+            p = self._w
+        elif which == "grads":
+            p = self._g
+        elif which == "m":
+            p = self._m
+        elif which == "v":
+            p = self._v
+        else:
+            raise ValueError(f"which: expected one of {_SECTIONS}, got {which!r}")
+        if p == NULL:
+            raise ValueError(f"which: this arena has no {which!r} section")
+        return (<char *>p) - self._buf.data
+
+    def view(self, str which, int64_t start, tuple shape):
+        """A writable float32 view of `shape` starting at element `start` of the
+        section `which` ('weights', 'grads', 'm', 'v'); it keeps the
+        arena's memory alive."""
+        cdef int64_t count = 1
+        for d in shape:
+            count *= d
+        if start < 0 or start + count > self.size:
+            raise ValueError(f"elements [{start}, {start + count}) lie outside the "
+                             f"arena's {self.size} parameter elements")
+        cdef int64_t offset = self._offset(which) + start * sizeof(float)
+        return self._buf.view(np.float32, shape, offset)
+
+    def flat(self, str which):
+        """The whole section `which` as a flat float32 view of `size` elements."""
+        return self.view(which, 0, (self.size,))
+
+    def zero_grads(self):
+        """Zero the per-batch gradient."""
+        with nogil:
+            self.zero_grads_c()
+
+    def zero_momenta(self):
+        """Zero AdamW's m and v (nothing without them)."""
+        with nogil:
+            self.zero_momenta_c()
+
+    def adamw_step(self, float alpha, float beta1, float beta2, float eps, float wd,
+                   float beta1h, float beta2h):
+        """One AdamW step over every parameter; see ggmlopt.kernels.adamw_step for
+        the formula."""
+        if self._m == NULL:
+            raise RuntimeError("adamw_step: this arena was built without AdamW momenta")
+        cdef float params[7]
+        params[0] = alpha
+        params[1] = beta1
+        params[2] = beta2
+        params[3] = eps
+        params[4] = wd
+        params[5] = beta1h
+        params[6] = beta2h
+        with nogil:
+            self.adamw_step_c(params)
+
+    def sgd_step(self, float alpha, float wd):
+        """w = w*(1 - alpha*wd) - alpha*g over every parameter."""
+        with nogil:
+            self.sgd_step_c(alpha, wd)
+
+    def grad_sumsq(self):
+        """Sum of squares of all gradients (double)."""
+        cdef double s
+        with nogil:
+            s = sumsq_f32(self.size, self._g)
+        return s
+
+    @property
+    def nbytes(self):
+        return self._buf.nbytes

@@ -1,0 +1,458 @@
+"""OptContext: ggml's ggml_opt_context for a Python model.
+
+One context drives one model: it owns the parameter arena (parameters,
+gradients, gradient accumulator, AdamW momenta), the batch buffers (static
+mode), the loss and its gradient, and the counters ggml keeps (iter, opt_i, the
+build type of the last alloc).  Every eval is one physical batch:
+``ctx.alloc(backward); <fill ctx.inputs / ctx.labels>; ctx.eval(result)``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import kernels
+from ._arena import ParamArena
+from ._memory import AlignedBuffer
+from .optim_params import (
+    BuildType,
+    LossType,
+    OptimizerType,
+    default_optimizer_params,
+    validate_optimizer_params,
+)
+from .result import Result
+
+__all__ = ["OptContext"]
+
+F32 = np.float32
+# std::mt19937's default seed: without a seed, shuffles repeat from run to run, as in ggml
+DEFAULT_SEED = 5489
+
+
+def _int_arg(value, name, minimum, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int{' or None' if allow_none else ''}, "
+                        f"got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return int(value)
+
+
+def _enum_arg(value, enum_cls, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected a {enum_cls.__name__}, got {type(value).__name__}")
+    try:
+        return enum_cls(value)
+    except ValueError:
+        raise ValueError(f"{name}: expected one of {[m.name for m in enum_cls]}, "
+                         f"got {value!r}") from None
+
+
+def _f32_matrix(a, name, ncols=None):
+    """a as a C-contiguous 2-D float32 array (copied only when needed)."""
+    if not isinstance(a, np.ndarray):
+        a = np.asarray(a)
+    if a.dtype.kind not in "biuf":
+        raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}")
+    if a.ndim != 2 or a.shape[0] < 1 or (ncols is not None and a.shape[1] != ncols):
+        want = f"(batch >= 1, {ncols})" if ncols is not None else "(batch >= 1, n)"
+        raise ValueError(f"{name}: expected shape {want}, got {a.shape}")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+class OptContext:
+    """OptContext(model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
+    build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
+    get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None)
+
+    model: any object with parameters() (Parameters: float32 .data and .grad),
+    forward(x) (batch, ne_datapoint) -> (batch, ne_out) and backward(grad_out).
+    Its parameters move into the context's arena; .data and .grad become views.
+
+    batch_size, ne_datapoint: static mode (ggml's static graphs): owned buffers
+    ``inputs`` (batch_size, ne_datapoint) and ``labels`` (batch_size, ne_out), the
+    latter None for MEAN and SUM.  batch_size=None: dynamic mode, where
+    ``eval(result, inputs=x, labels=y)`` takes arrays of any batch size.
+
+    build_type: the furthest an eval may go (FORWARD, GRAD or OPT).  opt_period:
+    physical batches per optimizer step (gradient accumulation).
+    get_opt_pars(get_opt_pars_ud) -> OptimizerParams is called at every optimizer
+    step.  seed: int or numpy Generator for ``rng`` (dataset shuffles); None uses
+    a fixed default seed, so runs repeat, as in ggml.
+    """
+
+    def __init__(self, model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
+                 build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
+                 get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None):
+        for method in ("parameters", "forward", "backward"):
+            if not callable(getattr(model, method, None)):
+                raise TypeError(f"model: {type(model).__name__} has no {method}() method; a "
+                                "model needs parameters(), forward(x) and backward(grad_out)")
+        self._loss_type = _enum_arg(loss_type, LossType, "loss_type")
+        self._built = _enum_arg(build_type, BuildType, "build_type")
+        self._optimizer = _enum_arg(optimizer, OptimizerType, "optimizer")
+        self._opt_period = _int_arg(opt_period, "opt_period", 1)
+        if not callable(get_opt_pars):
+            raise TypeError(f"get_opt_pars: expected a callable, got {type(get_opt_pars).__name__}")
+        batch_size = _int_arg(batch_size, "batch_size", 1, allow_none=True)
+        ne_datapoint = _int_arg(ne_datapoint, "ne_datapoint", 1, allow_none=True)
+        if batch_size is not None and ne_datapoint is None:
+            raise ValueError("ne_datapoint: required with batch_size (static mode)")
+        if isinstance(seed, np.random.Generator):
+            rng = seed
+        else:
+            rng = np.random.default_rng(
+                DEFAULT_SEED if seed is None else _int_arg(seed, "seed", 0))
+
+        params = self._collect_parameters(model)
+        self._per_datapoint = self._loss_type != LossType.SUM
+        self._needs_labels = self._loss_type in (LossType.CROSS_ENTROPY,
+                                                 LossType.MEAN_SQUARED_ERROR)
+
+        self._batch_size = batch_size
+        self._ne_datapoint = ne_datapoint
+        self._ne_out = None
+        self._inputs = self._labels = None
+        self._batch_buffers = None
+        if batch_size is not None:
+            # one buffer for the inputs and labels, as ggml's static context
+            self._inputs = AlignedBuffer(batch_size * ne_datapoint * 4).as_array(
+                np.float32, (batch_size, ne_datapoint))
+            out = self._check_outputs(model.forward(self._inputs), batch_size)
+            self._ne_out = out.shape[1]
+            if self._needs_labels:
+                self._labels = AlignedBuffer(out.size * 4).as_array(np.float32, out.shape)
+            self._make_batch_buffers(batch_size, self._ne_out)
+
+        # from here on nothing can fail: take the parameters
+        self.model = model
+        self.get_opt_pars = get_opt_pars
+        self.get_opt_pars_ud = get_opt_pars_ud
+        self.rng = rng
+        self._params = params
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self._build_arena(params)
+
+        self.iter = 1
+        self.opt_i = 0
+        self._build_type = self._built   # of the last alloc; ggml starts at the built type
+        self._eval_ready = False
+        self.outputs = None
+        self.loss = None
+        self.pred = None
+        self.ncorrect = None
+
+    # ---- construction ---------------------------------------------------------------
+
+    @staticmethod
+    def _collect_parameters(model):
+        got = model.parameters()
+        try:
+            got = list(got)
+        except TypeError:
+            raise TypeError("model.parameters(): expected a sequence of Parameters, got "
+                            f"{type(got).__name__}") from None
+        params, seen = [], set()
+        for i, p in enumerate(got):
+            data = getattr(p, "data", None)
+            if not isinstance(data, np.ndarray) or not hasattr(p, "grad"):
+                raise TypeError(f"model.parameters()[{i}]: expected a ggmlopt.nn.Parameter (an "
+                                f"object with a .data ndarray and .grad), got {type(p).__name__}")
+            if data.dtype != np.float32:
+                raise TypeError(f"model.parameters()[{i}]: expected float32 data, got {data.dtype}")
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+        if not params or sum(p.data.size for p in params) == 0:
+            raise ValueError("model: it has no parameters to train (parameters() gave "
+                             f"{len(params)} with no elements)")
+        return params
+
+    def _build_arena(self, params):
+        momenta = self._built == BuildType.OPT and self._optimizer == OptimizerType.ADAMW
+        arena = ParamArena(sum(p.data.size for p in params), momenta)
+        start = 0
+        for p in params:
+            shape = p.data.shape
+            w = arena.view("weights", start, shape)
+            w[...] = p.data
+            p.data = w
+            p.grad = arena.view("grads", start, shape)
+            start += p.data.size
+        self._grads = [p.grad for p in params]
+        self._flagged = [p for p in params if hasattr(p, "grad_is_zero")]
+        self.arena = arena
+        self._zero_grads()
+
+    def _zero_grads(self):
+        """Zero every gradient (one kernel call) and tell the layers so."""
+        self.arena.zero_grads()
+        for p in self._flagged:
+            p.grad_is_zero = True
+
+    def _make_batch_buffers(self, batch, ne_out):
+        """grad_out (batch, ne_out) float32, pred and the labels' argmax (batch,) int32."""
+        self._batch_buffers = (
+            batch,
+            np.zeros((batch, ne_out), dtype=np.float32),
+            np.zeros(batch, dtype=np.int32),
+            np.zeros(batch, dtype=np.int32),
+        )
+
+    def _check_outputs(self, out, batch):
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"model.forward: expected it to return a numpy.ndarray, got "
+                            f"{type(out).__name__}")
+        if out.dtype != np.float32:
+            raise TypeError(f"model.forward: expected float32 outputs, got {out.dtype}")
+        if out.ndim != 2 or out.shape[0] != batch or out.shape[1] < 1:
+            raise ValueError(f"model.forward: expected outputs of shape ({batch}, n) for a "
+                             f"batch of {batch}, got {out.shape}")
+        if self._ne_out is not None and out.shape[1] != self._ne_out:
+            raise ValueError(f"model.forward: expected {self._ne_out} outputs per datapoint "
+                             f"(as when the context was built), got {out.shape[1]}")
+        return out if out.flags.c_contiguous else np.ascontiguousarray(out)
+
+    # ---- read-only state --------------------------------------------------------------
+
+    @property
+    def inputs(self):
+        """Static mode: the input batch buffer (batch_size, ne_datapoint) float32."""
+        return self._inputs
+
+    @property
+    def labels(self):
+        """Static mode: the label batch buffer (batch_size, ne_out) float32; None for
+        MEAN and SUM (no labels) and in dynamic mode."""
+        return self._labels
+
+    @property
+    def static_graphs(self):
+        return self._batch_size is not None
+
+    @property
+    def batch_size(self):
+        return self._batch_size
+
+    @property
+    def ne_datapoint(self):
+        return self._ne_datapoint
+
+    @property
+    def ne_out(self):
+        return self._ne_out
+
+    @property
+    def opt_period(self):
+        return self._opt_period
+
+    @property
+    def loss_type(self):
+        return self._loss_type
+
+    @property
+    def build_type(self):
+        """The build type the context was made for (the furthest an eval may go)."""
+        return self._built
+
+    @property
+    def build_type_last(self):
+        """The build type of the last alloc."""
+        return self._build_type
+
+    @property
+    def optimizer_type(self):
+        return self._optimizer
+
+    @property
+    def loss_per_datapoint(self):
+        return self._per_datapoint
+
+    @property
+    def eval_ready(self):
+        return self._eval_ready
+
+    def parameters(self):
+        """The model's parameters, in arena order."""
+        return list(self._params)
+
+    def grad_acc(self, param):
+        """The gradient accumulator of param (a float32 view of its shape in the
+        arena): the gradient summed over the physical batches of the logical batch
+        so far; after an optimizer step it still holds the sum the step used.
+        With opt_period 1 it is the gradient of the last batch."""
+        i = self._index.get(id(param))
+        if i is None:
+            raise ValueError("param: not a parameter of this context's model")
+        return self._grads[i]
+
+    # ---- alloc / eval / reset -----------------------------------------------------------
+
+    def alloc(self, backward):
+        """Prepare one eval: backward=False is a forward pass (FORWARD); backward=True
+        computes gradients (GRAD), and on the last physical batch of a logical
+        batch ((opt_i + 1) % opt_period == 0) also steps the optimizer (OPT)."""
+        if self._eval_ready:
+            raise RuntimeError("alloc: already called; call eval() before the next alloc()")
+        if backward:
+            bt = BuildType.OPT if (self.opt_i + 1) % self._opt_period == 0 else BuildType.GRAD
+        else:
+            bt = BuildType.FORWARD
+        if bt > self._built:
+            raise RuntimeError(f"alloc(backward={bool(backward)}): this eval needs build type "
+                               f"{bt.name} but the context was built for {self._built.name}")
+        # Gradients are zeroed lazily, as a logical batch begins: ggml_opt_alloc resets
+        # its accumulators after an OPT step when opt_period > 1, and with opt_period 1
+        # its OPT graph computes gradients afresh.  A GRAD context accumulates until
+        # reset().
+        if self._built == BuildType.OPT and self.opt_i == 0 and (
+                (self._build_type == BuildType.OPT and self._opt_period > 1)
+                or (self._opt_period == 1 and backward)):
+            self._zero_grads()
+        self._build_type = bt
+        self._eval_ready = True
+
+    def reset(self, optimizer):
+        """Zero the gradients; optimizer=True also zeroes the AdamW momenta and sets
+        iter back to 1."""
+        self._zero_grads()
+        if optimizer:
+            self.arena.zero_momenta()
+            self.iter = 1
+
+    def _batch(self, inputs, labels):
+        """The (inputs, labels) arrays of this eval."""
+        if self._batch_size is not None:
+            if inputs is not None:
+                self._copy_in(inputs, self._inputs, "inputs")
+            if labels is not None:
+                if self._labels is None:
+                    raise ValueError(f"labels: {self._loss_type.name} takes no labels")
+                self._copy_in(labels, self._labels, "labels")
+            return self._inputs, self._labels
+        if inputs is None:
+            raise ValueError("inputs: required in dynamic mode (batch_size=None)")
+        x = _f32_matrix(inputs, "inputs", self._ne_datapoint)
+        if not self._needs_labels:
+            if labels is not None:
+                raise ValueError(f"labels: {self._loss_type.name} takes no labels")
+            return x, None
+        if labels is None:
+            raise ValueError(f"labels: required for {self._loss_type.name}")
+        y = _f32_matrix(labels, "labels")
+        if y.shape[0] != x.shape[0]:
+            raise ValueError(f"labels: expected {x.shape[0]} rows like inputs, got {y.shape[0]}")
+        return x, y
+
+    @staticmethod
+    def _copy_in(src, dst, name):
+        src = np.asarray(src)
+        if src.size != dst.size:
+            raise ValueError(f"{name}: expected {dst.size} elements for the {dst.shape} batch "
+                             f"buffer, got shape {src.shape}")
+        np.copyto(dst, src.reshape(dst.shape), casting="same_kind")
+
+    def _opt_step_params(self):
+        """The validated optimizer parameters of this step (before anything changes)."""
+        pars = validate_optimizer_params(self.get_opt_pars(self.get_opt_pars_ud),
+                                         self._optimizer)
+        if self._optimizer == OptimizerType.ADAMW:
+            _, beta1, beta2, _, _ = pars
+            return pars + kernels.adamw_bias_corrections(beta1, beta2, self.iter)
+        return pars
+
+    def eval(self, result=None, inputs=None, labels=None):
+        """Run the eval prepared by alloc: forward, loss, and per its build type the
+        backward pass (gradients accumulate over the logical batch) and the
+        optimizer step.  result: a Result that records the loss (and for
+        cross-entropy the predictions and ncorrect).  inputs, labels: the batch in
+        dynamic mode (2-D arrays, converted to float32); in static mode optional
+        arrays copied into ctx.inputs / ctx.labels.
+
+        Raises FloatingPointError, before any gradient or parameter changes, when
+        the loss is NaN or infinite.
+        """
+        if not self._eval_ready:
+            raise RuntimeError("eval: call alloc() first (one alloc before every eval)")
+        if result is not None and not isinstance(result, Result):
+            raise TypeError(f"result: expected a ggmlopt.Result or None, got "
+                            f"{type(result).__name__}")
+        bt = self._build_type
+        x, y = self._batch(inputs, labels)
+        batch = x.shape[0]
+        if result is not None:
+            result._check(batch, self._per_datapoint, self._opt_period)
+        step = self._opt_step_params() if bt == BuildType.OPT else None
+
+        out = self._check_outputs(self.model.forward(x), batch)
+        if y is not None and y.shape != out.shape:
+            raise ValueError(f"labels: expected shape {out.shape} like the model's outputs, "
+                             f"got {y.shape}")
+        bufs = self._batch_buffers
+        if bufs is None or bufs[0] != batch or bufs[1].shape != out.shape:
+            self._make_batch_buffers(batch, out.shape[1])
+            bufs = self._batch_buffers
+        _, grad, pred, label_arg = bufs
+        backward = bt != BuildType.FORWARD
+        loss = self._loss(out, y, grad if backward else None)
+        if not math.isfinite(loss):
+            raise FloatingPointError(
+                f"eval: the loss is {float(loss)} (iteration {self.iter}, physical batch "
+                f"{self.opt_i + 1}/{self._opt_period} of the logical batch); not training on")
+        ncorrect = None
+        if self._loss_type == LossType.CROSS_ENTROPY:
+            kernels.argmax_rows(out, out=pred)
+            kernels.argmax_rows(y, out=label_arg)
+            ncorrect = kernels.count_equal(pred, label_arg)
+
+        if backward:
+            arena = self.arena
+            self.model.backward(grad)
+            if step is not None:
+                if self._optimizer == OptimizerType.ADAMW:
+                    arena.adamw_step(*step)
+                else:
+                    arena.sgd_step(*step)
+                self.iter += 1
+        self.opt_i = (self.opt_i + 1) % self._opt_period
+        self._eval_ready = False
+
+        self.outputs = out
+        self.loss = loss
+        self.pred = pred if ncorrect is not None else None
+        self.ncorrect = ncorrect
+        if result is not None:
+            result._add(batch, loss, self._per_datapoint, self._opt_period,
+                        self.pred, ncorrect)
+
+    def _loss(self, out, labels, grad):
+        """The float32 loss as ggml computes it; grad (if given) receives d loss / d out."""
+        lt = self._loss_type
+        period = self._opt_period
+        if lt == LossType.SUM:
+            if grad is not None:
+                kernels.fill(grad, 1.0)
+            return F32(kernels.sum(out))
+        if lt == LossType.CROSS_ENTROPY:
+            inv_period = F32(1) / F32(period)
+            loss = F32(kernels.cross_entropy(out, labels, grad, grad_scale=inv_period))
+            return F32(loss * inv_period) if period > 1 else loss
+        scale = F32(1) / F32(period * out.size)
+        if lt == LossType.MEAN:
+            if grad is not None:
+                kernels.fill(grad, scale)
+            return F32(F32(kernels.sum(out)) * scale)
+        # MEAN_SQUARED_ERROR: sum((out - labels)^2) * scale
+        return F32(F32(kernels.squared_error(out, labels, grad, grad_scale=scale)) * scale)
+
+    def __repr__(self):
+        mode = (f"batch_size={self._batch_size}, ne_datapoint={self._ne_datapoint}"
+                if self._batch_size is not None else "dynamic")
+        return (f"OptContext({mode}, loss_type={self._loss_type.name}, build_type="
+                f"{self._built.name}, opt_period={self._opt_period}, optimizer="
+                f"{self._optimizer.name}, iter={self.iter}, parameters={self.arena.size})")

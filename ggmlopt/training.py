@@ -1,0 +1,230 @@
+"""epoch and fit: ggml's ggml_opt_epoch and ggml_opt_fit, and the History fit returns."""
+from __future__ import annotations
+
+import numbers
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .context import OptContext
+from .optim_params import BuildType, LossType, OptimizerType, default_optimizer_params
+from .progress import format_hms, progress_bar, time_us
+from .result import Result
+
+__all__ = ["EpochStats", "History", "epoch", "fit"]
+
+
+def _check_dataset(ctx, dataset):
+    data = getattr(dataset, "data", None)
+    if not isinstance(data, np.ndarray) or not callable(getattr(dataset, "get_batch", None)):
+        raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
+    if data.ndim != 2 or data.shape[1] != ctx.ne_datapoint:
+        raise ValueError(f"dataset: datapoints of {data.shape[1:]} elements do not match the "
+                         f"context's ne_datapoint={ctx.ne_datapoint}")
+    labels = dataset.labels
+    if ctx.labels is None:
+        if labels is not None:
+            raise ValueError(f"dataset: it has labels but {ctx.loss_type.name} takes none; use "
+                             "a dataset with ne_label=0")
+    elif labels is None:
+        raise ValueError(f"dataset: {ctx.loss_type.name} needs labels but the dataset has none")
+    elif labels.shape[1] != ctx.labels.shape[1]:
+        raise ValueError(f"dataset: labels of {labels.shape[1]} elements do not match the "
+                         f"model's {ctx.labels.shape[1]} outputs")
+    return data.shape[0]
+
+
+def _eval_batch(ctx, dataset, result, ibatch, backward, phase, nbatches):
+    ctx.alloc(backward)
+    dataset.get_batch(ctx.inputs, ctx.labels, ibatch)
+    try:
+        ctx.eval(result)
+    except FloatingPointError as e:
+        raise FloatingPointError(f"{e} [{phase} batch {ibatch} of the dataset "
+                                 f"({nbatches} batches)]") from None
+
+
+def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
+          callback_train=None, callback_eval=None):
+    """One pass over the dataset, as ggml_opt_epoch: the batches before idata_split
+    train (alloc(True)), the rest are evaluated (alloc(False)), in the dataset's
+    permuted order.  idata_split < 0: every datapoint trains; otherwise a multiple
+    of the batch size, at most ndata.  callback(train, ctx, dataset, result,
+    ibatch (1-based), ibatch_max, t_start_us) runs after every batch.
+    Needs a static context (batch_size given)."""
+    if not isinstance(ctx, OptContext):
+        raise TypeError(f"ctx: expected an OptContext, got {type(ctx).__name__}")
+    if not ctx.static_graphs:
+        raise RuntimeError("epoch: needs a static context (OptContext with batch_size), as "
+                           "ggml_opt_epoch needs static graphs")
+    for name, r in (("result_train", result_train), ("result_eval", result_eval)):
+        if r is not None and not isinstance(r, Result):
+            raise TypeError(f"{name}: expected a ggmlopt.Result or None, got {type(r).__name__}")
+    ndata = _check_dataset(ctx, dataset)
+    batch = ctx.batch_size
+    if ndata % batch != 0:
+        raise ValueError(f"dataset: ndata={ndata} is not a multiple of the batch size {batch}")
+    nbatches = ndata // batch
+    if isinstance(idata_split, bool) or not isinstance(idata_split, numbers.Integral):
+        raise TypeError(f"idata_split: expected an int, got {type(idata_split).__name__}")
+    idata_split = ndata if idata_split < 0 else int(idata_split)
+    if idata_split % batch != 0 or idata_split > ndata:
+        raise ValueError(f"idata_split: expected a multiple of the batch size {batch} "
+                         f"at most ndata={ndata}, got {idata_split}")
+    ibatch_split = idata_split // batch
+
+    ibatch = 0
+    t_loop_start = time_us()
+    while ibatch < ibatch_split:
+        _eval_batch(ctx, dataset, result_train, ibatch, True, "train", nbatches)
+        if callback_train is not None:
+            callback_train(True, ctx, dataset, result_train, ibatch + 1, ibatch_split,
+                           t_loop_start)
+        ibatch += 1
+    t_loop_start = time_us()
+    while ibatch < nbatches:
+        _eval_batch(ctx, dataset, result_eval, ibatch, False, "validation", nbatches)
+        if callback_eval is not None:
+            callback_eval(False, ctx, dataset, result_eval, ibatch + 1 - ibatch_split,
+                          nbatches - ibatch_split, t_loop_start)
+        ibatch += 1
+
+
+@dataclass
+class EpochStats:
+    """One epoch of fit: training and validation loss and accuracy with their
+    uncertainties (NaN where undefined), and the epoch's wall time."""
+
+    epoch: int
+    train_loss: float
+    train_loss_unc: float
+    train_accuracy: float
+    train_accuracy_unc: float
+    val_loss: float
+    val_loss_unc: float
+    val_accuracy: float
+    val_accuracy_unc: float
+    seconds: float
+
+
+@dataclass
+class History:
+    """What fit returns: one EpochStats per epoch (``history[i]``, ``len(history)``)
+    and the same numbers by column (``history.train_loss`` ...)."""
+
+    epochs: list = field(default_factory=list)
+
+    def __len__(self):
+        return len(self.epochs)
+
+    def __getitem__(self, i):
+        return self.epochs[i]
+
+    def __iter__(self):
+        return iter(self.epochs)
+
+    def _column(self, name):
+        return [getattr(e, name) for e in self.epochs]
+
+    train_loss = property(lambda self: self._column("train_loss"))
+    train_loss_unc = property(lambda self: self._column("train_loss_unc"))
+    train_accuracy = property(lambda self: self._column("train_accuracy"))
+    train_accuracy_unc = property(lambda self: self._column("train_accuracy_unc"))
+    val_loss = property(lambda self: self._column("val_loss"))
+    val_loss_unc = property(lambda self: self._column("val_loss_unc"))
+    val_accuracy = property(lambda self: self._column("val_accuracy"))
+    val_accuracy_unc = property(lambda self: self._column("val_accuracy_unc"))
+    seconds = property(lambda self: self._column("seconds"))
+
+
+def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch=1,
+        nbatch_logical=1, nbatch_physical=None, val_split=0.0, silent=False,
+        optimizer=OptimizerType.ADAMW, seed=None, checkpoint=None, resume=False,
+        clip_grad_norm=None) -> History:
+    """Train model on dataset, as ggml_opt_fit.
+
+    nbatch_logical datapoints per optimizer step, in physical batches of
+    nbatch_physical (default nbatch_logical); ndata must be a multiple of
+    nbatch_logical and nbatch_logical of nbatch_physical.  The last val_split
+    (0 <= val_split < 1) of the logical batches validate.  The dataset is
+    shuffled once (when nbatch_logical < ndata) and its training part every epoch
+    (when nbatch_logical < the training datapoints).  get_opt_pars(epoch) receives
+    the 1-based epoch.  Unless silent, progress goes to stderr.  Returns a History.
+    checkpoint, resume, clip_grad_norm: not available yet (NotImplementedError).
+    """
+    if checkpoint is not None or resume or clip_grad_norm is not None:
+        raise NotImplementedError("fit: checkpoint, resume and clip_grad_norm are not "
+                                  "implemented yet")
+    t_start_us = time_us()
+    loss_type = LossType(loss_type)
+    nepoch = _int(nepoch, "nepoch", 0)
+    nbatch_logical = _int(nbatch_logical, "nbatch_logical", 1)
+    nbatch_physical = nbatch_logical if nbatch_physical is None else \
+        _int(nbatch_physical, "nbatch_physical", 1)
+    data = getattr(dataset, "data", None)
+    if not isinstance(data, np.ndarray) or data.ndim != 2:
+        raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
+    ndata = data.shape[0]
+    if ndata % nbatch_logical != 0:
+        raise ValueError(f"nbatch_logical: ndata={ndata} is not a multiple of "
+                         f"nbatch_logical={nbatch_logical}")
+    if nbatch_logical % nbatch_physical != 0:
+        raise ValueError(f"nbatch_physical: nbatch_logical={nbatch_logical} is not a multiple "
+                         f"of nbatch_physical={nbatch_physical}")
+    shard = getattr(dataset, "ndata_shard", 1)
+    if nbatch_physical % shard != 0:
+        raise ValueError(f"nbatch_physical: {nbatch_physical} is not a whole number of shards "
+                         f"of ndata_shard={shard}")
+    if isinstance(val_split, bool) or not isinstance(val_split, numbers.Real):
+        raise TypeError(f"val_split: expected a float, got {type(val_split).__name__}")
+    if not 0.0 <= np.float32(val_split) < 1.0:
+        raise ValueError(f"val_split: expected 0 <= val_split < 1, got {val_split}")
+
+    opt_period = nbatch_logical // nbatch_physical
+    nbatches_logical = ndata // nbatch_logical
+    # train <-> val split index (physical batches), in float32 as ggml computes it
+    ibatch_split = int(np.float32(np.float32(1) - np.float32(val_split))
+                       * np.float32(nbatches_logical)) * opt_period
+    idata_split = ibatch_split * nbatch_physical
+
+    ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
+                     loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
+                     optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
+                     seed=seed)
+    _check_dataset(ctx, dataset)
+
+    # shuffling only helps when one batch does not hold all the data
+    if nbatch_logical < ndata:
+        dataset.shuffle(ctx.rng, -1)  # all data, training and validation
+
+    result_train, result_val = Result(), Result()
+    callback = None if silent else progress_bar
+    history = History()
+    for ep in range(1, nepoch + 1):
+        ctx.get_opt_pars_ud = ep
+        if nbatch_logical < idata_split:
+            dataset.shuffle(ctx.rng, idata_split)
+        result_train.reset()
+        result_val.reset()
+        if not silent:
+            sys.stderr.write(f"fit: epoch {ep:04d}/{nepoch:04d}:\n")
+        t0 = time_us()
+        epoch(ctx, dataset, result_train, result_val, idata_split, callback, callback)
+        seconds = (time_us() - t0) / 1e6
+        if not silent:
+            sys.stderr.write("\n")
+        history.epochs.append(EpochStats(ep, *result_train.loss(), *result_train.accuracy(),
+                                         *result_val.loss(), *result_val.accuracy(), seconds))
+    if not silent:
+        sys.stderr.write(f"fit: training took {format_hms(time_us() - t_start_us)}\n")
+        sys.stderr.flush()
+    return history
+
+
+def _int(value, name, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return int(value)
