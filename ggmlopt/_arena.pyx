@@ -16,7 +16,9 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t
 
 from ggmlopt._memory cimport AlignedBuffer
-from ggmlopt.kernels cimport (adamw_step_f32, axpy_f32, fill_f32, sgd_step_f32,
+from libc.math cimport sqrt
+
+from ggmlopt.kernels cimport (adamw_step_f32, axpy_f32, fill_f32, scale_f32, sgd_step_f32,
                               sumsq_f32)
 
 cnp.import_array()
@@ -82,6 +84,15 @@ cdef class ParamArena:
 
     cdef void sgd_step_c(self, float alpha, float wd) noexcept nogil:
         sgd_step_f32(self.size, self._w, self.step_grads(), alpha, wd)
+
+    cdef double clip_grad_norm_c(self, double max_norm) noexcept nogil:
+        # torch.nn.utils.clip_grad_norm_'s rule: one sum-of-squares pass over the
+        # whole step gradient, then one scale when the global norm is too large
+        cdef float *g = self.step_grads()
+        cdef double norm = sqrt(sumsq_f32(self.size, g))
+        if norm > max_norm:
+            scale_f32(self.size, <float>(max_norm / (norm + 1e-6)), g)
+        return norm
 
     # ---- Python level -----------------------------------------------------------
 
@@ -167,6 +178,15 @@ cdef class ParamArena:
         with nogil:
             s = sumsq_f32(self.size, self.step_grads())
         return s
+
+    def clip_grad_norm(self, double max_norm):
+        """Clip the gradient an optimizer step would use to global L2 norm
+        max_norm: when norm = sqrt(sum(g^2)) > max_norm, g *= max_norm / (norm + 1e-6).
+        Returns the norm before clipping (float)."""
+        cdef double norm
+        with nogil:
+            norm = self.clip_grad_norm_c(max_norm)
+        return norm
 
     @property
     def nbytes(self):
