@@ -136,15 +136,11 @@ typedef struct {
     double *partial;
 } go_blocks_job;
 
-static void blocks_part(void *ctx, int part, int nparts) {
+static void blocks_one(void *ctx, int b) {
     go_blocks_job *job = (go_blocks_job *)ctx;
-    const int b0 = (int)((int64_t)job->nblocks * part / nparts);
-    const int b1 = (int)((int64_t)job->nblocks * (part + 1) / nparts);
-    for (int b = b0; b < b1; ++b) {
-        const int64_t begin = b * job->block;
-        const int64_t end = begin + job->block < job->n ? begin + job->block : job->n;
-        job->partial[b] = job->fn(job->args, begin, end);
-    }
+    const int64_t begin = b * job->block;
+    const int64_t end = begin + job->block < job->n ? begin + job->block : job->n;
+    job->partial[b] = job->fn(job->args, begin, end);
 }
 
 /* Runs fn over [0, n) in blocks of at least block_min items (a multiple of 16,
@@ -162,22 +158,21 @@ static double run_blocks(int64_t n, int64_t block_min, int64_t parallel_min, go_
 
     double partial[GO_MAX_BLOCKS];
     go_blocks_job job = {fn, args, n, block, nblocks, partial};
-    int nparts = n >= parallel_min ? go_pool_threads() : 1;
-    if (nparts > nblocks) nparts = nblocks;
-    if (nparts > 1) {
-        go_pool_run(blocks_part, &job, nparts);
+    if (n >= parallel_min) {
+        go_pool_for(nblocks, blocks_one, &job);
     } else {
-        blocks_part(&job, 0, 1);
+        for (int b = 0; b < nblocks; ++b) blocks_one(&job, b);
     }
     double s = 0.0;
     for (int b = 0; b < nblocks; ++b) s += partial[b];
     return s;
 }
 
-/* Elementwise kernels go parallel from about 256 KiB of traffic. */
+/* Threads join from about 512 KiB of traffic for elementwise kernels and 1 MiB
+ * for reductions: below that, waking a worker costs more than it saves. */
 #define GO_BLOCK_MIN 16384
-#define GO_PARALLEL_MIN_ELEMWISE 32768
-#define GO_PARALLEL_MIN_REDUCE 65536
+#define GO_PARALLEL_MIN_ELEMWISE 65536
+#define GO_PARALLEL_MIN_REDUCE 262144
 
 /* ---- the public kernels --------------------------------------------------- */
 

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #define GO_POOL_MAX_THREADS 64
-/* ~20-50 microseconds of polling before a worker sleeps */
-#define GO_POOL_SPIN 4096
+/* polls (a pause instruction each, tens of nanoseconds) before a worker sleeps */
+#define GO_POOL_SPIN 1024
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -21,28 +21,44 @@
 #define go_cpu_relax() ((void)0)
 #endif
 
+typedef struct {
+    go_pool_block_fn fn;
+    void *ctx;
+    int nblocks;
+    _Atomic int next; /* next unclaimed block */
+    _Atomic int done; /* finished blocks */
+} go_job;
+
 static struct {
-    pthread_mutex_t run_mu; /* one caller at a time */
+    pthread_mutex_t run_mu; /* one job at a time */
     pthread_mutex_t mu;     /* guards sleeping and waking */
     pthread_cond_t cv;
     pthread_t threads[GO_POOL_MAX_THREADS];
     uint64_t start_generation[GO_POOL_MAX_THREADS + 1]; /* per worker id, set before it starts */
-    int nworkers;   /* started workers */
-    int nthreads;   /* wanted: workers + caller */
+    int nworkers; /* started workers */
+    int nthreads; /* wanted: workers + caller */
     int sleepers;
     int shutdown;
-    _Atomic uint64_t generation;
-    _Atomic int pending;
-    go_pool_task task;
-    void *ctx;
-    int nparts;
-} pool = {.run_mu = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    _Atomic uint64_t generation; /* bumped for every job */
+    _Atomic(go_job *) job;       /* the running job, NULL between jobs */
+    _Atomic int active;          /* workers that may be touching *job */
+} pool = {.run_mu = PTHREAD_MUTEX_INITIALIZER,
+          .mu = PTHREAD_MUTEX_INITIALIZER,
+          .cv = PTHREAD_COND_INITIALIZER};
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 
+static void run_claims(go_job *job) {
+    int b;
+    while ((b = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed)) < job->nblocks) {
+        job->fn(job->ctx, b);
+        atomic_fetch_add_explicit(&job->done, 1, memory_order_release);
+    }
+}
+
 static void *worker_main(void *arg) {
     const int id = (int)(intptr_t)arg;
-    /* the generation current when this worker was created: a task published
+    /* the generation current when this worker was created: a job published
      * before the thread got to run is still seen as new */
     uint64_t seen = pool.start_generation[id];
     for (;;) {
@@ -65,8 +81,13 @@ static void *worker_main(void *arg) {
             if (stop) return NULL;
         }
         seen = gen;
-        if (id < pool.nparts) pool.task(pool.ctx, id, pool.nparts);
-        atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel);
+        /* Announce first, then look for the job (both sequentially consistent):
+         * the caller clears the job, then waits for active == 0, so either it
+         * sees this worker as active or this worker sees no job. */
+        atomic_fetch_add(&pool.active, 1);
+        go_job *job = atomic_load(&pool.job);
+        if (job) run_claims(job);
+        atomic_fetch_sub(&pool.active, 1);
     }
 }
 
@@ -88,6 +109,8 @@ static void after_fork_child(void) {
     pool.nworkers = 0;
     pool.sleepers = 0;
     pool.shutdown = 0;
+    atomic_store(&pool.job, NULL);
+    atomic_store(&pool.active, 0);
 }
 
 static void pool_init(void) {
@@ -126,29 +149,29 @@ static void ensure_workers(void) {
     }
 }
 
-void go_pool_run(go_pool_task task, void *ctx, int nparts) {
+void go_pool_for(int nblocks, go_pool_block_fn fn, void *ctx) {
     pthread_once(&pool_once, pool_init);
-    if (nparts > 1 && pthread_mutex_trylock(&pool.run_mu) == 0) {
+    if (nblocks > 1 && pool.nthreads > 1 && pthread_mutex_trylock(&pool.run_mu) == 0) {
         ensure_workers();
-        if (nparts > pool.nworkers + 1) nparts = pool.nworkers + 1;
-        if (nparts > 1) {
-            pool.task = task;
-            pool.ctx = ctx;
-            pool.nparts = nparts;
-            atomic_store_explicit(&pool.pending, pool.nworkers, memory_order_release);
+        if (pool.nworkers > 0) {
+            go_job job = {fn, ctx, nblocks, 0, 0};
+            atomic_store(&pool.job, &job);
             pthread_mutex_lock(&pool.mu);
             atomic_fetch_add_explicit(&pool.generation, 1, memory_order_acq_rel);
             if (pool.sleepers) pthread_cond_broadcast(&pool.cv);
             pthread_mutex_unlock(&pool.mu);
-            task(ctx, 0, nparts);
+
+            run_claims(&job);
             int spins = 0;
-            while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) {
+            while (atomic_load_explicit(&job.done, memory_order_acquire) < nblocks) {
                 if (++spins > GO_POOL_SPIN) sched_yield(); else go_cpu_relax();
             }
+            atomic_store(&pool.job, NULL);
+            while (atomic_load(&pool.active) > 0) go_cpu_relax();
             pthread_mutex_unlock(&pool.run_mu);
             return;
         }
         pthread_mutex_unlock(&pool.run_mu);
     }
-    for (int p = 0; p < nparts; ++p) task(ctx, p, nparts);
+    for (int b = 0; b < nblocks; ++b) fn(ctx, b);
 }

@@ -1,16 +1,18 @@
-/* A small persistent pool: the calling thread plus (nthreads - 1) workers run
- * one task split into parts.  Workers spin briefly after a task (back-to-back
- * kernel calls then start without a wake-up) and sleep on a condition variable
- * after that, so they cost nothing while BLAS or Python runs. */
+/* A small persistent pool: the calling thread plus (nthreads - 1) workers share
+ * the blocks of one job.  Blocks are claimed from a counter, so the caller
+ * never waits for a worker the scheduler has not run yet: on a busy machine it
+ * simply does more of the blocks itself.  Workers poll briefly after a job and
+ * then sleep on a condition variable, so they cost nothing while BLAS or Python
+ * runs. */
 #ifndef GGMLOPT_THREADPOOL_H
 #define GGMLOPT_THREADPOOL_H
 
-typedef void (*go_pool_task)(void *ctx, int part, int nparts);
+typedef void (*go_pool_block_fn)(void *ctx, int block);
 
-/* Runs task(ctx, p, nparts) for p in [0, nparts), nparts <= go_pool_threads().
- * Falls back to running every part on the caller when another thread is using
- * the pool or threads cannot be started. */
-void go_pool_run(go_pool_task task, void *ctx, int nparts);
+/* Runs fn(ctx, b) exactly once for every b in [0, nblocks), in parallel when
+ * threads are available, and returns when all are done.  Falls back to the
+ * caller alone when another thread is using the pool or threads cannot start. */
+void go_pool_for(int nblocks, go_pool_block_fn fn, void *ctx);
 int go_pool_threads(void);
 void go_pool_set_threads(int n);
 

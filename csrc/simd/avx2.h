@@ -20,10 +20,16 @@ typedef struct { __m256d lo, hi; } go_dacc;
 #define go_vdiv(a, b) _mm256_div_ps((a), (b))
 #define go_vfma(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define go_vsqrt(a) _mm256_sqrt_ps(a)
+/* maxps returns its second operand when either is NaN: a NaN in a yields b */
 #define go_vmax(a, b) _mm256_max_ps((a), (b))
 #define go_vmask_nonzero(a, b) \
     _mm256_and_ps(_mm256_cmp_ps((a), _mm256_setzero_ps(), _CMP_NEQ_UQ), (b))
 #define go_vany_eq(v, s) (_mm256_movemask_ps(_mm256_cmp_ps((v), (s), _CMP_EQ_OQ)) != 0)
+/* index of the last lane of v equal to s, -1 for none */
+static inline int go_vlast_eq(__m256 v, __m256 s) {
+    const int m = _mm256_movemask_ps(_mm256_cmp_ps(v, s, _CMP_EQ_OQ));
+    return m ? 31 - __builtin_clz((unsigned)m) : -1;
+}
 
 static inline double go_vreduce_add(__m256 v) {
     __m256d d = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
@@ -82,6 +88,18 @@ static inline __m256 go_vexp(__m256 x) {
         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
     /* andnot: lanes below GO_EXP_LO become 0; NaN lanes compare false and stay NaN */
     return _mm256_andnot_ps(too_small, _mm256_mul_ps(p, pow2n));
+}
+
+/* The first n (0 < n < 8) lanes of p, the others set to fill; never touches
+ * memory past p + n (masked loads do not fault on masked-off lanes). */
+static const int32_t go_mask_table[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+static inline __m256 go_vload_partial(const float *p, int64_t n, float fill) {
+    const __m256i mask = _mm256_loadu_si256((const __m256i *)(go_mask_table + 8 - n));
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, mask),
+                            _mm256_castsi256_ps(mask));
+}
+static inline void go_vstore_partial(float *p, __m256 v, int64_t n) {
+    _mm256_maskstore_ps(p, _mm256_loadu_si256((const __m256i *)(go_mask_table + 8 - n)), v);
 }
 
 static inline __m256 go_vload_u8(const uint8_t *p) {

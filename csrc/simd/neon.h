@@ -20,12 +20,19 @@ typedef struct { float64x2_t lo, hi; } go_dacc;
 #define go_vdiv(a, b) vdivq_f32((a), (b))
 #define go_vfma(a, b, c) vfmaq_f32((c), (a), (b))
 #define go_vsqrt(a) vsqrtq_f32(a)
-#define go_vmax(a, b) vmaxq_f32((a), (b))
+/* maxNum: a NaN lane in one operand yields the other operand's lane */
+#define go_vmax(a, b) vmaxnmq_f32((a), (b))
 /* b where a != 0: clear lanes whose a compares equal to 0 */
 #define go_vmask_nonzero(a, b) \
     vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(b), vceqzq_f32(a)))
 #define go_vany_eq(v, s) (vmaxvq_u32(vceqq_f32((v), (s))) != 0)
-#define go_vreduce_max(v) vmaxvq_f32(v)
+/* index of the last lane of v equal to s, -1 for none: the largest of
+ * (lane + 1) over equal lanes */
+static inline int go_vlast_eq(float32x4_t v, float32x4_t s) {
+    static const uint32_t lane_plus_one[4] = {1, 2, 3, 4};
+    return (int)vmaxvq_u32(vandq_u32(vceqq_f32(v, s), vld1q_u32(lane_plus_one))) - 1;
+}
+#define go_vreduce_max(v) vmaxnmvq_f32(v)
 
 static inline double go_vreduce_add(float32x4_t v) {
     const float64x2_t d = vaddq_f64(vcvt_f64_f32(vget_low_f32(v)), vcvt_high_f64_f32(v));
@@ -69,6 +76,19 @@ static inline float32x4_t go_vexp(float32x4_t x) {
         vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(ni, vdupq_n_s32(127)), 23));
     const float32x4_t e = vmulq_f32(p, pow2n);
     return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), too_small));
+}
+
+/* The first n (0 < n < 4) lanes of p, the others set to fill; through a stack
+ * copy, so nothing past p + n is read. */
+static inline float32x4_t go_vload_partial(const float *p, int64_t n, float fill) {
+    float tmp[4] = {fill, fill, fill, fill};
+    memcpy(tmp, p, (size_t)n * sizeof(float));
+    return vld1q_f32(tmp);
+}
+static inline void go_vstore_partial(float *p, float32x4_t v, int64_t n) {
+    float tmp[4];
+    vst1q_f32(tmp, v);
+    memcpy(p, tmp, (size_t)n * sizeof(float));
 }
 
 static inline float32x4_t go_vload_u8(const uint8_t *p) {

@@ -20,6 +20,7 @@ typedef double go_dacc;
 #define go_vdiv(a, b) ((a) / (b))
 #define go_vfma(a, b, c) ((a) * (b) + (c))
 #define go_vsqrt(a) sqrtf(a)
+/* a NaN in a yields b */
 #define go_vmax(a, b) ((a) > (b) ? (a) : (b))
 /* b where a != 0, else 0 (a NaN counts as nonzero) */
 #define go_vmask_nonzero(a, b) ((a) != 0.0f ? (b) : 0.0f)
@@ -27,11 +28,16 @@ typedef double go_dacc;
 #define go_vreduce_add(v) ((double)(v))
 #define go_vreduce_max(v) (v)
 #define go_vany_eq(v, s) ((v) == (s))
+#define go_vlast_eq(v, s) ((v) == (s) ? 0 : -1)
 
 #define go_dacc_zero() 0.0
 #define go_dacc_add(acc, v) ((acc) + (double)(v))
 #define go_dacc_add_sq(acc, v) ((acc) + (double)(v) * (double)(v))
 #define go_dacc_reduce(acc) (acc)
+
+/* one-lane vectors are never partial; defined for kernels written for every path */
+#define go_vload_partial(p, n, fill) ((n) > 0 ? *(p) : (fill))
+#define go_vstore_partial(p, v, n) ((void)((n) > 0 ? (*(p) = (v)) : 0.0f))
 
 #define go_vload_u8(p) ((float)*(p))
 #define go_vload_f16(p) go_f16_to_f32(*(p))

@@ -53,8 +53,8 @@ void ggmlopt_fill_f32(int64_t n, float value, float *x);             /* x = valu
 double ggmlopt_sum_f32(int64_t n, const float *x);
 double ggmlopt_sumsq_f32(int64_t n, const float *x); /* sum of x^2 */
 /* Per row of a (nrows, ncols) matrix: the index of the maximum; ties go to the
- * LAST maximal index (ggml's rule); a row with no comparable value (all NaN)
- * gives 0. */
+ * LAST maximal index (ggml's rule); NaN entries are ignored, and a row with no
+ * comparable value (all NaN) gives 0. */
 void ggmlopt_argmax_rows_f32(int64_t nrows, int64_t ncols, const float *x, int32_t *out);
 int64_t ggmlopt_count_equal_i32(int64_t n, const int32_t *a, const int32_t *b);
 
@@ -64,7 +64,8 @@ int64_t ggmlopt_count_equal_i32(int64_t n, const int32_t *a, const int32_t *b);
  * returns mean over rows of -sum(labels * log_softmax(row)).  When grad is not
  * NULL it receives (softmax(row) - labels) * grad_scale / nrows (ggml's
  * cross_entropy_loss_back with upstream gradient grad_scale).  Terms whose label
- * is 0 contribute nothing, so -inf logits with zero labels give no NaN. */
+ * is 0 contribute nothing, so -inf logits with zero labels give no NaN; a NaN
+ * logit makes its row's loss NaN. */
 double ggmlopt_cross_entropy_f32(int64_t nrows, int64_t ncols, const float *logits,
                                  const float *labels, float *grad, float grad_scale);
 

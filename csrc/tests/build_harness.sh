@@ -1,0 +1,45 @@
+# Sourced by the run_*.sh scripts: compiles the C test harness and the kernels
+# the way setup.py does (baseline flags for every file, the ISA flags only for
+# kernels_avx2.c), so the harness tests the objects the package ships.
+#
+#   build_harness CC OUTDIR [extra flags for compiling and linking...]
+# Leaves the program at OUTDIR/test_kernels.
+
+TESTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT_DIR="$(cd "$TESTS_DIR/../.." && pwd)"
+
+build_harness() {
+    local cc="$1" outdir="$2"
+    shift 2
+    local extra=("$@")
+    local base=(-O2 -std=c11 -fno-math-errno -Wall -Wextra -pthread
+                -I"$ROOT_DIR/ggmlopt/include" -I"$ROOT_DIR/csrc" -I"$TESTS_DIR")
+    local machine
+    machine="$("$cc" -dumpmachine)"
+    mkdir -p "$outdir"
+
+    # source:extra ISA flags
+    local units=(
+        "csrc/dispatch.c:"
+        "csrc/threadpool.c:"
+        "csrc/kernels_scalar.c:"
+        "csrc/tests/harness.c:"
+        "csrc/tests/test_public_api.c:"
+        "csrc/tests/test_kernels.c:"
+    )
+    case "$machine" in
+        x86_64*) units+=("csrc/kernels_avx2.c:-mavx2 -mfma -mf16c") ;;
+        aarch64*) units+=("csrc/kernels_neon.c:") ;;
+    esac
+
+    local objects=() unit src flags obj
+    for unit in "${units[@]}"; do
+        src="${unit%%:*}"
+        flags="${unit#*:}"
+        obj="$outdir/$(basename "${src%.c}").o"
+        # shellcheck disable=SC2086  # flags is a word list
+        "$cc" "${base[@]}" $flags "${extra[@]}" -c "$ROOT_DIR/$src" -o "$obj"
+        objects+=("$obj")
+    done
+    "$cc" "${base[@]}" "${extra[@]}" "${objects[@]}" -o "$outdir/test_kernels" -lm
+}

@@ -1,0 +1,87 @@
+"""Fixtures shared by the kernel tests: SIMD paths, thread counts, awkward sizes,
+unaligned placement and a reproducible random generator."""
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+import ggmlopt
+from ggmlopt import kernels
+
+# Sizes around every vector width (1, 4, 8 lanes, and the 2-vector unrolling),
+# plus sizes past the thread pool's thresholds (elementwise 32768, reductions 65536).
+SIZES = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4097, 40_000, 300_001]
+# Starting offsets (in elements) inside a bigger array: never 32-byte aligned for f32.
+OFFSETS = [1, 2, 3]
+
+
+@pytest.fixture(params=kernels.simd_paths())
+def simd_path(request):
+    """Pins each SIMD path this CPU runs in turn; puts the previous one back after."""
+    previous = kernels.use_simd(request.param)
+    try:
+        yield request.param
+    finally:
+        kernels.use_simd(previous)
+
+
+@pytest.fixture
+def restore_threads():
+    """Lets a test change the kernel thread count; puts it back after."""
+    before = kernels.get_num_threads()
+    try:
+        yield before
+    finally:
+        kernels.set_num_threads(before)
+
+
+# (size, offset) pairs: every offset for the small sizes, one each for the large
+# ones (they exist to cross the threading thresholds; alignment is the same story).
+LAYOUTS = [(n, o) for n in SIZES if n < 10_000 for o in OFFSETS] + [
+    (n, OFFSETS[i % len(OFFSETS)]) for i, n in enumerate(s for s in SIZES if s >= 10_000)]
+
+
+@pytest.fixture(params=LAYOUTS, ids=[f"n{n}-o{o}" for n, o in LAYOUTS])
+def layout(request):
+    """(size, offset): an awkward element count and an unaligned start."""
+    return request.param
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's id: every test sees its own fixed data."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def _place(values, offset):
+    """A copy of values that starts offset elements into a bigger buffer, so the
+    kernels see an unaligned start (and bytes before and after it to spoil)."""
+    values = np.asarray(values)
+    buf = np.full(values.size + offset + 3, 7, dtype=values.dtype)
+    view = buf[offset:offset + values.size].reshape(values.shape)
+    view[...] = values
+    assert view.flags.c_contiguous
+    return view
+
+
+@pytest.fixture
+def place():
+    """place(values, offset) -> an unaligned C-contiguous copy of values."""
+    return _place
+
+
+@pytest.fixture(scope="session")
+def package_parent():
+    """The folder that holds the ggmlopt package being tested (for subprocesses)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(ggmlopt.__file__)))
+
+
+@pytest.fixture
+def subprocess_env(package_parent):
+    """The environment for a child Python that must import this same ggmlopt."""
+    env = dict(os.environ)
+    env.pop("GGMLOPT_SIMD", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [package_parent] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env

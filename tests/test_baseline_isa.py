@@ -1,0 +1,121 @@
+"""The baseline C objects hold no AVX code, so the package imports on any x86-64.
+
+Each baseline source is compiled with setup.py's own flags (read from setup.py,
+plus Python's compile flags as setuptools adds them) and disassembled: no ymm or
+zmm register and no VEX-encoded (v-prefixed) instruction may appear.  The AVX2
+unit compiled with its flags must show ymm registers, so the check can fail.
+"""
+
+import ast
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64")
+    or shutil.which("objdump") is None
+    or shutil.which("gcc") is None,
+    reason="needs x86-64 with gcc and objdump",
+)
+
+WIDE_REGISTER = r"%[yz]mm\d"
+
+
+def setup_py_flags():
+    """(BASE_CFLAGS, KERNEL_SOURCES, {isa source: flags}) as setup.py assigns them on POSIX."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    base, sources, isa = None, None, {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target, value = node.targets[0], node.value
+        if isinstance(target, ast.Name) and target.id == "BASE_CFLAGS":
+            base = ast.literal_eval(value.body if isinstance(value, ast.IfExp) else value)
+        elif isinstance(target, ast.Name) and target.id == "KERNEL_SOURCES":
+            sources = ast.literal_eval(value)
+        elif (
+            isinstance(target, ast.Subscript)
+            and isinstance(target.value, ast.Name)
+            and target.value.id == "ISA_SOURCES"
+        ):
+            isa[ast.literal_eval(target.slice)] = ast.literal_eval(value)
+    assert base and sources and isa, (
+        "setup.py no longer assigns BASE_CFLAGS/KERNEL_SOURCES/ISA_SOURCES"
+    )
+    return base, sources, isa
+
+
+def compiler():
+    cc = shlex.split(sysconfig.get_config_var("CC") or "gcc")
+    return cc if shutil.which(cc[0]) else ["gcc"]
+
+
+def compile_and_disassemble(source, extra_flags, tmp_path):
+    """Compiles one C file like setup.py does and returns objdump -d of the object."""
+    base, _, _ = setup_py_flags()
+    python_flags = shlex.split(sysconfig.get_config_var("CFLAGS") or "")
+    python_flags += shlex.split(sysconfig.get_config_var("CCSHARED") or "")
+    obj = tmp_path / (Path(source).stem + ".o")
+    cmd = [
+        *compiler(),
+        *python_flags,
+        "-I" + str(ROOT / "ggmlopt" / "include"),
+        "-I" + str(ROOT / "csrc"),
+        "-c",
+        str(ROOT / source),
+        "-o",
+        str(obj),
+        *base,
+        *extra_flags,
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", str(obj)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def wide_instructions(disassembly):
+    """Instructions that name a ymm/zmm register or are VEX/EVEX-encoded (v-prefixed)."""
+    found = []
+    for line in disassembly.splitlines():
+        parts = line.split("\t")
+        if len(parts) < 2 or not re.match(r"\s*[0-9a-f]+:$", parts[0]):
+            continue
+        insn = parts[-1].strip()
+        if re.search(WIDE_REGISTER, insn) or re.match(r"v(?!err|erw)[a-z0-9]+\s", insn + " "):
+            found.append(insn)
+    return found
+
+
+def test_setup_py_compiles_every_baseline_source_checked_here():
+    _, sources, isa = setup_py_flags()
+    assert sorted(sources) == ["csrc/dispatch.c", "csrc/kernels_scalar.c", "csrc/threadpool.c"]
+    assert list(isa) == ["csrc/kernels_avx2.c"]
+
+
+@pytest.mark.parametrize(
+    "source", ["csrc/dispatch.c", "csrc/kernels_scalar.c", "csrc/threadpool.c"]
+)
+def test_baseline_object_holds_no_avx(source, tmp_path):
+    wide = wide_instructions(compile_and_disassemble(source, [], tmp_path))
+    assert not wide, f"{source} compiled with baseline flags uses AVX: {wide[:10]}"
+
+
+def test_avx2_object_does_hold_ymm(tmp_path):
+    _, _, isa = setup_py_flags()
+    source = "csrc/kernels_avx2.c"
+    disassembly = compile_and_disassemble(source, isa[source], tmp_path)
+    wide = wide_instructions(disassembly)
+    assert any("ymm" in insn for insn in wide), "the AVX2 unit shows no ymm: the check cannot fail"
+    assert any(insn.startswith("vfmadd") for insn in wide), "the AVX2 unit shows no FMA"
