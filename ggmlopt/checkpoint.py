@@ -48,14 +48,21 @@ import json
 import math
 import numbers
 import os
-import tempfile
+import secrets
 import zipfile
 from collections.abc import Mapping
 
 import numpy as np
 
-from .optim_params import (AdamWParams, BuildType, LossType, OptimizerParams, OptimizerType,
-                           SGDParams, validate_optimizer_params)
+from .optim_params import (
+    AdamWParams,
+    BuildType,
+    LossType,
+    OptimizerParams,
+    OptimizerType,
+    SGDParams,
+    validate_optimizer_params,
+)
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "context_state_dict", "load_context",
            "load_context_state_dict", "load_state", "save_state"]
@@ -100,7 +107,8 @@ def _rng_state_from_json(text):
     except (ValueError, TypeError) as e:
         raise ValueError(f"rng_state: not a generator state ({e})") from None
     if not isinstance(state, dict) or not isinstance(state.get("bit_generator"), str):
-        raise ValueError("rng_state: not a generator state (no 'bit_generator' name)")
+        # a bad value inside a saved string, not a bad argument type
+        raise ValueError("rng_state: not a generator state (no 'bit_generator' name)")  # noqa: TRY004
     return state
 
 
@@ -233,6 +241,24 @@ def _validate(sd, layout):
     """Everything load_state_dict checks; returns (counters, opt_pars_in_force, rng_state)
     without changing anything."""
     _check_format(sd)
+    # the settings first: "another optimizer" says more than the names it changes
+    for key, want in (("loss_type", layout.loss_type), ("optimizer", layout.optimizer),
+                      ("build_type", layout.build_type)):
+        if key in sd:
+            got = _get_enum(sd, key, type(want))
+            if got != want:
+                raise ValueError(f"state_dict[{key!r}]: the state is for {got.name}, this "
+                                 f"context uses {want.name}")
+    if "opt_period" in sd:
+        opt_period = _get_int(sd, "opt_period")
+        if opt_period != layout.opt_period:
+            raise ValueError(f"state_dict['opt_period']: the state is for opt_period="
+                             f"{opt_period}, this context has {layout.opt_period}")
+    if "nparams" in sd:
+        nparams = _get_int(sd, "nparams")
+        if nparams != len(layout.shapes):
+            raise ValueError(f"state_dict['nparams']: the state has {nparams} parameters, "
+                             f"this context's model {len(layout.shapes)}")
     expected = layout.keys()
     missing = sorted(expected - sd.keys(), key=str)
     extra = sorted(set(sd.keys()) - expected, key=str)
@@ -244,20 +270,7 @@ def _validate(sd, layout):
             parts.append(f"unexpected {extra[:8]}{' ...' if len(extra) > 8 else ''}")
         raise ValueError(f"state_dict: its names do not match this context's state: "
                          f"{'; '.join(parts)}")
-    for key, want in (("loss_type", layout.loss_type), ("optimizer", layout.optimizer),
-                      ("build_type", layout.build_type)):
-        got = _get_enum(sd, key, type(want))
-        if got != want:
-            raise ValueError(f"state_dict[{key!r}]: the state is for {got.name}, this "
-                             f"context uses {want.name}")
-    opt_period = _get_int(sd, "opt_period")
-    if opt_period != layout.opt_period:
-        raise ValueError(f"state_dict['opt_period']: the state is for opt_period={opt_period}, "
-                         f"this context has {layout.opt_period}")
-    nparams = _get_int(sd, "nparams")
-    if nparams != len(layout.shapes):
-        raise ValueError(f"state_dict['nparams']: the state has {nparams} parameters, this "
-                         f"context's model {len(layout.shapes)}")
+    opt_period = layout.opt_period
     for key in ("batch_size", "ne_datapoint"):
         if _get_int(sd, key) < -1 or _get_int(sd, key) == 0:
             raise ValueError(f"state_dict[{key!r}]: expected -1 (None) or >= 1, got "
@@ -384,7 +397,7 @@ def load_context(cls, path, model, get_opt_pars, get_opt_pars_ud, clip_grad_norm
         bg_name = _rng_state_from_json(_get_str(ctx_sd, "rng_state"))["bit_generator"]
         bg_type = getattr(np.random, bg_name, None)
         if not (isinstance(bg_type, type) and issubclass(bg_type, np.random.BitGenerator)):
-            raise ValueError(f"rng_state: unknown bit generator {bg_name!r}")
+            raise ValueError(f"rng_state: unknown bit generator {bg_name!r}")  # noqa: TRY004
     except (ValueError, TypeError) as e:
         raise type(e)(f"path: {os.fspath(path)!r}: {e}") from None
 
@@ -394,6 +407,11 @@ def load_context(cls, path, model, get_opt_pars, get_opt_pars_ud, clip_grad_norm
     if len(shapes) != settings["nparams"]:
         raise ValueError(f"model: it has {len(shapes)} parameters, the checkpoint "
                          f"{os.fspath(path)!r} {settings['nparams']}")
+    for i, shape in enumerate(shapes):
+        saved = ctx_sd.get(f"param.{i}")
+        if isinstance(saved, np.ndarray) and saved.shape != shape:
+            raise ValueError(f"model: parameter {i} has shape {shape}, the checkpoint "
+                             f"{os.fspath(path)!r} has param.{i} of shape {saved.shape}")
     lay = _Layout(loss_type, optimizer, build_type, settings["opt_period"], shapes, bg_type)
     try:
         _validate(ctx_sd, lay)
@@ -439,6 +457,18 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
+def _create_temporary(directory, base):
+    """A new file beside the checkpoint (same file system, so the rename is atomic),
+    created with the usual permissions (0o666 less the umask)."""
+    while True:
+        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                           0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def save_state(path, sd):
     """Write the state dict sd to path as one .npz file, atomically.
 
@@ -465,7 +495,7 @@ def save_state(path, sd):
         raise ValueError(f"path: {path!r} is a directory; expected a file name")
     directory = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+    fd, tmp = _create_temporary(directory, base)
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
@@ -515,9 +545,7 @@ def load_state(path):
                              "archive; truncated or another kind of file)")
         f.seek(0)
         try:
-            with np.load(f, allow_pickle=False) as npz:
-                if not isinstance(npz, np.lib.npyio.NpzFile):
-                    raise ValueError("not an .npz archive")
+            with np.load(f, allow_pickle=False) as npz:  # a zip file: always an NpzFile
                 for key in npz.files:
                     # reading a member to its end checks its CRC
                     sd[key] = _scalar(key, npz[key])
