@@ -15,19 +15,14 @@ from ggmlopt._memory cimport AlignedBuffer
 cdef class ParamArena:
     cdef AlignedBuffer _buf
     cdef float *_w        # parameters
-    cdef float *_g        # gradient of the current physical batch
-    cdef float *_acc      # gradient accumulator (NULL without accumulation)
+    cdef float *_g        # gradients (accumulated over the physical batches of a logical batch)
     cdef float *_m        # AdamW first moment (NULL without momenta)
     cdef float *_v        # AdamW second moment (NULL without momenta)
     cdef readonly int64_t size         # parameter elements
     cdef readonly int64_t section      # floats per section (size rounded up to 16)
-    cdef readonly bint accumulate
     cdef readonly bint momenta
 
-    cdef float *step_grads(self) noexcept nogil
     cdef void zero_grads_c(self) noexcept nogil
-    cdef void zero_accumulator_c(self) noexcept nogil
-    cdef void accumulate_c(self) noexcept nogil
     cdef void zero_momenta_c(self) noexcept nogil
     cdef void adamw_step_c(self, const float *params) noexcept nogil
     cdef void sgd_step_c(self, float alpha, float wd) noexcept nogil

@@ -11,12 +11,13 @@
     batch_size, ne_datapoint              int    -1 when None (dynamic mode)
     iter, opt_i       int    ggml's counters
     build_type_last   int    the BuildType of the last alloc (it decides whether
-                             the next alloc zeroes the gradient accumulator)
+                             the next alloc zeroes the gradients)
     nparams           int
     param.i           float32, the parameter's shape
-    grad.i            float32, the gradient of the last physical batch
-    grad_acc.i        float32, the gradient accumulator (only when the context
-                      accumulates: opt_period > 1 or built for GRAD)
+    grad.i            float32, the gradient (accumulated over the physical batches
+                      of the logical batch so far: ctx.grad_acc)
+    grad_is_zero      int8 (nparams,), 1 where a layer may overwrite the gradient
+                      instead of adding into it (Parameter.grad_is_zero), else 0
     adamw_m.i, adamw_v.i   float32, AdamW's moments (only for AdamW contexts built for OPT)
     adamw.alpha, adamw.beta1, adamw.beta2, adamw.eps, adamw.wd   float (AdamW)
     sgd.alpha, sgd.wd                                            float (SGD)
@@ -211,29 +212,25 @@ class _Layout:
         self.opt_period = opt_period
         self.shapes = [tuple(s) for s in shapes]
         # as OptContext builds its arena
-        self.accumulate = opt_period > 1 or self.build_type == BuildType.GRAD
         self.momenta = self.build_type == BuildType.OPT and self.optimizer == OptimizerType.ADAMW
         self.bit_generator_type = bit_generator_type
 
     @classmethod
     def of(cls, ctx):
-        shapes = [v.shape for v in ctx._acc_views]
+        shapes = [g.shape for g in ctx._grads]
         lay = cls(ctx.loss_type, ctx.optimizer_type, ctx.build_type, ctx.opt_period, shapes,
                   type(ctx.rng.bit_generator))
-        lay.accumulate = bool(ctx.arena.accumulate)
         lay.momenta = bool(ctx.arena.momenta)
         return lay
 
     def array_keys(self):
         sections = ["param", "grad"]
-        if self.accumulate:
-            sections.append("grad_acc")
         if self.momenta:
             sections += ["adamw_m", "adamw_v"]
         return [(f"{s}.{i}", shape) for s in sections for i, shape in enumerate(self.shapes)]
 
     def keys(self):
-        return (set(_SETTING_KEYS) | _STR_KEYS | set(_OPT_PAR_NAMES[self.optimizer])
+        return (set(_SETTING_KEYS) | _STR_KEYS | {"grad_is_zero"} | set(_OPT_PAR_NAMES[self.optimizer])
                 | {k for k, _ in self.array_keys()})
 
 
@@ -303,6 +300,9 @@ def _validate(sd, layout):
 
     for key, shape in layout.array_keys():
         _get_array(sd, key, np.float32, shape)
+    flags = _get_array(sd, "grad_is_zero", np.int8, (len(layout.shapes),))
+    if not np.all((flags == 0) | (flags == 1)):
+        raise ValueError("state_dict['grad_is_zero']: expected only 0 and 1")
     rng_state = _checked_rng_state(_get_str(sd, "rng_state"), layout.bit_generator_type)
     return (it, opt_i, last), in_force, rng_state
 
@@ -334,19 +334,22 @@ def context_state_dict(ctx):
         sd[name] = float("nan") if in_force is None else float(in_force[j])
     for key, _ in lay.array_keys():
         sd[key] = _section_view(ctx, key).copy()
+    # whether a layer overwrites or adds into a gradient decides the sign of its zeros
+    sd["grad_is_zero"] = np.array([getattr(p, "grad_is_zero", False) for p in ctx._params],
+                                  dtype=np.int8)
     sd["rng_state"] = _rng_state_to_json(ctx.rng.bit_generator)
     return sd
 
 
-_SECTION_OF = {"param": "weights", "grad": "grads", "grad_acc": "accumulator",
-               "adamw_m": "m", "adamw_v": "v"}
+_SECTION_OF = {"param": "weights", "grad": "grads", "adamw_m": "m", "adamw_v": "v"}
 
 
 def _section_view(ctx, key):
     section, i = key.split(".")
     i = int(i)
-    shape = ctx._acc_views[i].shape
-    return ctx.arena.view(_SECTION_OF[section], ctx._offsets[i], shape)
+    shapes = [g.shape for g in ctx._grads]
+    offset = sum(math.prod(s) for s in shapes[:i])  # parameters sit back to back
+    return ctx.arena.view(_SECTION_OF[section], offset, shapes[i])
 
 
 def load_context_state_dict(ctx, sd):
@@ -364,8 +367,9 @@ def load_context_state_dict(ctx, sd):
     ctx._build_type = last
     ctx._opt_pars_in_force = in_force
     ctx.rng.bit_generator.state = rng_state
-    for p in ctx._flagged:
-        p.grad_is_zero = False
+    for p, flag in zip(ctx._params, sd["grad_is_zero"]):
+        if hasattr(p, "grad_is_zero"):
+            p.grad_is_zero = bool(flag)
 
 
 def split_fit_entries(sd):

@@ -37,8 +37,8 @@ def check_max_norm(value, name="clip_grad_norm"):
 
 
 def clip_grad_norm(ctx, max_norm):
-    """Clip ctx's step gradient (the accumulator when accumulating, else the
-    gradient of the last batch) to global L2 norm max_norm, in place, now.
+    """Clip ctx's gradients (summed over the physical batches of the logical
+    batch so far) to global L2 norm max_norm, in place, now.
 
     ctx: an OptContext.  max_norm: float > 0.  Returns the norm before clipping.
     OptContext(clip_grad_norm=...) and fit(clip_grad_norm=...) do this before

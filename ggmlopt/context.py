@@ -183,12 +183,8 @@ class OptContext:
         return params
 
     def _build_arena(self, params):
-        self._accumulate = self._opt_period > 1 or self._built == BuildType.GRAD
         momenta = self._built == BuildType.OPT and self._optimizer == OptimizerType.ADAMW
-        size = sum(p.data.size for p in params)
-        arena = ParamArena(size, self._accumulate, momenta)
-        self._offsets = []
-        self._acc_views = []
+        arena = ParamArena(sum(p.data.size for p in params), momenta)
         start = 0
         for p in params:
             shape = p.data.shape
@@ -196,12 +192,17 @@ class OptContext:
             w[...] = p.data
             p.data = w
             p.grad = arena.view("grads", start, shape)
-            self._acc_views.append(arena.view("accumulator", start, shape)
-                                   if self._accumulate else p.grad)
-            self._offsets.append(start)
             start += p.data.size
+        self._grads = [p.grad for p in params]
         self._flagged = [p for p in params if hasattr(p, "grad_is_zero")]
         self.arena = arena
+        self._zero_grads()
+
+    def _zero_grads(self):
+        """Zero every gradient (one kernel call) and tell the layers so."""
+        self.arena.zero_grads()
+        for p in self._flagged:
+            p.grad_is_zero = True
 
     def _make_batch_buffers(self, batch, ne_out):
         """grad_out (batch, ne_out) float32, pred and the labels' argmax (batch,) int32."""
@@ -299,14 +300,14 @@ class OptContext:
         return list(self._params)
 
     def grad_acc(self, param):
-        """The gradient accumulator of param (a float32 view of its shape): the
-        gradient summed over the physical batches of the logical batch (after an
-        optimizer step it still holds the sum it used).  Without accumulation
-        (OPT with opt_period 1) the gradient of the last batch."""
+        """The gradient accumulator of param (a float32 view of its shape in the
+        arena): the gradient summed over the physical batches of the logical batch
+        so far; after an optimizer step it still holds the sum the step used.
+        With opt_period 1 it is the gradient of the last batch."""
         i = self._index.get(id(param))
         if i is None:
             raise ValueError("param: not a parameter of this context's model")
-        return self._acc_views[i]
+        return self._grads[i]
 
     # ---- alloc / eval / reset -----------------------------------------------------------
 
@@ -323,18 +324,21 @@ class OptContext:
         if bt > self._built:
             raise RuntimeError(f"alloc(backward={bool(backward)}): this eval needs build type "
                                f"{bt.name} but the context was built for {self._built.name}")
-        # ggml_opt_alloc resets the gradient accumulators as a logical batch begins
-        if (self._accumulate and self._built == BuildType.OPT and self._opt_period > 1
-                and self.opt_i == 0 and self._build_type == BuildType.OPT):
-            self.arena.zero_accumulator()
+        # Gradients are zeroed lazily, as a logical batch begins: ggml_opt_alloc resets
+        # its accumulators after an OPT step when opt_period > 1, and with opt_period 1
+        # its OPT graph computes gradients afresh.  A GRAD context accumulates until
+        # reset().
+        if self._built == BuildType.OPT and self.opt_i == 0 and (
+                (self._build_type == BuildType.OPT and self._opt_period > 1)
+                or (self._opt_period == 1 and backward)):
+            self._zero_grads()
         self._build_type = bt
         self._eval_ready = True
 
     def reset(self, optimizer):
         """Zero the gradients; optimizer=True also zeroes the AdamW momenta and sets
         iter back to 1."""
-        self.arena.zero_grads()
-        self.arena.zero_accumulator()
+        self._zero_grads()
         if optimizer:
             self.arena.zero_momenta()
             self.iter = 1
@@ -427,11 +431,7 @@ class OptContext:
 
         if backward:
             arena = self.arena
-            arena.zero_grads()
-            for p in self._flagged:
-                p.grad_is_zero = True
             self.model.backward(grad)
-            arena.accumulate_grads()
             if step is not None:
                 if self._clip_grad_norm is not None:
                     self.grad_norm = arena.clip_grad_norm(self._clip_grad_norm)

@@ -101,8 +101,9 @@ def _as_batch(x, ncols: int, name: str) -> np.ndarray:
 
 def kaiming_uniform(weight: np.ndarray, bias, rng: np.random.Generator) -> None:
     """torch.nn.Linear's default: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
-    fan_in = weight.shape[1].  Fills the arrays in place."""
-    fan_in = weight.shape[1]
+    fan_in = weight.shape[0] (weight is (in_features, out_features)).  Fills the
+    arrays in place."""
+    fan_in = weight.shape[0]
     bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
     weight[...] = rng.uniform(-bound, bound, size=weight.shape)
     if bias is not None:
@@ -112,8 +113,10 @@ def kaiming_uniform(weight: np.ndarray, bias, rng: np.random.Generator) -> None:
 class Linear(Module):
     """Linear(in_features, out_features, bias=True, *, init=None, rng=None)
 
-    y = x @ weight.T + bias, x: (batch, in_features) -> y: (batch, out_features).
-    weight: Parameter (out_features, in_features), bias: Parameter (out_features,).
+    y = x @ weight + bias, x: (batch, in_features) -> y: (batch, out_features).
+    weight: Parameter (in_features, out_features) (the transpose of torch's
+    layout, which makes both BLAS calls of a training step faster), bias:
+    Parameter (out_features,).
     init(weight, bias, rng) fills the float32 arrays in place (bias None without
     one); default kaiming_uniform (torch's default).  rng: None, an int seed or a
     numpy Generator; a fixed seed makes the initialisation reproducible.
@@ -128,7 +131,7 @@ class Linear(Module):
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        w = np.zeros((self.out_features, self.in_features), dtype=np.float32)
+        w = np.zeros((self.in_features, self.out_features), dtype=np.float32)
         b = np.zeros(self.out_features, dtype=np.float32) if bias else None
         (init or kaiming_uniform)(w, b, gen)
         self.weight = Parameter(w, name="weight")
@@ -143,6 +146,7 @@ class Linear(Module):
     def _buffers(self, batch):
         self._out = np.empty((batch, self.out_features), dtype=np.float32)
         self._grad_in = np.empty((batch, self.in_features), dtype=np.float32)
+        self._ones = np.ones(batch, dtype=np.float32)  # bias gradient as one gemv
         self._batch = batch
 
     def forward(self, x):
@@ -152,7 +156,7 @@ class Linear(Module):
         if x.shape[0] != self._batch:
             self._buffers(x.shape[0])
         out = self._out
-        np.matmul(x, self.weight.data.T, out=out)
+        np.matmul(x, self.weight.data, out=out)
         if self.bias is not None:
             np.add(out, self.bias.data, out=out)
         self._x = x
@@ -169,12 +173,13 @@ class Linear(Module):
             raise ValueError(f"grad_out: expected {self._batch} rows like the last forward "
                              f"input, got {g.shape[0]}")
         x = self._x
-        _add_into(self.weight, lambda out: np.matmul(g.T, x, out=out), self, "weight")
+        _add_into(self.weight, lambda out: np.matmul(x.T, g, out=out), self, "weight")
         if self.bias is not None:
-            _add_into(self.bias, lambda out: np.sum(g, axis=0, out=out), self, "bias")
+            ones = self._ones
+            _add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")
         if not self.needs_input_grad:
             return None
-        np.matmul(g, self.weight.data, out=self._grad_in)
+        np.matmul(g, self.weight.data.T, out=self._grad_in)
         return self._grad_in
 
     def __repr__(self):
@@ -194,9 +199,12 @@ class ReLU(Module):
         x = np.asarray(x, dtype=np.float32)
         if x.shape != self._shape:
             self._out = np.empty(x.shape, dtype=np.float32)
+            self._mask = np.empty(x.shape, dtype=bool)
             self._grad_in = np.empty(x.shape, dtype=np.float32)
             self._shape = x.shape
         np.maximum(x, 0.0, out=self._out)
+        if self.needs_input_grad:
+            np.greater(self._out, 0.0, out=self._mask)
         return self._out
 
     def backward(self, grad_out):
@@ -208,11 +216,7 @@ class ReLU(Module):
         if g.shape != self._shape:
             raise ValueError(f"grad_out: expected shape {self._shape} like the last forward "
                              f"output, got {g.shape}")
-        gin = self._grad_in
-        # sign(y) is exactly 1 where y > 0 and 0 elsewhere, since y >= 0
-        np.sign(self._out, out=gin)
-        np.multiply(gin, g, out=gin)
-        return gin
+        return np.multiply(g, self._mask, out=self._grad_in)
 
     def __repr__(self):
         return "ReLU()"
