@@ -125,3 +125,13 @@ def test_fit_checkpoint_errors(tmp_path):
                   opt_period=2).save(plain)
     with pytest.raises(ValueError, match="not written by fit"):
         run("ADAMW", "epoch", 3, checkpoint=plain, resume=True)
+
+
+def test_a_fit_checkpoint_loads_as_a_context(tmp_path):
+    ckpt = tmp_path / "c.npz"
+    model, _, _ = run("ADAMW", "epoch", 2, checkpoint=ckpt)
+    fresh, _, _ = make_problem("epoch")
+    ctx = go.OptContext.load(ckpt, fresh)
+    assert ctx.iter == 1 + 2 * 9 and ctx.batch_size == 4 and ctx.opt_period == 2
+    for p, q in zip(fresh.parameters(), model.parameters()):
+        assert p.data.tobytes() == q.data.tobytes()
