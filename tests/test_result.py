@@ -1,0 +1,89 @@
+"""Result statistics against the reference's formulas."""
+import math
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+
+
+def add(res, loss, batch=2, per_datapoint=True, opt_period=1, pred=None, ncorrect=None):
+    res._check(batch, per_datapoint, opt_period)
+    res._add(batch, np.float32(loss), per_datapoint, opt_period, pred, ncorrect)
+
+
+def test_empty():
+    r = go.Result()
+    assert r.ndata == 0
+    loss, unc = r.loss()
+    assert loss == 0.0 and math.isnan(unc)
+    assert all(math.isnan(v) for v in r.accuracy())
+    assert r.pred().shape == (0,) and r.pred().dtype == np.int32
+
+
+def test_one_batch_has_nan_uncertainty():
+    r = go.Result()
+    add(r, 1.5)
+    assert r.loss()[0] == 1.5 and math.isnan(r.loss()[1])
+
+
+def test_per_datapoint_mean_and_standard_error():
+    rng = np.random.default_rng(0)
+    losses = rng.random(17).astype(np.float32)
+    r = go.Result()
+    for v in losses:
+        add(r, v / 4, opt_period=4)  # stored scaled by 1/opt_period, as ggml does
+    scaled = (losses / np.float32(4)) * np.float32(4)
+    n = len(losses)
+    mean = scaled.astype(np.float64).mean()
+    # ggml squares the float32 loss in float32, then sums in double
+    var = (scaled * scaled).astype(np.float64).mean() - mean ** 2
+    loss, unc = r.loss()
+    assert loss == pytest.approx(mean, rel=1e-12)
+    assert unc == pytest.approx(math.sqrt(var / (n - 1)), rel=1e-9)
+    assert r.ndata == 2 * n
+
+
+def test_sum_loss_and_uncertainty():
+    r = go.Result()
+    for v in (3, 4, 5, 6, 7, 8):
+        add(r, v, batch=1, per_datapoint=False)
+    loss, unc = r.loss()
+    assert loss == 33.0 and unc == pytest.approx(math.sqrt(3.5), abs=1e-12)
+
+
+def test_accuracy_and_pred():
+    r = go.Result()
+    add(r, 1.0, batch=3, pred=np.array([1, 2, 3], np.int32), ncorrect=2)
+    add(r, 1.0, batch=3, pred=np.array([4, 5, 6], np.int32), ncorrect=3)
+    acc, unc = r.accuracy()
+    assert acc == 5 / 6 and unc == pytest.approx(math.sqrt(5 / 6 * 1 / 6 / 5))
+    np.testing.assert_array_equal(r.pred(), [1, 2, 3, 4, 5, 6])
+    r.reset()
+    assert r.ndata == 0 and r.pred().size == 0
+
+
+def test_ncorrect_missing_once_means_nan_forever():
+    r = go.Result()
+    add(r, 1.0, ncorrect=2)
+    add(r, 1.0, ncorrect=None)
+    add(r, 1.0, ncorrect=2)
+    assert all(math.isnan(v) for v in r.accuracy())
+
+
+def test_single_datapoint_accuracy_unc_is_nan():
+    r = go.Result()
+    add(r, 1.0, batch=1, ncorrect=1)
+    acc, unc = r.accuracy()
+    assert acc == 1.0 and math.isnan(unc)
+
+
+@pytest.mark.parametrize("kw", [dict(batch=3), dict(per_datapoint=False), dict(opt_period=2)])
+def test_mixing_is_an_error_and_changes_nothing(kw):
+    r = go.Result()
+    add(r, 1.0)
+    add(r, 2.0)
+    before = (r.ndata, r.loss())
+    with pytest.raises(ValueError):
+        add(r, 3.0, **{**dict(batch=2, per_datapoint=True, opt_period=1), **kw})
+    assert (r.ndata, r.loss()) == before
