@@ -115,9 +115,10 @@ def test_fit_split_sizes_and_prints(capsys):
     (dict(nbatch_logical=20, val_split=1.0), ValueError),
     (dict(nbatch_logical=20, val_split=-0.1), ValueError),
     (dict(nbatch_logical=20, nepoch=-1), ValueError),
-    (dict(nbatch_logical=20, checkpoint="x"), NotImplementedError),
-    (dict(nbatch_logical=20, clip_grad_norm=1.0), NotImplementedError),
-    (dict(nbatch_logical=20, resume=True), NotImplementedError),
+    (dict(nbatch_logical=20, checkpoint=3.5), TypeError),
+    (dict(nbatch_logical=20, clip_grad_norm=-1.0), ValueError),
+    (dict(nbatch_logical=20, clip_grad_norm=float("nan")), ValueError),
+    (dict(nbatch_logical=20, resume=True), ValueError),      # no checkpoint to resume from
 ])
 def test_fit_bad_input(kw, exc):
     model = mlp()
