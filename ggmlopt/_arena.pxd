@@ -15,7 +15,7 @@ from ggmlopt._memory cimport AlignedBuffer
 cdef class ParamArena:
     cdef AlignedBuffer _buf
     cdef float *_w        # parameters
-    cdef float *_g        # gradients (accumulated over the physical batches of a logical batch)
+    cdef float *_g        # gradients, accumulated over a logical batch
     cdef float *_m        # AdamW first moment (NULL without momenta)
     cdef float *_v        # AdamW second moment (NULL without momenta)
     cdef readonly int64_t size         # parameter elements

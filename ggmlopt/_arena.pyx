@@ -100,9 +100,10 @@ cdef class ParamArena:
         for d in shape:
             count *= d
         if start < 0 or start + count > self.size:
-            raise ValueError(f"elements [{start}, {start + count}) lie outside the arena's "
-                             f"{self.size} parameter elements")
-        return self._buf.view(np.float32, shape, self._offset(which) + start * sizeof(float))
+            raise ValueError(f"elements [{start}, {start + count}) lie outside the "
+                             f"arena's {self.size} parameter elements")
+        cdef int64_t offset = self._offset(which) + start * sizeof(float)
+        return self._buf.view(np.float32, shape, offset)
 
     def flat(self, str which):
         """The whole section `which` as a flat float32 view of `size` elements."""

@@ -17,8 +17,13 @@ from . import checkpoint, kernels
 from ._arena import ParamArena
 from ._memory import AlignedBuffer
 from .clipping import check_max_norm
-from .optim_params import (BuildType, LossType, OptimizerType, default_optimizer_params,
-                           validate_optimizer_params)
+from .optim_params import (
+    BuildType,
+    LossType,
+    OptimizerType,
+    default_optimizer_params,
+    validate_optimizer_params,
+)
 from .result import Result
 
 __all__ = ["OptContext"]

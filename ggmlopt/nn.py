@@ -26,7 +26,7 @@ class Parameter:
     adding into it, and then clears it.
     """
 
-    __slots__ = ("data", "grad", "name", "grad_is_zero")
+    __slots__ = ("data", "grad", "grad_is_zero", "name")
 
     def __init__(self, data, name=None):
         arr = np.asarray(data)

@@ -10,7 +10,7 @@ import math
 import sys
 import time
 
-__all__ = ["progress_bar", "format_hms", "time_us"]
+__all__ = ["format_hms", "progress_bar", "time_us"]
 
 # Unicode eighth blocks, from 1/8 filled to full
 _BLOCKS = ("\u258F", "\u258E", "\u258D", "\u258C", "\u258B", "\u258A", "\u2589", "\u2588")

@@ -16,8 +16,18 @@ class Result:
     without it is seen).  One Result takes one batch size, one loss kind
     (per datapoint or not) and one opt_period."""
 
-    __slots__ = ("_ndata", "_nbatches", "_sum", "_sum_sq", "_pred", "_npred", "_ncorrect",
-                 "_opt_period", "_per_datapoint", "_batch")
+    __slots__ = (
+        "_batch",
+        "_nbatches",
+        "_ncorrect",
+        "_ndata",
+        "_npred",
+        "_opt_period",
+        "_per_datapoint",
+        "_pred",
+        "_sum",
+        "_sum_sq",
+    )
 
     def __init__(self):
         self._pred = np.empty(0, dtype=np.int32)

@@ -78,12 +78,12 @@ def test_single_datapoint_accuracy_unc_is_nan():
     assert acc == 1.0 and math.isnan(unc)
 
 
-@pytest.mark.parametrize("kw", [dict(batch=3), dict(per_datapoint=False), dict(opt_period=2)])
+@pytest.mark.parametrize("kw", [{"batch": 3}, {"per_datapoint": False}, {"opt_period": 2}])
 def test_mixing_is_an_error_and_changes_nothing(kw):
     r = go.Result()
     add(r, 1.0)
     add(r, 2.0)
     before = (r.ndata, r.loss())
     with pytest.raises(ValueError):
-        add(r, 3.0, **{**dict(batch=2, per_datapoint=True, opt_period=1), **kw})
+        add(r, 3.0, **{"batch": 2, "per_datapoint": True, "opt_period": 1, **kw})
     assert (r.ndata, r.loss()) == before

@@ -109,16 +109,16 @@ def test_fit_split_sizes_and_prints(capsys):
 
 
 @pytest.mark.parametrize("kw,exc", [
-    (dict(nbatch_logical=7), ValueError),              # 120 % 7
-    (dict(nbatch_logical=20, nbatch_physical=8), ValueError),
-    (dict(nbatch_logical=20, nbatch_physical=5), ValueError),  # shards of 2
-    (dict(nbatch_logical=20, val_split=1.0), ValueError),
-    (dict(nbatch_logical=20, val_split=-0.1), ValueError),
-    (dict(nbatch_logical=20, nepoch=-1), ValueError),
-    (dict(nbatch_logical=20, checkpoint=3.5), TypeError),
-    (dict(nbatch_logical=20, clip_grad_norm=-1.0), ValueError),
-    (dict(nbatch_logical=20, clip_grad_norm=float("nan")), ValueError),
-    (dict(nbatch_logical=20, resume=True), ValueError),      # no checkpoint to resume from
+    ({"nbatch_logical": 7}, ValueError),              # 120 % 7
+    ({"nbatch_logical": 20, "nbatch_physical": 8}, ValueError),
+    ({"nbatch_logical": 20, "nbatch_physical": 5}, ValueError),  # shards of 2
+    ({"nbatch_logical": 20, "val_split": 1.0}, ValueError),
+    ({"nbatch_logical": 20, "val_split": -0.1}, ValueError),
+    ({"nbatch_logical": 20, "nepoch": -1}, ValueError),
+    ({"nbatch_logical": 20, "checkpoint": 3.5}, TypeError),
+    ({"nbatch_logical": 20, "clip_grad_norm": -1.0}, ValueError),
+    ({"nbatch_logical": 20, "clip_grad_norm": float("nan")}, ValueError),
+    ({"nbatch_logical": 20, "resume": True}, ValueError),  # no checkpoint to resume from
 ])
 def test_fit_bad_input(kw, exc):
     model = mlp()
