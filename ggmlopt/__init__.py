@@ -9,6 +9,7 @@ from .kernels import get_num_threads, set_num_threads, simd_info
 from .dataset import Dataset
 from . import datasets
 from . import nn
+from . import checkpoint, clipping, schedules
 from .context import OptContext
 from .optim_params import (AdamWParams, BuildType, LossType, OptimizerParams, OptimizerType,
                            SGDParams, constant_optimizer_params, default_optimizer_params)
@@ -35,6 +36,9 @@ __all__ = [
     "epoch",
     "fit",
     "nn",
+    "checkpoint",
+    "clipping",
+    "schedules",
     "progress_bar",
     "datasets",
     "get_include",

@@ -26,4 +26,5 @@ cdef class ParamArena:
     cdef void zero_momenta_c(self) noexcept nogil
     cdef void adamw_step_c(self, const float *params) noexcept nogil
     cdef void sgd_step_c(self, float alpha, float wd) noexcept nogil
+    cdef double clip_grad_norm_c(self, double max_norm) noexcept nogil  # returns the norm
     cdef int64_t _offset(self, str which) except -1

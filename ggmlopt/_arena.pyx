@@ -15,10 +15,11 @@ never touched by a kernel.
 import numpy as np
 
 cimport numpy as cnp
+from libc.math cimport sqrt
 from libc.stdint cimport int64_t
 
 from ggmlopt._memory cimport AlignedBuffer
-from ggmlopt.kernels cimport adamw_step_f32, fill_f32, sgd_step_f32, sumsq_f32
+from ggmlopt.kernels cimport adamw_step_f32, fill_f32, scale_f32, sgd_step_f32, sumsq_f32
 
 cnp.import_array()
 
@@ -64,6 +65,14 @@ cdef class ParamArena:
 
     cdef void sgd_step_c(self, float alpha, float wd) noexcept nogil:
         sgd_step_f32(self.size, self._w, self._g, alpha, wd)
+
+    cdef double clip_grad_norm_c(self, double max_norm) noexcept nogil:
+        # torch.nn.utils.clip_grad_norm_'s rule: one sum-of-squares pass over the
+        # whole gradient section, then one scale when the global norm is too large
+        cdef double norm = sqrt(sumsq_f32(self.size, self._g))
+        if norm > max_norm:
+            scale_f32(self.size, <float>(max_norm / (norm + 1e-6)), self._g)
+        return norm
 
     # ---- Python level -----------------------------------------------------------
 
@@ -138,6 +147,15 @@ cdef class ParamArena:
         with nogil:
             s = sumsq_f32(self.size, self._g)
         return s
+
+    def clip_grad_norm(self, double max_norm):
+        """Clip the gradients to global L2 norm max_norm: when
+        norm = sqrt(sum(g^2)) > max_norm, g *= max_norm / (norm + 1e-6).
+        Returns the norm before clipping (float)."""
+        cdef double norm
+        with nogil:
+            norm = self.clip_grad_norm_c(max_norm)
+        return norm
 
     @property
     def nbytes(self):

@@ -13,9 +13,10 @@ import numbers
 
 import numpy as np
 
-from . import kernels
+from . import checkpoint, kernels
 from ._arena import ParamArena
 from ._memory import AlignedBuffer
+from .clipping import check_max_norm
 from .optim_params import (
     BuildType,
     LossType,
@@ -68,7 +69,8 @@ def _f32_matrix(a, name, ncols=None):
 class OptContext:
     """OptContext(model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
     build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
-    get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None)
+    get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None,
+    clip_grad_norm=None)
 
     model: any object with parameters() (Parameters: float32 .data and .grad),
     forward(x) (batch, ne_datapoint) -> (batch, ne_out) and backward(grad_out).
@@ -82,13 +84,21 @@ class OptContext:
     build_type: the furthest an eval may go (FORWARD, GRAD or OPT).  opt_period:
     physical batches per optimizer step (gradient accumulation).
     get_opt_pars(get_opt_pars_ud) -> OptimizerParams is called at every optimizer
-    step.  seed: int or numpy Generator for ``rng`` (dataset shuffles); None uses
+    step; a get_opt_pars whose ``unit`` attribute is "step" (a per-step
+    ggmlopt.schedules schedule) receives the context itself instead.
+    seed: int or numpy Generator for ``rng`` (dataset shuffles); None uses
     a fixed default seed, so runs repeat, as in ggml.
+    clip_grad_norm: None, or a float > 0: before every optimizer step the
+    gradient is clipped to that global L2 norm (see ggmlopt.clipping).
+
+    Checkpoints: ``state_dict()`` / ``load_state_dict(sd)``, ``save(path)`` /
+    ``OptContext.load(path, model)`` (see ggmlopt.checkpoint).
     """
 
     def __init__(self, model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
                  build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
-                 get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None):
+                 get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None,
+                 clip_grad_norm=None):
         for method in ("parameters", "forward", "backward"):
             if not callable(getattr(model, method, None)):
                 raise TypeError(f"model: {type(model).__name__} has no {method}() method; a "
@@ -103,6 +113,7 @@ class OptContext:
         ne_datapoint = _int_arg(ne_datapoint, "ne_datapoint", 1, allow_none=True)
         if batch_size is not None and ne_datapoint is None:
             raise ValueError("ne_datapoint: required with batch_size (static mode)")
+        clip_grad_norm = check_max_norm(clip_grad_norm)
         if isinstance(seed, np.random.Generator):
             rng = seed
         else:
@@ -146,6 +157,9 @@ class OptContext:
         self.loss = None
         self.pred = None
         self.ncorrect = None
+        self._clip_grad_norm = clip_grad_norm
+        self.grad_norm = None            # the step gradient's norm before the last clipping
+        self._opt_pars_in_force = None   # the validated parameters of the last step
 
     # ---- construction ---------------------------------------------------------------
 
@@ -266,6 +280,15 @@ class OptContext:
         return self._build_type
 
     @property
+    def clip_grad_norm(self):
+        """None, or the global L2 norm gradients are clipped to before each step."""
+        return self._clip_grad_norm
+
+    @clip_grad_norm.setter
+    def clip_grad_norm(self, value):
+        self._clip_grad_norm = check_max_norm(value)
+
+    @property
     def optimizer_type(self):
         return self._optimizer
 
@@ -359,8 +382,9 @@ class OptContext:
 
     def _opt_step_params(self):
         """The validated optimizer parameters of this step (before anything changes)."""
-        pars = validate_optimizer_params(self.get_opt_pars(self.get_opt_pars_ud),
-                                         self._optimizer)
+        # per-step schedules read ctx.iter, so they receive the context itself
+        ud = self if getattr(self.get_opt_pars, "unit", None) == "step" else self.get_opt_pars_ud
+        pars = validate_optimizer_params(self.get_opt_pars(ud), self._optimizer)
         if self._optimizer == OptimizerType.ADAMW:
             _, beta1, beta2, _, _ = pars
             return pars + kernels.adamw_bias_corrections(beta1, beta2, self.iter)
@@ -414,6 +438,9 @@ class OptContext:
             arena = self.arena
             self.model.backward(grad)
             if step is not None:
+                if self._clip_grad_norm is not None:
+                    self.grad_norm = arena.clip_grad_norm(self._clip_grad_norm)
+                self._opt_pars_in_force = step[:2] if len(step) == 2 else step[:5]
                 if self._optimizer == OptimizerType.ADAMW:
                     arena.adamw_step(*step)
                 else:
@@ -429,6 +456,33 @@ class OptContext:
         if result is not None:
             result._add(batch, loss, self._per_datapoint, self._opt_period,
                         self.pred, ncorrect)
+
+    # ---- checkpoints (ggmlopt.checkpoint) -------------------------------------------------
+
+    def state_dict(self):
+        """The training state as a dict of plain numbers, strings and NumPy arrays
+        (copies): parameters, gradients, AdamW m and v, iter, opt_i, the settings
+        in force and the shuffling generator's state.  See ggmlopt.checkpoint."""
+        return checkpoint.context_state_dict(self)
+
+    def load_state_dict(self, state_dict):
+        """Copy a state_dict() into this context's own buffers after checking every
+        name, shape, dtype and setting; on any mismatch raise and change nothing."""
+        checkpoint.load_context_state_dict(self, state_dict)
+
+    def save(self, path):
+        """Write state_dict() to path as one .npz file, atomically (a crash leaves
+        the previous file intact)."""
+        checkpoint.save_state(path, self.state_dict())
+
+    @classmethod
+    def load(cls, path, model, get_opt_pars=default_optimizer_params, get_opt_pars_ud=None,
+             clip_grad_norm=None):
+        """A context for model, built with the settings saved in the checkpoint at
+        path and holding its state.  model's parameters must have the saved shapes
+        (checked before the model is touched)."""
+        return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
+                                       clip_grad_norm)
 
     def _loss(self, out, labels, grad):
         """The float32 loss as ggml computes it; grad (if given) receives d loss / d out."""

@@ -255,6 +255,29 @@ cdef class Dataset:
         out.flags.writeable = False
         return out
 
+    def _set_permutation(self, permutation):
+        """Restore a shard order read from ``permutation`` (checkpoints use it).
+
+        permutation: integer array of shape (nshards,) holding each shard index
+        0 .. nshards-1 exactly once.  Checked before anything changes.
+        """
+        if not isinstance(permutation, np.ndarray):
+            raise TypeError(f"permutation: expected a numpy.ndarray, got "
+                            f"{type(permutation).__name__}")
+        if permutation.dtype.kind not in "iu":
+            raise TypeError(f"permutation: expected an integer dtype, got {permutation.dtype}")
+        if permutation.shape != (self.nshards,):
+            raise ValueError(f"permutation: expected shape ({self.nshards},) (one entry per "
+                             f"shard), got {permutation.shape}")
+        order = permutation.astype(np.int64)
+        seen = np.zeros(self.nshards, dtype=bool)
+        inside = (order >= 0) & (order < self.nshards)
+        seen[order[inside]] = True
+        if not inside.all() or not seen.all():
+            raise ValueError(f"permutation: expected each shard index 0..{self.nshards - 1} "
+                             "exactly once")
+        self._perm_view[...] = order
+
     def __len__(self):
         return self.ndata
 

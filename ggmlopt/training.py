@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import numbers
 import sys
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 import numpy as np
 
+from .checkpoint import FitCheckpoint
 from .context import OptContext
 from .optim_params import BuildType, LossType, OptimizerType, default_optimizer_params
 from .progress import format_hms, progress_bar, time_us
@@ -150,12 +151,20 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     (0 <= val_split < 1) of the logical batches validate.  The dataset is
     shuffled once (when nbatch_logical < ndata) and its training part every epoch
     (when nbatch_logical < the training datapoints).  get_opt_pars(epoch) receives
-    the 1-based epoch.  Unless silent, progress goes to stderr.  Returns a History.
-    checkpoint, resume, clip_grad_norm: not available yet (NotImplementedError).
+    the 1-based epoch (a get_opt_pars whose ``unit`` is "step" gets the context).
+    Unless silent, progress goes to stderr.  Returns a History.
+
+    checkpoint: None or a file path: the training state is saved there (atomically,
+    see ggmlopt.checkpoint) after every epoch.  resume: when the checkpoint file
+    exists, continue from it up to nepoch epochs in all (the History then covers
+    every epoch); training 4 epochs straight or 2, then resuming for 2 more, gives
+    bit-for-bit the same parameters.  clip_grad_norm: None or a float > 0, the
+    global gradient L2 norm each optimizer step is clipped to.
     """
-    if checkpoint is not None or resume or clip_grad_norm is not None:
-        raise NotImplementedError("fit: checkpoint, resume and clip_grad_norm are not "
-                                  "implemented yet")
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
+    if resume and checkpoint is None:
+        raise ValueError("resume: needs checkpoint=path to resume from")
     t_start_us = time_us()
     loss_type = LossType(loss_type)
     nepoch = _int(nepoch, "nepoch", 0)
@@ -187,21 +196,31 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     ibatch_split = int(np.float32(np.float32(1) - np.float32(val_split))
                        * np.float32(nbatches_logical)) * opt_period
     idata_split = ibatch_split * nbatch_physical
+    ckpt = None if checkpoint is None else FitCheckpoint(
+        checkpoint, ndata, nbatch_logical, nbatch_physical, idata_split)
 
     ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
                      loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
                      optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                     seed=seed)
+                     seed=seed, clip_grad_norm=clip_grad_norm)
     _check_dataset(ctx, dataset)
 
-    # shuffling only helps when one batch does not hold all the data
-    if nbatch_logical < ndata:
+    history = History()
+    first_epoch = 1
+    if resume and ckpt.exists():
+        done, rows = ckpt.restore(ctx, dataset, nepoch)
+        history.epochs = [EpochStats(int(r[0]), *map(float, r[1:])) for r in rows]
+        first_epoch = done + 1
+        if not silent:
+            sys.stderr.write(f"fit: resuming from {ckpt.path} after epoch {done:04d}/"
+                             f"{nepoch:04d}\n")
+    elif nbatch_logical < ndata:
+        # shuffling only helps when one batch does not hold all the data
         dataset.shuffle(ctx.rng, -1)  # all data, training and validation
 
     result_train, result_val = Result(), Result()
     callback = None if silent else progress_bar
-    history = History()
-    for ep in range(1, nepoch + 1):
+    for ep in range(first_epoch, nepoch + 1):
         ctx.get_opt_pars_ud = ep
         if nbatch_logical < idata_split:
             dataset.shuffle(ctx.rng, idata_split)
@@ -216,6 +235,8 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
             sys.stderr.write("\n")
         history.epochs.append(EpochStats(ep, *result_train.loss(), *result_train.accuracy(),
                                          *result_val.loss(), *result_val.accuracy(), seconds))
+        if ckpt is not None:
+            ckpt.save(ctx, dataset, ep, [astuple(e) for e in history.epochs])
     if not silent:
         sys.stderr.write(f"fit: training took {format_hms(time_us() - t_start_us)}\n")
         sys.stderr.flush()

@@ -115,9 +115,10 @@ def test_fit_split_sizes_and_prints(capsys):
     ({"nbatch_logical": 20, "val_split": 1.0}, ValueError),
     ({"nbatch_logical": 20, "val_split": -0.1}, ValueError),
     ({"nbatch_logical": 20, "nepoch": -1}, ValueError),
-    ({"nbatch_logical": 20, "checkpoint": "x"}, NotImplementedError),
-    ({"nbatch_logical": 20, "clip_grad_norm": 1.0}, NotImplementedError),
-    ({"nbatch_logical": 20, "resume": True}, NotImplementedError),
+    ({"nbatch_logical": 20, "checkpoint": 3.5}, TypeError),
+    ({"nbatch_logical": 20, "clip_grad_norm": -1.0}, ValueError),
+    ({"nbatch_logical": 20, "clip_grad_norm": float("nan")}, ValueError),
+    ({"nbatch_logical": 20, "resume": True}, ValueError),  # no checkpoint to resume from
 ])
 def test_fit_bad_input(kw, exc):
     model = mlp()

@@ -1,0 +1,634 @@
+"""Checkpoints: an OptContext's training state as a dict, and as one .npz file.
+
+``ctx.state_dict()`` gives a dict of plain numbers, strings and NumPy arrays
+(copies).  Names (i = 0 .. nparams-1, the context's parameter order):
+
+    format            str    "ggmlopt.OptContext"
+    format_version    int    FORMAT_VERSION
+    loss_type, optimizer, build_type      int    the LossType / OptimizerType /
+                                                 BuildType values the context was made with
+    opt_period        int
+    batch_size, ne_datapoint              int    -1 when None (dynamic mode)
+    iter, opt_i       int    ggml's counters
+    build_type_last   int    the BuildType of the last alloc (it decides whether
+                             the next alloc zeroes the gradients)
+    nparams           int
+    param.i           float32, the parameter's shape
+    grad.i            float32, the gradient (accumulated over the physical batches
+                      of the logical batch so far: ctx.grad_acc)
+    grad_is_zero      int8 (nparams,), 1 where a layer may overwrite the gradient
+                      instead of adding into it (Parameter.grad_is_zero), else 0
+    adamw_m.i, adamw_v.i   float32, AdamW's moments (only for AdamW contexts built for OPT)
+    adamw.alpha, adamw.beta1, adamw.beta2, adamw.eps, adamw.wd   float (AdamW)
+    sgd.alpha, sgd.wd                                            float (SGD)
+                      the active optimizer's parameters used by the last step
+                      (float32 values), NaN before the first step
+    rng_state         str    the shuffling generator's ``bit_generator.state``, as JSON
+
+``load_state_dict(sd)`` checks every name (none missing, none extra), every
+dtype (ints, floats, strings, float32 arrays) and shape, the format version and
+that the loss type, optimizer, build type and opt_period are the context's, then
+copies into the context's own buffers (nothing is reallocated).  On any mismatch
+it raises (TypeError for a wrong type or dtype, ValueError for a wrong name,
+shape or value, RuntimeError between alloc and eval) before changing anything.
+
+``ctx.save(path)`` writes one uncompressed .npz file (numbers as 0-d arrays,
+strings as unicode arrays: nothing needs pickle) atomically: into a temporary
+file beside path, flushed and fsynced, then renamed over path, and the directory
+fsynced; a crash at any moment leaves either the previous file or the new one.
+Reading uses ``allow_pickle=False`` and checks every member's CRC; a truncated,
+corrupted or foreign file raises ValueError.
+
+``fit(..., checkpoint=path)`` adds the ``fit.*`` entries it needs for an exact
+resume (see FitCheckpoint): the epoch reached, the dataset's shard permutation,
+the fit configuration and the history so far.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import secrets
+import zipfile
+from collections.abc import Mapping
+
+import numpy as np
+
+from .optim_params import (
+    AdamWParams,
+    BuildType,
+    LossType,
+    OptimizerParams,
+    OptimizerType,
+    SGDParams,
+    validate_optimizer_params,
+)
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "context_state_dict", "load_context",
+           "load_context_state_dict", "load_state", "save_state"]
+
+FORMAT = "ggmlopt.OptContext"
+FORMAT_VERSION = 1
+
+_OPT_PAR_NAMES = {
+    OptimizerType.ADAMW: ("adamw.alpha", "adamw.beta1", "adamw.beta2", "adamw.eps", "adamw.wd"),
+    OptimizerType.SGD: ("sgd.alpha", "sgd.wd"),
+}
+_SETTING_KEYS = ("format_version", "loss_type", "optimizer", "build_type", "opt_period",
+                 "batch_size", "ne_datapoint", "iter", "opt_i", "build_type_last", "nparams")
+_FIT_INT_KEYS = ("fit.epoch", "fit.ndata", "fit.nbatch_logical", "fit.nbatch_physical",
+                 "fit.idata_split")
+_FIT_KEYS = _FIT_INT_KEYS + ("fit.permutation", "fit.history")
+_INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS)
+_FLOAT_KEYS = frozenset(_OPT_PAR_NAMES[OptimizerType.ADAMW] + _OPT_PAR_NAMES[OptimizerType.SGD])
+_STR_KEYS = frozenset(("format", "rng_state"))
+HISTORY_COLUMNS = 10  # the fields of training.EpochStats
+
+
+# ---- the generator's state as JSON -------------------------------------------------------
+
+def _rng_state_to_json(bit_generator):
+    def encode(obj):
+        if isinstance(obj, np.ndarray):
+            return {"__ndarray__": obj.dtype.str, "data": obj.tolist()}
+        if isinstance(obj, np.integer):
+            return int(obj)
+        raise TypeError(f"rng state: cannot encode {type(obj).__name__}")
+    return json.dumps(bit_generator.state, default=encode, sort_keys=True)
+
+
+def _rng_state_from_json(text):
+    def decode(obj):
+        if "__ndarray__" in obj:
+            return np.array(obj["data"], dtype=np.dtype(obj["__ndarray__"]))
+        return obj
+    try:
+        state = json.loads(text, object_hook=decode)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"rng_state: not a generator state ({e})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("bit_generator"), str):
+        # a bad value inside a saved string, not a bad argument type
+        raise ValueError("rng_state: not a generator state (no 'bit_generator' name)")  # noqa: TRY004
+    return state
+
+
+def _checked_rng_state(text, bit_generator_type):
+    """The state parsed from text, after trying it on a fresh generator of the type."""
+    state = _rng_state_from_json(text)
+    if state["bit_generator"] != bit_generator_type.__name__:
+        raise ValueError(f"rng_state: the checkpoint's generator is {state['bit_generator']}, "
+                         f"the context's is {bit_generator_type.__name__}")
+    try:
+        bit_generator_type().state = state
+    except (ValueError, TypeError, KeyError, OverflowError) as e:
+        raise ValueError(f"rng_state: not a valid {bit_generator_type.__name__} state "
+                         f"({e})") from None
+    return state
+
+
+# ---- reading entries of a state dict -----------------------------------------------------
+
+def _get_int(sd, key):
+    v = sd[key]
+    if isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind in "iu":
+        return int(v)
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"state_dict[{key!r}]: expected an int, got "
+                        f"{_describe(v)}")
+    return int(v)
+
+
+def _get_float(sd, key):
+    v = sd[key]
+    if isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind in "iuf":
+        return float(v)
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"state_dict[{key!r}]: expected a float, got {_describe(v)}")
+    return float(v)
+
+
+def _get_str(sd, key):
+    v = sd[key]
+    if isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind == "U":
+        return str(v)
+    if not isinstance(v, str):
+        raise TypeError(f"state_dict[{key!r}]: expected a str, got {_describe(v)}")
+    return v
+
+
+def _get_array(sd, key, dtype, shape):
+    v = sd[key]
+    if not isinstance(v, np.ndarray):
+        raise TypeError(f"state_dict[{key!r}]: expected a numpy.ndarray, got {_describe(v)}")
+    if v.dtype != dtype:
+        raise TypeError(f"state_dict[{key!r}]: expected dtype {np.dtype(dtype).name}, "
+                        f"got {v.dtype}")
+    if shape is not None and v.shape != tuple(shape):
+        raise ValueError(f"state_dict[{key!r}]: expected shape {tuple(shape)}, got {v.shape}")
+    return v
+
+
+def _describe(v):
+    if isinstance(v, np.ndarray):
+        return f"an array of dtype {v.dtype} and shape {v.shape}"
+    return type(v).__name__
+
+
+def _get_enum(sd, key, enum_cls):
+    v = _get_int(sd, key)
+    try:
+        return enum_cls(v)
+    except ValueError:
+        raise ValueError(f"state_dict[{key!r}]: {v} is not a {enum_cls.__name__} "
+                         f"({[f'{m.name}={m.value}' for m in enum_cls]})") from None
+
+
+def _check_format(sd):
+    """Checks the format entries: a clear error for anything that is not ours."""
+    if not isinstance(sd, Mapping):
+        raise TypeError(f"state_dict: expected a dict, got {type(sd).__name__}")
+    if "format" not in sd or "format_version" not in sd:
+        raise ValueError("state_dict: not a ggmlopt OptContext state (no 'format' and "
+                         "'format_version' entries)")
+    fmt = _get_str(sd, "format")
+    if fmt != FORMAT:
+        raise ValueError(f"state_dict['format']: expected {FORMAT!r}, got {fmt!r}")
+    version = _get_int(sd, "format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"state_dict['format_version']: this ggmlopt reads version "
+                         f"{FORMAT_VERSION}, got {version}")
+
+
+# ---- what a context's state looks like ---------------------------------------------------
+
+class _Layout:
+    """What a context's state dict holds: its settings and parameter shapes."""
+
+    def __init__(self, loss_type, optimizer, build_type, opt_period, shapes, bit_generator_type):
+        self.loss_type = LossType(loss_type)
+        self.optimizer = OptimizerType(optimizer)
+        self.build_type = BuildType(build_type)
+        self.opt_period = opt_period
+        self.shapes = [tuple(s) for s in shapes]
+        # as OptContext builds its arena
+        self.momenta = self.build_type == BuildType.OPT and self.optimizer == OptimizerType.ADAMW
+        self.bit_generator_type = bit_generator_type
+
+    @classmethod
+    def of(cls, ctx):
+        shapes = [g.shape for g in ctx._grads]
+        lay = cls(ctx.loss_type, ctx.optimizer_type, ctx.build_type, ctx.opt_period, shapes,
+                  type(ctx.rng.bit_generator))
+        lay.momenta = bool(ctx.arena.momenta)
+        return lay
+
+    def array_keys(self):
+        sections = ["param", "grad"]
+        if self.momenta:
+            sections += ["adamw_m", "adamw_v"]
+        return [(f"{s}.{i}", shape) for s in sections for i, shape in enumerate(self.shapes)]
+
+    def keys(self):
+        return (set(_SETTING_KEYS) | _STR_KEYS | {"grad_is_zero"} | set(_OPT_PAR_NAMES[self.optimizer])
+                | {k for k, _ in self.array_keys()})
+
+
+def _validate(sd, layout):
+    """Everything load_state_dict checks; returns (counters, opt_pars_in_force, rng_state)
+    without changing anything."""
+    _check_format(sd)
+    # the settings first: "another optimizer" says more than the names it changes
+    for key, want in (("loss_type", layout.loss_type), ("optimizer", layout.optimizer),
+                      ("build_type", layout.build_type)):
+        if key in sd:
+            got = _get_enum(sd, key, type(want))
+            if got != want:
+                raise ValueError(f"state_dict[{key!r}]: the state is for {got.name}, this "
+                                 f"context uses {want.name}")
+    if "opt_period" in sd:
+        opt_period = _get_int(sd, "opt_period")
+        if opt_period != layout.opt_period:
+            raise ValueError(f"state_dict['opt_period']: the state is for opt_period="
+                             f"{opt_period}, this context has {layout.opt_period}")
+    if "nparams" in sd:
+        nparams = _get_int(sd, "nparams")
+        if nparams != len(layout.shapes):
+            raise ValueError(f"state_dict['nparams']: the state has {nparams} parameters, "
+                             f"this context's model {len(layout.shapes)}")
+    expected = layout.keys()
+    missing = sorted(expected - sd.keys(), key=str)
+    extra = sorted(set(sd.keys()) - expected, key=str)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        if extra:
+            parts.append(f"unexpected {extra[:8]}{' ...' if len(extra) > 8 else ''}")
+        raise ValueError(f"state_dict: its names do not match this context's state: "
+                         f"{'; '.join(parts)}")
+    opt_period = layout.opt_period
+    for key in ("batch_size", "ne_datapoint"):
+        if _get_int(sd, key) < -1 or _get_int(sd, key) == 0:
+            raise ValueError(f"state_dict[{key!r}]: expected -1 (None) or >= 1, got "
+                             f"{_get_int(sd, key)}")
+    it = _get_int(sd, "iter")
+    if it < 1:
+        raise ValueError(f"state_dict['iter']: expected >= 1, got {it}")
+    opt_i = _get_int(sd, "opt_i")
+    if not 0 <= opt_i < opt_period:
+        raise ValueError(f"state_dict['opt_i']: expected 0 <= opt_i < opt_period={opt_period}, "
+                         f"got {opt_i}")
+    last = _get_enum(sd, "build_type_last", BuildType)
+    if last > layout.build_type:
+        raise ValueError(f"state_dict['build_type_last']: {last.name} is beyond the build "
+                         f"type {layout.build_type.name}")
+
+    names = _OPT_PAR_NAMES[layout.optimizer]
+    values = [_get_float(sd, k) for k in names]
+    if all(math.isnan(v) for v in values):
+        in_force = None
+    else:
+        if layout.optimizer == OptimizerType.ADAMW:
+            pars = OptimizerParams(adamw=AdamWParams(*values))
+        else:
+            pars = OptimizerParams(sgd=SGDParams(*values))
+        try:
+            in_force = validate_optimizer_params(pars, layout.optimizer)
+        except ValueError as e:
+            raise ValueError(f"state_dict: optimizer parameters in force: {e}") from None
+
+    for key, shape in layout.array_keys():
+        _get_array(sd, key, np.float32, shape)
+    flags = _get_array(sd, "grad_is_zero", np.int8, (len(layout.shapes),))
+    if not np.all((flags == 0) | (flags == 1)):
+        raise ValueError("state_dict['grad_is_zero']: expected only 0 and 1")
+    rng_state = _checked_rng_state(_get_str(sd, "rng_state"), layout.bit_generator_type)
+    return (it, opt_i, last), in_force, rng_state
+
+
+# ---- OptContext <-> state dict -----------------------------------------------------------
+
+def context_state_dict(ctx):
+    """ctx's state as described in the module docstring (arrays are copies)."""
+    if ctx.eval_ready:
+        raise RuntimeError("state_dict: alloc() was called and its eval() has not run; "
+                           "call eval() first")
+    lay = _Layout.of(ctx)
+    sd = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "loss_type": int(ctx.loss_type),
+        "optimizer": int(ctx.optimizer_type),
+        "build_type": int(ctx.build_type),
+        "opt_period": int(ctx.opt_period),
+        "batch_size": -1 if ctx.batch_size is None else int(ctx.batch_size),
+        "ne_datapoint": -1 if ctx.ne_datapoint is None else int(ctx.ne_datapoint),
+        "iter": int(ctx.iter),
+        "opt_i": int(ctx.opt_i),
+        "build_type_last": int(ctx.build_type_last),
+        "nparams": len(lay.shapes),
+    }
+    in_force = ctx._opt_pars_in_force
+    for j, name in enumerate(_OPT_PAR_NAMES[lay.optimizer]):
+        sd[name] = float("nan") if in_force is None else float(in_force[j])
+    for key, _ in lay.array_keys():
+        sd[key] = _section_view(ctx, key).copy()
+    # whether a layer overwrites or adds into a gradient decides the sign of its zeros
+    sd["grad_is_zero"] = np.array([getattr(p, "grad_is_zero", False) for p in ctx._params],
+                                  dtype=np.int8)
+    sd["rng_state"] = _rng_state_to_json(ctx.rng.bit_generator)
+    return sd
+
+
+_SECTION_OF = {"param": "weights", "grad": "grads", "adamw_m": "m", "adamw_v": "v"}
+
+
+def _section_view(ctx, key):
+    section, i = key.split(".")
+    i = int(i)
+    shapes = [g.shape for g in ctx._grads]
+    offset = sum(math.prod(s) for s in shapes[:i])  # parameters sit back to back
+    return ctx.arena.view(_SECTION_OF[section], offset, shapes[i])
+
+
+def load_context_state_dict(ctx, sd):
+    """Check sd against ctx completely, then copy it into ctx's buffers."""
+    if ctx.eval_ready:
+        raise RuntimeError("load_state_dict: alloc() was called and its eval() has not run; "
+                           "call eval() first")
+    lay = _Layout.of(ctx)
+    (it, opt_i, last), in_force, rng_state = _validate(sd, lay)
+    # from here on nothing can fail
+    for key, _ in lay.array_keys():
+        np.copyto(_section_view(ctx, key), sd[key])
+    ctx.iter = it
+    ctx.opt_i = opt_i
+    ctx._build_type = last
+    ctx._opt_pars_in_force = in_force
+    ctx.rng.bit_generator.state = rng_state
+    for p, flag in zip(ctx._params, sd["grad_is_zero"]):
+        if hasattr(p, "grad_is_zero"):
+            p.grad_is_zero = bool(flag)
+
+
+def split_fit_entries(sd):
+    """(the context's entries, the fit.* entries) of a loaded checkpoint."""
+    ctx_sd = {k: v for k, v in sd.items() if not k.startswith("fit.")}
+    fit_sd = {k: v for k, v in sd.items() if k.startswith("fit.")}
+    unknown = sorted(set(fit_sd) - set(_FIT_KEYS))
+    if unknown:
+        raise ValueError(f"checkpoint: unexpected entries {unknown}")
+    return ctx_sd, fit_sd
+
+
+def load_context(cls, path, model, get_opt_pars, get_opt_pars_ud, clip_grad_norm):
+    """OptContext.load: a context for model with the checkpoint's settings and state."""
+    sd = load_state(path)
+    ctx_sd, _ = split_fit_entries(sd)
+    try:
+        _check_format(ctx_sd)
+        settings = {k: _get_int(ctx_sd, k) for k in _SETTING_KEYS if k in ctx_sd}
+        missing = [k for k in _SETTING_KEYS if k not in settings]
+        if missing or "rng_state" not in ctx_sd:
+            raise ValueError(f"state_dict: missing {missing or ['rng_state']}")
+        loss_type = _get_enum(ctx_sd, "loss_type", LossType)
+        optimizer = _get_enum(ctx_sd, "optimizer", OptimizerType)
+        build_type = _get_enum(ctx_sd, "build_type", BuildType)
+        if settings["opt_period"] < 1:
+            raise ValueError(f"state_dict['opt_period']: expected >= 1, got "
+                             f"{settings['opt_period']}")
+        bg_name = _rng_state_from_json(_get_str(ctx_sd, "rng_state"))["bit_generator"]
+        bg_type = getattr(np.random, bg_name, None)
+        if not (isinstance(bg_type, type) and issubclass(bg_type, np.random.BitGenerator)):
+            raise ValueError(f"rng_state: unknown bit generator {bg_name!r}")  # noqa: TRY004
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"path: {os.fspath(path)!r}: {e}") from None
+
+    # check the model against the checkpoint before the context takes its parameters
+    params = cls._collect_parameters(model)
+    shapes = [p.data.shape for p in params]
+    if len(shapes) != settings["nparams"]:
+        raise ValueError(f"model: it has {len(shapes)} parameters, the checkpoint "
+                         f"{os.fspath(path)!r} {settings['nparams']}")
+    for i, shape in enumerate(shapes):
+        saved = ctx_sd.get(f"param.{i}")
+        if isinstance(saved, np.ndarray) and saved.shape != shape:
+            raise ValueError(f"model: parameter {i} has shape {shape}, the checkpoint "
+                             f"{os.fspath(path)!r} has param.{i} of shape {saved.shape}")
+    lay = _Layout(loss_type, optimizer, build_type, settings["opt_period"], shapes, bg_type)
+    try:
+        _validate(ctx_sd, lay)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"model or checkpoint {os.fspath(path)!r} do not match: {e}") from None
+
+    bs, nd = settings["batch_size"], settings["ne_datapoint"]
+    ctx = cls(model, batch_size=None if bs < 0 else bs, ne_datapoint=None if nd < 0 else nd,
+              loss_type=loss_type, build_type=build_type, opt_period=settings["opt_period"],
+              optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=get_opt_pars_ud,
+              seed=np.random.Generator(bg_type()), clip_grad_norm=clip_grad_norm)
+    ctx.load_state_dict(ctx_sd)
+    return ctx
+
+
+# ---- the file ---------------------------------------------------------------------------
+
+def _as_array(key, value):
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise TypeError(f"state_dict[{key!r}]: object arrays cannot be saved without pickle")
+        return value
+    if isinstance(value, str):
+        return np.array(value)
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, numbers.Real)):
+        raise TypeError(f"state_dict[{key!r}]: expected a number, str or numpy.ndarray, got "
+                        f"{type(value).__name__}")
+    if isinstance(value, numbers.Integral):
+        return np.array(int(value), dtype=np.int64)
+    return np.array(float(value), dtype=np.float64)
+
+
+def _fsync_dir(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # not possible everywhere (Windows); the rename is done
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _create_temporary(directory, base):
+    """A new file beside the checkpoint (same file system, so the rename is atomic),
+    created with the usual permissions (0o666 less the umask)."""
+    while True:
+        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                           0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def save_state(path, sd):
+    """Write the state dict sd to path as one .npz file, atomically.
+
+    path: str or os.PathLike, written as given (no suffix is added).  The data goes
+    to a temporary file in the same directory, is flushed and fsynced, then
+    renamed over path (atomic on POSIX and Windows), so readers and crashes only
+    ever see a complete file.
+    """
+    if not isinstance(sd, Mapping):
+        raise TypeError(f"state_dict: expected a dict, got {type(sd).__name__}")
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") \
+            from None
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    arrays = {}
+    for key, value in sd.items():
+        if not isinstance(key, str) or not key or "/" in key:
+            raise ValueError(f"state_dict: {key!r} is not a valid entry name")
+        arrays[key] = _as_array(key, value)
+    if os.path.isdir(path):
+        raise ValueError(f"path: {path!r} is a directory; expected a file name")
+    directory = os.path.dirname(os.path.abspath(path))
+    base = os.path.basename(path)
+    fd, tmp = _create_temporary(directory, base)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory)
+
+
+def _scalar(key, arr):
+    """A 0-d array of a known scalar entry as the plain Python value it was saved from."""
+    if arr.ndim != 0:
+        return arr
+    if key in _INT_KEYS and arr.dtype.kind in "iu":
+        return int(arr)
+    if key in _FLOAT_KEYS and arr.dtype.kind == "f":
+        return float(arr)
+    if key in _STR_KEYS and arr.dtype.kind == "U":
+        return str(arr)
+    return arr
+
+
+def load_state(path):
+    """The state dict stored at path by save_state (numbers and strings as plain
+    Python values, arrays as arrays).
+
+    Raises FileNotFoundError when path does not exist, ValueError when it is not
+    a complete, uncorrupted ggmlopt checkpoint (truncated, a bad CRC, not an .npz
+    archive, pickled data, or another program's .npz).
+    """
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") \
+            from None
+    where = repr(path)
+    sd = {}
+    with open(path, "rb") as f:
+        if not zipfile.is_zipfile(f):
+            raise ValueError(f"path: {where} is not a ggmlopt checkpoint (not an .npz "
+                             "archive; truncated or another kind of file)")
+        f.seek(0)
+        try:
+            with np.load(f, allow_pickle=False) as npz:  # a zip file: always an NpzFile
+                for key in npz.files:
+                    # reading a member to its end checks its CRC
+                    sd[key] = _scalar(key, npz[key])
+        except (zipfile.BadZipFile, ValueError, EOFError, KeyError, OSError) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise ValueError(f"path: {where} is not a readable ggmlopt checkpoint (truncated "
+                             f"or corrupted: {e})") from None
+    if "format" not in sd or "format_version" not in sd:
+        raise ValueError(f"path: {where} is an .npz file but not a ggmlopt checkpoint (no "
+                         "'format' entry)")
+    try:
+        _check_format(sd)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"path: {where}: {e}") from None
+    return sd
+
+
+# ---- fit's checkpoints --------------------------------------------------------------------
+
+class FitCheckpoint:
+    """What fit saves after every epoch and restores on resume: the context's state
+    plus ``fit.epoch`` (epochs completed), ``fit.permutation`` (the dataset's
+    shard order, int64 (nshards,)), ``fit.history`` (float64 (epochs, 10), the
+    EpochStats rows so far) and the configuration that must not change between
+    runs (``fit.ndata``, ``fit.nbatch_logical``, ``fit.nbatch_physical``,
+    ``fit.idata_split``)."""
+
+    def __init__(self, path, ndata, nbatch_logical, nbatch_physical, idata_split):
+        try:
+            self.path = os.fspath(path)
+        except TypeError:
+            raise TypeError(f"checkpoint: expected a path (str or os.PathLike) or None, got "
+                            f"{type(path).__name__}") from None
+        if os.path.isdir(self.path):
+            raise ValueError(f"checkpoint: {self.path!r} is a directory; expected a file name")
+        self.config = {"fit.ndata": ndata, "fit.nbatch_logical": nbatch_logical,
+                       "fit.nbatch_physical": nbatch_physical, "fit.idata_split": idata_split}
+
+    def exists(self):
+        return os.path.exists(self.path)
+
+    def restore(self, ctx, dataset, nepoch):
+        """Load the checkpoint into ctx and dataset; returns (epochs completed, history
+        rows).  Everything is checked before anything changes."""
+        sd = load_state(self.path)
+        ctx_sd, fit_sd = split_fit_entries(sd)
+        where = f"checkpoint: {self.path!r}"
+        missing = [k for k in _FIT_KEYS if k not in fit_sd]
+        if missing:
+            raise ValueError(f"{where} was not written by fit (missing {missing})")
+        try:
+            for key, want in self.config.items():
+                got = _get_int(fit_sd, key)
+                if got != want:
+                    name = key.split(".", 1)[1]
+                    raise ValueError(f"{key}: the checkpoint was made with {name}={got}, this "
+                                     f"fit has {name}={want}")
+            done = _get_int(fit_sd, "fit.epoch")
+            if done < 0:
+                raise ValueError(f"fit.epoch: expected >= 0, got {done}")
+            perm = _get_array(fit_sd, "fit.permutation", np.int64, (dataset.nshards,))
+            if not np.array_equal(np.sort(perm), np.arange(dataset.nshards)):
+                raise ValueError("fit.permutation: not a permutation of the dataset's shards")
+            history = _get_array(fit_sd, "fit.history", np.float64, (done, HISTORY_COLUMNS))
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{where}: {e}") from None
+        if done > nepoch:
+            raise ValueError(f"nepoch: the checkpoint {self.path!r} has already trained {done} "
+                             f"epochs, more than nepoch={nepoch}")
+        ctx.load_state_dict(ctx_sd)
+        dataset._set_permutation(perm)
+        return done, [tuple(row) for row in history.tolist()]
+
+    def save(self, ctx, dataset, epoch, history_rows):
+        sd = ctx.state_dict()
+        sd.update(self.config)
+        sd["fit.epoch"] = int(epoch)
+        sd["fit.permutation"] = np.asarray(dataset.permutation, dtype=np.int64)
+        sd["fit.history"] = np.array(history_rows, dtype=np.float64).reshape(
+            len(history_rows), HISTORY_COLUMNS)
+        save_state(self.path, sd)

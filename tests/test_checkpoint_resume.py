@@ -1,0 +1,137 @@
+"""fit(checkpoint=..., resume=True): training 4 epochs straight, or 2 epochs in one
+process and 2 more in another, gives bit-for-bit the same parameters."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, TESTS)
+from checkpoint_problem import make_problem, run
+
+
+def _in_subprocess(code):
+    prelude = f"import sys; sys.path.insert(0, {TESTS!r})\nfrom checkpoint_problem import *\n"
+    proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("optimizer,schedule", [("ADAMW", "epoch"), ("SGD", "step")])
+def test_resume_in_another_process_is_bit_exact(tmp_path, optimizer, schedule):
+    ckpt = tmp_path / "run.npz"
+    out = tmp_path / "resumed.npz"
+    # process 1: two epochs, then it exits
+    _in_subprocess(f"run({optimizer!r}, {schedule!r}, 2, checkpoint={str(ckpt)!r})")
+    after2 = go.checkpoint.load_state(ckpt)
+    assert after2["fit.epoch"] == 2 and after2["fit.history"].shape == (2, 10)
+    # process 2: the same call asking for 4 epochs resumes after epoch 2
+    _in_subprocess(f"""
+        model, ds, hist = run({optimizer!r}, {schedule!r}, 4, checkpoint={str(ckpt)!r},
+                              resume=True)
+        np.savez({str(out)!r}, *[p.data for p in model.parameters()],
+                 perm=ds.permutation, loss=np.array(hist.train_loss),
+                 val=np.array(hist.val_loss), epochs=np.array([e.epoch for e in hist]))
+    """)
+    model, ds, hist = run(optimizer, schedule, 4)
+    with np.load(out) as got:
+        for i, p in enumerate(model.parameters()):
+            assert got[f"arr_{i}"].tobytes() == p.data.tobytes(), f"parameter {i}"
+        assert np.array_equal(got["perm"], ds.permutation)
+        # the resumed History covers all four epochs, with the straight run's numbers
+        assert list(got["epochs"]) == [1, 2, 3, 4]
+        assert got["loss"].tobytes() == np.array(hist.train_loss).tobytes()
+        assert got["val"].tobytes() == np.array(hist.val_loss).tobytes()
+    final = go.checkpoint.load_state(ckpt)
+    assert final["fit.epoch"] == 4
+    assert final["iter"] == 1 + 4 * 9  # 72 training datapoints / 8 per step, 4 epochs
+    # the straight run really moved the parameters (the test can fail)
+    fresh, _, _ = make_problem(schedule)
+    assert not np.array_equal(fresh.parameters()[0].data, model.parameters()[0].data)
+
+
+def test_resume_in_process_matches_and_checkpoint_is_every_epoch(tmp_path):
+    ckpt = tmp_path / "c.npz"
+    run("ADAMW", "epoch", 1, checkpoint=ckpt)
+    assert go.checkpoint.load_state(ckpt)["fit.epoch"] == 1
+    _, _, _ = run("ADAMW", "epoch", 3, checkpoint=ckpt, resume=True)
+    model_b, _, hist_b = run("ADAMW", "epoch", 3)
+    sd = go.checkpoint.load_state(ckpt)
+    assert sd["fit.epoch"] == 3
+    for i, p in enumerate(model_b.parameters()):
+        assert np.array_equal(sd[f"param.{i}"], p.data)
+    # resuming a finished run trains nothing and returns the saved History
+    model_c, _, hist_c = run("ADAMW", "epoch", 3, checkpoint=ckpt, resume=True)
+    assert [e.train_loss for e in hist_c] == hist_b.train_loss
+    for p, q in zip(model_c.parameters(), model_b.parameters()):
+        assert np.array_equal(p.data, q.data)
+
+
+def test_resume_without_file_starts_fresh_and_without_resume_overwrites(tmp_path):
+    ckpt = tmp_path / "new.npz"
+    model_a, _, _ = run("SGD", "epoch", 2, checkpoint=ckpt, resume=True)
+    model_b, _, _ = run("SGD", "epoch", 2)
+    for p, q in zip(model_a.parameters(), model_b.parameters()):
+        assert np.array_equal(p.data, q.data)
+    run("SGD", "epoch", 1, checkpoint=ckpt)  # resume=False: starts over and overwrites
+    assert go.checkpoint.load_state(ckpt)["fit.epoch"] == 1
+
+
+def test_fit_checkpoint_errors(tmp_path):
+    ckpt = tmp_path / "c.npz"
+    run("ADAMW", "epoch", 2, checkpoint=ckpt)
+    with pytest.raises(ValueError, match="resume: needs checkpoint"):
+        run("ADAMW", "epoch", 2, resume=True)
+    model, ds, pars = make_problem("epoch")
+    with pytest.raises(TypeError, match="resume"):
+        go.fit(model, ds, go.LossType.CROSS_ENTROPY, nbatch_logical=8, silent=True,
+               checkpoint=ckpt, resume=1)
+    with pytest.raises(ValueError, match="nepoch.*already trained 2"):
+        run("ADAMW", "epoch", 1, checkpoint=ckpt, resume=True)
+    # another batch configuration, another optimizer, another loss: refused, file kept
+    before = ckpt.read_bytes()
+    model, ds, pars = make_problem("epoch")
+    with pytest.raises(ValueError, match="nbatch_logical"):
+        go.fit(model, ds, go.LossType.CROSS_ENTROPY, get_opt_pars=pars, nepoch=3,
+               nbatch_logical=16, nbatch_physical=4, val_split=0.25, silent=True,
+               checkpoint=ckpt, resume=True)
+    with pytest.raises(ValueError, match="optimizer"):
+        run("SGD", "epoch", 3, checkpoint=ckpt, resume=True)
+    model, ds, pars = make_problem("epoch")
+    with pytest.raises(ValueError, match="loss_type"):
+        go.fit(model, ds, go.LossType.MEAN_SQUARED_ERROR, get_opt_pars=pars, nepoch=3,
+               nbatch_logical=8, nbatch_physical=4, val_split=0.25, silent=True,
+               checkpoint=ckpt, resume=True)
+    assert ckpt.read_bytes() == before
+    with pytest.raises(ValueError, match="directory"):
+        run("ADAMW", "epoch", 1, checkpoint=tmp_path)
+    with pytest.raises(TypeError, match="checkpoint"):
+        run("ADAMW", "epoch", 1, checkpoint=3.5)
+    # a corrupted checkpoint is an error, not a silent fresh start
+    ckpt.write_bytes(before[: len(before) // 2])
+    with pytest.raises(ValueError, match="not a ggmlopt checkpoint"):
+        run("ADAMW", "epoch", 3, checkpoint=ckpt, resume=True)
+    # a context checkpoint (ctx.save) has no fit entries
+    plain = tmp_path / "plain.npz"
+    model, ds, pars = make_problem("epoch")
+    go.OptContext(model, batch_size=4, ne_datapoint=7, loss_type=go.LossType.CROSS_ENTROPY,
+                  opt_period=2).save(plain)
+    with pytest.raises(ValueError, match="not written by fit"):
+        run("ADAMW", "epoch", 3, checkpoint=plain, resume=True)
+
+
+def test_a_fit_checkpoint_loads_as_a_context(tmp_path):
+    ckpt = tmp_path / "c.npz"
+    model, _, _ = run("ADAMW", "epoch", 2, checkpoint=ckpt)
+    fresh, _, _ = make_problem("epoch")
+    ctx = go.OptContext.load(ckpt, fresh)
+    assert ctx.iter == 1 + 2 * 9 and ctx.batch_size == 4 and ctx.opt_period == 2
+    for p, q in zip(fresh.parameters(), model.parameters()):
+        assert p.data.tobytes() == q.data.tobytes()
