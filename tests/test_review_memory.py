@@ -1,0 +1,34 @@
+"""AlignedBuffer.view / as_array: every view lies inside the buffer, whatever the
+shape, dtype or offset asked; nothing that holds Python objects is handed out."""
+import sys
+
+import numpy as np
+import pytest
+
+from ggmlopt._memory import AlignedBuffer
+
+
+@pytest.mark.parametrize("dtype, shape, offset", [
+    (np.uint8, (16,), 2**63 - 8),          # offset + size wraps past 2^63
+    (np.uint8, (1,), 2**63 - 1),
+    (np.float64, (2**61,), 0),             # count * itemsize wraps to 0
+    (np.float32, (2**62, 2), 0),
+    (np.uint8, (2**32, 2**32), 0),         # count wraps to 0
+    (np.uint8, (2**64,), 0),               # a dimension past int64
+    (np.uint8, (65,), 0),
+    (np.uint8, (1,), 64),
+    (np.uint8, (0,), 65),                  # an empty view must still start inside
+])
+def test_views_that_do_not_fit_are_refused(dtype, shape, offset):
+    buf = AlignedBuffer(64)
+    with pytest.raises(ValueError, match="does not fit|shape"):
+        buf.as_array(dtype, shape, offset)
+
+
+def test_views_that_fit_exactly_are_given():
+    buf = AlignedBuffer(64)
+    assert buf.as_array(np.float32, (4, 4)).shape == (4, 4)
+    assert buf.as_array(np.uint8, (1,), 63).shape == (1,)
+    assert buf.as_array(np.uint8, (0,), 64).size == 0
+    assert buf.as_array(np.float64, (0, 2**40)).size == 0
+
