@@ -46,6 +46,9 @@ cdef class AlignedBuffer:
     cdef cnp.ndarray view(self, object dtype, tuple shape, Py_ssize_t offset=0):
         """A writable C-contiguous view of the given dtype and shape at a byte offset."""
         cdef cnp.dtype dt = np.dtype(dtype)
+        if dt.hasobject:
+            # references stored in this memory would never be released
+            raise TypeError(f"dtype: {dt} holds Python objects; expected plain data")
         cdef int nd = len(shape)
         cdef cnp.npy_intp dims[32]
         if nd > 32:

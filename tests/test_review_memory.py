@@ -32,3 +32,15 @@ def test_views_that_fit_exactly_are_given():
     assert buf.as_array(np.uint8, (0,), 64).size == 0
     assert buf.as_array(np.float64, (0, 2**40)).size == 0
 
+
+
+@pytest.mark.parametrize("dtype", [object])
+def test_object_views_are_refused(dtype):
+    # object references written into buffer memory would never be released, and a
+    # second view of the same bytes could forge pointers
+    buf = AlignedBuffer(64)
+    before = sys.getrefcount(buf)
+    with pytest.raises(TypeError, match="dtype"):
+        buf.as_array(dtype, (2,))
+    assert sys.getrefcount(buf) == before
+
