@@ -16,6 +16,11 @@ from libc.stdint cimport uintptr_t
 cdef extern from *:
     Py_ssize_t PY_SSIZE_T_MAX
 
+cdef extern from "numpy/arrayobject.h":
+    # steals a reference to descr (numpy's .pxd leaves it out for that reason)
+    object PyArray_NewFromDescr(type subtype, cnp.dtype descr, int nd, cnp.npy_intp *dims,
+                                cnp.npy_intp *strides, void *data, int flags, object obj)
+
 cnp.import_array()
 
 ALIGNMENT = 64  # a cache line, and enough for any SIMD load
@@ -67,8 +72,10 @@ cdef class AlignedBuffer:
             if shape[i] > PY_SSIZE_T_MAX:
                 raise ValueError(f"shape: dimension {shape[i]} is too large")
             dims[i] = shape[i]
-        cdef cnp.ndarray arr = cnp.PyArray_SimpleNewFromData(
-            nd, dims, dt.type_num, <void *>(self.data + offset))
+        Py_INCREF(dt)  # PyArray_NewFromDescr steals this reference
+        cdef cnp.ndarray arr = PyArray_NewFromDescr(
+            np.ndarray, dt, nd, dims, NULL, <void *>(self.data + offset), cnp.NPY_ARRAY_CARRAY,
+            None)
         Py_INCREF(self)  # PyArray_SetBaseObject steals this reference
         cnp.PyArray_SetBaseObject(arr, self)
         return arr

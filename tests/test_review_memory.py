@@ -34,7 +34,7 @@ def test_views_that_fit_exactly_are_given():
 
 
 
-@pytest.mark.parametrize("dtype", [object])
+@pytest.mark.parametrize("dtype", [object, np.dtype([("a", np.int64), ("b", object)])])
 def test_object_views_are_refused(dtype):
     # object references written into buffer memory would never be released, and a
     # second view of the same bytes could forge pointers
@@ -44,3 +44,12 @@ def test_object_views_are_refused(dtype):
         buf.as_array(dtype, (2,))
     assert sys.getrefcount(buf) == before
 
+
+@pytest.mark.parametrize("dtype", [">f4", "<i8", ">u2", "S4", np.dtype([("a", "<i4"), ("b", ">f8")])])
+def test_views_keep_the_dtype_asked(dtype):
+    # the whole descriptor (byte order, fields, string length), not just its type number
+    buf = AlignedBuffer(64)
+    view = buf.as_array(dtype, (3,), 8)
+    assert view.dtype == np.dtype(dtype)
+    assert view.shape == (3,) and view.flags.c_contiguous and view.flags.writeable
+    assert view.__array_interface__["data"][0] == buf.address + 8
