@@ -225,13 +225,14 @@ cdef class Dataset:
 
     @property
     def data(self):
-        """Writable view (ndata, ne_datapoint) of the data this Dataset owns."""
-        return self._data_view
+        """Writable view (ndata, ne_datapoint) of the data this Dataset owns (a new
+        view object each time, so reshaping or freezing one leaves the others alone)."""
+        return self._data_view.view()
 
     @property
     def labels(self):
         """Writable view (ndata, ne_label) of the labels, or None when ne_label == 0."""
-        return self._labels_view
+        return None if self._labels_view is None else self._labels_view.view()
 
     @property
     def data_dtype(self):

@@ -1,0 +1,42 @@
+"""Dataset views: what one caller does to the view object it was handed (reshape
+it, mark it read-only, retype it) must not change what the next caller gets."""
+import numpy as np
+import pytest
+
+import ggmlopt as go
+
+
+def _reshape(a):
+    a.shape = (-1,)
+
+
+def _freeze(a):
+    a.flags.writeable = False
+
+
+def _retype(a):
+    a.dtype = np.uint8
+
+
+@pytest.mark.parametrize("mutate", [_reshape, _freeze, _retype])
+@pytest.mark.parametrize("which", ["data", "labels"])
+def test_a_mutated_view_does_not_change_the_next_one(which, mutate):
+    ds = go.Dataset(3, 2, 4, label_dtype=np.int32)
+    mutate(getattr(ds, which))
+    fresh = getattr(ds, which)
+    expected = (4, 3) if which == "data" else (4, 2)
+    assert fresh.shape == expected
+    assert fresh.dtype == (np.float32 if which == "data" else np.int32)
+    assert fresh.flags.writeable and fresh.flags.c_contiguous
+    fresh[1, 1] = 5
+    assert getattr(ds, which)[1, 1] == 5            # still the dataset's memory
+
+
+def test_views_share_the_dataset_memory():
+    ds = go.Dataset(3, 2, 4)
+    assert np.shares_memory(ds.data, ds.data)
+    assert ds.data.ctypes.data == ds.data.ctypes.data
+    ds.data[0, 0] = 1.5
+    out = np.empty((1, 3), np.float32)
+    ds.get_batch(out, np.empty((1, 2), np.float32), 0)
+    assert out[0, 0] == 1.5
