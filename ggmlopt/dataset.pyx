@@ -184,13 +184,15 @@ cdef class Dataset:
         trailing axes are flattened: (ndata, 28, 28) gives ne_datapoint = 784).
         labels: None, or a 2-D (ndata, ne_label) array of float32 or int32 (class
         indices are not one-hot encoded here: encode them first).
-        The dtypes are taken from the arrays; nothing is cast.
+        The dtypes are taken from the arrays (in native byte order); nothing else is
+        cast.
         """
         if not isinstance(data, np.ndarray):
             raise TypeError(f"data: expected a numpy.ndarray, got {type(data).__name__}")
         if data.ndim < 2:
             raise ValueError(f"data: expected shape (ndata, ne_datapoint), got {data.shape}")
-        ddt = _storage_dtype(data.dtype, "data", _DATA_DTYPES)
+        # the byte order is a storage detail: '>f4' data is float32, copied in native order
+        ddt = _storage_dtype(data.dtype.newbyteorder("="), "data", _DATA_DTYPES)
         ndata = data.shape[0]
         if ndata == 0:
             raise ValueError("data: expected at least one datapoint, got shape "
@@ -207,7 +209,7 @@ cdef class Dataset:
             if labels.ndim != 2:
                 raise ValueError(f"labels: expected shape (ndata, ne_label), got "
                                  f"{labels.shape} (one-hot encode class indices first)")
-            ldt = _storage_dtype(labels.dtype, "labels", _LABEL_DTYPES)
+            ldt = _storage_dtype(labels.dtype.newbyteorder("="), "labels", _LABEL_DTYPES)
             if labels.shape[0] != ndata:
                 raise ValueError(f"labels: expected {ndata} rows (one per datapoint of data), "
                                  f"got {labels.shape[0]}")

@@ -40,3 +40,26 @@ def test_views_share_the_dataset_memory():
     out = np.empty((1, 3), np.float32)
     ds.get_batch(out, np.empty((1, 2), np.float32), 0)
     assert out[0, 0] == 1.5
+
+
+@pytest.mark.parametrize("order", [">", "<"])
+def test_from_arrays_takes_either_byte_order(order):
+    # big-endian float32 (IDX files, np.fromfile(..., '>f4')) is float32 data: it is
+    # stored in native order, the values unchanged
+    data = (np.arange(12, dtype=np.float32).reshape(4, 3) / 3).astype(order + "f4")
+    labels = (np.arange(8, dtype=np.int32).reshape(4, 2) - 3).astype(order + "i4")
+    assert data.dtype.byteorder in "<>="
+    ds = go.Dataset.from_arrays(data, labels, ndata_shard=2)
+    assert ds.data_dtype == np.dtype("=f4") and ds.label_dtype == np.dtype("=i4")
+    assert ds.data.dtype.isnative and ds.labels.dtype.isnative
+    np.testing.assert_array_equal(ds.data, data)
+    np.testing.assert_array_equal(ds.labels, labels)
+    out, lab = np.empty((2, 3), np.float32), np.empty((2, 2), np.int32)
+    ds.get_batch(out, lab, 1)
+    np.testing.assert_array_equal(out, data[2:])
+    np.testing.assert_array_equal(lab, labels[2:])
+
+
+def test_from_arrays_still_refuses_other_dtypes():
+    with pytest.raises(TypeError, match="^data: float64"):
+        go.Dataset.from_arrays(np.zeros((2, 2), ">f8"))
