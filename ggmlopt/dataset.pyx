@@ -265,7 +265,7 @@ cdef class Dataset:
         return (f"Dataset(ne_datapoint={self.ne_datapoint}, ne_label={self.ne_label}, "
                 f"ndata={self.ndata}, ndata_shard={self.ndata_shard}, "
                 f"data_dtype={self.data_dtype.name}, "
-                f"label_dtype={_KIND_DTYPES[self._label_kind].name})")
+                f"label_dtype={getattr(self.label_dtype, 'name', None)})")
 
     # ---- shuffle -----------------------------------------------------------------
 

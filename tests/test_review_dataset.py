@@ -63,3 +63,8 @@ def test_from_arrays_takes_either_byte_order(order):
 def test_from_arrays_still_refuses_other_dtypes():
     with pytest.raises(TypeError, match="^data: float64"):
         go.Dataset.from_arrays(np.zeros((2, 2), ">f8"))
+
+
+def test_repr_says_a_dataset_without_labels_has_no_label_dtype():
+    assert "label_dtype=None" in repr(go.Dataset(3, 0, 4))
+    assert "label_dtype=int32" in repr(go.Dataset(3, 1, 4, label_dtype=np.int32))
