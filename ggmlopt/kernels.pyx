@@ -102,7 +102,7 @@ cdef void convert_f16_f32(int64_t n, const uint16_t *src, float *dst,
     ggmlopt_convert_f16_f32(n, src, dst, scale)
 
 cdef void gather_shards_bytes(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
-                        const void *src, void *dst) noexcept nogil:
+                              const void *src, void *dst) noexcept nogil:
     ggmlopt_gather_shards(nshards, shard_bytes, perm, src, dst)
 
 cdef void gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
