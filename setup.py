@@ -53,10 +53,13 @@ class BuildExtWithIsaFlags(build_ext):
 
 
 def extensions():
+    # the ISA units are linked as extra objects, which setuptools does not compare
+    # with the built module: without them here an edit to one would not relink
     kernel_deps = (
         glob.glob("csrc/**/*.h", recursive=True)
         + glob.glob("csrc/**/*.inc", recursive=True)
         + ["ggmlopt/include/ggmlopt.h"]
+        + list(ISA_SOURCES)
     )
     kernels = Extension(
         "ggmlopt.kernels",

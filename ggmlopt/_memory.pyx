@@ -13,6 +13,14 @@ from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport uintptr_t
 
+cdef extern from *:
+    Py_ssize_t PY_SSIZE_T_MAX
+
+cdef extern from "numpy/arrayobject.h":
+    # steals a reference to descr (numpy's .pxd leaves it out for that reason)
+    object PyArray_NewFromDescr(type subtype, cnp.dtype descr, int nd, cnp.npy_intp *dims,
+                                cnp.npy_intp *strides, void *data, int flags, object obj)
+
 cnp.import_array()
 
 ALIGNMENT = 64  # a cache line, and enough for any SIMD load
@@ -43,21 +51,31 @@ cdef class AlignedBuffer:
     cdef cnp.ndarray view(self, object dtype, tuple shape, Py_ssize_t offset=0):
         """A writable C-contiguous view of the given dtype and shape at a byte offset."""
         cdef cnp.dtype dt = np.dtype(dtype)
-        cdef Py_ssize_t count = 1
+        if dt.hasobject:
+            # references stored in this memory would never be released
+            raise TypeError(f"dtype: {dt} holds Python objects; expected plain data")
         cdef int nd = len(shape)
         cdef cnp.npy_intp dims[32]
         if nd > 32:
             raise ValueError("shape: at most 32 dimensions")
+        # sizes in Python ints: a product or an offset past 2^63 must not wrap into
+        # a small number that passes the bounds check
+        count = 1
         for i in range(nd):
-            dims[i] = shape[i]
-            if dims[i] < 0:
+            if shape[i] < 0:
                 raise ValueError(f"shape: negative dimension in {shape}")
-            count *= dims[i]
-        if offset < 0 or offset + count * dt.itemsize > self.nbytes:
+            count *= shape[i]
+        if offset < 0 or offset > self.nbytes or count * dt.itemsize > self.nbytes - offset:
             raise ValueError(f"a view of {count} x {dt} at byte {offset} does not fit in "
                              f"{self.nbytes} bytes")
-        cdef cnp.ndarray arr = cnp.PyArray_SimpleNewFromData(
-            nd, dims, dt.type_num, <void *>(self.data + offset))
+        for i in range(nd):  # an empty view may have any other dimension: keep npy_intp's range
+            if shape[i] > PY_SSIZE_T_MAX:
+                raise ValueError(f"shape: dimension {shape[i]} is too large")
+            dims[i] = shape[i]
+        Py_INCREF(dt)  # PyArray_NewFromDescr steals this reference
+        cdef cnp.ndarray arr = PyArray_NewFromDescr(
+            np.ndarray, dt, nd, dims, NULL, <void *>(self.data + offset), cnp.NPY_ARRAY_CARRAY,
+            None)
         Py_INCREF(self)  # PyArray_SetBaseObject steals this reference
         cnp.PyArray_SetBaseObject(arr, self)
         return arr

@@ -184,13 +184,15 @@ cdef class Dataset:
         trailing axes are flattened: (ndata, 28, 28) gives ne_datapoint = 784).
         labels: None, or a 2-D (ndata, ne_label) array of float32 or int32 (class
         indices are not one-hot encoded here: encode them first).
-        The dtypes are taken from the arrays; nothing is cast.
+        The dtypes are taken from the arrays (in native byte order); nothing else is
+        cast.
         """
         if not isinstance(data, np.ndarray):
             raise TypeError(f"data: expected a numpy.ndarray, got {type(data).__name__}")
         if data.ndim < 2:
             raise ValueError(f"data: expected shape (ndata, ne_datapoint), got {data.shape}")
-        ddt = _storage_dtype(data.dtype, "data", _DATA_DTYPES)
+        # the byte order is a storage detail: '>f4' data is float32, copied in native order
+        ddt = _storage_dtype(data.dtype.newbyteorder("="), "data", _DATA_DTYPES)
         ndata = data.shape[0]
         if ndata == 0:
             raise ValueError("data: expected at least one datapoint, got shape "
@@ -207,7 +209,7 @@ cdef class Dataset:
             if labels.ndim != 2:
                 raise ValueError(f"labels: expected shape (ndata, ne_label), got "
                                  f"{labels.shape} (one-hot encode class indices first)")
-            ldt = _storage_dtype(labels.dtype, "labels", _LABEL_DTYPES)
+            ldt = _storage_dtype(labels.dtype.newbyteorder("="), "labels", _LABEL_DTYPES)
             if labels.shape[0] != ndata:
                 raise ValueError(f"labels: expected {ndata} rows (one per datapoint of data), "
                                  f"got {labels.shape[0]}")
@@ -225,13 +227,14 @@ cdef class Dataset:
 
     @property
     def data(self):
-        """Writable view (ndata, ne_datapoint) of the data this Dataset owns."""
-        return self._data_view
+        """Writable view (ndata, ne_datapoint) of the data this Dataset owns (a new
+        view object each time, so reshaping or freezing one leaves the others alone)."""
+        return self._data_view.view()
 
     @property
     def labels(self):
         """Writable view (ndata, ne_label) of the labels, or None when ne_label == 0."""
-        return self._labels_view
+        return None if self._labels_view is None else self._labels_view.view()
 
     @property
     def data_dtype(self):
@@ -285,7 +288,7 @@ cdef class Dataset:
         return (f"Dataset(ne_datapoint={self.ne_datapoint}, ne_label={self.ne_label}, "
                 f"ndata={self.ndata}, ndata_shard={self.ndata_shard}, "
                 f"data_dtype={self.data_dtype.name}, "
-                f"label_dtype={_KIND_DTYPES[self._label_kind].name})")
+                f"label_dtype={getattr(self.label_dtype, 'name', None)})")
 
     # ---- shuffle -----------------------------------------------------------------
 

@@ -11,6 +11,8 @@ import os
 import numpy as np
 
 cimport numpy as cnp
+from libc.float cimport FLT_MAX
+from libc.math cimport fabs
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
 
 cnp.import_array()
@@ -100,7 +102,7 @@ cdef void convert_f16_f32(int64_t n, const uint16_t *src, float *dst,
     ggmlopt_convert_f16_f32(n, src, dst, scale)
 
 cdef void gather_shards_bytes(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
-                        const void *src, void *dst) noexcept nogil:
+                              const void *src, void *dst) noexcept nogil:
     ggmlopt_gather_shards(nshards, shard_bytes, perm, src, dst)
 
 cdef void gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
@@ -154,13 +156,24 @@ cdef _no_overlap(list named):
                                  "they must be distinct arrays")
 
 
-cdef float _finite_float(object x, str name) except? -1:
+cdef double _real(object x, str name) except? -1:
+    """x as a double; TypeError for anything that is not a real number (strings too,
+    which float() would parse)."""
+    if isinstance(x, (str, bytes, bytearray)):
+        raise TypeError(f"{name}: expected a real number, got {type(x).__name__}")
     try:
-        v = float(x)
+        return float(x)
     except (TypeError, ValueError):
         raise TypeError(f"{name}: expected a real number, got {type(x).__name__}") from None
-    if not np.isfinite(v):
-        raise ValueError(f"{name}: expected a finite number, got {v}")
+    except OverflowError:
+        raise ValueError(f"{name}: {type(x).__name__} too large for a float") from None
+
+
+cdef float _finite_float(object x, str name) except? -1:
+    """x as a float32 that is finite: a double past FLT_MAX would round to inf."""
+    cdef double v = _real(x, name)
+    if not fabs(v) <= FLT_MAX:  # NaN fails too
+        raise ValueError(f"{name}: expected a finite float32, got {v}")
     return <float>v
 
 
@@ -259,13 +272,7 @@ def scale(x, a):
 def fill(x, value):
     """x[...] = value, in place on a float32 array."""
     cdef cnp.ndarray ax = _array(x, "x", np.float32, True)
-    if isinstance(value, (str, bytes)):
-        raise TypeError(f"value: expected a real number, got {type(value).__name__}")
-    try:
-        fv_obj = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"value: expected a real number, got {type(value).__name__}") from None
-    cdef float fv = <float>fv_obj
+    cdef float fv = <float>_real(value, "value")
     cdef int64_t n = ax.size
     cdef float *_p0 = _f32(ax)
     with nogil:

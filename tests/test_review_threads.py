@@ -1,0 +1,62 @@
+"""The thread pool under fork and under a thread count changed while other
+threads run kernels (in a subprocess: a hang there times out instead of blocking
+the suite)."""
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import multiprocessing as mp
+    import os
+    import threading
+
+    import numpy as np
+    from ggmlopt import kernels
+
+    x = np.ones(1 << 20, np.float32)
+    kernels.set_num_threads(2)
+    assert kernels.sum(x) == x.size                  # the workers have started
+
+    def child(q):
+        q.put(kernels.sum(x))
+
+    # multiprocessing with fork: the children restart their own workers
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=child, args=(q,)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert [q.get(timeout=5) for _ in procs] == [x.size] * 2
+
+    # fork while another thread is inside a kernel (it may hold the pool)
+    stop = threading.Event()
+    errors = []
+
+    def spin():
+        while not stop.is_set():
+            if kernels.sum(x) != x.size:
+                errors.append("sum")
+            kernels.set_num_threads(1 + int(kernels.get_num_threads() == 1))
+    t = threading.Thread(target=spin)
+    t.start()
+    for _ in range(10):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if kernels.sum(x) == x.size else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+    stop.set()
+    t.join(30)
+    assert not errors
+    print("done")
+""")
+
+
+def test_fork_and_thread_count_changes_under_load(subprocess_env):
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=subprocess_env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "done"
