@@ -174,6 +174,12 @@ static double run_blocks(int64_t n, int64_t block_min, int64_t parallel_min, go_
 #define GO_PARALLEL_MIN_ELEMWISE 65536
 #define GO_PARALLEL_MIN_REDUCE 262144
 
+/* Rows (or shards) that make up about items elements. */
+static int64_t rows_for(int64_t ncols, int64_t items) {
+    const int64_t r = ncols > 0 ? items / ncols : items;
+    return r > 0 ? r : 1;
+}
+
 /* ---- the public kernels --------------------------------------------------- */
 
 typedef struct { float *w; const float *g; float *m; float *v; const float *params; } adamw_args;
@@ -230,6 +236,38 @@ void ggmlopt_fill_f32(int64_t n, float value, float *x) {
     run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, fill_block, &args);
 }
 
+typedef struct { int64_t ncols; float *x; const float *bias; } bias_args;
+static double bias_block(const void *p, int64_t b, int64_t e) {
+    const bias_args *a = (const bias_args *)p;
+    kernels()->add_bias_rows_f32(e - b, a->ncols, a->x + b * a->ncols, a->bias);
+    return 0.0;
+}
+void ggmlopt_add_bias_rows_f32(int64_t nrows, int64_t ncols, float *x, const float *bias) {
+    bias_args a = {ncols, x, bias};
+    run_blocks(nrows, rows_for(ncols, GO_BLOCK_MIN), rows_for(ncols, GO_PARALLEL_MIN_ELEMWISE),
+               bias_block, &a);
+}
+
+typedef struct { const float *x, *g; float *y; } relu_args;
+static double relu_block(const void *p, int64_t b, int64_t e) {
+    const relu_args *a = (const relu_args *)p;
+    kernels()->relu_f32(e - b, a->x + b, a->y + b);
+    return 0.0;
+}
+void ggmlopt_relu_f32(int64_t n, const float *x, float *y) {
+    relu_args a = {x, NULL, y};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, relu_block, &a);
+}
+static double relu_backward_block(const void *p, int64_t b, int64_t e) {
+    const relu_args *a = (const relu_args *)p;
+    kernels()->relu_backward_f32(e - b, a->x + b, a->g + b, a->y + b);
+    return 0.0;
+}
+void ggmlopt_relu_backward_f32(int64_t n, const float *y, const float *g, float *out) {
+    relu_args a = {y, g, out};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, relu_backward_block, &a);
+}
+
 static double sum_block(const void *p, int64_t b, int64_t e) {
     return kernels()->sum_f32(e - b, (const float *)p + b);
 }
@@ -249,10 +287,6 @@ static double argmax_block(const void *p, int64_t b, int64_t e) {
     const argmax_args *a = (const argmax_args *)p;
     kernels()->argmax_rows_f32(e - b, a->ncols, a->x + b * a->ncols, a->out + b);
     return 0.0;
-}
-static int64_t rows_for(int64_t ncols, int64_t items) {
-    const int64_t r = ncols > 0 ? items / ncols : items;
-    return r > 0 ? r : 1;
 }
 void ggmlopt_argmax_rows_f32(int64_t nrows, int64_t ncols, const float *x, int32_t *out) {
     argmax_args a = {ncols, x, out};

@@ -17,6 +17,9 @@ typedef struct ggmlopt_kernel_table {
     void (*axpy_f32)(int64_t n, float a, const float *x, float *y);
     void (*scale_f32)(int64_t n, float a, float *x);
     void (*fill_f32)(int64_t n, float value, float *x);
+    void (*add_bias_rows_f32)(int64_t nrows, int64_t ncols, float *x, const float *bias);
+    void (*relu_f32)(int64_t n, const float *x, float *y);
+    void (*relu_backward_f32)(int64_t n, const float *y, const float *g, float *out);
     double (*sum_f32)(int64_t n, const float *x);
     double (*sumsq_f32)(int64_t n, const float *x);
     void (*argmax_rows_f32)(int64_t nrows, int64_t ncols, const float *x, int32_t *out);

@@ -16,6 +16,10 @@ cdef void sgd_step_f32(int64_t n, float *w, const float *g, float alpha,
 cdef void axpy_f32(int64_t n, float a, const float *x, float *y) noexcept nogil
 cdef void scale_f32(int64_t n, float a, float *x) noexcept nogil
 cdef void fill_f32(int64_t n, float value, float *x) noexcept nogil
+cdef void add_bias_rows_f32(int64_t nrows, int64_t ncols, float *x,
+                            const float *bias) noexcept nogil
+cdef void relu_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void relu_backward_f32(int64_t n, const float *y, const float *g, float *out) noexcept nogil
 cdef double sum_f32(int64_t n, const float *x) noexcept nogil
 cdef double sumsq_f32(int64_t n, const float *x) noexcept nogil
 cdef void argmax_rows_f32(int64_t nrows, int64_t ncols, const float *x,

@@ -24,6 +24,9 @@ cdef extern from "ggmlopt.h" nogil:
     void ggmlopt_axpy_f32(int64_t n, float a, const float *x, float *y)
     void ggmlopt_scale_f32(int64_t n, float a, float *x)
     void ggmlopt_fill_f32(int64_t n, float value, float *x)
+    void ggmlopt_add_bias_rows_f32(int64_t nrows, int64_t ncols, float *x, const float *bias)
+    void ggmlopt_relu_f32(int64_t n, const float *x, float *y)
+    void ggmlopt_relu_backward_f32(int64_t n, const float *y, const float *g, float *out)
     double ggmlopt_sum_f32(int64_t n, const float *x)
     double ggmlopt_sumsq_f32(int64_t n, const float *x)
     void ggmlopt_argmax_rows_f32(int64_t nrows, int64_t ncols, const float *x, int32_t *out)
@@ -71,6 +74,16 @@ cdef void scale_f32(int64_t n, float a, float *x) noexcept nogil:
 
 cdef void fill_f32(int64_t n, float value, float *x) noexcept nogil:
     ggmlopt_fill_f32(n, value, x)
+
+cdef void add_bias_rows_f32(int64_t nrows, int64_t ncols, float *x,
+                            const float *bias) noexcept nogil:
+    ggmlopt_add_bias_rows_f32(nrows, ncols, x, bias)
+
+cdef void relu_f32(int64_t n, const float *x, float *y) noexcept nogil:
+    ggmlopt_relu_f32(n, x, y)
+
+cdef void relu_backward_f32(int64_t n, const float *y, const float *g, float *out) noexcept nogil:
+    ggmlopt_relu_backward_f32(n, y, g, out)
 
 cdef double sum_f32(int64_t n, const float *x) noexcept nogil:
     return ggmlopt_sum_f32(n, x)
@@ -277,6 +290,64 @@ def fill(x, value):
     cdef float *_p0 = _f32(ax)
     with nogil:
         ggmlopt_fill_f32(n, fv, _p0)
+
+
+def add_bias_rows(x, bias):
+    """x[r, :] += bias for every row of a 2-D float32 array x (rows, n); bias has n
+    elements."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, True)
+    cdef cnp.ndarray ab = _array(bias, "bias", np.float32, False)
+    if ax.ndim != 2:
+        raise ValueError(f"x: expected a 2-D array (rows, columns), got {ax.ndim}-D")
+    cdef int64_t nrows = ax.shape[0], ncols = ax.shape[1]
+    if ab.size != ncols:
+        raise ValueError(f"bias: expected {ncols} elements (one per column of x), got {ab.size}")
+    _no_overlap([("x", ax), ("bias", ab)])
+    cdef float *_p0 = _f32(ax)
+    cdef float *_p1 = _f32(ab)
+    with nogil:
+        ggmlopt_add_bias_rows_f32(nrows, ncols, _p0, _p1)
+
+
+def relu(x, out=None):
+    """y = x > 0 ? x : 0 for a float32 array; NaN stays NaN (as torch's relu, so
+    that a NaN reaches the loss), -0 gives +0.
+    out: float32 of x's size, may be x itself.  Returns out."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    if out is None:
+        out = np.empty((<object>ax).shape, dtype=np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    _same_size(ax, "x", ao, "out")
+    if cnp.PyArray_DATA(ax) != cnp.PyArray_DATA(ao):
+        _no_overlap([("x", ax), ("out", ao)])
+    cdef int64_t n = ax.size
+    cdef float *_p0 = _f32(ax)
+    cdef float *_p1 = _f32(ao)
+    with nogil:
+        ggmlopt_relu_f32(n, _p0, _p1)
+    return out
+
+
+def relu_backward(y, g, out=None):
+    """out = g where the ReLU output y is nonzero, else 0 (float32 arrays of one
+    size; out may be g itself).  Returns out."""
+    cdef cnp.ndarray ay = _array(y, "y", np.float32, False)
+    cdef cnp.ndarray ag = _array(g, "g", np.float32, False)
+    _same_size(ay, "y", ag, "g")
+    if out is None:
+        out = np.empty((<object>ag).shape, dtype=np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    _same_size(ag, "g", ao, "out")
+    if cnp.PyArray_DATA(ag) != cnp.PyArray_DATA(ao):
+        _no_overlap([("g", ag), ("out", ao)])
+    _no_overlap([("y", ay), ("out", ao)])
+    cdef int64_t n = ay.size
+    cdef float *_p0 = _f32(ay)
+    cdef float *_p1 = _f32(ag)
+    cdef float *_p2 = _f32(ao)
+    with nogil:
+        ggmlopt_relu_backward_f32(n, _p0, _p1, _p2)
+    return out
 
 
 def sum(x):

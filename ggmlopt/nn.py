@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from . import kernels
+
 __all__ = ["Linear", "Module", "Parameter", "ReLU", "Sequential"]
 
 
@@ -158,7 +160,7 @@ class Linear(Module):
         out = self._out
         np.matmul(x, self.weight.data, out=out)
         if self.bias is not None:
-            np.add(out, self.bias.data, out=out)
+            kernels.add_bias_rows(out, self.bias.data)
         self._x = x
         return out
 
@@ -188,35 +190,33 @@ class Linear(Module):
 
 
 class ReLU(Module):
-    """y = max(x, 0) elementwise; the gradient is passed where y > 0 (0 at x == 0,
-    as ggml's step function)."""
+    """y = x > 0 ? x : 0 elementwise (NaN stays NaN, so it reaches the loss and
+    stops training); the gradient is
+    passed where y > 0 (0 at x == 0, as ggml's step function).  Both directions
+    are single kernel passes."""
 
     def __init__(self):
         self._shape = None
         self._out = None
 
     def forward(self, x):
-        x = np.asarray(x, dtype=np.float32)
+        x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape != self._shape:
             self._out = np.empty(x.shape, dtype=np.float32)
-            self._mask = np.empty(x.shape, dtype=bool)
             self._grad_in = np.empty(x.shape, dtype=np.float32)
             self._shape = x.shape
-        np.maximum(x, 0.0, out=self._out)
-        if self.needs_input_grad:
-            np.greater(self._out, 0.0, out=self._mask)
-        return self._out
+        return kernels.relu(x, out=self._out)
 
     def backward(self, grad_out):
         if self._out is None:
             raise RuntimeError("backward: call forward first")
         if not self.needs_input_grad:
             return None
-        g = np.asarray(grad_out, dtype=np.float32)
+        g = np.ascontiguousarray(grad_out, dtype=np.float32)
         if g.shape != self._shape:
             raise ValueError(f"grad_out: expected shape {self._shape} like the last forward "
                              f"output, got {g.shape}")
-        return np.multiply(g, self._mask, out=self._grad_in)
+        return kernels.relu_backward(self._out, g, out=self._grad_in)
 
     def __repr__(self):
         return "ReLU()"

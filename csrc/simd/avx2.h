@@ -28,6 +28,10 @@ static inline __m256 go_vrecip(__m256 a) {
 }
 /* maxps returns its second operand when either is NaN: a NaN in a yields b */
 #define go_vmax(a, b) _mm256_max_ps((a), (b))
+/* x > 0 ? x : 0 with NaN kept: maxps(0, x) returns x when x is NaN, and the
+ * added +0 turns maxps's -0 (for x = -0) into +0 */
+#define go_vrelu(x) \
+    _mm256_add_ps(_mm256_max_ps(_mm256_setzero_ps(), (x)), _mm256_setzero_ps())
 #define go_vmask_nonzero(a, b) \
     _mm256_and_ps(_mm256_cmp_ps((a), _mm256_setzero_ps(), _CMP_NEQ_UQ), (b))
 #define go_vany_eq(v, s) (_mm256_movemask_ps(_mm256_cmp_ps((v), (s), _CMP_EQ_OQ)) != 0)

@@ -28,6 +28,8 @@ static inline float32x4_t go_vrecip(float32x4_t a) {
 }
 /* maxNum: a NaN lane in one operand yields the other operand's lane */
 #define go_vmax(a, b) vmaxnmq_f32((a), (b))
+/* x > 0 ? x : 0 with NaN kept: FMAX propagates NaN and gives +0 for (-0, +0) */
+#define go_vrelu(x) vmaxq_f32((x), vdupq_n_f32(0.0f))
 /* b where a != 0: clear lanes whose a compares equal to 0 */
 #define go_vmask_nonzero(a, b) \
     vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(b), vceqzq_f32(a)))

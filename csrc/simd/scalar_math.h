@@ -21,6 +21,10 @@ static inline float go_f16_to_f32(uint16_t h) {
     return sign ? -mag : mag;
 }
 
+/* x > 0 ? x : 0, NaN kept (as torch; a NaN must reach the loss, where training
+ * stops, not vanish in a hidden layer), -0 gives +0 */
+static inline float go_relu_scalar(float x) { return x > 0.0f || x != x ? x : 0.0f; }
+
 /* Cephes-style expf: range reduction by ln2 in two parts, degree-6 polynomial.
  * Within 2 ulp of expf on [-87, 88]; 0 below -88 (and for -inf), clamped at 88
  * (the kernels only call it on x - max(x) <= 0).  Written without libm so the

@@ -139,6 +139,39 @@ static void test_scale_fill(const ggmlopt_kernel_table *k, int64_t n, int off) {
     th_report(&ref, ctx);
 }
 
+/* ---- layer helpers ---------------------------------------------------------- */
+
+/* bias add, relu and its backward are one float operation or a select per
+ * element: the same bits as the float reference on every path. */
+static void test_layer_helpers(const ggmlopt_kernel_table *k, int64_t n, int off) {
+    char ctx[160];
+    CTX(ctx, "add_bias_rows/relu/relu_backward_f32", k, n, off, "");
+    const int64_t nrows = 3;
+    float *x = th_rand_f32(nrows * n, off, -1.0f, 1.0f), *bias = th_rand_f32(n, off, -1.0f, 1.0f);
+    const float *x0 = th_dup(x, 4, nrows * n);
+    k->add_bias_rows_f32(nrows, n, x, bias);
+
+    float *r = th_rand_f32(n, off, -1.0f, 1.0f);
+    if (n > 0) r[0] = NAN;
+    if (n > 1) r[1] = -0.0f;
+    if (n > 2) r[2] = 0.0f;
+    const float *r0 = th_dup(r, 4, n);
+    float *y = th_alloc(4, n, off);
+    k->relu_f32(n, r, y);
+    float *g = th_rand_f32(n, off, -1.0f, 1.0f), *gi = th_alloc(4, n, off);
+    k->relu_backward_f32(n, y, g, gi);
+
+    th_miss ref = TH_MISS_INIT;
+    for (int64_t i = 0; i < nrows * n; ++i)
+        th_expect_bits(&ref, "x + bias", i, x[i], x0[i] + bias[i % n]);
+    for (int64_t i = 0; i < n; ++i) {
+        th_expect_bits(&ref, "relu", i, y[i], r0[i] > 0.0f || r0[i] != r0[i] ? r0[i] : 0.0f);
+        th_expect_bits(&ref, "relu input (changed)", i, r[i], r0[i]);
+        th_expect_bits(&ref, "relu backward", i, gi[i], y[i] != 0.0f ? g[i] : 0.0f);
+    }
+    th_report(&ref, ctx);
+}
+
 /* ---- reductions ----------------------------------------------------------- */
 
 static void test_sums(const ggmlopt_kernel_table *k, int64_t n, int off) {
@@ -457,6 +490,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
             test_sgd(k, n, off);
             test_axpy(k, n, off);
             test_scale_fill(k, n, off);
+            test_layer_helpers(k, n, off);
             test_sums(k, n, off);
             test_argmax(k, n, off);
             test_count_equal(k, n, off);

@@ -48,6 +48,16 @@ void ggmlopt_axpy_f32(int64_t n, float a, const float *x, float *y); /* y += a*x
 void ggmlopt_scale_f32(int64_t n, float a, float *x);                /* x *= a   */
 void ggmlopt_fill_f32(int64_t n, float value, float *x);             /* x = value */
 
+/* ---- layer helpers ------------------------------------------------------------ */
+
+/* x[r, :] += bias for each row r of a (nrows, ncols) matrix */
+void ggmlopt_add_bias_rows_f32(int64_t nrows, int64_t ncols, float *x, const float *bias);
+/* y = x > 0 ? x : 0, NaN kept (as torch: a NaN reaches the loss) and -0 giving
+ * +0; y may be x */
+void ggmlopt_relu_f32(int64_t n, const float *x, float *y);
+/* out = y != 0 ? g : 0, with y a relu output; out may be g */
+void ggmlopt_relu_backward_f32(int64_t n, const float *y, const float *g, float *out);
+
 /* ---- reductions ----------------------------------------------------------- */
 
 double ggmlopt_sum_f32(int64_t n, const float *x);
