@@ -316,8 +316,8 @@ double ggmlopt_cross_entropy_f32(int64_t nrows, int64_t ncols, const float *logi
                                  const float *labels, float *grad, float grad_scale) {
     if (nrows <= 0) return 0.0;
     ce_args a = {ncols, logits, labels, grad, grad_scale / (float)nrows};
-    /* exp-bound: threads pay off from a few thousand logits */
-    const double total = run_blocks(nrows, rows_for(ncols, 2048), rows_for(ncols, 8192), ce_block, &a);
+    /* exp-bound: a second thread pays off from a few thousand logits */
+    const double total = run_blocks(nrows, rows_for(ncols, 1024), rows_for(ncols, 4096), ce_block, &a);
     return total / (double)nrows;
 }
 
