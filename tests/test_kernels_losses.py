@@ -141,6 +141,29 @@ def test_cross_entropy_of_one_hot_labels(simd_path, rng):
         -log_p[np.arange(50), hot].mean(), rel=1e-5)
 
 
+def test_cross_entropy_of_narrow_rows_in_any_count(simd_path, rng):
+    # the vector paths take narrow rows a register's width at a time and the
+    # leftover rows one by one: every count, with -inf, huge, NaN-free special rows
+    for cols in range(1, 18):
+        for rows in range(1, 18):
+            x = (rng.standard_normal((rows, cols)) * 3).astype(F32)
+            labels = softmax_rows(rng.standard_normal((rows, cols)))
+            if cols > 1:
+                x[::3, 0] = -np.inf                  # -inf logit with a zero label
+                labels[::3, 0] = 0.0
+                x[1::4, -1] = 1e30                   # a huge winner
+                x[1::4, 0] = -1e30
+            labels[2::5] = 0.0                       # rows without labels add 0
+            grad = np.full((rows, cols), np.nan, F32)
+            loss = kernels.cross_entropy(x, labels, grad, grad_scale=0.75)
+            ref_loss, ref_grad = cross_entropy_reference(x, labels, 0.75)
+            where = f"{rows}x{cols}"
+            assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6), where
+            np.testing.assert_allclose(grad, ref_grad, rtol=1e-4, atol=2e-6 * 0.75 / rows,
+                                       err_msg=where)
+            assert kernels.cross_entropy(x, labels) == loss, where
+
+
 # ---- squared error -------------------------------------------------------------
 
 def test_squared_error_matches_float64(simd_path, layout, rng, place):

@@ -112,6 +112,10 @@ static inline void go_vstore_partial(float *p, __m256 v, int64_t n) {
     _mm256_maskstore_ps(p, _mm256_loadu_si256((const __m256i *)(go_mask_table + 8 - n)), v);
 }
 
+/* lanes p[idx[0]], ..., p[idx[7]] for 8 int32 offsets */
+#define go_vgather(p, idx) \
+    _mm256_i32gather_ps((p), _mm256_loadu_si256((const __m256i *)(idx)), 4)
+
 static inline __m256 go_vload_u8(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }

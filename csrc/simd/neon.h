@@ -99,6 +99,12 @@ static inline void go_vstore_partial(float *p, float32x4_t v, int64_t n) {
     memcpy(p, tmp, (size_t)n * sizeof(float));
 }
 
+/* lanes p[idx[0]], ..., p[idx[3]] for 4 int32 offsets */
+static inline float32x4_t go_vgather(const float *p, const int32_t *idx) {
+    const float lanes[4] = {p[idx[0]], p[idx[1]], p[idx[2]], p[idx[3]]};
+    return vld1q_f32(lanes);
+}
+
 static inline float32x4_t go_vload_u8(const uint8_t *p) {
     uint32_t four;
     memcpy(&four, p, 4); /* exactly 4 bytes: never reads past the array */

@@ -41,6 +41,8 @@ typedef double go_dacc;
 #define go_vload_partial(p, n, fill) ((n) > 0 ? *(p) : (fill))
 #define go_vstore_partial(p, v, n) ((void)((n) > 0 ? (*(p) = (v)) : 0.0f))
 
+#define go_vgather(p, idx) ((p)[(idx)[0]])
+
 #define go_vload_u8(p) ((float)*(p))
 #define go_vload_f16(p) go_f16_to_f32(*(p))
 

@@ -355,6 +355,19 @@ static void test_cross_entropy(const ggmlopt_kernel_table *k, int64_t ncols, int
     check_cross_entropy(k, CE_ROWS, ncols, x, l, off, ctx);
 }
 
+/* Many rows of a narrow width: the vector paths take them GO_EPR at a time, the
+ * leftover rows one by one. */
+static void test_cross_entropy_rows(const ggmlopt_kernel_table *k, int64_t ncols, int off) {
+    enum { NROWS = 19 };
+    if (ncols > 33) return;
+    char ctx[160];
+    CTX(ctx, "cross_entropy_rows_f32", k, ncols, off, " (n: ncols; 19 rows of the four kinds)");
+    float *x = (float *)th_alloc(4, NROWS * ncols, off), *l = (float *)th_alloc(4, NROWS * ncols, off);
+    for (int r = 0; r < NROWS; ++r) fill_ce_row((r * 3) % CE_ROWS, ncols, x + r * ncols, l + r * ncols);
+    for (int64_t rows = 1; rows <= NROWS; rows += rows < 9 ? 1 : 5)
+        check_cross_entropy(k, rows, ncols, x, l, off, ctx);
+}
+
 static void test_squared_error(const ggmlopt_kernel_table *k, int64_t n, int off) {
     char ctx[160];
     CTX(ctx, "squared_error_f32", k, n, off, "");
@@ -495,6 +508,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
             test_argmax(k, n, off);
             test_count_equal(k, n, off);
             test_cross_entropy(k, n, off);
+            test_cross_entropy_rows(k, n, off);
             test_squared_error(k, n, off);
             test_convert_u8(k, n, off, 1.0f / 255.0f);
             test_convert_u8(k, n, off, 3.0f);
