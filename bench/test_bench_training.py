@@ -4,7 +4,7 @@ datapoints: ggmlopt against a hand-written NumPy loop doing the same arithmetic
 and against PyTorch (2 threads, fused AdamW).
 
 Run: python -m pytest -q -s bench/test_bench_training.py
-Figures are printed (and recorded by hand in bench/README_training.md); the
+Figures are printed (and recorded by hand in bench/README.md); the
 targets are asserted only with GGMLOPT_BENCH_STRICT=1, since a shared 2-core
 machine moves timings by tens of percent.
 """
