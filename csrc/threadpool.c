@@ -36,7 +36,7 @@ static struct {
     pthread_t threads[GO_POOL_MAX_THREADS];
     uint64_t start_generation[GO_POOL_MAX_THREADS + 1]; /* per worker id, set before it starts */
     int nworkers; /* started workers */
-    int nthreads; /* wanted: workers + caller */
+    _Atomic int nthreads; /* wanted: workers + caller (read without the lock) */
     int sleepers;
     int shutdown;
     _Atomic uint64_t generation; /* bumped for every job */

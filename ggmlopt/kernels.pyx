@@ -394,6 +394,8 @@ def argmax_rows(x, out=None):
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
     cdef int64_t nrows, ncols
     nrows, ncols = _matrix(ax, "x")
+    if ncols > 2**31 - 1:
+        raise ValueError(f"x: rows of {ncols} columns do not fit an int32 index")
     if out is None:
         out = np.empty(nrows, dtype=np.int32)
     cdef cnp.ndarray ao = _array(out, "out", np.int32, True)
