@@ -1,6 +1,7 @@
 """epoch and fit: ggml's ggml_opt_epoch and ggml_opt_fit, and the History fit returns."""
 from __future__ import annotations
 
+import math
 import numbers
 import sys
 from dataclasses import astuple, dataclass, field
@@ -95,7 +96,8 @@ def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
 @dataclass
 class EpochStats:
     """One epoch of fit: training and validation loss and accuracy with their
-    uncertainties (NaN where undefined), and the epoch's wall time."""
+    uncertainties (NaN where undefined, and every validation field NaN without a
+    validation split), and the epoch's wall time."""
 
     epoch: int
     train_loss: float
@@ -233,8 +235,11 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
         seconds = (time_us() - t0) / 1e6
         if not silent:
             sys.stderr.write("\n")
+        # without a validation split ggml's loss of an empty Result is 0.0; the
+        # history says NaN, so no one reads a perfect validation loss into it
+        val_loss = result_val.loss() if result_val.ndata else (math.nan, math.nan)
         history.epochs.append(EpochStats(ep, *result_train.loss(), *result_train.accuracy(),
-                                         *result_val.loss(), *result_val.accuracy(), seconds))
+                                         *val_loss, *result_val.accuracy(), seconds))
         if ckpt is not None:
             ckpt.save(ctx, dataset, ep, [astuple(e) for e in history.epochs])
     if not silent:

@@ -84,7 +84,7 @@ def test_fit_is_deterministic_with_a_seed_and_learns():
     assert not np.array_equal(w1, w3)
     assert h1[-1].train_loss < h1[0].train_loss
     assert h1[-1].train_accuracy > 0.8
-    assert math.isnan(h1[0].val_loss_unc) and h1[0].val_loss == 0.0  # no validation batches
+    assert math.isnan(h1[0].val_loss_unc) and math.isnan(h1[0].val_loss)  # no validation batches
 
 
 @pytest.mark.parametrize("val_split,ndata,nbl,expected", [
@@ -167,3 +167,10 @@ def test_schedule_sees_epochs():
     go.fit(mlp(), dataset(), LT.CROSS_ENTROPY, pars, nepoch=3, nbatch_logical=40,
            silent=True)
     assert epochs == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+def test_history_without_validation_has_nan_validation_fields():
+    h = go.fit(mlp(), dataset(), LT.CROSS_ENTROPY, nepoch=1, nbatch_logical=40, silent=True)
+    e = h[0]
+    assert np.isfinite(e.train_loss)
+    assert np.isnan(e.val_loss) and np.isnan(e.val_loss_unc) and np.isnan(e.val_accuracy)
