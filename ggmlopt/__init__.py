@@ -4,15 +4,21 @@ Datasets split into shards, an optimizer context with AdamW and SGD, four loss
 types, gradient accumulation, result statistics, epochs and ``fit`` with a
 progress bar, on SIMD kernels (scalar, AVX2+FMA, NEON) picked at run time.
 """
+from . import checkpoint, clipping, datasets, nn, schedules
 from ._runtime import get_include, show_config
-from .kernels import get_num_threads, set_num_threads, simd_info
-from .dataset import Dataset
-from . import datasets
-from . import nn
-from . import checkpoint, clipping, schedules
 from .context import OptContext
-from .optim_params import (AdamWParams, BuildType, LossType, OptimizerParams, OptimizerType,
-                           SGDParams, constant_optimizer_params, default_optimizer_params)
+from .dataset import Dataset
+from .kernels import get_num_threads, set_num_threads, simd_info
+from .optim_params import (
+    AdamWParams,
+    BuildType,
+    LossType,
+    OptimizerParams,
+    OptimizerType,
+    SGDParams,
+    constant_optimizer_params,
+    default_optimizer_params,
+)
 from .progress import progress_bar
 from .result import Result
 from .training import EpochStats, History, epoch, fit
@@ -20,30 +26,30 @@ from .training import EpochStats, History, epoch, fit
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdamWParams",
-    "BuildType",
-    "Dataset",
-    "EpochStats",
-    "History",
-    "LossType",
-    "OptContext",
-    "OptimizerParams",
-    "OptimizerType",
-    "Result",
-    "SGDParams",
-    "constant_optimizer_params",
-    "default_optimizer_params",
-    "epoch",
-    "fit",
-    "nn",
-    "checkpoint",
-    "clipping",
-    "schedules",
-    "progress_bar",
-    "datasets",
-    "get_include",
-    "get_num_threads",
-    "set_num_threads",
-    "show_config",
-    "simd_info",
+                           "AdamWParams",
+                           "BuildType",
+                           "Dataset",
+                           "EpochStats",
+                           "History",
+                           "LossType",
+                           "OptContext",
+                           "OptimizerParams",
+                           "OptimizerType",
+                           "Result",
+                           "SGDParams",
+                           "checkpoint",
+                           "clipping",
+                           "constant_optimizer_params",
+                           "datasets",
+                           "default_optimizer_params",
+                           "epoch",
+                           "fit",
+                           "get_include",
+                           "get_num_threads",
+                           "nn",
+                           "progress_bar",
+                           "schedules",
+                           "set_num_threads",
+                           "show_config",
+                           "simd_info",
 ]

@@ -9,12 +9,12 @@ build type of the last alloc).  Every eval is one physical batch:
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
 from . import checkpoint, kernels
 from ._arena import ParamArena
+from ._args import enum_arg, int_arg
 from ._memory import AlignedBuffer
 from .clipping import check_max_norm
 from .optim_params import (
@@ -31,27 +31,6 @@ __all__ = ["OptContext"]
 F32 = np.float32
 # std::mt19937's default seed: without a seed, shuffles repeat from run to run, as in ggml
 DEFAULT_SEED = 5489
-
-
-def _int_arg(value, name, minimum, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int{' or None' if allow_none else ''}, "
-                        f"got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-    return int(value)
-
-
-def _enum_arg(value, enum_cls, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected a {enum_cls.__name__}, got {type(value).__name__}")
-    try:
-        return enum_cls(value)
-    except ValueError:
-        raise ValueError(f"{name}: expected one of {[m.name for m in enum_cls]}, "
-                         f"got {value!r}") from None
 
 
 def _f32_matrix(a, name, ncols=None):
@@ -103,14 +82,14 @@ class OptContext:
             if not callable(getattr(model, method, None)):
                 raise TypeError(f"model: {type(model).__name__} has no {method}() method; a "
                                 "model needs parameters(), forward(x) and backward(grad_out)")
-        self._loss_type = _enum_arg(loss_type, LossType, "loss_type")
-        self._built = _enum_arg(build_type, BuildType, "build_type")
-        self._optimizer = _enum_arg(optimizer, OptimizerType, "optimizer")
-        self._opt_period = _int_arg(opt_period, "opt_period", 1)
+        self._loss_type = enum_arg(loss_type, LossType, "loss_type")
+        self._built = enum_arg(build_type, BuildType, "build_type")
+        self._optimizer = enum_arg(optimizer, OptimizerType, "optimizer")
+        self._opt_period = int_arg(opt_period, "opt_period", 1)
         if not callable(get_opt_pars):
             raise TypeError(f"get_opt_pars: expected a callable, got {type(get_opt_pars).__name__}")
-        batch_size = _int_arg(batch_size, "batch_size", 1, allow_none=True)
-        ne_datapoint = _int_arg(ne_datapoint, "ne_datapoint", 1, allow_none=True)
+        batch_size = int_arg(batch_size, "batch_size", 1, allow_none=True)
+        ne_datapoint = int_arg(ne_datapoint, "ne_datapoint", 1, allow_none=True)
         if batch_size is not None and ne_datapoint is None:
             raise ValueError("ne_datapoint: required with batch_size (static mode)")
         clip_grad_norm = check_max_norm(clip_grad_norm)
@@ -118,7 +97,7 @@ class OptContext:
             rng = seed
         else:
             rng = np.random.default_rng(
-                DEFAULT_SEED if seed is None else _int_arg(seed, "seed", 0))
+                DEFAULT_SEED if seed is None else int_arg(seed, "seed", 0))
 
         params = self._collect_parameters(model)
         self._per_datapoint = self._loss_type != LossType.SUM

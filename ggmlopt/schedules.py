@@ -42,20 +42,13 @@ import copy
 import math
 import numbers
 
+from ._args import int_arg
 from .optim_params import OptimizerParams
 
 __all__ = ["Constant", "Cosine", "Linear", "Schedule", "Step", "WarmupCosine", "constant",
            "cosine", "linear", "step", "warmup_cosine"]
 
 _UNITS = ("epoch", "step")
-
-
-def _int(value, name, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-    return int(value)
 
 
 def _real(value, name, minimum, allow_equal=True, maximum=None):
@@ -156,7 +149,7 @@ class Step(Schedule):
 
     def __init__(self, step_size, gamma=0.1, base=None, unit="epoch"):
         super().__init__(base, unit)
-        self.step_size = _int(step_size, "step_size", 1)
+        self.step_size = int_arg(step_size, "step_size", 1)
         self.gamma = _real(gamma, "gamma", 0.0, allow_equal=False)
 
     def factor(self, t):
@@ -174,7 +167,7 @@ class Linear(Schedule):
 
     def __init__(self, total, start_factor=1.0, end_factor=0.0, base=None, unit="epoch"):
         super().__init__(base, unit)
-        self.total = _int(total, "total", 1)
+        self.total = int_arg(total, "total", 1)
         self.start_factor = _real(start_factor, "start_factor", 0.0, allow_equal=False)
         self.end_factor = _real(end_factor, "end_factor", 0.0)
 
@@ -199,7 +192,7 @@ class Cosine(Schedule):
 
     def __init__(self, total, min_factor=0.0, base=None, unit="epoch"):
         super().__init__(base, unit)
-        self.total = _int(total, "total", 1)
+        self.total = int_arg(total, "total", 1)
         self.min_factor = _real(min_factor, "min_factor", 0.0, maximum=1.0)
 
     def factor(self, t):
@@ -224,8 +217,8 @@ class WarmupCosine(Schedule):
 
     def __init__(self, warmup, total, min_factor=0.0, base=None, unit="epoch"):
         super().__init__(base, unit)
-        self.total = _int(total, "total", 1)
-        self.warmup = _int(warmup, "warmup", 0)
+        self.total = int_arg(total, "total", 1)
+        self.warmup = int_arg(warmup, "warmup", 0)
         if self.warmup > self.total:
             raise ValueError(f"warmup: expected at most total={self.total}, got {self.warmup}")
         self.min_factor = _real(min_factor, "min_factor", 0.0, maximum=1.0)

@@ -8,6 +8,7 @@ from dataclasses import astuple, dataclass, field
 
 import numpy as np
 
+from ._args import int_arg
 from .checkpoint import FitCheckpoint
 from .context import OptContext
 from .optim_params import BuildType, LossType, OptimizerType, default_optimizer_params
@@ -169,10 +170,10 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
         raise ValueError("resume: needs checkpoint=path to resume from")
     t_start_us = time_us()
     loss_type = LossType(loss_type)
-    nepoch = _int(nepoch, "nepoch", 0)
-    nbatch_logical = _int(nbatch_logical, "nbatch_logical", 1)
+    nepoch = int_arg(nepoch, "nepoch", 0)
+    nbatch_logical = int_arg(nbatch_logical, "nbatch_logical", 1)
     nbatch_physical = nbatch_logical if nbatch_physical is None else \
-        _int(nbatch_physical, "nbatch_physical", 1)
+        int_arg(nbatch_physical, "nbatch_physical", 1)
     data = getattr(dataset, "data", None)
     if not isinstance(data, np.ndarray) or data.ndim != 2:
         raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
@@ -248,9 +249,3 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     return history
 
 
-def _int(value, name, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-    return int(value)

@@ -47,7 +47,7 @@ def test_data_dir_of_idx_files_trains_with_ggml_batch_sizes(tmp_path, capsys):
         x, y = images(n)
         write(tmp_path / f"{prefix}-images-idx3-ubyte.gz", idx_bytes(x), gz=True)
         write(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", idx_bytes(y), gz=True)
-    loss, acc = mnist.main(["--data", str(tmp_path), "--epochs", "2", "--silent"])
+    _, acc = mnist.main(["--data", str(tmp_path), "--epochs", "2", "--silent"])
     out = capsys.readouterr().out
     assert "2000 training, 500 test images" in out and "nbatch_logical=1000" in out
     assert acc > 0.9
