@@ -77,12 +77,15 @@ static inline double go_dacc_reduce(go_dacc acc) {
     return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
 }
 
-/* Same algorithm as go_expf_scalar, 8 lanes at a time. */
-static inline __m256 go_vexp(__m256 x) {
+/* exp(x) for x <= 0, as the softmax needs it (x - max): go_expf_scalar's
+ * polynomial, 8 lanes at a time.  Nothing can overflow, and n = round(x*log2(e))
+ * is read from the low bits of x*log2(e) + 1.5*2^23, which spares the rounding
+ * and the conversion instructions.  Lanes below GO_EXP_LO (and -inf) give 0;
+ * NaN stays NaN. */
+static inline __m256 go_vexp_nonpos(__m256 x) {
     const __m256 too_small = _mm256_cmp_ps(x, _mm256_set1_ps(GO_EXP_LO), _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_set1_ps(GO_EXP_HI), x); /* this order keeps NaN */
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(GO_EXP_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(GO_EXP_LOG2E), _mm256_set1_ps(GO_ROUND_MAGIC));
+    const __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(GO_ROUND_MAGIC));
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(GO_EXP_C1), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(GO_EXP_C2), r);
     __m256 p = _mm256_set1_ps(GO_EXP_P0);
@@ -92,10 +95,9 @@ static inline __m256 go_vexp(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P4));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P5));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* n below -127 only for lanes masked to 0 below; keep the shift in range */
-    const __m256i ni = _mm256_max_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(-127));
-    const __m256 pow2n =
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
+    /* bits(t) = bits(1.5*2^23) + n, so (bits(t) - bits(1.5*2^23) + 127) << 23 is 2^n */
+    const __m256 pow2n = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127 - GO_ROUND_MAGIC_BITS)), 23));
     /* andnot: lanes below GO_EXP_LO become 0; NaN lanes compare false and stay NaN */
     return _mm256_andnot_ps(too_small, _mm256_mul_ps(p, pow2n));
 }

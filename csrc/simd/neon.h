@@ -65,11 +65,12 @@ static inline go_dacc go_dacc_add_sq(go_dacc acc, float32x4_t v) {
 }
 static inline double go_dacc_reduce(go_dacc acc) { return vaddvq_f64(vaddq_f64(acc.lo, acc.hi)); }
 
-/* Same algorithm as go_expf_scalar, 4 lanes at a time. */
-static inline float32x4_t go_vexp(float32x4_t x) {
+/* exp(x) for x <= 0 (see simd/avx2.h): go_expf_scalar's polynomial, 4 lanes at
+ * a time, with n read from the low bits of x*log2(e) + 1.5*2^23. */
+static inline float32x4_t go_vexp_nonpos(float32x4_t x) {
     const uint32x4_t too_small = vcltq_f32(x, vdupq_n_f32(GO_EXP_LO));
-    x = vminq_f32(x, vdupq_n_f32(GO_EXP_HI));
-    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(GO_EXP_LOG2E)));
+    const float32x4_t t = vfmaq_f32(vdupq_n_f32(GO_ROUND_MAGIC), x, vdupq_n_f32(GO_EXP_LOG2E));
+    const float32x4_t n = vsubq_f32(t, vdupq_n_f32(GO_ROUND_MAGIC));
     float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(GO_EXP_C1));
     r = vfmsq_f32(r, n, vdupq_n_f32(GO_EXP_C2));
     float32x4_t p = vdupq_n_f32(GO_EXP_P0);
@@ -79,9 +80,8 @@ static inline float32x4_t go_vexp(float32x4_t x) {
     p = vfmaq_f32(vdupq_n_f32(GO_EXP_P4), p, r);
     p = vfmaq_f32(vdupq_n_f32(GO_EXP_P5), p, r);
     p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
-    const int32x4_t ni = vmaxq_s32(vcvtq_s32_f32(n), vdupq_n_s32(-127));
-    const float32x4_t pow2n =
-        vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(ni, vdupq_n_s32(127)), 23));
+    const float32x4_t pow2n = vreinterpretq_f32_s32(vshlq_n_s32(
+        vaddq_s32(vreinterpretq_s32_f32(t), vdupq_n_s32(127 - GO_ROUND_MAGIC_BITS)), 23));
     const float32x4_t e = vmulq_f32(p, pow2n);
     return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), too_small));
 }

@@ -26,7 +26,7 @@ typedef double go_dacc;
 /* b where a != 0, else 0 (a NaN counts as nonzero) */
 #define go_vmask_nonzero(a, b) ((a) != 0.0f ? (b) : 0.0f)
 #define go_vrelu(x) go_relu_scalar(x)
-#define go_vexp(x) go_expf_scalar(x)
+#define go_vexp_nonpos(x) go_expf_scalar(x)
 #define go_vreduce_add(v) ((double)(v))
 #define go_vreduce_max(v) (v)
 #define go_vany_eq(v, s) ((v) == (s))

@@ -42,6 +42,7 @@ static inline float go_relu_scalar(float x) { return x > 0.0f || x != x ? x : 0.
 #define GO_EXP_P5 5.0000001201e-1f
 /* 1.5 * 2^23: adding and subtracting it rounds a float to the nearest integer */
 #define GO_ROUND_MAGIC 12582912.0f
+#define GO_ROUND_MAGIC_BITS 0x4B400000
 
 static inline float go_expf_scalar(float x) {
     if (!(x >= GO_EXP_LO)) return x != x ? x : 0.0f; /* NaN stays NaN */
