@@ -319,6 +319,13 @@ class OptContext:
         self._build_type = bt
         self._eval_ready = True
 
+    def _undo_alloc(self, build_type_last):
+        """Forget an alloc whose eval did not run (build_type_last: the value before
+        it).  A gradient zeroing it did stays: the next alloc at this opt_i zeroes
+        them the same way."""
+        self._build_type = build_type_last
+        self._eval_ready = False
+
     def reset(self, optimizer):
         """Zero the gradients; optimizer=True also zeroes the AdamW momenta and sets
         iter back to 1."""

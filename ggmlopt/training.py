@@ -39,13 +39,18 @@ def _check_dataset(ctx, dataset):
 
 
 def _eval_batch(ctx, dataset, result, ibatch, backward, phase, nbatches):
+    last = ctx.build_type_last
     ctx.alloc(backward)
-    dataset.get_batch(ctx.inputs, ctx.labels, ibatch)
     try:
+        dataset.get_batch(ctx.inputs, ctx.labels, ibatch)
         ctx.eval(result)
-    except FloatingPointError as e:
-        raise FloatingPointError(f"{e} [{phase} batch {ibatch} of the dataset "
-                                 f"({nbatches} batches)]") from None
+    except BaseException as e:
+        # the alloc was ours: undo it, so the context is not left waiting for an eval
+        ctx._undo_alloc(last)
+        if isinstance(e, FloatingPointError):
+            raise FloatingPointError(f"{e} [{phase} batch {ibatch} of the dataset "
+                                     f"({nbatches} batches)]") from None
+        raise
 
 
 def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
