@@ -8,7 +8,7 @@ from dataclasses import astuple, dataclass, field
 
 import numpy as np
 
-from ._args import int_arg
+from ._args import enum_arg, int_arg
 from .checkpoint import FitCheckpoint
 from .context import OptContext
 from .optim_params import BuildType, LossType, OptimizerType, default_optimizer_params
@@ -174,7 +174,7 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     if resume and checkpoint is None:
         raise ValueError("resume: needs checkpoint=path to resume from")
     t_start_us = time_us()
-    loss_type = LossType(loss_type)
+    loss_type = enum_arg(loss_type, LossType, "loss_type")
     nepoch = int_arg(nepoch, "nepoch", 0)
     nbatch_logical = int_arg(nbatch_logical, "nbatch_logical", 1)
     nbatch_physical = nbatch_logical if nbatch_physical is None else \

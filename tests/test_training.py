@@ -207,3 +207,9 @@ def test_epoch_failure_leaves_the_context_usable(idata_split):
     ctx.state_dict()
     go.epoch(ctx, dataset(), go.Result(), go.Result())
     assert ctx.iter == (8 if idata_split < 0 else 7)
+
+
+@pytest.mark.parametrize("loss_type,exc", [(9, ValueError), ("mean", TypeError), (True, TypeError)])
+def test_fit_bad_loss_type_names_it(loss_type, exc):
+    with pytest.raises(exc, match="loss_type"):
+        go.fit(mlp(), dataset(), loss_type, nbatch_logical=20, silent=True)
