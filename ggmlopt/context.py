@@ -77,7 +77,7 @@ class OptContext:
     def __init__(self, model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
                  build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
                  get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None,
-                 clip_grad_norm=None):
+                 clip_grad_norm=None, *, _before_taking=None):
         for method in ("parameters", "forward", "backward"):
             if not callable(getattr(model, method, None)):
                 raise TypeError(f"model: {type(model).__name__} has no {method}() method; a "
@@ -119,6 +119,8 @@ class OptContext:
                 self._labels = AlignedBuffer(out.size * 4).as_array(np.float32, out.shape)
             self._make_batch_buffers(batch_size, self._ne_out)
 
+        if _before_taking is not None:  # a caller's last check (fit: the dataset)
+            _before_taking(self)
         # from here on nothing can fail: take the parameters
         self.model = model
         self.get_opt_pars = get_opt_pars

@@ -210,8 +210,8 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
                      loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
                      optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                     seed=seed, clip_grad_norm=clip_grad_norm)
-    _check_dataset(ctx, dataset)
+                     seed=seed, clip_grad_norm=clip_grad_norm,
+                     _before_taking=lambda c: _check_dataset(c, dataset))
 
     history = History()
     first_epoch = 1

@@ -213,3 +213,15 @@ def test_epoch_failure_leaves_the_context_usable(idata_split):
 def test_fit_bad_loss_type_names_it(loss_type, exc):
     with pytest.raises(exc, match="loss_type"):
         go.fit(mlp(), dataset(), loss_type, nbatch_logical=20, silent=True)
+
+
+def test_fit_dataset_not_matching_the_model_leaves_the_model_alone():
+    model = mlp()
+    w, g = model[2].weight.data, model[2].weight.grad
+    g[...] = 1.0
+    x = np.ones((40, 6), np.float32)
+    with pytest.raises(ValueError, match="labels"):  # 4 label columns, the model has 3 outputs
+        go.fit(model, go.Dataset.from_arrays(x, np.ones((40, 4), np.float32)),
+               LT.CROSS_ENTROPY, nbatch_logical=20, silent=True)
+    assert model[2].weight.data is w and model[2].weight.grad is g
+    assert (g == 1.0).all()
