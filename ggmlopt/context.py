@@ -339,12 +339,14 @@ class OptContext:
     def _batch(self, inputs, labels):
         """The (inputs, labels) arrays of this eval."""
         if self._batch_size is not None:
-            if inputs is not None:
-                self._copy_in(inputs, self._inputs, "inputs")
-            if labels is not None:
-                if self._labels is None:
-                    raise ValueError(f"labels: {self._loss_type.name} takes no labels")
-                self._copy_in(labels, self._labels, "labels")
+            if labels is not None and self._labels is None:
+                raise ValueError(f"labels: {self._loss_type.name} takes no labels")
+            # check both before copying either: a bad labels must not change ctx.inputs
+            copies = [(self._copy_source(a, buf, name), buf)
+                      for a, buf, name in ((inputs, self._inputs, "inputs"),
+                                           (labels, self._labels, "labels")) if a is not None]
+            for src, buf in copies:
+                np.copyto(buf, src, casting="same_kind")
             return self._inputs, self._labels
         if inputs is None:
             raise ValueError("inputs: required in dynamic mode (batch_size=None)")
@@ -361,12 +363,15 @@ class OptContext:
         return x, y
 
     @staticmethod
-    def _copy_in(src, dst, name):
+    def _copy_source(src, dst, name):
+        """src checked and reshaped to be copied into the batch buffer dst."""
         src = np.asarray(src)
+        if src.dtype.kind not in "biuf":
+            raise TypeError(f"{name}: expected real numbers, got dtype {src.dtype}")
         if src.size != dst.size:
             raise ValueError(f"{name}: expected {dst.size} elements for the {dst.shape} batch "
                              f"buffer, got shape {src.shape}")
-        np.copyto(dst, src.reshape(dst.shape), casting="same_kind")
+        return src.reshape(dst.shape)
 
     def _opt_step_params(self):
         """The validated optimizer parameters of this step (before anything changes)."""
