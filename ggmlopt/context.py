@@ -433,7 +433,7 @@ class OptContext:
             if step is not None:
                 if self._clip_grad_norm is not None:
                     self.grad_norm = arena.clip_grad_norm(self._clip_grad_norm)
-                self._opt_pars_in_force = step[:2] if len(step) == 2 else step[:5]
+                self._opt_pars_in_force = step[:5]  # without the bias corrections
                 if self._optimizer == OptimizerType.ADAMW:
                     arena.adamw_step(*step)
                 else:
