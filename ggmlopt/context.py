@@ -77,7 +77,7 @@ class OptContext:
     def __init__(self, model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
                  build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
                  get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None,
-                 clip_grad_norm=None):
+                 clip_grad_norm=None, *, _before_taking=None):
         for method in ("parameters", "forward", "backward"):
             if not callable(getattr(model, method, None)):
                 raise TypeError(f"model: {type(model).__name__} has no {method}() method; a "
@@ -119,6 +119,8 @@ class OptContext:
                 self._labels = AlignedBuffer(out.size * 4).as_array(np.float32, out.shape)
             self._make_batch_buffers(batch_size, self._ne_out)
 
+        if _before_taking is not None:  # a caller's last check (fit: the dataset)
+            _before_taking(self)
         # from here on nothing can fail: take the parameters
         self.model = model
         self.get_opt_pars = get_opt_pars
@@ -319,6 +321,13 @@ class OptContext:
         self._build_type = bt
         self._eval_ready = True
 
+    def _undo_alloc(self, build_type_last):
+        """Forget an alloc whose eval did not run (build_type_last: the value before
+        it).  A gradient zeroing it did stays: the next alloc at this opt_i zeroes
+        them the same way."""
+        self._build_type = build_type_last
+        self._eval_ready = False
+
     def reset(self, optimizer):
         """Zero the gradients; optimizer=True also zeroes the AdamW momenta and sets
         iter back to 1."""
@@ -330,12 +339,14 @@ class OptContext:
     def _batch(self, inputs, labels):
         """The (inputs, labels) arrays of this eval."""
         if self._batch_size is not None:
-            if inputs is not None:
-                self._copy_in(inputs, self._inputs, "inputs")
-            if labels is not None:
-                if self._labels is None:
-                    raise ValueError(f"labels: {self._loss_type.name} takes no labels")
-                self._copy_in(labels, self._labels, "labels")
+            if labels is not None and self._labels is None:
+                raise ValueError(f"labels: {self._loss_type.name} takes no labels")
+            # check both before copying either: a bad labels must not change ctx.inputs
+            copies = [(self._copy_source(a, buf, name), buf)
+                      for a, buf, name in ((inputs, self._inputs, "inputs"),
+                                           (labels, self._labels, "labels")) if a is not None]
+            for src, buf in copies:
+                np.copyto(buf, src, casting="same_kind")
             return self._inputs, self._labels
         if inputs is None:
             raise ValueError("inputs: required in dynamic mode (batch_size=None)")
@@ -352,12 +363,15 @@ class OptContext:
         return x, y
 
     @staticmethod
-    def _copy_in(src, dst, name):
+    def _copy_source(src, dst, name):
+        """src checked and reshaped to be copied into the batch buffer dst."""
         src = np.asarray(src)
+        if src.dtype.kind not in "biuf":
+            raise TypeError(f"{name}: expected real numbers, got dtype {src.dtype}")
         if src.size != dst.size:
             raise ValueError(f"{name}: expected {dst.size} elements for the {dst.shape} batch "
                              f"buffer, got shape {src.shape}")
-        np.copyto(dst, src.reshape(dst.shape), casting="same_kind")
+        return src.reshape(dst.shape)
 
     def _opt_step_params(self):
         """The validated optimizer parameters of this step (before anything changes)."""
@@ -419,7 +433,7 @@ class OptContext:
             if step is not None:
                 if self._clip_grad_norm is not None:
                     self.grad_norm = arena.clip_grad_norm(self._clip_grad_norm)
-                self._opt_pars_in_force = step[:2] if len(step) == 2 else step[:5]
+                self._opt_pars_in_force = step[:5]  # without the bias corrections
                 if self._optimizer == OptimizerType.ADAMW:
                     arena.adamw_step(*step)
                 else:

@@ -8,7 +8,7 @@ from dataclasses import astuple, dataclass, field
 
 import numpy as np
 
-from ._args import int_arg
+from ._args import enum_arg, int_arg
 from .checkpoint import FitCheckpoint
 from .context import OptContext
 from .optim_params import BuildType, LossType, OptimizerType, default_optimizer_params
@@ -39,13 +39,18 @@ def _check_dataset(ctx, dataset):
 
 
 def _eval_batch(ctx, dataset, result, ibatch, backward, phase, nbatches):
+    last = ctx.build_type_last
     ctx.alloc(backward)
-    dataset.get_batch(ctx.inputs, ctx.labels, ibatch)
     try:
+        dataset.get_batch(ctx.inputs, ctx.labels, ibatch)
         ctx.eval(result)
-    except FloatingPointError as e:
-        raise FloatingPointError(f"{e} [{phase} batch {ibatch} of the dataset "
-                                 f"({nbatches} batches)]") from None
+    except BaseException as e:
+        # the alloc was ours: undo it, so the context is not left waiting for an eval
+        ctx._undo_alloc(last)
+        if isinstance(e, FloatingPointError):
+            raise FloatingPointError(f"{e} [{phase} batch {ibatch} of the dataset "
+                                     f"({nbatches} batches)]") from None
+        raise
 
 
 def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
@@ -169,7 +174,7 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     if resume and checkpoint is None:
         raise ValueError("resume: needs checkpoint=path to resume from")
     t_start_us = time_us()
-    loss_type = LossType(loss_type)
+    loss_type = enum_arg(loss_type, LossType, "loss_type")
     nepoch = int_arg(nepoch, "nepoch", 0)
     nbatch_logical = int_arg(nbatch_logical, "nbatch_logical", 1)
     nbatch_physical = nbatch_logical if nbatch_physical is None else \
@@ -205,8 +210,8 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
                      loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
                      optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                     seed=seed, clip_grad_norm=clip_grad_norm)
-    _check_dataset(ctx, dataset)
+                     seed=seed, clip_grad_norm=clip_grad_norm,
+                     _before_taking=lambda c: _check_dataset(c, dataset))
 
     history = History()
     first_epoch = 1

@@ -386,3 +386,17 @@ def test_output_shape_must_match_labels():
     ctx.alloc(False)
     with pytest.raises(ValueError, match="labels"):
         ctx.eval(None, inputs=np.ones((2, 2)), labels=np.ones((2, 4)))
+
+
+@pytest.mark.parametrize("lt,labels,exc", [
+    (LT.CROSS_ENTROPY, np.ones((3, 4)), ValueError),            # wrong size
+    (LT.CROSS_ENTROPY, np.ones((3, 3), np.complex64), TypeError),  # not real
+    (LT.MEAN, np.ones((3, 3)), ValueError),                     # MEAN takes no labels
+])
+def test_static_eval_bad_labels_leave_the_inputs_buffer_alone(lt, labels, exc):
+    ctx = go.OptContext(Recorder(2, 3), batch_size=3, ne_datapoint=2, loss_type=lt)
+    ctx.inputs[...] = 5.0
+    ctx.alloc(False)
+    with pytest.raises(exc, match="labels"):
+        ctx.eval(None, inputs=np.zeros((3, 2)), labels=labels)
+    assert (ctx.inputs == 5.0).all() and ctx.eval_ready

@@ -174,3 +174,54 @@ def test_history_without_validation_has_nan_validation_fields():
     e = h[0]
     assert np.isfinite(e.train_loss)
     assert np.isnan(e.val_loss) and np.isnan(e.val_loss_unc) and np.isnan(e.val_accuracy)
+
+
+class FailsOnBatch:
+    """mlp() whose forward raises on its nth call (construction makes call 1)."""
+
+    def __init__(self, n):
+        self.net, self.n, self.calls = mlp(), n, 0
+
+    def parameters(self):
+        return self.net.parameters()
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.n:
+            raise RuntimeError("forward failed")
+        return self.net.forward(x)
+
+    def backward(self, g):
+        self.net.backward(g)
+
+
+@pytest.mark.parametrize("idata_split", [-1, 0])  # fails while training / validating
+def test_epoch_failure_leaves_the_context_usable(idata_split):
+    model = FailsOnBatch(3)
+    ctx = go.OptContext(model, batch_size=20, ne_datapoint=6, loss_type=LT.CROSS_ENTROPY)
+    with pytest.raises(RuntimeError, match="forward failed"):
+        go.epoch(ctx, dataset(), go.Result(), go.Result(), idata_split)
+    # the failed batch's alloc is undone: no eval pending, the context goes on
+    assert not ctx.eval_ready
+    assert ctx.iter == (2 if idata_split < 0 else 1) and ctx.opt_i == 0
+    ctx.state_dict()
+    go.epoch(ctx, dataset(), go.Result(), go.Result())
+    assert ctx.iter == (8 if idata_split < 0 else 7)
+
+
+@pytest.mark.parametrize("loss_type,exc", [(9, ValueError), ("mean", TypeError), (True, TypeError)])
+def test_fit_bad_loss_type_names_it(loss_type, exc):
+    with pytest.raises(exc, match="loss_type"):
+        go.fit(mlp(), dataset(), loss_type, nbatch_logical=20, silent=True)
+
+
+def test_fit_dataset_not_matching_the_model_leaves_the_model_alone():
+    model = mlp()
+    w, g = model[2].weight.data, model[2].weight.grad
+    g[...] = 1.0
+    x = np.ones((40, 6), np.float32)
+    with pytest.raises(ValueError, match="labels"):  # 4 label columns, the model has 3 outputs
+        go.fit(model, go.Dataset.from_arrays(x, np.ones((40, 4), np.float32)),
+               LT.CROSS_ENTROPY, nbatch_logical=20, silent=True)
+    assert model[2].weight.data is w and model[2].weight.grad is g
+    assert (g == 1.0).all()
