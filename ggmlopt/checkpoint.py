@@ -592,9 +592,11 @@ class FitCheckpoint:
     def exists(self):
         return os.path.exists(self.path)
 
-    def restore(self, ctx, dataset, nepoch):
-        """Load the checkpoint into ctx and dataset; returns (epochs completed, history
-        rows).  Everything is checked before anything changes."""
+    def read(self, dataset, nepoch, layout_args):
+        """The checkpoint checked whole against this fit (its configuration, the
+        dataset, and the context it will build: layout_args are _Layout's
+        arguments) before fit touches the model: (context entries, shard order,
+        epochs completed, history rows)."""
         sd = load_state(self.path)
         ctx_sd, fit_sd = split_fit_entries(sd)
         where = f"checkpoint: {self.path!r}"
@@ -620,9 +622,11 @@ class FitCheckpoint:
         if done > nepoch:
             raise ValueError(f"nepoch: the checkpoint {self.path!r} has already trained {done} "
                              f"epochs, more than nepoch={nepoch}")
-        ctx.load_state_dict(ctx_sd)
-        dataset._set_permutation(perm)
-        return done, [tuple(row) for row in history.tolist()]
+        try:
+            _validate(ctx_sd, _Layout(*layout_args))
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"model or {where} do not match: {e}") from None
+        return ctx_sd, perm, done, [tuple(row) for row in history.tolist()]
 
     def save(self, ctx, dataset, epoch, history_rows):
         sd = ctx.state_dict()

@@ -175,6 +175,7 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
         raise ValueError("resume: needs checkpoint=path to resume from")
     t_start_us = time_us()
     loss_type = enum_arg(loss_type, LossType, "loss_type")
+    optimizer = enum_arg(optimizer, OptimizerType, "optimizer")
     nepoch = int_arg(nepoch, "nepoch", 0)
     nbatch_logical = int_arg(nbatch_logical, "nbatch_logical", 1)
     nbatch_physical = nbatch_logical if nbatch_physical is None else \
@@ -207,6 +208,15 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     ckpt = None if checkpoint is None else FitCheckpoint(
         checkpoint, ndata, nbatch_logical, nbatch_physical, idata_split)
 
+    pending = None
+    if resume and ckpt.exists():
+        # the whole checkpoint is checked against the model before the context takes it
+        shapes = [p.data.shape for p in OptContext._collect_parameters(model)]
+        bit_generator = (type(seed.bit_generator) if isinstance(seed, np.random.Generator)
+                         else type(np.random.default_rng(0).bit_generator))
+        pending = ckpt.read(dataset, nepoch, (loss_type, optimizer, BuildType.OPT, opt_period,
+                                              shapes, bit_generator))
+
     ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
                      loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
                      optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
@@ -215,8 +225,10 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
 
     history = History()
     first_epoch = 1
-    if resume and ckpt.exists():
-        done, rows = ckpt.restore(ctx, dataset, nepoch)
+    if pending is not None:
+        ctx_sd, perm, done, rows = pending
+        ctx.load_state_dict(ctx_sd)
+        dataset._set_permutation(perm)
         history.epochs = [EpochStats(int(r[0]), *map(float, r[1:])) for r in rows]
         first_epoch = done + 1
         if not silent:

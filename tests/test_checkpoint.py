@@ -395,3 +395,25 @@ def test_dataset_set_permutation():
         with pytest.raises(exc, match=match):
             other._set_permutation(bad)
         assert np.array_equal(other.permutation, before)
+
+
+def test_fit_resume_from_another_models_checkpoint_leaves_the_model_alone(tmp_path):
+    """The checkpoint is checked against the model before fit's context takes it."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(40, 6)).astype(np.float32)
+    y = np.eye(2, dtype=np.float32)[rng.integers(0, 2, 40)]
+    path = tmp_path / "run.npz"
+    small = go.nn.Sequential(go.nn.Linear(6, 3, rng=1), go.nn.ReLU(), go.nn.Linear(3, 2, rng=2))
+    go.fit(small, go.Dataset.from_arrays(x, y), go.LossType.CROSS_ENTROPY, nepoch=1,
+           nbatch_logical=20, silent=True, checkpoint=path)
+    other = go.nn.Sequential(go.nn.Linear(6, 4, rng=1), go.nn.ReLU(), go.nn.Linear(4, 2, rng=2))
+    before = [(p, p.data, p.data.copy(), p.grad) for p in other.parameters()]
+    ds = go.Dataset.from_arrays(x, y)
+    perm = ds.permutation
+    with pytest.raises(ValueError, match="do not match"):
+        go.fit(other, ds, go.LossType.CROSS_ENTROPY, nepoch=2, nbatch_logical=20, silent=True,
+               checkpoint=path, resume=True)
+    for p, data, values, grad in before:
+        assert p.data is data and p.grad is grad
+        np.testing.assert_array_equal(p.data, values)
+    np.testing.assert_array_equal(ds.permutation, perm)
