@@ -1,0 +1,20 @@
+"""Layers for the model protocol.
+
+A model is any object with ``parameters()``, ``forward(x)`` and
+``backward(grad_out)``; ``backward`` ADDS d loss / d parameter into each
+``Parameter.grad`` and returns d loss / d input (unless ``needs_input_grad`` is
+False).  The layers here do their matrix products with NumPy's BLAS, write into
+buffers they reuse from batch to batch (``forward`` returns such a buffer;
+``layer(x)`` returns a copy the caller owns), and always read
+``Parameter.data`` / ``.grad`` at call time, so an OptContext can re-point them
+at its arena.
+"""
+from .activation import ReLU
+from .container import Sequential
+from .init import kaiming_uniform
+from .linear import Linear
+from .module import Module, named_parameters
+from .parameter import Parameter
+
+__all__ = ["Linear", "Module", "Parameter", "ReLU", "Sequential", "kaiming_uniform",
+           "named_parameters"]

@@ -1,0 +1,34 @@
+"""Helpers the layers share: input checks and adding into a gradient."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def as_batch(x, ncols: int, name: str) -> np.ndarray:
+    """x as a 2-D float32 array (batch, ncols); copies only when dtype differs."""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if x.ndim != 2 or x.shape[1] != ncols:
+        raise ValueError(f"{name}: expected shape (batch, {ncols}), got {x.shape}")
+    if x.dtype != np.float32:
+        if x.dtype.kind not in "biuf":
+            raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")
+        x = x.astype(np.float32)
+    return x
+
+
+
+def add_into(param: Parameter, compute, scratch_owner, key):
+    """Put compute(out) into param.grad: written straight in when the gradient is
+    known to be zero, else computed into a scratch buffer and added."""
+    grad = param.grad
+    if param.grad_is_zero:
+        compute(grad)
+        param.grad_is_zero = False
+        return
+    scratch = scratch_owner._scratch.get(key)
+    if scratch is None or scratch.shape != grad.shape:
+        scratch = np.empty(grad.shape, dtype=np.float32)
+        scratch_owner._scratch[key] = scratch
+    compute(scratch)
+    np.add(grad, scratch, out=grad)
