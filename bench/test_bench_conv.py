@@ -29,7 +29,7 @@ def _conv_data(shape, rng):
 
 
 def _ggmlopt_conv(shape, rng):
-    n, c, s, o = shape
+    _, c, _, o = shape
     conv = Conv2d(c, o, 3, padding=1, rng=0)
     conv.needs_input_grad = c > 1
     x, g = _conv_data(shape, rng)
@@ -41,7 +41,7 @@ def _ggmlopt_conv(shape, rng):
 
 
 def _torch_conv(shape, rng, torch, conv=None):
-    n, c, s, o = shape
+    _, c, _, o = shape
     tc = torch.nn.Conv2d(c, o, 3, padding=1)
     if conv is not None:
         with torch.no_grad():
@@ -61,7 +61,7 @@ def _torch_conv(shape, rng, torch, conv=None):
 @pytest.mark.parametrize("side", ["ggmlopt", "torch"])
 def test_conv2d(benchmark, shape, side, rng, threads):
     threads(2)
-    n, c, s, o = shape
+    n, _, s, o = shape
     items = n * o * s * s
     if side == "ggmlopt":
         _, step = _ggmlopt_conv(shape, rng)

@@ -275,3 +275,50 @@ def test_mnist_cnn_stack_trains_a_step(rng):
     assert y.shape == (4, 16, 7, 7)
     model.backward(np.ones_like(y))
     assert np.abs(model.layers[0].weight.grad).sum() > 0
+
+
+class _TinyCnn(Sequential):
+    """Flat (batch, 1*8*8) datapoints -> conv -> relu -> maxpool -> linear: a model
+    for images reshaping itself, as the context feeds flat batches."""
+
+    def __init__(self):
+        from ggmlopt.nn import Linear, ReLU
+        super().__init__(Conv2d(1, 4, 3, padding=1, rng=0), ReLU(), MaxPool2d(2))
+        self.head = Linear(4 * 4 * 4, 3, rng=1)
+
+    def parameters(self):
+        return super().parameters() + self.head.parameters()
+
+    def named_children(self):
+        yield from super().named_children()
+        yield "head", self.head
+
+    def forward(self, x):
+        y = super().forward(np.asarray(x, dtype=F32).reshape(-1, 1, 8, 8))
+        self._pooled = y.shape
+        return self.head.forward(y.reshape(y.shape[0], -1))
+
+    def backward(self, grad_out):
+        g = self.head.backward(grad_out)
+        return super().backward(g.reshape(self._pooled))
+
+
+def test_conv_model_trains_with_fit():
+    """The layers under an OptContext: parameters in the arena, gradients added
+    with grad_is_zero honoured, the loss going down."""
+    rng = np.random.default_rng(0)
+    n = 300
+    labels = rng.integers(0, 3, n)
+    data = rng.standard_normal((n, 64)).astype(F32) * 0.1
+    data[np.arange(n), labels * 20] += 3  # a bright pixel says the class
+    onehot = np.eye(3, dtype=F32)[labels]
+    ds = ggmlopt.Dataset.from_arrays(data, onehot, ndata_shard=1)
+    model = _TinyCnn()
+    history = ggmlopt.fit(model, ds, ggmlopt.LossType.CROSS_ENTROPY, nepoch=8,
+                          nbatch_logical=50, nbatch_physical=50, silent=True, seed=1,
+                          get_opt_pars=lambda ud: ggmlopt.OptimizerParams(
+                              adamw=ggmlopt.AdamWParams(alpha=1e-2)))
+    losses = [e.train_loss for e in history]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert history[-1].train_accuracy > 0.9
+    assert [n for n, _ in ggmlopt.nn.named_parameters(model)][:2] == ["0.weight", "0.bias"]
