@@ -322,3 +322,18 @@ def test_conv_model_trains_with_fit():
     assert losses[-1] < 0.5 * losses[0], losses
     assert history[-1].train_accuracy > 0.9
     assert [n for n, _ in ggmlopt.nn.named_parameters(model)][:2] == ["0.weight", "0.bias"]
+
+
+def test_empty_batch():
+    x = np.zeros((0, 2, 5, 5), F32)
+    conv = Conv2d(2, 3, 3, padding=1, rng=0)
+    conv.weight.grad[...] = 1
+    conv.weight.grad_is_zero = False
+    y = conv(x)
+    assert y.shape == (0, 3, 5, 5)
+    assert conv.backward(np.zeros(y.shape, F32)).shape == x.shape
+    assert (conv.weight.grad == 1).all()  # nothing added
+    for cls in (MaxPool2d, AvgPool2d):
+        pool = cls(2)
+        y = pool(x)
+        assert y.shape == (0, 2, 2, 2) and pool.backward(y).shape == x.shape
