@@ -39,3 +39,21 @@ cdef void gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64
                                const uint8_t *src, float *dst, float scale) noexcept nogil
 cdef void gather_shards_f16_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
                                 const uint16_t *src, float *dst, float scale) noexcept nogil
+# activations: forward y = f(x); backward out = g * f'(...) from y (tanh,
+# sigmoid) or from x (the others); see ggmlopt.h
+cdef void tanh_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void tanh_backward_f32(int64_t n, const float *y, const float *g, float *out) noexcept nogil
+cdef void sigmoid_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void sigmoid_backward_f32(int64_t n, const float *y, const float *g,
+                               float *out) noexcept nogil
+cdef void silu_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void silu_backward_f32(int64_t n, const float *x, const float *g, float *out) noexcept nogil
+cdef void gelu_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void gelu_backward_f32(int64_t n, const float *x, const float *g, float *out) noexcept nogil
+cdef void gelu_tanh_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void gelu_tanh_backward_f32(int64_t n, const float *x, const float *g,
+                                 float *out) noexcept nogil
+cdef void leaky_relu_f32(int64_t n, const float *x, float *y,
+                         float negative_slope) noexcept nogil
+cdef void leaky_relu_backward_f32(int64_t n, const float *x, const float *g, float *out,
+                                  float negative_slope) noexcept nogil
