@@ -9,12 +9,12 @@ buffers they reuse from batch to batch (``forward`` returns such a buffer;
 ``Parameter.data`` / ``.grad`` at call time, so an OptContext can re-point them
 at its arena.
 """
-from .activation import ReLU
+from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .container import Sequential
 from .init import kaiming_uniform
 from .linear import Linear
 from .module import Module, named_parameters
 from .parameter import Parameter
 
-__all__ = ["Linear", "Module", "Parameter", "ReLU", "Sequential", "kaiming_uniform",
-           "named_parameters"]
+__all__ = ["GELU", "LeakyReLU", "Linear", "Module", "Parameter", "ReLU", "Sequential", "SiLU",
+           "Sigmoid", "Tanh", "kaiming_uniform", "named_parameters"]
