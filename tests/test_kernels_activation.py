@@ -411,3 +411,15 @@ def test_read_only_out_refused_and_inputs_untouched():
     with pytest.raises(ValueError, match="^out: the array is read-only"):
         kernels.silu(x, out=out)
     assert (out == 0).all() and (x == 1).all()
+
+
+def test_c_level_entry_points_are_exported():
+    # kernels.pxd's declarations, shared with other Cython modules through the
+    # module's C-API capsules (a cimport finds them there)
+    names = ["tanh_f32", "tanh_backward_f32", "sigmoid_f32", "sigmoid_backward_f32", "silu_f32",
+             "silu_backward_f32", "gelu_f32", "gelu_backward_f32", "gelu_tanh_f32",
+             "gelu_tanh_backward_f32", "leaky_relu_f32", "leaky_relu_backward_f32"]
+    capi = kernels.__pyx_capi__
+    for name in names:
+        assert name in capi, name
+    assert "float *, float)" in str(capi["leaky_relu_f32"])
