@@ -2,14 +2,15 @@
 directions, against float64 references on every SIMD path.
 
 Accuracy bounds, in units of the float32 spacing of the reference (ulp):
-tanh 3, sigmoid 4, SiLU 6, exact GELU 10, the tanh-form GELU 6 + 4|2u| (2u,
-the exponent's argument, is rounded to float before the exponential; far in
-the negative tail, where y < 1e-8, this costs up to some 300 ulp, where torch's
-and ggml's 1 + tanh(u) lose every digit).  Measured on this sweep: 1.5, 3.0,
-3.5, 7.0 and 2.2 (+ the 4|2u|) ulp; derivatives at most 7.1 ulp of their terms.  Products x * f whose factor f is below
+tanh 3, sigmoid 4, SiLU 6, exact GELU 10, the tanh-form GELU 6 + 4|2u| (2u, the
+exponent's argument, is rounded to float before the exponential: at most 33 ulp
+where |y| > 1e-8, up to some 300 ulp in the far negative tail, where torch's and
+ggml's 1 + tanh(u) lose every digit).  Products x * f whose factor f is below
 FLT_MIN (silu(-90)) may also be off by |x| * 2^-149, f's own spacing.
 Derivatives: 10 ulp of the sum of the magnitudes of their terms (plus the tanh
-form's 4|2u|), with the same allowance for subnormal factors.
+form's 4|2u|), with the same allowance for subnormal factors.  Measured on the
+sweep: 1.5, 3.0, 3.5, 7.0 and 2.2 (+ up to 2.7|2u|) ulp; derivatives at most
+7.1 ulp of their terms.
 """
 import math
 

@@ -79,7 +79,8 @@ static double backward_ref(int kind, double a, double g, double *scale, double *
         return g * s * (1 + a * c);
     }
     case ACT_GELU: {
-        const double cdf = cdf64(a), pdf_x = a * exp(-0.5 * a * a) / 2.5066282746310002 /* sqrt(2 pi) */;
+        const double sqrt_2pi = 2.5066282746310002;
+        const double cdf = cdf64(a), pdf_x = a * exp(-0.5 * a * a) / sqrt_2pi;
         *scale = fabs(g) * (cdf + fabs(pdf_x));
         return g * (cdf + pdf_x);
     }
@@ -220,13 +221,22 @@ void test_activations_public(int64_t big) {
             ggmlopt_set_num_threads(t);
             float *y = t == 1 ? y1 : y2, *gi = t == 1 ? g1 : g2;
             switch (kind) {
-            case ACT_TANH: ggmlopt_tanh_f32(big, x, y); ggmlopt_tanh_backward_f32(big, y, g, gi); break;
+            case ACT_TANH:
+                ggmlopt_tanh_f32(big, x, y);
+                ggmlopt_tanh_backward_f32(big, y, g, gi);
+                break;
             case ACT_SIGMOID:
                 ggmlopt_sigmoid_f32(big, x, y);
                 ggmlopt_sigmoid_backward_f32(big, y, g, gi);
                 break;
-            case ACT_SILU: ggmlopt_silu_f32(big, x, y); ggmlopt_silu_backward_f32(big, x, g, gi); break;
-            case ACT_GELU: ggmlopt_gelu_f32(big, x, y); ggmlopt_gelu_backward_f32(big, x, g, gi); break;
+            case ACT_SILU:
+                ggmlopt_silu_f32(big, x, y);
+                ggmlopt_silu_backward_f32(big, x, g, gi);
+                break;
+            case ACT_GELU:
+                ggmlopt_gelu_f32(big, x, y);
+                ggmlopt_gelu_backward_f32(big, x, g, gi);
+                break;
             case ACT_GELU_TANH:
                 ggmlopt_gelu_tanh_f32(big, x, y);
                 ggmlopt_gelu_tanh_backward_f32(big, x, g, gi);

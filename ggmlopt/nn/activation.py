@@ -170,8 +170,8 @@ class GELU(_Elementwise):
     torch's formula in float32 round to 0 or less); within 7 ulp of float64.
     "tanh": y = x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), ggml_gelu
     (GELU_COEF_A = 0.044715), evaluated as x * sigmoid(2u) to avoid the same
-    cancellation; within 2.2 ulp plus about 1.2|2u| ulp from rounding 2u (only
-    the far negative tail, y < 1e-8, feels it).  ggml's CPU path evaluates the
+    cancellation; within 2.2 ulp plus up to 2.7|2u| ulp from rounding 2u (33 ulp
+    at most where |y| > 1e-8; only the far negative tail feels more).  ggml's CPU path evaluates the
     tanh form through a float16 lookup table for |x| < 10 (0 below -10, x above
     10): we do not reproduce that table, and match ggml's float32 formula to
     float rounding, not its table bit for bit (the table's float16 rounding of
