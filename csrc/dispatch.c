@@ -546,3 +546,66 @@ void ggmlopt_avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64
     pool_args a = {pool_geom(h, w, kh, kw, sh, sw), dy, dx, NULL};
     run_items(nplanes, pool_work(&a.g), avgpool_backward_block, &a);
 }
+
+/* ---- activations ------------------------------------------------------------ */
+
+/* The transcendental ones cost some 2-6 ns an element on one thread: blocks
+ * of 4096 and threads from 16384 elements (the elementwise rule above is for
+ * kernels that only move memory). */
+#define GO_ACT_BLOCK_MIN 4096
+#define GO_ACT_PARALLEL_MIN 16384
+
+typedef struct { const float *a, *g; float *out; float param; } act_args;
+
+#define GO_ACTIVATION_FORWARD(name)                                                         \
+    static double name##_block(const void *p, int64_t b, int64_t e) {                       \
+        const act_args *a = (const act_args *)p;                                            \
+        kernels()->name##_f32(e - b, a->a + b, a->out + b);                                 \
+        return 0.0;                                                                         \
+    }                                                                                       \
+    void ggmlopt_##name##_f32(int64_t n, const float *x, float *y) {                        \
+        act_args a = {x, NULL, y, 0.0f};                                                    \
+        run_blocks(n, GO_ACT_BLOCK_MIN, GO_ACT_PARALLEL_MIN, name##_block, &a);             \
+    }
+#define GO_ACTIVATION_BACKWARD(name)                                                        \
+    static double name##_block(const void *p, int64_t b, int64_t e) {                       \
+        const act_args *a = (const act_args *)p;                                            \
+        kernels()->name##_f32(e - b, a->a + b, a->g + b, a->out + b);                       \
+        return 0.0;                                                                         \
+    }                                                                                       \
+    void ggmlopt_##name##_f32(int64_t n, const float *in, const float *g, float *out) {     \
+        act_args a = {in, g, out, 0.0f};                                                    \
+        run_blocks(n, GO_ACT_BLOCK_MIN, GO_ACT_PARALLEL_MIN, name##_block, &a);             \
+    }
+
+GO_ACTIVATION_FORWARD(tanh)
+GO_ACTIVATION_BACKWARD(tanh_backward)
+GO_ACTIVATION_FORWARD(sigmoid)
+GO_ACTIVATION_BACKWARD(sigmoid_backward)
+GO_ACTIVATION_FORWARD(silu)
+GO_ACTIVATION_BACKWARD(silu_backward)
+GO_ACTIVATION_FORWARD(gelu)
+GO_ACTIVATION_BACKWARD(gelu_backward)
+GO_ACTIVATION_FORWARD(gelu_tanh)
+GO_ACTIVATION_BACKWARD(gelu_tanh_backward)
+
+/* LeakyReLU only moves memory: the elementwise thresholds */
+static double leaky_relu_block(const void *p, int64_t b, int64_t e) {
+    const act_args *a = (const act_args *)p;
+    kernels()->leaky_relu_f32(e - b, a->a + b, a->out + b, a->param);
+    return 0.0;
+}
+void ggmlopt_leaky_relu_f32(int64_t n, const float *x, float *y, float negative_slope) {
+    act_args a = {x, NULL, y, negative_slope};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, leaky_relu_block, &a);
+}
+static double leaky_relu_backward_block(const void *p, int64_t b, int64_t e) {
+    const act_args *a = (const act_args *)p;
+    kernels()->leaky_relu_backward_f32(e - b, a->a + b, a->g + b, a->out + b, a->param);
+    return 0.0;
+}
+void ggmlopt_leaky_relu_backward_f32(int64_t n, const float *x, const float *g, float *out,
+                                     float negative_slope) {
+    act_args a = {x, g, out, negative_slope};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, leaky_relu_backward_block, &a);
+}

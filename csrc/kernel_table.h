@@ -58,6 +58,21 @@ typedef struct ggmlopt_kernel_table {
     void (*avgpool2d_f32)(const go_pool_geom *g, int64_t nplanes, const float *x, float *y);
     void (*avgpool2d_backward_f32)(const go_pool_geom *g, int64_t nplanes, const float *dy,
                                    float *dx);
+    /* activations: forward (x -> y) and backward (first input, g -> out); the
+     * backward of tanh and sigmoid takes y, the others x */
+    void (*tanh_f32)(int64_t n, const float *x, float *y);
+    void (*tanh_backward_f32)(int64_t n, const float *y, const float *g, float *out);
+    void (*sigmoid_f32)(int64_t n, const float *x, float *y);
+    void (*sigmoid_backward_f32)(int64_t n, const float *y, const float *g, float *out);
+    void (*silu_f32)(int64_t n, const float *x, float *y);
+    void (*silu_backward_f32)(int64_t n, const float *x, const float *g, float *out);
+    void (*gelu_f32)(int64_t n, const float *x, float *y);
+    void (*gelu_backward_f32)(int64_t n, const float *x, const float *g, float *out);
+    void (*gelu_tanh_f32)(int64_t n, const float *x, float *y);
+    void (*gelu_tanh_backward_f32)(int64_t n, const float *x, const float *g, float *out);
+    void (*leaky_relu_f32)(int64_t n, const float *x, float *y, float slope);
+    void (*leaky_relu_backward_f32)(int64_t n, const float *x, const float *g, float *out,
+                                    float slope);
 } ggmlopt_kernel_table;
 
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;

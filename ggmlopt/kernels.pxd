@@ -58,3 +58,21 @@ cdef void avgpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64
 cdef void avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
                                  int64_t sh, int64_t sw, const float *dy,
                                  float *dx) noexcept nogil
+# activations: forward y = f(x); backward out = g * f'(...) from y (tanh,
+# sigmoid) or from x (the others); see ggmlopt.h
+cdef void tanh_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void tanh_backward_f32(int64_t n, const float *y, const float *g, float *out) noexcept nogil
+cdef void sigmoid_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void sigmoid_backward_f32(int64_t n, const float *y, const float *g,
+                               float *out) noexcept nogil
+cdef void silu_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void silu_backward_f32(int64_t n, const float *x, const float *g, float *out) noexcept nogil
+cdef void gelu_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void gelu_backward_f32(int64_t n, const float *x, const float *g, float *out) noexcept nogil
+cdef void gelu_tanh_f32(int64_t n, const float *x, float *y) noexcept nogil
+cdef void gelu_tanh_backward_f32(int64_t n, const float *x, const float *g,
+                                 float *out) noexcept nogil
+cdef void leaky_relu_f32(int64_t n, const float *x, float *y,
+                         float negative_slope) noexcept nogil
+cdef void leaky_relu_backward_f32(int64_t n, const float *x, const float *g, float *out,
+                                  float negative_slope) noexcept nogil

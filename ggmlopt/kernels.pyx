@@ -72,6 +72,19 @@ cdef extern from "ggmlopt.h" nogil:
     const char *ggmlopt_cpu_features()
     void ggmlopt_set_num_threads(int n)
     int ggmlopt_get_num_threads()
+    void ggmlopt_tanh_f32(int64_t n, const float *x, float *y)
+    void ggmlopt_tanh_backward_f32(int64_t n, const float *y, const float *g, float *out)
+    void ggmlopt_sigmoid_f32(int64_t n, const float *x, float *y)
+    void ggmlopt_sigmoid_backward_f32(int64_t n, const float *y, const float *g, float *out)
+    void ggmlopt_silu_f32(int64_t n, const float *x, float *y)
+    void ggmlopt_silu_backward_f32(int64_t n, const float *x, const float *g, float *out)
+    void ggmlopt_gelu_f32(int64_t n, const float *x, float *y)
+    void ggmlopt_gelu_backward_f32(int64_t n, const float *x, const float *g, float *out)
+    void ggmlopt_gelu_tanh_f32(int64_t n, const float *x, float *y)
+    void ggmlopt_gelu_tanh_backward_f32(int64_t n, const float *x, const float *g, float *out)
+    void ggmlopt_leaky_relu_f32(int64_t n, const float *x, float *y, float negative_slope)
+    void ggmlopt_leaky_relu_backward_f32(int64_t n, const float *x, const float *g, float *out,
+                                         float negative_slope)
 
 
 # ---- C-level API (declared in kernels.pxd) ----------------------------------
@@ -176,6 +189,47 @@ cdef void avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t 
                                  int64_t sh, int64_t sw, const float *dy,
                                  float *dx) noexcept nogil:
     ggmlopt_avgpool2d_backward_f32(nplanes, h, w, kh, kw, sh, sw, dy, dx)
+# activations: forward y = f(x); backward out = g * f'(...) from y (tanh, sigmoid)
+# or from x (the others)
+cdef void tanh_f32(int64_t n, const float *x, float *y) noexcept nogil:
+    ggmlopt_tanh_f32(n, x, y)
+
+cdef void tanh_backward_f32(int64_t n, const float *y, const float *g, float *out) noexcept nogil:
+    ggmlopt_tanh_backward_f32(n, y, g, out)
+
+cdef void sigmoid_f32(int64_t n, const float *x, float *y) noexcept nogil:
+    ggmlopt_sigmoid_f32(n, x, y)
+
+cdef void sigmoid_backward_f32(int64_t n, const float *y, const float *g,
+                               float *out) noexcept nogil:
+    ggmlopt_sigmoid_backward_f32(n, y, g, out)
+
+cdef void silu_f32(int64_t n, const float *x, float *y) noexcept nogil:
+    ggmlopt_silu_f32(n, x, y)
+
+cdef void silu_backward_f32(int64_t n, const float *x, const float *g, float *out) noexcept nogil:
+    ggmlopt_silu_backward_f32(n, x, g, out)
+
+cdef void gelu_f32(int64_t n, const float *x, float *y) noexcept nogil:
+    ggmlopt_gelu_f32(n, x, y)
+
+cdef void gelu_backward_f32(int64_t n, const float *x, const float *g, float *out) noexcept nogil:
+    ggmlopt_gelu_backward_f32(n, x, g, out)
+
+cdef void gelu_tanh_f32(int64_t n, const float *x, float *y) noexcept nogil:
+    ggmlopt_gelu_tanh_f32(n, x, y)
+
+cdef void gelu_tanh_backward_f32(int64_t n, const float *x, const float *g,
+                                 float *out) noexcept nogil:
+    ggmlopt_gelu_tanh_backward_f32(n, x, g, out)
+
+cdef void leaky_relu_f32(int64_t n, const float *x, float *y,
+                         float negative_slope) noexcept nogil:
+    ggmlopt_leaky_relu_f32(n, x, y, negative_slope)
+
+cdef void leaky_relu_backward_f32(int64_t n, const float *x, const float *g, float *out,
+                                  float negative_slope) noexcept nogil:
+    ggmlopt_leaky_relu_backward_f32(n, x, g, out, negative_slope)
 
 
 # ---- argument checks ----------------------------------------------------------
@@ -859,6 +913,157 @@ def avgpool2d_backward(grad_out, x_shape, kernel_size, stride=None, out=None):
     with nogil:
         ggmlopt_avgpool2d_backward_f32(nplanes, h, w, kh_, kw_, sh_, sw_, pg, po)
     return ao
+# ---- activations ------------------------------------------------------------------
+
+cdef enum _Act:
+    ACT_TANH, ACT_SIGMOID, ACT_SILU, ACT_GELU, ACT_GELU_TANH, ACT_LEAKY_RELU
+
+
+cdef int _gelu_kind(object approximate) except -1:
+    if not isinstance(approximate, str):
+        raise TypeError(f"approximate: expected 'none' or 'tanh', got "
+                        f"{type(approximate).__name__}")
+    if approximate == "none":
+        return ACT_GELU
+    if approximate == "tanh":
+        return ACT_GELU_TANH
+    raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
+
+
+cdef object _activation(object x, object out, int kind, float param):
+    """out = f(x) for float32 arrays of one size; out may be x itself."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    if out is None:
+        out = np.empty((<object>ax).shape, dtype=np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    _same_size(ax, "x", ao, "out")
+    if cnp.PyArray_DATA(ax) != cnp.PyArray_DATA(ao):
+        _no_overlap([("x", ax), ("out", ao)])
+    cdef int64_t n = ax.size
+    cdef float *px = _f32(ax)
+    cdef float *po = _f32(ao)
+    with nogil:
+        if kind == ACT_TANH:
+            ggmlopt_tanh_f32(n, px, po)
+        elif kind == ACT_SIGMOID:
+            ggmlopt_sigmoid_f32(n, px, po)
+        elif kind == ACT_SILU:
+            ggmlopt_silu_f32(n, px, po)
+        elif kind == ACT_GELU:
+            ggmlopt_gelu_f32(n, px, po)
+        elif kind == ACT_GELU_TANH:
+            ggmlopt_gelu_tanh_f32(n, px, po)
+        else:
+            ggmlopt_leaky_relu_f32(n, px, po, param)
+    return out
+
+
+cdef object _activation_backward(object a, str aname, object g, object out, int kind,
+                                 float param):
+    """out = g * f'(...) from a (the forward output or input, named aname); out may
+    be g itself, never a."""
+    cdef cnp.ndarray aa = _array(a, aname, np.float32, False)
+    cdef cnp.ndarray ag = _array(g, "g", np.float32, False)
+    _same_size(aa, aname, ag, "g")
+    if out is None:
+        out = np.empty((<object>ag).shape, dtype=np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    _same_size(ag, "g", ao, "out")
+    if cnp.PyArray_DATA(ag) != cnp.PyArray_DATA(ao):
+        _no_overlap([("g", ag), ("out", ao)])
+    _no_overlap([(aname, aa), ("out", ao)])
+    cdef int64_t n = aa.size
+    cdef float *pa = _f32(aa)
+    cdef float *pg = _f32(ag)
+    cdef float *po = _f32(ao)
+    with nogil:
+        if kind == ACT_TANH:
+            ggmlopt_tanh_backward_f32(n, pa, pg, po)
+        elif kind == ACT_SIGMOID:
+            ggmlopt_sigmoid_backward_f32(n, pa, pg, po)
+        elif kind == ACT_SILU:
+            ggmlopt_silu_backward_f32(n, pa, pg, po)
+        elif kind == ACT_GELU:
+            ggmlopt_gelu_backward_f32(n, pa, pg, po)
+        elif kind == ACT_GELU_TANH:
+            ggmlopt_gelu_tanh_backward_f32(n, pa, pg, po)
+        else:
+            ggmlopt_leaky_relu_backward_f32(n, pa, pg, po, param)
+    return out
+
+
+def tanh(x, out=None):
+    """y = tanh(x) for a float32 array of any shape, within 4 ulp of float64 (NaN
+    stays NaN, tanh(-0) = -0).  out: float32 of x's size, may be x itself.
+    Returns out."""
+    return _activation(x, out, ACT_TANH, 0.0)
+
+
+def tanh_backward(y, g, out=None):
+    """out = g * (1 - y^2), with y = tanh(x) the forward output (float32 arrays
+    of one size; out may be g itself).  Returns out."""
+    return _activation_backward(y, "y", g, out, ACT_TANH, 0.0)
+
+
+def sigmoid(x, out=None):
+    """y = 1/(1 + exp(-x)) for a float32 array, within 4 ulp of float64 over the
+    whole range (subnormal results included).  out may be x.  Returns out."""
+    return _activation(x, out, ACT_SIGMOID, 0.0)
+
+
+def sigmoid_backward(y, g, out=None):
+    """out = g * y * (1 - y), with y = sigmoid(x) the forward output (float32
+    arrays of one size; out may be g itself).  Returns out."""
+    return _activation_backward(y, "y", g, out, ACT_SIGMOID, 0.0)
+
+
+def silu(x, out=None):
+    """y = x * sigmoid(x) for a float32 array (silu(-inf) = 0, the limit).
+    out may be x.  Returns out."""
+    return _activation(x, out, ACT_SILU, 0.0)
+
+
+def silu_backward(x, g, out=None):
+    """out = g * s * (1 + x(1 - s)), s = sigmoid(x), with x the forward input
+    (float32 arrays of one size; out may be g itself).  Returns out."""
+    return _activation_backward(x, "x", g, out, ACT_SILU, 0.0)
+
+
+def gelu(x, out=None, approximate="none"):
+    """GELU of a float32 array: approximate='none' gives x * Phi(x) =
+    x/2 * (1 + erf(x/sqrt2)) (ggml_gelu_erf), 'tanh' gives
+    x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (ggml_gelu, computed
+    in float32 without ggml's float16 table).  out may be x.  Returns out."""
+    cdef int kind = _gelu_kind(approximate)
+    return _activation(x, out, kind, 0.0)
+
+
+def gelu_backward(x, g, out=None, approximate="none"):
+    """out = g * dGELU/dx at the forward input x, for the form named by
+    approximate (float32 arrays of one size; out may be g itself).  Returns out."""
+    cdef int kind = _gelu_kind(approximate)
+    return _activation_backward(x, "x", g, out, kind, 0.0)
+
+
+cdef float _slope(object negative_slope) except? -1:
+    if isinstance(negative_slope, bool):
+        raise TypeError("negative_slope: expected a real number, got bool")
+    return _finite_float(negative_slope, "negative_slope")
+
+
+def leaky_relu(x, negative_slope=0.01, out=None):
+    """y = x > 0 ? x : negative_slope * x for a float32 array (negative_slope a
+    finite real number).  out may be x.  Returns out."""
+    cdef float s = _slope(negative_slope)
+    return _activation(x, out, ACT_LEAKY_RELU, s)
+
+
+def leaky_relu_backward(x, g, negative_slope=0.01, out=None):
+    """out = x > 0 ? g : negative_slope * g, with x the forward input (torch's
+    rule: slope at x = 0; float32 arrays of one size; out may be g itself).
+    Returns out."""
+    cdef float s = _slope(negative_slope)
+    return _activation_backward(x, "x", g, out, ACT_LEAKY_RELU, s)
 
 
 # ---- run time: SIMD paths and threads ------------------------------------------

@@ -132,4 +132,41 @@ static inline int64_t go_count_eq_i32(const int32_t *a, const int32_t *b) {
     return __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(eq)));
 }
 
+/* ---- for the activations (simd/vmath.h) ---- */
+
+/* exp(x + lo) for x <= 0, |lo| <= 4: go_exp_sum_scalar's algorithm, 8 lanes */
+static inline __m256 go_vexp_sum(__m256 x, __m256 lo) {
+    /* maxps returns its second operand for a NaN: NaN lanes of x stay NaN */
+    x = _mm256_max_ps(_mm256_set1_ps(GO_EXPS_MIN), x);
+    const __m256 t = _mm256_fmadd_ps(_mm256_add_ps(x, lo), _mm256_set1_ps(GO_EXP_LOG2E),
+                                     _mm256_set1_ps(GO_ROUND_MAGIC));
+    const __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(GO_ROUND_MAGIC));
+    __m256 r = _mm256_add_ps(_mm256_fnmadd_ps(n, _mm256_set1_ps(GO_EXP_C1), x), lo);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(GO_EXP_C2), r);
+    __m256 p = _mm256_set1_ps(GO_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P5));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(GO_ROUND_MAGIC_BITS));
+    const __m256i n1 = _mm256_srai_epi32(ni, 1);
+    const __m256i n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+#define go_vsplit_hi(x) \
+    _mm256_and_ps((x), _mm256_castsi256_ps(_mm256_set1_epi32((int)0xFFFFF000u)))
+#define go_vabs(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), (x))
+static inline __m256 go_vcopysign(__m256 mag, __m256 s) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    return _mm256_or_ps(_mm256_andnot_ps(sign, mag), _mm256_and_ps(sign, s));
+}
+/* maxps/minps return the second operand for a NaN: x last keeps NaN lanes */
+#define go_vclamp(x, lo, hi) _mm256_min_ps((hi), _mm256_max_ps((lo), (x)))
+#define go_vsel_lt(a, b, x, y) _mm256_blendv_ps((y), (x), _mm256_cmp_ps((a), (b), _CMP_LT_OQ))
+
 #endif

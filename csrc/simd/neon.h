@@ -120,4 +120,36 @@ static inline int64_t go_count_eq_i32(const int32_t *a, const int32_t *b) {
     return (int64_t)vaddvq_u32(vshrq_n_u32(eq, 31));
 }
 
+/* ---- for the activations (simd/vmath.h) ---- */
+
+/* exp(x + lo) for x <= 0, |lo| <= 4: go_exp_sum_scalar's algorithm, 4 lanes */
+static inline float32x4_t go_vexp_sum(float32x4_t x, float32x4_t lo) {
+    x = vmaxq_f32(x, vdupq_n_f32(GO_EXPS_MIN)); /* FMAX propagates NaN */
+    const float32x4_t t = vfmaq_f32(vdupq_n_f32(GO_ROUND_MAGIC), vaddq_f32(x, lo),
+                                    vdupq_n_f32(GO_EXP_LOG2E));
+    const float32x4_t n = vsubq_f32(t, vdupq_n_f32(GO_ROUND_MAGIC));
+    float32x4_t r = vaddq_f32(vfmsq_f32(x, n, vdupq_n_f32(GO_EXP_C1)), lo);
+    r = vfmsq_f32(r, n, vdupq_n_f32(GO_EXP_C2));
+    float32x4_t p = vdupq_n_f32(GO_EXP_P0);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P1), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P4), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P5), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t ni = vsubq_s32(vreinterpretq_s32_f32(t), vdupq_n_s32(GO_ROUND_MAGIC_BITS));
+    const int32x4_t n1 = vshrq_n_s32(ni, 1);
+    const int32x4_t n2 = vsubq_s32(ni, n1);
+    const float32x4_t s1 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n1, vdupq_n_s32(127)), 23));
+    const float32x4_t s2 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n2, vdupq_n_s32(127)), 23));
+    return vmulq_f32(vmulq_f32(p, s1), s2);
+}
+#define go_vsplit_hi(x) \
+    vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(x), vdupq_n_u32(0xFFFFF000u)))
+#define go_vabs(x) vabsq_f32(x)
+#define go_vcopysign(mag, s) vbslq_f32(vdupq_n_u32(0x80000000u), (s), (mag))
+/* FMIN/FMAX propagate NaN */
+#define go_vclamp(x, lo, hi) vminq_f32(vmaxq_f32((x), (lo)), (hi))
+#define go_vsel_lt(a, b, x, y) vbslq_f32(vcltq_f32((a), (b)), (x), (y))
+
 #endif

@@ -48,4 +48,15 @@ typedef double go_dacc;
 
 #define go_count_eq_i32(a, b) ((int64_t)(*(a) == *(b)))
 
+/* ---- for the activations (simd/vmath.h) ---- */
+#define go_vexp_sum(x, lo) go_exp_sum_scalar((x), (lo))
+#define go_vsplit_hi(x) go_split_hi_scalar(x)
+#define go_vabs(x) fabsf(x)
+/* |mag| with the sign bit of s */
+#define go_vcopysign(mag, s) copysignf((mag), (s))
+/* lo <= x <= hi, NaN kept */
+#define go_vclamp(x, lo, hi) ((x) < (lo) ? (lo) : (x) > (hi) ? (hi) : (x))
+/* a < b ? x : y, per lane (a NaN compares false: y) */
+#define go_vsel_lt(a, b, x, y) ((a) < (b) ? (x) : (y))
+
 #endif

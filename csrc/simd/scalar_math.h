@@ -62,4 +62,44 @@ static inline float go_expf_scalar(float x) {
     return p * go_bits_to_f32((uint32_t)(ni + 127) << 23);
 }
 
+/* ---- exp over the whole non-positive range, for the activations ----------
+ * exp(x + lo) for x <= 0 and a small correction |lo| <= 4 (the low part of an
+ * argument that does not fit one float, such as -x*x/2).  The same range
+ * reduction and polynomial as go_expf_scalar, with lo added to the reduced
+ * argument (x - n*C1 is exact, so lo keeps its bits), and 2^n applied as two
+ * factors 2^(n/2) * 2^(n - n/2): results between 2^-149 and 2^-126 come out as
+ * correctly scaled subnormals instead of 0.  x below GO_EXPS_MIN (and -inf)
+ * gives 0; NaN stays NaN.  Every path runs this algorithm (simd/avx2.h and
+ * simd/neon.h with fused multiply-adds, which moves the last bit only). */
+#define GO_EXPS_MIN (-110.0f)
+
+static inline float go_exp_sum_scalar(float x, float lo) {
+    if (x < GO_EXPS_MIN) x = GO_EXPS_MIN; /* NaN compares false and stays */
+    volatile float t = (x + lo) * GO_EXP_LOG2E + GO_ROUND_MAGIC; /* volatile: keep the rounding */
+    const float tv = t;
+    const float n = tv - GO_ROUND_MAGIC;
+    float r = (x - n * GO_EXP_C1) + lo;
+    r = r - n * GO_EXP_C2;
+    float p = GO_EXP_P0;
+    p = p * r + GO_EXP_P1;
+    p = p * r + GO_EXP_P2;
+    p = p * r + GO_EXP_P3;
+    p = p * r + GO_EXP_P4;
+    p = p * r + GO_EXP_P5;
+    p = p * (r * r) + (r + 1.0f);
+    /* n from the bits of t (no float-to-int conversion, which NaN would make
+     * undefined); unsigned arithmetic keeps garbage lanes of a NaN defined */
+    const int32_t ni = (int32_t)(go_f32_to_bits(tv) - (uint32_t)GO_ROUND_MAGIC_BITS);
+    const int32_t n1 = ni / 2, n2 = ni - n1;
+    const float s1 = go_bits_to_f32((uint32_t)(n1 + 127) << 23);
+    const float s2 = go_bits_to_f32((uint32_t)(n2 + 127) << 23);
+    return (p * s1) * s2;
+}
+
+/* x with the low 12 bits of its significand cleared: squaring the 12-bit head
+ * is exact, which is how -x*x/2 is split into a float and a small remainder */
+static inline float go_split_hi_scalar(float x) {
+    return go_bits_to_f32(go_f32_to_bits(x) & 0xFFFFF000u);
+}
+
 #endif

@@ -15,6 +15,11 @@
 void test_public_api(int64_t big);
 void test_conv_kernels(const ggmlopt_kernel_table *k);
 void test_conv_public_api(void);
+/* test_activation.c */
+void test_activations(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar,
+                      int64_t n, int off);
+void test_activations_sweep(const ggmlopt_kernel_table *k);
+void test_activations_public(int64_t big);
 
 static const ggmlopt_kernel_table *const SCALAR = &ggmlopt_kernels_scalar;
 
@@ -516,6 +521,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
             test_convert_u8(k, n, off, 3.0f);
             test_convert_f16(k, n, off, 1.0f);
             test_convert_f16(k, n, off, 0.5f);
+            test_activations(k, SCALAR, n, off);
             th_release_all();
         }
     }
@@ -523,6 +529,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
     test_cross_entropy_wide(k);
     th_release_all();
     test_conv_kernels(k);
+    test_activations_sweep(k);
 }
 
 int main(int argc, char **argv) {
@@ -548,6 +555,7 @@ int main(int argc, char **argv) {
 
     test_public_api(big);
     test_conv_public_api();
+    test_activations_public(big);
 
     printf("%d passed, %d failed\n", th_passed, th_failed);
     return th_failed ? 1 : 0;

@@ -9,7 +9,7 @@ buffers they reuse from batch to batch (``forward`` returns such a buffer;
 ``Parameter.data`` / ``.grad`` at call time, so an OptContext can re-point them
 at its arena.
 """
-from .activation import ReLU
+from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .container import Sequential
 from .conv import Conv2d
 from .init import kaiming_uniform
@@ -18,6 +18,6 @@ from .module import Module, named_parameters
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
 
-__all__ = ["Linear", "Module", "Parameter", "ReLU", "Sequential", "kaiming_uniform",
+__all__ = ["AvgPool2d", "Conv2d", "GELU", "LeakyReLU", "Linear", "MaxPool2d", "Module",
+           "Parameter", "ReLU", "Sequential", "SiLU", "Sigmoid", "Tanh", "kaiming_uniform",
            "named_parameters"]
-__all__ += ["AvgPool2d", "Conv2d", "MaxPool2d"]
