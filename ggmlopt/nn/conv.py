@@ -13,6 +13,10 @@ from .parameter import Parameter
 
 __all__ = ["Conv2d", "conv_kaiming_uniform"]
 
+# Columns of this many bytes at a time: they stay in a core's L2 cache between
+# im2col and the products (packing the whole batch at once was memory-bound).
+_CHUNK_BYTES = 1 << 20
+
 
 def conv_kaiming_uniform(weight: np.ndarray, bias, rng: np.random.Generator) -> None:
     """torch.nn.Conv2d's default: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
@@ -50,7 +54,10 @@ class Conv2d(Module):
     or a numpy Generator.
 
     The packing (im2col, col2im) runs in the C kernels on the library's threads,
-    the products go to NumPy's BLAS, one per image.  ``forward`` returns a buffer
+    the products go to NumPy's BLAS, one per image, a chunk of images at a time
+    (about 1 MiB of columns, packed again in backward rather than kept).
+    backward reads the last forward's input, so that array must not change in
+    between (as for every layer here).  ``forward`` returns a buffer
     the layer reuses (the next forward overwrites it); ``conv(x)`` returns a copy
     the caller owns.
     """
@@ -85,11 +92,12 @@ class Conv2d(Module):
         n, c, h, w = shape
         oh, ow = kernels.conv2d_output_size(h, w, self.kernel_size, self.stride, self.padding)
         rows = c * self.kernel_size[0] * self.kernel_size[1]
+        chunk = max(1, min(n, _CHUNK_BYTES // (4 * rows * oh * ow)))
         # allocate everything before replacing anything: a MemoryError leaves the
         # layer as it was
-        col = np.empty((n, rows, oh * ow), dtype=np.float32)
+        col = np.empty((chunk, rows, oh * ow), dtype=np.float32)
         out = np.empty((n, self.out_channels, oh, ow), dtype=np.float32)
-        self._col, self._out = col, out
+        self._col, self._out, self._chunk = col, out, chunk
         self._dcol = None  # the backward buffers come with the first backward
         self._out_shape = out.shape
         self._shape = tuple(shape)
@@ -105,19 +113,30 @@ class Conv2d(Module):
         self._ones_plane = np.ones(p, dtype=np.float32)
         self._ones_batch = np.ones(n, dtype=np.float32)
 
+    def _chunks(self):
+        """(begin, end, col view) over the batch, a chunk of images at a time: each
+        chunk's columns stay in the cache between the packing and the product."""
+        n, step = self._shape[0], self._chunk
+        for i in range(0, n, step):
+            j = min(n, i + step)
+            yield i, j, self._col[:j - i]
+
     def forward(self, x):
         """x: (batch, in_channels, h, w) -> (batch, out_channels, oh, ow) float32 (a
         buffer this layer reuses: the next forward overwrites it)."""
         x = as_images(x, "x", self.in_channels)
         if x.shape != self._shape:
             self._buffers(x.shape)
-        n = x.shape[0]
         oc = self.out_channels
-        kernels.im2col(x, self.kernel_size, self.stride, self.padding, out=self._col)
-        out3 = self._out.reshape(n, oc, self._col.shape[2])
-        np.matmul(self.weight.data.reshape(oc, -1), self._col, out=out3)
+        out3 = self._out.reshape(x.shape[0], oc, self._col.shape[2])
+        w2 = self.weight.data.reshape(oc, -1)
+        ks, st, pd = self.kernel_size, self.stride, self.padding
+        for i, j, col in self._chunks():
+            kernels.im2col(x[i:j], ks, st, pd, out=col)
+            np.matmul(w2, col, out=out3[i:j])
         if self.bias is not None:
             kernels.add_bias_planes(self._out, self.bias.data)
+        self._x = x
         self._has_forward = True
         return self._out
 
@@ -133,25 +152,30 @@ class Conv2d(Module):
             self._backward_buffers()
         n, oc = g.shape[0], self.out_channels
         g3 = g.reshape(n, oc, self._col.shape[2])
-        col = self._col
-
-        def weight_grad(out):
-            # per image (oc, p) @ (p, rows), then the sum over images
-            np.matmul(g3, col.transpose(0, 2, 1), out=self._dw_images)
-            np.sum(self._dw_images, axis=0, out=out.reshape(oc, -1))
-
-        add_into(self.weight, weight_grad, self, "weight")
+        x, w2 = self._x, self.weight.data.reshape(oc, -1)
+        ks, st, pd = self.kernel_size, self.stride, self.padding
+        input_grad = self.needs_input_grad
+        # one pass over the chunks: the columns (packed again, which costs less
+        # than keeping the whole batch's) feed the weight gradient per image and,
+        # through the transposed product and col2im, the input gradient
+        for i, j, col in self._chunks():
+            kernels.im2col(x[i:j], ks, st, pd, out=col)
+            np.matmul(g3[i:j], col.transpose(0, 2, 1), out=self._dw_images[i:j])
+            if input_grad:
+                dcol = self._dcol[:j - i]
+                np.matmul(w2.T, g3[i:j], out=dcol)
+                kernels.col2im(dcol, (j - i, *self._shape[1:]), ks, st, pd,
+                               out=self._grad_in[i:j])
+        add_into(self.weight,
+                 lambda out: np.sum(self._dw_images, axis=0, out=out.reshape(oc, -1)),
+                 self, "weight")
         if self.bias is not None:
             def bias_grad(out):
                 np.matmul(g3, self._ones_plane, out=self._db_images)
                 np.matmul(self._ones_batch, self._db_images, out=out)
 
             add_into(self.bias, bias_grad, self, "bias")
-        if not self.needs_input_grad:
-            return None
-        np.matmul(self.weight.data.reshape(oc, -1).T, g3, out=self._dcol)
-        return kernels.col2im(self._dcol, self._shape, self.kernel_size, self.stride,
-                              self.padding, out=self._grad_in)
+        return self._grad_in if input_grad else None
 
     def __repr__(self):
         return (f"Conv2d({self.in_channels}, {self.out_channels}, "
