@@ -131,11 +131,12 @@ class Conv2d(Module):
         out3 = self._out.reshape(x.shape[0], oc, self._col.shape[2])
         w2 = self.weight.data.reshape(oc, -1)
         ks, st, pd = self.kernel_size, self.stride, self.padding
+        bias = None if self.bias is None else self.bias.data
         for i, j, col in self._chunks():
             kernels.im2col(x[i:j], ks, st, pd, out=col)
             np.matmul(w2, col, out=out3[i:j])
-        if self.bias is not None:
-            kernels.add_bias_planes(self._out, self.bias.data)
+            if bias is not None:  # while the chunk's output is in the cache
+                kernels.add_bias_planes(self._out[i:j], bias)
         self._x = x
         self._has_forward = True
         return self._out
