@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -12,6 +13,10 @@ from .module import Module
 from .parameter import Parameter
 
 __all__ = ["Conv2d", "conv_kaiming_uniform"]
+
+# Columns of this many bytes at a time: they stay in a core's L2 cache between
+# im2col and the products (packing the whole batch at once was memory-bound).
+_CHUNK_BYTES = 1 << 20
 
 
 def conv_kaiming_uniform(weight: np.ndarray, bias, rng: np.random.Generator) -> None:
@@ -49,8 +54,13 @@ class Conv2d(Module):
     one); default conv_kaiming_uniform (torch's default).  rng: None, an int seed
     or a numpy Generator.
 
-    The packing (im2col, col2im) runs in the C kernels on the library's threads,
-    the products go to NumPy's BLAS, one per image.  ``forward`` returns a buffer
+    The packing (im2col, col2im) runs in the C kernels, the products go to
+    NumPy's BLAS, one per image, a chunk of images at a time (about 1 MiB of
+    columns, packed again in backward rather than kept); with
+    ggmlopt.set_num_threads(n > 1) the chunks are shared among n Python threads
+    (the results do not depend on n).
+    backward reads the last forward's input, so that array must not change in
+    between (as for every layer here).  ``forward`` returns a buffer
     the layer reuses (the next forward overwrites it); ``conv(x)`` returns a copy
     the caller owns.
     """
@@ -85,25 +95,68 @@ class Conv2d(Module):
         n, c, h, w = shape
         oh, ow = kernels.conv2d_output_size(h, w, self.kernel_size, self.stride, self.padding)
         rows = c * self.kernel_size[0] * self.kernel_size[1]
+        chunk = max(1, min(n, _CHUNK_BYTES // (4 * rows * oh * ow)))
         # allocate everything before replacing anything: a MemoryError leaves the
         # layer as it was
-        col = np.empty((n, rows, oh * ow), dtype=np.float32)
         out = np.empty((n, self.out_channels, oh, ow), dtype=np.float32)
-        self._col, self._out = col, out
-        self._dcol = None  # the backward buffers come with the first backward
+        self._out, self._chunk, self._rows = out, chunk, rows
+        self._cols, self._dcols = [], []  # scratch per thread, made on first use
+        self._grad_in = None  # the backward buffers come with the first backward
         self._out_shape = out.shape
         self._shape = tuple(shape)
 
     def _backward_buffers(self):
         n = self._shape[0]
         p = self._out_shape[2] * self._out_shape[3]
-        rows = self._col.shape[1]
-        self._dcol = np.empty_like(self._col)
+        rows = self._rows
         self._grad_in = np.empty(self._shape, dtype=np.float32)
         self._dw_images = np.empty((n, self.out_channels, rows), dtype=np.float32)
         self._db_images = np.empty((n, self.out_channels), dtype=np.float32)
         self._ones_plane = np.ones(p, dtype=np.float32)
         self._ones_batch = np.ones(n, dtype=np.float32)
+
+    def _scratch_for(self, group, backward):
+        """The column buffer (and for backward the column-gradient buffer) of one
+        thread's group of chunks."""
+        shape = (self._chunk, self._rows, self._out_shape[2] * self._out_shape[3])
+        while len(self._cols) <= group:
+            self._cols.append(np.empty(shape, dtype=np.float32))
+        if not backward:
+            return self._cols[group], None
+        while len(self._dcols) <= group:
+            self._dcols.append(np.empty(shape, dtype=np.float32))
+        return self._cols[group], self._dcols[group]
+
+    def _run_chunks(self, step, backward):
+        """step(i, j, col, dcol) over the batch, a chunk of images at a time (each
+        chunk's columns stay in the cache between the packing and the products).
+        With more than one kernel thread the chunks are split into contiguous
+        groups run on as many Python threads: BLAS runs these small products on
+        one thread, and NumPy and the kernels release the GIL.  Every image is
+        computed alone, so the split does not change any result."""
+        n, size = self._shape[0], self._chunk
+        starts = list(range(0, n, size))
+        groups = max(1, min(kernels.get_num_threads(), len(starts)))
+        scratch = [self._scratch_for(g, backward) for g in range(groups)]
+        errors = []
+
+        def run(g):
+            col, dcol = scratch[g]
+            try:
+                for i in starts[g * len(starts) // groups:(g + 1) * len(starts) // groups]:
+                    j = min(n, i + size)
+                    step(i, j, col[:j - i], None if dcol is None else dcol[:j - i])
+            except Exception as e:  # noqa: BLE001 - re-raised in the calling thread
+                errors.append(e)
+
+        workers = [threading.Thread(target=run, args=(g,)) for g in range(1, groups)]
+        for w in workers:
+            w.start()
+        run(0)
+        for w in workers:
+            w.join()
+        if errors:
+            raise errors[0]
 
     def forward(self, x):
         """x: (batch, in_channels, h, w) -> (batch, out_channels, oh, ow) float32 (a
@@ -111,13 +164,21 @@ class Conv2d(Module):
         x = as_images(x, "x", self.in_channels)
         if x.shape != self._shape:
             self._buffers(x.shape)
-        n = x.shape[0]
         oc = self.out_channels
-        kernels.im2col(x, self.kernel_size, self.stride, self.padding, out=self._col)
-        out3 = self._out.reshape(n, oc, self._col.shape[2])
-        np.matmul(self.weight.data.reshape(oc, -1), self._col, out=out3)
-        if self.bias is not None:
-            kernels.add_bias_planes(self._out, self.bias.data)
+        out = self._out
+        out3 = out.reshape(x.shape[0], oc, out.shape[2] * out.shape[3])
+        w2 = self.weight.data.reshape(oc, -1)
+        ks, st, pd = self.kernel_size, self.stride, self.padding
+        bias = None if self.bias is None else self.bias.data
+
+        def step(i, j, col, _):
+            kernels.im2col(x[i:j], ks, st, pd, out=col)
+            np.matmul(w2, col, out=out3[i:j])
+            if bias is not None:  # while the chunk's output is in the cache
+                kernels.add_bias_planes(out[i:j], bias)
+
+        self._run_chunks(step, backward=False)
+        self._x = x
         self._has_forward = True
         return self._out
 
@@ -129,29 +190,35 @@ class Conv2d(Module):
         if not self._has_forward:
             raise RuntimeError("backward: call forward first")
         g = as_grad(grad_out, self._out_shape)
-        if self._dcol is None:
+        if self._grad_in is None:
             self._backward_buffers()
         n, oc = g.shape[0], self.out_channels
-        g3 = g.reshape(n, oc, self._col.shape[2])
-        col = self._col
+        g3 = g.reshape(n, oc, g.shape[2] * g.shape[3])
+        x, w2 = self._x, self.weight.data.reshape(oc, -1)
+        ks, st, pd = self.kernel_size, self.stride, self.padding
+        input_grad = self.needs_input_grad
+        # one pass over the chunks: the columns (packed again, which costs less
+        # than keeping the whole batch's) feed the weight gradient per image and,
+        # through the transposed product and col2im, the input gradient
+        def step(i, j, col, dcol):
+            kernels.im2col(x[i:j], ks, st, pd, out=col)
+            np.matmul(g3[i:j], col.transpose(0, 2, 1), out=self._dw_images[i:j])
+            if input_grad:
+                np.matmul(w2.T, g3[i:j], out=dcol)
+                kernels.col2im(dcol, (j - i, *self._shape[1:]), ks, st, pd,
+                               out=self._grad_in[i:j])
 
-        def weight_grad(out):
-            # per image (oc, p) @ (p, rows), then the sum over images
-            np.matmul(g3, col.transpose(0, 2, 1), out=self._dw_images)
-            np.sum(self._dw_images, axis=0, out=out.reshape(oc, -1))
-
-        add_into(self.weight, weight_grad, self, "weight")
+        self._run_chunks(step, backward=True)
+        add_into(self.weight,
+                 lambda out: np.sum(self._dw_images, axis=0, out=out.reshape(oc, -1)),
+                 self, "weight")
         if self.bias is not None:
             def bias_grad(out):
                 np.matmul(g3, self._ones_plane, out=self._db_images)
                 np.matmul(self._ones_batch, self._db_images, out=out)
 
             add_into(self.bias, bias_grad, self, "bias")
-        if not self.needs_input_grad:
-            return None
-        np.matmul(self.weight.data.reshape(oc, -1).T, g3, out=self._dcol)
-        return kernels.col2im(self._dcol, self._shape, self.kernel_size, self.stride,
-                              self.padding, out=self._grad_in)
+        return self._grad_in if input_grad else None
 
     def __repr__(self):
         return (f"Conv2d({self.in_channels}, {self.out_channels}, "
