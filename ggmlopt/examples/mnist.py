@@ -1,12 +1,16 @@
-"""Train ggml's mnist-fc model and print the test loss and accuracy.
+"""Train ggml's mnist-fc or mnist-cnn model and print the test loss and accuracy.
 
-    python -m ggmlopt.examples.mnist                 # offline, no download
+    python -m ggmlopt.examples.mnist                 # mnist-fc, offline, no download
+    python -m ggmlopt.examples.mnist --model cnn     # mnist-cnn
     python -m ggmlopt.examples.mnist --data DIR      # MNIST IDX files in DIR
 
-The model and settings are those of ggml's examples/mnist (mnist-fc): 784-500-10
-with ReLU, cross-entropy, AdamW with ggml's defaults, 30 epochs, logical
-batches of 1000 in physical batches of 500, shards of 10 datapoints, 5% of the
-training data for validation.
+The models and settings are those of ggml's examples/mnist: cross-entropy,
+AdamW with ggml's defaults, 30 epochs, logical batches of 1000 in physical
+batches of 500, shards of 10 datapoints, 5% of the training data for validation.
+mnist-fc: 784-500-10 with ReLU.  mnist-cnn: the flat datapoints reshaped to
+(1, 28, 28) images; conv 3x3, 8 channels, padding 1, ReLU, max-pool 2x2; conv
+3x3, 16 channels, padding 1, ReLU, max-pool 2x2; dense 7*7*16 = 784 -> 10; every
+weight and bias drawn from N(0, 0.01) as ggml's mnist_model_init_random does.
 
 Offline it trains on scikit-learn's bundled 8x8 handwritten digits (the
 ``examples`` extra: ``pip install ggmlopt[examples]``), each digit upsampled
@@ -24,6 +28,7 @@ import numpy as np
 import ggmlopt as go
 
 NE_IN, NE_HIDDEN, NCLASSES = 28 * 28, 500, 10
+HW, CNN_NCB = 28, 8   # image side; ggml's MNIST_CNN_NCB: channels of the first conv
 
 
 def mnist_fc(seed=None):
@@ -31,6 +36,38 @@ def mnist_fc(seed=None):
     rng = np.random.default_rng(seed)
     return go.nn.Sequential(go.nn.Linear(NE_IN, NE_HIDDEN, rng=rng), go.nn.ReLU(),
                             go.nn.Linear(NE_HIDDEN, NCLASSES, rng=rng))
+
+
+def ggml_normal_init(weight, bias, rng):
+    """ggml's mnist_model_init_random: every weight and bias ~ N(0, 1e-2)."""
+    weight[...] = rng.normal(0.0, 1e-2, size=weight.shape)
+    if bias is not None:
+        bias[...] = rng.normal(0.0, 1e-2, size=bias.shape)
+
+
+def mnist_cnn(seed=None):
+    """ggml's mnist-cnn on flat (batch, 784) datapoints: reshape to (1, 28, 28);
+    conv 3x3 8 ch pad 1, ReLU, max-pool 2; conv 3x3 16 ch pad 1, ReLU, max-pool 2;
+    flatten; dense 784 -> 10.  Initialised from N(0, 0.01) as ggml.  (ggml
+    flattens height, width, channel; Flatten here channel, height, width: the
+    same model up to a permutation of the dense weight's rows.)"""
+    nn = go.nn
+    rng = np.random.default_rng(seed)
+    return nn.Sequential(
+        nn.Reshape((1, HW, HW)),
+        nn.Conv2d(1, CNN_NCB, 3, padding=1, init=ggml_normal_init, rng=rng), nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(CNN_NCB, 2 * CNN_NCB, 3, padding=1, init=ggml_normal_init, rng=rng),
+        nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear((HW // 4) * (HW // 4) * 2 * CNN_NCB, NCLASSES, init=ggml_normal_init,
+                  rng=rng))
+
+
+MODELS = {
+    "fc": (mnist_fc, f"mnist-fc {NE_IN}-{NE_HIDDEN}-{NCLASSES}"),
+    "cnn": (mnist_cnn, "mnist-cnn conv3x3x8-pool2-conv3x3x16-pool2-dense784x10"),
+}
 
 
 def _onehot(labels):
@@ -91,6 +128,8 @@ def main(argv=None):
     parser.add_argument("--data", metavar="DIR",
                         help="directory with the MNIST IDX files (train-images-idx3-ubyte, "
                              "...; .gz accepted); default: offline digits")
+    parser.add_argument("--model", choices=sorted(MODELS), default="fc",
+                        help="ggml's mnist-fc (default) or mnist-cnn")
     parser.add_argument("--epochs", type=int, default=30, help="epochs (ggml: 30)")
     parser.add_argument("--seed", type=int, default=0, help="initialisation and shuffles")
     parser.add_argument("--silent", action="store_true", help="no progress bars")
@@ -112,12 +151,13 @@ def main(argv=None):
         # ggml's 1000/500 scaled to the small training set
         nbatch_logical, nbatch_physical = 100, 50
     print(f"mnist: dataset: {name}: {train.ndata} training, {test.ndata} test images")
-    print(f"mnist: model: mnist-fc {NE_IN}-{NE_HIDDEN}-{NCLASSES}, AdamW, "
+    make_model, description = MODELS[args.model]
+    print(f"mnist: model: {description}, AdamW, "
           f"nbatch_logical={nbatch_logical}, nbatch_physical={nbatch_physical}, "
           f"{args.epochs} epochs, val_split=0.05")
     sys.stdout.flush()
 
-    model = mnist_fc(args.seed)
+    model = make_model(args.seed)
     go.fit(model, train, go.LossType.CROSS_ENTROPY, go.default_optimizer_params,
            nepoch=args.epochs, nbatch_logical=nbatch_logical, nbatch_physical=nbatch_physical,
            val_split=0.05, silent=args.silent, seed=args.seed)
