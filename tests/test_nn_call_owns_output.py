@@ -29,6 +29,8 @@ if hasattr(nn, "Conv2d"):
     LAYER_CASES["Conv2d"] = (lambda: nn.Conv2d(2, 3, 3, padding=1, rng=0), (2, 5, 5))
 if hasattr(nn, "MaxPool2d"):
     LAYER_CASES["MaxPool2d"] = (lambda: nn.MaxPool2d(2), (2, 4, 6))
+if hasattr(nn, "AvgPool2d"):
+    LAYER_CASES["AvgPool2d"] = (lambda: nn.AvgPool2d(2, stride=1), (3, 3, 5))
 
 
 def layer_classes():
@@ -76,8 +78,11 @@ def test_forward_may_reuse_its_buffer(case):
 
 @pytest.mark.parametrize("name", layer_classes())
 def test_forward_docstring_documents_buffer_reuse(name):
-    doc = " ".join((inspect.getdoc(getattr(nn, name).forward) or "").split())
-    assert "caller owns" in doc, f"{name}.forward: say that layer(x) returns a copy"
+    """The layer's forward (or class) docstring says what forward returns and that
+    layer(x) is the caller's copy."""
+    cls = getattr(nn, name)
+    doc = " ".join(((inspect.getdoc(cls.forward) or "") + " " + (cls.__doc__ or "")).split())
+    assert "caller owns" in doc, f"{name}: say that layer(x) returns a copy the caller owns"
     assert "reuse" in doc or "view of x" in doc or "x itself" in doc, \
         f"{name}.forward: say which buffer it returns"
 

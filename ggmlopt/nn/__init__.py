@@ -18,13 +18,16 @@ flat datapoints (batch, ne_datapoint) and reshapes them itself (Reshape).
 """
 from .activation import ReLU
 from .container import Sequential
+from .conv import Conv2d
 from .dropout import Dropout
 from .init import kaiming_uniform
 from .linear import Linear
 from .module import Module, eval_mode, modules, named_parameters, set_rng, set_training
 from .parameter import Parameter
+from .pooling import AvgPool2d, MaxPool2d
 from .shape import Flatten, Reshape
 
 __all__ = ["Dropout", "Flatten", "Linear", "Module", "Parameter", "ReLU", "Reshape",
            "Sequential", "eval_mode", "kaiming_uniform", "modules", "named_parameters",
            "set_rng", "set_training"]
+__all__ += ["AvgPool2d", "Conv2d", "MaxPool2d"]
