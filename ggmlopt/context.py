@@ -468,7 +468,7 @@ class OptContext:
     def state_dict(self):
         """The training state as a dict of plain numbers, strings and NumPy arrays
         (copies): parameters, gradients, AdamW m and v, iter, opt_i, the settings
-        in force and the shuffling generator's state.  See ggmlopt.checkpoint."""
+        in force and the state of rng (shuffles, dropout masks).  See ggmlopt.checkpoint."""
         return checkpoint.context_state_dict(self)
 
     def load_state_dict(self, state_dict):
