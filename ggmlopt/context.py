@@ -17,7 +17,7 @@ from ._arena import ParamArena
 from ._args import enum_arg, int_arg
 from ._memory import AlignedBuffer
 from .clipping import check_max_norm
-from .nn.module import eval_mode, set_rng, set_training
+from .nn.module import TrainingProtocol, eval_mode
 from .optim_params import (
     BuildType,
     LossType,
@@ -73,8 +73,9 @@ class OptContext:
     The model is told on every alloc whether the eval trains
     (``ggmlopt.nn.set_training(model, backward)``: ``model.train(mode)`` or
     ``model.training``) and is given ``rng`` (``ggmlopt.nn.set_rng``: each
-    module's ``set_rng(rng)``); see ggmlopt.nn.module.  The forward pass on
-    zeros that a static context makes at construction runs with training off.
+    module's ``set_rng(rng)``), over the module tree as it is when the context
+    is built; see ggmlopt.nn.module.  The forward pass on zeros that a static
+    context makes at construction runs with training off.
     clip_grad_norm: None, or a float > 0: before every optimizer step the
     gradient is clipped to that global L2 norm (see ggmlopt.clipping).
 
@@ -128,10 +129,12 @@ class OptContext:
                 self._labels = AlignedBuffer(out.size * 4).as_array(np.float32, out.shape)
             self._make_batch_buffers(batch_size, self._ne_out)
 
+        protocol = TrainingProtocol(model)   # reads the module tree, changes nothing
         if _before_taking is not None:  # a caller's last check (fit: the dataset)
             _before_taking(self)
         # from here on nothing can fail: take the parameters
         self.model = model
+        self._training_protocol = protocol
         self.get_opt_pars = get_opt_pars
         self.get_opt_pars_ud = get_opt_pars_ud
         self.rng = rng
@@ -321,8 +324,7 @@ class OptContext:
                                f"{bt.name} but the context was built for {self._built.name}")
         # the training protocol (ggmlopt.nn.module): whether this eval trains, and the
         # generator of the model's random numbers (part of this context's checkpoints)
-        set_training(self.model, bt != BuildType.FORWARD)
-        set_rng(self.model, self.rng)
+        self._training_protocol.apply(bt != BuildType.FORWARD, self.rng)
         # Gradients are zeroed lazily, as a logical batch begins: ggml_opt_alloc resets
         # its accumulators after an OPT step when opt_period > 1, and with opt_period 1
         # its OPT graph computes gradients afresh.  A GRAD context accumulates until

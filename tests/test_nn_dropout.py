@@ -215,6 +215,54 @@ def test_protocol_reaches_modules_that_are_not_Module(nested):
     assert block.rng is ctx.rng and user.lin.training is True
 
 
+class OverridingTrain(go.nn.Module):
+    """A Module whose train() does more than set flags: the context must call it."""
+
+    def __init__(self):
+        self.lin = Linear(6, 3, rng=0)
+        self.drop = Dropout(0.5)
+        self.calls = []
+
+    def train(self, mode=True):
+        self.calls.append(mode)
+        return super().train(mode)
+
+    def forward(self, x):
+        return self.drop.forward(self.lin.forward(x))
+
+    def backward(self, g):
+        return self.lin.backward(self.drop.backward(g))
+
+
+def test_an_overriding_train_is_called_on_every_alloc():
+    model = OverridingTrain()
+    ctx = go.OptContext(Sequential(model, ReLU()), loss_type=go.LossType.SUM)
+    x = np.ones((2, 6), np.float32)
+    for backward in (True, True, False):
+        ctx.alloc(backward)
+        ctx.eval(inputs=x)
+    assert model.calls == [True, True, False]
+    assert model.drop.training is False and model.drop.rng is ctx.rng
+
+
+def test_the_protocol_object_matches_the_tree_walk():
+    from ggmlopt.nn.module import TrainingProtocol
+
+    user = UserModel()
+    models = [dropout_model(), Sequential(user, Dropout(0.2)), user]
+    for model in models:
+        protocol = TrainingProtocol(model)
+        rng = np.random.default_rng(0)
+        for mode in (True, False):
+            protocol.apply(mode, rng)
+            got = [getattr(m, "training", None) for m in go.nn.modules(model)]
+            go.nn.set_training(model, not mode)
+            go.nn.set_training(model, mode)
+            assert got == [getattr(m, "training", None) for m in go.nn.modules(model)]
+            assert all(getattr(m, "rng", rng) is rng for m in go.nn.modules(model)
+                       if hasattr(m, "set_rng"))
+
+
 def test_the_context_that_runs_is_the_one_drawn_from():
     """Another context training the same model between the evals of a first one
     does not change the first one's masks: every alloc rebinds the rng."""

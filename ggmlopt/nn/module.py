@@ -40,7 +40,8 @@ import numpy as np
 
 from .parameter import Parameter
 
-__all__ = ["Module", "eval_mode", "modules", "named_parameters", "set_rng", "set_training"]
+__all__ = ["Module", "TrainingProtocol", "eval_mode", "modules", "named_parameters", "set_rng",
+           "set_training"]
 
 
 class Module:
@@ -161,6 +162,46 @@ def set_rng(model, rng: np.random.Generator) -> None:
     for m in modules(model):
         bind = getattr(m, "set_rng", None)
         if callable(bind):
+            bind(rng)
+
+
+class TrainingProtocol:
+    """TrainingProtocol(model): set_training and set_rng for one model, with the
+    module tree read once (an OptContext makes one when it takes the model and
+    calls ``apply`` on every alloc, where a walk of the tree would cost more than
+    the rest of a small eval).
+
+    apply(mode, rng) has the effect of ``set_training(model, mode)`` then
+    ``set_rng(model, rng)`` on the tree as it was when the protocol was made.
+    When no module in it overrides ``Module.train`` (or has a ``train`` method of
+    its own), the flags are set directly; otherwise ``set_training`` runs, so an
+    overriding ``train`` is always called.
+    """
+
+    __slots__ = ("_direct", "_model", "_rng_setters", "_tree")
+
+    def __init__(self, model):
+        self._model = model
+        self._tree = list(modules(model))
+        self._rng_setters = [m.set_rng for m in self._tree
+                             if callable(getattr(m, "set_rng", None))]
+        self._direct = all(
+            getattr(type(m), "train", None) is Module.train if isinstance(m, Module)
+            else not callable(getattr(m, "train", None))
+            for m in self._tree)
+
+    def apply(self, mode: bool, rng: np.random.Generator) -> None:
+        """Tell the model whether this eval trains (mode) and give it rng."""
+        mode = bool(mode)
+        if self._direct:
+            for m in self._tree:
+                try:
+                    m.training = mode
+                except AttributeError:  # a module that cannot hold the flag
+                    pass
+        else:
+            set_training(self._model, mode)
+        for bind in self._rng_setters:
             bind(rng)
 
 
