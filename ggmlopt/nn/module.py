@@ -9,7 +9,8 @@ attribute names in a user's module), a ``training`` flag, and ``module(x)``
 returning an array the caller owns.
 
 The training protocol (for every module, also those that do not subclass Module).
-On every ``alloc`` an OptContext calls:
+On every ``alloc`` an OptContext does the equivalent of (TrainingProtocol, over
+the module tree as it was when the context was built):
 
 - ``set_training(model, backward)``: ``model.train(mode)`` when the model has a
   ``train`` method (Module's sets ``training`` on itself and passes the mode to
@@ -23,6 +24,22 @@ On every ``alloc`` an OptContext calls:
   the context's checkpoints, so after ``OptContext.load`` or
   ``fit(resume=True)`` the draws continue as in an uninterrupted run.  Rebinding
   on every alloc means the last context that ran an eval is the one drawn from.
+
+A user's layer with randomness of its own, without subclassing Module::
+
+    class GaussianNoise:
+        def __init__(self, sigma):
+            self.sigma, self.training, self.rng = sigma, False, None
+        def set_rng(self, rng):            # the context's generator, every alloc
+            self.rng = rng
+        def parameters(self):
+            return []
+        def forward(self, x):
+            if not self.training:          # evals that do not train: no noise
+                return x
+            return x + self.sigma * self.rng.standard_normal(x.shape, np.float32)
+        def backward(self, grad_out):
+            return grad_out
 
 The one forward pass on zeros a static context makes at construction (to learn
 the number of outputs) runs with every module's ``training`` False and before
