@@ -695,8 +695,9 @@ def col2im(col, x_shape, kernel_size, stride=1, padding=0, out=None, *, batch_ma
         xs = tuple(int(v) for v in x_shape)
     except (TypeError, ValueError):
         raise TypeError(f"x_shape: expected a tuple of 4 ints, got {x_shape!r}") from None
-    if len(xs) != 4 or min(xs) < 1:
-        raise ValueError(f"x_shape: expected 4 positive sizes (n, c, h, w), got {x_shape!r}")
+    if len(xs) != 4 or xs[0] < 0 or min(xs[1:]) < 1:
+        raise ValueError(f"x_shape: expected 4 sizes (n, c, h, w), n >= 0 and the others "
+                         f">= 1, got {x_shape!r}")
     cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3]
     kh, kw = pair(kernel_size, "kernel_size")
     sh, sw = pair(stride, "stride")
@@ -753,8 +754,9 @@ cdef tuple _shape4(object x_shape):
         xs = tuple(int(v) for v in x_shape)
     except (TypeError, ValueError):
         raise TypeError(f"x_shape: expected a tuple of 4 ints, got {x_shape!r}") from None
-    if len(xs) != 4 or min(xs) < 1:
-        raise ValueError(f"x_shape: expected 4 positive sizes (n, c, h, w), got {x_shape!r}")
+    if len(xs) != 4 or xs[0] < 0 or min(xs[1:]) < 1:
+        raise ValueError(f"x_shape: expected 4 sizes (n, c, h, w), n >= 0 and the others "
+                         f">= 1, got {x_shape!r}")
     return xs
 
 

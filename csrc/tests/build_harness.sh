@@ -26,6 +26,7 @@ build_harness() {
         "csrc/tests/harness.c:"
         "csrc/tests/test_public_api.c:"
         "csrc/tests/test_kernels.c:"
+        "csrc/tests/test_kernels_conv.c:"
     )
     case "$machine" in
         x86_64*) units+=("csrc/kernels_avx2.c:-mavx2 -mfma -mf16c") ;;

@@ -13,6 +13,8 @@
 #include "harness.h"
 
 void test_public_api(int64_t big);
+void test_conv_kernels(const ggmlopt_kernel_table *k);
+void test_conv_public_api(void);
 
 static const ggmlopt_kernel_table *const SCALAR = &ggmlopt_kernels_scalar;
 
@@ -520,6 +522,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
     test_convert_f16_exhaustive(k);
     test_cross_entropy_wide(k);
     th_release_all();
+    test_conv_kernels(k);
 }
 
 int main(int argc, char **argv) {
@@ -544,6 +547,7 @@ int main(int argc, char **argv) {
     for (int t = 0; t < ntables; ++t) test_table(tables[t]);
 
     test_public_api(big);
+    test_conv_public_api();
 
     printf("%d passed, %d failed\n", th_passed, th_failed);
     return th_failed ? 1 : 0;

@@ -114,7 +114,7 @@ class Conv2d(Module):
         n = x.shape[0]
         oc = self.out_channels
         kernels.im2col(x, self.kernel_size, self.stride, self.padding, out=self._col)
-        out3 = self._out.reshape(n, oc, -1)
+        out3 = self._out.reshape(n, oc, self._col.shape[2])
         np.matmul(self.weight.data.reshape(oc, -1), self._col, out=out3)
         if self.bias is not None:
             kernels.add_bias_planes(self._out, self.bias.data)
@@ -132,7 +132,7 @@ class Conv2d(Module):
         if self._dcol is None:
             self._backward_buffers()
         n, oc = g.shape[0], self.out_channels
-        g3 = g.reshape(n, oc, -1)
+        g3 = g.reshape(n, oc, self._col.shape[2])
         col = self._col
 
         def weight_grad(out):
