@@ -23,7 +23,8 @@
     sgd.alpha, sgd.wd                                            float (SGD)
                       the active optimizer's parameters used by the last step
                       (float32 values), NaN before the first step
-    rng_state         str    the shuffling generator's ``bit_generator.state``, as JSON
+    rng_state         str    ctx.rng's ``bit_generator.state`` (dataset shuffles and the
+                             model's random draws, e.g. Dropout masks), as JSON
 
 ``load_state_dict(sd)`` checks every name (none missing, none extra), every
 dtype (ints, floats, strings, float32 arrays) and shape, the format version and

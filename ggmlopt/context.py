@@ -17,6 +17,7 @@ from ._arena import ParamArena
 from ._args import enum_arg, int_arg
 from ._memory import AlignedBuffer
 from .clipping import check_max_norm
+from .nn.module import TrainingProtocol, eval_mode
 from .optim_params import (
     BuildType,
     LossType,
@@ -65,8 +66,16 @@ class OptContext:
     get_opt_pars(get_opt_pars_ud) -> OptimizerParams is called at every optimizer
     step; a get_opt_pars whose ``unit`` attribute is "step" (a per-step
     ggmlopt.schedules schedule) receives the context itself instead.
-    seed: int or numpy Generator for ``rng`` (dataset shuffles); None uses
-    a fixed default seed, so runs repeat, as in ggml.
+    seed: int or numpy Generator for ``rng`` (dataset shuffles, and the random
+    numbers of the model's layers: Dropout); None uses a fixed default seed, so
+    runs repeat, as in ggml.
+
+    The model is told on every alloc whether the eval trains
+    (``ggmlopt.nn.set_training(model, backward)``: ``model.train(mode)`` or
+    ``model.training``) and is given ``rng`` (``ggmlopt.nn.set_rng``: each
+    module's ``set_rng(rng)``), over the module tree as it is when the context
+    is built; see ggmlopt.nn.module.  The forward pass on zeros that a static
+    context makes at construction runs with training off.
     clip_grad_norm: None, or a float > 0: before every optimizer step the
     gradient is clipped to that global L2 norm (see ggmlopt.clipping).
 
@@ -113,16 +122,19 @@ class OptContext:
             # one buffer for the inputs and labels, as ggml's static context
             self._inputs = AlignedBuffer(batch_size * ne_datapoint * 4).as_array(
                 np.float32, (batch_size, ne_datapoint))
-            out = self._check_outputs(model.forward(self._inputs), batch_size)
+            with eval_mode(model):  # a probe: no dropout, no draws from any rng
+                out = self._check_outputs(model.forward(self._inputs), batch_size)
             self._ne_out = out.shape[1]
             if self._needs_labels:
                 self._labels = AlignedBuffer(out.size * 4).as_array(np.float32, out.shape)
             self._make_batch_buffers(batch_size, self._ne_out)
 
+        protocol = TrainingProtocol(model)   # reads the module tree, changes nothing
         if _before_taking is not None:  # a caller's last check (fit: the dataset)
             _before_taking(self)
         # from here on nothing can fail: take the parameters
         self.model = model
+        self._training_protocol = protocol
         self.get_opt_pars = get_opt_pars
         self.get_opt_pars_ud = get_opt_pars_ud
         self.rng = rng
@@ -310,6 +322,9 @@ class OptContext:
         if bt > self._built:
             raise RuntimeError(f"alloc(backward={bool(backward)}): this eval needs build type "
                                f"{bt.name} but the context was built for {self._built.name}")
+        # the training protocol (ggmlopt.nn.module): whether this eval trains, and the
+        # generator of the model's random numbers (part of this context's checkpoints)
+        self._training_protocol.apply(bt != BuildType.FORWARD, self.rng)
         # Gradients are zeroed lazily, as a logical batch begins: ggml_opt_alloc resets
         # its accumulators after an OPT step when opt_period > 1, and with opt_period 1
         # its OPT graph computes gradients afresh.  A GRAD context accumulates until
@@ -455,7 +470,7 @@ class OptContext:
     def state_dict(self):
         """The training state as a dict of plain numbers, strings and NumPy arrays
         (copies): parameters, gradients, AdamW m and v, iter, opt_i, the settings
-        in force and the shuffling generator's state.  See ggmlopt.checkpoint."""
+        in force and the state of rng (shuffles, dropout masks).  See ggmlopt.checkpoint."""
         return checkpoint.context_state_dict(self)
 
     def load_state_dict(self, state_dict):

@@ -11,6 +11,7 @@ import numpy as np
 from ._args import enum_arg, int_arg
 from .checkpoint import FitCheckpoint
 from .context import OptContext
+from .nn.module import set_training
 from .optim_params import BuildType, LossType, OptimizerType, default_optimizer_params
 from .progress import format_hms, progress_bar, time_us
 from .result import Result
@@ -168,6 +169,10 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     every epoch); training 4 epochs straight or 2, then resuming for 2 more, gives
     bit-for-bit the same parameters.  clip_grad_norm: None or a float > 0, the
     global gradient L2 norm each optimizer step is clipped to.
+
+    The model's ``training`` flag follows each eval (see ggmlopt.nn.module); fit
+    returns it in eval mode (training False), so ``model(x)`` afterwards is
+    inference (no dropout).
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -260,6 +265,7 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
                                          *val_loss, *result_val.accuracy(), seconds))
         if ckpt is not None:
             ckpt.save(ctx, dataset, ep, [astuple(e) for e in history.epochs])
+    set_training(model, False)
     if not silent:
         sys.stderr.write(f"fit: training took {format_hms(time_us() - t_start_us)}\n")
         sys.stderr.flush()

@@ -8,16 +8,26 @@ buffers they reuse from batch to batch (``forward`` returns such a buffer;
 ``layer(x)`` returns a copy the caller owns), and always read
 ``Parameter.data`` / ``.grad`` at call time, so an OptContext can re-point them
 at its arena.
+
+Whether an eval trains and where random numbers come from is one protocol for
+every module (see ggmlopt.nn.module): on every alloc an OptContext calls
+``set_training(model, backward)`` (``model.train(mode)``, or ``.training``
+set through the tree) and ``set_rng(model, ctx.rng)`` (each module's
+``set_rng(rng)``).  Images are NCHW float32; an image model takes the engine's
+flat datapoints (batch, ne_datapoint) and reshapes them itself (Reshape).
 """
 from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .container import Sequential
 from .conv import Conv2d
+from .dropout import Dropout
 from .init import kaiming_uniform
 from .linear import Linear
-from .module import Module, named_parameters
+from .module import Module, eval_mode, modules, named_parameters, set_rng, set_training
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
+from .shape import Flatten, Reshape
 
-__all__ = ["AvgPool2d", "Conv2d", "GELU", "LeakyReLU", "Linear", "MaxPool2d", "Module",
-           "Parameter", "ReLU", "Sequential", "SiLU", "Sigmoid", "Tanh", "kaiming_uniform",
-           "named_parameters"]
+__all__ = ["AvgPool2d", "Conv2d", "Dropout", "Flatten", "GELU", "LeakyReLU", "Linear",
+           "MaxPool2d", "Module", "Parameter", "ReLU", "Reshape", "Sequential", "SiLU", "Sigmoid",
+           "Tanh", "eval_mode", "kaiming_uniform", "modules", "named_parameters", "set_rng",
+           "set_training"]

@@ -20,6 +20,9 @@ class ReLU(Module):
         self._out = None
 
     def forward(self, x):
+        """x: float32 of any shape -> the same shape, in a buffer this layer reuses
+        (the next forward overwrites it); ``layer(x)`` returns a copy the caller
+        owns."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape != self._shape:
             self._out = np.empty(x.shape, dtype=np.float32)
@@ -28,6 +31,8 @@ class ReLU(Module):
         return kernels.relu(x, out=self._out)
 
     def backward(self, grad_out):
+        """grad_out: the last forward output's shape -> d loss / d x (a buffer this
+        layer reuses), or None when needs_input_grad is False."""
         if self._out is None:
             raise RuntimeError("backward: call forward first")
         if not self.needs_input_grad:

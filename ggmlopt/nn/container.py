@@ -58,11 +58,16 @@ class Sequential(Module):
         return params
 
     def forward(self, x):
+        """x through every layer's forward: the last layer's result, usually a buffer
+        that layer reuses (the next forward overwrites it); ``model(x)`` returns a
+        copy the caller owns."""
         for layer in self.layers:
             x = layer.forward(x)
         return x
 
     def backward(self, grad_out):
+        """grad_out through every layer's backward, last layer first; returns the
+        first layer's result (None unless needs_input_grad is set)."""
         g = grad_out
         for layer in reversed(self.layers):
             g = layer.backward(g)

@@ -50,7 +50,8 @@ class Linear(Module):
 
     def forward(self, x):
         """x: (batch, in_features) -> (batch, out_features) float32 (a buffer this
-        layer reuses: the next forward overwrites it)."""
+        layer reuses: the next forward overwrites it); ``layer(x)`` returns a copy
+        the caller owns."""
         x = as_batch(x, self.in_features, "x")
         if x.shape[0] != self._batch:
             self._buffers(x.shape[0])

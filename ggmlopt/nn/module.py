@@ -1,20 +1,64 @@
-"""Module: the base of the layers, and the naming of parameters in a module tree.
+"""Module: the base of the layers, the naming of parameters in a module tree, and
+the protocol by which an OptContext tells a model whether it trains and where its
+random numbers come from.
 
 The model protocol the engine needs is only ``parameters()``, ``forward(x)`` and
 ``backward(grad_out)``; Module adds what users of torch or Keras expect on top:
 names (``named_parameters()``: ``0.weight``, ``2.bias`` in a Sequential,
 attribute names in a user's module), a ``training`` flag, and ``module(x)``
 returning an array the caller owns.
+
+The training protocol (for every module, also those that do not subclass Module).
+On every ``alloc`` an OptContext does the equivalent of (TrainingProtocol, over
+the module tree as it was when the context was built):
+
+- ``set_training(model, backward)``: ``model.train(mode)`` when the model has a
+  ``train`` method (Module's sets ``training`` on itself and passes the mode to
+  every sub-module), else it sets ``model.training = mode`` and does the same for
+  each sub-module.  So a module reads ``self.training`` in ``forward``: True in
+  evals that train (``alloc(True)``), False otherwise.
+- ``set_rng(model, ctx.rng)``: every module in the tree with a ``set_rng(rng)``
+  method receives the context's seeded numpy Generator.  A module that draws
+  random numbers (Dropout) defines ``set_rng``, keeps the generator and draws
+  from it in ``forward`` only while training.  The generator's state is part of
+  the context's checkpoints, so after ``OptContext.load`` or
+  ``fit(resume=True)`` the draws continue as in an uninterrupted run.  Rebinding
+  on every alloc means the last context that ran an eval is the one drawn from.
+
+A user's layer with randomness of its own, without subclassing Module::
+
+    class GaussianNoise:
+        def __init__(self, sigma):
+            self.sigma, self.training, self.rng = sigma, False, None
+        def set_rng(self, rng):            # the context's generator, every alloc
+            self.rng = rng
+        def parameters(self):
+            return []
+        def forward(self, x):
+            if not self.training:          # evals that do not train: no noise
+                return x
+            return x + self.sigma * self.rng.standard_normal(x.shape, np.float32)
+        def backward(self, grad_out):
+            return grad_out
+
+The one forward pass on zeros a static context makes at construction (to learn
+the number of outputs) runs with every module's ``training`` False and before
+any ``set_rng``, so it draws nothing; the flags are restored afterwards.
+Sub-modules are found as ``named_children()`` (Sequential: its layers) or, for
+objects without it, as the attributes (and lists or tuples of them) that hold
+objects with a ``forward`` method.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
 from .parameter import Parameter
 
-__all__ = ["Module", "named_parameters"]
+__all__ = ["Module", "TrainingProtocol", "eval_mode", "modules", "named_parameters", "set_rng",
+           "set_training"]
 
 
 class Module:
@@ -23,10 +67,14 @@ class Module:
     needs_input_grad: whether backward must return the gradient w.r.t. the input
     (Sequential clears it for its first layer, whose input is data).
     training: whether the current eval trains (an OptContext sets it on every
-    alloc); layers that behave differently while training (Dropout) read it.
+    alloc, see set_training); layers that behave differently while training
+    (Dropout) read it in forward.  A layer that draws random numbers defines
+    ``set_rng(rng)`` and draws from the generator it was given (see set_rng).
 
-    ``forward(x)`` may return a buffer the layer reuses (the next forward
-    overwrites it); ``module(x)`` returns a copy the caller owns.
+    Output ownership: ``forward(x)`` may return a buffer the layer reuses (the
+    next forward overwrites it) or a view of x; that is what keeps training
+    free of allocations.  ``module(x)`` (``__call__``) returns a new array the
+    caller owns: ``a = m(x1); b = m(x2)`` never changes ``a``.
     """
 
     needs_input_grad = True
@@ -55,14 +103,11 @@ class Module:
         yield from _named(self, prefix, set())
 
     def train(self, mode: bool = True):
-        """Set ``training`` on this module and every sub-module; returns self."""
+        """Set ``training`` on this module and every sub-module (set_training on
+        each child); returns self."""
         self.training = bool(mode)
         for _, child in self.named_children():
-            setter = getattr(child, "train", None)
-            if callable(setter):
-                setter(mode)
-            else:
-                child.training = bool(mode)
+            set_training(child, mode)
         return self
 
     def eval(self):
@@ -76,14 +121,129 @@ class Module:
         raise NotImplementedError
 
     def __call__(self, x) -> np.ndarray:
-        """forward(x), copied into an array the caller owns: ``a = m(x1); b = m(x2)``
-        never changes ``a``."""
+        """forward(x), copied into a new array the caller owns (it shares memory with
+        neither x nor the layer's buffers): ``a = m(x1); b = m(x2)`` never changes
+        ``a``.  Use ``forward`` where the copy matters and the next call may
+        overwrite the result."""
         return np.array(self.forward(x), copy=True)
 
 
 def _is_module(obj) -> bool:
-    return isinstance(obj, Module) or (
-        callable(getattr(obj, "parameters", None)) and callable(getattr(obj, "forward", None)))
+    return isinstance(obj, Module) or callable(getattr(obj, "forward", None))
+
+
+def _children(obj) -> Iterator[object]:
+    if isinstance(obj, Module) or callable(getattr(obj, "named_children", None)):
+        for _, child in obj.named_children():
+            yield child
+    elif hasattr(obj, "__dict__"):
+        for _, child in Module.named_children(obj):
+            yield child
+
+
+def modules(model) -> Iterator[object]:
+    """model and every module below it, each once, parents before children."""
+    seen = set()
+    stack = [model]
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        yield m
+        stack.extend(reversed(list(_children(m))))
+
+
+def set_training(model, mode: bool) -> None:
+    """Tell model whether the current eval trains: ``model.train(mode)`` when it has
+    a train method, else ``model.training = mode`` and the same for each
+    sub-module.  OptContext calls it on every alloc with ``backward``."""
+    mode = bool(mode)
+    train = getattr(model, "train", None)
+    if callable(train):
+        train(mode)
+        return
+    try:
+        model.training = mode
+    except AttributeError:  # a module that cannot hold the flag does not read it
+        pass
+    for child in _children(model):
+        set_training(child, mode)
+
+
+def set_rng(model, rng: np.random.Generator) -> None:
+    """Give rng to every module in model's tree that has a ``set_rng(rng)`` method
+    (the modules that draw random numbers, such as Dropout).  OptContext calls it
+    with its own ``rng`` on every alloc, so the draws are part of the context's
+    seeded, checkpointed stream."""
+    for m in modules(model):
+        bind = getattr(m, "set_rng", None)
+        if callable(bind):
+            bind(rng)
+
+
+class TrainingProtocol:
+    """TrainingProtocol(model): set_training and set_rng for one model, with the
+    module tree read once (an OptContext makes one when it takes the model and
+    calls ``apply`` on every alloc, where a walk of the tree would cost more than
+    the rest of a small eval).
+
+    apply(mode, rng) has the effect of ``set_training(model, mode)`` then
+    ``set_rng(model, rng)`` on the tree as it was when the protocol was made.
+    When no module in it overrides ``Module.train`` (or has a ``train`` method of
+    its own), the flags are set directly; otherwise ``set_training`` runs, so an
+    overriding ``train`` is always called.
+    """
+
+    __slots__ = ("_direct", "_model", "_rng_setters", "_tree")
+
+    def __init__(self, model):
+        self._model = model
+        self._tree = list(modules(model))
+        self._rng_setters = [m.set_rng for m in self._tree
+                             if callable(getattr(m, "set_rng", None))]
+        self._direct = all(
+            getattr(type(m), "train", None) is Module.train if isinstance(m, Module)
+            else not callable(getattr(m, "train", None))
+            for m in self._tree)
+
+    def apply(self, mode: bool, rng: np.random.Generator) -> None:
+        """Tell the model whether this eval trains (mode) and give it rng."""
+        mode = bool(mode)
+        if self._direct:
+            for m in self._tree:
+                try:
+                    m.training = mode
+                except AttributeError:  # a module that cannot hold the flag
+                    pass
+        else:
+            set_training(self._model, mode)
+        for bind in self._rng_setters:
+            bind(rng)
+
+
+_MISSING = object()
+
+
+@contextmanager
+def eval_mode(model):
+    """with eval_mode(model): ... runs the block with training False everywhere in
+    model's tree (set_training(model, False)), then puts back every module's own
+    ``training`` attribute as it was."""
+    saved = [(m, getattr(m, "training", _MISSING)) for m in modules(model)]
+    try:
+        set_training(model, False)
+        yield model
+    finally:
+        for m, flag in saved:
+            try:
+                if flag is _MISSING:
+                    if "training" in getattr(m, "__dict__", {}):
+                        del m.training
+                else:
+                    m.training = flag
+            except AttributeError:
+                pass
 
 
 def _direct_parameters(obj) -> Iterator[tuple[str, Parameter]]:

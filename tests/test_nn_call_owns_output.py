@@ -1,0 +1,107 @@
+"""Every layer in ggmlopt.nn: ``a = layer(x1); b = layer(x2)`` leaves ``a`` unchanged
+(``__call__`` returns an array the caller owns), while ``forward`` may return a
+buffer it reuses or a view of its input, and says so in its docstring.
+
+A new layer is one entry in LAYER_CASES: test_every_layer_has_a_case fails until
+it has one."""
+import inspect
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt import nn
+
+# name -> (make the layer, datapoint shape without the batch); several cases may
+# cover one class (the class name is the part before ":")
+LAYER_CASES = {
+    "Linear": (lambda: nn.Linear(7, 5, rng=0), (7,)),
+    "ReLU": (lambda: nn.ReLU(), (5,)),
+    "ReLU:images": (lambda: nn.ReLU(), (3, 4, 5)),
+    "Sequential": (lambda: nn.Sequential(nn.Linear(7, 6, rng=0), nn.ReLU(),
+                                         nn.Linear(6, 3, rng=1)), (7,)),
+    "Dropout": (lambda: nn.Dropout(0.5, rng=0).train(), (9,)),
+    "Dropout:eval": (lambda: nn.Dropout(0.5, rng=0).eval(), (9,)),
+    "Reshape": (lambda: nn.Reshape((2, -1)), (6,)),
+    "Flatten": (lambda: nn.Flatten(), (2, 3)),
+}
+if hasattr(nn, "Conv2d"):
+    LAYER_CASES["Conv2d"] = (lambda: nn.Conv2d(2, 3, 3, padding=1, rng=0), (2, 5, 5))
+if hasattr(nn, "MaxPool2d"):
+    LAYER_CASES["MaxPool2d"] = (lambda: nn.MaxPool2d(2), (2, 4, 6))
+if hasattr(nn, "AvgPool2d"):
+    LAYER_CASES["AvgPool2d"] = (lambda: nn.AvgPool2d(2, stride=1), (3, 3, 5))
+
+
+def layer_classes():
+    return sorted(name for name in nn.__all__
+                  if inspect.isclass(getattr(nn, name))
+                  and issubclass(getattr(nn, name), nn.Module) and name != "Module")
+
+
+def test_every_layer_has_a_case():
+    covered = {case.split(":")[0] for case in LAYER_CASES}
+    missing = [name for name in layer_classes() if name not in covered]
+    assert not missing, f"add these layers to LAYER_CASES: {missing}"
+
+
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_call_returns_an_array_the_caller_owns(case, batch):
+    make, shape = LAYER_CASES[case]
+    layer = make()
+    rng = np.random.default_rng(0)
+    x1, x2, x3 = (rng.standard_normal((batch, *shape)).astype(np.float32) for _ in range(3))
+    a = layer(x1)
+    a_before = a.copy()
+    b = layer(x2)
+    layer.forward(x3)             # the next forward overwrites the layer's buffers ...
+    x1[...] = 7.0                 # ... and the caller may change its input
+    np.testing.assert_array_equal(a, a_before)   # ... a is the caller's
+    assert isinstance(a, np.ndarray) and a.flags.owndata and a.flags.writeable
+    assert not np.shares_memory(a, b)
+    assert not np.shares_memory(a, x1)
+    assert a.shape[0] == batch
+
+
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_forward_may_reuse_its_buffer(case):
+    """What the docstrings promise: forward's result is the layer's (a reused buffer
+    or a view of x), so the caller copies it or calls layer(x)."""
+    make, shape = LAYER_CASES[case]
+    layer = make()
+    x = np.ones((2, *shape), np.float32)
+    out1 = layer.forward(x)
+    out2 = layer.forward(x)
+    assert out1 is out2 or np.shares_memory(out1, out2) or np.shares_memory(out1, x)
+
+
+@pytest.mark.parametrize("name", layer_classes())
+def test_forward_docstring_documents_buffer_reuse(name):
+    """The layer's forward (or class) docstring says what forward returns and that
+    layer(x) is the caller's copy."""
+    cls = getattr(nn, name)
+    doc = " ".join(((inspect.getdoc(cls.forward) or "") + " " + (cls.__doc__ or "")).split())
+    assert "caller owns" in doc, f"{name}: say that layer(x) returns a copy the caller owns"
+    assert "reuse" in doc or "view of x" in doc or "x itself" in doc, \
+        f"{name}.forward: say which buffer it returns"
+
+
+def test_call_and_module_docstrings_promise_ownership():
+    assert "caller owns" in " ".join(inspect.getdoc(nn.Module.__call__).split())
+    doc = " ".join(inspect.getdoc(nn.Module).split())
+    assert "reuses" in doc and "caller owns" in doc
+
+
+def test_fitted_model_call_survives_training_on():
+    """a = model(x) taken during training is not changed by later evals."""
+    rng = np.random.default_rng(1)
+    model = go.nn.Sequential(go.nn.Linear(4, 3, rng=0))
+    ctx = go.OptContext(model, loss_type=go.LossType.SUM)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    a = model(x)
+    kept = a.copy()
+    ctx.alloc(True)
+    ctx.eval(inputs=x)
+    np.testing.assert_array_equal(a, kept)
+    assert not np.array_equal(model(x), kept)   # the parameters did move
