@@ -13,8 +13,8 @@ from .activation import ReLU
 from .container import Sequential
 from .init import kaiming_uniform
 from .linear import Linear
-from .module import Module, named_parameters
+from .module import Module, named_modules, named_parameters
 from .parameter import Parameter
 
 __all__ = ["Linear", "Module", "Parameter", "ReLU", "Sequential", "kaiming_uniform",
-           "named_parameters"]
+           "named_modules", "named_parameters"]
