@@ -407,3 +407,142 @@ void ggmlopt_gather_shards_f16_f32(int64_t nshards, int64_t shard_elems, const i
     gather_args a = {2, shard_elems, perm, src, dst, scale};
     gather(&a, nshards, shard_elems * 4);
 }
+
+/* ---- convolution and pooling ----------------------------------------------- */
+
+/* Runs fn over n images (or planes) of about item_work elements of traffic
+ * each, in blocks of whole items: items are independent, so the result is the
+ * same for any split, and outputs of one item are large enough that blocks
+ * need no alignment. */
+static void run_items(int64_t n, int64_t item_work, go_block_fn fn, const void *args) {
+    if (n <= 0) return;
+    if (item_work < 1) item_work = 1;
+    int64_t block = (n + GO_MAX_BLOCKS - 1) / GO_MAX_BLOCKS;
+    const int64_t min_items = rows_for(item_work, GO_BLOCK_MIN / 4);
+    if (block < min_items) block = min_items;
+    const int nblocks = (int)((n + block - 1) / block);
+    if (nblocks == 1) {
+        fn(args, 0, n);
+        return;
+    }
+    double partial[GO_MAX_BLOCKS];
+    go_blocks_job job = {fn, args, n, block, nblocks, partial};
+    if (n * item_work >= GO_PARALLEL_MIN_ELEMWISE) {
+        go_pool_for(nblocks, blocks_one, &job);
+    } else {
+        for (int b = 0; b < nblocks; ++b) blocks_one(&job, b);
+    }
+}
+
+static go_conv_geom conv_geom(int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                              int64_t sh, int64_t sw, int64_t ph, int64_t pw) {
+    go_conv_geom g = {c, h, w, kh, kw, sh, sw, ph, pw, (h + 2 * ph - kh) / sh + 1,
+                      (w + 2 * pw - kw) / sw + 1};
+    return g;
+}
+
+typedef struct {
+    go_conv_geom g;
+    const float *x;
+    float *col;
+    int64_t col_image, col_row;
+    float *dx;
+} conv_args;
+static double im2col_block(const void *p, int64_t b, int64_t e) {
+    const conv_args *a = (const conv_args *)p;
+    kernels()->im2col_f32(&a->g, e - b, a->x + b * a->g.c * a->g.h * a->g.w,
+                          a->col + b * a->col_image, a->col_image, a->col_row);
+    return 0.0;
+}
+void ggmlopt_im2col_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t sh, int64_t sw, int64_t ph, int64_t pw, const float *x,
+                        float *col, int64_t col_image, int64_t col_row) {
+    conv_args a = {conv_geom(c, h, w, kh, kw, sh, sw, ph, pw), x, col, col_image, col_row, NULL};
+    run_items(n, c * kh * kw * a.g.oh * a.g.ow + c * h * w, im2col_block, &a);
+}
+static double col2im_block(const void *p, int64_t b, int64_t e) {
+    const conv_args *a = (const conv_args *)p;
+    kernels()->col2im_f32(&a->g, e - b, a->col + b * a->col_image, a->col_image, a->col_row,
+                          a->dx + b * a->g.c * a->g.h * a->g.w);
+    return 0.0;
+}
+void ggmlopt_col2im_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t sh, int64_t sw, int64_t ph, int64_t pw, const float *col,
+                        int64_t col_image, int64_t col_row, float *dx) {
+    conv_args a = {conv_geom(c, h, w, kh, kw, sh, sw, ph, pw), NULL, (float *)col, col_image,
+                   col_row, dx};
+    run_items(n, c * kh * kw * a.g.oh * a.g.ow + c * h * w, col2im_block, &a);
+}
+
+typedef struct { int64_t c, plane; float *x; const float *bias; } bias_planes_args;
+static double bias_planes_block(const void *p, int64_t b, int64_t e) {
+    const bias_planes_args *a = (const bias_planes_args *)p;
+    kernels()->add_bias_planes_f32(e - b, a->c, a->plane, a->x + b * a->c * a->plane, a->bias);
+    return 0.0;
+}
+void ggmlopt_add_bias_planes_f32(int64_t n, int64_t c, int64_t plane, float *x, const float *bias) {
+    bias_planes_args a = {c, plane, x, bias};
+    run_items(n, c * plane, bias_planes_block, &a);
+}
+
+typedef struct {
+    go_pool_geom g;
+    const float *x;
+    float *y;
+    int32_t *idx;
+} pool_args;
+static go_pool_geom pool_geom(int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
+                              int64_t sw) {
+    go_pool_geom g = {h, w, kh, kw, sh, sw, (h - kh) / sh + 1, (w - kw) / sw + 1};
+    return g;
+}
+static int64_t pool_work(const go_pool_geom *g) { return g->h * g->w + g->oh * g->ow * 2; }
+
+static double maxpool_block(const void *p, int64_t b, int64_t e) {
+    const pool_args *a = (const pool_args *)p;
+    const int64_t in = a->g.h * a->g.w, out = a->g.oh * a->g.ow;
+    kernels()->maxpool2d_f32(&a->g, e - b, a->x + b * in, a->y + b * out, a->idx + b * out);
+    return 0.0;
+}
+void ggmlopt_maxpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                           int64_t sh, int64_t sw, const float *x, float *y, int32_t *idx) {
+    pool_args a = {pool_geom(h, w, kh, kw, sh, sw), x, y, idx};
+    run_items(nplanes, pool_work(&a.g), maxpool_block, &a);
+}
+/* backward: x is dy, y is dx */
+static double maxpool_backward_block(const void *p, int64_t b, int64_t e) {
+    const pool_args *a = (const pool_args *)p;
+    const int64_t in = a->g.h * a->g.w, out = a->g.oh * a->g.ow;
+    kernels()->maxpool2d_backward_f32(&a->g, e - b, a->x + b * out, a->idx + b * out,
+                                      a->y + b * in);
+    return 0.0;
+}
+void ggmlopt_maxpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                    int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                    const int32_t *idx, float *dx) {
+    pool_args a = {pool_geom(h, w, kh, kw, sh, sw), dy, dx, (int32_t *)idx};
+    run_items(nplanes, pool_work(&a.g), maxpool_backward_block, &a);
+}
+static double avgpool_block(const void *p, int64_t b, int64_t e) {
+    const pool_args *a = (const pool_args *)p;
+    const int64_t in = a->g.h * a->g.w, out = a->g.oh * a->g.ow;
+    kernels()->avgpool2d_f32(&a->g, e - b, a->x + b * in, a->y + b * out);
+    return 0.0;
+}
+void ggmlopt_avgpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                           int64_t sh, int64_t sw, const float *x, float *y) {
+    pool_args a = {pool_geom(h, w, kh, kw, sh, sw), x, y, NULL};
+    run_items(nplanes, pool_work(&a.g), avgpool_block, &a);
+}
+static double avgpool_backward_block(const void *p, int64_t b, int64_t e) {
+    const pool_args *a = (const pool_args *)p;
+    const int64_t in = a->g.h * a->g.w, out = a->g.oh * a->g.ow;
+    kernels()->avgpool2d_backward_f32(&a->g, e - b, a->x + b * out, a->y + b * in);
+    return 0.0;
+}
+void ggmlopt_avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                    int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                    float *dx) {
+    pool_args a = {pool_geom(h, w, kh, kw, sh, sw), dy, dx, NULL};
+    run_items(nplanes, pool_work(&a.g), avgpool_backward_block, &a);
+}

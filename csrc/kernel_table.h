@@ -9,6 +9,18 @@
 
 #include <stdint.h>
 
+/* The geometry of a 2-D convolution on images (c, h, w): kernel kh*kw, stride
+ * (sh, sw), zero padding (ph, pw), output oh*ow. */
+typedef struct {
+    int64_t c, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
+} go_conv_geom;
+
+/* The geometry of a 2-D pooling over planes h*w: window kh*kw, stride (sh, sw),
+ * output oh*ow, no padding. */
+typedef struct {
+    int64_t h, w, kh, kw, sh, sw, oh, ow;
+} go_pool_geom;
+
 typedef struct ggmlopt_kernel_table {
     const char *name;
     void (*adamw_step_f32)(int64_t n, float *w, const float *g, float *m, float *v,
@@ -32,6 +44,20 @@ typedef struct ggmlopt_kernel_table {
                                 float grad_scale);
     void (*convert_u8_f32)(int64_t n, const uint8_t *src, float *dst, float scale);
     void (*convert_f16_f32)(int64_t n, const uint16_t *src, float *dst, float scale);
+    /* convolution and pooling: nimages / nplanes consecutive ones */
+    void (*im2col_f32)(const go_conv_geom *g, int64_t nimages, const float *x, float *col,
+                       int64_t col_image, int64_t col_row);
+    void (*col2im_f32)(const go_conv_geom *g, int64_t nimages, const float *col,
+                       int64_t col_image, int64_t col_row, float *dx);
+    void (*add_bias_planes_f32)(int64_t nimages, int64_t channels, int64_t plane, float *x,
+                                const float *bias);
+    void (*maxpool2d_f32)(const go_pool_geom *g, int64_t nplanes, const float *x, float *y,
+                          int32_t *idx);
+    void (*maxpool2d_backward_f32)(const go_pool_geom *g, int64_t nplanes, const float *dy,
+                                   const int32_t *idx, float *dx);
+    void (*avgpool2d_f32)(const go_pool_geom *g, int64_t nplanes, const float *x, float *y);
+    void (*avgpool2d_backward_f32)(const go_pool_geom *g, int64_t nplanes, const float *dy,
+                                   float *dx);
 } ggmlopt_kernel_table;
 
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;

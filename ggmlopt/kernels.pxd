@@ -39,3 +39,22 @@ cdef void gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64
                                const uint8_t *src, float *dst, float scale) noexcept nogil
 cdef void gather_shards_f16_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
                                 const uint16_t *src, float *dst, float scale) noexcept nogil
+cdef void im2col_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                     int64_t sh, int64_t sw, int64_t ph, int64_t pw, const float *x,
+                     float *col, int64_t col_image, int64_t col_row) noexcept nogil
+cdef void col2im_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                     int64_t sh, int64_t sw, int64_t ph, int64_t pw, const float *col,
+                     int64_t col_image, int64_t col_row, float *dx) noexcept nogil
+cdef void add_bias_planes_f32(int64_t n, int64_t c, int64_t plane, float *x,
+                              const float *bias) noexcept nogil
+cdef void maxpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t sh, int64_t sw, const float *x, float *y,
+                        int32_t *idx) noexcept nogil
+cdef void maxpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                                 int64_t sh, int64_t sw, const float *dy, const int32_t *idx,
+                                 float *dx) noexcept nogil
+cdef void avgpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t sh, int64_t sw, const float *x, float *y) noexcept nogil
+cdef void avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                                 int64_t sh, int64_t sw, const float *dy,
+                                 float *dx) noexcept nogil

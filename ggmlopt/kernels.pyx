@@ -45,6 +45,24 @@ cdef extern from "ggmlopt.h" nogil:
     void ggmlopt_gather_shards_f16_f32(int64_t nshards, int64_t shard_elems,
                                        const int64_t *perm, const uint16_t *src, float *dst,
                                        float scale)
+    void ggmlopt_im2col_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                            int64_t sh, int64_t sw, int64_t ph, int64_t pw, const float *x,
+                            float *col, int64_t col_image, int64_t col_row)
+    void ggmlopt_col2im_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                            int64_t sh, int64_t sw, int64_t ph, int64_t pw, const float *col,
+                            int64_t col_image, int64_t col_row, float *dx)
+    void ggmlopt_add_bias_planes_f32(int64_t n, int64_t c, int64_t plane, float *x,
+                                     const float *bias)
+    void ggmlopt_maxpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                               int64_t sh, int64_t sw, const float *x, float *y, int32_t *idx)
+    void ggmlopt_maxpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                        int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                        const int32_t *idx, float *dx)
+    void ggmlopt_avgpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                               int64_t sh, int64_t sw, const float *x, float *y)
+    void ggmlopt_avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                        int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                        float *dx)
     int ggmlopt_simd_count()
     const char *ggmlopt_simd_name(int i)
     int ggmlopt_simd_compiled(int i)
@@ -125,6 +143,39 @@ cdef void gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64
 cdef void gather_shards_f16_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
                                 const uint16_t *src, float *dst, float scale) noexcept nogil:
     ggmlopt_gather_shards_f16_f32(nshards, shard_elems, perm, src, dst, scale)
+
+cdef void im2col_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                     int64_t sh, int64_t sw, int64_t ph, int64_t pw, const float *x,
+                     float *col, int64_t col_image, int64_t col_row) noexcept nogil:
+    ggmlopt_im2col_f32(n, c, h, w, kh, kw, sh, sw, ph, pw, x, col, col_image, col_row)
+
+cdef void col2im_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                     int64_t sh, int64_t sw, int64_t ph, int64_t pw, const float *col,
+                     int64_t col_image, int64_t col_row, float *dx) noexcept nogil:
+    ggmlopt_col2im_f32(n, c, h, w, kh, kw, sh, sw, ph, pw, col, col_image, col_row, dx)
+
+cdef void add_bias_planes_f32(int64_t n, int64_t c, int64_t plane, float *x,
+                              const float *bias) noexcept nogil:
+    ggmlopt_add_bias_planes_f32(n, c, plane, x, bias)
+
+cdef void maxpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t sh, int64_t sw, const float *x, float *y,
+                        int32_t *idx) noexcept nogil:
+    ggmlopt_maxpool2d_f32(nplanes, h, w, kh, kw, sh, sw, x, y, idx)
+
+cdef void maxpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                                 int64_t sh, int64_t sw, const float *dy, const int32_t *idx,
+                                 float *dx) noexcept nogil:
+    ggmlopt_maxpool2d_backward_f32(nplanes, h, w, kh, kw, sh, sw, dy, idx, dx)
+
+cdef void avgpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t sh, int64_t sw, const float *x, float *y) noexcept nogil:
+    ggmlopt_avgpool2d_f32(nplanes, h, w, kh, kw, sh, sw, x, y)
+
+cdef void avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                                 int64_t sh, int64_t sw, const float *dy,
+                                 float *dx) noexcept nogil:
+    ggmlopt_avgpool2d_backward_f32(nplanes, h, w, kh, kw, sh, sw, dy, dx)
 
 
 # ---- argument checks ----------------------------------------------------------
@@ -551,6 +602,261 @@ def gather_shards(src, dst, perm, scale=None):
         else:
             ggmlopt_gather_shards_f16_f32(nperm, shard_elems, pp, <uint16_t *>ps,
                                           <float *>pd, fs)
+
+
+# ---- convolution and pooling ------------------------------------------------------
+
+def pair(value, name, minimum=1):
+    """(a, b) from an int or a pair of ints, each >= minimum; TypeError for
+    anything else (bool included), ValueError for a value below minimum."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name}: expected an int or a pair (height, width) of ints, "
+                             f"got {len(value)} values")
+        items = tuple(value)
+    else:
+        items = (value, value)
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int or a pair (height, width) of ints, "
+                            f"got {type(v).__name__}")
+        if v < minimum:
+            raise ValueError(f"{name}: expected ints >= {minimum}, got {value!r}")
+    return int(items[0]), int(items[1])
+
+
+cdef tuple _images(cnp.ndarray a, str name):
+    if a.ndim != 4:
+        raise ValueError(f"{name}: expected a 4-D array (batch, channels, height, width), "
+                         f"got {a.ndim}-D with shape {(<object>a).shape}")
+    return a.shape[0], a.shape[1], a.shape[2], a.shape[3]
+
+
+def conv2d_output_size(height, width, kernel_size, stride=1, padding=0):
+    """(oh, ow) of a 2-D convolution (or pooling with padding 0) of an image
+    (height, width): (height + 2*ph - kh)//sh + 1 and likewise for width.
+    ValueError when the padded image is smaller than the kernel."""
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = pair(stride, "stride")
+    ph, pw = pair(padding, "padding", 0)
+    if height + 2 * ph < kh or width + 2 * pw < kw:
+        raise ValueError(f"x: the input ({height}, {width}) with padding ({ph}, {pw}) is "
+                         f"smaller than the kernel ({kh}, {kw})")
+    return (height + 2 * ph - kh) // sh + 1, (width + 2 * pw - kw) // sw + 1
+
+
+cdef tuple _col_shape(int64_t n, int64_t c, int64_t kh, int64_t kw, int64_t oh, int64_t ow,
+                      bint batch_matrix):
+    if batch_matrix:
+        return (c * kh * kw, n * oh * ow)
+    return (n, c * kh * kw, oh * ow)
+
+
+def im2col(x, kernel_size, stride=1, padding=0, out=None, *, batch_matrix=False):
+    """The receptive fields of a 2-D convolution as columns.
+
+    x: float32 (n, c, h, w).  kernel_size, stride (>= 1) and padding (>= 0): an
+    int or a pair (height, width).  Returns out, float32 (n, c*kh*kw, oh*ow): row
+    (ci*kh + ky)*kw + kx of image i holds x[i, ci, oy*sh - ph + ky, ox*sw - pw + kx]
+    (0 in the padding) in row-major (oy, ox) order.  batch_matrix=True lays the
+    images side by side in one (c*kh*kw, n*oh*ow) matrix instead.
+    """
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef int64_t n, c, h, w
+    n, c, h, w = _images(ax, "x")
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = pair(stride, "stride")
+    ph, pw = pair(padding, "padding", 0)
+    oh, ow = conv2d_output_size(h, w, (kh, kw), (sh, sw), (ph, pw))
+    shape = _col_shape(n, c, kh, kw, oh, ow, batch_matrix)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    if (<object>ao).shape != shape:
+        raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
+    _no_overlap([("x", ax), ("out", ao)])
+    cdef int64_t col_image = oh * ow if batch_matrix else c * kh * kw * oh * ow
+    cdef int64_t col_row = n * oh * ow if batch_matrix else oh * ow
+    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw, ph_ = ph, pw_ = pw
+    cdef float *px = _f32(ax)
+    cdef float *po = _f32(ao)
+    with nogil:
+        ggmlopt_im2col_f32(n, c, h, w, kh_, kw_, sh_, sw_, ph_, pw_, px, po, col_image, col_row)
+    return out
+
+
+def col2im(col, x_shape, kernel_size, stride=1, padding=0, out=None, *, batch_matrix=False):
+    """The adjoint of im2col: out (float32 of x_shape = (n, c, h, w), overwritten)
+    receives at each input position the sum of the col entries that im2col
+    copies it to.  col: float32 of im2col's output shape for x_shape and these
+    arguments.  Returns out."""
+    cdef cnp.ndarray acol = _array(col, "col", np.float32, False)
+    try:
+        xs = tuple(int(v) for v in x_shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"x_shape: expected a tuple of 4 ints, got {x_shape!r}") from None
+    if len(xs) != 4 or min(xs) < 1:
+        raise ValueError(f"x_shape: expected 4 positive sizes (n, c, h, w), got {x_shape!r}")
+    cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3]
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = pair(stride, "stride")
+    ph, pw = pair(padding, "padding", 0)
+    oh, ow = conv2d_output_size(h, w, (kh, kw), (sh, sw), (ph, pw))
+    shape = _col_shape(n, c, kh, kw, oh, ow, batch_matrix)
+    if (<object>acol).shape != shape:
+        raise ValueError(f"col: expected shape {shape}, got {(<object>acol).shape}")
+    if out is None:
+        out = np.empty(xs, dtype=np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    if (<object>ao).shape != xs:
+        raise ValueError(f"out: expected shape {xs}, got {(<object>ao).shape}")
+    _no_overlap([("col", acol), ("out", ao)])
+    cdef int64_t col_image = oh * ow if batch_matrix else c * kh * kw * oh * ow
+    cdef int64_t col_row = n * oh * ow if batch_matrix else oh * ow
+    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw, ph_ = ph, pw_ = pw
+    cdef float *pc = _f32(acol)
+    cdef float *po = _f32(ao)
+    with nogil:
+        ggmlopt_col2im_f32(n, c, h, w, kh_, kw_, sh_, sw_, ph_, pw_, pc, col_image, col_row, po)
+    return out
+
+
+def add_bias_planes(x, bias):
+    """x[i, ci, ...] += bias[ci], in place on float32 x of shape (n, c, ...) (at
+    least 2-D); bias: float32 with c elements."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, True)
+    cdef cnp.ndarray ab = _array(bias, "bias", np.float32, False)
+    if ax.ndim < 2:
+        raise ValueError(f"x: expected at least 2 axes (batch, channels, ...), got {ax.ndim}")
+    cdef int64_t n = ax.shape[0], c = ax.shape[1]
+    if ab.size != c:
+        raise ValueError(f"bias: expected {c} elements (one per channel of x), got {ab.size}")
+    _no_overlap([("x", ax), ("bias", ab)])
+    cdef int64_t plane = ax.size // (n * c) if n * c else 0
+    cdef float *px = _f32(ax)
+    cdef float *pb = _f32(ab)
+    with nogil:
+        ggmlopt_add_bias_planes_f32(n, c, plane, px, pb)
+
+
+cdef tuple _pool_args(tuple xs, kernel_size, stride):
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = pair(kernel_size if stride is None else stride, "stride")
+    h, w = xs[2], xs[3]
+    if h < kh or w < kw:
+        raise ValueError(f"x: the input ({h}, {w}) is smaller than the window ({kh}, {kw})")
+    return kh, kw, sh, sw, (h - kh) // sh + 1, (w - kw) // sw + 1
+
+
+cdef tuple _shape4(object x_shape):
+    try:
+        xs = tuple(int(v) for v in x_shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"x_shape: expected a tuple of 4 ints, got {x_shape!r}") from None
+    if len(xs) != 4 or min(xs) < 1:
+        raise ValueError(f"x_shape: expected 4 positive sizes (n, c, h, w), got {x_shape!r}")
+    return xs
+
+
+cdef cnp.ndarray _out(object out, tuple shape, str name, object dtype):
+    if out is None:
+        out = np.empty(shape, dtype=dtype)
+    cdef cnp.ndarray ao = _array(out, name, dtype, True)
+    if (<object>ao).shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {(<object>ao).shape}")
+    return ao
+
+
+def maxpool2d(x, kernel_size, stride=None, out=None, indices=None):
+    """Max pooling of float32 x (n, c, h, w) over kh*kw windows every stride
+    (default: kernel_size), no padding, floor mode (a trailing remainder that
+    fills no window is dropped).  Returns (out, indices): out float32
+    (n, c, oh, ow), indices int32 (n, c, oh, ow), the position iy*w + ix of each
+    maximum in its plane.  The first maximal position in row-major window order
+    wins a tie; a NaN counts as the maximum."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    xs = _images(ax, "x")
+    kh, kw, sh, sw, oh, ow = _pool_args(xs, kernel_size, stride)
+    shape = (xs[0], xs[1], oh, ow)
+    cdef cnp.ndarray ao = _out(out, shape, "out", np.float32)
+    cdef cnp.ndarray ai = _out(indices, shape, "indices", np.int32)
+    _no_overlap([("x", ax), ("out", ao), ("indices", ai)])
+    cdef int64_t nplanes = xs[0] * xs[1], h = xs[2], w = xs[3]
+    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw
+    cdef float *px = _f32(ax)
+    cdef float *po = _f32(ao)
+    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
+    with nogil:
+        ggmlopt_maxpool2d_f32(nplanes, h, w, kh_, kw_, sh_, sw_, px, po, pi)
+    return ao, ai
+
+
+def maxpool2d_backward(grad_out, indices, x_shape, kernel_size, stride=None, out=None):
+    """The input gradient of maxpool2d: out (float32 of x_shape, overwritten)
+    receives grad_out at the positions in indices (summed where windows overlap),
+    0 elsewhere.  grad_out float32 and indices int32, both (n, c, oh, ow) as
+    maxpool2d returned them."""
+    xs = _shape4(x_shape)
+    kh, kw, sh, sw, oh, ow = _pool_args(xs, kernel_size, stride)
+    shape = (xs[0], xs[1], oh, ow)
+    cdef cnp.ndarray ag = _array(grad_out, "grad_out", np.float32, False)
+    if (<object>ag).shape != shape:
+        raise ValueError(f"grad_out: expected shape {shape}, got {(<object>ag).shape}")
+    cdef cnp.ndarray ai = _array(indices, "indices", np.int32, False)
+    if (<object>ai).shape != shape:
+        raise ValueError(f"indices: expected shape {shape}, got {(<object>ai).shape}")
+    cdef int64_t h = xs[2], w = xs[3]
+    if ai.size and (ai.min() < 0 or ai.max() >= h * w):
+        raise IndexError(f"indices: positions must lie in [0, {h * w})")
+    cdef cnp.ndarray ao = _out(out, xs, "out", np.float32)
+    _no_overlap([("grad_out", ag), ("indices", ai), ("out", ao)])
+    cdef int64_t nplanes = xs[0] * xs[1]
+    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw
+    cdef float *pg = _f32(ag)
+    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
+    cdef float *po = _f32(ao)
+    with nogil:
+        ggmlopt_maxpool2d_backward_f32(nplanes, h, w, kh_, kw_, sh_, sw_, pg, pi, po)
+    return ao
+
+
+def avgpool2d(x, kernel_size, stride=None, out=None):
+    """Average pooling of float32 x (n, c, h, w) over kh*kw windows every stride
+    (default: kernel_size), no padding, floor mode.  Returns out, float32
+    (n, c, oh, ow)."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    xs = _images(ax, "x")
+    kh, kw, sh, sw, oh, ow = _pool_args(xs, kernel_size, stride)
+    cdef cnp.ndarray ao = _out(out, (xs[0], xs[1], oh, ow), "out", np.float32)
+    _no_overlap([("x", ax), ("out", ao)])
+    cdef int64_t nplanes = xs[0] * xs[1], h = xs[2], w = xs[3]
+    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw
+    cdef float *px = _f32(ax)
+    cdef float *po = _f32(ao)
+    with nogil:
+        ggmlopt_avgpool2d_f32(nplanes, h, w, kh_, kw_, sh_, sw_, px, po)
+    return ao
+
+
+def avgpool2d_backward(grad_out, x_shape, kernel_size, stride=None, out=None):
+    """The input gradient of avgpool2d: out (float32 of x_shape, overwritten)
+    receives grad_out/(kh*kw) at every position of each window (summed where
+    windows overlap).  grad_out: float32 (n, c, oh, ow)."""
+    xs = _shape4(x_shape)
+    kh, kw, sh, sw, oh, ow = _pool_args(xs, kernel_size, stride)
+    shape = (xs[0], xs[1], oh, ow)
+    cdef cnp.ndarray ag = _array(grad_out, "grad_out", np.float32, False)
+    if (<object>ag).shape != shape:
+        raise ValueError(f"grad_out: expected shape {shape}, got {(<object>ag).shape}")
+    cdef cnp.ndarray ao = _out(out, xs, "out", np.float32)
+    _no_overlap([("grad_out", ag), ("out", ao)])
+    cdef int64_t nplanes = xs[0] * xs[1], h = xs[2], w = xs[3]
+    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw
+    cdef float *pg = _f32(ag)
+    cdef float *po = _f32(ao)
+    with nogil:
+        ggmlopt_avgpool2d_backward_f32(nplanes, h, w, kh_, kw_, sh_, sw_, pg, po)
+    return ao
 
 
 # ---- run time: SIMD paths and threads ------------------------------------------

@@ -98,6 +98,49 @@ void ggmlopt_gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const in
 void ggmlopt_gather_shards_f16_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
                                    const uint16_t *src, float *dst, float scale);
 
+/* ---- convolution and pooling (NCHW float32) ------------------------------- */
+
+/* A 2-D convolution of n images (c, h, w) with a kh*kw kernel, stride (sh, sw)
+ * and zero padding (ph, pw) has oh = (h + 2*ph - kh)/sh + 1 output rows and
+ * ow = (w + 2*pw - kw)/sw + 1 columns; the caller ensures h + 2*ph >= kh,
+ * w + 2*pw >= kw and every size and stride >= 1.
+ *
+ * im2col writes the receptive fields as columns: col row r = (ci*kh + ky)*kw + kx
+ * of image i, at col + i*col_image + r*col_row, holds the oh*ow inputs
+ * x[i, ci, oy*sh - ph + ky, ox*sw - pw + kx] (0 outside the image) in row-major
+ * (oy, ox) order.  col_image = c*kh*kw*oh*ow, col_row = oh*ow gives one
+ * (c*kh*kw, oh*ow) matrix per image; col_image = oh*ow, col_row = n*oh*ow one
+ * matrix for the batch.  col2im is its adjoint: dx (overwritten) receives, at
+ * every input position, the sum of the col entries im2col copied it to.
+ * Results do not depend on the number of threads. */
+void ggmlopt_im2col_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t sh, int64_t sw, int64_t ph, int64_t pw, const float *x,
+                        float *col, int64_t col_image, int64_t col_row);
+void ggmlopt_col2im_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t sh, int64_t sw, int64_t ph, int64_t pw, const float *col,
+                        int64_t col_image, int64_t col_row, float *dx);
+/* x[i, ci, :] += bias[ci] for n images of c planes of plane elements */
+void ggmlopt_add_bias_planes_f32(int64_t n, int64_t c, int64_t plane, float *x, const float *bias);
+
+/* Pooling over nplanes planes (h, w) with kh*kw windows every (sh, sw), no
+ * padding, torch's floor mode: oh = (h - kh)/sh + 1, ow = (w - kw)/sw + 1 (the
+ * caller ensures h >= kh, w >= kw, sizes and strides >= 1).
+ * maxpool2d: y = each window's maximum, idx its position iy*w + ix in the
+ * plane; the first maximal position in row-major window order wins a tie, and
+ * a NaN counts as the maximum (the first NaN).  The backward functions
+ * overwrite dx: maxpool sends dy to idx (summing where windows overlap),
+ * avgpool spreads dy/(kh*kw) over each window. */
+void ggmlopt_maxpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                           int64_t sh, int64_t sw, const float *x, float *y, int32_t *idx);
+void ggmlopt_maxpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                    int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                    const int32_t *idx, float *dx);
+void ggmlopt_avgpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                           int64_t sh, int64_t sw, const float *x, float *y);
+void ggmlopt_avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                    int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                    float *dx);
+
 /* ---- run time ----------------------------------------------------------- */
 
 /* Paths, best first.  A path is "compiled" when this build holds its code and

@@ -11,10 +11,13 @@ at its arena.
 """
 from .activation import ReLU
 from .container import Sequential
+from .conv import Conv2d
 from .init import kaiming_uniform
 from .linear import Linear
 from .module import Module, named_modules, named_parameters
 from .parameter import Parameter
+from .pooling import AvgPool2d, MaxPool2d
 
 __all__ = ["Linear", "Module", "Parameter", "ReLU", "Sequential", "kaiming_uniform",
            "named_modules", "named_parameters"]
+__all__ += ["AvgPool2d", "Conv2d", "MaxPool2d"]
