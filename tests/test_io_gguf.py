@@ -356,3 +356,32 @@ def test_import_error_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r"GGUF export and import needs the 'gguf' package"):
         load_gguf(__file__, Sequential(Linear(2, 2)))
     assert os.listdir(tmp_path) == []
+
+
+def test_metadata_values_round_trip(tmp_path):
+    m = Sequential(Linear(2, 2, rng=0))
+    meta = {"n": -3, "big": 2**40, "x": 0.1, "yes": True, "no": False, "s": "d\u00e9j\u00e0 vu"}
+    save_gguf(m, tmp_path / "m.gguf", metadata=meta)
+    kv = load_gguf(tmp_path / "m.gguf", m)
+    for key, value in meta.items():
+        assert kv[key] == value and type(kv[key]) is type(value)
+    # arrays written by other tools come back as lists
+    w = gguf.GGUFWriter(str(tmp_path / "a.gguf"), "ggmlopt")
+    w.add_array("ints", [1, 2, 3])
+    w.add_array("strs", ["a", "bc"])
+    w.add_tensor("0.weight", np.zeros((2, 2), np.float32))
+    w.add_tensor("0.bias", np.zeros(2, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    kv = load_gguf(tmp_path / "a.gguf", m)
+    assert kv["ints"] == [1, 2, 3] and kv["strs"] == ["a", "bc"]
+    with pytest.raises(ValueError, match="does not fit an int64"):
+        save_gguf(m, tmp_path / "m.gguf", metadata={"huge": 2**63})
+
+
+def test_saved_file_mode_follows_the_umask(tmp_path):
+    save_gguf(Sequential(Linear(2, 2)), tmp_path / "m.gguf")
+    (tmp_path / "plain").write_bytes(b"")
+    assert (tmp_path / "m.gguf").stat().st_mode == (tmp_path / "plain").stat().st_mode

@@ -197,3 +197,38 @@ def test_we_load_torchs_file_and_agree(tmp_path, sizes):
     with torch.no_grad():
         expected = t(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(m(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_loads_our_cnn_and_agrees(tmp_path):
+    torch = pytest.importorskip("torch")
+    from mnist_models import mnist_cnn, torch_mnist_cnn
+    from safetensors.torch import load_file
+
+    m = mnist_cnn(0)
+    path = tmp_path / "cnn.safetensors"
+    save_safetensors(m, path)
+    arrays = load_file(path)
+    assert arrays["1.weight"].shape == (8, 1, 3, 3) and arrays["8.weight"].shape == (10, 784)
+    t = torch_mnist_cnn()
+    t.load_state_dict(arrays)
+    x = np.random.default_rng(0).random((9, 784), dtype=np.float32)
+    with torch.no_grad():
+        expected = t(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(m(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_we_load_torchs_cnn_and_agree(tmp_path):
+    torch = pytest.importorskip("torch")
+    from mnist_models import mnist_cnn, torch_mnist_cnn
+    from safetensors.torch import save_file
+
+    torch.manual_seed(1)
+    t = torch_mnist_cnn()
+    path = tmp_path / "t.safetensors"
+    save_file(t.state_dict(), path)
+    m = mnist_cnn(7)
+    load_safetensors(path, m)
+    x = np.random.default_rng(2).random((4, 784), dtype=np.float32)
+    with torch.no_grad():
+        expected = t(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(m(x), expected, atol=1e-5, rtol=1e-5)

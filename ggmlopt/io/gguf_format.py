@@ -180,7 +180,8 @@ class _GgufContents:
     def __init__(self, path: str, gguf):
         try:
             reader = gguf.GGUFReader(path)
-            self.fields = {name: field.contents() for name, field in reader.fields.items()
+            self.fields = {name: _field_value(field, gguf)
+                           for name, field in reader.fields.items()
                            if not name.startswith("GGUF.")}
             self.tensors = {}
             # ggml reads every tensor's data padded to the alignment: a file cut
@@ -206,6 +207,24 @@ class _GgufContents:
             raise ValueError(f"path: {path!r} has no general.architecture string; "  # noqa: TRY004
                              "not a model file")
         return arch
+
+
+def _field_value(field, gguf):
+    """A key-value's plain Python value (str, int, float, bool, or a list of them);
+    decoded from the reader's parts, which every gguf version has."""
+    vt = gguf.GGUFValueType
+
+    def one(part, kind):
+        if kind == vt.STRING:
+            return bytes(part).decode("utf-8")
+        value = part.tolist()[0]
+        return bool(value) if kind == vt.BOOL else value
+
+    if not field.types:
+        return None
+    if field.types[0] == vt.ARRAY:
+        return [one(field.parts[i], field.types[-1]) for i in field.data]
+    return one(field.parts[field.data[0]], field.types[0])
 
 
 def _as_float32(t, gguf) -> np.ndarray | None:
