@@ -291,7 +291,7 @@ def load_gguf(path, model, *, arch=None) -> dict:
             ([f"tensors the model has no parameter for {unexpected}"] if unexpected else [])
         raise ValueError(f"{source}: does not match the model: {'; '.join(parts)}")
     arrays = {}
-    for (name, ne), t in zip(wanted, tensors):
+    for i, ((name, ne), t) in enumerate(zip(wanted, tensors)):
         file_ne, type_name, data = contents.tensors[name]
         if _padded(file_ne) != ne:
             raise ValueError(f"{source}: tensor {name!r} has ggml dims (ne) {_padded(file_ne)}; "
@@ -299,9 +299,8 @@ def load_gguf(path, model, *, arch=None) -> dict:
         if data is None:
             raise TypeError(f"{source}: tensor {name!r} has type {type_name}; load_gguf reads "
                             "F32, F16 and BF16")
-        if file_arch == GENERIC_ARCH:
-            arrays[t.name] = data.reshape(t.shape)
-        else:
-            arrays[t.name] = MNIST_ARCHS[file_arch][len(arrays)].torch_array(data)
+        # to torch's layout, under the model's parameter name
+        arrays[t.name] = data.reshape(t.shape) if file_arch == GENERIC_ARCH else \
+            specs[i].torch_array(data)
     assign_torch_arrays(tensors, arrays, source)
     return dict(contents.fields)
