@@ -51,3 +51,19 @@ def test_load_refuses_a_file_of_another_architecture(tmp_path):
     save_gguf(nn.Sequential(nn.Linear(3, 2)), path)
     with pytest.raises(ValueError, match="holds a 'ggmlopt' model, expected 'mnist-fc'"):
         mnist.main(["--load", str(path)])
+
+
+def test_cnn_save_then_load(tmp_path, capsys):
+    if not hasattr(mnist, "mnist_cnn"):
+        pytest.skip("the example has no --model cnn yet")
+    path = tmp_path / "cnn.gguf"
+    trained = mnist.main(["--model", "cnn", "--epochs", "1", "--silent", "--save", str(path)])
+    assert "(mnist-cnn, float32 weights)" in capsys.readouterr().out
+    reader = gguf.GGUFReader(path)
+    assert reader.fields["general.architecture"].contents() == "mnist-cnn"
+    assert [t.name for t in reader.tensors] == ["conv1.kernel", "conv1.bias", "conv2.kernel",
+                                                "conv2.bias", "dense.weight", "dense.bias"]
+    np.testing.assert_allclose(mnist.main(["--model", "cnn", "--load", str(path)]), trained,
+                               rtol=1e-6)
+    with pytest.raises(SystemExit):
+        mnist.main(["--model", "cnn", "--save", str(path), "--save-f16"])
