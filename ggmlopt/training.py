@@ -147,6 +147,19 @@ class History:
     val_accuracy_unc = property(lambda self: self._column("val_accuracy_unc"))
     seconds = property(lambda self: self._column("seconds"))
 
+    def to_dict(self):
+        """The epochs as columns, {field name: list}; see ggmlopt.plotting.history_to_dict."""
+        from .plotting import history_to_dict
+
+        return history_to_dict(self)
+
+    def plot(self, path=None, **kwargs):
+        """Loss and accuracy curves with uncertainty bands, written to path when given;
+        returns the matplotlib Figure.  See ggmlopt.plotting.plot_history."""
+        from .plotting import plot_history
+
+        return plot_history(self, path, **kwargs)
+
 
 def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch=1,
         nbatch_logical=1, nbatch_physical=None, val_split=0.0, silent=False,

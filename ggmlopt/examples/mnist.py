@@ -3,6 +3,8 @@
     python -m ggmlopt.examples.mnist                 # mnist-fc, offline, no download
     python -m ggmlopt.examples.mnist --model cnn     # mnist-cnn
     python -m ggmlopt.examples.mnist --data DIR      # MNIST IDX files in DIR
+    python -m ggmlopt.examples.mnist --save model.gguf --plot curves.png
+    python -m ggmlopt.examples.mnist --load model.gguf   # evaluate, no training
 
 The models and settings are those of ggml's examples/mnist: cross-entropy,
 AdamW with ggml's defaults, 30 epochs, logical batches of 1000 in physical
@@ -129,6 +131,32 @@ def evaluate(model, dataset, nbatch_physical):
     return result
 
 
+GGML_ARCHS = {"fc": "mnist-fc", "cnn": "mnist-cnn"}  # --model -> ggml's architecture string
+
+
+def load_model(model, path, model_name):
+    """Load the GGUF at path (ggml's mnist-fc / mnist-cnn layout) into model."""
+    from ggmlopt.io import load_gguf
+
+    load_gguf(path, model, arch=GGML_ARCHS[model_name])
+    print(f"mnist: loaded {GGML_ARCHS[model_name]} weights from {path}; not training")
+
+
+def save_outputs(model, history, args):
+    """--save: the trained model as ggml's GGUF; --plot: the learning curves."""
+    if args.save:
+        from ggmlopt.io import save_gguf
+
+        arch = GGML_ARCHS[getattr(args, "model", "fc")]
+        save_gguf(model, args.save, arch=arch,
+                  dtype=np.float16 if args.save_f16 else np.float32)
+        print(f"mnist: saved the model to {args.save} ({arch}, "
+              f"{'float16' if args.save_f16 else 'float32'} weights)")
+    if args.plot:
+        history.plot(args.plot)
+        print(f"mnist: wrote the training curves to {args.plot}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m ggmlopt.examples.mnist",
                                      description=__doc__.split("\n\n")[0])
@@ -144,7 +172,23 @@ def main(argv=None):
                         help="datapoints per forward/backward pass (ggml: 500)")
     parser.add_argument("--seed", type=int, default=0, help="initialisation and shuffles")
     parser.add_argument("--silent", action="store_true", help="no progress bars")
+    # -- models that leave: GGUF for ggml's programs, learning curves --
+    interop = parser.add_argument_group("saving, loading and plotting")
+    interop.add_argument("--save", metavar="FILE.gguf",
+                         help="write the trained model as GGUF, as ggml's mnist-train does "
+                              "(ggml's mnist-eval loads it); needs ggmlopt[interop]")
+    interop.add_argument("--save-f16", action="store_true",
+                         help="with --save: float16 weight matrices (mnist-fc only)")
+    interop.add_argument("--load", metavar="FILE.gguf",
+                         help="evaluate a GGUF model (e.g. written by ggml's mnist-train) on "
+                              "the test data instead of training")
+    interop.add_argument("--plot", metavar="FILE.png",
+                         help="write the training and validation curves; needs ggmlopt[plot]")
     args = parser.parse_args(argv)
+    if args.load and (args.save or args.plot):
+        parser.error("--load evaluates a saved model: it trains nothing to --save or --plot")
+    if args.save_f16 and (not args.save or getattr(args, "model", "fc") != "fc"):
+        parser.error("--save-f16 goes with --save of mnist-fc (ggml's mnist-cnn is float32)")
 
     if args.data:
         from ggmlopt.datasets import load_mnist
@@ -170,9 +214,14 @@ def main(argv=None):
     sys.stdout.flush()
 
     model = make_model(args.seed)
-    go.fit(model, train, go.LossType.CROSS_ENTROPY, go.default_optimizer_params,
-           nepoch=args.epochs, nbatch_logical=nbatch_logical, nbatch_physical=nbatch_physical,
-           val_split=0.05, silent=args.silent, seed=args.seed)
+    if args.load:
+        load_model(model, args.load, getattr(args, "model", "fc"))
+    else:
+        history = go.fit(model, train, go.LossType.CROSS_ENTROPY, go.default_optimizer_params,
+                         nepoch=args.epochs, nbatch_logical=nbatch_logical,
+                         nbatch_physical=nbatch_physical, val_split=0.05, silent=args.silent,
+                         seed=args.seed)
+        save_outputs(model, history, args)
 
     result = evaluate(model, test, nbatch_physical)
     loss, loss_unc = result.loss()

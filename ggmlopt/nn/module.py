@@ -57,8 +57,8 @@ import numpy as np
 
 from .parameter import Parameter
 
-__all__ = ["Module", "TrainingProtocol", "eval_mode", "modules", "named_parameters", "set_rng",
-           "set_training"]
+__all__ = ["Module", "TrainingProtocol", "eval_mode", "modules", "named_modules",
+           "named_parameters", "set_rng", "set_training"]
 
 
 class Module:
@@ -101,6 +101,12 @@ class Module:
         """(dotted name, Parameter) for every parameter of this module and its
         sub-modules, each parameter once (torch's state_dict names)."""
         yield from _named(self, prefix, set())
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, object]]:
+        """(dotted name, module) for this module (name ``prefix`` without its
+        trailing dot, "" at the top) and every sub-module below it, each once,
+        parents before children (torch's named_modules names)."""
+        yield from _named_modules(self, prefix, set())
 
     def train(self, mode: bool = True):
         """Set ``training`` on this module and every sub-module (set_training on
@@ -275,6 +281,25 @@ def _named(obj, prefix, seen) -> Iterator[tuple[str, Parameter]]:
         Module.named_children(obj)
     for name, child in children:
         yield from _named(child, f"{prefix}{name}.", seen)
+
+
+def _named_modules(obj, prefix, seen) -> Iterator[tuple[str, object]]:
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    yield prefix.removesuffix("."), obj
+    children = obj.named_children() if isinstance(obj, Module) else \
+        Module.named_children(obj)
+    for name, child in children:
+        yield from _named_modules(child, f"{prefix}{name}.", seen)
+
+
+def named_modules(model) -> list[tuple[str, object]]:
+    """(dotted name, module) for any model and every sub-module in it, each once,
+    parents first: ``("", model)``, then e.g. ``("0", first layer)`` in a
+    Sequential or ``("encoder", ...)`` for an attribute of a user's module.  The
+    names are the prefixes of named_parameters' names."""
+    return list(_named_modules(model, "", set()))
 
 
 def named_parameters(model) -> list[tuple[str, Parameter]]:

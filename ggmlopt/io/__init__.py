@@ -1,0 +1,16 @@
+"""Models that leave ggmlopt, and come back: GGUF (ggml's format, loaded by
+ggml's own programs) and safetensors in torch's layout.
+
+    ggmlopt.io.save_gguf(model, "model.gguf", arch="mnist-fc")
+    ggmlopt.io.load_gguf("model.gguf", model)
+    ggmlopt.io.save_safetensors(model, "model.safetensors")   # torch's state_dict
+    ggmlopt.io.load_safetensors("model.safetensors", model)
+
+Tensor names come from ``ggmlopt.nn.named_parameters``.  The ``gguf`` and
+``safetensors`` packages are the ``interop`` extra (``pip install
+ggmlopt[interop]``), imported only when a function here needs them.
+"""
+from .gguf_format import GENERIC_ARCH, load_gguf, save_gguf
+from .safetensors_format import load_safetensors, save_safetensors
+
+__all__ = ["GENERIC_ARCH", "load_gguf", "load_safetensors", "save_gguf", "save_safetensors"]

@@ -1,0 +1,306 @@
+"""GGUF files: models that ggml's programs load, with the ``gguf`` package (the
+``interop`` extra: ``pip install ggmlopt[interop]``), imported only when used.
+
+Two layouts, told apart by ``general.architecture``:
+
+- ``"mnist-fc"`` / ``"mnist-cnn"``: ggml's examples/mnist models, exactly as
+  ggml's ``mnist-eval`` loads them and ``mnist-train`` writes them (names,
+  dimensions, data order: see ggmlopt.io.ggml_mnist).
+- ``"ggmlopt"`` (GENERIC_ARCH), any other model: one tensor per parameter, named
+  by ``named_parameters()`` (``0.weight``, ``2.bias`` ...), holding torch's
+  layout (see ggmlopt.io.torch_layout), so its ggml ``ne`` is torch's shape
+  reversed: a Linear weight has ne = (in_features, out_features) and a ggml
+  program computes the layer as ``ggml_mul_mat(weight, x)``.  The key
+  ``ggmlopt.tensor_layout`` = ``"torch"`` says so.
+
+Weights are float32, or float16 with ``dtype=np.float16``: tensors of two or
+more dimensions (weight matrices, kernels) become float16, one-dimensional ones
+(biases) stay float32, as ggml's own converters do.
+"""
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+
+import numpy as np
+
+from .._optional import import_optional
+from ._files import atomic_output, input_path, output_path
+from .ggml_mnist import MNIST_ARCHS, GgmlTensor
+from .torch_layout import TorchTensor, assign_torch_arrays, torch_tensors
+
+__all__ = ["GENERIC_ARCH", "load_gguf", "save_gguf"]
+
+GENERIC_ARCH = "ggmlopt"
+_LAYOUT_KEY = "ggmlopt.tensor_layout"
+_GGML_MAX_NAME = 63  # GGML_MAX_NAME - 1 bytes of a tensor name
+_F16_MAX = float(np.finfo(np.float16).max)
+
+
+def _gguf():
+    return import_optional("gguf", "interop", "GGUF export and import")
+
+
+def _dtype_arg(dtype) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
+        raise TypeError(f"dtype: expected float32 or float16, got {dtype!r}")
+    return dt
+
+
+def _arch_arg(arch) -> str:
+    if arch is None:
+        return GENERIC_ARCH
+    if not isinstance(arch, str):
+        raise TypeError(f"arch: expected a str or None, got {type(arch).__name__}")
+    if arch != GENERIC_ARCH and arch not in MNIST_ARCHS:
+        raise ValueError(f"arch: expected None, {GENERIC_ARCH!r} or one of "
+                         f"{sorted(MNIST_ARCHS)}, got {arch!r}")
+    return arch
+
+
+def _mnist_tensors(tensors: list[TorchTensor], arch: str) -> list[GgmlTensor]:
+    """The ggml tensors of arch, after checking that the model's parameters are
+    that model's (same count, order, torch shapes, Linear weights where ggml has
+    a dense layer)."""
+    specs = MNIST_ARCHS[arch]
+    have = [(t.shape, t.transposed) for t in tensors]
+    want = [(s.torch_shape, s.linear_weight) for s in specs]
+    if have != want:
+        raise ValueError(f"model: it is not ggml's {arch} model: expected parameters of torch "
+                         f"shapes {[s.torch_shape for s in specs]} (Linear weights at "
+                         f"{[i for i, s in enumerate(specs) if s.linear_weight]}), got "
+                         f"{[t.shape for t in tensors]} (Linear weights at "
+                         f"{[i for i, t in enumerate(tensors) if t.transposed]})")
+    return list(specs)
+
+
+def _metadata_items(metadata, gguf):
+    if metadata is None:
+        return []
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata: expected a dict, got {type(metadata).__name__}")
+    vt = gguf.GGUFValueType
+    items = []
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"metadata: keys must be non-empty str, got {key!r}")
+        if key in ("general.architecture", _LAYOUT_KEY) or key.startswith("GGUF."):
+            raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
+        if isinstance(value, bool):
+            items.append((key, value, vt.BOOL))
+        elif isinstance(value, numbers.Integral):
+            if not -2**63 <= int(value) < 2**63:
+                raise ValueError(f"metadata: {key!r}={value} does not fit an int64")
+            items.append((key, int(value), vt.INT64))
+        elif isinstance(value, numbers.Real):
+            items.append((key, float(value), vt.FLOAT64))
+        elif isinstance(value, str):
+            items.append((key, value, vt.STRING))
+        else:
+            raise TypeError(f"metadata: {key!r} has a {type(value).__name__}; expected bool, "
+                            "int, float or str")
+    return items
+
+
+def _stored(name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if dtype == np.float16 and array.ndim >= 2:
+        too_big = np.isfinite(array) & (np.abs(array) > _F16_MAX)
+        if too_big.any():
+            raise ValueError(f"dtype: parameter {name!r} holds values beyond float16's range "
+                             f"(|x| up to {np.abs(array[too_big]).max():g} > {_F16_MAX:g}); "
+                             "save it as float32")
+        return array.astype(np.float16)
+    return array
+
+
+def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32) -> None:
+    """Write model's parameters to path as a GGUF file (atomically).
+
+    arch: None or "ggmlopt" for the generic layout (every model), or "mnist-fc" /
+    "mnist-cnn" for ggml's MNIST models as ggml's mnist-eval loads them (the
+    model must have exactly that model's parameters).
+    metadata: optional dict of extra keys (str -> bool, int, float or str),
+    stored as GGUF key-values (int64 / float64 / string).
+    dtype: np.float32 (default) or np.float16 for the weights (two or more
+    dimensions); biases stay float32.  mnist-cnn is float32 only (mnist-eval
+    asserts it).
+
+    Raises ValueError for a model that does not fit arch, an unnamed parameter,
+    a tensor name longer than 63 bytes or a weight beyond float16's range;
+    FileNotFoundError when path's directory does not exist; ImportError naming
+    the ``interop`` extra without the gguf package.
+    """
+    arch = _arch_arg(arch)
+    dtype = _dtype_arg(dtype)
+    path = output_path(path)
+    tensors = torch_tensors(model)
+    gguf = _gguf()
+    items = _metadata_items(metadata, gguf)
+
+    if arch == GENERIC_ARCH:
+        names = [t.name for t in tensors]
+        arrays = [t.to_torch() for t in tensors]
+    else:
+        if dtype == np.float16 and arch == "mnist-cnn":
+            raise ValueError("dtype: ggml's mnist-eval asserts float32 for every mnist-cnn "
+                             "tensor; save mnist-cnn as float32 (or float16 with arch=None)")
+        specs = _mnist_tensors(tensors, arch)
+        names = [s.name for s in specs]
+        arrays = [s.ggml_array(t.to_torch()) for s, t in zip(specs, tensors)]
+    for name in names:
+        if len(name.encode()) > _GGML_MAX_NAME:
+            raise ValueError(f"model: parameter name {name!r} is longer than ggml's "
+                             f"{_GGML_MAX_NAME} bytes")
+    arrays = [_stored(n, a, dtype) for n, a in zip(names, arrays)]
+
+    with atomic_output(path) as tmp:
+        writer = gguf.GGUFWriter(tmp, arch)
+        try:
+            if arch == GENERIC_ARCH:
+                writer.add_string(_LAYOUT_KEY, "torch")
+            for key, value, vtype in items:
+                writer.add_key_value(key, value, vtype)
+            for name, array in zip(names, arrays):
+                writer.add_tensor(name, array)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+
+
+class _GgufContents:
+    """What load_gguf reads: the key-values (plain Python values) and each tensor's
+    ggml ne, type name and float32 data (a copy: the file is closed after)."""
+
+    def __init__(self, path: str, gguf):
+        try:
+            reader = gguf.GGUFReader(path)
+            self.fields = {name: _field_value(field, gguf)
+                           for name, field in reader.fields.items()
+                           if not name.startswith("GGUF.")}
+            self.tensors = {}
+            # ggml reads every tensor's data padded to the alignment: a file cut
+            # inside the last padding is refused by ggml, so here too
+            align = int(reader.alignment)
+            end = max((t.data_offset + -(-int(t.n_bytes) // align) * align
+                       for t in reader.tensors), default=0)
+            if reader.data.size < end:
+                raise ValueError(f"truncated: {reader.data.size} bytes, the tensors need {end}")
+            for t in reader.tensors:
+                self.tensors[t.name] = (tuple(int(n) for n in t.shape), t.tensor_type.name,
+                                        _as_float32(t, gguf))
+        except (ValueError, IndexError, KeyError, TypeError, OverflowError,
+                UnicodeDecodeError) as e:
+            raise ValueError(f"path: {path!r} is not a valid GGUF file ({e})") from None
+        finally:
+            reader = None  # drop the memory map
+
+    def arch(self, path: str) -> str:
+        arch = self.fields.get("general.architecture")
+        if not isinstance(arch, str):
+            # a bad value inside the file, not a bad argument type
+            raise ValueError(f"path: {path!r} has no general.architecture string; "  # noqa: TRY004
+                             "not a model file")
+        return arch
+
+
+def _field_value(field, gguf):
+    """A key-value's plain Python value (str, int, float, bool, or a list of them);
+    decoded from the reader's parts, which every gguf version has."""
+    vt = gguf.GGUFValueType
+
+    def one(part, kind):
+        if kind == vt.STRING:
+            return bytes(part).decode("utf-8")
+        value = part.tolist()[0]
+        return bool(value) if kind == vt.BOOL else value
+
+    if not field.types:
+        return None
+    if field.types[0] == vt.ARRAY:
+        return [one(field.parts[i], field.types[-1]) for i in field.data]
+    return one(field.parts[field.data[0]], field.types[0])
+
+
+def _as_float32(t, gguf) -> np.ndarray | None:
+    kind = gguf.GGMLQuantizationType
+    if t.tensor_type in (kind.F32, kind.F16, kind.F64):
+        return np.array(t.data, dtype=np.float32)
+    if t.tensor_type == kind.BF16:
+        raw = np.ascontiguousarray(t.data).view(np.uint16).astype(np.uint32) << 16
+        return raw.view(np.float32).reshape(tuple(int(n) for n in t.shape[::-1]))
+    return None  # quantized: refused when the model needs it
+
+
+def _padded(ne) -> tuple[int, ...]:
+    return tuple(ne) + (1,) * (4 - len(ne))
+
+
+def load_gguf(path, model, *, arch=None) -> dict:
+    """Load a GGUF file written by save_gguf, or by ggml's mnist-train (mnist-fc,
+    mnist-cnn), into model's parameters, in place.
+
+    The file's general.architecture decides the layout ("ggmlopt", "mnist-fc",
+    "mnist-cnn"); arch, when given, is the one the file must have.  Every tensor
+    the model needs must be there with its exact ggml dimensions, and no other;
+    types float32, float16 and bfloat16 are read (converted to float32).
+
+    Returns the file's key-values (``general.architecture`` and any metadata
+    saved with it) as a dict.  Raises ValueError for a truncated or foreign file,
+    another architecture, a missing, extra or wrongly shaped tensor;
+    TypeError for a quantized tensor; FileNotFoundError for a missing file.  On
+    any error the model is unchanged.
+    """
+    if arch is not None:
+        arch = _arch_arg(arch)
+    path = input_path(path)
+    tensors = torch_tensors(model)
+    gguf = _gguf()
+    contents = _GgufContents(path, gguf)
+    file_arch = contents.arch(path)
+    if arch is not None and file_arch != arch:
+        raise ValueError(f"path: {path!r} holds a {file_arch!r} model, expected {arch!r}")
+    source = f"{path} ({file_arch})"
+
+    if file_arch == GENERIC_ARCH:
+        layout = contents.fields.get(_LAYOUT_KEY, "torch")
+        if layout != "torch":
+            raise ValueError(f"path: {path!r} has {_LAYOUT_KEY}={layout!r}; expected 'torch'")
+        wanted = [(t.name, _padded(t.shape[::-1])) for t in tensors]
+    elif file_arch in MNIST_ARCHS:
+        try:
+            specs = _mnist_tensors(tensors, file_arch)
+        except ValueError as e:
+            raise ValueError(f"path: {path!r} holds ggml's {file_arch} model, which does not "
+                             f"fit this model: {e}") from None
+        wanted = [(s.name, _padded(s.ne)) for s in specs]
+    else:
+        raise ValueError(f"path: {path!r} holds a {file_arch!r} model; load_gguf reads "
+                         f"{GENERIC_ARCH!r}, 'mnist-fc' and 'mnist-cnn'")
+
+    names = [name for name, _ in wanted]
+    missing = [n for n in names if n not in contents.tensors]
+    unexpected = [n for n in contents.tensors if n not in names]
+    if missing or unexpected:
+        parts = ([f"missing tensors {missing}"] if missing else []) + \
+            ([f"tensors the model has no parameter for {unexpected}"] if unexpected else [])
+        raise ValueError(f"{source}: does not match the model: {'; '.join(parts)}")
+    arrays = {}
+    for i, ((name, ne), t) in enumerate(zip(wanted, tensors)):
+        file_ne, type_name, data = contents.tensors[name]
+        if _padded(file_ne) != ne:
+            raise ValueError(f"{source}: tensor {name!r} has ggml dims (ne) {_padded(file_ne)}; "
+                             f"the model needs {ne}")
+        if data is None:
+            raise TypeError(f"{source}: tensor {name!r} has type {type_name}; load_gguf reads "
+                            "F32, F16 and BF16")
+        # to torch's layout, under the model's parameter name
+        arrays[t.name] = data.reshape(t.shape) if file_arch == GENERIC_ARCH else \
+            specs[i].torch_array(data)
+    assign_torch_arrays(tensors, arrays, source)
+    return dict(contents.fields)
