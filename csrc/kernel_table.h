@@ -32,6 +32,9 @@ typedef struct ggmlopt_kernel_table {
                                 float grad_scale);
     void (*convert_u8_f32)(int64_t n, const uint8_t *src, float *dst, float scale);
     void (*convert_f16_f32)(int64_t n, const uint16_t *src, float *dst, float scale);
+    /* cross_entropy_rows_f32 with labels one-hot at classes[r] (each in [0, ncols)) */
+    double (*cross_entropy_index_rows_f32)(int64_t nrows, int64_t ncols, const float *logits,
+                                           const int32_t *classes, float *grad, float grad_scale);
 } ggmlopt_kernel_table;
 
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;

@@ -39,3 +39,6 @@ cdef void gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64
                                const uint8_t *src, float *dst, float scale) noexcept nogil
 cdef void gather_shards_f16_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,
                                 const uint16_t *src, float *dst, float scale) noexcept nogil
+cdef double cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                    const int32_t *classes, float *grad,
+                                    float grad_scale) noexcept nogil
