@@ -9,6 +9,7 @@ from dataclasses import astuple, dataclass, field
 import numpy as np
 
 from ._args import enum_arg, int_arg
+from ._blas_threads import blas_threads_for_training, blas_threads_setting
 from .checkpoint import FitCheckpoint
 from .context import OptContext
 from .optim_params import BuildType, LossType, OptimizerType, default_optimizer_params
@@ -124,6 +125,13 @@ def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
                          f"at most ndata={ndata}, got {idata_split}")
     ibatch_split = idata_split // batch
 
+    with blas_threads_for_training():
+        _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, callback_eval,
+                       ibatch_split, nbatches)
+
+
+def _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, callback_eval,
+                   ibatch_split, nbatches):
     ibatch = 0
     t_loop_start = time_us()
     while ibatch < ibatch_split:
@@ -213,6 +221,7 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
+    blas_threads_setting()  # a bad GGMLOPT_BLAS_THREADS stops fit before it starts
     if resume and checkpoint is None:
         raise ValueError("resume: needs checkpoint=path to resume from")
     t_start_us = time_us()
