@@ -104,7 +104,7 @@ def _blas():
     global _controller
     if _controller is None:
         try:
-            from threadpoolctl import ThreadpoolController
+            from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
         except ImportError:
             _controller = False
         else:
