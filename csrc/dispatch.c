@@ -609,3 +609,22 @@ void ggmlopt_leaky_relu_backward_f32(int64_t n, const float *x, const float *g, 
     act_args a = {x, g, out, negative_slope};
     run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_ELEMWISE, leaky_relu_backward_block, &a);
 }
+
+/* ---- cross-entropy against class indices ------------------------------------ */
+
+typedef struct { int64_t ncols; const float *x; const int32_t *c; float *grad; float scale; } ce_index_args;
+static double ce_index_block(const void *p, int64_t b, int64_t e) {
+    const ce_index_args *a = (const ce_index_args *)p;
+    return kernels()->cross_entropy_index_rows_f32(e - b, a->ncols, a->x + b * a->ncols, a->c + b,
+                                                   a->grad ? a->grad + b * a->ncols : NULL,
+                                                   a->scale);
+}
+double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                       const int32_t *classes, float *grad, float grad_scale) {
+    if (nrows <= 0) return 0.0;
+    ce_index_args a = {ncols, logits, classes, grad, grad_scale / (float)nrows};
+    /* the blocks of the one-hot path, so both sum the same rows in the same order */
+    const double total = run_blocks(nrows, rows_for(ncols, 1024), rows_for(ncols, 4096),
+                                    ce_index_block, &a);
+    return total / (double)nrows;
+}

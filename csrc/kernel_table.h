@@ -73,6 +73,9 @@ typedef struct ggmlopt_kernel_table {
     void (*leaky_relu_f32)(int64_t n, const float *x, float *y, float slope);
     void (*leaky_relu_backward_f32)(int64_t n, const float *x, const float *g, float *out,
                                     float slope);
+    /* cross_entropy_rows_f32 with labels one-hot at classes[r] (each in [0, ncols)) */
+    double (*cross_entropy_index_rows_f32)(int64_t nrows, int64_t ncols, const float *logits,
+                                           const int32_t *classes, float *grad, float grad_scale);
 } ggmlopt_kernel_table;
 
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;

@@ -9,6 +9,8 @@
                                                  BuildType values the context was made with
     opt_period        int
     batch_size, ne_datapoint              int    -1 when None (dynamic mode)
+    class_labels      int    1 when the static labels are class indices, else 0
+                             (optional on load: older files lack it, meaning 0)
     iter, opt_i       int    ggml's counters
     build_type_last   int    the BuildType of the last alloc (it decides whether
                              the next alloc zeroes the gradients)
@@ -81,7 +83,9 @@ _SETTING_KEYS = ("format_version", "loss_type", "optimizer", "build_type", "opt_
 _FIT_INT_KEYS = ("fit.epoch", "fit.ndata", "fit.nbatch_logical", "fit.nbatch_physical",
                  "fit.idata_split")
 _FIT_KEYS = _FIT_INT_KEYS + ("fit.permutation", "fit.history")
-_INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS)
+# settings a state may hold or lack (written by every save)
+_OPTIONAL_KEYS = ("class_labels",)
+_INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _OPTIONAL_KEYS)
 _FLOAT_KEYS = frozenset(_OPT_PAR_NAMES[OptimizerType.ADAMW] + _OPT_PAR_NAMES[OptimizerType.SGD])
 _STR_KEYS = frozenset(("format", "rng_state"))
 HISTORY_COLUMNS = 10  # the fields of training.EpochStats
@@ -259,7 +263,7 @@ def _validate(sd, layout):
                              f"this context's model {len(layout.shapes)}")
     expected = layout.keys()
     missing = sorted(expected - sd.keys(), key=str)
-    extra = sorted(set(sd.keys()) - expected, key=str)
+    extra = sorted(set(sd.keys()) - expected - set(_OPTIONAL_KEYS), key=str)
     if missing or extra:
         parts = []
         if missing:
@@ -268,6 +272,9 @@ def _validate(sd, layout):
             parts.append(f"unexpected {extra[:8]}{' ...' if len(extra) > 8 else ''}")
         raise ValueError(f"state_dict: its names do not match this context's state: "
                          f"{'; '.join(parts)}")
+    if "class_labels" in sd and _get_int(sd, "class_labels") not in (0, 1):
+        raise ValueError(f"state_dict['class_labels']: expected 0 or 1, got "
+                         f"{_get_int(sd, 'class_labels')}")
     opt_period = layout.opt_period
     for key in ("batch_size", "ne_datapoint"):
         if _get_int(sd, key) < -1 or _get_int(sd, key) == 0:
@@ -329,6 +336,7 @@ def context_state_dict(ctx):
         "opt_i": int(ctx.opt_i),
         "build_type_last": int(ctx.build_type_last),
         "nparams": len(lay.shapes),
+        "class_labels": int(getattr(ctx, "class_labels", False)),
     }
     in_force = ctx._opt_pars_in_force
     for j, name in enumerate(_OPT_PAR_NAMES[lay.optimizer]):
@@ -427,7 +435,9 @@ def load_context(cls, path, model, get_opt_pars, get_opt_pars_ud, clip_grad_norm
     ctx = cls(model, batch_size=None if bs < 0 else bs, ne_datapoint=None if nd < 0 else nd,
               loss_type=loss_type, build_type=build_type, opt_period=settings["opt_period"],
               optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=get_opt_pars_ud,
-              seed=np.random.Generator(bg_type()), clip_grad_norm=clip_grad_norm)
+              seed=np.random.Generator(bg_type()), clip_grad_norm=clip_grad_norm,
+              class_labels=bool(_get_int(ctx_sd, "class_labels")) if "class_labels" in ctx_sd
+              else False)
     ctx.load_state_dict(ctx_sd)
     return ctx
 

@@ -34,6 +34,18 @@ F32 = np.float32
 DEFAULT_SEED = 5489
 
 
+def _class_indices(a, name):
+    """a as C-contiguous int32 class indices of shape (n,), from an integer array
+    of shape (n,) or (n, 1); None when a is not such an integer array."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu" or not (a.ndim == 1 or (a.ndim == 2 and a.shape[1] == 1)):
+        return None
+    if a.size and (a.min() < 0 or a.max() > np.iinfo(np.int32).max):
+        raise IndexError(f"{name}: class indices must be >= 0 and fit an int32, got values "
+                         f"from {a.min()} to {a.max()}")
+    return np.ascontiguousarray(a.reshape(-1), dtype=np.int32)
+
+
 def _f32_matrix(a, name, ncols=None):
     """a as a C-contiguous 2-D float32 array (copied only when needed)."""
     if not isinstance(a, np.ndarray):
@@ -50,7 +62,7 @@ class OptContext:
     """OptContext(model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
     build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
     get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None,
-    clip_grad_norm=None)
+    clip_grad_norm=None, *, class_labels=False)
 
     model: any object with parameters() (Parameters: float32 .data and .grad),
     forward(x) (batch, ne_datapoint) -> (batch, ne_out) and backward(grad_out).
@@ -60,6 +72,11 @@ class OptContext:
     ``inputs`` (batch_size, ne_datapoint) and ``labels`` (batch_size, ne_out), the
     latter None for MEAN and SUM.  batch_size=None: dynamic mode, where
     ``eval(result, inputs=x, labels=y)`` takes arrays of any batch size.
+    class_labels: CROSS_ENTROPY only: the labels are class indices, in static
+    mode an int32 ``labels`` buffer of shape (batch_size,) (a quarter of the
+    memory of 10 one-hot floats); same loss, gradient and ncorrect as their
+    one-hot encoding.  Dynamic mode needs no flag: integer labels of shape
+    (batch,) or (batch, 1) given to eval are class indices.
 
     build_type: the furthest an eval may go (FORWARD, GRAD or OPT).  opt_period:
     physical batches per optimizer step (gradient accumulation).
@@ -86,7 +103,7 @@ class OptContext:
     def __init__(self, model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
                  build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
                  get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None,
-                 clip_grad_norm=None, *, _before_taking=None):
+                 clip_grad_norm=None, *, class_labels=False, _before_taking=None):
         for method in ("parameters", "forward", "backward"):
             if not callable(getattr(model, method, None)):
                 raise TypeError(f"model: {type(model).__name__} has no {method}() method; a "
@@ -102,6 +119,16 @@ class OptContext:
         if batch_size is not None and ne_datapoint is None:
             raise ValueError("ne_datapoint: required with batch_size (static mode)")
         clip_grad_norm = check_max_norm(clip_grad_norm)
+        if not isinstance(class_labels, (bool, np.bool_)):
+            raise TypeError(f"class_labels: expected a bool, got {type(class_labels).__name__}")
+        class_labels = bool(class_labels)
+        if class_labels and self._loss_type != LossType.CROSS_ENTROPY:
+            raise ValueError(f"class_labels: class indices are labels for CROSS_ENTROPY; "
+                             f"{self._loss_type.name} needs "
+                             + ("float targets shaped like the model's outputs (one-hot "
+                                "encode the classes)"
+                                if self._loss_type == LossType.MEAN_SQUARED_ERROR
+                                else "no labels"))
         if isinstance(seed, np.random.Generator):
             rng = seed
         else:
@@ -114,6 +141,7 @@ class OptContext:
                                                  LossType.MEAN_SQUARED_ERROR)
 
         self._batch_size = batch_size
+        self._class_labels = class_labels
         self._ne_datapoint = ne_datapoint
         self._ne_out = None
         self._inputs = self._labels = None
@@ -125,7 +153,9 @@ class OptContext:
             with eval_mode(model):  # a probe: no dropout, no draws from any rng
                 out = self._check_outputs(model.forward(self._inputs), batch_size)
             self._ne_out = out.shape[1]
-            if self._needs_labels:
+            if class_labels:
+                self._labels = AlignedBuffer(batch_size * 4).as_array(np.int32, (batch_size,))
+            elif self._needs_labels:
                 self._labels = AlignedBuffer(out.size * 4).as_array(np.float32, out.shape)
             self._make_batch_buffers(batch_size, self._ne_out)
 
@@ -234,9 +264,15 @@ class OptContext:
 
     @property
     def labels(self):
-        """Static mode: the label batch buffer (batch_size, ne_out) float32; None for
-        MEAN and SUM (no labels) and in dynamic mode."""
+        """Static mode: the label batch buffer (batch_size, ne_out) float32, or
+        (batch_size,) int32 class indices with class_labels; None for MEAN and SUM
+        (no labels) and in dynamic mode."""
         return self._labels
+
+    @property
+    def class_labels(self):
+        """Whether the static labels buffer holds class indices (int32)."""
+        return self._class_labels
 
     @property
     def static_graphs(self):
@@ -372,6 +408,18 @@ class OptContext:
             return x, None
         if labels is None:
             raise ValueError(f"labels: required for {self._loss_type.name}")
+        if self._loss_type == LossType.CROSS_ENTROPY:
+            y = _class_indices(labels, "labels")
+            if y is not None:
+                if y.shape[0] != x.shape[0]:
+                    raise ValueError(f"labels: expected {x.shape[0]} class indices (one per "
+                                     f"row of inputs), got {y.shape[0]}")
+                return x, y
+        elif np.ndim(labels) == 1 and np.asarray(labels).dtype.kind in "iu":
+            raise ValueError(f"labels: integers of shape {np.shape(labels)} look like class "
+                             f"indices, which only CROSS_ENTROPY takes; "
+                             f"{self._loss_type.name} needs float targets of shape (batch, "
+                             "outputs) (one-hot encode the classes)")
         y = _f32_matrix(labels, "labels")
         if y.shape[0] != x.shape[0]:
             raise ValueError(f"labels: expected {x.shape[0]} rows like inputs, got {y.shape[0]}")
@@ -381,7 +429,11 @@ class OptContext:
     def _copy_source(src, dst, name):
         """src checked and reshaped to be copied into the batch buffer dst."""
         src = np.asarray(src)
-        if src.dtype.kind not in "biuf":
+        if dst.dtype == np.int32:
+            if src.dtype.kind not in "iu":
+                raise TypeError(f"{name}: this context takes class indices (integers, shape "
+                                f"{dst.shape}), got dtype {src.dtype}")
+        elif src.dtype.kind not in "biuf":
             raise TypeError(f"{name}: expected real numbers, got dtype {src.dtype}")
         if src.size != dst.size:
             raise ValueError(f"{name}: expected {dst.size} elements for the {dst.shape} batch "
@@ -422,7 +474,8 @@ class OptContext:
         step = self._opt_step_params() if bt == BuildType.OPT else None
 
         out = self._check_outputs(self.model.forward(x), batch)
-        if y is not None and y.shape != out.shape:
+        by_class = y is not None and y.dtype == np.int32
+        if y is not None and not by_class and y.shape != out.shape:
             raise ValueError(f"labels: expected shape {out.shape} like the model's outputs, "
                              f"got {y.shape}")
         bufs = self._batch_buffers
@@ -439,8 +492,11 @@ class OptContext:
         ncorrect = None
         if self._loss_type == LossType.CROSS_ENTROPY:
             kernels.argmax_rows(out, out=pred)
-            kernels.argmax_rows(y, out=label_arg)
-            ncorrect = kernels.count_equal(pred, label_arg)
+            if by_class:
+                ncorrect = kernels.count_equal(pred, y)
+            else:
+                kernels.argmax_rows(y, out=label_arg)
+                ncorrect = kernels.count_equal(pred, label_arg)
 
         if backward:
             arena = self.arena

@@ -41,6 +41,7 @@ _KIND_DTYPES = {
 }
 _MAX_BYTES = (1 << 62)
 _F32_MAX = float(np.finfo(np.float32).max)
+_INT32_MAX = 2**31 - 1
 
 
 def _count(value, str name, int64_t minimum):
@@ -80,6 +81,47 @@ def _rng_from(rng_or_ctx):
     raise TypeError("rng_or_ctx: expected a numpy.random.Generator, an int seed, or an "
                     "OptContext (an object whose .rng is a numpy.random.Generator), got "
                     f"{type(rng_or_ctx).__name__}")
+
+
+def _from_array_dtype(a, str name, dict stored):
+    """The storage dtype for array a: its own when stored as is, float32 for any
+    other real dtype (converted once by from_arrays)."""
+    dt = a.dtype.newbyteorder("=")  # the byte order is a storage detail
+    if dt in stored:
+        return dt
+    if dt.kind not in "biuf":
+        raise TypeError(f"{name}: expected real numbers (float, int, uint or bool), got "
+                        f"dtype {a.dtype}")
+    return np.dtype(np.float32)
+
+
+def _labels_for_storage(labels, int64_t ndata):
+    """(labels as a 2-D array, storage dtype) for from_arrays: integer labels are
+    stored as int32 ((ndata,) or (ndata, 1): class indices, which must be >= 0),
+    every other real dtype as float32."""
+    if not isinstance(labels, np.ndarray):
+        raise TypeError(f"labels: expected a numpy.ndarray or None, got "
+                        f"{type(labels).__name__}")
+    if labels.dtype.kind not in "biuf":
+        raise TypeError(f"labels: expected class indices (integers of shape ({ndata},)) or "
+                        f"real targets (ndata, ne_label), got dtype {labels.dtype}")
+    if labels.ndim == 0 or labels.ndim > 2 or labels.shape[0] != ndata:
+        raise ValueError(f"labels: expected class indices of shape ({ndata},) or ({ndata}, 1), "
+                         f"or targets of shape ({ndata}, ne_label) (one row per datapoint of "
+                         f"data), got shape {labels.shape}")
+    if labels.ndim == 1:
+        labels = labels.reshape(ndata, 1)
+    if labels.shape[1] == 0:
+        raise ValueError("labels: expected at least one label element per datapoint "
+                         "(pass labels=None for a dataset without labels)")
+    if labels.dtype.kind in "iu":
+        lo = 0 if labels.shape[1] == 1 else -_INT32_MAX - 1
+        if labels.size and (labels.min() < lo or labels.max() > _INT32_MAX):
+            what = "class indices" if lo == 0 else "integer labels"
+            raise ValueError(f"labels: {what} must lie in [{lo}, {_INT32_MAX}], got values "
+                             f"from {labels.min()} to {labels.max()}")
+        return labels, np.dtype(np.int32)
+    return labels, np.dtype(np.float32)
 
 
 cdef inline bint _overlaps(cnp.ndarray a, AlignedBuffer buf):
@@ -180,19 +222,25 @@ cdef class Dataset:
     def from_arrays(cls, data, labels=None, ndata_shard=1, data_scale=None):
         """A Dataset holding copies of data and labels.
 
-        data: (ndata, ne_datapoint) array of float32, float16, uint8 or int32 (more
-        trailing axes are flattened: (ndata, 28, 28) gives ne_datapoint = 784).
-        labels: None, or a 2-D (ndata, ne_label) array of float32 or int32 (class
-        indices are not one-hot encoded here: encode them first).
-        The dtypes are taken from the arrays (in native byte order); nothing else is
-        cast.
+        data: (ndata, ne_datapoint) array of real numbers (more trailing axes are
+        flattened: (ndata, 28, 28) gives ne_datapoint = 784).  float32, float16,
+        uint8 and int32 are stored as they are (uint8/float16 at a quarter/half of
+        float32's memory, converted by get_batch); every other real dtype
+        (float64, int64, bool, ...) is converted to float32 once, here.
+        labels: None; or class indices, an integer array of shape (ndata,) or
+        (ndata, 1) with values >= 0, stored as int32 with ne_label = 1 (what
+        CROSS_ENTROPY needs, at 4 bytes a datapoint); or a 2-D (ndata, ne_label)
+        real array of targets (one-hot or soft probabilities, regression
+        targets), stored as float32 (a 1-D float array counts as (ndata, 1));
+        integer arrays of other widths are stored as int32 (training takes
+        class indices or float targets).
+        The copies are in native byte order.
         """
         if not isinstance(data, np.ndarray):
             raise TypeError(f"data: expected a numpy.ndarray, got {type(data).__name__}")
         if data.ndim < 2:
             raise ValueError(f"data: expected shape (ndata, ne_datapoint), got {data.shape}")
-        # the byte order is a storage detail: '>f4' data is float32, copied in native order
-        ddt = _storage_dtype(data.dtype.newbyteorder("="), "data", _DATA_DTYPES)
+        ddt = _from_array_dtype(data, "data", _DATA_DTYPES)
         ndata = data.shape[0]
         if ndata == 0:
             raise ValueError("data: expected at least one datapoint, got shape "
@@ -203,24 +251,12 @@ cdef class Dataset:
         ne_label = 0
         ldt = np.dtype(np.float32)
         if labels is not None:
-            if not isinstance(labels, np.ndarray):
-                raise TypeError(f"labels: expected a numpy.ndarray or None, got "
-                                f"{type(labels).__name__}")
-            if labels.ndim != 2:
-                raise ValueError(f"labels: expected shape (ndata, ne_label), got "
-                                 f"{labels.shape} (one-hot encode class indices first)")
-            ldt = _storage_dtype(labels.dtype.newbyteorder("="), "labels", _LABEL_DTYPES)
-            if labels.shape[0] != ndata:
-                raise ValueError(f"labels: expected {ndata} rows (one per datapoint of data), "
-                                 f"got {labels.shape[0]}")
+            labels, ldt = _labels_for_storage(labels, ndata)
             ne_label = labels.shape[1]
-            if ne_label == 0:
-                raise ValueError("labels: expected at least one label element per datapoint "
-                                 "(pass labels=None for a dataset without labels)")
         cdef Dataset ds = cls(ne_datapoint, ne_label, ndata, ndata_shard, ddt, ldt, data_scale)
-        np.copyto(ds._data_view, data.reshape(ndata, ne_datapoint))
+        np.copyto(ds._data_view, data.reshape(ndata, ne_datapoint), casting="unsafe")
         if labels is not None:
-            np.copyto(ds._labels_view, labels)
+            np.copyto(ds._labels_view, labels, casting="unsafe")
         return ds
 
     # ---- views and properties ---------------------------------------------------
@@ -245,6 +281,12 @@ cdef class Dataset:
     def label_dtype(self):
         """The storage dtype of the labels (None when the dataset has no labels)."""
         return _KIND_DTYPES[self._label_kind] if self.ne_label > 0 else None
+
+    @property
+    def class_labels(self):
+        """Whether the labels are class indices: int32 storage with ne_label == 1
+        (what from_arrays makes of integer labels of shape (ndata,))."""
+        return self.ne_label == 1 and self._label_kind == STORAGE_I32
 
     @property
     def data_scale(self):
@@ -283,6 +325,18 @@ cdef class Dataset:
 
     def __len__(self):
         return self.ndata
+
+    def __reduce__(self):
+        """Pickling: the shape, the dtypes, data_scale, copies of the data and
+        labels, and the shard order; unpickling rebuilds an equal Dataset in new
+        aligned memory."""
+        scaled = self._data_kind in (STORAGE_U8, STORAGE_F16)
+        return (_dataset_from_pickle,
+                (type(self), self.ne_datapoint, self.ne_label, self.ndata, self.ndata_shard,
+                 self.data_dtype.str, _KIND_DTYPES[self._label_kind].str,
+                 self.data_scale if scaled else None, self._data_view.copy(),
+                 None if self._labels_view is None else self._labels_view.copy(),
+                 self._perm_view.copy()))
 
     def __repr__(self):
         return (f"Dataset(ne_datapoint={self.ne_datapoint}, ne_label={self.ne_label}, "
@@ -419,3 +473,15 @@ cdef class Dataset:
             rc = self.get_batch_c(pd, to_f32, plab, shards_per_batch, ib)
         if rc != GET_BATCH_OK:  # the checks above make this unreachable
             raise RuntimeError(f"get_batch: internal status {rc}")
+
+
+def _dataset_from_pickle(cls, ne_datapoint, ne_label, ndata, ndata_shard, data_dtype,
+                         label_dtype, data_scale, data, labels, permutation):
+    """Dataset.__reduce__'s inverse: the arrays are checked by the copies below."""
+    cdef Dataset ds = cls(ne_datapoint, ne_label, ndata, ndata_shard, data_dtype, label_dtype,
+                          data_scale)
+    np.copyto(ds._data_view, data, casting="no")
+    if labels is not None:
+        np.copyto(ds._labels_view, labels, casting="no")
+    ds._set_permutation(permutation)
+    return ds

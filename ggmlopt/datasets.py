@@ -85,11 +85,14 @@ def load_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def _find(directory: str, name: str) -> str:
-    for candidate in (name, name + ".gz"):
+    # some mirrors name the files with a dot: train-images.idx3-ubyte
+    dotted = name.replace("-idx", ".idx")
+    candidates = (name, name + ".gz", dotted, dotted + ".gz")
+    for candidate in candidates:
         path = os.path.join(directory, candidate)
         if os.path.isfile(path):
             return path
-    raise FileNotFoundError(f"{directory}: neither {name} nor {name}.gz found")
+    raise FileNotFoundError(f"{directory}: none of {', '.join(candidates)} found")
 
 
 class MnistSplits(NamedTuple):
@@ -129,7 +132,8 @@ def load_mnist(directory: str | os.PathLike, ndata_shard: int = 1,
                nclasses: int = 10) -> MnistSplits:
     """MNIST-style train and test Datasets from the four standard IDX files in
     directory (train-images-idx3-ubyte, train-labels-idx1-ubyte,
-    t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each possibly with .gz).
+    t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each possibly with .gz, or
+    dot-named as some mirrors have them: train-images.idx3-ubyte, ...).
 
     Data: uint8, (n, rows * cols), data_scale 1/255 (get_batch into a float32
     batch gives pixels in [0, 1]).  Labels: one-hot float32, (n, nclasses).

@@ -76,3 +76,6 @@ cdef void leaky_relu_f32(int64_t n, const float *x, float *y,
                          float negative_slope) noexcept nogil
 cdef void leaky_relu_backward_f32(int64_t n, const float *x, const float *g, float *out,
                                   float negative_slope) noexcept nogil
+cdef double cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                    const int32_t *classes, float *grad,
+                                    float grad_scale) noexcept nogil

@@ -35,6 +35,9 @@ cdef extern from "ggmlopt.h" nogil:
                                      const float *labels, float *grad, float grad_scale)
     double ggmlopt_squared_error_f32(int64_t n, const float *out, const float *labels,
                                      float *grad, float grad_scale)
+    double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                           const int32_t *classes, float *grad,
+                                           float grad_scale)
     void ggmlopt_convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale)
     void ggmlopt_convert_f16_f32(int64_t n, const uint16_t *src, float *dst, float scale)
     void ggmlopt_gather_shards(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
@@ -230,6 +233,10 @@ cdef void leaky_relu_f32(int64_t n, const float *x, float *y,
 cdef void leaky_relu_backward_f32(int64_t n, const float *x, const float *g, float *out,
                                   float negative_slope) noexcept nogil:
     ggmlopt_leaky_relu_backward_f32(n, x, g, out, negative_slope)
+cdef double cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                    const int32_t *classes, float *grad,
+                                    float grad_scale) noexcept nogil:
+    return ggmlopt_cross_entropy_index_f32(nrows, ncols, logits, classes, grad, grad_scale)
 
 
 # ---- argument checks ----------------------------------------------------------
@@ -303,17 +310,21 @@ cdef inline float *_f32(cnp.ndarray a):
 
 def adamw_bias_corrections(beta1, beta2, iteration):
     """(beta1h, beta2h) = (1/(1 - beta1^t), 1/(1 - beta2^t)) in float32, as ggml
-    computes them on the host once per step (t = iteration >= 1)."""
+    computes them on the host once per step (t = iteration >= 1).
+
+    beta1, beta2: finite real numbers (float32); iteration: an int in [1, 2**63)."""
     if isinstance(iteration, bool) or not isinstance(iteration, (int, np.integer)):
         raise TypeError(f"iteration: expected an int, got {type(iteration).__name__}")
     if iteration < 1:
         raise ValueError(f"iteration: expected >= 1, got {iteration}")
-    b1 = np.float32(beta1)
-    b2 = np.float32(beta2)
+    if iteration > 2**63 - 1:
+        raise ValueError(f"iteration: expected < 2**63, got {iteration}")
+    b1 = np.float32(_finite_float(beta1, "beta1"))
+    b2 = np.float32(_finite_float(beta2, "beta2"))
+    t = np.float32(iteration)
     one = np.float32(1.0)
-    with np.errstate(divide="ignore"):
-        return (float(one / (one - b1 ** np.float32(iteration))),
-                float(one / (one - b2 ** np.float32(iteration))))
+    with np.errstate(divide="ignore", over="ignore"):
+        return (float(one / (one - b1 ** t)), float(one / (one - b2 ** t)))
 
 
 def adamw_step(w, g, m, v, *, alpha, beta1, beta2, eps, wd, beta1h, beta2h):
@@ -528,20 +539,50 @@ def count_equal(a, b):
     return c
 
 
+cdef _check_classes(cnp.ndarray ac, int64_t ncols):
+    """IndexError unless every int32 class lies in [0, ncols)."""
+    cdef const int32_t *c = <const int32_t *>cnp.PyArray_DATA(ac)
+    cdef int64_t i, n = ac.size, bad = -1
+    with nogil:
+        for i in range(n):
+            if c[i] < 0 or c[i] >= ncols:
+                bad = i
+                break
+    if bad >= 0:
+        raise IndexError(f"labels: class {c[bad]} at row {bad} is out of range; expected "
+                         f"class indices in [0, {ncols}) (one per column of logits)")
+
+
 def cross_entropy(logits, labels, grad=None, grad_scale=1.0):
     """Mean over rows of -sum(labels * log_softmax(logits)) for 2-D float32
-    (rows, classes) arrays.  When grad is given it receives
+    (rows, classes) logits.  When grad is given it receives
     (softmax(logits) - labels) * grad_scale / rows (the gradient of the loss
-    times grad_scale)."""
+    times grad_scale).
+
+    labels: float32 (rows, classes) probabilities (one-hot or soft), or int32
+    class indices of shape (rows,) or (rows, 1), each in [0, classes): the same
+    loss and gradient as their one-hot encoding, without building it (IndexError
+    for a class out of range, before anything is written)."""
     cdef cnp.ndarray ax = _array(logits, "logits", np.float32, False)
-    cdef cnp.ndarray al = _array(labels, "labels", np.float32, False)
     cdef int64_t nrows, ncols
     nrows, ncols = _matrix(ax, "logits")
     if nrows == 0:
         raise ValueError("logits: the cross-entropy of zero rows is undefined")
-    if al.ndim != 2 or al.shape[0] != nrows or al.shape[1] != ncols:
-        raise ValueError(f"labels: expected shape {(nrows, ncols)} like logits, "
-                         f"got {(<object>al).shape}")
+    cdef bint by_class = isinstance(labels, np.ndarray) and labels.dtype == np.int32
+    cdef cnp.ndarray al
+    if by_class:
+        al = _array(labels, "labels", np.int32, False)
+        if not (al.ndim == 1 or (al.ndim == 2 and al.shape[1] == 1)) or al.shape[0] != nrows:
+            raise ValueError(f"labels: int32 class indices must have shape ({nrows},) or "
+                             f"({nrows}, 1) (one per row of logits), got {(<object>al).shape}")
+    else:
+        if isinstance(labels, np.ndarray) and labels.dtype.kind in "iu":
+            raise TypeError(f"labels: expected float32 probabilities or int32 class indices, "
+                            f"got dtype {labels.dtype}")
+        al = _array(labels, "labels", np.float32, False)
+        if al.ndim != 2 or al.shape[0] != nrows or al.shape[1] != ncols:
+            raise ValueError(f"labels: expected shape {(nrows, ncols)} like logits (or int32 "
+                             f"class indices of shape ({nrows},)), got {(<object>al).shape}")
     cdef float scale_ = _finite_float(grad_scale, "grad_scale")
     cdef cnp.ndarray agr = None
     cdef float *pgrad = NULL
@@ -551,11 +592,21 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0):
             raise ValueError(f"grad: expected {ax.size} elements like logits, got {agr.size}")
         _no_overlap([("grad", agr), ("logits", ax), ("labels", al)])
         pgrad = _f32(agr)
+    if by_class:
+        _check_classes(al, ncols)
     cdef double loss
     cdef float *_p0 = _f32(ax)
-    cdef float *_p1 = _f32(al)
+    cdef float *_p1 = NULL
+    cdef int32_t *_pc = NULL
+    if by_class:
+        _pc = <int32_t *>cnp.PyArray_DATA(al)
+    else:
+        _p1 = _f32(al)
     with nogil:
-        loss = ggmlopt_cross_entropy_f32(nrows, ncols, _p0, _p1, pgrad, scale_)
+        if by_class:
+            loss = ggmlopt_cross_entropy_index_f32(nrows, ncols, _p0, _pc, pgrad, scale_)
+        else:
+            loss = ggmlopt_cross_entropy_f32(nrows, ncols, _p0, _p1, pgrad, scale_)
     return loss
 
 
@@ -1125,7 +1176,7 @@ def set_num_threads(n):
         raise TypeError(f"n: expected an int, got {type(n).__name__}")
     if n < 1:
         raise ValueError(f"n: expected at least 1 thread, got {n}")
-    ggmlopt_set_num_threads(min(int(n), 64))
+    ggmlopt_set_num_threads(min(int(n), _MAX_THREADS))
 
 
 def get_num_threads():
@@ -1133,7 +1184,24 @@ def get_num_threads():
     return ggmlopt_get_num_threads()
 
 
-# CPU detection happens here, once, at import; GGMLOPT_SIMD pins a path.
+_MAX_THREADS = 64  # the thread pool's limit
+
+
+def _threads_from_env(value):
+    """GGMLOPT_NUM_THREADS as a thread count; ValueError for anything but an int
+    from 1 to _MAX_THREADS."""
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise ValueError(f"expected a whole number of threads from 1 to {_MAX_THREADS}") from None
+    if not 1 <= n <= _MAX_THREADS:
+        raise ValueError(f"expected a number of threads from 1 to {_MAX_THREADS}, got {n}")
+    return n
+
+
+# CPU detection happens here, once, at import; GGMLOPT_SIMD pins a path and
+# GGMLOPT_NUM_THREADS sets the threads.  A bad value of either stops the import
+# with a message naming the variable (rather than being ignored or clamped).
 if _override is not None:
     try:
         use_simd(_override)
@@ -1141,3 +1209,9 @@ if _override is not None:
         raise ImportError(f"GGMLOPT_SIMD={_override!r}: {e}") from None
 else:
     use_simd(None)
+_threads_override = os.environ.get("GGMLOPT_NUM_THREADS") or None
+if _threads_override is not None:
+    try:
+        set_num_threads(_threads_from_env(_threads_override))
+    except ValueError as e:
+        raise ImportError(f"GGMLOPT_NUM_THREADS={_threads_override!r}: {e}") from None

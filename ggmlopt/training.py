@@ -9,6 +9,7 @@ from dataclasses import astuple, dataclass, field
 import numpy as np
 
 from ._args import enum_arg, int_arg
+from ._blas_threads import blas_threads_for_training, blas_threads_setting
 from .checkpoint import FitCheckpoint
 from .context import OptContext
 from .nn.module import set_training
@@ -33,10 +34,52 @@ def _check_dataset(ctx, dataset):
                              "a dataset with ne_label=0")
     elif labels is None:
         raise ValueError(f"dataset: {ctx.loss_type.name} needs labels but the dataset has none")
-    elif labels.shape[1] != ctx.labels.shape[1]:
-        raise ValueError(f"dataset: labels of {labels.shape[1]} elements do not match the "
-                         f"model's {ctx.labels.shape[1]} outputs")
+    else:
+        _check_label_form(ctx, dataset, labels)
     return data.shape[0]
+
+
+def _label_form(dataset):
+    """'classes' (int32 class indices, ne_label 1), 'float' or another dtype's name."""
+    if getattr(dataset, "class_labels", False):
+        return "classes"
+    return "float" if dataset.labels.dtype == np.float32 else dataset.labels.dtype.name
+
+
+_WHAT_TO_PASS = ("pass class indices (integers of shape (ndata,)) or float one-hot labels "
+                 "(ndata, {n}) to Dataset.from_arrays")
+
+
+def _check_label_form(ctx, dataset, labels):
+    """The dataset's labels fit the context's labels buffer: class indices for a
+    class_labels context, float32 of the model's outputs otherwise."""
+    ne_out = ctx.ne_out
+    form = _label_form(dataset)
+    classes_ctx = ctx.labels.dtype == np.int32
+    if form == "classes" and classes_ctx:
+        if labels.size and (labels.min() < 0 or labels.max() >= ne_out):
+            raise ValueError(f"dataset: class indices from {labels.min()} to {labels.max()} "
+                             f"do not fit the model's {ne_out} outputs (expected 0 .. "
+                             f"{ne_out - 1})")
+    elif form == "classes":
+        if ctx.loss_type == LossType.CROSS_ENTROPY:
+            raise ValueError("dataset: its labels are class indices but the context was built "
+                             "for one-hot labels; build it with class_labels=True")
+        raise ValueError(f"dataset: its labels are class indices, which only CROSS_ENTROPY "
+                         f"takes; {ctx.loss_type.name} needs float targets of the model's "
+                         f"{ne_out} outputs: one-hot encode the classes (float32 (ndata, "
+                         f"{ne_out})) for Dataset.from_arrays")
+    elif form != "float":
+        raise ValueError(f"dataset: labels of {form} ({labels.shape[1]} per datapoint) cannot "
+                         f"be trained on; " + _WHAT_TO_PASS.format(n=ne_out))
+    elif classes_ctx:
+        raise ValueError("dataset: its labels are float (one-hot) but the context was built "
+                         "for class indices (class_labels=True)")
+    elif labels.shape[1] != ne_out:
+        hint = ("; for class indices pass integers of shape (ndata,)"
+                if ctx.loss_type == LossType.CROSS_ENTROPY and labels.shape[1] == 1 else "")
+        raise ValueError(f"dataset: labels of {labels.shape[1]} elements do not match the "
+                         f"model's {ne_out} outputs{hint}")
 
 
 def _eval_batch(ctx, dataset, result, ibatch, backward, phase, nbatches):
@@ -83,6 +126,13 @@ def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
                          f"at most ndata={ndata}, got {idata_split}")
     ibatch_split = idata_split // batch
 
+    with blas_threads_for_training():
+        _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, callback_eval,
+                       ibatch_split, nbatches)
+
+
+def _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, callback_eval,
+                   ibatch_split, nbatches):
     ibatch = 0
     t_loop_start = time_us()
     while ibatch < ibatch_split:
@@ -189,6 +239,7 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
+    blas_threads_setting()  # a bad GGMLOPT_BLAS_THREADS stops fit before it starts
     if resume and checkpoint is None:
         raise ValueError("resume: needs checkpoint=path to resume from")
     t_start_us = time_us()
@@ -235,10 +286,13 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
         pending = ckpt.read(dataset, nepoch, (loss_type, optimizer, BuildType.OPT, opt_period,
                                               shapes, bit_generator))
 
+    # class-index labels take the class-index loss path (int32 label batches)
+    class_labels = (loss_type == LossType.CROSS_ENTROPY
+                    and bool(getattr(dataset, "class_labels", False)))
     ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
                      loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
                      optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                     seed=seed, clip_grad_norm=clip_grad_norm,
+                     seed=seed, clip_grad_norm=clip_grad_norm, class_labels=class_labels,
                      _before_taking=lambda c: _check_dataset(c, dataset))
 
     history = History()

@@ -88,15 +88,15 @@ def test_missing_file(tmp_path):
 
 # ---- MNIST-style directories ----------------------------------------------------------
 
-def write_mnist(directory, ntrain=12, ntest=6, gz=False, rows=4, cols=5):
+def write_mnist(directory, ntrain=12, ntest=6, gz=False, rows=4, cols=5, sep="-"):
     rng = np.random.default_rng(2)
     content = {}
     for prefix, n in (("train", ntrain), ("t10k", ntest)):
         images = rng.integers(0, 256, (n, rows, cols), dtype=np.uint8)
         labels = rng.integers(0, 10, n, dtype=np.uint8)
         suffix = ".gz" if gz else ""
-        write(directory / f"{prefix}-images-idx3-ubyte{suffix}", idx_bytes(images), gz)
-        write(directory / f"{prefix}-labels-idx1-ubyte{suffix}", idx_bytes(labels), gz)
+        write(directory / f"{prefix}-images{sep}idx3-ubyte{suffix}", idx_bytes(images), gz)
+        write(directory / f"{prefix}-labels{sep}idx1-ubyte{suffix}", idx_bytes(labels), gz)
         content[prefix] = (images, labels)
     return content
 
@@ -117,6 +117,16 @@ def test_load_mnist_builds_uint8_datasets_with_one_hot_labels(tmp_path, gz):
         np.testing.assert_allclose(batch, images.reshape(n, 20) / 255.0, rtol=1e-6)
         assert batch.max() <= 1.0
     assert load_mnist(tmp_path).train.ndata_shard == 1
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_load_mnist_finds_dot_named_files(tmp_path, gz):
+    # other mirrors name them train-images.idx3-ubyte, t10k-labels.idx1-ubyte, ...
+    content = write_mnist(tmp_path, gz=gz, sep=".")
+    train, test = load_mnist(tmp_path)
+    for ds, (images, labels) in ((train, content["train"]), (test, content["t10k"])):
+        np.testing.assert_array_equal(ds.data, images.reshape(len(labels), -1))
+        np.testing.assert_array_equal(ds.labels.argmax(axis=1), labels)
 
 
 def test_load_mnist_errors(tmp_path):

@@ -24,13 +24,16 @@ LAYER_CASES = {
     "Dropout:eval": (lambda: nn.Dropout(0.5, rng=0).eval(), (9,)),
     "Reshape": (lambda: nn.Reshape((2, -1)), (6,)),
     "Flatten": (lambda: nn.Flatten(), (2, 3)),
+    "Conv2d": (lambda: nn.Conv2d(2, 3, 3, padding=1, rng=0), (2, 5, 5)),
+    "MaxPool2d": (lambda: nn.MaxPool2d(2), (2, 4, 6)),
+    "AvgPool2d": (lambda: nn.AvgPool2d(2, stride=1), (3, 3, 5)),
+    "Tanh": (lambda: nn.Tanh(), (9,)),
+    "Sigmoid": (lambda: nn.Sigmoid(), (2, 3, 3)),
+    "SiLU": (lambda: nn.SiLU(), (9,)),
+    "GELU": (lambda: nn.GELU(), (9,)),
+    "GELU:tanh": (lambda: nn.GELU(approximate="tanh"), (9,)),
+    "LeakyReLU": (lambda: nn.LeakyReLU(0.1), (9,)),
 }
-if hasattr(nn, "Conv2d"):
-    LAYER_CASES["Conv2d"] = (lambda: nn.Conv2d(2, 3, 3, padding=1, rng=0), (2, 5, 5))
-if hasattr(nn, "MaxPool2d"):
-    LAYER_CASES["MaxPool2d"] = (lambda: nn.MaxPool2d(2), (2, 4, 6))
-if hasattr(nn, "AvgPool2d"):
-    LAYER_CASES["AvgPool2d"] = (lambda: nn.AvgPool2d(2, stride=1), (3, 3, 5))
 
 
 def layer_classes():

@@ -223,11 +223,13 @@ enum {
     ROW_TIE_FIRST_MIDDLE,
     ROW_EXTREMES,
     ROW_SOME_NAN,
+    ROW_NEG_INF_THEN_NAN,
     ROW_KINDS
 };
 static const char *const ROW_NAMES[ROW_KINDS] = {
     "random", "ties", "all equal", "all -inf", "all NaN", "unique max first",
-    "tie first and middle", "+-1e30 and +inf", "NaN among values"};
+    "tie first and middle", "+-1e30 and +inf", "NaN among values",
+    "-inf then a run of NaN"};
 
 static void fill_argmax_row(int kind, int64_t n, float *x) {
     for (int64_t i = 0; i < n; ++i) {
@@ -242,7 +244,8 @@ static void fill_argmax_row(int kind, int64_t n, float *x) {
         case ROW_EXTREMES:
             x[i] = i == n / 3 ? INFINITY : i % 4 == 3 ? -INFINITY : th_uniform(-1e30f, 1e30f);
             break;
-        default: x[i] = i % 5 == 4 ? NAN : th_uniform(-1.0f, 1.0f); break;
+        case ROW_SOME_NAN: x[i] = i % 5 == 4 ? NAN : th_uniform(-1.0f, 1.0f); break;
+        default: x[i] = i < 3 ? -INFINITY : NAN; break; /* all-NaN chunks after the maximum */
         }
     }
 }
@@ -373,6 +376,72 @@ static void test_cross_entropy_rows(const ggmlopt_kernel_table *k, int64_t ncols
     for (int r = 0; r < NROWS; ++r) fill_ce_row((r * 3) % CE_ROWS, ncols, x + r * ncols, l + r * ncols);
     for (int64_t rows = 1; rows <= NROWS; rows += rows < 9 ? 1 : 5)
         check_cross_entropy(k, rows, ncols, x, l, off, ctx);
+}
+
+/* The class-index kernel against the one-hot kernel of the same path (the
+ * labels expanded), and against the scalar path: rows of every kind, with the
+ * class at random, at the first and at the last column. */
+static void test_cross_entropy_index(const ggmlopt_kernel_table *k, int64_t ncols, int off) {
+    enum { NROWS = 19 };
+    if (ncols == 0) return;
+    char ctx[160];
+    CTX(ctx, "cross_entropy_index_rows_f32", k, ncols, off, " (n: ncols; vs one-hot)");
+    const float gs = 0.7f;
+    const int64_t total = NROWS * ncols;
+    float *x = (float *)th_alloc(4, total, off), *l = (float *)th_alloc(4, total, 0);
+    int32_t *c = (int32_t *)th_alloc(4, NROWS, off);
+    for (int r = 0; r < NROWS; ++r) {
+        fill_ce_row(r % CE_ROWS, ncols, x + r * ncols, l + r * ncols);
+        c[r] = r % 4 == 1 ? 0 : r % 4 == 2 ? (int32_t)(ncols - 1) : (int32_t)th_randint(0, ncols);
+        if (r % CE_ROWS == CE_ONE_HOT_NEG_INF) x[r * ncols + c[r]] = th_uniform(-5.0f, 5.0f);
+        for (int64_t i = 0; i < ncols; ++i) l[r * ncols + i] = i == c[r] ? 1.0f : 0.0f;
+    }
+    const float *x0 = th_dup(x, 4, total);
+    for (int64_t rows = 1; rows <= NROWS; rows += rows < 9 ? 1 : 5) {
+        const int64_t n = rows * ncols;
+        float *g = th_rand_f32(n, off, -9.0f, 9.0f), *gh = th_rand_f32(n, 0, -9.0f, 9.0f);
+        float *gs_ = th_rand_f32(n, 0, -9.0f, 9.0f);
+        const double loss = k->cross_entropy_index_rows_f32(rows, ncols, x, c, g, gs);
+        const double loss_nograd = k->cross_entropy_index_rows_f32(rows, ncols, x, c, NULL, gs);
+        const double loss_hot = k->cross_entropy_rows_f32(rows, ncols, x, l, gh, gs);
+        const double loss_s = SCALAR->cross_entropy_index_rows_f32(rows, ncols, x, c, gs_, gs);
+        const double scale = fabs(loss_hot) + (double)rows;
+        th_check(th_near(loss, loss_hot, RTOL_EXP * scale), "%s rows=%lld: loss = %.9g, one-hot %.9g",
+                 ctx, (long long)rows, loss, loss_hot);
+        th_check(th_near(loss_nograd, loss, RTOL_SUM * scale),
+                 "%s rows=%lld: loss without grad = %.17g, with grad %.17g", ctx, (long long)rows,
+                 loss_nograd, loss);
+        if (k != SCALAR)
+            th_check(th_near(loss, loss_s, RTOL_PATHS * scale), "%s rows=%lld: loss = %.9g, scalar %.9g",
+                     ctx, (long long)rows, loss, loss_s);
+        th_miss ref = TH_MISS_INIT, cross = TH_MISS_INIT;
+        for (int64_t i = 0; i < n; ++i) {
+            th_expect(&ref, "grad vs one-hot", i, g[i], gh[i], RTOL_EXP * gs + 1e-37);
+            th_expect_bits(&ref, "logits (an input, changed)", i, x[i], x0[i]);
+            th_expect(&cross, "grad vs scalar", i, g[i], gs_[i], RTOL_PATHS * gs + 1e-37);
+        }
+        report(k, &ref, &cross, ctx);
+    }
+}
+
+/* One row of a 32000-word vocabulary. */
+static void test_cross_entropy_index_wide(const ggmlopt_kernel_table *k) {
+    const int64_t ncols = 32000;
+    char ctx[160];
+    snprintf(ctx, sizeof ctx, "cross_entropy_index_rows_f32[%s] one row of %lld", k->name,
+             (long long)ncols);
+    float *x = (float *)th_alloc(4, ncols, 0), *l = (float *)th_alloc(4, ncols, 0);
+    float *g = (float *)th_alloc(4, ncols, 0), *gh = (float *)th_alloc(4, ncols, 0);
+    fill_ce_row(CE_SOFT, ncols, x, l);
+    const int32_t c = 31999;
+    for (int64_t i = 0; i < ncols; ++i) l[i] = i == c ? 1.0f : 0.0f;
+    const double loss = k->cross_entropy_index_rows_f32(1, ncols, x, &c, g, 1.0f);
+    const double loss_hot = k->cross_entropy_rows_f32(1, ncols, x, l, gh, 1.0f);
+    th_check(th_near(loss, loss_hot, RTOL_EXP * fabs(loss_hot)), "%s: loss = %.9g, one-hot %.9g",
+             ctx, loss, loss_hot);
+    th_miss ref = TH_MISS_INIT;
+    for (int64_t i = 0; i < ncols; ++i) th_expect(&ref, "grad vs one-hot", i, g[i], gh[i], 1e-9);
+    th_report(&ref, ctx);
 }
 
 static void test_squared_error(const ggmlopt_kernel_table *k, int64_t n, int off) {
@@ -517,6 +586,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
             test_cross_entropy(k, n, off);
             test_cross_entropy_rows(k, n, off);
             test_squared_error(k, n, off);
+            test_cross_entropy_index(k, n, off);
             test_convert_u8(k, n, off, 1.0f / 255.0f);
             test_convert_u8(k, n, off, 3.0f);
             test_convert_f16(k, n, off, 1.0f);
@@ -527,6 +597,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
     }
     test_convert_f16_exhaustive(k);
     test_cross_entropy_wide(k);
+    test_cross_entropy_index_wide(k);
     th_release_all();
     test_conv_kernels(k);
     test_activations_sweep(k);

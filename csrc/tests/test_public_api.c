@@ -151,6 +151,21 @@ static void api_run(int64_t n, const char *tag, api_out *o) {
     th_report(&cmiss, ctx);
     o->ce_grad = cgrad, o->ce_rows = crows;
 
+    /* the same rows as class indices: the one-hot call's loss and gradient */
+    int32_t *classes = (int32_t *)th_alloc(4, crows, 1);
+    for (int64_t r = 0; r < crows; ++r)
+        for (int32_t c = 0; c < CE_COLS; ++c)
+            if (labels[r * CE_COLS + c] != 0.0f) classes[r] = c;
+    float *igrad = th_rand_f32(ctotal, 2, -9.0f, 9.0f);
+    const double iloss = ggmlopt_cross_entropy_index_f32(crows, CE_COLS, logits, classes, igrad, gs);
+    th_miss imiss = TH_MISS_INIT;
+    th_expect(&imiss, "loss vs one-hot", 0, iloss, o->ce_loss, RTOL_EXP * ce_scale + 1e-30);
+    for (int64_t i = 0; i < ctotal; ++i)
+        th_expect(&imiss, "grad vs one-hot", i, igrad[i], cgrad[i], RTOL_EXP * gscale[i] + 1e-37);
+    snprintf(ctx, sizeof ctx, "ggmlopt_cross_entropy_index_f32 %s nrows=%lld ncols=%d", tag,
+             (long long)crows, CE_COLS);
+    th_report(&imiss, ctx);
+
     /* squared error */
     float *sgrad = th_rand_f32(n, 2, -9.0f, 9.0f);
     o->se_loss = ggmlopt_squared_error_f32(n, w0, g0, sgrad, 0.25f);

@@ -125,7 +125,8 @@ def evaluate(model, dataset, nbatch_physical):
     batch = max(b for b in range(1, min(nbatch_physical, ndata) + 1)
                 if ndata % b == 0 and b % dataset.ndata_shard == 0)
     ctx = go.OptContext(model, batch_size=batch, ne_datapoint=NE_IN,
-                        loss_type=go.LossType.CROSS_ENTROPY, build_type=go.BuildType.FORWARD)
+                        loss_type=go.LossType.CROSS_ENTROPY, build_type=go.BuildType.FORWARD,
+                        class_labels=dataset.class_labels)
     result = go.Result()
     go.epoch(ctx, dataset, None, result, 0)
     return result

@@ -84,6 +84,13 @@ double ggmlopt_cross_entropy_f32(int64_t nrows, int64_t ncols, const float *logi
 double ggmlopt_squared_error_f32(int64_t n, const float *out, const float *labels, float *grad,
                                  float grad_scale);
 
+/* ggmlopt_cross_entropy_f32 with labels given as class indices: row r's label
+ * is one-hot at classes[r], which must lie in [0, ncols) (not checked here).
+ * Same loss and gradient as the one-hot call, without a (nrows, ncols) label
+ * array. */
+double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                       const int32_t *classes, float *grad, float grad_scale);
+
 /* ---- datasets ------------------------------------------------------------- */
 
 void ggmlopt_convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale);

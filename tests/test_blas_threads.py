@@ -1,0 +1,77 @@
+"""BLAS threads while training: each epoch cuts NumPy's BLAS threads to the cores
+other processes leave idle (GGMLOPT_BLAS_THREADS=auto, the default), or to a
+given number, or leaves them alone, and restores them after."""
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt import _blas_threads
+
+threadpoolctl = pytest.importorskip("threadpoolctl")
+
+
+def blas_threads():
+    info = threadpoolctl.threadpool_info()
+    return max((i["num_threads"] for i in info if i["user_api"] == "blas"), default=None)
+
+
+@pytest.mark.parametrize("current,cpus,others,want", [
+    (2, 2, 0, 2), (2, 2, 1, 1), (2, 2, 9, 1), (8, 16, 4, 8), (16, 16, 4, 12), (4, 4, None, 4),
+    (1, 8, 0, 1),
+])
+def test_choose_blas_threads(current, cpus, others, want):
+    assert _blas_threads.choose_blas_threads(current, cpus, others) == want
+
+
+@pytest.mark.parametrize("env,want", [
+    ({}, "auto"), ({"GGMLOPT_BLAS_THREADS": "auto"}, "auto"),
+    ({"GGMLOPT_BLAS_THREADS": " KEEP "}, "keep"), ({"GGMLOPT_BLAS_THREADS": "3"}, 3),
+    ({"OPENBLAS_NUM_THREADS": "1"}, "keep"), ({"OMP_NUM_THREADS": "2"}, "keep"),
+    ({"OMP_NUM_THREADS": "2", "GGMLOPT_BLAS_THREADS": "auto"}, "auto"),
+])
+def test_the_setting_comes_from_the_environment(monkeypatch, env, want):
+    for key in ("GGMLOPT_BLAS_THREADS",) + _blas_threads._BLAS_ENV:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert _blas_threads.blas_threads_setting() == want
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many", "1.5"])
+def test_a_bad_setting_stops_fit_before_it_starts(monkeypatch, value):
+    monkeypatch.setenv("GGMLOPT_BLAS_THREADS", value)
+    model = go.nn.Linear(3, 2, rng=0)
+    before = model.weight.data.copy()
+    ds = go.Dataset.from_arrays(np.zeros((4, 3), np.float32), np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match=f"GGMLOPT_BLAS_THREADS={value!r}: expected 'auto'"):
+        go.fit(model, ds, go.LossType.CROSS_ENTROPY, silent=True)
+    np.testing.assert_array_equal(model.weight.data, before)
+
+
+def _threads_during_an_epoch(monkeypatch, env, others):
+    monkeypatch.setenv("GGMLOPT_BLAS_THREADS", env)
+    monkeypatch.setattr(_blas_threads, "_others_running", lambda: others)
+    seen = []
+    model = go.nn.Sequential(go.nn.Linear(3, 4, rng=0), go.nn.Linear(4, 2, rng=1))
+    ctx = go.OptContext(model, 2, 3, loss_type=go.LossType.CROSS_ENTROPY, class_labels=True)
+    ds = go.Dataset.from_arrays(np.ones((4, 3)), np.array([0, 1, 1, 0]))
+    go.epoch(ctx, ds, go.Result(), None, -1, lambda *a: seen.append(blas_threads()))
+    return seen
+
+
+def test_an_epoch_on_busy_cores_uses_fewer_blas_threads(monkeypatch):
+    before = blas_threads()
+    if before is None or before < 2:
+        pytest.skip("NumPy's BLAS runs one thread here: nothing to cut")
+    assert _threads_during_an_epoch(monkeypatch, "auto", 1000) == [1, 1]
+    assert blas_threads() == before  # restored
+    assert _threads_during_an_epoch(monkeypatch, "auto", 0) == [before, before]
+    assert _threads_during_an_epoch(monkeypatch, "keep", 1000) == [before, before]
+    assert _threads_during_an_epoch(monkeypatch, "1", 0) == [1, 1]
+    assert blas_threads() == before
+
+
+def test_others_running_reads_the_run_queue():
+    others = _blas_threads._others_running()
+    assert others is None or others >= 0
+    assert _blas_threads._own_running_threads() >= 1  # this thread runs
