@@ -209,7 +209,8 @@ def test_epoch_failure_leaves_the_context_usable(idata_split):
     assert ctx.iter == (8 if idata_split < 0 else 7)
 
 
-@pytest.mark.parametrize("loss_type,exc", [(9, ValueError), ("mean", TypeError), (True, TypeError)])
+@pytest.mark.parametrize("loss_type,exc", [(9, ValueError), ("meen", ValueError), (1.5, TypeError),
+                                         (True, TypeError)])
 def test_fit_bad_loss_type_names_it(loss_type, exc):
     with pytest.raises(exc, match="loss_type"):
         go.fit(mlp(), dataset(), loss_type, nbatch_logical=20, silent=True)
