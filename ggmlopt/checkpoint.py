@@ -52,6 +52,7 @@ import os
 import secrets
 import zipfile
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -65,8 +66,8 @@ from .optim_params import (
     validate_optimizer_params,
 )
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "context_state_dict", "load_context",
-           "load_context_state_dict", "load_state", "save_state"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "context_state_dict", "fit_seed_id",
+           "load_context", "load_context_state_dict", "load_state", "save_state"]
 
 FORMAT = "ggmlopt.OptContext"
 FORMAT_VERSION = 1
@@ -80,7 +81,11 @@ _SETTING_KEYS = ("format_version", "loss_type", "optimizer", "build_type", "opt_
 _FIT_INT_KEYS = ("fit.epoch", "fit.ndata", "fit.nbatch_logical", "fit.nbatch_physical",
                  "fit.idata_split")
 _FIT_KEYS = _FIT_INT_KEYS + ("fit.permutation", "fit.history")
-_INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS)
+# what identifies the run's data and shuffling; checked when present (files written
+# before these entries existed lack them).  fit.seed: the int seed, -1 for None (the
+# default seed), -2 for a numpy Generator.
+_FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.seed")
+_INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS)
 _FLOAT_KEYS = frozenset(_OPT_PAR_NAMES[OptimizerType.ADAMW] + _OPT_PAR_NAMES[OptimizerType.SGD])
 _STR_KEYS = frozenset(("format", "rng_state"))
 HISTORY_COLUMNS = 10  # the fields of training.EpochStats
@@ -376,7 +381,7 @@ def split_fit_entries(sd):
     """(the context's entries, the fit.* entries) of a loaded checkpoint."""
     ctx_sd = {k: v for k, v in sd.items() if not k.startswith("fit.")}
     fit_sd = {k: v for k, v in sd.items() if k.startswith("fit.")}
-    unknown = sorted(set(fit_sd) - set(_FIT_KEYS))
+    unknown = sorted(set(fit_sd) - set(_FIT_KEYS) - set(_FIT_RUN_KEYS))
     if unknown:
         raise ValueError(f"checkpoint: unexpected entries {unknown}")
     return ctx_sd, fit_sd
@@ -576,18 +581,34 @@ class FitCheckpoint:
     shard order, int64 (nshards,)), ``fit.history`` (float64 (epochs, 10), the
     EpochStats rows so far) and the configuration that must not change between
     runs (``fit.ndata``, ``fit.nbatch_logical``, ``fit.nbatch_physical``,
-    ``fit.idata_split``)."""
+    ``fit.idata_split``) or that identifies the run (``fit.ne_datapoint``,
+    ``fit.ne_label``, ``fit.ndata_shard``, ``fit.seed``: checked on resume when
+    the file has them).
 
-    def __init__(self, path, ndata, nbatch_logical, nbatch_physical, idata_split):
+    The path is checked when fit starts: its directory must exist and be
+    writable, so a typo fails before the first epoch, not after it."""
+
+    def __init__(self, path: Any, ndata: int, nbatch_logical: int, nbatch_physical: int,
+                 idata_split: int, run: Mapping[str, int] | None = None) -> None:
         try:
             self.path = os.fspath(path)
         except TypeError:
             raise TypeError(f"checkpoint: expected a path (str or os.PathLike) or None, got "
                             f"{type(path).__name__}") from None
+        if isinstance(self.path, bytes):
+            self.path = os.fsdecode(self.path)
         if os.path.isdir(self.path):
             raise ValueError(f"checkpoint: {self.path!r} is a directory; expected a file name")
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise ValueError(f"checkpoint: the directory {directory!r} of {self.path!r} does "
+                             "not exist; create it first")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ValueError(f"checkpoint: the directory {directory!r} of {self.path!r} is "
+                             "not writable")
         self.config = {"fit.ndata": ndata, "fit.nbatch_logical": nbatch_logical,
                        "fit.nbatch_physical": nbatch_physical, "fit.idata_split": idata_split}
+        self.run = dict(run or {})
 
     def exists(self):
         return os.path.exists(self.path)
@@ -610,6 +631,7 @@ class FitCheckpoint:
                     name = key.split(".", 1)[1]
                     raise ValueError(f"{key}: the checkpoint was made with {name}={got}, this "
                                      f"fit has {name}={want}")
+            self._check_run(fit_sd, [k for k in self.run if k != "fit.seed"])
             done = _get_int(fit_sd, "fit.epoch")
             if done < 0:
                 raise ValueError(f"fit.epoch: expected >= 0, got {done}")
@@ -626,13 +648,47 @@ class FitCheckpoint:
             _validate(ctx_sd, _Layout(*layout_args))
         except (ValueError, TypeError) as e:
             raise type(e)(f"model or {where} do not match: {e}") from None
+        try:
+            self._check_run(fit_sd, ("fit.seed",))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
         return ctx_sd, perm, done, [tuple(row) for row in history.tolist()]
+
+    def _check_run(self, fit_sd, keys):
+        """Refuse a checkpoint of another run (the entries in keys it has)."""
+        for key in keys:
+            if key not in fit_sd or key not in self.run:
+                continue
+            got, want = _get_int(fit_sd, key), self.run[key]
+            if got != want:
+                name = key.split(".", 1)[1]
+                raise ValueError(f"{key}: the checkpoint was made with {name}="
+                                 f"{_run_value(key, got)}, this fit has {name}="
+                                 f"{_run_value(key, want)}; resume only the same run (same "
+                                 "dataset and seed)")
 
     def save(self, ctx, dataset, epoch, history_rows):
         sd = ctx.state_dict()
         sd.update(self.config)
+        sd.update(self.run)
         sd["fit.epoch"] = int(epoch)
         sd["fit.permutation"] = np.asarray(dataset.permutation, dtype=np.int64)
         sd["fit.history"] = np.array(history_rows, dtype=np.float64).reshape(
             len(history_rows), HISTORY_COLUMNS)
         save_state(self.path, sd)
+
+
+def fit_seed_id(seed: Any) -> int:
+    """fit's seed as the int a checkpoint stores: the seed, -1 for None, -2 for a
+    numpy Generator (whose own state is the checkpoint's rng_state)."""
+    if seed is None:
+        return -1
+    if isinstance(seed, np.random.Generator):
+        return -2
+    return int(seed)
+
+
+def _run_value(key: str, value: int) -> str:
+    if key == "fit.seed" and value < 0:
+        return "None" if value == -1 else "a numpy Generator"
+    return str(value)
