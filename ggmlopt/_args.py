@@ -38,6 +38,6 @@ def enum_arg(value: object, enum_cls: type[E], name: str) -> E:
         raise TypeError(f"{name}: expected a {enum_cls.__name__} or one of its names, got "
                         f"{type(value).__name__}")
     try:
-        return enum_cls(value)
+        return enum_cls(int(value))
     except ValueError:
         raise ValueError(f"{name}: expected one of {names}, got {value!r}") from None

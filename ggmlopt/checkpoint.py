@@ -51,8 +51,8 @@ import numbers
 import os
 import secrets
 import zipfile
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -65,6 +65,10 @@ from .optim_params import (
     SGDParams,
     validate_optimizer_params,
 )
+
+if TYPE_CHECKING:
+    from .context import OptContext
+    from .dataset import Dataset
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "context_state_dict", "fit_seed_id",
            "load_context", "load_context_state_dict", "load_state", "save_state"]
@@ -314,7 +318,7 @@ def _validate(sd, layout):
 
 # ---- OptContext <-> state dict -----------------------------------------------------------
 
-def context_state_dict(ctx):
+def context_state_dict(ctx: OptContext) -> dict[str, Any]:
     """ctx's state as described in the module docstring (arrays are copies)."""
     if ctx.eval_ready:
         raise RuntimeError("state_dict: alloc() was called and its eval() has not run; "
@@ -357,7 +361,7 @@ def _section_view(ctx, key):
     return ctx.arena.view(_SECTION_OF[section], offset, shapes[i])
 
 
-def load_context_state_dict(ctx, sd):
+def load_context_state_dict(ctx: OptContext, sd: Mapping[str, Any]) -> None:
     """Check sd against ctx completely, then copy it into ctx's buffers."""
     if ctx.eval_ready:
         raise RuntimeError("load_state_dict: alloc() was called and its eval() has not run; "
@@ -377,7 +381,7 @@ def load_context_state_dict(ctx, sd):
             p.grad_is_zero = bool(flag)
 
 
-def split_fit_entries(sd):
+def split_fit_entries(sd: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the context's entries, the fit.* entries) of a loaded checkpoint."""
     ctx_sd = {k: v for k, v in sd.items() if not k.startswith("fit.")}
     fit_sd = {k: v for k, v in sd.items() if k.startswith("fit.")}
@@ -387,7 +391,9 @@ def split_fit_entries(sd):
     return ctx_sd, fit_sd
 
 
-def load_context(cls, path, model, get_opt_pars, get_opt_pars_ud, clip_grad_norm):
+def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any,
+                 get_opt_pars: Callable[[Any], OptimizerParams], get_opt_pars_ud: Any,
+                 clip_grad_norm: float | None) -> OptContext:
     """OptContext.load: a context for model with the checkpoint's settings and state."""
     sd = load_state(path)
     ctx_sd, _ = split_fit_entries(sd)
@@ -478,7 +484,7 @@ def _create_temporary(directory, base):
             continue
 
 
-def save_state(path, sd):
+def save_state(path: str | os.PathLike[str], sd: Mapping[str, Any]) -> None:
     """Write the state dict sd to path as one .npz file, atomically.
 
     path: str or os.PathLike, written as given (no suffix is added).  The data goes
@@ -533,7 +539,7 @@ def _scalar(key, arr):
     return arr
 
 
-def load_state(path):
+def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The state dict stored at path by save_state (numbers and strings as plain
     Python values, arrays as arrays).
 
@@ -610,10 +616,12 @@ class FitCheckpoint:
                        "fit.nbatch_physical": nbatch_physical, "fit.idata_split": idata_split}
         self.run = dict(run or {})
 
-    def exists(self):
+    def exists(self) -> bool:
+        """Whether the checkpoint file exists."""
         return os.path.exists(self.path)
 
-    def read(self, dataset, nepoch, layout_args):
+    def read(self, dataset: Dataset, nepoch: int, layout_args: tuple[Any, ...]
+             ) -> tuple[dict[str, Any], np.ndarray, int, list[tuple[float, ...]]]:
         """The checkpoint checked whole against this fit (its configuration, the
         dataset, and the context it will build: layout_args are _Layout's
         arguments) before fit touches the model: (context entries, shard order,
@@ -654,7 +662,7 @@ class FitCheckpoint:
             raise ValueError(f"{where}: {e}") from None
         return ctx_sd, perm, done, [tuple(row) for row in history.tolist()]
 
-    def _check_run(self, fit_sd, keys):
+    def _check_run(self, fit_sd: Mapping[str, Any], keys: Iterable[str]) -> None:
         """Refuse a checkpoint of another run (the entries in keys it has)."""
         for key in keys:
             if key not in fit_sd or key not in self.run:
@@ -667,7 +675,10 @@ class FitCheckpoint:
                                  f"{_run_value(key, want)}; resume only the same run (same "
                                  "dataset and seed)")
 
-    def save(self, ctx, dataset, epoch, history_rows):
+    def save(self, ctx: OptContext, dataset: Dataset, epoch: int,
+             history_rows: list[tuple[float, ...]]) -> None:
+        """Write the context's state, the shard order, the epochs done and the
+        history rows to the checkpoint file (atomically)."""
         sd = ctx.state_dict()
         sd.update(self.config)
         sd.update(self.run)

@@ -100,6 +100,6 @@ def progress_bar(train: bool, ctx: OptContext, dataset: Dataset, result: Result 
     last = ibatch == ibatch_max
     if not tty and not last:
         return
-    line = format_progress(train, ctx.batch_size, result, ibatch, ibatch_max, t_start_us)
+    line = format_progress(train, ctx.batch_size or 0, result, ibatch, ibatch_max, t_start_us)
     stream.write(line + ("\r\n" if last else "\r") if tty else line + "\n")
     stream.flush()

@@ -52,7 +52,8 @@ class Result:
         self._opt_period = -1
         self._per_datapoint = False
         self._batch = -1
-        self._tail = None  # (batch, scaled loss) of a smaller last batch
+        # (batch, scaled loss) of a smaller last batch
+        self._tail: tuple[int, float] | None = None
 
     @property
     def ndata(self) -> int:

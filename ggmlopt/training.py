@@ -14,7 +14,7 @@ import numpy as np
 
 from ._args import enum_arg, int_arg
 from .checkpoint import FitCheckpoint, fit_seed_id
-from .context import OptContext
+from .context import OptContext, checks_before_taking
 from .dataset import Dataset
 from .optim_params import (
     BuildType,
@@ -28,10 +28,13 @@ from .progress import format_hms, progress_bar, time_us
 from .result import Result
 from .schedules import Schedule
 
-__all__ = ["EpochStats", "History", "epoch", "fit"]
+__all__ = ["EpochCallback", "EpochStats", "History", "epoch", "fit"]
+
+#: callback(train, ctx, dataset, result, ibatch, ibatch_max, t_start_us), as progress_bar
+EpochCallback = Callable[[bool, OptContext, Dataset, "Result | None", int, int, int], None]
 
 
-def _check_dataset(ctx, dataset):
+def _check_dataset(ctx: OptContext, dataset: Dataset) -> int:
     data = getattr(dataset, "data", None)
     if not isinstance(data, np.ndarray) or not callable(getattr(dataset, "get_batch", None)):
         raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
@@ -51,11 +54,14 @@ def _check_dataset(ctx, dataset):
     return data.shape[0]
 
 
-def _eval_batch(ctx, dataset, result, ibatch, backward, phase, nbatches):
+def _eval_batch(ctx: OptContext, dataset: Dataset, result: Result | None, ibatch: int,
+                backward: bool, phase: str, nbatches: int) -> None:
     last = ctx.build_type_last
+    inputs = ctx.inputs
+    assert inputs is not None  # epoch checked the context is static
     ctx.alloc(backward)
     try:
-        dataset.get_batch(ctx.inputs, ctx.labels, ibatch)
+        dataset.get_batch(inputs, ctx.labels, ibatch)
         ctx.eval(result)
     except BaseException as e:
         # the alloc was ours: undo it, so the context is not left waiting for an eval
@@ -66,8 +72,10 @@ def _eval_batch(ctx, dataset, result, ibatch, backward, phase, nbatches):
         raise
 
 
-def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
-          callback_train=None, callback_eval=None):
+def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
+          result_eval: Result | None = None, idata_split: int = -1,
+          callback_train: EpochCallback | None = None,
+          callback_eval: EpochCallback | None = None) -> None:
     """One pass over the dataset, as ggml_opt_epoch: the batches before idata_split
     train (alloc(True)), the rest are evaluated (alloc(False)), in the dataset's
     permuted order.  idata_split < 0: every datapoint trains; otherwise a multiple
@@ -84,6 +92,7 @@ def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
             raise TypeError(f"{name}: expected a ggmlopt.Result or None, got {type(r).__name__}")
     ndata = _check_dataset(ctx, dataset)
     batch = ctx.batch_size
+    assert batch is not None  # static, checked above
     if ndata % batch != 0:
         raise ValueError(f"dataset: ndata={ndata} is not a multiple of the batch size {batch}")
     nbatches = ndata // batch
@@ -346,11 +355,11 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         pending = ckpt.read(dataset, nepoch, (loss_type, optimizer, BuildType.OPT, opt_period,
                                               shapes, bit_generator))
 
-    ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
-                     loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
-                     optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                     seed=seed, clip_grad_norm=clip_grad_norm,
-                     _before_taking=lambda c: _check_dataset(c, dataset))
+    with checks_before_taking(lambda c: _check_dataset(c, dataset)):
+        ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
+                         loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
+                         optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
+                         seed=seed, clip_grad_norm=clip_grad_norm)
 
     history = History(val_split=float(val_split), ndata_train=idata_split,
                       ndata_val=ndata - idata_split)

@@ -20,6 +20,7 @@ class ReLU(Module):
         self._out = None
 
     def forward(self, x):
+        """max(x, 0) of x (batch, n), as float32 in a buffer this layer reuses."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape != self._shape:
             self._out = np.empty(x.shape, dtype=np.float32)
@@ -28,6 +29,8 @@ class ReLU(Module):
         return kernels.relu(x, out=self._out)
 
     def backward(self, grad_out):
+        """grad_out (batch, n) where the last forward's output is > 0, else 0: the
+        input gradient (float32, a reused buffer), or None when not needed."""
         if self._out is None:
             raise RuntimeError("backward: call forward first")
         if not self.needs_input_grad:

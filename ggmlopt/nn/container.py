@@ -58,11 +58,16 @@ class Sequential(Module):
         return params
 
     def forward(self, x):
+        """x (batch, n_in) through every layer in order; the last layer's output
+        (it may be a buffer that layer reuses)."""
         for layer in self.layers:
             x = layer.forward(x)
         return x
 
     def backward(self, grad_out):
+        """grad_out (batch, n_out) through the layers in reverse; each adds into its
+        parameters' .grad.  Returns the input gradient, or None when the first
+        layer does not compute it (needs_input_grad False)."""
         g = grad_out
         for layer in reversed(self.layers):
             g = layer.backward(g)

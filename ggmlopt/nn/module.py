@@ -9,6 +9,7 @@ returning an array the caller owns.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +58,7 @@ class Module:
     def train(self, mode: bool = True):
         """Set ``training`` on this module and every sub-module; returns self."""
         self.training = bool(mode)
+        child: Any
         for _, child in self.named_children():
             setter = getattr(child, "train", None)
             if callable(setter):
@@ -70,9 +72,14 @@ class Module:
         return self.train(False)
 
     def forward(self, x):
+        """The layer's output for x (batch, ...): float32, possibly a buffer the
+        layer reuses at the next forward.  Subclasses define it."""
         raise NotImplementedError
 
     def backward(self, grad_out):
+        """Add d loss / d parameters into each parameter's .grad and return the
+        gradient w.r.t. the last forward's input (None unless needs_input_grad).
+        Subclasses define it."""
         raise NotImplementedError
 
     def __call__(self, x) -> np.ndarray:
