@@ -51,6 +51,7 @@ def evaluate(model: Any, data: Data, loss_type: LossType | int | str,
     Returns a Result: ``loss()`` the mean loss per datapoint (SUM: the total),
     ``accuracy()`` and ``pred()`` (int32 (n,), in data order) for cross-entropy.
     The model's parameters are unchanged (see the module docstring).
+    Raises FloatingPointError when a batch's loss is NaN or infinite.
     """
     loss_type = enum_arg(loss_type, LossType, "loss_type")
     batch_size = int_arg(batch_size, "batch_size", 1)
@@ -59,10 +60,15 @@ def evaluate(model: Any, data: Data, loss_type: LossType | int | str,
     with _borrowed(model):
         ctx = OptContext(model, loss_type=loss_type, build_type=BuildType.FORWARD)
         for start in range(0, x.shape[0], batch_size):
-            stop = start + batch_size
+            stop = min(start + batch_size, x.shape[0])
             ctx.alloc(False)
-            ctx.eval(result, inputs=_rows(x, start, stop, scale),
-                     labels=None if y is None else y[start:stop])
+            try:
+                ctx.eval(result, inputs=_rows(x, start, stop, scale),
+                         labels=None if y is None else y[start:stop])
+            except FloatingPointError:
+                raise FloatingPointError(
+                    f"evaluate: the {loss_type.name} loss of datapoints {start}:{stop} is "
+                    "not finite (NaN or infinite outputs)") from None
     return result
 
 
@@ -74,6 +80,7 @@ def predict(model: Any, x: Dataset | npt.ArrayLike,
     ggmlopt.Dataset (its data in storage order, scaled as in get_batch).
     batch_size: datapoints per forward pass; the last batch holds the rest.
     The model's parameters are unchanged (see the module docstring).
+    Raises FloatingPointError when a batch's outputs are not all finite.
     """
     batch_size = int_arg(batch_size, "batch_size", 1)
     if isinstance(x, Dataset):
@@ -87,7 +94,12 @@ def predict(model: Any, x: Dataset | npt.ArrayLike,
         for start in range(0, n, batch_size):
             stop = min(start + batch_size, n)
             ctx.alloc(False)
-            ctx.eval(None, inputs=_rows(x_arr, start, stop, scale))
+            try:
+                ctx.eval(None, inputs=_rows(x_arr, start, stop, scale))
+            except FloatingPointError:
+                raise FloatingPointError(
+                    f"predict: the model's outputs for datapoints {start}:{stop} are not "
+                    "finite (NaN or infinite, or too large to sum)") from None
             outputs = ctx.outputs
             assert outputs is not None
             if out is None:

@@ -179,3 +179,19 @@ def test_evaluate_bad_input():
     ds = go.Dataset.from_arrays(x.astype(F32))
     with pytest.raises(ValueError, match="data: the dataset has no labels"):
         go.evaluate(model, ds, "cross_entropy")
+
+
+def test_non_finite_outputs_raise_naming_the_datapoints():
+    model = make_model()
+    x, y = data(10)
+    x[7, 0] = np.inf
+    with np.errstate(invalid="ignore"):   # inf * 0 in the matmul
+        with pytest.raises(FloatingPointError, match="predict: .* datapoints 4:8 are not "
+                                                     "finite"):
+            go.predict(model, x, batch_size=4)
+        with pytest.raises(FloatingPointError, match="evaluate: the CROSS_ENTROPY loss of "
+                                                     "datapoints 4:8 is not finite"):
+            go.evaluate(model, (x, y), "cross_entropy", batch_size=4)
+    x[7, 0] = 0.0   # the model was given back: it works on
+    np.testing.assert_allclose(go.predict(model, x), reference_outputs(model, x), rtol=1e-5,
+                               atol=1e-5)
