@@ -60,16 +60,16 @@ def _bar(ibatch: int, ibatch_max: int) -> str:
 def format_progress(train: bool, batch_size: int, result: Result | None, ibatch: int,
                     ibatch_max: int, t_start_us: int, now_us: int | None = None) -> str:
     """The progress line without the trailing '\\r' (see progress_bar); an empty
-    result (no batches) shows "no batches" in place of the loss and accuracy."""
-    if result is not None and result.nbatches == 0:
-        # ggml's empty result reads loss=0.00000, which looks like a perfect loss
+    result shows "no batches" in place of the loss and accuracy, and result None
+    "no result"."""
+    # ggml's empty result reads loss=0.00000, which looks like a perfect loss
+    if result is None:
+        stats = "no result "
+    elif result.nbatches == 0:
         stats = "no batches "
     else:
-        if result is not None:
-            loss, loss_unc = result.loss()
-            acc, acc_unc = result.accuracy()
-        else:
-            loss, loss_unc, acc, acc_unc = 0.0, math.nan, math.nan, math.nan
+        loss, loss_unc = result.loss()
+        acc, acc_unc = result.accuracy()
         stats = (f"loss={_cfloat(loss, 5)}\u00b1{_cfloat(loss_unc, 5)} "
                  f"acc={_cfloat(100.0 * acc, 2)}\u00b1{_cfloat(100.0 * acc_unc, 2)}% ")
     idata = ibatch * batch_size

@@ -78,8 +78,9 @@ def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
           callback_eval: EpochCallback | None = None) -> None:
     """One pass over the dataset, as ggml_opt_epoch: the batches before idata_split
     train (alloc(True)), the rest are evaluated (alloc(False)), in the dataset's
-    permuted order.  idata_split < 0: every datapoint trains; otherwise a multiple
-    of the batch size, at most ndata.  callback(train, ctx, dataset, result,
+    permuted order.  idata_split < 0 (the default): every datapoint trains and
+    result_eval stays empty ("no batches"); otherwise a multiple of the batch
+    size, at most ndata.  callback(train, ctx, dataset, result,
     ibatch (1-based), ibatch_max, t_start_us) runs after every batch.
     Needs a static context (batch_size given)."""
     if not isinstance(ctx, OptContext):

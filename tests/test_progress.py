@@ -34,6 +34,11 @@ def test_format_empty_phase_and_nan():
                     "no batches t=01:02:05 ETA=00:00:00 ")
 
 
+def test_format_without_a_result():
+    line = format_progress(True, 4, None, 2, 4, 0, now_us=0)
+    assert "data=0000008/0000016 no result t=" in line and "loss=" not in line
+
+
 def test_format_nan_loss_of_a_result():
     r = go.Result()
     r._check(2, True, 1)
