@@ -8,6 +8,7 @@ from . import checkpoint, clipping, datasets, io, nn, schedules
 from ._runtime import get_include, show_config
 from .context import OptContext
 from .dataset import Dataset
+from .inference import evaluate, predict
 from .kernels import get_num_threads, set_num_threads, simd_info
 from .optim_params import (
     AdamWParams,
@@ -43,11 +44,13 @@ __all__ = [
                            "datasets",
                            "default_optimizer_params",
                            "epoch",
+                           "evaluate",
                            "fit",
                            "get_include",
                            "get_num_threads",
                            "io",
                            "nn",
+                           "predict",
                            "progress_bar",
                            "schedules",
                            "set_num_threads",

@@ -1,9 +1,19 @@
 """Argument checks shared by the Python layer: each raises TypeError or
 ValueError naming the argument and what was expected."""
+from __future__ import annotations
+
+import enum
 import numbers
+from typing import Literal, TypeVar, overload
+
+E = TypeVar("E", bound=enum.IntEnum)
 
 
-def int_arg(value, name, minimum, allow_none=False):
+@overload
+def int_arg(value: object, name: str, minimum: int, allow_none: Literal[False] = ...) -> int: ...
+@overload
+def int_arg(value: object, name: str, minimum: int, allow_none: bool) -> int | None: ...
+def int_arg(value: object, name: str, minimum: int, allow_none: bool = False) -> int | None:
     """value as an int >= minimum (None passes through when allow_none)."""
     if value is None and allow_none:
         return None
@@ -15,12 +25,19 @@ def int_arg(value, name, minimum, allow_none=False):
     return int(value)
 
 
-def enum_arg(value, enum_cls, name):
-    """value as a member of the IntEnum enum_cls."""
+def enum_arg(value: object, enum_cls: type[E], name: str) -> E:
+    """value as a member of the IntEnum enum_cls: a member, its int value, or its
+    name as a string in any case ("cross_entropy" for LossType.CROSS_ENTROPY)."""
+    names = [m.name for m in enum_cls]
+    if isinstance(value, str):
+        member = enum_cls.__members__.get(value.strip().upper())
+        if member is None:
+            raise ValueError(f"{name}: expected one of {names} (any case), got {value!r}")
+        return member
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected a {enum_cls.__name__}, got {type(value).__name__}")
+        raise TypeError(f"{name}: expected a {enum_cls.__name__} or one of its names, got "
+                        f"{type(value).__name__}")
     try:
-        return enum_cls(value)
+        return enum_cls(int(value))
     except ValueError:
-        raise ValueError(f"{name}: expected one of {[m.name for m in enum_cls]}, "
-                         f"got {value!r}") from None
+        raise ValueError(f"{name}: expected one of {names}, got {value!r}") from None

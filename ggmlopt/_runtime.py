@@ -1,17 +1,20 @@
 """Build and run-time information: where the C header is, what SIMD paths exist."""
+from __future__ import annotations
+
 import os
 import sys
+from typing import TextIO
 
 from . import kernels
 
 
-def get_include():
+def get_include() -> str:
     """The folder holding ggmlopt.h, for C or Cython code that uses the kernels
     (``include_dirs=[ggmlopt.get_include()]``)."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
-def show_config(file=None):
+def show_config(file: TextIO | None = None) -> None:
     """Print what was compiled, what the CPU offers, what is active and what
     overrode it (the GGMLOPT_SIMD environment variable)."""
     file = sys.stdout if file is None else file

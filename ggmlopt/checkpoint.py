@@ -54,7 +54,8 @@ import numbers
 import os
 import secrets
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -68,8 +69,12 @@ from .optim_params import (
     validate_optimizer_params,
 )
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "context_state_dict", "load_context",
-           "load_context_state_dict", "load_state", "save_state"]
+if TYPE_CHECKING:
+    from .context import OptContext
+    from .dataset import Dataset
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "context_state_dict", "fit_seed_id",
+           "load_context", "load_context_state_dict", "load_state", "save_state"]
 
 FORMAT = "ggmlopt.OptContext"
 FORMAT_VERSION = 1
@@ -85,7 +90,11 @@ _FIT_INT_KEYS = ("fit.epoch", "fit.ndata", "fit.nbatch_logical", "fit.nbatch_phy
 _FIT_KEYS = _FIT_INT_KEYS + ("fit.permutation", "fit.history")
 # settings a state may hold or lack (written by every save)
 _OPTIONAL_KEYS = ("class_labels",)
-_INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _OPTIONAL_KEYS)
+# what identifies the run's data and shuffling; checked when present (files written
+# before these entries existed lack them).  fit.seed: the int seed, -1 for None (the
+# default seed), -2 for a numpy Generator.
+_FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.seed")
+_INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_KEYS)
 _FLOAT_KEYS = frozenset(_OPT_PAR_NAMES[OptimizerType.ADAMW] + _OPT_PAR_NAMES[OptimizerType.SGD])
 _STR_KEYS = frozenset(("format", "rng_state"))
 HISTORY_COLUMNS = 10  # the fields of training.EpochStats
@@ -317,7 +326,7 @@ def _validate(sd, layout):
 
 # ---- OptContext <-> state dict -----------------------------------------------------------
 
-def context_state_dict(ctx):
+def context_state_dict(ctx: OptContext) -> dict[str, Any]:
     """ctx's state as described in the module docstring (arrays are copies)."""
     if ctx.eval_ready:
         raise RuntimeError("state_dict: alloc() was called and its eval() has not run; "
@@ -361,7 +370,7 @@ def _section_view(ctx, key):
     return ctx.arena.view(_SECTION_OF[section], offset, shapes[i])
 
 
-def load_context_state_dict(ctx, sd):
+def load_context_state_dict(ctx: OptContext, sd: Mapping[str, Any]) -> None:
     """Check sd against ctx completely, then copy it into ctx's buffers."""
     if ctx.eval_ready:
         raise RuntimeError("load_state_dict: alloc() was called and its eval() has not run; "
@@ -381,17 +390,19 @@ def load_context_state_dict(ctx, sd):
             p.grad_is_zero = bool(flag)
 
 
-def split_fit_entries(sd):
+def split_fit_entries(sd: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the context's entries, the fit.* entries) of a loaded checkpoint."""
     ctx_sd = {k: v for k, v in sd.items() if not k.startswith("fit.")}
     fit_sd = {k: v for k, v in sd.items() if k.startswith("fit.")}
-    unknown = sorted(set(fit_sd) - set(_FIT_KEYS))
+    unknown = sorted(set(fit_sd) - set(_FIT_KEYS) - set(_FIT_RUN_KEYS))
     if unknown:
         raise ValueError(f"checkpoint: unexpected entries {unknown}")
     return ctx_sd, fit_sd
 
 
-def load_context(cls, path, model, get_opt_pars, get_opt_pars_ud, clip_grad_norm):
+def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any,
+                 get_opt_pars: Callable[[Any], OptimizerParams], get_opt_pars_ud: Any,
+                 clip_grad_norm: float | None) -> OptContext:
     """OptContext.load: a context for model with the checkpoint's settings and state."""
     sd = load_state(path)
     ctx_sd, _ = split_fit_entries(sd)
@@ -484,7 +495,7 @@ def _create_temporary(directory, base):
             continue
 
 
-def save_state(path, sd):
+def save_state(path: str | os.PathLike[str], sd: Mapping[str, Any]) -> None:
     """Write the state dict sd to path as one .npz file, atomically.
 
     path: str or os.PathLike, written as given (no suffix is added).  The data goes
@@ -539,7 +550,7 @@ def _scalar(key, arr):
     return arr
 
 
-def load_state(path):
+def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The state dict stored at path by save_state (numbers and strings as plain
     Python values, arrays as arrays).
 
@@ -587,23 +598,41 @@ class FitCheckpoint:
     shard order, int64 (nshards,)), ``fit.history`` (float64 (epochs, 10), the
     EpochStats rows so far) and the configuration that must not change between
     runs (``fit.ndata``, ``fit.nbatch_logical``, ``fit.nbatch_physical``,
-    ``fit.idata_split``)."""
+    ``fit.idata_split``) or that identifies the run (``fit.ne_datapoint``,
+    ``fit.ne_label``, ``fit.ndata_shard``, ``fit.seed``: checked on resume when
+    the file has them).
 
-    def __init__(self, path, ndata, nbatch_logical, nbatch_physical, idata_split):
+    The path is checked when fit starts: its directory must exist and be
+    writable, so a typo fails before the first epoch, not after it."""
+
+    def __init__(self, path: Any, ndata: int, nbatch_logical: int, nbatch_physical: int,
+                 idata_split: int, run: Mapping[str, int] | None = None) -> None:
         try:
             self.path = os.fspath(path)
         except TypeError:
             raise TypeError(f"checkpoint: expected a path (str or os.PathLike) or None, got "
                             f"{type(path).__name__}") from None
+        if isinstance(self.path, bytes):
+            self.path = os.fsdecode(self.path)
         if os.path.isdir(self.path):
             raise ValueError(f"checkpoint: {self.path!r} is a directory; expected a file name")
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise ValueError(f"checkpoint: the directory {directory!r} of {self.path!r} does "
+                             "not exist; create it first")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ValueError(f"checkpoint: the directory {directory!r} of {self.path!r} is "
+                             "not writable")
         self.config = {"fit.ndata": ndata, "fit.nbatch_logical": nbatch_logical,
                        "fit.nbatch_physical": nbatch_physical, "fit.idata_split": idata_split}
+        self.run = dict(run or {})
 
-    def exists(self):
+    def exists(self) -> bool:
+        """Whether the checkpoint file exists."""
         return os.path.exists(self.path)
 
-    def read(self, dataset, nepoch, layout_args):
+    def read(self, dataset: Dataset, nepoch: int, layout_args: tuple[Any, ...]
+             ) -> tuple[dict[str, Any], np.ndarray, int, list[tuple[float, ...]]]:
         """The checkpoint checked whole against this fit (its configuration, the
         dataset, and the context it will build: layout_args are _Layout's
         arguments) before fit touches the model: (context entries, shard order,
@@ -621,6 +650,7 @@ class FitCheckpoint:
                     name = key.split(".", 1)[1]
                     raise ValueError(f"{key}: the checkpoint was made with {name}={got}, this "
                                      f"fit has {name}={want}")
+            self._check_run(fit_sd, [k for k in self.run if k != "fit.seed"])
             done = _get_int(fit_sd, "fit.epoch")
             if done < 0:
                 raise ValueError(f"fit.epoch: expected >= 0, got {done}")
@@ -637,13 +667,50 @@ class FitCheckpoint:
             _validate(ctx_sd, _Layout(*layout_args))
         except (ValueError, TypeError) as e:
             raise type(e)(f"model or {where} do not match: {e}") from None
+        try:
+            self._check_run(fit_sd, ("fit.seed",))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
         return ctx_sd, perm, done, [tuple(row) for row in history.tolist()]
 
-    def save(self, ctx, dataset, epoch, history_rows):
+    def _check_run(self, fit_sd: Mapping[str, Any], keys: Iterable[str]) -> None:
+        """Refuse a checkpoint of another run (the entries in keys it has)."""
+        for key in keys:
+            if key not in fit_sd or key not in self.run:
+                continue
+            got, want = _get_int(fit_sd, key), self.run[key]
+            if got != want:
+                name = key.split(".", 1)[1]
+                raise ValueError(f"{key}: the checkpoint was made with {name}="
+                                 f"{_run_value(key, got)}, this fit has {name}="
+                                 f"{_run_value(key, want)}; resume only the same run (same "
+                                 "dataset and seed)")
+
+    def save(self, ctx: OptContext, dataset: Dataset, epoch: int,
+             history_rows: list[tuple[float, ...]]) -> None:
+        """Write the context's state, the shard order, the epochs done and the
+        history rows to the checkpoint file (atomically)."""
         sd = ctx.state_dict()
         sd.update(self.config)
+        sd.update(self.run)
         sd["fit.epoch"] = int(epoch)
         sd["fit.permutation"] = np.asarray(dataset.permutation, dtype=np.int64)
         sd["fit.history"] = np.array(history_rows, dtype=np.float64).reshape(
             len(history_rows), HISTORY_COLUMNS)
         save_state(self.path, sd)
+
+
+def fit_seed_id(seed: Any) -> int:
+    """fit's seed as the int a checkpoint stores: the seed, -1 for None, -2 for a
+    numpy Generator (whose own state is the checkpoint's rng_state)."""
+    if seed is None:
+        return -1
+    if isinstance(seed, np.random.Generator):
+        return -2
+    return int(seed)
+
+
+def _run_value(key: str, value: int) -> str:
+    if key == "fit.seed" and value < 0:
+        return "None" if value == -1 else "a numpy Generator"
+    return str(value)

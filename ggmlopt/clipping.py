@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .context import OptContext
 
 __all__ = ["check_max_norm", "clip_grad_norm"]
 
 
-def check_max_norm(value, name="clip_grad_norm"):
+def check_max_norm(value: object, name: str = "clip_grad_norm") -> float | None:
     """value as a float > 0 (inf allowed: measure the norm, never clip), or None.
 
     Raises TypeError for a non-number (bools included), ValueError for <= 0 or NaN.
@@ -36,7 +40,7 @@ def check_max_norm(value, name="clip_grad_norm"):
     return value
 
 
-def clip_grad_norm(ctx, max_norm):
+def clip_grad_norm(ctx: OptContext, max_norm: float) -> float:
     """Clip ctx's gradients (summed over the physical batches of the logical
     batch so far) to global L2 norm max_norm, in place, now.
 
@@ -44,10 +48,10 @@ def clip_grad_norm(ctx, max_norm):
     OptContext(clip_grad_norm=...) and fit(clip_grad_norm=...) do this before
     every optimizer step; call it yourself only to clip outside of a step.
     """
-    max_norm = check_max_norm(max_norm, "max_norm")
-    if max_norm is None:
+    checked = check_max_norm(max_norm, "max_norm")
+    if checked is None:
         raise TypeError("max_norm: expected a float > 0, got None")
     arena = getattr(ctx, "arena", None)
     if arena is None or not callable(getattr(arena, "clip_grad_norm", None)):
         raise TypeError(f"ctx: expected an OptContext, got {type(ctx).__name__}")
-    return arena.clip_grad_norm(max_norm)
+    return arena.clip_grad_norm(checked)

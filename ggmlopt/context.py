@@ -9,8 +9,14 @@ build type of the last alloc).  Every eval is one physical batch:
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from . import checkpoint, kernels
 from ._arena import ParamArena
@@ -21,15 +27,31 @@ from .nn.module import TrainingProtocol, eval_mode
 from .optim_params import (
     BuildType,
     LossType,
+    OptimizerParams,
     OptimizerType,
     default_optimizer_params,
     validate_optimizer_params,
 )
 from .result import Result
 
-__all__ = ["OptContext"]
+__all__ = ["OptContext", "checks_before_taking"]
 
 F32 = np.float32
+# a check fit runs on the built context before it takes the model's parameters
+_BEFORE_TAKING: ContextVar[Callable[[OptContext], object] | None] = ContextVar(
+    "ggmlopt_before_taking", default=None)
+
+
+@contextmanager
+def checks_before_taking(check: Callable[[OptContext], object]) -> Iterator[None]:
+    """Within the block, every OptContext calls check(ctx) once it is built and
+    before it takes the model's parameters (fit checks its dataset there, so a
+    mismatch leaves the model untouched)."""
+    token = _BEFORE_TAKING.set(check)
+    try:
+        yield
+    finally:
+        _BEFORE_TAKING.reset(token)
 # std::mt19937's default seed: without a seed, shuffles repeat from run to run, as in ggml
 DEFAULT_SEED = 5489
 
@@ -100,10 +122,13 @@ class OptContext:
     ``OptContext.load(path, model)`` (see ggmlopt.checkpoint).
     """
 
-    def __init__(self, model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
-                 build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
-                 get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None,
-                 clip_grad_norm=None, *, class_labels=False, _before_taking=None):
+    def __init__(self, model: Any, batch_size: int | None = None,
+                 ne_datapoint: int | None = None, loss_type: LossType | int | str = LossType.MEAN,
+                 build_type: BuildType | int | str = BuildType.OPT, opt_period: int = 1,
+                 optimizer: OptimizerType | int | str = OptimizerType.ADAMW,
+                 get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
+                 get_opt_pars_ud: Any = None, seed: int | np.random.Generator | None = None,
+                 clip_grad_norm: float | None = None, *, class_labels: bool = False) -> None:
         for method in ("parameters", "forward", "backward"):
             if not callable(getattr(model, method, None)):
                 raise TypeError(f"model: {type(model).__name__} has no {method}() method; a "
@@ -143,10 +168,12 @@ class OptContext:
         self._batch_size = batch_size
         self._class_labels = class_labels
         self._ne_datapoint = ne_datapoint
-        self._ne_out = None
-        self._inputs = self._labels = None
-        self._batch_buffers = None
+        self._ne_out: int | None = None
+        self._inputs: np.ndarray | None = None
+        self._labels: np.ndarray | None = None
+        self._batch_buffers: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         if batch_size is not None:
+            assert ne_datapoint is not None  # required with batch_size, checked above
             # one buffer for the inputs and labels, as ggml's static context
             self._inputs = AlignedBuffer(batch_size * ne_datapoint * 4).as_array(
                 np.float32, (batch_size, ne_datapoint))
@@ -160,8 +187,9 @@ class OptContext:
             self._make_batch_buffers(batch_size, self._ne_out)
 
         protocol = TrainingProtocol(model)   # reads the module tree, changes nothing
-        if _before_taking is not None:  # a caller's last check (fit: the dataset)
-            _before_taking(self)
+        before_taking = _BEFORE_TAKING.get()
+        if before_taking is not None:  # a caller's last check (fit: the dataset)
+            before_taking(self)
         # from here on nothing can fail: take the parameters
         self.model = model
         self._training_protocol = protocol
@@ -176,12 +204,12 @@ class OptContext:
         self.opt_i = 0
         self._build_type = self._built   # of the last alloc; ggml starts at the built type
         self._eval_ready = False
-        self.outputs = None
-        self.loss = None
-        self.pred = None
-        self.ncorrect = None
+        self.outputs: np.ndarray | None = None
+        self.loss: np.float32 | None = None
+        self.pred: np.ndarray | None = None
+        self.ncorrect: int | None = None
         self._clip_grad_norm = clip_grad_norm
-        self.grad_norm = None            # the step gradient's norm before the last clipping
+        self.grad_norm: float | None = None  # the step gradient's norm before the last clipping
         self._opt_pars_in_force = None   # the validated parameters of the last step
 
     # ---- construction ---------------------------------------------------------------
@@ -258,82 +286,92 @@ class OptContext:
     # ---- read-only state --------------------------------------------------------------
 
     @property
-    def inputs(self):
+    def inputs(self) -> np.ndarray | None:
         """Static mode: the input batch buffer (batch_size, ne_datapoint) float32."""
         return self._inputs
 
     @property
-    def labels(self):
+    def labels(self) -> np.ndarray | None:
         """Static mode: the label batch buffer (batch_size, ne_out) float32, or
         (batch_size,) int32 class indices with class_labels; None for MEAN and SUM
         (no labels) and in dynamic mode."""
         return self._labels
 
     @property
-    def class_labels(self):
+    def class_labels(self) -> bool:
         """Whether the static labels buffer holds class indices (int32)."""
         return self._class_labels
 
     @property
-    def static_graphs(self):
+    def static_graphs(self) -> bool:
+        """True in static mode (built with batch_size), False in dynamic mode."""
         return self._batch_size is not None
 
     @property
-    def batch_size(self):
+    def batch_size(self) -> int | None:
+        """Datapoints per physical batch in static mode; None in dynamic mode."""
         return self._batch_size
 
     @property
-    def ne_datapoint(self):
+    def ne_datapoint(self) -> int | None:
+        """Elements per input datapoint (static mode; None unless given)."""
         return self._ne_datapoint
 
     @property
-    def ne_out(self):
+    def ne_out(self) -> int | None:
+        """The model's outputs per datapoint (static mode: found by a forward pass
+        at construction; None in dynamic mode)."""
         return self._ne_out
 
     @property
-    def opt_period(self):
+    def opt_period(self) -> int:
+        """Physical batches per optimizer step (gradient accumulation)."""
         return self._opt_period
 
     @property
-    def loss_type(self):
+    def loss_type(self) -> LossType:
+        """The LossType the context computes."""
         return self._loss_type
 
     @property
-    def build_type(self):
+    def build_type(self) -> BuildType:
         """The build type the context was made for (the furthest an eval may go)."""
         return self._built
 
     @property
-    def build_type_last(self):
+    def build_type_last(self) -> BuildType:
         """The build type of the last alloc."""
         return self._build_type
 
     @property
-    def clip_grad_norm(self):
+    def clip_grad_norm(self) -> float | None:
         """None, or the global L2 norm gradients are clipped to before each step."""
         return self._clip_grad_norm
 
     @clip_grad_norm.setter
-    def clip_grad_norm(self, value):
+    def clip_grad_norm(self, value: float | None) -> None:
         self._clip_grad_norm = check_max_norm(value)
 
     @property
-    def optimizer_type(self):
+    def optimizer_type(self) -> OptimizerType:
+        """The OptimizerType (ADAMW or SGD) of the optimizer steps."""
         return self._optimizer
 
     @property
-    def loss_per_datapoint(self):
+    def loss_per_datapoint(self) -> bool:
+        """Whether the loss is a mean over datapoints (every LossType but SUM)."""
         return self._per_datapoint
 
     @property
-    def eval_ready(self):
+    def eval_ready(self) -> bool:
+        """True between alloc() and eval()."""
         return self._eval_ready
 
-    def parameters(self):
+    def parameters(self) -> list[Any]:
         """The model's parameters, in arena order."""
         return list(self._params)
 
-    def grad_acc(self, param):
+    def grad_acc(self, param: Any) -> np.ndarray:
         """The gradient accumulator of param (a float32 view of its shape in the
         arena): the gradient summed over the physical batches of the logical batch
         so far; after an optimizer step it still holds the sum the step used.
@@ -345,7 +383,7 @@ class OptContext:
 
     # ---- alloc / eval / reset -----------------------------------------------------------
 
-    def alloc(self, backward):
+    def alloc(self, backward: bool) -> None:
         """Prepare one eval: backward=False is a forward pass (FORWARD); backward=True
         computes gradients (GRAD), and on the last physical batch of a logical
         batch ((opt_i + 1) % opt_period == 0) also steps the optimizer (OPT)."""
@@ -379,7 +417,7 @@ class OptContext:
         self._build_type = build_type_last
         self._eval_ready = False
 
-    def reset(self, optimizer):
+    def reset(self, optimizer: bool) -> None:
         """Zero the gradients; optimizer=True also zeroes the AdamW momenta and sets
         iter back to 1."""
         self._zero_grads()
@@ -450,7 +488,8 @@ class OptContext:
             return pars + kernels.adamw_bias_corrections(beta1, beta2, self.iter)
         return pars
 
-    def eval(self, result=None, inputs=None, labels=None):
+    def eval(self, result: Result | None = None, inputs: npt.ArrayLike | None = None,
+             labels: npt.ArrayLike | None = None) -> None:
         """Run the eval prepared by alloc: forward, loss, and per its build type the
         backward pass (gradients accumulate over the logical batch) and the
         optimizer step.  result: a Result that records the loss (and for
@@ -482,6 +521,7 @@ class OptContext:
         if bufs is None or bufs[0] != batch or bufs[1].shape != out.shape:
             self._make_batch_buffers(batch, out.shape[1])
             bufs = self._batch_buffers
+        assert bufs is not None
         _, grad, pred, label_arg = bufs
         backward = bt != BuildType.FORWARD
         loss = self._loss(out, y, grad if backward else None)
@@ -523,25 +563,26 @@ class OptContext:
 
     # ---- checkpoints (ggmlopt.checkpoint) -------------------------------------------------
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The training state as a dict of plain numbers, strings and NumPy arrays
         (copies): parameters, gradients, AdamW m and v, iter, opt_i, the settings
         in force and the state of rng (shuffles, dropout masks).  See ggmlopt.checkpoint."""
         return checkpoint.context_state_dict(self)
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Copy a state_dict() into this context's own buffers after checking every
         name, shape, dtype and setting; on any mismatch raise and change nothing."""
         checkpoint.load_context_state_dict(self, state_dict)
 
-    def save(self, path):
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write state_dict() to path as one .npz file, atomically (a crash leaves
         the previous file intact)."""
         checkpoint.save_state(path, self.state_dict())
 
     @classmethod
-    def load(cls, path, model, get_opt_pars=default_optimizer_params, get_opt_pars_ud=None,
-             clip_grad_norm=None):
+    def load(cls, path: str | os.PathLike[str], model: Any,
+             get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
+             get_opt_pars_ud: Any = None, clip_grad_norm: float | None = None) -> OptContext:
         """A context for model, built with the settings saved in the checkpoint at
         path and holding its state.  model's parameters must have the saved shapes
         (checked before the model is touched)."""
@@ -568,7 +609,7 @@ class OptContext:
         # MEAN_SQUARED_ERROR: sum((out - labels)^2) * scale
         return F32(F32(kernels.squared_error(out, labels, grad, grad_scale=scale)) * scale)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         mode = (f"batch_size={self._batch_size}, ne_datapoint={self._ne_datapoint}"
                 if self._batch_size is not None else "dynamic")
         return (f"OptContext({mode}, loss_type={self._loss_type.name}, build_type="

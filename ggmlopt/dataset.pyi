@@ -3,6 +3,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Self, disjoint_base
 
 class StorageKind(enum.IntEnum):
     STORAGE_F32 = 0
@@ -16,15 +17,21 @@ class GetBatchStatus(enum.IntEnum):
     GET_BATCH_LABELS_MISMATCH = -2
     GET_BATCH_NO_CONVERSION = -3
 
+@disjoint_base
 class Dataset:
-    ndata: int
-    ndata_shard: int
-    nshards: int
-    ne_datapoint: int
-    ne_label: int
-    def __init__(self, ne_datapoint: int, ne_label: int, ndata: int, ndata_shard: int = ...,
-                 data_dtype: npt.DTypeLike = ..., label_dtype: npt.DTypeLike = ...,
-                 data_scale: float | None = ...) -> None: ...
+    def __new__(cls, ne_datapoint: int, ne_label: int, ndata: int, ndata_shard: int = ...,
+                data_dtype: npt.DTypeLike = ..., label_dtype: npt.DTypeLike = ...,
+                data_scale: float | None = ...) -> Self: ...
+    @property
+    def ndata(self) -> int: ...
+    @property
+    def ndata_shard(self) -> int: ...
+    @property
+    def nshards(self) -> int: ...
+    @property
+    def ne_datapoint(self) -> int: ...
+    @property
+    def ne_label(self) -> int: ...
     @classmethod
     def from_arrays(cls, data: np.ndarray, labels: np.ndarray | None = ...,
                     ndata_shard: int = ..., data_scale: float | None = ...) -> Dataset: ...

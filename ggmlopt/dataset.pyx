@@ -158,6 +158,9 @@ cdef class Dataset:
     data_dtype: float32, float16, uint8 or int32.  label_dtype: float32 or int32.
     data_scale: for uint8 or float16 data only: the factor applied when
     get_batch converts to a float32 batch (default 1).
+
+    Read-only attributes (ints): ndata, ndata_shard, nshards (ndata /
+    ndata_shard), ne_datapoint, ne_label.
     """
 
     def __cinit__(self, ne_datapoint, ne_label, ndata, ndata_shard=1,

@@ -19,7 +19,7 @@ from .dataset import Dataset
 __all__ = ["IDX_DTYPES", "MNIST_FILES", "MnistSplits", "load_idx", "load_mnist"]
 
 # IDX type code -> element dtype (big-endian as stored)
-IDX_DTYPES = {
+IDX_DTYPES: dict[int, np.dtype] = {
     0x08: np.dtype(np.uint8),
     0x09: np.dtype(np.int8),
     0x0B: np.dtype(">i2"),
@@ -124,7 +124,9 @@ def _mnist_split(directory: str, images_name: str, labels_name: str, nclasses: i
     ds = Dataset(images.shape[1] * images.shape[2], nclasses, n, ndata_shard,
                  data_dtype=np.uint8, label_dtype=np.float32, data_scale=1.0 / 255.0)
     ds.data[...] = images.reshape(n, -1)
-    ds.labels[np.arange(n), labels] = 1.0
+    onehot = ds.labels
+    assert onehot is not None
+    onehot[np.arange(n), labels] = 1.0
     return ds
 
 

@@ -73,7 +73,7 @@ class OptimizerParams:
     sgd: SGDParams = field(default_factory=SGDParams)
 
 
-def default_optimizer_params(userdata=None) -> OptimizerParams:
+def default_optimizer_params(userdata: object = None) -> OptimizerParams:
     """ggml's default optimizer parameters; userdata is ignored."""
     return OptimizerParams()
 
@@ -83,7 +83,7 @@ def constant_optimizer_params(userdata: OptimizerParams) -> OptimizerParams:
     return userdata
 
 
-def _f32(value, name: str) -> np.float32:
+def _f32(value: object, name: str) -> np.float32:
     """A hyper-parameter as the float32 ggml stores it."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
@@ -91,12 +91,12 @@ def _f32(value, name: str) -> np.float32:
         return np.float32(value)
 
 
-def _check(ok: bool, name: str, value, expected: str) -> None:
+def _check(ok: bool | np.bool_, name: str, value: np.float32, expected: str) -> None:
     if not ok:
         raise ValueError(f"{name}: expected {expected}, got {float(value)!r}")
 
 
-def validate_optimizer_params(params, optimizer: OptimizerType) -> tuple:
+def validate_optimizer_params(params: object, optimizer: OptimizerType) -> tuple[np.float32, ...]:
     """The active optimizer's parameters as float32 values, checked as ggml asserts
     them (NaN fails every check).
 
@@ -117,12 +117,12 @@ def validate_optimizer_params(params, optimizer: OptimizerType) -> tuple:
         if not math.isfinite(alpha):
             raise ValueError(f"sgd.alpha: expected a finite number, got {float(alpha)!r}")
         return alpha, wd
-    p = params.adamw
-    alpha = _f32(p.alpha, "adamw.alpha")
-    beta1 = _f32(p.beta1, "adamw.beta1")
-    beta2 = _f32(p.beta2, "adamw.beta2")
-    eps = _f32(p.eps, "adamw.eps")
-    wd = _f32(p.wd, "adamw.wd")
+    pa = params.adamw
+    alpha = _f32(pa.alpha, "adamw.alpha")
+    beta1 = _f32(pa.beta1, "adamw.beta1")
+    beta2 = _f32(pa.beta2, "adamw.beta2")
+    eps = _f32(pa.eps, "adamw.eps")
+    wd = _f32(pa.wd, "adamw.wd")
     _check(alpha > 0, "adamw.alpha", alpha, "> 0")
     _check(0 <= beta1 <= 1, "adamw.beta1", beta1, "0 <= beta1 <= 1")
     _check(0 <= beta2 <= 1, "adamw.beta2", beta2, "0 <= beta2 <= 1")

@@ -9,8 +9,14 @@ from __future__ import annotations
 import math
 import sys
 import time
+from typing import TYPE_CHECKING
 
-__all__ = ["format_hms", "progress_bar", "time_us"]
+if TYPE_CHECKING:
+    from .context import OptContext
+    from .dataset import Dataset
+    from .result import Result
+
+__all__ = ["format_hms", "format_progress", "progress_bar", "time_us"]
 
 # Unicode eighth blocks, from 1/8 filled to full
 _BLOCKS = ("\u258F", "\u258E", "\u258D", "\u258C", "\u258B", "\u258A", "\u2589", "\u2588")
@@ -51,25 +57,32 @@ def _bar(ibatch: int, ibatch_max: int) -> str:
     return "".join(cells)
 
 
-def format_progress(train, batch_size, result, ibatch, ibatch_max, t_start_us, now_us=None):
-    """The progress line without the trailing '\\r' (see progress_bar)."""
-    if result is not None:
+def format_progress(train: bool, batch_size: int, result: Result | None, ibatch: int,
+                    ibatch_max: int, t_start_us: int, now_us: int | None = None) -> str:
+    """The progress line without the trailing '\\r' (see progress_bar); an empty
+    result shows "no batches" in place of the loss and accuracy, and result None
+    "no result"."""
+    # ggml's empty result reads loss=0.00000, which looks like a perfect loss
+    if result is None:
+        stats = "no result "
+    elif result.nbatches == 0:
+        stats = "no batches "
+    else:
         loss, loss_unc = result.loss()
         acc, acc_unc = result.accuracy()
-    else:
-        loss, loss_unc, acc, acc_unc = 0.0, math.nan, math.nan, math.nan
+        stats = (f"loss={_cfloat(loss, 5)}\u00b1{_cfloat(loss_unc, 5)} "
+                 f"acc={_cfloat(100.0 * acc, 2)}\u00b1{_cfloat(100.0 * acc_unc, 2)}% ")
     idata = ibatch * batch_size
     idata_max = ibatch_max * batch_size
     t_ibatch_us = (time_us() if now_us is None else now_us) - t_start_us
     t_eta_us = t_ibatch_us * (ibatch_max - ibatch) // ibatch if ibatch > 0 else 0
     return (f"{'train: ' if train else 'val:   '}[{_bar(ibatch, ibatch_max)}] "
-            f"data={idata:07d}/{idata_max:07d} "
-            f"loss={_cfloat(loss, 5)}\u00b1{_cfloat(loss_unc, 5)} "
-            f"acc={_cfloat(100.0 * acc, 2)}\u00b1{_cfloat(100.0 * acc_unc, 2)}% "
+            f"data={idata:07d}/{idata_max:07d} {stats}"
             f"t={format_hms(t_ibatch_us)} ETA={format_hms(t_eta_us)} ")
 
 
-def progress_bar(train, ctx, dataset, result, ibatch, ibatch_max, t_start_us):
+def progress_bar(train: bool, ctx: OptContext, dataset: Dataset, result: Result | None,
+                 ibatch: int, ibatch_max: int, t_start_us: int) -> None:
     """Epoch callback: a progress line on stderr.
 
     train: True for the training phase; ctx: the OptContext (its batch size
@@ -87,6 +100,6 @@ def progress_bar(train, ctx, dataset, result, ibatch, ibatch_max, t_start_us):
     last = ibatch == ibatch_max
     if not tty and not last:
         return
-    line = format_progress(train, ctx.batch_size, result, ibatch, ibatch_max, t_start_us)
+    line = format_progress(train, ctx.batch_size or 0, result, ibatch, ibatch_max, t_start_us)
     stream.write(line + ("\r\n" if last else "\r") if tty else line + "\n")
     stream.flush()

@@ -11,10 +11,17 @@ _NEG_NAN = -math.nan  # what C's sqrt of a negative number gives on x86
 
 
 class Result:
-    """Per eval: ndata grows by the batch, the float32 loss is kept, predictions
+    """Result(): statistics over evals (ggml_opt_result).
+
+    Per eval: ndata grows by the batch, the float32 loss is kept, predictions
     appended (cross-entropy) and ncorrect added (or -1 forever once an eval
     without it is seen).  One Result takes one batch size, one loss kind
-    (per datapoint or not) and one opt_period."""
+    (per datapoint or not) and one opt_period; a smaller last batch (evaluate's
+    tail) may end it, after which it takes no more evals.
+
+    An empty Result (no evals) keeps ggml's values, ``loss() == (0.0, nan)``;
+    its repr and the progress bar say "no batches" instead of showing a loss.
+    """
 
     __slots__ = (
         "_batch",
@@ -27,13 +34,14 @@ class Result:
         "_pred",
         "_sum",
         "_sum_sq",
+        "_tail",
     )
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._pred = np.empty(0, dtype=np.int32)
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         """Forget every eval (the prediction buffer is kept for reuse)."""
         self._ndata = 0
         self._nbatches = 0
@@ -44,6 +52,8 @@ class Result:
         self._opt_period = -1
         self._per_datapoint = False
         self._batch = -1
+        # (batch, scaled loss) of a smaller last batch
+        self._tail: tuple[int, float] | None = None
 
     @property
     def ndata(self) -> int:
@@ -67,23 +77,28 @@ class Result:
         if opt_period != self._opt_period:
             raise ValueError(f"result: it holds evals with opt_period={self._opt_period}, "
                              f"this eval has opt_period={opt_period}")
-        if batch != self._batch:
+        if self._tail is not None:
+            raise ValueError(f"result: it ended with a smaller batch of {self._tail[0]} "
+                             "datapoints and takes no more evals")
+        if batch > self._batch:
             raise ValueError(f"result: it holds batches of {self._batch} datapoints, this eval "
-                             f"has {batch}; varying batch sizes are not supported")
+                             f"has {batch}; only a smaller last batch is supported")
 
     def _add(self, batch: int, loss: np.float32, per_datapoint: bool, opt_period: int,
-             pred, ncorrect) -> None:
+             pred: np.ndarray | None, ncorrect: int | None) -> None:
         """Record one eval (call _check first).  pred: int32 (batch,) or None;
         ncorrect: int or None."""
         if self._nbatches == 0:
             self._per_datapoint = per_datapoint
             self._opt_period = opt_period
             self._batch = batch
-        self._ndata += batch
-        self._nbatches += 1
         # as ggml: float loss_scaled = loss*opt_period, and loss_scaled*loss_scaled,
         # both in float32, summed in double
         scaled = np.float32(loss) * np.float32(opt_period) if per_datapoint else np.float32(loss)
+        if batch < self._batch:
+            self._tail = (batch, float(scaled))
+        self._ndata += batch
+        self._nbatches += 1
         self._sum += float(scaled)
         self._sum_sq += float(scaled * scaled)
         if pred is not None:
@@ -99,22 +114,30 @@ class Result:
         else:
             self._ncorrect += int(ncorrect)
 
-    def loss(self):
+    def loss(self) -> tuple[float, float]:
         """(loss, unc): the mean per-batch loss (per-datapoint losses, scaled back by
         opt_period) or the sum (SUM); unc is the standard error, NaN for fewer
-        than 2 batches.  No batches: (0.0, NaN)."""
+        than 2 batches.  No batches: (0.0, NaN), as ggml (repr says "no batches").
+
+        With a smaller last batch the per-datapoint mean weighs each batch by its
+        datapoints (the tail counts for what it holds); unc treats the batches
+        alike, as ggml's formula does."""
         n = self._nbatches
         if n == 0:
             return 0.0, math.nan
         mean = self._sum / n
         value = mean if self._per_datapoint else self._sum
+        if self._tail is not None and self._per_datapoint:
+            tail_batch, tail_loss = self._tail
+            full = self._sum - tail_loss
+            value = (full * self._batch + tail_loss * tail_batch) / self._ndata
         if n < 2:
             return value, math.nan
         var = self._sum_sq / n - mean * mean  # without Bessel's correction
         x = var / (n - 1) if self._per_datapoint else var * n / (n - 1)
         return value, (math.sqrt(x) if x >= 0 else _NEG_NAN)
 
-    def accuracy(self):
+    def accuracy(self) -> tuple[float, float]:
         """(accuracy, unc) from ncorrect / ndata; NaN when some eval had no
         ncorrect or nothing was seen; unc = sqrt(a(1-a)/(ndata-1)), NaN for ndata < 2."""
         if self._ncorrect < 0 or self._ndata == 0:
@@ -132,6 +155,12 @@ class Result:
         """The predictions of every eval in order, int32 (a copy)."""
         return self._pred[:self._npred].copy()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
+        if self._nbatches == 0:
+            return "Result(no batches)"
         loss, unc = self.loss()
-        return f"Result(ndata={self._ndata}, nbatches={self._nbatches}, loss={loss}±{unc})"
+        text = f"Result(ndata={self._ndata}, nbatches={self._nbatches}, loss={loss}±{unc}"
+        acc, acc_unc = self.accuracy()
+        if not math.isnan(acc):
+            text += f", accuracy={acc}±{acc_unc}"
+        return text + ")"

@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+from typing import Any
 
 from ._args import int_arg
 from .optim_params import OptimizerParams
@@ -51,7 +52,8 @@ __all__ = ["Constant", "Cosine", "Linear", "Schedule", "Step", "WarmupCosine", "
 _UNITS = ("epoch", "step")
 
 
-def _real(value, name, minimum, allow_equal=True, maximum=None):
+def _real(value: object, name: str, minimum: float, allow_equal: bool = True,
+          maximum: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
     value = float(value)
@@ -75,7 +77,7 @@ class Schedule:
     Subclasses define ``factor(t)`` for t >= 1.
     """
 
-    def __init__(self, base=None, unit="epoch"):
+    def __init__(self, base: OptimizerParams | None = None, unit: str = "epoch") -> None:
         if base is None:
             base = OptimizerParams()
         if not isinstance(base, OptimizerParams):
@@ -86,11 +88,11 @@ class Schedule:
         self.base = copy.deepcopy(base)
         self.unit = unit
 
-    def factor(self, t):
+    def factor(self, t: int) -> float:
         """The learning-rate factor f(t) of the 1-based step or epoch t."""
         raise NotImplementedError
 
-    def _t(self, userdata):
+    def _t(self, userdata: Any) -> int:
         if self.unit == "step" and not isinstance(userdata, numbers.Integral):
             it = getattr(userdata, "iter", None)
             if it is None:
@@ -107,13 +109,13 @@ class Schedule:
             raise ValueError(f"userdata: expected the 1-based {what} >= 1, got {userdata}")
         return int(userdata)
 
-    def lr(self, t, optimizer="adamw"):
+    def lr(self, t: Any, optimizer: str = "adamw") -> float:
         """The learning rate at t for 'adamw' or 'sgd': base alpha * factor(t)."""
         if optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer: expected 'adamw' or 'sgd', got {optimizer!r}")
         return getattr(self.base, optimizer).alpha * self.factor(self._t(t))
 
-    def __call__(self, userdata):
+    def __call__(self, userdata: Any) -> OptimizerParams:
         t = self._t(userdata)
         f = self.factor(t)
         out = copy.deepcopy(self.base)
@@ -121,13 +123,13 @@ class Schedule:
         out.sgd.alpha = self.base.sgd.alpha * f
         return out
 
-    def _end_reached(self, t, total, end, end_name):
+    def _end_reached(self, t: int, total: int, end: float, end_name: str) -> None:
         if end == 0.0 and t > total:
             raise ValueError(f"t: {self.unit} {t} is past total={total}, where this schedule's "
                              f"learning rate is 0 ({end_name}=0); raise total or set "
                              f"{end_name} > 0")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "base")
         return f"{type(self).__name__}({fields})"
 
@@ -135,7 +137,7 @@ class Schedule:
 class Constant(Schedule):
     """f(t) = 1: the base parameters at every step (like constant_optimizer_params)."""
 
-    def factor(self, t):
+    def factor(self, t: int) -> float:
         return 1.0
 
 
@@ -147,12 +149,13 @@ class Step(Schedule):
     step_size: int >= 1.  gamma: float > 0.
     """
 
-    def __init__(self, step_size, gamma=0.1, base=None, unit="epoch"):
+    def __init__(self, step_size: int, gamma: float = 0.1, base: OptimizerParams | None = None,
+                 unit: str = "epoch") -> None:
         super().__init__(base, unit)
         self.step_size = int_arg(step_size, "step_size", 1)
         self.gamma = _real(gamma, "gamma", 0.0, allow_equal=False)
 
-    def factor(self, t):
+    def factor(self, t: int) -> float:
         return self.gamma ** ((t - 1) // self.step_size)
 
 
@@ -165,19 +168,20 @@ class Linear(Schedule):
     total: int >= 1.  start_factor: float > 0.  end_factor: float >= 0.
     """
 
-    def __init__(self, total, start_factor=1.0, end_factor=0.0, base=None, unit="epoch"):
+    def __init__(self, total: int, start_factor: float = 1.0, end_factor: float = 0.0,
+                 base: OptimizerParams | None = None, unit: str = "epoch") -> None:
         super().__init__(base, unit)
         self.total = int_arg(total, "total", 1)
         self.start_factor = _real(start_factor, "start_factor", 0.0, allow_equal=False)
         self.end_factor = _real(end_factor, "end_factor", 0.0)
 
-    def factor(self, t):
+    def factor(self, t: int) -> float:
         self._end_reached(t, self.total, self.end_factor, "end_factor")
         p = min(t - 1, self.total) / self.total
         return self.start_factor + (self.end_factor - self.start_factor) * p
 
 
-def _cosine(p, min_factor):
+def _cosine(p: float, min_factor: float) -> float:
     return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * p))
 
 
@@ -190,12 +194,13 @@ class Cosine(Schedule):
     total: int >= 1.  min_factor: 0 <= m <= 1.
     """
 
-    def __init__(self, total, min_factor=0.0, base=None, unit="epoch"):
+    def __init__(self, total: int, min_factor: float = 0.0, base: OptimizerParams | None = None,
+                 unit: str = "epoch") -> None:
         super().__init__(base, unit)
         self.total = int_arg(total, "total", 1)
         self.min_factor = _real(min_factor, "min_factor", 0.0, maximum=1.0)
 
-    def factor(self, t):
+    def factor(self, t: int) -> float:
         self._end_reached(t, self.total, self.min_factor, "min_factor")
         return _cosine(min(t - 1, self.total) / self.total, self.min_factor)
 
@@ -215,7 +220,8 @@ class WarmupCosine(Schedule):
     warmup: 0 <= warmup <= total.  total: int >= 1.  min_factor: 0 <= m <= 1.
     """
 
-    def __init__(self, warmup, total, min_factor=0.0, base=None, unit="epoch"):
+    def __init__(self, warmup: int, total: int, min_factor: float = 0.0,
+                 base: OptimizerParams | None = None, unit: str = "epoch") -> None:
         super().__init__(base, unit)
         self.total = int_arg(total, "total", 1)
         self.warmup = int_arg(warmup, "warmup", 0)
@@ -223,7 +229,7 @@ class WarmupCosine(Schedule):
             raise ValueError(f"warmup: expected at most total={self.total}, got {self.warmup}")
         self.min_factor = _real(min_factor, "min_factor", 0.0, maximum=1.0)
 
-    def factor(self, t):
+    def factor(self, t: int) -> float:
         if t <= self.warmup:
             return t / self.warmup
         self._end_reached(t, self.total, self.min_factor, "min_factor")

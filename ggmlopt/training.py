@@ -3,24 +3,40 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import sys
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import astuple, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ._args import enum_arg, int_arg
 from ._blas_threads import blas_threads_for_training, blas_threads_setting
-from .checkpoint import FitCheckpoint
-from .context import OptContext
+from .checkpoint import FitCheckpoint, fit_seed_id
+from .context import OptContext, checks_before_taking
+from .dataset import Dataset
 from .nn.module import set_training
-from .optim_params import BuildType, LossType, OptimizerType, default_optimizer_params
+from .optim_params import (
+    BuildType,
+    LossType,
+    OptimizerParams,
+    OptimizerType,
+    default_optimizer_params,
+    validate_optimizer_params,
+)
 from .progress import format_hms, progress_bar, time_us
 from .result import Result
+from .schedules import Schedule
 
-__all__ = ["EpochStats", "History", "epoch", "fit"]
+__all__ = ["EpochCallback", "EpochStats", "History", "epoch", "fit"]
+
+#: callback(train, ctx, dataset, result, ibatch, ibatch_max, t_start_us), as progress_bar
+EpochCallback = Callable[[bool, OptContext, Dataset, "Result | None", int, int, int], None]
 
 
-def _check_dataset(ctx, dataset):
+def _check_dataset(ctx: OptContext, dataset: Dataset) -> int:
     data = getattr(dataset, "data", None)
     if not isinstance(data, np.ndarray) or not callable(getattr(dataset, "get_batch", None)):
         raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
@@ -82,11 +98,14 @@ def _check_label_form(ctx, dataset, labels):
                          f"model's {ne_out} outputs{hint}")
 
 
-def _eval_batch(ctx, dataset, result, ibatch, backward, phase, nbatches):
+def _eval_batch(ctx: OptContext, dataset: Dataset, result: Result | None, ibatch: int,
+                backward: bool, phase: str, nbatches: int) -> None:
     last = ctx.build_type_last
+    inputs = ctx.inputs
+    assert inputs is not None  # epoch checked the context is static
     ctx.alloc(backward)
     try:
-        dataset.get_batch(ctx.inputs, ctx.labels, ibatch)
+        dataset.get_batch(inputs, ctx.labels, ibatch)
         ctx.eval(result)
     except BaseException as e:
         # the alloc was ours: undo it, so the context is not left waiting for an eval
@@ -97,12 +116,15 @@ def _eval_batch(ctx, dataset, result, ibatch, backward, phase, nbatches):
         raise
 
 
-def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
-          callback_train=None, callback_eval=None):
+def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
+          result_eval: Result | None = None, idata_split: int = -1,
+          callback_train: EpochCallback | None = None,
+          callback_eval: EpochCallback | None = None) -> None:
     """One pass over the dataset, as ggml_opt_epoch: the batches before idata_split
     train (alloc(True)), the rest are evaluated (alloc(False)), in the dataset's
-    permuted order.  idata_split < 0: every datapoint trains; otherwise a multiple
-    of the batch size, at most ndata.  callback(train, ctx, dataset, result,
+    permuted order.  idata_split < 0 (the default): every datapoint trains and
+    result_eval stays empty ("no batches"); otherwise a multiple of the batch
+    size, at most ndata.  callback(train, ctx, dataset, result,
     ibatch (1-based), ibatch_max, t_start_us) runs after every batch.
     Needs a static context (batch_size given)."""
     if not isinstance(ctx, OptContext):
@@ -115,6 +137,7 @@ def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
             raise TypeError(f"{name}: expected a ggmlopt.Result or None, got {type(r).__name__}")
     ndata = _check_dataset(ctx, dataset)
     batch = ctx.batch_size
+    assert batch is not None  # static, checked above
     if ndata % batch != 0:
         raise ValueError(f"dataset: ndata={ndata} is not a multiple of the batch size {batch}")
     nbatches = ndata // batch
@@ -171,39 +194,86 @@ class EpochStats:
 @dataclass
 class History:
     """What fit returns: one EpochStats per epoch (``history[i]``, ``len(history)``)
-    and the same numbers by column (``history.train_loss`` ...)."""
+    and the same numbers by column (``history.train_loss`` ...: read-only lists,
+    one value per epoch).
 
-    epochs: list = field(default_factory=list)
+    val_split: the fraction fit was asked for; ndata_train and ndata_val: the
+    datapoints that trained and validated each epoch after rounding the split to
+    whole logical batches (ndata_val = ndata - ndata_train, ndata_train =
+    floor((1 - val_split) * nbatches_logical) * nbatch_logical, in float32 as
+    ggml computes it).
+    """
 
-    def __len__(self):
+    epochs: list[EpochStats] = field(default_factory=list)
+    val_split: float = 0.0
+    ndata_train: int = 0
+    ndata_val: int = 0
+
+    def __len__(self) -> int:
         return len(self.epochs)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> EpochStats:
         return self.epochs[i]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[EpochStats]:
         return iter(self.epochs)
 
-    def _column(self, name):
+    def _column(self, name: str) -> list[float]:
         return [getattr(e, name) for e in self.epochs]
 
-    train_loss = property(lambda self: self._column("train_loss"))
-    train_loss_unc = property(lambda self: self._column("train_loss_unc"))
-    train_accuracy = property(lambda self: self._column("train_accuracy"))
-    train_accuracy_unc = property(lambda self: self._column("train_accuracy_unc"))
-    val_loss = property(lambda self: self._column("val_loss"))
-    val_loss_unc = property(lambda self: self._column("val_loss_unc"))
-    val_accuracy = property(lambda self: self._column("val_accuracy"))
-    val_accuracy_unc = property(lambda self: self._column("val_accuracy_unc"))
-    seconds = property(lambda self: self._column("seconds"))
+    @property
+    def train_loss(self) -> list[float]:
+        """The training loss of every epoch (EpochStats.train_loss)."""
+        return self._column("train_loss")
 
-    def to_dict(self):
+    @property
+    def train_loss_unc(self) -> list[float]:
+        """The training loss's uncertainty of every epoch."""
+        return self._column("train_loss_unc")
+
+    @property
+    def train_accuracy(self) -> list[float]:
+        """The training accuracy of every epoch (NaN unless cross-entropy)."""
+        return self._column("train_accuracy")
+
+    @property
+    def train_accuracy_unc(self) -> list[float]:
+        """The training accuracy's uncertainty of every epoch."""
+        return self._column("train_accuracy_unc")
+
+    @property
+    def val_loss(self) -> list[float]:
+        """The validation loss of every epoch (NaN without a validation split)."""
+        return self._column("val_loss")
+
+    @property
+    def val_loss_unc(self) -> list[float]:
+        """The validation loss's uncertainty of every epoch."""
+        return self._column("val_loss_unc")
+
+    @property
+    def val_accuracy(self) -> list[float]:
+        """The validation accuracy of every epoch (NaN without a split or unless
+        cross-entropy)."""
+        return self._column("val_accuracy")
+
+    @property
+    def val_accuracy_unc(self) -> list[float]:
+        """The validation accuracy's uncertainty of every epoch."""
+        return self._column("val_accuracy_unc")
+
+    @property
+    def seconds(self) -> list[float]:
+        """The wall time of every epoch, in seconds."""
+        return self._column("seconds")
+
+    def to_dict(self) -> dict[str, list]:
         """The epochs as columns, {field name: list}; see ggmlopt.plotting.history_to_dict."""
         from .plotting import history_to_dict
 
         return history_to_dict(self)
 
-    def plot(self, path=None, **kwargs):
+    def plot(self, path: str | os.PathLike | None = None, **kwargs: Any) -> Any:
         """Loss and accuracy curves with uncertainty bands, written to path when given;
         returns the matplotlib Figure.  See ggmlopt.plotting.plot_history."""
         from .plotting import plot_history
@@ -211,16 +281,66 @@ class History:
         return plot_history(self, path, **kwargs)
 
 
-def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch=1,
-        nbatch_logical=1, nbatch_physical=None, val_split=0.0, silent=False,
-        optimizer=OptimizerType.ADAMW, seed=None, checkpoint=None, resume=False,
-        clip_grad_norm=None) -> History:
+def _check_split(ndata: int, nbatch_logical: int, val_split: float, idata_split: int) -> None:
+    """Raise when the split leaves nothing to train; warn when rounding moved it by
+    more than half a logical batch."""
+    nbatches = ndata // nbatch_logical
+    ntrain = idata_split // nbatch_logical
+    if ntrain == 0:
+        raise ValueError(
+            f"val_split: {val_split} of {nbatches} logical batch{'es' if nbatches != 1 else ''} "
+            f"(ndata={ndata}, nbatch_logical={nbatch_logical}) leaves no logical batch to "
+            f"train (floor((1 - {val_split}) * {nbatches}) = 0); lower val_split or "
+            "nbatch_logical")
+    ndata_val = ndata - idata_split
+    if abs(ndata_val - val_split * ndata) > nbatch_logical / 2:
+        warnings.warn(
+            f"val_split: {val_split} of ndata={ndata} asks for {val_split * ndata:g} "
+            f"validation datapoints; rounded to whole logical batches of {nbatch_logical} "
+            f"it is {ndata_val} ({ndata_val / ndata:.4g} of the data, {nbatches - ntrain} of "
+            f"{nbatches} logical batches)", UserWarning, stacklevel=3)
+
+
+def _check_schedule(get_opt_pars: Callable[[Any], OptimizerParams], nepoch: int,
+                    steps_per_epoch: int, optimizer: OptimizerType) -> None:
+    """Run a ggmlopt.schedules schedule at the last epoch (or step) of the fit, so
+    one too short for nepoch fails before training instead of in the middle."""
+    if not isinstance(get_opt_pars, Schedule) or nepoch == 0:
+        return
+    step = get_opt_pars.unit == "step"
+    t_last = nepoch * steps_per_epoch if step else nepoch
+    if t_last < 1:
+        return
+    try:
+        validate_optimizer_params(get_opt_pars(t_last), optimizer)
+    except (ValueError, TypeError) as e:
+        what = (f"step {t_last} (nepoch={nepoch} x {steps_per_epoch} optimizer steps)" if step
+                else f"epoch {t_last} (nepoch={nepoch})")
+        raise type(e)(f"get_opt_pars: the schedule {get_opt_pars!r} fails at {what}, before "
+                      f"training starts: {e}") from None
+
+
+def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
+        get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
+        nepoch: int = 1, nbatch_logical: int = 1, nbatch_physical: int | None = None,
+        val_split: float = 0.0, silent: bool = False,
+        optimizer: OptimizerType | int | str = OptimizerType.ADAMW,
+        seed: int | np.random.Generator | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
+        resume: bool = False, clip_grad_norm: float | None = None) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
     nbatch_physical (default nbatch_logical); ndata must be a multiple of
     nbatch_logical and nbatch_logical of nbatch_physical.  The last val_split
-    (0 <= val_split < 1) of the logical batches validate.  The dataset is
+    (0 <= val_split < 1) of the data validates, rounded to whole logical
+    batches as ggml rounds it: floor((1 - val_split) * nbatches_logical) logical
+    batches train (in float32) and the rest validate, so a split is never
+    smaller than requested but may be up to one logical batch larger; fit warns
+    (UserWarning) when the rounded split differs from val_split * ndata by more
+    than half a logical batch, and raises ValueError before anything runs when
+    no logical batch is left to train (History.ndata_train / ndata_val say what
+    was used).  The dataset is
     shuffled once (when nbatch_logical < ndata) and its training part every epoch
     (when nbatch_logical < the training datapoints).  get_opt_pars(epoch) receives
     the 1-based epoch (a get_opt_pars whose ``unit`` is "step" gets the context).
@@ -236,6 +356,12 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     The model's ``training`` flag follows each eval (see ggmlopt.nn.module); fit
     returns it in eval mode (training False), so ``model(x)`` afterwards is
     inference (no dropout).
+    Checked before the first epoch: the split, a ggmlopt.schedules schedule
+    over every epoch (or step) of the fit (one that would fail later raises
+    now), and the checkpoint's directory (it must exist).  An existing
+    checkpoint file without resume=True is overwritten (UserWarning); resuming
+    refuses a checkpoint made with another dataset (ndata, datapoint and label
+    sizes, ndata_shard) or another seed.
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -274,8 +400,20 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     ibatch_split = int(np.float32(np.float32(1) - np.float32(val_split))
                        * np.float32(nbatches_logical)) * opt_period
     idata_split = ibatch_split * nbatch_physical
-    ckpt = None if checkpoint is None else FitCheckpoint(
-        checkpoint, ndata, nbatch_logical, nbatch_physical, idata_split)
+    _check_split(ndata, nbatch_logical, float(val_split), idata_split)
+    _check_schedule(get_opt_pars, nepoch, ibatch_split // opt_period, optimizer)
+    ckpt = None
+    if checkpoint is not None:
+        labels = getattr(dataset, "labels", None)
+        ckpt = FitCheckpoint(checkpoint, ndata, nbatch_logical, nbatch_physical, idata_split, {
+            "fit.ne_datapoint": data.shape[1],
+            "fit.ne_label": 0 if labels is None else int(labels.shape[1]),
+            "fit.ndata_shard": int(shard),
+            "fit.seed": fit_seed_id(seed)})
+        if not resume and ckpt.exists():
+            warnings.warn(f"checkpoint: {ckpt.path!r} exists and will be overwritten after the "
+                          "first epoch (resume=False); pass resume=True to continue from it",
+                          UserWarning, stacklevel=2)
 
     pending = None
     if resume and ckpt.exists():
@@ -289,13 +427,14 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     # class-index labels take the class-index loss path (int32 label batches)
     class_labels = (loss_type == LossType.CROSS_ENTROPY
                     and bool(getattr(dataset, "class_labels", False)))
-    ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
-                     loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
-                     optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                     seed=seed, clip_grad_norm=clip_grad_norm, class_labels=class_labels,
-                     _before_taking=lambda c: _check_dataset(c, dataset))
+    with checks_before_taking(lambda c: _check_dataset(c, dataset)):
+        ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
+                         loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
+                         optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
+                         seed=seed, clip_grad_norm=clip_grad_norm, class_labels=class_labels)
 
-    history = History()
+    history = History(val_split=float(val_split), ndata_train=idata_split,
+                      ndata_val=ndata - idata_split)
     first_epoch = 1
     if pending is not None:
         ctx_sd, perm, done, rows = pending

@@ -80,7 +80,8 @@ def test_resume_without_file_starts_fresh_and_without_resume_overwrites(tmp_path
     model_b, _, _ = run("SGD", "epoch", 2)
     for p, q in zip(model_a.parameters(), model_b.parameters()):
         assert np.array_equal(p.data, q.data)
-    run("SGD", "epoch", 1, checkpoint=ckpt)  # resume=False: starts over and overwrites
+    with pytest.warns(UserWarning, match="exists and will be overwritten"):
+        run("SGD", "epoch", 1, checkpoint=ckpt)  # resume=False: starts over and overwrites
     assert go.checkpoint.load_state(ckpt)["fit.epoch"] == 1
 
 

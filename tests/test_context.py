@@ -167,9 +167,14 @@ def test_dynamic_mode_any_batch_size():
     ctx.alloc(False)
     ctx.eval(r, inputs=np.ones((3, 6)), labels=np.eye(4)[:1].repeat(3, 0))
     ctx.alloc(False)
-    with pytest.raises(ValueError, match="batch"):
-        ctx.eval(r, inputs=np.ones((2, 6)), labels=np.eye(4)[:1].repeat(2, 0))
+    with pytest.raises(ValueError, match="batch"):   # a bigger batch cannot join
+        ctx.eval(r, inputs=np.ones((4, 6)), labels=np.eye(4)[:1].repeat(4, 0))
     assert r.ndata == 3 and ctx.eval_ready  # nothing changed; the eval may be retried
+    ctx.eval(r, inputs=np.ones((2, 6)), labels=np.eye(4)[:1].repeat(2, 0))  # a smaller last one
+    ctx.alloc(False)
+    with pytest.raises(ValueError, match="smaller batch of 2"):
+        ctx.eval(r, inputs=np.ones((3, 6)), labels=np.eye(4)[:1].repeat(3, 0))
+    assert r.ndata == 5 and r.nbatches == 2
     with pytest.raises(ValueError, match="labels"):
         ctx.eval(None, inputs=np.ones((2, 6)), labels=np.ones((2, 3)))
     with pytest.raises(ValueError, match="inputs"):
@@ -400,3 +405,22 @@ def test_static_eval_bad_labels_leave_the_inputs_buffer_alone(lt, labels, exc):
     with pytest.raises(exc, match="labels"):
         ctx.eval(None, inputs=np.zeros((3, 2)), labels=labels)
     assert (ctx.inputs == 5.0).all() and ctx.eval_ready
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "CROSS_ENTROPY", "Cross_Entropy",
+                                  " cross_entropy "])
+def test_loss_type_by_name_any_case(name):
+    model = go.nn.Sequential(go.nn.Linear(3, 2, rng=0))
+    ctx = go.OptContext(model, loss_type=name, build_type="forward", optimizer="sgd")
+    assert ctx.loss_type is go.LossType.CROSS_ENTROPY
+    assert ctx.build_type is go.BuildType.FORWARD
+    assert ctx.optimizer_type is go.OptimizerType.SGD
+
+
+def test_loss_type_bad_name_lists_the_names():
+    model = go.nn.Sequential(go.nn.Linear(3, 2, rng=0))
+    with pytest.raises(ValueError, match=r"loss_type: expected one of \['MEAN', 'SUM', "
+                                         r"'CROSS_ENTROPY', 'MEAN_SQUARED_ERROR'\] \(any case\)"):
+        go.OptContext(model, loss_type="cross-entropy")
+    with pytest.raises(TypeError, match="loss_type: expected a LossType or one of its names"):
+        go.OptContext(model, loss_type=2.0)

@@ -29,8 +29,22 @@ def test_format_matches_reference_printf():
 def test_format_empty_phase_and_nan():
     line = format_progress(False, 10, go.Result(), 8, 8, 0, now_us=3_725_000_000)
     # at ibatch == ibatch_max the reference leaves the last cell 7/8 filled
+    # an empty Result says so instead of ggml's loss=0.00000 (read as a perfect loss)
     assert line == ("val:   [\u2588\u2588\u2588\u2588\u2588\u2588\u2588\u2589] data=0000080/0000080 "
-                    "loss=0.00000\u00b1nan acc=nan\u00b1nan% t=01:02:05 ETA=00:00:00 ")
+                    "no batches t=01:02:05 ETA=00:00:00 ")
+
+
+def test_format_without_a_result():
+    line = format_progress(True, 4, None, 2, 4, 0, now_us=0)
+    assert "data=0000008/0000016 no result t=" in line and "loss=" not in line
+
+
+def test_format_nan_loss_of_a_result():
+    r = go.Result()
+    r._check(2, True, 1)
+    r._add(2, np.float32(np.nan), True, 1, None, None)
+    line = format_progress(False, 2, r, 1, 1, 0, now_us=0)
+    assert "loss=nan\u00b1nan acc=nan\u00b1nan%" in line
 
 
 def test_bar_fill_levels():

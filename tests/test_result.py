@@ -87,3 +87,44 @@ def test_mixing_is_an_error_and_changes_nothing(kw):
     with pytest.raises(ValueError):
         add(r, 3.0, **{"batch": 2, "per_datapoint": True, "opt_period": 1, **kw})
     assert (r.ndata, r.loss()) == before
+
+
+def test_empty_result_says_no_batches_and_keeps_ggml_values():
+    r = go.Result()
+    assert repr(r) == "Result(no batches)"
+    loss, unc = r.loss()
+    assert loss == 0.0 and math.isnan(unc)   # ggml's return values are kept
+    add(r, 1.5)
+    assert "loss=1.5" in repr(r) and "no batches" not in repr(r)
+    r.reset()
+    assert repr(r) == "Result(no batches)"
+
+
+def test_smaller_last_batch_weighs_by_datapoints():
+    r = go.Result()
+    add(r, 1.0, batch=4, pred=np.zeros(4, np.int32), ncorrect=4)
+    add(r, 2.0, batch=4, pred=np.zeros(4, np.int32), ncorrect=0)
+    add(r, 4.0, batch=2, pred=np.ones(2, np.int32), ncorrect=1)
+    assert r.ndata == 10 and r.nbatches == 3
+    assert r.loss()[0] == pytest.approx((4 * 1.0 + 4 * 2.0 + 2 * 4.0) / 10)
+    assert r.accuracy()[0] == pytest.approx(0.5)
+    assert r.pred().tolist() == [0] * 8 + [1, 1]
+    # the tail ends the Result: neither a full nor another small batch may follow
+    for batch in (4, 2, 1):
+        with pytest.raises(ValueError, match="smaller batch of 2"):
+            add(r, 1.0, batch=batch)
+    assert r.ndata == 10
+
+
+def test_smaller_last_batch_of_sums_adds_up():
+    r = go.Result()
+    add(r, 3.0, batch=5, per_datapoint=False)
+    add(r, 1.0, batch=2, per_datapoint=False)
+    assert r.loss()[0] == pytest.approx(4.0)
+
+
+def test_bigger_batch_is_an_error():
+    r = go.Result()
+    add(r, 1.0, batch=2)
+    with pytest.raises(ValueError, match="only a smaller last batch"):
+        add(r, 1.0, batch=3)

@@ -119,8 +119,10 @@ def test_fit_split_sizes_and_prints(capsys):
     ({"nbatch_logical": 20, "clip_grad_norm": -1.0}, ValueError),
     ({"nbatch_logical": 20, "clip_grad_norm": float("nan")}, ValueError),
     ({"nbatch_logical": 20, "resume": True}, ValueError),  # no checkpoint to resume from
+    ({"nbatch_logical": 7, "checkpoint": "x"}, ValueError),
 ])
-def test_fit_bad_input(kw, exc):
+def test_fit_bad_input(kw, exc, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # a relative checkpoint may never land in the source tree
     model = mlp()
     w = model[0].weight.data.copy()
     ds = dataset()
@@ -128,6 +130,7 @@ def test_fit_bad_input(kw, exc):
         go.fit(model, ds, LT.CROSS_ENTROPY, silent=True, **kw)
     np.testing.assert_array_equal(model[0].weight.data, w)
     np.testing.assert_array_equal(ds.permutation, np.arange(ds.nshards))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_epoch_bad_input():
@@ -209,7 +212,8 @@ def test_epoch_failure_leaves_the_context_usable(idata_split):
     assert ctx.iter == (8 if idata_split < 0 else 7)
 
 
-@pytest.mark.parametrize("loss_type,exc", [(9, ValueError), ("mean", TypeError), (True, TypeError)])
+@pytest.mark.parametrize("loss_type,exc", [(9, ValueError), ("meen", ValueError), (1.5, TypeError),
+                                         (True, TypeError)])
 def test_fit_bad_loss_type_names_it(loss_type, exc):
     with pytest.raises(exc, match="loss_type"):
         go.fit(mlp(), dataset(), loss_type, nbatch_logical=20, silent=True)

@@ -1,8 +1,12 @@
 """Helpers the layers share: input checks and adding into a gradient."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+if TYPE_CHECKING:
+    from .parameter import Parameter
 
 def as_batch(x, ncols: int, name: str) -> np.ndarray:
     """x as a 2-D float32 array (batch, ncols); copies only when dtype differs."""
@@ -15,7 +19,6 @@ def as_batch(x, ncols: int, name: str) -> np.ndarray:
             raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")
         x = x.astype(np.float32)
     return x
-
 
 
 def add_into(param: Parameter, compute, scratch_owner, key):

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -112,6 +113,7 @@ class Module:
         """Set ``training`` on this module and every sub-module (set_training on
         each child); returns self."""
         self.training = bool(mode)
+        child: Any
         for _, child in self.named_children():
             set_training(child, mode)
         return self
@@ -121,9 +123,14 @@ class Module:
         return self.train(False)
 
     def forward(self, x):
+        """The layer's output for x (batch, ...): float32, possibly a buffer the
+        layer reuses at the next forward.  Subclasses define it."""
         raise NotImplementedError
 
     def backward(self, grad_out):
+        """Add d loss / d parameters into each parameter's .grad and return the
+        gradient w.r.t. the last forward's input (None unless needs_input_grad).
+        Subclasses define it."""
         raise NotImplementedError
 
     def __call__(self, x) -> np.ndarray:

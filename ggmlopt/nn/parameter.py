@@ -29,10 +29,12 @@ class Parameter:
 
     @property
     def shape(self):
+        """The shape of data."""
         return self.data.shape
 
     @property
     def size(self):
+        """The number of elements of data."""
         return self.data.size
 
     def __repr__(self):

@@ -2,7 +2,7 @@
 suite: it needs a ggml build).
 
     cmake -S ggml -B build -DGGML_BUILD_EXAMPLES=ON && cmake --build build -t mnist-eval
-    python tools/check_gguf_with_ggml.py --mnist-eval build/bin/mnist-eval --workdir /tmp/chk \\
+    python tests/check_gguf_with_ggml.py --mnist-eval build/bin/mnist-eval --workdir /tmp/chk \\
         [--ggml-file model.gguf ...]       # e.g. files written by ggml's mnist-train
 
 It writes MNIST-format IDX files made from scikit-learn's 8x8 digits (upsampled

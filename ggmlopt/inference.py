@@ -1,0 +1,203 @@
+"""evaluate and predict: using a trained model on any number of datapoints.
+
+Both run forward-only evals (BuildType.FORWARD, so a model sees ``training``
+off) through an OptContext in dynamic mode, in batches of ``batch_size`` with a
+smaller last batch when the datapoints do not divide evenly.  They borrow the
+model: the context copies the parameters into its own arena, and afterwards
+every parameter's ``.data``, ``.grad`` and ``grad_is_zero`` are the objects and
+values they were before, so a model that lives in another OptContext keeps
+training there as if nothing had happened (only buffers a layer reuses between
+forward passes are overwritten, as by any forward pass).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from . import kernels
+from ._args import enum_arg, int_arg
+from .context import OptContext
+from .dataset import Dataset
+from .optim_params import BuildType, LossType
+from .result import Result
+
+__all__ = ["DEFAULT_BATCH_SIZE", "evaluate", "predict"]
+
+DEFAULT_BATCH_SIZE = 256
+
+#: A Dataset, an (x, y) pair (y None for MEAN and SUM), or x alone.
+Data = Union[Dataset, "tuple[npt.ArrayLike, npt.ArrayLike | None]", npt.ArrayLike]
+
+_ABSENT = object()
+
+
+def evaluate(model: Any, data: Data, loss_type: LossType | int | str,
+             batch_size: int = DEFAULT_BATCH_SIZE) -> Result:
+    """The loss (and for cross-entropy the accuracy and predictions) of model on
+    data, without training it.
+
+    data: a ggmlopt.Dataset (its datapoints in storage order, uint8/float16 data
+    scaled by its data_scale as in get_batch), or arrays ``(x, y)``: x of shape
+    (n, ne_datapoint) and any real dtype (converted to float32), y the labels
+    with n rows (None, or x alone, for MEAN and SUM, which take no labels).
+    Labels go to the context unchanged.  loss_type: a LossType, its value or its
+    name in any case ("cross_entropy").  batch_size: datapoints per eval; the
+    last batch holds the rest (any n >= 1 works).
+
+    Returns a Result: ``loss()`` the mean loss per datapoint (SUM: the total),
+    ``accuracy()`` and ``pred()`` (int32 (n,), in data order) for cross-entropy.
+    The model's parameters are unchanged (see the module docstring).
+    Raises FloatingPointError when a batch's loss is NaN or infinite.
+    """
+    loss_type = enum_arg(loss_type, LossType, "loss_type")
+    batch_size = int_arg(batch_size, "batch_size", 1)
+    x, y, scale = _split(data, loss_type)
+    result = Result()
+    with _borrowed(model):
+        ctx = OptContext(model, loss_type=loss_type, build_type=BuildType.FORWARD)
+        for start in range(0, x.shape[0], batch_size):
+            stop = min(start + batch_size, x.shape[0])
+            ctx.alloc(False)
+            try:
+                ctx.eval(result, inputs=_rows(x, start, stop, scale),
+                         labels=None if y is None else y[start:stop])
+            except FloatingPointError:
+                raise FloatingPointError(
+                    f"evaluate: the {loss_type.name} loss of datapoints {start}:{stop} is "
+                    "not finite (NaN or infinite outputs)") from None
+    return result
+
+
+def predict(model: Any, x: Dataset | npt.ArrayLike,
+            batch_size: int = DEFAULT_BATCH_SIZE) -> npt.NDArray[np.float32]:
+    """The model's outputs for the datapoints x: a new float32 array (n, ne_out).
+
+    x: (n, ne_datapoint) of any real dtype (converted to float32), or a
+    ggmlopt.Dataset (its data in storage order, scaled as in get_batch).
+    batch_size: datapoints per forward pass; the last batch holds the rest.
+    The model's parameters are unchanged (see the module docstring).
+    Raises FloatingPointError when a batch's outputs are not all finite.
+    """
+    batch_size = int_arg(batch_size, "batch_size", 1)
+    if isinstance(x, Dataset):
+        x_arr, _, scale = _split(x, LossType.SUM, labels_allowed=True)
+    else:
+        x_arr, _, scale = _split((x, None), LossType.SUM)
+    n = x_arr.shape[0]
+    out: npt.NDArray[np.float32] | None = None
+    with _borrowed(model):
+        ctx = OptContext(model, loss_type=LossType.SUM, build_type=BuildType.FORWARD)
+        for start in range(0, n, batch_size):
+            stop = min(start + batch_size, n)
+            ctx.alloc(False)
+            try:
+                ctx.eval(None, inputs=_rows(x_arr, start, stop, scale))
+            except FloatingPointError:
+                raise FloatingPointError(
+                    f"predict: the model's outputs for datapoints {start}:{stop} are not "
+                    "finite (NaN or infinite, or too large to sum)") from None
+            outputs = ctx.outputs
+            assert outputs is not None
+            if out is None:
+                out = np.empty((n, outputs.shape[1]), dtype=np.float32)
+            out[start:stop] = outputs
+    assert out is not None
+    return out
+
+
+def _split(data: Any, loss_type: LossType, labels_allowed: bool = False
+           ) -> tuple[np.ndarray, Any, float | None]:
+    """(x, y, scale): the datapoints, the labels (None when the loss takes none)
+    and the factor for uint8/float16 Dataset data (None: convert plainly)."""
+    needs_labels = loss_type in (LossType.CROSS_ENTROPY, LossType.MEAN_SQUARED_ERROR)
+    scale = None
+    if isinstance(data, Dataset):
+        x = data.data
+        y = data.labels
+        if data.data_dtype in (np.uint8, np.float16):
+            scale = data.data_scale
+        where = "data: the dataset"
+    else:
+        if isinstance(data, tuple):
+            if len(data) != 2:
+                raise ValueError(f"data: expected a Dataset, an (x, y) pair or an array x, got "
+                                 f"a tuple of {len(data)}")
+            x, y = data
+        else:
+            x, y = data, None
+        x = np.asarray(x)
+        if x.dtype.kind not in "biuf":
+            raise TypeError(f"x: expected real numbers, got dtype {x.dtype}")
+        if x.ndim != 2:
+            raise ValueError(f"x: expected shape (n, ne_datapoint), got {x.shape}")
+        where = "y"
+    if x.shape[0] == 0:
+        raise ValueError("x: no datapoints (expected at least one row)")
+    if labels_allowed:
+        return x, None, scale
+    if y is None:
+        if needs_labels:
+            raise ValueError(f"{'data: the dataset has no labels' if where != 'y' else 'y: None'}"
+                             f"; {loss_type.name} needs labels")
+        return x, None, scale
+    if not needs_labels:
+        raise ValueError(f"{where} has labels but {loss_type.name} takes none (pass y=None)")
+    if not isinstance(y, np.ndarray):
+        y = np.asarray(y)
+    if y.ndim == 0 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"y: expected {x.shape[0]} rows like x, got shape {y.shape}")
+    return x, y, scale
+
+
+def _rows(x: np.ndarray, start: int, stop: int, scale: float | None) -> np.ndarray:
+    """Rows start:stop of x, as float32 times scale for uint8/float16 Dataset data."""
+    chunk = x[start:stop]
+    return chunk if scale is None else kernels.to_float32(np.ascontiguousarray(chunk),
+                                                          scale=scale)
+
+
+@contextmanager
+def _borrowed(model: Any) -> Iterator[None]:
+    """Give model back as it came: each parameter's .data, .grad and grad_is_zero,
+    and every module's training flag."""
+    params = OptContext._collect_parameters(model) if callable(
+        getattr(model, "parameters", None)) else []
+    saved = [(p, p.data, p.grad, getattr(p, "grad_is_zero", _ABSENT)) for p in params]
+    flags = [(m, vars(m).get("training", _ABSENT)) for m in _modules(model)]
+    try:
+        yield
+    finally:
+        for p, data, grad, zero in saved:
+            p.data = data
+            p.grad = grad
+            if zero is not _ABSENT:
+                p.grad_is_zero = zero
+        for m, training in flags:
+            if training is not _ABSENT:
+                m.training = training
+            elif "training" in vars(m):
+                del m.training
+
+
+def _modules(model: Any) -> list[Any]:
+    """model and every sub-module that has a __dict__ (found as named_parameters
+    finds them), each once."""
+    from .nn.module import Module
+
+    found: list[Any] = []
+    seen: set[int] = set()
+    stack = [model]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or not hasattr(obj, "__dict__"):
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        children = obj.named_children() if isinstance(obj, Module) else \
+            Module.named_children(obj)
+        stack.extend(child for _, child in children)
+    return found
