@@ -1,6 +1,7 @@
 """epoch and fit: ggml's ggml_opt_epoch and ggml_opt_fit, and the History fit returns."""
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import sys
@@ -53,14 +54,8 @@ def _eval_batch(ctx, dataset, result, ibatch, backward, phase, nbatches):
         raise
 
 
-def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
-          callback_train=None, callback_eval=None):
-    """One pass over the dataset, as ggml_opt_epoch: the batches before idata_split
-    train (alloc(True)), the rest are evaluated (alloc(False)), in the dataset's
-    permuted order.  idata_split < 0: every datapoint trains; otherwise a multiple
-    of the batch size, at most ndata.  callback(train, ctx, dataset, result,
-    ibatch (1-based), ibatch_max, t_start_us) runs after every batch.
-    Needs a static context (batch_size given)."""
+def _epoch_plan(ctx, dataset, result_train, result_eval, idata_split):
+    """epoch's argument checks: (physical batches, the first validation batch)."""
     if not isinstance(ctx, OptContext):
         raise TypeError(f"ctx: expected an OptContext, got {type(ctx).__name__}")
     if not ctx.static_graphs:
@@ -80,7 +75,27 @@ def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
     if idata_split % batch != 0 or idata_split > ndata:
         raise ValueError(f"idata_split: expected a multiple of the batch size {batch} "
                          f"at most ndata={ndata}, got {idata_split}")
-    ibatch_split = idata_split // batch
+    return nbatches, idata_split // batch
+
+
+def epoch(ctx, dataset, result_train=None, result_eval=None, idata_split=-1,
+          callback_train=None, callback_eval=None):
+    """One pass over the dataset, as ggml_opt_epoch: the batches before idata_split
+    train (alloc(True)), the rest are evaluated (alloc(False)), in the dataset's
+    permuted order.  idata_split < 0: every datapoint trains; otherwise a multiple
+    of the batch size, at most ndata.  callback(train, ctx, dataset, result,
+    ibatch (1-based), ibatch_max, t_start_us) runs after every batch.
+    Needs a static context (batch_size given).
+
+    A context with comm runs its ranks' parts of the epoch (ggmlopt.distributed):
+    the callbacks then run after every optimizer step and once after the
+    validation, with statistics summed over the ranks, and both Results end
+    holding the numbers of the whole dataset."""
+    dist = getattr(ctx, "_dist", None)
+    if dist is not None:  # many processes: each rank its part of the batches
+        return dist.epoch(_epoch_plan, _eval_batch, ctx, dataset, result_train, result_eval,
+                          idata_split, callback_train, callback_eval)
+    nbatches, ibatch_split = _epoch_plan(ctx, dataset, result_train, result_eval, idata_split)
 
     ibatch = 0
     t_loop_start = time_us()
@@ -147,10 +162,28 @@ class History:
     seconds = property(lambda self: self._column("seconds"))
 
 
+def _stops_every_rank(fit_function):
+    """With comm=..., a failure on one rank makes every rank raise instead of
+    leaving the others waiting in a collective (ggmlopt.distributed)."""
+    @functools.wraps(fit_function)
+    def wrapper(*args, **kwargs):
+        if kwargs.get("comm") is None:
+            return fit_function(*args, **kwargs)
+        from .distributed import Distributed
+        dist = Distributed(kwargs["comm"], kwargs.get("shard_optimizer", False))
+        try:
+            return fit_function(*args, **kwargs)
+        except BaseException as e:
+            dist.report(e, "fit")
+            raise
+    return wrapper
+
+
+@_stops_every_rank
 def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch=1,
         nbatch_logical=1, nbatch_physical=None, val_split=0.0, silent=False,
         optimizer=OptimizerType.ADAMW, seed=None, checkpoint=None, resume=False,
-        clip_grad_norm=None) -> History:
+        clip_grad_norm=None, *, comm=None, shard_optimizer=False) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
@@ -168,6 +201,16 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     every epoch); training 4 epochs straight or 2, then resuming for 2 more, gives
     bit-for-bit the same parameters.  clip_grad_norm: None or a float > 0, the
     global gradient L2 norm each optimizer step is clipped to.
+
+    comm: None, or an mpi4py communicator: data-parallel training over its P
+    ranks (see ggmlopt.distributed).  Each rank passes the same arguments and
+    dataset; each logical batch is split over the ranks (nbatch_logical must be
+    a multiple of P * nbatch_physical), the gradients are summed once per
+    optimizer step, and every rank ends with the same parameters, equal to the
+    single-process run's up to float rounding.  The History holds the numbers of
+    the whole dataset on every rank; only rank 0 prints and writes the
+    checkpoint.  shard_optimizer: with comm, each rank keeps only its shard of
+    the AdamW moments.
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -200,6 +243,15 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
         raise ValueError(f"val_split: expected 0 <= val_split < 1, got {val_split}")
 
     opt_period = nbatch_logical // nbatch_physical
+    if comm is not None:  # many processes: each rank its part of a logical batch
+        nranks = comm.Get_size()
+        if opt_period % nranks != 0:
+            raise ValueError(f"nbatch_logical: with {nranks} ranks each rank evaluates "
+                             f"nbatch_logical/{nranks} datapoints per step in physical batches "
+                             f"of nbatch_physical, so nbatch_logical must be a multiple of "
+                             f"{nranks} x nbatch_physical = {nranks * nbatch_physical}; got "
+                             f"nbatch_logical={nbatch_logical}")
+        silent = silent or comm.Get_rank() != 0  # rank 0 alone prints
     nbatches_logical = ndata // nbatch_logical
     # train <-> val split index (physical batches), in float32 as ggml computes it
     ibatch_split = int(np.float32(np.float32(1) - np.float32(val_split))
@@ -220,7 +272,8 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
                      loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
                      optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                     seed=seed, clip_grad_norm=clip_grad_norm,
+                     seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
+                     shard_optimizer=shard_optimizer,
                      _before_taking=lambda c: _check_dataset(c, dataset))
 
     history = History()
