@@ -2,6 +2,7 @@
 
     python -m ggmlopt.examples.mnist                 # offline, no download
     python -m ggmlopt.examples.mnist --data DIR      # MNIST IDX files in DIR
+    mpiexec -n 2 python -m ggmlopt.examples.mnist --mpi   # data-parallel on 2 processes
 
 The model and settings are those of ggml's examples/mnist (mnist-fc): 784-500-10
 with ReLU, cross-entropy, AdamW with ggml's defaults, 30 epochs, logical
@@ -13,6 +14,11 @@ Offline it trains on scikit-learn's bundled 8x8 handwritten digits (the
 3x to 24x24 and centred in 28x28 like MNIST, with the batch sizes scaled down
 to fit 1500 training images; without scikit-learn it falls back to a synthetic
 10-class dataset and says so.
+
+With ``--mpi`` (the ``mpi`` extra: ``pip install ggmlopt[mpi]``) every process
+started by mpiexec or srun trains its part of each logical batch
+(ggmlopt.distributed); each uses cores / processes-per-machine threads unless
+``--threads`` says otherwise, and only rank 0 prints.
 """
 from __future__ import annotations
 
@@ -85,6 +91,36 @@ def evaluate(model, dataset, nbatch_physical):
     return result
 
 
+def _physical_batch(nbatch_logical, nbatch_physical, nranks, shard):
+    """nbatch_physical, or the largest batch below it (a multiple of the shard size)
+    that splits a logical batch evenly over nranks; fit explains when none does."""
+    if nbatch_logical % (nranks * nbatch_physical) == 0 or nbatch_logical % nranks != 0:
+        return nbatch_physical
+    per_rank = nbatch_logical // nranks
+    fits = [b for b in range(shard, nbatch_physical + 1, shard) if per_rank % b == 0]
+    return max(fits) if fits else nbatch_physical
+
+
+def _mpi(threads):
+    """(comm, rank, nranks, threads) for --mpi; an uncaught error on one rank aborts all."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise SystemExit("mnist: --mpi needs mpi4py and an MPI: pip install ggmlopt[mpi]") \
+            from None
+    comm = MPI.COMM_WORLD
+    hook = sys.excepthook
+
+    def abort_all(*exc_info):  # without this the other ranks would wait forever
+        hook(*exc_info)
+        sys.stderr.flush()
+        comm.Abort(1)
+
+    sys.excepthook = abort_all
+    nthreads = go.distributed.set_rank_threads(threads, comm)
+    return comm, comm.Get_rank(), comm.Get_size(), nthreads
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m ggmlopt.examples.mnist",
                                      description=__doc__.split("\n\n")[0])
@@ -94,7 +130,20 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=30, help="epochs (ggml: 30)")
     parser.add_argument("--seed", type=int, default=0, help="initialisation and shuffles")
     parser.add_argument("--silent", action="store_true", help="no progress bars")
+    parser.add_argument("--mpi", action="store_true",
+                        help="data-parallel over the processes of mpiexec/srun (mpi extra)")
+    parser.add_argument("--shard-optimizer", action="store_true",
+                        help="with --mpi: each process keeps 1/P of AdamW's moments")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="kernel and BLAS threads per process (default with --mpi: "
+                             "cores / processes on the machine)")
     args = parser.parse_args(argv)
+    comm, rank, nranks = None, 0, 1
+    if args.mpi:
+        comm, rank, nranks, nthreads = _mpi(args.threads)
+    elif args.threads is not None:
+        go.distributed.set_rank_threads(args.threads)
+    say = print if rank == 0 else (lambda *a, **k: None)
 
     if args.data:
         from ggmlopt.datasets import load_mnist
@@ -111,22 +160,29 @@ def main(argv=None):
                     "pip install ggmlopt[examples] for real digits)")
         # ggml's 1000/500 scaled to the small training set
         nbatch_logical, nbatch_physical = 100, 50
-    print(f"mnist: dataset: {name}: {train.ndata} training, {test.ndata} test images")
-    print(f"mnist: model: mnist-fc {NE_IN}-{NE_HIDDEN}-{NCLASSES}, AdamW, "
+    nbatch_physical = _physical_batch(nbatch_logical, nbatch_physical, nranks,
+                                      train.ndata_shard)
+    if comm is not None:
+        say(f"mnist: {nranks} processes x {nthreads} threads, each evaluating "
+            f"{nbatch_logical // nranks} datapoints per step; gradients exchanged once per "
+            f"step{' (optimizer state sharded)' if args.shard_optimizer else ''}")
+    say(f"mnist: dataset: {name}: {train.ndata} training, {test.ndata} test images")
+    say(f"mnist: model: mnist-fc {NE_IN}-{NE_HIDDEN}-{NCLASSES}, AdamW, "
           f"nbatch_logical={nbatch_logical}, nbatch_physical={nbatch_physical}, "
           f"{args.epochs} epochs, val_split=0.05")
     sys.stdout.flush()
 
     model = mnist_fc(args.seed)
+    mpi = {} if comm is None else {"comm": comm, "shard_optimizer": args.shard_optimizer}
     go.fit(model, train, go.LossType.CROSS_ENTROPY, go.default_optimizer_params,
            nepoch=args.epochs, nbatch_logical=nbatch_logical, nbatch_physical=nbatch_physical,
-           val_split=0.05, silent=args.silent, seed=args.seed)
+           val_split=0.05, silent=args.silent, seed=args.seed, **mpi)
 
     result = evaluate(model, test, nbatch_physical)
     loss, loss_unc = result.loss()
     acc, acc_unc = result.accuracy()
-    print(f"mnist: test_loss={loss:.6f}+-{loss_unc:.6f}")
-    print(f"mnist: test_acc={100 * acc:.2f}+-{100 * acc_unc:.2f}%")
+    say(f"mnist: test_loss={loss:.6f}+-{loss_unc:.6f}")  # every rank has the same model
+    say(f"mnist: test_acc={100 * acc:.2f}+-{100 * acc_unc:.2f}%")
     return loss, acc
 
 
