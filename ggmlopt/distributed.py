@@ -45,6 +45,7 @@ Semantics, with P ranks:
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import math
@@ -100,9 +101,8 @@ class Distributed:
         self.evals_per_step = None
         self.chunk = self.lo = self.n = 0
         self.m = self.v = self.g = None
-        # time spent in the gradient exchange (bench/): seconds, exchanges
-        self.exchange_seconds = 0.0
-        self.nexchanges = 0
+        # wall time of the recent gradient exchanges in seconds (bench/)
+        self.exchange_times = collections.deque(maxlen=4096)
 
     # ---- raw collectives ------------------------------------------------------------
 
@@ -268,8 +268,7 @@ class Distributed:
         return True
 
     def _timed(self, t0):
-        self.exchange_seconds += time.perf_counter() - t0
-        self.nexchanges += 1
+        self.exchange_times.append(time.perf_counter() - t0)
 
     def zero_moments(self):
         if self.m is not None:
