@@ -93,6 +93,7 @@ class Distributed:
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
         self.shard = shard_optimizer
+        self.parts = False  # fit(dataset_is_part=True): each rank's dataset is its own part
         self._mpi = None
         if type(comm).__module__.startswith("mpi4py"):
             from mpi4py import MPI  # only here: the core never needs it
@@ -312,9 +313,11 @@ class Distributed:
         with self.agreement("epoch") as pact:
             nbatches, ibatch_split = plan(ctx, dataset, result_train, result_eval, idata_split)
             period = ctx.opt_period
-            if ibatch_split % period != 0:
+            per = self.evals_per_step
+            local = per if self.parts else period  # physical batches of a logical batch here
+            if ibatch_split % local != 0:
                 raise ValueError(f"idata_split: with several ranks it must end a logical "
-                                 f"batch ({period} x {ctx.batch_size} datapoints), got "
+                                 f"batch ({local} x {ctx.batch_size} datapoints), got "
                                  f"{idata_split}")
             if ctx.opt_i != 0:
                 raise RuntimeError("epoch: the context is inside a logical batch (opt_i="
@@ -324,20 +327,20 @@ class Distributed:
                           f"{hashlib.blake2b(perm.tobytes(), digest_size=8).hexdigest()}")
 
         from .progress import time_us
-        per = self.evals_per_step
-        nsteps = ibatch_split // period
+        nsteps = ibatch_split // local
+        ntrain = nsteps * period  # physical batches over all ranks
         train = result_train if result_train is not None else Result()
         shown = Result()
         base = train._totals()
         t_start = time_us()
         try:
             for j in range(nsteps):
-                first = j * period + self.rank * per
+                first = j * per if self.parts else j * period + self.rank * per
                 for k in range(per):
                     eval_batch(ctx, dataset, train, first + k, True, "train", nbatches)
                 self.sum_results(train, base, shown, ctx)
                 if callback_train is not None:
-                    callback_train(True, ctx, dataset, shown, (j + 1) * period, ibatch_split,
+                    callback_train(True, ctx, dataset, shown, (j + 1) * period, ntrain,
                                    t_start)
         except BaseException as e:
             self.report(e, "training")
@@ -348,14 +351,16 @@ class Distributed:
         val = result_eval if result_eval is not None else Result()
         base = val._totals()
         t_start = time_us()
+        mine = (range(ibatch_split, nbatches) if self.parts
+                else range(ibatch_split + self.rank, nbatches, self.size))
+        nval = (nbatches - ibatch_split) * (self.size if self.parts else 1)
         with self.agreement("validation"):
-            for i in range(ibatch_split + self.rank, nbatches, self.size):
+            for i in mine:
                 eval_batch(ctx, dataset, val, i, False, "validation", nbatches)
-        if nbatches > ibatch_split:
+        if nval:
             self.sum_results(val, base, val, ctx)
         with self.agreement("after validation"):
-            if callback_eval is not None and nbatches > ibatch_split:
-                nval = nbatches - ibatch_split
+            if callback_eval is not None and nval:
                 callback_eval(False, ctx, dataset, val, nval, nval, t_start)
 
     def sum_results(self, local, base, out, ctx):
@@ -364,6 +369,19 @@ class Distributed:
         mine = np.array(local._totals(), np.float64) - np.array(base, np.float64)
         self._allreduce_sum(mine)
         out._set_totals(tuple(np.array(base, np.float64) + mine), ctx)
+
+
+def part_of_logical_batch(comm, dataset_is_part, nbatch_logical):
+    """fit(dataset_is_part=True): the datapoints of a logical batch in each rank's part."""
+    if not isinstance(dataset_is_part, bool):
+        raise TypeError(f"dataset_is_part: expected a bool, got {type(dataset_is_part).__name__}")
+    if comm is None:
+        raise ValueError("dataset_is_part: needs comm= (each rank's part of the data)")
+    nranks = comm.Get_size()
+    if nbatch_logical % nranks != 0:
+        raise ValueError(f"nbatch_logical: with {nranks} ranks each holding a part of the data, "
+                         f"it must be a multiple of {nranks}; got {nbatch_logical}")
+    return nbatch_logical // nranks
 
 
 class _Pact:

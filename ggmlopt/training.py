@@ -183,7 +183,8 @@ def _stops_every_rank(fit_function):
 def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch=1,
         nbatch_logical=1, nbatch_physical=None, val_split=0.0, silent=False,
         optimizer=OptimizerType.ADAMW, seed=None, checkpoint=None, resume=False,
-        clip_grad_norm=None, *, comm=None, shard_optimizer=False) -> History:
+        clip_grad_norm=None, *, comm=None, shard_optimizer=False,
+        dataset_is_part=False) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
@@ -210,7 +211,12 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     single-process run's up to float rounding.  The History holds the numbers of
     the whole dataset on every rank; only rank 0 prints and writes the
     checkpoint.  shard_optimizer: with comm, each rank keeps only its shard of
-    the AdamW moments.
+    the AdamW moments.  dataset_is_part: with comm, each rank passes only its own
+    part of the data (the same number of datapoints on every rank, 1/P of the
+    memory): every logical batch takes nbatch_logical/P datapoints from each part,
+    each rank shuffles its part (the same permutation of its shard indices on
+    every rank) and validates on the last val_split of it; the numbers are those
+    of the whole data, and a checkpoint resumes on the same number of ranks.
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -223,6 +229,9 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     nbatch_logical = int_arg(nbatch_logical, "nbatch_logical", 1)
     nbatch_physical = nbatch_logical if nbatch_physical is None else \
         int_arg(nbatch_physical, "nbatch_physical", 1)
+    if dataset_is_part is not False:  # many processes: from here on, this rank's share
+        from .distributed import part_of_logical_batch
+        nbatch_logical = part_of_logical_batch(comm, dataset_is_part, nbatch_logical)
     data = getattr(dataset, "data", None)
     if not isinstance(data, np.ndarray) or data.ndim != 2:
         raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
@@ -245,7 +254,9 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     opt_period = nbatch_logical // nbatch_physical
     if comm is not None:  # many processes: each rank its part of a logical batch
         nranks = comm.Get_size()
-        if opt_period % nranks != 0:
+        if dataset_is_part:
+            opt_period *= nranks  # physical batches of a logical batch over all ranks
+        elif opt_period % nranks != 0:
             raise ValueError(f"nbatch_logical: with {nranks} ranks each rank evaluates "
                              f"nbatch_logical/{nranks} datapoints per step in physical batches "
                              f"of nbatch_physical, so nbatch_logical must be a multiple of "
@@ -255,7 +266,7 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
     nbatches_logical = ndata // nbatch_logical
     # train <-> val split index (physical batches), in float32 as ggml computes it
     ibatch_split = int(np.float32(np.float32(1) - np.float32(val_split))
-                       * np.float32(nbatches_logical)) * opt_period
+                       * np.float32(nbatches_logical)) * (nbatch_logical // nbatch_physical)
     idata_split = ibatch_split * nbatch_physical
     ckpt = None if checkpoint is None else FitCheckpoint(
         checkpoint, ndata, nbatch_logical, nbatch_physical, idata_split)
@@ -275,6 +286,8 @@ def fit(model, dataset, loss_type, get_opt_pars=default_optimizer_params, nepoch
                      seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
                      shard_optimizer=shard_optimizer,
                      _before_taking=lambda c: _check_dataset(c, dataset))
+    if comm is not None:
+        ctx._dist.parts = dataset_is_part
 
     history = History()
     first_epoch = 1

@@ -26,17 +26,23 @@ def make_problem(seed=0, ndata=NDATA):
 
 def run(comm=None, optimizer="ADAMW", nepoch=3, shard_optimizer=False, clip=0.3,
         val_split=0.2, seed=0, checkpoint=None, resume=False, nbatch_logical=NBATCH_LOGICAL,
-        nbatch_physical=NBATCH_PHYSICAL, dataset=None):
-    """fit on the problem; returns (parameters as one float32 array, History, model)."""
-    model, ds = make_problem(seed)
+        nbatch_physical=NBATCH_PHYSICAL, dataset=None, part=False, ndata=NDATA, silent=True):
+    """fit on the problem; returns (parameters as one float32 array, History, model).
+    part: each rank passes only its block of ndata / P datapoints (dataset_is_part)."""
+    model, ds = make_problem(seed, ndata)
     if dataset is not None:
         ds = dataset
     kwargs = {} if comm is None else {"comm": comm, "shard_optimizer": shard_optimizer}
+    if part:
+        n = ndata // comm.Get_size()
+        rows = slice(comm.Get_rank() * n, (comm.Get_rank() + 1) * n)
+        ds = go.Dataset.from_arrays(ds.data[rows], ds.labels[rows], ndata_shard=2)
+        kwargs["dataset_is_part"] = True
     opt = go.OptimizerType[optimizer]
     pars = go.OptimizerParams(adamw=go.AdamWParams(alpha=0.01), sgd=go.SGDParams(alpha=0.1))
     hist = go.fit(model, ds, go.LossType.CROSS_ENTROPY, lambda epoch: pars, nepoch=nepoch,
                   nbatch_logical=nbatch_logical, nbatch_physical=nbatch_physical,
-                  val_split=val_split, silent=True, optimizer=opt, seed=seed,
+                  val_split=val_split, silent=silent, optimizer=opt, seed=seed,
                   clip_grad_norm=clip, checkpoint=checkpoint, resume=resume, **kwargs)
     flat = np.concatenate([p.data.ravel() for p in model.parameters()])
     return flat, hist, model

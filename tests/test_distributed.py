@@ -314,3 +314,43 @@ def test_without_comm_mpi4py_is_never_imported():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+# ---- each rank holding only its part of the data (fit(dataset_is_part=True)) ----------
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_parts_equal_one_process_when_nothing_is_shuffled(nranks):
+    # one logical batch holds all 60 datapoints: no shuffle, rank r's block is its share
+    ref, _, _ = run(None, "ADAMW", ndata=60, val_split=0.0)
+    outs = results(nranks, lambda c: run(c, "ADAMW", ndata=60, val_split=0.0, part=True))
+    _assert_ranks_identical(outs)
+    np.testing.assert_allclose(outs[0][0], ref, rtol=RTOL, atol=ATOL)
+
+
+def test_parts_count_the_whole_data(capsys):
+    # 3 parts of 120: 4 logical batches of 60 train (240 datapoints), 120 validate
+    outs = results(3, lambda c: run(c, "SGD", nepoch=2, part=True, silent=False))
+    _assert_ranks_identical(outs)
+    err = capsys.readouterr().err
+    assert err.count("train: [") == 2 and err.count("data=0000240/0000240") == 2
+    assert err.count("val:   [") == 2 and err.count("data=0000120/0000120") == 2
+    assert err.count("fit: epoch 0001/0002") == 1  # rank 0 alone prints
+
+
+def test_parts_resume_bit_for_bit(tmp_path):
+    ckpt = str(tmp_path / "parts.npz")
+    straight = results(2, lambda c: run(c, "ADAMW", nepoch=4, part=True))
+    results(2, lambda c: run(c, "ADAMW", nepoch=2, part=True, checkpoint=ckpt))
+    resumed = results(2, lambda c: run(c, "ADAMW", nepoch=4, part=True, checkpoint=ckpt,
+                                       resume=True))
+    for a, b in zip(straight, resumed):
+        assert np.array_equal(a[0], b[0])
+
+
+def test_parts_bad_arguments():
+    model, ds = make_problem(0)
+    with pytest.raises(ValueError, match="dataset_is_part: needs comm="):
+        go.fit(model, ds, go.LossType.CROSS_ENTROPY, nbatch_logical=60, dataset_is_part=True)
+    out = run_ranks(2, lambda c: go.fit(model, ds, go.LossType.CROSS_ENTROPY, comm=c,
+                                        nbatch_logical=60, dataset_is_part=1))
+    assert all(isinstance(e, TypeError) and "dataset_is_part" in str(e) for _, e in out)

@@ -64,6 +64,16 @@ def test_equals_one_process(tmp_path, nranks, optimizer, shard):
     np.testing.assert_allclose(ranks[0]["params"], ref, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_each_rank_holding_its_part(tmp_path, nranks):
+    # one logical batch of all 60 datapoints (nothing shuffled): rank r's block is its share
+    ref, _, _ = run(None, "ADAMW", ndata=60, val_split=0.0)
+    ranks = mpirun(nranks, tmp_path, "part")
+    for got in ranks:
+        assert np.array_equal(got["params"], ranks[0]["params"])
+    np.testing.assert_allclose(ranks[0]["params"], ref, rtol=RTOL, atol=ATOL)
+
+
 def test_resume_on_another_number_of_ranks(tmp_path):
     ckpt = str(tmp_path / "run.npz")
     ref, ref_hist, _ = run(None, "ADAMW", nepoch=4)

@@ -38,6 +38,9 @@ def main(scenario, out, *args):
         optimizer, shard = args[0], args[1] == "shard"
         params, hist, _ = run(comm, optimizer, shard_optimizer=shard)
         save(out, params=params, history=history_array(hist))
+    elif scenario == "part":  # each rank holds only its block of the data
+        params, hist, _ = run(comm, "ADAMW", ndata=60, val_split=0.0, part=True)
+        save(out, params=params, history=history_array(hist))
     elif scenario == "resume":
         ckpt, nepoch, resume, shard = args[0], int(args[1]), args[2] == "resume", \
             args[3] == "shard"
