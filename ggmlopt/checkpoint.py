@@ -401,7 +401,7 @@ def split_fit_entries(sd):
     return ctx_sd, fit_sd
 
 
-def load_context(cls, path, model, get_opt_pars, get_opt_pars_ud, clip_grad_norm):
+def load_context(cls, path, model, get_opt_pars, get_opt_pars_ud, clip_grad_norm, **dist):
     """OptContext.load: a context for model with the checkpoint's settings and state."""
     sd = load_state(path)
     ctx_sd, _ = split_fit_entries(sd)
@@ -445,7 +445,7 @@ def load_context(cls, path, model, get_opt_pars, get_opt_pars_ud, clip_grad_norm
     ctx = cls(model, batch_size=None if bs < 0 else bs, ne_datapoint=None if nd < 0 else nd,
               loss_type=loss_type, build_type=build_type, opt_period=settings["opt_period"],
               optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=get_opt_pars_ud,
-              seed=np.random.Generator(bg_type()), clip_grad_norm=clip_grad_norm)
+              seed=np.random.Generator(bg_type()), clip_grad_norm=clip_grad_norm, **dist)
     ctx.load_state_dict(ctx_sd)
     return ctx
 

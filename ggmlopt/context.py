@@ -508,12 +508,19 @@ class OptContext:
 
     @classmethod
     def load(cls, path, model, get_opt_pars=default_optimizer_params, get_opt_pars_ud=None,
-             clip_grad_norm=None):
+             clip_grad_norm=None, comm=None, shard_optimizer=False):
         """A context for model, built with the settings saved in the checkpoint at
         path and holding its state.  model's parameters must have the saved shapes
-        (checked before the model is touched)."""
-        return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
-                                       clip_grad_norm)
+        (checked before the model is touched).  comm, shard_optimizer: as for the
+        constructor (every rank reads path; a checkpoint of any number of ranks)."""
+        if comm is None and shard_optimizer is False:
+            return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
+                                           clip_grad_norm)
+        from .distributed import Distributed  # many processes: a failing rank stops all
+        with Distributed(comm, shard_optimizer).reporting("OptContext.load"):
+            return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
+                                           clip_grad_norm, comm=comm,
+                                           shard_optimizer=shard_optimizer)
 
     def _loss(self, out, labels, grad):
         """The float32 loss as ggml computes it; grad (if given) receives d loss / d out."""

@@ -167,6 +167,15 @@ class Distributed:
         self.agree(error, what)
 
     @contextlib.contextmanager
+    def reporting(self, what):
+        """Run a block whose failure on this rank the others must hear about."""
+        try:
+            yield
+        except BaseException as e:
+            self.report(e, what)
+            raise
+
+    @contextlib.contextmanager
     def agreement(self, what):
         """Run a block on every rank, then agree: a failure in the block on any
         rank raises on every rank.  The yielded object's ``token`` (a str every

@@ -170,12 +170,8 @@ def _stops_every_rank(fit_function):
         if kwargs.get("comm") is None:
             return fit_function(*args, **kwargs)
         from .distributed import Distributed
-        dist = Distributed(kwargs["comm"], kwargs.get("shard_optimizer", False))
-        try:
+        with Distributed(kwargs["comm"], kwargs.get("shard_optimizer", False)).reporting("fit"):
             return fit_function(*args, **kwargs)
-        except BaseException as e:
-            dist.report(e, "fit")
-            raise
     return wrapper
 
 

@@ -354,3 +354,37 @@ def test_parts_bad_arguments():
     out = run_ranks(2, lambda c: go.fit(model, ds, go.LossType.CROSS_ENTROPY, comm=c,
                                         nbatch_logical=60, dataset_is_part=1))
     assert all(isinstance(e, TypeError) and "dataset_is_part" in str(e) for _, e in out)
+
+
+def test_optcontext_load_on_other_ranks(tmp_path):
+    path = str(tmp_path / "ctx.npz")
+
+    def train_and_save(comm):
+        model, ds = make_problem(0)
+        ctx = go.OptContext(model, batch_size=10, ne_datapoint=13,
+                            loss_type=go.LossType.CROSS_ENTROPY, opt_period=6, comm=comm,
+                            shard_optimizer=True)
+        go.epoch(ctx, ds, None, None, 240)
+        ctx.save(path)
+        return ctx.state_dict()
+
+    saved = results(2, train_and_save)[0]
+
+    def load(comm):
+        model, _ = make_problem(7)
+        return go.OptContext.load(path, model, comm=comm).state_dict()
+
+    for sd in results(3, load):
+        for k in ("param.0", "adamw_m.2", "adamw_v.3"):
+            np.testing.assert_array_equal(sd[k], saved[k])
+        assert sd["iter"] == saved["iter"] == 5
+
+    # a rank that cannot read the checkpoint stops the others
+    def load_bad(comm):
+        model, _ = make_problem(7)
+        where = path if comm.Get_rank() == 0 else str(tmp_path / "missing.npz")
+        return go.OptContext.load(where, model, comm=comm)
+
+    out = run_ranks(2, load_bad)
+    assert isinstance(out[1][1], FileNotFoundError)
+    assert isinstance(out[0][1], distributed.RankFailed)
