@@ -2,9 +2,10 @@
 """ParamArena: every parameter of a model, its gradients and AdamW momenta in one
 aligned block, updated by one kernel call per optimizer step.
 
-Layout: consecutive sections of ``section`` floats (``size``, or ``min_section``, rounded up to 16,
-so each section starts on a 64-byte line): weights, gradients, then (for AdamW)
-the first and second moments.  Backward passes add into the gradients, so they
+Layout: consecutive sections of ``section`` floats (``size``, or
+``min_section`` when larger, rounded up to 16, so each section starts on a
+64-byte line): weights, gradients, then (for AdamW) the first and second
+moments.  Backward passes add into the gradients, so they
 accumulate over the physical batches of a logical batch in place (ggml's
 grad_accs) until the context zeroes them.
 
