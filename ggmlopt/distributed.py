@@ -19,29 +19,44 @@ Semantics, with P ranks:
 * Every rank starts from rank 0's parameters (a ``Bcast`` at construction and
   after ``load_state_dict``), steps on the same summed gradient, and so holds
   the same parameters bit for bit.
-* Each rank holds the same Dataset; shuffles come from the same seed, so every
-  rank computes the same permutation (checked at each epoch's start).  In epoch,
-  logical batch j is physical batches ``j*opt_period ...`` of the permuted data,
-  rank r taking the r-th run of ``opt_period / P`` of them; validation batches go
-  round robin.  Results are summed over the ranks (loss sums and sums of
-  squares, batches, datapoints, ncorrect), so the Results, the History and
-  rank 0's progress bar show the whole dataset; ``Result.pred()`` keeps this
-  rank's predictions only.
+* Data, two ways.  By default each rank holds the same Dataset; shuffles come
+  from the same seed, so every rank computes the same permutation (checked at
+  each epoch's start).  In epoch, logical batch j is physical batches
+  ``j*opt_period ...`` of the permuted data, rank r taking the r-th run of
+  ``opt_period / P`` of them; validation batches go round robin.  This gives the
+  single-process result up to float rounding, and costs the whole dataset's
+  memory on every rank.  ``fit(..., dataset_is_part=True)``: each rank passes
+  only its own part (the same number of datapoints on each), 1/P of the memory;
+  a logical batch takes ``nbatch_logical / P`` datapoints from every part, each
+  part is shuffled by the shared generator (the same permutation of its own
+  shard indices on every rank) and validates on its last ``val_split``.  The
+  batches then differ from one process's (they equal them only when nothing is
+  shuffled), and a checkpoint resumes on the same number of ranks.
+* Results are summed over the ranks (loss sums and sums of squares, batches,
+  datapoints, ncorrect), so the Results, the History and rank 0's progress bar
+  show the whole dataset; ``Result.pred()`` keeps this rank's predictions only.
+  In an epoch over several ranks the callbacks run once per optimizer step and
+  once after the validation.
 * ``shard_optimizer=True``: the gradients are reduce-scattered over P equal
   shards of the arena, each rank clips (the global norm is summed over the
   ranks) and steps its shard and keeps only that shard's AdamW moments, then the
   parameters are all-gathered: optimizer memory per rank falls by P; the same
   bytes cross the network as with the Allreduce.  ``state_dict``/``save`` then
-  gather the moments: every rank must call them.
+  gather the moments: every rank must call them.  Unsharded, ``ctx.grad_acc``
+  shows the summed gradient after a step (as with one process); sharded, it
+  keeps this rank's own gradient, since the sum exists only shard by shard.
 * Only rank 0 prints (fit) and writes checkpoints (fit, ``ctx.save``); every
-  rank reads the checkpoint to resume (it must be visible to all of them), and a
-  checkpoint written by any number of ranks resumes on any other.
+  rank reads the checkpoint to resume (fit, ``OptContext.load(..., comm=)``; it
+  must be visible to all of them), and a checkpoint written by any number of
+  ranks resumes on any other.
 * A failure on one rank (bad input, a NaN loss, a failing callback) inside fit,
-  epoch, the context's construction, ``load_state_dict`` or ``save`` makes
-  every other rank raise RankFailed at the next collective instead of hanging:
-  each collective is preceded by an agreement (an ``Allgather`` of a short
-  status per rank).  Elsewhere, run scripts with ``python -m mpi4py script.py``,
-  which aborts every rank when one raises.
+  epoch, the context's construction, ``OptContext.load``, ``load_state_dict``
+  or ``save`` makes every other rank raise RankFailed at the next collective
+  instead of hanging: each collective is preceded by an agreement (an
+  ``Allgather`` of a short status per rank, naming the failing rank and its
+  error).  A hand-written loop of ``alloc``/``eval`` has no such guard: run it
+  with ``python -m mpi4py script.py``, which aborts every rank when one raises
+  (the mnist example installs the same abort).
 """
 from __future__ import annotations
 
