@@ -56,6 +56,17 @@ def main():
         times.append(time.perf_counter() - t0)
         if dist is not None:
             exchange.append(float(np.median(dist.exchange_times)))
+    floor = 0.0
+    if comm is not None:  # the bare Allreduce of the gradient section, ranks in step
+        from mpi4py import MPI
+        g = ctx.arena.flat("grads").copy()
+        ts = []
+        for _ in range(40):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            comm.Allreduce(MPI.IN_PLACE, g, op=MPI.SUM)
+            ts.append(time.perf_counter() - t0)
+        floor = float(np.median(ts))
     rank = 0 if comm is None else comm.Get_rank()
     if rank == 0:
         nsteps = NDATA // NBATCH_LOGICAL
@@ -64,6 +75,7 @@ def main():
             "shard": args.shard, "epoch_s": min(times),
             "step_ms": 1e3 * min(times) / nsteps,
             "exchange_ms": 1e3 * min(exchange) if exchange else 0.0,
+            "allreduce_ms": 1e3 * floor,
             "optimizer_bytes": distributed.optimizer_state_nbytes(ctx),
             "parameters": ctx.arena.size, "loss": result.loss()[0],
         }))

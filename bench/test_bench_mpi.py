@@ -51,7 +51,8 @@ def test_mpi_epoch():
     for name, got in best.items():
         share = got["exchange_ms"] / got["step_ms"]
         print(f"{name:30s} epoch {got['epoch_s']:.3f} s, step {got['step_ms']:.2f} ms, "
-              f"exchange {got['exchange_ms']:.3f} ms ({100 * share:.1f}% of the step), "
+              f"exchange {got['exchange_ms']:.3f} ms ({100 * share:.1f}% of the step; bare "
+              f"Allreduce {got['allreduce_ms']:.3f} ms), "
               f"optimizer state {got['optimizer_bytes'] / 1e6:.3f} MB per rank")
     two, one = best["2 ranks x 1 thread"], best["1 process x 2 threads"]
     sharded = best["2 ranks x 1 thread, sharded"]
