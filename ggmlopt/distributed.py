@@ -70,7 +70,7 @@ import time
 import numpy as np
 
 from . import kernels
-from .optim_params import OptimizerType
+from .optim_params import BuildType, OptimizerType
 from .result import Result
 
 __all__ = ["Distributed", "RankFailed", "local_ranks", "optimizer_state_nbytes",
@@ -233,7 +233,9 @@ class Distributed:
         ctx._dist = self
 
         def agreed(c):
-            self.evals_per_step = self.check_opt_period(c.opt_period)
+            # only an optimizer step is shared; other contexts evaluate their own batches
+            self.evals_per_step = (self.check_opt_period(c.opt_period)
+                                   if c.build_type == BuildType.OPT else c.opt_period)
             if before_taking is not None:
                 before_taking(c)
             self.agree(None, "OptContext")
@@ -343,6 +345,10 @@ class Distributed:
                 raise ValueError(f"idata_split: with several ranks it must end a logical "
                                  f"batch ({local} x {ctx.batch_size} datapoints), got "
                                  f"{idata_split}")
+            if ibatch_split > 0 and ctx.build_type != BuildType.OPT:
+                raise RuntimeError(f"epoch: with several ranks training needs a context built "
+                                   f"for OPT (this one: {ctx.build_type.name}); evaluate with "
+                                   "idata_split=0")
             if ctx.opt_i != 0:
                 raise RuntimeError("epoch: the context is inside a logical batch (opt_i="
                                    f"{ctx.opt_i}); with several ranks an epoch starts one")

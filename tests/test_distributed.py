@@ -388,3 +388,28 @@ def test_optcontext_load_on_other_ranks(tmp_path):
     out = run_ranks(2, load_bad)
     assert isinstance(out[1][1], FileNotFoundError)
     assert isinstance(out[0][1], distributed.RankFailed)
+
+
+def test_forward_context_evaluates_over_the_ranks():
+    # an evaluation context (FORWARD, opt_period 1) splits the batches over 3 ranks
+    model, ds = make_problem(0)
+    ctx = go.OptContext(model, batch_size=10, ne_datapoint=13,
+                        loss_type=go.LossType.CROSS_ENTROPY, build_type=go.BuildType.FORWARD)
+    ref = go.Result()
+    go.epoch(ctx, ds, None, ref, 0)
+
+    def on_rank(comm):
+        model, ds = make_problem(0)
+        ctx = go.OptContext(model, batch_size=10, ne_datapoint=13,
+                            loss_type=go.LossType.CROSS_ENTROPY,
+                            build_type=go.BuildType.FORWARD, comm=comm)
+        res = go.Result()
+        go.epoch(ctx, ds, None, res, 0)
+        with pytest.raises(RuntimeError, match="training needs a context built for OPT"):
+            go.epoch(ctx, ds, None, None, 10)
+        return res.ndata, res.loss(), res.accuracy()
+
+    for ndata, loss, acc in results(3, on_rank):
+        assert ndata == 360
+        np.testing.assert_allclose(loss, ref.loss(), rtol=1e-6)
+        assert acc == ref.accuracy()
