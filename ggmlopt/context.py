@@ -494,7 +494,7 @@ class OptContext:
         name, shape, dtype and setting; on any mismatch raise and change nothing."""
         if self._dist is not None:  # many processes: every rank loads, rank 0's values win
             self._dist.load_state_dict(
-                self, lambda: checkpoint.load_context_state_dict(self, state_dict))
+                self, state_dict, lambda: checkpoint.load_context_state_dict(self, state_dict))
         else:
             checkpoint.load_context_state_dict(self, state_dict)
 

@@ -317,9 +317,14 @@ class Distributed:
         self.m[:self.n] = full["m"][self.lo:self.lo + self.n]
         self.v[:self.n] = full["v"][self.lo:self.lo + self.n]
 
-    def load_state_dict(self, ctx, load):
+    def load_state_dict(self, ctx, sd, load):
         """ctx.load_state_dict on every rank, agreed, then rank 0's values win."""
         with self.agreement("load_state_dict"):
+            opt_i = sd.get("opt_i", 0) if hasattr(sd, "get") else 0
+            if self.size > 1 and isinstance(opt_i, (int, np.integer)) and opt_i != 0:
+                # a logical batch half done on one process has no share per rank
+                raise ValueError(f"state_dict['opt_i']: with {self.size} ranks a state must be "
+                                 f"saved between logical batches (opt_i=0), got {opt_i}")
             load()
         self.broadcast_state(ctx)
 

@@ -413,3 +413,25 @@ def test_forward_context_evaluates_over_the_ranks():
         assert ndata == 360
         np.testing.assert_allclose(loss, ref.loss(), rtol=1e-6)
         assert acc == ref.accuracy()
+
+
+def test_a_state_inside_a_logical_batch_does_not_load_on_several_ranks():
+    model, ds = make_problem(0)
+    ctx = go.OptContext(model, batch_size=10, ne_datapoint=13,
+                        loss_type=go.LossType.CROSS_ENTROPY, opt_period=6)
+    ctx.alloc(True)
+    ds.get_batch(ctx.inputs, ctx.labels, 0)
+    ctx.eval()
+    sd = ctx.state_dict()
+    assert sd["opt_i"] == 1
+
+    def on_rank(comm):
+        model, _ = make_problem(0)
+        c = go.OptContext(model, batch_size=10, ne_datapoint=13,
+                          loss_type=go.LossType.CROSS_ENTROPY, opt_period=6, comm=comm)
+        before = c.state_dict()
+        with pytest.raises(ValueError, match="saved between logical batches"):
+            c.load_state_dict(sd)
+        assert c.opt_i == 0 and np.array_equal(c.state_dict()["param.0"], before["param.0"])
+
+    results(2, on_rank)
