@@ -4,7 +4,7 @@ Datasets split into shards, an optimizer context with AdamW and SGD, four loss
 types, gradient accumulation, result statistics, epochs and ``fit`` with a
 progress bar, on SIMD kernels (scalar, AVX2+FMA, NEON) picked at run time.
 """
-from . import checkpoint, clipping, datasets, io, nn, schedules
+from . import checkpoint, clipping, datasets, distributed, io, nn, schedules
 from ._runtime import get_include, show_config
 from .context import OptContext
 from .dataset import Dataset
@@ -43,6 +43,7 @@ __all__ = [
                            "constant_optimizer_params",
                            "datasets",
                            "default_optimizer_params",
+                           "distributed",
                            "epoch",
                            "evaluate",
                            "fit",

@@ -2,9 +2,10 @@
 """ParamArena: every parameter of a model, its gradients and AdamW momenta in one
 aligned block, updated by one kernel call per optimizer step.
 
-Layout: consecutive sections of ``section`` floats (``size`` rounded up to 16,
-so each section starts on a 64-byte line): weights, gradients, then (for AdamW)
-the first and second moments.  Backward passes add into the gradients, so they
+Layout: consecutive sections of ``section`` floats (``size``, or
+``min_section`` when larger, rounded up to 16, so each section starts on a
+64-byte line): weights, gradients, then (for AdamW) the first and second
+moments.  Backward passes add into the gradients, so they
 accumulate over the physical batches of a logical batch in place (ggml's
 grad_accs) until the context zeroes them.
 
@@ -27,17 +28,21 @@ _SECTIONS = ("weights", "grads", "m", "v")
 
 
 cdef class ParamArena:
-    """ParamArena(size, momenta=False)
+    """ParamArena(size, momenta=False, min_section=0)
 
     size: parameter elements (>= 1).  momenta: keep AdamW's m and v.
+    min_section: floats per section at least (ggmlopt.distributed pads the
+    sections so that P equal shards cover them); the padding stays zero.
     All sections start zeroed.
     """
 
-    def __cinit__(self, int64_t size, bint momenta=False):
+    def __cinit__(self, int64_t size, bint momenta=False, int64_t min_section=0):
         if size < 1:
             raise ValueError(f"size: expected at least 1 parameter element, got {size}")
+        if min_section < 0:
+            raise ValueError(f"min_section: expected >= 0, got {min_section}")
         self.size = size
-        self.section = (size + 15) // 16 * 16
+        self.section = (max(size, min_section) + 15) // 16 * 16
         self.momenta = momenta
         cdef int64_t nsections = 2 + (2 if momenta else 0)
         self._buf = AlignedBuffer(nsections * self.section * sizeof(float))
@@ -108,6 +113,11 @@ cdef class ParamArena:
     def flat(self, str which):
         """The whole section `which` as a flat float32 view of `size` elements."""
         return self.view(which, 0, (self.size,))
+
+    def padded(self, str which):
+        """The whole section `which`, padding included: a flat float32 view of
+        `section` elements (collectives over equal shards of the arena)."""
+        return self._buf.view(np.float32, (self.section,), self._offset(which))
 
     def zero_grads(self):
         """Zero the per-batch gradient."""

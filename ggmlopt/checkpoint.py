@@ -234,7 +234,7 @@ class _Layout:
         shapes = [g.shape for g in ctx._grads]
         lay = cls(ctx.loss_type, ctx.optimizer_type, ctx.build_type, ctx.opt_period, shapes,
                   type(ctx.rng.bit_generator))
-        lay.momenta = bool(ctx.arena.momenta)
+        lay.momenta = bool(ctx.arena.momenta) or _sharded_moments(ctx)
         return lay
 
     def array_keys(self):
@@ -350,8 +350,11 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
     in_force = ctx._opt_pars_in_force
     for j, name in enumerate(_OPT_PAR_NAMES[lay.optimizer]):
         sd[name] = float("nan") if in_force is None else float(in_force[j])
+    moments = None
+    if _sharded_moments(ctx):  # many processes: the moments are gathered from every rank
+        moments = ctx._dist.gather_moments(ctx.arena.size)
     for key, _ in lay.array_keys():
-        sd[key] = _section_view(ctx, key).copy()
+        sd[key] = _section_view(ctx, key, moments).copy()
     # whether a layer overwrites or adds into a gradient decides the sign of its zeros
     sd["grad_is_zero"] = np.array([getattr(p, "grad_is_zero", False) for p in ctx._params],
                                   dtype=np.int8)
@@ -362,12 +365,23 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
 _SECTION_OF = {"param": "weights", "grad": "grads", "adamw_m": "m", "adamw_v": "v"}
 
 
-def _section_view(ctx, key):
+def _sharded_moments(ctx):
+    """Whether ctx's AdamW moments are sharded over ranks (ggmlopt.distributed)."""
+    dist = getattr(ctx, "_dist", None)
+    return dist is not None and dist.m is not None
+
+
+def _section_view(ctx, key, moments=None):
+    """The part of key (e.g. "grad.3") in ctx's arena, or in moments (full
+    'm' and 'v' arrays standing in for sharded ones)."""
     section, i = key.split(".")
     i = int(i)
     shapes = [g.shape for g in ctx._grads]
     offset = sum(math.prod(s) for s in shapes[:i])  # parameters sit back to back
-    return ctx.arena.view(_SECTION_OF[section], offset, shapes[i])
+    which = _SECTION_OF[section]
+    if moments is not None and which in moments:
+        return moments[which][offset:offset + math.prod(shapes[i])].reshape(shapes[i])
+    return ctx.arena.view(which, offset, shapes[i])
 
 
 def load_context_state_dict(ctx: OptContext, sd: Mapping[str, Any]) -> None:
@@ -378,8 +392,13 @@ def load_context_state_dict(ctx: OptContext, sd: Mapping[str, Any]) -> None:
     lay = _Layout.of(ctx)
     (it, opt_i, last), in_force, rng_state = _validate(sd, lay)
     # from here on nothing can fail
+    moments = None
+    if _sharded_moments(ctx):  # many processes: each rank keeps its shard of the moments
+        moments = {s: np.empty(ctx.arena.size, np.float32) for s in ("m", "v")}
     for key, _ in lay.array_keys():
-        np.copyto(_section_view(ctx, key), sd[key])
+        np.copyto(_section_view(ctx, key, moments), sd[key])
+    if moments is not None:
+        ctx._dist.set_moments(moments)
     ctx.iter = it
     ctx.opt_i = opt_i
     ctx._build_type = last
@@ -402,7 +421,7 @@ def split_fit_entries(sd: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any,
                  get_opt_pars: Callable[[Any], OptimizerParams], get_opt_pars_ud: Any,
-                 clip_grad_norm: float | None) -> OptContext:
+                 clip_grad_norm: float | None, **dist: Any) -> OptContext:
     """OptContext.load: a context for model with the checkpoint's settings and state."""
     sd = load_state(path)
     ctx_sd, _ = split_fit_entries(sd)
@@ -448,7 +467,7 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
               optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=get_opt_pars_ud,
               seed=np.random.Generator(bg_type()), clip_grad_norm=clip_grad_norm,
               class_labels=bool(_get_int(ctx_sd, "class_labels")) if "class_labels" in ctx_sd
-              else False)
+              else False, **dist)
     ctx.load_state_dict(ctx_sd)
     return ctx
 
@@ -697,7 +716,10 @@ class FitCheckpoint:
         sd["fit.permutation"] = np.asarray(dataset.permutation, dtype=np.int64)
         sd["fit.history"] = np.array(history_rows, dtype=np.float64).reshape(
             len(history_rows), HISTORY_COLUMNS)
-        save_state(self.path, sd)
+        if getattr(ctx, "_dist", None) is not None:  # many processes: rank 0 writes
+            ctx._dist.save(self.path, sd, save_state)
+        else:
+            save_state(self.path, sd)
 
 
 def fit_seed_id(seed: Any) -> int:

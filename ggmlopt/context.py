@@ -84,7 +84,7 @@ class OptContext:
     """OptContext(model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
     build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
     get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None,
-    clip_grad_norm=None, *, class_labels=False)
+    clip_grad_norm=None, comm=None, shard_optimizer=False, *, class_labels=False)
 
     model: any object with parameters() (Parameters: float32 .data and .grad),
     forward(x) (batch, ne_datapoint) -> (batch, ne_out) and backward(grad_out).
@@ -118,6 +118,12 @@ class OptContext:
     clip_grad_norm: None, or a float > 0: before every optimizer step the
     gradient is clipped to that global L2 norm (see ggmlopt.clipping).
 
+    comm: None, or an mpi4py communicator (data-parallel training over its ranks:
+    opt_period counts the physical batches of a logical batch over all ranks and
+    must be a multiple of their number; see ggmlopt.distributed).
+    shard_optimizer: with comm, each rank keeps only its shard of the AdamW
+    moments (optimizer memory per rank falls by the number of ranks).
+
     Checkpoints: ``state_dict()`` / ``load_state_dict(sd)``, ``save(path)`` /
     ``OptContext.load(path, model)`` (see ggmlopt.checkpoint).
     """
@@ -128,7 +134,23 @@ class OptContext:
                  optimizer: OptimizerType | int | str = OptimizerType.ADAMW,
                  get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
                  get_opt_pars_ud: Any = None, seed: int | np.random.Generator | None = None,
-                 clip_grad_norm: float | None = None, *, class_labels: bool = False) -> None:
+                 clip_grad_norm: float | None = None, comm: Any = None,
+                 shard_optimizer: bool = False, *, class_labels: bool = False) -> None:
+        args = (model, batch_size, ne_datapoint, loss_type, build_type, opt_period, optimizer,
+                get_opt_pars, get_opt_pars_ud, seed, clip_grad_norm, class_labels)
+        before_taking = _BEFORE_TAKING.get()
+        self._dist: Any = None   # ggmlopt.distributed.Distributed with comm
+        if comm is None and shard_optimizer is False:
+            OptContext._init(self, *args, _before_taking=before_taking)
+        else:  # many processes: ggmlopt.distributed wraps the construction
+            from .distributed import Distributed
+            Distributed(comm, shard_optimizer).init_context(self, OptContext._init, args,
+                                                            before_taking)
+
+    def _init(self, model: Any, batch_size: Any, ne_datapoint: Any, loss_type: Any,
+              build_type: Any, opt_period: Any, optimizer: Any, get_opt_pars: Any,
+              get_opt_pars_ud: Any, seed: Any, clip_grad_norm: Any, class_labels: Any, *,
+              _before_taking: Callable[[OptContext], object] | None = None) -> None:
         for method in ("parameters", "forward", "backward"):
             if not callable(getattr(model, method, None)):
                 raise TypeError(f"model: {type(model).__name__} has no {method}() method; a "
@@ -187,9 +209,8 @@ class OptContext:
             self._make_batch_buffers(batch_size, self._ne_out)
 
         protocol = TrainingProtocol(model)   # reads the module tree, changes nothing
-        before_taking = _BEFORE_TAKING.get()
-        if before_taking is not None:  # a caller's last check (fit: the dataset)
-            before_taking(self)
+        if _before_taking is not None:  # a caller's last check (fit: the dataset)
+            _before_taking(self)
         # from here on nothing can fail: take the parameters
         self.model = model
         self._training_protocol = protocol
@@ -202,6 +223,7 @@ class OptContext:
 
         self.iter = 1
         self.opt_i = 0
+        self._evals_per_step = self._opt_period  # on this rank (ggmlopt.distributed)
         self._build_type = self._built   # of the last alloc; ggml starts at the built type
         self._eval_ready = False
         self.outputs: np.ndarray | None = None
@@ -239,8 +261,12 @@ class OptContext:
         return params
 
     def _build_arena(self, params):
+        size = sum(p.data.size for p in params)
         momenta = self._built == BuildType.OPT and self._optimizer == OptimizerType.ADAMW
-        arena = ParamArena(sum(p.data.size for p in params), momenta)
+        min_section = 0
+        if self._dist is not None:  # many processes: sharded moments live in self._dist
+            momenta, min_section = self._dist.arena_layout(size, momenta)
+        arena = ParamArena(size, momenta, min_section)
         start = 0
         for p in params:
             shape = p.data.shape
@@ -390,7 +416,7 @@ class OptContext:
         if self._eval_ready:
             raise RuntimeError("alloc: already called; call eval() before the next alloc()")
         if backward:
-            bt = BuildType.OPT if (self.opt_i + 1) % self._opt_period == 0 else BuildType.GRAD
+            bt = BuildType.OPT if (self.opt_i + 1) % self._evals_per_step == 0 else BuildType.GRAD
         else:
             bt = BuildType.FORWARD
         if bt > self._built:
@@ -404,8 +430,8 @@ class OptContext:
         # its OPT graph computes gradients afresh.  A GRAD context accumulates until
         # reset().
         if self._built == BuildType.OPT and self.opt_i == 0 and (
-                (self._build_type == BuildType.OPT and self._opt_period > 1)
-                or (self._opt_period == 1 and backward)):
+                (self._build_type == BuildType.OPT and self._evals_per_step > 1)
+                or (self._evals_per_step == 1 and backward)):
             self._zero_grads()
         self._build_type = bt
         self._eval_ready = True
@@ -423,6 +449,8 @@ class OptContext:
         self._zero_grads()
         if optimizer:
             self.arena.zero_momenta()
+            if self._dist is not None:  # sharded moments
+                self._dist.zero_moments()
             self.iter = 1
 
     def _batch(self, inputs, labels):
@@ -542,15 +570,20 @@ class OptContext:
             arena = self.arena
             self.model.backward(grad)
             if step is not None:
-                if self._clip_grad_norm is not None:
+                # many processes: ggmlopt.distributed sums the gradients over the ranks;
+                # with a sharded optimizer it also clips and steps (stepped is True)
+                stepped = self._dist is not None and self._dist.step(self, step)
+                if self._clip_grad_norm is not None and not stepped:
                     self.grad_norm = arena.clip_grad_norm(self._clip_grad_norm)
                 self._opt_pars_in_force = step[:5]  # without the bias corrections
-                if self._optimizer == OptimizerType.ADAMW:
+                if stepped:
+                    pass
+                elif self._optimizer == OptimizerType.ADAMW:
                     arena.adamw_step(*step)
                 else:
                     arena.sgd_step(*step)
                 self.iter += 1
-        self.opt_i = (self.opt_i + 1) % self._opt_period
+        self.opt_i = (self.opt_i + 1) % self._evals_per_step
         self._eval_ready = False
 
         self.outputs = out
@@ -572,22 +605,37 @@ class OptContext:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Copy a state_dict() into this context's own buffers after checking every
         name, shape, dtype and setting; on any mismatch raise and change nothing."""
-        checkpoint.load_context_state_dict(self, state_dict)
+        if self._dist is not None:  # many processes: every rank loads, rank 0's values win
+            self._dist.load_state_dict(
+                self, state_dict, lambda: checkpoint.load_context_state_dict(self, state_dict))
+        else:
+            checkpoint.load_context_state_dict(self, state_dict)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write state_dict() to path as one .npz file, atomically (a crash leaves
-        the previous file intact)."""
-        checkpoint.save_state(path, self.state_dict())
+        the previous file intact).  With comm, every rank calls it; rank 0 writes."""
+        if self._dist is not None:  # many processes
+            self._dist.save(path, self.state_dict(), checkpoint.save_state)
+        else:
+            checkpoint.save_state(path, self.state_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], model: Any,
              get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
-             get_opt_pars_ud: Any = None, clip_grad_norm: float | None = None) -> OptContext:
+             get_opt_pars_ud: Any = None, clip_grad_norm: float | None = None,
+             comm: Any = None, shard_optimizer: bool = False) -> OptContext:
         """A context for model, built with the settings saved in the checkpoint at
         path and holding its state.  model's parameters must have the saved shapes
-        (checked before the model is touched)."""
-        return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
-                                       clip_grad_norm)
+        (checked before the model is touched).  comm, shard_optimizer: as for the
+        constructor (every rank reads path; a checkpoint of any number of ranks)."""
+        if comm is None and shard_optimizer is False:
+            return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
+                                           clip_grad_norm)
+        from .distributed import Distributed  # many processes: a failing rank stops all
+        with Distributed(comm, shard_optimizer).reporting("OptContext.load"):
+            return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
+                                           clip_grad_norm, comm=comm,
+                                           shard_optimizer=shard_optimizer)
 
     def _loss(self, out, labels, grad):
         """The float32 loss as ggml computes it; grad (if given) receives d loss / d out."""

@@ -151,6 +151,26 @@ class Result:
             unc = math.nan
         return acc, unc
 
+    # ---- many processes (ggmlopt.distributed sums these over the ranks) ----------------
+
+    def _totals(self):
+        """(ndata, nbatches, loss sum, loss sum of squares, ncorrect or -1)."""
+        return (self._ndata, self._nbatches, self._sum, self._sum_sq, self._ncorrect)
+
+    def _set_totals(self, totals, ctx):
+        """Take totals (as _totals, summed over ranks) for evals of ctx's kind;
+        a negative ncorrect means some eval had none."""
+        ndata, nbatches, total, total_sq, ncorrect = totals
+        self._ndata = round(float(ndata))
+        self._nbatches = round(float(nbatches))
+        self._sum = float(total)
+        self._sum_sq = float(total_sq)
+        self._ncorrect = round(float(ncorrect)) if ncorrect >= 0 else -1
+        if self._nbatches:
+            self._batch = ctx.batch_size
+            self._per_datapoint = ctx.loss_per_datapoint
+            self._opt_period = ctx.opt_period
+
     def pred(self) -> np.ndarray:
         """The predictions of every eval in order, int32 (a copy)."""
         return self._pred[:self._npred].copy()

@@ -1,6 +1,7 @@
 """epoch and fit: ggml's ggml_opt_epoch and ggml_opt_fit, and the History fit returns."""
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import os
@@ -116,17 +117,8 @@ def _eval_batch(ctx: OptContext, dataset: Dataset, result: Result | None, ibatch
         raise
 
 
-def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
-          result_eval: Result | None = None, idata_split: int = -1,
-          callback_train: EpochCallback | None = None,
-          callback_eval: EpochCallback | None = None) -> None:
-    """One pass over the dataset, as ggml_opt_epoch: the batches before idata_split
-    train (alloc(True)), the rest are evaluated (alloc(False)), in the dataset's
-    permuted order.  idata_split < 0 (the default): every datapoint trains and
-    result_eval stays empty ("no batches"); otherwise a multiple of the batch
-    size, at most ndata.  callback(train, ctx, dataset, result,
-    ibatch (1-based), ibatch_max, t_start_us) runs after every batch.
-    Needs a static context (batch_size given)."""
+def _epoch_plan(ctx, dataset, result_train, result_eval, idata_split):
+    """epoch's argument checks: (physical batches, the first validation batch)."""
     if not isinstance(ctx, OptContext):
         raise TypeError(f"ctx: expected an OptContext, got {type(ctx).__name__}")
     if not ctx.static_graphs:
@@ -147,7 +139,30 @@ def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
     if idata_split % batch != 0 or idata_split > ndata:
         raise ValueError(f"idata_split: expected a multiple of the batch size {batch} "
                          f"at most ndata={ndata}, got {idata_split}")
-    ibatch_split = idata_split // batch
+    return nbatches, idata_split // batch
+
+
+def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
+          result_eval: Result | None = None, idata_split: int = -1,
+          callback_train: EpochCallback | None = None,
+          callback_eval: EpochCallback | None = None) -> None:
+    """One pass over the dataset, as ggml_opt_epoch: the batches before idata_split
+    train (alloc(True)), the rest are evaluated (alloc(False)), in the dataset's
+    permuted order.  idata_split < 0 (the default): every datapoint trains and
+    result_eval stays empty ("no batches"); otherwise a multiple of the batch
+    size, at most ndata.  callback(train, ctx, dataset, result,
+    ibatch (1-based), ibatch_max, t_start_us) runs after every batch.
+    Needs a static context (batch_size given).
+
+    A context with comm runs its ranks' parts of the epoch (ggmlopt.distributed):
+    the callbacks then run after every optimizer step and once after the
+    validation, with statistics summed over the ranks, and both Results end
+    holding the numbers of the whole dataset."""
+    dist = getattr(ctx, "_dist", None)
+    if dist is not None:  # many processes: each rank its part of the batches
+        return dist.epoch(_epoch_plan, _eval_batch, ctx, dataset, result_train, result_eval,
+                          idata_split, callback_train, callback_eval)
+    nbatches, ibatch_split = _epoch_plan(ctx, dataset, result_train, result_eval, idata_split)
 
     with blas_threads_for_training():
         _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, callback_eval,
@@ -298,7 +313,7 @@ def _check_split(ndata: int, nbatch_logical: int, val_split: float, idata_split:
             f"val_split: {val_split} of ndata={ndata} asks for {val_split * ndata:g} "
             f"validation datapoints; rounded to whole logical batches of {nbatch_logical} "
             f"it is {ndata_val} ({ndata_val / ndata:.4g} of the data, {nbatches - ntrain} of "
-            f"{nbatches} logical batches)", UserWarning, stacklevel=3)
+            f"{nbatches} logical batches)", UserWarning, stacklevel=4)
 
 
 def _check_schedule(get_opt_pars: Callable[[Any], OptimizerParams], nepoch: int,
@@ -320,6 +335,20 @@ def _check_schedule(get_opt_pars: Callable[[Any], OptimizerParams], nepoch: int,
                       f"training starts: {e}") from None
 
 
+def _stops_every_rank(fit_function):
+    """With comm=..., a failure on one rank makes every rank raise instead of
+    leaving the others waiting in a collective (ggmlopt.distributed)."""
+    @functools.wraps(fit_function)
+    def wrapper(*args, **kwargs):
+        if kwargs.get("comm") is None:
+            return fit_function(*args, **kwargs)
+        from .distributed import Distributed
+        with Distributed(kwargs["comm"], kwargs.get("shard_optimizer", False)).reporting("fit"):
+            return fit_function(*args, **kwargs)
+    return wrapper
+
+
+@_stops_every_rank
 def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
         nepoch: int = 1, nbatch_logical: int = 1, nbatch_physical: int | None = None,
@@ -327,7 +356,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         optimizer: OptimizerType | int | str = OptimizerType.ADAMW,
         seed: int | np.random.Generator | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
-        resume: bool = False, clip_grad_norm: float | None = None) -> History:
+        resume: bool = False, clip_grad_norm: float | None = None, *, comm: Any = None,
+        shard_optimizer: bool = False, dataset_is_part: bool = False) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
@@ -362,6 +392,20 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     checkpoint file without resume=True is overwritten (UserWarning); resuming
     refuses a checkpoint made with another dataset (ndata, datapoint and label
     sizes, ndata_shard) or another seed.
+    comm: None, or an mpi4py communicator: data-parallel training over its P
+    ranks (see ggmlopt.distributed).  Each rank passes the same arguments and
+    dataset; each logical batch is split over the ranks (nbatch_logical must be
+    a multiple of P * nbatch_physical), the gradients are summed once per
+    optimizer step, and every rank ends with the same parameters, equal to the
+    single-process run's up to float rounding.  The History holds the numbers of
+    the whole dataset on every rank; only rank 0 prints and writes the
+    checkpoint.  shard_optimizer: with comm, each rank keeps only its shard of
+    the AdamW moments.  dataset_is_part: with comm, each rank passes only its own
+    part of the data (the same number of datapoints on every rank, 1/P of the
+    memory): every logical batch takes nbatch_logical/P datapoints from each part,
+    each rank shuffles its part (the same permutation of its shard indices on
+    every rank) and validates on the last val_split of it; the numbers are those
+    of the whole data, and a checkpoint resumes on the same number of ranks.
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -375,6 +419,9 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     nbatch_logical = int_arg(nbatch_logical, "nbatch_logical", 1)
     nbatch_physical = nbatch_logical if nbatch_physical is None else \
         int_arg(nbatch_physical, "nbatch_physical", 1)
+    if dataset_is_part is not False:  # many processes: from here on, this rank's share
+        from .distributed import part_of_logical_batch
+        nbatch_logical = part_of_logical_batch(comm, dataset_is_part, nbatch_logical)
     data = getattr(dataset, "data", None)
     if not isinstance(data, np.ndarray) or data.ndim != 2:
         raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
@@ -395,10 +442,21 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         raise ValueError(f"val_split: expected 0 <= val_split < 1, got {val_split}")
 
     opt_period = nbatch_logical // nbatch_physical
+    if comm is not None:  # many processes: each rank its part of a logical batch
+        nranks = comm.Get_size()
+        if dataset_is_part:
+            opt_period *= nranks  # physical batches of a logical batch over all ranks
+        elif opt_period % nranks != 0:
+            raise ValueError(f"nbatch_logical: with {nranks} ranks each rank evaluates "
+                             f"nbatch_logical/{nranks} datapoints per step in physical batches "
+                             f"of nbatch_physical, so nbatch_logical must be a multiple of "
+                             f"{nranks} x nbatch_physical = {nranks * nbatch_physical}; got "
+                             f"nbatch_logical={nbatch_logical}")
+        silent = silent or comm.Get_rank() != 0  # rank 0 alone prints
     nbatches_logical = ndata // nbatch_logical
     # train <-> val split index (physical batches), in float32 as ggml computes it
     ibatch_split = int(np.float32(np.float32(1) - np.float32(val_split))
-                       * np.float32(nbatches_logical)) * opt_period
+                       * np.float32(nbatches_logical)) * (nbatch_logical // nbatch_physical)
     idata_split = ibatch_split * nbatch_physical
     _check_split(ndata, nbatch_logical, float(val_split), idata_split)
     _check_schedule(get_opt_pars, nepoch, ibatch_split // opt_period, optimizer)
@@ -431,7 +489,10 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
                          loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
                          optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                         seed=seed, clip_grad_norm=clip_grad_norm, class_labels=class_labels)
+                         seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
+                         shard_optimizer=shard_optimizer, class_labels=class_labels)
+    if comm is not None:
+        ctx._dist.parts = dataset_is_part
 
     history = History(val_split=float(val_split), ndata_train=idata_split,
                       ndata_val=ndata - idata_split)

@@ -56,3 +56,29 @@ def test_views_keep_memory_alive_and_check_bounds():
         b.adamw_step(1, 0, 0, 0, 0, 1, 1)
     with pytest.raises(ValueError):
         ParamArena(0)
+
+
+@pytest.mark.parametrize("n,min_section,expect", [(1, 0, 16), (17, 0, 32), (17, 5, 32),
+                                                  (17, 33, 48), (100, 112, 112), (1, 1, 16)])
+def test_min_section_pads_every_section(n, min_section, expect):
+    # ggmlopt.distributed pads the sections so that P equal shards cover them
+    a = ParamArena(n, True, min_section)
+    assert a.section == expect
+    for which in ("weights", "grads", "m", "v"):
+        padded = a.padded(which)
+        assert padded.shape == (expect,) and padded.ctypes.data % 64 == 0 and not padded.any()
+        assert np.shares_memory(padded, a.flat(which))
+        assert padded.ctypes.data == a.flat(which).ctypes.data
+    a.flat("grads")[...] = 1
+    a.sgd_step(0.5, 0.0)  # kernels never touch the padding
+    assert a.padded("weights")[n:].tolist() == [0.0] * (expect - n)
+    assert a.padded("weights")[:n].tolist() == [-0.5] * n
+
+
+def test_bad_min_section_and_padded_section():
+    with pytest.raises(ValueError, match="min_section"):
+        ParamArena(4, False, -1)
+    with pytest.raises(ValueError, match="no 'm' section"):
+        ParamArena(4, False, 32).padded("m")
+    with pytest.raises(ValueError, match="which"):
+        ParamArena(4).padded("bias")

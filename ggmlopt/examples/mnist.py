@@ -5,6 +5,7 @@
     python -m ggmlopt.examples.mnist --data DIR      # MNIST IDX files in DIR
     python -m ggmlopt.examples.mnist --save model.gguf --plot curves.png
     python -m ggmlopt.examples.mnist --load model.gguf   # evaluate, no training
+    mpiexec -n 2 python -m ggmlopt.examples.mnist --mpi   # data-parallel on 2 processes
 
 The models and settings are those of ggml's examples/mnist: cross-entropy,
 AdamW with ggml's defaults, 30 epochs, logical batches of 1000 in physical
@@ -23,6 +24,11 @@ steps to pass 95% within ggml's 30 epochs: 50 in physical batches of 10, 28
 steps an epoch).  Without scikit-learn it falls back to a synthetic 10-class
 dataset and says so.  --nbatch-logical / --nbatch-physical override the batch
 sizes.
+
+With ``--mpi`` (the ``mpi`` extra: ``pip install ggmlopt[mpi]``) every process
+started by mpiexec or srun trains its part of each logical batch
+(ggmlopt.distributed); each uses cores / processes-per-machine threads unless
+``--threads`` says otherwise, and only rank 0 prints.
 """
 from __future__ import annotations
 
@@ -156,6 +162,34 @@ def save_outputs(model, history, args):
     if args.plot:
         history.plot(args.plot)
         print(f"mnist: wrote the training curves to {args.plot}")
+def _physical_batch(nbatch_logical, nbatch_physical, nranks, shard):
+    """nbatch_physical, or the largest batch below it (a multiple of the shard size)
+    that splits a logical batch evenly over nranks; fit explains when none does."""
+    if nbatch_logical % (nranks * nbatch_physical) == 0 or nbatch_logical % nranks != 0:
+        return nbatch_physical
+    per_rank = nbatch_logical // nranks
+    fits = [b for b in range(shard, nbatch_physical + 1, shard) if per_rank % b == 0]
+    return max(fits) if fits else nbatch_physical
+
+
+def _mpi(threads):
+    """(comm, rank, nranks, threads) for --mpi; an uncaught error on one rank aborts all."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise SystemExit("mnist: --mpi needs mpi4py and an MPI: pip install ggmlopt[mpi]") \
+            from None
+    comm = MPI.COMM_WORLD
+    hook = sys.excepthook
+
+    def abort_all(*exc_info):  # without this the other ranks would wait forever
+        hook(*exc_info)
+        sys.stderr.flush()
+        comm.Abort(1)
+
+    sys.excepthook = abort_all
+    nthreads = go.distributed.set_rank_threads(threads, comm)
+    return comm, comm.Get_rank(), comm.Get_size(), nthreads
 
 
 def main(argv=None):
@@ -185,11 +219,24 @@ def main(argv=None):
                               "the test data instead of training")
     interop.add_argument("--plot", metavar="FILE.png",
                          help="write the training and validation curves; needs ggmlopt[plot]")
+    parser.add_argument("--mpi", action="store_true",
+                        help="data-parallel over the processes of mpiexec/srun (mpi extra)")
+    parser.add_argument("--shard-optimizer", action="store_true",
+                        help="with --mpi: each process keeps 1/P of AdamW's moments")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="kernel and BLAS threads per process (default with --mpi: "
+                             "cores / processes on the machine)")
     args = parser.parse_args(argv)
     if args.load and (args.save or args.plot):
         parser.error("--load evaluates a saved model: it trains nothing to --save or --plot")
     if args.save_f16 and (not args.save or getattr(args, "model", "fc") != "fc"):
         parser.error("--save-f16 goes with --save of mnist-fc (ggml's mnist-cnn is float32)")
+    comm, rank, nranks = None, 0, 1
+    if args.mpi:
+        comm, rank, nranks, nthreads = _mpi(args.threads)
+    elif args.threads is not None:
+        go.distributed.set_rank_threads(args.threads)
+    say = print if rank == 0 else (lambda *a, **k: None)
 
     if args.data:
         from ggmlopt.datasets import load_mnist
@@ -207,9 +254,15 @@ def main(argv=None):
         nbatch_logical, nbatch_physical = OFFLINE_BATCHES[args.model]
     nbatch_logical = args.nbatch_logical or nbatch_logical
     nbatch_physical = args.nbatch_physical or min(nbatch_physical, nbatch_logical)
-    print(f"mnist: dataset: {name}: {train.ndata} training, {test.ndata} test images")
+    nbatch_physical = _physical_batch(nbatch_logical, nbatch_physical, nranks,
+                                      train.ndata_shard)
+    if comm is not None:
+        say(f"mnist: {nranks} processes x {nthreads} threads, each evaluating "
+            f"{nbatch_logical // nranks} datapoints per step; gradients exchanged once per "
+            f"step{' (optimizer state sharded)' if args.shard_optimizer else ''}")
+    say(f"mnist: dataset: {name}: {train.ndata} training, {test.ndata} test images")
     make_model, description = MODELS[args.model]
-    print(f"mnist: model: {description}, AdamW, "
+    say(f"mnist: model: {description}, AdamW, "
           f"nbatch_logical={nbatch_logical}, nbatch_physical={nbatch_physical}, "
           f"{args.epochs} epochs, val_split=0.05")
     sys.stdout.flush()
@@ -218,17 +271,19 @@ def main(argv=None):
     if args.load:
         load_model(model, args.load, getattr(args, "model", "fc"))
     else:
+        mpi = {} if comm is None else {"comm": comm, "shard_optimizer": args.shard_optimizer}
         history = go.fit(model, train, go.LossType.CROSS_ENTROPY, go.default_optimizer_params,
                          nepoch=args.epochs, nbatch_logical=nbatch_logical,
                          nbatch_physical=nbatch_physical, val_split=0.05, silent=args.silent,
-                         seed=args.seed)
-        save_outputs(model, history, args)
+                         seed=args.seed, **mpi)
+        if rank == 0:
+            save_outputs(model, history, args)
 
     result = evaluate(model, test, nbatch_physical)
     loss, loss_unc = result.loss()
     acc, acc_unc = result.accuracy()
-    print(f"mnist: test_loss={loss:.6f}+-{loss_unc:.6f}")
-    print(f"mnist: test_acc={100 * acc:.2f}+-{100 * acc_unc:.2f}%")
+    say(f"mnist: test_loss={loss:.6f}+-{loss_unc:.6f}")  # every rank has the same model
+    say(f"mnist: test_acc={100 * acc:.2f}+-{100 * acc_unc:.2f}%")
     return loss, acc
 
 

@@ -22,13 +22,41 @@ from .conv import Conv2d
 from .dropout import Dropout
 from .init import kaiming_uniform
 from .linear import Linear
-from .module import (Module, eval_mode, modules, named_modules, named_parameters, set_rng,
-                     set_training)
+from .module import (
+                     Module,
+                     eval_mode,
+                     modules,
+                     named_modules,
+                     named_parameters,
+                     set_rng,
+                     set_training,
+)
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
 from .shape import Flatten, Reshape
 
-__all__ = ["AvgPool2d", "Conv2d", "Dropout", "Flatten", "GELU", "LeakyReLU", "Linear",
-           "MaxPool2d", "Module", "Parameter", "ReLU", "Reshape", "Sequential", "SiLU", "Sigmoid",
-           "Tanh", "eval_mode", "kaiming_uniform", "modules", "named_modules", "named_parameters",
-           "set_rng", "set_training"]
+__all__ = [
+                     "GELU",
+                     "AvgPool2d",
+                     "Conv2d",
+                     "Dropout",
+                     "Flatten",
+                     "LeakyReLU",
+                     "Linear",
+                     "MaxPool2d",
+                     "Module",
+                     "Parameter",
+                     "ReLU",
+                     "Reshape",
+                     "Sequential",
+                     "SiLU",
+                     "Sigmoid",
+                     "Tanh",
+                     "eval_mode",
+                     "kaiming_uniform",
+                     "modules",
+                     "named_modules",
+                     "named_parameters",
+                     "set_rng",
+                     "set_training",
+]

@@ -1,0 +1,483 @@
+"""Data-parallel training over MPI: one gradient exchange per optimizer step.
+
+``fit(..., comm=comm)`` and ``OptContext(..., comm=comm)`` take an mpi4py
+communicator (mpi4py is imported only then; ``pip install 'ggmlopt[mpi]'``) or
+any object with mpi4py's buffer methods ``Get_rank()``, ``Get_size()``,
+``Allreduce``, ``Bcast``, ``Reduce_scatter`` and ``Allgather`` (tests use a
+communicator of threads).
+
+Semantics, with P ranks:
+
+* A context's ``opt_period`` is the number of physical batches in one logical
+  batch over all ranks and must be a multiple of P: each rank evaluates
+  ``opt_period / P`` of them per optimizer step.  The losses keep ggml's scaling
+  by the whole ``opt_period``, so the gradients summed over the ranks (one
+  ``Allreduce`` of the arena's gradient section, 4 bytes x parameters) are the
+  single-process gradient of the logical batch; every rank then applies the same
+  step.  ``fit`` therefore needs ``nbatch_logical`` to be a multiple of
+  ``P * nbatch_physical`` (ValueError otherwise, naming the sizes that work).
+* Every rank starts from rank 0's parameters (a ``Bcast`` at construction and
+  after ``load_state_dict``), steps on the same summed gradient, and so holds
+  the same parameters bit for bit.
+* Data, two ways.  By default each rank holds the same Dataset; shuffles come
+  from the same seed, so every rank computes the same permutation (checked at
+  each epoch's start).  In epoch, logical batch j is physical batches
+  ``j*opt_period ...`` of the permuted data, rank r taking the r-th run of
+  ``opt_period / P`` of them; validation batches go round robin.  This gives the
+  single-process result up to float rounding, and costs the whole dataset's
+  memory on every rank.  ``fit(..., dataset_is_part=True)``: each rank passes
+  only its own part (the same number of datapoints on each), 1/P of the memory;
+  a logical batch takes ``nbatch_logical / P`` datapoints from every part, each
+  part is shuffled by the shared generator (the same permutation of its own
+  shard indices on every rank) and validates on its last ``val_split``.  The
+  batches then differ from one process's (they equal them only when nothing is
+  shuffled), and a checkpoint resumes on the same number of ranks.
+* Results are summed over the ranks (loss sums and sums of squares, batches,
+  datapoints, ncorrect), so the Results, the History and rank 0's progress bar
+  show the whole dataset; ``Result.pred()`` keeps this rank's predictions only.
+  In an epoch over several ranks the callbacks run once per optimizer step and
+  once after the validation.
+* ``shard_optimizer=True``: the gradients are reduce-scattered over P equal
+  shards of the arena, each rank clips (the global norm is summed over the
+  ranks) and steps its shard and keeps only that shard's AdamW moments, then the
+  parameters are all-gathered: optimizer memory per rank falls by P; the same
+  bytes cross the network as with the Allreduce.  ``state_dict``/``save`` then
+  gather the moments: every rank must call them.  Unsharded, ``ctx.grad_acc``
+  shows the summed gradient after a step (as with one process); sharded, it
+  keeps this rank's own gradient, since the sum exists only shard by shard.
+* Only rank 0 prints (fit) and writes checkpoints (fit, ``ctx.save``); every
+  rank reads the checkpoint to resume (fit, ``OptContext.load(..., comm=)``; it
+  must be visible to all of them), and a checkpoint written by any number of
+  ranks resumes on any other.
+* A failure on one rank (bad input, a NaN loss, a failing callback) inside fit,
+  epoch, the context's construction, ``OptContext.load``, ``load_state_dict``
+  or ``save`` makes every other rank raise RankFailed at the next collective
+  instead of hanging: each collective is preceded by an agreement (an
+  ``Allgather`` of a short status per rank, naming the failing rank and its
+  error).  A hand-written loop of ``alloc``/``eval`` has no such guard: run it
+  with ``python -m mpi4py script.py``, which aborts every rank when one raises
+  (the mnist example installs the same abort).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import math
+import os
+import time
+
+import numpy as np
+
+from . import kernels
+from .optim_params import BuildType, OptimizerType
+from .result import Result
+
+__all__ = ["Distributed", "RankFailed", "local_ranks", "optimizer_state_nbytes",
+           "set_rank_threads"]
+
+_COMM_METHODS = ("Get_rank", "Get_size", "Allreduce", "Bcast", "Reduce_scatter", "Allgather")
+_MSG = 256        # bytes of status per rank in an agreement
+_SHARD_ALIGN = 16  # floats: shards start on 64-byte lines, like the arena's sections
+
+
+class RankFailed(RuntimeError):
+    """Raised on every rank when another rank failed: training stops everywhere."""
+
+
+class Distributed:
+    """The collectives of one context over comm (see the module docstring).
+
+    comm: an mpi4py communicator or an object with its buffer methods.
+    shard_optimizer: shard the optimizer state over the ranks.
+    """
+
+    def __init__(self, comm, shard_optimizer=False):
+        if not isinstance(shard_optimizer, bool):
+            raise TypeError(f"shard_optimizer: expected a bool, got "
+                            f"{type(shard_optimizer).__name__}")
+        if comm is None:
+            raise ValueError("shard_optimizer: needs comm= (an mpi4py communicator); without "
+                             "one there is nothing to shard over")
+        missing = [m for m in _COMM_METHODS if not callable(getattr(comm, m, None))]
+        if missing:
+            raise TypeError(f"comm: expected an mpi4py communicator (or an object with its "
+                            f"methods {', '.join(_COMM_METHODS)}), got {type(comm).__name__} "
+                            f"without {', '.join(missing)}")
+        self.comm = comm
+        self.rank = int(comm.Get_rank())
+        self.size = int(comm.Get_size())
+        self.shard = shard_optimizer
+        self.parts = False  # fit(dataset_is_part=True): each rank's dataset is its own part
+        self._mpi = None
+        if type(comm).__module__.startswith("mpi4py"):
+            from mpi4py import MPI  # only here: the core never needs it
+            self._mpi = MPI
+        # filled by attach()
+        self.evals_per_step = None
+        self.chunk = self.lo = self.n = 0
+        self.m = self.v = self.g = None
+        # wall time of the recent gradient exchanges in seconds (bench/)
+        self.exchange_times = collections.deque(maxlen=4096)
+
+    # ---- raw collectives ------------------------------------------------------------
+
+    def _allreduce_sum(self, buf):
+        if self._mpi is not None:
+            self.comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+        else:
+            self.comm.Allreduce(buf.copy(), buf)
+
+    def _bcast(self, buf):
+        self.comm.Bcast(buf, root=0)
+
+    def _allgather(self, send, recv):
+        self.comm.Allgather(send, recv)
+
+    def _allgather_in_place(self, buf):
+        """Rank r's shard of buf (chunk floats at r*chunk) to every rank."""
+        if self._mpi is not None:
+            self.comm.Allgather(self._mpi.IN_PLACE, buf)
+        else:
+            self.comm.Allgather(buf[self.lo:self.lo + self.chunk].copy(), buf)
+
+    def _reduce_scatter(self, send, recv):
+        counts = [self.chunk] * self.size
+        if self._mpi is not None:
+            self.comm.Reduce_scatter(send, recv, counts, op=self._mpi.SUM)
+        else:
+            self.comm.Reduce_scatter(send, recv, counts)
+
+    # ---- agreements: a failure on one rank stops every rank ---------------------------
+
+    def agree(self, error=None, what="", token=""):
+        """Every rank's status to every rank.  error: this rank's exception (it
+        then returns, and the caller re-raises it).  Otherwise raises RankFailed
+        when another rank failed, and ValueError when the ranks' tokens differ."""
+        text = (f"E{type(error).__name__}: {error}" if error is not None else f"K{token}")
+        raw = text.encode("utf-8", "replace")[:_MSG]
+        send = np.zeros(_MSG, np.uint8)
+        send[:len(raw)] = np.frombuffer(raw, np.uint8)
+        recv = np.zeros((self.size, _MSG), np.uint8)
+        self._allgather(send, recv)
+        msgs = [bytes(row).rstrip(b"\0").decode("utf-8", "replace") for row in recv]
+        if error is not None:
+            return
+        failed = [(r, m[1:]) for r, m in enumerate(msgs) if m.startswith("E")]
+        if failed:
+            r, m = failed[0]
+            raise RankFailed(f"{what}: rank {r} of {self.size} failed ({m}); every rank stops")
+        if len(set(msgs)) > 1:
+            raise ValueError(f"{what}: the ranks disagree ({', '.join(msgs)}); every rank must "
+                             "hold the same dataset and use the same seed")
+
+    def report(self, error, what=""):
+        """Tell the other ranks that this rank failed (once per exception)."""
+        if isinstance(error, RankFailed) or getattr(error, "_ggmlopt_reported", False):
+            return
+        try:
+            error._ggmlopt_reported = True
+        except AttributeError:
+            pass
+        self.agree(error, what)
+
+    @contextlib.contextmanager
+    def reporting(self, what):
+        """Run a block whose failure on this rank the others must hear about."""
+        try:
+            yield
+        except BaseException as e:
+            self.report(e, what)
+            raise
+
+    @contextlib.contextmanager
+    def agreement(self, what):
+        """Run a block on every rank, then agree: a failure in the block on any
+        rank raises on every rank.  The yielded object's ``token`` (a str every
+        rank must share) is compared too."""
+        pact = _Pact()
+        try:
+            yield pact
+        except BaseException as e:
+            self.report(e, what)
+            raise
+        self.agree(None, what, pact.token)
+
+    # ---- the context ----------------------------------------------------------------
+
+    def arena_layout(self, size, momenta):
+        """(momenta, min_section) of the arena for size parameter elements:
+        sharded, the moments live here, one shard per rank, and the sections are
+        padded so that P shards of ``chunk`` floats cover them."""
+        self.chunk = -(-size // (self.size * _SHARD_ALIGN)) * _SHARD_ALIGN
+        self.lo = min(size, self.rank * self.chunk)
+        self.n = min(size, self.lo + self.chunk) - self.lo
+        if not self.shard:
+            return momenta, 0
+        self.g = np.zeros(self.chunk, np.float32)
+        if momenta:
+            self.m = np.zeros(self.chunk, np.float32)
+            self.v = np.zeros(self.chunk, np.float32)
+        return False, self.chunk * self.size
+
+    def check_opt_period(self, opt_period):
+        """Raise unless opt_period physical batches split evenly over the ranks."""
+        if opt_period % self.size != 0:
+            raise ValueError(f"opt_period: with {self.size} ranks each rank evaluates "
+                             f"opt_period/{self.size} physical batches per optimizer step, so "
+                             f"opt_period must be a multiple of {self.size}; got {opt_period}")
+        return opt_period // self.size
+
+    def init_context(self, ctx, init, args, before_taking):
+        """OptContext(..., comm=...): every rank checks its arguments, all agree,
+        then each takes its model's parameters and rank 0's values are broadcast."""
+        ctx._dist = self
+
+        def agreed(c):
+            # only an optimizer step is shared; other contexts evaluate their own batches
+            self.evals_per_step = (self.check_opt_period(c.opt_period)
+                                   if c.build_type == BuildType.OPT else c.opt_period)
+            if before_taking is not None:
+                before_taking(c)
+            self.agree(None, "OptContext")
+
+        try:
+            init(ctx, *args, _before_taking=agreed)
+        except BaseException as e:
+            self.report(e, "OptContext")
+            raise
+        ctx._evals_per_step = self.evals_per_step
+        self.broadcast_state(ctx)
+
+    def broadcast_state(self, ctx):
+        """Rank 0's parameters (and unsharded AdamW moments) to every rank."""
+        arena = ctx.arena
+        self._bcast(arena.flat("weights"))
+        if arena.momenta:
+            self._bcast(arena.flat("m"))
+            self._bcast(arena.flat("v"))
+
+    def step(self, ctx, pars):
+        """The optimizer step of ctx on the gradients summed over the ranks.
+
+        Unsharded: sums the arena's gradients in place and returns False (the
+        context then clips and steps as with one process).  Sharded: reduce-
+        scatters, clips, steps this rank's shard, all-gathers the parameters and
+        returns True.
+        """
+        self.agree(None, f"optimizer step {ctx.iter}")
+        arena = ctx.arena
+        t0 = time.perf_counter()
+        if not self.shard:
+            self._allreduce_sum(arena.flat("grads"))
+            self._timed(t0)
+            return False
+        g = self.g
+        self._reduce_scatter(arena.padded("grads"), g)
+        n = self.n
+        if ctx.clip_grad_norm is not None:
+            total = np.array([kernels.sumsq(g[:n])])
+            self._allreduce_sum(total)
+            norm = math.sqrt(total[0])
+            if norm > ctx.clip_grad_norm:  # clipping.py's rule over the whole gradient
+                kernels.scale(g[:n], np.float32(ctx.clip_grad_norm / (norm + 1e-6)))
+            ctx.grad_norm = norm
+        if n > 0:
+            w = arena.view("weights", self.lo, (n,))
+            if ctx.optimizer_type == OptimizerType.ADAMW:
+                alpha, beta1, beta2, eps, wd, beta1h, beta2h = pars
+                kernels.adamw_step(w, g[:n], self.m[:n], self.v[:n], alpha=alpha, beta1=beta1,
+                                   beta2=beta2, eps=eps, wd=wd, beta1h=beta1h, beta2h=beta2h)
+            else:
+                alpha, wd = pars
+                kernels.sgd_step(w, g[:n], alpha=alpha, wd=wd)
+        self._allgather_in_place(arena.padded("weights"))
+        self._timed(t0)
+        return True
+
+    def _timed(self, t0):
+        self.exchange_times.append(time.perf_counter() - t0)
+
+    def zero_moments(self):
+        """Zero this rank's AdamW moments (its shard of them when sharded)."""
+        if self.m is not None:
+            self.m[...] = 0
+            self.v[...] = 0
+
+    def gather_moments(self, size):
+        """Sharded: the full AdamW moments (new arrays of size floats), gathered
+        from every rank's shard (a collective)."""
+        out = {}
+        for name, shard in (("m", self.m), ("v", self.v)):
+            full = np.empty(self.chunk * self.size, np.float32)
+            self._allgather(shard, full)
+            out[name] = full[:size]
+        return out
+
+    def set_moments(self, full):
+        """Sharded: this rank's shard of the full moments {'m': ..., 'v': ...}."""
+        self.m[:self.n] = full["m"][self.lo:self.lo + self.n]
+        self.v[:self.n] = full["v"][self.lo:self.lo + self.n]
+
+    def load_state_dict(self, ctx, sd, load):
+        """ctx.load_state_dict on every rank, agreed, then rank 0's values win."""
+        with self.agreement("load_state_dict"):
+            opt_i = sd.get("opt_i", 0) if hasattr(sd, "get") else 0
+            if self.size > 1 and isinstance(opt_i, (int, np.integer)) and opt_i != 0:
+                # a logical batch half done on one process has no share per rank
+                raise ValueError(f"state_dict['opt_i']: with {self.size} ranks a state must be "
+                                 f"saved between logical batches (opt_i=0), got {opt_i}")
+            load()
+        self.broadcast_state(ctx)
+
+    def save(self, path, sd, save_state):
+        """Rank 0 writes sd; every rank learns whether it worked."""
+        with self.agreement(f"saving {os.fspath(path)!r}"):
+            if self.rank == 0:
+                save_state(path, sd)
+
+    # ---- epochs -----------------------------------------------------------------------
+
+    def epoch(self, plan, eval_batch, ctx, dataset, result_train, result_eval, idata_split,
+              callback_train, callback_eval):
+        """training.epoch over the ranks (see the module docstring).  plan: the
+        argument checks, returning (nbatches, ibatch_split); eval_batch:
+        training._eval_batch."""
+        with self.agreement("epoch") as pact:
+            nbatches, ibatch_split = plan(ctx, dataset, result_train, result_eval, idata_split)
+            period = ctx.opt_period
+            per = self.evals_per_step
+            local = per if self.parts else period  # physical batches of a logical batch here
+            if ibatch_split % local != 0:
+                raise ValueError(f"idata_split: with several ranks it must end a logical "
+                                 f"batch ({local} x {ctx.batch_size} datapoints), got "
+                                 f"{idata_split}")
+            if ibatch_split > 0 and ctx.build_type != BuildType.OPT:
+                raise RuntimeError(f"epoch: with several ranks training needs a context built "
+                                   f"for OPT (this one: {ctx.build_type.name}); evaluate with "
+                                   "idata_split=0")
+            if ctx.opt_i != 0:
+                raise RuntimeError("epoch: the context is inside a logical batch (opt_i="
+                                   f"{ctx.opt_i}); with several ranks an epoch starts one")
+            perm = np.ascontiguousarray(dataset.permutation)
+            pact.token = (f"{nbatches}/{ibatch_split}/{ctx.iter}/"
+                          f"{hashlib.blake2b(perm.tobytes(), digest_size=8).hexdigest()}")
+
+        from .progress import time_us
+        nsteps = ibatch_split // local
+        ntrain = nsteps * period  # physical batches over all ranks
+        train = result_train if result_train is not None else Result()
+        shown = Result()
+        base = train._totals()
+        t_start = time_us()
+        try:
+            for j in range(nsteps):
+                first = j * per if self.parts else j * period + self.rank * per
+                for k in range(per):
+                    eval_batch(ctx, dataset, train, first + k, True, "train", nbatches)
+                self.sum_results(train, base, shown, ctx)
+                if callback_train is not None:
+                    callback_train(True, ctx, dataset, shown, (j + 1) * period, ntrain,
+                                   t_start)
+        except BaseException as e:
+            self.report(e, "training")
+            raise
+        if nsteps > 0:
+            train._set_totals(shown._totals(), ctx)
+
+        val = result_eval if result_eval is not None else Result()
+        base = val._totals()
+        t_start = time_us()
+        mine = (range(ibatch_split, nbatches) if self.parts
+                else range(ibatch_split + self.rank, nbatches, self.size))
+        nval = (nbatches - ibatch_split) * (self.size if self.parts else 1)
+        with self.agreement("validation"):
+            for i in mine:
+                eval_batch(ctx, dataset, val, i, False, "validation", nbatches)
+        if nval:
+            self.sum_results(val, base, val, ctx)
+        with self.agreement("after validation"):
+            if callback_eval is not None and nval:
+                callback_eval(False, ctx, dataset, val, nval, nval, t_start)
+
+    def sum_results(self, local, base, out, ctx):
+        """out := base + the sum over ranks of (local - base): the statistics of
+        every rank's evals since base (the totals all ranks shared)."""
+        mine = np.array(local._totals(), np.float64) - np.array(base, np.float64)
+        self._allreduce_sum(mine)
+        out._set_totals(tuple(np.array(base, np.float64) + mine), ctx)
+
+
+def part_of_logical_batch(comm, dataset_is_part, nbatch_logical):
+    """fit(dataset_is_part=True): the datapoints of a logical batch in each rank's part."""
+    if not isinstance(dataset_is_part, bool):
+        raise TypeError(f"dataset_is_part: expected a bool, got {type(dataset_is_part).__name__}")
+    if comm is None:
+        raise ValueError("dataset_is_part: needs comm= (each rank's part of the data)")
+    nranks = comm.Get_size()
+    if nbatch_logical % nranks != 0:
+        raise ValueError(f"nbatch_logical: with {nranks} ranks each holding a part of the data, "
+                         f"it must be a multiple of {nranks}; got {nbatch_logical}")
+    return nbatch_logical // nranks
+
+
+class _Pact:
+    token = ""
+
+
+def optimizer_state_nbytes(ctx):
+    """Bytes of optimizer state (AdamW's m and v) this rank holds for ctx."""
+    dist = getattr(ctx, "_dist", None)
+    if dist is not None and dist.shard:
+        return 0 if dist.m is None else dist.m.nbytes + dist.v.nbytes
+    return 2 * ctx.arena.section * 4 if ctx.arena.momenta else 0
+
+
+def local_ranks(comm):
+    """Ranks of comm on this machine (MPI's shared-memory split for an mpi4py
+    communicator; MPI launchers' environment or comm's size otherwise)."""
+    if type(comm).__module__.startswith("mpi4py"):
+        from mpi4py import MPI
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            return node.Get_size()
+        finally:
+            node.Free()
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return int(comm.Get_size())
+
+
+def _cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
+
+
+def set_rank_threads(nthreads=None, comm=None):
+    """Set this process's threads: ggmlopt's kernel pool (set_num_threads) and
+    the BLAS pool (threadpoolctl, when installed).
+
+    nthreads: int >= 1, or None for cores / ranks on this machine (comm given),
+    at least 1.  Returns the number set.  Several ranks on one machine each
+    starting a thread per core oversubscribe the cores; call this first.
+    """
+    if nthreads is None:
+        per_node = local_ranks(comm) if comm is not None else 1
+        nthreads = max(1, _cores() // max(1, per_node))
+    if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
+        raise ValueError(f"nthreads: expected an int >= 1 or None, got {nthreads!r}")
+    kernels.set_num_threads(nthreads)
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+    except ImportError:
+        pass  # BLAS keeps its own setting (OPENBLAS_NUM_THREADS before start)
+    else:
+        global _blas_limits
+        _blas_limits = threadpool_limits(limits=nthreads, user_api="blas")
+    return nthreads
+
+
+_blas_limits = None  # kept alive: the BLAS limit holds while it exists

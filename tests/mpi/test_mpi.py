@@ -1,0 +1,103 @@
+"""Data-parallel training under real MPI: tests/mpi/worker.py runs under
+``mpiexec -n 2`` and ``-n 3`` (a subprocess with a timeout, so a hang fails instead
+of blocking), every rank reports, and this process compares with one process.
+Skips with a message when mpi4py or mpiexec is missing (``pip install -e '.[mpi]'``).
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TESTS = os.path.join(ROOT, "tests")
+WORKER = os.path.join(TESTS, "mpi", "worker.py")
+sys.path.insert(0, TESTS)
+from dist_problem import history_array, run
+
+MPIEXEC = shutil.which("mpiexec")
+try:
+    import mpi4py
+except ImportError:
+    mpi4py = None
+pytestmark = pytest.mark.skipif(
+    MPIEXEC is None or mpi4py is None,
+    reason="MPI tests need mpi4py and mpiexec: pip install -e '.[mpi]'")
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def mpirun(nranks, tmp_path, *args):
+    """The worker on nranks ranks; returns each rank's saved arrays."""
+    out = tmp_path / f"out{nranks}-{'-'.join(a.replace('/', '_')[-12:] for a in args)}"
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [ROOT, TESTS, os.environ.get("PYTHONPATH", "")]), OPENBLAS_NUM_THREADS="1",
+        GGMLOPT_NUM_THREADS="1")
+    cmd = [MPIEXEC, "-n", str(nranks), sys.executable, "-m", "mpi4py", WORKER, args[0],
+           str(out), *args[1:]]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env,
+                              check=False)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd)} hangs (no answer in 180 s): {e.stderr}")
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    ranks = []
+    for r in range(nranks):
+        with np.load(out / f"rank{r}.npz") as f:
+            ranks.append({k: f[k] for k in f.files})
+    return ranks
+
+
+@pytest.mark.parametrize("shard", ["full", "shard"])
+@pytest.mark.parametrize("optimizer", ["ADAMW", "SGD"])
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_equals_one_process(tmp_path, nranks, optimizer, shard):
+    ref, ref_hist, _ = run(None, optimizer)
+    ranks = mpirun(nranks, tmp_path, "equivalence", optimizer, shard)
+    for r, got in enumerate(ranks):  # bit for bit across ranks
+        assert np.array_equal(got["params"], ranks[0]["params"]), f"rank {r} differs"
+        np.testing.assert_allclose(got["history"], history_array(ref_hist), rtol=RTOL,
+                                   atol=1e-7)
+    np.testing.assert_allclose(ranks[0]["params"], ref, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_each_rank_holding_its_part(tmp_path, nranks):
+    # one logical batch of all 60 datapoints (nothing shuffled): rank r's block is its share
+    ref, _, _ = run(None, "ADAMW", ndata=60, val_split=0.0)
+    ranks = mpirun(nranks, tmp_path, "part")
+    for got in ranks:
+        assert np.array_equal(got["params"], ranks[0]["params"])
+    np.testing.assert_allclose(ranks[0]["params"], ref, rtol=RTOL, atol=ATOL)
+
+
+def test_resume_on_another_number_of_ranks(tmp_path):
+    ckpt = str(tmp_path / "run.npz")
+    ref, ref_hist, _ = run(None, "ADAMW", nepoch=4)
+    mpirun(2, tmp_path, "resume", ckpt, "2", "fresh", "shard")
+    ranks = mpirun(3, tmp_path, "resume", ckpt, "4", "resume", "full")
+    for got in ranks:
+        assert np.array_equal(got["params"], ranks[0]["params"])
+    np.testing.assert_allclose(ranks[0]["params"], ref, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(ranks[0]["history"], history_array(ref_hist), rtol=RTOL,
+                               atol=1e-7)
+
+
+@pytest.mark.parametrize("scenario,error", [("fail-setup", "ValueError"),
+                                            ("fail-training", "FloatingPointError")])
+def test_a_failing_rank_stops_every_rank(tmp_path, scenario, error):
+    ranks = mpirun(3, tmp_path, scenario)
+    assert str(ranks[1]["kind"]) == error
+    for r in (0, 2):
+        assert str(ranks[r]["kind"]) == "RankFailed"
+        assert f"rank 1 of 3 failed ({error}" in str(ranks[r]["msg"])
+
+
+def test_uneven_logical_batch_on_three_ranks(tmp_path):
+    # 2 physical batches per logical batch cannot split over 3 ranks
+    for got in mpirun(3, tmp_path, "uneven"):
+        assert str(got["kind"]) == "ValueError"
+        assert "multiple of 3 x nbatch_physical = 30" in str(got["msg"])

@@ -1,0 +1,71 @@
+"""Run under mpiexec by tests/mpi/test_mpi.py: one scenario of data-parallel training
+on MPI.COMM_WORLD; every rank writes what it got to OUT/rank<r>.npz.
+
+    mpiexec -n P python -m mpi4py tests/mpi/worker.py SCENARIO OUT [ARGS...]
+
+(``python -m mpi4py`` aborts every rank when one raises, so a bug never hangs.)
+"""
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from dist_problem import history_array, make_problem, run
+
+import ggmlopt as go
+from ggmlopt import distributed
+
+
+def save(out, **arrays):
+    np.savez(os.path.join(out, f"rank{MPI.COMM_WORLD.Get_rank()}.npz"), **arrays)
+
+
+def outcome(fn):
+    """(exception type name, message) of fn(), or ('', '') when it returned."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        return type(e).__name__, str(e)
+    return "", ""
+
+
+def main(scenario, out, *args):
+    comm = MPI.COMM_WORLD
+    distributed.set_rank_threads(comm=comm)
+    if scenario == "equivalence":
+        optimizer, shard = args[0], args[1] == "shard"
+        params, hist, _ = run(comm, optimizer, shard_optimizer=shard)
+        save(out, params=params, history=history_array(hist))
+    elif scenario == "part":  # each rank holds only its block of the data
+        params, hist, _ = run(comm, "ADAMW", ndata=60, val_split=0.0, part=True)
+        save(out, params=params, history=history_array(hist))
+    elif scenario == "resume":
+        ckpt, nepoch, resume, shard = args[0], int(args[1]), args[2] == "resume", \
+            args[3] == "shard"
+        params, hist, _ = run(comm, "ADAMW", nepoch=nepoch, checkpoint=ckpt, resume=resume,
+                              shard_optimizer=shard)
+        save(out, params=params, history=history_array(hist))
+    elif scenario == "fail-setup":
+        ds = None
+        if comm.Get_rank() == 1:  # bad input on one rank
+            ds = go.Dataset.from_arrays(np.zeros((360, 4), np.float32),
+                                        np.eye(5, dtype=np.float32)[np.zeros(360, int)])
+        kind, msg = outcome(lambda: run(comm, "ADAMW", dataset=ds))
+        save(out, kind=kind, msg=msg)
+    elif scenario == "fail-training":
+        _, ds = make_problem(0)
+        if comm.Get_rank() == 1:
+            ds.data[200:] = np.nan  # a NaN loss on rank 1 in the middle of the epoch
+        kind, msg = outcome(lambda: run(comm, "ADAMW", dataset=ds))
+        save(out, kind=kind, msg=msg)
+    elif scenario == "uneven":
+        kind, msg = outcome(lambda: run(comm, "ADAMW", nbatch_logical=20, nbatch_physical=10))
+        save(out, kind=kind, msg=msg)
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
