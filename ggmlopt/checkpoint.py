@@ -52,13 +52,13 @@ import json
 import math
 import numbers
 import os
-import secrets
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._atomic import atomic_output
 from .optim_params import (
     AdamWParams,
     BuildType,
@@ -489,31 +489,6 @@ def _as_array(key, value):
     return np.array(float(value), dtype=np.float64)
 
 
-def _fsync_dir(directory):
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # not possible everywhere (Windows); the rename is done
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _create_temporary(directory, base):
-    """A new file beside the checkpoint (same file system, so the rename is atomic),
-    created with the usual permissions (0o666 less the umask)."""
-    while True:
-        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
-                           0o666), tmp
-        except FileExistsError:
-            continue
-
-
 def save_state(path: str | os.PathLike[str], sd: Mapping[str, Any]) -> None:
     """Write the state dict sd to path as one .npz file, atomically.
 
@@ -538,22 +513,8 @@ def save_state(path: str | os.PathLike[str], sd: Mapping[str, Any]) -> None:
         arrays[key] = _as_array(key, value)
     if os.path.isdir(path):
         raise ValueError(f"path: {path!r} is a directory; expected a file name")
-    directory = os.path.dirname(os.path.abspath(path))
-    base = os.path.basename(path)
-    fd, tmp = _create_temporary(directory, base)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def _scalar(key, arr):
