@@ -3,8 +3,9 @@
 ggml's mnist-fc configuration (784-500-10, ReLU, cross-entropy, AdamW, logical
 batch 1000 in physical batches of 500) on 60,000 synthetic datapoints, 2 threads
 each.  ggmlopt's phases are timed by wrapping each layer's forward and backward,
-the loss and the dataset gather in a copy of epoch's own loop; what is left of
-eval (the optimizer step, the statistics, the orchestration) is the remainder.
+the loss, the AdamW step, the gradient zeroing and the dataset gather in a copy
+of epoch's own loop; the shuffle, the statistics and the Python orchestration
+are the remainder.
 torch's phases come from torch.profiler, grouped by operator.
 
     python bench/profile_epoch.py            # this CPU as it is
@@ -54,6 +55,18 @@ def _timed(times, key, fn):
     return wrapper
 
 
+class _ArenaTimer:
+    """The context's parameter arena, with its optimizer steps and gradient zeroing timed."""
+
+    def __init__(self, arena, times):
+        self._arena = arena
+        self.adamw_step = _timed(times, "AdamW step", arena.adamw_step)
+        self.zero_grads = _timed(times, "gradient zeroing", arena.zero_grads)
+
+    def __getattr__(self, name):
+        return getattr(self._arena, name)
+
+
 def profile_ggmlopt(x, y, epochs):
     """{phase: seconds per epoch} and the epoch's wall time, both means over epochs."""
     import ggmlopt as go
@@ -73,6 +86,7 @@ def profile_ggmlopt(x, y, epochs):
         back = names[i].replace("forward (product + bias)", "backward (weight/bias products)")
         layer.backward = _timed(times, back.replace(" forward", " backward"), layer.backward)
     ctx._loss = _timed(times, "cross-entropy loss + gradient", ctx._loss)
+    ctx.arena = _ArenaTimer(ctx.arena, times)
     result = go.Result()
     nbatches = NDATA // NBATCH_PHYSICAL
 
@@ -84,24 +98,21 @@ def profile_ggmlopt(x, y, epochs):
             ctx.alloc(True)
             t0 = time.perf_counter()
             ds.get_batch(ctx.inputs, ctx.labels, ib)
-            t1 = time.perf_counter()
+            times["dataset get_batch"].append(time.perf_counter() - t0)
             ctx.eval(result)
-            t2 = time.perf_counter()
-            times["dataset get_batch"].append(t1 - t0)
-            times["_eval"].append(t2 - t1)
 
     one_epoch()  # warm-up: buffers, BLAS threads
-    walls = []
     for key in list(times):
         times[key].clear()
+    walls = []
     for _ in range(epochs):
         t0 = time.perf_counter()
         one_epoch()
         walls.append(time.perf_counter() - t0)
-    phases = {k: sum(v) / epochs for k, v in times.items() if k != "_eval"}
-    inside_eval = sum(v for k, v in phases.items() if k != "dataset get_batch")
-    phases["AdamW step, statistics, orchestration"] = sum(times["_eval"]) / epochs - inside_eval
-    return phases, float(np.mean(walls))
+    wall = float(np.mean(walls))
+    phases = {k: sum(v) / epochs for k, v in times.items()}
+    phases["shuffle, statistics, Python orchestration"] = wall - sum(phases.values())
+    return phases, wall
 
 
 def profile_torch(x, y, epochs):
