@@ -1,6 +1,6 @@
 /*
  * The C test harness: every kernel of every dispatch table this build holds
- * (scalar always, avx2 when the CPU runs it, neon on aarch64) against float64
+ * (scalar always, avx2 and avx512 when the CPU runs them, neon on aarch64) against float64
  * references, on sizes around each vector width, with arrays that end exactly
  * at the end of their allocation; every non-scalar path against the scalar
  * path; then the public, dispatched API of ggmlopt.h (test_public_api.c).
@@ -558,6 +558,11 @@ static int collect_tables(const ggmlopt_kernel_table **out) {
         out[n++] = &ggmlopt_kernels_avx2;
     else
         printf("note: this CPU lacks avx2/fma/f16c: the avx2 table is not tested\n");
+    if (ggmlopt_simd_select("avx512") == 0)  /* the dispatcher's cpuid + XGETBV check */
+        out[n++] = &ggmlopt_kernels_avx512;
+    else
+        printf("note: this CPU (or OS) lacks avx512f/bw/dq/vl: the avx512 table is not tested\n");
+    ggmlopt_simd_select(NULL);
 #endif
 #if defined(__aarch64__)
     out[n++] = &ggmlopt_kernels_neon;
@@ -617,7 +622,7 @@ int main(int argc, char **argv) {
         }
     }
     th_start_watchdog(timeout);
-    const ggmlopt_kernel_table *tables[4];
+    const ggmlopt_kernel_table *tables[8];
     const int ntables = collect_tables(tables);
     printf("kernel tables under test:");
     for (int t = 0; t < ntables; ++t) printf(" %s", tables[t]->name);
