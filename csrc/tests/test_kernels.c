@@ -368,10 +368,10 @@ static void test_cross_entropy(const ggmlopt_kernel_table *k, int64_t ncols, int
 /* Many rows of a narrow width: the vector paths take them GO_EPR at a time, the
  * leftover rows one by one. */
 static void test_cross_entropy_rows(const ggmlopt_kernel_table *k, int64_t ncols, int off) {
-    enum { NROWS = 19 };
+    enum { NROWS = 35 }; /* two blocks of 16 rows and leftovers */
     if (ncols > 33) return;
     char ctx[160];
-    CTX(ctx, "cross_entropy_rows_f32", k, ncols, off, " (n: ncols; 19 rows of the four kinds)");
+    CTX(ctx, "cross_entropy_rows_f32", k, ncols, off, " (n: ncols; up to 34 rows of the four kinds)");
     float *x = (float *)th_alloc(4, NROWS * ncols, off), *l = (float *)th_alloc(4, NROWS * ncols, off);
     for (int r = 0; r < NROWS; ++r) fill_ce_row((r * 3) % CE_ROWS, ncols, x + r * ncols, l + r * ncols);
     for (int64_t rows = 1; rows <= NROWS; rows += rows < 9 ? 1 : 5)
@@ -382,7 +382,7 @@ static void test_cross_entropy_rows(const ggmlopt_kernel_table *k, int64_t ncols
  * labels expanded), and against the scalar path: rows of every kind, with the
  * class at random, at the first and at the last column. */
 static void test_cross_entropy_index(const ggmlopt_kernel_table *k, int64_t ncols, int off) {
-    enum { NROWS = 19 };
+    enum { NROWS = 35 }; /* two blocks of 16 rows and leftovers */
     if (ncols == 0) return;
     char ctx[160];
     CTX(ctx, "cross_entropy_index_rows_f32", k, ncols, off, " (n: ncols; vs one-hot)");
