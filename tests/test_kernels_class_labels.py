@@ -12,7 +12,7 @@ F32 = np.float32
 # (rows, classes): 1 row, 1 class, narrow rows (the vector paths take 8 or 16 at
 # a time), 17 classes, wide rows and a 32000-word vocabulary
 SHAPES = [(1, 1), (1, 10), (7, 1), (9, 10), (35, 10), (33, 17), (16, 20), (49, 20), (17, 24),
-          (33, 21), (5, 1000), (3, 4097), (2, 32000)]
+          (33, 21), (35, 40), (17, 41), (5, 1000), (3, 4097), (2, 32000)]
 
 
 def _problem(rng, rows, classes):

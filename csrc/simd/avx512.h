@@ -10,10 +10,6 @@
 
 #define GO_FN(name) name##_avx512
 #define GO_EPR 16
-/* cross-entropy rows of up to this many classes go 16 at a time through the
- * transposed kernel (kernels/loss.inc); measured here: 17-20 classes gain, 24
- * loses (43 against 34 ns a row one by one) */
-#define GO_CE_NARROW_MAX 20
 
 typedef __m512 go_vf;
 typedef struct { __m512d lo, hi; } go_dacc;
