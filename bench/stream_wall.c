@@ -5,7 +5,9 @@
 #include <stdint.h>
 
 void stream_same_bytes(int64_t n, float *w, const float *g, float *m, float *v, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
+/* blocks of 16384 taken in turn, as ggmlopt's pool does: a thread that waits
+ * for a core on a shared machine does not hold up a fixed half */
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 16384)
     for (int64_t i = 0; i < n; ++i) {
         const float gi = g[i];
         w[i] += gi;
