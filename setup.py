@@ -1,8 +1,9 @@
 """Build: Cython extensions plus the C kernels in csrc/.
 
 Only the AVX2 translation unit gets -mavx2 -mfma (and -mf16c for the float16
-conversion); every other object is compiled for the baseline ISA, so the
-package imports on any x86-64 and picks the AVX2 path at run time.  On aarch64
+conversion), only the AVX-512 one -mavx512f/bw/dq/vl; every other object is
+compiled for the baseline ISA, so the package imports on any x86-64 and picks
+the best path the CPU runs at run time.  On aarch64
 the NEON unit is compiled instead (NEON is baseline there).
 """
 
@@ -33,6 +34,8 @@ KERNEL_SOURCES = ["csrc/dispatch.c", "csrc/threadpool.c", "csrc/kernels_scalar.c
 ISA_SOURCES = {}
 if IS_X86_64:
     ISA_SOURCES["csrc/kernels_avx2.c"] = ["-mavx2", "-mfma", "-mf16c"]
+    ISA_SOURCES["csrc/kernels_avx512.c"] = [
+        "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mf16c"]
 elif IS_AARCH64:
     KERNEL_SOURCES.append("csrc/kernels_neon.c")
 

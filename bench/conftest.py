@@ -92,6 +92,17 @@ def threads():
 
 
 @pytest.fixture
+def avx2_instead_of_avx512():
+    """Pins the avx2 path for this test, to time it against avx512 in the same
+    run; skips where avx512 is not the active path (it would time avx2 twice)."""
+    if kernels.simd_info()["active"] != "avx512":
+        pytest.skip("the avx512-vs-avx2 comparison needs the avx512 path active")
+    previous = kernels.use_simd("avx2")
+    yield
+    kernels.use_simd(previous)
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(1234)
 

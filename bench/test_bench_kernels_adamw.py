@@ -1,5 +1,13 @@
 """AdamW step over one flat float32 array: ggmlopt against torch's fused AdamW,
-a careful in-place NumPy AdamW, and (at 5e7) the machine's copy bandwidth."""
+a careful in-place NumPy AdamW, its own avx2 path (when avx512 is active), and
+the memory wall: at 1e6 the same seven streams with no arithmetic
+(bench/stream_wall.c), at 5e7 the machine's copy bandwidth."""
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import measure
@@ -70,6 +78,23 @@ def test_adamw_ggmlopt(benchmark, n, nthreads, rng, threads):
 
 
 @pytest.mark.parametrize("n, nthreads", SIZES)
+def test_adamw_ggmlopt_on_avx2(benchmark, n, nthreads, rng, threads, avx2_instead_of_avx512):
+    """The same step on the avx2 path: the ratio is avx512 / avx2."""
+    if nthreads:
+        threads(nthreads)
+    w, g, m, v = make_state(n, rng)
+    b1h, b2h = kernels.adamw_bias_corrections(BETA1, BETA2, ITERATION)
+
+    def step():
+        kernels.adamw_step(w, g, m, v, alpha=ALPHA, beta1=BETA1, beta2=BETA2, eps=EPS, wd=WD,
+                           beta1h=b1h, beta2h=b2h)
+
+    measure(benchmark, step, case=case_name(n, nthreads), role="baseline",
+            label="ggmlopt.adamw_step on the avx2 path", items=n,
+            bytes_moved=BYTES_PER_PARAM * n)
+
+
+@pytest.mark.parametrize("n, nthreads", SIZES)
 def test_adamw_torch_fused(benchmark, n, nthreads, rng, threads):
     torch = pytest.importorskip("torch")
     if nthreads:
@@ -102,6 +127,45 @@ def test_copy_bandwidth(benchmark):
     dst = np.empty_like(src)
     measure(benchmark, lambda: np.copyto(dst, src), case=case_name(n), role="reference",
             label="np.copyto (read+write)", items=n, bytes_moved=2 * 4 * n)
+
+
+@pytest.fixture(scope="module")
+def stream_same_bytes(tmp_path_factory):
+    """bench/stream_wall.c built for this CPU, or a skip without gcc/OpenMP."""
+    if shutil.which("gcc") is None:
+        pytest.skip("the memory-wall reference needs gcc")
+    lib = tmp_path_factory.mktemp("wall") / "stream_wall.so"
+    src = Path(__file__).with_name("stream_wall.c")
+    proc = subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
+                           str(src), "-o", str(lib)], check=False, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"could not build the memory-wall reference: {proc.stderr[-300:]}")
+    # idle OpenMP workers spin for ~ms by default, starving ggmlopt's and torch's
+    # threads on a 2-core machine; a short spin, like ggmlopt's own pool
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    fn = ctypes.CDLL(str(lib)).stream_same_bytes
+    ptr = ctypes.POINTER(ctypes.c_float)
+    fn.argtypes = [ctypes.c_int64, ptr, ptr, ptr, ptr, ctypes.c_int]
+    fn.restype = None
+    return lambda n, *arrays, nthreads: fn(n, *(a.ctypes.data_as(ptr) for a in arrays),
+                                           nthreads)
+
+
+@pytest.mark.parametrize("n, nthreads", [(1_000_000, None), (1_000_000, 1)])
+def test_adamw_memory_wall(benchmark, n, nthreads, rng, stream_same_bytes):
+    """AdamW's seven streams (read w, g, m, v; write w, m, v) with one add each,
+    on as many threads as ggmlopt uses: what moving those bytes costs here."""
+    w, _, m, v = make_state(n, rng)
+    # adding 0 keeps every value (and the cost) unchanged; written, not np.zeros,
+    # whose untouched pages all map the one zero page and would read from cache
+    g = np.empty(n, np.float32)
+    g[:] = 0.0
+    nt = nthreads or kernels.get_num_threads()
+    measure(benchmark, lambda: stream_same_bytes(n, w, g, m, v, nthreads=nt),
+            case=case_name(n, nthreads), role="reference",
+            label=f"same 7 streams, 1 add each (C, OpenMP, {nt} thread)", items=n,
+            bytes_moved=BYTES_PER_PARAM * n)
 
 
 def test_numpy_adamw_matches_kernel(rng):

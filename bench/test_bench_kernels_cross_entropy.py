@@ -1,5 +1,6 @@
 """Cross-entropy loss plus its gradient: ggmlopt against torch's
-F.cross_entropy with probability targets followed by backward()."""
+F.cross_entropy with probability targets followed by backward(), and against
+its own avx2 path when avx512 is active."""
 import numpy as np
 import pytest
 from conftest import measure
@@ -36,6 +37,19 @@ def test_cross_entropy_ggmlopt(benchmark, rows, cols, nthreads, rng, threads):
             case=case_name(rows, cols, nthreads), role="ggmlopt",
             label="ggmlopt.cross_entropy(grad=)", items=logits.size,
             ns_per_item_max=CASES[rows, cols, nthreads][1])
+
+
+@pytest.mark.parametrize("rows, cols, nthreads", list(CASES))
+def test_cross_entropy_ggmlopt_on_avx2(benchmark, rows, cols, nthreads, rng, threads,
+                                       avx2_instead_of_avx512):
+    """The same call on the avx2 path: the ratio is avx512 / avx2."""
+    if nthreads:
+        threads(nthreads)
+    logits, labels = make_batch(rows, cols, rng)
+    grad = np.empty_like(logits)
+    measure(benchmark, lambda: kernels.cross_entropy(logits, labels, grad=grad),
+            case=case_name(rows, cols, nthreads), role="baseline",
+            label="ggmlopt.cross_entropy(grad=) on the avx2 path", items=logits.size)
 
 
 @pytest.mark.parametrize("rows, cols, nthreads", list(CASES))

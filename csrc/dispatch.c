@@ -28,8 +28,10 @@ typedef struct {
 
 static go_path paths[] = {
 #if defined(__x86_64__) || defined(_M_X64)
+    {"avx512", &ggmlopt_kernels_avx512, 0},
     {"avx2", &ggmlopt_kernels_avx2, 0},
 #else
+    {"avx512", NULL, 0},
     {"avx2", NULL, 0},
 #endif
 #if defined(__aarch64__)
@@ -41,7 +43,7 @@ static go_path paths[] = {
 };
 #define GO_NPATHS ((int)(sizeof(paths) / sizeof(paths[0])))
 
-static char cpu_features[128];
+static char cpu_features[192];
 static _Atomic(const ggmlopt_kernel_table *) active = NULL;
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -63,10 +65,23 @@ static void detect_cpu(void) {
         /* the OS must save the YMM registers on context switches */
         if ((c >> 27) & 1) osymm = (go_xgetbv0() & 6) == 6;
     }
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) avx2 = (b >> 5) & 1;
-    paths[0].supported = avx && avx2 && fma && f16c && osymm;
-    snprintf(cpu_features, sizeof(cpu_features), "avx=%d avx2=%d fma=%d f16c=%d os_ymm=%d", avx,
-             avx2, fma, f16c, osymm);
+    int avx512f = 0, avx512bw = 0, avx512dq = 0, avx512vl = 0, oszmm = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        avx2 = (b >> 5) & 1;
+        avx512f = (b >> 16) & 1;
+        avx512dq = (b >> 17) & 1;
+        avx512bw = (b >> 30) & 1;
+        avx512vl = (b >> 31) & 1;
+    }
+    /* ... and the opmask and ZMM registers (XCR0 bits 5, 6, 7) on top of those */
+    if (osymm) oszmm = (go_xgetbv0() & 0xE6) == 0xE6;
+    const int avx2_ok = avx && avx2 && fma && f16c && osymm;
+    paths[1].supported = avx2_ok;
+    paths[0].supported = avx2_ok && avx512f && avx512bw && avx512dq && avx512vl && oszmm;
+    snprintf(cpu_features, sizeof(cpu_features),
+             "avx=%d avx2=%d fma=%d f16c=%d os_ymm=%d avx512f=%d avx512bw=%d avx512dq=%d "
+             "avx512vl=%d os_zmm=%d",
+             avx, avx2, fma, f16c, osymm, avx512f, avx512bw, avx512dq, avx512vl, oszmm);
 #elif defined(__aarch64__)
     snprintf(cpu_features, sizeof(cpu_features), "neon=1");
 #else

@@ -81,6 +81,7 @@ typedef struct ggmlopt_kernel_table {
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const ggmlopt_kernel_table ggmlopt_kernels_avx2;
+extern const ggmlopt_kernel_table ggmlopt_kernels_avx512;
 #endif
 #if defined(__aarch64__)
 extern const ggmlopt_kernel_table ggmlopt_kernels_neon;

@@ -2,7 +2,7 @@
 
 Datasets split into shards, an optimizer context with AdamW and SGD, four loss
 types, gradient accumulation, result statistics, epochs and ``fit`` with a
-progress bar, on SIMD kernels (scalar, AVX2+FMA, NEON) picked at run time.
+progress bar, on SIMD kernels (scalar, AVX2+FMA, AVX-512, NEON) picked at run time.
 """
 from . import checkpoint, clipping, datasets, distributed, io, nn, schedules
 from ._runtime import get_include, show_config

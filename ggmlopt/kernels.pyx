@@ -1125,7 +1125,7 @@ def _paths():
 
 
 def use_simd(name=None):
-    """Pin the SIMD path ('scalar', 'avx2', 'neon'), or None for the best one this
+    """Pin the SIMD path ('scalar', 'avx2', 'avx512', 'neon'), or None for the best one this
     CPU runs.  Returns the name of the path that was active before."""
     previous = ggmlopt_simd_active().decode()
     if name is not None and not isinstance(name, str):

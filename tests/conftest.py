@@ -16,9 +16,23 @@ SIZES = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4097, 40_000, 300_001]
 OFFSETS = [1, 2, 3]
 
 
-@pytest.fixture(params=kernels.simd_paths())
+def simd_path_params():
+    """Every SIMD path compiled into this build, as pytest params: the ones this
+    CPU cannot run (avx512 on an AVX2-only x86-64, say) skip, saying why."""
+    runnable = kernels.simd_paths()
+    info = kernels.simd_info()
+    cpu = " ".join(k for k, v in info["cpu"].items() if v) or "no listed features"
+    return [
+        pytest.param(p, marks=pytest.mark.skipif(
+            p not in runnable, reason=f"this CPU cannot run the {p} path (it has: {cpu})"))
+        for p in reversed(info["compiled"])
+    ]
+
+
+@pytest.fixture(params=simd_path_params())
 def simd_path(request):
-    """Pins each SIMD path this CPU runs in turn; puts the previous one back after."""
+    """Pins each compiled SIMD path in turn (skipping those this CPU cannot run);
+    puts the previous one back after."""
     previous = kernels.use_simd(request.param)
     try:
         yield request.param

@@ -3,7 +3,8 @@
 Each baseline source is compiled with setup.py's own flags (read from setup.py,
 plus Python's compile flags as setuptools adds them) and disassembled: no ymm or
 zmm register and no VEX-encoded (v-prefixed) instruction may appear.  The AVX2
-unit compiled with its flags must show ymm registers, so the check can fail.
+unit compiled with its flags must show ymm registers (and no zmm), the AVX-512
+unit zmm registers, so the check can fail.
 """
 
 import ast
@@ -105,7 +106,7 @@ def wide_instructions(disassembly):
 def test_setup_py_compiles_every_baseline_source_checked_here():
     _, sources, isa = setup_py_flags()
     assert sorted(sources) == ["csrc/dispatch.c", "csrc/kernels_scalar.c", "csrc/threadpool.c"]
-    assert list(isa) == ["csrc/kernels_avx2.c"]
+    assert list(isa) == ["csrc/kernels_avx2.c", "csrc/kernels_avx512.c"]
 
 
 @pytest.mark.parametrize(
@@ -123,3 +124,14 @@ def test_avx2_object_does_hold_ymm(tmp_path):
     wide = wide_instructions(disassembly)
     assert any("ymm" in insn for insn in wide), "the AVX2 unit shows no ymm: the check cannot fail"
     assert any(insn.startswith("vfmadd") for insn in wide), "the AVX2 unit shows no FMA"
+    # an AVX2-only CPU runs it: not one AVX-512 register
+    zmm = [insn for insn in wide if re.search(r"%zmm\d|%k[1-7]", insn)]
+    assert not zmm, f"the AVX2 unit uses AVX-512: {zmm[:10]}"
+
+
+def test_avx512_object_does_hold_zmm(tmp_path):
+    _, _, isa = setup_py_flags()
+    source = "csrc/kernels_avx512.c"
+    wide = wide_instructions(compile_and_disassemble(source, isa[source], tmp_path))
+    assert any("zmm" in insn for insn in wide), "the AVX-512 unit shows no zmm"
+    assert any(re.search(r"%k[1-7]", insn) for insn in wide), "the AVX-512 unit uses no mask"

@@ -65,9 +65,20 @@ def assert_harness_passed(code, output, what):
         assert int(passed) > 1000, f"{what}: only {passed} checks ran\n{excerpt(output)}"
 
 
+def expected_native_tables():
+    """The tables the native harness must test: every path this CPU runs."""
+    from ggmlopt import kernels
+
+    return [p for p in ("avx2", "avx512") if p in kernels.simd_paths()]
+
+
 def test_harness_native():
     code, output = run_script("run_native.sh")
     assert_harness_passed(code, output, "native harness")
+    tables = re.search(r"^kernel tables under test:(.*)$", output, re.MULTILINE)
+    assert tables, excerpt(output)
+    for path in expected_native_tables():
+        assert path in tables.group(1).split(), f"the {path} table was not tested: {tables.group(0)}"
 
 
 def test_harness_neon_under_qemu():
@@ -86,3 +97,8 @@ def test_harness_under_sanitizers():
         -20000:
     ]
     assert_harness_passed(code, output, "harness under ASan/UBSan (and valgrind)")
+    # the ASan build runs natively: every table this CPU runs (valgrind hides AVX-512)
+    asan_tables = output.split("== valgrind")[0]
+    for path in expected_native_tables():
+        assert re.search(rf"^kernel tables under test:.* {path}\b", asan_tables, re.MULTILINE), (
+            f"the {path} table was not tested under ASan")

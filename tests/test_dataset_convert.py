@@ -7,13 +7,7 @@ from ggmlopt import kernels
 
 SIZES = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4097]
 PATHS = kernels.simd_paths()
-
-
-@pytest.fixture(params=PATHS)
-def simd_path(request):
-    before = kernels.use_simd(request.param)
-    yield request.param
-    kernels.use_simd(before)
+# simd_path (tests/conftest.py): every compiled path, skipped where the CPU lacks it
 
 
 F16_SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, -65504.0, 2.0 ** -24,

@@ -318,7 +318,7 @@ def test_run_time_settings_check_their_arguments(restore_threads):
 
 
 def test_a_path_the_build_or_cpu_lacks_is_refused():
-    missing = [p for p in ("avx2", "neon") if p not in kernels.simd_paths()]
+    missing = [p for p in ("avx512", "avx2", "neon") if p not in kernels.simd_paths()]
     active = kernels.simd_info()["active"]
     for name in missing:
         with pytest.raises(ValueError, match=re.escape(repr(name))):

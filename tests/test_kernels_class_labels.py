@@ -9,10 +9,10 @@ from ggmlopt import kernels
 
 F32 = np.float32
 
-# (rows, classes): 1 row, 1 class, narrow rows (the vector paths take 8 at a
-# time), 17 classes, wide rows and a 32000-word vocabulary
-SHAPES = [(1, 1), (1, 10), (7, 1), (9, 10), (33, 17), (16, 20), (17, 24), (5, 1000),
-          (3, 4097), (2, 32000)]
+# (rows, classes): 1 row, 1 class, narrow rows (the vector paths take 8 or 16 at
+# a time), 17 classes, wide rows and a 32000-word vocabulary
+SHAPES = [(1, 1), (1, 10), (7, 1), (9, 10), (35, 10), (33, 17), (16, 20), (49, 20), (17, 24),
+          (33, 21), (35, 40), (17, 41), (5, 1000), (3, 4097), (2, 32000)]
 
 
 def _problem(rng, rows, classes):
@@ -78,7 +78,7 @@ def test_a_class_out_of_range_writes_nothing():
 
 # ---- argmax_rows: all-NaN chunks after a -inf maximum --------------------------------
 
-@pytest.mark.parametrize("nan_run", [8, 61, 64, 65, 200])
+@pytest.mark.parametrize("nan_run", [8, 61, 64, 65, 125, 128, 129, 200, 300])  # chunks: 64 or 128
 def test_argmax_ignores_all_nan_chunks_after_a_neg_inf_max(simd_path, nan_run):
     x = np.array([[-np.inf] * 3 + [np.nan] * nan_run], F32)
     assert kernels.argmax_rows(x)[0] == 2

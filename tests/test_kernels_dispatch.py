@@ -28,6 +28,12 @@ def test_runnable_paths_end_with_scalar_and_are_compiled():
     if "avx2" in info["compiled"] and all(cpu.get(f) for f in ("avx", "avx2", "fma", "f16c",
                                                                "os_ymm")):
         assert "avx2" in paths
+    avx512_flags = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "os_zmm")
+    if "avx512" in info["compiled"] and "avx2" in paths:
+        # runnable exactly when the CPU has all four extensions and the OS saves ZMM state
+        assert ("avx512" in paths) == all(cpu.get(f) for f in avx512_flags), cpu
+    if "avx512" in paths:
+        assert paths.index("avx512") < paths.index("avx2")    # preferred over avx2
 
 
 def test_use_simd_none_picks_the_best_path():
@@ -84,6 +90,25 @@ def test_override_avx2_is_reported(subprocess_env):
     assert ast.literal_eval(proc.stdout.strip())["active"] == "avx2"
 
 
+@pytest.mark.skipif("avx512" not in kernels.simd_paths(),
+                    reason="this CPU (or its OS) cannot run AVX-512 F/BW/DQ/VL")
+def test_override_avx512_is_reported(subprocess_env):
+    proc = run_python(PRINT_INFO, subprocess_env, GGMLOPT_SIMD="avx512")
+    assert proc.returncode == 0, proc.stderr
+    info = ast.literal_eval(proc.stdout.strip())
+    assert info["active"] == "avx512" and info["override"] == "avx512"
+    assert all(info["cpu"][f] for f in ("avx512f", "avx512bw", "avx512dq", "avx512vl", "os_zmm"))
+
+
+def test_avx512_is_the_default_where_the_cpu_runs_it(subprocess_env):
+    proc = run_python(PRINT_INFO, subprocess_env)
+    assert proc.returncode == 0, proc.stderr
+    info = ast.literal_eval(proc.stdout.strip())
+    assert "avx512" in info["compiled"] or "neon" in info["compiled"]
+    expect = "avx512" if "avx512" in kernels.simd_paths() else kernels.simd_paths()[0]
+    assert info["active"] == expect
+
+
 def test_unknown_override_fails_at_import_with_a_clear_message(subprocess_env):
     proc = run_python("import ggmlopt", subprocess_env, GGMLOPT_SIMD="bogus")
     # a Python exception (exit status 1), not a signal
@@ -95,7 +120,7 @@ def test_unknown_override_fails_at_import_with_a_clear_message(subprocess_env):
 
 
 def test_override_for_a_path_this_machine_lacks_fails_at_import(subprocess_env):
-    missing = [p for p in ("avx2", "neon") if p not in kernels.simd_paths()]
+    missing = [p for p in ("avx2", "neon", "avx512") if p not in kernels.simd_paths()]
     assert missing                           # x86-64 lacks neon, aarch64 lacks avx2
     proc = run_python("import ggmlopt", subprocess_env, GGMLOPT_SIMD=missing[0])
     assert proc.returncode == 1, (proc.returncode, proc.stderr)

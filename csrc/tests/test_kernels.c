@@ -1,6 +1,6 @@
 /*
  * The C test harness: every kernel of every dispatch table this build holds
- * (scalar always, avx2 when the CPU runs it, neon on aarch64) against float64
+ * (scalar always, avx2 and avx512 when the CPU runs them, neon on aarch64) against float64
  * references, on sizes around each vector width, with arrays that end exactly
  * at the end of their allocation; every non-scalar path against the scalar
  * path; then the public, dispatched API of ggmlopt.h (test_public_api.c).
@@ -368,10 +368,10 @@ static void test_cross_entropy(const ggmlopt_kernel_table *k, int64_t ncols, int
 /* Many rows of a narrow width: the vector paths take them GO_EPR at a time, the
  * leftover rows one by one. */
 static void test_cross_entropy_rows(const ggmlopt_kernel_table *k, int64_t ncols, int off) {
-    enum { NROWS = 19 };
+    enum { NROWS = 35 }; /* two blocks of 16 rows and leftovers */
     if (ncols > 33) return;
     char ctx[160];
-    CTX(ctx, "cross_entropy_rows_f32", k, ncols, off, " (n: ncols; 19 rows of the four kinds)");
+    CTX(ctx, "cross_entropy_rows_f32", k, ncols, off, " (n: ncols; up to 34 rows of the four kinds)");
     float *x = (float *)th_alloc(4, NROWS * ncols, off), *l = (float *)th_alloc(4, NROWS * ncols, off);
     for (int r = 0; r < NROWS; ++r) fill_ce_row((r * 3) % CE_ROWS, ncols, x + r * ncols, l + r * ncols);
     for (int64_t rows = 1; rows <= NROWS; rows += rows < 9 ? 1 : 5)
@@ -382,7 +382,7 @@ static void test_cross_entropy_rows(const ggmlopt_kernel_table *k, int64_t ncols
  * labels expanded), and against the scalar path: rows of every kind, with the
  * class at random, at the first and at the last column. */
 static void test_cross_entropy_index(const ggmlopt_kernel_table *k, int64_t ncols, int off) {
-    enum { NROWS = 19 };
+    enum { NROWS = 35 }; /* two blocks of 16 rows and leftovers */
     if (ncols == 0) return;
     char ctx[160];
     CTX(ctx, "cross_entropy_index_rows_f32", k, ncols, off, " (n: ncols; vs one-hot)");
@@ -558,6 +558,11 @@ static int collect_tables(const ggmlopt_kernel_table **out) {
         out[n++] = &ggmlopt_kernels_avx2;
     else
         printf("note: this CPU lacks avx2/fma/f16c: the avx2 table is not tested\n");
+    if (ggmlopt_simd_select("avx512") == 0)  /* the dispatcher's cpuid + XGETBV check */
+        out[n++] = &ggmlopt_kernels_avx512;
+    else
+        printf("note: this CPU (or OS) lacks avx512f/bw/dq/vl: the avx512 table is not tested\n");
+    ggmlopt_simd_select(NULL);
 #endif
 #if defined(__aarch64__)
     out[n++] = &ggmlopt_kernels_neon;
@@ -617,7 +622,7 @@ int main(int argc, char **argv) {
         }
     }
     th_start_watchdog(timeout);
-    const ggmlopt_kernel_table *tables[4];
+    const ggmlopt_kernel_table *tables[8];
     const int ntables = collect_tables(tables);
     printf("kernel tables under test:");
     for (int t = 0; t < ntables; ++t) printf(" %s", tables[t]->name);

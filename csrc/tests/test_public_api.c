@@ -319,9 +319,19 @@ static void test_runtime_surface(void) {
              cpu_avx2);
     th_check(strstr(ggmlopt_cpu_features(), "avx2=") != NULL, "ggmlopt_cpu_features() = '%s'",
              ggmlopt_cpu_features());
+    /* GCC's check also asks XGETBV whether the OS saves the ZMM and mask registers */
+    const int cpu_avx512 = cpu_avx2 && __builtin_cpu_supports("avx512f") &&
+                           __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    const int rc512 = ggmlopt_simd_select("avx512");
+    th_check(rc512 == (cpu_avx512 ? 0 : -3), "select(\"avx512\") = %d on a CPU with avx512=%d",
+             rc512, cpu_avx512);
+    th_check(strstr(ggmlopt_cpu_features(), "os_zmm=") != NULL, "ggmlopt_cpu_features() = '%s'",
+             ggmlopt_cpu_features());
 #endif
 #if defined(__aarch64__)
     th_check(ggmlopt_simd_select("avx2") == -2, "select(\"avx2\") on aarch64 must give -2");
+    th_check(ggmlopt_simd_select("avx512") == -2, "select(\"avx512\") on aarch64 must give -2");
     th_check(ggmlopt_simd_select("neon") == 0, "select(\"neon\") on aarch64 must give 0");
 #endif
     th_check(ggmlopt_simd_select(NULL) == 0 && best >= 0 &&

@@ -2,7 +2,8 @@
  * ggmlopt: the C kernels behind ggml's training engine for Python.
  *
  * Every function here goes through a dispatch table filled once from CPU
- * detection (scalar, AVX2+FMA or NEON; GGMLOPT_SIMD=scalar|avx2|neon pins one)
+ * detection (scalar, AVX2+FMA, AVX-512 or NEON; GGMLOPT_SIMD=scalar|avx2|avx512|neon
+ * pins one)
  * and splits large calls across the library's worker threads.  Kernels never
  * allocate, never touch Python and may be called without the GIL.
  *
