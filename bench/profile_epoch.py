@@ -149,11 +149,13 @@ def profile_torch(x, y, epochs):
         profiled_wall = time.perf_counter() - t0
     groups = {"aten::addmm": "linear forward (addmm)",
               "aten::mm": "linear backward products (mm)",
-              "aten::relu": "relu forward", "aten::threshold_backward": "relu backward",
+              "aten::relu": "relu forward", "aten::clamp_min": "relu forward",
+              "aten::threshold_backward": "relu backward",
               "aten::_log_softmax": "cross-entropy", "aten::nll_loss_forward": "cross-entropy",
               "aten::_log_softmax_backward_data": "cross-entropy",
               "aten::nll_loss_backward": "cross-entropy",
               "aten::_fused_adamw_": "AdamW step (fused)",
+              "Optimizer.step#AdamW.step": "AdamW step (fused)",
               "aten::index": "gather batch (index)", "aten::sum": "bias gradient (sum)"}
     phases = defaultdict(float)
     for ev in prof.key_averages():
