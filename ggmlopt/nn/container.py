@@ -1,9 +1,17 @@
 """Sequential: layers applied in order."""
 from __future__ import annotations
 
+from .activation import ReLU
 from .module import Module
+from .pooling import MaxPool2d
 
 __all__ = ["Sequential"]
+
+
+def _fuses(first, second) -> bool:
+    """A ReLU directly followed by a MaxPool2d (exactly these classes: a subclass
+    may change either) runs as MaxPool2d.forward_relu."""
+    return type(first) is ReLU and type(second) is MaxPool2d
 
 
 class Sequential(Module):
@@ -11,6 +19,12 @@ class Sequential(Module):
 
     As a top-level model it does not compute the gradient w.r.t. its input (the
     data); nested inside another Sequential the parent decides.
+
+    A ReLU directly followed by a MaxPool2d runs as one pass
+    (MaxPool2d.forward_relu: the pool of the pre-activation, clamped at 0, and
+    the gradient sent back only where the output is not 0), with the outputs
+    and gradients of the two layers run one after the other.  The ReLU's own
+    forward and backward are then skipped (its buffers are not filled).
     """
 
     def __init__(self, *layers):
@@ -24,6 +38,7 @@ class Sequential(Module):
                     raise TypeError(f"layers[{i}]: {type(layer).__name__} has no {method}()")
         self.layers = list(layers)
         self._needs_input_grad = False
+        self._fused = ()  # the ReLUs the last forward ran inside the next MaxPool2d
         self._propagate()
 
     def _propagate(self):
@@ -61,16 +76,39 @@ class Sequential(Module):
         """x through every layer's forward: the last layer's result, usually a buffer
         that layer reuses (the next forward overwrites it); ``model(x)`` returns a
         copy the caller owns."""
-        for layer in self.layers:
-            x = layer.forward(x)
+        layers, fused = self.layers, []
+        i = 0
+        while i < len(layers):
+            if i + 1 < len(layers) and _fuses(layers[i], layers[i + 1]):
+                x = layers[i + 1].forward_relu(x)
+                fused.append(i)
+                i += 2
+                continue
+            x = layers[i].forward(x)
+            i += 1
+        self._fused = tuple(fused)
         return x
 
     def backward(self, grad_out):
         """grad_out through every layer's backward, last layer first; returns the
         first layer's result (None unless needs_input_grad is set)."""
         g = grad_out
-        for layer in reversed(self.layers):
-            g = layer.backward(g)
+        layers, fused = self.layers, self._fused
+        i = len(layers) - 1
+        while i >= 0:
+            if i - 1 in fused:
+                # the pool's backward gives the ReLU input's gradient; skip the ReLU
+                # unless that gradient is not wanted
+                pool, relu = layers[i], layers[i - 1]
+                if not relu.needs_input_grad:
+                    pool.backward(g)  # its checks, no gradient
+                    g = None
+                else:
+                    g = pool.backward(g)
+                i -= 2
+                continue
+            g = layers[i].backward(g)
+            i -= 1
         return g
 
     def __getitem__(self, i):

@@ -54,11 +54,14 @@ class Conv2d(Module):
     one); default conv_kaiming_uniform (torch's default).  rng: None, an int seed
     or a numpy Generator.
 
-    The packing (im2col, col2im) runs in the C kernels, the products go to
+    Stride 1 (any kernel and padding) runs the direct convolution of
+    kernels.conv2d_direct: one C pass per image over zero-padded planes, the
+    images shared among the kernel threads, no BLAS.  Other strides pack the
+    receptive fields (im2col, col2im) in the C kernels and hand the products to
     NumPy's BLAS, one per image, a chunk of images at a time (about 1 MiB of
     columns, packed again in backward rather than kept); with
-    ggmlopt.set_num_threads(n > 1) the chunks are shared among n Python threads
-    (the results do not depend on n).
+    ggmlopt.set_num_threads(n > 1) the chunks are shared among n Python threads.
+    Either way the results do not depend on the number of threads.
     backward reads the last forward's input, so that array must not change in
     between (as for every layer here).  ``forward`` returns a buffer
     the layer reuses (the next forward overwrites it); ``conv(x)`` returns a copy
@@ -90,6 +93,9 @@ class Conv2d(Module):
         self._out_shape = None
         self._has_forward = False
         self._scratch = {}
+        self._direct = self.stride == (1, 1)
+        self._work = None
+        self._work_threads = 0
 
     def _buffers(self, shape):
         n, c, h, w = shape
@@ -110,6 +116,8 @@ class Conv2d(Module):
         p = self._out_shape[2] * self._out_shape[3]
         rows = self._rows
         self._grad_in = np.empty(self._shape, dtype=np.float32)
+        if self._direct:
+            return
         self._dw_images = np.empty((n, self.out_channels, rows), dtype=np.float32)
         self._db_images = np.empty((n, self.out_channels), dtype=np.float32)
         self._ones_plane = np.ones(p, dtype=np.float32)
@@ -158,12 +166,30 @@ class Conv2d(Module):
         if errors:
             raise errors[0]
 
+    def _workspace(self):
+        """The direct kernels' scratch, sized again when the thread count grows."""
+        threads = kernels.get_num_threads()
+        if self._work is None or threads > self._work_threads:
+            self._work = np.empty(kernels.conv2d_direct_workspace(
+                self._shape, self.out_channels, self.kernel_size, self.padding, threads),
+                dtype=np.float32)
+            self._work_threads = threads
+        return self._work
+
     def forward(self, x):
         """x: (batch, in_channels, h, w) -> (batch, out_channels, oh, ow) float32 (a
         buffer this layer reuses: the next forward overwrites it)."""
         x = as_images(x, "x", self.in_channels)
         if x.shape != self._shape:
             self._buffers(x.shape)
+            self._work = None
+        if self._direct:
+            bias = None if self.bias is None else self.bias.data
+            kernels.conv2d_direct(x, self.weight.data, bias, self.padding, out=self._out,
+                                  workspace=self._workspace())
+            self._x = x
+            self._has_forward = True
+            return self._out
         oc = self.out_channels
         out = self._out
         out3 = out.reshape(x.shape[0], oc, out.shape[2] * out.shape[3])
@@ -192,6 +218,8 @@ class Conv2d(Module):
         g = as_grad(grad_out, self._out_shape)
         if self._grad_in is None:
             self._backward_buffers()
+        if self._direct:
+            return self._backward_direct(g)
         n, oc = g.shape[0], self.out_channels
         g3 = g.reshape(n, oc, g.shape[2] * g.shape[3])
         x, w2 = self._x, self.weight.data.reshape(oc, -1)
@@ -218,6 +246,34 @@ class Conv2d(Module):
                 np.matmul(self._ones_batch, self._db_images, out=out)
 
             add_into(self.bias, bias_grad, self, "bias")
+        return self._grad_in if input_grad else None
+
+    def _backward_direct(self, g):
+        """backward for stride 1: one C pass gives every gradient; the parameter
+        gradients go straight into grad when it is known to be zero."""
+        targets = []
+        for p, key in ((self.weight, "weight"), (self.bias, "bias")):
+            if p is None:
+                targets.append(None)
+            elif p.grad_is_zero:
+                targets.append(p.grad)
+            else:
+                scratch = self._scratch.get(key)
+                if scratch is None or scratch.shape != p.grad.shape:
+                    scratch = np.empty(p.grad.shape, dtype=np.float32)
+                    self._scratch[key] = scratch
+                targets.append(scratch)
+        input_grad = self.needs_input_grad
+        kernels.conv2d_direct_backward(
+            self._x, self.weight.data, g, self.padding, grad_weight=targets[0],
+            grad_bias=targets[1], grad_input=self._grad_in if input_grad else None,
+            bias=self.bias is not None, input_grad=input_grad, workspace=self._workspace())
+        for p, t in zip((self.weight, self.bias), targets):
+            if p is None:
+                continue
+            if t is not p.grad:
+                np.add(p.grad, t, out=p.grad)
+            p.grad_is_zero = False
         return self._grad_in if input_grad else None
 
     def __repr__(self):
