@@ -325,6 +325,15 @@ cdef _no_overlap(list named):
                                  "they must be distinct arrays")
 
 
+cdef _outputs_apart(list inputs, list outputs):
+    """Raise when an output shares memory with another output or an input (inputs
+    may share memory with each other: they are only read)."""
+    _no_overlap(outputs)
+    for out in outputs:
+        for inp in inputs:
+            _no_overlap([inp, out])
+
+
 cdef double _real(object x, str name) except? -1:
     """x as a double; TypeError for anything that is not a real number (strings too,
     which float() would parse)."""
@@ -1018,7 +1027,7 @@ def maxpool2d_relu_backward(grad_out, indices, out_forward, x_shape, kernel_size
     if ai.size and (ai.min() < 0 or ai.max() >= h * w):
         raise IndexError(f"indices: positions must lie in [0, {h * w})")
     cdef cnp.ndarray ao = _out(out, xs, "out", np.float32)
-    _no_overlap([("grad_out", ag), ("out_forward", ay), ("indices", ai), ("out", ao)])
+    _outputs_apart([("grad_out", ag), ("out_forward", ay), ("indices", ai)], [("out", ao)])
     cdef int64_t nplanes = xs[0] * xs[1]
     cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw
     cdef float *pg = _f32(ag)
@@ -1137,10 +1146,10 @@ def conv2d_direct(x, weight, bias=None, padding=0, out=None, workspace=None):
                              f"{ab.size}")
     cdef cnp.ndarray ao = _out(out, (xs[0], o, oh, ow), "out", np.float32)
     cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
-    named = [("x", ax), ("weight", aw), ("out", ao), ("workspace", work)]
+    inputs = [("x", ax), ("weight", aw)]
     if ab is not None:
-        named.append(("bias", ab))
-    _no_overlap(named)
+        inputs.append(("bias", ab))
+    _outputs_apart(inputs, [("out", ao), ("workspace", work)])
     cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], o_ = o
     cdef int64_t kh_ = kh, kw_ = kw, ph_ = ph, pw_ = pw, nwork = work.size
     cdef const float *pb = NULL if ab is None else _f32(ab)
@@ -1173,13 +1182,12 @@ def conv2d_direct_backward(x, weight, grad_out, padding=0, grad_weight=None, gra
     cdef cnp.ndarray adb = _out(grad_bias, (o,), "grad_bias", np.float32) if bias else None
     cdef cnp.ndarray adx = _out(grad_input, xs, "grad_input", np.float32) if input_grad else None
     cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
-    named = [("x", ax), ("weight", aw), ("grad_out", ag), ("grad_weight", adw),
-             ("workspace", work)]
+    outputs = [("grad_weight", adw), ("workspace", work)]
     if adb is not None:
-        named.append(("grad_bias", adb))
+        outputs.append(("grad_bias", adb))
     if adx is not None:
-        named.append(("grad_input", adx))
-    _no_overlap(named)
+        outputs.append(("grad_input", adx))
+    _outputs_apart([("x", ax), ("weight", aw), ("grad_out", ag)], outputs)
     cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], o_ = o
     cdef int64_t kh_ = kh, kw_ = kw, ph_ = ph, pw_ = pw, nwork = work.size
     cdef float *pdb = NULL if adb is None else _f32(adb)
