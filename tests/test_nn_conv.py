@@ -351,3 +351,28 @@ def test_empty_batch():
         pool = cls(2)
         y = pool(x)
         assert y.shape == (0, 2, 2, 2) and pool.backward(y).shape == x.shape
+
+
+@pytest.mark.parametrize("c, o, stride, direct", [
+    (1, 8, 1, True), (8, 16, 1, True), (16, 32, 1, True), (32, 32, (1, 1), True),
+    (3, 32, 1, False), (33, 8, 1, False), (8, 40, 1, False), (8, 16, 2, False),
+    (8, 16, (1, 2), False)])
+def test_conv2d_picks_direct_kernels_for_thin_stride_1_layers(rng, c, o, stride, direct):
+    """Thin stride-1 layers run the direct kernels, the others im2col + BLAS;
+    both give the reference's forward and the same gradients."""
+    conv = Conv2d(c, o, 3, stride=stride, padding=1, rng=1)
+    assert conv._direct is direct
+    x = rng.standard_normal((3, c, 7, 6)).astype(F32)
+    y = conv(x)
+    want = conv2d(x, conv.weight.data, conv.bias.data, conv.stride, conv.padding)
+    scale = conv2d(np.abs(x), np.abs(conv.weight.data), np.abs(conv.bias.data), conv.stride,
+                   conv.padding)
+    assert np.all(np.abs(y - want) <= 1e-6 * scale + 1e-7)
+    if conv.stride != (1, 1):
+        return
+    conv.needs_input_grad = True
+    g = rng.standard_normal(y.shape).astype(F32)
+    dx = conv.backward(g)
+    dx2, dw2, db2 = kernels.conv2d_direct_backward(x, conv.weight.data, g, 1)
+    for a, b in ((dx, dx2), (conv.weight.grad, dw2), (conv.bias.grad, db2)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
