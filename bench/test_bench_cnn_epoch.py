@@ -105,8 +105,8 @@ def test_bench_mnist_cnn_epoch(data):
     t_go, t_torch = med["ggmlopt"], med.get("torch")
     nbatches = NDATA // NBATCH_PHYSICAL
     per_batch = t_go / nbatches * 1e3
-    lines = [f"ggmlopt mnist-cnn epoch: {t_go:.3f} s ({per_batch:.2f} ms per physical batch of "
-             f"{NBATCH_PHYSICAL})"]
+    head = f"ggmlopt mnist-cnn epoch: {t_go:.3f} s ({per_batch:.2f} ms per physical batch)"
+    lines = [head]
     if t_torch is not None:
         lines.append(f"torch ({THREADS} threads, fused AdamW): {t_torch:.3f} s  "
                      f"ggmlopt/torch = {t_go / t_torch:.2f} (target <= {TARGET})")
