@@ -642,9 +642,12 @@ double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float
 
 typedef struct {
     go_direct_geom fwd, bwd; /* bwd: the input gradient as a convolution of dy */
+    go_pool_geom pool;       /* with a ReLU and max pooling after the convolution */
+    int pooled;
     int64_t n, groups;
     const float *x, *w, *bias, *dy, *wt;
     float *y, *dx, *partial; /* partial: groups * (dw, db) */
+    int32_t *idx;            /* pooled: the pool's indices; y and dy are pooled */
     int with_bias;
     float *slots;
     int64_t slot_size;
@@ -664,17 +667,27 @@ static go_direct_geom direct_input_grad_geom(const go_direct_geom *f) {
                         f->kw - 1 - f->left, f->hs + f->kh - 1, f->ws + f->kw - 1};
     return g;
 }
-static int64_t direct_forward_slot(const go_direct_geom *g) {
+/* floats of one image's convolution output */
+static int64_t direct_output_size(const go_direct_geom *g) {
+    return g->cout * (g->hp - g->kh + 1) * (g->wp - g->kw + 1);
+}
+/* one image's scratch for conv2d_direct_f32 */
+static int64_t direct_image_scratch(const go_direct_geom *g) {
     return go_direct_padded_size(g, GO_DIRECT_MAX_EPR) +
            g->cout * go_direct_wide_stride(g, GO_DIRECT_MAX_EPR);
 }
-static int64_t direct_backward_slot(const go_direct_geom *f, int input_grad) {
-    int64_t s = GO_DIRECT_GROUP * direct_forward_slot(f);
-    if (input_grad) {
-        const go_direct_geom b = direct_input_grad_geom(f);
-        s += direct_forward_slot(&b);
-    }
-    return s;
+/* A thread's slot, for the plain and the pooled calls alike.  Forward: one
+ * image's scratch, then its convolution output (pooled: the pool reads it
+ * there).  Backward: a group's weight-gradient scratch, one image's
+ * input-gradient scratch, then the group's output gradients (pooled: scattered
+ * there from the pool's). */
+static int64_t direct_forward_slot(const go_direct_geom *f) {
+    return direct_image_scratch(f) + direct_output_size(f);
+}
+static int64_t direct_backward_slot(const go_direct_geom *f) {
+    const go_direct_geom b = direct_input_grad_geom(f);
+    return GO_DIRECT_GROUP * (direct_image_scratch(f) + direct_output_size(f)) +
+           direct_image_scratch(&b);
 }
 static int64_t direct_groups(int64_t n) { return (n + GO_DIRECT_GROUP - 1) / GO_DIRECT_GROUP; }
 /* floats before the slots in a backward workspace: the flipped weights and
@@ -691,7 +704,7 @@ int64_t ggmlopt_conv2d_direct_workspace(int64_t n, int64_t c, int64_t h, int64_t
     if (nthreads > GO_DIRECT_MAX_SLOTS) nthreads = GO_DIRECT_MAX_SLOTS;
     const go_direct_geom f = direct_forward_geom(c, h, w, o, kh, kw, ph, pw);
     const int64_t forward = nthreads * direct_forward_slot(&f);
-    const int64_t backward = direct_backward_head(&f, n) + nthreads * direct_backward_slot(&f, 1);
+    const int64_t backward = direct_backward_head(&f, n) + nthreads * direct_backward_slot(&f);
     return forward > backward ? forward : backward;
 }
 
@@ -717,18 +730,6 @@ static void direct_run(direct_args *a, go_pool_block_fn fn, int64_t madds) {
     }
 }
 
-static void direct_forward_block(void *p, int b) {
-    direct_args *a = (direct_args *)p;
-    const go_direct_geom *g = &a->fwd;
-    const int64_t i0 = (int64_t)b * GO_DIRECT_GROUP;
-    const int64_t i1 = i0 + GO_DIRECT_GROUP < a->n ? i0 + GO_DIRECT_GROUP : a->n;
-    const int64_t oh = g->hp - g->kh + 1, ow = g->wp - g->kw + 1;
-    const int s = direct_claim(a);
-    kernels()->conv2d_direct_f32(g, i1 - i0, a->x + i0 * g->cin * g->hs * g->ws, a->w, a->bias,
-                                 a->y + i0 * g->cout * oh * ow, a->slots + s * a->slot_size);
-    direct_release(a, s);
-}
-
 static int direct_slots(direct_args *a, float *work, int64_t work_size, int64_t head,
                         int64_t slot) {
     int64_t fit = (work_size - head) / slot;
@@ -742,24 +743,77 @@ static int direct_slots(direct_args *a, float *work, int64_t work_size, int64_t 
     return 0;
 }
 
+static void direct_init(direct_args *a, int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                        int64_t kh, int64_t kw, int64_t ph, int64_t pw, const int64_t *pool) {
+    memset(a, 0, sizeof(*a));
+    a->fwd = direct_forward_geom(c, h, w, o, kh, kw, ph, pw);
+    a->bwd = direct_input_grad_geom(&a->fwd);
+    a->n = n;
+    a->groups = direct_groups(n);
+    if (pool) {
+        a->pooled = 1;
+        a->pool = pool_geom(h + 2 * ph - kh + 1, w + 2 * pw - kw + 1, pool[0], pool[1], pool[2],
+                            pool[3]);
+    }
+}
+
+static void direct_forward_block(void *p, int b) {
+    direct_args *a = (direct_args *)p;
+    const go_direct_geom *g = &a->fwd;
+    const int64_t i0 = (int64_t)b * GO_DIRECT_GROUP;
+    const int64_t i1 = i0 + GO_DIRECT_GROUP < a->n ? i0 + GO_DIRECT_GROUP : a->n;
+    const int64_t out = direct_output_size(g), in = g->cin * g->hs * g->ws;
+    const int s = direct_claim(a);
+    float *scratch = a->slots + s * a->slot_size;
+    const ggmlopt_kernel_table *k = kernels();
+    if (!a->pooled) {
+        k->conv2d_direct_f32(g, i1 - i0, a->x + i0 * in, a->w, a->bias, a->y + i0 * out,
+                             scratch);
+    } else {
+        /* each image's output stays in the slot, where the pool reads it */
+        float *conv = scratch + direct_image_scratch(g);
+        const int64_t pout = g->cout * a->pool.oh * a->pool.ow;
+        for (int64_t i = i0; i < i1; ++i) {
+            k->conv2d_direct_f32(g, 1, a->x + i * in, a->w, a->bias, conv, scratch);
+            k->maxpool2d_relu_f32(&a->pool, g->cout, conv, a->y + i * pout, a->idx + i * pout);
+        }
+    }
+    direct_release(a, s);
+}
+
+static int direct_forward(direct_args *a, const float *x, const float *weight, const float *bias,
+                          float *y, int32_t *idx, float *work, int64_t work_size) {
+    if (a->n <= 0) return 0;
+    a->x = x;
+    a->w = weight;
+    a->bias = bias;
+    a->y = y;
+    a->idx = idx;
+    if (direct_slots(a, work, work_size, 0, direct_forward_slot(&a->fwd)) != 0) return -1;
+    const go_direct_geom *g = &a->fwd;
+    direct_run(a, direct_forward_block, a->n * direct_output_size(g) * g->cin * g->kh * g->kw);
+    return 0;
+}
+
 int ggmlopt_conv2d_direct_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh,
                               int64_t kw, int64_t ph, int64_t pw, const float *x,
                               const float *weight, const float *bias, float *y, float *work,
                               int64_t work_size) {
-    if (n <= 0) return 0;
-    static direct_args zero;
-    direct_args a = zero;
-    a.fwd = direct_forward_geom(c, h, w, o, kh, kw, ph, pw);
-    a.n = n;
-    a.groups = direct_groups(n);
-    a.x = x;
-    a.w = weight;
-    a.bias = bias;
-    a.y = y;
-    if (direct_slots(&a, work, work_size, 0, direct_forward_slot(&a.fwd)) != 0) return -1;
-    const int64_t oh = h + 2 * ph - kh + 1, ow = w + 2 * pw - kw + 1;
-    direct_run(&a, direct_forward_block, n * o * c * kh * kw * oh * ow);
-    return 0;
+    direct_args a;
+    direct_init(&a, n, c, h, w, o, kh, kw, ph, pw, NULL);
+    return direct_forward(&a, x, weight, bias, y, NULL, work, work_size);
+}
+
+int ggmlopt_conv2d_direct_relu_maxpool_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                           int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                           int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+                                           const float *x, const float *weight,
+                                           const float *bias, float *y, int32_t *idx,
+                                           float *work, int64_t work_size) {
+    const int64_t pool[4] = {pkh, pkw, psh, psw};
+    direct_args a;
+    direct_init(&a, n, c, h, w, o, kh, kw, ph, pw, pool);
+    return direct_forward(&a, x, weight, bias, y, idx, work, work_size);
 }
 
 static void direct_backward_block(void *p, int b) {
@@ -767,21 +821,74 @@ static void direct_backward_block(void *p, int b) {
     const go_direct_geom *g = &a->fwd;
     const int64_t i0 = (int64_t)b * GO_DIRECT_GROUP;
     const int64_t i1 = i0 + GO_DIRECT_GROUP < a->n ? i0 + GO_DIRECT_GROUP : a->n;
-    const int64_t oh = g->hp - g->kh + 1, ow = g->wp - g->kw + 1;
+    const int64_t out = direct_output_size(g), in = g->cin * g->hs * g->ws;
     const int64_t nw = g->cout * g->cin * g->kh * g->kw;
     const int s = direct_claim(a);
     float *scratch = a->slots + s * a->slot_size;
+    float *dx_scratch = scratch + GO_DIRECT_GROUP * direct_image_scratch(g);
     const ggmlopt_kernel_table *k = kernels();
-    float *part = a->partial + b * (nw + g->cout);
-    k->conv2d_direct_weight_grad_f32(g, i1 - i0, a->x + i0 * g->cin * g->hs * g->ws,
-                                     a->dy + i0 * g->cout * oh * ow, part,
-                                     a->with_bias ? part + nw : NULL, scratch);
-    if (a->dx) {
-        k->conv2d_direct_f32(&a->bwd, i1 - i0, a->dy + i0 * g->cout * oh * ow, a->wt, NULL,
-                             a->dx + i0 * g->cin * g->hs * g->ws,
-                             scratch + GO_DIRECT_GROUP * direct_forward_slot(g));
+    const float *dy = a->dy + i0 * out;
+    if (a->pooled) {
+        /* the group's output gradients, scattered from the pool's into the slot */
+        float *d = dx_scratch + direct_image_scratch(&a->bwd);
+        const int64_t pout = g->cout * a->pool.oh * a->pool.ow;
+        for (int64_t i = i0; i < i1; ++i)
+            k->maxpool2d_relu_backward_f32(&a->pool, g->cout, a->dy + i * pout,
+                                           a->idx + i * pout, a->y + i * pout,
+                                           d + (i - i0) * out);
+        dy = d;
     }
+    float *part = a->partial + b * (nw + g->cout);
+    k->conv2d_direct_weight_grad_f32(g, i1 - i0, a->x + i0 * in, dy, part,
+                                     a->with_bias ? part + nw : NULL, scratch);
+    if (a->dx)
+        k->conv2d_direct_f32(&a->bwd, i1 - i0, dy, a->wt, NULL, a->dx + i0 * in, dx_scratch);
     direct_release(a, s);
+}
+
+static int direct_backward(direct_args *a, const float *x, const float *weight, const float *dy,
+                           const int32_t *idx, const float *y, float *dx, float *dw, float *db,
+                           float *work, int64_t work_size) {
+    const go_direct_geom *g = &a->fwd;
+    const int64_t taps = g->kh * g->kw, nw = g->cout * g->cin * taps, o = g->cout, c = g->cin;
+    if (a->n <= 0) {
+        for (int64_t i = 0; i < nw; ++i) dw[i] = 0.0f;
+        if (db)
+            for (int64_t i = 0; i < o; ++i) db[i] = 0.0f;
+        return 0;
+    }
+    a->x = x;
+    a->dy = dy;
+    a->idx = (int32_t *)idx;
+    a->y = (float *)y;
+    a->dx = dx;
+    a->with_bias = db != NULL;
+    const int64_t head = direct_backward_head(g, a->n);
+    if (direct_slots(a, work, work_size, head, direct_backward_slot(g)) != 0) return -1;
+    float *wt = work;
+    a->partial = work + nw;
+    /* wt[ci, oi, ky, kx] = weight[oi, ci, kh-1-ky, kw-1-kx] */
+    for (int64_t oi = 0; oi < o; ++oi)
+        for (int64_t ci = 0; ci < c; ++ci)
+            for (int64_t t = 0; t < taps; ++t)
+                wt[(ci * o + oi) * taps + (taps - 1 - t)] = weight[(oi * c + ci) * taps + t];
+    a->wt = wt;
+    direct_run(a, direct_backward_block, (dx ? 2 : 1) * a->n * direct_output_size(g) * c * taps);
+    /* the groups' partials, added in group order */
+    const int64_t stride = nw + o;
+    for (int64_t i = 0; i < nw; ++i) {
+        float s = a->partial[i];
+        for (int64_t b = 1; b < a->groups; ++b) s += a->partial[b * stride + i];
+        dw[i] = s;
+    }
+    if (db) {
+        for (int64_t i = 0; i < o; ++i) {
+            float s = a->partial[nw + i];
+            for (int64_t b = 1; b < a->groups; ++b) s += a->partial[b * stride + nw + i];
+            db[i] = s;
+        }
+    }
+    return 0;
 }
 
 int ggmlopt_conv2d_direct_backward_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
@@ -789,51 +896,20 @@ int ggmlopt_conv2d_direct_backward_f32(int64_t n, int64_t c, int64_t h, int64_t 
                                        const float *x, const float *weight, const float *dy,
                                        float *dx, float *dw, float *db, float *work,
                                        int64_t work_size) {
-    const int64_t taps = kh * kw, nw = o * c * taps;
-    if (n <= 0) {
-        for (int64_t i = 0; i < nw; ++i) dw[i] = 0.0f;
-        if (db)
-            for (int64_t i = 0; i < o; ++i) db[i] = 0.0f;
-        return 0;
-    }
-    static direct_args zero;
-    direct_args a = zero;
-    a.fwd = direct_forward_geom(c, h, w, o, kh, kw, ph, pw);
-    a.bwd = direct_input_grad_geom(&a.fwd);
-    a.n = n;
-    a.groups = direct_groups(n);
-    a.x = x;
-    a.dy = dy;
-    a.dx = dx;
-    a.with_bias = db != NULL;
-    const int64_t head = direct_backward_head(&a.fwd, n);
-    if (direct_slots(&a, work, work_size, head, direct_backward_slot(&a.fwd, dx != NULL)) != 0)
-        return -1;
-    float *wt = work;
-    a.partial = work + nw;
-    /* wt[ci, oi, ky, kx] = weight[oi, ci, kh-1-ky, kw-1-kx] */
-    for (int64_t oi = 0; oi < o; ++oi)
-        for (int64_t ci = 0; ci < c; ++ci)
-            for (int64_t t = 0; t < taps; ++t)
-                wt[(ci * o + oi) * taps + (taps - 1 - t)] = weight[(oi * c + ci) * taps + t];
-    a.wt = wt;
-    const int64_t oh = h + 2 * ph - kh + 1, ow = w + 2 * pw - kw + 1;
-    direct_run(&a, direct_backward_block, (dx ? 2 : 1) * n * o * c * taps * oh * ow);
-    /* the groups' partials, added in group order */
-    const int64_t stride = nw + o;
-    for (int64_t i = 0; i < nw; ++i) {
-        float s = a.partial[i];
-        for (int64_t b = 1; b < a.groups; ++b) s += a.partial[b * stride + i];
-        dw[i] = s;
-    }
-    if (db) {
-        for (int64_t i = 0; i < o; ++i) {
-            float s = a.partial[nw + i];
-            for (int64_t b = 1; b < a.groups; ++b) s += a.partial[b * stride + nw + i];
-            db[i] = s;
-        }
-    }
-    return 0;
+    direct_args a;
+    direct_init(&a, n, c, h, w, o, kh, kw, ph, pw, NULL);
+    return direct_backward(&a, x, weight, dy, NULL, NULL, dx, dw, db, work, work_size);
+}
+
+int ggmlopt_conv2d_direct_relu_maxpool_backward_f32(
+    int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw, int64_t ph,
+    int64_t pw, int64_t pkh, int64_t pkw, int64_t psh, int64_t psw, const float *x,
+    const float *weight, const float *dy, const int32_t *idx, const float *y, float *dx,
+    float *dw, float *db, float *work, int64_t work_size) {
+    const int64_t pool[4] = {pkh, pkw, psh, psw};
+    direct_args a;
+    direct_init(&a, n, c, h, w, o, kh, kw, ph, pw, pool);
+    return direct_backward(&a, x, weight, dy, idx, y, dx, dw, db, work, work_size);
 }
 
 /* ---- ReLU then max pooling ----------------------------------------------------- */

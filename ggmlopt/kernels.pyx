@@ -84,6 +84,17 @@ cdef extern from "ggmlopt.h" nogil:
                                            int64_t pw, const float *x, const float *weight,
                                            const float *dy, float *dx, float *dw, float *db,
                                            float *work, int64_t work_size)
+    int ggmlopt_conv2d_direct_relu_maxpool_f32(int64_t n, int64_t c, int64_t h, int64_t w,
+                                               int64_t o, int64_t kh, int64_t kw, int64_t ph,
+                                               int64_t pw, int64_t pkh, int64_t pkw,
+                                               int64_t psh, int64_t psw, const float *x,
+                                               const float *weight, const float *bias, float *y,
+                                               int32_t *idx, float *work, int64_t work_size)
+    int ggmlopt_conv2d_direct_relu_maxpool_backward_f32(
+        int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw,
+        int64_t ph, int64_t pw, int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+        const float *x, const float *weight, const float *dy, const int32_t *idx,
+        const float *y, float *dx, float *dw, float *db, float *work, int64_t work_size)
     int ggmlopt_simd_count()
     const char *ggmlopt_simd_name(int i)
     int ggmlopt_simd_compiled(int i)
@@ -216,6 +227,25 @@ cdef int conv2d_direct_backward_f32(int64_t n, int64_t c, int64_t h, int64_t w, 
                                     int64_t work_size) noexcept nogil:
     return ggmlopt_conv2d_direct_backward_f32(n, c, h, w, o, kh, kw, ph, pw, x, weight, dy, dx,
                                               dw, db, work, work_size)
+
+cdef int conv2d_direct_relu_maxpool_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                        int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                        int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+                                        const float *x, const float *weight, const float *bias,
+                                        float *y, int32_t *idx, float *work,
+                                        int64_t work_size) noexcept nogil:
+    return ggmlopt_conv2d_direct_relu_maxpool_f32(n, c, h, w, o, kh, kw, ph, pw, pkh, pkw, psh,
+                                                  psw, x, weight, bias, y, idx, work, work_size)
+
+cdef int conv2d_direct_relu_maxpool_backward_f32(
+        int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw,
+        int64_t ph, int64_t pw, int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+        const float *x, const float *weight, const float *dy, const int32_t *idx,
+        const float *y, float *dx, float *dw, float *db, float *work,
+        int64_t work_size) noexcept nogil:
+    return ggmlopt_conv2d_direct_relu_maxpool_backward_f32(n, c, h, w, o, kh, kw, ph, pw, pkh,
+                                                           pkw, psh, psw, x, weight, dy, idx, y,
+                                                           dx, dw, db, work, work_size)
 
 cdef void maxpool2d_relu_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
                              int64_t sh, int64_t sw, const float *x, float *y,
@@ -1200,6 +1230,102 @@ def conv2d_direct_backward(x, weight, grad_out, padding=0, grad_weight=None, gra
     with nogil:
         ggmlopt_conv2d_direct_backward_f32(n, c, h, w, o_, kh_, kw_, ph_, pw_, px, pwt, pg, pdx,
                                            pdw, pdb, pk, nwork)
+    return adx, adw, adb
+
+
+def conv2d_direct_relu_maxpool(x, weight, bias, padding, pool_kernel, pool_stride=None,
+                               out=None, indices=None, workspace=None):
+    """conv2d_direct, then ReLU, then max pooling (pool_kernel, pool_stride:
+    an int or a pair, stride default pool_kernel), without the convolution's
+    full-size output.  Returns (out, indices), float32 and int32 (n, o, poh,
+    pow): what maxpool2d_relu returns for conv2d_direct's output, bit for bit.
+    x, weight, bias, padding, workspace as for conv2d_direct."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef cnp.ndarray aw = _array(weight, "weight", np.float32, False)
+    xs, o, kh, kw, ph, pw, oh, ow = _direct_args(ax, aw, padding)
+    cdef cnp.ndarray ab = None
+    if bias is not None:
+        ab = _array(bias, "bias", np.float32, False)
+        if ab.size != o:
+            raise ValueError(f"bias: expected {o} elements (one per output channel), got "
+                             f"{ab.size}")
+    pkh, pkw, psh, psw, poh, pow_ = _pool_args((xs[0], o, oh, ow), pool_kernel, pool_stride)
+    shape = (xs[0], o, poh, pow_)
+    cdef cnp.ndarray ao = _out(out, shape, "out", np.float32)
+    cdef cnp.ndarray ai = _out(indices, shape, "indices", np.int32)
+    cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
+    inputs = [("x", ax), ("weight", aw)]
+    if ab is not None:
+        inputs.append(("bias", ab))
+    _outputs_apart(inputs, [("out", ao), ("indices", ai), ("workspace", work)])
+    cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], o_ = o
+    cdef int64_t kh_ = kh, kw_ = kw, ph_ = ph, pw_ = pw, nwork = work.size
+    cdef int64_t pkh_ = pkh, pkw_ = pkw, psh_ = psh, psw_ = psw
+    cdef const float *pb = NULL if ab is None else _f32(ab)
+    cdef float *px = _f32(ax)
+    cdef float *pwt = _f32(aw)
+    cdef float *po = _f32(ao)
+    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
+    cdef float *pk = _f32(work)
+    with nogil:
+        ggmlopt_conv2d_direct_relu_maxpool_f32(n, c, h, w, o_, kh_, kw_, ph_, pw_, pkh_, pkw_,
+                                               psh_, psw_, px, pwt, pb, po, pi, pk, nwork)
+    return ao, ai
+
+
+def conv2d_direct_relu_maxpool_backward(x, weight, grad_out, indices, out_forward, padding,
+                                        pool_kernel, pool_stride=None, grad_weight=None,
+                                        grad_bias=None, grad_input=None, *, bias=True,
+                                        input_grad=True, workspace=None):
+    """The gradients of conv2d_direct_relu_maxpool for the pool's output
+    gradient grad_out (float32 (n, o, poh, pow)), with the indices and
+    out_forward the forward returned: (grad_input, grad_weight, grad_bias) as
+    conv2d_direct_backward returns them for the convolution's output gradient
+    that maxpool2d_relu_backward gives (the same bits), without that
+    full-size gradient."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef cnp.ndarray aw = _array(weight, "weight", np.float32, False)
+    xs, o, kh, kw, ph, pw, oh, ow = _direct_args(ax, aw, padding)
+    pkh, pkw, psh, psw, poh, pow_ = _pool_args((xs[0], o, oh, ow), pool_kernel, pool_stride)
+    shape = (xs[0], o, poh, pow_)
+    cdef cnp.ndarray ag = _array(grad_out, "grad_out", np.float32, False)
+    if (<object>ag).shape != shape:
+        raise ValueError(f"grad_out: expected shape {shape}, got {(<object>ag).shape}")
+    cdef cnp.ndarray ay = _array(out_forward, "out_forward", np.float32, False)
+    if (<object>ay).shape != shape:
+        raise ValueError(f"out_forward: expected shape {shape}, got {(<object>ay).shape}")
+    cdef cnp.ndarray ai = _array(indices, "indices", np.int32, False)
+    if (<object>ai).shape != shape:
+        raise ValueError(f"indices: expected shape {shape}, got {(<object>ai).shape}")
+    if ai.size and (ai.min() < 0 or ai.max() >= oh * ow):
+        raise IndexError(f"indices: positions must lie in [0, {oh * ow})")
+    cdef cnp.ndarray adw = _out(grad_weight, (<object>aw).shape, "grad_weight", np.float32)
+    cdef cnp.ndarray adb = _out(grad_bias, (o,), "grad_bias", np.float32) if bias else None
+    cdef cnp.ndarray adx = _out(grad_input, xs, "grad_input", np.float32) if input_grad else None
+    cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
+    outputs = [("grad_weight", adw), ("workspace", work)]
+    if adb is not None:
+        outputs.append(("grad_bias", adb))
+    if adx is not None:
+        outputs.append(("grad_input", adx))
+    _outputs_apart([("x", ax), ("weight", aw), ("grad_out", ag), ("out_forward", ay),
+                    ("indices", ai)], outputs)
+    cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], o_ = o
+    cdef int64_t kh_ = kh, kw_ = kw, ph_ = ph, pw_ = pw, nwork = work.size
+    cdef int64_t pkh_ = pkh, pkw_ = pkw, psh_ = psh, psw_ = psw
+    cdef float *pdb = NULL if adb is None else _f32(adb)
+    cdef float *pdx = NULL if adx is None else _f32(adx)
+    cdef float *px = _f32(ax)
+    cdef float *pwt = _f32(aw)
+    cdef float *pg = _f32(ag)
+    cdef float *py = _f32(ay)
+    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
+    cdef float *pdw = _f32(adw)
+    cdef float *pk = _f32(work)
+    with nogil:
+        ggmlopt_conv2d_direct_relu_maxpool_backward_f32(n, c, h, w, o_, kh_, kw_, ph_, pw_, pkh_,
+                                                        pkw_, psh_, psw_, px, pwt, pg, pi, py,
+                                                        pdx, pdw, pdb, pk, nwork)
     return adx, adw, adb
 
 

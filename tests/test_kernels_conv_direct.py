@@ -303,3 +303,77 @@ def test_reference_pad_is_zero_padding():
     """The helper the gradient reference builds on."""
     x = np.ones((1, 1, 2, 2), F32)
     assert pad(x, 1, 0).shape == (1, 1, 4, 2) and pad(x, 1, 0)[0, 0, 0].sum() == 0
+
+
+# ---- the convolution, ReLU and max pooling in one pass ------------------------
+
+# (n, c, o, h, w, kernel, padding, pool kernel, pool stride)
+CONV_POOL = [
+    (1, 1, 1, 2, 2, (1, 1), (0, 0), 2, None),
+    (17, 1, 8, 28, 28, (3, 3), (1, 1), 2, None),
+    (9, 8, 16, 14, 14, (3, 3), (1, 1), 2, None),
+    (3, 3, 5, 9, 11, (3, 3), (0, 0), 3, 2),  # overlapping windows
+    (2, 2, 3, 7, 7, (5, 5), (2, 2), 2, 1),
+    (4, 5, 7, 13, 6, (3, 2), (1, 0), (2, 3), None),
+]
+CONV_POOL_IDS = [f"n{d[0]}-c{d[1]}-o{d[2]}-{d[3]}x{d[4]}-k{d[5]}-pool{d[7]}s{d[8]}"
+                 for d in CONV_POOL]
+
+
+@pytest.mark.parametrize("case", CONV_POOL, ids=CONV_POOL_IDS)
+def test_conv_relu_maxpool_equals_the_three_steps(simd_path, rng, case):
+    """The same bits as conv2d_direct, maxpool2d_relu and their backwards, on
+    integer data (ties, zeros, windows <= 0), a -0 and NaN."""
+    n, c, o, h, w, kernel, padding, pk, ps = case
+    x = rng.integers(-2, 3, (n, c, h, w)).astype(F32)
+    x.reshape(-1)[::13] = -0.0
+    x.reshape(-1)[7::97] = np.nan
+    weight = rng.integers(-1, 2, (o, c, *kernel)).astype(F32)
+    bias = rng.integers(-1, 2, o).astype(F32)
+    y = kernels.conv2d_direct(x, weight, bias, padding)
+    want_y, want_idx = kernels.maxpool2d_relu(y, pk, ps)
+    g = rng.standard_normal(want_y.shape).astype(F32)
+    dy = kernels.maxpool2d_relu_backward(g, want_idx, want_y, y.shape, pk, ps)
+    want = kernels.conv2d_direct_backward(x, weight, dy, padding)
+    got_y, got_idx = kernels.conv2d_direct_relu_maxpool(x, weight, bias, padding, pk, ps)
+    got = kernels.conv2d_direct_relu_maxpool_backward(x, weight, g, got_idx, got_y, padding, pk,
+                                                      ps)
+    np.testing.assert_array_equal(got_y, want_y)
+    np.testing.assert_array_equal(got_idx, want_idx)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    _, dw, db = kernels.conv2d_direct_relu_maxpool_backward(x, weight, g, got_idx, got_y,
+                                                            padding, pk, ps, input_grad=False)
+    np.testing.assert_array_equal(dw, want[1])
+    np.testing.assert_array_equal(db, want[2])
+
+
+def test_conv_relu_maxpool_threads_give_the_same_bits(rng, restore_threads):
+    x = rng.standard_normal((37, 3, 12, 10)).astype(F32)
+    weight = rng.standard_normal((6, 3, 3, 3)).astype(F32)
+    bias = rng.standard_normal(6).astype(F32)
+    results = []
+    for threads in (1, 2):
+        kernels.set_num_threads(threads)
+        y, idx = kernels.conv2d_direct_relu_maxpool(x, weight, bias, 1, 2)
+        g = np.linspace(-1, 1, y.size, dtype=F32).reshape(y.shape)
+        results.append((y, idx, *kernels.conv2d_direct_relu_maxpool_backward(
+            x, weight, g, idx, y, 1, 2)))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_conv_relu_maxpool_bad_input(rng):
+    x = np.zeros((2, 2, 5, 5), F32)
+    y, idx = kernels.conv2d_direct_relu_maxpool(x, W, None, 1, 2)
+    assert y.shape == idx.shape == (2, 3, 2, 2)
+    with pytest.raises(ValueError, match="smaller than the window"):
+        kernels.conv2d_direct_relu_maxpool(x, W, None, 0, 4)
+    with pytest.raises(ValueError, match="grad_out: expected shape"):
+        kernels.conv2d_direct_relu_maxpool_backward(x, W, y[:1], idx, y, 1, 2)
+    with pytest.raises(ValueError, match="out_forward: expected shape"):
+        kernels.conv2d_direct_relu_maxpool_backward(x, W, y, idx, y[:1], 1, 2)
+    with pytest.raises(IndexError, match="indices: positions"):
+        kernels.conv2d_direct_relu_maxpool_backward(x, W, y, idx + 25, y, 1, 2)
+    with pytest.raises(TypeError, match="indices: expected dtype int32"):
+        kernels.conv2d_direct_relu_maxpool_backward(x, W, y, idx.astype(np.int64), y, 1, 2)

@@ -51,7 +51,7 @@ def test_sequential_fusion_equals_layers_run_separately(simd_path, rng, kind):
         p.grad_is_zero = True
     out = model.forward(x).copy()
     dx = model.backward(g).copy()
-    assert model._fused == (1, 4)
+    assert model._fused == {2: 0, 5: 3}  # Conv2d, ReLU, MaxPool2d twice
     assert fused_layers[2]._relu and fused_layers[5]._relu
     grads = [p.grad.copy() for p in model.parameters()]
 
@@ -76,7 +76,7 @@ def test_relu_subclass_is_not_fused(rng):
     pool = MaxPool2d(2)
     model = Sequential(MyReLU(), pool)
     model.forward(rng.standard_normal((1, 1, 4, 4)).astype(F32))
-    assert model._fused == () and not pool._relu
+    assert model._fused == {} and not pool._relu
 
 
 def test_fused_pair_first_in_a_model_returns_no_input_gradient(rng):
@@ -106,3 +106,46 @@ def test_layers_stay_usable_alone_after_a_fused_run(rng):
     dx = pool.backward(g)
     assert dx.sum() == g.size  # every window's gradient, negative maxima included
     np.testing.assert_array_equal(y_fused, np.maximum(y, 0))
+
+
+def test_relu_pool_pair_after_an_im2col_convolution(rng):
+    """A Conv2d on im2col (stride 2) is not fused: only its ReLU and pool are,
+    with the gradients of the layers run separately."""
+    layers = [Conv2d(2, 3, 3, stride=2, padding=1, rng=0), ReLU(), MaxPool2d(2)]
+    model = Sequential(layers)
+    model.needs_input_grad = True
+    x = _awkward_input(rng, (2, 2, 9, 8))
+    y = model.forward(x).copy()
+    assert model._fused == {2: 1}
+    g = rng.standard_normal(y.shape).astype(F32)
+    dx = model.backward(g).copy()
+    grads = [p.grad.copy() for p in model.parameters()]
+    ref = [Conv2d(2, 3, 3, stride=2, padding=1, rng=0), ReLU(), MaxPool2d(2)]
+    want_y, want_dx, want_grads = _run_separately(ref, x, g)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(dx, want_dx)
+    for a, b in zip(grads, want_grads):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fused_conv_relu_pool_bad_input_leaves_state(rng):
+    model = Sequential(Conv2d(1, 2, 3, padding=1, rng=0), ReLU(), MaxPool2d(4))
+    with pytest.raises(ValueError, match="expected 1 channels"):
+        model.forward(np.zeros((1, 2, 8, 8), F32))
+    with pytest.raises(ValueError, match="smaller than the window"):
+        model.forward(np.zeros((1, 1, 3, 3), F32))
+    x = rng.standard_normal((1, 1, 8, 8)).astype(F32)
+    y = model.forward(x).copy()
+    assert y.shape == (1, 2, 2, 2)
+    g = np.ones((1, 2, 2, 2), F32)
+    model.backward(g)
+    want = [p.grad.copy() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad_is_zero = True
+    with pytest.raises(ValueError, match="smaller than the window"):
+        model.forward(np.zeros((1, 1, 3, 3), F32))
+    with pytest.raises(ValueError, match="grad_out: expected shape"):
+        model.backward(np.ones((1, 2, 4, 4), F32))
+    model.backward(g)  # still the last good forward's
+    for p, w in zip(model.parameters(), want):
+        np.testing.assert_array_equal(p.grad, w)

@@ -239,6 +239,40 @@ void test_conv_direct_public_api(void) {
     for (int64_t j = 0; j < d.o; ++j)
         th_expect(&ref, "bias gradient", j, db[0][j], rdb[j], 1e-4);
     th_report(&ref, "conv2d_direct public API, 37 images");
+
+    /* convolution, ReLU and 2x2 max pooling in one pass: the bits of the three
+     * steps, on 1 and 2 threads */
+    const int64_t poh = oh / 2, pow_ = ow / 2, np_ = d.n * d.o * poh * pow_;
+    const int64_t size = ggmlopt_conv2d_direct_workspace(d.n, d.c, d.h, d.w, d.o, d.kh, d.kw,
+                                                         d.ph, d.pw, 2);
+    float *work = th_alloc(4, size, 0);
+    float *sy = th_alloc(4, np_, 0), *sdy = th_alloc(4, ny, 0), *pg = th_rand_f32(np_, 0, -1, 1);
+    int32_t *sidx = th_alloc(4, np_, 0);
+    ggmlopt_maxpool2d_relu_f32(d.n * d.o, oh, ow, 2, 2, 2, 2, y[0], sy, sidx);
+    ggmlopt_maxpool2d_relu_backward_f32(d.n * d.o, oh, ow, 2, 2, 2, 2, pg, sidx, sy, sdy);
+    ggmlopt_conv2d_direct_backward_f32(d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.ph, d.pw, x, wt,
+                                       sdy, dx[0], dw[0], db[0], work, size);
+    for (int t = 0; t < 2; ++t) {
+        ggmlopt_set_num_threads(t + 1);
+        float *fy = th_alloc(4, np_, 0), *fdx = th_alloc(4, nx, 0), *fdw = th_alloc(4, nw, 0);
+        float *fdb = th_alloc(4, d.o, 0);
+        int32_t *fidx = th_alloc(4, np_, 0);
+        th_check(ggmlopt_conv2d_direct_relu_maxpool_f32(d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.ph,
+                                                        d.pw, 2, 2, 2, 2, x, wt, bias, fy, fidx,
+                                                        work, size) == 0,
+                 "conv2d_direct_relu_maxpool: refused its workspace");
+        th_check(ggmlopt_conv2d_direct_relu_maxpool_backward_f32(
+                     d.n, d.c, d.h, d.w, d.o, d.kh, d.kw, d.ph, d.pw, 2, 2, 2, 2, x, wt, pg, fidx,
+                     fy, fdx, fdw, fdb, work, size) == 0,
+                 "conv2d_direct_relu_maxpool_backward: refused its workspace");
+        th_check(memcmp(fy, sy, (size_t)np_ * 4) == 0 && memcmp(fidx, sidx, (size_t)np_ * 4) == 0,
+                 "conv2d_direct_relu_maxpool (%d threads): not the three steps' output", t + 1);
+        th_check(memcmp(fdx, dx[0], (size_t)nx * 4) == 0 && memcmp(fdw, dw[0], (size_t)nw * 4) == 0
+                     && memcmp(fdb, db[0], (size_t)d.o * 4) == 0,
+                 "conv2d_direct_relu_maxpool_backward (%d threads): not the three steps' "
+                 "gradients", t + 1);
+    }
+    ggmlopt_set_num_threads(1);
     free(ry);
     free(rys);
     free(rdx);

@@ -152,6 +152,26 @@ int ggmlopt_conv2d_direct_backward_f32(int64_t n, int64_t c, int64_t h, int64_t 
                                        const float *x, const float *weight, const float *dy,
                                        float *dx, float *dw, float *db, float *work,
                                        int64_t work_size);
+/* The same convolution followed by a ReLU and max pooling (windows pkh*pkw
+ * every (psh, psw) over the (oh, ow) output, as ggmlopt_maxpool2d_relu_f32),
+ * without the full-size convolution output: each image's stays in the
+ * workspace while it is pooled.  y and idx (n, o, poh, pow) as
+ * ggmlopt_maxpool2d_relu_f32 gives them for the convolution's output; the
+ * backward takes the pool's output gradient dy, idx and y and gives dx, dw,
+ * db as ggmlopt_conv2d_direct_backward_f32 would for the convolution's output
+ * gradient ggmlopt_maxpool2d_relu_backward_f32 gives (the same bits).  The
+ * workspace is the one ggmlopt_conv2d_direct_workspace sizes. */
+int ggmlopt_conv2d_direct_relu_maxpool_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                           int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                           int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+                                           const float *x, const float *weight,
+                                           const float *bias, float *y, int32_t *idx,
+                                           float *work, int64_t work_size);
+int ggmlopt_conv2d_direct_relu_maxpool_backward_f32(
+    int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw, int64_t ph,
+    int64_t pw, int64_t pkh, int64_t pkw, int64_t psh, int64_t psw, const float *x,
+    const float *weight, const float *dy, const int32_t *idx, const float *y, float *dx,
+    float *dw, float *db, float *work, int64_t work_size);
 
 /* Pooling over nplanes planes (h, w) with kh*kw windows every (sh, sw), no
  * padding, torch's floor mode: oh = (h - kh)/sh + 1, ow = (w - kw)/sw + 1 (the

@@ -261,9 +261,64 @@ class Conv2d(Module):
             add_into(self.bias, bias_grad, self, "bias")
         return self._grad_in if input_grad else None
 
+    def _forward_relu_maxpool(self, x, pool):
+        """pool.forward_relu(self.forward(x)) without the full-size convolution
+        output (each image's is pooled while in the cache): what a Sequential
+        runs for Conv2d, ReLU, MaxPool2d when this layer takes the direct
+        kernels.  Returns the pool's output buffer; the next backward goes
+        through _backward_relu_maxpool.  This layer's own output buffer is not
+        filled."""
+        x = as_images(x, "x", self.in_channels)
+        oh, ow = kernels.conv2d_output_size(x.shape[2], x.shape[3], self.kernel_size,
+                                            self.stride, self.padding)
+        pool._prepare((x.shape[0], self.out_channels, oh, ow))  # raises before any change here
+        if x.shape != self._shape:
+            self._buffers(x.shape)
+            self._work = None
+        bias = None if self.bias is None else self.bias.data
+        kernels.conv2d_direct_relu_maxpool(x, self.weight.data, bias, self.padding,
+                                           pool.kernel_size, pool.stride, out=pool._out,
+                                           indices=pool._idx, workspace=self._workspace())
+        self._x = x
+        self._has_forward = True
+        pool._relu = True
+        pool._has_forward = True
+        return pool._out
+
+    def _backward_relu_maxpool(self, grad_out, pool):
+        """The gradients through MaxPool2d, ReLU and this layer after
+        _forward_relu_maxpool: grad_out is the pool's output gradient; adds into
+        weight.grad and bias.grad and returns d loss / d x (or None when
+        needs_input_grad is False)."""
+        if not self._has_forward or not pool._has_forward:
+            raise RuntimeError("backward: call forward first")
+        g = as_grad(grad_out, pool._out_shape)
+        if self._grad_in is None:
+            self._backward_buffers()
+
+        def run(grad_weight, grad_bias, grad_input):
+            kernels.conv2d_direct_relu_maxpool_backward(
+                self._x, self.weight.data, g, pool._idx, pool._out, self.padding,
+                pool.kernel_size, pool.stride, grad_weight=grad_weight, grad_bias=grad_bias,
+                grad_input=grad_input, bias=self.bias is not None,
+                input_grad=grad_input is not None, workspace=self._workspace())
+
+        return self._into_grads(run)
+
     def _backward_direct(self, g):
-        """backward for stride 1: one C pass gives every gradient; the parameter
-        gradients go straight into grad when it is known to be zero."""
+        """backward for the direct kernels: one C pass gives every gradient."""
+        def run(grad_weight, grad_bias, grad_input):
+            kernels.conv2d_direct_backward(
+                self._x, self.weight.data, g, self.padding, grad_weight=grad_weight,
+                grad_bias=grad_bias, grad_input=grad_input, bias=self.bias is not None,
+                input_grad=grad_input is not None, workspace=self._workspace())
+
+        return self._into_grads(run)
+
+    def _into_grads(self, run):
+        """run(grad_weight, grad_bias, grad_input) overwrites its arguments; the
+        parameter gradients go straight into grad when it is known to be zero,
+        else through scratch and an add."""
         targets = []
         for p, key in ((self.weight, "weight"), (self.bias, "bias")):
             if p is None:
@@ -277,10 +332,7 @@ class Conv2d(Module):
                     self._scratch[key] = scratch
                 targets.append(scratch)
         input_grad = self.needs_input_grad
-        kernels.conv2d_direct_backward(
-            self._x, self.weight.data, g, self.padding, grad_weight=targets[0],
-            grad_bias=targets[1], grad_input=self._grad_in if input_grad else None,
-            bias=self.bias is not None, input_grad=input_grad, workspace=self._workspace())
+        run(targets[0], targets[1], self._grad_in if input_grad else None)
         for p, t in zip((self.weight, self.bias), targets):
             if p is None:
                 continue

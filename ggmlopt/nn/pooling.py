@@ -59,15 +59,24 @@ class MaxPool2d(_Pool2d):
     A Sequential uses it for a ReLU followed by a MaxPool2d.
     """
 
-    def _pool(self, x, kernel):
-        x = self._check_input(x)
-        if x.shape != self._shape:
-            out_shape = self._output_shape(x.shape)
+    def _prepare(self, shape):
+        """The buffers for inputs of shape (batch, channels, h, w); ValueError
+        when the window does not fit."""
+        kh, kw = self.kernel_size
+        if shape[2] < kh or shape[3] < kw:
+            raise ValueError(f"x: the input ({shape[2]}, {shape[3]}) is smaller than the "
+                             f"window ({kh}, {kw})")
+        if shape != self._shape:
+            out_shape = self._output_shape(shape)
             out = np.empty(out_shape, dtype=np.float32)
             idx = np.empty(out_shape, dtype=np.int32)
-            grad_in = np.empty(x.shape, dtype=np.float32)
+            grad_in = np.empty(shape, dtype=np.float32)
             self._out, self._idx, self._grad_in = out, idx, grad_in
-            self._shape, self._out_shape = x.shape, out_shape
+            self._shape, self._out_shape = tuple(shape), out_shape
+
+    def _pool(self, x, kernel):
+        x = self._check_input(x)
+        self._prepare(x.shape)
         kernel(x, self.kernel_size, self.stride, out=self._out, indices=self._idx)
         self._has_forward = True
         return self._out
