@@ -633,9 +633,12 @@ double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float
 
 /* Images per weight-gradient group: each group's sums stay in registers over
  * its images and land in their own partial, and the partials are added in
- * group order, so the gradient depends on the batch size only, never on the
- * threads.  Forward and input-gradient blocks use the same groups. */
-#define GO_DIRECT_GROUP 8
+ * group order, so the gradient depends on the shapes only, never on the
+ * threads.  Up to 8 images (fewer register reductions), as many as keep a
+ * group's scratch within about 1 MiB (half an L2 here); forward and
+ * input-gradient blocks use the same groups. */
+#define GO_DIRECT_GROUP_MAX 8
+#define GO_DIRECT_GROUP_FLOATS (1 << 18)
 #define GO_DIRECT_MAX_SLOTS 64
 /* multiply-adds below which the threads are not woken */
 #define GO_DIRECT_PARALLEL_MIN 262144
@@ -644,7 +647,7 @@ typedef struct {
     go_direct_geom fwd, bwd; /* bwd: the input gradient as a convolution of dy */
     go_pool_geom pool;       /* with a ReLU and max pooling after the convolution */
     int pooled;
-    int64_t n, groups;
+    int64_t n, group, groups;
     const float *x, *w, *bias, *dy, *wt;
     float *y, *dx, *partial; /* partial: groups * (dw, db) */
     int32_t *idx;            /* pooled: the pool's indices; y and dy are pooled */
@@ -684,17 +687,24 @@ static int64_t direct_image_scratch(const go_direct_geom *g) {
 static int64_t direct_forward_slot(const go_direct_geom *f) {
     return direct_image_scratch(f) + direct_output_size(f);
 }
+static int64_t direct_group(const go_direct_geom *f) {
+    const int64_t per_image = direct_image_scratch(f) + direct_output_size(f);
+    const int64_t g = GO_DIRECT_GROUP_FLOATS / per_image;
+    return g < 1 ? 1 : g > GO_DIRECT_GROUP_MAX ? GO_DIRECT_GROUP_MAX : g;
+}
 static int64_t direct_backward_slot(const go_direct_geom *f) {
     const go_direct_geom b = direct_input_grad_geom(f);
-    return GO_DIRECT_GROUP * (direct_image_scratch(f) + direct_output_size(f)) +
+    return direct_group(f) * (direct_image_scratch(f) + direct_output_size(f)) +
            direct_image_scratch(&b);
 }
-static int64_t direct_groups(int64_t n) { return (n + GO_DIRECT_GROUP - 1) / GO_DIRECT_GROUP; }
+static int64_t direct_groups(const go_direct_geom *f, int64_t n) {
+    return (n + direct_group(f) - 1) / direct_group(f);
+}
 /* floats before the slots in a backward workspace: the flipped weights and
  * the groups' partial sums */
 static int64_t direct_backward_head(const go_direct_geom *f, int64_t n) {
     const int64_t nw = f->cout * f->cin * f->kh * f->kw;
-    return nw + direct_groups(n) * (nw + f->cout);
+    return nw + direct_groups(f, n) * (nw + f->cout);
 }
 
 int64_t ggmlopt_conv2d_direct_workspace(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
@@ -749,7 +759,8 @@ static void direct_init(direct_args *a, int64_t n, int64_t c, int64_t h, int64_t
     a->fwd = direct_forward_geom(c, h, w, o, kh, kw, ph, pw);
     a->bwd = direct_input_grad_geom(&a->fwd);
     a->n = n;
-    a->groups = direct_groups(n);
+    a->group = direct_group(&a->fwd);
+    a->groups = direct_groups(&a->fwd, n);
     if (pool) {
         a->pooled = 1;
         a->pool = pool_geom(h + 2 * ph - kh + 1, w + 2 * pw - kw + 1, pool[0], pool[1], pool[2],
@@ -760,8 +771,8 @@ static void direct_init(direct_args *a, int64_t n, int64_t c, int64_t h, int64_t
 static void direct_forward_block(void *p, int b) {
     direct_args *a = (direct_args *)p;
     const go_direct_geom *g = &a->fwd;
-    const int64_t i0 = (int64_t)b * GO_DIRECT_GROUP;
-    const int64_t i1 = i0 + GO_DIRECT_GROUP < a->n ? i0 + GO_DIRECT_GROUP : a->n;
+    const int64_t i0 = (int64_t)b * a->group;
+    const int64_t i1 = i0 + a->group < a->n ? i0 + a->group : a->n;
     const int64_t out = direct_output_size(g), in = g->cin * g->hs * g->ws;
     const int s = direct_claim(a);
     float *scratch = a->slots + s * a->slot_size;
@@ -819,13 +830,13 @@ int ggmlopt_conv2d_direct_relu_maxpool_f32(int64_t n, int64_t c, int64_t h, int6
 static void direct_backward_block(void *p, int b) {
     direct_args *a = (direct_args *)p;
     const go_direct_geom *g = &a->fwd;
-    const int64_t i0 = (int64_t)b * GO_DIRECT_GROUP;
-    const int64_t i1 = i0 + GO_DIRECT_GROUP < a->n ? i0 + GO_DIRECT_GROUP : a->n;
+    const int64_t i0 = (int64_t)b * a->group;
+    const int64_t i1 = i0 + a->group < a->n ? i0 + a->group : a->n;
     const int64_t out = direct_output_size(g), in = g->cin * g->hs * g->ws;
     const int64_t nw = g->cout * g->cin * g->kh * g->kw;
     const int s = direct_claim(a);
     float *scratch = a->slots + s * a->slot_size;
-    float *dx_scratch = scratch + GO_DIRECT_GROUP * direct_image_scratch(g);
+    float *dx_scratch = scratch + a->group * direct_image_scratch(g);
     const ggmlopt_kernel_table *k = kernels();
     const float *dy = a->dy + i0 * out;
     if (a->pooled) {

@@ -377,3 +377,22 @@ def test_conv_relu_maxpool_bad_input(rng):
         kernels.conv2d_direct_relu_maxpool_backward(x, W, y, idx + 25, y, 1, 2)
     with pytest.raises(TypeError, match="indices: expected dtype int32"):
         kernels.conv2d_direct_relu_maxpool_backward(x, W, y, idx.astype(np.int64), y, 1, 2)
+
+
+def test_direct_large_images_take_smaller_groups(rng, restore_threads):
+    """Images whose scratch passes about 1 MiB go one to a weight-gradient group
+    (and a batch of 3 then splits into 3 groups): still the reference's values,
+    the same bits on 1 and 2 threads."""
+    x = rng.standard_normal((3, 16, 80, 72)).astype(F32)
+    weight = rng.standard_normal((4, 16, 3, 3)).astype(F32)
+    g = rng.standard_normal((3, 4, 80, 72)).astype(F32)
+    results = []
+    for threads in (1, 2):
+        kernels.set_num_threads(threads)
+        results.append(kernels.conv2d_direct_backward(x, weight, g, 1))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    want = _grads(x, weight, g, (1, 1))
+    terms = _grads(np.abs(x), np.abs(weight), np.abs(g), (1, 1))
+    for got, w, t in zip(results[0], want, terms):
+        _close(got, w, t)
