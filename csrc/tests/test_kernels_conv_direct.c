@@ -106,7 +106,8 @@ static void test_direct_case(const ggmlopt_kernel_table *k, const direct_case *d
     double *rdb = calloc((size_t)d->o, sizeof(double));
     direct_reference(d, x, wt, bias, dy, ry, rys, rdx, rdxs, rdw, rdws, rdb);
     th_miss ref = TH_MISS_INIT;
-    for (int64_t j = 0; j < ny; ++j) th_expect(&ref, "forward", j, y[j], ry[j], 2e-6 * rys[j] + 1e-7);
+    for (int64_t j = 0; j < ny; ++j)
+        th_expect(&ref, "forward", j, y[j], ry[j], 2e-6 * rys[j] + 1e-7);
     for (int64_t j = 0; j < nw; ++j)
         th_expect(&ref, "weight gradient", j, dw[j], rdw[j], 2e-6 * rdws[j] + 1e-7);
     for (int64_t o = 0; o < d->o; ++o) {
