@@ -59,6 +59,10 @@ class MaxPool2d(_Pool2d):
     A Sequential uses it for a ReLU followed by a MaxPool2d.
     """
 
+    def __init__(self, kernel_size, stride=None):
+        super().__init__(kernel_size, stride)
+        self._relu = False  # the last forward was forward_relu
+
     def _prepare(self, shape):
         """The buffers for inputs of shape (batch, channels, h, w); ValueError
         when the window does not fit."""
