@@ -1106,10 +1106,14 @@ def avgpool2d_backward(grad_out, x_shape, kernel_size, stride=None, out=None):
     with nogil:
         ggmlopt_avgpool2d_backward_f32(nplanes, h, w, kh_, kw_, sh_, sw_, pg, po)
     return ao
+
+
 def conv2d_direct_workspace(x_shape, out_channels, kernel_size, padding=0, threads=None):
-    """Floats of scratch conv2d_direct and conv2d_direct_backward need for images
-    x_shape = (n, c, h, w), out_channels filters of kernel_size and padding (an
-    int or a pair each) on threads kernel threads (default: get_num_threads())."""
+    """Floats of scratch conv2d_direct, conv2d_direct_relu_maxpool and their
+    backwards need for images x_shape = (n, c, h, w), out_channels filters of
+    kernel_size and padding (an int or a pair each) on threads kernel threads
+    (default: get_num_threads()); a smaller workspace (down to the size for one
+    thread) gives the same results on fewer threads."""
     xs = _shape4(x_shape)
     o = _positive(out_channels, "out_channels")
     kh, kw = pair(kernel_size, "kernel_size")
