@@ -674,6 +674,10 @@ static go_direct_geom direct_input_grad_geom(const go_direct_geom *f) {
 static int64_t direct_output_size(const go_direct_geom *g) {
     return g->cout * (g->hp - g->kh + 1) * (g->wp - g->kw + 1);
 }
+/* n floats rounded up to 64 bytes: every area of a slot starts aligned */
+static int64_t direct_round(int64_t n) {
+    return (n + GO_DIRECT_MAX_EPR - 1) / GO_DIRECT_MAX_EPR * GO_DIRECT_MAX_EPR;
+}
 /* one image's scratch for conv2d_direct_f32 */
 static int64_t direct_image_scratch(const go_direct_geom *g) {
     return go_direct_padded_size(g, GO_DIRECT_MAX_EPR) +
@@ -685,7 +689,7 @@ static int64_t direct_image_scratch(const go_direct_geom *g) {
  * input-gradient scratch, then the group's output gradients (pooled: scattered
  * there from the pool's). */
 static int64_t direct_forward_slot(const go_direct_geom *f) {
-    return direct_image_scratch(f) + direct_output_size(f);
+    return direct_image_scratch(f) + direct_round(direct_output_size(f));
 }
 static int64_t direct_group(const go_direct_geom *f) {
     const int64_t per_image = direct_image_scratch(f) + direct_output_size(f);
@@ -694,8 +698,8 @@ static int64_t direct_group(const go_direct_geom *f) {
 }
 static int64_t direct_backward_slot(const go_direct_geom *f) {
     const go_direct_geom b = direct_input_grad_geom(f);
-    return direct_group(f) * (direct_image_scratch(f) + direct_output_size(f)) +
-           direct_image_scratch(&b);
+    return direct_round(direct_group(f) * (direct_image_scratch(f) + direct_output_size(f)) +
+                        direct_image_scratch(&b));
 }
 static int64_t direct_groups(const go_direct_geom *f, int64_t n) {
     return (n + direct_group(f) - 1) / direct_group(f);
@@ -713,9 +717,10 @@ int64_t ggmlopt_conv2d_direct_workspace(int64_t n, int64_t c, int64_t h, int64_t
     if (nthreads < 1) nthreads = 1;
     if (nthreads > GO_DIRECT_MAX_SLOTS) nthreads = GO_DIRECT_MAX_SLOTS;
     const go_direct_geom f = direct_forward_geom(c, h, w, o, kh, kw, ph, pw);
+    /* the slots start at the first 64-byte boundary after the head */
     const int64_t forward = nthreads * direct_forward_slot(&f);
     const int64_t backward = direct_backward_head(&f, n) + nthreads * direct_backward_slot(&f);
-    return forward > backward ? forward : backward;
+    return (forward > backward ? forward : backward) + GO_DIRECT_MAX_EPR;
 }
 
 /* A free slot of scratch: at most one block per thread runs at a time, so
@@ -742,12 +747,16 @@ static void direct_run(direct_args *a, go_pool_block_fn fn, int64_t madds) {
 
 static int direct_slots(direct_args *a, float *work, int64_t work_size, int64_t head,
                         int64_t slot) {
-    int64_t fit = (work_size - head) / slot;
+    float *base = work + head;
+    const uintptr_t misaligned = (uintptr_t)base % (GO_DIRECT_MAX_EPR * sizeof(float));
+    if (misaligned % sizeof(float) == 0 && misaligned)
+        base += (GO_DIRECT_MAX_EPR * sizeof(float) - misaligned) / sizeof(float);
+    int64_t fit = (work + work_size - base) / slot;
     int64_t t = go_pool_threads();
     if (fit > t) fit = t;
     if (fit > GO_DIRECT_MAX_SLOTS) fit = GO_DIRECT_MAX_SLOTS;
     if (fit < 1) return -1;
-    a->slots = work + head;
+    a->slots = base;
     a->slot_size = slot;
     a->nslots = (int)fit;
     return 0;

@@ -34,10 +34,12 @@ typedef struct {
 #define GO_DIRECT_MAX_EPR 16
 
 /* Floats of one padded image (cin planes hp*wp, then slack read by the last
- * vectors of the wide layout) and of one wide output (cout planes of
+ * vectors of the wide layout; rounded up to 64 bytes, so consecutive images
+ * keep the alignment of the first) and of one wide output (cout planes of
  * oh*wp rounded up to whole vectors of epr floats). */
 static inline int64_t go_direct_padded_size(const go_direct_geom *g, int64_t epr) {
-    return g->cin * g->hp * g->wp + 2 * epr + g->kw;
+    const int64_t n = g->cin * g->hp * g->wp + 2 * epr + g->kw;
+    return (n + GO_DIRECT_MAX_EPR - 1) / GO_DIRECT_MAX_EPR * GO_DIRECT_MAX_EPR;
 }
 static inline int64_t go_direct_wide_stride(const go_direct_geom *g, int64_t epr) {
     const int64_t wide = (g->hp - g->kh + 1) * g->wp;

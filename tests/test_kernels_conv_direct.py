@@ -87,6 +87,16 @@ def test_direct_backward_matches_reference(simd_path, rng, case):
     np.testing.assert_array_equal(dw2, dw)
 
 
+def _workspace_at(size, shift):
+    """size float32 starting shift floats past a 64-byte boundary (the kernels
+    align their scratch themselves)."""
+    buf = np.empty(size + 32, dtype=F32)
+    start = (-buf.ctypes.data % 64) // 4 + shift
+    work = buf[start:start + size]
+    assert work.ctypes.data % 64 == 4 * shift
+    return work
+
+
 def test_direct_threads_and_workspaces_give_the_same_bits(rng, restore_threads):
     """The weight gradient sums fixed groups of images: any thread count, any
     workspace size (fewer slots than threads included) gives the same bits."""
@@ -97,9 +107,10 @@ def test_direct_threads_and_workspaces_give_the_same_bits(rng, restore_threads):
     one = kernels.conv2d_direct_workspace(x.shape, 5, 3, 1, threads=1)
     assert kernels.conv2d_direct_workspace(x.shape, 5, 3, 1, threads=2) > one
     results = []
-    for threads, size in ((1, one), (2, one), (2, None), (2, 3 * one)):
+    for threads, size, shift in ((1, one, 0), (2, one, 0), (2, None, 0), (2, 3 * one, 0),
+                                 (2, one, 1), (1, one, 15)):
         kernels.set_num_threads(threads)
-        work = None if size is None else np.empty(size, dtype=F32)
+        work = None if size is None else _workspace_at(size, shift)
         y = kernels.conv2d_direct(x, weight, bias, 1, workspace=work)
         results.append((y, *kernels.conv2d_direct_backward(x, weight, g, 1, workspace=work)))
     for res in results[1:]:
