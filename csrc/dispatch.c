@@ -643,3 +643,340 @@ double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float
                                     ce_index_block, &a);
     return total / (double)nrows;
 }
+
+/* ---- direct stride-1 convolution ------------------------------------------- */
+
+/* Images per weight-gradient group: each group's sums stay in registers over
+ * its images and land in their own partial, and the partials are added in
+ * group order, so the gradient depends on the shapes only, never on the
+ * threads.  Up to 8 images (fewer register reductions), as many as keep a
+ * group's scratch within about 1 MiB (half an L2 here); forward and
+ * input-gradient blocks use the same groups. */
+#define GO_DIRECT_GROUP_MAX 8
+#define GO_DIRECT_GROUP_FLOATS (1 << 18)
+#define GO_DIRECT_MAX_SLOTS 64
+/* multiply-adds below which the threads are not woken */
+#define GO_DIRECT_PARALLEL_MIN 262144
+
+typedef struct {
+    go_direct_geom fwd, bwd; /* bwd: the input gradient as a convolution of dy */
+    go_pool_geom pool;       /* with a ReLU and max pooling after the convolution */
+    int pooled;
+    int64_t n, group, groups;
+    const float *x, *w, *bias, *dy, *wt;
+    float *y, *dx, *partial; /* partial: groups * (dw, db) */
+    int32_t *idx;            /* pooled: the pool's indices; y and dy are pooled */
+    int with_bias;
+    float *slots;
+    int64_t slot_size;
+    int nslots;
+    _Atomic int busy[GO_DIRECT_MAX_SLOTS];
+} direct_args;
+
+static go_direct_geom direct_forward_geom(int64_t c, int64_t h, int64_t w, int64_t o,
+                                          int64_t kh, int64_t kw, int64_t ph, int64_t pw) {
+    go_direct_geom g = {c, h, w, o, kh, kw, ph, pw, h + 2 * ph, w + 2 * pw};
+    return g;
+}
+/* dx = the full convolution of dy with the flipped, transposed weights */
+static go_direct_geom direct_input_grad_geom(const go_direct_geom *f) {
+    const int64_t oh = f->hp - f->kh + 1, ow = f->wp - f->kw + 1;
+    go_direct_geom g = {f->cout, oh, ow, f->cin, f->kh, f->kw, f->kh - 1 - f->top,
+                        f->kw - 1 - f->left, f->hs + f->kh - 1, f->ws + f->kw - 1};
+    return g;
+}
+/* floats of one image's convolution output */
+static int64_t direct_output_size(const go_direct_geom *g) {
+    return g->cout * (g->hp - g->kh + 1) * (g->wp - g->kw + 1);
+}
+/* n floats rounded up to 64 bytes: every area of a slot starts aligned */
+static int64_t direct_round(int64_t n) {
+    return (n + GO_DIRECT_MAX_EPR - 1) / GO_DIRECT_MAX_EPR * GO_DIRECT_MAX_EPR;
+}
+/* one image's scratch for conv2d_direct_f32 */
+static int64_t direct_image_scratch(const go_direct_geom *g) {
+    return go_direct_padded_size(g, GO_DIRECT_MAX_EPR) +
+           g->cout * go_direct_wide_stride(g, GO_DIRECT_MAX_EPR);
+}
+/* A thread's slot, for the plain and the pooled calls alike.  Forward: one
+ * image's scratch, then its convolution output (pooled: the pool reads it
+ * there).  Backward: a group's weight-gradient scratch, one image's
+ * input-gradient scratch, then the group's output gradients (pooled: scattered
+ * there from the pool's). */
+static int64_t direct_forward_slot(const go_direct_geom *f) {
+    return direct_image_scratch(f) + direct_round(direct_output_size(f));
+}
+static int64_t direct_group(const go_direct_geom *f) {
+    const int64_t per_image = direct_image_scratch(f) + direct_output_size(f);
+    const int64_t g = GO_DIRECT_GROUP_FLOATS / per_image;
+    return g < 1 ? 1 : g > GO_DIRECT_GROUP_MAX ? GO_DIRECT_GROUP_MAX : g;
+}
+static int64_t direct_backward_slot(const go_direct_geom *f) {
+    const go_direct_geom b = direct_input_grad_geom(f);
+    return direct_round(direct_group(f) * (direct_image_scratch(f) + direct_output_size(f)) +
+                        direct_image_scratch(&b));
+}
+static int64_t direct_groups(const go_direct_geom *f, int64_t n) {
+    return (n + direct_group(f) - 1) / direct_group(f);
+}
+/* floats before the slots in a backward workspace: the flipped weights and
+ * the groups' partial sums */
+static int64_t direct_backward_head(const go_direct_geom *f, int64_t n) {
+    const int64_t nw = f->cout * f->cin * f->kh * f->kw;
+    return nw + direct_groups(f, n) * (nw + f->cout);
+}
+
+int64_t ggmlopt_conv2d_direct_workspace(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                        int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                        int nthreads) {
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > GO_DIRECT_MAX_SLOTS) nthreads = GO_DIRECT_MAX_SLOTS;
+    const go_direct_geom f = direct_forward_geom(c, h, w, o, kh, kw, ph, pw);
+    /* the slots start at the first 64-byte boundary after the head */
+    const int64_t forward = nthreads * direct_forward_slot(&f);
+    const int64_t backward = direct_backward_head(&f, n) + nthreads * direct_backward_slot(&f);
+    return (forward > backward ? forward : backward) + GO_DIRECT_MAX_EPR;
+}
+
+/* A free slot of scratch: at most one block per thread runs at a time, so
+ * one is free (or about to be) whenever a block starts. */
+static int direct_claim(direct_args *a) {
+    for (;;) {
+        for (int s = 0; s < a->nslots; ++s) {
+            int expected = 0;
+            if (atomic_compare_exchange_strong(&a->busy[s], &expected, 1)) return s;
+        }
+    }
+}
+static void direct_release(direct_args *a, int s) { atomic_store(&a->busy[s], 0); }
+
+static void direct_run(direct_args *a, go_pool_block_fn fn, int64_t madds) {
+    const int nblocks = (int)a->groups;
+    for (int s = 0; s < GO_DIRECT_MAX_SLOTS; ++s) atomic_init(&a->busy[s], 0);
+    if (nblocks > 1 && a->nslots > 1 && madds >= GO_DIRECT_PARALLEL_MIN) {
+        go_pool_for(nblocks, fn, a);
+    } else {
+        for (int b = 0; b < nblocks; ++b) fn(a, b);
+    }
+}
+
+static int direct_slots(direct_args *a, float *work, int64_t work_size, int64_t head,
+                        int64_t slot) {
+    float *base = work + head;
+    const uintptr_t misaligned = (uintptr_t)base % (GO_DIRECT_MAX_EPR * sizeof(float));
+    if (misaligned % sizeof(float) == 0 && misaligned)
+        base += (GO_DIRECT_MAX_EPR * sizeof(float) - misaligned) / sizeof(float);
+    int64_t fit = (work + work_size - base) / slot;
+    int64_t t = go_pool_threads();
+    if (fit > t) fit = t;
+    if (fit > GO_DIRECT_MAX_SLOTS) fit = GO_DIRECT_MAX_SLOTS;
+    if (fit < 1) return -1;
+    a->slots = base;
+    a->slot_size = slot;
+    a->nslots = (int)fit;
+    return 0;
+}
+
+static void direct_init(direct_args *a, int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                        int64_t kh, int64_t kw, int64_t ph, int64_t pw, const int64_t *pool) {
+    memset(a, 0, sizeof(*a));
+    a->fwd = direct_forward_geom(c, h, w, o, kh, kw, ph, pw);
+    a->bwd = direct_input_grad_geom(&a->fwd);
+    a->n = n;
+    a->group = direct_group(&a->fwd);
+    a->groups = direct_groups(&a->fwd, n);
+    if (pool) {
+        a->pooled = 1;
+        a->pool = pool_geom(h + 2 * ph - kh + 1, w + 2 * pw - kw + 1, pool[0], pool[1], pool[2],
+                            pool[3]);
+    }
+}
+
+static void direct_forward_block(void *p, int b) {
+    direct_args *a = (direct_args *)p;
+    const go_direct_geom *g = &a->fwd;
+    const int64_t i0 = (int64_t)b * a->group;
+    const int64_t i1 = i0 + a->group < a->n ? i0 + a->group : a->n;
+    const int64_t out = direct_output_size(g), in = g->cin * g->hs * g->ws;
+    const int s = direct_claim(a);
+    float *scratch = a->slots + s * a->slot_size;
+    const ggmlopt_kernel_table *k = kernels();
+    if (!a->pooled) {
+        k->conv2d_direct_f32(g, i1 - i0, a->x + i0 * in, a->w, a->bias, a->y + i0 * out,
+                             scratch);
+    } else {
+        /* each image's output stays in the slot, where the pool reads it */
+        float *conv = scratch + direct_image_scratch(g);
+        const int64_t pout = g->cout * a->pool.oh * a->pool.ow;
+        for (int64_t i = i0; i < i1; ++i) {
+            k->conv2d_direct_f32(g, 1, a->x + i * in, a->w, a->bias, conv, scratch);
+            k->maxpool2d_relu_f32(&a->pool, g->cout, conv, a->y + i * pout, a->idx + i * pout);
+        }
+    }
+    direct_release(a, s);
+}
+
+static int direct_forward(direct_args *a, const float *x, const float *weight, const float *bias,
+                          float *y, int32_t *idx, float *work, int64_t work_size) {
+    if (a->n <= 0) return 0;
+    a->x = x;
+    a->w = weight;
+    a->bias = bias;
+    a->y = y;
+    a->idx = idx;
+    if (direct_slots(a, work, work_size, 0, direct_forward_slot(&a->fwd)) != 0) return -1;
+    const go_direct_geom *g = &a->fwd;
+    direct_run(a, direct_forward_block, a->n * direct_output_size(g) * g->cin * g->kh * g->kw);
+    return 0;
+}
+
+int ggmlopt_conv2d_direct_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh,
+                              int64_t kw, int64_t ph, int64_t pw, const float *x,
+                              const float *weight, const float *bias, float *y, float *work,
+                              int64_t work_size) {
+    direct_args a;
+    direct_init(&a, n, c, h, w, o, kh, kw, ph, pw, NULL);
+    return direct_forward(&a, x, weight, bias, y, NULL, work, work_size);
+}
+
+int ggmlopt_conv2d_direct_relu_maxpool_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                           int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                           int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+                                           const float *x, const float *weight,
+                                           const float *bias, float *y, int32_t *idx,
+                                           float *work, int64_t work_size) {
+    const int64_t pool[4] = {pkh, pkw, psh, psw};
+    direct_args a;
+    direct_init(&a, n, c, h, w, o, kh, kw, ph, pw, pool);
+    return direct_forward(&a, x, weight, bias, y, idx, work, work_size);
+}
+
+static void direct_backward_block(void *p, int b) {
+    direct_args *a = (direct_args *)p;
+    const go_direct_geom *g = &a->fwd;
+    const int64_t i0 = (int64_t)b * a->group;
+    const int64_t i1 = i0 + a->group < a->n ? i0 + a->group : a->n;
+    const int64_t out = direct_output_size(g), in = g->cin * g->hs * g->ws;
+    const int64_t nw = g->cout * g->cin * g->kh * g->kw;
+    const int s = direct_claim(a);
+    float *scratch = a->slots + s * a->slot_size;
+    float *dx_scratch = scratch + a->group * direct_image_scratch(g);
+    const ggmlopt_kernel_table *k = kernels();
+    const float *dy = a->dy + i0 * out;
+    if (a->pooled) {
+        /* the group's output gradients, scattered from the pool's into the slot */
+        float *d = dx_scratch + direct_image_scratch(&a->bwd);
+        const int64_t pout = g->cout * a->pool.oh * a->pool.ow;
+        for (int64_t i = i0; i < i1; ++i)
+            k->maxpool2d_relu_backward_f32(&a->pool, g->cout, a->dy + i * pout,
+                                           a->idx + i * pout, a->y + i * pout,
+                                           d + (i - i0) * out);
+        dy = d;
+    }
+    float *part = a->partial + b * (nw + g->cout);
+    k->conv2d_direct_weight_grad_f32(g, i1 - i0, a->x + i0 * in, dy, part,
+                                     a->with_bias ? part + nw : NULL, scratch);
+    if (a->dx)
+        k->conv2d_direct_f32(&a->bwd, i1 - i0, dy, a->wt, NULL, a->dx + i0 * in, dx_scratch);
+    direct_release(a, s);
+}
+
+static int direct_backward(direct_args *a, const float *x, const float *weight, const float *dy,
+                           const int32_t *idx, const float *y, float *dx, float *dw, float *db,
+                           float *work, int64_t work_size) {
+    const go_direct_geom *g = &a->fwd;
+    const int64_t taps = g->kh * g->kw, nw = g->cout * g->cin * taps, o = g->cout, c = g->cin;
+    if (a->n <= 0) {
+        for (int64_t i = 0; i < nw; ++i) dw[i] = 0.0f;
+        if (db)
+            for (int64_t i = 0; i < o; ++i) db[i] = 0.0f;
+        return 0;
+    }
+    a->x = x;
+    a->dy = dy;
+    a->idx = (int32_t *)idx;
+    a->y = (float *)y;
+    a->dx = dx;
+    a->with_bias = db != NULL;
+    const int64_t head = direct_backward_head(g, a->n);
+    if (direct_slots(a, work, work_size, head, direct_backward_slot(g)) != 0) return -1;
+    float *wt = work;
+    a->partial = work + nw;
+    /* wt[ci, oi, ky, kx] = weight[oi, ci, kh-1-ky, kw-1-kx] */
+    for (int64_t oi = 0; oi < o; ++oi)
+        for (int64_t ci = 0; ci < c; ++ci)
+            for (int64_t t = 0; t < taps; ++t)
+                wt[(ci * o + oi) * taps + (taps - 1 - t)] = weight[(oi * c + ci) * taps + t];
+    a->wt = wt;
+    direct_run(a, direct_backward_block, (dx ? 2 : 1) * a->n * direct_output_size(g) * c * taps);
+    /* the groups' partials, added in group order */
+    const int64_t stride = nw + o;
+    for (int64_t i = 0; i < nw; ++i) {
+        float s = a->partial[i];
+        for (int64_t b = 1; b < a->groups; ++b) s += a->partial[b * stride + i];
+        dw[i] = s;
+    }
+    if (db) {
+        for (int64_t i = 0; i < o; ++i) {
+            float s = a->partial[nw + i];
+            for (int64_t b = 1; b < a->groups; ++b) s += a->partial[b * stride + nw + i];
+            db[i] = s;
+        }
+    }
+    return 0;
+}
+
+int ggmlopt_conv2d_direct_backward_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                       int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                       const float *x, const float *weight, const float *dy,
+                                       float *dx, float *dw, float *db, float *work,
+                                       int64_t work_size) {
+    direct_args a;
+    direct_init(&a, n, c, h, w, o, kh, kw, ph, pw, NULL);
+    return direct_backward(&a, x, weight, dy, NULL, NULL, dx, dw, db, work, work_size);
+}
+
+int ggmlopt_conv2d_direct_relu_maxpool_backward_f32(
+    int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw, int64_t ph,
+    int64_t pw, int64_t pkh, int64_t pkw, int64_t psh, int64_t psw, const float *x,
+    const float *weight, const float *dy, const int32_t *idx, const float *y, float *dx,
+    float *dw, float *db, float *work, int64_t work_size) {
+    const int64_t pool[4] = {pkh, pkw, psh, psw};
+    direct_args a;
+    direct_init(&a, n, c, h, w, o, kh, kw, ph, pw, pool);
+    return direct_backward(&a, x, weight, dy, idx, y, dx, dw, db, work, work_size);
+}
+
+/* ---- ReLU then max pooling ----------------------------------------------------- */
+
+typedef struct {
+    go_pool_geom g;
+    const float *x, *y_in;
+    float *y;
+    int32_t *idx;
+} relu_pool_args;
+static double maxpool_relu_block(const void *p, int64_t b, int64_t e) {
+    const relu_pool_args *a = (const relu_pool_args *)p;
+    const int64_t in = a->g.h * a->g.w, out = a->g.oh * a->g.ow;
+    kernels()->maxpool2d_relu_f32(&a->g, e - b, a->x + b * in, a->y + b * out, a->idx + b * out);
+    return 0.0;
+}
+void ggmlopt_maxpool2d_relu_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                                int64_t sh, int64_t sw, const float *x, float *y, int32_t *idx) {
+    relu_pool_args a = {pool_geom(h, w, kh, kw, sh, sw), x, NULL, y, idx};
+    run_items(nplanes, pool_work(&a.g), maxpool_relu_block, &a);
+}
+/* backward: x is dy, y_in the forward output, y is dx */
+static double maxpool_relu_backward_block(const void *p, int64_t b, int64_t e) {
+    const relu_pool_args *a = (const relu_pool_args *)p;
+    const int64_t in = a->g.h * a->g.w, out = a->g.oh * a->g.ow;
+    kernels()->maxpool2d_relu_backward_f32(&a->g, e - b, a->x + b * out, a->idx + b * out,
+                                           a->y_in + b * out, a->y + b * in);
+    return 0.0;
+}
+void ggmlopt_maxpool2d_relu_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                         int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                         const int32_t *idx, const float *y, float *dx) {
+    relu_pool_args a = {pool_geom(h, w, kh, kw, sh, sw), dy, y, dx, (int32_t *)idx};
+    run_items(nplanes, pool_work(&a.g), maxpool_relu_backward_block, &a);
+}

@@ -21,6 +21,31 @@ typedef struct {
     int64_t h, w, kh, kw, sh, sw, oh, ow;
 } go_pool_geom;
 
+/* A stride-1 convolution computed directly (kernels/conv_direct.inc): source
+ * images (cin, hs, ws) sit at (top, left) of zero planes (hp, wp) (negative:
+ * cropped), convolved with weights (cout, cin, kh, kw) into (cout, oh, ow),
+ * oh = hp - kh + 1, ow = wp - kw + 1.  Outputs are computed in the "wide"
+ * layout q = oy*wp + ox over whole vectors; columns ox >= ow are dropped. */
+typedef struct {
+    int64_t cin, hs, ws, cout, kh, kw, top, left, hp, wp;
+} go_direct_geom;
+
+/* The widest vector any path uses, for scratch sizes that fit every path. */
+#define GO_DIRECT_MAX_EPR 16
+
+/* Floats of one padded image (cin planes hp*wp, then slack read by the last
+ * vectors of the wide layout; rounded up to 64 bytes, so consecutive images
+ * keep the alignment of the first) and of one wide output (cout planes of
+ * oh*wp rounded up to whole vectors of epr floats). */
+static inline int64_t go_direct_padded_size(const go_direct_geom *g, int64_t epr) {
+    const int64_t n = g->cin * g->hp * g->wp + 2 * epr + g->kw;
+    return (n + GO_DIRECT_MAX_EPR - 1) / GO_DIRECT_MAX_EPR * GO_DIRECT_MAX_EPR;
+}
+static inline int64_t go_direct_wide_stride(const go_direct_geom *g, int64_t epr) {
+    const int64_t wide = (g->hp - g->kh + 1) * g->wp;
+    return (wide + epr - 1) / epr * epr;
+}
+
 typedef struct ggmlopt_kernel_table {
     const char *name;
     void (*adamw_step_f32)(int64_t n, float *w, const float *g, float *m, float *v,
@@ -76,6 +101,24 @@ typedef struct ggmlopt_kernel_table {
     /* cross_entropy_rows_f32 with labels one-hot at classes[r] (each in [0, ncols)) */
     double (*cross_entropy_index_rows_f32)(int64_t nrows, int64_t ncols, const float *logits,
                                            const int32_t *classes, float *grad, float grad_scale);
+    /* direct stride-1 convolution of nimages images (kernels/conv_direct.inc):
+     * y = w * x (+ bias, may be NULL); scratch holds go_direct_padded_size +
+     * cout * go_direct_wide_stride floats */
+    void (*conv2d_direct_f32)(const go_direct_geom *g, int64_t nimages, const float *x,
+                              const float *w, const float *bias, float *y, float *scratch);
+    /* dw (cout, cin, kh, kw) and db (cout, may be NULL) = the sums over nimages
+     * images of the weight and bias gradients for output gradients dy (cout,
+     * oh, ow); scratch holds nimages * (go_direct_padded_size + cout *
+     * go_direct_wide_stride) floats */
+    void (*conv2d_direct_weight_grad_f32)(const go_direct_geom *g, int64_t nimages,
+                                          const float *x, const float *dy, float *dw, float *db,
+                                          float *scratch);
+    /* ReLU then max pooling in one pass (kernels/pool.inc): y = max(maximum, 0)
+     * with NaN kept, idx as maxpool2d_f32; the backward passes dy where y != 0 */
+    void (*maxpool2d_relu_f32)(const go_pool_geom *g, int64_t nplanes, const float *x, float *y,
+                               int32_t *idx);
+    void (*maxpool2d_relu_backward_f32)(const go_pool_geom *g, int64_t nplanes, const float *dy,
+                                        const int32_t *idx, const float *y, float *dx);
 } ggmlopt_kernel_table;
 
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;

@@ -53,6 +53,34 @@ cdef void maxpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64
 cdef void maxpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
                                  int64_t sh, int64_t sw, const float *dy, const int32_t *idx,
                                  float *dx) noexcept nogil
+cdef int conv2d_direct_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh,
+                           int64_t kw, int64_t ph, int64_t pw, const float *x,
+                           const float *weight, const float *bias, float *y, float *work,
+                           int64_t work_size) noexcept nogil
+cdef int conv2d_direct_backward_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                    int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                    const float *x, const float *weight, const float *dy,
+                                    float *dx, float *dw, float *db, float *work,
+                                    int64_t work_size) noexcept nogil
+cdef int conv2d_direct_relu_maxpool_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                        int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                        int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+                                        const float *x, const float *weight, const float *bias,
+                                        float *y, int32_t *idx, float *work,
+                                        int64_t work_size) noexcept nogil
+cdef int conv2d_direct_relu_maxpool_backward_f32(
+        int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw,
+        int64_t ph, int64_t pw, int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+        const float *x, const float *weight, const float *dy, const int32_t *idx,
+        const float *y, float *dx, float *dw, float *db, float *work,
+        int64_t work_size) noexcept nogil
+cdef void maxpool2d_relu_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                             int64_t sh, int64_t sw, const float *x, float *y,
+                             int32_t *idx) noexcept nogil
+cdef void maxpool2d_relu_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                      int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                      const int32_t *idx, const float *y,
+                                      float *dx) noexcept nogil
 cdef void avgpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
                         int64_t sh, int64_t sw, const float *x, float *y) noexcept nogil
 cdef void avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,

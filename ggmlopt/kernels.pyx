@@ -61,11 +61,40 @@ cdef extern from "ggmlopt.h" nogil:
     void ggmlopt_maxpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
                                         int64_t kw, int64_t sh, int64_t sw, const float *dy,
                                         const int32_t *idx, float *dx)
+    void ggmlopt_maxpool2d_relu_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                    int64_t kw, int64_t sh, int64_t sw, const float *x, float *y,
+                                    int32_t *idx)
+    void ggmlopt_maxpool2d_relu_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                             int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                             const int32_t *idx, const float *y, float *dx)
     void ggmlopt_avgpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
                                int64_t sh, int64_t sw, const float *x, float *y)
     void ggmlopt_avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
                                         int64_t kw, int64_t sh, int64_t sw, const float *dy,
                                         float *dx)
+    int64_t ggmlopt_conv2d_direct_workspace(int64_t n, int64_t c, int64_t h, int64_t w,
+                                            int64_t o, int64_t kh, int64_t kw, int64_t ph,
+                                            int64_t pw, int nthreads)
+    int ggmlopt_conv2d_direct_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                  int64_t kh, int64_t kw, int64_t ph, int64_t pw, const float *x,
+                                  const float *weight, const float *bias, float *y, float *work,
+                                  int64_t work_size)
+    int ggmlopt_conv2d_direct_backward_f32(int64_t n, int64_t c, int64_t h, int64_t w,
+                                           int64_t o, int64_t kh, int64_t kw, int64_t ph,
+                                           int64_t pw, const float *x, const float *weight,
+                                           const float *dy, float *dx, float *dw, float *db,
+                                           float *work, int64_t work_size)
+    int ggmlopt_conv2d_direct_relu_maxpool_f32(int64_t n, int64_t c, int64_t h, int64_t w,
+                                               int64_t o, int64_t kh, int64_t kw, int64_t ph,
+                                               int64_t pw, int64_t pkh, int64_t pkw,
+                                               int64_t psh, int64_t psw, const float *x,
+                                               const float *weight, const float *bias, float *y,
+                                               int32_t *idx, float *work, int64_t work_size)
+    int ggmlopt_conv2d_direct_relu_maxpool_backward_f32(
+        int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw,
+        int64_t ph, int64_t pw, int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+        const float *x, const float *weight, const float *dy, const int32_t *idx,
+        const float *y, float *dx, float *dw, float *db, float *work, int64_t work_size)
     int ggmlopt_simd_count()
     const char *ggmlopt_simd_name(int i)
     int ggmlopt_simd_compiled(int i)
@@ -184,6 +213,51 @@ cdef void maxpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t 
                                  float *dx) noexcept nogil:
     ggmlopt_maxpool2d_backward_f32(nplanes, h, w, kh, kw, sh, sw, dy, idx, dx)
 
+cdef int conv2d_direct_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh,
+                           int64_t kw, int64_t ph, int64_t pw, const float *x,
+                           const float *weight, const float *bias, float *y, float *work,
+                           int64_t work_size) noexcept nogil:
+    return ggmlopt_conv2d_direct_f32(n, c, h, w, o, kh, kw, ph, pw, x, weight, bias, y, work,
+                                     work_size)
+
+cdef int conv2d_direct_backward_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                    int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                    const float *x, const float *weight, const float *dy,
+                                    float *dx, float *dw, float *db, float *work,
+                                    int64_t work_size) noexcept nogil:
+    return ggmlopt_conv2d_direct_backward_f32(n, c, h, w, o, kh, kw, ph, pw, x, weight, dy, dx,
+                                              dw, db, work, work_size)
+
+cdef int conv2d_direct_relu_maxpool_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                        int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                        int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+                                        const float *x, const float *weight, const float *bias,
+                                        float *y, int32_t *idx, float *work,
+                                        int64_t work_size) noexcept nogil:
+    return ggmlopt_conv2d_direct_relu_maxpool_f32(n, c, h, w, o, kh, kw, ph, pw, pkh, pkw, psh,
+                                                  psw, x, weight, bias, y, idx, work, work_size)
+
+cdef int conv2d_direct_relu_maxpool_backward_f32(
+        int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw,
+        int64_t ph, int64_t pw, int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+        const float *x, const float *weight, const float *dy, const int32_t *idx,
+        const float *y, float *dx, float *dw, float *db, float *work,
+        int64_t work_size) noexcept nogil:
+    return ggmlopt_conv2d_direct_relu_maxpool_backward_f32(n, c, h, w, o, kh, kw, ph, pw, pkh,
+                                                           pkw, psh, psw, x, weight, dy, idx, y,
+                                                           dx, dw, db, work, work_size)
+
+cdef void maxpool2d_relu_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                             int64_t sh, int64_t sw, const float *x, float *y,
+                             int32_t *idx) noexcept nogil:
+    ggmlopt_maxpool2d_relu_f32(nplanes, h, w, kh, kw, sh, sw, x, y, idx)
+
+cdef void maxpool2d_relu_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                      int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                      const int32_t *idx, const float *y,
+                                      float *dx) noexcept nogil:
+    ggmlopt_maxpool2d_relu_backward_f32(nplanes, h, w, kh, kw, sh, sw, dy, idx, y, dx)
+
 cdef void avgpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
                         int64_t sh, int64_t sw, const float *x, float *y) noexcept nogil:
     ggmlopt_avgpool2d_f32(nplanes, h, w, kh, kw, sh, sw, x, y)
@@ -279,6 +353,15 @@ cdef _no_overlap(list named):
             if a0 < b1 and b0 < a1:
                 raise ValueError(f"{named[i][0]} and {named[j][0]} overlap in memory; "
                                  "they must be distinct arrays")
+
+
+cdef _outputs_apart(list inputs, list outputs):
+    """Raise when an output shares memory with another output or an input (inputs
+    may share memory with each other: they are only read)."""
+    _no_overlap(outputs)
+    for out in outputs:
+        for inp in inputs:
+            _no_overlap([inp, out])
 
 
 cdef double _real(object x, str name) except? -1:
@@ -927,6 +1010,65 @@ def maxpool2d_backward(grad_out, indices, x_shape, kernel_size, stride=None, out
     return ao
 
 
+def maxpool2d_relu(x, kernel_size, stride=None, out=None, indices=None):
+    """ReLU then max pooling in one pass: maxpool2d(relu(x)) without the ReLU's
+    full-size output.  Returns (out, indices) as maxpool2d: out float32
+    (n, c, oh, ow) = max(each window's maximum, 0), a NaN kept; indices int32
+    the position iy*w + ix of the maximum of x in its plane (first maximal
+    position in row-major order; a NaN counts as the maximum).  Outputs and
+    maxpool2d_relu_backward's gradients equal those of relu then maxpool2d."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    xs = _images(ax, "x")
+    kh, kw, sh, sw, oh, ow = _pool_args(xs, kernel_size, stride)
+    shape = (xs[0], xs[1], oh, ow)
+    cdef cnp.ndarray ao = _out(out, shape, "out", np.float32)
+    cdef cnp.ndarray ai = _out(indices, shape, "indices", np.int32)
+    _no_overlap([("x", ax), ("out", ao), ("indices", ai)])
+    cdef int64_t nplanes = xs[0] * xs[1], h = xs[2], w = xs[3]
+    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw
+    cdef float *px = _f32(ax)
+    cdef float *po = _f32(ao)
+    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
+    with nogil:
+        ggmlopt_maxpool2d_relu_f32(nplanes, h, w, kh_, kw_, sh_, sw_, px, po, pi)
+    return ao, ai
+
+
+def maxpool2d_relu_backward(grad_out, indices, out_forward, x_shape, kernel_size, stride=None,
+                            out=None):
+    """The input gradient of maxpool2d_relu: out (float32 of x_shape,
+    overwritten) receives grad_out at the positions in indices where
+    out_forward (the forward output) is not 0, summed where windows overlap, 0
+    elsewhere.  grad_out and out_forward float32, indices int32, all
+    (n, c, oh, ow) as maxpool2d_relu returned them."""
+    xs = _shape4(x_shape)
+    kh, kw, sh, sw, oh, ow = _pool_args(xs, kernel_size, stride)
+    shape = (xs[0], xs[1], oh, ow)
+    cdef cnp.ndarray ag = _array(grad_out, "grad_out", np.float32, False)
+    if (<object>ag).shape != shape:
+        raise ValueError(f"grad_out: expected shape {shape}, got {(<object>ag).shape}")
+    cdef cnp.ndarray ay = _array(out_forward, "out_forward", np.float32, False)
+    if (<object>ay).shape != shape:
+        raise ValueError(f"out_forward: expected shape {shape}, got {(<object>ay).shape}")
+    cdef cnp.ndarray ai = _array(indices, "indices", np.int32, False)
+    if (<object>ai).shape != shape:
+        raise ValueError(f"indices: expected shape {shape}, got {(<object>ai).shape}")
+    cdef int64_t h = xs[2], w = xs[3]
+    if ai.size and (ai.min() < 0 or ai.max() >= h * w):
+        raise IndexError(f"indices: positions must lie in [0, {h * w})")
+    cdef cnp.ndarray ao = _out(out, xs, "out", np.float32)
+    _outputs_apart([("grad_out", ag), ("out_forward", ay), ("indices", ai)], [("out", ao)])
+    cdef int64_t nplanes = xs[0] * xs[1]
+    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw
+    cdef float *pg = _f32(ag)
+    cdef float *py = _f32(ay)
+    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
+    cdef float *po = _f32(ao)
+    with nogil:
+        ggmlopt_maxpool2d_relu_backward_f32(nplanes, h, w, kh_, kw_, sh_, sw_, pg, pi, py, po)
+    return ao
+
+
 def avgpool2d(x, kernel_size, stride=None, out=None):
     """Average pooling of float32 x (n, c, h, w) over kh*kw windows every stride
     (default: kernel_size), no padding, floor mode.  Returns out, float32
@@ -964,6 +1106,233 @@ def avgpool2d_backward(grad_out, x_shape, kernel_size, stride=None, out=None):
     with nogil:
         ggmlopt_avgpool2d_backward_f32(nplanes, h, w, kh_, kw_, sh_, sw_, pg, po)
     return ao
+
+
+def conv2d_direct_workspace(x_shape, out_channels, kernel_size, padding=0, threads=None):
+    """Floats of scratch conv2d_direct, conv2d_direct_relu_maxpool and their
+    backwards need for images x_shape = (n, c, h, w), out_channels filters of
+    kernel_size and padding (an int or a pair each) on threads kernel threads
+    (default: get_num_threads()); a smaller workspace (down to the size for one
+    thread) gives the same results on fewer threads."""
+    xs = _shape4(x_shape)
+    o = _positive(out_channels, "out_channels")
+    kh, kw = pair(kernel_size, "kernel_size")
+    ph, pw = pair(padding, "padding", 0)
+    conv2d_output_size(xs[2], xs[3], (kh, kw), 1, (ph, pw))
+    t = ggmlopt_get_num_threads() if threads is None else _positive(threads, "threads")
+    return int(ggmlopt_conv2d_direct_workspace(xs[0], xs[1], xs[2], xs[3], o, kh, kw, ph, pw,
+                                               min(t, _MAX_THREADS)))
+
+
+cdef int _positive(object v, str name) except -1:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if v < 1:
+        raise ValueError(f"{name}: expected >= 1, got {v}")
+    return <int>min(v, 1 << 30)
+
+
+cdef tuple _direct_args(cnp.ndarray ax, cnp.ndarray aw, padding):
+    xs = _images(ax, "x")
+    if aw.ndim != 4 or aw.shape[1] != xs[1]:
+        raise ValueError(f"weight: expected shape (out_channels, {xs[1]}, kh, kw), got "
+                         f"{(<object>aw).shape}")
+    if min((<object>aw).shape) < 1:
+        raise ValueError(f"weight: expected sizes >= 1, got {(<object>aw).shape}")
+    kh, kw = aw.shape[2], aw.shape[3]
+    ph, pw = pair(padding, "padding", 0)
+    oh, ow = conv2d_output_size(xs[2], xs[3], (kh, kw), 1, (ph, pw))
+    return xs, aw.shape[0], kh, kw, ph, pw, oh, ow
+
+
+cdef cnp.ndarray _workspace(object workspace, tuple xs, int64_t o, int64_t kh, int64_t kw,
+                            int64_t ph, int64_t pw):
+    need = ggmlopt_conv2d_direct_workspace(xs[0], xs[1], xs[2], xs[3], o, kh, kw, ph, pw, 1)
+    if workspace is None:
+        return np.empty(ggmlopt_conv2d_direct_workspace(xs[0], xs[1], xs[2], xs[3], o, kh, kw,
+                                                        ph, pw, ggmlopt_get_num_threads()),
+                        dtype=np.float32)
+    cdef cnp.ndarray a = _array(workspace, "workspace", np.float32, True)
+    if a.size < need:
+        raise ValueError(f"workspace: expected at least {need} float32 elements "
+                         f"(conv2d_direct_workspace), got {a.size}")
+    return a
+
+
+def conv2d_direct(x, weight, bias=None, padding=0, out=None, workspace=None):
+    """A stride-1 convolution computed directly (no im2col, no BLAS).
+
+    x: float32 (n, c, h, w); weight: float32 (o, c, kh, kw); bias: float32 (o,)
+    or None; padding (>= 0): an int or a pair (height, width).  Returns out,
+    float32 (n, o, oh, ow) with oh = h + 2*ph - kh + 1, ow likewise:
+    out[i, o] = bias[o] + sum over c, ky, kx of weight[o, c, ky, kx] *
+    x[i, c, oy - ph + ky, ox - pw + kx] (0 outside the image).  workspace:
+    float32 scratch of conv2d_direct_workspace(...) elements (one is allocated
+    when None); the results do not depend on its size or the thread count."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef cnp.ndarray aw = _array(weight, "weight", np.float32, False)
+    xs, o, kh, kw, ph, pw, oh, ow = _direct_args(ax, aw, padding)
+    cdef cnp.ndarray ab = None
+    if bias is not None:
+        ab = _array(bias, "bias", np.float32, False)
+        if ab.size != o:
+            raise ValueError(f"bias: expected {o} elements (one per output channel), got "
+                             f"{ab.size}")
+    cdef cnp.ndarray ao = _out(out, (xs[0], o, oh, ow), "out", np.float32)
+    cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
+    inputs = [("x", ax), ("weight", aw)]
+    if ab is not None:
+        inputs.append(("bias", ab))
+    _outputs_apart(inputs, [("out", ao), ("workspace", work)])
+    cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], o_ = o
+    cdef int64_t kh_ = kh, kw_ = kw, ph_ = ph, pw_ = pw, nwork = work.size
+    cdef const float *pb = NULL if ab is None else _f32(ab)
+    cdef float *px = _f32(ax)
+    cdef float *pwt = _f32(aw)
+    cdef float *po = _f32(ao)
+    cdef float *pk = _f32(work)
+    with nogil:
+        ggmlopt_conv2d_direct_f32(n, c, h, w, o_, kh_, kw_, ph_, pw_, px, pwt, pb, po, pk, nwork)
+    return ao
+
+
+def conv2d_direct_backward(x, weight, grad_out, padding=0, grad_weight=None, grad_bias=None,
+                           grad_input=None, *, bias=True, input_grad=True, workspace=None):
+    """The gradients of conv2d_direct for the output gradient grad_out (float32
+    (n, o, oh, ow)): returns (grad_input, grad_weight, grad_bias), each
+    overwritten: grad_weight float32 (o, c, kh, kw) and grad_bias (o,) the sums
+    over the batch, grad_input float32 (n, c, h, w).  bias=False leaves
+    grad_bias out (None), input_grad=False grad_input.  x, weight, padding and
+    workspace as for conv2d_direct.  The sums run over fixed groups of images:
+    the same bits for any thread count."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef cnp.ndarray aw = _array(weight, "weight", np.float32, False)
+    xs, o, kh, kw, ph, pw, oh, ow = _direct_args(ax, aw, padding)
+    cdef cnp.ndarray ag = _array(grad_out, "grad_out", np.float32, False)
+    if (<object>ag).shape != (xs[0], o, oh, ow):
+        raise ValueError(f"grad_out: expected shape {(xs[0], o, oh, ow)}, got "
+                         f"{(<object>ag).shape}")
+    cdef cnp.ndarray adw = _out(grad_weight, (<object>aw).shape, "grad_weight", np.float32)
+    cdef cnp.ndarray adb = _out(grad_bias, (o,), "grad_bias", np.float32) if bias else None
+    cdef cnp.ndarray adx = _out(grad_input, xs, "grad_input", np.float32) if input_grad else None
+    cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
+    outputs = [("grad_weight", adw), ("workspace", work)]
+    if adb is not None:
+        outputs.append(("grad_bias", adb))
+    if adx is not None:
+        outputs.append(("grad_input", adx))
+    _outputs_apart([("x", ax), ("weight", aw), ("grad_out", ag)], outputs)
+    cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], o_ = o
+    cdef int64_t kh_ = kh, kw_ = kw, ph_ = ph, pw_ = pw, nwork = work.size
+    cdef float *pdb = NULL if adb is None else _f32(adb)
+    cdef float *pdx = NULL if adx is None else _f32(adx)
+    cdef float *px = _f32(ax)
+    cdef float *pwt = _f32(aw)
+    cdef float *pg = _f32(ag)
+    cdef float *pdw = _f32(adw)
+    cdef float *pk = _f32(work)
+    with nogil:
+        ggmlopt_conv2d_direct_backward_f32(n, c, h, w, o_, kh_, kw_, ph_, pw_, px, pwt, pg, pdx,
+                                           pdw, pdb, pk, nwork)
+    return adx, adw, adb
+
+
+def conv2d_direct_relu_maxpool(x, weight, bias, padding, pool_kernel, pool_stride=None,
+                               out=None, indices=None, workspace=None):
+    """conv2d_direct, then ReLU, then max pooling (pool_kernel, pool_stride:
+    an int or a pair, stride default pool_kernel), without the convolution's
+    full-size output.  Returns (out, indices), float32 and int32 (n, o, poh,
+    pow): what maxpool2d_relu returns for conv2d_direct's output, bit for bit.
+    x, weight, bias, padding, workspace as for conv2d_direct."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef cnp.ndarray aw = _array(weight, "weight", np.float32, False)
+    xs, o, kh, kw, ph, pw, oh, ow = _direct_args(ax, aw, padding)
+    cdef cnp.ndarray ab = None
+    if bias is not None:
+        ab = _array(bias, "bias", np.float32, False)
+        if ab.size != o:
+            raise ValueError(f"bias: expected {o} elements (one per output channel), got "
+                             f"{ab.size}")
+    pkh, pkw, psh, psw, poh, pow_ = _pool_args((xs[0], o, oh, ow), pool_kernel, pool_stride)
+    shape = (xs[0], o, poh, pow_)
+    cdef cnp.ndarray ao = _out(out, shape, "out", np.float32)
+    cdef cnp.ndarray ai = _out(indices, shape, "indices", np.int32)
+    cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
+    inputs = [("x", ax), ("weight", aw)]
+    if ab is not None:
+        inputs.append(("bias", ab))
+    _outputs_apart(inputs, [("out", ao), ("indices", ai), ("workspace", work)])
+    cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], o_ = o
+    cdef int64_t kh_ = kh, kw_ = kw, ph_ = ph, pw_ = pw, nwork = work.size
+    cdef int64_t pkh_ = pkh, pkw_ = pkw, psh_ = psh, psw_ = psw
+    cdef const float *pb = NULL if ab is None else _f32(ab)
+    cdef float *px = _f32(ax)
+    cdef float *pwt = _f32(aw)
+    cdef float *po = _f32(ao)
+    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
+    cdef float *pk = _f32(work)
+    with nogil:
+        ggmlopt_conv2d_direct_relu_maxpool_f32(n, c, h, w, o_, kh_, kw_, ph_, pw_, pkh_, pkw_,
+                                               psh_, psw_, px, pwt, pb, po, pi, pk, nwork)
+    return ao, ai
+
+
+def conv2d_direct_relu_maxpool_backward(x, weight, grad_out, indices, out_forward, padding,
+                                        pool_kernel, pool_stride=None, grad_weight=None,
+                                        grad_bias=None, grad_input=None, *, bias=True,
+                                        input_grad=True, workspace=None):
+    """The gradients of conv2d_direct_relu_maxpool for the pool's output
+    gradient grad_out (float32 (n, o, poh, pow)), with the indices and
+    out_forward the forward returned: (grad_input, grad_weight, grad_bias) as
+    conv2d_direct_backward returns them for the convolution's output gradient
+    that maxpool2d_relu_backward gives (the same bits), without that
+    full-size gradient."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    cdef cnp.ndarray aw = _array(weight, "weight", np.float32, False)
+    xs, o, kh, kw, ph, pw, oh, ow = _direct_args(ax, aw, padding)
+    pkh, pkw, psh, psw, poh, pow_ = _pool_args((xs[0], o, oh, ow), pool_kernel, pool_stride)
+    shape = (xs[0], o, poh, pow_)
+    cdef cnp.ndarray ag = _array(grad_out, "grad_out", np.float32, False)
+    if (<object>ag).shape != shape:
+        raise ValueError(f"grad_out: expected shape {shape}, got {(<object>ag).shape}")
+    cdef cnp.ndarray ay = _array(out_forward, "out_forward", np.float32, False)
+    if (<object>ay).shape != shape:
+        raise ValueError(f"out_forward: expected shape {shape}, got {(<object>ay).shape}")
+    cdef cnp.ndarray ai = _array(indices, "indices", np.int32, False)
+    if (<object>ai).shape != shape:
+        raise ValueError(f"indices: expected shape {shape}, got {(<object>ai).shape}")
+    if ai.size and (ai.min() < 0 or ai.max() >= oh * ow):
+        raise IndexError(f"indices: positions must lie in [0, {oh * ow})")
+    cdef cnp.ndarray adw = _out(grad_weight, (<object>aw).shape, "grad_weight", np.float32)
+    cdef cnp.ndarray adb = _out(grad_bias, (o,), "grad_bias", np.float32) if bias else None
+    cdef cnp.ndarray adx = _out(grad_input, xs, "grad_input", np.float32) if input_grad else None
+    cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
+    outputs = [("grad_weight", adw), ("workspace", work)]
+    if adb is not None:
+        outputs.append(("grad_bias", adb))
+    if adx is not None:
+        outputs.append(("grad_input", adx))
+    _outputs_apart([("x", ax), ("weight", aw), ("grad_out", ag), ("out_forward", ay),
+                    ("indices", ai)], outputs)
+    cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], o_ = o
+    cdef int64_t kh_ = kh, kw_ = kw, ph_ = ph, pw_ = pw, nwork = work.size
+    cdef int64_t pkh_ = pkh, pkw_ = pkw, psh_ = psh, psw_ = psw
+    cdef float *pdb = NULL if adb is None else _f32(adb)
+    cdef float *pdx = NULL if adx is None else _f32(adx)
+    cdef float *px = _f32(ax)
+    cdef float *pwt = _f32(aw)
+    cdef float *pg = _f32(ag)
+    cdef float *py = _f32(ay)
+    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
+    cdef float *pdw = _f32(adw)
+    cdef float *pk = _f32(work)
+    with nogil:
+        ggmlopt_conv2d_direct_relu_maxpool_backward_f32(n, c, h, w, o_, kh_, kw_, ph_, pw_, pkh_,
+                                                        pkw_, psh_, psw_, px, pwt, pg, pi, py,
+                                                        pdx, pdw, pdb, pk, nwork)
+    return adx, adw, adb
+
+
 # ---- activations ------------------------------------------------------------------
 
 cdef enum _Act:

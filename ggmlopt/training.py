@@ -164,7 +164,7 @@ def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
                           idata_split, callback_train, callback_eval)
     nbatches, ibatch_split = _epoch_plan(ctx, dataset, result_train, result_eval, idata_split)
 
-    with blas_threads_for_training():
+    with blas_threads_for_training(ctx.model):
         _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, callback_eval,
                        ibatch_split, nbatches)
 

@@ -21,6 +21,22 @@ def blas_threads():
 ])
 def test_choose_blas_threads(current, cpus, others, want):
     assert _blas_threads.choose_blas_threads(current, cpus, others) == want
+    # a model whose own kernels do most of the work: one BLAS thread, whatever else
+    assert _blas_threads.choose_blas_threads(current, cpus, others, kernel_bound=True) == 1
+
+
+def test_work_split_counts_blas_and_kernel_pool_layers():
+    from ggmlopt.examples.mnist import mnist_cnn, mnist_fc
+
+    assert _blas_threads.work_split(mnist_fc(0)) == (784 * 500 + 500 * 10, 0)
+    cnn = mnist_cnn(0)
+    blas, pool = _blas_threads.work_split(cnn)
+    assert (blas, pool) == (784 * 10, 0)  # the convolutions' sizes come with a forward
+    cnn.forward(np.zeros((2, 784), np.float32))
+    assert _blas_threads.work_split(cnn) == (784 * 10, 8 * 9 * 28 * 28 + 16 * 8 * 9 * 14 * 14)
+    wide = go.nn.Sequential(go.nn.Conv2d(3, 64, 3, padding=1, rng=0))  # im2col + BLAS
+    wide.forward(np.zeros((1, 3, 5, 5), np.float32))
+    assert _blas_threads.work_split(wide) == (64 * 3 * 9 * 25, 0)
 
 
 @pytest.mark.parametrize("env,want", [
@@ -68,6 +84,22 @@ def test_an_epoch_on_busy_cores_uses_fewer_blas_threads(monkeypatch):
     assert _threads_during_an_epoch(monkeypatch, "auto", 0) == [before, before]
     assert _threads_during_an_epoch(monkeypatch, "keep", 1000) == [before, before]
     assert _threads_during_an_epoch(monkeypatch, "1", 0) == [1, 1]
+    assert blas_threads() == before
+
+
+def test_a_kernel_bound_model_trains_with_one_blas_thread(monkeypatch):
+    before = blas_threads()
+    if before is None or before < 2:
+        pytest.skip("NumPy's BLAS runs one thread here: nothing to cut")
+    monkeypatch.setenv("GGMLOPT_BLAS_THREADS", "auto")
+    monkeypatch.setattr(_blas_threads, "_others_running", lambda: 0)
+    seen = []
+    model = go.nn.Sequential(go.nn.Reshape((1, 6, 6)), go.nn.Conv2d(1, 4, 3, padding=1, rng=0),
+                             go.nn.ReLU(), go.nn.Flatten(), go.nn.Linear(144, 2, rng=1))
+    ctx = go.OptContext(model, 2, 36, loss_type=go.LossType.CROSS_ENTROPY, class_labels=True)
+    ds = go.Dataset.from_arrays(np.ones((4, 36)), np.array([0, 1, 1, 0]))
+    go.epoch(ctx, ds, go.Result(), None, -1, lambda *a: seen.append(blas_threads()))
+    assert seen == [1, 1]
     assert blas_threads() == before
 
 

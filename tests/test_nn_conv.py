@@ -112,11 +112,16 @@ def test_conv2d_call_returns_a_copy(rng):
     assert conv.forward(x1) is conv.forward(x2)
 
 
-def test_conv2d_threads_and_paths_agree(rng, restore_threads):
-    conv = Conv2d(3, 4, 3, padding=1, rng=3)
+@pytest.mark.parametrize("stride", [1, 2], ids=["direct", "im2col"])
+def test_conv2d_threads_and_paths_agree(rng, restore_threads, stride):
+    """1 and 2 threads give the same bits on each path; the paths agree to
+    rounding (stride 1 computes in SIMD lanes, fused multiply-adds on the
+    vector paths; the im2col path only copies, so its paths agree exactly)."""
+    conv = Conv2d(3, 4, 3, stride=stride, padding=1, rng=3)
     x = rng.standard_normal((40, 3, 17, 15)).astype(F32)
-    g = rng.standard_normal((40, 4, 17, 15)).astype(F32)
-    results = []
+    oh, ow = kernels.conv2d_output_size(17, 15, 3, stride, 1)
+    g = rng.standard_normal((40, 4, oh, ow)).astype(F32)
+    results = {}
     for path in kernels.simd_paths():
         previous = kernels.use_simd(path)
         try:
@@ -125,12 +130,21 @@ def test_conv2d_threads_and_paths_agree(rng, restore_threads):
                 conv.weight.grad_is_zero = conv.bias.grad_is_zero = True
                 y = conv(x)
                 dx = conv.backward(g).copy()
-                results.append((y, dx, conv.weight.grad.copy(), conv.bias.grad.copy()))
+                res = (y, dx, conv.weight.grad.copy(), conv.bias.grad.copy())
+                if path in results:
+                    for a, b in zip(res, results[path]):
+                        np.testing.assert_array_equal(a, b, err_msg=f"{path}, 2 threads")
+                results[path] = res
         finally:
             kernels.use_simd(previous)
-    for res in results[1:]:
-        for a, b in zip(res, results[0]):
-            np.testing.assert_array_equal(a, b)
+    first = next(iter(results.values()))
+    for res in results.values():
+        for a, b in zip(res, first):
+            if stride == 1:
+                # sums of up to 10^4 terms: rounding relative to the largest
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
+            else:
+                np.testing.assert_array_equal(a, b)
 
 
 def test_conv2d_layout_names_and_default_init():
@@ -337,3 +351,28 @@ def test_empty_batch():
         pool = cls(2)
         y = pool(x)
         assert y.shape == (0, 2, 2, 2) and pool.backward(y).shape == x.shape
+
+
+@pytest.mark.parametrize("c, o, stride, direct", [
+    (1, 8, 1, True), (8, 16, 1, True), (16, 32, 1, True), (32, 32, (1, 1), True),
+    (3, 32, 1, False), (33, 8, 1, False), (8, 40, 1, False), (8, 16, 2, False),
+    (8, 16, (1, 2), False)])
+def test_conv2d_picks_direct_kernels_for_thin_stride_1_layers(rng, c, o, stride, direct):
+    """Thin stride-1 layers run the direct kernels, the others im2col + BLAS;
+    both give the reference's forward and the same gradients."""
+    conv = Conv2d(c, o, 3, stride=stride, padding=1, rng=1)
+    assert conv._direct is direct
+    x = rng.standard_normal((3, c, 7, 6)).astype(F32)
+    y = conv(x)
+    want = conv2d(x, conv.weight.data, conv.bias.data, conv.stride, conv.padding)
+    scale = conv2d(np.abs(x), np.abs(conv.weight.data), np.abs(conv.bias.data), conv.stride,
+                   conv.padding)
+    assert np.all(np.abs(y - want) <= 1e-6 * scale + 1e-7)
+    if conv.stride != (1, 1):
+        return
+    conv.needs_input_grad = True
+    g = rng.standard_normal(y.shape).astype(F32)
+    dx = conv.backward(g)
+    dx2, dw2, db2 = kernels.conv2d_direct_backward(x, conv.weight.data, g, 1)
+    for a, b in ((dx, dx2), (conv.weight.grad, dw2), (conv.bias.grad, db2)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())

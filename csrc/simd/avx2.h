@@ -169,4 +169,15 @@ static inline __m256 go_vcopysign(__m256 mag, __m256 s) {
 #define go_vclamp(x, lo, hi) _mm256_min_ps((hi), _mm256_max_ps((lo), (x)))
 #define go_vsel_lt(a, b, x, y) _mm256_blendv_ps((y), (x), _mm256_cmp_ps((a), (b), _CMP_LT_OQ))
 
+/* even = p[0], p[2], ..., p[14], odd = p[1], ..., p[15]: the 16 floats at p split
+ * by parity (shufps works within 128-bit halves; permute4x64 puts them in order) */
+#define GO_HAS_LOAD_PAIRS 1
+static inline void go_vload_pairs(const float *p, __m256 *even, __m256 *odd) {
+    const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+    *even = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+    *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+
 #endif

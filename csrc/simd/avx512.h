@@ -169,4 +169,15 @@ static inline __m512 go_vexp_sum(__m512 x, __m512 lo) {
 #define go_vsel_lt(a, b, x, y) \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask((a), (b), _CMP_LT_OQ), (y), (x))
 
+/* even = p[0], p[2], ..., p[30], odd = p[1], ..., p[31]: the 32 floats at p split
+ * by parity, each a two-source permute of the two loads */
+#define GO_HAS_LOAD_PAIRS 1
+static inline void go_vload_pairs(const float *p, __m512 *even, __m512 *odd) {
+    const __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                         28, 30);
+    *even = _mm512_permutex2var_ps(a, ie, b);
+    *odd = _mm512_permutex2var_ps(a, _mm512_add_epi32(ie, _mm512_set1_epi32(1)), b);
+}
+
 #endif

@@ -152,4 +152,12 @@ static inline float32x4_t go_vexp_sum(float32x4_t x, float32x4_t lo) {
 #define go_vclamp(x, lo, hi) vminq_f32(vmaxq_f32((x), (lo)), (hi))
 #define go_vsel_lt(a, b, x, y) vbslq_f32(vcltq_f32((a), (b)), (x), (y))
 
+/* even = p[0], p[2], p[4], p[6], odd = p[1], ..., p[7] */
+#define GO_HAS_LOAD_PAIRS 1
+static inline void go_vload_pairs(const float *p, float32x4_t *even, float32x4_t *odd) {
+    const float32x4x2_t t = vld2q_f32(p);
+    *even = t.val[0];
+    *odd = t.val[1];
+}
+
 #endif

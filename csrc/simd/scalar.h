@@ -59,4 +59,8 @@ typedef double go_dacc;
 /* a < b ? x : y, per lane (a NaN compares false: y) */
 #define go_vsel_lt(a, b, x, y) ((a) < (b) ? (x) : (y))
 
+/* even = p[0], odd = p[1]: the lanes of 2 vectors split by parity */
+#define GO_HAS_LOAD_PAIRS 1
+#define go_vload_pairs(p, even, odd) (*(even) = (p)[0], *(odd) = (p)[1])
+
 #endif

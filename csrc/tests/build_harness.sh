@@ -27,6 +27,7 @@ build_harness() {
         "csrc/tests/test_public_api.c:"
         "csrc/tests/test_kernels.c:"
         "csrc/tests/test_kernels_conv.c:"
+        "csrc/tests/test_kernels_conv_direct.c:"
         "csrc/tests/test_activation.c:"
     )
     case "$machine" in

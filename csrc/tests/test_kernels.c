@@ -15,6 +15,8 @@
 void test_public_api(int64_t big);
 void test_conv_kernels(const ggmlopt_kernel_table *k);
 void test_conv_public_api(void);
+void test_conv_direct_kernels(const ggmlopt_kernel_table *k);
+void test_conv_direct_public_api(void);
 /* test_activation.c */
 void test_activations(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar,
                       int64_t n, int off);
@@ -605,6 +607,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
     test_cross_entropy_index_wide(k);
     th_release_all();
     test_conv_kernels(k);
+    test_conv_direct_kernels(k);
     test_activations_sweep(k);
 }
 
@@ -631,6 +634,7 @@ int main(int argc, char **argv) {
 
     test_public_api(big);
     test_conv_public_api();
+    test_conv_direct_public_api();
     test_activations_public(big);
 
     printf("%d passed, %d failed\n", th_passed, th_failed);

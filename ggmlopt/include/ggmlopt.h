@@ -130,6 +130,50 @@ void ggmlopt_col2im_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh, 
 /* x[i, ci, :] += bias[ci] for n images of c planes of plane elements */
 void ggmlopt_add_bias_planes_f32(int64_t n, int64_t c, int64_t plane, float *x, const float *bias);
 
+/* A stride-1 convolution of n images (c, h, w) with weights (o, c, kh, kw),
+ * zero padding (ph, pw), computed directly (no im2col): y (n, o, oh, ow) =
+ * weight * x + bias (bias may be NULL), oh = h + 2*ph - kh + 1 and likewise
+ * ow (the caller ensures both >= 1).  The backward overwrites dw (o, c, kh, kw)
+ * and db (o; may be NULL) with the sums over the batch and dx (n, c, h, w; may
+ * be NULL) with the input gradient, for the output gradient dy (n, o, oh, ow).
+ * Both take caller-provided scratch of work_size floats, at least
+ * ggmlopt_conv2d_direct_workspace(..., nthreads) of them (more threads than
+ * that sized for share the slots); they return -1 and touch nothing when
+ * work_size is too small for one thread, else 0.  Results do not depend on
+ * the number of threads: the gradient sums over fixed groups of images. */
+int64_t ggmlopt_conv2d_direct_workspace(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                        int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                        int nthreads);
+int ggmlopt_conv2d_direct_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh,
+                              int64_t kw, int64_t ph, int64_t pw, const float *x,
+                              const float *weight, const float *bias, float *y, float *work,
+                              int64_t work_size);
+int ggmlopt_conv2d_direct_backward_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                       int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                       const float *x, const float *weight, const float *dy,
+                                       float *dx, float *dw, float *db, float *work,
+                                       int64_t work_size);
+/* The same convolution followed by a ReLU and max pooling (windows pkh*pkw
+ * every (psh, psw) over the (oh, ow) output, as ggmlopt_maxpool2d_relu_f32),
+ * without the full-size convolution output: each image's stays in the
+ * workspace while it is pooled.  y and idx (n, o, poh, pow) as
+ * ggmlopt_maxpool2d_relu_f32 gives them for the convolution's output; the
+ * backward takes the pool's output gradient dy, idx and y and gives dx, dw,
+ * db as ggmlopt_conv2d_direct_backward_f32 would for the convolution's output
+ * gradient ggmlopt_maxpool2d_relu_backward_f32 gives (the same bits).  The
+ * workspace is the one ggmlopt_conv2d_direct_workspace sizes. */
+int ggmlopt_conv2d_direct_relu_maxpool_f32(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o,
+                                           int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+                                           int64_t pkh, int64_t pkw, int64_t psh, int64_t psw,
+                                           const float *x, const float *weight,
+                                           const float *bias, float *y, int32_t *idx,
+                                           float *work, int64_t work_size);
+int ggmlopt_conv2d_direct_relu_maxpool_backward_f32(
+    int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw, int64_t ph,
+    int64_t pw, int64_t pkh, int64_t pkw, int64_t psh, int64_t psw, const float *x,
+    const float *weight, const float *dy, const int32_t *idx, const float *y, float *dx,
+    float *dw, float *db, float *work, int64_t work_size);
+
 /* Pooling over nplanes planes (h, w) with kh*kw windows every (sh, sw), no
  * padding, torch's floor mode: oh = (h - kh)/sh + 1, ow = (w - kw)/sw + 1 (the
  * caller ensures h >= kh, w >= kw, sizes and strides >= 1).
@@ -143,6 +187,16 @@ void ggmlopt_maxpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, in
 void ggmlopt_maxpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
                                     int64_t kw, int64_t sh, int64_t sw, const float *dy,
                                     const int32_t *idx, float *dx);
+/* ReLU followed by max pooling, in one pass: y = max(each window's maximum,
+ * 0) with NaN kept (the two commute), idx the position of the window's
+ * maximum as maxpool2d's; the backward sends dy to idx only where y != 0 (the
+ * ReLU's rule: y > 0 or NaN).  Outputs and gradients equal those of relu then
+ * maxpool2d, ties, zeros and NaN included. */
+void ggmlopt_maxpool2d_relu_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                                int64_t sh, int64_t sw, const float *x, float *y, int32_t *idx);
+void ggmlopt_maxpool2d_relu_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,
+                                         int64_t kw, int64_t sh, int64_t sw, const float *dy,
+                                         const int32_t *idx, const float *y, float *dx);
 void ggmlopt_avgpool2d_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh, int64_t kw,
                            int64_t sh, int64_t sw, const float *x, float *y);
 void ggmlopt_avgpool2d_backward_f32(int64_t nplanes, int64_t h, int64_t w, int64_t kh,

@@ -1,9 +1,24 @@
 """Sequential: layers applied in order."""
 from __future__ import annotations
 
+from .activation import ReLU
+from .conv import Conv2d
 from .module import Module
+from .pooling import MaxPool2d
 
 __all__ = ["Sequential"]
+
+
+def _fused_length(layers, i) -> int:
+    """How many layers from i run as one pass: 3 for Conv2d (on its direct
+    kernels), ReLU, MaxPool2d; 2 for ReLU, MaxPool2d; else 1.  Exactly these
+    classes: a subclass may change any of them."""
+    if i + 1 < len(layers) and type(layers[i]) is ReLU and type(layers[i + 1]) is MaxPool2d:
+        return 2
+    if (i + 2 < len(layers) and type(layers[i]) is Conv2d and layers[i]._direct
+            and type(layers[i + 1]) is ReLU and type(layers[i + 2]) is MaxPool2d):
+        return 3
+    return 1
 
 
 class Sequential(Module):
@@ -11,6 +26,15 @@ class Sequential(Module):
 
     As a top-level model it does not compute the gradient w.r.t. its input (the
     data); nested inside another Sequential the parent decides.
+
+    A ReLU directly followed by a MaxPool2d runs as one pass
+    (MaxPool2d.forward_relu: the pool of the pre-activation, clamped at 0, and
+    the gradient sent back only where the output is not 0); a Conv2d on its
+    direct kernels (thin stride-1 layers) followed by both runs as one pass
+    too, each image's convolution output pooled while in the cache.  Outputs
+    and gradients are those of the layers run one after the other, bit for
+    bit; the ReLU's (and the Conv2d's) full-size output buffers are then not
+    filled.
     """
 
     def __init__(self, *layers):
@@ -24,6 +48,7 @@ class Sequential(Module):
                     raise TypeError(f"layers[{i}]: {type(layer).__name__} has no {method}()")
         self.layers = list(layers)
         self._needs_input_grad = False
+        self._fused = {}  # last forward: last layer -> first layer of each fused run
         self._propagate()
 
     def _propagate(self):
@@ -61,16 +86,42 @@ class Sequential(Module):
         """x through every layer's forward: the last layer's result, usually a buffer
         that layer reuses (the next forward overwrites it); ``model(x)`` returns a
         copy the caller owns."""
-        for layer in self.layers:
-            x = layer.forward(x)
+        layers, fused = self.layers, {}
+        i = 0
+        while i < len(layers):
+            length = _fused_length(layers, i)
+            if length == 1:
+                x = layers[i].forward(x)
+            elif length == 2:
+                x = layers[i + 1].forward_relu(x)
+            else:
+                x = layers[i]._forward_relu_maxpool(x, layers[i + 2])
+            if length > 1:
+                fused[i + length - 1] = i
+            i += length
+        self._fused = fused
         return x
 
     def backward(self, grad_out):
         """grad_out through every layer's backward, last layer first; returns the
         first layer's result (None unless needs_input_grad is set)."""
         g = grad_out
-        for layer in reversed(self.layers):
-            g = layer.backward(g)
+        layers, fused = self.layers, self._fused
+        i = len(layers) - 1
+        while i >= 0:
+            first = fused.get(i)
+            if first is None:
+                g = layers[i].backward(g)
+                i -= 1
+                continue
+            if i - first == 2:  # Conv2d, ReLU, MaxPool2d
+                g = layers[first]._backward_relu_maxpool(g, layers[i])
+            elif layers[first].needs_input_grad:  # ReLU, MaxPool2d: the pool's
+                g = layers[i].backward(g)         # gradient is the ReLU input's
+            else:
+                layers[i].backward(g)  # its checks; the ReLU wants no gradient
+                g = None
+            i = first - 1
         return g
 
     def __getitem__(self, i):

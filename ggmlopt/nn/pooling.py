@@ -51,31 +51,68 @@ class MaxPool2d(_Pool2d):
 
     ``forward`` returns a buffer the layer reuses (the next forward overwrites
     it); ``pool(x)`` returns a copy the caller owns.
+
+    ``forward_relu(x)`` is ``forward(relu(x))`` in one pass (the two commute:
+    the pool takes the maxima of x and clamps them at 0), and the ``backward``
+    that follows it returns the gradient w.r.t. the ReLU's input; outputs and
+    gradients are those of ReLU then MaxPool2d, ties, zeros and NaN included.
+    A Sequential uses it for a ReLU followed by a MaxPool2d.
     """
+
+    def __init__(self, kernel_size, stride=None):
+        super().__init__(kernel_size, stride)
+        self._relu = False  # the last forward was forward_relu
+
+    def _prepare(self, shape):
+        """The buffers for inputs of shape (batch, channels, h, w); ValueError
+        when the window does not fit."""
+        kh, kw = self.kernel_size
+        if shape[2] < kh or shape[3] < kw:
+            raise ValueError(f"x: the input ({shape[2]}, {shape[3]}) is smaller than the "
+                             f"window ({kh}, {kw})")
+        if shape != self._shape:
+            out_shape = self._output_shape(shape)
+            out = np.empty(out_shape, dtype=np.float32)
+            idx = np.empty(out_shape, dtype=np.int32)
+            grad_in = np.empty(shape, dtype=np.float32)
+            self._out, self._idx, self._grad_in = out, idx, grad_in
+            self._shape, self._out_shape = tuple(shape), out_shape
+
+    def _pool(self, x, kernel):
+        x = self._check_input(x)
+        self._prepare(x.shape)
+        kernel(x, self.kernel_size, self.stride, out=self._out, indices=self._idx)
+        self._has_forward = True
+        return self._out
 
     def forward(self, x):
         """x: (batch, channels, h, w) -> (batch, channels, oh, ow) float32 (a reused
         buffer)."""
-        x = self._check_input(x)
-        if x.shape != self._shape:
-            out_shape = self._output_shape(x.shape)
-            out = np.empty(out_shape, dtype=np.float32)
-            idx = np.empty(out_shape, dtype=np.int32)
-            grad_in = np.empty(x.shape, dtype=np.float32)
-            self._out, self._idx, self._grad_in = out, idx, grad_in
-            self._shape, self._out_shape = x.shape, out_shape
-        kernels.maxpool2d(x, self.kernel_size, self.stride, out=self._out, indices=self._idx)
-        self._has_forward = True
-        return self._out
+        out = self._pool(x, kernels.maxpool2d)
+        self._relu = False
+        return out
+
+    def forward_relu(self, x):
+        """forward(relu(x)) in one pass, without the ReLU's full-size output:
+        x (batch, channels, h, w) -> (batch, channels, oh, ow) float32 (a reused
+        buffer).  The next backward returns d loss / d x through both."""
+        out = self._pool(x, kernels.maxpool2d_relu)
+        self._relu = True
+        return out
 
     def backward(self, grad_out):
         """grad_out: (batch, channels, oh, ow) like the last forward output; returns
-        d loss / d x (a reused buffer), or None when needs_input_grad is False."""
+        d loss / d x (a reused buffer; after forward_relu, x is the ReLU's input),
+        or None when needs_input_grad is False."""
         if not self._has_forward:
             raise RuntimeError("backward: call forward first")
         g = as_grad(grad_out, self._out_shape)
         if not self.needs_input_grad:
             return None
+        if self._relu:
+            return kernels.maxpool2d_relu_backward(g, self._idx, self._out, self._shape,
+                                                   self.kernel_size, self.stride,
+                                                   out=self._grad_in)
         return kernels.maxpool2d_backward(g, self._idx, self._shape, self.kernel_size,
                                           self.stride, out=self._grad_in)
 
