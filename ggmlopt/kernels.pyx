@@ -957,13 +957,9 @@ cdef cnp.ndarray _out(object out, tuple shape, str name, object dtype):
     return ao
 
 
-def maxpool2d(x, kernel_size, stride=None, out=None, indices=None):
-    """Max pooling of float32 x (n, c, h, w) over kh*kw windows every stride
-    (default: kernel_size), no padding, floor mode (a trailing remainder that
-    fills no window is dropped).  Returns (out, indices): out float32
-    (n, c, oh, ow), indices int32 (n, c, oh, ow), the position iy*w + ix of each
-    maximum in its plane.  The first maximal position in row-major window order
-    wins a tie; a NaN counts as the maximum."""
+cdef tuple _maxpool(object x, object kernel_size, object stride, object out, object indices,
+                    bint relu):
+    """maxpool2d, or with relu maxpool2d_relu: (out, indices)."""
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
     xs = _images(ax, "x")
     kh, kw, sh, sw, oh, ow = _pool_args(xs, kernel_size, stride)
@@ -977,15 +973,17 @@ def maxpool2d(x, kernel_size, stride=None, out=None, indices=None):
     cdef float *po = _f32(ao)
     cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
     with nogil:
-        ggmlopt_maxpool2d_f32(nplanes, h, w, kh_, kw_, sh_, sw_, px, po, pi)
+        if relu:
+            ggmlopt_maxpool2d_relu_f32(nplanes, h, w, kh_, kw_, sh_, sw_, px, po, pi)
+        else:
+            ggmlopt_maxpool2d_f32(nplanes, h, w, kh_, kw_, sh_, sw_, px, po, pi)
     return ao, ai
 
 
-def maxpool2d_backward(grad_out, indices, x_shape, kernel_size, stride=None, out=None):
-    """The input gradient of maxpool2d: out (float32 of x_shape, overwritten)
-    receives grad_out at the positions in indices (summed where windows overlap),
-    0 elsewhere.  grad_out float32 and indices int32, both (n, c, oh, ow) as
-    maxpool2d returned them."""
+cdef tuple _maxpool_grad_inputs(object grad_out, object indices, object x_shape,
+                                object kernel_size, object stride):
+    """The checks both max-pool backward passes share: (x_shape as a tuple,
+    (kh, kw, sh, sw), grad_out, indices), the positions checked to lie in a plane."""
     xs = _shape4(x_shape)
     kh, kw, sh, sw, oh, ow = _pool_args(xs, kernel_size, stride)
     shape = (xs[0], xs[1], oh, ow)
@@ -995,15 +993,34 @@ def maxpool2d_backward(grad_out, indices, x_shape, kernel_size, stride=None, out
     cdef cnp.ndarray ai = _array(indices, "indices", np.int32, False)
     if (<object>ai).shape != shape:
         raise ValueError(f"indices: expected shape {shape}, got {(<object>ai).shape}")
-    cdef int64_t h = xs[2], w = xs[3]
-    if ai.size and (ai.min() < 0 or ai.max() >= h * w):
-        raise IndexError(f"indices: positions must lie in [0, {h * w})")
+    if ai.size and (ai.min() < 0 or ai.max() >= xs[2] * xs[3]):
+        raise IndexError(f"indices: positions must lie in [0, {xs[2] * xs[3]})")
+    return xs, (kh, kw, sh, sw), ag, ai
+
+
+def maxpool2d(x, kernel_size, stride=None, out=None, indices=None):
+    """Max pooling of float32 x (n, c, h, w) over kh*kw windows every stride
+    (default: kernel_size), no padding, floor mode (a trailing remainder that
+    fills no window is dropped).  Returns (out, indices): out float32
+    (n, c, oh, ow), indices int32 (n, c, oh, ow), the position iy*w + ix of each
+    maximum in its plane.  The first maximal position in row-major window order
+    wins a tie; a NaN counts as the maximum."""
+    return _maxpool(x, kernel_size, stride, out, indices, False)
+
+
+def maxpool2d_backward(grad_out, indices, x_shape, kernel_size, stride=None, out=None):
+    """The input gradient of maxpool2d: out (float32 of x_shape, overwritten)
+    receives grad_out at the positions in indices (summed where windows overlap),
+    0 elsewhere.  grad_out float32 and indices int32, both (n, c, oh, ow) as
+    maxpool2d returned them."""
+    xs, window, ag, ai = _maxpool_grad_inputs(grad_out, indices, x_shape, kernel_size, stride)
+    cdef cnp.ndarray g = ag, idx = ai
     cdef cnp.ndarray ao = _out(out, xs, "out", np.float32)
-    _no_overlap([("grad_out", ag), ("indices", ai), ("out", ao)])
-    cdef int64_t nplanes = xs[0] * xs[1]
-    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw
-    cdef float *pg = _f32(ag)
-    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
+    _no_overlap([("grad_out", g), ("indices", idx), ("out", ao)])
+    cdef int64_t nplanes = xs[0] * xs[1], h = xs[2], w = xs[3]
+    cdef int64_t kh_ = window[0], kw_ = window[1], sh_ = window[2], sw_ = window[3]
+    cdef float *pg = _f32(g)
+    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(idx)
     cdef float *po = _f32(ao)
     with nogil:
         ggmlopt_maxpool2d_backward_f32(nplanes, h, w, kh_, kw_, sh_, sw_, pg, pi, po)
@@ -1017,21 +1034,7 @@ def maxpool2d_relu(x, kernel_size, stride=None, out=None, indices=None):
     the position iy*w + ix of the maximum of x in its plane (first maximal
     position in row-major order; a NaN counts as the maximum).  Outputs and
     maxpool2d_relu_backward's gradients equal those of relu then maxpool2d."""
-    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
-    xs = _images(ax, "x")
-    kh, kw, sh, sw, oh, ow = _pool_args(xs, kernel_size, stride)
-    shape = (xs[0], xs[1], oh, ow)
-    cdef cnp.ndarray ao = _out(out, shape, "out", np.float32)
-    cdef cnp.ndarray ai = _out(indices, shape, "indices", np.int32)
-    _no_overlap([("x", ax), ("out", ao), ("indices", ai)])
-    cdef int64_t nplanes = xs[0] * xs[1], h = xs[2], w = xs[3]
-    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw
-    cdef float *px = _f32(ax)
-    cdef float *po = _f32(ao)
-    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
-    with nogil:
-        ggmlopt_maxpool2d_relu_f32(nplanes, h, w, kh_, kw_, sh_, sw_, px, po, pi)
-    return ao, ai
+    return _maxpool(x, kernel_size, stride, out, indices, True)
 
 
 def maxpool2d_relu_backward(grad_out, indices, out_forward, x_shape, kernel_size, stride=None,
@@ -1041,28 +1044,19 @@ def maxpool2d_relu_backward(grad_out, indices, out_forward, x_shape, kernel_size
     out_forward (the forward output) is not 0, summed where windows overlap, 0
     elsewhere.  grad_out and out_forward float32, indices int32, all
     (n, c, oh, ow) as maxpool2d_relu returned them."""
-    xs = _shape4(x_shape)
-    kh, kw, sh, sw, oh, ow = _pool_args(xs, kernel_size, stride)
-    shape = (xs[0], xs[1], oh, ow)
-    cdef cnp.ndarray ag = _array(grad_out, "grad_out", np.float32, False)
-    if (<object>ag).shape != shape:
-        raise ValueError(f"grad_out: expected shape {shape}, got {(<object>ag).shape}")
+    xs, window, ag, ai = _maxpool_grad_inputs(grad_out, indices, x_shape, kernel_size, stride)
+    cdef cnp.ndarray g = ag, idx = ai
+    shape = (<object>g).shape
     cdef cnp.ndarray ay = _array(out_forward, "out_forward", np.float32, False)
     if (<object>ay).shape != shape:
         raise ValueError(f"out_forward: expected shape {shape}, got {(<object>ay).shape}")
-    cdef cnp.ndarray ai = _array(indices, "indices", np.int32, False)
-    if (<object>ai).shape != shape:
-        raise ValueError(f"indices: expected shape {shape}, got {(<object>ai).shape}")
-    cdef int64_t h = xs[2], w = xs[3]
-    if ai.size and (ai.min() < 0 or ai.max() >= h * w):
-        raise IndexError(f"indices: positions must lie in [0, {h * w})")
     cdef cnp.ndarray ao = _out(out, xs, "out", np.float32)
-    _outputs_apart([("grad_out", ag), ("out_forward", ay), ("indices", ai)], [("out", ao)])
-    cdef int64_t nplanes = xs[0] * xs[1]
-    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw
-    cdef float *pg = _f32(ag)
+    _outputs_apart([("grad_out", g), ("out_forward", ay), ("indices", idx)], [("out", ao)])
+    cdef int64_t nplanes = xs[0] * xs[1], h = xs[2], w = xs[3]
+    cdef int64_t kh_ = window[0], kw_ = window[1], sh_ = window[2], sw_ = window[3]
+    cdef float *pg = _f32(g)
     cdef float *py = _f32(ay)
-    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
+    cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(idx)
     cdef float *po = _f32(ao)
     with nogil:
         ggmlopt_maxpool2d_relu_backward_f32(nplanes, h, w, kh_, kw_, sh_, sw_, pg, pi, py, po)
@@ -1159,6 +1153,33 @@ cdef cnp.ndarray _workspace(object workspace, tuple xs, int64_t o, int64_t kh, i
     return a
 
 
+cdef cnp.ndarray _conv_bias(object bias, int64_t o):
+    """bias checked as float32 with o elements, or None."""
+    if bias is None:
+        return None
+    cdef cnp.ndarray ab = _array(bias, "bias", np.float32, False)
+    if ab.size != o:
+        raise ValueError(f"bias: expected {o} elements (one per output channel), got {ab.size}")
+    return ab
+
+
+cdef tuple _conv_grads(object grad_weight, object grad_bias, object grad_input,
+                       cnp.ndarray aw, tuple xs, bint bias, bint input_grad, cnp.ndarray work):
+    """The gradient arrays of a direct-convolution backward (grad_bias None unless
+    bias, grad_input None unless input_grad) and the (name, array) list of every
+    array it writes, the workspace included."""
+    o = (<object>aw).shape[0]
+    adw = _out(grad_weight, (<object>aw).shape, "grad_weight", np.float32)
+    adb = _out(grad_bias, (o,), "grad_bias", np.float32) if bias else None
+    adx = _out(grad_input, xs, "grad_input", np.float32) if input_grad else None
+    outputs = [("grad_weight", adw), ("workspace", work)]
+    if adb is not None:
+        outputs.append(("grad_bias", adb))
+    if adx is not None:
+        outputs.append(("grad_input", adx))
+    return adw, adb, adx, outputs
+
+
 def conv2d_direct(x, weight, bias=None, padding=0, out=None, workspace=None):
     """A stride-1 convolution computed directly (no im2col, no BLAS).
 
@@ -1172,12 +1193,7 @@ def conv2d_direct(x, weight, bias=None, padding=0, out=None, workspace=None):
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
     cdef cnp.ndarray aw = _array(weight, "weight", np.float32, False)
     xs, o, kh, kw, ph, pw, oh, ow = _direct_args(ax, aw, padding)
-    cdef cnp.ndarray ab = None
-    if bias is not None:
-        ab = _array(bias, "bias", np.float32, False)
-        if ab.size != o:
-            raise ValueError(f"bias: expected {o} elements (one per output channel), got "
-                             f"{ab.size}")
+    cdef cnp.ndarray ab = _conv_bias(bias, o)
     cdef cnp.ndarray ao = _out(out, (xs[0], o, oh, ow), "out", np.float32)
     cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
     inputs = [("x", ax), ("weight", aw)]
@@ -1212,24 +1228,18 @@ def conv2d_direct_backward(x, weight, grad_out, padding=0, grad_weight=None, gra
     if (<object>ag).shape != (xs[0], o, oh, ow):
         raise ValueError(f"grad_out: expected shape {(xs[0], o, oh, ow)}, got "
                          f"{(<object>ag).shape}")
-    cdef cnp.ndarray adw = _out(grad_weight, (<object>aw).shape, "grad_weight", np.float32)
-    cdef cnp.ndarray adb = _out(grad_bias, (o,), "grad_bias", np.float32) if bias else None
-    cdef cnp.ndarray adx = _out(grad_input, xs, "grad_input", np.float32) if input_grad else None
     cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
-    outputs = [("grad_weight", adw), ("workspace", work)]
-    if adb is not None:
-        outputs.append(("grad_bias", adb))
-    if adx is not None:
-        outputs.append(("grad_input", adx))
+    adw, adb, adx, outputs = _conv_grads(grad_weight, grad_bias, grad_input, aw, xs, bias,
+                                         input_grad, work)
     _outputs_apart([("x", ax), ("weight", aw), ("grad_out", ag)], outputs)
     cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], o_ = o
     cdef int64_t kh_ = kh, kw_ = kw, ph_ = ph, pw_ = pw, nwork = work.size
-    cdef float *pdb = NULL if adb is None else _f32(adb)
-    cdef float *pdx = NULL if adx is None else _f32(adx)
+    cdef float *pdb = NULL if adb is None else _f32(<cnp.ndarray>adb)
+    cdef float *pdx = NULL if adx is None else _f32(<cnp.ndarray>adx)
     cdef float *px = _f32(ax)
     cdef float *pwt = _f32(aw)
     cdef float *pg = _f32(ag)
-    cdef float *pdw = _f32(adw)
+    cdef float *pdw = _f32(<cnp.ndarray>adw)
     cdef float *pk = _f32(work)
     with nogil:
         ggmlopt_conv2d_direct_backward_f32(n, c, h, w, o_, kh_, kw_, ph_, pw_, px, pwt, pg, pdx,
@@ -1247,12 +1257,7 @@ def conv2d_direct_relu_maxpool(x, weight, bias, padding, pool_kernel, pool_strid
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
     cdef cnp.ndarray aw = _array(weight, "weight", np.float32, False)
     xs, o, kh, kw, ph, pw, oh, ow = _direct_args(ax, aw, padding)
-    cdef cnp.ndarray ab = None
-    if bias is not None:
-        ab = _array(bias, "bias", np.float32, False)
-        if ab.size != o:
-            raise ValueError(f"bias: expected {o} elements (one per output channel), got "
-                             f"{ab.size}")
+    cdef cnp.ndarray ab = _conv_bias(bias, o)
     pkh, pkw, psh, psw, poh, pow_ = _pool_args((xs[0], o, oh, ow), pool_kernel, pool_stride)
     shape = (xs[0], o, poh, pow_)
     cdef cnp.ndarray ao = _out(out, shape, "out", np.float32)
@@ -1290,41 +1295,31 @@ def conv2d_direct_relu_maxpool_backward(x, weight, grad_out, indices, out_forwar
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
     cdef cnp.ndarray aw = _array(weight, "weight", np.float32, False)
     xs, o, kh, kw, ph, pw, oh, ow = _direct_args(ax, aw, padding)
-    pkh, pkw, psh, psw, poh, pow_ = _pool_args((xs[0], o, oh, ow), pool_kernel, pool_stride)
-    shape = (xs[0], o, poh, pow_)
-    cdef cnp.ndarray ag = _array(grad_out, "grad_out", np.float32, False)
-    if (<object>ag).shape != shape:
-        raise ValueError(f"grad_out: expected shape {shape}, got {(<object>ag).shape}")
+    # the pool's checks, on the convolution's output shape
+    _, window, grad, idx = _maxpool_grad_inputs(grad_out, indices, (xs[0], o, oh, ow),
+                                                pool_kernel, pool_stride)
+    pkh, pkw, psh, psw = window
+    cdef cnp.ndarray ag = grad, ai = idx
+    shape = (<object>ag).shape
     cdef cnp.ndarray ay = _array(out_forward, "out_forward", np.float32, False)
     if (<object>ay).shape != shape:
         raise ValueError(f"out_forward: expected shape {shape}, got {(<object>ay).shape}")
-    cdef cnp.ndarray ai = _array(indices, "indices", np.int32, False)
-    if (<object>ai).shape != shape:
-        raise ValueError(f"indices: expected shape {shape}, got {(<object>ai).shape}")
-    if ai.size and (ai.min() < 0 or ai.max() >= oh * ow):
-        raise IndexError(f"indices: positions must lie in [0, {oh * ow})")
-    cdef cnp.ndarray adw = _out(grad_weight, (<object>aw).shape, "grad_weight", np.float32)
-    cdef cnp.ndarray adb = _out(grad_bias, (o,), "grad_bias", np.float32) if bias else None
-    cdef cnp.ndarray adx = _out(grad_input, xs, "grad_input", np.float32) if input_grad else None
     cdef cnp.ndarray work = _workspace(workspace, xs, o, kh, kw, ph, pw)
-    outputs = [("grad_weight", adw), ("workspace", work)]
-    if adb is not None:
-        outputs.append(("grad_bias", adb))
-    if adx is not None:
-        outputs.append(("grad_input", adx))
+    adw, adb, adx, outputs = _conv_grads(grad_weight, grad_bias, grad_input, aw, xs, bias,
+                                         input_grad, work)
     _outputs_apart([("x", ax), ("weight", aw), ("grad_out", ag), ("out_forward", ay),
                     ("indices", ai)], outputs)
     cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3], o_ = o
     cdef int64_t kh_ = kh, kw_ = kw, ph_ = ph, pw_ = pw, nwork = work.size
     cdef int64_t pkh_ = pkh, pkw_ = pkw, psh_ = psh, psw_ = psw
-    cdef float *pdb = NULL if adb is None else _f32(adb)
-    cdef float *pdx = NULL if adx is None else _f32(adx)
+    cdef float *pdb = NULL if adb is None else _f32(<cnp.ndarray>adb)
+    cdef float *pdx = NULL if adx is None else _f32(<cnp.ndarray>adx)
     cdef float *px = _f32(ax)
     cdef float *pwt = _f32(aw)
     cdef float *pg = _f32(ag)
     cdef float *py = _f32(ay)
     cdef int32_t *pi = <int32_t *>cnp.PyArray_DATA(ai)
-    cdef float *pdw = _f32(adw)
+    cdef float *pdw = _f32(<cnp.ndarray>adw)
     cdef float *pk = _f32(work)
     with nogil:
         ggmlopt_conv2d_direct_relu_maxpool_backward_f32(n, c, h, w, o_, kh_, kw_, ph_, pw_, pkh_,
