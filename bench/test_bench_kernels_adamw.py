@@ -59,6 +59,18 @@ def numpy_adamw(w, g, m, v, tmp, beta1h, beta2h):
     w -= tmp
 
 
+def adamw_step_on(state):
+    """One ggmlopt AdamW step over state = (w, g, m, v), as a function of nothing."""
+    w, g, m, v = state
+    b1h, b2h = kernels.adamw_bias_corrections(BETA1, BETA2, ITERATION)
+
+    def step():
+        kernels.adamw_step(w, g, m, v, alpha=ALPHA, beta1=BETA1, beta2=BETA2, eps=EPS, wd=WD,
+                           beta1h=b1h, beta2h=b2h)
+
+    return step
+
+
 SIZES = [(n, None) for n in sorted(TORCH_TARGETS)] + [(n, 1) for n in ONE_THREAD_SIZES]
 
 
@@ -66,13 +78,7 @@ SIZES = [(n, None) for n in sorted(TORCH_TARGETS)] + [(n, 1) for n in ONE_THREAD
 def test_adamw_ggmlopt(benchmark, n, nthreads, rng, threads):
     if nthreads:
         threads(nthreads)
-    w, g, m, v = make_state(n, rng)
-    b1h, b2h = kernels.adamw_bias_corrections(BETA1, BETA2, ITERATION)
-
-    def step():
-        kernels.adamw_step(w, g, m, v, alpha=ALPHA, beta1=BETA1, beta2=BETA2, eps=EPS, wd=WD,
-                           beta1h=b1h, beta2h=b2h)
-
+    step = adamw_step_on(make_state(n, rng))
     measure(benchmark, step, case=case_name(n, nthreads), role="ggmlopt",
             label="ggmlopt.adamw_step", items=n, bytes_moved=BYTES_PER_PARAM * n)
 
@@ -82,13 +88,7 @@ def test_adamw_ggmlopt_on_avx2(benchmark, n, nthreads, rng, threads, avx2_instea
     """The same step on the avx2 path: the ratio is avx512 / avx2."""
     if nthreads:
         threads(nthreads)
-    w, g, m, v = make_state(n, rng)
-    b1h, b2h = kernels.adamw_bias_corrections(BETA1, BETA2, ITERATION)
-
-    def step():
-        kernels.adamw_step(w, g, m, v, alpha=ALPHA, beta1=BETA1, beta2=BETA2, eps=EPS, wd=WD,
-                           beta1h=b1h, beta2h=b2h)
-
+    step = adamw_step_on(make_state(n, rng))
     measure(benchmark, step, case=case_name(n, nthreads), role="baseline",
             label="ggmlopt.adamw_step on the avx2 path", items=n,
             bytes_moved=BYTES_PER_PARAM * n)

@@ -77,6 +77,19 @@ static inline double go_dacc_reduce(go_dacc acc) {
     return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
 }
 
+/* exp(r) for a reduced argument r (about ln2/2 at most): 1 + r + r^2 * P(r), the
+ * polynomial both exponentials below share */
+static inline __m256 go_vexp_poly(__m256 r) {
+    __m256 p = _mm256_set1_ps(GO_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P5));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    return p;
+}
+
 /* exp(x) for x <= 0, as the softmax needs it (x - max): go_expf_scalar's
  * polynomial, 8 lanes at a time.  Nothing can overflow, and n = round(x*log2(e))
  * is read from the low bits of x*log2(e) + 1.5*2^23, which spares the rounding
@@ -88,13 +101,7 @@ static inline __m256 go_vexp_nonpos(__m256 x) {
     const __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(GO_ROUND_MAGIC));
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(GO_EXP_C1), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(GO_EXP_C2), r);
-    __m256 p = _mm256_set1_ps(GO_EXP_P0);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P5));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256 p = go_vexp_poly(r);
     /* bits(t) = bits(1.5*2^23) + n, so (bits(t) - bits(1.5*2^23) + 127) << 23 is 2^n */
     const __m256 pow2n = _mm256_castsi256_ps(_mm256_slli_epi32(
         _mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(127 - GO_ROUND_MAGIC_BITS)), 23));
@@ -143,13 +150,7 @@ static inline __m256 go_vexp_sum(__m256 x, __m256 lo) {
     const __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(GO_ROUND_MAGIC));
     __m256 r = _mm256_add_ps(_mm256_fnmadd_ps(n, _mm256_set1_ps(GO_EXP_C1), x), lo);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(GO_EXP_C2), r);
-    __m256 p = _mm256_set1_ps(GO_EXP_P0);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(GO_EXP_P5));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256 p = go_vexp_poly(r);
     const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(GO_ROUND_MAGIC_BITS));
     const __m256i n1 = _mm256_srai_epi32(ni, 1);
     const __m256i n2 = _mm256_sub_epi32(ni, n1);

@@ -83,6 +83,19 @@ static inline go_dacc go_dacc_add_sq(go_dacc acc, __m512 v) {
 }
 static inline double go_dacc_reduce(go_dacc acc) { return go_reduce_pd(_mm512_add_pd(acc.lo, acc.hi)); }
 
+/* exp(r) for a reduced argument r (about ln2/2 at most): 1 + r + r^2 * P(r), the
+ * polynomial both exponentials below share */
+static inline __m512 go_vexp_poly(__m512 r) {
+    __m512 p = _mm512_set1_ps(GO_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P5));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return p;
+}
+
 /* exp(x) for x <= 0 (see simd/avx2.h): go_expf_scalar's polynomial, 16 lanes,
  * n read from the low bits of x*log2(e) + 1.5*2^23.  Lanes below GO_EXP_LO (and
  * -inf) give 0; NaN stays NaN. */
@@ -93,13 +106,7 @@ static inline __m512 go_vexp_nonpos(__m512 x) {
     const __m512 n = _mm512_sub_ps(t, _mm512_set1_ps(GO_ROUND_MAGIC));
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(GO_EXP_C1), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(GO_EXP_C2), r);
-    __m512 p = _mm512_set1_ps(GO_EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P5));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512 p = go_vexp_poly(r);
     /* bits(t) = bits(1.5*2^23) + n, so (bits(t) - bits(1.5*2^23) + 127) << 23 is 2^n */
     const __m512 pow2n = _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_add_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(127 - GO_ROUND_MAGIC_BITS)), 23));
@@ -141,13 +148,7 @@ static inline __m512 go_vexp_sum(__m512 x, __m512 lo) {
     const __m512 n = _mm512_sub_ps(t, _mm512_set1_ps(GO_ROUND_MAGIC));
     __m512 r = _mm512_add_ps(_mm512_fnmadd_ps(n, _mm512_set1_ps(GO_EXP_C1), x), lo);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(GO_EXP_C2), r);
-    __m512 p = _mm512_set1_ps(GO_EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(GO_EXP_P5));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512 p = go_vexp_poly(r);
     const __m512i ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(GO_ROUND_MAGIC_BITS));
     const __m512i n1 = _mm512_srai_epi32(ni, 1);
     const __m512i n2 = _mm512_sub_epi32(ni, n1);
