@@ -9,8 +9,8 @@ ggml's 1 + tanh(u) lose every digit).  Products x * f whose factor f is below
 FLT_MIN (silu(-90)) may also be off by |x| * 2^-149, f's own spacing.
 Derivatives: 10 ulp of the sum of the magnitudes of their terms (plus the tanh
 form's 4|2u|), with the same allowance for subnormal factors.  Measured on the
-sweep: 1.5, 3.0, 3.5, 7.0 and 2.2 (+ up to 2.7|2u|) ulp; derivatives at most
-7.1 ulp of their terms.
+sweep: 1.5, 3.0, 3.5, 6.1 and 2.2 (+ up to 2.7|2u|) ulp; derivatives at most
+7 ulp of their terms.
 """
 import math
 

@@ -228,7 +228,7 @@ int ggmlopt_get_num_threads(void);
  * output y (tanh, sigmoid) or the forward input x (the others); out may be g.
  * Accuracy against float64 over the whole float range (measured on a sweep of
  * every 4099th float): tanh 1.5 ulp, sigmoid 3 ulp (subnormal results
- * included), SiLU 3.5 ulp, GELU 7 ulp; the tanh-form GELU 2.2 ulp plus the
+ * included), SiLU 3.5 ulp, GELU 6 ulp; the tanh-form GELU 2.2 ulp plus the
  * rounding of its exponent's argument 2u (up to 2.7|2u| ulp: 33 ulp at most
  * where |y| > 1e-8, some 300 in the far negative tail).  Products x * f whose factor f is below
  * FLT_MIN may be off by |x| * 2^-149.  Backward: within 7 ulp of the sum of the

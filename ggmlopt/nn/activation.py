@@ -172,7 +172,7 @@ class GELU(_Elementwise):
     "none": y = x * Phi(x) = x/2 * (1 + erf(x/sqrt 2)), ggml_gelu_erf.  We
     compute Phi from erfc (Phi = erfc(-x/sqrt 2)/2), so the negative tail keeps
     its digits where 1 + erf cancels (gelu(-7) = -9e-12, which ggml's and
-    torch's formula in float32 round to 0 or less); within 7 ulp of float64.
+    torch's formula in float32 round to 0 or less); within 6 ulp of float64.
     "tanh": y = x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), ggml_gelu
     (GELU_COEF_A = 0.044715), evaluated as x * sigmoid(2u) to avoid the same
     cancellation; within 2.2 ulp plus up to 2.7|2u| ulp from rounding 2u (33 ulp
