@@ -833,11 +833,19 @@ def conv2d_output_size(height, width, kernel_size, stride=1, padding=0):
     return (height + 2 * ph - kh) // sh + 1, (width + 2 * pw - kw) // sw + 1
 
 
-cdef tuple _col_shape(int64_t n, int64_t c, int64_t kh, int64_t kw, int64_t oh, int64_t ow,
-                      bint batch_matrix):
+cdef tuple _col_geometry(tuple xs, object kernel_size, object stride, object padding,
+                         bint batch_matrix):
+    """im2col's geometry for images xs = (n, c, h, w): ((kh, kw, sh, sw, ph, pw),
+    the col shape, (col_image, col_row): where row r of image i starts)."""
+    n, c, h, w = xs
+    kh, kw = pair(kernel_size, "kernel_size")
+    sh, sw = pair(stride, "stride")
+    ph, pw = pair(padding, "padding", 0)
+    oh, ow = conv2d_output_size(h, w, (kh, kw), (sh, sw), (ph, pw))
+    rows = c * kh * kw
     if batch_matrix:
-        return (c * kh * kw, n * oh * ow)
-    return (n, c * kh * kw, oh * ow)
+        return (kh, kw, sh, sw, ph, pw), (rows, n * oh * ow), (oh * ow, n * oh * ow)
+    return (kh, kw, sh, sw, ph, pw), (n, rows, oh * ow), (rows * oh * ow, oh * ow)
 
 
 def im2col(x, kernel_size, stride=1, padding=0, out=None, *, batch_matrix=False):
@@ -850,22 +858,17 @@ def im2col(x, kernel_size, stride=1, padding=0, out=None, *, batch_matrix=False)
     images side by side in one (c*kh*kw, n*oh*ow) matrix instead.
     """
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
-    cdef int64_t n, c, h, w
-    n, c, h, w = _images(ax, "x")
-    kh, kw = pair(kernel_size, "kernel_size")
-    sh, sw = pair(stride, "stride")
-    ph, pw = pair(padding, "padding", 0)
-    oh, ow = conv2d_output_size(h, w, (kh, kw), (sh, sw), (ph, pw))
-    shape = _col_shape(n, c, kh, kw, oh, ow, batch_matrix)
+    xs = _images(ax, "x")
+    window, shape, layout = _col_geometry(xs, kernel_size, stride, padding, batch_matrix)
     if out is None:
         out = np.empty(shape, dtype=np.float32)
     cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
     if (<object>ao).shape != shape:
         raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
     _no_overlap([("x", ax), ("out", ao)])
-    cdef int64_t col_image = oh * ow if batch_matrix else c * kh * kw * oh * ow
-    cdef int64_t col_row = n * oh * ow if batch_matrix else oh * ow
-    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw, ph_ = ph, pw_ = pw
+    cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3]
+    cdef int64_t kh_ = window[0], kw_ = window[1], sh_ = window[2], sw_ = window[3]
+    cdef int64_t ph_ = window[4], pw_ = window[5], col_image = layout[0], col_row = layout[1]
     cdef float *px = _f32(ax)
     cdef float *po = _f32(ao)
     with nogil:
@@ -879,19 +882,8 @@ def col2im(col, x_shape, kernel_size, stride=1, padding=0, out=None, *, batch_ma
     copies it to.  col: float32 of im2col's output shape for x_shape and these
     arguments.  Returns out."""
     cdef cnp.ndarray acol = _array(col, "col", np.float32, False)
-    try:
-        xs = tuple(int(v) for v in x_shape)
-    except (TypeError, ValueError):
-        raise TypeError(f"x_shape: expected a tuple of 4 ints, got {x_shape!r}") from None
-    if len(xs) != 4 or xs[0] < 0 or min(xs[1:]) < 1:
-        raise ValueError(f"x_shape: expected 4 sizes (n, c, h, w), n >= 0 and the others "
-                         f">= 1, got {x_shape!r}")
-    cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3]
-    kh, kw = pair(kernel_size, "kernel_size")
-    sh, sw = pair(stride, "stride")
-    ph, pw = pair(padding, "padding", 0)
-    oh, ow = conv2d_output_size(h, w, (kh, kw), (sh, sw), (ph, pw))
-    shape = _col_shape(n, c, kh, kw, oh, ow, batch_matrix)
+    xs = _shape4(x_shape)
+    window, shape, layout = _col_geometry(xs, kernel_size, stride, padding, batch_matrix)
     if (<object>acol).shape != shape:
         raise ValueError(f"col: expected shape {shape}, got {(<object>acol).shape}")
     if out is None:
@@ -900,9 +892,9 @@ def col2im(col, x_shape, kernel_size, stride=1, padding=0, out=None, *, batch_ma
     if (<object>ao).shape != xs:
         raise ValueError(f"out: expected shape {xs}, got {(<object>ao).shape}")
     _no_overlap([("col", acol), ("out", ao)])
-    cdef int64_t col_image = oh * ow if batch_matrix else c * kh * kw * oh * ow
-    cdef int64_t col_row = n * oh * ow if batch_matrix else oh * ow
-    cdef int64_t kh_ = kh, kw_ = kw, sh_ = sh, sw_ = sw, ph_ = ph, pw_ = pw
+    cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3]
+    cdef int64_t kh_ = window[0], kw_ = window[1], sh_ = window[2], sw_ = window[3]
+    cdef int64_t ph_ = window[4], pw_ = window[5], col_image = layout[0], col_row = layout[1]
     cdef float *pc = _f32(acol)
     cdef float *po = _f32(ao)
     with nogil:

@@ -21,6 +21,19 @@ def as_batch(x, ncols: int, name: str) -> np.ndarray:
     return x
 
 
+def as_real_batch(x, name: str) -> np.ndarray:
+    """x as float32 with a batch dimension (any shape after it); copies only when
+    the dtype differs."""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if x.dtype.kind not in "biuf":
+        raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")
+    if x.ndim < 1:
+        raise ValueError(f"{name}: expected an array with a batch dimension, got shape "
+                         f"{x.shape}")
+    return x if x.dtype == np.float32 else x.astype(np.float32)
+
+
 def add_into(param: Parameter, compute, scratch_owner, key):
     """Put compute(out) into param.grad: written straight in when the gradient is
     known to be zero, else computed into a scratch buffer and added."""

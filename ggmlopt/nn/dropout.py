@@ -5,20 +5,10 @@ import numbers
 
 import numpy as np
 
+from ._buffers import as_real_batch
 from .module import Module
 
 __all__ = ["Dropout"]
-
-
-def _as_float32(x, name):
-    if not isinstance(x, np.ndarray):
-        x = np.asarray(x)
-    if x.dtype.kind not in "biuf":
-        raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")
-    if x.ndim < 1:
-        raise ValueError(f"{name}: expected an array with a batch dimension, got shape "
-                         f"{x.shape}")
-    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 class Dropout(Module):
@@ -72,7 +62,7 @@ class Dropout(Module):
         layer reuses (the next forward overwrites it); otherwise x itself (converted
         to C-contiguous float32 when it was not).  ``layer(x)`` returns a copy the
         caller owns."""
-        x = _as_float32(x, "x")
+        x = np.ascontiguousarray(as_real_batch(x, "x"))
         self._shape = x.shape
         self._active = bool(self.training) and self.p > 0.0
         if not self._active:
@@ -96,7 +86,7 @@ class Dropout(Module):
             raise RuntimeError("backward: call forward first")
         if not self.needs_input_grad:
             return None
-        g = _as_float32(grad_out, "grad_out")
+        g = np.ascontiguousarray(as_real_batch(grad_out, "grad_out"))
         if g.shape != self._shape:
             raise ValueError(f"grad_out: expected shape {self._shape} like the last forward "
                              f"output, got {g.shape}")

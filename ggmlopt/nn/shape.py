@@ -10,22 +10,10 @@ from __future__ import annotations
 import math
 import numbers
 
-import numpy as np
-
+from ._buffers import as_real_batch
 from .module import Module
 
 __all__ = ["Flatten", "Reshape"]
-
-
-def _as_batch(x, name):
-    if not isinstance(x, np.ndarray):
-        x = np.asarray(x)
-    if x.dtype.kind not in "biuf":
-        raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")
-    if x.ndim < 1:
-        raise ValueError(f"{name}: expected an array with a batch dimension, got shape "
-                         f"{x.shape}")
-    return x if x.dtype == np.float32 else x.astype(np.float32)
 
 
 def _int(v, name):
@@ -48,7 +36,7 @@ class _ShapeLayer(Module):
         """x: (batch, ...) float32 -> a view of x with the new shape (a copy only when
         x is not C-contiguous or not float32).  ``layer(x)`` returns a copy the
         caller owns."""
-        x = _as_batch(x, "x")
+        x = as_real_batch(x, "x")
         out_shape = self._target(x.shape)
         self._in_shape, self._out_shape = x.shape, out_shape
         return x.reshape(out_shape)
@@ -60,7 +48,7 @@ class _ShapeLayer(Module):
             raise RuntimeError("backward: call forward first")
         if not self.needs_input_grad:
             return None
-        g = _as_batch(grad_out, "grad_out")
+        g = as_real_batch(grad_out, "grad_out")
         if g.shape != self._out_shape:
             raise ValueError(f"grad_out: expected shape {self._out_shape} like the last "
                              f"forward output, got {g.shape}")
