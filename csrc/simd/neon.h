@@ -65,6 +65,19 @@ static inline go_dacc go_dacc_add_sq(go_dacc acc, float32x4_t v) {
 }
 static inline double go_dacc_reduce(go_dacc acc) { return vaddvq_f64(vaddq_f64(acc.lo, acc.hi)); }
 
+/* exp(r) for a reduced argument r (about ln2/2 at most): 1 + r + r^2 * P(r), the
+ * polynomial both exponentials below share */
+static inline float32x4_t go_vexp_poly(float32x4_t r) {
+    float32x4_t p = vdupq_n_f32(GO_EXP_P0);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P1), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P4), p, r);
+    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P5), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    return p;
+}
+
 /* exp(x) for x <= 0 (see simd/avx2.h): go_expf_scalar's polynomial, 4 lanes at
  * a time, with n read from the low bits of x*log2(e) + 1.5*2^23. */
 static inline float32x4_t go_vexp_nonpos(float32x4_t x) {
@@ -73,13 +86,7 @@ static inline float32x4_t go_vexp_nonpos(float32x4_t x) {
     const float32x4_t n = vsubq_f32(t, vdupq_n_f32(GO_ROUND_MAGIC));
     float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(GO_EXP_C1));
     r = vfmsq_f32(r, n, vdupq_n_f32(GO_EXP_C2));
-    float32x4_t p = vdupq_n_f32(GO_EXP_P0);
-    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P1), p, r);
-    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P2), p, r);
-    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P3), p, r);
-    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P4), p, r);
-    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P5), p, r);
-    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const float32x4_t p = go_vexp_poly(r);
     const float32x4_t pow2n = vreinterpretq_f32_s32(vshlq_n_s32(
         vaddq_s32(vreinterpretq_s32_f32(t), vdupq_n_s32(127 - GO_ROUND_MAGIC_BITS)), 23));
     const float32x4_t e = vmulq_f32(p, pow2n);
@@ -130,13 +137,7 @@ static inline float32x4_t go_vexp_sum(float32x4_t x, float32x4_t lo) {
     const float32x4_t n = vsubq_f32(t, vdupq_n_f32(GO_ROUND_MAGIC));
     float32x4_t r = vaddq_f32(vfmsq_f32(x, n, vdupq_n_f32(GO_EXP_C1)), lo);
     r = vfmsq_f32(r, n, vdupq_n_f32(GO_EXP_C2));
-    float32x4_t p = vdupq_n_f32(GO_EXP_P0);
-    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P1), p, r);
-    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P2), p, r);
-    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P3), p, r);
-    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P4), p, r);
-    p = vfmaq_f32(vdupq_n_f32(GO_EXP_P5), p, r);
-    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const float32x4_t p = go_vexp_poly(r);
     const int32x4_t ni = vsubq_s32(vreinterpretq_s32_f32(t), vdupq_n_s32(GO_ROUND_MAGIC_BITS));
     const int32x4_t n1 = vshrq_n_s32(ni, 1);
     const int32x4_t n2 = vsubq_s32(ni, n1);
