@@ -860,11 +860,7 @@ def im2col(x, kernel_size, stride=1, padding=0, out=None, *, batch_matrix=False)
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
     xs = _images(ax, "x")
     window, shape, layout = _col_geometry(xs, kernel_size, stride, padding, batch_matrix)
-    if out is None:
-        out = np.empty(shape, dtype=np.float32)
-    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
-    if (<object>ao).shape != shape:
-        raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
+    cdef cnp.ndarray ao = _out(out, shape, "out", np.float32)
     _no_overlap([("x", ax), ("out", ao)])
     cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3]
     cdef int64_t kh_ = window[0], kw_ = window[1], sh_ = window[2], sw_ = window[3]
@@ -873,7 +869,7 @@ def im2col(x, kernel_size, stride=1, padding=0, out=None, *, batch_matrix=False)
     cdef float *po = _f32(ao)
     with nogil:
         ggmlopt_im2col_f32(n, c, h, w, kh_, kw_, sh_, sw_, ph_, pw_, px, po, col_image, col_row)
-    return out
+    return ao
 
 
 def col2im(col, x_shape, kernel_size, stride=1, padding=0, out=None, *, batch_matrix=False):
@@ -886,11 +882,7 @@ def col2im(col, x_shape, kernel_size, stride=1, padding=0, out=None, *, batch_ma
     window, shape, layout = _col_geometry(xs, kernel_size, stride, padding, batch_matrix)
     if (<object>acol).shape != shape:
         raise ValueError(f"col: expected shape {shape}, got {(<object>acol).shape}")
-    if out is None:
-        out = np.empty(xs, dtype=np.float32)
-    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
-    if (<object>ao).shape != xs:
-        raise ValueError(f"out: expected shape {xs}, got {(<object>ao).shape}")
+    cdef cnp.ndarray ao = _out(out, xs, "out", np.float32)
     _no_overlap([("col", acol), ("out", ao)])
     cdef int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3]
     cdef int64_t kh_ = window[0], kw_ = window[1], sh_ = window[2], sw_ = window[3]
@@ -899,7 +891,7 @@ def col2im(col, x_shape, kernel_size, stride=1, padding=0, out=None, *, batch_ma
     cdef float *po = _f32(ao)
     with nogil:
         ggmlopt_col2im_f32(n, c, h, w, kh_, kw_, sh_, sw_, ph_, pw_, pc, col_image, col_row, po)
-    return out
+    return ao
 
 
 def add_bias_planes(x, bias):
