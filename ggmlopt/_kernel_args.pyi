@@ -1,0 +1,1 @@
+# cdef-only module: the argument checks the kernel wrappers cimport (see _kernel_args.pxd)
