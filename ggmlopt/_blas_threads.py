@@ -22,8 +22,8 @@ Knobs, read at every epoch:
   GGMLOPT_BLAS_THREADS=auto (default) as above; =N: exactly N BLAS threads while
   training; =keep: leave BLAS alone.  When OPENBLAS_NUM_THREADS, OMP_NUM_THREADS,
   MKL_NUM_THREADS or BLIS_NUM_THREADS is set (and GGMLOPT_BLAS_THREADS is not),
-  BLAS is left alone too: the user chose.  Needs threadpoolctl to change BLAS at
-  run time; without it BLAS is left alone.
+  BLAS is left alone too: the user chose.  show_config() prints which of these
+  decided (blas_config()), and each EpochStats records the BLAS threads used.
 """
 from __future__ import annotations
 
@@ -31,10 +31,14 @@ import contextlib
 import os
 import time
 
-__all__ = ["blas_threads_for_training", "blas_threads_setting", "choose_blas_threads",
-           "work_split"]
+from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
+
+__all__ = ["blas_config", "blas_threads_for_training", "blas_threads_setting",
+           "choose_blas_threads", "current_blas_threads", "work_split"]
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+# variables that force OpenBLAS's kernel choice (an older kernel is slower)
+_KERNEL_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _controller = None
 
 
@@ -115,6 +119,16 @@ def work_split(model):
     return blas, pool
 
 
+def _setting_source():
+    """Why blas_threads_setting() says what it says: the variable that decided."""
+    if os.environ.get("GGMLOPT_BLAS_THREADS", "").strip():
+        return f"GGMLOPT_BLAS_THREADS={os.environ['GGMLOPT_BLAS_THREADS']}"
+    chosen = [f"{k}={os.environ[k]}" for k in _BLAS_ENV if os.environ.get(k)]
+    if chosen:
+        return f"{', '.join(chosen)} is set and GGMLOPT_BLAS_THREADS is not"
+    return "the default (GGMLOPT_BLAS_THREADS unset)"
+
+
 def blas_threads_setting():
     """('auto' | 'keep' | int) from the environment; ValueError for a bad value."""
     value = os.environ.get("GGMLOPT_BLAS_THREADS", "").strip().lower()
@@ -133,29 +147,55 @@ def blas_threads_setting():
 
 
 def _blas():
-    """threadpoolctl's controller of the loaded BLAS libraries, or None."""
+    """threadpoolctl's controller of the BLAS libraries NumPy loaded (made once:
+    NumPy loads its BLAS at import)."""
     global _controller
     if _controller is None:
-        try:
-            from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
-        except ImportError:
-            _controller = False
-        else:
-            _controller = ThreadpoolController().select(user_api="blas")
-    return _controller or None
+        _controller = ThreadpoolController().select(user_api="blas")
+    return _controller
+
+
+def current_blas_threads():
+    """The threads BLAS uses now (the most of any loaded BLAS library), or None
+    when NumPy has no BLAS that threadpoolctl knows."""
+    libs = _blas().lib_controllers
+    return max(c.num_threads for c in libs) if libs else None
+
+
+def blas_config():
+    """What decides the BLAS threads of training, as show_config() prints it:
+    libraries (one dict per loaded BLAS: internal_api, version, architecture (the
+    kernel OpenBLAS chose), num_threads, filepath), kernel_env (OPENBLAS_CORETYPE
+    and OPENBLAS_L2_SIZE when set), thread_env (the BLAS thread variables that are
+    set), setting ('auto' | 'keep' | int, or the error a bad value gives) and
+    source (the variable that decided it)."""
+    try:
+        setting = blas_threads_setting()
+    except ValueError as e:
+        setting = f"invalid: {e}"
+    libs = [{key: c.info().get(key) for key in
+             ("internal_api", "version", "architecture", "num_threads", "filepath")}
+            for c in _blas().lib_controllers]
+    return {
+        "libraries": libs,
+        "kernel_env": {k: os.environ[k] for k in _KERNEL_ENV if os.environ.get(k)},
+        "thread_env": {k: os.environ[k] for k in _BLAS_ENV if os.environ.get(k)},
+        "setting": setting,
+        "source": _setting_source(),
+    }
 
 
 @contextlib.contextmanager
 def blas_threads_for_training(model=None):
     """Within the block BLAS uses the threads GGMLOPT_BLAS_THREADS asks for (see
     the module docstring) for training model; its previous setting comes back
-    after."""
+    after.  Yields the BLAS threads in force in the block (None without a BLAS
+    that threadpoolctl knows)."""
     setting = blas_threads_setting()
-    blas = None if setting == "keep" else _blas()
-    if blas is None or not blas.lib_controllers:
-        yield
+    current = current_blas_threads()
+    if setting == "keep" or current is None:
+        yield current
         return
-    current = max(c.num_threads for c in blas.lib_controllers)
     if isinstance(setting, int):
         want = setting
     else:
@@ -163,7 +203,7 @@ def blas_threads_for_training(model=None):
         want = choose_blas_threads(current, _usable_cpus(), _others_running(),
                                    kernel_bound=pool_madds > blas_madds)
     if want == current:
-        yield
+        yield current
         return
-    with blas.limit(limits=want):
-        yield
+    with _blas().limit(limits=want):
+        yield want

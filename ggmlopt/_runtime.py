@@ -28,3 +28,33 @@ def show_config(file: TextIO | None = None) -> None:
           file=file)
     print(f"  kernel threads      : {kernels.get_num_threads()}", file=file)
     print(f"  C header            : {get_include()}", file=file)
+    _print_blas(file)
+
+
+def _print_blas(file: TextIO) -> None:
+    """The BLAS section of show_config: the library, the kernel it chose, its
+    threads, and what decides its threads while training."""
+    from ._blas_threads import blas_config
+
+    cfg = blas_config()
+    for lib in cfg["libraries"] or [{}]:
+        if not lib:
+            print("  BLAS                : none that threadpoolctl knows (threads left alone)",
+                  file=file)
+            break
+        print(f"  BLAS                : {lib['internal_api']} {lib['version']}, "
+              f"kernel {lib['architecture'] or '(not reported)'}, "
+              f"threads={lib['num_threads']} ({lib['filepath']})", file=file)
+    forced = ", ".join(f"{k}={v}" for k, v in cfg["kernel_env"].items())
+    print(f"  BLAS kernel forced  : {forced or '(no; OPENBLAS_CORETYPE unset)'}", file=file)
+    setting = cfg["setting"]
+    if setting == "auto":
+        what = ("auto: each epoch cuts BLAS to the cores other processes leave idle "
+                "(1 thread for models whose own kernels do most of the work)")
+    elif setting == "keep":
+        what = "keep: BLAS keeps its own threads while training"
+    elif isinstance(setting, int):
+        what = f"{setting} BLAS threads while training"
+    else:
+        what = setting
+    print(f"  BLAS in training    : {what}; from {cfg['source']}", file=file)

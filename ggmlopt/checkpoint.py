@@ -97,7 +97,7 @@ _FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.see
 _INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_KEYS)
 _FLOAT_KEYS = frozenset(_OPT_PAR_NAMES[OptimizerType.ADAMW] + _OPT_PAR_NAMES[OptimizerType.SGD])
 _STR_KEYS = frozenset(("format", "rng_state"))
-HISTORY_COLUMNS = 10  # the fields of training.EpochStats
+HISTORY_COLUMNS = 11  # the fields of training.EpochStats (10 before blas_threads)
 
 
 # ---- the generator's state as JSON -------------------------------------------------------
@@ -637,7 +637,10 @@ class FitCheckpoint:
             perm = _get_array(fit_sd, "fit.permutation", np.int64, (dataset.nshards,))
             if not np.array_equal(np.sort(perm), np.arange(dataset.nshards)):
                 raise ValueError("fit.permutation: not a permutation of the dataset's shards")
-            history = _get_array(fit_sd, "fit.history", np.float64, (done, HISTORY_COLUMNS))
+            ncols = HISTORY_COLUMNS
+            if np.shape(fit_sd["fit.history"])[1:] == (HISTORY_COLUMNS - 1,):
+                ncols -= 1  # written before EpochStats had blas_threads
+            history = _get_array(fit_sd, "fit.history", np.float64, (done, ncols))
         except (ValueError, TypeError) as e:
             raise type(e)(f"{where}: {e}") from None
         if done > nepoch:

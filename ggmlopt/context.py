@@ -128,6 +128,9 @@ class OptContext:
     ``OptContext.load(path, model)`` (see ggmlopt.checkpoint).
     """
 
+    # the BLAS threads of the last epoch (training.epoch sets it, fit records it)
+    _blas_threads: int | None = None
+
     def __init__(self, model: Any, batch_size: int | None = None,
                  ne_datapoint: int | None = None, loss_type: LossType | int | str = LossType.MEAN,
                  build_type: BuildType | int | str = BuildType.OPT, opt_period: int = 1,

@@ -458,7 +458,7 @@ def _cores():
 
 def set_rank_threads(nthreads=None, comm=None):
     """Set this process's threads: ggmlopt's kernel pool (set_num_threads) and
-    the BLAS pool (threadpoolctl, when installed).
+    the BLAS pool (threadpoolctl).
 
     nthreads: int >= 1, or None for cores / ranks on this machine (comm given),
     at least 1.  Returns the number set.  Several ranks on one machine each
@@ -470,13 +470,10 @@ def set_rank_threads(nthreads=None, comm=None):
     if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
         raise ValueError(f"nthreads: expected an int >= 1 or None, got {nthreads!r}")
     kernels.set_num_threads(nthreads)
-    try:
-        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
-    except ImportError:
-        pass  # BLAS keeps its own setting (OPENBLAS_NUM_THREADS before start)
-    else:
-        global _blas_limits
-        _blas_limits = threadpool_limits(limits=nthreads, user_api="blas")
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
+    global _blas_limits
+    _blas_limits = threadpool_limits(limits=nthreads, user_api="blas")
     return nthreads
 
 

@@ -7,14 +7,14 @@ import numbers
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import astuple, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import astuple, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from ._args import enum_arg, int_arg
-from ._blas_threads import blas_threads_for_training, blas_threads_setting
+from ._blas_threads import blas_threads_for_training, blas_threads_setting, current_blas_threads
 from .checkpoint import FitCheckpoint, fit_seed_id
 from .context import OptContext, checks_before_taking
 from .dataset import Dataset
@@ -160,11 +160,12 @@ def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
     holding the numbers of the whole dataset."""
     dist = getattr(ctx, "_dist", None)
     if dist is not None:  # many processes: each rank its part of the batches
+        ctx._blas_threads = current_blas_threads()  # as set_rank_threads left them
         return dist.epoch(_epoch_plan, _eval_batch, ctx, dataset, result_train, result_eval,
                           idata_split, callback_train, callback_eval)
     nbatches, ibatch_split = _epoch_plan(ctx, dataset, result_train, result_eval, idata_split)
 
-    with blas_threads_for_training(ctx.model):
+    with blas_threads_for_training(ctx.model) as ctx._blas_threads:
         _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, callback_eval,
                        ibatch_split, nbatches)
 
@@ -192,7 +193,9 @@ def _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, call
 class EpochStats:
     """One epoch of fit: training and validation loss and accuracy with their
     uncertainties (NaN where undefined, and every validation field NaN without a
-    validation split), and the epoch's wall time."""
+    validation split), the epoch's wall time, and the BLAS threads its matrix
+    products ran on (GGMLOPT_BLAS_THREADS, see show_config(); None when NumPy's
+    BLAS is unknown to threadpoolctl)."""
 
     epoch: int
     train_loss: float
@@ -204,6 +207,16 @@ class EpochStats:
     val_accuracy: float
     val_accuracy_unc: float
     seconds: float
+    blas_threads: int | None = None
+
+    @classmethod
+    def from_row(cls, row: Sequence[float]) -> EpochStats:
+        """The EpochStats of a checkpoint's history row (astuple's order, None
+        stored as NaN; rows without blas_threads come from older checkpoints)."""
+        threads = row[10] if len(row) > 10 else math.nan
+        names = [f.name for f in fields(cls)][1:10]
+        return cls(epoch=int(row[0]), **dict(zip(names, map(float, row[1:10]))),
+                   blas_threads=None if math.isnan(threads) else int(threads))
 
 
 @dataclass
@@ -501,7 +514,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         ctx_sd, perm, done, rows = pending
         ctx.load_state_dict(ctx_sd)
         dataset._set_permutation(perm)
-        history.epochs = [EpochStats(int(r[0]), *map(float, r[1:])) for r in rows]
+        history.epochs = [EpochStats.from_row(r) for r in rows]
         first_epoch = done + 1
         if not silent:
             sys.stderr.write(f"fit: resuming from {ckpt.path} after epoch {done:04d}/"
@@ -529,7 +542,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         # history says NaN, so no one reads a perfect validation loss into it
         val_loss = result_val.loss() if result_val.ndata else (math.nan, math.nan)
         history.epochs.append(EpochStats(ep, *result_train.loss(), *result_train.accuracy(),
-                                         *val_loss, *result_val.accuracy(), seconds))
+                                         *val_loss, *result_val.accuracy(), seconds,
+                                         ctx._blas_threads))
         if ckpt is not None:
             ckpt.save(ctx, dataset, ep, [astuple(e) for e in history.epochs])
     set_training(model, False)

@@ -1,13 +1,15 @@
 """BLAS threads while training: each epoch cuts NumPy's BLAS threads to the cores
 other processes leave idle (GGMLOPT_BLAS_THREADS=auto, the default), or to a
 given number, or leaves them alone, and restores them after."""
+import io
+import math
+
 import numpy as np
 import pytest
+import threadpoolctl  # a required dependency: BLAS thread control works in every install
 
 import ggmlopt as go
 from ggmlopt import _blas_threads
-
-threadpoolctl = pytest.importorskip("threadpoolctl")
 
 
 def blas_threads():
@@ -107,3 +109,72 @@ def test_others_running_reads_the_run_queue():
     others = _blas_threads._others_running()
     assert others is None or others >= 0
     assert _blas_threads._own_running_threads() >= 1  # this thread runs
+
+
+def _clean_env(monkeypatch, **env):
+    for key in ("GGMLOPT_BLAS_THREADS",) + _blas_threads._BLAS_ENV + _blas_threads._KERNEL_ENV:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def _config_text():
+    out = io.StringIO()
+    go.show_config(out)
+    return out.getvalue()
+
+
+def test_show_config_reports_the_blas_library_kernel_and_threads(monkeypatch):
+    _clean_env(monkeypatch)
+    lib = next(i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas")
+    text = _config_text()
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("BLAS   "))
+    assert lib["internal_api"] in line and lib["version"] in line
+    assert f"threads={blas_threads()}" in line
+    if lib.get("architecture"):
+        assert f"kernel {lib['architecture']}" in line
+    assert "OPENBLAS_CORETYPE unset" in text
+    assert "auto: each epoch cuts BLAS" in text and "GGMLOPT_BLAS_THREADS unset" in text
+
+
+@pytest.mark.parametrize("env,says", [
+    ({"OPENBLAS_NUM_THREADS": "1"}, "keep: BLAS keeps its own threads while training; from "
+                                    "OPENBLAS_NUM_THREADS=1 is set and GGMLOPT_BLAS_THREADS is not"),
+    ({"OMP_NUM_THREADS": "2"}, "from OMP_NUM_THREADS=2 is set"),
+    ({"OMP_NUM_THREADS": "2", "GGMLOPT_BLAS_THREADS": "3"},
+     "3 BLAS threads while training; from GGMLOPT_BLAS_THREADS=3"),
+    ({"GGMLOPT_BLAS_THREADS": "many"}, "invalid: GGMLOPT_BLAS_THREADS='many'"),
+    ({"OPENBLAS_CORETYPE": "Haswell"}, "BLAS kernel forced  : OPENBLAS_CORETYPE=Haswell"),
+])
+def test_show_config_says_which_variable_decides_the_blas_threads(monkeypatch, env, says):
+    # a thread variable set for BLAS changes ggmlopt's policy: it must show
+    _clean_env(monkeypatch, **env)
+    assert says in _config_text()
+
+
+def _fit_blas_threads(monkeypatch, env, **fit_args):
+    _clean_env(monkeypatch, **env)
+    model = go.nn.Sequential(go.nn.Linear(3, 4, rng=0), go.nn.Linear(4, 2, rng=1))
+    ds = go.Dataset.from_arrays(np.ones((8, 3)), np.array([0, 1, 1, 0] * 2))
+    history = go.fit(model, ds, go.LossType.CROSS_ENTROPY, nepoch=2, nbatch_logical=4,
+                     nbatch_physical=2, silent=True, **fit_args)
+    return [e.blas_threads for e in history]
+
+
+def test_each_epoch_records_the_blas_threads_it_used(monkeypatch, tmp_path):
+    before = blas_threads()
+    assert _fit_blas_threads(monkeypatch, {"GGMLOPT_BLAS_THREADS": "1"}) == [1, 1]
+    assert _fit_blas_threads(monkeypatch, {"GGMLOPT_BLAS_THREADS": "keep"}) == [before] * 2
+    # a resumed fit keeps the threads of the epochs it did not run again
+    ckpt = str(tmp_path / "run.npz")
+    first = _fit_blas_threads(monkeypatch, {"GGMLOPT_BLAS_THREADS": "1"}, checkpoint=ckpt)
+    again = _fit_blas_threads(monkeypatch, {"GGMLOPT_BLAS_THREADS": "keep"}, checkpoint=ckpt,
+                              resume=True)
+    assert first == again == [1, 1]
+
+
+def test_history_rows_of_older_checkpoints_have_no_blas_threads():
+    row = (3, 0.5, 0.1, 0.9, 0.01) + (math.nan,) * 4 + (1.25,)
+    stats = go.EpochStats.from_row(row)
+    assert stats.epoch == 3 and stats.seconds == 1.25 and stats.blas_threads is None
+    assert go.EpochStats.from_row(row + (2.0,)).blas_threads == 2
