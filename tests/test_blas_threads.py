@@ -138,8 +138,8 @@ def test_show_config_reports_the_blas_library_kernel_and_threads(monkeypatch):
 
 
 @pytest.mark.parametrize("env,says", [
-    ({"OPENBLAS_NUM_THREADS": "1"}, "keep: BLAS keeps its own threads while training; from "
-                                    "OPENBLAS_NUM_THREADS=1 is set and GGMLOPT_BLAS_THREADS is not"),
+    ({"OPENBLAS_NUM_THREADS": "1"}, ("keep: BLAS keeps its own threads while training; from "
+                                     "OPENBLAS_NUM_THREADS=1 is set and GGMLOPT_BLAS_THREADS is not")),
     ({"OMP_NUM_THREADS": "2"}, "from OMP_NUM_THREADS=2 is set"),
     ({"OMP_NUM_THREADS": "2", "GGMLOPT_BLAS_THREADS": "3"},
      "3 BLAS threads while training; from GGMLOPT_BLAS_THREADS=3"),
