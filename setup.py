@@ -15,6 +15,7 @@ import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.editable_wheel import editable_wheel
 
 MACHINE = platform.machine().lower()
 IS_X86_64 = MACHINE in ("x86_64", "amd64")
@@ -57,6 +58,19 @@ class BuildExtWithIsaFlags(build_ext):
                 )
                 ext.extra_objects = list(ext.extra_objects or []) + objects
         super().build_extension(ext)
+
+
+class EditableWheelOnSysPath(editable_wheel):
+    """`pip install -e .` puts the project folder on sys.path (setuptools' "compat"
+    mode) instead of installing an import hook.  The hook comes after Python's own
+    path search, so from the folder that holds the clone (itself named ggmlopt,
+    without an __init__.py) `import ggmlopt` found the clone folder as an empty
+    namespace package; with the project folder on sys.path the real package wins,
+    as a regular package always does over a namespace one."""
+
+    def initialize_options(self):
+        super().initialize_options()
+        self.mode = "compat"
 
 
 def extensions():
@@ -110,4 +124,5 @@ def extensions():
     return exts
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtWithIsaFlags})
+setup(ext_modules=extensions(),
+      cmdclass={"build_ext": BuildExtWithIsaFlags, "editable_wheel": EditableWheelOnSysPath})
