@@ -262,6 +262,47 @@ cdef class Dataset:
             np.copyto(ds._labels_view, labels, casting="unsafe")
         return ds
 
+    @classmethod
+    def from_tokens(cls, tokens, n_ctx, stride=None):
+        """Next-token windows of a token corpus, as llama.cpp's
+        ``common_opt_dataset_init`` makes them.
+
+        tokens: a 1-D integer array of token ids >= 0 (any integer dtype: uint16
+        and uint32 files as nanoGPT and llm.c write them, through ``np.memmap`` or
+        ``np.fromfile``), read window by window: the corpus is never copied whole.
+        n_ctx: the tokens of one datapoint.  stride: the step between windows,
+        default n_ctx // 2 (at least 1).
+        Datapoint i is ``tokens[i*stride : i*stride + n_ctx]`` and its labels are
+        ``tokens[i*stride + 1 : i*stride + n_ctx + 1]`` (each position's next
+        token), both int32 (ne_datapoint = ne_label = n_ctx), ndata_shard 1, and
+        ``ndata = (len(tokens) - n_ctx - 1) // stride``.  ValueError when that is
+        0, saying how many tokens one window needs.
+        """
+        if not isinstance(tokens, np.ndarray):
+            raise TypeError(f"tokens: expected a 1-D numpy.ndarray (or memmap) of token ids, "
+                            f"got {type(tokens).__name__}")
+        if tokens.dtype.kind not in "iu":
+            raise TypeError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
+        if tokens.ndim != 1:
+            raise ValueError(f"tokens: expected shape (ntokens,), got {tokens.shape}")
+        n_ctx = _count(n_ctx, "n_ctx", 1)
+        stride = max(n_ctx // 2, 1) if stride is None else _count(stride, "stride", 1)
+        ntokens = tokens.shape[0]
+        ndata = (ntokens - n_ctx - 1) // stride if ntokens > n_ctx else 0
+        if ndata < 1:
+            raise ValueError(f"tokens: {ntokens} tokens make no window of n_ctx={n_ctx} with "
+                             f"stride={stride}: ndata = (ntokens - n_ctx - 1) // stride "
+                             f"needs at least {n_ctx + 1 + stride} tokens")
+        used = tokens[:(ndata - 1) * stride + n_ctx + 1]
+        if used.size and (used.min() < 0 or used.max() > _INT32_MAX):
+            raise ValueError(f"tokens: token ids must lie in [0, {_INT32_MAX}], got values "
+                             f"from {used.min()} to {used.max()}")
+        cdef Dataset ds = cls(n_ctx, n_ctx, ndata, 1, np.int32, np.int32)
+        windows = np.lib.stride_tricks.sliding_window_view(used, n_ctx + 1)[::stride]
+        np.copyto(ds._data_view, windows[:ndata, :n_ctx], casting="unsafe")
+        np.copyto(ds._labels_view, windows[:ndata, 1:], casting="unsafe")
+        return ds
+
     # ---- views and properties ---------------------------------------------------
 
     @property
