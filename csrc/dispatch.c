@@ -637,11 +637,15 @@ static double ce_index_block(const void *p, int64_t b, int64_t e) {
 double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
                                        const int32_t *classes, float *grad, float grad_scale) {
     if (nrows <= 0) return 0.0;
-    ce_index_args a = {ncols, logits, classes, grad, grad_scale / (float)nrows};
+    /* the mean over the labelled rows: masked ones (class < 0) count for nothing */
+    int64_t labelled = 0;
+    for (int64_t r = 0; r < nrows; ++r) labelled += classes[r] >= 0;
+    const int64_t denom = labelled > 0 ? labelled : 1;
+    ce_index_args a = {ncols, logits, classes, grad, grad_scale / (float)denom};
     /* the blocks of the one-hot path, so both sum the same rows in the same order */
     const double total = run_blocks(nrows, rows_for(ncols, 1024), rows_for(ncols, 4096),
                                     ce_index_block, &a);
-    return total / (double)nrows;
+    return total / (double)denom;
 }
 
 /* ---- direct stride-1 convolution ------------------------------------------- */

@@ -57,15 +57,33 @@ DEFAULT_SEED = 5489
 
 
 def _class_indices(a, name):
-    """a as C-contiguous int32 class indices of shape (n,), from an integer array
-    of shape (n,) or (n, 1); None when a is not such an integer array."""
+    """a as C-contiguous int32 class indices: (n,) from an integer array of shape
+    (n,) or (n, 1), (n, positions) from one of that shape (sequence labels); None
+    when a is not an integer array.  -1 masks a row."""
     a = np.asarray(a)
-    if a.dtype.kind not in "iu" or not (a.ndim == 1 or (a.ndim == 2 and a.shape[1] == 1)):
+    if a.dtype.kind not in "iu" or a.ndim not in (1, 2):
         return None
-    if a.size and (a.min() < 0 or a.max() > np.iinfo(np.int32).max):
-        raise IndexError(f"{name}: class indices must be >= 0 and fit an int32, got values "
-                         f"from {a.min()} to {a.max()}")
-    return np.ascontiguousarray(a.reshape(-1), dtype=np.int32)
+    if a.size and (a.min() < -1 or a.max() > np.iinfo(np.int32).max):
+        raise IndexError(f"{name}: class indices must be >= 0 (or -1 to mask a position) and "
+                         f"fit an int32, got values from {a.min()} to {a.max()}")
+    if a.ndim == 2 and a.shape[1] == 1:
+        a = a.reshape(-1)
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _token_matrix(a, name, ncols=None):
+    """a as a C-contiguous 2-D int32 array of token ids (copied only when needed)."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: this context takes token ids (inputs_dtype=int32): "
+                        f"expected integers, got dtype {a.dtype}")
+    if a.ndim != 2 or a.shape[0] < 1 or (ncols is not None and a.shape[1] != ncols):
+        want = f"(batch >= 1, {ncols})" if ncols is not None else "(batch >= 1, n)"
+        raise ValueError(f"{name}: expected shape {want}, got {a.shape}")
+    if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
+        raise ValueError(f"{name}: token ids must fit an int32, got values from {a.min()} "
+                         f"to {a.max()}")
+    return np.ascontiguousarray(a, dtype=np.int32)
 
 
 def _f32_matrix(a, name, ncols=None):
@@ -84,11 +102,20 @@ class OptContext:
     """OptContext(model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
     build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
     get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None,
-    clip_grad_norm=None, comm=None, shard_optimizer=False, *, class_labels=False)
+    clip_grad_norm=None, comm=None, shard_optimizer=False, *, class_labels=False,
+    inputs_dtype=None)
 
     model: any object with parameters() (Parameters: float32 .data and .grad),
     forward(x) (batch, ne_datapoint) -> (batch, ne_out) and backward(grad_out).
     Its parameters move into the context's arena; .data and .grad become views.
+    A model may also return one row of ne_out outputs per position,
+    (batch, positions, ne_out), as a language model's logits (batch, n_ctx,
+    vocab): the losses then run over every row (see class_labels).
+    inputs_dtype: float32, or int32 for models that take token ids: ``inputs``
+    is then an int32 buffer, and dynamic-mode inputs must be integers (passed as
+    int32, not converted to float).  None (the default): the model's own
+    ``inputs_dtype`` attribute when it has one (the language models of
+    ggmlopt.models do), else float32.
 
     batch_size, ne_datapoint: static mode (ggml's static graphs): owned buffers
     ``inputs`` (batch_size, ne_datapoint) and ``labels`` (batch_size, ne_out), the
@@ -98,7 +125,13 @@ class OptContext:
     mode an int32 ``labels`` buffer of shape (batch_size,) (a quarter of the
     memory of 10 one-hot floats); same loss, gradient and ncorrect as their
     one-hot encoding.  Dynamic mode needs no flag: integer labels of shape
-    (batch,) or (batch, 1) given to eval are class indices.
+    (batch,) or (batch, 1) given to eval are class indices.  With outputs
+    (batch, positions, ne_out) the class labels are one per position, int32
+    (batch, positions) (sequence labels: each position's next token), and -1
+    masks a position: the loss is the mean over the labelled positions of the
+    physical batch (torch's ``F.cross_entropy(..., ignore_index=-1)``), scaled
+    by 1/opt_period as ggml does, and accuracy counts the labelled positions
+    (``Result.nlabelled``).  -1 masks a datapoint's single class the same way.
 
     build_type: the furthest an eval may go (FORWARD, GRAD or OPT).  opt_period:
     physical batches per optimizer step (gradient accumulation).
@@ -138,9 +171,10 @@ class OptContext:
                  get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
                  get_opt_pars_ud: Any = None, seed: int | np.random.Generator | None = None,
                  clip_grad_norm: float | None = None, comm: Any = None,
-                 shard_optimizer: bool = False, *, class_labels: bool = False) -> None:
+                 shard_optimizer: bool = False, *, class_labels: bool = False,
+                 inputs_dtype: npt.DTypeLike | None = None) -> None:
         args = (model, batch_size, ne_datapoint, loss_type, build_type, opt_period, optimizer,
-                get_opt_pars, get_opt_pars_ud, seed, clip_grad_norm, class_labels)
+                get_opt_pars, get_opt_pars_ud, seed, clip_grad_norm, class_labels, inputs_dtype)
         before_taking = _BEFORE_TAKING.get()
         self._dist: Any = None   # ggmlopt.distributed.Distributed with comm
         if comm is None and shard_optimizer is False:
@@ -152,7 +186,8 @@ class OptContext:
 
     def _init(self, model: Any, batch_size: Any, ne_datapoint: Any, loss_type: Any,
               build_type: Any, opt_period: Any, optimizer: Any, get_opt_pars: Any,
-              get_opt_pars_ud: Any, seed: Any, clip_grad_norm: Any, class_labels: Any, *,
+              get_opt_pars_ud: Any, seed: Any, clip_grad_norm: Any, class_labels: Any,
+              inputs_dtype: Any = None, *,
               _before_taking: Callable[[OptContext], object] | None = None) -> None:
         for method in ("parameters", "forward", "backward"):
             if not callable(getattr(model, method, None)):
@@ -179,6 +214,15 @@ class OptContext:
                                 "encode the classes)"
                                 if self._loss_type == LossType.MEAN_SQUARED_ERROR
                                 else "no labels"))
+        if inputs_dtype is None:
+            inputs_dtype = getattr(model, "inputs_dtype", np.float32)
+        try:
+            inputs_dtype = np.dtype(inputs_dtype)
+        except TypeError:
+            inputs_dtype = None
+        if inputs_dtype not in (np.dtype(np.float32), np.dtype(np.int32)):
+            raise TypeError("inputs_dtype: expected numpy.float32 (features) or numpy.int32 "
+                            "(token ids)")
         if isinstance(seed, np.random.Generator):
             rng = seed
         else:
@@ -193,7 +237,9 @@ class OptContext:
         self._batch_size = batch_size
         self._class_labels = class_labels
         self._ne_datapoint = ne_datapoint
+        self._inputs_dtype = inputs_dtype
         self._ne_out: int | None = None
+        self._out_shape: tuple[int, ...] | None = None
         self._inputs: np.ndarray | None = None
         self._labels: np.ndarray | None = None
         self._batch_buffers: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -201,15 +247,17 @@ class OptContext:
             assert ne_datapoint is not None  # required with batch_size, checked above
             # one buffer for the inputs and labels, as ggml's static context
             self._inputs = AlignedBuffer(batch_size * ne_datapoint * 4).as_array(
-                np.float32, (batch_size, ne_datapoint))
+                inputs_dtype, (batch_size, ne_datapoint))
             with eval_mode(model):  # a probe: no dropout, no draws from any rng
                 out = self._check_outputs(model.forward(self._inputs), batch_size)
-            self._ne_out = out.shape[1]
-            if class_labels:
-                self._labels = AlignedBuffer(batch_size * 4).as_array(np.int32, (batch_size,))
+            self._out_shape = out.shape[1:]
+            self._ne_out = out.shape[-1]
+            if class_labels:  # one class per row of outputs: (batch,) or (batch, positions)
+                rows = out.shape[:-1]
+                self._labels = AlignedBuffer(math.prod(rows) * 4).as_array(np.int32, rows)
             elif self._needs_labels:
                 self._labels = AlignedBuffer(out.size * 4).as_array(np.float32, out.shape)
-            self._make_batch_buffers(batch_size, self._ne_out)
+            self._make_batch_buffers(out.shape)
 
         protocol = TrainingProtocol(model)   # reads the module tree, changes nothing
         if _before_taking is not None:  # a caller's last check (fit: the dataset)
@@ -289,13 +337,15 @@ class OptContext:
         for p in self._flagged:
             p.grad_is_zero = True
 
-    def _make_batch_buffers(self, batch, ne_out):
-        """grad_out (batch, ne_out) float32, pred and the labels' argmax (batch,) int32."""
+    def _make_batch_buffers(self, out_shape):
+        """grad_out float32 shaped like the outputs, pred and the labels' argmax
+        int32, one per row of outputs."""
+        rows = math.prod(out_shape[:-1])
         self._batch_buffers = (
-            batch,
-            np.zeros((batch, ne_out), dtype=np.float32),
-            np.zeros(batch, dtype=np.int32),
-            np.zeros(batch, dtype=np.int32),
+            out_shape[0],
+            np.zeros(out_shape, dtype=np.float32),
+            np.zeros(rows, dtype=np.int32),
+            np.zeros(rows, dtype=np.int32),
         )
 
     def _check_outputs(self, out, batch):
@@ -304,12 +354,12 @@ class OptContext:
                             f"{type(out).__name__}")
         if out.dtype != np.float32:
             raise TypeError(f"model.forward: expected float32 outputs, got {out.dtype}")
-        if out.ndim != 2 or out.shape[0] != batch or out.shape[1] < 1:
-            raise ValueError(f"model.forward: expected outputs of shape ({batch}, n) for a "
-                             f"batch of {batch}, got {out.shape}")
-        if self._ne_out is not None and out.shape[1] != self._ne_out:
-            raise ValueError(f"model.forward: expected {self._ne_out} outputs per datapoint "
-                             f"(as when the context was built), got {out.shape[1]}")
+        if out.ndim not in (2, 3) or out.shape[0] != batch or 0 in out.shape:
+            raise ValueError(f"model.forward: expected outputs of shape ({batch}, n) (or "
+                             f"({batch}, positions, n)) for a batch of {batch}, got {out.shape}")
+        if self._out_shape is not None and out.shape[1:] != self._out_shape:
+            raise ValueError(f"model.forward: expected outputs of shape {self._out_shape} per "
+                             f"datapoint (as when the context was built), got {out.shape[1:]}")
         return out if out.flags.c_contiguous else np.ascontiguousarray(out)
 
     # ---- read-only state --------------------------------------------------------------
@@ -348,9 +398,21 @@ class OptContext:
 
     @property
     def ne_out(self) -> int | None:
-        """The model's outputs per datapoint (static mode: found by a forward pass
-        at construction; None in dynamic mode)."""
+        """The model's outputs per datapoint, or per position for outputs
+        (batch, positions, ne_out) (static mode: found by a forward pass at
+        construction; None in dynamic mode)."""
         return self._ne_out
+
+    @property
+    def out_shape(self) -> tuple[int, ...] | None:
+        """The shape of one datapoint's outputs, (ne_out,) or (positions, ne_out)
+        (static mode; None in dynamic mode)."""
+        return self._out_shape
+
+    @property
+    def inputs_dtype(self) -> np.dtype:
+        """float32, or int32 for models that take token ids."""
+        return self._inputs_dtype
 
     @property
     def opt_period(self) -> int:
@@ -470,7 +532,10 @@ class OptContext:
             return self._inputs, self._labels
         if inputs is None:
             raise ValueError("inputs: required in dynamic mode (batch_size=None)")
-        x = _f32_matrix(inputs, "inputs", self._ne_datapoint)
+        if self._inputs_dtype == np.int32:
+            x = _token_matrix(inputs, "inputs", self._ne_datapoint)
+        else:
+            x = _f32_matrix(inputs, "inputs", self._ne_datapoint)
         if not self._needs_labels:
             if labels is not None:
                 raise ValueError(f"labels: {self._loss_type.name} takes no labels")
@@ -479,7 +544,7 @@ class OptContext:
             raise ValueError(f"labels: required for {self._loss_type.name}")
         if self._loss_type == LossType.CROSS_ENTROPY:
             y = _class_indices(labels, "labels")
-            if y is not None:
+            if y is not None and (y.ndim == 1 or self._inputs_dtype == np.int32):
                 if y.shape[0] != x.shape[0]:
                     raise ValueError(f"labels: expected {x.shape[0]} class indices (one per "
                                      f"row of inputs), got {y.shape[0]}")
@@ -500,7 +565,8 @@ class OptContext:
         src = np.asarray(src)
         if dst.dtype == np.int32:
             if src.dtype.kind not in "iu":
-                raise TypeError(f"{name}: this context takes class indices (integers, shape "
+                what = "token ids" if name == "inputs" else "class indices"
+                raise TypeError(f"{name}: this context takes {what} (integers, shape "
                                 f"{dst.shape}), got dtype {src.dtype}")
         elif src.dtype.kind not in "biuf":
             raise TypeError(f"{name}: expected real numbers, got dtype {src.dtype}")
@@ -548,9 +614,12 @@ class OptContext:
         if y is not None and not by_class and y.shape != out.shape:
             raise ValueError(f"labels: expected shape {out.shape} like the model's outputs, "
                              f"got {y.shape}")
+        if by_class and y.size * out.shape[-1] != out.size:
+            raise ValueError(f"labels: expected class indices of shape {out.shape[:-1]} (one per "
+                             f"row of the model's outputs {out.shape}), got {y.shape}")
         bufs = self._batch_buffers
         if bufs is None or bufs[0] != batch or bufs[1].shape != out.shape:
-            self._make_batch_buffers(batch, out.shape[1])
+            self._make_batch_buffers(out.shape)
             bufs = self._batch_buffers
         assert bufs is not None
         _, grad, pred, label_arg = bufs
@@ -560,14 +629,18 @@ class OptContext:
             raise FloatingPointError(
                 f"eval: the loss is {float(loss)} (iteration {self.iter}, physical batch "
                 f"{self.opt_i + 1}/{self._opt_period} of the logical batch); not training on")
-        ncorrect = None
+        ncorrect = nlabelled = None
         if self._loss_type == LossType.CROSS_ENTROPY:
-            kernels.argmax_rows(out, out=pred)
-            if by_class:
-                ncorrect = kernels.count_equal(pred, y)
+            rows = out.reshape(-1, out.shape[-1])
+            kernels.argmax_rows(rows, out=pred)
+            if by_class:  # a masked position (-1) never equals a prediction
+                labelled = y.reshape(-1)
+                ncorrect = kernels.count_equal(pred, labelled)
+                nlabelled = labelled.size - int(np.count_nonzero(labelled < 0))
             else:
-                kernels.argmax_rows(y, out=label_arg)
+                kernels.argmax_rows(y.reshape(rows.shape), out=label_arg)
                 ncorrect = kernels.count_equal(pred, label_arg)
+                nlabelled = pred.size
 
         if backward:
             arena = self.arena
@@ -595,7 +668,7 @@ class OptContext:
         self.ncorrect = ncorrect
         if result is not None:
             result._add(batch, loss, self._per_datapoint, self._opt_period,
-                        self.pred, ncorrect)
+                        self.pred, ncorrect, nlabelled)
 
     # ---- checkpoints (ggmlopt.checkpoint) -------------------------------------------------
 
@@ -649,8 +722,14 @@ class OptContext:
                 kernels.fill(grad, 1.0)
             return F32(kernels.sum(out))
         if lt == LossType.CROSS_ENTROPY:
+            # one row per datapoint, or per position (batch, positions, n)
             inv_period = F32(1) / F32(period)
-            loss = F32(kernels.cross_entropy(out, labels, grad, grad_scale=inv_period))
+            n = out.shape[-1]
+            by_class = labels.dtype == np.int32
+            loss = F32(kernels.cross_entropy(
+                out.reshape(-1, n), labels.reshape(-1) if by_class else labels.reshape(-1, n),
+                None if grad is None else grad.reshape(-1, n), grad_scale=inv_period,
+                ignore_index=-1 if by_class else None))
             return F32(loss * inv_period) if period > 1 else loss
         scale = F32(1) / F32(period * out.size)
         if lt == LossType.MEAN:

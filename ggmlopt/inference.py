@@ -58,7 +58,8 @@ def evaluate(model: Any, data: Data, loss_type: LossType | int | str,
     x, y, scale = _split(data, loss_type)
     result = Result()
     with _borrowed(model):
-        ctx = OptContext(model, loss_type=loss_type, build_type=BuildType.FORWARD)
+        ctx = OptContext(model, loss_type=loss_type, build_type=BuildType.FORWARD,
+                         inputs_dtype=_inputs_dtype(data, x))
         for start in range(0, x.shape[0], batch_size):
             stop = min(start + batch_size, x.shape[0])
             ctx.alloc(False)
@@ -74,7 +75,8 @@ def evaluate(model: Any, data: Data, loss_type: LossType | int | str,
 
 def predict(model: Any, x: Dataset | npt.ArrayLike,
             batch_size: int = DEFAULT_BATCH_SIZE) -> npt.NDArray[np.float32]:
-    """The model's outputs for the datapoints x: a new float32 array (n, ne_out).
+    """The model's outputs for the datapoints x: a new float32 array (n, ne_out),
+    or (n, positions, ne_out) for a model with outputs per position.
 
     x: (n, ne_datapoint) of any real dtype (converted to float32), or a
     ggmlopt.Dataset (its data in storage order, scaled as in get_batch).
@@ -90,7 +92,8 @@ def predict(model: Any, x: Dataset | npt.ArrayLike,
     n = x_arr.shape[0]
     out: npt.NDArray[np.float32] | None = None
     with _borrowed(model):
-        ctx = OptContext(model, loss_type=LossType.SUM, build_type=BuildType.FORWARD)
+        ctx = OptContext(model, loss_type=LossType.SUM, build_type=BuildType.FORWARD,
+                         inputs_dtype=_inputs_dtype(x, x_arr))
         for start in range(0, n, batch_size):
             stop = min(start + batch_size, n)
             ctx.alloc(False)
@@ -103,7 +106,7 @@ def predict(model: Any, x: Dataset | npt.ArrayLike,
             outputs = ctx.outputs
             assert outputs is not None
             if out is None:
-                out = np.empty((n, outputs.shape[1]), dtype=np.float32)
+                out = np.empty((n,) + outputs.shape[1:], dtype=np.float32)
             out[start:stop] = outputs
     assert out is not None
     return out
@@ -151,6 +154,12 @@ def _split(data: Any, loss_type: LossType, labels_allowed: bool = False
     if y.ndim == 0 or y.shape[0] != x.shape[0]:
         raise ValueError(f"y: expected {x.shape[0]} rows like x, got shape {y.shape}")
     return x, y, scale
+
+
+def _inputs_dtype(data: Any, x: np.ndarray) -> Any:
+    """int32 for a Dataset of int32 data (token ids), else None: the model's own
+    ``inputs_dtype`` (see OptContext), float32 by default."""
+    return np.int32 if isinstance(data, Dataset) and x.dtype == np.int32 else None
 
 
 def _rows(x: np.ndarray, start: int, stop: int, scale: float | None) -> np.ndarray:

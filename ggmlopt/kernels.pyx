@@ -552,21 +552,24 @@ def count_equal(a, b):
     return c
 
 
-cdef _check_classes(cnp.ndarray ac, int64_t ncols):
-    """IndexError unless every int32 class lies in [0, ncols)."""
+cdef _check_classes(cnp.ndarray ac, int64_t ncols, bint masked):
+    """IndexError unless every int32 class lies in [0, ncols) (or is -1, a masked
+    row, when masked)."""
     cdef const int32_t *c = <const int32_t *>cnp.PyArray_DATA(ac)
     cdef int64_t i, n = ac.size, bad = -1
+    cdef int32_t lowest = -1 if masked else 0
     with nogil:
         for i in range(n):
-            if c[i] < 0 or c[i] >= ncols:
+            if c[i] < lowest or c[i] >= ncols:
                 bad = i
                 break
     if bad >= 0:
+        also = " or -1 (ignore_index)" if masked else ""
         raise IndexError(f"labels: class {c[bad]} at row {bad} is out of range; expected "
-                         f"class indices in [0, {ncols}) (one per column of logits)")
+                         f"class indices in [0, {ncols}){also} (one per column of logits)")
 
 
-def cross_entropy(logits, labels, grad=None, grad_scale=1.0):
+def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=None):
     """Mean over rows of -sum(labels * log_softmax(logits)) for 2-D float32
     (rows, classes) logits.  When grad is given it receives
     (softmax(logits) - labels) * grad_scale / rows (the gradient of the loss
@@ -575,7 +578,12 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0):
     labels: float32 (rows, classes) probabilities (one-hot or soft), or int32
     class indices of shape (rows,) or (rows, 1), each in [0, classes): the same
     loss and gradient as their one-hot encoding, without building it (IndexError
-    for a class out of range, before anything is written)."""
+    for a class out of range, before anything is written).
+    ignore_index: None, or -1 with class indices: rows labelled -1 are masked
+    (torch's ignore_index): no loss, a zero gradient, and the mean and the
+    gradient's 1/rows over the labelled rows only (loss 0 when none is)."""
+    if ignore_index is not None and (isinstance(ignore_index, bool) or ignore_index != -1):
+        raise ValueError(f"ignore_index: expected None or -1, got {ignore_index!r}")
     cdef cnp.ndarray ax = _array(logits, "logits", np.float32, False)
     cdef int64_t nrows, ncols
     nrows, ncols = _matrix(ax, "logits")
@@ -606,7 +614,9 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0):
         _no_overlap([("grad", agr), ("logits", ax), ("labels", al)])
         pgrad = _f32(agr)
     if by_class:
-        _check_classes(al, ncols)
+        _check_classes(al, ncols, ignore_index is not None)
+    elif ignore_index is not None:
+        raise ValueError("ignore_index: only for int32 class indices")
     cdef double loss
     cdef float *_p0 = _f32(ax)
     cdef float *_p1 = NULL

@@ -28,6 +28,7 @@ class Result:
         "_nbatches",
         "_ncorrect",
         "_ndata",
+        "_nlabelled",
         "_npred",
         "_opt_period",
         "_per_datapoint",
@@ -44,6 +45,7 @@ class Result:
     def reset(self) -> None:
         """Forget every eval (the prediction buffer is kept for reuse)."""
         self._ndata = 0
+        self._nlabelled = 0
         self._nbatches = 0
         self._sum = 0.0
         self._sum_sq = 0.0
@@ -59,6 +61,13 @@ class Result:
     def ndata(self) -> int:
         """Datapoints seen."""
         return self._ndata
+
+    @property
+    def nlabelled(self) -> int:
+        """Labelled positions seen, the denominator of accuracy(): one per datapoint,
+        or with sequence labels (a class per position, -1 masking one) the
+        positions whose label is not -1."""
+        return self._nlabelled
 
     @property
     def nbatches(self) -> int:
@@ -85,9 +94,10 @@ class Result:
                              f"has {batch}; only a smaller last batch is supported")
 
     def _add(self, batch: int, loss: np.float32, per_datapoint: bool, opt_period: int,
-             pred: np.ndarray | None, ncorrect: int | None) -> None:
-        """Record one eval (call _check first).  pred: int32 (batch,) or None;
-        ncorrect: int or None."""
+             pred: np.ndarray | None, ncorrect: int | None, nlabelled: int | None = None) -> None:
+        """Record one eval (call _check first).  pred: int32 (batch,) (or one per
+        position with sequence labels) or None; ncorrect: int or None; nlabelled:
+        the labelled positions (default batch)."""
         if self._nbatches == 0:
             self._per_datapoint = per_datapoint
             self._opt_period = opt_period
@@ -98,6 +108,7 @@ class Result:
         if batch < self._batch:
             self._tail = (batch, float(scaled))
         self._ndata += batch
+        self._nlabelled += batch if nlabelled is None else int(nlabelled)
         self._nbatches += 1
         self._sum += float(scaled)
         self._sum_sq += float(scaled * scaled)
@@ -138,14 +149,17 @@ class Result:
         return value, (math.sqrt(x) if x >= 0 else _NEG_NAN)
 
     def accuracy(self) -> tuple[float, float]:
-        """(accuracy, unc) from ncorrect / ndata; NaN when some eval had no
-        ncorrect or nothing was seen; unc = sqrt(a(1-a)/(ndata-1)), NaN for ndata < 2."""
-        if self._ncorrect < 0 or self._ndata == 0:
+        """(accuracy, unc) from ncorrect / n, n = nlabelled (ndata, unless the
+        labels are sequences: then next-token accuracy over the labelled
+        positions); NaN when some eval had no ncorrect or n == 0;
+        unc = sqrt(a(1-a)/(n-1)), NaN for n < 2."""
+        n = self._nlabelled
+        if self._ncorrect < 0 or n == 0:
             acc = math.nan
         else:
-            acc = self._ncorrect / self._ndata
-        if self._ncorrect >= 0 and self._ndata >= 2:
-            x = acc * (1.0 - acc) / (self._ndata - 1)
+            acc = self._ncorrect / n
+        if self._ncorrect >= 0 and n >= 2:
+            x = acc * (1.0 - acc) / (n - 1)
             unc = math.sqrt(x) if x >= 0 else _NEG_NAN
         else:
             unc = math.nan
@@ -154,14 +168,16 @@ class Result:
     # ---- many processes (ggmlopt.distributed sums these over the ranks) ----------------
 
     def _totals(self):
-        """(ndata, nbatches, loss sum, loss sum of squares, ncorrect or -1)."""
-        return (self._ndata, self._nbatches, self._sum, self._sum_sq, self._ncorrect)
+        """(ndata, nbatches, loss sum, loss sum of squares, ncorrect or -1, nlabelled)."""
+        return (self._ndata, self._nbatches, self._sum, self._sum_sq, self._ncorrect,
+                self._nlabelled)
 
     def _set_totals(self, totals, ctx):
         """Take totals (as _totals, summed over ranks) for evals of ctx's kind;
         a negative ncorrect means some eval had none."""
-        ndata, nbatches, total, total_sq, ncorrect = totals
+        ndata, nbatches, total, total_sq, ncorrect, nlabelled = totals
         self._ndata = round(float(ndata))
+        self._nlabelled = round(float(nlabelled))
         self._nbatches = round(float(nbatches))
         self._sum = float(total)
         self._sum_sq = float(total_sq)

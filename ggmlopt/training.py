@@ -57,10 +57,17 @@ def _check_dataset(ctx: OptContext, dataset: Dataset) -> int:
 
 
 def _label_form(dataset):
-    """'classes' (int32 class indices, ne_label 1), 'float' or another dtype's name."""
+    """'classes' (int32 class indices, ne_label 1), 'sequence' (int32, one class
+    per position: ne_label > 1), 'float', another dtype's name, or None without
+    labels."""
+    labels = getattr(dataset, "labels", None)
+    if labels is None:
+        return None
     if getattr(dataset, "class_labels", False):
         return "classes"
-    return "float" if dataset.labels.dtype == np.float32 else dataset.labels.dtype.name
+    if labels.dtype == np.int32:
+        return "sequence"
+    return "float" if labels.dtype == np.float32 else labels.dtype.name
 
 
 _WHAT_TO_PASS = ("pass class indices (integers of shape (ndata,)) or float one-hot labels "
@@ -72,8 +79,24 @@ def _check_label_form(ctx, dataset, labels):
     class_labels context, float32 of the model's outputs otherwise."""
     ne_out = ctx.ne_out
     form = _label_form(dataset)
+    if form == "sequence" and (ctx.out_shape is None or len(ctx.out_shape) < 2):
+        form = labels.dtype.name  # rows of int32 for a model with one row of outputs
     classes_ctx = ctx.labels.dtype == np.int32
-    if form == "classes" and classes_ctx:
+    if form == "sequence" and classes_ctx:
+        if ctx.labels.shape[1:] != labels.shape[1:]:
+            raise ValueError(f"dataset: sequence labels of {labels.shape[1]} positions per "
+                             f"datapoint do not match the model's outputs {ctx.out_shape} "
+                             f"(one class per position of shape {ctx.labels.shape[1:]})")
+        if labels.size and (labels.min() < -1 or labels.max() >= ne_out):
+            raise ValueError(f"dataset: class indices from {labels.min()} to {labels.max()} "
+                             f"do not fit the model's {ne_out} outputs per position (expected "
+                             f"0 .. {ne_out - 1}, or -1 to mask a position)")
+    elif form == "sequence":
+        raise ValueError(f"dataset: its labels are int32 class indices per position, which "
+                         f"only CROSS_ENTROPY takes, on a model with outputs (batch, positions, "
+                         f"classes); this context has {ctx.loss_type.name} and outputs "
+                         f"{ctx.out_shape}")
+    elif form == "classes" and classes_ctx:
         if labels.size and (labels.min() < 0 or labels.max() >= ne_out):
             raise ValueError(f"dataset: class indices from {labels.min()} to {labels.max()} "
                              f"do not fit the model's {ne_out} outputs (expected 0 .. "
@@ -495,15 +518,20 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         pending = ckpt.read(dataset, nepoch, (loss_type, optimizer, BuildType.OPT, opt_period,
                                               shapes, bit_generator))
 
-    # class-index labels take the class-index loss path (int32 label batches)
+    # class-index labels take the class-index loss path (int32 label batches): one
+    # per datapoint, or one per position (sequence labels, int32 (ndata, n_ctx))
     class_labels = (loss_type == LossType.CROSS_ENTROPY
-                    and bool(getattr(dataset, "class_labels", False)))
+                    and (bool(getattr(dataset, "class_labels", False))
+                         or _label_form(dataset) == "sequence"))
+    # int32 data are token ids: the model takes int32 batches
+    inputs_dtype = np.int32 if data.dtype == np.int32 else np.float32
     with checks_before_taking(lambda c: _check_dataset(c, dataset)):
         ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
                          loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
                          optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
                          seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
-                         shard_optimizer=shard_optimizer, class_labels=class_labels)
+                         shard_optimizer=shard_optimizer, class_labels=class_labels,
+                         inputs_dtype=inputs_dtype)
     if comm is not None:
         ctx._dist.parts = dataset_is_part
 

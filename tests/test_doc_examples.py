@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 REQUIRES = re.compile(r"#\s*requires:\s*(.+)")
 
 
@@ -70,7 +70,7 @@ def _run(state, doc, line, source):
     os.chdir(state.folder)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            exec(code, state.namespace)
+            exec(code, state.namespace)  # noqa: S102 (the documents' own examples)
     finally:
         os.chdir(old)
 
@@ -85,7 +85,7 @@ def _catch_up(state, doc, upto):
         if not missing_requirements(src):
             try:
                 _run(state, doc, line, src)
-            except Exception as e:  # reported by that block's own test
+            except Exception as e:  # noqa: BLE001 (reported by that block's own test)
                 state.failed = f"{doc.name}:{line}: {type(e).__name__}: {e}"
 
 

@@ -86,9 +86,11 @@ double ggmlopt_squared_error_f32(int64_t n, const float *out, const float *label
                                  float grad_scale);
 
 /* ggmlopt_cross_entropy_f32 with labels given as class indices: row r's label
- * is one-hot at classes[r], which must lie in [0, ncols) (not checked here).
- * Same loss and gradient as the one-hot call, without a (nrows, ncols) label
- * array. */
+ * is one-hot at classes[r], which must lie in [0, ncols) (not checked here) or
+ * be negative: a masked row (torch's ignore_index) that adds no loss and gets a
+ * zero gradient, the mean and the gradient scale then taken over the labelled
+ * rows only (0 when none is).  Same loss and gradient as the one-hot call,
+ * without a (nrows, ncols) label array. */
 double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
                                        const int32_t *classes, float *grad, float grad_scale);
 
