@@ -21,13 +21,13 @@ __all__ = ["Perplexity", "perplexity"]
 
 class Perplexity(NamedTuple):
     """llama-perplexity's final estimate: ``PPL = ppl +/- unc``, with the
-    negative log-likelihood it comes from (mean nll over count scored tokens)
+    negative log-likelihood it comes from (the mean over the scored tokens)
     and the running estimate after each chunk (the ``[i]ppl,`` list it prints)."""
 
     ppl: float
     unc: float
     nll: float
-    count: int
+    scored: int
     per_chunk: tuple[float, ...]
 
 
@@ -66,8 +66,8 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
     scored token has at least half a window of context).  batch_size: chunks
     per forward pass (the numbers do not depend on it).
 
-    Returns Perplexity(ppl, unc, nll, count, per_chunk): ``ppl = exp(nll)``, nll
-    the mean negative log-likelihood over the count scored tokens, and unc =
+    Returns Perplexity(ppl, unc, nll, scored, per_chunk): ``ppl = exp(nll)``, nll
+    the mean negative log-likelihood over the scored tokens, and unc =
     ppl * sqrt((mean nll^2 - nll^2) / (count - 1)), llama.cpp's "Final
     estimate: PPL = ppl +/- unc".  The model runs in eval mode.
     """
@@ -93,7 +93,7 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
         for start in range(0, n_chunk, batch_size):
             batch = chunks[start:start + batch_size].copy()
             targets = batch[:, first + 1:].copy()   # before the BOS replacement
-            if add_bos:
+            if bos_id is not None and add_bos:
                 batch[:, 0] = bos_id
             logits = model.forward(batch)
             want = (batch.shape[0], n_ctx)

@@ -63,7 +63,7 @@ def test_equals_llama_perplexity(ntokens, n_ctx, bos, batch_size):
     reference = FirstTokenBigram()
     reference.training = False
     ppl, unc, count = llama_perplexity(reference, tokens, n_ctx, bos)
-    assert got.count == count == (ntokens // n_ctx) * (n_ctx - n_ctx // 2 - 1)
+    assert got.scored == count == (ntokens // n_ctx) * (n_ctx - n_ctx // 2 - 1)
     assert got.ppl == pytest.approx(ppl, rel=1e-6)
     assert got.unc == pytest.approx(unc, rel=1e-5)
     assert len(got.per_chunk) == ntokens // n_ctx and got.per_chunk[-1] == pytest.approx(ppl)
