@@ -109,6 +109,19 @@ class Module:
         parents before children (torch's named_modules names)."""
         yield from _named_modules(self, prefix, set())
 
+    def zero_grad(self) -> None:
+        """Zero the gradient of every trainable parameter in this module and its
+        sub-modules (in place: inside an OptContext these are the arena's views)
+        and set each one's ``grad_is_zero``.  Frozen parameters have no gradient
+        (``grad`` None) and are left alone."""
+        for p in self.parameters():
+            grad = getattr(p, "grad", None)
+            if grad is None or not getattr(p, "requires_grad", True):
+                continue
+            grad.fill(0.0)
+            if hasattr(p, "grad_is_zero"):
+                p.grad_is_zero = True
+
     def train(self, mode: bool = True):
         """Set ``training`` on this module and every sub-module (set_training on
         each child); returns self."""
