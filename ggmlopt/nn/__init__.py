@@ -33,6 +33,7 @@ from .module import (
 )
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
+from .residual import Residual
 from .shape import Flatten, Reshape
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
                      "Parameter",
                      "ReLU",
                      "Reshape",
+                     "Residual",
                      "Sequential",
                      "SiLU",
                      "Sigmoid",

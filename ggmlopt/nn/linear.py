@@ -30,6 +30,8 @@ class Linear(Module):
     numpy Generator; a fixed seed makes the initialisation reproducible.
     """
 
+    output_is_scratch = True  # backward reads the input, never the output
+
     def __init__(self, in_features, out_features, bias=True, *, init=None, rng=None):
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):

@@ -74,12 +74,16 @@ class Module:
 
     Output ownership: ``forward(x)`` may return a buffer the layer reuses (the
     next forward overwrites it) or a view of x; that is what keeps training
-    free of allocations.  ``module(x)`` (``__call__``) returns a new array the
+    free of allocations.  output_is_scratch: True for a layer whose forward
+    output is a buffer of its own that its backward never reads (Linear), so a
+    caller may overwrite it in place (Residual adds its input into it); False
+    (the default) otherwise.  ``module(x)`` (``__call__``) returns a new array the
     caller owns: ``a = m(x1); b = m(x2)`` never changes ``a``.
     """
 
     needs_input_grad = True
     training = False
+    output_is_scratch = False
 
     def parameters(self) -> list[Parameter]:
         """The trainable parameters, each once, in the order of named_parameters()."""
