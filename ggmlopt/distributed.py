@@ -45,6 +45,10 @@ Semantics, with P ranks:
   gather the moments: every rank must call them.  Unsharded, ``ctx.grad_acc``
   shows the summed gradient after a step (as with one process); sharded, it
   keeps this rank's own gradient, since the sum exists only shard by shard.
+* Frozen parameters (``requires_grad=False``) are outside the arena: nothing
+  is exchanged for them, and they are not broadcast.  Each rank's model must
+  freeze the same parameters with the same values; the construction compares
+  them (a hash) and raises ValueError on every rank when they differ.
 * Only rank 0 prints (fit) and writes checkpoints (fit, ``ctx.save``); every
   rank reads the checkpoint to resume (fit, ``OptContext.load(..., comm=)``; it
   must be visible to all of them), and a checkpoint written by any number of
