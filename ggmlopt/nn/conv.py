@@ -60,7 +60,10 @@ class Conv2d(Module):
     oh = (h + 2*ph - kh)//sh + 1, ow = (w + 2*pw - kw)//sw + 1.
     kernel_size, stride (>= 1) and padding (>= 0): an int or a pair (height, width).
     weight: Parameter (out_channels, in_channels, kh, kw), bias: Parameter
-    (out_channels,) or None: torch's layout and names.
+    (out_channels,) or None: torch's layout and names.  A frozen one
+    (``requires_grad=False``) gets no gradient (im2col skips the weight's
+    products; the direct kernels' one pass computes it and it is dropped); the
+    input gradient is still returned.
     init(weight, bias, rng) fills the float32 arrays in place (bias None without
     one); default conv_kaiming_uniform (torch's default).  rng: None, an int seed
     or a numpy Generator.
