@@ -89,10 +89,12 @@ class LlamaConfig:
             raise TypeError(f"tie_embeddings: expected a bool, got "
                             f"{type(self.tie_embeddings).__name__}")
         _heads(self.dim, self.n_heads)
-        if self.n_heads % self.n_kv_heads != 0:
+        n_kv_heads = self.n_kv_heads
+        assert n_kv_heads is not None  # filled in above
+        if self.n_heads % n_kv_heads != 0:
             raise ValueError(f"n_kv_heads: expected a divisor of n_heads={self.n_heads} (each "
                              f"key/value head serves n_heads // n_kv_heads query heads), got "
-                             f"{self.n_kv_heads}")
+                             f"{n_kv_heads}")
         if self.head_dim % 2 != 0:
             raise ValueError(f"n_heads: dim // n_heads = {self.head_dim} must be even (rotary "
                              f"embeddings rotate pairs of features); dim={self.dim}, "
