@@ -62,6 +62,9 @@ class Linear(Module):
         rows = int(np.prod(lead, dtype=np.int64))
         self._out = np.empty((*lead, self.out_features), dtype=np.float32)
         self._grad_in = np.empty(shape, dtype=np.float32)
+        # 2-D views of both (the buffers are contiguous): the BLAS calls' operands
+        self._out2 = self._out.reshape(rows, self.out_features)
+        self._grad_in2 = self._grad_in.reshape(rows, self.in_features)
         self._ones = np.ones(rows, dtype=np.float32)  # bias gradient as one gemv
         self._shape = shape
 
@@ -69,13 +72,12 @@ class Linear(Module):
         """x: (..., in_features) -> (..., out_features) float32 (a buffer this
         layer reuses: the next forward overwrites it); ``layer(x)`` returns a copy
         the caller owns."""
-        one_row = getattr(x, "ndim", None) == 1 or (
-            not isinstance(x, np.ndarray) and np.ndim(x) == 1)
+        one_row = np.ndim(x) == 1
         x = as_rows(np.reshape(x, (1, -1)) if one_row else x, self.in_features, "x")
         shape = x.shape[1:] if one_row else x.shape
         if shape != self._shape:
             self._buffers(shape)
-        out2 = self._out.reshape(-1, self.out_features)  # a view: the buffer is contiguous
+        out2 = self._out2
         np.matmul(rows2d(x), self.weight.data, out=out2)
         if self.bias is not None:
             kernels.add_bias_rows(out2, self.bias.data)
@@ -103,8 +105,7 @@ class Linear(Module):
             add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")
         if not self.needs_input_grad:
             return None
-        np.matmul(g, self.weight.data.T,
-                  out=self._grad_in.reshape(-1, self.in_features))
+        np.matmul(g, self.weight.data.T, out=self._grad_in2)
         return self._grad_in
 
     def __repr__(self):
