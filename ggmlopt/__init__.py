@@ -4,7 +4,7 @@ Datasets split into shards, an optimizer context with AdamW and SGD, four loss
 types, gradient accumulation, result statistics, epochs and ``fit`` with a
 progress bar, on SIMD kernels (scalar, AVX2+FMA, AVX-512, NEON) picked at run time.
 """
-from . import checkpoint, clipping, datasets, distributed, io, nn, schedules
+from . import checkpoint, clipping, datasets, distributed, io, models, nn, schedules, testing
 from ._runtime import get_include, show_config
 from .context import OptContext
 from .dataset import Dataset
@@ -50,6 +50,7 @@ __all__ = [
                            "get_include",
                            "get_num_threads",
                            "io",
+                           "models",
                            "nn",
                            "predict",
                            "progress_bar",
@@ -57,4 +58,5 @@ __all__ = [
                            "set_num_threads",
                            "show_config",
                            "simd_info",
+                           "testing",
 ]

@@ -27,6 +27,14 @@
                       (float32 values), NaN before the first step
     rng_state         str    ctx.rng's ``bit_generator.state`` (dataset shuffles and the
                              model's random draws, e.g. Dropout masks), as JSON
+    trainable         int8 (all the model's parameters,): 1 where a parameter trains,
+                      0 where it is frozen (requires_grad=False); optional on load
+                      (older files lack it, meaning every parameter trains)
+
+Only the trainable parameters are in the state (``nparams`` of them, in the
+context's order): a frozen parameter is part of the model, not of its training.
+A state loads only into a model with the same frozen/trainable split; a
+different one raises ValueError naming the first parameter that differs.
 
 ``load_state_dict(sd)`` checks every name (none missing, none extra), every
 dtype (ints, floats, strings, float32 arrays) and shape, the format version and
@@ -74,7 +82,8 @@ if TYPE_CHECKING:
     from .dataset import Dataset
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "context_state_dict", "fit_seed_id",
-           "load_context", "load_context_state_dict", "load_state", "save_state"]
+           "load_context", "load_context_state_dict", "load_state", "parameter_names",
+           "save_state"]
 
 FORMAT = "ggmlopt.OptContext"
 FORMAT_VERSION = 1
@@ -89,7 +98,7 @@ _FIT_INT_KEYS = ("fit.epoch", "fit.ndata", "fit.nbatch_logical", "fit.nbatch_phy
                  "fit.idata_split")
 _FIT_KEYS = _FIT_INT_KEYS + ("fit.permutation", "fit.history")
 # settings a state may hold or lack (written by every save)
-_OPTIONAL_KEYS = ("class_labels",)
+_OPTIONAL_KEYS = ("class_labels", "trainable")
 # what identifies the run's data and shuffling; checked when present (files written
 # before these entries existed lack them).  fit.seed: the int seed, -1 for None (the
 # default seed), -2 for a numpy Generator.
@@ -219,7 +228,14 @@ def _check_format(sd):
 class _Layout:
     """What a context's state dict holds: its settings and parameter shapes."""
 
-    def __init__(self, loss_type, optimizer, build_type, opt_period, shapes, bit_generator_type):
+    def __init__(self, loss_type, optimizer, build_type, opt_period, shapes, bit_generator_type,
+                 trainable=None, names=None):
+        # trainable: the split over all the model's parameters (None: all train);
+        # names: their dotted names, for the messages
+        self.trainable = tuple(bool(t) for t in trainable) if trainable is not None else \
+            (True,) * len(shapes)
+        self.names = list(names) if names is not None else \
+            [f"parameters()[{i}]" for i in range(len(self.trainable))]
         self.loss_type = LossType(loss_type)
         self.optimizer = OptimizerType(optimizer)
         self.build_type = BuildType(build_type)
@@ -233,7 +249,8 @@ class _Layout:
     def of(cls, ctx):
         shapes = [g.shape for g in ctx._grads]
         lay = cls(ctx.loss_type, ctx.optimizer_type, ctx.build_type, ctx.opt_period, shapes,
-                  type(ctx.rng.bit_generator))
+                  type(ctx.rng.bit_generator), ctx._trainable_mask,
+                  parameter_names(ctx.model, ctx._model_params))
         lay.momenta = bool(ctx.arena.momenta) or _sharded_moments(ctx)
         return lay
 
@@ -246,6 +263,45 @@ class _Layout:
     def keys(self):
         return (set(_SETTING_KEYS) | _STR_KEYS | {"grad_is_zero"} | set(_OPT_PAR_NAMES[self.optimizer])
                 | {k for k, _ in self.array_keys()})
+
+
+def _check_split(sd, layout):
+    """Raise unless the state's frozen/trainable split is the model's."""
+    if "trainable" in sd:
+        saved = _get_array(sd, "trainable", np.int8, None)
+        if saved.ndim != 1 or not np.all((saved == 0) | (saved == 1)):
+            raise ValueError("state_dict['trainable']: expected a 1-D array of 0 and 1")
+        saved = tuple(bool(t) for t in saved)
+    elif "nparams" in sd:  # written before frozen parameters: every parameter trained
+        saved = (True,) * _get_int(sd, "nparams")
+    else:
+        return
+    mine = layout.trainable
+    if saved == mine:
+        return
+    if len(saved) != len(mine):
+        if sum(saved) != sum(mine):
+            return  # another model: the parameter count check says so
+        raise ValueError(f"state_dict['trainable']: the state is of a model with {len(saved)} "
+                         f"parameters ({sum(saved)} trainable), this model has {len(mine)} "
+                         f"({sum(mine)} trainable)")
+    i = next(i for i, (a, b) in enumerate(zip(saved, mine)) if a != b)
+    state = "trainable" if saved[i] else "frozen"
+    here = "trainable" if mine[i] else "frozen (requires_grad=False)"
+    raise ValueError(f"state_dict['trainable']: parameter {layout.names[i]!r} is {here} in "
+                     f"this model but {state} in the state; freeze the same parameters as "
+                     "the run that saved it")
+
+
+def parameter_names(model: Any, params: list[Any]) -> list[str]:
+    """The dotted names of params in model (``parameters()[i]`` where one has no name)."""
+    from .nn.module import named_parameters
+
+    try:
+        names = {id(p): name for name, p in named_parameters(model)}
+    except (ValueError, TypeError, AttributeError):
+        names = {}
+    return [names.get(id(p), f"parameters()[{i}]") for i, p in enumerate(params)]
 
 
 def _validate(sd, layout):
@@ -265,6 +321,7 @@ def _validate(sd, layout):
         if opt_period != layout.opt_period:
             raise ValueError(f"state_dict['opt_period']: the state is for opt_period="
                              f"{opt_period}, this context has {layout.opt_period}")
+    _check_split(sd, layout)
     if "nparams" in sd:
         nparams = _get_int(sd, "nparams")
         if nparams != len(layout.shapes):
@@ -359,6 +416,7 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
     sd["grad_is_zero"] = np.array([getattr(p, "grad_is_zero", False) for p in ctx._params],
                                   dtype=np.int8)
     sd["rng_state"] = _rng_state_to_json(ctx.rng.bit_generator)
+    sd["trainable"] = np.array(lay.trainable, dtype=np.int8)
     return sd
 
 
@@ -446,7 +504,14 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
 
     # check the model against the checkpoint before the context takes its parameters
     params = cls._collect_parameters(model)
-    shapes = [p.data.shape for p in params]
+    trainable = [bool(getattr(p, "requires_grad", True)) for p in params]
+    names = parameter_names(model, params)
+    try:
+        _check_split(ctx_sd, _Layout(loss_type, optimizer, build_type, settings["opt_period"],
+                                     [], None, trainable, names))
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"model or checkpoint {os.fspath(path)!r} do not match: {e}") from None
+    shapes = [p.data.shape for p, t in zip(params, trainable) if t]
     if len(shapes) != settings["nparams"]:
         raise ValueError(f"model: it has {len(shapes)} parameters, the checkpoint "
                          f"{os.fspath(path)!r} {settings['nparams']}")
@@ -455,7 +520,8 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
         if isinstance(saved, np.ndarray) and saved.shape != shape:
             raise ValueError(f"model: parameter {i} has shape {shape}, the checkpoint "
                              f"{os.fspath(path)!r} has param.{i} of shape {saved.shape}")
-    lay = _Layout(loss_type, optimizer, build_type, settings["opt_period"], shapes, bg_type)
+    lay = _Layout(loss_type, optimizer, build_type, settings["opt_period"], shapes, bg_type,
+                  trainable, names)
     try:
         _validate(ctx_sd, lay)
     except (ValueError, TypeError) as e:

@@ -24,6 +24,7 @@ from ._args import enum_arg, int_arg
 from ._memory import AlignedBuffer
 from .clipping import check_max_norm
 from .nn.module import TrainingProtocol, eval_mode
+from .nn.parameter import Parameter
 from .optim_params import (
     BuildType,
     LossType,
@@ -98,6 +99,11 @@ def _f32_matrix(a, name, ncols=None):
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _trains(p) -> bool:
+    """Whether p trains (requires_grad; objects without the attribute train)."""
+    return bool(getattr(p, "requires_grad", True))
+
+
 class OptContext:
     """OptContext(model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
     build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
@@ -107,7 +113,13 @@ class OptContext:
 
     model: any object with parameters() (Parameters: float32 .data and .grad),
     forward(x) (batch, ne_datapoint) -> (batch, ne_out) and backward(grad_out).
-    Its parameters move into the context's arena; .data and .grad become views.
+    Its trainable parameters move into the context's arena; .data and .grad
+    become views.  Frozen parameters (``requires_grad=False``) stay where they
+    are, with no gradient and no optimizer memory, and no step changes them;
+    gradient clipping and the ranks' exchanges see only the trainable ones.  A
+    context built for GRAD or OPT needs at least one trainable parameter
+    (ValueError otherwise); the split is fixed when the context is built (an
+    alloc after a parameter's requires_grad changed raises RuntimeError).
     A model may also return one row of ne_out outputs per position,
     (batch, positions, ne_out), as a language model's logits (batch, n_ctx,
     vocab): the losses then run over every row (see class_labels).
@@ -230,6 +242,18 @@ class OptContext:
                 DEFAULT_SEED if seed is None else int_arg(seed, "seed", 0))
 
         params = self._collect_parameters(model)
+        trainable = [p for p in params if _trains(p)]
+        if not trainable and self._built != BuildType.FORWARD:
+            frozen = ", ".join(checkpoint.parameter_names(model, params)[:4])
+            raise ValueError(f"model: it has no trainable parameter (every parameter is frozen, "
+                             f"requires_grad=False: {frozen}{', ...' if len(params) > 4 else ''})"
+                             f"; set requires_grad=True on the ones to train, or build the "
+                             f"context with build_type=FORWARD")
+        # the frozen/trainable split, over model.parameters() (distributed and the
+        # checkpoints compare it)
+        self._model_params = params
+        self._trainable_mask = tuple(_trains(p) for p in params)
+        self._frozen = [p for p in params if not _trains(p)]
         self._per_datapoint = self._loss_type != LossType.SUM
         self._needs_labels = self._loss_type in (LossType.CROSS_ENTROPY,
                                                  LossType.MEAN_SQUARED_ERROR)
@@ -268,9 +292,11 @@ class OptContext:
         self.get_opt_pars = get_opt_pars
         self.get_opt_pars_ud = get_opt_pars_ud
         self.rng = rng
-        self._params = params
-        self._index = {id(p): i for i, p in enumerate(params)}
-        self._build_arena(params)
+        self._params = trainable
+        self._index = {id(p): i for i, p in enumerate(trainable)}
+        self._frozen_ids = {id(p) for p in self._frozen}
+        self._requires_grad_changes = Parameter._requires_grad_changes
+        self._build_arena(trainable)
 
         self.iter = 1
         self.opt_i = 0
@@ -312,20 +338,27 @@ class OptContext:
         return params
 
     def _build_arena(self, params):
+        """params (the trainable ones) into one arena; .data and .grad re-pointed
+        at its views."""
         size = sum(p.data.size for p in params)
         momenta = self._built == BuildType.OPT and self._optimizer == OptimizerType.ADAMW
         min_section = 0
         if self._dist is not None:  # many processes: sharded moments live in self._dist
             momenta, min_section = self._dist.arena_layout(size, momenta)
-        arena = ParamArena(size, momenta, min_section)
+        # a forward-only context of a frozen model holds nothing: one padding element
+        arena = ParamArena(max(size, 1), momenta, min_section)
         start = 0
         for p in params:
             shape = p.data.shape
             w = arena.view("weights", start, shape)
             w[...] = p.data
-            p.data = w
-            p.grad = arena.view("grads", start, shape)
-            start += p.data.size
+            grad = arena.view("grads", start, shape)
+            if isinstance(p, Parameter):
+                p._set_storage(w, grad)
+            else:
+                p.data = w
+                p.grad = grad
+            start += w.size
         self._grads = [p.grad for p in params]
         self._flagged = [p for p in params if hasattr(p, "grad_is_zero")]
         self.arena = arena
@@ -459,7 +492,8 @@ class OptContext:
         return self._eval_ready
 
     def parameters(self) -> list[Any]:
-        """The model's parameters, in arena order."""
+        """The parameters this context trains, in arena order (frozen ones,
+        ``requires_grad=False``, are not among them)."""
         return list(self._params)
 
     def grad_acc(self, param: Any) -> np.ndarray:
@@ -469,6 +503,9 @@ class OptContext:
         With opt_period 1 it is the gradient of the last batch."""
         i = self._index.get(id(param))
         if i is None:
+            if id(param) in self._frozen_ids:
+                raise ValueError(f"param: {param!r} is frozen (requires_grad=False): it has "
+                                 "no gradient and this context does not train it")
             raise ValueError("param: not a parameter of this context's model")
         return self._grads[i]
 
@@ -487,6 +524,8 @@ class OptContext:
         if bt > self._built:
             raise RuntimeError(f"alloc(backward={bool(backward)}): this eval needs build type "
                                f"{bt.name} but the context was built for {self._built.name}")
+        if Parameter._requires_grad_changes != self._requires_grad_changes:
+            self._check_split()
         # the training protocol (ggmlopt.nn.module): whether this eval trains, and the
         # generator of the model's random numbers (part of this context's checkpoints)
         self._training_protocol.apply(bt != BuildType.FORWARD, self.rng)
@@ -500,6 +539,30 @@ class OptContext:
             self._zero_grads()
         self._build_type = bt
         self._eval_ready = True
+
+    def _check_split(self):
+        """Raise unless every parameter trains as when the context was built (a
+        requires_grad changed since); when it does, the gradients are the
+        arena's again (a flag set to False and back dropped them)."""
+        for p in self._params:
+            if not _trains(p):
+                raise RuntimeError(f"alloc: {p!r} was frozen (requires_grad=False) after this "
+                                   "context was built; the arena was laid out for the "
+                                   "parameters that trained then: set it back, or build a new "
+                                   "context (save() and OptContext.load keep the training "
+                                   "state of the others)")
+        for p in self._frozen:
+            if _trains(p):
+                raise RuntimeError(f"alloc: {p!r} was unfrozen (requires_grad=True) after "
+                                   "this context was built, which has no gradient or "
+                                   "optimizer memory for it: set it back, or build a new "
+                                   "context")
+        for p, grad in zip(self._params, self._grads):
+            if p.grad is not grad:
+                p.grad = grad
+                if hasattr(p, "grad_is_zero"):
+                    p.grad_is_zero = False  # the arena's values stand
+        self._requires_grad_changes = Parameter._requires_grad_changes
 
     def _undo_alloc(self, build_type_last):
         """Forget an alloc whose eval did not run (build_type_last: the value before
@@ -744,4 +807,7 @@ class OptContext:
                 if self._batch_size is not None else "dynamic")
         return (f"OptContext({mode}, loss_type={self._loss_type.name}, build_type="
                 f"{self._built.name}, opt_period={self._opt_period}, optimizer="
-                f"{self._optimizer.name}, iter={self.iter}, parameters={self.arena.size})")
+                f"{self._optimizer.name}, iter={self.iter}, parameters="
+                f"{sum(g.size for g in self._grads)}"
+                + (f", frozen={sum(p.data.size for p in self._frozen)}" if self._frozen else "")
+                + ")")

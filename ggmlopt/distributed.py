@@ -45,6 +45,10 @@ Semantics, with P ranks:
   gather the moments: every rank must call them.  Unsharded, ``ctx.grad_acc``
   shows the summed gradient after a step (as with one process); sharded, it
   keeps this rank's own gradient, since the sum exists only shard by shard.
+* Frozen parameters (``requires_grad=False``) are outside the arena: nothing
+  is exchanged for them, and they are not broadcast.  Each rank's model must
+  freeze the same parameters with the same values; the construction compares
+  them (a hash) and raises ValueError on every rank when they differ.
 * Only rank 0 prints (fit) and writes checkpoints (fit, ``ctx.save``); every
   rank reads the checkpoint to resume (fit, ``OptContext.load(..., comm=)``; it
   must be visible to all of them), and a checkpoint written by any number of
@@ -150,10 +154,11 @@ class Distributed:
 
     # ---- agreements: a failure on one rank stops every rank ---------------------------
 
-    def agree(self, error=None, what="", token=""):
+    def agree(self, error=None, what="", token="", hint=None):
         """Every rank's status to every rank.  error: this rank's exception (it
         then returns, and the caller re-raises it).  Otherwise raises RankFailed
-        when another rank failed, and ValueError when the ranks' tokens differ."""
+        when another rank failed, and ValueError when the ranks' tokens differ
+        (hint: what the message says they must share)."""
         text = (f"E{type(error).__name__}: {error}" if error is not None else f"K{token}")
         raw = text.encode("utf-8", "replace")[:_MSG]
         send = np.zeros(_MSG, np.uint8)
@@ -168,8 +173,9 @@ class Distributed:
             r, m = failed[0]
             raise RankFailed(f"{what}: rank {r} of {self.size} failed ({m}); every rank stops")
         if len(set(msgs)) > 1:
-            raise ValueError(f"{what}: the ranks disagree ({', '.join(msgs)}); every rank must "
-                             "hold the same dataset and use the same seed")
+            raise ValueError(f"{what}: the ranks disagree ({', '.join(msgs)}); "
+                             + (hint or "every rank must hold the same dataset and use the "
+                                        "same seed"))
 
     def report(self, error, what=""):
         """Tell the other ranks that this rank failed (once per exception)."""
@@ -239,7 +245,9 @@ class Distributed:
                                    if c.build_type == BuildType.OPT else c.opt_period)
             if before_taking is not None:
                 before_taking(c)
-            self.agree(None, "OptContext")
+            self.agree(None, "OptContext", _frozen_token(c),
+                       hint="every rank's model must freeze the same parameters, with the "
+                            "same values")
 
         try:
             init(ctx, *args, _before_taking=agreed)
@@ -419,6 +427,19 @@ def part_of_logical_batch(comm, dataset_is_part, nbatch_logical):
         raise ValueError(f"nbatch_logical: with {nranks} ranks each holding a part of the data, "
                          f"it must be a multiple of {nranks}; got {nbatch_logical}")
     return nbatch_logical // nranks
+
+
+def _frozen_token(ctx):
+    """The frozen parameters of ctx's model, for the ranks to compare: which
+    positions are frozen and a hash of their values ("" when none is).  No rank
+    trains them, so they must start equal: they are not broadcast."""
+    if not ctx._frozen:
+        return ""
+    digest = hashlib.blake2b(digest_size=8)
+    for p in ctx._frozen:
+        digest.update(np.ascontiguousarray(p.data).tobytes())
+    mask = "".join("t" if t else "f" for t in ctx._trainable_mask)
+    return f"frozen {mask[:64]} {digest.hexdigest()}"
 
 
 class _Pact:

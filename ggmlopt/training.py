@@ -15,7 +15,7 @@ import numpy as np
 
 from ._args import enum_arg, int_arg
 from ._blas_threads import blas_threads_for_training, blas_threads_setting, current_blas_threads
-from .checkpoint import FitCheckpoint, fit_seed_id
+from .checkpoint import FitCheckpoint, fit_seed_id, parameter_names
 from .context import OptContext, checks_before_taking
 from .dataset import Dataset
 from .nn.module import set_training
@@ -512,11 +512,14 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     pending = None
     if resume and ckpt.exists():
         # the whole checkpoint is checked against the model before the context takes it
-        shapes = [p.data.shape for p in OptContext._collect_parameters(model)]
+        params = OptContext._collect_parameters(model)
+        trainable = [bool(getattr(p, "requires_grad", True)) for p in params]
+        shapes = [p.data.shape for p, t in zip(params, trainable) if t]
         bit_generator = (type(seed.bit_generator) if isinstance(seed, np.random.Generator)
                          else type(np.random.default_rng(0).bit_generator))
         pending = ckpt.read(dataset, nepoch, (loss_type, optimizer, BuildType.OPT, opt_period,
-                                              shapes, bit_generator))
+                                              shapes, bit_generator, trainable,
+                                              parameter_names(model, params)))
 
     # class-index labels take the class-index loss path (int32 label batches): one
     # per datapoint, or one per position (sequence labels, int32 (ndata, n_ctx))

@@ -1,5 +1,6 @@
 """OptContext: losses, optimizers, accumulation, build types and bad input."""
 import math
+import types
 
 import numpy as np
 import pytest
@@ -286,8 +287,8 @@ class NoParams:
 
 class F64Params(NoParams):
     def __init__(self):
-        self.p = go.nn.Parameter([1.0])
-        self.p.data = self.p.data.astype(np.float64)
+        # a parameter-like object (Parameter itself refuses float64 data)
+        self.p = types.SimpleNamespace(data=np.ones(1), grad=np.zeros(1))
 
     def parameters(self):
         return [self.p]

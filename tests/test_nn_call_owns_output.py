@@ -33,6 +33,9 @@ LAYER_CASES = {
     "GELU": (lambda: nn.GELU(), (9,)),
     "GELU:tanh": (lambda: nn.GELU(approximate="tanh"), (9,)),
     "LeakyReLU": (lambda: nn.LeakyReLU(0.1), (9,)),
+    "Residual": (lambda: nn.Residual(nn.Linear(9, 9, rng=0)), (9,)),   # into fn's buffer
+    "Residual:own": (lambda: nn.Residual(nn.Tanh()), (2, 9)),         # into its own
+    "Residual:x": (lambda: nn.Residual(nn.Dropout(0.5)), (9,)),       # fn returns x itself
 }
 
 

@@ -7,7 +7,11 @@ False).  The layers here do their matrix products with NumPy's BLAS, write into
 buffers they reuse from batch to batch (``forward`` returns such a buffer;
 ``layer(x)`` returns a copy the caller owns), and always read
 ``Parameter.data`` / ``.grad`` at call time, so an OptContext can re-point them
-at its arena.
+at its arena.  A frozen parameter (``Parameter.requires_grad = False``) has
+``grad`` None: the layers skip its gradient and
+still return their input's.  ``Residual(fn)`` is the skip connection
+``x + fn(x)`` of transformer blocks; Linear and the elementwise layers take
+inputs of any leading shape, e.g. tokens (B, T, D).
 
 Whether an eval trains and where random numbers come from is one protocol for
 every module (see ggmlopt.nn.module): on every alloc an OptContext calls
@@ -33,6 +37,7 @@ from .module import (
 )
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
+from .residual import Residual
 from .shape import Flatten, Reshape
 
 __all__ = [
@@ -48,6 +53,7 @@ __all__ = [
                      "Parameter",
                      "ReLU",
                      "Reshape",
+                     "Residual",
                      "Sequential",
                      "SiLU",
                      "Sigmoid",

@@ -21,6 +21,27 @@ def as_batch(x, ncols: int, name: str) -> np.ndarray:
     return x
 
 
+def as_rows(x, ncols: int, name: str) -> np.ndarray:
+    """x of shape (..., ncols) as float32 (copied only when the dtype differs or
+    the array is not C-contiguous): the layers that act on the last axis (Linear)
+    see a 2-D view (rows, ncols) of it through ``rows2d``."""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if x.ndim < 2 or x.shape[-1] != ncols:
+        raise ValueError(f"{name}: expected shape (..., {ncols}) with at least one leading "
+                         f"axis, got {x.shape}")
+    if x.dtype != np.float32:
+        if x.dtype.kind not in "biuf":
+            raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")
+        return np.ascontiguousarray(x, dtype=np.float32)
+    return x if x.ndim == 2 else np.ascontiguousarray(x)
+
+
+def rows2d(x: np.ndarray) -> np.ndarray:
+    """x (..., n) as (rows, n): a view for a C-contiguous x (as_rows gives one)."""
+    return x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+
+
 def as_real_batch(x, name: str) -> np.ndarray:
     """x as float32 with a batch dimension (any shape after it); copies only when
     the dtype differs."""
@@ -34,9 +55,18 @@ def as_real_batch(x, name: str) -> np.ndarray:
     return x if x.dtype == np.float32 else x.astype(np.float32)
 
 
+def trains(param: Parameter | None) -> bool:
+    """Whether a layer computes param's gradient: it exists and is not frozen
+    (``requires_grad`` False; parameters without the attribute train)."""
+    return param is not None and getattr(param, "requires_grad", True)
+
+
 def add_into(param: Parameter, compute, scratch_owner, key):
     """Put compute(out) into param.grad: written straight in when the gradient is
-    known to be zero, else computed into a scratch buffer and added."""
+    known to be zero, else computed into a scratch buffer and added.  A frozen
+    parameter (requires_grad False) has no gradient: compute is not called."""
+    if not getattr(param, "requires_grad", True):
+        return
     grad = param.grad
     if param.grad_is_zero:
         compute(grad)

@@ -65,6 +65,12 @@ class Sequential(Module):
         self._needs_input_grad = bool(value)
         self._propagate()
 
+    @property
+    def output_is_scratch(self):
+        """Whether the output may be overwritten by the caller: the last layer's
+        (a fused ReLU and MaxPool2d ending reads its output: False)."""
+        return bool(getattr(self.layers[-1], "output_is_scratch", False))
+
     def named_children(self):
         """("0", first layer), ("1", second layer)...: torch's Sequential names."""
         for i, layer in enumerate(self.layers):

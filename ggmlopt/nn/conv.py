@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from .. import kernels
-from ._buffers import add_into
+from ._buffers import add_into, trains
 from ._images import as_grad, as_images
 from .module import Module
 from .parameter import Parameter
@@ -60,7 +60,10 @@ class Conv2d(Module):
     oh = (h + 2*ph - kh)//sh + 1, ow = (w + 2*pw - kw)//sw + 1.
     kernel_size, stride (>= 1) and padding (>= 0): an int or a pair (height, width).
     weight: Parameter (out_channels, in_channels, kh, kw), bias: Parameter
-    (out_channels,) or None: torch's layout and names.
+    (out_channels,) or None: torch's layout and names.  A frozen one
+    (``requires_grad=False``) gets no gradient (im2col skips the weight's
+    products; the direct kernels' one pass computes it and it is dropped); the
+    input gradient is still returned.
     init(weight, bias, rng) fills the float32 arrays in place (bias None without
     one); default conv_kaiming_uniform (torch's default).  rng: None, an int seed
     or a numpy Generator.
@@ -238,18 +241,21 @@ class Conv2d(Module):
         x, w2 = self._x, self.weight.data.reshape(oc, -1)
         ks, st, pd = self.kernel_size, self.stride, self.padding
         input_grad = self.needs_input_grad
+        weight_grad = trains(self.weight)
         # one pass over the chunks: the columns (packed again, which costs less
         # than keeping the whole batch's) feed the weight gradient per image and,
         # through the transposed product and col2im, the input gradient
         def step(i, j, col, dcol):
-            kernels.im2col(x[i:j], ks, st, pd, out=col)
-            np.matmul(g3[i:j], col.transpose(0, 2, 1), out=self._dw_images[i:j])
+            if weight_grad:
+                kernels.im2col(x[i:j], ks, st, pd, out=col)
+                np.matmul(g3[i:j], col.transpose(0, 2, 1), out=self._dw_images[i:j])
             if input_grad:
                 np.matmul(w2.T, g3[i:j], out=dcol)
                 kernels.col2im(dcol, (j - i, *self._shape[1:]), ks, st, pd,
                                out=self._grad_in[i:j])
 
-        self._run_chunks(step, backward=True)
+        if weight_grad or input_grad:
+            self._run_chunks(step, backward=True)
         add_into(self.weight,
                  lambda out: np.sum(self._dw_images, axis=0, out=out.reshape(oc, -1)),
                  self, "weight")
@@ -323,23 +329,28 @@ class Conv2d(Module):
         for p, key in ((self.weight, "weight"), (self.bias, "bias")):
             if p is None:
                 targets.append(None)
-            elif p.grad_is_zero:
+            elif trains(p) and p.grad_is_zero:
                 targets.append(p.grad)
-            else:
-                scratch = self._scratch.get(key)
-                if scratch is None or scratch.shape != p.grad.shape:
-                    scratch = np.empty(p.grad.shape, dtype=np.float32)
-                    self._scratch[key] = scratch
-                targets.append(scratch)
+            else:  # added below, or thrown away for a frozen parameter
+                targets.append(self._scratch_grad(key, p.shape))
         input_grad = self.needs_input_grad
         run(targets[0], targets[1], self._grad_in if input_grad else None)
         for p, t in zip((self.weight, self.bias), targets):
-            if p is None:
+            if not trains(p):
                 continue
             if t is not p.grad:
                 np.add(p.grad, t, out=p.grad)
             p.grad_is_zero = False
         return self._grad_in if input_grad else None
+
+    def _scratch_grad(self, key, shape):
+        """A buffer of a parameter's shape for the direct kernels' sums (added into
+        the gradient, or thrown away for a frozen parameter)."""
+        scratch = self._scratch.get(key)
+        if scratch is None or scratch.shape != shape:
+            scratch = np.empty(shape, dtype=np.float32)
+            self._scratch[key] = scratch
+        return scratch
 
     def __repr__(self):
         return (f"Conv2d({self.in_channels}, {self.out_channels}, "

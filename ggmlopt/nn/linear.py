@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
-from ._buffers import add_into, as_batch
+from ._buffers import add_into, as_rows, rows2d
 from .init import kaiming_uniform
 from .module import Module
 from .parameter import Parameter
@@ -15,14 +15,22 @@ __all__ = ["Linear"]
 class Linear(Module):
     """Linear(in_features, out_features, bias=True, *, init=None, rng=None)
 
-    y = x @ weight + bias, x: (batch, in_features) -> y: (batch, out_features).
+    y = x @ weight + bias over the last axis: x (..., in_features) float32 ->
+    y (..., out_features), any number of leading axes (a batch (B, in), tokens
+    (B, T, in), or a single row (in,)).  The leading axes are flattened into the
+    rows of one matrix product (a reshape, no copy for a C-contiguous float32
+    input), so (B, T, in) costs the same BLAS calls as (B*T, in).
     weight: Parameter (in_features, out_features) (the transpose of torch's
     layout, which makes both BLAS calls of a training step faster), bias:
-    Parameter (out_features,).
+    Parameter (out_features,) or None with bias=False.  A frozen weight or bias
+    (``requires_grad=False``) gets no gradient (its product is skipped); the
+    input gradient is still returned.
     init(weight, bias, rng) fills the float32 arrays in place (bias None without
     one); default kaiming_uniform (torch's default).  rng: None, an int seed or a
     numpy Generator; a fixed seed makes the initialisation reproducible.
     """
+
+    output_is_scratch = True  # backward reads the input, never the output
 
     def __init__(self, in_features, out_features, bias=True, *, init=None, rng=None):
         for name, v in (("in_features", in_features), ("out_features", out_features)):
@@ -30,6 +38,13 @@ class Linear(Module):
                 raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
             if v < 1:
                 raise ValueError(f"{name}: expected >= 1, got {v}")
+        if init is not None and not callable(init):
+            raise TypeError(f"init: expected a callable init(weight, bias, rng), got "
+                            f"{type(init).__name__}")
+        if isinstance(rng, bool) or (
+                rng is not None and not isinstance(rng, (int, np.integer, np.random.Generator))):
+            raise TypeError(f"rng: expected None, an int seed or a numpy Generator, got "
+                            f"{type(rng).__name__}")
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
@@ -38,48 +53,59 @@ class Linear(Module):
         (init or kaiming_uniform)(w, b, gen)
         self.weight = Parameter(w, name="weight")
         self.bias = Parameter(b, name="bias") if bias else None
-        self._batch = -1
+        self._shape = None   # the last forward input's shape
         self._x = None
         self._scratch = {}
 
-    def _buffers(self, batch):
-        self._out = np.empty((batch, self.out_features), dtype=np.float32)
-        self._grad_in = np.empty((batch, self.in_features), dtype=np.float32)
-        self._ones = np.ones(batch, dtype=np.float32)  # bias gradient as one gemv
-        self._batch = batch
+    def _buffers(self, shape):
+        lead = shape[:-1]
+        rows = int(np.prod(lead, dtype=np.int64))
+        self._out = np.empty((*lead, self.out_features), dtype=np.float32)
+        self._grad_in = np.empty(shape, dtype=np.float32)
+        # 2-D views of both (the buffers are contiguous): the BLAS calls' operands
+        self._out2 = self._out.reshape(rows, self.out_features)
+        self._grad_in2 = self._grad_in.reshape(rows, self.in_features)
+        self._ones = np.ones(rows, dtype=np.float32)  # bias gradient as one gemv
+        self._shape = shape
 
     def forward(self, x):
-        """x: (batch, in_features) -> (batch, out_features) float32 (a buffer this
+        """x: (..., in_features) -> (..., out_features) float32 (a buffer this
         layer reuses: the next forward overwrites it); ``layer(x)`` returns a copy
         the caller owns."""
-        x = as_batch(x, self.in_features, "x")
-        if x.shape[0] != self._batch:
-            self._buffers(x.shape[0])
-        out = self._out
-        np.matmul(x, self.weight.data, out=out)
+        one_row = np.ndim(x) == 1
+        x = as_rows(np.reshape(x, (1, -1)) if one_row else x, self.in_features, "x")
+        shape = x.shape[1:] if one_row else x.shape
+        if shape != self._shape:
+            self._buffers(shape)
+        out2 = self._out2
+        np.matmul(rows2d(x), self.weight.data, out=out2)
         if self.bias is not None:
-            kernels.add_bias_rows(out, self.bias.data)
+            kernels.add_bias_rows(out2, self.bias.data)
         self._x = x
-        return out
+        return self._out
 
     def backward(self, grad_out):
-        """grad_out: (batch, out_features) float32.  Adds into weight.grad and
-        bias.grad; returns d loss / d x (batch, in_features), or None when
-        needs_input_grad is False."""
+        """grad_out: float32 of the last forward output's shape (..., out_features).
+        Adds into weight.grad and bias.grad (not into a frozen one's); returns
+        d loss / d x (the last input's shape), or None when needs_input_grad is
+        False."""
         if self._x is None:
             raise RuntimeError("backward: call forward first")
-        g = as_batch(grad_out, self.out_features, "grad_out")
-        if g.shape[0] != self._batch:
-            raise ValueError(f"grad_out: expected {self._batch} rows like the last forward "
-                             f"input, got {g.shape[0]}")
-        x = self._x
+        want = self._out.shape
+        if not isinstance(grad_out, np.ndarray):
+            grad_out = np.asarray(grad_out)
+        if grad_out.shape != want:
+            raise ValueError(f"grad_out: expected shape {want} like the last forward output, "
+                             f"got {grad_out.shape}")
+        g = as_rows(grad_out.reshape(-1, self.out_features), self.out_features, "grad_out")
+        x = rows2d(self._x)
         add_into(self.weight, lambda out: np.matmul(x.T, g, out=out), self, "weight")
         if self.bias is not None:
             ones = self._ones
             add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")
         if not self.needs_input_grad:
             return None
-        np.matmul(g, self.weight.data.T, out=self._grad_in)
+        np.matmul(g, self.weight.data.T, out=self._grad_in2)
         return self._grad_in
 
     def __repr__(self):

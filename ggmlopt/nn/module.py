@@ -74,12 +74,16 @@ class Module:
 
     Output ownership: ``forward(x)`` may return a buffer the layer reuses (the
     next forward overwrites it) or a view of x; that is what keeps training
-    free of allocations.  ``module(x)`` (``__call__``) returns a new array the
+    free of allocations.  output_is_scratch: True for a layer whose forward
+    output is a buffer of its own that its backward never reads (Linear), so a
+    caller may overwrite it in place (Residual adds its input into it); False
+    (the default) otherwise.  ``module(x)`` (``__call__``) returns a new array the
     caller owns: ``a = m(x1); b = m(x2)`` never changes ``a``.
     """
 
     needs_input_grad = True
     training = False
+    output_is_scratch = False
 
     def parameters(self) -> list[Parameter]:
         """The trainable parameters, each once, in the order of named_parameters()."""
@@ -108,6 +112,19 @@ class Module:
         trailing dot, "" at the top) and every sub-module below it, each once,
         parents before children (torch's named_modules names)."""
         yield from _named_modules(self, prefix, set())
+
+    def zero_grad(self) -> None:
+        """Zero the gradient of every trainable parameter in this module and its
+        sub-modules (in place: inside an OptContext these are the arena's views)
+        and set each one's ``grad_is_zero``.  Frozen parameters have no gradient
+        (``grad`` None) and are left alone."""
+        for p in self.parameters():
+            grad = getattr(p, "grad", None)
+            if grad is None or not getattr(p, "requires_grad", True):
+                continue
+            grad.fill(0.0)
+            if hasattr(p, "grad_is_zero"):
+                p.grad_is_zero = True
 
     def train(self, mode: bool = True):
         """Set ``training`` on this module and every sub-module (set_training on

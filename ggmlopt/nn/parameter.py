@@ -1,4 +1,4 @@
-"""Parameter: a trainable float32 array and its gradient."""
+"""Parameter: a float32 array of a model, its gradient, and whether it trains."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,36 +7,110 @@ __all__ = ["Parameter"]
 
 
 class Parameter:
-    """Parameter(data, name=None): a trainable float32 array.
+    """Parameter(data, name=None, *, requires_grad=True): a float32 array of a model.
 
-    data: a float32 copy of the given array (any real dtype, any shape).
-    grad: float32 zeros of the same shape; backward passes add into it.
+    data: a float32 C-contiguous copy of the given array (any real dtype, any
+    shape).  Assigning ``p.data = a`` later takes ``a`` itself (no copy) and
+    requires a float32 C-contiguous ndarray of ``p.shape``: an array of another
+    shape (e.g. a weight in torch's ``(out, in)`` layout where ggmlopt's
+    ``Linear`` keeps ``(in, out)``) raises ValueError, another dtype TypeError,
+    at the assignment rather than later inside a matrix product.  To change the
+    values of a parameter that an OptContext trains, write into it
+    (``p.data[...] = a``): a new array would not be the one the context updates.
+
+    grad: float32 zeros of data's shape; backward passes add into it.  None
+    while the parameter is frozen (as torch's ``.grad`` of a tensor that does
+    not require a gradient).
     grad_is_zero: True while grad is known to hold zeros (OptContext sets it after
     zeroing the gradients); a layer that sees it may overwrite grad instead of
     adding into it, and then clears it.
+
+    requires_grad: True (the default) for a parameter that trains.  False
+    freezes it: the layers compute no gradient for it (they still return the
+    gradient of their input), ``grad`` is None, and an OptContext gives it no
+    gradient or optimizer memory, leaves its data where it is and never changes
+    it (fine-tuning a part of a model).  Setting it back to True gives a fresh
+    zero gradient.  Change it before building the OptContext: a context refuses
+    to run once the split it was built with has changed.
     """
 
-    __slots__ = ("data", "grad", "grad_is_zero", "name")
+    __slots__ = ("_data", "_requires_grad", "grad", "grad_is_zero", "name")
 
-    def __init__(self, data, name=None):
+    # how many times any parameter's requires_grad changed: an OptContext compares
+    # it on every alloc and checks its own parameters only when it moved
+    _requires_grad_changes = 0
+
+    def __init__(self, data, name=None, *, requires_grad=True):
         arr = np.asarray(data)
         if arr.dtype.kind not in "biuf":
             raise TypeError(f"data: expected real numbers, got dtype {arr.dtype}")
-        self.data = np.array(arr, dtype=np.float32, order="C", copy=True)
-        self.grad = np.zeros_like(self.data)
+        if not isinstance(requires_grad, (bool, np.bool_)):
+            raise TypeError(f"requires_grad: expected a bool, got {type(requires_grad).__name__}")
+        self._data = np.array(arr, dtype=np.float32, order="C", copy=True)
+        self._requires_grad = bool(requires_grad)
+        self.grad = np.zeros_like(self._data) if requires_grad else None
         self.name = name
         self.grad_is_zero = True
 
     @property
+    def data(self) -> np.ndarray:
+        """The values: a float32 C-contiguous array (see the class docstring for
+        what an assignment accepts)."""
+        return self._data
+
+    @data.setter
+    def data(self, value) -> None:
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"data: expected a numpy.ndarray, got {type(value).__name__}")
+        if value.shape != self._data.shape:
+            hint = (" (ggmlopt's Linear keeps weights as (in, out), the transpose of torch's)"
+                    if value.ndim == 2 and value.shape == self._data.shape[::-1] else "")
+            raise ValueError(f"data{self._label()}: expected shape {self._data.shape}, got "
+                             f"{value.shape}{hint}")
+        if value.dtype != np.float32:
+            raise TypeError(f"data{self._label()}: expected float32, got {value.dtype}")
+        if not value.flags.c_contiguous:
+            raise ValueError(f"data{self._label()}: expected a C-contiguous array (use "
+                             "numpy.ascontiguousarray)")
+        self._data = value
+
+    def _set_storage(self, data: np.ndarray, grad: np.ndarray | None) -> None:
+        """Re-point data and grad at other memory of the same shape and dtype, as
+        an OptContext does with its arena's views (no checks: internal)."""
+        self._data = data
+        self.grad = grad
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether the parameter trains (see the class docstring)."""
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value) -> None:
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"requires_grad: expected a bool, got {type(value).__name__}")
+        value = bool(value)
+        if value == self._requires_grad:
+            return
+        self._requires_grad = value
+        self.grad = np.zeros_like(self._data) if value else None
+        self.grad_is_zero = True
+        Parameter._requires_grad_changes += 1
+
+    @property
     def shape(self):
         """The shape of data."""
-        return self.data.shape
+        return self._data.shape
 
     @property
     def size(self):
         """The number of elements of data."""
-        return self.data.size
+        return self._data.size
+
+    def _label(self):
+        return f" of {self.name!r}" if self.name else ""
 
     def __repr__(self):
         label = f" {self.name!r}" if self.name else ""
-        return f"Parameter{label}(shape={self.data.shape}, dtype={self.data.dtype})"
+        frozen = ", requires_grad=False" if not self._requires_grad else ""
+        return f"Parameter{label}(shape={self._data.shape}, dtype={self._data.dtype}{frozen})"

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TESTS = os.path.join(ROOT, "tests")
 WORKER = os.path.join(TESTS, "mpi", "worker.py")
 sys.path.insert(0, TESTS)
-from dist_problem import history_array, run
+from dist_problem import history_array, make_problem, run
 
 MPIEXEC = shutil.which("mpiexec")
 try:
@@ -61,6 +61,22 @@ def test_equals_one_process(tmp_path, nranks, optimizer, shard):
         assert np.array_equal(got["params"], ranks[0]["params"]), f"rank {r} differs"
         np.testing.assert_allclose(got["history"], history_array(ref_hist), rtol=RTOL,
                                    atol=1e-7)
+    np.testing.assert_allclose(ranks[0]["params"], ref, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("shard", ["full", "shard"])
+def test_frozen_parameters_equal_one_process(tmp_path, shard):
+    ref, ref_hist, model = run(None, "ADAMW", frozen=("0.weight",))
+    assert not model[0].weight.requires_grad
+    initial = make_problem(0)[0][0].weight.data.ravel()
+    first = initial.size  # the frozen weight leads the flat parameters
+    np.testing.assert_array_equal(ref[:first], initial)
+    ranks = mpirun(2, tmp_path, "frozen", shard)
+    for got in ranks:
+        assert np.array_equal(got["params"], ranks[0]["params"])
+        np.testing.assert_allclose(got["history"], history_array(ref_hist), rtol=RTOL,
+                                   atol=1e-7)
+    np.testing.assert_array_equal(ranks[0]["params"][:first], ref[:first])  # never changed
     np.testing.assert_allclose(ranks[0]["params"], ref, rtol=RTOL, atol=ATOL)
 
 

@@ -38,6 +38,10 @@ def main(scenario, out, *args):
         optimizer, shard = args[0], args[1] == "shard"
         params, hist, _ = run(comm, optimizer, shard_optimizer=shard)
         save(out, params=params, history=history_array(hist))
+    elif scenario == "frozen":  # the first layer's weight frozen
+        params, hist, _ = run(comm, "ADAMW", shard_optimizer=args[0] == "shard",
+                              frozen=("0.weight",))
+        save(out, params=params, history=history_array(hist))
     elif scenario == "part":  # each rank holds only its block of the data
         params, hist, _ = run(comm, "ADAMW", ndata=60, val_split=0.0, part=True)
         save(out, params=params, history=history_array(hist))
