@@ -1085,8 +1085,13 @@ static void norm_backward(norm_args *a, float *dx) {
                    rows_for(a->dim, GO_NORM_PARALLEL_MIN), norm_backward_block, a);
     }
     if (a->dw || a->db) {
+        /* two ranges of columns a thread, each at least 32 columns (any split
+         * gives the same bits) */
         const int parallel = a->nrows * a->dim >= GO_NORM_PARALLEL_MIN;
-        run_blocks(a->dim, 32, parallel ? 0 : INT64_MAX, norm_param_grad_block, a);
+        const int64_t ranges = 2 * (int64_t)go_pool_threads();
+        const int64_t cols = (a->dim + ranges - 1) / ranges;
+        run_blocks(a->dim, cols < 32 ? 32 : cols, parallel ? 0 : INT64_MAX, norm_param_grad_block,
+                   a);
     }
 }
 void ggmlopt_rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
