@@ -62,7 +62,8 @@ class Embedding(Module):
 
     def forward(self, ids):
         """ids: integers (...) -> float32 (..., embedding_dim), a buffer this layer
-        reuses (the next forward overwrites it); ``layer(ids)`` returns a copy."""
+        reuses (the next forward overwrites it); ``layer(ids)`` returns a copy the
+        caller owns."""
         ids = self._check_ids(ids)
         if ids.shape != self._shape:
             self._out = np.empty(ids.shape + (self.embedding_dim,), dtype=np.float32)
