@@ -119,6 +119,26 @@ typedef struct ggmlopt_kernel_table {
                                int32_t *idx);
     void (*maxpool2d_relu_backward_f32)(const go_pool_geom *g, int64_t nplanes, const float *dy,
                                         const int32_t *idx, const float *y, float *dx);
+    /* language-model layers (kernels/embedding.inc, norm.inc, glu.inc) */
+    void (*embedding_f32)(int64_t n, int64_t dim, const int32_t *ids, const float *weight,
+                          float *out);
+    /* grad_weight rows in [row_begin, row_end) only, in the order of the ids */
+    void (*embedding_backward_f32)(int64_t n, int64_t dim, const int32_t *ids, const float *grad,
+                                   int64_t row_begin, int64_t row_end, float *grad_weight);
+    void (*rmsnorm_f32)(int64_t nrows, int64_t dim, const float *x, const float *w, float eps,
+                        float *y, float *rstd);
+    void (*layernorm_f32)(int64_t nrows, int64_t dim, const float *x, const float *w,
+                          const float *b, float eps, float *y, float *mean, float *rstd);
+    /* dx of either norm (mean NULL: RMSNorm) */
+    void (*norm_backward_f32)(int64_t nrows, int64_t dim, const float *x, const float *w,
+                              const float *mean, const float *rstd, const float *dy, float *dx);
+    /* dw (may be NULL) and db (may be NULL) += column sums over all rows, columns [c0, c1) */
+    void (*norm_param_grad_f32)(int64_t nrows, int64_t dim, int64_t c0, int64_t c1,
+                                const float *x, const float *mean, const float *rstd,
+                                const float *dy, float *dw, float *db);
+    void (*swiglu_f32)(int64_t n, const float *gate, const float *up, float *h);
+    void (*swiglu_backward_f32)(int64_t n, const float *gate, const float *up,
+                                const float *grad_h, float *grad_gate, float *grad_up);
 } ggmlopt_kernel_table;
 
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;

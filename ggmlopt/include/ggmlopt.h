@@ -261,6 +261,49 @@ void ggmlopt_leaky_relu_f32(int64_t n, const float *x, float *y, float negative_
 void ggmlopt_leaky_relu_backward_f32(int64_t n, const float *x, const float *g, float *out,
                                      float negative_slope);
 
+/* ---- language-model layers -------------------------------------------------- */
+
+/* Embedding: out (n, dim) row i = weight (num, dim) row ids[i].  Every id must
+ * lie in [0, num): nothing is checked here. */
+void ggmlopt_embedding_f32(int64_t n, int64_t dim, const int32_t *ids, const float *weight,
+                           float *out);
+/* grad_weight (num, dim) row ids[i] += grad (n, dim) row i, for every i.  Each
+ * weight row gets its contributions in the order of the ids (repeated ids
+ * included), so the result is the same bits on any number of threads. */
+void ggmlopt_embedding_backward_f32(int64_t n, int64_t dim, const int32_t *ids,
+                                    const float *grad, int64_t num, float *grad_weight);
+
+/* RMSNorm over the rows of x (nrows, dim): rstd[r] = 1/sqrt(mean(x_r^2) + eps),
+ * y = x * rstd * weight (torch.nn.RMSNorm).  Sums in double. */
+void ggmlopt_rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                         float eps, float *y, float *rstd);
+/* From the forward's x and rstd and grad_y: grad_x (may be NULL) =
+ * rstd * (g - xhat * mean(g * xhat)), g = grad_y * weight, xhat = x * rstd;
+ * grad_weight (may be NULL) += sum over rows of grad_y * xhat, each column
+ * summed in row order (the same bits on any number of threads). */
+void ggmlopt_rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                                  const float *rstd, const float *grad_y, float *grad_x,
+                                  float *grad_weight);
+/* LayerNorm over the rows of x (nrows, dim): mean[r], rstd[r] =
+ * 1/sqrt(var(x_r) + eps) (the biased variance), y = (x - mean) * rstd * weight
+ * + bias (bias may be NULL; torch.nn.LayerNorm).  Sums in double. */
+void ggmlopt_layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                           const float *bias, float eps, float *y, float *mean, float *rstd);
+/* grad_x (may be NULL) = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+ * g = grad_y * weight, xhat = (x - mean) * rstd; grad_weight += sum over rows of
+ * grad_y * xhat, grad_bias += sum over rows of grad_y (either may be NULL),
+ * summed as for RMSNorm. */
+void ggmlopt_layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x,
+                                    const float *weight, const float *mean, const float *rstd,
+                                    const float *grad_y, float *grad_x, float *grad_weight,
+                                    float *grad_bias);
+
+/* SwiGLU's product, elementwise over n entries: h = silu(gate) * up. */
+void ggmlopt_swiglu_f32(int64_t n, const float *gate, const float *up, float *h);
+/* grad_gate = grad_h * up * silu'(gate), grad_up = grad_h * silu(gate), one pass. */
+void ggmlopt_swiglu_backward_f32(int64_t n, const float *gate, const float *up,
+                                 const float *grad_h, float *grad_gate, float *grad_up);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,8 +24,10 @@ from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .container import Sequential
 from .conv import Conv2d
 from .dropout import Dropout
+from .embedding import Embedding
 from .init import kaiming_uniform
 from .linear import Linear
+from .mlp import GPT2MLP, SwiGLU
 from .module import (
                      Module,
                      eval_mode,
@@ -35,6 +37,7 @@ from .module import (
                      set_rng,
                      set_training,
 )
+from .norm import LayerNorm, RMSNorm
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
 from .residual import Residual
@@ -42,21 +45,26 @@ from .shape import Flatten, Reshape
 
 __all__ = [
                      "GELU",
+                     "GPT2MLP",
                      "AvgPool2d",
                      "Conv2d",
                      "Dropout",
+                     "Embedding",
                      "Flatten",
+                     "LayerNorm",
                      "LeakyReLU",
                      "Linear",
                      "MaxPool2d",
                      "Module",
                      "Parameter",
+                     "RMSNorm",
                      "ReLU",
                      "Reshape",
                      "Residual",
                      "Sequential",
                      "SiLU",
                      "Sigmoid",
+                     "SwiGLU",
                      "Tanh",
                      "eval_mode",
                      "kaiming_uniform",
