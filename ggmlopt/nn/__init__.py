@@ -34,6 +34,7 @@ from .module import (
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
 from .shape import Flatten, Reshape
+from .attention import CausalSelfAttention, GPT2Attention, RotaryEmbedding
 
 __all__ = [
                      "GELU",
@@ -59,4 +60,7 @@ __all__ = [
                      "named_parameters",
                      "set_rng",
                      "set_training",
+                     "CausalSelfAttention",
+                     "GPT2Attention",
+                     "RotaryEmbedding",
 ]
