@@ -224,7 +224,7 @@ def test_frozen_parameters_get_no_gradient(rng):
     layer = CausalSelfAttention(32, 4, 2, rng=0)
     x = rng.standard_normal((2, 6, 32)).astype(np.float32)
     grad = rng.standard_normal((2, 6, 32)).astype(np.float32)
-    _, dx_ref, grads_ref = run_step(layer, x, grad)
+    _, dx_ref, _ = run_step(layer, x, grad)
     for m in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj):
         m.weight = frozen(m.weight)
     layer.forward(x)

@@ -17,6 +17,7 @@ set through the tree) and ``set_rng(model, ctx.rng)`` (each module's
 flat datapoints (batch, ne_datapoint) and reshapes them itself (Reshape).
 """
 from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
+from .attention import CausalSelfAttention, GPT2Attention, RotaryEmbedding
 from .container import Sequential
 from .conv import Conv2d
 from .dropout import Dropout
@@ -34,14 +35,15 @@ from .module import (
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
 from .shape import Flatten, Reshape
-from .attention import CausalSelfAttention, GPT2Attention, RotaryEmbedding
 
 __all__ = [
                      "GELU",
                      "AvgPool2d",
+                     "CausalSelfAttention",
                      "Conv2d",
                      "Dropout",
                      "Flatten",
+                     "GPT2Attention",
                      "LeakyReLU",
                      "Linear",
                      "MaxPool2d",
@@ -49,6 +51,7 @@ __all__ = [
                      "Parameter",
                      "ReLU",
                      "Reshape",
+                     "RotaryEmbedding",
                      "Sequential",
                      "SiLU",
                      "Sigmoid",
@@ -60,7 +63,4 @@ __all__ = [
                      "named_parameters",
                      "set_rng",
                      "set_training",
-                     "CausalSelfAttention",
-                     "GPT2Attention",
-                     "RotaryEmbedding",
 ]
