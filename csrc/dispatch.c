@@ -6,6 +6,7 @@
  * depends only on the problem size, so a sum is the same whatever the number of
  * threads.
  */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -1134,4 +1135,124 @@ void ggmlopt_swiglu_backward_f32(int64_t n, const float *gate, const float *up,
                                  const float *grad_h, float *grad_gate, float *grad_up) {
     swiglu_args a = {gate, up, grad_h, grad_gate, grad_up};
     run_blocks(n, GO_ACT_BLOCK_MIN, GO_ACT_PARALLEL_MIN, swiglu_backward_block, &a);
+}
+
+/* ---- causal attention and rotary embedding ----------------------------------- */
+
+/* multiply-adds below which the threads are not woken */
+#define GO_ATTN_PARALLEL_MIN 262144
+
+static int attn_shape_ok(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                         int64_t head_dim) {
+    return batch >= 0 && seq >= 0 && n_heads >= 1 && n_kv_heads >= 1 &&
+           n_heads % n_kv_heads == 0 && head_dim >= 1 && head_dim <= GO_ATTN_MAX_D;
+}
+
+typedef struct {
+    go_attn_args a;
+    int64_t nblocks; /* query blocks per head */
+    int64_t rows;    /* rows per query block */
+} attn_job;
+
+/* Item it: the query blocks of every head, the latest (longest: causal) first,
+ * so the threads end together.  Each output row is computed by one item in
+ * one way: the result does not depend on the threads. */
+static void attn_forward_item(void *p, int it) {
+    const attn_job *job = (const attn_job *)p;
+    const int64_t nheads = job->a.batch * job->a.n_heads;
+    const int64_t qb = job->nblocks - 1 - it / nheads, bh = it % nheads;
+    const int64_t i0 = qb * job->rows;
+    const int64_t i1 = i0 + job->rows < job->a.seq ? i0 + job->rows : job->a.seq;
+    kernels()->attention_forward_f32(&job->a, bh / job->a.n_heads, bh % job->a.n_heads, i0, i1);
+}
+
+static void attn_backward_item(void *p, int it) {
+    const attn_job *job = (const attn_job *)p;
+    kernels()->attention_backward_f32(&job->a, it / job->a.n_kv_heads, it % job->a.n_kv_heads);
+}
+
+static void attn_run(int64_t nitems, int64_t madds, go_pool_block_fn fn, attn_job *job) {
+    if (nitems > 1 && madds >= GO_ATTN_PARALLEL_MIN) {
+        go_pool_for((int)nitems, fn, job);
+    } else {
+        for (int64_t i = 0; i < nitems; ++i) fn(job, (int)i);
+    }
+}
+
+int ggmlopt_attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                                  int64_t head_dim, const float *q, int64_t q_stride,
+                                  const float *k, int64_t k_stride, const float *v,
+                                  int64_t v_stride, float *out, int64_t out_stride, float *lse) {
+    if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
+    if (batch == 0 || seq == 0) return 0;
+    attn_job job;
+    memset(&job, 0, sizeof job);
+    go_attn_args *a = &job.a;
+    a->batch = batch;
+    a->seq = seq;
+    a->n_heads = n_heads;
+    a->n_kv_heads = n_kv_heads;
+    a->head_dim = head_dim;
+    a->q = q;
+    a->k = k;
+    a->v = v;
+    a->q_stride = q_stride;
+    a->k_stride = k_stride;
+    a->v_stride = v_stride;
+    a->out = out;
+    a->out_stride = out_stride;
+    a->lse = lse;
+    a->scale = (float)(1.0 / sqrt((double)head_dim));
+    job.rows = go_attn_forward_rows(head_dim);
+    job.nblocks = (seq + job.rows - 1) / job.rows;
+    attn_run(batch * n_heads * job.nblocks, batch * n_heads * seq * seq * head_dim,
+             attn_forward_item, &job);
+    return 0;
+}
+
+int ggmlopt_attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                   int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                   int64_t q_stride, const float *k, int64_t k_stride,
+                                   const float *v, int64_t v_stride, const float *out,
+                                   int64_t out_stride, const float *lse, const float *dout,
+                                   float *dq, float *dk, float *dv) {
+    if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
+    if (batch == 0 || seq == 0) return 0;
+    attn_job job;
+    memset(&job, 0, sizeof job);
+    go_attn_args *a = &job.a;
+    a->batch = batch;
+    a->seq = seq;
+    a->n_heads = n_heads;
+    a->n_kv_heads = n_kv_heads;
+    a->head_dim = head_dim;
+    a->q = q;
+    a->k = k;
+    a->v = v;
+    a->q_stride = q_stride;
+    a->k_stride = k_stride;
+    a->v_stride = v_stride;
+    a->out = (float *)out; /* read only in the backward */
+    a->out_stride = out_stride;
+    a->lse = (float *)lse;
+    a->dout = dout;
+    a->dq = dq;
+    a->dk = dk;
+    a->dv = dv;
+    a->scale = (float)(1.0 / sqrt((double)head_dim));
+    attn_run(batch * n_kv_heads, 3 * batch * n_heads * seq * seq * head_dim, attn_backward_item,
+             &job);
+    return 0;
+}
+
+static double rope_block(const void *p, int64_t b, int64_t e) {
+    kernels()->rope_f32((const go_rope_args *)p, b, e);
+    return 0.0;
+}
+void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
+                      int64_t head_dim, const float *x, int64_t x_stride, float *y,
+                      int64_t y_stride, const float *cos, const float *sin, int inverse) {
+    if (nrows <= 0 || seq <= 0) return;
+    go_rope_args a = {seq, pos0, n_heads, head_dim, x, x_stride, y, y_stride, cos, sin, inverse};
+    run_items(nrows, 3 * n_heads * head_dim, rope_block, &a);
 }

@@ -1562,3 +1562,47 @@ cdef void swiglu_f32(int64_t n, const float *gate, const float *up, float *h) no
 cdef void swiglu_backward_f32(int64_t n, const float *gate, const float *up, const float *grad_h,
                               float *grad_gate, float *grad_up) noexcept nogil:
     ggmlopt_swiglu_backward_f32(n, gate, up, grad_h, grad_gate, grad_up)
+
+
+# ---- causal attention and rotary embedding (wrapped in kernels_attention) ----------
+
+cdef extern from "ggmlopt.h" nogil:
+    int ggmlopt_attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                      int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                      int64_t q_stride, const float *k, int64_t k_stride,
+                                      const float *v, int64_t v_stride, float *out,
+                                      int64_t out_stride, float *lse)
+    int ggmlopt_attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                       int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                       int64_t q_stride, const float *k, int64_t k_stride,
+                                       const float *v, int64_t v_stride, const float *out,
+                                       int64_t out_stride, const float *lse, const float *dout,
+                                       float *dq, float *dk, float *dv)
+    void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
+                          int64_t head_dim, const float *x, int64_t x_stride, float *y,
+                          int64_t y_stride, const float *cos, const float *sin, int inverse)
+
+
+cdef int attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                               int64_t head_dim, const float *q, int64_t q_stride,
+                               const float *k, int64_t k_stride, const float *v,
+                               int64_t v_stride, float *out, int64_t out_stride,
+                               float *lse) noexcept nogil:
+    return ggmlopt_attention_forward_f32(batch, seq, n_heads, n_kv_heads, head_dim, q, q_stride,
+                                         k, k_stride, v, v_stride, out, out_stride, lse)
+
+cdef int attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                                int64_t head_dim, const float *q, int64_t q_stride,
+                                const float *k, int64_t k_stride, const float *v,
+                                int64_t v_stride, const float *out, int64_t out_stride,
+                                const float *lse, const float *dout, float *dq, float *dk,
+                                float *dv) noexcept nogil:
+    return ggmlopt_attention_backward_f32(batch, seq, n_heads, n_kv_heads, head_dim, q,
+                                          q_stride, k, k_stride, v, v_stride, out, out_stride,
+                                          lse, dout, dq, dk, dv)
+
+cdef void rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads, int64_t head_dim,
+                   const float *x, int64_t x_stride, float *y, int64_t y_stride,
+                   const float *cos, const float *sin, int inverse) noexcept nogil:
+    ggmlopt_rope_f32(nrows, seq, pos0, n_heads, head_dim, x, x_stride, y, y_stride, cos, sin,
+                     inverse)

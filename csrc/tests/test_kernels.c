@@ -25,6 +25,9 @@ void test_activations_public(int64_t big);
 /* test_lm_layers.c */
 void test_lm_layers(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar);
 void test_lm_layers_public(void);
+/* test_attention.c */
+void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar);
+void test_attention_public(void);
 
 static const ggmlopt_kernel_table *const SCALAR = &ggmlopt_kernels_scalar;
 
@@ -617,6 +620,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
     test_conv_direct_kernels(k);
     test_activations_sweep(k);
     test_lm_layers(k, SCALAR);
+    test_attention_kernels(k, SCALAR);
 }
 
 int main(int argc, char **argv) {
@@ -645,6 +649,7 @@ int main(int argc, char **argv) {
     test_conv_direct_public_api();
     test_activations_public(big);
     test_lm_layers_public();
+    test_attention_public();
 
     printf("%d passed, %d failed\n", th_passed, th_failed);
     return th_failed ? 1 : 0;

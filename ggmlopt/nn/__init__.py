@@ -21,6 +21,7 @@ set through the tree) and ``set_rng(model, ctx.rng)`` (each module's
 flat datapoints (batch, ne_datapoint) and reshapes them itself (Reshape).
 """
 from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
+from .attention import CausalSelfAttention, GPT2Attention, RotaryEmbedding
 from .container import Sequential
 from .conv import Conv2d
 from .dropout import Dropout
@@ -47,11 +48,13 @@ __all__ = [
                      "GELU",
                      "GPT2MLP",
                      "AvgPool2d",
+                     "CausalSelfAttention",
                      "Conv2d",
                      "Dropout",
                      "Embedding",
                      "Flatten",
                      "LayerNorm",
+                     "GPT2Attention",
                      "LeakyReLU",
                      "Linear",
                      "MaxPool2d",
@@ -61,6 +64,7 @@ __all__ = [
                      "ReLU",
                      "Reshape",
                      "Residual",
+                     "RotaryEmbedding",
                      "Sequential",
                      "SiLU",
                      "Sigmoid",
