@@ -4,12 +4,26 @@ Datasets split into shards, an optimizer context with AdamW and SGD, four loss
 types, gradient accumulation, result statistics, epochs and ``fit`` with a
 progress bar, on SIMD kernels (scalar, AVX2+FMA, AVX-512, NEON) picked at run time.
 """
-from . import checkpoint, clipping, datasets, distributed, io, models, nn, schedules, testing
+from . import (
+    checkpoint,
+    clipping,
+    corpora,
+    datasets,
+    distributed,
+    io,
+    lm,
+    models,
+    nn,
+    schedules,
+    testing,
+    text,
+)
 from ._runtime import get_include, show_config
 from .context import OptContext
 from .dataset import Dataset
 from .inference import evaluate, predict
 from .kernels import get_num_threads, set_num_threads, simd_info
+from .lm import generate
 from .optim_params import (
     AdamWParams,
     BuildType,
@@ -41,15 +55,18 @@ __all__ = [
                            "checkpoint",
                            "clipping",
                            "constant_optimizer_params",
+                           "corpora",
                            "datasets",
                            "default_optimizer_params",
                            "distributed",
                            "epoch",
                            "evaluate",
                            "fit",
+                           "generate",
                            "get_include",
                            "get_num_threads",
                            "io",
+                           "lm",
                            "models",
                            "nn",
                            "predict",
@@ -59,4 +76,5 @@ __all__ = [
                            "show_config",
                            "simd_info",
                            "testing",
+                           "text",
 ]
