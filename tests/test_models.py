@@ -50,7 +50,7 @@ def test_init_is_seeded_and_hf_like(make):
     a, b = make(), make()
     for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         np.testing.assert_array_equal(p.data, q.data)
-        if name.endswith("norm.weight") or name.endswith((".ln_1.weight", "ln_f.weight")):
+        if name.endswith(("norm.weight", ".ln_1.weight", "ln_f.weight")):
             assert (p.data == 1).all()
         elif name.endswith("embed_tokens.weight") or name == "wte.weight":
             assert abs(p.data.std() - 0.02) < 0.004
