@@ -51,7 +51,8 @@ add_module_names = False
 
 html_theme = "furo"
 html_title = f"ggmlopt {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["side-by-side.css"]
 
 # the benchmark plot (benchmarks.md) is drawn at build time from benchmarks.csv
 plot_include_source = False
