@@ -6,9 +6,12 @@ the prose uses ``*`` for products (``C*H*W``), ``|x|`` for absolute values, a ke
 substitutions and block quotes.  This extension escapes those characters outside literals
 (so the text shows as written) and, when a docstring still does not parse cleanly, shows
 everything after its summary paragraph as preformatted text, exactly as ``help()`` does.
+Two more fixes for the API pages: a class whose first docstring line autodoc took for a
+signature gets its real one, and "Bases:" skips private base classes.
 """
 from __future__ import annotations
 
+import inspect
 import io
 import re
 
@@ -65,6 +68,8 @@ def _summary_and_rest(lines: list[str]) -> tuple[list[str], list[str]]:
 
 
 def process_docstring(app, what, name, obj, options, lines) -> None:
+    if id(obj) in _PROSE_FIRST_LINE and obj.__doc__:
+        lines.insert(0, inspect.cleandoc(obj.__doc__).splitlines()[0])
     if not lines:
         return
     escaped = escape(lines)
@@ -81,6 +86,38 @@ def process_docstring(app, what, name, obj, options, lines) -> None:
     lines[:] = summary + ["", "::", ""] + ["    " + line if line else "" for line in body]
 
 
+# objects whose first docstring line autodoc mistook for a signature
+_PROSE_FIRST_LINE: set[int] = set()
+
+
+def process_signature(app, what, name, obj, options, signature, return_annotation):
+    """A class has no return annotation: one read from the docstring means its first line
+    was prose such as ``Reshape(shape): (batch, *in) -> (batch, *shape)``.  Show the real
+    signature, and give the line back to the docstring (process_docstring)."""
+    if what != "class" or not return_annotation:
+        return None
+    try:
+        real = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    _PROSE_FIRST_LINE.add(id(obj))
+    plain = [p.replace(annotation=inspect.Parameter.empty) for p in real.parameters.values()]
+    return str(real.replace(parameters=plain, return_annotation=inspect.Signature.empty)), None
+
+
+def _public_bases(cls) -> list[type]:
+    if not cls.__name__.startswith("_"):
+        return [cls]
+    return [b for base in cls.__bases__ for b in _public_bases(base)]
+
+
+def process_bases(app, name, obj, options, bases) -> None:
+    """"Bases:" names public classes: a private base (_Elementwise) shows as its bases."""
+    bases[:] = [b for base in bases for b in _public_bases(base)]
+
+
 def setup(app):
+    app.connect("autodoc-process-bases", process_bases)
+    app.connect("autodoc-process-signature", process_signature)
     app.connect("autodoc-process-docstring", process_docstring)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
