@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ex
 
 project = "ggmlopt"
 author = "the ggmlopt authors"
-copyright = "ggmlopt authors, MIT license"
+copyright = "2026 the ggmlopt authors (MIT License)"
 release = ggmlopt.__version__
 version = ".".join(release.split(".")[:2])
 
