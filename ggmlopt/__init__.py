@@ -1,5 +1,13 @@
 """ggmlopt: ggml's training engine (ggml-opt) for Python.
 
+Quick start::
+
+    import numpy as np, ggmlopt as go
+    x = np.random.default_rng(0).normal(size=(1000, 8)); y = (x[:, 0] > 0).astype(int)
+    model = go.nn.Sequential(go.nn.Linear(8, 16), go.nn.ReLU(), go.nn.Linear(16, 2))
+    go.fit(model, go.Dataset.from_arrays(x, y), "cross_entropy", nepoch=20, nbatch_logical=50)
+    print(go.evaluate(model, (x, y), "cross_entropy").accuracy())  # (accuracy, uncertainty)
+
 Datasets split into shards, an optimizer context with AdamW and SGD, four loss
 types, gradient accumulation, result statistics, epochs and ``fit`` with a
 progress bar, on SIMD kernels (scalar, AVX2+FMA, AVX-512, NEON) picked at run time.
