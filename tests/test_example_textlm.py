@@ -1,0 +1,127 @@
+"""The textlm example trains a byte-level language model offline, and its numbers make sense."""
+import math
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt.examples import textlm
+
+TEXT = ("The function returns the sum of its arguments. A list holds the values in order. "
+        "The module reads the file and returns its lines. ") * 120
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT + "Unicode: naïve café, 東京.\n", encoding="utf-8")
+    return path
+
+
+def test_quick_default_corpus_learns_and_samples(capsys):
+    run = textlm.main(["--quick", "--silent", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert "standard library" in out and "textlm: epoch 2/2" in out
+    history = run.history
+    assert len(history) == 2
+    # the loss falls from a uniform guess over 257 ids (5.55 nats) within 40 steps
+    assert history[0].train_loss < math.log(257)
+    assert history[1].train_loss < history[0].train_loss
+    assert history[1].val_loss < 3.5 and history[1].val_loss < history[0].val_loss
+    # the printed figures are the History's, perplexity = exp(loss)
+    e = history[1]
+    assert (f"train loss {e.train_loss:.4f} (ppl {math.exp(e.train_loss):.3f})" in out)
+    assert f"val loss {e.val_loss:.4f} (ppl {math.exp(e.val_loss):.3f})" in out
+    ppl = run.perplexity
+    assert 1 < ppl.ppl < math.exp(3.5) and ppl.unc > 0 and ppl.scored > 1000
+    assert f"PPL = {ppl.ppl:.4f} +/- {ppl.unc:.4f}" in out
+    # the sample: the prompt, then 80 bytes decoded as text, printed as it came
+    assert isinstance(run.sample, str) and len(run.sample.encode("utf-8")) >= 70
+    assert "Return the" + run.sample in out
+
+
+def test_text_file_save_load_round_trip(text_file, tmp_path, capsys):
+    saved = tmp_path / "lm.npz"
+    args = ["--text", str(text_file), "--steps", "20", "--epochs", "2", "--silent",
+            "--n-layers", "1", "--dim", "32", "--n-heads", "2", "--max-new-tokens", "100",
+            "--temperature", "0"]
+    trained = textlm.main(args + ["--save", str(saved)])
+    out = capsys.readouterr().out
+    assert f"saved the model to {saved}" in out and "epoch 2/2" in out
+    loaded = textlm.main(["--text", str(text_file), "--load", str(saved), "--max-new-tokens",
+                          "100", "--temperature", "0"])
+    out = capsys.readouterr().out
+    assert "loaded a llama model" in out and "epoch" not in out and loaded.history is None
+    assert loaded.perplexity == trained.perplexity      # the same weights, the same numbers
+    # greedy and longer than the 64-position window: the same text from both
+    assert loaded.sample == trained.sample
+
+
+def test_gpt2_save_load_keeps_every_parameter(tmp_path):
+    model = textlm.make_model("gpt2", 1, 2, 16, 8, seed=3)
+    path = str(tmp_path / "g.npz")
+    textlm.save_model(model, path)
+    kind, back = textlm.load_model(path)
+    assert kind == "gpt2" and back.config == model.config
+    for (name, p), (name2, q) in zip(model.named_parameters(), back.named_parameters()):
+        assert name == name2
+        np.testing.assert_array_equal(p.data, q.data)
+
+
+def test_windows_are_spread_and_exact():
+    tokens = np.arange(1000, dtype=np.int32)
+    ds = textlm.windows(tokens, 16, 24)
+    assert ds.ndata == 24
+    starts = ds.data[:, 0]
+    assert (np.diff(starts) == (1000 - 17) // 24).all()        # evenly spread, disjoint
+    np.testing.assert_array_equal(ds.labels[:, :-1], ds.data[:, 1:])
+    with pytest.raises(ValueError, match="windows"):
+        textlm.windows(tokens[:40], 16, 24)
+
+
+def test_sample_beyond_the_context_window():
+    model = textlm.make_model("llama", 1, 2, 16, 8, seed=0)
+    tok = go.text.ByteTokenizer()
+    text = textlm.sample(model, tok, "ab", 30, 1.0, seed=5)
+    assert text == textlm.sample(model, tok, "ab", 30, 1.0, seed=5)   # the seed decides
+    # 30 new bytes (8 positions a window): decoded with U+FFFD for invalid UTF-8
+    assert 0 < len(text) <= 30 + len(tok.eos_text) * 30
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--save", "model.gguf", "ending in .npz"),
+    ("--save", "no-such-dir/model.npz", "does not exist"),
+    ("--plot", "no-such-dir/curves.png", "does not exist"),
+])
+def test_outputs_checked_before_training(flag, value, message, text_file, tmp_path, capsys,
+                                         monkeypatch):
+    if flag == "--plot":
+        pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        textlm.main(["--text", str(text_file), flag, value])
+    captured = capsys.readouterr()
+    assert message in captured.err and "epoch" not in captured.out
+
+
+def test_plot_suffix_checked(text_file, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    with pytest.raises(SystemExit):
+        textlm.main(["--text", str(text_file), "--plot", str(tmp_path / "curves.xyz")])
+    assert "--plot: expected a file name ending in" in capsys.readouterr().err
+
+
+def test_load_refuses_other_npz(tmp_path, text_file):
+    path = tmp_path / "other.npz"
+    np.savez(path, x=np.zeros(3))
+    with pytest.raises(ValueError, match="config.json"):
+        textlm.main(["--text", str(text_file), "--load", str(path)])
+
+
+def test_module_runs_as_a_program():
+    out = subprocess.run([sys.executable, "-m", "ggmlopt.examples.textlm", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert re.search(r"--steps", out) and "--quick" in out and "--temperature" in out
