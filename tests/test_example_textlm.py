@@ -114,11 +114,17 @@ def test_plot_suffix_checked(text_file, tmp_path, capsys):
     assert "--plot: expected a file name ending in" in capsys.readouterr().err
 
 
-def test_load_refuses_other_npz(tmp_path, text_file):
+@pytest.mark.parametrize("content, message", [("npz", "holds no config.json"),
+                                              ("text", "--load")])
+def test_load_refuses_other_files(content, message, tmp_path, text_file, capsys):
     path = tmp_path / "other.npz"
-    np.savez(path, x=np.zeros(3))
-    with pytest.raises(ValueError, match="config.json"):
+    if content == "npz":
+        np.savez(path, x=np.zeros(3))
+    else:
+        path.write_text("not an archive")
+    with pytest.raises(SystemExit):
         textlm.main(["--text", str(text_file), "--load", str(path)])
+    assert message in capsys.readouterr().err
 
 
 def test_module_runs_as_a_program():

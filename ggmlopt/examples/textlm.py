@@ -42,6 +42,7 @@ import json
 import math
 import os
 import sys
+import zipfile
 from typing import NamedTuple
 
 import numpy as np
@@ -88,6 +89,8 @@ def save_model(model, path: str) -> None:
 
 def load_model(path: str):
     """The model save_model wrote to path (KeyError/ValueError naming what differs)."""
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"--load: {path!r} is not a .npz archive")
     with np.load(path, allow_pickle=False) as f:
         if "config.json" not in f.files:
             raise ValueError(f"--load: {path!r} holds no config.json: not a model saved by "
@@ -96,8 +99,6 @@ def load_model(path: str):
         kind = config.pop("model")
         if kind not in MODELS:
             raise ValueError(f"--load: unknown model {kind!r} in {path!r}")
-        if kind == "gpt2":
-            config.pop("ffn_dim", None)
         cls, config_cls = MODELS[kind]
         model = cls(config_cls(**config))
         for name, p in model.named_parameters():
@@ -112,8 +113,9 @@ def load_model(path: str):
 
 
 def windows(tokens: np.ndarray, n_ctx: int, nwindows: int) -> go.Dataset:
-    """nwindows next-token windows of n_ctx spread evenly over tokens (the
-    stride as large as the text allows); ValueError when it is too short."""
+    """A Dataset of nwindows next-token windows (int32 (nwindows, n_ctx) data and
+    labels) spread evenly over tokens, integer ids (ntokens,), with the largest
+    stride the text allows; ValueError when it is too short."""
     stride = (tokens.size - n_ctx - 1) // nwindows
     if stride < 1:
         raise ValueError(f"the text's {tokens.size} training tokens make fewer than the "
@@ -270,6 +272,11 @@ def main(argv=None) -> Run:
             parser.error(str(e))
     check_outputs(args, parser)
     say = print
+    if args.load:   # before reading the text: a bad file fails at once
+        try:
+            kind, model = load_model(args.load)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            parser.error(str(e).strip("'\""))
 
     tokenizer = ByteTokenizer()
     text, description = read_text(args, parser)
@@ -282,7 +289,6 @@ def main(argv=None) -> Run:
         f"{nheld} held out")
 
     if args.load:
-        kind, model = load_model(args.load)
         say(f"textlm: loaded a {kind} model from {args.load}; not training")
         history = None
     else:
@@ -342,11 +348,11 @@ def train(model, tokens, steps, epochs, args, say) -> go.History:
     history = go.fit(model, ds, go.LossType.CROSS_ENTROPY, schedule, nepoch=epochs,
                      nbatch_logical=args.batch, val_split=val_split, silent=args.silent,
                      seed=args.seed, clip_grad_norm=1.0)
-    for i, e in enumerate(history, 1):
-        say(f"textlm: epoch {i}/{epochs}: train loss {e.train_loss:.4f} "
-            f"(ppl {ppl(e.train_loss):.3f}), val loss {e.val_loss:.4f} "
-            f"(ppl {ppl(e.val_loss):.3f}), next-byte accuracy {100 * e.val_accuracy:.1f}%, "
-            f"{e.seconds:.1f} s")
+    for i, stats in enumerate(history, 1):
+        say(f"textlm: epoch {i}/{epochs}: train loss {stats.train_loss:.4f} "
+            f"(ppl {ppl(stats.train_loss):.3f}), val loss {stats.val_loss:.4f} "
+            f"(ppl {ppl(stats.val_loss):.3f}), next-byte accuracy {100 * stats.val_accuracy:.1f}%, "
+            f"{stats.seconds:.1f} s")
     return history
 
 
