@@ -48,6 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 import ggmlopt as go
+from ggmlopt._blas_threads import blas_threads_for_training
 from ggmlopt.io._files import input_path, output_path
 from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig
 from ggmlopt.text import ByteTokenizer
@@ -309,14 +310,19 @@ def main(argv=None) -> Run:
     if held_out.size < 2 * n_ctx:
         parser.error(f"the held-out text has {held_out.size} tokens; the perplexity needs "
                      f"at least {2 * n_ctx}: give a longer --text (or more --eval-tokens)")
-    result = go.lm.perplexity(model, held_out, n_ctx, batch_size=64)
+    # BLAS threads capped to the idle cores as fit caps them for each epoch: lm.perplexity
+    # and generation do not yet, and busy-waiting BLAS threads on a shared machine made
+    # them ~10x slower
+    with blas_threads_for_training(model):
+        result = go.lm.perplexity(model, held_out, n_ctx, batch_size=64)
     say(f"textlm: held-out perplexity (llama-perplexity's protocol, n_ctx={n_ctx}, "
         f"{result.scored} tokens scored): PPL = {result.ppl:.4f} +/- {result.unc:.4f} "
         f"(nll {result.nll:.4f})")
     say(f"textlm: sample (temperature {args.temperature}, seed {args.seed}):")
     say(args.prompt, end="")
-    text = sample(model, tokenizer, args.prompt, max_new, args.temperature, args.seed,
-                  out=sys.stdout)
+    with blas_threads_for_training(model):
+        text = sample(model, tokenizer, args.prompt, max_new, args.temperature, args.seed,
+                      out=sys.stdout)
     return Run(history, result, text)
 
 
