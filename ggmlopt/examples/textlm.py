@@ -344,10 +344,14 @@ def train(model, tokens, steps, epochs, args, say) -> go.History:
     schedule = go.schedules.WarmupCosine(warmup, total, MIN_LR_FACTOR, base=base, unit="step")
     nparams = sum(p.data.size for p in model.parameters())
     say(f"textlm: model: {model!r}, {nparams / 1e6:.2f}M parameters")
+    stride = (tokens.size - args.n_ctx - 1) // ds.ndata
+    covered = min(1.0, ds.ndata * args.n_ctx / tokens.size)
     say(f"textlm: {epochs} epochs x {per_epoch} steps of {args.batch} windows of {args.n_ctx} "
-        f"bytes ({ds.ndata} windows, stride {(tokens.size - args.n_ctx - 1) // ds.ndata}, "
-        f"{nval * args.batch} validating), AdamW lr {args.lr:g} (warmup {warmup} steps, "
-        f"cosine to {args.lr * MIN_LR_FACTOR:g}), clip 1.0")
+        f"bytes ({ds.ndata} windows, {nval * args.batch} of them validating, stride {stride}: "
+        f"{100 * covered:.0f}% of the training text, the same windows every epoch)")
+    say(f"textlm: AdamW lr {args.lr:g} (warmup {warmup} steps, cosine to "
+        f"{args.lr * MIN_LR_FACTOR:g}), beta2 0.99, weight decay 0.1, gradient norm clipped "
+        f"to 1")
     sys.stdout.flush()
     # a validation split of nval - 1/4 logical batches rounds to exactly nval of them
     val_split = (nval - 0.25) / (per_epoch + nval)
