@@ -3,7 +3,7 @@
     python -m ggmlopt.examples.textlm                     # Llama on the stdlib's docstrings
     python -m ggmlopt.examples.textlm --model gpt2        # GPT-2 instead
     python -m ggmlopt.examples.textlm --text FILE         # any UTF-8 text
-    python -m ggmlopt.examples.textlm --steps 2000 --epochs 10   # nanoGPT's reference run
+    python -m ggmlopt.examples.textlm --steps 2000       # nanoGPT's reference run
     python -m ggmlopt.examples.textlm --save lm.npz --plot curves.png
     python -m ggmlopt.examples.textlm --load lm.npz --prompt "Return the"   # no training
     python -m ggmlopt.examples.textlm --quick             # a few seconds: a smoke test
@@ -14,16 +14,19 @@ bytes, batches of 12 windows, AdamW (lr 1e-3, beta2 0.99, weight decay 0.1,
 gradients clipped to norm 1) with a linear warmup over the first 5% of the steps
 (at most 100) and a cosine decay to 1e-4; the tokens are the 256 bytes of UTF-8
 plus ``<|endoftext|>`` (ggmlopt.text.ByteTokenizer).  nanoGPT's reference point
-is 2000 steps (``--steps 2000 --epochs 10``, about 3 minutes on 2 idle cores); the
-default run takes 1000 steps in 5 epochs (about 2 minutes) and already writes
-word-like English.
+is 2000 steps (``--steps 2000``: about 3 CPU-minutes, a validation loss of 1.47
+nats per byte and a held-out perplexity of 4.4); the default run takes 1000
+steps (under 2 CPU-minutes) and already writes word-like English.
 
 The text (default: ggmlopt.corpora.python_docstrings(), the docstrings of the
 Python standard library, about 1.6 MB, no download) is split as nanoGPT splits
 it: the first 90% trains, the last 10% is held out.  Each epoch trains on
 ``steps / epochs`` batches of windows spread evenly over the training text
 (llama.cpp's windows, ggmlopt.Dataset.from_tokens) and validates on 10% more
-windows from it that no training window overlaps; the held-out 10% is scored at
+windows from it that no training window overlaps.  Every epoch sees the same
+windows, so fewer epochs cover more of the text: nanoGPT draws new random
+windows at every step, and 2000 steps in 10 epochs here overfit (validation
+loss 1.51 against 1.47 in 2 epochs, the default).  The held-out 10% is scored at
 the end by ggmlopt.lm.perplexity (llama-perplexity's protocol: chunks of 64
 tokens, the second half of each scored).  The sample continues --prompt; past
 the 64 positions the model knows, each new window starts from the last 32
@@ -219,7 +222,8 @@ def main(argv=None) -> Run:
     parser.add_argument("--steps", type=int, default=None,
                         help="optimizer steps in all (default 1000; nanoGPT's reference: 2000)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="epochs the steps are spread over (default 5)")
+                        help="epochs the steps are spread over (default 2; each epoch repeats the "
+                             "same windows)")
     parser.add_argument("--n-layers", type=int, default=4, help="transformer blocks (4)")
     parser.add_argument("--n-heads", type=int, default=4, help="attention heads (4)")
     parser.add_argument("--dim", type=int, default=128, help="model width (128)")
@@ -251,7 +255,7 @@ def main(argv=None) -> Run:
     args = parser.parse_args(argv)
     quick = QUICK if args.quick else {}
     steps = args.steps if args.steps is not None else quick.get("steps", 1000)
-    epochs = args.epochs if args.epochs is not None else quick.get("epochs", 5)
+    epochs = args.epochs if args.epochs is not None else quick.get("epochs", 2)
     max_new = (args.max_new_tokens if args.max_new_tokens is not None
                else quick.get("max_new_tokens", 300))
     eval_tokens = args.eval_tokens if args.eval_tokens is not None else quick.get("eval_tokens")
