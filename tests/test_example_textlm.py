@@ -131,3 +131,13 @@ def test_module_runs_as_a_program():
     out = subprocess.run([sys.executable, "-m", "ggmlopt.examples.textlm", "--help"],
                          capture_output=True, text=True, check=True).stdout
     assert re.search(r"--steps", out) and "--quick" in out and "--temperature" in out
+
+
+def test_text_errors_are_clear(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        textlm.main(["--text", str(tmp_path / "missing.txt")])
+    assert "--text: no such file" in capsys.readouterr().err
+    short = tmp_path / "short.txt"
+    short.write_text("hello world. " * 100, encoding="utf-8")
+    with pytest.raises(SystemExit, match="fewer than the 6600 windows"):
+        textlm.main(["--text", str(short)])

@@ -195,8 +195,8 @@ def read_text(args, parser) -> tuple[str, str]:
         try:
             with open(input_path(args.text, "--text"), encoding="utf-8") as f:
                 return f.read(), args.text
-        except (OSError, ValueError, UnicodeDecodeError) as e:
-            parser.error(f"--text: {e}")
+        except (OSError, ValueError) as e:   # input_path's messages name --text
+            parser.error(str(e) if str(e).startswith("--text") else f"--text: {e}")
     from ggmlopt.corpora import python_docstrings
 
     if args.quick:
