@@ -384,8 +384,9 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     global gradient L2 norm each optimizer step is clipped to.
 
     The model's ``training`` flag follows each eval (see ggmlopt.nn.module); fit
-    returns it in eval mode (training False), so ``model(x)`` afterwards is
-    inference (no dropout).
+    leaves it in eval mode (training False) on every exit, also when it raises or
+    is interrupted (KeyboardInterrupt), so ``model(x)`` afterwards is inference
+    (no dropout).
     Checked before the first epoch: the split, a ggmlopt.schedules schedule
     over every epoch (or step) of the fit (one that would fail later raises
     now), and the checkpoint's directory (it must exist).  An existing
@@ -485,54 +486,58 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     # class-index labels take the class-index loss path (int32 label batches)
     class_labels = (loss_type == LossType.CROSS_ENTROPY
                     and bool(getattr(dataset, "class_labels", False)))
-    with checks_before_taking(lambda c: _check_dataset(c, dataset)):
-        ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
-                         loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
-                         optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                         seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
-                         shard_optimizer=shard_optimizer, class_labels=class_labels)
-    if comm is not None:
-        ctx._dist.parts = dataset_is_part
+    try:
+        with checks_before_taking(lambda c: _check_dataset(c, dataset)):
+            ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
+                             loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
+                             optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
+                             seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
+                             shard_optimizer=shard_optimizer, class_labels=class_labels)
+        if comm is not None:
+            ctx._dist.parts = dataset_is_part
 
-    history = History(val_split=float(val_split), ndata_train=idata_split,
-                      ndata_val=ndata - idata_split)
-    first_epoch = 1
-    if pending is not None:
-        ctx_sd, perm, done, rows = pending
-        ctx.load_state_dict(ctx_sd)
-        dataset._set_permutation(perm)
-        history.epochs = [EpochStats(int(r[0]), *map(float, r[1:])) for r in rows]
-        first_epoch = done + 1
-        if not silent:
-            sys.stderr.write(f"fit: resuming from {ckpt.path} after epoch {done:04d}/"
-                             f"{nepoch:04d}\n")
-    elif nbatch_logical < ndata:
-        # shuffling only helps when one batch does not hold all the data
-        dataset.shuffle(ctx.rng, -1)  # all data, training and validation
+        history = History(val_split=float(val_split), ndata_train=idata_split,
+                          ndata_val=ndata - idata_split)
+        first_epoch = 1
+        if pending is not None:
+            ctx_sd, perm, done, rows = pending
+            ctx.load_state_dict(ctx_sd)
+            dataset._set_permutation(perm)
+            history.epochs = [EpochStats(int(r[0]), *map(float, r[1:])) for r in rows]
+            first_epoch = done + 1
+            if not silent:
+                sys.stderr.write(f"fit: resuming from {ckpt.path} after epoch {done:04d}/"
+                                 f"{nepoch:04d}\n")
+        elif nbatch_logical < ndata:
+            # shuffling only helps when one batch does not hold all the data
+            dataset.shuffle(ctx.rng, -1)  # all data, training and validation
 
-    result_train, result_val = Result(), Result()
-    callback = None if silent else progress_bar
-    for ep in range(first_epoch, nepoch + 1):
-        ctx.get_opt_pars_ud = ep
-        if nbatch_logical < idata_split:
-            dataset.shuffle(ctx.rng, idata_split)
-        result_train.reset()
-        result_val.reset()
-        if not silent:
-            sys.stderr.write(f"fit: epoch {ep:04d}/{nepoch:04d}:\n")
-        t0 = time_us()
-        epoch(ctx, dataset, result_train, result_val, idata_split, callback, callback)
-        seconds = (time_us() - t0) / 1e6
-        if not silent:
-            sys.stderr.write("\n")
-        # without a validation split ggml's loss of an empty Result is 0.0; the
-        # history says NaN, so no one reads a perfect validation loss into it
-        val_loss = result_val.loss() if result_val.ndata else (math.nan, math.nan)
-        history.epochs.append(EpochStats(ep, *result_train.loss(), *result_train.accuracy(),
-                                         *val_loss, *result_val.accuracy(), seconds))
-        if ckpt is not None:
-            ckpt.save(ctx, dataset, ep, [astuple(e) for e in history.epochs])
-    set_training(model, False)
+        result_train, result_val = Result(), Result()
+        callback = None if silent else progress_bar
+        for ep in range(first_epoch, nepoch + 1):
+            ctx.get_opt_pars_ud = ep
+            if nbatch_logical < idata_split:
+                dataset.shuffle(ctx.rng, idata_split)
+            result_train.reset()
+            result_val.reset()
+            if not silent:
+                sys.stderr.write(f"fit: epoch {ep:04d}/{nepoch:04d}:\n")
+            t0 = time_us()
+            epoch(ctx, dataset, result_train, result_val, idata_split, callback, callback)
+            seconds = (time_us() - t0) / 1e6
+            if not silent:
+                sys.stderr.write("\n")
+            # without a validation split ggml's loss of an empty Result is 0.0; the
+            # history says NaN, so no one reads a perfect validation loss into it
+            val_loss = result_val.loss() if result_val.ndata else (math.nan, math.nan)
+            history.epochs.append(EpochStats(ep, *result_train.loss(), *result_train.accuracy(),
+                                             *val_loss, *result_val.accuracy(), seconds))
+            if ckpt is not None:
+                ckpt.save(ctx, dataset, ep, [astuple(e) for e in history.epochs])
+    finally:
+        # every exit, also an exception or Ctrl-C in the middle of an epoch, leaves
+        # the model in eval mode, so model(x) afterwards is inference (no dropout)
+        set_training(model, False)
     if not silent:
         sys.stderr.write(f"fit: training took {format_hms(time_us() - t_start_us)}\n")
         sys.stderr.flush()
