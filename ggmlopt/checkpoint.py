@@ -216,10 +216,33 @@ def _check_format(sd):
 
 # ---- what a context's state looks like ---------------------------------------------------
 
+_SECTION_WORDS = {"grad": "the gradient", "adamw_m": "the AdamW m", "adamw_v": "the AdamW v"}
+
+
+def _parameter_names(model) -> list[str] | None:
+    """The names (named_parameters': ``2.weight``) of model's parameters in the order
+    a context holds them (model.parameters(), each once); None when some parameter
+    has no name."""
+    from .nn.module import named_parameters
+
+    try:
+        names = {id(p): name for name, p in named_parameters(model)}
+        order, seen = [], set()
+        for p in model.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                order.append(names[id(p)])
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return order
+
+
 class _Layout:
     """What a context's state dict holds: its settings and parameter shapes."""
 
-    def __init__(self, loss_type, optimizer, build_type, opt_period, shapes, bit_generator_type):
+    def __init__(self, loss_type, optimizer, build_type, opt_period, shapes, bit_generator_type,
+                 model=None):
+        self.model = model  # for the parameters' names in error messages
         self.loss_type = LossType(loss_type)
         self.optimizer = OptimizerType(optimizer)
         self.build_type = BuildType(build_type)
@@ -233,7 +256,7 @@ class _Layout:
     def of(cls, ctx):
         shapes = [g.shape for g in ctx._grads]
         lay = cls(ctx.loss_type, ctx.optimizer_type, ctx.build_type, ctx.opt_period, shapes,
-                  type(ctx.rng.bit_generator))
+                  type(ctx.rng.bit_generator), getattr(ctx, "model", None))
         lay.momenta = bool(ctx.arena.momenta) or _sharded_moments(ctx)
         return lay
 
@@ -242,6 +265,14 @@ class _Layout:
         if self.momenta:
             sections += ["adamw_m", "adamw_v"]
         return [(f"{s}.{i}", shape) for s in sections for i, shape in enumerate(self.shapes)]
+
+    def describe(self, key):
+        """'param.2' -> 'parameter 2.weight' (named_parameters' name), 'adamw_m.2' ->
+        "the AdamW m of parameter 2.weight"; the index where the model has no names."""
+        section, i = key.rsplit(".", 1)
+        names = _parameter_names(self.model) if self.model is not None else None
+        name = f"parameter {names[int(i)] if names and int(i) < len(names) else i}"
+        return name if section == "param" else f"{_SECTION_WORDS[section]} of {name}"
 
     def keys(self):
         return (set(_SETTING_KEYS) | _STR_KEYS | {"grad_is_zero"} | set(_OPT_PAR_NAMES[self.optimizer])
@@ -316,7 +347,10 @@ def _validate(sd, layout):
             raise ValueError(f"state_dict: optimizer parameters in force: {e}") from None
 
     for key, shape in layout.array_keys():
-        _get_array(sd, key, np.float32, shape)
+        try:
+            _get_array(sd, key, np.float32, shape)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{layout.describe(key)}: {e}") from None
     flags = _get_array(sd, "grad_is_zero", np.int8, (len(layout.shapes),))
     if not np.all((flags == 0) | (flags == 1)):
         raise ValueError("state_dict['grad_is_zero']: expected only 0 and 1")
@@ -450,12 +484,14 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
     if len(shapes) != settings["nparams"]:
         raise ValueError(f"model: it has {len(shapes)} parameters, the checkpoint "
                          f"{os.fspath(path)!r} {settings['nparams']}")
+    lay = _Layout(loss_type, optimizer, build_type, settings["opt_period"], shapes, bg_type,
+                  model)
     for i, shape in enumerate(shapes):
         saved = ctx_sd.get(f"param.{i}")
         if isinstance(saved, np.ndarray) and saved.shape != shape:
-            raise ValueError(f"model: parameter {i} has shape {shape}, the checkpoint "
-                             f"{os.fspath(path)!r} has param.{i} of shape {saved.shape}")
-    lay = _Layout(loss_type, optimizer, build_type, settings["opt_period"], shapes, bg_type)
+            raise ValueError(f"model: {lay.describe(f'param.{i}')} has shape {shape}, the "
+                             f"checkpoint {os.fspath(path)!r} has shape {saved.shape} for it "
+                             f"(param.{i})")
     try:
         _validate(ctx_sd, lay)
     except (ValueError, TypeError) as e:

@@ -481,7 +481,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         bit_generator = (type(seed.bit_generator) if isinstance(seed, np.random.Generator)
                          else type(np.random.default_rng(0).bit_generator))
         pending = ckpt.read(dataset, nepoch, (loss_type, optimizer, BuildType.OPT, opt_period,
-                                              shapes, bit_generator))
+                                              shapes, bit_generator, model))
 
     # class-index labels take the class-index loss path (int32 label batches)
     class_labels = (loss_type == LossType.CROSS_ENTROPY
