@@ -112,7 +112,8 @@ def _needed(f, size: int, quant_sizes) -> int:
 
 def gguf_truncation(path: str, quant_sizes) -> str | None:
     """What is missing when the GGUF file at path is cut short ("<size> bytes;
-    <what> needs <n>", for an error message), else None (complete, or not a GGUF file: the reader says).
+    <what> needs <n>", for an error message), else None (complete, or not a GGUF
+    file: the reader says).
 
     quant_sizes: {ggml type number: (elements per block, bytes per block)}, the
     gguf package's GGML_QUANT_SIZES."""
