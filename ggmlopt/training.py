@@ -16,7 +16,7 @@ import numpy as np
 from ._args import enum_arg, int_arg
 from ._blas_threads import blas_threads_for_training, blas_threads_setting
 from .checkpoint import FitCheckpoint, fit_seed_id
-from .context import OptContext, checks_before_taking
+from .context import OptContext, checks_before_taking, first_nonfinite
 from .dataset import Dataset
 from .nn.module import set_training
 from .optim_params import (
@@ -112,9 +112,25 @@ def _eval_batch(ctx: OptContext, dataset: Dataset, result: Result | None, ibatch
         # the alloc was ours: undo it, so the context is not left waiting for an eval
         ctx._undo_alloc(last)
         if isinstance(e, FloatingPointError):
+            where = _nonfinite_datapoint(ctx, dataset, ibatch)
             raise FloatingPointError(f"{e} [{phase} batch {ibatch} of the dataset "
-                                     f"({nbatches} batches)]") from None
+                                     f"({nbatches} batches){where}]") from None
         raise
+
+
+def _nonfinite_datapoint(ctx, dataset, ibatch) -> str:
+    """Which datapoint of the dataset holds the batch's first NaN or inf (inputs,
+    then labels), for the error message; "" when the batch holds none."""
+    for what, batch in (("data", ctx.inputs), ("labels", ctx.labels)):
+        found = first_nonfinite(batch)
+        if found is None:
+            continue
+        row, value = found
+        shard = dataset.ndata_shard
+        slot = ibatch * (batch.shape[0] // shard) + row // shard  # get_batch's shard order
+        index = int(dataset.permutation[slot]) * shard + row % shard
+        return f": its datapoint {index} holds {value} in its {what}"
+    return ""
 
 
 def _epoch_plan(ctx, dataset, result_train, result_eval, idata_split):
