@@ -12,8 +12,8 @@ AdamW with ggml's defaults, 30 epochs, logical batches of 1000 in physical
 batches of 500, shards of 10 datapoints, 5% of the training data for validation.
 mnist-fc: 784-500-10 with ReLU.  mnist-cnn: the flat datapoints reshaped to
 (1, 28, 28) images; conv 3x3, 8 channels, padding 1, ReLU, max-pool 2x2; conv
-3x3, 16 channels, padding 1, ReLU, max-pool 2x2; dense 7*7*16 = 784 -> 10; every
-weight and bias drawn from N(0, 0.01) as ggml's mnist_model_init_random does.
+3x3, 16 channels, padding 1, ReLU, max-pool 2x2; dense 7*7*16 = 784 -> 10.  Both
+draw every weight and bias from N(0, 0.01), as ggml's mnist_model_init_random does.
 
 Offline it trains on scikit-learn's bundled 8x8 handwritten digits (the
 ``examples`` extra: ``pip install ggmlopt[examples]``), each digit upsampled
@@ -43,18 +43,19 @@ NE_IN, NE_HIDDEN, NCLASSES = 28 * 28, 500, 10
 HW, CNN_NCB = 28, 8   # image side; ggml's MNIST_CNN_NCB: channels of the first conv
 
 
-def mnist_fc(seed=None):
-    """ggml's mnist-fc: 784-500-10 with ReLU."""
-    rng = np.random.default_rng(seed)
-    return go.nn.Sequential(go.nn.Linear(NE_IN, NE_HIDDEN, rng=rng), go.nn.ReLU(),
-                            go.nn.Linear(NE_HIDDEN, NCLASSES, rng=rng))
-
-
 def ggml_normal_init(weight, bias, rng):
     """ggml's mnist_model_init_random: every weight and bias ~ N(0, 1e-2)."""
-    weight[...] = rng.normal(0.0, 1e-2, size=weight.shape)
+    go.nn.init.normal_(weight, 0.0, 1e-2, rng=rng)
     if bias is not None:
-        bias[...] = rng.normal(0.0, 1e-2, size=bias.shape)
+        go.nn.init.normal_(bias, 0.0, 1e-2, rng=rng)
+
+
+def mnist_fc(seed=None):
+    """ggml's mnist-fc: 784-500-10 with ReLU, initialised from N(0, 0.01) as ggml."""
+    rng = np.random.default_rng(seed)
+    return go.nn.Sequential(
+        go.nn.Linear(NE_IN, NE_HIDDEN, init=ggml_normal_init, rng=rng), go.nn.ReLU(),
+        go.nn.Linear(NE_HIDDEN, NCLASSES, init=ggml_normal_init, rng=rng))
 
 
 def mnist_cnn(seed=None, hw=HW):
