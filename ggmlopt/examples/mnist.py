@@ -5,6 +5,7 @@
     python -m ggmlopt.examples.mnist --data DIR      # MNIST IDX files in DIR
     python -m ggmlopt.examples.mnist --save model.gguf --plot curves.png
     python -m ggmlopt.examples.mnist --load model.gguf   # evaluate, no training
+    python -m ggmlopt.examples.mnist --save model.safetensors  # torch's layout
     mpiexec -n 2 python -m ggmlopt.examples.mnist --mpi   # data-parallel on 2 processes
 
 The models and settings are those of ggml's examples/mnist: cross-entropy,
@@ -33,6 +34,8 @@ started by mpiexec or srun trains its part of each logical batch
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import sys
 
 import numpy as np
@@ -142,22 +145,146 @@ def evaluate(model, dataset, nbatch_physical):
 GGML_ARCHS = {"fc": "mnist-fc", "cnn": "mnist-cnn"}  # --model -> ggml's architecture string
 
 
-def load_model(model, path, model_name):
-    """Load the GGUF at path (ggml's mnist-fc / mnist-cnn layout) into model."""
-    from ggmlopt.io import load_gguf
+# --save / --load file suffix -> (package it needs, the extra that installs it)
+SAVE_FORMATS = {".gguf": ("gguf", "interop"), ".safetensors": ("safetensors", "interop")}
 
-    load_gguf(path, model, arch=GGML_ARCHS[model_name])
+
+def _suffix(path):
+    return os.path.splitext(path)[1].lower()
+
+
+def _missing(package, extra, what):
+    """A sentence for parser.error when package is not installed, else None."""
+    if importlib.util.find_spec(package) is not None:
+        return None
+    return f"{what} needs the '{package}' package: pip install ggmlopt[{extra}]"
+
+
+def _output_problem(path, option):
+    """Why path cannot be written (a sentence), else None: checked before training."""
+    if os.path.isdir(path):
+        return f"{option}: {path} is a directory; expected a file name"
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return f"{option}: the folder {directory} does not exist"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"{option}: the folder {directory} is not writable"
+    return None
+
+
+def check_outputs(args):
+    """Every reason --save or --plot would fail after training, found before it
+    starts: the file's format (by suffix), the package it needs, the folder."""
+    problems = []
+    if args.save:
+        fmt = SAVE_FORMATS.get(_suffix(args.save))
+        if fmt is None:
+            problems.append(f"--save: expected a FILE.gguf (ggml's GGUF) or "
+                            f"FILE.safetensors, got {args.save}")
+        else:
+            problems.append(_missing(*fmt, f"--save {args.save}"))
+            if args.save_f16 and _suffix(args.save) != ".gguf":
+                problems.append("--save-f16 goes with a .gguf file (safetensors are float32)")
+        problems.append(_output_problem(args.save, "--save"))
+    if args.plot:
+        missing = _missing("matplotlib", "plot", "--plot")
+        problems.append(missing)
+        if missing is None and _suffix(args.plot):
+            from matplotlib.figure import Figure
+
+            formats = Figure().canvas.get_supported_filetypes()
+            if _suffix(args.plot)[1:] not in formats:
+                problems.append(f"--plot: matplotlib does not write {_suffix(args.plot)} "
+                                f"files (it writes {', '.join(sorted(formats))})")
+        problems.append(_output_problem(args.plot, "--plot"))
+    return [p for p in problems if p is not None]
+
+
+def model_in_file(path):
+    """("fc" or "cnn", or None, and what the file says) for the model file at path:
+    a GGUF's general.architecture (mnist-fc / mnist-cnn), else the names and
+    shapes of its tensors (a GGUF or safetensors file of either model)."""
+    shapes = {}
+    if _suffix(path) == ".gguf":
+        import gguf
+
+        reader = gguf.GGUFReader(path)
+        field = reader.fields.get("general.architecture")
+        arch = field.contents() if field is not None else None
+        for name, arch_name in GGML_ARCHS.items():
+            if arch == arch_name:
+                return name, f"general.architecture={arch}"
+        shapes = {t.name: tuple(int(n) for n in t.shape[::-1]) for t in reader.tensors}
+        said = f"general.architecture={arch}, tensors {sorted(shapes)}"
+    else:
+        from safetensors import safe_open
+
+        with safe_open(path, framework="np") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape())
+                      for name in f.keys()}  # noqa: SIM118 - safe_open is not iterable
+        said = f"tensors {sorted(shapes)}"
+    from ggmlopt.io.torch_layout import torch_tensors
+
+    for name, (make_model, _) in MODELS.items():
+        wanted = {t.name: tuple(t.shape) for t in torch_tensors(make_model(0))}
+        if shapes == wanted:
+            return name, said
+    return None, said
+
+
+def resolve_load(args, parser):
+    """--load: the file exists, its format is known, and --model is the file's
+    model (taken from the file when not given)."""
+    path = args.load
+    if not os.path.isfile(path):
+        parser.error(f"--load: no such file {path}")
+    fmt = SAVE_FORMATS.get(_suffix(path))
+    if fmt is None:
+        parser.error(f"--load: expected a FILE.gguf or FILE.safetensors, got {path}")
+    missing = _missing(*fmt, f"--load {path}")
+    if missing:
+        parser.error(missing)
+    try:
+        found, said = model_in_file(path)
+    except Exception as e:  # noqa: BLE001 - any reader's complaint about a bad file
+        parser.error(f"--load: cannot read {path}: {e}")
+    if found is None:
+        model = args.model or "fc"
+        if args.model is None:
+            parser.error(f"--load: {path} holds neither ggml's mnist-fc nor mnist-cnn "
+                         f"({said}); pass --model fc or --model cnn to say which it is")
+    elif args.model is not None and args.model != found:
+        parser.error(f"--load: {path} holds {GGML_ARCHS[found]} ({said}), not "
+                     f"{GGML_ARCHS[args.model]}: pass --model {found} or leave --model out")
+    else:
+        model = found
+    args.model = model
+
+
+def load_model(model, path, model_name):
+    """Load the GGUF (ggml's mnist-fc / mnist-cnn layout, or save_gguf's) or the
+    safetensors file (torch's layout) at path into model."""
+    from ggmlopt.io import load_gguf, load_safetensors
+
+    if _suffix(path) == ".gguf":
+        load_gguf(path, model)
+    else:
+        load_safetensors(path, model)
     print(f"mnist: loaded {GGML_ARCHS[model_name]} weights from {path}; not training")
 
 
 def save_outputs(model, history, args):
-    """--save: the trained model as ggml's GGUF; --plot: the learning curves."""
+    """--save: the trained model as ggml's GGUF or as safetensors (torch's
+    layout); --plot: the learning curves."""
     if args.save:
-        from ggmlopt.io import save_gguf
+        from ggmlopt.io import save_gguf, save_safetensors
 
-        arch = GGML_ARCHS[getattr(args, "model", "fc")]
-        save_gguf(model, args.save, arch=arch,
-                  dtype=np.float16 if args.save_f16 else np.float32)
+        arch = GGML_ARCHS[args.model]
+        if _suffix(args.save) == ".gguf":
+            save_gguf(model, args.save, arch=arch,
+                      dtype=np.float16 if args.save_f16 else np.float32)
+        else:
+            save_safetensors(model, args.save)
         print(f"mnist: saved the model to {args.save} ({arch}, "
               f"{'float16' if args.save_f16 else 'float32'} weights)")
     if args.plot:
@@ -199,8 +326,9 @@ def main(argv=None):
     parser.add_argument("--data", metavar="DIR",
                         help="directory with the MNIST IDX files (train-images-idx3-ubyte, "
                              "...; .gz accepted); default: offline digits")
-    parser.add_argument("--model", choices=sorted(MODELS), default="fc",
-                        help="ggml's mnist-fc (default) or mnist-cnn")
+    parser.add_argument("--model", choices=sorted(MODELS), default=None,
+                        help="ggml's mnist-fc (default) or mnist-cnn (with --load: the "
+                             "file's model)")
     parser.add_argument("--epochs", type=int, default=30, help="epochs (ggml: 30)")
     parser.add_argument("--nbatch-logical", type=int, metavar="N",
                         help="datapoints per optimizer step (ggml: 1000; offline: scaled)")
@@ -212,12 +340,13 @@ def main(argv=None):
     interop = parser.add_argument_group("saving, loading and plotting")
     interop.add_argument("--save", metavar="FILE.gguf",
                          help="write the trained model as GGUF, as ggml's mnist-train does "
-                              "(ggml's mnist-eval loads it); needs ggmlopt[interop]")
+                              "(ggml's mnist-eval loads it), or as FILE.safetensors (torch's "
+                              "layout); needs ggmlopt[interop]")
     interop.add_argument("--save-f16", action="store_true",
                          help="with --save: float16 weight matrices (mnist-fc only)")
     interop.add_argument("--load", metavar="FILE.gguf",
-                         help="evaluate a GGUF model (e.g. written by ggml's mnist-train) on "
-                              "the test data instead of training")
+                         help="evaluate a GGUF model (e.g. written by ggml's mnist-train) or "
+                              "a .safetensors one on the test data instead of training")
     interop.add_argument("--plot", metavar="FILE.png",
                          help="write the training and validation curves; needs ggmlopt[plot]")
     parser.add_argument("--mpi", action="store_true",
@@ -230,8 +359,15 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.load and (args.save or args.plot):
         parser.error("--load evaluates a saved model: it trains nothing to --save or --plot")
-    if args.save_f16 and (not args.save or getattr(args, "model", "fc") != "fc"):
+    if args.load:
+        resolve_load(args, parser)
+    args.model = args.model or "fc"
+    if args.save_f16 and (not args.save or args.model != "fc"):
         parser.error("--save-f16 goes with --save of mnist-fc (ggml's mnist-cnn is float32)")
+    # before any rank starts work, not after 30 epochs of training
+    problems = check_outputs(args)
+    if problems:
+        parser.error("; ".join(problems))
     comm, rank, nranks = None, 0, 1
     if args.mpi:
         comm, rank, nranks, nthreads = _mpi(args.threads)
@@ -270,7 +406,7 @@ def main(argv=None):
 
     model = make_model(args.seed)
     if args.load:
-        load_model(model, args.load, getattr(args, "model", "fc"))
+        load_model(model, args.load, args.model)
     else:
         mpi = {} if comm is None else {"comm": comm, "shard_optimizer": args.shard_optimizer}
         history = go.fit(model, train, go.LossType.CROSS_ENTROPY, go.default_optimizer_params,
