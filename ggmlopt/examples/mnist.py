@@ -29,7 +29,11 @@ sizes.
 With ``--mpi`` (the ``mpi`` extra: ``pip install ggmlopt[mpi]``) every process
 started by mpiexec or srun trains its part of each logical batch
 (ggmlopt.distributed); each uses cores / processes-per-machine threads unless
-``--threads`` says otherwise, and only rank 0 prints.
+``--threads`` says otherwise, and only rank 0 prints.  The default batch sizes
+follow the number of processes: the logical batch nearest to one process's
+that gives every process whole physical batches of whole shards (the example
+says when it changed them); a --nbatch-logical that does not split so is
+refused before any work, with the values that do.
 """
 from __future__ import annotations
 
@@ -290,14 +294,87 @@ def save_outputs(model, history, args):
     if args.plot:
         history.plot(args.plot)
         print(f"mnist: wrote the training curves to {args.plot}")
-def _physical_batch(nbatch_logical, nbatch_physical, nranks, shard):
-    """nbatch_physical, or the largest batch below it (a multiple of the shard size)
-    that splits a logical batch evenly over nranks; fit explains when none does."""
-    if nbatch_logical % (nranks * nbatch_physical) == 0 or nbatch_logical % nranks != 0:
-        return nbatch_physical
-    per_rank = nbatch_logical // nranks
-    fits = [b for b in range(shard, nbatch_physical + 1, shard) if per_rank % b == 0]
-    return max(fits) if fits else nbatch_physical
+VAL_SPLIT = 0.05  # ggml's: the last 5% of the training data validates
+
+
+def _trains(ndata, nbatch_logical):
+    """Whether the validation split leaves a logical batch to train (as fit rounds)."""
+    nbatches = ndata // nbatch_logical
+    return int(np.float32(np.float32(1) - np.float32(VAL_SPLIT)) * np.float32(nbatches)) >= 1
+
+
+def _fits(ndata, shard, nranks, logical, physical):
+    """Whether fit takes these batch sizes on nranks ranks: whole logical batches,
+    whole physical batches of whole shards, the same number on every rank."""
+    return (logical % (nranks * physical) == 0 and physical % shard == 0
+            and ndata % logical == 0 and _trains(ndata, logical))
+
+
+def _largest_physical(ndata, shard, nranks, logical, at_most):
+    """The largest physical batch <= at_most that fits logical, else None."""
+    fits = [p for p in range(shard, min(at_most, logical) + 1, shard)
+            if _fits(ndata, shard, nranks, logical, p)]
+    return max(fits) if fits else None
+
+
+def valid_logical_batches(ndata, shard, nranks, physical=None):
+    """Every nbatch_logical fit takes on nranks ranks (with this nbatch_physical,
+    or with some physical batch when None), ascending."""
+    step = nranks * (physical or shard)
+    return [n for n in range(step, ndata + 1, step)
+            if _fits(ndata, shard, nranks, n, physical or shard)]
+
+
+def _listed(values, near):
+    """At most 12 of values, those nearest to near, as text."""
+    shown = sorted(sorted(values, key=lambda v: abs(np.log(v / near)))[:12])
+    more = ", ..." if len(shown) < len(values) else ""
+    return ", ".join(map(str, shown)) + more
+
+
+def _other_ranks(ndata, shard, physical):
+    ok = [n for n in range(1, 65) if valid_logical_batches(ndata, shard, n, physical)]
+    return f"run on {_listed(ok, 1)} processes instead" if ok else "change the batch sizes"
+
+
+def choose_batches(ndata, shard, nranks, default, logical=None, physical=None):
+    """(nbatch_logical, nbatch_physical, a note or "") for fit on nranks ranks.
+
+    default: the (logical, physical) batch sizes of one process; logical and
+    physical: what --nbatch-logical / --nbatch-physical asked for (None: free).
+    A free logical batch is the one nearest to the default that splits into
+    whole shards on every rank; a free physical one the largest up to the
+    default that divides each rank's part.  ValueError, saying which
+    --nbatch-logical values work, when none does."""
+    ranks = f"{nranks} rank{'s' if nranks > 1 else ''}"
+    if physical is not None and physical % shard != 0:
+        raise ValueError(f"--nbatch-physical {physical} is not a whole number of shards of "
+                         f"{shard} datapoints")
+    what = (f"ndata={ndata} in shards of {shard} on {ranks} (each rank takes whole "
+            f"physical batches of whole shards; {VAL_SPLIT} of the data validates)")
+    free_logical = logical is None
+    if logical is None:
+        choices = valid_logical_batches(ndata, shard, nranks, physical)
+        if not choices:
+            raise ValueError(f"no --nbatch-logical fits {what}"
+                             f"{'' if physical is None else f' with --nbatch-physical {physical}'}"
+                             f"; {_other_ranks(ndata, shard, physical)}")
+        logical = min(choices, key=lambda v: (abs(np.log(v / default[0])), -v))
+    at_most = physical or min(default[1], logical)
+    chosen = _largest_physical(ndata, shard, nranks, logical, at_most)
+    if chosen is None or (physical is not None and chosen != physical):
+        valid = valid_logical_batches(ndata, shard, nranks, physical)
+        fix = (f"valid --nbatch-logical values: {_listed(valid, logical)}" if valid else
+               f"no --nbatch-logical does; {_other_ranks(ndata, shard, physical)}")
+        raise ValueError(f"--nbatch-logical {logical}"
+                         f"{'' if physical is None else f' --nbatch-physical {physical}'} "
+                         f"does not fit {what}; {fix}")
+    note = ""
+    if (free_logical and logical != default[0]) or chosen != at_most:
+        was = f" (one process: {default[0]}/{default[1]})" if free_logical else ""
+        note = (f"nbatch_logical={logical}, nbatch_physical={chosen}{was} so that each of "
+                f"the {ranks} takes whole physical batches of whole shards")
+    return logical, chosen, note
 
 
 def _mpi(threads):
@@ -389,10 +466,17 @@ def main(argv=None):
             name = ("SYNTHETIC data (noisy random prototypes; scikit-learn is not installed: "
                     "pip install ggmlopt[examples] for real digits)")
         nbatch_logical, nbatch_physical = OFFLINE_BATCHES[args.model]
-    nbatch_logical = args.nbatch_logical or nbatch_logical
-    nbatch_physical = args.nbatch_physical or min(nbatch_physical, nbatch_logical)
-    nbatch_physical = _physical_batch(nbatch_logical, nbatch_physical, nranks,
-                                      train.ndata_shard)
+    # every rank computes the same answer: all go on, or all stop before any work
+    try:
+        nbatch_logical, nbatch_physical, note = choose_batches(
+            train.ndata, train.ndata_shard, nranks, (nbatch_logical, nbatch_physical),
+            args.nbatch_logical, args.nbatch_physical)
+    except ValueError as e:
+        if rank == 0:
+            parser.error(str(e))
+        raise SystemExit(2) from None
+    if note:
+        say(f"mnist: {note}")
     if comm is not None:
         say(f"mnist: {nranks} processes x {nthreads} threads, each evaluating "
             f"{nbatch_logical // nranks} datapoints per step; gradients exchanged once per "
@@ -401,7 +485,7 @@ def main(argv=None):
     make_model, description = MODELS[args.model]
     say(f"mnist: model: {description}, AdamW, "
           f"nbatch_logical={nbatch_logical}, nbatch_physical={nbatch_physical}, "
-          f"{args.epochs} epochs, val_split=0.05")
+          f"{args.epochs} epochs, val_split={VAL_SPLIT}")
     sys.stdout.flush()
 
     model = make_model(args.seed)
@@ -411,7 +495,7 @@ def main(argv=None):
         mpi = {} if comm is None else {"comm": comm, "shard_optimizer": args.shard_optimizer}
         history = go.fit(model, train, go.LossType.CROSS_ENTROPY, go.default_optimizer_params,
                          nepoch=args.epochs, nbatch_logical=nbatch_logical,
-                         nbatch_physical=nbatch_physical, val_split=0.05, silent=args.silent,
+                         nbatch_physical=nbatch_physical, val_split=VAL_SPLIT, silent=args.silent,
                          seed=args.seed, **mpi)
         if rank == 0:
             save_outputs(model, history, args)
