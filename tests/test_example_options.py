@@ -146,3 +146,11 @@ def test_save_safetensors_then_load(tmp_path, capsys):
     trained = mnist.main(["--epochs", "1", "--silent", "--save", str(path)])
     assert f"saved the model to {path} (mnist-fc, float32 weights)" in capsys.readouterr().out
     np.testing.assert_allclose(mnist.main(["--load", str(path)]), trained, rtol=1e-6)
+
+
+def test_load_takes_no_training_batch_sizes(tmp_path, capsys):
+    """--load trains nothing: a --nbatch-logical fit would refuse is not checked."""
+    pytest.importorskip("sklearn")
+    model, path = _saved(tmp_path, "fc", "generic")
+    loss, acc = mnist.main(["--load", str(path), "--nbatch-logical", "70"])
+    assert (loss, acc) == pytest.approx(_evaluate(model), rel=1e-5)

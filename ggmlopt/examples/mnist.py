@@ -468,9 +468,14 @@ def main(argv=None):
         nbatch_logical, nbatch_physical = OFFLINE_BATCHES[args.model]
     # every rank computes the same answer: all go on, or all stop before any work
     try:
-        nbatch_logical, nbatch_physical, note = choose_batches(
-            train.ndata, train.ndata_shard, nranks, (nbatch_logical, nbatch_physical),
-            args.nbatch_logical, args.nbatch_physical)
+        if args.load:  # nothing trains: the physical batch only bounds evaluate's
+            nbatch_logical = args.nbatch_logical or nbatch_logical
+            nbatch_physical = args.nbatch_physical or nbatch_physical
+            note = ""
+        else:
+            nbatch_logical, nbatch_physical, note = choose_batches(
+                train.ndata, train.ndata_shard, nranks, (nbatch_logical, nbatch_physical),
+                args.nbatch_logical, args.nbatch_physical)
     except ValueError as e:
         if rank == 0:
             parser.error(str(e))
