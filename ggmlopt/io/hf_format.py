@@ -132,10 +132,9 @@ def _model_from_config(hf: dict[str, Any], where: str):
             if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
                 raise ValueError(f"activation_function: only GELU's tanh form is supported, got "
                                  f"{hf['activation_function']!r}")
-            cfg = GPT2Config(vocab_size=hf["vocab_size"], dim=dim, n_layers=hf["n_layer"],
-                             n_heads=hf["n_head"], max_seq_len=hf.get("n_positions", 1024),
-                             norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
-            return GPT2(cfg)
+            return GPT2(GPT2Config(vocab_size=hf["vocab_size"], dim=dim, n_layers=hf["n_layer"],
+                                   n_heads=hf["n_head"], max_seq_len=hf.get("n_positions", 1024),
+                                   norm_eps=float(hf.get("layer_norm_epsilon", 1e-5))))
     except KeyError as e:
         raise ValueError(f"{where}: missing key {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:

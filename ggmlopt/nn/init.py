@@ -84,8 +84,10 @@ def _real(value, name: str) -> float:
 def _generator(rng) -> np.random.Generator:
     if isinstance(rng, np.random.Generator):
         return rng
-    if rng is None or (isinstance(rng, numbers.Integral) and not isinstance(rng, bool)):
-        return np.random.default_rng(rng)
+    if rng is None:
+        return np.random.default_rng()
+    if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
+        return np.random.default_rng(int(rng))
     raise TypeError(f"rng: expected None, an int seed or a numpy Generator, got "
                     f"{type(rng).__name__}")
 
