@@ -4,8 +4,8 @@
 x is float32 (..., dim): the rows are its last axis.  The forward passes save
 per-row statistics (rstd, and mean for LayerNorm) that the backward passes take
 back.  The backward passes write the input gradient and ADD the parameter
-gradients, each column summed over the rows in row order (the same bits on any
-number of threads).  Every function checks its arguments and raises TypeError
+gradients, summed over fixed blocks of rows added in block order (the same
+bits on any number of threads).  Every function checks its arguments and raises TypeError
 or ValueError naming the argument before any memory is touched; the work runs
 without the GIL.  The C-level forms are in ``kernels_norm.pxd``.
 """
