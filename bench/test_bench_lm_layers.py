@@ -103,16 +103,6 @@ def test_ggmlopt(benchmark, threads, layer, shape):
             items=int(np.prod(shape)))
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("layer", LAYERS)
-def test_torch(benchmark, threads, layer, shape):
-    torch = pytest.importorskip("torch")
-    threads(2)
-    measure(benchmark, torch_step(torch, layer, shape), case=case_name(layer, shape),
-            role="baseline", label=f"torch {layer} forward + backward", target=TARGET,
-            items=int(np.prod(shape)))
-
-
 MLPS = ["SwiGLU(288, 768)", "GPT2MLP(288)"]
 
 
@@ -133,6 +123,16 @@ def test_ggmlopt_mlp(benchmark, threads, block):
         m.backward(dy)
     measure(benchmark, run, case=f"{block} fwd+bwd (8, 256, 288), 2 threads", role="ggmlopt",
             label=f"ggmlopt {block} forward + backward", items=x.size)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layer", LAYERS)
+def test_torch(benchmark, threads, layer, shape):
+    torch = pytest.importorskip("torch")
+    threads(2)
+    measure(benchmark, torch_step(torch, layer, shape), case=case_name(layer, shape),
+            role="baseline", label=f"torch {layer} forward + backward", target=TARGET,
+            items=int(np.prod(shape)))
 
 
 @pytest.mark.parametrize("block", MLPS)
