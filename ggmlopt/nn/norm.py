@@ -57,8 +57,9 @@ class _RowNorm(Module):
 class RMSNorm(_RowNorm):
     """RMSNorm(dim, eps=1e-6): y = x / sqrt(mean(x^2, -1) + eps) * weight over
     the last axis of x (..., dim) (torch.nn.RMSNorm with normalized_shape=dim,
-    Llama's norm); weight: Parameter (dim,) of ones.  The mean of squares is
-    summed in double.
+    Llama's norm; torch's own default eps=None means float32's machine epsilon,
+    pass it explicitly to match); weight: Parameter (dim,) of ones.  The mean
+    of squares is summed in double.
 
     ``forward`` returns a buffer the layer reuses; ``module(x)`` a copy the
     caller owns.  ``backward`` adds into weight.grad (unless weight.requires_grad
