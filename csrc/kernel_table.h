@@ -171,13 +171,12 @@ typedef struct ggmlopt_kernel_table {
                         float *y, float *rstd);
     void (*layernorm_f32)(int64_t nrows, int64_t dim, const float *x, const float *w,
                           const float *b, float eps, float *y, float *mean, float *rstd);
-    /* dx of either norm (mean NULL: RMSNorm) */
+    /* dx of either norm (mean NULL: RMSNorm; dx may be NULL) and, when pw is
+     * not NULL, the partial sums of the parameter gradients over these rows
+     * (pb may be NULL); acc: 2 * dim floats of scratch */
     void (*norm_backward_f32)(int64_t nrows, int64_t dim, const float *x, const float *w,
-                              const float *mean, const float *rstd, const float *dy, float *dx);
-    /* dw (may be NULL) and db (may be NULL) += column sums over all rows, columns [c0, c1) */
-    void (*norm_param_grad_f32)(int64_t nrows, int64_t dim, int64_t c0, int64_t c1,
-                                const float *x, const float *mean, const float *rstd,
-                                const float *dy, float *dw, float *db);
+                              const float *mean, const float *rstd, const float *dy, float *dx,
+                              double *pw, double *pb, float *acc);
     void (*swiglu_f32)(int64_t n, const float *gate, const float *up, float *h);
     void (*swiglu_backward_f32)(int64_t n, const float *gate, const float *up,
                                 const float *grad_h, float *grad_gate, float *grad_up);

@@ -111,3 +111,14 @@ def test_bad_input(rng, cls):
     np.testing.assert_array_equal(layer.weight.grad, g0)
     with pytest.raises(TypeError, match="bias"):
         gnn.LayerNorm(9, bias="yes")
+
+
+def test_layernorm_frozen_weight_trainable_bias(rng):
+    layer = gnn.LayerNorm(9)
+    freeze(layer, "weight")
+    x = rng.standard_normal((4, 9)).astype(F32)
+    dy = rng.standard_normal((4, 9)).astype(F32)
+    layer.forward(x)
+    layer.backward(dy)
+    assert np.all(layer.weight.grad == 0)
+    np.testing.assert_allclose(layer.bias.grad, dy.sum(0), rtol=1e-6, atol=1e-6)
