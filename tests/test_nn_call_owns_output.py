@@ -33,6 +33,9 @@ LAYER_CASES = {
     "GELU": (lambda: nn.GELU(), (9,)),
     "GELU:tanh": (lambda: nn.GELU(approximate="tanh"), (9,)),
     "LeakyReLU": (lambda: nn.LeakyReLU(0.1), (9,)),
+    "CausalSelfAttention": (lambda: nn.CausalSelfAttention(8, 2, 1, rng=0), (5, 8)),
+    "GPT2Attention": (lambda: nn.GPT2Attention(8, 2, rng=0), (5, 8)),
+    "RotaryEmbedding": (lambda: nn.RotaryEmbedding(4), (5, 2, 4)),
 }
 
 
