@@ -1181,13 +1181,13 @@ typedef struct {
     int64_t rows;    /* rows per query block */
 } attn_job;
 
-/* Item it: the query blocks of every head, the latest (longest: causal) first,
- * so the threads end together.  Each output row is computed by one item in
- * one way: the result does not depend on the threads. */
+/* Item it: a query block of one head; a head's blocks come one after the
+ * other, the latest (longest: causal) first, so the blocks running together
+ * share the head's keys and values in cache.  Each output row is computed by
+ * one item in one way: the result does not depend on the threads. */
 static void attn_forward_item(void *p, int it) {
     const attn_job *job = (const attn_job *)p;
-    const int64_t nheads = job->a.batch * job->a.n_heads;
-    const int64_t qb = job->nblocks - 1 - it / nheads, bh = it % nheads;
+    const int64_t qb = job->nblocks - 1 - it % job->nblocks, bh = it / job->nblocks;
     const int64_t i0 = qb * job->rows;
     const int64_t i1 = i0 + job->rows < job->a.seq ? i0 + job->rows : job->a.seq;
     kernels()->attention_forward_f32(&job->a, bh / job->a.n_heads, bh % job->a.n_heads, i0, i1);

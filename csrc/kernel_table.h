@@ -59,8 +59,9 @@ typedef struct {
     float scale;
 } go_attn_args;
 
-/* keys per tile, query rows per backward block, the widest head */
+/* keys per tile (forward, backward), query rows per backward block, the widest head */
 #define GO_ATTN_BK 32
+#define GO_ATTN_BK_BWD 64
 #define GO_ATTN_BQ_BWD 32
 #define GO_ATTN_MAX_D 256
 /* the forward's accumulators (query rows x padded head) on the stack */
