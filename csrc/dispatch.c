@@ -6,6 +6,7 @@
  * depends only on the problem size, so a sum is the same whatever the number of
  * threads.
  */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -983,4 +984,275 @@ void ggmlopt_maxpool2d_relu_backward_f32(int64_t nplanes, int64_t h, int64_t w, 
                                          const int32_t *idx, const float *y, float *dx) {
     relu_pool_args a = {pool_geom(h, w, kh, kw, sh, sw), dy, y, dx, (int32_t *)idx};
     run_items(nplanes, pool_work(&a.g), maxpool_relu_backward_block, &a);
+}
+
+/* ---- language-model layers ---------------------------------------------------- */
+
+typedef struct {
+    int64_t n, dim;
+    const int32_t *ids;
+    const float *src;
+    float *dst;
+} embedding_args;
+
+static double embedding_block(const void *p, int64_t b, int64_t e) {
+    const embedding_args *a = (const embedding_args *)p;
+    kernels()->embedding_f32(e - b, a->dim, a->ids + b, a->src, a->dst + b * a->dim);
+    return 0.0;
+}
+void ggmlopt_embedding_f32(int64_t n, int64_t dim, const int32_t *ids, const float *weight,
+                           float *out) {
+    embedding_args a = {n, dim, ids, weight, out};
+    run_blocks(n, rows_for(dim, GO_BLOCK_MIN), rows_for(dim, GO_PARALLEL_MIN_ELEMWISE),
+               embedding_block, &a);
+}
+
+/* Blocks of weight rows: each scans all the ids and adds those in its range. */
+static double embedding_backward_block(const void *p, int64_t b, int64_t e) {
+    const embedding_args *a = (const embedding_args *)p;
+    kernels()->embedding_backward_f32(a->n, a->dim, a->ids, a->src, b, e, a->dst);
+    return 0.0;
+}
+void ggmlopt_embedding_backward_f32(int64_t n, int64_t dim, const int32_t *ids,
+                                    const float *grad, int64_t num, float *grad_weight) {
+    if (n <= 0 || dim <= 0 || num <= 0) return;
+    embedding_args a = {n, dim, ids, grad, grad_weight};
+    if (n * dim < GO_PARALLEL_MIN_ELEMWISE) {
+        kernels()->embedding_backward_f32(n, dim, ids, grad, 0, num, grad_weight);
+        return;
+    }
+    /* every block reads all n ids: two blocks a thread, enough to even out the
+     * load without rescanning the ids often (any split gives the same bits) */
+    const int64_t nblocks = 2 * (int64_t)go_pool_threads();
+    run_blocks(num, (num + nblocks - 1) / nblocks, 0, embedding_backward_block, &a);
+}
+
+typedef struct {
+    int64_t nrows, dim;
+    const float *x, *w, *b, *mean, *rstd, *dy;
+    float *y, *out_mean, *out_rstd, *dw, *db;
+    float eps;
+} norm_args;
+
+/* A row costs some 2-4 passes over dim floats: blocks of about 4096 elements,
+ * threads from 32768 */
+#define GO_NORM_BLOCK_MIN 4096
+#define GO_NORM_PARALLEL_MIN 32768
+
+static double rmsnorm_block(const void *p, int64_t b, int64_t e) {
+    const norm_args *a = (const norm_args *)p;
+    kernels()->rmsnorm_f32(e - b, a->dim, a->x + b * a->dim, a->w, a->eps, a->y + b * a->dim,
+                           a->out_rstd + b);
+    return 0.0;
+}
+void ggmlopt_rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                         float eps, float *y, float *rstd) {
+    if (dim <= 0) return;
+    norm_args a = {nrows, dim, x, weight, NULL, NULL, NULL, NULL, y, NULL, rstd, NULL, NULL, eps};
+    run_blocks(nrows, rows_for(dim, GO_NORM_BLOCK_MIN), rows_for(dim, GO_NORM_PARALLEL_MIN),
+               rmsnorm_block, &a);
+}
+
+static double layernorm_block(const void *p, int64_t b, int64_t e) {
+    const norm_args *a = (const norm_args *)p;
+    kernels()->layernorm_f32(e - b, a->dim, a->x + b * a->dim, a->w, a->b, a->eps,
+                             a->y + b * a->dim, a->out_mean + b, a->out_rstd + b);
+    return 0.0;
+}
+void ggmlopt_layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                           const float *bias, float eps, float *y, float *mean, float *rstd) {
+    if (dim <= 0) return;
+    norm_args a = {nrows, dim, x, weight, bias, NULL, NULL, NULL, y, mean, rstd, NULL, NULL, eps};
+    run_blocks(nrows, rows_for(dim, GO_NORM_BLOCK_MIN), rows_for(dim, GO_NORM_PARALLEL_MIN),
+               layernorm_block, &a);
+}
+
+static double norm_backward_block(const void *p, int64_t b, int64_t e) {
+    const norm_args *a = (const norm_args *)p;
+    kernels()->norm_backward_f32(e - b, a->dim, a->x + b * a->dim, a->w,
+                                 a->mean ? a->mean + b : NULL, a->rstd + b, a->dy + b * a->dim,
+                                 a->y + b * a->dim);
+    return 0.0;
+}
+static double norm_param_grad_block(const void *p, int64_t b, int64_t e) {
+    const norm_args *a = (const norm_args *)p;
+    kernels()->norm_param_grad_f32(a->nrows, a->dim, b, e, a->x, a->mean, a->rstd, a->dy, a->dw,
+                                   a->db);
+    return 0.0;
+}
+/* dx row by row; dw and db by ranges of columns through all rows (column
+ * sums in row order: the same bits on any number of threads) */
+static void norm_backward(norm_args *a, float *dx) {
+    if (a->nrows <= 0 || a->dim <= 0) return;
+    if (dx) {
+        a->y = dx;
+        run_blocks(a->nrows, rows_for(a->dim, GO_NORM_BLOCK_MIN),
+                   rows_for(a->dim, GO_NORM_PARALLEL_MIN), norm_backward_block, a);
+    }
+    if (a->dw || a->db) {
+        /* two ranges of columns a thread, each at least 32 columns (any split
+         * gives the same bits) */
+        const int parallel = a->nrows * a->dim >= GO_NORM_PARALLEL_MIN;
+        const int64_t ranges = 2 * (int64_t)go_pool_threads();
+        const int64_t cols = (a->dim + ranges - 1) / ranges;
+        run_blocks(a->dim, cols < 32 ? 32 : cols, parallel ? 0 : INT64_MAX, norm_param_grad_block,
+                   a);
+    }
+}
+void ggmlopt_rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                                  const float *rstd, const float *grad_y, float *grad_x,
+                                  float *grad_weight) {
+    norm_args a = {nrows, dim, x, weight, NULL, NULL, rstd, grad_y, NULL, NULL, NULL,
+                   grad_weight, NULL, 0.0f};
+    norm_backward(&a, grad_x);
+}
+void ggmlopt_layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x,
+                                    const float *weight, const float *mean, const float *rstd,
+                                    const float *grad_y, float *grad_x, float *grad_weight,
+                                    float *grad_bias) {
+    norm_args a = {nrows, dim, x, weight, NULL, mean, rstd, grad_y, NULL, NULL, NULL,
+                   grad_weight, grad_bias, 0.0f};
+    norm_backward(&a, grad_x);
+}
+
+typedef struct { const float *gate, *up, *dh; float *h, *du; } swiglu_args;
+
+static double swiglu_block(const void *p, int64_t b, int64_t e) {
+    const swiglu_args *a = (const swiglu_args *)p;
+    kernels()->swiglu_f32(e - b, a->gate + b, a->up + b, a->h + b);
+    return 0.0;
+}
+void ggmlopt_swiglu_f32(int64_t n, const float *gate, const float *up, float *h) {
+    swiglu_args a = {gate, up, NULL, h, NULL};
+    run_blocks(n, GO_ACT_BLOCK_MIN, GO_ACT_PARALLEL_MIN, swiglu_block, &a);
+}
+static double swiglu_backward_block(const void *p, int64_t b, int64_t e) {
+    const swiglu_args *a = (const swiglu_args *)p;
+    kernels()->swiglu_backward_f32(e - b, a->gate + b, a->up + b, a->dh + b, a->h + b, a->du + b);
+    return 0.0;
+}
+void ggmlopt_swiglu_backward_f32(int64_t n, const float *gate, const float *up,
+                                 const float *grad_h, float *grad_gate, float *grad_up) {
+    swiglu_args a = {gate, up, grad_h, grad_gate, grad_up};
+    run_blocks(n, GO_ACT_BLOCK_MIN, GO_ACT_PARALLEL_MIN, swiglu_backward_block, &a);
+}
+
+/* ---- causal attention and rotary embedding ----------------------------------- */
+
+/* multiply-adds below which the threads are not woken */
+#define GO_ATTN_PARALLEL_MIN 262144
+
+static int attn_shape_ok(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                         int64_t head_dim) {
+    return batch >= 0 && seq >= 0 && n_heads >= 1 && n_kv_heads >= 1 &&
+           n_heads % n_kv_heads == 0 && head_dim >= 1 && head_dim <= GO_ATTN_MAX_D;
+}
+
+typedef struct {
+    go_attn_args a;
+    int64_t nblocks; /* query blocks per head */
+    int64_t rows;    /* rows per query block */
+} attn_job;
+
+/* Item it: the query blocks of every head, the latest (longest: causal) first,
+ * so the threads end together.  Each output row is computed by one item in
+ * one way: the result does not depend on the threads. */
+static void attn_forward_item(void *p, int it) {
+    const attn_job *job = (const attn_job *)p;
+    const int64_t nheads = job->a.batch * job->a.n_heads;
+    const int64_t qb = job->nblocks - 1 - it / nheads, bh = it % nheads;
+    const int64_t i0 = qb * job->rows;
+    const int64_t i1 = i0 + job->rows < job->a.seq ? i0 + job->rows : job->a.seq;
+    kernels()->attention_forward_f32(&job->a, bh / job->a.n_heads, bh % job->a.n_heads, i0, i1);
+}
+
+static void attn_backward_item(void *p, int it) {
+    const attn_job *job = (const attn_job *)p;
+    kernels()->attention_backward_f32(&job->a, it / job->a.n_kv_heads, it % job->a.n_kv_heads);
+}
+
+static void attn_run(int64_t nitems, int64_t madds, go_pool_block_fn fn, attn_job *job) {
+    if (nitems > 1 && madds >= GO_ATTN_PARALLEL_MIN) {
+        go_pool_for((int)nitems, fn, job);
+    } else {
+        for (int64_t i = 0; i < nitems; ++i) fn(job, (int)i);
+    }
+}
+
+int ggmlopt_attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                                  int64_t head_dim, const float *q, int64_t q_stride,
+                                  const float *k, int64_t k_stride, const float *v,
+                                  int64_t v_stride, float *out, int64_t out_stride, float *lse) {
+    if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
+    if (batch == 0 || seq == 0) return 0;
+    attn_job job;
+    memset(&job, 0, sizeof job);
+    go_attn_args *a = &job.a;
+    a->batch = batch;
+    a->seq = seq;
+    a->n_heads = n_heads;
+    a->n_kv_heads = n_kv_heads;
+    a->head_dim = head_dim;
+    a->q = q;
+    a->k = k;
+    a->v = v;
+    a->q_stride = q_stride;
+    a->k_stride = k_stride;
+    a->v_stride = v_stride;
+    a->out = out;
+    a->out_stride = out_stride;
+    a->lse = lse;
+    a->scale = (float)(1.0 / sqrt((double)head_dim));
+    job.rows = go_attn_forward_rows(head_dim);
+    job.nblocks = (seq + job.rows - 1) / job.rows;
+    attn_run(batch * n_heads * job.nblocks, batch * n_heads * seq * seq * head_dim,
+             attn_forward_item, &job);
+    return 0;
+}
+
+int ggmlopt_attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                   int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                   int64_t q_stride, const float *k, int64_t k_stride,
+                                   const float *v, int64_t v_stride, const float *out,
+                                   int64_t out_stride, const float *lse, const float *dout,
+                                   float *dq, float *dk, float *dv) {
+    if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
+    if (batch == 0 || seq == 0) return 0;
+    attn_job job;
+    memset(&job, 0, sizeof job);
+    go_attn_args *a = &job.a;
+    a->batch = batch;
+    a->seq = seq;
+    a->n_heads = n_heads;
+    a->n_kv_heads = n_kv_heads;
+    a->head_dim = head_dim;
+    a->q = q;
+    a->k = k;
+    a->v = v;
+    a->q_stride = q_stride;
+    a->k_stride = k_stride;
+    a->v_stride = v_stride;
+    a->out = (float *)out; /* read only in the backward */
+    a->out_stride = out_stride;
+    a->lse = (float *)lse;
+    a->dout = dout;
+    a->dq = dq;
+    a->dk = dk;
+    a->dv = dv;
+    a->scale = (float)(1.0 / sqrt((double)head_dim));
+    attn_run(batch * n_kv_heads, 3 * batch * n_heads * seq * seq * head_dim, attn_backward_item,
+             &job);
+    return 0;
+}
+
+static double rope_block(const void *p, int64_t b, int64_t e) {
+    kernels()->rope_f32((const go_rope_args *)p, b, e);
+    return 0.0;
+}
+void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
+                      int64_t head_dim, const float *x, int64_t x_stride, float *y,
+                      int64_t y_stride, const float *cos, const float *sin, int inverse) {
+    if (nrows <= 0 || seq <= 0) return;
+    go_rope_args a = {seq, pos0, n_heads, head_dim, x, x_stride, y, y_stride, cos, sin, inverse};
+    run_items(nrows, 3 * n_heads * head_dim, rope_block, &a);
 }

@@ -46,6 +46,48 @@ static inline int64_t go_direct_wide_stride(const go_direct_geom *g, int64_t epr
     return (wide + epr - 1) / epr * epr;
 }
 
+/* Causal attention (kernels/attention.inc): token rows of q_stride, k_stride,
+ * v_stride and out_stride floats (head h at h * head_dim); dq, dk, dv have the
+ * strides of q, k, v and dout that of out; lse is (batch, n_heads, seq). */
+typedef struct {
+    int64_t batch, seq, n_heads, n_kv_heads, head_dim;
+    const float *q, *k, *v;
+    int64_t q_stride, k_stride, v_stride, out_stride;
+    float *out, *lse;
+    const float *dout;
+    float *dq, *dk, *dv;
+    float scale;
+} go_attn_args;
+
+/* keys per tile, query rows per backward block, the widest head */
+#define GO_ATTN_BK 32
+#define GO_ATTN_BQ_BWD 32
+#define GO_ATTN_MAX_D 256
+/* the forward's accumulators (query rows x padded head) on the stack */
+#define GO_ATTN_ACC_FLOATS 16384
+#define GO_ATTN_MAX_ROWS 128
+
+/* head_dim rounded up to the widest vector: the stride of stack rows */
+static inline int64_t go_attn_dpad(int64_t d) { return (d + 15) & ~(int64_t)15; }
+/* query rows per forward call: as many as the accumulators hold, whole tiles */
+static inline int64_t go_attn_forward_rows(int64_t d) {
+    int64_t r = GO_ATTN_ACC_FLOATS / go_attn_dpad(d);
+    if (r > GO_ATTN_MAX_ROWS) r = GO_ATTN_MAX_ROWS;
+    return r / GO_ATTN_BK * GO_ATTN_BK;
+}
+
+/* Rotary embedding of rows [r0, r1) of (rows, n_heads, head_dim), row r at
+ * position pos0 + r % seq; cos, sin are (positions, head_dim / 2). */
+typedef struct {
+    int64_t seq, pos0, n_heads, head_dim;
+    const float *x;
+    int64_t x_stride;
+    float *y;
+    int64_t y_stride;
+    const float *cos, *sin;
+    int inverse;
+} go_rope_args;
+
 typedef struct ggmlopt_kernel_table {
     const char *name;
     void (*adamw_step_f32)(int64_t n, float *w, const float *g, float *m, float *v,
@@ -119,6 +161,33 @@ typedef struct ggmlopt_kernel_table {
                                int32_t *idx);
     void (*maxpool2d_relu_backward_f32)(const go_pool_geom *g, int64_t nplanes, const float *dy,
                                         const int32_t *idx, const float *y, float *dx);
+    /* language-model layers (kernels/embedding.inc, norm.inc, glu.inc) */
+    void (*embedding_f32)(int64_t n, int64_t dim, const int32_t *ids, const float *weight,
+                          float *out);
+    /* grad_weight rows in [row_begin, row_end) only, in the order of the ids */
+    void (*embedding_backward_f32)(int64_t n, int64_t dim, const int32_t *ids, const float *grad,
+                                   int64_t row_begin, int64_t row_end, float *grad_weight);
+    void (*rmsnorm_f32)(int64_t nrows, int64_t dim, const float *x, const float *w, float eps,
+                        float *y, float *rstd);
+    void (*layernorm_f32)(int64_t nrows, int64_t dim, const float *x, const float *w,
+                          const float *b, float eps, float *y, float *mean, float *rstd);
+    /* dx of either norm (mean NULL: RMSNorm) */
+    void (*norm_backward_f32)(int64_t nrows, int64_t dim, const float *x, const float *w,
+                              const float *mean, const float *rstd, const float *dy, float *dx);
+    /* dw (may be NULL) and db (may be NULL) += column sums over all rows, columns [c0, c1) */
+    void (*norm_param_grad_f32)(int64_t nrows, int64_t dim, int64_t c0, int64_t c1,
+                                const float *x, const float *mean, const float *rstd,
+                                const float *dy, float *dw, float *db);
+    void (*swiglu_f32)(int64_t n, const float *gate, const float *up, float *h);
+    void (*swiglu_backward_f32)(int64_t n, const float *gate, const float *up,
+                                const float *grad_h, float *grad_gate, float *grad_up);
+    /* causal attention and rotary embedding (kernels/attention.inc): query rows
+     * [i0, i1) of head h (at most go_attn_forward_rows), and the gradients of
+     * kv head g with its query heads */
+    void (*attention_forward_f32)(const go_attn_args *a, int64_t b, int64_t h, int64_t i0,
+                                  int64_t i1);
+    void (*attention_backward_f32)(const go_attn_args *a, int64_t b, int64_t g);
+    void (*rope_f32)(const go_rope_args *a, int64_t r0, int64_t r1);
 } ggmlopt_kernel_table;
 
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;

@@ -1,15 +1,37 @@
 """ggmlopt: ggml's training engine (ggml-opt) for Python.
 
+Quick start::
+
+    import numpy as np, ggmlopt as go
+    x = np.random.default_rng(0).normal(size=(1000, 8)); y = (x[:, 0] > 0).astype(int)
+    model = go.nn.Sequential(go.nn.Linear(8, 16), go.nn.ReLU(), go.nn.Linear(16, 2))
+    go.fit(model, go.Dataset.from_arrays(x, y), "cross_entropy", nepoch=20, nbatch_logical=50)
+    print(go.evaluate(model, (x, y), "cross_entropy").accuracy())  # (accuracy, uncertainty)
+
 Datasets split into shards, an optimizer context with AdamW and SGD, four loss
 types, gradient accumulation, result statistics, epochs and ``fit`` with a
 progress bar, on SIMD kernels (scalar, AVX2+FMA, AVX-512, NEON) picked at run time.
 """
-from . import checkpoint, clipping, datasets, distributed, io, models, nn, schedules, testing
+from . import (
+    checkpoint,
+    clipping,
+    corpora,
+    datasets,
+    distributed,
+    io,
+    lm,
+    models,
+    nn,
+    schedules,
+    testing,
+    text,
+)
 from ._runtime import get_include, show_config
 from .context import OptContext
 from .dataset import Dataset
 from .inference import evaluate, predict
 from .kernels import get_num_threads, set_num_threads, simd_info
+from .lm import generate
 from .optim_params import (
     AdamWParams,
     BuildType,
@@ -41,15 +63,18 @@ __all__ = [
                            "checkpoint",
                            "clipping",
                            "constant_optimizer_params",
+                           "corpora",
                            "datasets",
                            "default_optimizer_params",
                            "distributed",
                            "epoch",
                            "evaluate",
                            "fit",
+                           "generate",
                            "get_include",
                            "get_num_threads",
                            "io",
+                           "lm",
                            "models",
                            "nn",
                            "predict",
@@ -59,4 +84,5 @@ __all__ = [
                            "show_config",
                            "simd_info",
                            "testing",
+                           "text",
 ]

@@ -37,10 +37,16 @@ cdef class Dataset:
     cdef char *_labels
     cdef int64_t *_perm
     cdef readonly int64_t ndata
+    """Number of datapoints (int; ggml_opt_dataset_ndata); also len(dataset)."""
     cdef readonly int64_t ndata_shard
+    """Datapoints per shard (int): the unit shuffle permutes and get_batch copies."""
     cdef readonly int64_t nshards
+    """Number of shards (int): ndata // ndata_shard."""
     cdef readonly int64_t ne_datapoint
+    """Elements per datapoint (int): the width of data, (ndata, ne_datapoint)."""
     cdef readonly int64_t ne_label
+    """Label elements per datapoint (int): the width of labels, (ndata, ne_label);
+    0 for a dataset without labels, 1 for class indices."""
     cdef StorageKind _data_kind
     cdef StorageKind _label_kind
     cdef int64_t _shard_data_bytes    # bytes of one shard of data in storage

@@ -107,3 +107,39 @@ cdef void leaky_relu_backward_f32(int64_t n, const float *x, const float *g, flo
 cdef double cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
                                     const int32_t *classes, float *grad,
                                     float grad_scale) noexcept nogil
+# language-model layers (ggmlopt.h documents them; wrapped by kernels_embedding,
+# kernels_norm, kernels_glu)
+cdef void embedding_f32(int64_t n, int64_t dim, const int32_t *ids, const float *weight,
+                        float *out) noexcept nogil
+cdef void embedding_backward_f32(int64_t n, int64_t dim, const int32_t *ids, const float *grad,
+                                 int64_t num, float *grad_weight) noexcept nogil
+cdef void rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight, float eps,
+                      float *y, float *rstd) noexcept nogil
+cdef void rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                               const float *rstd, const float *grad_y, float *grad_x,
+                               float *grad_weight) noexcept nogil
+cdef void layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                        const float *bias, float eps, float *y, float *mean,
+                        float *rstd) noexcept nogil
+cdef void layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                                 const float *mean, const float *rstd, const float *grad_y,
+                                 float *grad_x, float *grad_weight,
+                                 float *grad_bias) noexcept nogil
+cdef void swiglu_f32(int64_t n, const float *gate, const float *up, float *h) noexcept nogil
+cdef void swiglu_backward_f32(int64_t n, const float *gate, const float *up, const float *grad_h,
+                              float *grad_gate, float *grad_up) noexcept nogil
+# causal attention and rotary embedding (see ggmlopt.h; wrapped in kernels_attention)
+cdef int attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                               int64_t head_dim, const float *q, int64_t q_stride,
+                               const float *k, int64_t k_stride, const float *v,
+                               int64_t v_stride, float *out, int64_t out_stride,
+                               float *lse) noexcept nogil
+cdef int attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                                int64_t head_dim, const float *q, int64_t q_stride,
+                                const float *k, int64_t k_stride, const float *v,
+                                int64_t v_stride, const float *out, int64_t out_stride,
+                                const float *lse, const float *dout, float *dq, float *dk,
+                                float *dv) noexcept nogil
+cdef void rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads, int64_t head_dim,
+                   const float *x, int64_t x_stride, float *y, int64_t y_stride,
+                   const float *cos, const float *sin, int inverse) noexcept nogil

@@ -1503,3 +1503,106 @@ if _threads_override is not None:
         set_num_threads(_threads_from_env(_threads_override))
     except ValueError as e:
         raise ImportError(f"GGMLOPT_NUM_THREADS={_threads_override!r}: {e}") from None
+
+
+# language-model layers: C forwarders for ggmlopt.kernels_embedding,
+# kernels_norm and kernels_glu (C symbols are not shared between extensions)
+cdef extern from "ggmlopt.h" nogil:
+    void ggmlopt_embedding_f32(int64_t n, int64_t dim, const int32_t *ids, const float *weight,
+                               float *out)
+    void ggmlopt_embedding_backward_f32(int64_t n, int64_t dim, const int32_t *ids,
+                                        const float *grad, int64_t num, float *grad_weight)
+    void ggmlopt_rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                             float eps, float *y, float *rstd)
+    void ggmlopt_rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x,
+                                      const float *weight, const float *rstd,
+                                      const float *grad_y, float *grad_x, float *grad_weight)
+    void ggmlopt_layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                               const float *bias, float eps, float *y, float *mean, float *rstd)
+    void ggmlopt_layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x,
+                                        const float *weight, const float *mean,
+                                        const float *rstd, const float *grad_y, float *grad_x,
+                                        float *grad_weight, float *grad_bias)
+    void ggmlopt_swiglu_f32(int64_t n, const float *gate, const float *up, float *h)
+    void ggmlopt_swiglu_backward_f32(int64_t n, const float *gate, const float *up,
+                                     const float *grad_h, float *grad_gate, float *grad_up)
+
+cdef void embedding_f32(int64_t n, int64_t dim, const int32_t *ids, const float *weight,
+                        float *out) noexcept nogil:
+    ggmlopt_embedding_f32(n, dim, ids, weight, out)
+
+cdef void embedding_backward_f32(int64_t n, int64_t dim, const int32_t *ids, const float *grad,
+                                 int64_t num, float *grad_weight) noexcept nogil:
+    ggmlopt_embedding_backward_f32(n, dim, ids, grad, num, grad_weight)
+
+cdef void rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight, float eps,
+                      float *y, float *rstd) noexcept nogil:
+    ggmlopt_rmsnorm_f32(nrows, dim, x, weight, eps, y, rstd)
+
+cdef void rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                               const float *rstd, const float *grad_y, float *grad_x,
+                               float *grad_weight) noexcept nogil:
+    ggmlopt_rmsnorm_backward_f32(nrows, dim, x, weight, rstd, grad_y, grad_x, grad_weight)
+
+cdef void layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                        const float *bias, float eps, float *y, float *mean,
+                        float *rstd) noexcept nogil:
+    ggmlopt_layernorm_f32(nrows, dim, x, weight, bias, eps, y, mean, rstd)
+
+cdef void layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                                 const float *mean, const float *rstd, const float *grad_y,
+                                 float *grad_x, float *grad_weight,
+                                 float *grad_bias) noexcept nogil:
+    ggmlopt_layernorm_backward_f32(nrows, dim, x, weight, mean, rstd, grad_y, grad_x,
+                                   grad_weight, grad_bias)
+
+cdef void swiglu_f32(int64_t n, const float *gate, const float *up, float *h) noexcept nogil:
+    ggmlopt_swiglu_f32(n, gate, up, h)
+
+cdef void swiglu_backward_f32(int64_t n, const float *gate, const float *up, const float *grad_h,
+                              float *grad_gate, float *grad_up) noexcept nogil:
+    ggmlopt_swiglu_backward_f32(n, gate, up, grad_h, grad_gate, grad_up)
+
+
+# ---- causal attention and rotary embedding (wrapped in kernels_attention) ----------
+
+cdef extern from "ggmlopt.h" nogil:
+    int ggmlopt_attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                      int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                      int64_t q_stride, const float *k, int64_t k_stride,
+                                      const float *v, int64_t v_stride, float *out,
+                                      int64_t out_stride, float *lse)
+    int ggmlopt_attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                       int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                       int64_t q_stride, const float *k, int64_t k_stride,
+                                       const float *v, int64_t v_stride, const float *out,
+                                       int64_t out_stride, const float *lse, const float *dout,
+                                       float *dq, float *dk, float *dv)
+    void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
+                          int64_t head_dim, const float *x, int64_t x_stride, float *y,
+                          int64_t y_stride, const float *cos, const float *sin, int inverse)
+
+
+cdef int attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                               int64_t head_dim, const float *q, int64_t q_stride,
+                               const float *k, int64_t k_stride, const float *v,
+                               int64_t v_stride, float *out, int64_t out_stride,
+                               float *lse) noexcept nogil:
+    return ggmlopt_attention_forward_f32(batch, seq, n_heads, n_kv_heads, head_dim, q, q_stride,
+                                         k, k_stride, v, v_stride, out, out_stride, lse)
+
+cdef int attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                                int64_t head_dim, const float *q, int64_t q_stride,
+                                const float *k, int64_t k_stride, const float *v,
+                                int64_t v_stride, const float *out, int64_t out_stride,
+                                const float *lse, const float *dout, float *dq, float *dk,
+                                float *dv) noexcept nogil:
+    return ggmlopt_attention_backward_f32(batch, seq, n_heads, n_kv_heads, head_dim, q,
+                                          q_stride, k, k_stride, v, v_stride, out, out_stride,
+                                          lse, dout, dq, dk, dv)
+
+cdef void rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads, int64_t head_dim,
+                   const float *x, int64_t x_stride, float *y, int64_t y_stride,
+                   const float *cos, const float *sin, int inverse) noexcept nogil:
+    ggmlopt_rope_f32(nrows, seq, pos0, n_heads, head_dim, x, x_stride, y, y_stride, cos, sin,
+                     inverse)

@@ -318,6 +318,11 @@ class History:
         """The wall time of every epoch, in seconds."""
         return self._column("seconds")
 
+    @property
+    def blas_threads(self) -> list[int | None]:
+        """The BLAS threads of every epoch (see EpochStats.blas_threads)."""
+        return self._column("blas_threads")  # type: ignore[return-value]
+
     def to_dict(self) -> dict[str, list]:
         """The epochs as columns, {field name: list}; see ggmlopt.plotting.history_to_dict."""
         from .plotting import history_to_dict

@@ -36,7 +36,21 @@ LAYER_CASES = {
     "Residual": (lambda: nn.Residual(nn.Linear(9, 9, rng=0)), (9,)),   # into fn's buffer
     "Residual:own": (lambda: nn.Residual(nn.Tanh()), (2, 9)),         # into its own
     "Residual:x": (lambda: nn.Residual(nn.Dropout(0.5)), (9,)),       # fn returns x itself
+    "Embedding": (lambda: nn.Embedding(10, 4, rng=0), (6,),
+                  lambda rng, shape: rng.integers(0, 10, shape)),
+    "RMSNorm": (lambda: nn.RMSNorm(9), (4, 9)),
+    "LayerNorm": (lambda: nn.LayerNorm(9), (4, 9)),
+    "SwiGLU": (lambda: nn.SwiGLU(8, 12, rng=0), (3, 8)),
+    "GPT2MLP": (lambda: nn.GPT2MLP(8, rng=0), (3, 8)),
 }
+
+
+def draw(case, rng, shape):
+    """An input for the case: its own draw (a third entry), else standard normal floats."""
+    entry = LAYER_CASES[case]
+    if len(entry) > 2:
+        return entry[2](rng, shape)
+    return rng.standard_normal(shape).astype(np.float32)
 
 
 def layer_classes():
@@ -54,10 +68,10 @@ def test_every_layer_has_a_case():
 @pytest.mark.parametrize("case", sorted(LAYER_CASES))
 @pytest.mark.parametrize("batch", [1, 3])
 def test_call_returns_an_array_the_caller_owns(case, batch):
-    make, shape = LAYER_CASES[case]
+    make, shape = LAYER_CASES[case][:2]
     layer = make()
     rng = np.random.default_rng(0)
-    x1, x2, x3 = (rng.standard_normal((batch, *shape)).astype(np.float32) for _ in range(3))
+    x1, x2, x3 = (draw(case, rng, (batch, *shape)) for _ in range(3))
     a = layer(x1)
     a_before = a.copy()
     b = layer(x2)
@@ -74,9 +88,9 @@ def test_call_returns_an_array_the_caller_owns(case, batch):
 def test_forward_may_reuse_its_buffer(case):
     """What the docstrings promise: forward's result is the layer's (a reused buffer
     or a view of x), so the caller copies it or calls layer(x)."""
-    make, shape = LAYER_CASES[case]
+    make, shape = LAYER_CASES[case][:2]
     layer = make()
-    x = np.ones((2, *shape), np.float32)
+    x = draw(case, np.random.default_rng(0), (2, *shape))
     out1 = layer.forward(x)
     out2 = layer.forward(x)
     assert out1 is out2 or np.shares_memory(out1, out2) or np.shares_memory(out1, x)

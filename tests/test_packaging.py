@@ -104,4 +104,4 @@ def test_no_stray_files_at_the_root():
                           check=True)
     top = {p.split("/", 1)[0] for p in proc.stdout.splitlines()}
     assert top <= {".ci", ".gitignore", "CHANGELOG.md", "LICENSE", "MANIFEST.in", "README.md",
-                   "bench", "csrc", "ggmlopt", "pyproject.toml", "setup.py", "tests"}, top
+                   "bench", "csrc", "docs", "ggmlopt", "pyproject.toml", "setup.py", "tests"}, top

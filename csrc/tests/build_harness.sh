@@ -29,6 +29,8 @@ build_harness() {
         "csrc/tests/test_kernels_conv.c:"
         "csrc/tests/test_kernels_conv_direct.c:"
         "csrc/tests/test_activation.c:"
+        "csrc/tests/test_lm_layers.c:"
+        "csrc/tests/test_attention.c:"
     )
     case "$machine" in
         x86_64*) units+=("csrc/kernels_avx2.c:-mavx2 -mfma -mf16c"

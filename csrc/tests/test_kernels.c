@@ -22,6 +22,12 @@ void test_activations(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table 
                       int64_t n, int off);
 void test_activations_sweep(const ggmlopt_kernel_table *k);
 void test_activations_public(int64_t big);
+/* test_lm_layers.c */
+void test_lm_layers(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar);
+void test_lm_layers_public(void);
+/* test_attention.c */
+void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar);
+void test_attention_public(void);
 
 static const ggmlopt_kernel_table *const SCALAR = &ggmlopt_kernels_scalar;
 
@@ -613,6 +619,8 @@ static void test_table(const ggmlopt_kernel_table *k) {
     test_conv_kernels(k);
     test_conv_direct_kernels(k);
     test_activations_sweep(k);
+    test_lm_layers(k, SCALAR);
+    test_attention_kernels(k, SCALAR);
 }
 
 int main(int argc, char **argv) {
@@ -640,6 +648,8 @@ int main(int argc, char **argv) {
     test_conv_public_api();
     test_conv_direct_public_api();
     test_activations_public(big);
+    test_lm_layers_public();
+    test_attention_public();
 
     printf("%d passed, %d failed\n", th_passed, th_failed);
     return th_failed ? 1 : 0;

@@ -261,6 +261,88 @@ void ggmlopt_leaky_relu_f32(int64_t n, const float *x, float *y, float negative_
 void ggmlopt_leaky_relu_backward_f32(int64_t n, const float *x, const float *g, float *out,
                                      float negative_slope);
 
+/* ---- language-model layers -------------------------------------------------- */
+
+/* Embedding: out (n, dim) row i = weight (num, dim) row ids[i].  Every id must
+ * lie in [0, num): nothing is checked here. */
+void ggmlopt_embedding_f32(int64_t n, int64_t dim, const int32_t *ids, const float *weight,
+                           float *out);
+/* grad_weight (num, dim) row ids[i] += grad (n, dim) row i, for every i.  Each
+ * weight row gets its contributions in the order of the ids (repeated ids
+ * included), so the result is the same bits on any number of threads. */
+void ggmlopt_embedding_backward_f32(int64_t n, int64_t dim, const int32_t *ids,
+                                    const float *grad, int64_t num, float *grad_weight);
+
+/* RMSNorm over the rows of x (nrows, dim): rstd[r] = 1/sqrt(mean(x_r^2) + eps),
+ * y = x * rstd * weight (torch.nn.RMSNorm).  Sums in double. */
+void ggmlopt_rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                         float eps, float *y, float *rstd);
+/* From the forward's x and rstd and grad_y: grad_x (may be NULL) =
+ * rstd * (g - xhat * mean(g * xhat)), g = grad_y * weight, xhat = x * rstd;
+ * grad_weight (may be NULL) += sum over rows of grad_y * xhat, each column
+ * summed in row order (the same bits on any number of threads). */
+void ggmlopt_rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                                  const float *rstd, const float *grad_y, float *grad_x,
+                                  float *grad_weight);
+/* LayerNorm over the rows of x (nrows, dim): mean[r], rstd[r] =
+ * 1/sqrt(var(x_r) + eps) (the biased variance), y = (x - mean) * rstd * weight
+ * + bias (bias may be NULL; torch.nn.LayerNorm).  Sums in double. */
+void ggmlopt_layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                           const float *bias, float eps, float *y, float *mean, float *rstd);
+/* grad_x (may be NULL) = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+ * g = grad_y * weight, xhat = (x - mean) * rstd; grad_weight += sum over rows of
+ * grad_y * xhat, grad_bias += sum over rows of grad_y (either may be NULL),
+ * summed as for RMSNorm. */
+void ggmlopt_layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x,
+                                    const float *weight, const float *mean, const float *rstd,
+                                    const float *grad_y, float *grad_x, float *grad_weight,
+                                    float *grad_bias);
+
+/* SwiGLU's product, elementwise over n entries: h = silu(gate) * up. */
+void ggmlopt_swiglu_f32(int64_t n, const float *gate, const float *up, float *h);
+/* grad_gate = grad_h * up * silu'(gate), grad_up = grad_h * silu(gate), one pass. */
+void ggmlopt_swiglu_backward_f32(int64_t n, const float *gate, const float *up,
+                                 const float *grad_h, float *grad_gate, float *grad_up);
+
+/* ---- causal attention and rotary embedding ----------------------------------- */
+
+/* Causal scaled dot-product attention, grouped-query, in the flash-attention
+ * way (key tiles, an online softmax, no seq x seq matrix):
+ *     s_ij = q_i . k_j / sqrt(head_dim) for j <= i,  lse_i = log sum_j exp(s_ij),
+ *     out_i = sum_j exp(s_ij - lse_i) v_j
+ * with query head h reading kv head h / (n_heads / n_kv_heads).  Token rows:
+ * q[b, t, h, :] is at q + (b*seq + t) * q_stride + h * head_dim (k, v, out
+ * alike with their strides), so projections' (batch*seq, heads*head_dim)
+ * outputs and views into a fused q|k|v row are read in place.  lse receives
+ * (batch, n_heads, seq) floats for the backward.  Returns 0, or -1 for a bad
+ * shape (n_heads not a multiple of n_kv_heads, head_dim outside 1..256).
+ * Threaded over (batch, head, query block); the result does not depend on the
+ * number of threads. */
+int ggmlopt_attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                                  int64_t head_dim, const float *q, int64_t q_stride,
+                                  const float *k, int64_t k_stride, const float *v,
+                                  int64_t v_stride, float *out, int64_t out_stride, float *lse);
+/* The gradients for dout (rows of out_stride) of the forward above, given its
+ * out and lse: dq (rows of q_stride), dk, dv (rows of k_stride, v_stride; for
+ * grouped heads summed over the group's query heads).  dq, dk, dv are
+ * written, not added to.  Threaded over (batch, kv head): deterministic,
+ * bit-identical for any number of threads. */
+int ggmlopt_attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                   int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                   int64_t q_stride, const float *k, int64_t k_stride,
+                                   const float *v, int64_t v_stride, const float *out,
+                                   int64_t out_stride, const float *lse, const float *dout,
+                                   float *dq, float *dk, float *dv);
+/* Rotary position embedding (Hugging Face's Llama, rotate_half): nrows rows
+ * of n_heads heads of head_dim (even) floats, row r at position
+ * pos0 + r % seq; with c = cos[p, :], s = sin[p, :] ((positions, head_dim/2)
+ * tables) and x1, x2 the halves of each head:
+ *     y1 = x1 * c - x2 * s,   y2 = x2 * c + x1 * s.
+ * inverse != 0 rotates by the opposite angle (the backward pass).  y may be x. */
+void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
+                      int64_t head_dim, const float *x, int64_t x_stride, float *y,
+                      int64_t y_stride, const float *cos, const float *sin, int inverse);
+
 #ifdef __cplusplus
 }
 #endif

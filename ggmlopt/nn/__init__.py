@@ -21,11 +21,14 @@ set through the tree) and ``set_rng(model, ctx.rng)`` (each module's
 flat datapoints (batch, ne_datapoint) and reshapes them itself (Reshape).
 """
 from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
+from .attention import CausalSelfAttention, GPT2Attention, RotaryEmbedding
 from .container import Sequential
 from .conv import Conv2d
 from .dropout import Dropout
+from .embedding import Embedding
 from .init import kaiming_uniform
 from .linear import Linear
+from .mlp import GPT2MLP, SwiGLU
 from .module import (
                      Module,
                      eval_mode,
@@ -35,6 +38,7 @@ from .module import (
                      set_rng,
                      set_training,
 )
+from .norm import LayerNorm, RMSNorm
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
 from .residual import Residual
@@ -42,21 +46,29 @@ from .shape import Flatten, Reshape
 
 __all__ = [
                      "GELU",
+                     "GPT2MLP",
                      "AvgPool2d",
+                     "CausalSelfAttention",
                      "Conv2d",
                      "Dropout",
+                     "Embedding",
                      "Flatten",
+                     "GPT2Attention",
+                     "LayerNorm",
                      "LeakyReLU",
                      "Linear",
                      "MaxPool2d",
                      "Module",
                      "Parameter",
+                     "RMSNorm",
                      "ReLU",
                      "Reshape",
                      "Residual",
+                     "RotaryEmbedding",
                      "Sequential",
                      "SiLU",
                      "Sigmoid",
+                     "SwiGLU",
                      "Tanh",
                      "eval_mode",
                      "kaiming_uniform",

@@ -58,6 +58,9 @@ class Sequential(Module):
 
     @property
     def needs_input_grad(self):
+        """Whether backward returns the gradient w.r.t. the input (bool, default
+        False for a top-level model, whose input is data).  Setting it passes it
+        on to the first layer; the other layers always compute theirs."""
         return self._needs_input_grad
 
     @needs_input_grad.setter

@@ -1,0 +1,348 @@
+/*
+ * The causal attention and rotary embedding kernels of one dispatch table
+ * against naive float64 references of their formulas (kernels/attention.inc),
+ * on head sizes around the vector widths and sequence lengths around the tile
+ * size, with grouped heads; large scores; NaN and inf in rows; on the other
+ * paths also against the scalar path.  Then the public, threaded functions:
+ * 1 and 2 threads bit for bit.
+ *
+ * Tolerances: a score's float rounding is about eps * S, S = scale * sum |q||k|,
+ * and moves each p by as much relatively, so outputs are allowed
+ * (2e-6 + 3e-7 S) * max|v| and gradients (1e-5 + 1e-6 S) times their scale.
+ */
+#include "harness.h"
+
+typedef struct {
+    int64_t b, t, h, hkv, d;
+} attn_shape;
+
+static int64_t q_size(const attn_shape *s) { return s->b * s->t * s->h * s->d; }
+static int64_t kv_size(const attn_shape *s) { return s->b * s->t * s->hkv * s->d; }
+
+/* Naive float64 causal attention: out, lse, and for dout the gradients; smax
+ * receives the largest S of any row. */
+static void attention_ref(const attn_shape *s, const float *q, const float *k, const float *v,
+                          const float *dout, double *out, double *lse, double *dq, double *dk,
+                          double *dv, double *smax) {
+    const int64_t T = s->t, D = s->d, H = s->h, HK = s->hkv, group = H / HK;
+    const double scale = 1.0 / sqrt((double)D);
+    double *p = malloc(sizeof(double) * (size_t)T), *ds = malloc(sizeof(double) * (size_t)T);
+    *smax = 0.0;
+    for (int64_t i = 0; i < kv_size(s); ++i) dk[i] = dv[i] = 0.0;
+    for (int64_t b = 0; b < s->b; ++b)
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t g = h / group;
+#define QA(a, i) ((a) + ((b * T + (i)) * H + h) * D)
+#define KA(a, j) ((a) + ((b * T + (j)) * HK + g) * D)
+            for (int64_t i = 0; i < T; ++i) {
+                double m = -INFINITY, sabs = 0.0;
+                int nan = 0;
+                for (int64_t j = 0; j <= i; ++j) {
+                    double acc = 0.0, mag = 0.0;
+                    for (int64_t c = 0; c < D; ++c) {
+                        acc += (double)QA(q, i)[c] * KA(k, j)[c];
+                        mag += fabs((double)QA(q, i)[c] * KA(k, j)[c]);
+                    }
+                    p[j] = acc * scale;
+                    if (isnan(p[j])) nan = 1;
+                    if (p[j] > m) m = p[j];
+                    if (mag * scale > sabs) sabs = mag * scale;
+                }
+                if (isfinite(sabs) && sabs > *smax) *smax = sabs;
+                double l = 0.0;
+                for (int64_t j = 0; j <= i; ++j) {
+                    p[j] = nan ? NAN : exp(p[j] - m);
+                    l += p[j];
+                }
+                lse[(b * H + h) * T + i] = m + log(l);
+                if (!(l > 0.0)) lse[(b * H + h) * T + i] = NAN;
+                for (int64_t j = 0; j <= i; ++j) p[j] /= l;
+                double *o = QA(out, i);
+                for (int64_t c = 0; c < D; ++c) {
+                    double acc = 0.0;
+                    for (int64_t j = 0; j <= i; ++j) acc += p[j] * KA(v, j)[c];
+                    o[c] = acc;
+                }
+                if (!dout) continue;
+                double delta = 0.0;
+                for (int64_t c = 0; c < D; ++c) delta += (double)QA(dout, i)[c] * o[c];
+                for (int64_t j = 0; j <= i; ++j) {
+                    double dp = 0.0;
+                    for (int64_t c = 0; c < D; ++c) dp += (double)QA(dout, i)[c] * KA(v, j)[c];
+                    ds[j] = p[j] * (dp - delta) * scale;
+                }
+                for (int64_t c = 0; c < D; ++c) {
+                    double acc = 0.0;
+                    for (int64_t j = 0; j <= i; ++j) acc += ds[j] * KA(k, j)[c];
+                    QA(dq, i)[c] = acc;
+                }
+                for (int64_t j = 0; j <= i; ++j)
+                    for (int64_t c = 0; c < D; ++c) {
+                        KA(dk, j)[c] += ds[j] * QA(q, i)[c];
+                        KA(dv, j)[c] += p[j] * QA(dout, i)[c];
+                    }
+#undef QA
+#undef KA
+            }
+        }
+    free(p);
+    free(ds);
+}
+
+/* The table's kernels over the whole problem, in the dispatcher's items. */
+static void run_forward(const ggmlopt_kernel_table *k, const attn_shape *s, const float *q,
+                        const float *kk, const float *v, float *out, float *lse) {
+    go_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.batch = s->b;
+    a.seq = s->t;
+    a.n_heads = s->h;
+    a.n_kv_heads = s->hkv;
+    a.head_dim = s->d;
+    a.q = q;
+    a.k = kk;
+    a.v = v;
+    a.q_stride = s->h * s->d;
+    a.k_stride = a.v_stride = s->hkv * s->d;
+    a.out = out;
+    a.out_stride = s->h * s->d;
+    a.lse = lse;
+    a.scale = (float)(1.0 / sqrt((double)s->d));
+    const int64_t rows = go_attn_forward_rows(s->d);
+    for (int64_t b = 0; b < s->b; ++b)
+        for (int64_t h = 0; h < s->h; ++h)
+            for (int64_t i0 = 0; i0 < s->t; i0 += rows)
+                k->attention_forward_f32(&a, b, h, i0, i0 + rows < s->t ? i0 + rows : s->t);
+}
+
+static void run_backward(const ggmlopt_kernel_table *k, const attn_shape *s, const float *q,
+                         const float *kk, const float *v, const float *out, const float *lse,
+                         const float *dout, float *dq, float *dk, float *dv) {
+    go_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.batch = s->b;
+    a.seq = s->t;
+    a.n_heads = s->h;
+    a.n_kv_heads = s->hkv;
+    a.head_dim = s->d;
+    a.q = q;
+    a.k = kk;
+    a.v = v;
+    a.q_stride = s->h * s->d;
+    a.k_stride = a.v_stride = s->hkv * s->d;
+    a.out = (float *)out;
+    a.out_stride = s->h * s->d;
+    a.lse = (float *)lse;
+    a.dout = dout;
+    a.dq = dq;
+    a.dk = dk;
+    a.dv = dv;
+    a.scale = (float)(1.0 / sqrt((double)s->d));
+    for (int64_t b = 0; b < s->b; ++b)
+        for (int64_t g = 0; g < s->hkv; ++g) k->attention_backward_f32(&a, b, g);
+}
+
+static double max_abs(const double *x, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; ++i)
+        if (isfinite(x[i]) && fabs(x[i]) > m) m = fabs(x[i]);
+    return m;
+}
+static double max_abs_f32(const float *x, int64_t n) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; ++i)
+        if (isfinite(x[i]) && fabs((double)x[i]) > m) m = fabs((double)x[i]);
+    return m;
+}
+
+static void expect_all(th_miss *m, const char *what, const float *got, const double *want,
+                       int64_t n, double tol) {
+    for (int64_t i = 0; i < n; ++i) th_expect(m, what, i, got[i], want[i], tol);
+}
+
+/* specials: 0 none, 1 NaN and inf in rows (forward only: the NaN pattern) */
+static void test_one(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar,
+                     const attn_shape *s, float magnitude, int specials) {
+    char ctx[200];
+    snprintf(ctx, sizeof ctx, "attention[%s] b=%lld t=%lld h=%lld kv=%lld d=%lld mag=%g%s",
+             k->name, (long long)s->b, (long long)s->t, (long long)s->h, (long long)s->hkv,
+             (long long)s->d, magnitude, specials ? " nan/inf" : "");
+    th_set_stage("%s", ctx);
+    const int64_t nq = q_size(s), nkv = kv_size(s), nl = s->b * s->h * s->t;
+    float *q = th_rand_f32(nq, 1, -magnitude, magnitude);
+    float *kk = th_rand_f32(nkv, 2, -magnitude, magnitude);
+    float *v = th_rand_f32(nkv, 3, -1.0f, 1.0f);
+    float *dout = th_rand_f32(nq, 0, -1.0f, 1.0f);
+    if (specials) {
+        q[(s->t / 2) * s->h * s->d + 1] = NAN;          /* row t/2 of head 0 */
+        kk[(s->t * 2 / 3) * s->hkv * s->d] = NAN;       /* key row 2t/3 */
+        v[(s->t / 3) * s->hkv * s->d + s->d - 1] = INFINITY; /* value row t/3 */
+    }
+    float *out = th_alloc(4, nq, 0), *lse = th_alloc(4, nl, 1);
+    double *ro = malloc(sizeof(double) * (size_t)nq), *rl = malloc(sizeof(double) * (size_t)nl);
+    double *rdq = malloc(sizeof(double) * (size_t)nq), *rdk = malloc(sizeof(double) * (size_t)nkv);
+    double *rdv = malloc(sizeof(double) * (size_t)nkv), smax;
+    attention_ref(s, q, kk, v, specials ? NULL : dout, ro, rl, rdq, rdk, rdv, &smax);
+    run_forward(k, s, q, kk, v, out, lse);
+    th_miss m = TH_MISS_INIT;
+    if (specials) {
+        for (int64_t i = 0; i < nq; ++i)
+            if (m.index < 0 && (isnan(out[i]) != isnan(ro[i]) || isinf(out[i]) != isinf(ro[i])))
+                th_expect(&m, "out nan/inf pattern", i, out[i], ro[i], 0.0);
+        for (int64_t i = 0; i < nl; ++i)
+            if (m.index < 0 && isnan(lse[i]) != isnan(rl[i]))
+                th_expect(&m, "lse nan pattern", i, lse[i], rl[i], 0.0);
+        double vmax = max_abs_f32(v, nkv);
+        for (int64_t i = 0; i < nq; ++i)
+            if (isfinite(ro[i])) th_expect(&m, "out", i, out[i], ro[i], 2e-6 * vmax);
+        th_report(&m, ctx);
+    } else {
+        const double vmax = max_abs_f32(v, nkv);
+        expect_all(&m, "out", out, ro, nq, (2e-6 + 3e-7 * smax) * vmax);
+        expect_all(&m, "lse", lse, rl, nl, 1e-6 * (1.0 + max_abs(rl, nl)) + 3e-7 * smax);
+        float *dq = th_alloc(4, nq, 2), *dk = th_alloc(4, nkv, 3), *dv = th_alloc(4, nkv, 1);
+        run_backward(k, s, q, kk, v, out, lse, dout, dq, dk, dv);
+        double gscale = max_abs(rdq, nq);
+        if (max_abs(rdk, nkv) > gscale) gscale = max_abs(rdk, nkv);
+        if (max_abs(rdv, nkv) > gscale) gscale = max_abs(rdv, nkv);
+        const double gtol = (1e-5 + 1e-6 * smax) * gscale;
+        expect_all(&m, "dq", dq, rdq, nq, gtol);
+        expect_all(&m, "dk", dk, rdk, nkv, gtol);
+        expect_all(&m, "dv", dv, rdv, nkv, gtol);
+        th_report(&m, ctx);
+        if (k != scalar) {
+            /* the same arithmetic on the scalar path, up to FMA and summation order */
+            float *so = th_alloc(4, nq, 0), *sl = th_alloc(4, nl, 0);
+            float *sdq = th_alloc(4, nq, 0), *sdk = th_alloc(4, nkv, 0), *sdv = th_alloc(4, nkv, 0);
+            run_forward(scalar, s, q, kk, v, so, sl);
+            run_backward(scalar, s, q, kk, v, so, sl, dout, sdq, sdk, sdv);
+            th_miss x = TH_MISS_INIT;
+            for (int64_t i = 0; i < nq; ++i) {
+                th_expect(&x, "out vs scalar", i, out[i], so[i], (2e-6 + 3e-7 * smax) * vmax);
+                th_expect(&x, "dq vs scalar", i, dq[i], sdq[i], gtol);
+            }
+            for (int64_t i = 0; i < nkv; ++i) {
+                th_expect(&x, "dk vs scalar", i, dk[i], sdk[i], gtol);
+                th_expect(&x, "dv vs scalar", i, dv[i], sdv[i], gtol);
+            }
+            th_report(&x, ctx);
+        }
+    }
+    free(ro);
+    free(rl);
+    free(rdq);
+    free(rdk);
+    free(rdv);
+}
+
+/* y1 = x1 c - x2 s, y2 = x2 c + x1 s from HF's float32 angles */
+static void test_rope(const ggmlopt_kernel_table *k, int64_t d, int64_t pos0, int inverse) {
+    char ctx[160];
+    snprintf(ctx, sizeof ctx, "rope_f32[%s] d=%lld pos0=%lld%s", k->name, (long long)d,
+             (long long)pos0, inverse ? " inverse" : "");
+    th_set_stage("%s", ctx);
+    const int64_t rows = 2 * 7, seq = 7, heads = 3, half = d / 2, npos = pos0 + seq;
+    float *cs = th_alloc(4, npos * half, 0), *sn = th_alloc(4, npos * half, 1);
+    for (int64_t p = 0; p < npos; ++p)
+        for (int64_t i = 0; i < half; ++i) {
+            const float inv = (float)(1.0 / pow(10000.0, (double)(2 * i) / (double)d));
+            const double angle = (double)(inv * (float)p);
+            cs[p * half + i] = (float)cos(angle);
+            sn[p * half + i] = (float)sin(angle);
+        }
+    float *x = th_rand_f32(rows * heads * d, 2, -2.0f, 2.0f);
+    x[3] = NAN;
+    x[d + 1] = INFINITY;
+    float *y = th_alloc(4, rows * heads * d, 3);
+    go_rope_args a = {seq, pos0, heads, d, x, heads * d, y, heads * d, cs, sn, inverse};
+    k->rope_f32(&a, 0, rows);
+    th_miss m = TH_MISS_INIT;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t p = pos0 + r % seq;
+        for (int64_t h = 0; h < heads; ++h)
+            for (int64_t i = 0; i < half; ++i) {
+                const int64_t o = (r * heads + h) * d + i;
+                const double c = cs[p * half + i], sv = inverse ? -sn[p * half + i] : sn[p * half + i];
+                const double x1 = x[o], x2 = x[o + half];
+                const double tol = 3e-7 * (fabs(x1) + fabs(x2));
+                th_expect(&m, "y1", o, y[o], x1 * c - x2 * sv, tol);
+                th_expect(&m, "y2", o + half, y[o + half], x2 * c + x1 * sv, tol);
+            }
+    }
+    /* in place gives the same bits */
+    float *z = th_dup(x, 4, rows * heads * d);
+    go_rope_args b = {seq, pos0, heads, d, z, heads * d, z, heads * d, cs, sn, inverse};
+    k->rope_f32(&b, 0, rows);
+    for (int64_t i = 0; i < rows * heads * d; ++i) th_expect_bits(&m, "in place", i, z[i], y[i]);
+    th_report(&m, ctx);
+}
+
+void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar) {
+    static const int64_t T[] = {1, 2, 7, 31, 33, 70, 130};
+    static const int64_t D[] = {1, 3, 8, 9, 16, 17, 64};
+    th_seed(0xa77e);
+    for (size_t ti = 0; ti < sizeof T / sizeof T[0]; ++ti)
+        for (size_t di = 0; di < sizeof D / sizeof D[0]; ++di) {
+            const attn_shape s = {ti % 2 ? 2 : 1, T[ti], 4, di % 3 == 0 ? 1 : di % 3 == 1 ? 2 : 4,
+                                  D[di]};
+            test_one(k, scalar, &s, 1.0f, 0);
+            th_release_all();
+        }
+    const attn_shape wide = {1, 40, 2, 1, 256}, big = {1, 300, 2, 2, 32};
+    test_one(k, scalar, &wide, 1.0f, 0);
+    test_one(k, scalar, &big, 1.0f, 0);
+    th_release_all();
+    const attn_shape mid = {2, 45, 2, 1, 16};
+    test_one(k, scalar, &mid, 30.0f, 0); /* scores up to a few thousand */
+    test_one(k, scalar, &mid, 1.0f, 1);
+    th_release_all();
+    static const int64_t RD[] = {2, 6, 8, 16, 18, 34, 64, 128};
+    for (size_t i = 0; i < sizeof RD / sizeof RD[0]; ++i)
+        for (int inverse = 0; inverse <= 1; ++inverse) {
+            test_rope(k, RD[i], 0, inverse);
+            test_rope(k, RD[i], 2048, inverse);
+            th_release_all();
+        }
+}
+
+/* The public functions: threads split (batch, head) items; 1 and 2 threads
+ * give the same bits. */
+void test_attention_public(void) {
+    th_set_stage("attention public api");
+    th_seed(0xa77f);
+    const attn_shape s = {3, 150, 4, 2, 24};
+    const int64_t nq = q_size(&s), nkv = kv_size(&s), nl = s.b * s.h * s.t;
+    float *q = th_rand_f32(nq, 0, -1.0f, 1.0f), *kk = th_rand_f32(nkv, 0, -1.0f, 1.0f);
+    float *v = th_rand_f32(nkv, 0, -1.0f, 1.0f), *dout = th_rand_f32(nq, 0, -1.0f, 1.0f);
+    float *res[2][5];
+    const int before = ggmlopt_get_num_threads();
+    for (int t = 0; t < 2; ++t) {
+        ggmlopt_set_num_threads(t + 1);
+        float *out = th_alloc(4, nq, 0), *lse = th_alloc(4, nl, 0);
+        float *dq = th_alloc(4, nq, 0), *dk = th_alloc(4, nkv, 0), *dv = th_alloc(4, nkv, 0);
+        int rc = ggmlopt_attention_forward_f32(s.b, s.t, s.h, s.hkv, s.d, q, s.h * s.d, kk,
+                                               s.hkv * s.d, v, s.hkv * s.d, out, s.h * s.d, lse);
+        rc |= ggmlopt_attention_backward_f32(s.b, s.t, s.h, s.hkv, s.d, q, s.h * s.d, kk,
+                                             s.hkv * s.d, v, s.hkv * s.d, out, s.h * s.d, lse,
+                                             dout, dq, dk, dv);
+        th_check(rc == 0, "attention public api: return code %d", rc);
+        res[t][0] = out;
+        res[t][1] = lse;
+        res[t][2] = dq;
+        res[t][3] = dk;
+        res[t][4] = dv;
+    }
+    ggmlopt_set_num_threads(before);
+    const int64_t sizes[5] = {nq, nl, nq, nkv, nkv};
+    th_miss m = TH_MISS_INIT;
+    for (int a = 0; a < 5; ++a)
+        for (int64_t i = 0; i < sizes[a]; ++i) th_expect_bits(&m, "1 vs 2 threads", i, res[1][a][i], res[0][a][i]);
+    th_report(&m, "attention public api 1 vs 2 threads");
+    th_check(ggmlopt_attention_forward_f32(1, 4, 3, 2, 8, q, 24, kk, 16, v, 16, res[0][0], 24,
+                                           res[0][1]) == -1,
+             "attention public api: n_heads not a multiple of n_kv_heads accepted");
+    th_check(ggmlopt_attention_forward_f32(1, 1, 1, 1, 300, q, 300, kk, 300, v, 300, res[0][0],
+                                           300, res[0][1]) == -1,
+             "attention public api: head_dim 300 accepted");
+    th_release_all();
+}

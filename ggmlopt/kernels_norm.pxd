@@ -1,0 +1,16 @@
+# C-level normalisation kernels for other Cython code (ggmlopt.h documents
+# them); raw pointers, no checks, no allocation, no GIL.
+from libc.stdint cimport int64_t
+
+cdef void rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight, float eps,
+                      float *y, float *rstd) noexcept nogil
+cdef void rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                               const float *rstd, const float *grad_y, float *grad_x,
+                               float *grad_weight) noexcept nogil
+cdef void layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                        const float *bias, float eps, float *y, float *mean,
+                        float *rstd) noexcept nogil
+cdef void layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
+                                 const float *mean, const float *rstd, const float *grad_y,
+                                 float *grad_x, float *grad_weight,
+                                 float *grad_bias) noexcept nogil

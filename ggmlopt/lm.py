@@ -1,0 +1,215 @@
+"""What uses a language model: generation with a key/value cache, and perplexity
+as llama.cpp computes it.
+
+A language model here is any model whose ``forward(tokens)`` takes int32 token
+ids (batch, T) and returns float32 logits (batch, T, vocab), as the models of
+ggmlopt.models do; generation also needs their ``make_cache(batch, max_len)``
+and ``decode(tokens, cache)`` (logits of new positions, the cache extended).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from ._args import int_arg
+from .nn.module import eval_mode
+
+__all__ = ["Perplexity", "generate", "perplexity", "stream"]
+
+
+class Perplexity(NamedTuple):
+    """llama-perplexity's final estimate: ``PPL = ppl +/- unc``, with the
+    negative log-likelihood it comes from (the mean over the scored tokens)
+    and the running estimate after each chunk (the ``[i]ppl,`` list it prints)."""
+
+    ppl: float
+    unc: float
+    nll: float
+    scored: int
+    per_chunk: tuple[float, ...]
+
+
+def _token_ids(ids: npt.ArrayLike, name: str = "ids") -> np.ndarray:
+    arr = np.asarray(ids)
+    if arr.size == 0 and arr.ndim == 1:
+        return arr.astype(np.int32)   # [] has dtype float64
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected shape (ntokens,), got {arr.shape}")
+    if arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
+        raise ValueError(f"{name}: token ids must lie in [0, 2**31), got values from "
+                         f"{arr.min()} to {arr.max()}")
+    return arr
+
+
+def _nll_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """-log softmax(logits[i])[targets[i]] per row, as llama-perplexity's
+    log_softmax: the max in float, exp in float, their sum in double."""
+    mx = logits.max(axis=1)
+    sum_exp = np.exp(logits - mx[:, None]).sum(axis=1, dtype=np.float64)
+    picked = logits[np.arange(logits.shape[0]), targets] - mx     # float32, as in C
+    return np.log(sum_exp) - picked.astype(np.float64)
+
+
+def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | None = None,
+               bos_id: int | None = None, batch_size: int = 1) -> Perplexity:
+    """The perplexity of model on the token stream ids, by llama.cpp's
+    ``llama-perplexity`` protocol, so a model scores the same in both programs.
+
+    ids: int token ids (ntokens,) exactly as llama.cpp tokenizes the text (with
+    the BOS it puts first when the vocabulary adds one); at least 2 * n_ctx.
+    The stream is cut into ntokens // n_ctx chunks of n_ctx tokens (the rest is
+    dropped); when add_bos (default: bos_id given) the first token of each chunk
+    is replaced by bos_id for the forward pass; in each chunk only the positions
+    n_ctx/2 .. n_ctx-2 are scored (position j predicting token j+1, so every
+    scored token has at least half a window of context).  batch_size: chunks
+    per forward pass (the numbers do not depend on it).
+
+    Returns Perplexity(ppl, unc, nll, scored, per_chunk): ``ppl = exp(nll)``, nll
+    the mean negative log-likelihood over the scored tokens, and unc =
+    ppl * sqrt((mean nll^2 - nll^2) / (count - 1)), llama.cpp's "Final
+    estimate: PPL = ppl +/- unc".  The model runs in eval mode.
+    """
+    tokens = _token_ids(ids)
+    n_ctx = int_arg(n_ctx, "n_ctx", 3)
+    batch_size = int_arg(batch_size, "batch_size", 1)
+    if add_bos is None:
+        add_bos = bos_id is not None
+    if add_bos:
+        if bos_id is None:
+            raise ValueError("bos_id: required with add_bos=True")
+        bos_id = int_arg(bos_id, "bos_id", 0)
+    if tokens.size < 2 * n_ctx:
+        raise ValueError(f"ids: you need at least {2 * n_ctx} tokens to evaluate perplexity "
+                         f"with a context of {n_ctx}; got {tokens.size}")
+    n_chunk = tokens.size // n_ctx
+    first = n_ctx // 2
+    chunks = tokens[:n_chunk * n_ctx].astype(np.int32).reshape(n_chunk, n_ctx)
+    nll = nll2 = 0.0
+    count = 0
+    per_chunk = []
+    with eval_mode(model):
+        for start in range(0, n_chunk, batch_size):
+            batch = chunks[start:start + batch_size].copy()
+            targets = batch[:, first + 1:].copy()   # before the BOS replacement
+            if bos_id is not None and add_bos:
+                batch[:, 0] = bos_id
+            logits = model.forward(batch)
+            want = (batch.shape[0], n_ctx)
+            if not isinstance(logits, np.ndarray) or logits.shape[:2] != want or logits.ndim != 3:
+                raise ValueError(f"model.forward: expected logits of shape {want + ('vocab',)}, "
+                                 f"got {getattr(logits, 'shape', type(logits).__name__)}")
+            for row in range(batch.shape[0]):
+                v = _nll_rows(np.asarray(logits[row, first:n_ctx - 1], np.float32),
+                              targets[row])
+                nll += float(v.sum())
+                nll2 += float((v * v).sum())
+                count += v.size
+                per_chunk.append(math.exp(nll / count))
+    mean = nll / count
+    var = nll2 / count - mean * mean
+    ppl = math.exp(mean)
+    unc = ppl * math.sqrt(var / (count - 1)) if var > 0 and count > 1 else math.nan
+    return Perplexity(ppl, unc, mean, count, tuple(per_chunk))
+
+
+def _sampling_args(temperature, top_k, top_p):
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating)):
+        raise TypeError(f"temperature: expected a float, got {type(temperature).__name__}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature: expected a finite value >= 0, got {temperature}")
+    if top_k is not None:
+        top_k = int_arg(top_k, "top_k", 1)
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float, np.floating)):
+            raise TypeError(f"top_p: expected a float, got {type(top_p).__name__}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p: expected 0 < top_p <= 1, got {top_p}")
+    return float(temperature), top_k, top_p
+
+
+def _pick(logits, temperature, top_k, top_p, rng):
+    """The next id from one row of logits: greedy at temperature 0 (the first
+    maximum, as argmax), else a draw from softmax(logits / temperature) cut to
+    the top_k largest and to the smallest set whose probability reaches top_p."""
+    if temperature == 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    order = np.argsort(-z, kind="stable")
+    if top_k is not None:
+        order = order[:top_k]
+    z = z[order]
+    p = np.exp(z - z[0])
+    p /= p.sum()
+    if top_p is not None:
+        keep = int(np.searchsorted(np.cumsum(p), top_p)) + 1
+        p = p[:keep] / p[:keep].sum()
+        order = order[:keep]
+    return int(order[rng.choice(p.size, p=p)])
+
+
+def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
+           temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+           seed: int | np.random.Generator | None = None,
+           stop_ids: Iterable[int] = ()) -> Iterator[int]:
+    """generate's ids one by one, as they are made (for printing as they come).
+    All arguments are checked before the first id is computed."""
+    prompt = _token_ids(prompt_ids, "prompt_ids")
+    if prompt.size == 0:
+        raise ValueError("prompt_ids: expected at least one token")
+    max_new_tokens = int_arg(max_new_tokens, "max_new_tokens", 0)
+    temperature, top_k, top_p = _sampling_args(temperature, top_k, top_p)
+    stops = {int(i) for i in stop_ids}
+    cfg = getattr(model, "config", None)
+    limit = getattr(cfg, "max_seq_len", None)
+    if limit is not None and prompt.size + max_new_tokens > limit:
+        raise ValueError(f"max_new_tokens: the prompt's {prompt.size} tokens and "
+                         f"{max_new_tokens} new ones exceed the model's max_seq_len={limit}")
+    vocab = getattr(cfg, "vocab_size", None)
+    if vocab is not None and prompt.max() >= vocab:
+        raise IndexError(f"prompt_ids: id {int(prompt.max())} is outside the vocabulary "
+                         f"[0, {vocab})")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return _stream(model, prompt, max_new_tokens, temperature, top_k, top_p, rng, stops)
+
+
+def _stream(model, prompt, max_new_tokens, temperature, top_k, top_p, rng, stops):
+    if max_new_tokens == 0:
+        return
+    with eval_mode(model):
+        cache = model.make_cache(1, prompt.size + max_new_tokens)
+        logits = model.decode(prompt[None].astype(np.int32), cache)[0, -1]
+        for i in range(max_new_tokens):
+            token = _pick(logits, temperature, top_k, top_p, rng)
+            yield token
+            if token in stops or i + 1 == max_new_tokens:
+                return
+            logits = model.decode(np.array([[token]], np.int32), cache)[0, -1]
+
+
+def generate(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             seed: int | np.random.Generator | None = None,
+             stop_ids: Iterable[int] = ()) -> npt.NDArray[np.int32]:
+    """The ids a language model writes after prompt_ids: int32 (n,), n <=
+    max_new_tokens.
+
+    prompt_ids: integer ids (at least one).  Each new token costs one position
+    of work: the keys and values of every position seen stay in the model's
+    cache (``model.make_cache``, ``model.decode``).  temperature 0 is greedy
+    (argmax); otherwise each id is drawn from softmax(logits / temperature),
+    cut to the top_k most likely ids and to the smallest set whose probability
+    reaches top_p, with a generator from seed (the same seed gives the same
+    ids).  Generation stops after max_new_tokens, or after an id of stop_ids
+    (which is returned).  The prompt and the new tokens must fit the model's
+    max_seq_len (ValueError before any work); an id outside the vocabulary is an
+    IndexError.  ``stream`` gives the same ids one by one.
+    """
+    return np.fromiter(stream(model, prompt_ids, max_new_tokens, temperature=temperature,
+                              top_k=top_k, top_p=top_p, seed=seed, stop_ids=stop_ids),
+                       dtype=np.int32)

@@ -1,0 +1,201 @@
+"""What Llama and GPT2 share: token checks, the output head (tied to the token
+embedding or its own Linear), the key/value cache of generation."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..nn.embedding import Embedding
+from ..nn.linear import Linear
+from ..nn.module import Module
+from ..nn.parameter import Parameter
+
+__all__ = ["CausalLM", "KVCache", "normal_init"]
+
+
+def normal_init(std):
+    """An init for Linear and Embedding: weights N(0, std), biases zero (Hugging
+    Face's _init_weights with initializer_range = std)."""
+    def init(weight, bias, rng):
+        weight[...] = rng.normal(0.0, std, weight.shape)
+        if bias is not None:
+            bias.fill(0.0)
+    return init
+
+
+class KVCache:
+    """The keys and values of the positions a model has seen, per layer:
+    k[i], v[i] float32 (batch, max_len, n_kv_heads, head_dim), positions
+    [0, length) filled.  Made by a model's ``make_cache``; ``decode`` appends."""
+
+    def __init__(self, n_layers, batch, max_len, n_kv_heads, head_dim):
+        shape = (batch, max_len, n_kv_heads, head_dim)
+        self.k = [np.zeros(shape, np.float32) for _ in range(n_layers)]
+        self.v = [np.zeros(shape, np.float32) for _ in range(n_layers)]
+        self.batch, self.max_len = batch, max_len
+        self.length = 0
+
+    def __repr__(self):
+        return (f"KVCache(layers={len(self.k)}, batch={self.batch}, length={self.length}, "
+                f"max_len={self.max_len})")
+
+
+def attend_cached(q, cache_k, cache_v, pos):
+    """Causal attention of new queries q (batch, t, n_heads, head_dim), at
+    positions pos .. pos+t-1, over the cached keys and values of positions
+    0 .. pos+t-1 (grouped-query: query head h reads kv head h // group).
+    Returns (batch, t, n_heads * head_dim) float32.  Generation's step: t is
+    small, so the scores (t x pos+t per head) are plain NumPy."""
+    b, t, n_heads, hd = q.shape
+    n_kv = cache_k.shape[2]
+    group = n_heads // n_kv
+    keys = cache_k[:, :pos + t]                       # (b, L, kv, hd)
+    values = cache_v[:, :pos + t]
+    qg = q.reshape(b, t, n_kv, group, hd)
+    scores = np.einsum("btkgd,blkd->bkgtl", qg, keys) * np.float32(1.0 / np.sqrt(hd))
+    visible = np.arange(pos + t)[None, :] <= (pos + np.arange(t))[:, None]   # (t, L)
+    scores = np.where(visible, scores, -np.inf)
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = np.einsum("bkgtl,blkd->btkgd", p.astype(np.float32), values)
+    return np.ascontiguousarray(out, dtype=np.float32).reshape(b, t, n_heads * hd)
+
+
+class CausalLM(Module):
+    """A decoder-only language model: forward(tokens) int32 (batch, T) -> logits
+    float32 (batch, T, vocab_size); backward(grad_logits) adds into every
+    trainable parameter's .grad (a tied embedding gets both of its
+    contributions) and returns None (token ids have no gradient).
+
+    Subclasses build ``self.config`` and the layers, and define ``_hidden(tokens)``
+    (the final hidden states (batch, T, dim)), ``_hidden_backward(dh)``,
+    ``_embedding`` (the token Embedding) and ``lm_head`` (a Linear, or None when
+    tied to the token embedding).  ``inputs_dtype`` int32 tells an OptContext
+    (and fit, evaluate, predict) to pass token ids as int32.
+    """
+
+    inputs_dtype = np.int32
+    lm_head: Linear | None
+
+    # ---- what a model defines ---------------------------------------------------------
+
+    @property
+    def _embedding(self) -> Embedding:
+        """The token Embedding."""
+        raise NotImplementedError
+
+    def _kv_heads(self) -> int:
+        """Key/value heads per layer (the cache's width)."""
+        raise NotImplementedError
+
+    def _hidden(self, tokens: np.ndarray) -> np.ndarray:
+        """int32 (batch, T) -> the final hidden states float32 (batch, T, dim)."""
+        raise NotImplementedError
+
+    def _hidden_backward(self, dh: np.ndarray) -> None:
+        """Backward from d loss / d hidden states (batch, T, dim)."""
+        raise NotImplementedError
+
+    def _decode_hidden(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+        """_hidden for new positions at cache.length.., extending the cache."""
+        raise NotImplementedError
+
+    def _tokens(self, tokens):
+        """tokens as a C-contiguous int32 (batch, T) array, T <= max_seq_len;
+        every id checked against the vocabulary before any work."""
+        if not isinstance(tokens, np.ndarray):
+            tokens = np.asarray(tokens)
+        if tokens.dtype.kind not in "iu":
+            raise TypeError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
+        if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
+            raise ValueError(f"tokens: expected shape (batch >= 1, T >= 1), got {tokens.shape}")
+        cfg = self.config
+        if tokens.shape[1] > cfg.max_seq_len:
+            raise ValueError(f"tokens: T={tokens.shape[1]} positions, more than the model's "
+                             f"max_seq_len={cfg.max_seq_len}")
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
+            bad = np.flatnonzero(((tokens < 0) | (tokens >= cfg.vocab_size)).reshape(-1))[0]
+            where = tuple(int(i) for i in np.unravel_index(bad, tokens.shape))
+            raise IndexError(f"tokens: id {int(tokens.reshape(-1)[bad])} at position {where} "
+                             f"is outside the vocabulary [0, {cfg.vocab_size})")
+        return np.ascontiguousarray(tokens, dtype=np.int32)
+
+    def _head_weight(self) -> Parameter:
+        """The (dim, vocab) matrix of the logits, or the tied (vocab, dim) one."""
+        return self._embedding.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, tokens):
+        """tokens: integer (batch, T) -> float32 logits (batch, T, vocab_size), a
+        buffer the model reuses; ``model(tokens)`` returns a copy."""
+        tokens = self._tokens(tokens)
+        h = self._hidden(tokens)
+        b, t, d = h.shape
+        rows = h.reshape(b * t, d)
+        if self.lm_head is not None:
+            logits = self.lm_head.forward(rows)
+        else:
+            if getattr(self, "_logits", None) is None or self._logits.shape[0] != b * t:
+                self._logits = np.empty((b * t, self.config.vocab_size), np.float32)
+            logits = np.matmul(rows, self._embedding.weight.data.T, out=self._logits)
+        self._rows, self._b, self._t = rows, b, t
+        return logits.reshape(b, t, self.config.vocab_size)
+
+    def backward(self, grad_logits):
+        """grad_logits: float32 (batch, T, vocab_size) like the last output."""
+        rows = getattr(self, "_rows", None)
+        if rows is None:
+            raise RuntimeError("backward: call forward first")
+        g = np.asarray(grad_logits)
+        want = (self._b, self._t, self.config.vocab_size)
+        if g.shape != want:
+            raise ValueError(f"grad_logits: expected shape {want} like the last logits, got "
+                             f"{g.shape}")
+        g = np.ascontiguousarray(g, dtype=np.float32).reshape(-1, self.config.vocab_size)
+        if self.lm_head is not None:
+            self.lm_head.needs_input_grad = True
+            dh = self.lm_head.backward(g)
+        else:
+            w = self._embedding.weight
+            dh = g @ w.data
+            if getattr(w, "requires_grad", True):
+                # the output's half of the tied gradient: (vocab, dim) += g^T h
+                if w.grad_is_zero:
+                    np.matmul(g.T, rows, out=w.grad)
+                else:
+                    w.grad += g.T @ rows
+                w.grad_is_zero = False
+        self._hidden_backward(dh.reshape(self._b, self._t, -1))
+
+    def __call__(self, tokens):
+        """forward(tokens), copied into an array the caller owns."""
+        return np.array(self.forward(tokens), copy=True)
+
+    # ---- generation ----------------------------------------------------------------
+
+    def make_cache(self, batch, max_len=None):
+        """An empty KVCache for batch sequences of up to max_len positions
+        (default and most: the model's max_seq_len)."""
+        cfg = self.config
+        max_len = cfg.max_seq_len if max_len is None else int(max_len)
+        if not 1 <= max_len <= cfg.max_seq_len:
+            raise ValueError(f"max_len: expected 1 .. max_seq_len={cfg.max_seq_len}, got "
+                             f"{max_len}")
+        return KVCache(cfg.n_layers, int(batch), max_len, self._kv_heads(), cfg.head_dim)
+
+    def decode(self, tokens, cache):
+        """The logits (batch, t, vocab_size) of t new tokens (batch, t) at positions
+        cache.length .. cache.length+t-1, attending to every cached position;
+        their keys and values are appended to cache.  No gradients."""
+        tokens = self._tokens(tokens)
+        b, t = tokens.shape
+        if b != cache.batch:
+            raise ValueError(f"tokens: expected {cache.batch} sequences like the cache, got {b}")
+        if cache.length + t > cache.max_len:
+            raise ValueError(f"tokens: {t} more positions after {cache.length} exceed the "
+                             f"cache's max_len={cache.max_len}")
+        h = self._decode_hidden(tokens, cache)
+        rows = h.reshape(b * t, -1)
+        w = self._head_weight().data
+        logits = rows @ (w if self.lm_head is not None else w.T)
+        cache.length += t
+        return logits.reshape(b, t, self.config.vocab_size)

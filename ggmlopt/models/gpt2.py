@@ -1,0 +1,141 @@
+"""GPT2: Hugging Face's GPT2LMHeadModel (nanoGPT's GPT, llm.c's model), with its
+parameter names without the ``transformer.`` prefix.
+
+    wte(tokens) + wpe(positions) -> n_layers x [x + attn(ln_1(x)); x + mlp(ln_2(x))]
+    -> ln_f -> logits against wte (tied)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..nn.attention import GPT2Attention
+from ..nn.embedding import Embedding
+from ..nn.mlp import GPT2MLP
+from ..nn.module import Module
+from ..nn.norm import LayerNorm
+from ._causal_lm import CausalLM, attend_cached, normal_init
+from .config import GPT2Config
+
+__all__ = ["GPT2", "GPT2Block"]
+
+INIT_STD = 0.02  # Hugging Face's initializer_range
+
+
+class GPT2Block(Module):
+    """One pre-norm block: h = x + attn(ln_1(x)), y = h + mlp(ln_2(h))."""
+
+    def __init__(self, config: GPT2Config, rng: np.random.Generator):
+        init = normal_init(INIT_STD)
+        self.ln_1 = LayerNorm(config.dim, config.norm_eps)
+        self.attn = GPT2Attention(config.dim, config.n_heads, init=init, rng=rng)
+        self.ln_2 = LayerNorm(config.dim, config.norm_eps)
+        self.mlp = GPT2MLP(config.dim, config.ffn_dim, init=init, rng=rng)
+        # GPT-2's scaled init of the projections into the residual stream
+        std = INIT_STD / math.sqrt(2 * config.n_layers)
+        for proj in (self.attn.c_proj, self.mlp.c_proj):
+            proj.weight.data[...] = rng.normal(0.0, std, proj.weight.shape)
+        self._shape = None
+
+    def _buffers(self, shape):
+        if shape != self._shape:
+            self._h, self._y, self._dh, self._dx = (np.empty(shape, np.float32)
+                                                    for _ in range(4))
+            self._shape = shape
+
+    def forward(self, x, pos=0):
+        """x: float32 (batch, T, dim) -> (batch, T, dim), a buffer the block reuses."""
+        self._buffers(x.shape)
+        np.add(x, self.attn.forward(self.ln_1.forward(x)), out=self._h)
+        return np.add(self._h, self.mlp.forward(self.ln_2.forward(self._h)), out=self._y)
+
+    def backward(self, grad_out):
+        """grad_out (batch, T, dim) -> d loss / d x, a buffer the block reuses."""
+        np.add(grad_out, self.ln_2.backward(self.mlp.backward(grad_out)), out=self._dh)
+        g = self.ln_1.backward(self.attn.backward(self._dh))
+        return np.add(self._dh, g, out=self._dx)
+
+    def decode(self, x, cache_k, cache_v, pos):
+        """forward for t new positions at pos.., reading and extending the cache."""
+        attn = self.attn
+        b, t, d = x.shape
+        qkv = attn.c_attn.forward(self.ln_1.forward(x).reshape(b * t, d)).reshape(b, t, 3, d)
+        shape = (b, t, attn.n_heads, attn.head_dim)
+        cache_k[:, pos:pos + t] = qkv[:, :, 1].reshape(shape)
+        cache_v[:, pos:pos + t] = qkv[:, :, 2].reshape(shape)
+        o = attend_cached(np.ascontiguousarray(qkv[:, :, 0]).reshape(shape), cache_k, cache_v,
+                          pos)
+        h = x + attn.c_proj.forward(o.reshape(b * t, d)).reshape(b, t, d)
+        return h + self.mlp.forward(self.ln_2.forward(h))
+
+
+class GPT2(CausalLM):
+    """GPT2(config, *, seed=0): a GPT-2 language model (learned positions,
+    LayerNorm with bias, GELU (tanh), biases everywhere, the output tied to the
+    token embedding).
+
+    Parameters (Hugging Face's GPT2LMHeadModel names without ``transformer.``):
+    ``wte.weight`` (vocab, dim), ``wpe.weight`` (max_seq_len, dim); per layer i
+    ``h.{i}.ln_1.{weight,bias}``, ``h.{i}.attn.c_attn.{weight,bias}`` (q, k, v
+    fused), ``h.{i}.attn.c_proj.{weight,bias}``, ``h.{i}.ln_2.{weight,bias}``,
+    ``h.{i}.mlp.c_fc.{weight,bias}``, ``h.{i}.mlp.c_proj.{weight,bias}``;
+    ``ln_f.{weight,bias}``.  The weights are (in, out), which for GPT-2 is
+    also Hugging Face's own layout (its Conv1D).  Initialised as Hugging Face
+    does from seed: N(0, 0.02), the two projections into the residual stream
+    N(0, 0.02 / sqrt(2 * n_layers)), biases zero, norms ones.
+
+    forward/backward/decode as Llama.
+    """
+
+    lm_head = None   # tied: the logits are h @ wte.weight.T
+
+    def __init__(self, config: GPT2Config, *, seed: int = 0):
+        if not isinstance(config, GPT2Config):
+            raise TypeError(f"config: expected a GPT2Config, got {type(config).__name__}")
+        self.config = config
+        rng = np.random.default_rng(seed)
+        init = normal_init(INIT_STD)
+        self.wte = Embedding(config.vocab_size, config.dim, init=init, rng=rng)
+        self.wpe = Embedding(config.max_seq_len, config.dim, init=init, rng=rng)
+        self.h = [GPT2Block(config, rng) for _ in range(config.n_layers)]
+        self.ln_f = LayerNorm(config.dim, config.norm_eps)
+        self._positions = None
+        self._x = None
+
+    @property
+    def _embedding(self):
+        return self.wte
+
+    def _kv_heads(self):
+        return self.config.n_heads
+
+    def _embed(self, tokens, pos):
+        b, t = tokens.shape
+        if self._x is None or self._x.shape[:2] != (b, t):
+            self._x = np.empty((b, t, self.config.dim), np.float32)
+        np.add(self.wte.forward(tokens), self.wpe.forward(np.arange(pos, pos + t)), out=self._x)
+        return self._x
+
+    def _hidden(self, tokens):
+        h = self._embed(tokens, 0)
+        for block in self.h:
+            h = block.forward(h)
+        return self.ln_f.forward(h)
+
+    def _hidden_backward(self, dh):
+        g = self.ln_f.backward(dh)
+        for block in reversed(self.h):
+            g = block.backward(g)
+        self.wte.backward(g)
+        self.wpe.backward(g.sum(axis=0))   # every sequence's position t adds into row t
+
+    def _decode_hidden(self, tokens, cache):
+        pos = cache.length
+        h = np.array(self._embed(tokens, pos), copy=True)
+        for block, k, v in zip(self.h, cache.k, cache.v):
+            h = block.decode(h, k, v, pos)
+        return self.ln_f.forward(h)
+
+    def __repr__(self):
+        return f"GPT2({self.config})"

@@ -1,0 +1,135 @@
+"""Llama: Hugging Face's LlamaForCausalLM (llama2.c's Transformer), with its
+parameter names without the ``model.`` prefix.
+
+    embed_tokens -> n_layers x [x + self_attn(input_layernorm(x));
+                                x + mlp(post_attention_layernorm(x))] -> norm -> lm_head
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..nn.attention import CausalSelfAttention
+from ..nn.embedding import Embedding
+from ..nn.linear import Linear
+from ..nn.mlp import SwiGLU
+from ..nn.module import Module
+from ..nn.norm import RMSNorm
+from ._causal_lm import CausalLM, attend_cached, normal_init
+from .config import LlamaConfig
+
+__all__ = ["Llama", "LlamaDecoderLayer"]
+
+INIT_STD = 0.02  # Hugging Face's initializer_range
+
+
+class LlamaDecoderLayer(Module):
+    """One pre-norm block: h = x + self_attn(input_layernorm(x)),
+    y = h + mlp(post_attention_layernorm(h)), x and y (batch, T, dim).  The two
+    sums go to buffers of the block's own (the sub-layers' outputs are theirs)."""
+
+    def __init__(self, config: LlamaConfig, rng: np.random.Generator):
+        init = normal_init(INIT_STD)
+        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.self_attn = CausalSelfAttention(config.dim, config.n_heads, config.n_kv_heads,
+                                             rope_base=config.rope_base, init=init, rng=rng)
+        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.mlp = SwiGLU(config.dim, config.ffn_dim, init=init, rng=rng)
+        self._shape = None
+
+    def _buffers(self, shape):
+        if shape != self._shape:
+            self._h, self._y, self._dh, self._dx = (np.empty(shape, np.float32)
+                                                    for _ in range(4))
+            self._shape = shape
+
+    def forward(self, x, pos=0):
+        """x: float32 (batch, T, dim) -> (batch, T, dim), a buffer the block reuses."""
+        self._buffers(x.shape)
+        a = self.self_attn.forward(self.input_layernorm.forward(x), pos)
+        np.add(x, a, out=self._h)
+        m = self.mlp.forward(self.post_attention_layernorm.forward(self._h))
+        return np.add(self._h, m, out=self._y)
+
+    def backward(self, grad_out):
+        """grad_out (batch, T, dim) -> d loss / d x, a buffer the block reuses."""
+        g = self.post_attention_layernorm.backward(self.mlp.backward(grad_out))
+        np.add(grad_out, g, out=self._dh)
+        g = self.input_layernorm.backward(self.self_attn.backward(self._dh))
+        return np.add(self._dh, g, out=self._dx)
+
+    def decode(self, x, cache_k, cache_v, pos):
+        """forward for t new positions at pos.., reading and extending the cache."""
+        attn = self.self_attn
+        b, t, d = x.shape
+        rows = self.input_layernorm.forward(x).reshape(b * t, d)
+        q = attn.q_proj.forward(rows).reshape(b, t, attn.n_heads, attn.head_dim).copy()
+        k = attn.k_proj.forward(rows).reshape(b, t, attn.n_kv_heads, attn.head_dim).copy()
+        v = attn.v_proj.forward(rows).reshape(b, t, attn.n_kv_heads, attn.head_dim)
+        attn.rotary.rotate(q, pos, out=q)
+        attn.rotary.rotate(k, pos, out=k)
+        cache_k[:, pos:pos + t] = k
+        cache_v[:, pos:pos + t] = v
+        o = attend_cached(q, cache_k, cache_v, pos)
+        h = x + attn.o_proj.forward(o.reshape(b * t, d)).reshape(b, t, d)
+        return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
+
+
+class Llama(CausalLM):
+    """Llama(config, *, seed=0): a Llama language model.
+
+    Parameters (Hugging Face's LlamaForCausalLM names without ``model.``):
+    ``embed_tokens.weight`` (vocab, dim); per layer i
+    ``layers.{i}.input_layernorm.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
+    ``layers.{i}.post_attention_layernorm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``;
+    ``norm.weight``; ``lm_head.weight`` (absent with tie_embeddings).  Linear
+    weights are (in, out), the transpose of torch's: that and the names are the
+    whole mapping to a Hugging Face checkpoint.  Initialised as Hugging Face does
+    (weights N(0, 0.02), norms ones) from seed.
+
+    ``forward(tokens)``: int (batch, T), T <= max_seq_len -> logits float32
+    (batch, T, vocab_size) (ValueError for a longer T, IndexError for an id
+    outside the vocabulary, both before any work); ``backward(grad_logits)``;
+    ``model(tokens)`` a copy; ``make_cache``/``decode`` for generation
+    (ggmlopt.generate).
+    """
+
+    def __init__(self, config: LlamaConfig, *, seed: int = 0):
+        if not isinstance(config, LlamaConfig):
+            raise TypeError(f"config: expected a LlamaConfig, got {type(config).__name__}")
+        self.config = config
+        rng = np.random.default_rng(seed)
+        init = normal_init(INIT_STD)
+        self.embed_tokens = Embedding(config.vocab_size, config.dim, init=init, rng=rng)
+        self.layers = [LlamaDecoderLayer(config, rng) for _ in range(config.n_layers)]
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = (None if config.tie_embeddings else
+                        Linear(config.dim, config.vocab_size, bias=False, init=init, rng=rng))
+
+    @property
+    def _embedding(self):
+        return self.embed_tokens
+
+    def _kv_heads(self):
+        return self.config.n_kv_heads
+
+    def _hidden(self, tokens):
+        h = self.embed_tokens.forward(tokens)
+        for layer in self.layers:
+            h = layer.forward(h)
+        return self.norm.forward(h)
+
+    def _hidden_backward(self, dh):
+        g = self.norm.backward(dh)
+        for layer in reversed(self.layers):
+            g = layer.backward(g)
+        self.embed_tokens.backward(g)
+
+    def _decode_hidden(self, tokens, cache):
+        pos = cache.length
+        h = np.array(self.embed_tokens.forward(tokens), copy=True)
+        for layer, k, v in zip(self.layers, cache.k, cache.v):
+            h = layer.decode(h, k, v, pos)
+        return self.norm.forward(h)
+
+    def __repr__(self):
+        return f"Llama({self.config})"

@@ -1,0 +1,337 @@
+"""Causal self-attention: Llama's (grouped-query heads, rotary positions) and
+GPT-2's (one fused q|k|v projection), both on the fused attention kernel of
+ggmlopt.kernels_attention."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kernels_attention as ka
+from .linear import Linear
+from .module import Module
+
+__all__ = ["CausalSelfAttention", "GPT2Attention", "RotaryEmbedding"]
+
+
+def _positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: expected >= 1, got {value}")
+    return int(value)
+
+
+def _position(pos):
+    if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)):
+        raise TypeError(f"pos: expected an int, got {type(pos).__name__}")
+    if pos < 0:
+        raise ValueError(f"pos: expected >= 0, got {pos}")
+    return int(pos)
+
+
+def _as_sequence(x, dim, name):
+    """x as a C-contiguous float32 (batch, T, dim) array; copies only when needed."""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if x.dtype.kind not in "biuf":
+        raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")
+    if x.ndim != 3 or x.shape[2] != dim:
+        raise ValueError(f"{name}: expected shape (batch, T, {dim}), got {x.shape}")
+    if x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{name}: expected at least one batch item and one token, got "
+                         f"shape {x.shape}")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _trains(param):
+    return param is not None and getattr(param, "requires_grad", True)
+
+
+def _linear_backward(layer, grad, need_input):
+    """layer.backward(grad) with its input gradient only when need_input; a
+    Linear whose parameters are all frozen computes no parameter gradient (only
+    grad @ weight.T, when needed)."""
+    if not (_trains(layer.weight) or _trains(layer.bias)):
+        return grad @ layer.weight.data.T if need_input else None
+    layer.needs_input_grad = need_input
+    return layer.backward(grad)
+
+
+class RotaryEmbedding(Module):
+    """RotaryEmbedding(head_dim, base=10000.0): rotary position embedding as
+    Hugging Face's Llama applies it (``rotate_half``).
+
+    For each head of x (batch, T, heads, head_dim) float32, token t at position
+    pos + t: with x1, x2 its halves and theta_i = base ** (-2i / head_dim),
+    y = (x1 cos - x2 sin, x2 cos + x1 sin) of the angles position * theta_i.
+    The cos/sin table (computed as HF does, float32 angles, cos and sin in
+    float64) is cached and grown as positions demand.  No parameters.
+
+    ``forward(x, pos=0)`` returns a buffer the layer reuses; ``rotate(x, pos,
+    out=..., inverse=...)`` writes where asked (``out=x``: in place);
+    ``backward(grad)`` rotates back by the last forward's angles.
+    """
+
+    def __init__(self, head_dim, base=10000.0):
+        head_dim = _positive_int(head_dim, "head_dim")
+        if head_dim % 2:
+            raise ValueError(f"head_dim: expected an even number, got {head_dim}")
+        if isinstance(base, (str, bytes)) or not isinstance(base, (int, float, np.number)):
+            raise TypeError(f"base: expected a real number, got {type(base).__name__}")
+        if not np.isfinite(base) or base <= 1.0:
+            raise ValueError(f"base: expected a finite number > 1, got {base}")
+        self.head_dim = head_dim
+        self.base = float(base)
+        self._cos, self._sin = ka.rope_table(head_dim, 0, self.base)
+        self._out = None
+        self._grad_in = None
+        self._pos = None
+
+    def tables(self, n_positions):
+        """(cos, sin), float32 (>= n_positions, head_dim // 2), from the cache."""
+        if self._cos.shape[0] < n_positions:
+            n = max(n_positions, 2 * self._cos.shape[0], 256)
+            self._cos, self._sin = ka.rope_table(self.head_dim, n, self.base)
+        return self._cos, self._sin
+
+    def rotate(self, x, pos=0, *, out=None, inverse=False):
+        """x: float32 (batch, T, heads, head_dim) C-contiguous -> out (new, or
+        the given array; may be x), rotated for positions pos..pos+T-1 (by the
+        opposite angles when inverse)."""
+        pos = _position(pos)
+        if not isinstance(x, np.ndarray) or x.ndim != 4:
+            raise ValueError("x: expected an array (batch, T, heads, head_dim), got "
+                             f"{getattr(x, 'shape', type(x).__name__)}")
+        if x.shape[3] != self.head_dim:
+            raise ValueError(f"x: expected head_dim {self.head_dim}, got shape {x.shape}")
+        cos, sin = self.tables(pos + x.shape[1])
+        return ka.rope(x, cos, sin, pos, out, inverse=inverse)
+
+    def forward(self, x, pos=0):
+        """x: float32 (batch, T, heads, head_dim) -> the same shape (a buffer this
+        layer reuses)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self._out is None or self._out.shape != x.shape:
+            self._out = np.empty(x.shape, dtype=np.float32)
+            self._grad_in = np.empty(x.shape, dtype=np.float32)
+        self.rotate(x, pos, out=self._out)
+        self._pos = _position(pos)
+        return self._out
+
+    def backward(self, grad_out):
+        """grad_out like the last forward's output -> d loss / d x (the rotation
+        by the opposite angles; a buffer this layer reuses), or None when
+        needs_input_grad is False."""
+        if self._pos is None:
+            raise RuntimeError("backward: call forward first")
+        if not self.needs_input_grad:
+            return None
+        g = np.ascontiguousarray(grad_out, dtype=np.float32)
+        if g.shape != self._out.shape:
+            raise ValueError(f"grad_out: expected shape {self._out.shape} like the last forward "
+                             f"output, got {g.shape}")
+        return self.rotate(g, self._pos, out=self._grad_in, inverse=True)
+
+    def __call__(self, x, pos=0):
+        """forward(x, pos), copied into an array the caller owns."""
+        return np.array(self.forward(x, pos), copy=True)
+
+    def __repr__(self):
+        return f"RotaryEmbedding(head_dim={self.head_dim}, base={self.base})"
+
+
+class CausalSelfAttention(Module):
+    """CausalSelfAttention(dim, n_heads, n_kv_heads=None, *, rope=True,
+    rope_base=10000.0, bias=False, init=None, rng=None)
+
+    Hugging Face's LlamaAttention: x (batch, T, dim) float32 ->
+    o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x))), causal,
+    scale 1/sqrt(head_dim), head_dim = dim // n_heads; grouped-query heads when
+    n_kv_heads < n_heads (query head h reads kv head h // (n_heads //
+    n_kv_heads), HF's repeat_kv).  Sub-layers ``q_proj`` (dim, n_heads *
+    head_dim), ``k_proj``, ``v_proj`` (dim, n_kv_heads * head_dim), ``o_proj``
+    (n_heads * head_dim, dim): Linear weights (in, out), the transpose of
+    torch's.  init, rng: passed to the four Linear layers (one generator).
+
+    ``forward(x, pos=0)``: token t at position pos + t (for cached generation
+    later); returns a buffer the layer reuses, ``layer(x)`` a copy.
+    ``backward(grad)`` adds into the parameters' .grad (frozen ones,
+    ``requires_grad`` False, get none) and returns d loss / d x, or None when
+    needs_input_grad is False.  The attention itself is one fused kernel each
+    way (no T x T matrix; memory O(T) per head), the projections BLAS.
+    """
+
+    def __init__(self, dim, n_heads, n_kv_heads=None, *, rope=True, rope_base=10000.0,
+                 bias=False, init=None, rng=None):
+        dim = _positive_int(dim, "dim")
+        n_heads = _positive_int(n_heads, "n_heads")
+        n_kv_heads = n_heads if n_kv_heads is None else _positive_int(n_kv_heads, "n_kv_heads")
+        if dim % n_heads:
+            raise ValueError(f"dim: {dim} is not a multiple of n_heads {n_heads}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads: n_heads {n_heads} is not a multiple of "
+                             f"n_kv_heads {n_kv_heads}")
+        head_dim = dim // n_heads
+        if head_dim > ka.MAX_HEAD_DIM:
+            raise ValueError(f"n_heads: head_dim {head_dim} is above the largest supported, "
+                             f"{ka.MAX_HEAD_DIM}")
+        self.dim, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_heads, n_kv_heads, head_dim
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        kv = n_kv_heads * head_dim
+        self.q_proj = Linear(dim, dim, bias, init=init, rng=gen)
+        self.k_proj = Linear(dim, kv, bias, init=init, rng=gen)
+        self.v_proj = Linear(dim, kv, bias, init=init, rng=gen)
+        self.o_proj = Linear(dim, dim, bias, init=init, rng=gen)
+        self._rotary = RotaryEmbedding(head_dim, rope_base) if rope else None
+        self._saved = None
+        self._o = None
+
+    @property
+    def rotary(self):
+        """The RotaryEmbedding (None without rope)."""
+        return self._rotary
+
+    def forward(self, x, pos=0):
+        """x: float32 (batch, T, dim) -> (batch, T, dim) (a buffer this layer
+        reuses); token t is at position pos + t."""
+        x = _as_sequence(x, self.dim, "x")
+        pos = _position(pos)
+        b, t, _ = x.shape
+        x2 = x.reshape(b * t, self.dim)
+        shape_q = (b, t, self.n_heads, self.head_dim)
+        shape_kv = (b, t, self.n_kv_heads, self.head_dim)
+        q = np.ascontiguousarray(self.q_proj.forward(x2)).reshape(shape_q)
+        k = np.ascontiguousarray(self.k_proj.forward(x2)).reshape(shape_kv)
+        v = np.ascontiguousarray(self.v_proj.forward(x2)).reshape(shape_kv)
+        if self._rotary is not None:  # in place: the projections never read their outputs back
+            self._rotary.rotate(q, pos, out=q)
+            self._rotary.rotate(k, pos, out=k)
+        if self._o is None or self._o.shape != shape_q:
+            self._o = np.empty(shape_q, dtype=np.float32)
+            self._lse = np.empty((b, self.n_heads, t), dtype=np.float32)
+            self._grads = tuple(np.empty(s, dtype=np.float32) for s in (shape_q, shape_kv, shape_kv))
+            self._dx = np.empty((b * t, self.dim), dtype=np.float32)
+        o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse)
+        self._saved = (q, k, v, o, lse, pos)
+        y = self.o_proj.forward(o.reshape(b * t, self.dim))
+        return y.reshape(b, t, self.dim)
+
+    def backward(self, grad_out):
+        """grad_out: float32 (batch, T, dim) like the last output.  Adds into
+        every trainable parameter's .grad; returns d loss / d x (batch, T, dim)
+        (a buffer this layer reuses), or None when needs_input_grad is False."""
+        if self._saved is None:
+            raise RuntimeError("backward: call forward first")
+        q, k, v, o, lse, pos = self._saved
+        b, t = q.shape[:2]
+        g = _as_sequence(grad_out, self.dim, "grad_out")
+        if g.shape[:2] != (b, t):
+            raise ValueError(f"grad_out: expected shape {(b, t, self.dim)} like the last "
+                             f"output, got {g.shape}")
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        need_input = bool(self.needs_input_grad)
+        need_qkv = need_input or any(_trains(p) for m in projections
+                                     for p in (m.weight, m.bias))
+        do = _linear_backward(self.o_proj, g.reshape(b * t, self.dim), need_qkv)
+        if not need_qkv:
+            return None
+        do = np.ascontiguousarray(do, dtype=np.float32).reshape(o.shape)
+        dq, dk, dv = ka.attention_backward(q, k, v, o, lse, do, *self._grads)
+        if self._rotary is not None:
+            self._rotary.rotate(dq, pos, out=dq, inverse=True)
+            self._rotary.rotate(dk, pos, out=dk, inverse=True)
+        dx = self._dx
+        for i, (layer, grad) in enumerate(zip(projections, (dq, dk, dv))):
+            part = _linear_backward(layer, grad.reshape(b * t, -1), need_input)
+            if need_input:
+                if i == 0:
+                    np.copyto(dx, part.reshape(dx.shape))
+                else:
+                    np.add(dx, part.reshape(dx.shape), out=dx)
+        return dx.reshape(b, t, self.dim) if need_input else None
+
+    def __call__(self, x, pos=0):
+        """forward(x, pos), copied into an array the caller owns."""
+        return np.array(self.forward(x, pos), copy=True)
+
+    def __repr__(self):
+        rope = "" if self._rotary is None else f", rope_base={self._rotary.base}"
+        return (f"CausalSelfAttention(dim={self.dim}, n_heads={self.n_heads}, "
+                f"n_kv_heads={self.n_kv_heads}, rope={self._rotary is not None}{rope}, "
+                f"bias={self.q_proj.bias is not None})")
+
+
+class GPT2Attention(Module):
+    """GPT2Attention(dim, n_heads, *, bias=True, init=None, rng=None)
+
+    Hugging Face's GPT2Attention: x (batch, T, dim) float32 ->
+    c_proj(attention(q, k, v)) with q | k | v = c_attn(x) split in that order
+    along the last axis, causal, scale 1/sqrt(head_dim), no rotary embedding.
+    ``c_attn``: Linear (dim, 3 * dim), ``c_proj``: Linear (dim, dim); their
+    (in, out) weights are laid out as HF's Conv1D weights already.  The
+    attention reads the fused c_attn rows in place and writes its gradients
+    into one fused buffer.  Protocol as CausalSelfAttention.
+    """
+
+    def __init__(self, dim, n_heads, *, bias=True, init=None, rng=None):
+        dim = _positive_int(dim, "dim")
+        n_heads = _positive_int(n_heads, "n_heads")
+        if dim % n_heads:
+            raise ValueError(f"dim: {dim} is not a multiple of n_heads {n_heads}")
+        if dim // n_heads > ka.MAX_HEAD_DIM:
+            raise ValueError(f"n_heads: head_dim {dim // n_heads} is above the largest "
+                             f"supported, {ka.MAX_HEAD_DIM}")
+        self.dim, self.n_heads, self.head_dim = dim, n_heads, dim // n_heads
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        self.c_attn = Linear(dim, 3 * dim, bias, init=init, rng=gen)
+        self.c_proj = Linear(dim, dim, bias, init=init, rng=gen)
+        self._saved = None
+        self._o = None
+
+    def forward(self, x, pos=0):
+        """x: float32 (batch, T, dim) -> (batch, T, dim) (a buffer this layer
+        reuses).  pos is accepted for the interface CausalSelfAttention shares
+        (GPT-2's positions are learned outside attention)."""
+        x = _as_sequence(x, self.dim, "x")
+        _position(pos)
+        b, t, _ = x.shape
+        qkv = np.ascontiguousarray(self.c_attn.forward(x.reshape(b * t, self.dim)))
+        qkv = qkv.reshape(b, t, 3 * self.dim)
+        shape_o = (b, t, self.n_heads, self.head_dim)
+        if self._o is None or self._o.shape != shape_o:
+            self._o = np.empty(shape_o, dtype=np.float32)
+            self._lse = np.empty((b, self.n_heads, t), dtype=np.float32)
+            self._dqkv = np.empty((b, t, 3 * self.dim), dtype=np.float32)
+        o, lse = ka.attention_forward_qkv(qkv, self.n_heads, out=self._o, lse=self._lse)
+        self._saved = (qkv, o, lse)
+        y = self.c_proj.forward(o.reshape(b * t, self.dim))
+        return y.reshape(b, t, self.dim)
+
+    def backward(self, grad_out):
+        """grad_out: float32 (batch, T, dim) -> d loss / d x (a buffer this layer
+        reuses), or None when needs_input_grad is False; adds into the
+        trainable parameters' .grad."""
+        if self._saved is None:
+            raise RuntimeError("backward: call forward first")
+        qkv, o, lse = self._saved
+        b, t = o.shape[:2]
+        g = _as_sequence(grad_out, self.dim, "grad_out")
+        if g.shape[:2] != (b, t):
+            raise ValueError(f"grad_out: expected shape {(b, t, self.dim)} like the last "
+                             f"output, got {g.shape}")
+        need_input = bool(self.needs_input_grad)
+        need_qkv = need_input or _trains(self.c_attn.weight) or _trains(self.c_attn.bias)
+        do = _linear_backward(self.c_proj, g.reshape(b * t, self.dim), need_qkv)
+        if not need_qkv:
+            return None
+        do = np.ascontiguousarray(do, dtype=np.float32).reshape(o.shape)
+        dqkv = ka.attention_backward_qkv(qkv, self.n_heads, o, lse, do, dqkv=self._dqkv)
+        dx = _linear_backward(self.c_attn, dqkv.reshape(b * t, 3 * self.dim), need_input)
+        return dx.reshape(b, t, self.dim) if need_input else None
+
+    def __call__(self, x, pos=0):
+        """forward(x, pos), copied into an array the caller owns."""
+        return np.array(self.forward(x, pos), copy=True)
+
+    def __repr__(self):
+        return (f"GPT2Attention(dim={self.dim}, n_heads={self.n_heads}, "
+                f"bias={self.c_attn.bias is not None})")

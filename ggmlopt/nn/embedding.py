@@ -1,0 +1,97 @@
+"""Embedding: a lookup table of vectors indexed by integer ids."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kernels_embedding
+from ._lm_args import check_size, trains
+from .module import Module
+from .parameter import Parameter
+
+__all__ = ["Embedding", "standard_normal"]
+
+
+def standard_normal(weight: np.ndarray, bias, rng: np.random.Generator) -> None:
+    """torch.nn.Embedding's default: weight ~ N(0, 1) (bias, always None here,
+    is ignored).  Fills the array in place."""
+    weight[...] = rng.standard_normal(size=weight.shape)
+
+
+class Embedding(Module):
+    """Embedding(num_embeddings, embedding_dim, *, init=None, rng=None)
+
+    forward(ids): integer ids of any shape (...) -> float32 (..., embedding_dim),
+    row ids[...] of weight (torch.nn.Embedding).  weight: Parameter
+    (num_embeddings, embedding_dim).  init(weight, None, rng) fills the float32
+    array in place; default standard_normal, N(0, 1) as torch's layer (Hugging
+    Face's Llama and GPT-2 re-initialise with std 0.02: pass such an init, or
+    let the model do it).  rng: None, an int seed or a numpy Generator.
+
+    Ids must be integers (TypeError otherwise, floats included) in
+    [0, num_embeddings) (IndexError naming the first bad id and its position,
+    before any work).  ``backward(grad_out)`` adds grad_out's rows into the rows
+    of weight.grad its ids name (repeated ids add up, in the order of the ids:
+    the same bits on any number of threads; nothing when weight.requires_grad
+    is False) and returns None: ids have no gradient.
+    """
+
+    def __init__(self, num_embeddings, embedding_dim, *, init=None, rng=None):
+        self.num_embeddings = check_size(num_embeddings, "num_embeddings")
+        self.embedding_dim = check_size(embedding_dim, "embedding_dim")
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        w = np.zeros((self.num_embeddings, self.embedding_dim), dtype=np.float32)
+        (init or standard_normal)(w, None, gen)
+        self.weight = Parameter(w, name="weight")
+        self._shape = None
+        self._ids = None
+        self._have_ids = False
+
+    def _check_ids(self, ids):
+        if not isinstance(ids, np.ndarray):
+            ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"ids: expected integer token ids, got dtype {ids.dtype}")
+        if ids.size:
+            bad = (ids < 0) | (ids >= self.num_embeddings)
+            if bad.any():
+                flat = int(np.flatnonzero(bad.reshape(-1))[0])
+                pos = tuple(int(p) for p in np.unravel_index(flat, ids.shape))
+                raise IndexError(f"ids: id {int(ids.reshape(-1)[flat])} at position {pos} is "
+                                 f"out of range; expected ids in [0, {self.num_embeddings})")
+        return ids
+
+    def forward(self, ids):
+        """ids: integers (...) -> float32 (..., embedding_dim), a buffer this layer
+        reuses (the next forward overwrites it); ``layer(ids)`` returns a copy the
+        caller owns."""
+        ids = self._check_ids(ids)
+        if ids.shape != self._shape:
+            self._out = np.empty(ids.shape + (self.embedding_dim,), dtype=np.float32)
+            self._ids = np.empty(ids.shape, dtype=np.int32)
+            self._shape = ids.shape
+        # a copy of the ids: the caller may reuse its array before backward
+        np.copyto(self._ids, ids, casting="unsafe")
+        self._have_ids = True
+        return kernels_embedding.embedding(self._ids, self.weight.data, out=self._out)
+
+    def backward(self, grad_out):
+        """grad_out: float32 (..., embedding_dim) like the last forward output.
+        Adds into weight.grad; returns None."""
+        if not self._have_ids:
+            raise RuntimeError("backward: call forward first")
+        if not isinstance(grad_out, np.ndarray):
+            grad_out = np.asarray(grad_out)
+        if grad_out.dtype.kind not in "biuf":
+            raise TypeError(f"grad_out: expected real numbers, got dtype {grad_out.dtype}")
+        expected = self._shape + (self.embedding_dim,)
+        if grad_out.shape != expected:
+            raise ValueError(f"grad_out: expected shape {expected} like the last forward "
+                             f"output, got {grad_out.shape}")
+        if trains(self.weight):
+            g = np.ascontiguousarray(grad_out, dtype=np.float32)
+            # adding into zeros is writing: no special case for grad_is_zero
+            kernels_embedding.embedding_backward(self._ids, g, self.weight.grad)
+            self.weight.grad_is_zero = False
+
+    def __repr__(self):
+        return f"Embedding({self.num_embeddings}, {self.embedding_dim})"

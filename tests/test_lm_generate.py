@@ -1,0 +1,96 @@
+"""ggmlopt.generate: a key/value cache whose every step equals a full recompute,
+greedy and seeded sampling, stop ids, streaming, and clear errors."""
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt.lm import stream
+from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig
+
+MODELS = {
+    "llama": lambda: Llama(LlamaConfig(vocab_size=41, dim=32, n_layers=2, n_heads=4,
+                                       n_kv_heads=2, max_seq_len=256), seed=2),
+    "llama-tied": lambda: Llama(LlamaConfig(vocab_size=41, dim=16, n_layers=1, n_heads=2,
+                                            max_seq_len=256, tie_embeddings=True), seed=5),
+    "gpt2": lambda: GPT2(GPT2Config(vocab_size=41, dim=32, n_layers=2, n_heads=4,
+                                    max_seq_len=256), seed=2),
+}
+
+
+def sharpen(model):
+    """Scale the output weights so the greedy path is not decided by ties."""
+    for name, p in model.named_parameters():
+        if name.endswith("lm_head.weight") or name in ("embed_tokens.weight", "wte.weight"):
+            p.data *= 8
+    return model
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_cached_decoding_equals_the_full_forward(arch):
+    model = MODELS[arch]()
+    tokens = np.random.default_rng(0).integers(0, 41, (2, 50))
+    full = model(tokens)
+    cache = model.make_cache(2, 60)
+    parts = [model.decode(tokens[:, :17], cache), model.decode(tokens[:, 17:18], cache),
+             model.decode(tokens[:, 18:], cache)]
+    assert cache.length == 50
+    np.testing.assert_allclose(np.concatenate(parts, axis=1), full, rtol=1e-4,
+                               atol=1e-4 * np.abs(full).max())
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_greedy_generation_is_the_argmax_of_a_full_recompute(arch):
+    model = sharpen(MODELS[arch]())
+    prompt = np.array([3, 1, 4, 1, 5])
+    ids = go.generate(model, prompt, 200, temperature=0)
+    assert ids.dtype == np.int32 and ids.shape == (200,)
+    seq = list(prompt)
+    for step in range(200):
+        logits = model.forward(np.array([seq]))[0, -1]
+        assert ids[step] == int(np.argmax(logits)), step
+        seq.append(int(ids[step]))
+
+
+def test_sampling_repeats_with_the_seed_and_follows_top_k_and_top_p():
+    model = MODELS["llama"]()
+    a = go.generate(model, [1, 2, 3], 40, seed=7)
+    assert np.array_equal(a, go.generate(model, [1, 2, 3], 40, seed=7))
+    assert not np.array_equal(a, go.generate(model, [1, 2, 3], 40, seed=8))
+    greedy = go.generate(model, [1, 2, 3], 20, temperature=0)
+    np.testing.assert_array_equal(go.generate(model, [1, 2, 3], 20, top_k=1, seed=1), greedy)
+    np.testing.assert_array_equal(go.generate(model, [1, 2, 3], 20, top_p=1e-9, seed=1), greedy)
+    top3 = go.generate(model, [1, 2, 3], 30, top_k=3, temperature=2.0, seed=3)
+    seq = [1, 2, 3]
+    for t in top3:   # every draw among the three most likely ids
+        best = np.argsort(-model.forward(np.array([seq]))[0, -1])[:3]
+        assert t in best
+        seq.append(int(t))
+
+
+def test_stop_ids_and_streaming():
+    model = sharpen(MODELS["gpt2"]())
+    greedy = go.generate(model, [5], 30, temperature=0)
+    stop = int(greedy[4])
+    first = int(np.flatnonzero(greedy == stop)[0])
+    got = go.generate(model, [5], 30, temperature=0, stop_ids=[stop])
+    np.testing.assert_array_equal(got, greedy[:first + 1])
+    assert list(stream(model, [5], 30, temperature=0)) == greedy.tolist()
+    assert go.generate(model, [5], 0).shape == (0,)
+
+
+@pytest.mark.parametrize("prompt,n,kw,exc,match", [
+    ([1] * 200, 57, {}, ValueError, "exceed the model's max_seq_len=256"),
+    ([], 5, {}, ValueError, "at least one token"),
+    ([1.5, 2.0], 5, {}, TypeError, "integer token ids"),
+    ([1, 41], 5, {}, IndexError, "outside the vocabulary"),
+    ([1], -1, {}, ValueError, "max_new_tokens"),
+    ([1], 5, {"temperature": -1.0}, ValueError, "temperature"),
+    ([1], 5, {"top_p": 0.0}, ValueError, "top_p"),
+    ([1], 5, {"top_k": 0}, ValueError, "top_k"),
+])
+def test_bad_arguments_fail_before_generating(prompt, n, kw, exc, match):
+    model = MODELS["llama"]()
+    with pytest.raises(exc, match=match):
+        stream(model, np.array(prompt), n, **kw)
+    with pytest.raises(exc, match=match):
+        go.generate(model, np.array(prompt), n, **kw)
