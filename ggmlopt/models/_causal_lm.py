@@ -74,7 +74,7 @@ class CausalLM(Module):
     (and fit, evaluate, predict) to pass token ids as int32.
     """
 
-    inputs_dtype = np.int32
+    inputs_dtype = np.dtype(np.int32)
     lm_head: Linear | None
 
     # ---- what a model defines ---------------------------------------------------------
