@@ -17,8 +17,8 @@ import numpy as np
 import ggmlopt as go
 from ggmlopt.models import Llama, LlamaConfig
 
-STORIES15M = dict(vocab_size=32000, dim=288, n_layers=6, n_heads=6, ffn_dim=768,
-                  max_seq_len=256, norm_eps=1e-5)
+STORIES15M = {"vocab_size": 32000, "dim": 288, "n_layers": 6, "n_heads": 6, "ffn_dim": 768,
+                  "max_seq_len": 256, "norm_eps": 1e-5}
 BATCH, T = 8, 256
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 0.0
 

@@ -27,7 +27,7 @@ import pytest
 from ggmlopt import kernels
 
 sys.path.insert(0, os.path.dirname(__file__))
-import lm_models  # noqa: E402
+import lm_models
 
 REPEATS = int(os.environ.get("GGMLOPT_BENCH_REPEATS", "5"))
 STRICT = os.environ.get("GGMLOPT_BENCH_STRICT") == "1"
@@ -69,18 +69,18 @@ def test_bench_stories15m_training_step(threads):
     mem_go, base_go = peak_memory("ggmlopt")
     mem_torch, base_torch = peak_memory("torch")
     lines = [
-        f"stories15M step, B={lm_models.BATCH}, T={lm_models.T}, 2 threads, "
+        (f"stories15M step, B={lm_models.BATCH}, T={lm_models.T}, 2 threads, "
         f"{REPEATS} interleaved repeats, medians (torch {torch.__version__}, "
         f"{torch.backends.cpu.get_cpu_capability()}, AdamW {adamw_kind}; "
-        f"ggmlopt {kernels.simd_info()['active']})",
-        f"ggmlopt: {t_go:.3f} s/step  {TOKENS / t_go:,.0f} tokens/s  "
-        f"(all: {', '.join(f'{t:.2f}' for t in all_times['ggmlopt'])})",
-        f"torch:   {t_torch:.3f} s/step  {TOKENS / t_torch:,.0f} tokens/s  "
-        f"(all: {', '.join(f'{t:.2f}' for t in all_times['torch'])})",
+        f"ggmlopt {kernels.simd_info()['active']})"),
+        (f"ggmlopt: {t_go:.3f} s/step  {TOKENS / t_go:,.0f} tokens/s  "
+        f"(all: {', '.join(f'{t:.2f}' for t in all_times['ggmlopt'])})"),
+        (f"torch:   {t_torch:.3f} s/step  {TOKENS / t_torch:,.0f} tokens/s  "
+        f"(all: {', '.join(f'{t:.2f}' for t in all_times['torch'])})"),
         f"ggmlopt/torch = {t_go / t_torch:.2f} (target <= 0.8)",
-        f"peak RSS: ggmlopt {mem_go:.0f} MiB (process before the model {base_go:.0f}), "
+        (f"peak RSS: ggmlopt {mem_go:.0f} MiB (process before the model {base_go:.0f}), "
         f"torch {mem_torch:.0f} MiB (before the model {base_torch:.0f}); "
-        f"ggmlopt/torch = {mem_go / mem_torch:.2f} (target <= 1)",
+        f"ggmlopt/torch = {mem_go / mem_torch:.2f} (target <= 1)"),
     ]
     print("\n" + "\n".join(lines))
     if STRICT:
