@@ -9,6 +9,8 @@ the SwiGLU product, F.silu(g) * u, with .grad reset to None each step.
 Target (issue 17): each <= 0.5x torch's time.  The SwiGLU product is timed on
 its own (gate and up (8, 256, dim)): the three projections around it are BLAS
 matrix products on both sides.  Embedding: vocabulary 32000, ids (8, 256).
+The whole MLP blocks (SwiGLU(288, 768) and GPT2MLP(288), x (8, 256, 288)) are
+timed too, for scale, without a target: BLAS does most of their work.
 """
 import numpy as np
 import pytest
@@ -101,6 +103,28 @@ def test_ggmlopt(benchmark, threads, layer, shape):
             items=int(np.prod(shape)))
 
 
+MLPS = ["SwiGLU(288, 768)", "GPT2MLP(288)"]
+
+
+def mlp_inputs():
+    rng = np.random.default_rng(5)
+    return (rng.standard_normal((8, 256, 288)).astype(np.float32),
+            rng.standard_normal((8, 256, 288)).astype(np.float32))
+
+
+@pytest.mark.parametrize("block", MLPS)
+def test_ggmlopt_mlp(benchmark, threads, block):
+    threads(2)
+    x, dy = mlp_inputs()
+    m = gnn.SwiGLU(288, 768, rng=0) if block.startswith("SwiGLU") else gnn.GPT2MLP(288, rng=0)
+
+    def run():
+        m.forward(x)
+        m.backward(dy)
+    measure(benchmark, run, case=f"{block} fwd+bwd (8, 256, 288), 2 threads", role="ggmlopt",
+            label=f"ggmlopt {block} forward + backward", items=x.size)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("layer", LAYERS)
 def test_torch(benchmark, threads, layer, shape):
@@ -109,3 +133,32 @@ def test_torch(benchmark, threads, layer, shape):
     measure(benchmark, torch_step(torch, layer, shape), case=case_name(layer, shape),
             role="baseline", label=f"torch {layer} forward + backward", target=TARGET,
             items=int(np.prod(shape)))
+
+
+@pytest.mark.parametrize("block", MLPS)
+def test_torch_mlp(benchmark, threads, block):
+    torch = pytest.importorskip("torch")
+    threads(2)
+    F = torch.nn.functional
+    x, dy = (torch.from_numpy(a) for a in mlp_inputs())
+    x.requires_grad_(True)
+    if block.startswith("SwiGLU"):
+        lins = [torch.nn.Linear(288, 768, bias=False), torch.nn.Linear(288, 768, bias=False),
+                torch.nn.Linear(768, 288, bias=False)]
+
+        def fwd(v):
+            return lins[2](F.silu(lins[0](v)) * lins[1](v))
+    else:
+        lins = [torch.nn.Linear(288, 1152), torch.nn.Linear(1152, 288)]
+
+        def fwd(v):
+            return lins[1](F.gelu(lins[0](v), approximate="tanh"))
+
+    def run():
+        x.grad = None
+        for lin in lins:
+            for p in lin.parameters():
+                p.grad = None
+        fwd(x).backward(dy)
+    measure(benchmark, run, case=f"{block} fwd+bwd (8, 256, 288), 2 threads", role="baseline",
+            label=f"torch {block} forward + backward", items=x.numel())

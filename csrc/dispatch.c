@@ -1032,6 +1032,8 @@ typedef struct {
     const float *x, *w, *b, *mean, *rstd, *dy;
     float *y, *out_mean, *out_rstd, *dw, *db;
     float eps;
+    float *work;   /* backward: the blocks' partial sums (8-byte aligned) */
+    int64_t block; /* backward: rows a block */
 } norm_args;
 
 /* A row costs some 2-4 passes over dim floats: blocks of about 4096 elements,
@@ -1048,7 +1050,8 @@ static double rmsnorm_block(const void *p, int64_t b, int64_t e) {
 void ggmlopt_rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                          float eps, float *y, float *rstd) {
     if (dim <= 0) return;
-    norm_args a = {nrows, dim, x, weight, NULL, NULL, NULL, NULL, y, NULL, rstd, NULL, NULL, eps};
+    norm_args a = {nrows, dim, x, weight, NULL, NULL, NULL, NULL, y, NULL, rstd, NULL, NULL, eps,
+                   NULL, 0};
     run_blocks(nrows, rows_for(dim, GO_NORM_BLOCK_MIN), rows_for(dim, GO_NORM_PARALLEL_MIN),
                rmsnorm_block, &a);
 }
@@ -1062,56 +1065,80 @@ static double layernorm_block(const void *p, int64_t b, int64_t e) {
 void ggmlopt_layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                            const float *bias, float eps, float *y, float *mean, float *rstd) {
     if (dim <= 0) return;
-    norm_args a = {nrows, dim, x, weight, bias, NULL, NULL, NULL, y, mean, rstd, NULL, NULL, eps};
+    norm_args a = {nrows, dim, x, weight, bias, NULL, NULL, NULL, y, mean, rstd, NULL, NULL, eps,
+                   NULL, 0};
     run_blocks(nrows, rows_for(dim, GO_NORM_BLOCK_MIN), rows_for(dim, GO_NORM_PARALLEL_MIN),
                layernorm_block, &a);
 }
 
+/* Backward blocks: at least 4x the forward's, so a block's partial sums (the
+ * work area) stay few; they depend on the shape only. */
+static int64_t norm_backward_block_rows(int64_t nrows, int64_t dim) {
+    int64_t block = (nrows + GO_MAX_BLOCKS - 1) / GO_MAX_BLOCKS;
+    const int64_t min = rows_for(dim, 4 * GO_NORM_BLOCK_MIN);
+    if (block < min) block = min;
+    return (block + 15) & ~(int64_t)15; /* as run_blocks rounds it */
+}
+/* a block's part of the work area: partial sums pw, pb (dim doubles each) and
+ * the kernel's run accumulators (2 * dim floats) */
+#define GO_NORM_WORK_PER_COL 6
+
+int64_t ggmlopt_norm_backward_work_size(int64_t nrows, int64_t dim) {
+    if (nrows <= 0 || dim <= 0) return 0;
+    const int64_t block = norm_backward_block_rows(nrows, dim);
+    return (nrows + block - 1) / block * GO_NORM_WORK_PER_COL * dim;
+}
+
 static double norm_backward_block(const void *p, int64_t b, int64_t e) {
     const norm_args *a = (const norm_args *)p;
+    double *pw = NULL, *pb = NULL;
+    float *acc = NULL;
+    if (a->dw || a->db) {
+        double *part = (double *)a->work + (b / a->block) * (GO_NORM_WORK_PER_COL / 2) * a->dim;
+        pw = part;
+        pb = part + a->dim;
+        acc = (float *)(part + 2 * a->dim);
+    }
     kernels()->norm_backward_f32(e - b, a->dim, a->x + b * a->dim, a->w,
                                  a->mean ? a->mean + b : NULL, a->rstd + b, a->dy + b * a->dim,
-                                 a->y + b * a->dim);
+                                 a->y ? a->y + b * a->dim : NULL, pw, pb, acc);
     return 0.0;
 }
-static double norm_param_grad_block(const void *p, int64_t b, int64_t e) {
-    const norm_args *a = (const norm_args *)p;
-    kernels()->norm_param_grad_f32(a->nrows, a->dim, b, e, a->x, a->mean, a->rstd, a->dy, a->dw,
-                                   a->db);
-    return 0.0;
-}
-/* dx row by row; dw and db by ranges of columns through all rows (column
- * sums in row order: the same bits on any number of threads) */
+/* dx and the blocks' partial parameter sums in one pass over the rows, then
+ * the partial sums added in block order (the same bits on any number of
+ * threads) */
 static void norm_backward(norm_args *a, float *dx) {
-    if (a->nrows <= 0 || a->dim <= 0) return;
-    if (dx) {
-        a->y = dx;
-        run_blocks(a->nrows, rows_for(a->dim, GO_NORM_BLOCK_MIN),
-                   rows_for(a->dim, GO_NORM_PARALLEL_MIN), norm_backward_block, a);
-    }
-    if (a->dw || a->db) {
-        /* two ranges of columns a thread, each at least 32 columns (any split
-         * gives the same bits) */
-        const int parallel = a->nrows * a->dim >= GO_NORM_PARALLEL_MIN;
-        const int64_t ranges = 2 * (int64_t)go_pool_threads();
-        const int64_t cols = (a->dim + ranges - 1) / ranges;
-        run_blocks(a->dim, cols < 32 ? 32 : cols, parallel ? 0 : INT64_MAX, norm_param_grad_block,
-                   a);
+    if (a->nrows <= 0 || a->dim <= 0 || (!dx && !a->dw && !a->db)) return;
+    a->y = dx;
+    a->block = norm_backward_block_rows(a->nrows, a->dim);
+    run_blocks(a->nrows, a->block, rows_for(a->dim, GO_NORM_PARALLEL_MIN), norm_backward_block, a);
+    if (!a->dw && !a->db) return;
+    const int64_t nblocks = (a->nrows + a->block - 1) / a->block;
+    const int64_t stride = (GO_NORM_WORK_PER_COL / 2) * a->dim;
+    const double *part = (const double *)a->work;
+    for (int64_t j = 0; j < a->dim; ++j) {
+        double sw = 0.0, sb = 0.0;
+        for (int64_t k = 0; k < nblocks; ++k) {
+            sw += part[k * stride + j];
+            sb += part[k * stride + a->dim + j];
+        }
+        if (a->dw) a->dw[j] += (float)sw;
+        if (a->db) a->db[j] += (float)sb;
     }
 }
 void ggmlopt_rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                                   const float *rstd, const float *grad_y, float *grad_x,
-                                  float *grad_weight) {
+                                  float *grad_weight, float *work) {
     norm_args a = {nrows, dim, x, weight, NULL, NULL, rstd, grad_y, NULL, NULL, NULL,
-                   grad_weight, NULL, 0.0f};
+                   grad_weight, NULL, 0.0f, work, 0};
     norm_backward(&a, grad_x);
 }
 void ggmlopt_layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x,
                                     const float *weight, const float *mean, const float *rstd,
                                     const float *grad_y, float *grad_x, float *grad_weight,
-                                    float *grad_bias) {
+                                    float *grad_bias, float *work) {
     norm_args a = {nrows, dim, x, weight, NULL, mean, rstd, grad_y, NULL, NULL, NULL,
-                   grad_weight, grad_bias, 0.0f};
+                   grad_weight, grad_bias, 0.0f, work, 0};
     norm_backward(&a, grad_x);
 }
 
@@ -1154,13 +1181,13 @@ typedef struct {
     int64_t rows;    /* rows per query block */
 } attn_job;
 
-/* Item it: the query blocks of every head, the latest (longest: causal) first,
- * so the threads end together.  Each output row is computed by one item in
- * one way: the result does not depend on the threads. */
+/* Item it: a query block of one head; a head's blocks come one after the
+ * other, the latest (longest: causal) first, so the blocks running together
+ * share the head's keys and values in cache.  Each output row is computed by
+ * one item in one way: the result does not depend on the threads. */
 static void attn_forward_item(void *p, int it) {
     const attn_job *job = (const attn_job *)p;
-    const int64_t nheads = job->a.batch * job->a.n_heads;
-    const int64_t qb = job->nblocks - 1 - it / nheads, bh = it % nheads;
+    const int64_t qb = job->nblocks - 1 - it % job->nblocks, bh = it / job->nblocks;
     const int64_t i0 = qb * job->rows;
     const int64_t i1 = i0 + job->rows < job->a.seq ? i0 + job->rows : job->a.seq;
     kernels()->attention_forward_f32(&job->a, bh / job->a.n_heads, bh % job->a.n_heads, i0, i1);

@@ -59,8 +59,9 @@ typedef struct {
     float scale;
 } go_attn_args;
 
-/* keys per tile, query rows per backward block, the widest head */
+/* keys per tile (forward, backward), query rows per backward block, the widest head */
 #define GO_ATTN_BK 32
+#define GO_ATTN_BK_BWD 64
 #define GO_ATTN_BQ_BWD 32
 #define GO_ATTN_MAX_D 256
 /* the forward's accumulators (query rows x padded head) on the stack */
@@ -171,13 +172,12 @@ typedef struct ggmlopt_kernel_table {
                         float *y, float *rstd);
     void (*layernorm_f32)(int64_t nrows, int64_t dim, const float *x, const float *w,
                           const float *b, float eps, float *y, float *mean, float *rstd);
-    /* dx of either norm (mean NULL: RMSNorm) */
+    /* dx of either norm (mean NULL: RMSNorm; dx may be NULL) and, when pw is
+     * not NULL, the partial sums of the parameter gradients over these rows
+     * (pb may be NULL); acc: 2 * dim floats of scratch */
     void (*norm_backward_f32)(int64_t nrows, int64_t dim, const float *x, const float *w,
-                              const float *mean, const float *rstd, const float *dy, float *dx);
-    /* dw (may be NULL) and db (may be NULL) += column sums over all rows, columns [c0, c1) */
-    void (*norm_param_grad_f32)(int64_t nrows, int64_t dim, int64_t c0, int64_t c1,
-                                const float *x, const float *mean, const float *rstd,
-                                const float *dy, float *dw, float *db);
+                              const float *mean, const float *rstd, const float *dy, float *dx,
+                              double *pw, double *pb, float *acc);
     void (*swiglu_f32)(int64_t n, const float *gate, const float *up, float *h);
     void (*swiglu_backward_f32)(int64_t n, const float *gate, const float *up,
                                 const float *grad_h, float *grad_gate, float *grad_up);

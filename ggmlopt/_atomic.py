@@ -14,7 +14,9 @@ def atomic_output(path: str) -> Iterator[str]:
     """Yield a temporary file name beside path (same file system, so the rename is
     atomic); when the block ends normally the file is fsynced and renamed over
     path, then the directory is fsynced, otherwise the file is removed.  Readers
-    and crashes only ever see the previous file or the complete new one."""
+    and crashes only ever see the previous file or the complete new one.  The file
+    gets the umask's usual mode (0644 under a 022 umask), also when the writer
+    replaced the temporary file with one of its own (safetensors writes 0600)."""
     directory = os.path.dirname(os.path.abspath(path))
     while True:
         # os.open with 0o666 (not mkstemp's 0o600): the file gets the umask's usual mode
@@ -24,8 +26,11 @@ def atomic_output(path: str) -> Iterator[str]:
             break
         except FileExistsError:
             continue
+    mode = os.stat(tmp).st_mode & 0o7777
     try:
         yield tmp
+        if os.stat(tmp).st_mode & 0o7777 != mode:
+            os.chmod(tmp, mode)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

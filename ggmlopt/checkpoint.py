@@ -225,6 +225,9 @@ def _check_format(sd):
 
 # ---- what a context's state looks like ---------------------------------------------------
 
+_SECTION_WORDS = {"grad": "the gradient", "adamw_m": "the AdamW m", "adamw_v": "the AdamW v"}
+
+
 class _Layout:
     """What a context's state dict holds: its settings and parameter shapes."""
 
@@ -259,6 +262,15 @@ class _Layout:
         if self.momenta:
             sections += ["adamw_m", "adamw_v"]
         return [(f"{s}.{i}", shape) for s in sections for i, shape in enumerate(self.shapes)]
+
+    def describe(self, key):
+        """'param.2' -> 'parameter 2.weight' (named_parameters' name of the state's
+        third trainable parameter), 'adamw_m.2' -> "the AdamW m of parameter
+        2.weight"; the index where the model has no names."""
+        section, i = key.rsplit(".", 1)
+        names = [n for n, t in zip(self.names, self.trainable) if t]
+        name = f"parameter {names[int(i)] if int(i) < len(names) else i}"
+        return name if section == "param" else f"{_SECTION_WORDS[section]} of {name}"
 
     def keys(self):
         return (set(_SETTING_KEYS) | _STR_KEYS | {"grad_is_zero"} | set(_OPT_PAR_NAMES[self.optimizer])
@@ -373,7 +385,10 @@ def _validate(sd, layout):
             raise ValueError(f"state_dict: optimizer parameters in force: {e}") from None
 
     for key, shape in layout.array_keys():
-        _get_array(sd, key, np.float32, shape)
+        try:
+            _get_array(sd, key, np.float32, shape)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{layout.describe(key)}: {e}") from None
     flags = _get_array(sd, "grad_is_zero", np.int8, (len(layout.shapes),))
     if not np.all((flags == 0) | (flags == 1)):
         raise ValueError("state_dict['grad_is_zero']: expected only 0 and 1")
@@ -515,13 +530,14 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
     if len(shapes) != settings["nparams"]:
         raise ValueError(f"model: it has {len(shapes)} parameters, the checkpoint "
                          f"{os.fspath(path)!r} {settings['nparams']}")
+    lay = _Layout(loss_type, optimizer, build_type, settings["opt_period"], shapes, bg_type,
+                  trainable, names)
     for i, shape in enumerate(shapes):
         saved = ctx_sd.get(f"param.{i}")
         if isinstance(saved, np.ndarray) and saved.shape != shape:
-            raise ValueError(f"model: parameter {i} has shape {shape}, the checkpoint "
-                             f"{os.fspath(path)!r} has param.{i} of shape {saved.shape}")
-    lay = _Layout(loss_type, optimizer, build_type, settings["opt_period"], shapes, bg_type,
-                  trainable, names)
+            raise ValueError(f"model: {lay.describe(f'param.{i}')} has shape {shape}, the "
+                             f"checkpoint {os.fspath(path)!r} has shape {saved.shape} for it "
+                             f"(param.{i})")
     try:
         _validate(ctx_sd, lay)
     except (ValueError, TypeError) as e:

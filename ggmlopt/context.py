@@ -104,6 +104,27 @@ def _trains(p) -> bool:
     return bool(getattr(p, "requires_grad", True))
 
 
+def first_nonfinite(a) -> tuple[int, float] | None:
+    """(row, value) of the first NaN or inf in a float array (batch, ...), else None."""
+    if a is None or a.dtype.kind != "f":
+        return None
+    bad = ~np.isfinite(a)
+    if not bad.any():
+        return None
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    return where[0], float(a[where])
+
+
+def _nonfinite_cause(x, y, out) -> str:
+    """Why a loss is not finite, for its error message: a NaN in the inputs may come
+    from an inf there (inf - inf), so the inputs and labels are named first."""
+    for what, a in (("inputs", x), ("labels", y), ("model's outputs", out)):
+        found = first_nonfinite(a)
+        if found is not None:
+            return f": the {what} hold {found[1]} in row {found[0]} of the batch"
+    return ""
+
+
 class OptContext:
     """OptContext(model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
     build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
@@ -691,7 +712,8 @@ class OptContext:
         if not math.isfinite(loss):
             raise FloatingPointError(
                 f"eval: the loss is {float(loss)} (iteration {self.iter}, physical batch "
-                f"{self.opt_i + 1}/{self._opt_period} of the logical batch); not training on")
+                f"{self.opt_i + 1}/{self._opt_period} of the logical batch)"
+                f"{_nonfinite_cause(x, y, out)}; not training on")
         ncorrect = nlabelled = None
         if self._loss_type == LossType.CROSS_ENTROPY:
             rows = out.reshape(-1, out.shape[-1])

@@ -124,6 +124,24 @@ def _labels_for_storage(labels, int64_t ndata):
     return labels, np.dtype(np.float32)
 
 
+def _refuse_nonfinite(stored, source, str name):
+    """ValueError naming the first datapoint (row) of stored, a 2-D float array, that
+    holds NaN or inf; source: what it was copied from, for values that overflowed."""
+    # rows in chunks, so the temporary mask stays small for a large dataset
+    step = max(1, (1 << 22) // max(1, stored.shape[1]))
+    for start in range(0, stored.shape[0], step):
+        bad = ~np.isfinite(stored[start:start + step])
+        if bad.any():
+            row, col = (int(i) for i in np.argwhere(bad)[0])
+            value, was = stored[start + row, col], source[start + row, col]
+            why = (f": {float(was):g} does not fit {stored.dtype.name}"
+                   if np.isfinite(was) else "")
+            raise ValueError(f"{name}: datapoint {start + row} holds {value} (element {col}"
+                             f"{why}); a non-finite value makes the loss NaN only after "
+                             "optimizer steps have changed the model: clean the data, or "
+                             "pass allow_nonfinite=True to keep it")
+
+
 cdef inline bint _overlaps(cnp.ndarray a, AlignedBuffer buf):
     """Whether a's memory range meets buf's."""
     if buf is None:
@@ -222,7 +240,8 @@ cdef class Dataset:
     # ---- construction from arrays ------------------------------------------------
 
     @classmethod
-    def from_arrays(cls, data, labels=None, ndata_shard=1, data_scale=None):
+    def from_arrays(cls, data, labels=None, ndata_shard=1, data_scale=None, *,
+                    allow_nonfinite=False):
         """A Dataset holding copies of data and labels.
 
         data: (ndata, ne_datapoint) array of real numbers (more trailing axes are
@@ -238,6 +257,9 @@ cdef class Dataset:
         integer arrays of other widths are stored as int32 (training takes
         class indices or float targets).
         The copies are in native byte order.
+        allow_nonfinite: False (the default) refuses float data or labels holding
+        NaN or inf, also values that overflow float32/float16 in the copy
+        (ValueError naming the first such datapoint); True keeps them.
         """
         if not isinstance(data, np.ndarray):
             raise TypeError(f"data: expected a numpy.ndarray, got {type(data).__name__}")
@@ -257,9 +279,16 @@ cdef class Dataset:
             labels, ldt = _labels_for_storage(labels, ndata)
             ne_label = labels.shape[1]
         cdef Dataset ds = cls(ne_datapoint, ne_label, ndata, ndata_shard, ddt, ldt, data_scale)
-        np.copyto(ds._data_view, data.reshape(ndata, ne_datapoint), casting="unsafe")
-        if labels is not None:
-            np.copyto(ds._labels_view, labels, casting="unsafe")
+        source = data.reshape(ndata, ne_datapoint)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflows are refused below
+            np.copyto(ds._data_view, source, casting="unsafe")
+            if labels is not None:
+                np.copyto(ds._labels_view, labels, casting="unsafe")
+        if not allow_nonfinite:
+            if ds._data_view.dtype.kind == "f":
+                _refuse_nonfinite(ds._data_view, source, "data")
+            if labels is not None and ds._labels_view.dtype.kind == "f":
+                _refuse_nonfinite(ds._labels_view, labels, "labels")
         return ds
 
     @classmethod

@@ -16,7 +16,8 @@ import numpy as np
 
 from .dataset import Dataset
 
-__all__ = ["IDX_DTYPES", "MNIST_FILES", "MnistSplits", "load_idx", "load_mnist"]
+__all__ = ["IDX_DTYPES", "MNIST_FILES", "MnistSplits", "load_idx", "load_mnist",
+           "load_mnist_split"]
 
 # IDX type code -> element dtype (big-endian as stored)
 IDX_DTYPES: dict[int, np.dtype] = {
@@ -35,6 +36,8 @@ MNIST_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
+# a file prefix ("train", "data/MNIST/raw/t10k") + these = the split's two files
+_IMAGES_SUFFIX, _LABELS_SUFFIX = "-images-idx3-ubyte", "-labels-idx1-ubyte"
 
 
 def _read_bytes(path: str) -> bytes:
@@ -84,15 +87,20 @@ def load_idx(path: str | os.PathLike) -> np.ndarray:
     return arr.astype(dtype.newbyteorder("="))  # a writable copy that owns its memory
 
 
-def _find(directory: str, name: str) -> str:
+def _candidates(path: str) -> tuple[str, ...]:
     # some mirrors name the files with a dot: train-images.idx3-ubyte
-    dotted = name.replace("-idx", ".idx")
-    candidates = (name, name + ".gz", dotted, dotted + ".gz")
+    directory, name = os.path.split(path)
+    dotted = os.path.join(directory, name.replace("-idx", ".idx"))
+    return tuple(dict.fromkeys((path, path + ".gz", dotted, dotted + ".gz")))
+
+
+def _find(path: str, what: str) -> str:
+    """The existing file among path and its .gz / dot-named forms."""
+    candidates = _candidates(path)
     for candidate in candidates:
-        path = os.path.join(directory, candidate)
-        if os.path.isfile(path):
-            return path
-    raise FileNotFoundError(f"{directory}: none of {', '.join(candidates)} found")
+        if os.path.isfile(candidate):
+            return candidate
+    raise FileNotFoundError(f"{what}: none of {', '.join(candidates)} found")
 
 
 class MnistSplits(NamedTuple):
@@ -102,10 +110,34 @@ class MnistSplits(NamedTuple):
     test: Dataset
 
 
-def _mnist_split(directory: str, images_name: str, labels_name: str, nclasses: int,
+def _split_files(split, directory: str | None, what: str) -> tuple[str, str]:
+    """(images path, labels path) of a split given as a file prefix or a pair of
+    paths (relative ones under directory when it is given)."""
+    if isinstance(split, (tuple, list)):
+        if len(split) != 2:
+            raise ValueError(f"{what}: expected a file prefix or (images path, labels path), "
+                             f"got {len(split)} items")
+        images, labels = (os.fspath(p) for p in split)
+        paths = [os.path.join(directory, p) if directory else p for p in (images, labels)]
+        return _find(paths[0], what), _find(paths[1], what)
+    try:
+        prefix = os.fspath(split)
+    except TypeError:
+        raise TypeError(f"{what}: expected a file prefix (str or os.PathLike) or (images "
+                        f"path, labels path), got {type(split).__name__}") from None
+    if isinstance(prefix, bytes):
+        prefix = os.fsdecode(prefix)
+    prefix = os.path.join(directory, prefix) if directory else prefix
+    for suffix in (_IMAGES_SUFFIX + ".gz", _IMAGES_SUFFIX):  # the images file itself
+        if prefix.endswith(suffix):
+            prefix = prefix[:-len(suffix)]
+            break
+    prefix = prefix.removesuffix("-")
+    return _find(prefix + _IMAGES_SUFFIX, what), _find(prefix + _LABELS_SUFFIX, what)
+
+
+def _mnist_split(images_path: str, labels_path: str, nclasses: int,
                  ndata_shard: int) -> Dataset:
-    images_path = _find(directory, images_name)
-    labels_path = _find(directory, labels_name)
     images = load_idx(images_path)
     labels = load_idx(labels_path)
     if images.dtype != np.uint8 or images.ndim != 3:
@@ -130,20 +162,41 @@ def _mnist_split(directory: str, images_name: str, labels_name: str, nclasses: i
     return ds
 
 
-def load_mnist(directory: str | os.PathLike, ndata_shard: int = 1,
-               nclasses: int = 10) -> MnistSplits:
+def load_mnist_split(files: str | os.PathLike | tuple, ndata_shard: int = 1,
+                     nclasses: int = 10) -> Dataset:
+    """One MNIST-style Dataset from its two IDX files.
+
+    files: the files' common prefix, e.g. ``"data/MNIST/raw/t10k"`` for
+    t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (each possibly with .gz,
+    or dot-named: t10k-images.idx3-ubyte; the images file's own name works as
+    well), or a pair (images path, labels path), as ggml's mnist-train and
+    mnist-eval take them.  Data and labels as in load_mnist.
+    """
+    return _mnist_split(*_split_files(files, None, "files"), nclasses, ndata_shard)
+
+
+def load_mnist(directory: str | os.PathLike | None = None, ndata_shard: int = 1,
+               nclasses: int = 10, *, train: str | os.PathLike | tuple = "train",
+               test: str | os.PathLike | tuple = "t10k") -> MnistSplits:
     """MNIST-style train and test Datasets from the four standard IDX files in
     directory (train-images-idx3-ubyte, train-labels-idx1-ubyte,
     t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each possibly with .gz, or
     dot-named as some mirrors have them: train-images.idx3-ubyte, ...).
 
+    train, test: each split's file prefix ("train", "t10k" by default; any other
+    such as "train60k" for train60k-images-idx3-ubyte ..., or a path prefix) or
+    a pair (images path, labels path); relative ones are under directory when
+    it is given (directory None: the current directory, or the paths as given).
+
     Data: uint8, (n, rows * cols), data_scale 1/255 (get_batch into a float32
     batch gives pixels in [0, 1]).  Labels: one-hot float32, (n, nclasses).
-    Returns MnistSplits(train, test).
+    Returns MnistSplits(train, test).  FileNotFoundError names the files looked
+    for; ValueError a file that is not what MNIST's is.
     """
-    directory = os.fspath(directory)
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"directory: {directory} is not a directory")
-    return MnistSplits(
-        *(_mnist_split(directory, *MNIST_FILES[split], nclasses, ndata_shard)
-          for split in ("train", "test")))
+    if directory is not None:
+        directory = os.fspath(directory)
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"directory: {directory} is not a directory")
+    files = [_split_files(split, directory, name) for split, name in
+             ((train, "train"), (test, "test"))]
+    return MnistSplits(*(_mnist_split(*f, nclasses, ndata_shard) for f in files))

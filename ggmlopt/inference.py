@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from . import kernels
 from ._args import enum_arg, int_arg
-from .context import OptContext
+from .context import OptContext, first_nonfinite
 from .dataset import Dataset
 from .optim_params import BuildType, LossType
 from .result import Result
@@ -63,13 +63,13 @@ def evaluate(model: Any, data: Data, loss_type: LossType | int | str,
         for start in range(0, x.shape[0], batch_size):
             stop = min(start + batch_size, x.shape[0])
             ctx.alloc(False)
+            inputs, labels = _rows(x, start, stop, scale), None if y is None else y[start:stop]
             try:
-                ctx.eval(result, inputs=_rows(x, start, stop, scale),
-                         labels=None if y is None else y[start:stop])
+                ctx.eval(result, inputs=inputs, labels=labels)
             except FloatingPointError:
                 raise FloatingPointError(
                     f"evaluate: the {loss_type.name} loss of datapoints {start}:{stop} is "
-                    "not finite (NaN or infinite outputs)") from None
+                    f"not finite ({_nonfinite_cause(inputs, labels, start)})") from None
     return result
 
 
@@ -97,12 +97,15 @@ def predict(model: Any, x: Dataset | npt.ArrayLike,
         for start in range(0, n, batch_size):
             stop = min(start + batch_size, n)
             ctx.alloc(False)
+            inputs = _rows(x_arr, start, stop, scale)
             try:
-                ctx.eval(None, inputs=_rows(x_arr, start, stop, scale))
+                ctx.eval(None, inputs=inputs)
             except FloatingPointError:
+                cause = _nonfinite_cause(inputs, None, start,
+                                         "NaN or infinite, or too large to sum")
                 raise FloatingPointError(
                     f"predict: the model's outputs for datapoints {start}:{stop} are not "
-                    "finite (NaN or infinite, or too large to sum)") from None
+                    f"finite ({cause})") from None
             outputs = ctx.outputs
             assert outputs is not None
             if out is None:
@@ -160,6 +163,16 @@ def _inputs_dtype(data: Any, x: np.ndarray) -> Any:
     """int32 for a Dataset of int32 data (token ids), else None: the model's own
     ``inputs_dtype`` (see OptContext), float32 by default."""
     return np.int32 if isinstance(data, Dataset) and x.dtype == np.int32 else None
+
+
+def _nonfinite_cause(inputs, labels, start: int,
+                     otherwise: str = "NaN or infinite outputs") -> str:
+    """Which datapoint holds the first NaN or inf of a batch's inputs or labels."""
+    for what, a in (("inputs", inputs), ("labels", labels)):
+        found = first_nonfinite(np.asarray(a)) if a is not None else None
+        if found is not None:
+            return f"datapoint {start + found[0]} holds {found[1]} in its {what}"
+    return otherwise
 
 
 def _rows(x: np.ndarray, start: int, stop: int, scale: float | None) -> np.ndarray:

@@ -117,14 +117,15 @@ cdef void rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *w
                       float *y, float *rstd) noexcept nogil
 cdef void rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                                const float *rstd, const float *grad_y, float *grad_x,
-                               float *grad_weight) noexcept nogil
+                               float *grad_weight, float *work) noexcept nogil
 cdef void layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                         const float *bias, float eps, float *y, float *mean,
                         float *rstd) noexcept nogil
 cdef void layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                                  const float *mean, const float *rstd, const float *grad_y,
-                                 float *grad_x, float *grad_weight,
-                                 float *grad_bias) noexcept nogil
+                                 float *grad_x, float *grad_weight, float *grad_bias,
+                                 float *work) noexcept nogil
+cdef int64_t norm_backward_work_size(int64_t nrows, int64_t dim) noexcept nogil
 cdef void swiglu_f32(int64_t n, const float *gate, const float *up, float *h) noexcept nogil
 cdef void swiglu_backward_f32(int64_t n, const float *gate, const float *up, const float *grad_h,
                               float *grad_gate, float *grad_up) noexcept nogil

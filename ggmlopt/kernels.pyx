@@ -1516,13 +1516,15 @@ cdef extern from "ggmlopt.h" nogil:
                              float eps, float *y, float *rstd)
     void ggmlopt_rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x,
                                       const float *weight, const float *rstd,
-                                      const float *grad_y, float *grad_x, float *grad_weight)
+                                      const float *grad_y, float *grad_x, float *grad_weight,
+                                      float *work)
     void ggmlopt_layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                                const float *bias, float eps, float *y, float *mean, float *rstd)
     void ggmlopt_layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x,
                                         const float *weight, const float *mean,
                                         const float *rstd, const float *grad_y, float *grad_x,
-                                        float *grad_weight, float *grad_bias)
+                                        float *grad_weight, float *grad_bias, float *work)
+    int64_t ggmlopt_norm_backward_work_size(int64_t nrows, int64_t dim)
     void ggmlopt_swiglu_f32(int64_t n, const float *gate, const float *up, float *h)
     void ggmlopt_swiglu_backward_f32(int64_t n, const float *gate, const float *up,
                                      const float *grad_h, float *grad_gate, float *grad_up)
@@ -1541,8 +1543,9 @@ cdef void rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *w
 
 cdef void rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                                const float *rstd, const float *grad_y, float *grad_x,
-                               float *grad_weight) noexcept nogil:
-    ggmlopt_rmsnorm_backward_f32(nrows, dim, x, weight, rstd, grad_y, grad_x, grad_weight)
+                               float *grad_weight, float *work) noexcept nogil:
+    ggmlopt_rmsnorm_backward_f32(nrows, dim, x, weight, rstd, grad_y, grad_x, grad_weight,
+                                 work)
 
 cdef void layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                         const float *bias, float eps, float *y, float *mean,
@@ -1551,10 +1554,13 @@ cdef void layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float 
 
 cdef void layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                                  const float *mean, const float *rstd, const float *grad_y,
-                                 float *grad_x, float *grad_weight,
-                                 float *grad_bias) noexcept nogil:
+                                 float *grad_x, float *grad_weight, float *grad_bias,
+                                 float *work) noexcept nogil:
     ggmlopt_layernorm_backward_f32(nrows, dim, x, weight, mean, rstd, grad_y, grad_x,
-                                   grad_weight, grad_bias)
+                                   grad_weight, grad_bias, work)
+
+cdef int64_t norm_backward_work_size(int64_t nrows, int64_t dim) noexcept nogil:
+    return ggmlopt_norm_backward_work_size(nrows, dim)
 
 cdef void swiglu_f32(int64_t n, const float *gate, const float *up, float *h) noexcept nogil:
     ggmlopt_swiglu_f32(n, gate, up, h)

@@ -4,8 +4,8 @@
 x is float32 (..., dim): the rows are its last axis.  The forward passes save
 per-row statistics (rstd, and mean for LayerNorm) that the backward passes take
 back.  The backward passes write the input gradient and ADD the parameter
-gradients, each column summed over the rows in row order (the same bits on any
-number of threads).  Every function checks its arguments and raises TypeError
+gradients, summed over fixed blocks of rows added in block order (the same
+bits on any number of threads).  Every function checks its arguments and raises TypeError
 or ValueError naming the argument before any memory is touched; the work runs
 without the GIL.  The C-level forms are in ``kernels_norm.pxd``.
 """
@@ -31,8 +31,8 @@ cdef void rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *w
 
 cdef void rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                                const float *rstd, const float *grad_y, float *grad_x,
-                               float *grad_weight) noexcept nogil:
-    _k.rmsnorm_backward_f32(nrows, dim, x, weight, rstd, grad_y, grad_x, grad_weight)
+                               float *grad_weight, float *work) noexcept nogil:
+    _k.rmsnorm_backward_f32(nrows, dim, x, weight, rstd, grad_y, grad_x, grad_weight, work)
 
 
 cdef void layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
@@ -43,10 +43,43 @@ cdef void layernorm_f32(int64_t nrows, int64_t dim, const float *x, const float 
 
 cdef void layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                                  const float *mean, const float *rstd, const float *grad_y,
-                                 float *grad_x, float *grad_weight,
-                                 float *grad_bias) noexcept nogil:
+                                 float *grad_x, float *grad_weight, float *grad_bias,
+                                 float *work) noexcept nogil:
     _k.layernorm_backward_f32(nrows, dim, x, weight, mean, rstd, grad_y, grad_x, grad_weight,
-                              grad_bias)
+                              grad_bias, work)
+
+
+cdef int64_t norm_backward_work_size(int64_t nrows, int64_t dim) noexcept nogil:
+    return _k.norm_backward_work_size(nrows, dim)
+
+
+def norm_backward_workspace(nrows, dim):
+    """The number of float32 elements of the workspace rmsnorm_backward and
+    layernorm_backward need for nrows rows of dim when they compute a parameter
+    gradient (0 otherwise: pass None).  A workspace of that size can be reused
+    from call to call."""
+    for name, v in (("nrows", nrows), ("dim", dim)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+        if v < 0:
+            raise ValueError(f"{name}: expected >= 0, got {v}")
+    return int(_k.norm_backward_work_size(nrows, dim))
+
+
+cdef cnp.ndarray _workspace(object workspace, int64_t nrows, int64_t dim):
+    """workspace as a writable float32 array of at least the size the backward
+    passes need, 8-byte aligned (it holds double partial sums); allocated when
+    None."""
+    cdef int64_t need = _k.norm_backward_work_size(nrows, dim)
+    if workspace is None:
+        return np.empty(need, dtype=np.float32)
+    cdef cnp.ndarray a = _array(workspace, "workspace", np.float32, True)
+    if a.size < need:
+        raise ValueError(f"workspace: expected at least {need} float32 elements "
+                         f"(norm_backward_workspace), got {a.size}")
+    if (<size_t>cnp.PyArray_DATA(a)) % 8 != 0:
+        raise ValueError("workspace: expected an 8-byte aligned array")
+    return a
 
 
 cdef float _eps(object eps) except? -1:
@@ -124,15 +157,18 @@ def rmsnorm(x, weight, eps=1e-6, out=None, rstd=None):
 
 
 def rmsnorm_backward(x, weight, rstd, grad_y, grad_x=None, grad_weight=None, *,
-                     input_grad=True):
+                     input_grad=True, workspace=None):
     """The gradients of rmsnorm from its input x, weight, saved rstd and grad_y
     (float32, x's shape).
 
     grad_x = rstd * (g - xhat * mean(g * xhat)), g = grad_y * weight,
     xhat = x * rstd: written into grad_x (allocated when None), or skipped when
     input_grad is False.  grad_weight: float32 (dim,) or None; when given,
-    ADDS sum over rows of grad_y * xhat.  Returns grad_x (None when input_grad
-    is False).
+    ADDS sum over rows of grad_y * xhat, summed in blocks of rows that depend on
+    the shape only and added in block order (the same bits on any number of
+    threads).  workspace: float32 of norm_backward_workspace(nrows, dim)
+    elements for those sums (allocated when None).  Returns grad_x (None when
+    input_grad is False).
     """
     cdef cnp.ndarray aw = _weight(weight, "weight")
     cdef int64_t dim = aw.size
@@ -144,12 +180,15 @@ def rmsnorm_backward(x, weight, rstd, grad_y, grad_x=None, grad_weight=None, *,
     outputs = []
     cdef cnp.ndarray adx = None
     cdef cnp.ndarray adw = None
+    cdef cnp.ndarray awk = None
     if input_grad:
         adx = _out_like(grad_x, ax, "grad_x")
         outputs.append(("grad_x", adx))
     if grad_weight is not None:
         adw = _vector(grad_weight, "grad_weight", dim, True)
         outputs.append(("grad_weight", adw))
+        awk = _workspace(workspace, nrows, dim)
+        outputs.append(("workspace", awk))
     _outputs_apart([("x", ax), ("weight", aw), ("rstd", ar), ("grad_y", ag)], outputs)
     cdef float *px = _f32(ax)
     cdef float *pw = _f32(aw)
@@ -157,8 +196,9 @@ def rmsnorm_backward(x, weight, rstd, grad_y, grad_x=None, grad_weight=None, *,
     cdef float *pg = _f32(ag)
     cdef float *pdx = _f32(adx) if adx is not None else NULL
     cdef float *pdw = _f32(adw) if adw is not None else NULL
+    cdef float *pwk = _f32(awk) if awk is not None else NULL
     with nogil:
-        _k.rmsnorm_backward_f32(nrows, dim, px, pw, pr, pg, pdx, pdw)
+        _k.rmsnorm_backward_f32(nrows, dim, px, pw, pr, pg, pdx, pdw, pwk)
     return <object>adx if adx is not None else None
 
 
@@ -198,15 +238,16 @@ def layernorm(x, weight, bias=None, eps=1e-5, out=None, mean=None, rstd=None):
 
 
 def layernorm_backward(x, weight, mean, rstd, grad_y, grad_x=None, grad_weight=None,
-                       grad_bias=None, *, input_grad=True):
+                       grad_bias=None, *, input_grad=True, workspace=None):
     """The gradients of layernorm from its input x, weight, saved mean and rstd
     and grad_y (float32, x's shape).
 
     grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = grad_y * weight,
     xhat = (x - mean) * rstd: written into grad_x (allocated when None), or
     skipped when input_grad is False.  grad_weight, grad_bias: float32 (dim,) or
-    None; when given, ADD the sums over rows of grad_y * xhat and of grad_y.
-    Returns grad_x (None when input_grad is False).
+    None; when given, ADD the sums over rows of grad_y * xhat and of grad_y
+    (summed as in rmsnorm_backward, in workspace).  Returns grad_x (None when
+    input_grad is False).
     """
     cdef cnp.ndarray aw = _weight(weight, "weight")
     cdef int64_t dim = aw.size
@@ -220,6 +261,7 @@ def layernorm_backward(x, weight, mean, rstd, grad_y, grad_x=None, grad_weight=N
     cdef cnp.ndarray adx = None
     cdef cnp.ndarray adw = None
     cdef cnp.ndarray adb = None
+    cdef cnp.ndarray awk = None
     if input_grad:
         adx = _out_like(grad_x, ax, "grad_x")
         outputs.append(("grad_x", adx))
@@ -229,6 +271,9 @@ def layernorm_backward(x, weight, mean, rstd, grad_y, grad_x=None, grad_weight=N
     if grad_bias is not None:
         adb = _vector(grad_bias, "grad_bias", dim, True)
         outputs.append(("grad_bias", adb))
+    if adw is not None or adb is not None:
+        awk = _workspace(workspace, nrows, dim)
+        outputs.append(("workspace", awk))
     _outputs_apart([("x", ax), ("weight", aw), ("mean", am), ("rstd", ar), ("grad_y", ag)],
                    outputs)
     cdef float *px = _f32(ax)
@@ -239,6 +284,7 @@ def layernorm_backward(x, weight, mean, rstd, grad_y, grad_x=None, grad_weight=N
     cdef float *pdx = _f32(adx) if adx is not None else NULL
     cdef float *pdw = _f32(adw) if adw is not None else NULL
     cdef float *pdb = _f32(adb) if adb is not None else NULL
+    cdef float *pwk = _f32(awk) if awk is not None else NULL
     with nogil:
-        _k.layernorm_backward_f32(nrows, dim, px, pw, pm, pr, pg, pdx, pdw, pdb)
+        _k.layernorm_backward_f32(nrows, dim, px, pw, pm, pr, pg, pdx, pdw, pdb, pwk)
     return <object>adx if adx is not None else None

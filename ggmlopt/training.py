@@ -16,7 +16,7 @@ import numpy as np
 from ._args import enum_arg, int_arg
 from ._blas_threads import blas_threads_for_training, blas_threads_setting, current_blas_threads
 from .checkpoint import FitCheckpoint, fit_seed_id, parameter_names
-from .context import OptContext, checks_before_taking
+from .context import OptContext, checks_before_taking, first_nonfinite
 from .dataset import Dataset
 from .nn.module import set_training
 from .optim_params import (
@@ -135,9 +135,25 @@ def _eval_batch(ctx: OptContext, dataset: Dataset, result: Result | None, ibatch
         # the alloc was ours: undo it, so the context is not left waiting for an eval
         ctx._undo_alloc(last)
         if isinstance(e, FloatingPointError):
+            where = _nonfinite_datapoint(ctx, dataset, ibatch)
             raise FloatingPointError(f"{e} [{phase} batch {ibatch} of the dataset "
-                                     f"({nbatches} batches)]") from None
+                                     f"({nbatches} batches){where}]") from None
         raise
+
+
+def _nonfinite_datapoint(ctx, dataset, ibatch) -> str:
+    """Which datapoint of the dataset holds the batch's first NaN or inf (inputs,
+    then labels), for the error message; "" when the batch holds none."""
+    for what, batch in (("data", ctx.inputs), ("labels", ctx.labels)):
+        found = first_nonfinite(batch)
+        if found is None:
+            continue
+        row, value = found
+        shard = dataset.ndata_shard
+        slot = ibatch * (batch.shape[0] // shard) + row // shard  # get_batch's shard order
+        index = int(dataset.permutation[slot]) * shard + row % shard
+        return f": its datapoint {index} holds {value} in its {what}"
+    return ""
 
 
 def _epoch_plan(ctx, dataset, result_train, result_eval, idata_split):
@@ -425,8 +441,9 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     global gradient L2 norm each optimizer step is clipped to.
 
     The model's ``training`` flag follows each eval (see ggmlopt.nn.module); fit
-    returns it in eval mode (training False), so ``model(x)`` afterwards is
-    inference (no dropout).
+    leaves it in eval mode (training False) on every exit, also when it raises or
+    is interrupted (KeyboardInterrupt), so ``model(x)`` afterwards is inference
+    (no dropout).
     Checked before the first epoch: the split, a ggmlopt.schedules schedule
     over every epoch (or step) of the fit (one that would fail later raises
     now), and the checkpoint's directory (it must exist).  An existing
@@ -533,56 +550,60 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                          or _label_form(dataset) == "sequence"))
     # int32 data are token ids: the model takes int32 batches
     inputs_dtype = np.int32 if data.dtype == np.int32 else np.float32
-    with checks_before_taking(lambda c: _check_dataset(c, dataset)):
-        ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
-                         loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
-                         optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                         seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
-                         shard_optimizer=shard_optimizer, class_labels=class_labels,
-                         inputs_dtype=inputs_dtype)
-    if comm is not None:
-        ctx._dist.parts = dataset_is_part
+    try:
+        with checks_before_taking(lambda c: _check_dataset(c, dataset)):
+            ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
+                             loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
+                             optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
+                             seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
+                             shard_optimizer=shard_optimizer, class_labels=class_labels,
+                             inputs_dtype=inputs_dtype)
+        if comm is not None:
+            ctx._dist.parts = dataset_is_part
 
-    history = History(val_split=float(val_split), ndata_train=idata_split,
-                      ndata_val=ndata - idata_split)
-    first_epoch = 1
-    if pending is not None:
-        ctx_sd, perm, done, rows = pending
-        ctx.load_state_dict(ctx_sd)
-        dataset._set_permutation(perm)
-        history.epochs = [EpochStats.from_row(r) for r in rows]
-        first_epoch = done + 1
-        if not silent:
-            sys.stderr.write(f"fit: resuming from {ckpt.path} after epoch {done:04d}/"
-                             f"{nepoch:04d}\n")
-    elif nbatch_logical < ndata:
-        # shuffling only helps when one batch does not hold all the data
-        dataset.shuffle(ctx.rng, -1)  # all data, training and validation
+        history = History(val_split=float(val_split), ndata_train=idata_split,
+                          ndata_val=ndata - idata_split)
+        first_epoch = 1
+        if pending is not None:
+            ctx_sd, perm, done, rows = pending
+            ctx.load_state_dict(ctx_sd)
+            dataset._set_permutation(perm)
+            history.epochs = [EpochStats.from_row(r) for r in rows]
+            first_epoch = done + 1
+            if not silent:
+                sys.stderr.write(f"fit: resuming from {ckpt.path} after epoch {done:04d}/"
+                                 f"{nepoch:04d}\n")
+        elif nbatch_logical < ndata:
+            # shuffling only helps when one batch does not hold all the data
+            dataset.shuffle(ctx.rng, -1)  # all data, training and validation
 
-    result_train, result_val = Result(), Result()
-    callback = None if silent else progress_bar
-    for ep in range(first_epoch, nepoch + 1):
-        ctx.get_opt_pars_ud = ep
-        if nbatch_logical < idata_split:
-            dataset.shuffle(ctx.rng, idata_split)
-        result_train.reset()
-        result_val.reset()
-        if not silent:
-            sys.stderr.write(f"fit: epoch {ep:04d}/{nepoch:04d}:\n")
-        t0 = time_us()
-        epoch(ctx, dataset, result_train, result_val, idata_split, callback, callback)
-        seconds = (time_us() - t0) / 1e6
-        if not silent:
-            sys.stderr.write("\n")
-        # without a validation split ggml's loss of an empty Result is 0.0; the
-        # history says NaN, so no one reads a perfect validation loss into it
-        val_loss = result_val.loss() if result_val.ndata else (math.nan, math.nan)
-        history.epochs.append(EpochStats(ep, *result_train.loss(), *result_train.accuracy(),
-                                         *val_loss, *result_val.accuracy(), seconds,
-                                         ctx._blas_threads))
-        if ckpt is not None:
-            ckpt.save(ctx, dataset, ep, [astuple(e) for e in history.epochs])
-    set_training(model, False)
+        result_train, result_val = Result(), Result()
+        callback = None if silent else progress_bar
+        for ep in range(first_epoch, nepoch + 1):
+            ctx.get_opt_pars_ud = ep
+            if nbatch_logical < idata_split:
+                dataset.shuffle(ctx.rng, idata_split)
+            result_train.reset()
+            result_val.reset()
+            if not silent:
+                sys.stderr.write(f"fit: epoch {ep:04d}/{nepoch:04d}:\n")
+            t0 = time_us()
+            epoch(ctx, dataset, result_train, result_val, idata_split, callback, callback)
+            seconds = (time_us() - t0) / 1e6
+            if not silent:
+                sys.stderr.write("\n")
+            # without a validation split ggml's loss of an empty Result is 0.0; the
+            # history says NaN, so no one reads a perfect validation loss into it
+            val_loss = result_val.loss() if result_val.ndata else (math.nan, math.nan)
+            history.epochs.append(EpochStats(ep, *result_train.loss(), *result_train.accuracy(),
+                                             *val_loss, *result_val.accuracy(), seconds,
+                                             ctx._blas_threads))
+            if ckpt is not None:
+                ckpt.save(ctx, dataset, ep, [astuple(e) for e in history.epochs])
+    finally:
+        # every exit, also an exception or Ctrl-C in the middle of an epoch, leaves
+        # the model in eval mode, so model(x) afterwards is inference (no dropout)
+        set_training(model, False)
     if not silent:
         sys.stderr.write(f"fit: training took {format_hms(time_us() - t_start_us)}\n")
         sys.stderr.flush()

@@ -284,8 +284,8 @@ def test_load_into_a_model_of_another_shape_fails_cleanly(tmp_path):
     make_ctx().save(path)
     wide = make_model(hidden=6)
     saved = make_model().parameters()[0].shape
-    shape_msg = (re.escape(f"parameter 0 has shape {wide.parameters()[0].shape}") + ".*"
-                 + re.escape(f"param.0 of shape {saved}"))
+    shape_msg = re.escape(f"parameter 0.weight has shape {wide.parameters()[0].shape}, the "
+                          f"checkpoint {str(path)!r} has shape {saved} for it (param.0)")
     for model, match in ((wide, shape_msg), (go.nn.Linear(NE_IN, NE_OUT), "2 parameters.*4")):
         params = model.parameters()
         before = [(p.data, p.data.copy()) for p in params]
@@ -300,6 +300,63 @@ def test_load_into_a_model_of_another_shape_fails_cleanly(tmp_path):
     with pytest.raises(ValueError, match="param.0"):
         other.load_state_dict(checkpoint.load_state(path))
     assert_unchanged(other, snap)
+
+
+class _Named(go.nn.Module):
+    """A user's module: its parameters are named after its attributes."""
+
+    def __init__(self, hidden):
+        self.encoder = go.nn.Linear(NE_IN, 4, rng=0)
+        self.act = go.nn.ReLU()
+        self.head = go.nn.Linear(4, hidden, rng=1)
+        self.out = go.nn.Linear(hidden, NE_OUT, rng=2)
+        self.layers = [self.encoder, self.act, self.head, self.out]
+
+    def named_children(self):
+        yield from (("encoder", self.encoder), ("head", self.head), ("out", self.out))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, g):
+        for layer in reversed(self.layers):
+            g = layer.backward(g)
+        return g
+
+
+@pytest.mark.parametrize("how", ["load", "load_state_dict", "fit"])
+def test_a_mismatch_names_the_parameter(tmp_path, how):
+    """Which parameter does not fit, by its name (2.weight, head.bias), not param.2."""
+    rng = np.random.default_rng(0)
+    ds = go.Dataset.from_arrays(rng.normal(size=(12, NE_IN)).astype(np.float32),
+                                rng.integers(0, NE_OUT, 12))
+    for k, (make, name) in enumerate(((lambda h: make_model(hidden=h), "parameter 0.weight"),
+                                      (_Named, "parameter head.weight"))):
+        path = tmp_path / f"c{k}.npz"
+        go.fit(make(6), ds, "cross_entropy", nepoch=1, nbatch_logical=3, silent=True,
+               checkpoint=path)
+        model = make(7)
+        with pytest.raises(ValueError, match=re.escape(name) + r"( has shape|: )"):
+            if how == "load":
+                go.OptContext.load(path, model)
+            elif how == "fit":
+                go.fit(model, ds, "cross_entropy", nepoch=2, nbatch_logical=3, silent=True,
+                       checkpoint=path, resume=True)
+            else:
+                ctx = go.OptContext(model, batch_size=3, ne_datapoint=NE_IN,
+                                    loss_type="cross_entropy", class_labels=True)
+                ctx.load_state_dict(checkpoint.split_fit_entries(
+                    checkpoint.load_state(path))[0])
+
+
+def test_a_mismatch_of_the_moments_names_the_parameter(tmp_path):
+    ctx = make_ctx()
+    sd = ctx.state_dict()
+    sd["adamw_v.3"] = np.zeros(NE_OUT + 1, np.float32)
+    with pytest.raises(ValueError, match=re.escape("the AdamW v of parameter 2.bias: ")):
+        ctx.load_state_dict(sd)
 
 
 # ---- files that are not checkpoints ----------------------------------------------------------

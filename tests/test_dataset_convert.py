@@ -32,7 +32,8 @@ def test_converting_get_batch_matches_numpy(simd_path, dtype, ne, ndata_shard):
     ndata = 12
     scale = 1 / 255 if dtype == np.uint8 else 0.37
     data = make_data(dtype, ndata, ne, rng)
-    ds = go.Dataset.from_arrays(data, ndata_shard=ndata_shard, data_scale=scale)
+    ds = go.Dataset.from_arrays(data, ndata_shard=ndata_shard, data_scale=scale,
+                                allow_nonfinite=True)  # the conversion of inf and NaN
     ds.shuffle(rng)
     batch = 2 * ndata_shard
     for ibatch in range(ds.nshards // 2):
@@ -49,7 +50,7 @@ def test_converting_get_batch_matches_numpy(simd_path, dtype, ne, ndata_shard):
 def test_same_dtype_batch_is_a_raw_copy_without_scale(simd_path, dtype):
     rng = np.random.default_rng(1)
     data = make_data(dtype, 10, 33, rng)
-    ds = go.Dataset.from_arrays(data, ndata_shard=5, data_scale=0.5)
+    ds = go.Dataset.from_arrays(data, ndata_shard=5, data_scale=0.5, allow_nonfinite=True)
     out = np.zeros((5, 33), dtype)
     ds.get_batch(out, None, 1)
     np.testing.assert_array_equal(out.view(np.uint8), data[5:].view(np.uint8))   # bit-exact

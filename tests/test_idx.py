@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ggmlopt as go
-from ggmlopt.datasets import load_idx, load_mnist
+from ggmlopt.datasets import load_idx, load_mnist, load_mnist_split
 
 CODES = {np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C, np.float32: 0x0D,
          np.float64: 0x0E}
@@ -149,3 +149,59 @@ def test_load_mnist_errors(tmp_path):
         load_mnist(tmp_path)
     with pytest.raises(ValueError, match="ndata"):
         load_mnist(tmp_path, ndata_shard=5)
+
+
+def _check(ds, images, labels):
+    np.testing.assert_array_equal(ds.data, images.reshape(len(labels), -1))
+    np.testing.assert_array_equal(ds.labels.argmax(axis=1), labels)
+
+
+def _rename(directory, old, new):
+    for kind in ("images-idx3", "labels-idx1"):
+        (directory / f"{old}-{kind}-ubyte").rename(directory / f"{new}-{kind}-ubyte")
+
+
+def test_load_mnist_takes_file_prefixes(tmp_path, monkeypatch):
+    content = write_mnist(tmp_path)
+    _rename(tmp_path, "train", "train60k")
+    train, test = load_mnist(tmp_path, train="train60k")
+    _check(train, *content["train"])
+    _check(test, *content["t10k"])
+    # path prefixes, without a directory; relative ones from the current directory
+    train, test = load_mnist(train=tmp_path / "train60k", test=str(tmp_path / "t10k-"))
+    _check(train, *content["train"])
+    _check(test, *content["t10k"])
+    monkeypatch.chdir(tmp_path)
+    assert load_mnist(train="train60k", ndata_shard=3).test.ndata_shard == 3
+    # the images file's own name as the prefix
+    _check(load_mnist(tmp_path, train="train60k-images-idx3-ubyte").train, *content["train"])
+
+
+def test_load_mnist_takes_explicit_paths(tmp_path):
+    """As ggml's mnist-train / mnist-eval take them: images file, labels file."""
+    content = write_mnist(tmp_path, gz=True)
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").rename(tmp_path / "test-labels.gz")
+    pair = (tmp_path / "t10k-images-idx3-ubyte.gz", tmp_path / "test-labels.gz")
+    train, test = load_mnist(tmp_path, test=pair)
+    _check(test, *content["t10k"])
+    _check(train, *content["train"])
+    # relative to directory, and without it
+    _check(load_mnist(tmp_path, test=("t10k-images-idx3-ubyte", "test-labels")).test,
+           *content["t10k"])
+    _check(load_mnist_split(pair), *content["t10k"])
+    _check(load_mnist_split(tmp_path / "train"), *content["train"])
+    assert load_mnist_split(tmp_path / "train", ndata_shard=4).ndata_shard == 4
+
+
+def test_load_mnist_prefix_errors_name_the_split(tmp_path):
+    write_mnist(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"^train: none of .*train60k-images-idx3-ubyte"):
+        load_mnist(tmp_path, train="train60k")
+    with pytest.raises(FileNotFoundError, match=r"^test: none of .*nolabels"):
+        load_mnist(tmp_path, test=("t10k-images-idx3-ubyte", "nolabels"))
+    with pytest.raises(ValueError, match="test: expected a file prefix or .* got 3 items"):
+        load_mnist(tmp_path, test=("a", "b", "c"))
+    with pytest.raises(TypeError, match="train: expected a file prefix"):
+        load_mnist(tmp_path, train=3)
+    with pytest.raises(FileNotFoundError, match=r"^files: none of .*nothing-images-idx3-ubyte"):
+        load_mnist_split(tmp_path / "nothing")

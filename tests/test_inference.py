@@ -187,10 +187,12 @@ def test_non_finite_outputs_raise_naming_the_datapoints():
     x[7, 0] = np.inf
     with np.errstate(invalid="ignore"):   # inf * 0 in the matmul
         with pytest.raises(FloatingPointError, match="predict: .* datapoints 4:8 are not "
-                                                     "finite"):
+                                                     r"finite \(datapoint 7 holds inf in its "
+                                                     r"inputs\)"):
             go.predict(model, x, batch_size=4)
         with pytest.raises(FloatingPointError, match="evaluate: the CROSS_ENTROPY loss of "
-                                                     "datapoints 4:8 is not finite"):
+                                                     r"datapoints 4:8 is not finite \(datapoint "
+                                                     r"7 holds inf in its inputs\)"):
             go.evaluate(model, (x, y), "cross_entropy", batch_size=4)
     x[7, 0] = 0.0   # the model was given back: it works on
     np.testing.assert_allclose(go.predict(model, x), reference_outputs(model, x), rtol=1e-5,

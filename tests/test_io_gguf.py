@@ -254,9 +254,36 @@ def test_truncated_file(tmp_path, keep):
     data = path.read_bytes()
     path.write_bytes(data[:keep] if keep >= 0 else data[:-1])
     before = params(m)
-    with pytest.raises(ValueError, match="not a valid GGUF file"):
+    with pytest.raises(ValueError, match="is a truncated GGUF file"):
         load_gguf(path, m)
     assert_unchanged(m, before)
+
+
+def test_every_cut_of_a_file_says_truncated(tmp_path):
+    """Wherever the file ends early (magic, header, key-values, tensor infos, data,
+    the last tensor's padding), the error says truncated and the byte counts."""
+    m = Sequential(Linear(5, 3, rng=0), ReLU(), Linear(3, 2, rng=1))
+    path = tmp_path / "t.gguf"
+    save_gguf(m, path, metadata={"note": "some text", "lr": 0.5}, dtype=np.float16)
+    data = path.read_bytes()
+    before = params(m)
+    for keep in range(len(data)):
+        path.write_bytes(data[:keep])
+        with pytest.raises(ValueError, match=rf"is a truncated GGUF file \({keep} bytes; "):
+            load_gguf(path, m)
+    assert_unchanged(m, before)
+    path.write_bytes(data)
+    load_gguf(path, m)
+
+
+def test_a_corrupt_file_is_not_called_truncated(tmp_path):
+    m = Sequential(Linear(2, 2, rng=0))
+    save_gguf(m, tmp_path / "c.gguf")
+    data = bytearray((tmp_path / "c.gguf").read_bytes())
+    data[24:32] = (2**62).to_bytes(8, "little")  # the first key's length
+    (tmp_path / "c.gguf").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="not a valid GGUF file"):
+        load_gguf(tmp_path / "c.gguf", m)
 
 
 def test_foreign_file(tmp_path):

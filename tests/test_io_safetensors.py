@@ -232,3 +232,17 @@ def test_we_load_torchs_cnn_and_agree(tmp_path):
     with torch.no_grad():
         expected = t(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(m(x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_saved_file_mode_follows_the_umask(tmp_path, umask):
+    """The same permissions as any other file the process writes (0644 under a
+    022 umask), not those of a private temporary file (0600)."""
+    old = os.umask(umask)
+    try:
+        save_safetensors(Sequential(Linear(2, 2)), tmp_path / "m.safetensors")
+        (tmp_path / "plain").write_bytes(b"")
+    finally:
+        os.umask(old)
+    mode = (tmp_path / "m.safetensors").stat().st_mode
+    assert mode == (tmp_path / "plain").stat().st_mode == (0o100666 & ~umask)

@@ -239,3 +239,36 @@ def test_matches_torch(rng):
         np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_workspace(rng):
+    """A reused workspace gives the bits of a fresh one; a short or misaligned
+    one is refused before any work."""
+    x = rng.standard_normal((300, 40)).astype(F32)
+    w = rng.standard_normal(40).astype(F32)
+    dy = rng.standard_normal((300, 40)).astype(F32)
+    _, m, r = kernels_norm.layernorm(x, w)
+    need = kernels_norm.norm_backward_workspace(300, 40)
+    assert need > 0 and kernels_norm.norm_backward_workspace(0, 40) == 0
+    dw1, db1 = np.zeros(40, F32), np.zeros(40, F32)
+    kernels_norm.layernorm_backward(x, w, m, r, dy, grad_weight=dw1, grad_bias=db1)
+    work = np.full(need, np.nan, F32)
+    dw2, db2 = np.zeros(40, F32), np.zeros(40, F32)
+    kernels_norm.layernorm_backward(x, w, m, r, dy, grad_weight=dw2, grad_bias=db2,
+                                    workspace=work)
+    assert dw1.tobytes() == dw2.tobytes() and db1.tobytes() == db2.tobytes()
+    # the bias alone (a frozen weight) gets the same sums
+    db3 = np.zeros(40, F32)
+    kernels_norm.layernorm_backward(x, w, m, r, dy, grad_bias=db3, workspace=work)
+    assert db3.tobytes() == db1.tobytes()
+    with pytest.raises(ValueError, match=f"workspace: expected at least {need}"):
+        kernels_norm.rmsnorm_backward(x, w, r, dy, grad_weight=dw2, workspace=work[:-1])
+    big = np.zeros(need + 1, F32)
+    odd = big[1:] if big[1:].ctypes.data % 8 else big[:-1]
+    with pytest.raises(ValueError, match="8-byte aligned"):
+        kernels_norm.rmsnorm_backward(x, w, r, dy, grad_weight=dw2, workspace=odd)
+    with pytest.raises(ValueError, match="overlap"):
+        kernels_norm.rmsnorm_backward(x, w, r, dy, grad_weight=work[:40], workspace=work)
+    assert dw2.tobytes() == dw1.tobytes()
+    with pytest.raises(TypeError, match="nrows"):
+        kernels_norm.norm_backward_workspace(3.0, 4)

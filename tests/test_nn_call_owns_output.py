@@ -42,6 +42,9 @@ LAYER_CASES = {
     "LayerNorm": (lambda: nn.LayerNorm(9), (4, 9)),
     "SwiGLU": (lambda: nn.SwiGLU(8, 12, rng=0), (3, 8)),
     "GPT2MLP": (lambda: nn.GPT2MLP(8, rng=0), (3, 8)),
+    "CausalSelfAttention": (lambda: nn.CausalSelfAttention(8, 2, 1, rng=0), (5, 8)),
+    "GPT2Attention": (lambda: nn.GPT2Attention(8, 2, rng=0), (5, 8)),
+    "RotaryEmbedding": (lambda: nn.RotaryEmbedding(4), (5, 2, 4)),
 }
 
 

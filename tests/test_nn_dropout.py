@@ -303,6 +303,68 @@ def test_fit_leaves_the_model_in_eval_mode():
     np.testing.assert_array_equal(model(x), model(x))
 
 
+class _Interrupting:
+    """A layer (identity) that raises `error` at its `after`-th training forward."""
+
+    def __init__(self, error, after):
+        self.error, self.after, self.calls, self.training = error, after, 0, False
+
+    def parameters(self):
+        return []
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.after:
+                raise self.error
+        return x
+
+    def backward(self, grad_out):
+        return grad_out
+
+
+def _fit_data(rng):
+    return go.Dataset.from_arrays(rng.standard_normal((40, 6)).astype(np.float32),
+                                  np.eye(3, dtype=np.float32)[rng.integers(0, 3, 40)])
+
+
+def _assert_eval_mode(model, rng):
+    assert [m.training for m in go.nn.modules(model)] == [False] * len(list(go.nn.modules(model)))
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    np.testing.assert_array_equal(model(x), model(x))
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("boom")])
+def test_fit_leaves_the_model_in_eval_mode_when_a_layer_raises(error):
+    rng = np.random.default_rng(0)
+    model = Sequential(Linear(6, 16, rng=0), ReLU(), Dropout(0.5), _Interrupting(error, 3),
+                       Linear(16, 3, rng=1))
+    with pytest.raises(type(error)):
+        go.fit(model, _fit_data(rng), go.LossType.CROSS_ENTROPY, nepoch=2, nbatch_logical=10,
+               silent=True)
+    assert model[3].calls == 3  # it stopped in the middle of the first epoch
+    _assert_eval_mode(model, rng)
+
+
+def test_fit_leaves_the_model_in_eval_mode_when_the_progress_callback_raises(monkeypatch):
+    from ggmlopt import training
+
+    calls = []
+
+    def interrupt(*args):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "progress_bar", interrupt)
+    rng = np.random.default_rng(0)
+    model = dropout_model()
+    with pytest.raises(KeyboardInterrupt):
+        go.fit(model, _fit_data(rng), go.LossType.CROSS_ENTROPY, nepoch=1, nbatch_logical=10)
+    assert calls == [True, True]  # two training batches of four ran
+    _assert_eval_mode(model, rng)
+
+
 # ---- bit-exact resume ------------------------------------------------------------------
 
 def _dataset(seed=0, n=200):

@@ -52,7 +52,8 @@ def test_linear_single_row_and_other_dtypes():
 
 def test_linear_shape_errors():
     lin = Linear(3, 2, rng=0)
-    with pytest.raises(ValueError, match=r"x: expected shape \(\.\.\., 3\)"):
+    with pytest.raises(ValueError, match=r"x: expected shape \(batch, 3\), got \(2, 5, 4\) "
+                                         r"\(any leading axes: \(\.\.\., 3\)\)"):
         lin.forward(np.ones((2, 5, 4), np.float32))
     with pytest.raises(ValueError, match="x"):
         lin.forward(np.float32(1.0))

@@ -84,7 +84,7 @@ def test_frozen_parameters_get_no_gradient(rng, cls):
     dx = layer.backward(np.ones((4, 9), F32))
     assert dx is not None
     for p in layer.parameters():
-        assert np.all(p.grad == 0) and p.grad_is_zero
+        assert p.grad is None  # frozen: no gradient (torch's .grad of such a tensor)
 
 
 @pytest.mark.parametrize("cls", [gnn.RMSNorm, gnn.LayerNorm])
@@ -111,3 +111,14 @@ def test_bad_input(rng, cls):
     np.testing.assert_array_equal(layer.weight.grad, g0)
     with pytest.raises(TypeError, match="bias"):
         gnn.LayerNorm(9, bias="yes")
+
+
+def test_layernorm_frozen_weight_trainable_bias(rng):
+    layer = gnn.LayerNorm(9)
+    freeze(layer, "weight")
+    x = rng.standard_normal((4, 9)).astype(F32)
+    dy = rng.standard_normal((4, 9)).astype(F32)
+    layer.forward(x)
+    layer.backward(dy)
+    assert layer.weight.grad is None   # frozen: no gradient, as torch's .grad
+    np.testing.assert_allclose(layer.bias.grad, dy.sum(0), rtol=1e-6, atol=1e-6)

@@ -11,6 +11,18 @@ def test_mnist_fc_shape():
     assert [p.data.shape for p in model.parameters()] == [(784, 500), (500,), (500, 10), (10,)]
 
 
+def test_mnist_fc_is_initialised_as_ggml():
+    """ggml's mnist_model_init_random: every weight and bias of mnist-fc, as of
+    mnist-cnn, from N(0, 0.01) (not torch's default U(+-1/sqrt(fan_in)))."""
+    model = mnist.mnist_fc(seed=0)
+    for p in model.parameters():
+        assert abs(p.data.std() - 0.01) < 0.001 and abs(p.data.mean()) < 0.002
+    values = np.concatenate([p.data.ravel() for p in model.parameters()])
+    assert abs(values.std() - 0.01) < 0.0002
+    np.testing.assert_array_equal(values, np.concatenate(
+        [p.data.ravel() for p in mnist.mnist_fc(seed=0).parameters()]))
+
+
 def test_offline_run_learns(capsys):
     pytest.importorskip("sklearn")
     loss, acc = mnist.main(["--epochs", "2", "--silent", "--seed", "1"])

@@ -262,7 +262,8 @@ static void test_rope(const ggmlopt_kernel_table *k, int64_t d, int64_t pos0, in
         for (int64_t h = 0; h < heads; ++h)
             for (int64_t i = 0; i < half; ++i) {
                 const int64_t o = (r * heads + h) * d + i;
-                const double c = cs[p * half + i], sv = inverse ? -sn[p * half + i] : sn[p * half + i];
+                const double c = cs[p * half + i];
+                const double sv = inverse ? -sn[p * half + i] : sn[p * half + i];
                 const double x1 = x[o], x2 = x[o + half];
                 const double tol = 3e-7 * (fabs(x1) + fabs(x2));
                 th_expect(&m, "y1", o, y[o], x1 * c - x2 * sv, tol);
@@ -336,7 +337,8 @@ void test_attention_public(void) {
     const int64_t sizes[5] = {nq, nl, nq, nkv, nkv};
     th_miss m = TH_MISS_INIT;
     for (int a = 0; a < 5; ++a)
-        for (int64_t i = 0; i < sizes[a]; ++i) th_expect_bits(&m, "1 vs 2 threads", i, res[1][a][i], res[0][a][i]);
+        for (int64_t i = 0; i < sizes[a]; ++i)
+            th_expect_bits(&m, "1 vs 2 threads", i, res[1][a][i], res[0][a][i]);
     th_report(&m, "attention public api 1 vs 2 threads");
     th_check(ggmlopt_attention_forward_f32(1, 4, 3, 2, 8, q, 24, kk, 16, v, 16, res[0][0], 24,
                                            res[0][1]) == -1,

@@ -66,8 +66,13 @@ static void test_norm(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table 
         k->rmsnorm_f32(nrows, dim, x, w, eps, y, rstd);
     }
     const float *saved_mean = layer ? mean : NULL;
-    k->norm_backward_f32(nrows, dim, x, w, saved_mean, rstd, dy, dx);
-    k->norm_param_grad_f32(nrows, dim, 0, dim, x, saved_mean, rstd, dy, dw, layer ? db : NULL);
+    double *pw = th_alloc(8, dim, 0), *pb = th_alloc(8, dim, 0);
+    float *acc = th_alloc(4, 2 * dim, 0);
+    k->norm_backward_f32(nrows, dim, x, w, saved_mean, rstd, dy, dx, pw, pb, acc);
+    for (int64_t j = 0; j < dim; ++j) {
+        dw[j] += (float)pw[j];
+        db[j] += (float)pb[j];
+    }
 
     th_miss m = TH_MISS_INIT;
     double *tw = calloc((size_t)dim, sizeof(double)), *sw = calloc((size_t)dim, sizeof(double));
@@ -107,7 +112,7 @@ static void test_norm(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table 
     }
     for (int64_t j = 0; j < dim; ++j) {
         th_expect(&m, "dw", j, dw[j], dw0[j] + tw[j], 1e-5 * (fabs(dw0[j]) + sw[j]) + 1e-37);
-        if (layer) th_expect(&m, "db", j, db[j], db0[j] + tb[j], 1e-5 * (fabs(db0[j]) + sb[j]));
+        th_expect(&m, "db", j, db[j], db0[j] + tb[j], 1e-5 * (fabs(db0[j]) + sb[j]));
     }
     char ctx[160];
     snprintf(ctx, sizeof ctx, "%s[%s] nrows=%lld dim=%lld off=%d%s", layer ? "layernorm" : "rmsnorm",
@@ -123,9 +128,11 @@ static void test_norm(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table 
         } else {
             scalar->rmsnorm_f32(nrows, dim, x, w, eps, y2, rstd2);
         }
-        scalar->norm_backward_f32(nrows, dim, x, w, saved_mean, rstd, dy, dx2);
-        scalar->norm_param_grad_f32(nrows, dim, 0, dim, x, saved_mean, rstd, dy, dw2,
-                                    layer ? db2 : NULL);
+        scalar->norm_backward_f32(nrows, dim, x, w, saved_mean, rstd, dy, dx2, pw, pb, acc);
+        for (int64_t j = 0; j < dim; ++j) {
+            dw2[j] += (float)pw[j];
+            db2[j] += (float)pb[j];
+        }
         th_miss c = TH_MISS_INIT;
         for (int64_t i = 0; i < n; ++i) {
             th_expect(&c, "y vs scalar", i, y[i], y2[i], RTOL_PATHS * fabs(y2[i]) + 1e-30);
@@ -141,28 +148,27 @@ static void test_norm(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table 
     free(sb);
 }
 
-/* the column sums do not depend on how the columns are split */
-static void test_norm_param_split(const ggmlopt_kernel_table *k) {
+/* the parameter sums alone (dx NULL) are those of the full pass, and dx
+ * alone (pw NULL) is that of the full pass */
+static void test_norm_parts(const ggmlopt_kernel_table *k) {
     const int64_t nrows = 130, dim = 77;
     float *x = th_rand_f32(nrows * dim, 1, -2.0f, 2.0f), *dy = th_rand_f32(nrows * dim, 2, -1.0f, 1.0f);
     float *mean = th_rand_f32(nrows, 0, -0.5f, 0.5f), *rstd = th_rand_f32(nrows, 0, 0.5f, 2.0f);
-    float *a = th_alloc(4, dim, 0), *b = th_alloc(4, dim, 0), *c = th_alloc(4, dim, 0);
-    float *d = th_alloc(4, dim, 0);
-    memset(a, 0, 4 * (size_t)dim);
-    memset(b, 0, 4 * (size_t)dim);
-    memset(c, 0, 4 * (size_t)dim);
-    memset(d, 0, 4 * (size_t)dim);
-    k->norm_param_grad_f32(nrows, dim, 0, dim, x, mean, rstd, dy, a, b);
-    k->norm_param_grad_f32(nrows, dim, 0, 5, x, mean, rstd, dy, c, d);
-    k->norm_param_grad_f32(nrows, dim, 5, 48, x, mean, rstd, dy, c, d);
-    k->norm_param_grad_f32(nrows, dim, 48, dim, x, mean, rstd, dy, c, d);
+    float *w = th_rand_f32(dim, 0, -1.0f, 1.0f), *acc = th_alloc(4, 2 * dim, 0);
+    float *dx1 = th_alloc(4, nrows * dim, 0), *dx2 = th_alloc(4, nrows * dim, 0);
+    double *pw1 = th_alloc(8, dim, 0), *pb1 = th_alloc(8, dim, 0);
+    double *pw2 = th_alloc(8, dim, 0), *pb2 = th_alloc(8, dim, 0);
+    k->norm_backward_f32(nrows, dim, x, w, mean, rstd, dy, dx1, pw1, pb1, acc);
+    k->norm_backward_f32(nrows, dim, x, w, mean, rstd, dy, NULL, pw2, pb2, acc);
+    k->norm_backward_f32(nrows, dim, x, w, mean, rstd, dy, dx2, NULL, NULL, NULL);
     th_miss m = TH_MISS_INIT;
     for (int64_t j = 0; j < dim; ++j) {
-        th_expect_bits(&m, "dw split", j, c[j], a[j]);
-        th_expect_bits(&m, "db split", j, d[j], b[j]);
+        th_expect(&m, "dw without dx", j, pw2[j], pw1[j], 0.0);
+        th_expect(&m, "db without dx", j, pb2[j], pb1[j], 0.0);
     }
+    for (int64_t i = 0; i < nrows * dim; ++i) th_expect_bits(&m, "dx without dw", i, dx2[i], dx1[i]);
     char ctx[96];
-    snprintf(ctx, sizeof ctx, "norm_param_grad[%s] split columns", k->name);
+    snprintf(ctx, sizeof ctx, "norm_backward[%s] parts alone", k->name);
     th_report(&m, ctx);
 }
 
@@ -261,7 +267,7 @@ void test_lm_layers(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *s
         }
     }
     test_swiglu(k, scalar, 4099, 1);
-    test_norm_param_split(k);
+    test_norm_parts(k);
     th_release_all();
 }
 
@@ -276,6 +282,7 @@ void test_lm_layers_public(void) {
     int32_t *ids = th_alloc(4, nrows, 0);
     for (int64_t i = 0; i < nrows; ++i) ids[i] = (int32_t)th_randint(0, i < 100 ? 3 : num);
     float *res[2][12];
+    float *work = th_alloc(4, ggmlopt_norm_backward_work_size(nrows, dim) + 1, 0);
     const int before = ggmlopt_get_num_threads();
     for (int t = 0; t < 2; ++t) {
         ggmlopt_set_num_threads(t + 1);
@@ -293,9 +300,9 @@ void test_lm_layers_public(void) {
         r[10] = th_alloc(4, n, 0);          /* embedding out */
         r[11] = th_dup(emb, 4, num * dim);  /* embedding grad */
         ggmlopt_rmsnorm_f32(nrows, dim, x, w, 1e-6f, r[0], r[1]);
-        ggmlopt_rmsnorm_backward_f32(nrows, dim, x, w, r[1], dy, r[2], r[3]);
+        ggmlopt_rmsnorm_backward_f32(nrows, dim, x, w, r[1], dy, r[2], r[3], work);
         ggmlopt_layernorm_f32(nrows, dim, x, w, b, 1e-5f, r[4], r[5], r[6]);
-        ggmlopt_layernorm_backward_f32(nrows, dim, x, w, r[5], r[6], dy, r[7], r[8], r[9]);
+        ggmlopt_layernorm_backward_f32(nrows, dim, x, w, r[5], r[6], dy, r[7], r[8], r[9], work);
         ggmlopt_embedding_f32(nrows, dim, ids, emb, r[10]);
         ggmlopt_embedding_backward_f32(nrows, dim, ids, dy, num, r[11]);
     }
@@ -320,7 +327,7 @@ void test_lm_layers_public(void) {
         dw[t] = th_dup(b, 4, dim); /* as r[3] was: the same sums land on the same start */
         ggmlopt_swiglu_f32(n, x, dy, h[t]);
         ggmlopt_swiglu_backward_f32(n, x, dy, dh, dg[t], du[t]);
-        ggmlopt_rmsnorm_backward_f32(nrows, dim, x, w, res[0][1], dy, NULL, dw[t]);
+        ggmlopt_rmsnorm_backward_f32(nrows, dim, x, w, res[0][1], dy, NULL, dw[t], work);
     }
     th_miss s = TH_MISS_INIT;
     for (int64_t i = 0; i < n; ++i) {

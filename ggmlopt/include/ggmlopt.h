@@ -277,13 +277,18 @@ void ggmlopt_embedding_backward_f32(int64_t n, int64_t dim, const int32_t *ids,
  * y = x * rstd * weight (torch.nn.RMSNorm).  Sums in double. */
 void ggmlopt_rmsnorm_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                          float eps, float *y, float *rstd);
+/* Floats of the work area the backward passes of both norms need for
+ * (nrows, dim) when they compute a parameter gradient (8-byte aligned). */
+int64_t ggmlopt_norm_backward_work_size(int64_t nrows, int64_t dim);
 /* From the forward's x and rstd and grad_y: grad_x (may be NULL) =
  * rstd * (g - xhat * mean(g * xhat)), g = grad_y * weight, xhat = x * rstd;
- * grad_weight (may be NULL) += sum over rows of grad_y * xhat, each column
- * summed in row order (the same bits on any number of threads). */
+ * grad_weight (may be NULL) += sum over rows of grad_y * xhat, summed in
+ * blocks of rows that depend on the shape only and added in block order (the
+ * same bits on any number of threads).  work: ggmlopt_norm_backward_work_size
+ * floats (NULL when grad_weight is NULL). */
 void ggmlopt_rmsnorm_backward_f32(int64_t nrows, int64_t dim, const float *x, const float *weight,
                                   const float *rstd, const float *grad_y, float *grad_x,
-                                  float *grad_weight);
+                                  float *grad_weight, float *work);
 /* LayerNorm over the rows of x (nrows, dim): mean[r], rstd[r] =
  * 1/sqrt(var(x_r) + eps) (the biased variance), y = (x - mean) * rstd * weight
  * + bias (bias may be NULL; torch.nn.LayerNorm).  Sums in double. */
@@ -292,11 +297,12 @@ void ggmlopt_layernorm_f32(int64_t nrows, int64_t dim, const float *x, const flo
 /* grad_x (may be NULL) = rstd * (g - mean(g) - xhat * mean(g * xhat)),
  * g = grad_y * weight, xhat = (x - mean) * rstd; grad_weight += sum over rows of
  * grad_y * xhat, grad_bias += sum over rows of grad_y (either may be NULL),
- * summed as for RMSNorm. */
+ * summed as for RMSNorm; work: ggmlopt_norm_backward_work_size floats (NULL
+ * when both are NULL). */
 void ggmlopt_layernorm_backward_f32(int64_t nrows, int64_t dim, const float *x,
                                     const float *weight, const float *mean, const float *rstd,
                                     const float *grad_y, float *grad_x, float *grad_weight,
-                                    float *grad_bias);
+                                    float *grad_bias, float *work);
 
 /* SwiGLU's product, elementwise over n entries: h = silu(gate) * up. */
 void ggmlopt_swiglu_f32(int64_t n, const float *gate, const float *up, float *h);

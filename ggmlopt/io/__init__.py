@@ -5,12 +5,16 @@ ggml's own programs) and safetensors in torch's layout.
     ggmlopt.io.load_gguf("model.gguf", model)
     ggmlopt.io.save_safetensors(model, "model.safetensors")   # torch's state_dict
     ggmlopt.io.load_safetensors("model.safetensors", model)
+    ggmlopt.io.save_hf(llama, "checkpoint/")    # transformers' from_pretrained loads it
+    llama = ggmlopt.io.load_hf("checkpoint/")   # and save_pretrained's directories
 
 Tensor names come from ``ggmlopt.nn.named_parameters``.  The ``gguf`` and
 ``safetensors`` packages are the ``interop`` extra (``pip install
 ggmlopt[interop]``), imported only when a function here needs them.
 """
 from .gguf_format import GENERIC_ARCH, load_gguf, save_gguf
+from .hf_format import load_hf, save_hf
 from .safetensors_format import load_safetensors, save_safetensors
 
-__all__ = ["GENERIC_ARCH", "load_gguf", "load_safetensors", "save_gguf", "save_safetensors"]
+__all__ = ["GENERIC_ARCH", "load_gguf", "load_hf", "load_safetensors", "save_gguf", "save_hf",
+           "save_safetensors"]

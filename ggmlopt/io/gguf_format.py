@@ -26,6 +26,7 @@ import numpy as np
 
 from .._optional import import_optional
 from ._files import atomic_output, input_path, output_path
+from ._gguf_length import gguf_truncation
 from .ggml_mnist import MNIST_ARCHS, GgmlTensor
 from .torch_layout import TorchTensor, assign_torch_arrays, torch_tensors
 
@@ -178,19 +179,17 @@ class _GgufContents:
     ggml ne, type name and float32 data (a copy: the file is closed after)."""
 
     def __init__(self, path: str, gguf):
+        # a file cut short says so, whichever field the reader would trip over; a
+        # file cut inside the last tensor's padding too, as ggml refuses it
+        short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
+        if short is not None:
+            raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
         try:
             reader = gguf.GGUFReader(path)
             self.fields = {name: _field_value(field, gguf)
                            for name, field in reader.fields.items()
                            if not name.startswith("GGUF.")}
             self.tensors = {}
-            # ggml reads every tensor's data padded to the alignment: a file cut
-            # inside the last padding is refused by ggml, so here too
-            align = int(reader.alignment)
-            end = max((t.data_offset + -(-int(t.n_bytes) // align) * align
-                       for t in reader.tensors), default=0)
-            if reader.data.size < end:
-                raise ValueError(f"truncated: {reader.data.size} bytes, the tensors need {end}")
             for t in reader.tensors:
                 self.tensors[t.name] = (tuple(int(n) for n in t.shape), t.tensor_type.name,
                                         _as_float32(t, gguf))

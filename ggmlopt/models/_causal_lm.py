@@ -12,7 +12,7 @@ from ..nn.linear import Linear
 from ..nn.module import Module
 from ..nn.parameter import Parameter
 
-__all__ = ["CausalLM", "KVCache", "normal_init"]
+__all__ = ["CausalLM", "KVCache", "PreNormBlock", "normal_init"]
 
 
 def normal_init(std):
@@ -94,6 +94,35 @@ def attend_cached(q, cache_k, cache_v, pos):
     return np.ascontiguousarray(out, dtype=np.float32).reshape(b, t, n_heads * hd)
 
 
+class PreNormBlock(Module):
+    """The pre-norm block of Llama and GPT-2: h = x + attn(norm1(x)),
+    y = h + mlp(norm2(h)), x and y (batch, T, dim).  Subclasses make the four
+    sub-layers under their Hugging Face names and list them in ``_parts()``
+    (norm1, attn, norm2, mlp).  The two sums go to buffers of the block's own
+    (the sub-layers' outputs are theirs)."""
+
+    _shape = None
+
+    def _parts(self):
+        raise NotImplementedError
+
+    def forward(self, x, pos=0):
+        """x: float32 (batch, T, dim) -> (batch, T, dim), a buffer the block reuses."""
+        if x.shape != self._shape:
+            self._h, self._y, self._dh, self._dx = (np.empty(x.shape, np.float32)
+                                                    for _ in range(4))
+            self._shape = x.shape
+        norm1, attn, norm2, mlp = self._parts()
+        np.add(x, attn.forward(norm1.forward(x), pos), out=self._h)
+        return np.add(self._h, mlp.forward(norm2.forward(self._h)), out=self._y)
+
+    def backward(self, grad_out):
+        """grad_out (batch, T, dim) -> d loss / d x, a buffer the block reuses."""
+        norm1, attn, norm2, mlp = self._parts()
+        np.add(grad_out, norm2.backward(mlp.backward(grad_out)), out=self._dh)
+        return np.add(self._dh, norm1.backward(attn.backward(self._dh)), out=self._dx)
+
+
 class CausalLM(Module):
     """A decoder-only language model: forward(tokens) int32 (batch, T) -> logits
     float32 (batch, T, vocab_size); backward(grad_logits) adds into every
@@ -107,7 +136,7 @@ class CausalLM(Module):
     (and fit, evaluate, predict) to pass token ids as int32.
     """
 
-    inputs_dtype = np.int32
+    inputs_dtype = np.dtype(np.int32)
     lm_head: Linear | None
 
     # ---- what a model defines ---------------------------------------------------------

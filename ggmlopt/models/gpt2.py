@@ -13,9 +13,8 @@ import numpy as np
 from ..nn.attention import GPT2Attention
 from ..nn.embedding import Embedding
 from ..nn.mlp import GPT2MLP
-from ..nn.module import Module
 from ..nn.norm import LayerNorm
-from ._causal_lm import CausalLM, attend_cached, normal_init
+from ._causal_lm import CausalLM, PreNormBlock, attend_cached, normal_init
 from .config import GPT2Config
 
 __all__ = ["GPT2", "GPT2Block"]
@@ -23,7 +22,7 @@ __all__ = ["GPT2", "GPT2Block"]
 INIT_STD = 0.02  # Hugging Face's initializer_range
 
 
-class GPT2Block(Module):
+class GPT2Block(PreNormBlock):
     """One pre-norm block: h = x + attn(ln_1(x)), y = h + mlp(ln_2(h))."""
 
     def __init__(self, config: GPT2Config, rng: np.random.Generator):
@@ -36,25 +35,9 @@ class GPT2Block(Module):
         std = INIT_STD / math.sqrt(2 * config.n_layers)
         for proj in (self.attn.c_proj, self.mlp.c_proj):
             proj.weight.data[...] = rng.normal(0.0, std, proj.weight.shape)
-        self._shape = None
 
-    def _buffers(self, shape):
-        if shape != self._shape:
-            self._h, self._y, self._dh, self._dx = (np.empty(shape, np.float32)
-                                                    for _ in range(4))
-            self._shape = shape
-
-    def forward(self, x, pos=0):
-        """x: float32 (batch, T, dim) -> (batch, T, dim), a buffer the block reuses."""
-        self._buffers(x.shape)
-        np.add(x, self.attn.forward(self.ln_1.forward(x)), out=self._h)
-        return np.add(self._h, self.mlp.forward(self.ln_2.forward(self._h)), out=self._y)
-
-    def backward(self, grad_out):
-        """grad_out (batch, T, dim) -> d loss / d x, a buffer the block reuses."""
-        np.add(grad_out, self.ln_2.backward(self.mlp.backward(grad_out)), out=self._dh)
-        g = self.ln_1.backward(self.attn.backward(self._dh))
-        return np.add(self._dh, g, out=self._dx)
+    def _parts(self):
+        return self.ln_1, self.attn, self.ln_2, self.mlp
 
     def decode(self, x, cache_k, cache_v, pos):
         """forward for t new positions at pos.., reading and extending the cache."""

@@ -12,9 +12,8 @@ from ..nn.attention import CausalSelfAttention
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..nn.mlp import SwiGLU
-from ..nn.module import Module
 from ..nn.norm import RMSNorm
-from ._causal_lm import CausalLM, attend_cached, normal_init
+from ._causal_lm import CausalLM, PreNormBlock, attend_cached, normal_init
 from .config import LlamaConfig
 
 __all__ = ["Llama", "LlamaDecoderLayer"]
@@ -22,10 +21,9 @@ __all__ = ["Llama", "LlamaDecoderLayer"]
 INIT_STD = 0.02  # Hugging Face's initializer_range
 
 
-class LlamaDecoderLayer(Module):
+class LlamaDecoderLayer(PreNormBlock):
     """One pre-norm block: h = x + self_attn(input_layernorm(x)),
-    y = h + mlp(post_attention_layernorm(h)), x and y (batch, T, dim).  The two
-    sums go to buffers of the block's own (the sub-layers' outputs are theirs)."""
+    y = h + mlp(post_attention_layernorm(h)), x and y (batch, T, dim)."""
 
     def __init__(self, config: LlamaConfig, rng: np.random.Generator):
         init = normal_init(INIT_STD)
@@ -34,28 +32,9 @@ class LlamaDecoderLayer(Module):
                                              rope_base=config.rope_base, init=init, rng=rng)
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = SwiGLU(config.dim, config.ffn_dim, init=init, rng=rng)
-        self._shape = None
 
-    def _buffers(self, shape):
-        if shape != self._shape:
-            self._h, self._y, self._dh, self._dx = (np.empty(shape, np.float32)
-                                                    for _ in range(4))
-            self._shape = shape
-
-    def forward(self, x, pos=0):
-        """x: float32 (batch, T, dim) -> (batch, T, dim), a buffer the block reuses."""
-        self._buffers(x.shape)
-        a = self.self_attn.forward(self.input_layernorm.forward(x), pos)
-        np.add(x, a, out=self._h)
-        m = self.mlp.forward(self.post_attention_layernorm.forward(self._h))
-        return np.add(self._h, m, out=self._y)
-
-    def backward(self, grad_out):
-        """grad_out (batch, T, dim) -> d loss / d x, a buffer the block reuses."""
-        g = self.post_attention_layernorm.backward(self.mlp.backward(grad_out))
-        np.add(grad_out, g, out=self._dh)
-        g = self.input_layernorm.backward(self.self_attn.backward(self._dh))
-        return np.add(self._dh, g, out=self._dx)
+    def _parts(self):
+        return self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp
 
     def decode(self, x, cache_k, cache_v, pos):
         """forward for t new positions at pos.., reading and extending the cache."""

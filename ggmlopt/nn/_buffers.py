@@ -28,8 +28,8 @@ def as_rows(x, ncols: int, name: str) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
     if x.ndim < 2 or x.shape[-1] != ncols:
-        raise ValueError(f"{name}: expected shape (..., {ncols}) with at least one leading "
-                         f"axis, got {x.shape}")
+        raise ValueError(f"{name}: expected shape (batch, {ncols}), got {x.shape} (any "
+                         f"leading axes: (..., {ncols}))")
     if x.dtype != np.float32:
         if x.dtype.kind not in "biuf":
             raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")

@@ -66,8 +66,8 @@ class RotaryEmbedding(Module):
     The cos/sin table (computed as HF does, float32 angles, cos and sin in
     float64) is cached and grown as positions demand.  No parameters.
 
-    ``forward(x, pos=0)`` returns a buffer the layer reuses; ``rotate(x, pos,
-    out=..., inverse=...)`` writes where asked (``out=x``: in place);
+    ``forward(x, pos=0)`` returns a buffer the layer reuses; ``layer(x)`` a
+    copy the caller owns; ``rotate(x, pos, out=..., inverse=...)`` writes where asked (``out=x``: in place);
     ``backward(grad)`` rotates back by the last forward's angles.
     """
 
@@ -153,7 +153,8 @@ class CausalSelfAttention(Module):
     torch's.  init, rng: passed to the four Linear layers (one generator).
 
     ``forward(x, pos=0)``: token t at position pos + t (for cached generation
-    later); returns a buffer the layer reuses, ``layer(x)`` a copy.
+    later); returns a buffer the layer reuses, ``layer(x)`` a copy the caller
+    owns.
     ``backward(grad)`` adds into the parameters' .grad (frozen ones,
     ``requires_grad`` False, get none) and returns d loss / d x, or None when
     needs_input_grad is False.  The attention itself is one fused kernel each
@@ -269,7 +270,8 @@ class GPT2Attention(Module):
     ``c_attn``: Linear (dim, 3 * dim), ``c_proj``: Linear (dim, dim); their
     (in, out) weights are laid out as HF's Conv1D weights already.  The
     attention reads the fused c_attn rows in place and writes its gradients
-    into one fused buffer.  Protocol as CausalSelfAttention.
+    into one fused buffer.  ``forward(x)`` returns a buffer the layer reuses,
+    ``layer(x)`` a copy the caller owns; backward as CausalSelfAttention's.
     """
 
     def __init__(self, dim, n_heads, *, bias=True, init=None, rng=None):

@@ -21,6 +21,31 @@ def _fused_length(layers, i) -> int:
     return 1
 
 
+# a layer's complaint about its input or gradient (shape, dtype, size) gets the
+# layer's index in front; other exceptions pass unchanged
+_NAMED_ERRORS = (ValueError, TypeError, IndexError)
+
+
+def _layer_description(layer) -> str:
+    """"Linear 100->10", "Conv2d 8->16", a short repr, or the class name."""
+    name = type(layer).__name__
+    for ins, outs in (("in_features", "out_features"), ("in_channels", "out_channels")):
+        if hasattr(layer, ins) and hasattr(layer, outs):
+            return f"{name} {getattr(layer, ins)}->{getattr(layer, outs)}"
+    text = repr(layer)
+    return text if len(text) <= 60 and "\n" not in text else name
+
+
+def _naming_layer(error, i, layer):
+    """error with "layer i (description): " in front of its message, its traceback
+    kept; error itself when its type cannot be built from one message."""
+    try:
+        named = type(error)(f"layer {i} ({_layer_description(layer)}): {error}")
+    except TypeError:  # an exception class with another constructor
+        return error
+    return named.with_traceback(error.__traceback__)
+
+
 class Sequential(Module):
     """Sequential(*layers): forward through the layers in order, backward in reverse.
 
@@ -35,6 +60,9 @@ class Sequential(Module):
     and gradients are those of the layers run one after the other, bit for
     bit; the ReLU's (and the Conv2d's) full-size output buffers are then not
     filled.
+
+    A ValueError, TypeError or IndexError raised by a layer's forward or
+    backward names the layer: ``layer 2 (Linear 100->10): x: expected ...``.
     """
 
     def __init__(self, *layers):
@@ -97,17 +125,20 @@ class Sequential(Module):
         copy the caller owns."""
         layers, fused = self.layers, {}
         i = 0
-        while i < len(layers):
-            length = _fused_length(layers, i)
-            if length == 1:
-                x = layers[i].forward(x)
-            elif length == 2:
-                x = layers[i + 1].forward_relu(x)
-            else:
-                x = layers[i]._forward_relu_maxpool(x, layers[i + 2])
-            if length > 1:
-                fused[i + length - 1] = i
-            i += length
+        try:
+            while i < len(layers):
+                length = _fused_length(layers, i)
+                if length == 1:
+                    x = layers[i].forward(x)
+                elif length == 2:
+                    x = layers[i + 1].forward_relu(x)
+                else:
+                    x = layers[i]._forward_relu_maxpool(x, layers[i + 2])
+                if length > 1:
+                    fused[i + length - 1] = i
+                i += length
+        except _NAMED_ERRORS as e:
+            raise _naming_layer(e, i, layers[i]) from None
         self._fused = fused
         return x
 
@@ -117,20 +148,23 @@ class Sequential(Module):
         g = grad_out
         layers, fused = self.layers, self._fused
         i = len(layers) - 1
-        while i >= 0:
-            first = fused.get(i)
-            if first is None:
-                g = layers[i].backward(g)
-                i -= 1
-                continue
-            if i - first == 2:  # Conv2d, ReLU, MaxPool2d
-                g = layers[first]._backward_relu_maxpool(g, layers[i])
-            elif layers[first].needs_input_grad:  # ReLU, MaxPool2d: the pool's
-                g = layers[i].backward(g)         # gradient is the ReLU input's
-            else:
-                layers[i].backward(g)  # its checks; the ReLU wants no gradient
-                g = None
-            i = first - 1
+        try:
+            while i >= 0:
+                first = fused.get(i)
+                if first is None:
+                    g = layers[i].backward(g)
+                    i -= 1
+                    continue
+                if i - first == 2:  # Conv2d, ReLU, MaxPool2d
+                    g = layers[first]._backward_relu_maxpool(g, layers[i])
+                elif layers[first].needs_input_grad:  # ReLU, MaxPool2d: the pool's
+                    g = layers[i].backward(g)         # gradient is the ReLU input's
+                else:
+                    layers[i].backward(g)  # its checks; the ReLU wants no gradient
+                    g = None
+                i = first - 1
+        except _NAMED_ERRORS as e:
+            raise _naming_layer(e, i, layers[i]) from None
         return g
 
     def __getitem__(self, i):
@@ -140,5 +174,7 @@ class Sequential(Module):
         return len(self.layers)
 
     def __repr__(self):
-        inner = ",\n  ".join(repr(layer) for layer in self.layers)
-        return f"Sequential(\n  {inner}\n)"
+        # torch's form: each layer after its index, nested containers indented
+        inner = "\n".join(f"  ({i}): " + repr(layer).replace("\n", "\n  ")
+                           for i, layer in enumerate(self.layers))
+        return f"Sequential(\n{inner}\n)"

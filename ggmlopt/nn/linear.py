@@ -94,6 +94,9 @@ class Linear(Module):
         want = self._out.shape
         if not isinstance(grad_out, np.ndarray):
             grad_out = np.asarray(grad_out)
+        if grad_out.ndim < 1 or grad_out.shape[-1] != self.out_features:
+            raise ValueError(f"grad_out: expected shape (batch, {self.out_features}), got "
+                             f"{grad_out.shape} (the last forward output's shape {want})")
         if grad_out.shape != want:
             raise ValueError(f"grad_out: expected shape {want} like the last forward output, "
                              f"got {grad_out.shape}")

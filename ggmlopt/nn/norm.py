@@ -29,6 +29,8 @@ class _RowNorm(Module):
             self._grad_in = np.empty(x.shape, dtype=np.float32)
             self._mean = np.empty(nrows, dtype=np.float32)
             self._rstd = np.empty(nrows, dtype=np.float32)
+            self._work = np.empty(kernels_norm.norm_backward_workspace(nrows, self.dim),
+                                  dtype=np.float32)
             self._shape = x.shape
 
     def _grad_out(self, grad_out):
@@ -55,8 +57,9 @@ class _RowNorm(Module):
 class RMSNorm(_RowNorm):
     """RMSNorm(dim, eps=1e-6): y = x / sqrt(mean(x^2, -1) + eps) * weight over
     the last axis of x (..., dim) (torch.nn.RMSNorm with normalized_shape=dim,
-    Llama's norm); weight: Parameter (dim,) of ones.  The mean of squares is
-    summed in double.
+    Llama's norm; torch's own default eps=None means float32's machine epsilon,
+    pass it explicitly to match); weight: Parameter (dim,) of ones.  The mean
+    of squares is summed in double.
 
     ``forward`` returns a buffer the layer reuses; ``module(x)`` a copy the
     caller owns.  ``backward`` adds into weight.grad (unless weight.requires_grad
@@ -80,7 +83,8 @@ class RMSNorm(_RowNorm):
         g = self._grad_out(grad_out)
         return kernels_norm.rmsnorm_backward(
             self._x, self.weight.data, self._rstd, g, self._grad_in,
-            grad_weight=self._grad_of(self.weight), input_grad=self.needs_input_grad)
+            grad_weight=self._grad_of(self.weight), input_grad=self.needs_input_grad,
+            workspace=self._work)
 
     def __repr__(self):
         return f"RMSNorm({self.dim}, eps={self.eps})"
@@ -123,7 +127,7 @@ class LayerNorm(_RowNorm):
             self._x, self.weight.data, self._mean, self._rstd, g, self._grad_in,
             grad_weight=self._grad_of(self.weight),
             grad_bias=self._grad_of(self.bias) if self.bias is not None else None,
-            input_grad=self.needs_input_grad)
+            input_grad=self.needs_input_grad, workspace=self._work)
 
     def __repr__(self):
         return f"LayerNorm({self.dim}, eps={self.eps}, bias={self.bias is not None})"

@@ -22,11 +22,12 @@ class Residual(Module):
         )
 
     Forward adds x into fn's output buffer in place when fn says it may be
-    overwritten (``output_is_scratch``: true for Linear, and for a Sequential
-    ending in one, so for every attention and MLP sub-layer that ends in an
-    output projection): one pass over x and no copy of it.  Otherwise (fn's last
-    layer reads its own output in backward, as ReLU, Sigmoid or Tanh do, or
-    returns a view of x) the sum goes into a buffer of this module's own.
+    overwritten (``output_is_scratch``: true for Linear and for a Sequential
+    ending in one; a layer that returns its output projection's buffer, as an
+    attention or MLP block does, may declare it too): one pass over x and no
+    copy of it.  Otherwise (fn's last layer reads its own output in backward, as
+    ReLU, Sigmoid or Tanh do, returns a view of x, or says nothing) the sum goes
+    into a buffer of this module's own: the same values, one buffer more.
     Backward returns grad + fn.backward(grad), added in place into fn's input
     gradient buffer (one pass over grad, no copy of it); the gradient of x
     reaches fn's parameters through fn.backward only.

@@ -117,3 +117,39 @@ def test_uneven_logical_batch_on_three_ranks(tmp_path):
     for got in mpirun(3, tmp_path, "uneven"):
         assert str(got["kind"]) == "ValueError"
         assert "multiple of 3 x nbatch_physical = 30" in str(got["msg"])
+
+
+# ---- the mnist example's defaults on any number of ranks -------------------------------
+
+def mpirun_example(nranks, *args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               OPENBLAS_NUM_THREADS="1")
+    cmd = [MPIEXEC, "-n", str(nranks), sys.executable, "-m", "ggmlopt.examples.mnist", "--mpi",
+           "--silent", *args]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env,
+                              check=False)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd)} hangs (no answer in 300 s): {e.stderr}")
+
+
+@pytest.mark.parametrize(("nranks", "model", "batches"), [
+    (2, "cnn", "nbatch_logical=60, nbatch_physical=10"),    # one process: 50/10
+    (3, "fc", "nbatch_logical=150, nbatch_physical=50"),    # one process: 100/50
+    (2, "fc", "nbatch_logical=100, nbatch_physical=50"),
+])
+def test_mnist_example_defaults_fit_the_rank_count(nranks, model, batches):
+    pytest.importorskip("sklearn")  # the offline digits: 1500 training images
+    proc = mpirun_example(nranks, "--model", model, "--epochs", "1")
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert proc.stdout.count("mnist: test_acc=") == 1  # rank 0 alone prints
+    assert f"model: mnist-{model}" in proc.stdout and batches in proc.stdout
+
+
+def test_mnist_example_refuses_batches_that_do_not_split_before_any_work():
+    pytest.importorskip("sklearn")
+    proc = mpirun_example(3, "--nbatch-logical", "100", "--epochs", "1")
+    assert proc.returncode != 0
+    assert proc.stderr.count("valid --nbatch-logical values: 30, 60, 150, 300, 750") == 1
+    assert "Traceback" not in proc.stderr and "MPI_Abort" not in proc.stderr
+    assert "test_acc" not in proc.stdout and "model:" not in proc.stdout

@@ -1,0 +1,97 @@
+"""Hugging Face checkpoints: save_hf writes what transformers' from_pretrained
+loads with no missing or unexpected keys and the same logits; load_hf reads it
+back (bit for bit) and reads what save_pretrained writes."""
+import json
+
+import numpy as np
+import pytest
+
+from ggmlopt.io import load_hf, save_hf
+from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig
+
+pytest.importorskip("safetensors")
+
+MODELS = {
+    "llama": lambda: Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=2, n_heads=4,
+                                       n_kv_heads=2, ffn_dim=48, max_seq_len=64,
+                                       norm_eps=1e-6, rope_base=5000.0), seed=1),
+    "llama-tied": lambda: Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=2,
+                                            max_seq_len=64, tie_embeddings=True), seed=2),
+    "gpt2": lambda: GPT2(GPT2Config(vocab_size=67, dim=32, n_layers=2, n_heads=4,
+                                    max_seq_len=64), seed=3),
+}
+TOKENS = np.random.default_rng(0).integers(0, 67, (2, 23))
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_round_trip_is_bit_exact(tmp_path, arch):
+    model = MODELS[arch]()
+    save_hf(model, tmp_path / "ckpt")
+    back = load_hf(tmp_path / "ckpt")
+    assert type(back) is type(model) and back.config == model.config
+    for (n, p), (m, q) in zip(model.named_parameters(), back.named_parameters()):
+        assert n == m
+        np.testing.assert_array_equal(p.data, q.data)
+    np.testing.assert_array_equal(back(TOKENS), model(TOKENS))
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_transformers_loads_it_with_the_same_logits(tmp_path, arch):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    model = MODELS[arch]()
+    save_hf(model, tmp_path)
+    cls = transformers.GPT2LMHeadModel if arch == "gpt2" else transformers.LlamaForCausalLM
+    hf, info = cls.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        want = hf(torch.tensor(TOKENS)).logits.numpy()
+    got = model(TOKENS)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_load_hf_reads_what_save_pretrained_writes(tmp_path, arch):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=67, hidden_size=32, intermediate_size=40,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=1, max_position_embeddings=64)
+        hf = transformers.LlamaForCausalLM(cfg)
+    else:
+        cfg = transformers.GPT2Config(vocab_size=67, n_embd=32, n_layer=2, n_head=4,
+                                      n_positions=64)
+        hf = transformers.GPT2LMHeadModel(cfg)
+    hf.eval()
+    hf.save_pretrained(tmp_path)
+    model = load_hf(tmp_path)
+    with torch.no_grad():
+        want = hf(torch.tensor(TOKENS)).logits.numpy()
+    np.testing.assert_allclose(model(TOKENS), want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+def test_bad_directories_are_refused(tmp_path):
+    model = MODELS["llama"]()
+    save_hf(model, tmp_path / "ok")
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        load_hf(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_hf(tmp_path / "empty")
+    cfg = json.loads((tmp_path / "ok" / "config.json").read_text())
+    (tmp_path / "ok" / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))
+    with pytest.raises(ValueError, match="model_type 'mistral' is not supported"):
+        load_hf(tmp_path / "ok")
+    (tmp_path / "ok" / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 50}))
+    with pytest.raises(ValueError, match=r"mlp.gate_proj.weight' has shape \(48, 32\)"):
+        load_hf(tmp_path / "ok")
+    (tmp_path / "ok" / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    with pytest.raises(ValueError, match=r"missing \['model.layers.2"):
+        load_hf(tmp_path / "ok")
+    with pytest.raises(TypeError, match="expected a ggmlopt.models.Llama or GPT2"):
+        save_hf(object(), tmp_path / "x")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is a file"):
+        save_hf(model, tmp_path / "file")
