@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._args import int_arg
+from ._blas_threads import blas_threads_for_training
 from .nn.module import eval_mode
 
 __all__ = ["Perplexity", "generate", "perplexity", "stream"]
@@ -73,7 +74,8 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
     Returns Perplexity(ppl, unc, nll, scored, per_chunk): ``ppl = exp(nll)``, nll
     the mean negative log-likelihood over the scored tokens, and unc =
     ppl * sqrt((mean nll^2 - nll^2) / (count - 1)), llama.cpp's "Final
-    estimate: PPL = ppl +/- unc".  The model runs in eval mode.
+    estimate: PPL = ppl +/- unc".  The model runs in eval mode, with the BLAS
+    threads an epoch would use (GGMLOPT_BLAS_THREADS).
     """
     tokens = _token_ids(ids)
     n_ctx = int_arg(n_ctx, "n_ctx", 3)
@@ -93,7 +95,9 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
     nll = nll2 = 0.0
     count = 0
     per_chunk = []
-    with eval_mode(model):
+    # BLAS threads as an epoch caps them: a busy core makes OpenBLAS's second thread
+    # cost more than it brings (GGMLOPT_BLAS_THREADS, see show_config)
+    with eval_mode(model), blas_threads_for_training(model):
         for start in range(0, n_chunk, batch_size):
             batch = chunks[start:start + batch_size].copy()
             targets = batch[:, first + 1:].copy()   # before the BOS replacement
