@@ -1,0 +1,93 @@
+"""llama.cpp's names for a Llama's tensors, and its Q/K row order.
+
+ggmlopt names a Llama's parameters as Hugging Face does
+(``layers.0.self_attn.q_proj.weight``); llama.cpp's GGUF files name them as
+its ``convert_hf_to_gguf.py`` does (``blk.0.attn_q.weight``).  This module is
+the one place that maps between the two, so the model writer, the model
+reader and the LoRA adapter files agree.
+
+Hugging Face's rotary embedding rotates the two halves of each head
+(``rotate_half``); llama.cpp's rotates adjacent pairs.  convert_hf_to_gguf
+reorders the output rows of q_proj and k_proj so the two agree: within each
+head, row ``2*i + j`` of the GGUF tensor is row ``j*head_dim/2 + i`` of
+Hugging Face's.  ``permute_qk`` applies that order and ``unpermute_qk``
+undoes it; both work on torch's layout (output rows first), which is also
+the layout of a LoRA ``B`` matrix.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+__all__ = ["gguf_name", "hf_name", "permute_qk", "unpermute_qk"]
+
+# Hugging Face suffix (after "layers.N.") -> llama.cpp suffix (after "blk.N.")
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GLOBAL_NAMES = {
+    "embed_tokens.weight": "token_embd.weight",
+    "norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER_NAMES_BACK = {v: k for k, v in _LAYER_NAMES.items()}
+_GLOBAL_NAMES_BACK = {v: k for k, v in _GLOBAL_NAMES.items()}
+_HF_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+_GGUF_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def gguf_name(name: str) -> str:
+    """llama.cpp's tensor name for a Llama parameter name
+    (``layers.3.mlp.up_proj.weight`` -> ``blk.3.ffn_up.weight``); KeyError
+    for a name a Llama does not have."""
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    match = _HF_LAYER.fullmatch(name)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"blk.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    raise KeyError(f"{name!r} is not a parameter name of a Llama")
+
+
+def hf_name(name: str) -> str:
+    """The Llama parameter name of a llama.cpp tensor name (the inverse of
+    gguf_name); KeyError for a tensor a Llama does not have."""
+    if name in _GLOBAL_NAMES_BACK:
+        return _GLOBAL_NAMES_BACK[name]
+    match = _GGUF_LAYER.fullmatch(name)
+    if match and match.group(2) in _LAYER_NAMES_BACK:
+        return f"layers.{match.group(1)}.{_LAYER_NAMES_BACK[match.group(2)]}"
+    raise KeyError(f"{name!r} is not a tensor name of a llama-architecture GGUF")
+
+
+def _check_rows(rows: np.ndarray, n_heads: int) -> None:
+    if rows.ndim < 1 or n_heads < 1 or rows.shape[0] % (2 * n_heads) != 0:
+        raise ValueError(f"rows: expected a first axis that is a multiple of 2 * n_heads = "
+                         f"{2 * n_heads}, got shape {rows.shape}")
+
+
+def permute_qk(rows: np.ndarray, n_heads: int) -> np.ndarray:
+    """Hugging Face's q/k output rows -> llama.cpp's (convert_hf_to_gguf's
+    ``permute``).  rows: (n_heads * head_dim, ...) in torch's layout; pass
+    n_kv_heads for k_proj.  Returns a new C-contiguous array."""
+    _check_rows(rows, n_heads)
+    half = rows.shape[0] // n_heads // 2
+    split = rows.reshape(n_heads, 2, half, *rows.shape[1:])
+    return split.swapaxes(1, 2).reshape(rows.shape).copy(order="C")
+
+
+def unpermute_qk(rows: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's q/k output rows -> Hugging Face's (the inverse of
+    permute_qk).  Returns a new C-contiguous array."""
+    _check_rows(rows, n_heads)
+    half = rows.shape[0] // n_heads // 2
+    split = rows.reshape(n_heads, half, 2, *rows.shape[1:])
+    return split.swapaxes(1, 2).reshape(rows.shape).copy(order="C")
