@@ -1206,15 +1206,13 @@ static void attn_run(int64_t nitems, int64_t madds, go_pool_block_fn fn, attn_jo
     }
 }
 
-int ggmlopt_attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
-                                  int64_t head_dim, const float *q, int64_t q_stride,
-                                  const float *k, int64_t k_stride, const float *v,
-                                  int64_t v_stride, float *out, int64_t out_stride, float *lse) {
-    if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
-    if (batch == 0 || seq == 0) return 0;
-    attn_job job;
-    memset(&job, 0, sizeof job);
-    go_attn_args *a = &job.a;
+/* The arguments both directions share; the backward adds its gradients. */
+static void attn_job_init(attn_job *job, int64_t batch, int64_t seq, int64_t n_heads,
+                          int64_t n_kv_heads, int64_t head_dim, const float *q, int64_t q_stride,
+                          const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                          float *out, int64_t out_stride, float *lse) {
+    memset(job, 0, sizeof *job);
+    go_attn_args *a = &job->a;
     a->batch = batch;
     a->seq = seq;
     a->n_heads = n_heads;
@@ -1230,6 +1228,17 @@ int ggmlopt_attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, i
     a->out_stride = out_stride;
     a->lse = lse;
     a->scale = (float)(1.0 / sqrt((double)head_dim));
+}
+
+int ggmlopt_attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
+                                  int64_t head_dim, const float *q, int64_t q_stride,
+                                  const float *k, int64_t k_stride, const float *v,
+                                  int64_t v_stride, float *out, int64_t out_stride, float *lse) {
+    if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
+    if (batch == 0 || seq == 0) return 0;
+    attn_job job;
+    attn_job_init(&job, batch, seq, n_heads, n_kv_heads, head_dim, q, q_stride, k, k_stride, v,
+                  v_stride, out, out_stride, lse);
     job.rows = go_attn_forward_rows(head_dim);
     job.nblocks = (seq + job.rows - 1) / job.rows;
     attn_run(batch * n_heads * job.nblocks, batch * n_heads * seq * seq * head_dim,
@@ -1246,27 +1255,13 @@ int ggmlopt_attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads,
     if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
     if (batch == 0 || seq == 0) return 0;
     attn_job job;
-    memset(&job, 0, sizeof job);
-    go_attn_args *a = &job.a;
-    a->batch = batch;
-    a->seq = seq;
-    a->n_heads = n_heads;
-    a->n_kv_heads = n_kv_heads;
-    a->head_dim = head_dim;
-    a->q = q;
-    a->k = k;
-    a->v = v;
-    a->q_stride = q_stride;
-    a->k_stride = k_stride;
-    a->v_stride = v_stride;
-    a->out = (float *)out; /* read only in the backward */
-    a->out_stride = out_stride;
-    a->lse = (float *)lse;
-    a->dout = dout;
-    a->dq = dq;
-    a->dk = dk;
-    a->dv = dv;
-    a->scale = (float)(1.0 / sqrt((double)head_dim));
+    /* out and lse are only read in the backward */
+    attn_job_init(&job, batch, seq, n_heads, n_kv_heads, head_dim, q, q_stride, k, k_stride, v,
+                  v_stride, (float *)out, out_stride, (float *)lse);
+    job.a.dout = dout;
+    job.a.dq = dq;
+    job.a.dk = dk;
+    job.a.dv = dv;
     attn_run(batch * n_kv_heads, 3 * batch * n_heads * seq * seq * head_dim, attn_backward_item,
              &job);
     return 0;
