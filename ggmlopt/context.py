@@ -769,7 +769,9 @@ class OptContext:
     def state_dict(self) -> dict[str, Any]:
         """The training state as a dict of plain numbers, strings and NumPy arrays
         (copies): parameters, gradients, AdamW m and v, iter, opt_i, the settings
-        in force and the state of rng (shuffles, dropout masks).  See ggmlopt.checkpoint."""
+        in force and the state of rng (shuffles, dropout masks).  See ggmlopt.checkpoint.
+        With comm it gathers every rank's model_rng (ggmlopt.rank_rng): every rank
+        calls it."""
         return checkpoint.context_state_dict(self)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

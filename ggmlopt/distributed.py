@@ -54,6 +54,15 @@ Semantics, with P ranks:
   rank reads the checkpoint to resume (fit, ``OptContext.load(..., comm=)``; it
   must be visible to all of them), and a checkpoint written by any number of
   ranks resumes on any other.
+* Randomness: the dataset's shuffles come from the shared generator
+  ``ctx.rng``; the model's draws (Dropout) from ``ctx.model_rng``, each rank's
+  own stream derived from the seed and the rank (see ggmlopt.rank_rng), so the
+  ranks draw different masks.  ``state_dict`` gathers every rank's stream (a
+  collective, like ``save``), and a resume on as many ranks continues it.
+* Threads: a context over an mpi4py communicator gives each rank the cores of
+  its machine divided by the ranks there (auto_rank_threads), unless the
+  process chose its threads (GGMLOPT_NUM_THREADS, the BLAS variables,
+  set_num_threads, set_rank_threads).
 * A failure on one rank (bad input, a NaN loss, a failing callback) inside fit,
   epoch, the context's construction, ``OptContext.load``, ``load_state_dict``
   or ``save`` makes every other rank raise RankFailed at the next collective

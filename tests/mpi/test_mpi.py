@@ -169,7 +169,8 @@ def test_each_rank_draws_its_own_masks(tmp_path, nranks):
         assert np.array_equal(got["masks"], masks)
         assert np.array_equal(got["shared"], ranks[0]["shared"])
         assert np.array_equal(got["params"], ranks[0]["params"])
-    again = mpirun(nranks, tmp_path, "masks")  # the same seed and rank count: the same run
+    (tmp_path / "again").mkdir()
+    again = mpirun(nranks, tmp_path / "again", "masks")  # the same seed and rank count
     assert np.array_equal(again[0]["masks"], masks)
     assert np.array_equal(again[0]["params"], ranks[0]["params"])
 
@@ -200,8 +201,9 @@ def test_lm_equals_one_process(tmp_path, nranks, kind):
     ranks = mpirun(nranks, tmp_path, "lm", kind)
     for got in ranks:
         assert np.array_equal(got["params"], ranks[0]["params"])
+        # the losses' uncertainties come from sums of squares: rounding shows at 1e-7
         np.testing.assert_allclose(got["history"], history_array(ref_hist), rtol=1e-6,
-                                   atol=1e-7)
+                                   atol=1e-6)
     trained, key_bias = lm.max_difference(kind, ranks[0]["params"], ref)
     assert trained <= 3e-8 and key_bias <= 1e-5
 
@@ -217,7 +219,9 @@ def test_lm_with_a_token_file_per_rank(tmp_path, nranks):
     ranks = mpirun(nranks, tmp_path, "lm-parts", str(corpus))
     for got in ranks:
         assert np.array_equal(got["params"], ranks[0]["params"])
-    assert np.abs(ranks[0]["params"] - ref).max() <= 3e-8
+        np.testing.assert_allclose(got["history"][:, 0], history_array(ref_hist)[:, 0],
+                                   rtol=1e-6)
+    assert lm.max_difference("llama", ranks[0]["params"], ref)[0] <= 3e-8
 
 
 def test_four_ranks_oversubscribed_equal_one_process(tmp_path):
