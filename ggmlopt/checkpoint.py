@@ -27,6 +27,9 @@
                       (float32 values), NaN before the first step
     rng_state         str    ctx.rng's ``bit_generator.state`` (dataset shuffles and the
                              model's random draws, e.g. Dropout masks), as JSON
+    rank_rng_states   str    only with comm: every rank's ``ctx.model_rng`` state, a
+                             JSON list in rank order (see ggmlopt.rank_rng); optional
+                             on load
     trainable         int8 (all the model's parameters,): 1 where a parameter trains,
                       0 where it is frozen (requires_grad=False); optional on load
                       (older files lack it, meaning every parameter trains)
@@ -66,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import rank_rng
 from ._atomic import atomic_output
 from .optim_params import (
     AdamWParams,
@@ -106,6 +110,8 @@ _FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.see
 _INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_KEYS)
 _FLOAT_KEYS = frozenset(_OPT_PAR_NAMES[OptimizerType.ADAMW] + _OPT_PAR_NAMES[OptimizerType.SGD])
 _STR_KEYS = frozenset(("format", "rng_state"))
+# strings a state may hold or lack: the ranks' own generators (ggmlopt.rank_rng)
+_OPTIONAL_STR_KEYS = ("rank_rng_states",)
 HISTORY_COLUMNS = 11  # the fields of training.EpochStats (10 before blas_threads)
 
 
@@ -341,7 +347,8 @@ def _validate(sd, layout):
                              f"this context's model {len(layout.shapes)}")
     expected = layout.keys()
     missing = sorted(expected - sd.keys(), key=str)
-    extra = sorted(set(sd.keys()) - expected - set(_OPTIONAL_KEYS), key=str)
+    extra = sorted(set(sd.keys()) - expected - set(_OPTIONAL_KEYS) - set(_OPTIONAL_STR_KEYS),
+                   key=str)
     if missing or extra:
         parts = []
         if missing:
@@ -431,6 +438,8 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
     sd["grad_is_zero"] = np.array([getattr(p, "grad_is_zero", False) for p in ctx._params],
                                   dtype=np.int8)
     sd["rng_state"] = _rng_state_to_json(ctx.rng.bit_generator)
+    if getattr(ctx, "_dist", None) is not None:  # many processes: every rank's own stream
+        sd["rank_rng_states"] = rank_rng.gather_states(ctx._dist, ctx.model_rng)
     sd["trainable"] = np.array(lay.trainable, dtype=np.int8)
     return sd
 
@@ -464,6 +473,10 @@ def load_context_state_dict(ctx: OptContext, sd: Mapping[str, Any]) -> None:
                            "call eval() first")
     lay = _Layout.of(ctx)
     (it, opt_i, last), in_force, rng_state = _validate(sd, lay)
+    rank_states = None
+    if getattr(ctx, "_dist", None) is not None and "rank_rng_states" in sd:
+        rank_states = rank_rng.parse_states(_get_str(sd, "rank_rng_states"),
+                                            lay.bit_generator_type)
     # from here on nothing can fail
     moments = None
     if _sharded_moments(ctx):  # many processes: each rank keeps its shard of the moments
@@ -477,6 +490,8 @@ def load_context_state_dict(ctx: OptContext, sd: Mapping[str, Any]) -> None:
     ctx._build_type = last
     ctx._opt_pars_in_force = in_force
     ctx.rng.bit_generator.state = rng_state
+    if getattr(ctx, "_dist", None) is not None:  # many processes: each rank's own stream
+        rank_rng.restore(ctx, rank_states)
     for p, flag in zip(ctx._params, sd["grad_is_zero"]):
         if hasattr(p, "grad_is_zero"):
             p.grad_is_zero = bool(flag)

@@ -173,11 +173,14 @@ class OptContext:
     ggmlopt.schedules schedule) receives the context itself instead.
     seed: int or numpy Generator for ``rng`` (dataset shuffles, and the random
     numbers of the model's layers: Dropout); None uses a fixed default seed, so
-    runs repeat, as in ggml.
+    runs repeat, as in ggml.  ``model_rng`` is the generator the model's layers
+    draw from: ``rng`` itself, except with comm, where each rank has its own
+    stream derived from rng's state and the rank (see ggmlopt.rank_rng), so the
+    ranks draw different masks while they shuffle alike.
 
     The model is told on every alloc whether the eval trains
     (``ggmlopt.nn.set_training(model, backward)``: ``model.train(mode)`` or
-    ``model.training``) and is given ``rng`` (``ggmlopt.nn.set_rng``: each
+    ``model.training``) and is given ``model_rng`` (``ggmlopt.nn.set_rng``: each
     module's ``set_rng(rng)``), over the module tree as it is when the context
     is built; see ggmlopt.nn.module.  The forward pass on zeros that a static
     context makes at construction runs with training off.
@@ -313,6 +316,12 @@ class OptContext:
         self.get_opt_pars = get_opt_pars
         self.get_opt_pars_ud = get_opt_pars_ud
         self.rng = rng
+        # the model's random draws: rng itself with one process; over ranks each
+        # rank's own stream, so ranks draw different Dropout masks (ggmlopt.rank_rng)
+        self.model_rng = rng
+        if self._dist is not None:
+            from .rank_rng import rank_generator
+            self.model_rng = rank_generator(rng, self._dist.rank)
         self._params = trainable
         self._index = {id(p): i for i, p in enumerate(trainable)}
         self._frozen_ids = {id(p) for p in self._frozen}
@@ -549,7 +558,7 @@ class OptContext:
             self._check_split()
         # the training protocol (ggmlopt.nn.module): whether this eval trains, and the
         # generator of the model's random numbers (part of this context's checkpoints)
-        self._training_protocol.apply(bt != BuildType.FORWARD, self.rng)
+        self._training_protocol.apply(bt != BuildType.FORWARD, self.model_rng)
         # Gradients are zeroed lazily, as a logical batch begins: ggml_opt_alloc resets
         # its accumulators after an OPT step when opt_period > 1, and with opt_period 1
         # its OPT graph computes gradients afresh.  A GRAD context accumulates until
@@ -760,7 +769,9 @@ class OptContext:
     def state_dict(self) -> dict[str, Any]:
         """The training state as a dict of plain numbers, strings and NumPy arrays
         (copies): parameters, gradients, AdamW m and v, iter, opt_i, the settings
-        in force and the state of rng (shuffles, dropout masks).  See ggmlopt.checkpoint."""
+        in force and the state of rng (shuffles, dropout masks).  See ggmlopt.checkpoint.
+        With comm it gathers every rank's model_rng (ggmlopt.rank_rng): every rank
+        calls it."""
         return checkpoint.context_state_dict(self)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

@@ -34,7 +34,8 @@ Semantics, with P ranks:
   shuffled), and a checkpoint resumes on the same number of ranks.
 * Results are summed over the ranks (loss sums and sums of squares, batches,
   datapoints, ncorrect), so the Results, the History and rank 0's progress bar
-  show the whole dataset; ``Result.pred()`` keeps this rank's predictions only.
+  show the whole dataset, and ``Result.pred()`` holds every rank's predictions
+  in the dataset's batch order, as one process's (see ggmlopt._global_pred).
   In an epoch over several ranks the callbacks run once per optimizer step and
   once after the validation.
 * ``shard_optimizer=True``: the gradients are reduce-scattered over P equal
@@ -53,6 +54,15 @@ Semantics, with P ranks:
   rank reads the checkpoint to resume (fit, ``OptContext.load(..., comm=)``; it
   must be visible to all of them), and a checkpoint written by any number of
   ranks resumes on any other.
+* Randomness: the dataset's shuffles come from the shared generator
+  ``ctx.rng``; the model's draws (Dropout) from ``ctx.model_rng``, each rank's
+  own stream derived from the seed and the rank (see ggmlopt.rank_rng), so the
+  ranks draw different masks.  ``state_dict`` gathers every rank's stream (a
+  collective, like ``save``), and a resume on as many ranks continues it.
+* Threads: a context over an mpi4py communicator gives each rank the cores of
+  its machine divided by the ranks there (auto_rank_threads), unless the
+  process chose its threads (GGMLOPT_NUM_THREADS, the BLAS variables,
+  set_num_threads, set_rank_threads).
 * A failure on one rank (bad input, a NaN loss, a failing callback) inside fit,
   epoch, the context's construction, ``OptContext.load``, ``load_state_dict``
   or ``save`` makes every other rank raise RankFailed at the next collective
@@ -73,12 +83,12 @@ import time
 
 import numpy as np
 
-from . import kernels
+from . import _global_pred, kernels
 from .optim_params import BuildType, OptimizerType
 from .result import Result
 
-__all__ = ["Distributed", "RankFailed", "local_ranks", "optimizer_state_nbytes",
-           "set_rank_threads"]
+__all__ = ["Distributed", "RankFailed", "auto_rank_threads", "local_ranks",
+           "optimizer_state_nbytes", "set_rank_threads"]
 
 _COMM_METHODS = ("Get_rank", "Get_size", "Allreduce", "Bcast", "Reduce_scatter", "Allgather")
 _MSG = 256        # bytes of status per rank in an agreement
@@ -248,6 +258,8 @@ class Distributed:
             self.agree(None, "OptContext", _frozen_token(c),
                        hint="every rank's model must freeze the same parameters, with the "
                             "same values")
+            if self._mpi is not None:  # agreed: ranks sharing a machine share its cores
+                auto_rank_threads(self.comm)
 
         try:
             init(ctx, *args, _before_taking=agreed)
@@ -377,6 +389,7 @@ class Distributed:
         train = result_train if result_train is not None else Result()
         shown = Result()
         base = train._totals()
+        pred_start = train._npred
         t_start = time_us()
         try:
             for j in range(nsteps):
@@ -395,6 +408,7 @@ class Distributed:
 
         val = result_eval if result_eval is not None else Result()
         base = val._totals()
+        val_pred_start = val._npred
         t_start = time_us()
         mine = (range(ibatch_split, nbatches) if self.parts
                 else range(ibatch_split + self.rank, nbatches, self.size))
@@ -402,8 +416,13 @@ class Distributed:
         with self.agreement("validation"):
             for i in mine:
                 eval_batch(ctx, dataset, val, i, False, "validation", nbatches)
+        # every rank got here (agreed): every rank's predictions, in the dataset's order
+        rows = _global_pred.rows_per_batch(ctx)
+        _global_pred.gather_training(self, train, pred_start, nsteps, per, rows)
         if nval:
             self.sum_results(val, base, val, ctx)
+            _global_pred.gather_validation(self, val, val_pred_start, len(mine),
+                                           nbatches - ibatch_split, self.parts, rows)
         with self.agreement("after validation"):
             if callback_eval is not None and nval:
                 callback_eval(False, ctx, dataset, val, nval, nval, t_start)
@@ -481,21 +500,57 @@ def set_rank_threads(nthreads=None, comm=None):
     """Set this process's threads: ggmlopt's kernel pool (set_num_threads) and
     the BLAS pool (threadpoolctl).
 
-    nthreads: int >= 1, or None for cores / ranks on this machine (comm given),
-    at least 1.  Returns the number set.  Several ranks on one machine each
-    starting a thread per core oversubscribe the cores; call this first.
+    nthreads: int >= 1, or None for cores / ranks on this machine (comm given:
+    an mpi4py communicator's ranks on this machine come from MPI's shared-memory
+    split, ``comm.Split_type(MPI.COMM_TYPE_SHARED)``, see local_ranks), at least
+    1.  Returns the number set.  Several ranks on one machine each starting a
+    thread per core oversubscribe the cores; an OptContext (or fit) over an
+    mpi4py communicator does this by itself when the process has not chosen its
+    threads (see auto_rank_threads); call it to choose another count.
     """
+    global _threads_chosen
     if nthreads is None:
         per_node = local_ranks(comm) if comm is not None else 1
         nthreads = max(1, _cores() // max(1, per_node))
     if isinstance(nthreads, bool) or not isinstance(nthreads, int) or nthreads < 1:
         raise ValueError(f"nthreads: expected an int >= 1 or None, got {nthreads!r}")
     kernels.set_num_threads(nthreads)
+    _set_blas_threads(nthreads)
+    _threads_chosen = True
+    return nthreads
+
+
+def _set_blas_threads(nthreads):
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
     global _blas_limits
     _blas_limits = threadpool_limits(limits=nthreads, user_api="blas")
-    return nthreads
 
 
 _blas_limits = None  # kept alive: the BLAS limit holds while it exists
+_threads_chosen = False  # set_rank_threads ran in this process
+_BLAS_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                    "BLIS_NUM_THREADS")
+
+
+def auto_rank_threads(comm):
+    """The threads a rank takes without being told (OptContext and fit over an
+    mpi4py communicator call it): cores / ranks on this machine (local_ranks, at
+    least 1) for the kernel pool unless GGMLOPT_NUM_THREADS is set, and for BLAS
+    unless OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, MKL_NUM_THREADS or
+    BLIS_NUM_THREADS is; nothing when set_rank_threads already ran or the kernel
+    threads were changed from their default (one per online CPU).  So
+    ``mpiexec -n 2`` on a 2-core machine runs one thread per rank.  Returns
+    (kernel threads, BLAS threads or None when BLAS was left alone); a collective
+    for an mpi4py comm (its shared-memory split)."""
+    default = min(os.cpu_count() or 1, 64)  # the kernel pool's own choice
+    if _threads_chosen or kernels.get_num_threads() != default:
+        return kernels.get_num_threads(), None
+    nthreads = max(1, _cores() // max(1, local_ranks(comm)))
+    if not os.environ.get("GGMLOPT_NUM_THREADS"):
+        kernels.set_num_threads(nthreads)
+    blas = None
+    if not any(os.environ.get(v) for v in _BLAS_THREAD_ENV):
+        _set_blas_threads(nthreads)
+        blas = nthreads
+    return kernels.get_num_threads(), blas

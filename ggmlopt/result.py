@@ -187,8 +187,22 @@ class Result:
             self._per_datapoint = ctx.loss_per_datapoint
             self._opt_period = ctx.opt_period
 
+    def _set_preds(self, start: int, preds: np.ndarray) -> None:
+        """Replace the predictions from entry start on by preds (every rank's, in
+        dataset order: ggmlopt.distributed)."""
+        n = start + preds.shape[0]
+        if n > self._pred.shape[0]:
+            grown = np.empty(n, dtype=np.int32)
+            grown[:start] = self._pred[:start]
+            self._pred = grown
+        self._pred[start:n] = preds
+        self._npred = n
+
     def pred(self) -> np.ndarray:
-        """The predictions of every eval in order, int32 (a copy)."""
+        """The predictions of every eval in order, int32 (a copy): one per
+        datapoint, or per position with sequence labels.  After an epoch over
+        several ranks (comm): every rank's, in the dataset's batch order, as one
+        process's would be (see ggmlopt.distributed)."""
         return self._pred[:self._npred].copy()
 
     def __repr__(self) -> str:

@@ -12,26 +12,29 @@ NDATA, NE_IN, NCLASSES = 360, 13, 5
 NBATCH_LOGICAL, NBATCH_PHYSICAL = 60, 10
 
 
-def make_problem(seed=0, ndata=NDATA):
+def make_problem(seed=0, ndata=NDATA, dropout=0.0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((ndata, NE_IN)).astype(np.float32)
     labels = (x[:, :NCLASSES] + 0.5 * rng.standard_normal((ndata, NCLASSES))).argmax(1)
     y = np.eye(NCLASSES, dtype=np.float32)[labels]
     ds = go.Dataset.from_arrays(x, y, ndata_shard=2)
     mrng = np.random.default_rng(seed + 1)
-    model = go.nn.Sequential(go.nn.Linear(NE_IN, 7, rng=mrng), go.nn.ReLU(),
-                             go.nn.Linear(7, NCLASSES, rng=mrng))
+    layers = [go.nn.Linear(NE_IN, 7, rng=mrng), go.nn.ReLU(), go.nn.Linear(7, NCLASSES, rng=mrng)]
+    if dropout:  # after the ReLU: model[2] is the Dropout
+        layers.insert(2, go.nn.Dropout(dropout))
+    model = go.nn.Sequential(*layers)
     return model, ds
 
 
 def run(comm=None, optimizer="ADAMW", nepoch=3, shard_optimizer=False, clip=0.3,
         val_split=0.2, seed=0, checkpoint=None, resume=False, nbatch_logical=NBATCH_LOGICAL,
         nbatch_physical=NBATCH_PHYSICAL, dataset=None, part=False, ndata=NDATA, silent=True,
-        frozen=()):
+        frozen=(), dropout=0.0):
     """fit on the problem; returns (parameters as one float32 array, History, model).
     part: each rank passes only its block of ndata / P datapoints (dataset_is_part).
-    frozen: names of parameters to freeze (requires_grad=False)."""
-    model, ds = make_problem(seed, ndata)
+    frozen: names of parameters to freeze (requires_grad=False).  dropout: a
+    Dropout of that rate after the ReLU (model[2])."""
+    model, ds = make_problem(seed, ndata, dropout)
     for name, p in model.named_parameters():
         if name in frozen:
             p.requires_grad = False

@@ -153,3 +153,104 @@ def test_mnist_example_refuses_batches_that_do_not_split_before_any_work():
     assert proc.stderr.count("valid --nbatch-logical values: 30, 60, 150, 300, 750") == 1
     assert "Traceback" not in proc.stderr and "MPI_Abort" not in proc.stderr
     assert "test_acc" not in proc.stdout and "model:" not in proc.stdout
+
+
+# ---- per rank: masks, predictions, language models, threads, more ranks than cores ----
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_each_rank_draws_its_own_masks(tmp_path, nranks):
+    ranks = mpirun(nranks, tmp_path, "masks")
+    masks = ranks[0]["masks"]
+    assert masks.shape[0] == nranks
+    for r in range(nranks):
+        for q in range(r):
+            assert not np.array_equal(masks[r], masks[q]), f"ranks {q} and {r} share a mask"
+    for got in ranks:  # one shared generator (the shuffles), the same parameters
+        assert np.array_equal(got["masks"], masks)
+        assert np.array_equal(got["shared"], ranks[0]["shared"])
+        assert np.array_equal(got["params"], ranks[0]["params"])
+    (tmp_path / "again").mkdir()
+    again = mpirun(nranks, tmp_path / "again", "masks")  # the same seed and rank count
+    assert np.array_equal(again[0]["masks"], masks)
+    assert np.array_equal(again[0]["params"], ranks[0]["params"])
+
+
+def _single_preds():
+    model, ds = make_problem(0)
+    import ggmlopt as go
+    ctx = go.OptContext(model, batch_size=10, ne_datapoint=13,
+                        loss_type=go.LossType.CROSS_ENTROPY, opt_period=6)
+    rt, rv = go.Result(), go.Result()
+    go.epoch(ctx, ds, rt, rv, 240)
+    return rt.pred(), rv.pred()
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_pred_holds_every_datapoint_in_dataset_order(tmp_path, nranks):
+    train, val = _single_preds()
+    for got in mpirun(nranks, tmp_path, "preds"):
+        np.testing.assert_array_equal(got["train"], train)
+        np.testing.assert_array_equal(got["val"], val)
+
+
+@pytest.mark.parametrize(("nranks", "kind"), [(2, "llama"), (3, "llama"), (2, "gpt2"),
+                                              (4, "llama")])
+def test_lm_equals_one_process(tmp_path, nranks, kind):
+    import lm_dist_problem as lm
+    ref, ref_hist = lm.fit_lm(None, kind, nbatch_logical=lm.logical_batch(nranks))
+    ranks = mpirun(nranks, tmp_path, "lm", kind)
+    for got in ranks:
+        assert np.array_equal(got["params"], ranks[0]["params"])
+        # the losses' uncertainties come from sums of squares: rounding shows at 1e-7
+        np.testing.assert_allclose(got["history"], history_array(ref_hist), rtol=1e-6,
+                                   atol=1e-6)
+    trained, key_bias = lm.max_difference(kind, ranks[0]["params"], ref)
+    assert trained <= 3e-8 and key_bias <= 1e-5
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_lm_with_a_token_file_per_rank(tmp_path, nranks):
+    import lm_dist_problem as lm
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lm.write_part_files(corpus, nranks)
+    ref, ref_hist = lm.fit_lm(None, dataset=lm.whole_dataset(corpus, nranks), nepoch=2,
+                              val_split=0.0, nbatch_logical=12 * nranks)
+    ranks = mpirun(nranks, tmp_path, "lm-parts", str(corpus))
+    for got in ranks:
+        assert np.array_equal(got["params"], ranks[0]["params"])
+        np.testing.assert_allclose(got["history"][:, 0], history_array(ref_hist)[:, 0],
+                                   rtol=1e-6)
+    assert lm.max_difference("llama", ranks[0]["params"], ref)[0] <= 3e-8
+
+
+def test_four_ranks_oversubscribed_equal_one_process(tmp_path):
+    # 4 ranks on this machine's cores (more ranks than cores): the same exactness
+    ref, ref_hist, _ = run(None, "ADAMW", nbatch_logical=120)
+    ranks = mpirun(4, tmp_path, "equivalence", "ADAMW", "full", "120")
+    for got in ranks:
+        assert np.array_equal(got["params"], ranks[0]["params"])
+        np.testing.assert_allclose(got["history"], history_array(ref_hist), rtol=RTOL,
+                                   atol=1e-7)
+    np.testing.assert_allclose(ranks[0]["params"], ref, rtol=RTOL, atol=ATOL)
+
+
+def test_ranks_share_the_cores_without_being_told(tmp_path):
+    # no set_rank_threads, no thread variables: cores / ranks on this machine
+    out = tmp_path / "threads"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GGMLOPT_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                        "MKL_NUM_THREADS", "BLIS_NUM_THREADS")}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, TESTS, os.environ.get("PYTHONPATH", "")])
+    cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", WORKER, "threads", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    cores = len(os.sched_getaffinity(0))
+    for r in range(2):
+        with np.load(out / f"rank{r}.npz") as f:
+            assert int(f["local"]) == 2
+            assert int(f["before"]) == min(os.cpu_count(), 64)
+            assert int(f["kernel"]) == max(1, cores // 2)
+            assert int(f["blas"]) in (-1, max(1, cores // 2))

@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import lm_dist_problem as lm
 from dist_problem import history_array, make_problem, run
 
 import ggmlopt as go
@@ -31,12 +32,62 @@ def outcome(fn):
     return "", ""
 
 
+def dropout_masks(comm):
+    """Each rank's Dropout mask of its first training batch (every rank's, gathered)
+    and the shared generator's state after it."""
+    model, ds = make_problem(0, dropout=0.5)
+    ctx = go.OptContext(model, batch_size=10, ne_datapoint=13,
+                        loss_type=go.LossType.CROSS_ENTROPY, opt_period=6, comm=comm, seed=0)
+    ctx.alloc(True)
+    ds.get_batch(ctx.inputs, ctx.labels, comm.Get_rank())
+    ctx.eval()
+    mine = np.ascontiguousarray(model[2]._mask)
+    every = np.empty((comm.Get_size(),) + mine.shape, np.float32)
+    comm.Allgather(mine, every)
+    return every, ctx.rng.random(4)
+
+
+def epoch_preds(comm):
+    model, ds = make_problem(0)
+    ctx = go.OptContext(model, batch_size=10, ne_datapoint=13,
+                        loss_type=go.LossType.CROSS_ENTROPY, opt_period=6, comm=comm)
+    rt, rv = go.Result(), go.Result()
+    go.epoch(ctx, ds, rt, rv, 240)
+    return rt.pred(), rv.pred()
+
+
 def main(scenario, out, *args):
     comm = MPI.COMM_WORLD
+    if scenario == "threads":  # what a rank takes without being told
+        before = go.get_num_threads()
+        go.OptContext(make_problem(0)[0], batch_size=10, ne_datapoint=13, opt_period=6,
+                      comm=comm)
+        from ggmlopt._blas_threads import current_blas_threads
+        blas = current_blas_threads()
+        save(out, before=before, kernel=go.get_num_threads(),
+             blas=-1 if blas is None else blas, local=distributed.local_ranks(comm))
+        return
     distributed.set_rank_threads(comm=comm)
     if scenario == "equivalence":
         optimizer, shard = args[0], args[1] == "shard"
-        params, hist, _ = run(comm, optimizer, shard_optimizer=shard)
+        logical = int(args[2]) if len(args) > 2 else 60
+        params, hist, _ = run(comm, optimizer, shard_optimizer=shard, nbatch_logical=logical)
+        save(out, params=params, history=history_array(hist))
+    elif scenario == "masks":
+        every, shared = dropout_masks(comm)
+        params, hist, _ = run(comm, "ADAMW", nepoch=2, dropout=0.3)
+        save(out, masks=every, shared=shared, params=params, history=history_array(hist))
+    elif scenario == "preds":
+        train, val = epoch_preds(comm)
+        save(out, train=train, val=val)
+    elif scenario == "lm":
+        params, hist = lm.fit_lm(comm, args[0], nbatch_logical=lm.logical_batch(comm.Get_size()))
+        save(out, params=params, history=history_array(hist))
+    elif scenario == "lm-parts":
+        directory = args[0]
+        params, hist = lm.fit_lm(comm, dataset=lm.part_dataset(directory, comm.Get_rank()),
+                                 nepoch=2, val_split=0.0, nbatch_logical=12 * comm.Get_size(),
+                                 part=True)
         save(out, params=params, history=history_array(hist))
     elif scenario == "frozen":  # the first layer's weight frozen
         params, hist, _ = run(comm, "ADAMW", shard_optimizer=args[0] == "shard",

@@ -1,0 +1,117 @@
+"""A small language-model problem for the data-parallel tests: tests/test_distributed_ranks.py
+(communicator of threads) and tests/mpi/worker.py (mpiexec) train the same Llama or GPT-2
+on token windows over P ranks and compare with one process."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+import ggmlopt as go
+from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig
+
+VOCAB, N_CTX = 37, 8
+CONFIGS = {
+    "llama": (Llama, LlamaConfig(vocab_size=VOCAB, dim=16, n_layers=2, n_heads=4, n_kv_heads=2,
+                                 max_seq_len=N_CTX)),
+    "gpt2": (GPT2, GPT2Config(vocab_size=VOCAB, dim=16, n_layers=2, n_heads=2,
+                              max_seq_len=N_CTX)),
+}
+# 4 physical batches of 6 windows per logical batch: 2 per rank on 2 ranks, 1 on 4
+# (3 ranks take logical batches of 36: logical_batch(3))
+NBATCH_LOGICAL, NBATCH_PHYSICAL, NDATA = 24, 6, 144
+PARS = go.OptimizerParams(go.AdamWParams(alpha=5e-4))
+
+
+def token_windows(ndata=NDATA, seed=0):
+    """(x, y): int32 windows (ndata, N_CTX) and their next tokens, one position of
+    every datapoint masked (-1)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, VOCAB, (ndata, N_CTX)).astype(np.int32)
+    y = np.roll(x, -1, axis=1)
+    y[:, -1] = rng.integers(0, VOCAB, ndata)
+    y[np.arange(ndata), rng.integers(0, N_CTX, ndata)] = -1
+    return x, y
+
+
+def logical_batch(nranks):
+    """The logical batch for nranks (a multiple of nranks x NBATCH_PHYSICAL)."""
+    return 36 if nranks == 3 else NBATCH_LOGICAL
+
+
+def make_model(kind="llama"):
+    cls, cfg = CONFIGS[kind]
+    return cls(cfg, seed=4)
+
+
+def params(model):
+    return np.concatenate([p.data.ravel() for p in model.parameters()])
+
+
+def zero_gradient_entries(kind):
+    """Where params(model) holds GPT-2's key biases (the middle third of each
+    ``attn.c_attn.bias``).  Softmax is blind to a shift of a query's scores, so
+    their gradient is zero and what reaches them is float rounding, which AdamW
+    scales up to ~lr per step whatever its size: over ranks it is summed in
+    another order, so these entries differ from one process's by rounding noise
+    blown up (~5e-7 here), not by a training difference.  Excluded from the 3e-8
+    comparison and checked on their own."""
+    model = make_model(kind)
+    mask = []
+    for name, p in model.named_parameters():
+        m = np.zeros(p.data.size, bool)
+        if name.endswith("attn.c_attn.bias"):
+            dim = p.data.size // 3
+            m[dim:2 * dim] = True
+        mask.append(m)
+    return np.concatenate(mask)
+
+
+def max_difference(kind, got, ref):
+    """(max |got - ref| beyond float32 rounding of the parameters with a gradient,
+    max |got - ref| over the key biases).  The first is the largest difference
+    minus two units in the last place of ref's value: 3e-8 is less than one ulp
+    of a parameter near 1 (a norm's weight: 1.2e-7), where a different summation
+    order over the ranks can only show as whole ulps."""
+    zero = zero_gradient_entries(kind)
+    d = np.abs(got - ref) - 2 * np.spacing(np.abs(ref))
+    beyond = float(np.maximum(d[~zero], 0).max())
+    return beyond, float(np.abs(got - ref)[zero].max()) if zero.any() else 0.0
+
+
+def fit_lm(comm=None, kind="llama", dataset=None, nepoch=1, val_split=0.25,
+           nbatch_logical=NBATCH_LOGICAL, part=False, seed=1):
+    """fit the model on the masked windows (or dataset); (parameters, History)."""
+    model = make_model(kind)
+    ds = dataset if dataset is not None else go.Dataset.from_arrays(*token_windows())
+    kwargs = {} if comm is None else {"comm": comm, "dataset_is_part": part}
+    hist = go.fit(model, ds, go.LossType.CROSS_ENTROPY, lambda ep: PARS, nepoch=nepoch,
+                  nbatch_logical=nbatch_logical, nbatch_physical=NBATCH_PHYSICAL,
+                  val_split=val_split, silent=True, seed=seed, **kwargs)
+    return params(model), hist
+
+
+# ---- a corpus split into one token file per rank ----------------------------------------
+
+PART_TOKENS = 8 * 13 + 1  # 12 windows of 8 tokens with stride 8 per part (and a next token)
+
+
+def write_part_files(directory, nparts, seed=0):
+    """nparts uint16 token files part<r>.bin in directory (nanoGPT's format)."""
+    rng = np.random.default_rng(seed)
+    for r in range(nparts):
+        rng.integers(0, VOCAB, PART_TOKENS).astype(np.uint16).tofile(
+            os.path.join(directory, f"part{r}.bin"))
+
+
+def part_dataset(directory, rank):
+    """Rank's own part: next-token windows of its memory-mapped token file."""
+    tokens = np.memmap(os.path.join(directory, f"part{rank}.bin"), dtype=np.uint16, mode="r")
+    return go.Dataset.from_tokens(tokens, N_CTX, stride=N_CTX)
+
+
+def whole_dataset(directory, nparts):
+    """One process's dataset: every part's windows, part 0's first."""
+    parts = [part_dataset(directory, r) for r in range(nparts)]
+    return go.Dataset.from_arrays(np.concatenate([np.asarray(p.data) for p in parts]),
+                                  np.concatenate([np.asarray(p.labels) for p in parts]))
