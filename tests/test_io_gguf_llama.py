@@ -327,7 +327,6 @@ def test_quantized_tensors_are_dequantized_with_a_warning(saved, tmp_path, qtype
     with pytest.warns(UserWarning, match=qtype):
         back, tokenizer = load_gguf(out)
     assert back.config == model.config and isinstance(tokenizer, ByteTokenizer)
-    _, stored = read(out)
     for name, p in back.named_parameters():
         g = gguf_name(name)
         if g not in expected:
