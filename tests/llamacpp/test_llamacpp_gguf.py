@@ -224,3 +224,22 @@ def test_files_quantized_by_llama_cpp_load(tmp_path, ftype, dim, ffn, expect):
     assert err < QUANT_TOLERANCE
     # and the quantization is visible: not the float32 model's logits exactly
     assert relative_error(our_logits(model, ids), want) > 1e-5
+
+
+def test_bpe_tokenizer_equals_llama_cpp(tmp_path):
+    pytest.importorskip("tokenizers")
+    from ggmlopt.io.gguf_llama import byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    vocab = byte_vocabulary()
+    # three real merges in the slots of control bytes the texts never hold
+    vocab[1], vocab[2], vocab[3] = "Ġt", "he", "Ġthe"
+    bpe = BPETokenizer(vocab, ["Ġ t", "h e", "Ġt he"], eos_id=256, pre="gpt-2")
+    path = tmp_path / "bpe.gguf"
+    save_gguf(structured_llama(), path, tokenizer=bpe)
+    _, back = load_gguf(path)
+    assert isinstance(back, BPETokenizer)
+    llm = open_llama(path)
+    for text in ["the cat and the hat", "then the theme", "other the", TEXT]:
+        ids = llm.tokenize(text.encode(), add_bos=False, special=False)
+        assert ids == back.encode(text).tolist() == bpe.encode(text).tolist()
+    assert llm.tokenize(b" the", add_bos=False, special=False) == [3]
