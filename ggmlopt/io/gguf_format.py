@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
+from typing import Any, overload
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from .torch_layout import TorchTensor, assign_torch_arrays, torch_tensors
 __all__ = ["GENERIC_ARCH", "load_gguf", "save_gguf"]
 
 GENERIC_ARCH = "ggmlopt"
+_LLAMA_ARCH = "llama"  # llama.cpp's layout of a Llama: ggmlopt.io.gguf_llama
 _LAYOUT_KEY = "ggmlopt.tensor_layout"
 _GGML_MAX_NAME = 63  # GGML_MAX_NAME - 1 bytes of a tensor name
 _F16_MAX = float(np.finfo(np.float16).max)
@@ -57,8 +59,8 @@ def _arch_arg(arch) -> str:
         return GENERIC_ARCH
     if not isinstance(arch, str):
         raise TypeError(f"arch: expected a str or None, got {type(arch).__name__}")
-    if arch != GENERIC_ARCH and arch not in MNIST_ARCHS:
-        raise ValueError(f"arch: expected None, {GENERIC_ARCH!r} or one of "
+    if arch != GENERIC_ARCH and arch not in MNIST_ARCHS and arch != _LLAMA_ARCH:
+        raise ValueError(f"arch: expected None, {GENERIC_ARCH!r}, {_LLAMA_ARCH!r} or one of "
                          f"{sorted(MNIST_ARCHS)}, got {arch!r}")
     return arch
 
@@ -118,12 +120,16 @@ def _stored(name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return array
 
 
-def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32) -> None:
+def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
+              tokenizer=None) -> None:
     """Write model's parameters to path as a GGUF file (atomically).
 
     arch: None or "ggmlopt" for the generic layout (every model), or "mnist-fc" /
     "mnist-cnn" for ggml's MNIST models as ggml's mnist-eval loads them (the
-    model must have exactly that model's parameters).
+    model must have exactly that model's parameters).  A ggmlopt.models.Llama
+    with arch None (or "llama") is written as llama.cpp loads it, with its
+    tokenizer (required: a ByteTokenizer or BPETokenizer; see
+    ggmlopt.io.gguf_llama.save_llama_gguf).
     metadata: optional dict of extra keys (str -> bool, int, float or str),
     stored as GGUF key-values (int64 / float64 / string).
     dtype: np.float32 (default) or np.float16 for the weights (two or more
@@ -135,7 +141,20 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32) -> Non
     FileNotFoundError when path's directory does not exist; ImportError naming
     the ``interop`` extra without the gguf package.
     """
+    from ..models import Llama
+    llama_layout = arch == _LLAMA_ARCH or (arch is None and isinstance(model, Llama))
     arch = _arch_arg(arch)
+    if llama_layout:
+        if tokenizer is None:
+            raise ValueError("tokenizer: a Llama's GGUF for llama.cpp needs its tokenizer "
+                             "(save_gguf(llama, path, tokenizer=ByteTokenizer())), or "
+                             "arch='ggmlopt' for the generic layout")
+        from .gguf_llama import save_llama_gguf
+        save_llama_gguf(model, path, tokenizer=tokenizer, dtype=dtype, metadata=metadata)
+        return
+    if tokenizer is not None:
+        raise ValueError(f"tokenizer: only a Llama written for llama.cpp takes one, not "
+                         f"arch={arch!r}")
     dtype = _dtype_arg(dtype)
     path = output_path(path)
     tensors = torch_tensors(model)
@@ -240,9 +259,23 @@ def _padded(ne) -> tuple[int, ...]:
     return tuple(ne) + (1,) * (4 - len(ne))
 
 
-def load_gguf(path, model, *, arch=None) -> dict:
+@overload
+def load_gguf(path, model: None = None, *, arch: str | None = None) -> tuple[Any, Any]: ...
+@overload
+def load_gguf(path, model: Any, *, arch: str | None = None) -> dict[str, Any]: ...
+
+
+def load_gguf(path, model=None, *, arch=None):
     """Load a GGUF file written by save_gguf, or by ggml's mnist-train (mnist-fc,
-    mnist-cnn), into model's parameters, in place.
+    mnist-cnn), or a llama-architecture file (llama.cpp's), into model's
+    parameters, in place.
+
+    Without model, the file must be a llama-architecture GGUF: returns
+    ``(llama, tokenizer)``, a ggmlopt.models.Llama built from the file and its
+    tokenizer (ByteTokenizer, BPETokenizer, or None with a UserWarning for
+    another tokenizer type); see ggmlopt.io.gguf_llama.load_llama_gguf, which
+    also reads quantized tensors (dequantized with a UserWarning).  A Llama
+    model given loads a llama-architecture file the same way.
 
     The file's general.architecture decides the layout ("ggmlopt", "mnist-fc",
     "mnist-cnn"); arch, when given, is the one the file must have.  Every tensor
@@ -258,6 +291,16 @@ def load_gguf(path, model, *, arch=None) -> dict:
     if arch is not None:
         arch = _arch_arg(arch)
     path = input_path(path)
+    from ..models import Llama
+    if model is None or isinstance(model, Llama):
+        from .gguf_llama import file_architecture, load_llama_gguf
+        if model is None:
+            if arch not in (None, _LLAMA_ARCH):
+                raise ValueError(f"model: required to load a {arch!r} file (only a "
+                                 f"{_LLAMA_ARCH!r} one builds its own model)")
+            return load_llama_gguf(path)
+        if arch in (None, _LLAMA_ARCH) and file_architecture(path) == _LLAMA_ARCH:
+            return load_llama_gguf(path, model)
     tensors = torch_tensors(model)
     gguf = _gguf()
     contents = _GgufContents(path, gguf)
@@ -280,7 +323,8 @@ def load_gguf(path, model, *, arch=None) -> dict:
         wanted = [(s.name, _padded(s.ne)) for s in specs]
     else:
         raise ValueError(f"path: {path!r} holds a {file_arch!r} model; load_gguf reads "
-                         f"{GENERIC_ARCH!r}, 'mnist-fc' and 'mnist-cnn'")
+                         f"{GENERIC_ARCH!r}, 'mnist-fc' and 'mnist-cnn' into a model, and "
+                         f"{_LLAMA_ARCH!r} into a Llama")
 
     names = [name for name, _ in wanted]
     missing = [n for n in names if n not in contents.tensors]

@@ -1,0 +1,459 @@
+"""A Llama as llama.cpp's GGUF files hold it, both ways.
+
+The writer does what llama.cpp's ``convert_hf_to_gguf.py`` does for a
+``LlamaForCausalLM``: general.architecture ``llama`` with every hyperparameter
+key llama.cpp reads, llama.cpp's tensor names (ggmlopt.io.llama_names), the
+q/k rows permuted to llama.cpp's rotary order, no ``output.weight`` when the
+output is tied to the token embedding, and the tokenizer as a ``gpt2``-type
+vocabulary.  The reader takes any llama-architecture GGUF (F32, F16, BF16 or
+a quantized type gguf-py dequantizes) back to a ggmlopt.models.Llama.
+
+ByteTokenizer's vocabulary: token i < 256 is byte i written as GPT-2's
+byte-to-unicode string (what a byte-level BPE vocabulary stores), token 256
+``<|endoftext|>``.  llama.cpp wants merges for a ``gpt2`` vocabulary and
+gguf-py writes no empty array, so there is one merge, ``a 1``, which never
+applies: GPT-2's pre-tokenizer (``tokenizer.ggml.pre`` = ``gpt-2``) never
+leaves a letter and a digit in one word.  So llama.cpp tokenizes any text to
+its UTF-8 bytes, ByteTokenizer's ids.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ..models import Llama, LlamaConfig
+from ..text import ByteTokenizer
+from ._files import atomic_output, input_path, output_path
+from ._gguf_length import gguf_truncation
+from .llama_names import gguf_name, permute_qk, unpermute_qk
+
+__all__ = ["BYTE_MERGES", "LLAMA_ARCH", "LlamaGguf", "byte_vocabulary", "file_architecture",
+           "load_llama_gguf", "save_llama_gguf", "tokenizer_from_fields"]
+
+LLAMA_ARCH = "llama"
+BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pre-tokenizer
+_BYTE_PRE = "gpt-2"
+_EOT = "<|endoftext|>"
+_TOKEN_NORMAL, _TOKEN_CONTROL = 1, 3  # llama.cpp's LLAMA_TOKEN_TYPE_NORMAL / _CONTROL
+_F16_MAX = float(np.finfo(np.float16).max)
+# keys save_llama_gguf writes; metadata may not set them
+_RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "tokenizer.",
+                      "GGUF.")
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_strings() -> tuple[str, ...]:
+    """GPT-2's bytes_to_unicode: printable Latin-1 bytes as themselves, the others
+    as U+0100 onwards in byte order."""
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+            + list(range(ord("®"), ord("ÿ") + 1)))
+    table = {}
+    extra = 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return tuple(table[b] for b in range(256))
+
+
+def byte_vocabulary() -> list[str]:
+    """ByteTokenizer's tokens as a byte-level BPE vocabulary stores them: 257 str,
+    GPT-2's byte-to-unicode string of bytes 0..255, then ``<|endoftext|>``."""
+    return [*_byte_strings(), _EOT]
+
+
+def _gguf():
+    from .gguf_format import _gguf as imported
+    return imported()
+
+
+# ---- writing ----
+
+def _tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
+    """The tokenizer.ggml.* values for tokenizer (ByteTokenizer or BPETokenizer)."""
+    from ..text import BPETokenizer
+    if isinstance(tokenizer, ByteTokenizer):
+        tokens = byte_vocabulary()
+        keys: dict[str, Any] = {
+            "model": "gpt2", "pre": _BYTE_PRE, "tokens": tokens,
+            "types": [_TOKEN_NORMAL] * 256 + [_TOKEN_CONTROL], "merges": list(BYTE_MERGES),
+            "bos": tokenizer.eos_id, "eos": tokenizer.eos_id, "add_bos": False}
+    elif isinstance(tokenizer, BPETokenizer):
+        tokens = list(tokenizer.tokens)
+        keys = {"model": "gpt2", "pre": tokenizer.pre, "tokens": tokens,
+                "types": list(tokenizer.token_types), "merges": list(tokenizer.merges),
+                "bos": tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id,
+                "eos": tokenizer.eos_id, "add_bos": tokenizer.add_bos}
+        if not keys["merges"]:
+            raise ValueError("tokenizer: a gpt2-type vocabulary needs at least one merge "
+                             "(llama.cpp refuses one without)")
+    else:
+        raise TypeError(f"tokenizer: expected a ggmlopt.text.ByteTokenizer or BPETokenizer, "
+                        f"got {type(tokenizer).__name__}")
+    if len(tokens) != vocab_size:
+        raise ValueError(f"tokenizer: it has {len(tokens)} tokens but the model's vocab_size is "
+                         f"{vocab_size}; llama.cpp needs them equal")
+    return keys
+
+
+def _linear_weight(name: str, weight: np.ndarray, config: LlamaConfig) -> np.ndarray:
+    """A Linear's (in, out) weight as llama.cpp's (out, in) rows, q/k permuted."""
+    rows = np.ascontiguousarray(weight.T)
+    if name.endswith("q_proj.weight"):
+        return permute_qk(rows, config.n_heads)
+    if name.endswith("k_proj.weight"):
+        return permute_qk(rows, config.n_kv_heads)
+    return rows
+
+
+def _gguf_arrays(model: Llama, dtype: np.dtype) -> list[tuple[str, np.ndarray]]:
+    """(llama.cpp name, array in ggml's row order) for every parameter."""
+    out = []
+    for name, p in model.named_parameters():
+        data = p.data
+        if data.ndim == 2 and name != "embed_tokens.weight":
+            data = _linear_weight(name, data, model.config)
+        array = np.ascontiguousarray(data, dtype=np.float32)
+        if dtype == np.float16 and array.ndim >= 2:
+            big = np.isfinite(array) & (np.abs(array) > _F16_MAX)
+            if big.any():
+                raise ValueError(f"dtype: parameter {name!r} holds values beyond float16's "
+                                 f"range (|x| up to {np.abs(array[big]).max():g}); save it as "
+                                 "float32")
+            array = array.astype(np.float16)
+        out.append((gguf_name(name), array))
+    return out
+
+
+def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
+                    name: str = "ggmlopt-llama") -> None:
+    """Write a ggmlopt.models.Llama to path as llama.cpp's GGUF (atomically).
+
+    tokenizer: the ByteTokenizer or BPETokenizer the model was trained with
+    (its token count must be the model's vocab_size).  dtype: np.float32 or
+    np.float16 for the matrices (the token embedding and the Linear weights);
+    the RMSNorm weights stay float32 as llama.cpp wants.  metadata: extra
+    keys (str -> bool, int, float or str) other than general.architecture,
+    general.file_type, llama.* and tokenizer.*.  name: general.name.
+
+    Raises TypeError for another model or tokenizer; ValueError for a
+    tokenizer whose size is not vocab_size or a weight beyond float16's range.
+    """
+    from .gguf_format import _dtype_arg, _metadata_items
+    if not isinstance(model, Llama):
+        raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str, got {type(name).__name__}")
+    dtype = _dtype_arg(dtype)
+    path = output_path(path)
+    cfg = model.config
+    tok = _tokenizer_keys(tokenizer, cfg.vocab_size)
+    gguf = _gguf()
+    items = _metadata_items(metadata, gguf)
+    for key, _, _ in items:
+        if key.startswith(_RESERVED_PREFIXES):
+            raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
+    arrays = _gguf_arrays(model, dtype)
+    file_type = (gguf.LlamaFileType.ALL_F32 if dtype == np.float32
+                 else gguf.LlamaFileType.MOSTLY_F16)
+
+    with atomic_output(path) as tmp:
+        writer = gguf.GGUFWriter(tmp, LLAMA_ARCH)
+        try:
+            writer.add_name(name)
+            writer.add_file_type(file_type)
+            writer.add_vocab_size(cfg.vocab_size)
+            writer.add_context_length(cfg.max_seq_len)
+            writer.add_embedding_length(cfg.dim)
+            writer.add_block_count(cfg.n_layers)
+            writer.add_feed_forward_length(cfg.ffn_dim)
+            writer.add_head_count(cfg.n_heads)
+            writer.add_head_count_kv(cfg.n_kv_heads)
+            writer.add_layer_norm_rms_eps(cfg.norm_eps)
+            writer.add_rope_freq_base(cfg.rope_base)
+            writer.add_rope_dimension_count(cfg.head_dim)
+            writer.add_key_length(cfg.head_dim)
+            writer.add_value_length(cfg.head_dim)
+            writer.add_tokenizer_model(tok["model"])
+            writer.add_tokenizer_pre(tok["pre"])
+            writer.add_token_list(tok["tokens"])
+            writer.add_token_types(tok["types"])
+            writer.add_token_merges(tok["merges"])
+            writer.add_bos_token_id(tok["bos"])
+            writer.add_eos_token_id(tok["eos"])
+            writer.add_add_bos_token(tok["add_bos"])
+            writer.add_add_eos_token(False)
+            for key, value, vtype in items:
+                writer.add_key_value(key, value, vtype)
+            for tensor_name, array in arrays:
+                writer.add_tensor(tensor_name, array)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+
+
+# ---- reading ----
+
+def _shortest_float(value) -> float:
+    """A float32 key as the shortest decimal that rounds to it (1e-05, not
+    9.99999974738e-06), so a config written from 1e-5 reads back as 1e-5."""
+    return float(str(np.float32(value)))
+
+
+def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str) -> LlamaConfig:
+    """The LlamaConfig a llama-architecture file's keys (and its tensors) describe."""
+    def key(name, default=None, required=True):
+        value = fields.get(f"llama.{name}", default)
+        if value is None and required:
+            raise ValueError(f"{where}: missing key 'llama.{name}'")
+        if isinstance(value, list):
+            if value and all(v == value[0] for v in value):
+                return value[0]   # a per-layer array with one value
+            raise ValueError(f"{where}: key 'llama.{name}' varies by layer ({value}); "
+                             "not supported")
+        return value
+
+    dim = key("embedding_length")
+    n_heads = key("attention.head_count")
+    n_kv_heads = key("attention.head_count_kv", n_heads)
+    head_dim = dim // n_heads if isinstance(dim, int) and isinstance(n_heads, int) and n_heads \
+        else None
+    for name in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
+        value = key(name, head_dim, required=False)
+        if value != head_dim:
+            raise ValueError(f"{where}: 'llama.{name}' = {value}, but a Llama here has "
+                             f"embedding_length // head_count = {head_dim} (not supported)")
+    if key("expert_count", 0, required=False):
+        raise ValueError(f"{where}: a mixture of experts (llama.expert_count > 0) is not "
+                         "supported")
+    scaling = key("rope.scaling.type", "none", required=False)
+    if scaling not in ("none", None):
+        raise ValueError(f"{where}: rope scaling {scaling!r} is not supported")
+    embd = tensors.get("token_embd.weight")
+    vocab = fields.get("llama.vocab_size")
+    if vocab is None:
+        tokens = fields.get("tokenizer.ggml.tokens")
+        vocab = len(tokens) if isinstance(tokens, list) else \
+            (int(embd[0][1]) if embd is not None and len(embd[0]) == 2 else None)
+    if vocab is None:
+        raise ValueError(f"{where}: no vocabulary size (llama.vocab_size, tokenizer.ggml.tokens "
+                         "or token_embd.weight)")
+    try:
+        return LlamaConfig(
+            vocab_size=vocab, dim=dim, n_layers=key("block_count"), n_heads=n_heads,
+            n_kv_heads=n_kv_heads, ffn_dim=key("feed_forward_length"),
+            max_seq_len=key("context_length"),
+            norm_eps=_shortest_float(key("attention.layer_norm_rms_epsilon")),
+            rope_base=_shortest_float(key("rope.freq_base", 10000.0, required=False)),
+            tie_embeddings="output.weight" not in tensors)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: the keys describe no valid Llama: {e}") from None
+
+
+def _dequantized(t, gguf, quantized: set[str]) -> np.ndarray:
+    """A reader tensor as float32 in ggml's row order (shape = ne reversed)."""
+    kind = gguf.GGMLQuantizationType
+    shape = tuple(int(n) for n in t.shape[::-1])
+    if t.tensor_type in (kind.F32, kind.F16, kind.F64):
+        return np.array(t.data, dtype=np.float32).reshape(shape)
+    if t.tensor_type == kind.BF16:
+        raw = np.ascontiguousarray(t.data).view(np.uint16).astype(np.uint32) << 16
+        return raw.view(np.float32).reshape(shape)
+    try:
+        data = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+    except NotImplementedError:
+        raise ValueError(f"tensor {t.name!r} has type {t.tensor_type.name}, which gguf-py "
+                         "cannot dequantize") from None
+    quantized.add(t.tensor_type.name)
+    return np.asarray(data, dtype=np.float32).reshape(shape)
+
+
+def _ggml_rows(name: str, p_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The numpy shape (ne reversed) llama.cpp stores parameter name with."""
+    if len(p_shape) == 2 and name != "embed_tokens.weight":
+        return p_shape[::-1]   # Linear: (in, out) here, (out, in) rows there
+    return p_shape
+
+
+def _our_layout(name: str, rows: np.ndarray, config: LlamaConfig) -> np.ndarray:
+    if rows.ndim != 2 or name == "embed_tokens.weight":
+        return rows
+    if name.endswith("q_proj.weight"):
+        rows = unpermute_qk(rows, config.n_heads)
+    elif name.endswith("k_proj.weight"):
+        rows = unpermute_qk(rows, config.n_kv_heads)
+    return rows.T
+
+
+def file_architecture(path: str) -> str | None:
+    """general.architecture of the GGUF file at path (None when it has none);
+    ValueError for a truncated or unreadable file."""
+    gguf = _gguf()
+    short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
+    if short is not None:
+        raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
+    from .gguf_format import _field_value
+    try:
+        reader = gguf.GGUFReader(path)
+        field = reader.fields.get("general.architecture")
+        arch = None if field is None else _field_value(field, gguf)
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError,
+            UnicodeDecodeError) as e:
+        raise ValueError(f"path: {path!r} is not a valid GGUF file ({e})") from None
+    finally:
+        reader = None  # drop the memory map
+    return arch if isinstance(arch, str) else None
+
+
+class LlamaGguf:
+    """What a llama-architecture GGUF holds, read and checked: ``config``
+    (LlamaConfig), ``arrays`` ({Llama parameter name: float32 array in ggmlopt's
+    layout}), ``fields`` (every key-value), ``quantized`` (the quantized type
+    names that were dequantized)."""
+
+    def __init__(self, path: str):
+        gguf = _gguf()
+        short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
+        if short is not None:
+            raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
+        from .gguf_format import _field_value
+        quantized: set[str] = set()
+        try:
+            reader = gguf.GGUFReader(path)
+            self.fields = {name: _field_value(field, gguf)
+                           for name, field in reader.fields.items()
+                           if not name.startswith("GGUF.")}
+            arch = self.fields.get("general.architecture")
+            if arch != LLAMA_ARCH:
+                raise ValueError(f"path: {path!r} holds a {arch!r} model, not a 'llama' one "
+                                 "(load_gguf(path, model) loads other files into a model)")
+            infos = {t.name: (tuple(int(n) for n in t.shape), t) for t in reader.tensors}
+            self.config = _config(self.fields, infos, f"path: {path!r}")
+            wanted = {name: _ggml_rows(name, shape)
+                      for name, shape in _parameter_shapes(self.config)}
+            names = {gguf_name(name): name for name in wanted}
+            missing = sorted(n for n in names if n not in infos)
+            # rope_freqs and biases change the computation: refused with the rest
+            unexpected = sorted(n for n in infos if n not in names)
+            if missing or unexpected:
+                raise ValueError(f"path: {path!r} does not hold the Llama its keys describe: "
+                                 f"missing tensors {missing}, unexpected tensors {unexpected}")
+            self.arrays = {}
+            for gname, name in names.items():
+                ne, t = infos[gname]
+                shape = tuple(ne[::-1])
+                if shape != wanted[name]:
+                    raise ValueError(f"path: {path!r}: tensor {gname!r} has ggml dims (ne) "
+                                     f"{ne}; the Llama its keys describe needs "
+                                     f"{tuple(wanted[name][::-1])}")
+                rows = _dequantized(t, gguf, quantized)
+                self.arrays[name] = np.ascontiguousarray(_our_layout(name, rows, self.config))
+        except (ValueError, IndexError, KeyError, TypeError, OverflowError,
+                UnicodeDecodeError) as e:
+            if isinstance(e, ValueError) and str(e).startswith("path:"):
+                raise  # ours, already saying what is wrong
+            raise ValueError(f"path: {path!r} is not a valid GGUF file ({e})") from None
+        finally:
+            reader = None  # drop the memory map
+        self.quantized = sorted(quantized)
+
+
+def _parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter of Llama(config), in named_parameters'
+    order, without building one."""
+    d, f, v = config.dim, config.ffn_dim, config.vocab_size
+    kv = config.n_kv_heads * config.head_dim
+    layer = [("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, d)),
+             ("self_attn.k_proj.weight", (d, kv)), ("self_attn.v_proj.weight", (d, kv)),
+             ("self_attn.o_proj.weight", (d, d)), ("post_attention_layernorm.weight", (d,)),
+             ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
+             ("mlp.down_proj.weight", (f, d))]
+    shapes = [("embed_tokens.weight", (v, d))]
+    for i in range(config.n_layers):
+        shapes += [(f"layers.{i}.{name}", shape) for name, shape in layer]
+    shapes.append(("norm.weight", (d,)))
+    if not config.tie_embeddings:
+        shapes.append(("lm_head.weight", (d, v)))
+    return shapes
+
+
+def _is_byte_vocabulary(fields: dict[str, Any]) -> bool:
+    return (fields.get("tokenizer.ggml.model") == "gpt2"
+            and fields.get("tokenizer.ggml.tokens") == byte_vocabulary()
+            and fields.get("tokenizer.ggml.merges") == list(BYTE_MERGES)
+            and fields.get("tokenizer.ggml.pre") == _BYTE_PRE
+            and not fields.get("tokenizer.ggml.add_bos_token", False))
+
+
+def tokenizer_from_fields(fields: dict[str, Any], where: str):
+    """The tokenizer a GGUF's tokenizer.ggml.* keys describe: a ByteTokenizer for
+    save_gguf's byte vocabulary, a BPETokenizer (the ``tokenizers`` extra) for
+    another gpt2-type one, None with a UserWarning for any other type."""
+    kind = fields.get("tokenizer.ggml.model")
+    if kind == "gpt2" and _is_byte_vocabulary(fields):
+        return ByteTokenizer()
+    if kind == "gpt2":
+        from ..text import BPETokenizer
+        tokens = fields.get("tokenizer.ggml.tokens")
+        merges = fields.get("tokenizer.ggml.merges")
+        if not isinstance(tokens, list) or not isinstance(merges, list):
+            raise ValueError(f"{where}: a gpt2 tokenizer without tokenizer.ggml.tokens or "
+                             "tokenizer.ggml.merges")
+        types = fields.get("tokenizer.ggml.token_type")
+        return BPETokenizer(tokens, merges, token_types=types,
+                            eos_id=fields.get("tokenizer.ggml.eos_token_id"),
+                            bos_id=fields.get("tokenizer.ggml.bos_token_id"),
+                            add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
+                            pre=fields.get("tokenizer.ggml.pre", "default"))
+    warnings.warn(f"{where}: tokenizer type {kind!r} is not read by ggmlopt (only gpt2-type "
+                  "BPE vocabularies); the tokenizer is None, give token ids directly",
+                  UserWarning, stacklevel=3)
+    return None
+
+
+def _warn_quantized(read: LlamaGguf, path: str) -> None:
+    if read.quantized:
+        warnings.warn(f"{path}: tensors of type {', '.join(read.quantized)} were dequantized to "
+                      "float32 (training continues from the dequantized values)",
+                      UserWarning, stacklevel=3)
+
+
+def load_llama_gguf(path, model=None):
+    """Read a llama-architecture GGUF (save_gguf's or llama.cpp's).
+
+    Without model: returns (Llama built from the file's keys, tokenizer or None).
+    With model (a Llama of the same shapes): loads the weights into it in place
+    and returns the file's key-values.  Tensors F32, F16, BF16, or quantized
+    types gguf-py dequantizes (to float32, with a UserWarning naming them).
+    ValueError for another architecture, missing keys or tensors, wrong shapes,
+    a truncated file; the model is then unchanged.
+    """
+    path = input_path(path)
+    if model is not None and not isinstance(model, Llama):
+        raise ValueError(f"path: {path!r} holds a 'llama' model; the model given is a "
+                         f"{type(model).__name__}")
+    read = LlamaGguf(path)
+    if model is None:
+        tokenizer = tokenizer_from_fields(read.fields, path)
+        built = Llama(read.config)
+        for name, p in built.named_parameters():
+            p.data[...] = read.arrays[name]
+        _warn_quantized(read, path)
+        return built, tokenizer
+    params = dict(model.named_parameters())
+    if set(params) != set(read.arrays) or any(params[n].data.shape != a.shape
+                                              for n, a in read.arrays.items()):
+        raise ValueError(f"path: {path!r} holds a Llama of config {read.config}, which does "
+                         f"not fit the model given ({model.config})")
+    for name, array in read.arrays.items():
+        params[name].data[...] = array
+    _warn_quantized(read, path)
+    return dict(read.fields)
+
