@@ -377,3 +377,20 @@ def test_a_resumed_lora_fit_is_bit_exact(tmp_path):
     resumed = run(3, tmp_path / "b.npz", resume=True)
     for (n, p), (_, q) in zip(straight.named_parameters(), resumed.named_parameters()):
         np.testing.assert_array_equal(p.data, q.data, err_msg=n)
+
+
+def test_safetensors_of_an_adapted_model_are_in_torch_layout(tmp_path):
+    safetensors = pytest.importorskip("safetensors.numpy")
+    model = Llama(CFG, seed=6)
+    lora.apply(model, rank=3)
+    _randomise_b(model)
+    go.io.save_safetensors(model, tmp_path / "m.safetensors")
+    stored = safetensors.load_file(str(tmp_path / "m.safetensors"))
+    layer = model.layers[0].self_attn.k_proj
+    np.testing.assert_array_equal(stored["layers.0.self_attn.k_proj.lora_a"], layer.lora_a.data.T)
+    np.testing.assert_array_equal(stored["layers.0.self_attn.k_proj.lora_b"], layer.lora_b.data.T)
+    other = Llama(CFG, seed=0)
+    lora.apply(other, rank=3, seed=9)
+    go.io.load_safetensors(tmp_path / "m.safetensors", other)
+    for (n, p), (_, q) in zip(model.named_parameters(), other.named_parameters()):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=n)
