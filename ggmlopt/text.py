@@ -146,13 +146,16 @@ class BPETokenizer:
                           "GPT-2's is used, so some texts may tokenize differently",
                           UserWarning, stacklevel=2)
             pattern = _GPT2_PATTERN
+        vocab = {t: i for i, t in enumerate(self.tokens)}
         pairs = []
         for m in self.merges:
             left, sep, right = m.partition(" ")
             if not sep:
                 raise ValueError(f"merges: {m!r} is not 'left right'")
-            pairs.append((left, right))
-        vocab = {t: i for i, t in enumerate(self.tokens)}
+            # tokenizers wants every merge's result in the vocabulary; one that is not
+            # (ByteTokenizer's GGUF vocabulary has one, which never applies) is left out
+            if left + right in vocab:
+                pairs.append((left, right))
         self._tk: Any = tk.Tokenizer(tk.models.BPE(vocab, pairs))
         self._tk.pre_tokenizer = tk.pre_tokenizers.Sequence([
             tk.pre_tokenizers.Split(tk.Regex(pattern), behavior="isolated"),

@@ -54,3 +54,55 @@ def test_bad_input_is_refused():
         tok.decode([1.5])
     with pytest.raises(ValueError, match=r"ids: expected shape \(n,\)"):
         tok.decode([[1, 2]])
+
+
+# ---- BPETokenizer (the tokenizers extra) ----
+
+def _byte_bpe(**kw):
+    from ggmlopt.io.gguf_llama import byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    vocab = byte_vocabulary()
+    vocab[1] = "he"
+    return BPETokenizer(vocab, ["h e"], **kw)
+
+
+def test_bpe_tokenizer_needs_the_extra(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(ImportError, match=r"ggmlopt\[tokenizers\]"):
+        _byte_bpe()
+
+
+def test_bpe_tokenizer_encodes_and_decodes():
+    pytest.importorskip("tokenizers")
+    from ggmlopt.text import Tokenizer
+    tok = _byte_bpe(eos_id=256)
+    assert isinstance(tok, Tokenizer) and tok.vocab_size == 257 and tok.eos_id == 256
+    assert tok.bos_id is None and not tok.add_bos
+    ids = tok.encode("the hehe é")
+    assert ids.dtype == np.int32
+    assert ids.tolist() == [ord("t"), 1, ord(" "), 1, 1, ord(" "), 0xC3, 0xA9]
+    assert tok.decode(ids) == "the hehe é"
+    assert tok.encode("").shape == (0,)
+
+
+def test_bpe_tokenizer_refusals():
+    pytest.importorskip("tokenizers")
+    with pytest.raises(ValueError, match="token_types"):
+        _byte_bpe(token_types=[1, 1])
+    with pytest.raises(IndexError, match="eos_id"):
+        _byte_bpe(eos_id=257)
+    with pytest.raises(ValueError, match="merges"):
+        from ggmlopt.text import BPETokenizer
+        BPETokenizer(["a", "b"], ["ab"])
+    with pytest.warns(UserWarning, match="pre-tokenizer 'qwen2'"):
+        _byte_bpe(pre="qwen2")
+    tok = _byte_bpe()
+    with pytest.raises(TypeError, match="text"):
+        tok.encode(b"bytes")
+    with pytest.raises(IndexError, match="id 300 at position 1"):
+        tok.decode([1, 300])
+    with pytest.raises(ValueError, match="ids"):
+        tok.decode([[1]])
+    with pytest.raises(TypeError, match="ids"):
+        tok.decode([1.5])

@@ -3,6 +3,8 @@ ggml's own programs) and safetensors in torch's layout.
 
     ggmlopt.io.save_gguf(model, "model.gguf", arch="mnist-fc")
     ggmlopt.io.load_gguf("model.gguf", model)
+    ggmlopt.io.save_gguf(llama, "llama.gguf", tokenizer=tok)   # llama.cpp loads it
+    llama, tok = ggmlopt.io.load_gguf("llama.gguf")            # and llama.cpp's files
     ggmlopt.io.save_safetensors(model, "model.safetensors")   # torch's state_dict
     ggmlopt.io.load_safetensors("model.safetensors", model)
     ggmlopt.io.save_hf(llama, "checkpoint/")    # transformers' from_pretrained loads it

@@ -144,6 +144,10 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
     from ..models import Llama
     llama_layout = arch == _LLAMA_ARCH or (arch is None and isinstance(model, Llama))
     arch = _arch_arg(arch)
+    if arch == _LLAMA_ARCH and not isinstance(model, Llama):
+        raise ValueError(f"arch: expected None, {GENERIC_ARCH!r} or one of {sorted(MNIST_ARCHS)} "
+                         f"for a {type(model).__name__} ({_LLAMA_ARCH!r} is for a "
+                         "ggmlopt.models.Llama)")
     if llama_layout:
         if tokenizer is None:
             raise ValueError("tokenizer: a Llama's GGUF for llama.cpp needs its tokenizer "

@@ -101,13 +101,19 @@ def _tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
     return keys
 
 
+def _kv_heads(config: LlamaConfig) -> int:
+    n = config.n_kv_heads
+    assert n is not None  # LlamaConfig fills it in
+    return n
+
+
 def _linear_weight(name: str, weight: np.ndarray, config: LlamaConfig) -> np.ndarray:
     """A Linear's (in, out) weight as llama.cpp's (out, in) rows, q/k permuted."""
     rows = np.ascontiguousarray(weight.T)
     if name.endswith("q_proj.weight"):
         return permute_qk(rows, config.n_heads)
     if name.endswith("k_proj.weight"):
-        return permute_qk(rows, config.n_kv_heads)
+        return permute_qk(rows, _kv_heads(config))
     return rows
 
 
@@ -288,7 +294,7 @@ def _our_layout(name: str, rows: np.ndarray, config: LlamaConfig) -> np.ndarray:
     if name.endswith("q_proj.weight"):
         rows = unpermute_qk(rows, config.n_heads)
     elif name.endswith("k_proj.weight"):
-        rows = unpermute_qk(rows, config.n_kv_heads)
+        rows = unpermute_qk(rows, _kv_heads(config))
     return rows.T
 
 
@@ -368,14 +374,16 @@ class LlamaGguf:
 def _parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every parameter of Llama(config), in named_parameters'
     order, without building one."""
-    d, f, v = config.dim, config.ffn_dim, config.vocab_size
-    kv = config.n_kv_heads * config.head_dim
-    layer = [("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, d)),
+    d, v = config.dim, config.vocab_size
+    f = config.ffn_dim
+    assert f is not None  # LlamaConfig fills it in
+    kv = _kv_heads(config) * config.head_dim
+    layer: list[tuple[str, tuple[int, ...]]] = [("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, d)),
              ("self_attn.k_proj.weight", (d, kv)), ("self_attn.v_proj.weight", (d, kv)),
              ("self_attn.o_proj.weight", (d, d)), ("post_attention_layernorm.weight", (d,)),
              ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
              ("mlp.down_proj.weight", (f, d))]
-    shapes = [("embed_tokens.weight", (v, d))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (v, d))]
     for i in range(config.n_layers):
         shapes += [(f"layers.{i}.{name}", shape) for name, shape in layer]
     shapes.append(("norm.weight", (d,)))

@@ -1,0 +1,245 @@
+"""ggmlopt's Llama GGUF files against llama.cpp itself, through llama-cpp-python
+(not a dependency: ``pip install llama-cpp-python`` builds llama.cpp; these tests
+skip without it and are not part of the default run: ``pytest -q tests/llamacpp``).
+
+- a model save_gguf writes: llama.cpp's logits at every position equal ggmlopt's
+  within 1e-4 of their scale (float32) or 2e-2 (float16);
+- its tokenizer: llama.cpp tokenizes any text to ByteTokenizer's ids;
+- perplexity: ggmlopt.lm.perplexity equals the same protocol on llama.cpp's
+  logits, within 1e-4 relative;
+- the other way: files written by llama.cpp's own writer (llama_model_quantize
+  of our float32 file to Q8_0, Q4_0 and Q4_K_M) load with load_gguf and give
+  llama.cpp's logits on that file, within the error of llama.cpp quantizing the
+  activations too (see QUANT_TOLERANCE).
+"""
+import ctypes
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from ggmlopt.io import load_gguf, save_gguf
+from ggmlopt.lm import perplexity
+from ggmlopt.models import Llama, LlamaConfig
+from ggmlopt.text import ByteTokenizer
+
+llama_cpp = pytest.importorskip("llama_cpp")
+pytest.importorskip("gguf")
+
+N_CTX = 64
+F32_KV = 0  # GGML_TYPE_F32: the KV cache in float32, so only the weights' type differs
+
+
+def structured_llama(dim=64, ffn_dim=96, tie=True, seed=0):
+    """A small Llama whose logits have structure (weights N(0, 0.16), RMSNorm gains
+    in [0.5, 1.5]), as after training, instead of the near-uniform logits of
+    the 0.02 initialisation."""
+    model = Llama(LlamaConfig(vocab_size=257, dim=dim, n_layers=2, n_heads=4, n_kv_heads=2,
+                              ffn_dim=ffn_dim, max_seq_len=N_CTX, tie_embeddings=tie),
+                  seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 2:
+            p.data *= 8.0
+        else:
+            p.data[...] = rng.uniform(0.5, 1.5, p.data.shape)
+    return model
+
+
+def open_llama(path, n_ctx=N_CTX):
+    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
+                           logits_all=True, type_k=F32_KV, type_v=F32_KV, n_threads=2,
+                           n_threads_batch=2, verbose=False)
+
+
+def llama_cpp_logits(llm, ids):
+    """llama.cpp's logits at every position of ids (one sequence from position 0)."""
+    llm.reset()
+    llm.eval([int(i) for i in ids])
+    return np.array(llm.scores[:len(ids)], dtype=np.float64)
+
+
+def our_logits(model, ids):
+    return model.forward(np.asarray(ids, np.int32)[None])[0].astype(np.float64)
+
+
+def relative_error(got, want):
+    """max |got - want| over the logits' scale (their largest magnitude)."""
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+TEXT = ("The quick brown fox jumps over the lazy dog. Café, naïve, Ångström; "
+        "emoji 😀👍🏽, 中文字符 日本語 한국어!\n\tTabs,   runs of spaces,\r\nand 12345 digits. ")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llamacpp")
+    model = structured_llama()
+    paths = {}
+    for name, dtype in (("f32", np.float32), ("f16", np.float16)):
+        paths[name] = d / f"model-{name}.gguf"
+        save_gguf(model, paths[name], tokenizer=ByteTokenizer(), dtype=dtype)
+    untied = structured_llama(tie=False, seed=3)
+    paths["untied"] = d / "untied.gguf"
+    save_gguf(untied, paths["untied"], tokenizer=ByteTokenizer())
+    return model, untied, paths
+
+
+def test_logits_float32_every_position(files):
+    model, untied, paths = files
+    ids = ByteTokenizer().encode(TEXT)[:N_CTX]
+    for m, path in ((model, paths["f32"]), (untied, paths["untied"])):
+        llm = open_llama(path)
+        want = our_logits(m, ids)
+        got = llama_cpp_logits(llm, ids)
+        assert got.shape == want.shape == (N_CTX, 257)
+        assert np.abs(want).max() > 1.0   # logits with structure, not ~0
+        assert relative_error(got, want) < 1e-4
+
+
+def test_logits_float16_every_position(files):
+    _, _, paths = files
+    ids = ByteTokenizer().encode(TEXT)[:N_CTX]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back, _ = load_gguf(paths["f16"])   # the weights as llama.cpp has them
+    got = llama_cpp_logits(open_llama(paths["f16"]), ids)
+    assert relative_error(got, our_logits(back, ids)) < 2e-2
+
+
+def replace_invalid_bytes(data: bytes) -> str:
+    """data decoded as llama.cpp does: each byte that starts no valid UTF-8
+    sequence becomes U+FFFD (Python's "replace" joins a cut sequence into one)."""
+    out, i = [], 0
+    while i < len(data):
+        for n in (1, 2, 3, 4):
+            try:
+                out.append(data[i:i + n].decode("utf-8"))
+                i += n
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            out.append("\ufffd")
+            i += 1
+    return "".join(out)
+
+
+TEXTS = ["Hello, world!", "a1 b2 c3a 1a1 x1y2", "café naïve Ångström façade",
+         "emoji 😀👍🏽🇫🇷 ok", "中文字符 日本語 한국어", "line\nbreaks\r\n\ttabs",
+         "   runs  of   spaces   ", "it's we'll I'd <|endoftext|> 123456 x=1+2",
+         " ", "\n\n\n", "ａ１ ٣a ﬁ", "tab\t\t\tend", "mixed   \n   \t  "]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_tokenization_equals_byte_tokenizer(files, text):
+    _, _, paths = files
+    llm = open_llama(paths["f32"])
+    ids = llm.tokenize(text.encode(), add_bos=False, special=False)
+    assert ids == ByteTokenizer().encode(text).tolist()
+    assert llm.detokenize(ids) == text.encode()
+
+
+@pytest.mark.parametrize("data", [b"ab\xffcd\x80ef", b"\xfe\xfe", b"cut \xe2\x82 here",
+                                  b"\xc3(", b"ok \xf0\x9f\x98 end"])
+def test_tokenization_of_invalid_utf8(files, data):
+    _, _, paths = files
+    llm = open_llama(paths["f32"])
+    ids = llm.tokenize(data, add_bos=False, special=False)
+    assert ids == ByteTokenizer().encode(replace_invalid_bytes(data)).tolist()
+
+
+def test_no_bos_is_added(files):
+    _, _, paths = files
+    llm = open_llama(paths["f32"])
+    assert llm.tokenize(b"abc", add_bos=True, special=False) == [97, 98, 99]
+    assert llm.token_eos() == 256
+
+
+def llama_cpp_perplexity(llm, ids, n_ctx):
+    """llama-perplexity's protocol on llama.cpp's logits: chunks of n_ctx tokens,
+    positions n_ctx/2 .. n_ctx-2 scored, log-softmax in float64."""
+    n_chunk = len(ids) // n_ctx
+    first = n_ctx // 2
+    nll, count = 0.0, 0
+    for c in range(n_chunk):
+        chunk = ids[c * n_ctx:(c + 1) * n_ctx]
+        logits = llama_cpp_logits(llm, chunk)[first:n_ctx - 1]
+        logits -= logits.max(axis=1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        nll -= logp[np.arange(logits.shape[0]), chunk[first + 1:]].sum()
+        count += logits.shape[0]
+    return math.exp(nll / count), count
+
+
+def test_perplexity_equals_llama_cpp(files):
+    model, _, paths = files
+    ids = ByteTokenizer().encode(TEXT * 3)
+    ours = perplexity(model, ids, N_CTX)
+    theirs, count = llama_cpp_perplexity(open_llama(paths["f32"]), ids, N_CTX)
+    assert ours.scored == count > 0
+    assert ours.ppl == pytest.approx(theirs, rel=1e-4)
+
+
+# ---- files written by llama.cpp's own code ----
+
+# llama.cpp multiplies a quantized weight by activations quantized to 8 bits per
+# block of 32 (Q8_0) or 256 (Q8_K): each activation is off by up to half a step of
+# its block's max / 127, ~0.4 % of the block's scale, where load_gguf's model
+# multiplies the dequantized weights by float32 activations.  Over two layers and
+# the output that measured below 1 % of the logits' scale; 3 % leaves a margin
+# while still failing for a wrong permutation or a wrong dequantization (which
+# are off by the logits' whole scale).
+QUANT_TOLERANCE = 3e-2
+
+
+def quantize(src, dst, ftype):
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
+                                        ctypes.byref(params))
+    assert rc == 0, f"llama_model_quantize failed ({rc})"
+
+
+@pytest.mark.parametrize("ftype,dim,ffn,expect", [
+    ("LLAMA_FTYPE_MOSTLY_Q8_0", 64, 96, "Q8_0"),
+    ("LLAMA_FTYPE_MOSTLY_Q4_0", 64, 96, "Q4_0"),
+    ("LLAMA_FTYPE_MOSTLY_Q4_K_M", 256, 256, "Q4_K")])
+def test_files_quantized_by_llama_cpp_load(tmp_path, ftype, dim, ffn, expect):
+    model = structured_llama(dim=dim, ffn_dim=ffn, tie=False, seed=7)
+    f32 = tmp_path / "f32.gguf"
+    save_gguf(model, f32, tokenizer=ByteTokenizer())
+    out = tmp_path / f"{expect}.gguf"
+    quantize(f32, out, getattr(llama_cpp, ftype))
+    with pytest.warns(UserWarning, match=expect):
+        back, tokenizer = load_gguf(out)
+    assert isinstance(tokenizer, ByteTokenizer)
+    assert back.config == model.config
+    ids = ByteTokenizer().encode(TEXT)[:N_CTX]
+    want = llama_cpp_logits(open_llama(out), ids)
+    err = relative_error(our_logits(back, ids), want)
+    assert err < QUANT_TOLERANCE
+    # and the quantization is visible: not the float32 model's logits exactly
+    assert relative_error(our_logits(model, ids), want) > 1e-5
+
+
+def test_bpe_tokenizer_equals_llama_cpp(tmp_path):
+    pytest.importorskip("tokenizers")
+    from ggmlopt.io.gguf_llama import byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    vocab = byte_vocabulary()
+    # three real merges in the slots of control bytes the texts never hold
+    vocab[1], vocab[2], vocab[3] = "Ġt", "he", "Ġthe"
+    bpe = BPETokenizer(vocab, ["Ġ t", "h e", "Ġt he"], eos_id=256, pre="gpt-2")
+    path = tmp_path / "bpe.gguf"
+    save_gguf(structured_llama(), path, tokenizer=bpe)
+    _, back = load_gguf(path)
+    assert isinstance(back, BPETokenizer)
+    llm = open_llama(path)
+    for text in ["the cat and the hat", "then the theme", "other the", TEXT]:
+        ids = llm.tokenize(text.encode(), add_bos=False, special=False)
+        assert ids == back.encode(text).tolist() == bpe.encode(text).tolist()
+    assert llm.tokenize(b" the", add_bos=False, special=False) == [3]
