@@ -31,7 +31,7 @@ from .nn import init
 from .nn._buffers import add_into, as_rows, rows2d
 from .nn.dropout import Dropout
 from .nn.linear import Linear
-from .nn.module import named_modules, named_parameters
+from .nn.module import Module, named_modules, named_parameters
 from .nn.parameter import Parameter
 
 __all__ = ["DEFAULT_TARGETS", "LoRALinear", "apply", "merge", "named_adapters"]
@@ -225,7 +225,7 @@ def _linears(model):
     for parent_name, parent in named_modules(model):
         prefix = f"{parent_name}." if parent_name else ""
         children = parent.named_children() if callable(getattr(parent, "named_children", None)) \
-            else ()
+            else Module.named_children(parent) if hasattr(parent, "__dict__") else ()
         for child_name, child in children:
             if isinstance(child, Linear):
                 found.append((prefix + child_name, parent, child_name, child))

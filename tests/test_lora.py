@@ -394,3 +394,21 @@ def test_safetensors_of_an_adapted_model_are_in_torch_layout(tmp_path):
     go.io.load_safetensors(tmp_path / "m.safetensors", other)
     for (n, p), (_, q) in zip(model.named_parameters(), other.named_parameters()):
         np.testing.assert_array_equal(p.data, q.data, err_msg=n)
+
+
+def test_apply_on_a_module_that_is_not_a_module_subclass():
+    class TwoTowers:   # the engine's model protocol, attributes as sub-modules
+        def __init__(self):
+            self.left, self.right = Linear(4, 3, rng=0), Linear(4, 3, rng=1)
+
+        def parameters(self):
+            return [*self.left.parameters(), *self.right.parameters()]
+
+        def forward(self, x):
+            return self.left.forward(x) + self.right.forward(x)
+
+    model = TwoTowers()
+    (name, layer), = lora.apply(model, rank=2, targets=("right",))
+    assert name == "right" and model.right is layer and isinstance(layer, lora.LoRALinear)
+    lora.merge(model)
+    assert type(model.right) is Linear
