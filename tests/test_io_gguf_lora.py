@@ -201,12 +201,14 @@ def test_load_refuses_truncated_files_other_models_and_other_adapters(tmp_path):
     assert not lora.named_adapters(model)
 
 
-def test_f16_adapters_load(tmp_path):
+def test_f16_adapters_load_and_norm_vectors_are_skipped_as_llama_cpp_does(tmp_path):
     a, b = np.full((2, 16), 0.5, np.float16), np.full((8, 2), 0.25, np.float16)
     _write(tmp_path / "h.gguf", {"blk.1.attn_v.weight.lora_a": a,
-                                 "blk.1.attn_v.weight.lora_b": b})
+                                 "blk.1.attn_v.weight.lora_b": b,
+                                 "blk.1.attn_norm.weight": np.ones(16, np.float32)})
     model = Llama(CFG)
-    (name, layer), = load_gguf_lora(tmp_path / "h.gguf", model)
+    with pytest.warns(UserWarning, match="attn_norm.weight.*skipped"):
+        (name, layer), = load_gguf_lora(tmp_path / "h.gguf", model)
     assert name == "layers.1.self_attn.v_proj" and layer.rank == 2 and layer.scaling == 2.0
     np.testing.assert_array_equal(layer.lora_a.data, a.T.astype(np.float32))
     np.testing.assert_array_equal(layer.lora_b.data, b.T.astype(np.float32))

@@ -13,6 +13,8 @@ the base model's weights are.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .._optional import import_optional
@@ -159,6 +161,11 @@ def _pairs(tensors, path):
     halves: dict[str, dict[str, np.ndarray]] = {}
     for tname, data in tensors.items():
         suffix = tname[-len(".lora_a"):]
+        if tname.endswith("_norm.weight"):
+            # adapters may carry trained norm vectors, which llama.cpp skips too
+            warnings.warn(f"path: {path!r}: {tname!r} is not a LoRA pair; skipped, as llama.cpp "
+                          "does", UserWarning, stacklevel=3)
+            continue
         if suffix not in _SUFFIXES:
             raise ValueError(f"path: {path!r} holds {tname!r}, not a LoRA tensor "
                              "(<weight>.lora_a / .lora_b)")
