@@ -412,3 +412,15 @@ def test_apply_on_a_module_that_is_not_a_module_subclass():
     assert name == "right" and model.right is layer and isinstance(layer, lora.LoRALinear)
     lora.merge(model)
     assert type(model.right) is Linear
+
+
+def test_gpt2_decoding_with_adapters_equals_its_forward():
+    model = GPT2(GPT2Config(vocab_size=29, dim=16, n_layers=2, n_heads=2, max_seq_len=12))
+    lora.apply(model, rank=2, targets=("c_attn", "c_proj", "c_fc"))
+    _randomise_b(model)
+    tokens = np.random.default_rng(4).integers(0, 29, (1, 9)).astype(np.int32)
+    cache = model.make_cache(1)
+    steps = [model.decode(tokens[:, :5], cache)]
+    steps += [model.decode(tokens[:, i:i + 1], cache) for i in range(5, 9)]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), model(tokens), rtol=1e-4,
+                               atol=1e-5)
