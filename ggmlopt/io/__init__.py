@@ -9,14 +9,17 @@ ggml's own programs) and safetensors in torch's layout.
     ggmlopt.io.load_safetensors("model.safetensors", model)
     ggmlopt.io.save_hf(llama, "checkpoint/")    # transformers' from_pretrained loads it
     llama = ggmlopt.io.load_hf("checkpoint/")   # and save_pretrained's directories
+    ggmlopt.io.save_gguf_lora(llama, "adapter.gguf")   # llama.cpp's --lora
+    ggmlopt.io.load_gguf_lora("adapter.gguf", llama)
 
 Tensor names come from ``ggmlopt.nn.named_parameters``.  The ``gguf`` and
 ``safetensors`` packages are the ``interop`` extra (``pip install
 ggmlopt[interop]``), imported only when a function here needs them.
 """
 from .gguf_format import GENERIC_ARCH, load_gguf, save_gguf
+from .gguf_lora import load_gguf_lora, save_gguf_lora
 from .hf_format import load_hf, save_hf
 from .safetensors_format import load_safetensors, save_safetensors
 
-__all__ = ["GENERIC_ARCH", "load_gguf", "load_hf", "load_safetensors", "save_gguf", "save_hf",
-           "save_safetensors"]
+__all__ = ["GENERIC_ARCH", "load_gguf", "load_gguf_lora", "load_hf", "load_safetensors",
+           "save_gguf", "save_gguf_lora", "save_hf", "save_safetensors"]

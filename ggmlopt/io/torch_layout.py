@@ -58,7 +58,11 @@ def torch_tensors(model) -> list[TorchTensor]:
     named = named_parameters(model)
     if not named:
         raise ValueError("model: it has no parameters to save or load")
-    linear_weights = {id(m.weight) for _, m in named_modules(model) if isinstance(m, Linear)}
+    # a LoRALinear's adapters are (in, rank) and (rank, out) matrices too: torch's
+    # layout (PEFT's lora_A, lora_B) is their transpose, as for the weight
+    linear_weights = {id(p) for _, m in named_modules(model) if isinstance(m, Linear)
+                      for p in (m.weight, getattr(m, "lora_a", None), getattr(m, "lora_b", None))
+                      if p is not None}
     return [TorchTensor(name, p, id(p) in linear_weights) for name, p in named]
 
 

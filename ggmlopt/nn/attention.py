@@ -46,11 +46,17 @@ def _trains(param):
     return param is not None and getattr(param, "requires_grad", True)
 
 
+def _any_trains(layer):
+    """Whether any parameter of a projection trains (a frozen Linear's weight and
+    bias, or a LoRA adapter's A and B over a frozen weight)."""
+    return any(_trains(p) for p in layer.parameters())
+
+
 def _linear_backward(layer, grad, need_input):
     """layer.backward(grad) with its input gradient only when need_input; a
-    Linear whose parameters are all frozen computes no parameter gradient (only
-    grad @ weight.T, when needed)."""
-    if not (_trains(layer.weight) or _trains(layer.bias)):
+    plain Linear whose parameters are all frozen computes no parameter gradient
+    (only grad @ weight.T, when needed)."""
+    if type(layer) is Linear and not _any_trains(layer):
         return grad @ layer.weight.data.T if need_input else None
     layer.needs_input_grad = need_input
     return layer.backward(grad)
@@ -230,8 +236,7 @@ class CausalSelfAttention(Module):
                              f"output, got {g.shape}")
         projections = (self.q_proj, self.k_proj, self.v_proj)
         need_input = bool(self.needs_input_grad)
-        need_qkv = need_input or any(_trains(p) for m in projections
-                                     for p in (m.weight, m.bias))
+        need_qkv = need_input or any(_any_trains(m) for m in projections)
         do = _linear_backward(self.o_proj, g.reshape(b * t, self.dim), need_qkv)
         if not need_qkv:
             return None
@@ -321,7 +326,7 @@ class GPT2Attention(Module):
             raise ValueError(f"grad_out: expected shape {(b, t, self.dim)} like the last "
                              f"output, got {g.shape}")
         need_input = bool(self.needs_input_grad)
-        need_qkv = need_input or _trains(self.c_attn.weight) or _trains(self.c_attn.bias)
+        need_qkv = need_input or _any_trains(self.c_attn)
         do = _linear_backward(self.c_proj, g.reshape(b * t, self.dim), need_qkv)
         if not need_qkv:
             return None

@@ -1,0 +1,250 @@
+"""LoRA adapters of a Llama as llama.cpp loads them (``--lora adapter.gguf``).
+
+The file is what llama.cpp's ``convert_lora_to_gguf.py`` writes:
+``general.architecture`` = ``llama``, ``general.type`` = ``adapter``,
+``adapter.type`` = ``lora``, ``adapter.lora.alpha`` (float32), and per adapted
+weight two float32 tensors named after llama.cpp's weight
+(``blk.0.attn_q.weight.lora_a`` / ``.lora_b``) in torch's layout: lora_a
+(rank, in) (ggml ne (in, rank)), lora_b (out, rank) (ne (rank, out)).  llama.cpp
+adds ``alpha / rank * B (A x)`` to the weight's product, which is ggmlopt's
+``x A B`` with A, B transposed.  The output rows of q_proj's and k_proj's B are
+permuted into llama.cpp's rotary order (ggmlopt.io.llama_names.permute_qk), as
+the base model's weights are.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from .._optional import import_optional
+from ..lora import LoRALinear, _linears, _replace, named_adapters
+from ._files import atomic_output, input_path, output_path
+from ._gguf_length import gguf_truncation
+from .llama_names import gguf_name, hf_name, permute_qk, unpermute_qk
+
+__all__ = ["load_gguf_lora", "save_gguf_lora"]
+
+_ARCH = "llama"
+_SUFFIXES = (".lora_a", ".lora_b")
+
+
+def _gguf():
+    return import_optional("gguf", "interop", "GGUF LoRA adapters")
+
+
+def _llama_config(model):
+    from ..models.llama import Llama
+    if not isinstance(model, Llama):
+        raise TypeError(f"model: expected a ggmlopt.models.Llama (llama.cpp's LoRA adapters "
+                        f"are per architecture; this writes llama's), got "
+                        f"{type(model).__name__}")
+    return model.config
+
+
+def _qk_heads(module_name: str, config) -> int | None:
+    """The head count of the Q/K permutation for a projection, or None."""
+    if module_name.endswith("self_attn.q_proj"):
+        return config.n_heads
+    if module_name.endswith("self_attn.k_proj"):
+        return config.n_kv_heads
+    return None
+
+
+def _weight_name(module_name: str) -> str:
+    """llama.cpp's weight name of an adapted Linear (ValueError when none)."""
+    try:
+        return gguf_name(f"{module_name}.weight")
+    except KeyError:
+        raise ValueError(f"model: the adapter on {module_name!r} has no llama.cpp tensor "
+                         "(it is not a weight of a Llama)") from None
+
+
+def save_gguf_lora(model, path) -> None:
+    """Write the LoRA adapters of a Llama (ggmlopt.lora.apply) to path as a GGUF
+    adapter that llama.cpp loads over the base model's GGUF (atomically).
+
+    Tensors: ``blk.N.<weight>.lora_a`` float32 (rank, in) and ``.lora_b``
+    float32 (out, rank) per adapter (torch's layout, A and B transposed from
+    ggmlopt's), the rows of q_proj's and k_proj's B permuted as llama.cpp's
+    Q/K weights are; keys ``adapter.lora.alpha`` (float32, one for the file).
+
+    Raises TypeError for a model that is not a Llama; ValueError when it has no
+    adapters, when they have different alphas (llama.cpp reads one per file) or
+    when one sits on a layer llama.cpp has no tensor for.
+    """
+    config = _llama_config(model)
+    path = output_path(path)
+    adapters = named_adapters(model)
+    if not adapters:
+        raise ValueError("model: it has no LoRA adapters (see ggmlopt.lora.apply)")
+    alphas = sorted({layer.alpha for _, layer in adapters})
+    if len(alphas) > 1:
+        raise ValueError(f"model: its adapters have different alphas {alphas}; a llama.cpp "
+                         "adapter file holds one")
+    tensors = []
+    for name, layer in adapters:
+        base = _weight_name(name)
+        a = np.ascontiguousarray(layer.lora_a.data.T)              # (rank, in)
+        b = np.ascontiguousarray(layer.lora_b.data.T)              # (out, rank)
+        heads = _qk_heads(name, config)
+        if heads is not None:
+            b = permute_qk(b, heads)
+        tensors += [(base + ".lora_a", a), (base + ".lora_b", b)]
+    gguf = _gguf()
+    with atomic_output(path) as tmp:
+        writer = gguf.GGUFWriter(tmp, _ARCH)
+        try:
+            writer.add_string("general.type", "adapter")
+            writer.add_string("adapter.type", "lora")
+            writer.add_float32("adapter.lora.alpha", float(alphas[0]))
+            for tname, array in tensors:
+                writer.add_tensor(tname, array)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+
+
+def _read(path: str, gguf):
+    """(key-values, {tensor name: float32 array in torch's layout})."""
+    short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
+    if short is not None:
+        raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
+    kind = gguf.GGMLQuantizationType
+    vt = gguf.GGUFValueType
+    try:
+        reader = gguf.GGUFReader(path)
+        fields = {}
+        for key in ("general.architecture", "general.type", "adapter.type",
+                    "adapter.lora.alpha"):
+            field = reader.fields.get(key)
+            if field is None or not field.types or field.types[0] == vt.ARRAY:
+                continue
+            part = field.parts[field.data[0]]
+            fields[key] = (bytes(part).decode("utf-8") if field.types[0] == vt.STRING
+                           else float(part.tolist()[0]))
+        tensors = {}
+        for t in reader.tensors:
+            if t.tensor_type in (kind.F32, kind.F16):
+                data = np.array(t.data, dtype=np.float32)
+            elif t.tensor_type == kind.BF16:
+                raw = np.ascontiguousarray(t.data).view(np.uint16).astype(np.uint32) << 16
+                data = raw.view(np.float32)
+            else:
+                raise TypeError(f"path: tensor {t.name!r} of {path!r} has type "
+                                f"{t.tensor_type.name}; adapters are read from F32, F16 or BF16")
+            tensors[t.name] = data.reshape(tuple(int(n) for n in t.shape[::-1]))
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
+        raise ValueError(f"path: {path!r} is not a valid GGUF file ({e})") from None
+    finally:
+        reader = None  # drop the memory map
+    return fields, tensors
+
+
+def _check_header(fields, path):
+    want = {"general.architecture": _ARCH, "general.type": "adapter", "adapter.type": "lora"}
+    for key, value in want.items():
+        if fields.get(key) != value:
+            raise ValueError(f"path: {path!r} is not a llama LoRA adapter ({key} is "
+                             f"{fields.get(key)!r}, expected {value!r})")
+    alpha = fields.get("adapter.lora.alpha")
+    if alpha is None or not np.isfinite(alpha) or alpha == 0:
+        raise ValueError(f"path: {path!r} has no usable adapter.lora.alpha (got {alpha!r})")
+    return alpha
+
+
+def _pairs(tensors, path):
+    """{module name: (lora_a (rank, in), lora_b (out, rank))} from the file's
+    tensors, in the file's order."""
+    halves: dict[str, dict[str, np.ndarray]] = {}
+    for tname, data in tensors.items():
+        suffix = tname[-len(".lora_a"):]
+        if tname.endswith("_norm.weight"):
+            # adapters may carry trained norm vectors, which llama.cpp skips too
+            warnings.warn(f"path: {path!r}: {tname!r} is not a LoRA pair; skipped, as llama.cpp "
+                          "does", UserWarning, stacklevel=3)
+            continue
+        if suffix not in _SUFFIXES:
+            raise ValueError(f"path: {path!r} holds {tname!r}, not a LoRA tensor "
+                             "(<weight>.lora_a / .lora_b)")
+        base = tname[:-len(suffix)]
+        try:
+            weight = hf_name(base)
+        except KeyError:
+            raise ValueError(f"path: {path!r} adapts {base!r}, not a weight of a Llama") \
+                from None
+        if data.ndim != 2:
+            raise ValueError(f"path: {tname!r} of {path!r} has shape {data.shape}; expected "
+                             "a matrix")
+        halves.setdefault(weight.removesuffix(".weight"), {})[suffix] = data
+    pairs = {}
+    for name, half in halves.items():
+        if len(half) != 2:
+            missing = next(s for s in _SUFFIXES if s not in half)
+            raise ValueError(f"path: {path!r} lacks {gguf_name(name + '.weight')}{missing}")
+        a, b = half[".lora_a"], half[".lora_b"]
+        if a.shape[0] != b.shape[1]:
+            raise ValueError(f"path: {path!r}: the ranks of {name}'s lora_a {a.shape} and "
+                             f"lora_b {b.shape} differ")
+        pairs[name] = (a, b)
+    if not pairs:
+        raise ValueError(f"path: {path!r} holds no LoRA tensors")
+    return pairs
+
+
+def load_gguf_lora(path, model, *, dropout=0.0) -> list[tuple[str, LoRALinear]]:
+    """Put the LoRA adapter of a GGUF file (save_gguf_lora's, or llama.cpp's
+    convert_lora_to_gguf's in F32, F16 or BF16) onto a Llama, in place.
+
+    A model without adapters gets a LoRALinear (the file's rank and alpha,
+    dropout as given) on each Linear the file adapts; a model whose adapters are
+    exactly those (same layers and ranks) gets their values replaced.  The Q/K
+    permutation is undone, so save_gguf_lora then load_gguf_lora gives back
+    A and B bit for bit (alpha is stored as float32).
+
+    Returns named_adapters(model).  Raises ValueError for a file that is not a
+    llama LoRA adapter, truncated, with unpaired or wrongly shaped tensors, or
+    adapting layers the model lacks (or other adapters than the model has);
+    TypeError for a model that is not a Llama or a quantized tensor;
+    FileNotFoundError for a missing file.  On any error the model is unchanged.
+    """
+    config = _llama_config(model)
+    path = input_path(path)
+    gguf = _gguf()
+    fields, tensors = _read(path, gguf)
+    alpha = _check_header(fields, path)
+    pairs = _pairs(tensors, path)
+    linears = {name: (parent, key, layer) for name, parent, key, layer in _linears(model)}
+    existing = {name for name, (_, _, layer) in linears.items() if isinstance(layer, LoRALinear)}
+    if existing and existing != set(pairs):
+        raise ValueError(f"model: its adapters ({len(existing)} layers) are not the file's "
+                         f"({len(pairs)} layers); load into the base model or one adapted "
+                         "like the file")
+    values = {}
+    for name, (a, b) in pairs.items():
+        if name not in linears:
+            raise ValueError(f"path: {path!r} adapts {name!r}, which the model does not have")
+        layer = linears[name][2]
+        rank = a.shape[0]
+        if a.shape[1] != layer.in_features or b.shape[0] != layer.out_features:
+            raise ValueError(f"path: {path!r}: {name}'s adapter is lora_a {a.shape}, lora_b "
+                             f"{b.shape}; the model's layer needs (rank, {layer.in_features}) "
+                             f"and ({layer.out_features}, rank)")
+        if existing and layer.rank != rank:
+            raise ValueError(f"path: {path!r}: {name}'s rank is {rank}, the model's adapter's "
+                             f"{layer.rank}")
+        heads = _qk_heads(name, config)
+        b = unpermute_qk(b, heads) if heads is not None else b
+        values[name] = (np.ascontiguousarray(a.T), np.ascontiguousarray(b.T), rank)
+    for name, (a, b, rank) in values.items():
+        parent, key, layer = linears[name]
+        if not existing:
+            layer = LoRALinear(layer, rank, alpha, dropout=dropout)
+            _replace(parent, key, layer)
+        elif layer.alpha != alpha:
+            layer.alpha, layer.scaling = alpha, alpha / layer.rank
+        layer.lora_a.data[...] = a
+        layer.lora_b.data[...] = b
+    return named_adapters(model)

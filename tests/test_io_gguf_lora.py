@@ -1,0 +1,214 @@
+"""ggmlopt.io.save_gguf_lora / load_gguf_lora: llama.cpp's LoRA adapter files."""
+import numpy as np
+import pytest
+
+from ggmlopt import lora
+from ggmlopt.io import load_gguf_lora, save_gguf_lora
+from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig
+
+gguf = pytest.importorskip("gguf")
+
+CFG = LlamaConfig(vocab_size=29, dim=16, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=24,
+                  max_seq_len=16)
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+
+
+def _adapted(targets=ALL, rank=3, alpha=6.0, seed=0):
+    model = Llama(CFG, seed=7)
+    lora.apply(model, rank=rank, alpha=alpha, targets=targets, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_b.data[...] = rng.normal(0, 0.2, layer.lora_b.shape)
+    return model
+
+
+def _read(path):
+    reader = gguf.GGUFReader(path)
+    fields = {}
+    for name, f in reader.fields.items():
+        part = f.parts[f.data[0]] if f.data else None
+        if part is not None and f.types and f.types[0] == gguf.GGUFValueType.STRING:
+            fields[name] = bytes(part).decode()
+        elif part is not None:
+            fields[name] = part.tolist()[0]
+    tensors = {t.name: (tuple(int(n) for n in t.shape), t.tensor_type.name,
+                        np.array(t.data).reshape(tuple(int(n) for n in t.shape[::-1])))
+               for t in reader.tensors}
+    return fields, tensors
+
+
+def test_the_file_is_a_llama_cpp_lora_adapter(tmp_path):
+    model = _adapted(rank=3, alpha=6.0)
+    path = tmp_path / "a.gguf"
+    save_gguf_lora(model, path)
+    fields, tensors = _read(path)
+    assert fields["general.architecture"] == "llama"
+    assert fields["general.type"] == "adapter"
+    assert fields["adapter.type"] == "lora"
+    assert fields["adapter.lora.alpha"] == 6.0
+    assert len(tensors) == 2 * (2 * 7 + 1)
+    ne, kind, a = tensors["blk.1.attn_k.weight.lora_a"]
+    assert ne == (16, 3) and kind == "F32" and a.shape == (3, 16)        # ne (in, rank)
+    ne, kind, b = tensors["blk.1.attn_k.weight.lora_b"]
+    assert ne == (3, 8) and kind == "F32" and b.shape == (8, 3)          # ne (rank, out)
+    assert tensors["blk.0.ffn_down.weight.lora_a"][0] == (24, 3)
+    assert tensors["output.weight.lora_b"][0] == (3, 29)
+    layer = model.layers[0].mlp.up_proj
+    np.testing.assert_array_equal(tensors["blk.0.ffn_up.weight.lora_a"][2], layer.lora_a.data.T)
+    np.testing.assert_array_equal(tensors["blk.0.ffn_up.weight.lora_b"][2], layer.lora_b.data.T)
+
+
+@pytest.mark.parametrize("proj,tensor,heads", [("q_proj", "attn_q", 4), ("k_proj", "attn_k", 2)])
+def test_q_and_k_rows_are_in_llama_cpp_rotary_order(tmp_path, proj, tensor, heads):
+    model = _adapted()
+    save_gguf_lora(model, tmp_path / "a.gguf")
+    _, tensors = _read(tmp_path / "a.gguf")
+    layer = getattr(model.layers[1].self_attn, proj)
+    b_hf = layer.lora_b.data.T                       # (out, rank), Hugging Face's rows
+    b_cpp = tensors[f"blk.1.{tensor}.weight.lora_b"][2]
+    half = CFG.head_dim // 2
+    for h in range(heads):
+        for i in range(half):
+            for j in range(2):   # llama.cpp's row 2i+j of a head is HF's row j*half+i
+                np.testing.assert_array_equal(b_cpp[h * CFG.head_dim + 2 * i + j],
+                                              b_hf[h * CFG.head_dim + j * half + i])
+    np.testing.assert_array_equal(tensors[f"blk.1.{tensor}.weight.lora_a"][2], layer.lora_a.data.T)
+
+
+def test_round_trip_is_bit_exact(tmp_path):
+    model = _adapted()
+    save_gguf_lora(model, tmp_path / "a.gguf")
+    other = Llama(CFG, seed=7)
+    adapters = load_gguf_lora(tmp_path / "a.gguf", other)
+    assert [n for n, _ in adapters] == [n for n, _ in lora.named_adapters(model)]
+    for (n, p), (m, q) in zip(model.named_parameters(), other.named_parameters()):
+        assert n == m and p.requires_grad == q.requires_grad
+        np.testing.assert_array_equal(p.data, q.data, err_msg=n)
+    tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 9))
+    np.testing.assert_array_equal(model(tokens), other(tokens))
+    # into a model adapted the same way: the values are replaced
+    again = _adapted(seed=5)
+    load_gguf_lora(tmp_path / "a.gguf", again)
+    np.testing.assert_array_equal(again(tokens), model(tokens))
+
+
+def test_round_trip_of_a_tied_model_with_attention_adapters(tmp_path):
+    cfg = LlamaConfig(vocab_size=13, dim=8, n_layers=1, n_heads=2, max_seq_len=8,
+                      tie_embeddings=True)
+    model = Llama(cfg, seed=1)
+    lora.apply(model, rank=1, alpha=0.5)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_b.data[...] = 0.25
+    save_gguf_lora(model, tmp_path / "a.gguf")
+    other = Llama(cfg, seed=1)
+    load_gguf_lora(tmp_path / "a.gguf", other, dropout=0.1)
+    assert all(layer.lora_dropout.p == 0.1 and layer.alpha == 0.5
+               for _, layer in lora.named_adapters(other))
+    np.testing.assert_array_equal(model(np.array([[1, 2, 3]])), other(np.array([[1, 2, 3]])))
+
+
+def test_save_refuses_what_llama_cpp_cannot_load(tmp_path):
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        save_gguf_lora(Llama(CFG), tmp_path / "a.gguf")
+    gpt2 = GPT2(GPT2Config(vocab_size=13, dim=8, n_layers=1, n_heads=2, max_seq_len=8))
+    lora.apply(gpt2, targets=("c_attn",))
+    with pytest.raises(TypeError, match="Llama"):
+        save_gguf_lora(gpt2, tmp_path / "a.gguf")
+    model = Llama(CFG)
+    lora.apply(model)
+    model.layers[1].self_attn.q_proj.alpha = 3.0
+    with pytest.raises(ValueError, match="different alphas"):
+        save_gguf_lora(model, tmp_path / "a.gguf")
+    with pytest.raises(FileNotFoundError, match="path"):
+        save_gguf_lora(_adapted(), tmp_path / "missing" / "a.gguf")
+    assert not (tmp_path / "a.gguf").exists()
+
+
+def _write(path, tensors, **keys):
+    fields = {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 4.0}
+    fields.update(keys)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in fields.items():
+        if value is None:
+            continue
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_float32(key, value)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _pair(rank=2, n_in=16, n_out=16):
+    return np.ones((rank, n_in), np.float32), np.ones((n_out, rank), np.float32)
+
+
+@pytest.mark.parametrize("case,tensors,keys,match", [
+    ("base model", {"blk.0.attn_q.weight.lora_a": _pair()[0],
+                    "blk.0.attn_q.weight.lora_b": _pair()[1]},
+     {"general.type": None}, "not a llama LoRA adapter"),
+    ("other adapter", {"blk.0.attn_q.weight.lora_a": _pair()[0],
+                       "blk.0.attn_q.weight.lora_b": _pair()[1]},
+     {"adapter.type": "control_vector"}, "adapter.type"),
+    ("no alpha", {"blk.0.attn_q.weight.lora_a": _pair()[0],
+                  "blk.0.attn_q.weight.lora_b": _pair()[1]},
+     {"adapter.lora.alpha": None}, "alpha"),
+    ("half", {"blk.0.attn_q.weight.lora_a": _pair()[0]}, {}, r"lacks blk\.0\.attn_q\.weight\.lora_b"),
+    ("ranks", {"blk.0.attn_q.weight.lora_a": _pair(2)[0],
+               "blk.0.attn_q.weight.lora_b": _pair(3)[1]}, {}, "ranks"),
+    ("shape", {"blk.0.attn_k.weight.lora_a": _pair()[0],
+               "blk.0.attn_k.weight.lora_b": _pair()[1]}, {}, r"needs \(rank, 16\) and \(8, rank\)"),
+    ("layer", {"blk.5.attn_q.weight.lora_a": _pair()[0],
+               "blk.5.attn_q.weight.lora_b": _pair()[1]}, {}, "does not have"),
+    ("name", {"blk.0.attn_q.weight": _pair()[0]}, {}, "not a LoRA tensor"),
+    ("foreign", {"blk.0.ssm_in.weight.lora_a": _pair()[0],
+                 "blk.0.ssm_in.weight.lora_b": _pair()[1]}, {}, "not a weight of a Llama"),
+])
+def test_load_refuses_bad_files_and_leaves_the_model_alone(tmp_path, case, tensors, keys, match):
+    path = tmp_path / f"{case.replace(' ', '_')}.gguf"
+    _write(path, tensors, **keys)
+    model = Llama(CFG)
+    with pytest.raises(ValueError, match=match):
+        load_gguf_lora(path, model)
+    assert not lora.named_adapters(model)
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_load_refuses_truncated_files_other_models_and_other_adapters(tmp_path):
+    path = tmp_path / "a.gguf"
+    save_gguf_lora(_adapted(targets=("q_proj",)), path)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:-40])
+    model = Llama(CFG)
+    with pytest.raises(ValueError, match="truncated"):
+        load_gguf_lora(cut, model)
+    with pytest.raises(FileNotFoundError):
+        load_gguf_lora(tmp_path / "none.gguf", model)
+    with pytest.raises(TypeError, match="Llama"):
+        load_gguf_lora(path, GPT2(GPT2Config(vocab_size=13, dim=8, n_layers=1, n_heads=2)))
+    other = _adapted(targets=("v_proj",))
+    before = [p.data.copy() for p in other.parameters()]
+    with pytest.raises(ValueError, match="not the file's"):
+        load_gguf_lora(path, other)
+    for p, q in zip(other.parameters(), before):
+        np.testing.assert_array_equal(p.data, q)
+    with pytest.raises(ValueError, match="rank"):
+        load_gguf_lora(path, _adapted(targets=("q_proj",), rank=5))
+    assert not lora.named_adapters(model)
+
+
+def test_f16_adapters_load_and_norm_vectors_are_skipped_as_llama_cpp_does(tmp_path):
+    a, b = np.full((2, 16), 0.5, np.float16), np.full((8, 2), 0.25, np.float16)
+    _write(tmp_path / "h.gguf", {"blk.1.attn_v.weight.lora_a": a,
+                                 "blk.1.attn_v.weight.lora_b": b,
+                                 "blk.1.attn_norm.weight": np.ones(16, np.float32)})
+    model = Llama(CFG)
+    with pytest.warns(UserWarning, match="attn_norm.weight.*skipped"):
+        (name, layer), = load_gguf_lora(tmp_path / "h.gguf", model)
+    assert name == "layers.1.self_attn.v_proj" and layer.rank == 2 and layer.scaling == 2.0
+    np.testing.assert_array_equal(layer.lora_a.data, a.T.astype(np.float32))
+    np.testing.assert_array_equal(layer.lora_b.data, b.T.astype(np.float32))

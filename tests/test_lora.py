@@ -1,0 +1,426 @@
+"""ggmlopt.lora: LoRALinear against float64 and torch references, apply / merge on
+any module tree, decoding with adapters, and training only the adapters."""
+import math
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt import lora
+from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig
+from ggmlopt.nn import Linear, ReLU, Sequential
+from ggmlopt.testing import check_gradients
+
+CFG = LlamaConfig(vocab_size=37, dim=16, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=24,
+                  max_seq_len=16)
+ALL_LLAMA = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _randomise_b(model, seed=1, scale=0.3):
+    """Give every adapter a nonzero B (a fresh adapter has B = 0)."""
+    rng = np.random.default_rng(seed)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_b.data[...] = rng.normal(0, scale, layer.lora_b.shape)
+
+
+def _wrapped(n_in=7, n_out=9, rank=3, alpha=5.0, bias=True, seed=0):
+    base = Linear(n_in, n_out, bias, rng=seed)
+    layer = lora.LoRALinear(base, rank, alpha, rng=seed)
+    layer.lora_b.data[...] = np.random.default_rng(seed + 1).normal(0, 1, (rank, n_out))
+    return layer
+
+
+# ---- the layer ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_in,n_out,rank", [(1, 1, 1), (7, 9, 3), (17, 33, 8), (33, 7, 16)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("lead", [(5,), (2, 3), (1,)])
+def test_lora_linear_forward_and_backward_equal_float64(n_in, n_out, rank, bias, lead):
+    layer = _wrapped(n_in, n_out, rank, alpha=2.5, bias=bias)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(*lead, n_in)).astype(np.float32)
+    g = rng.normal(size=(*lead, n_out)).astype(np.float32)
+    w, a, b = (p.data.astype(np.float64) for p in (layer.weight, layer.lora_a, layer.lora_b))
+    s = 2.5 / rank
+    x64, g64 = x.astype(np.float64).reshape(-1, n_in), g.astype(np.float64).reshape(-1, n_out)
+    want = x64 @ w + s * (x64 @ a) @ b + (layer.bias.data if bias else 0)
+    y = layer.forward(x)
+    assert y.shape == (*lead, n_out)
+    np.testing.assert_allclose(y.reshape(-1, n_out), want, rtol=1e-5, atol=1e-5)
+    dx = layer.backward(g)
+    np.testing.assert_allclose(dx.reshape(-1, n_in), g64 @ w.T + s * g64 @ b.T @ a.T,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.lora_a.grad, s * x64.T @ (g64 @ b.T), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.lora_b.grad, s * (x64 @ a).T @ g64, rtol=1e-5, atol=1e-5)
+    assert layer.weight.grad is None and not layer.weight.requires_grad
+    if bias:
+        assert layer.bias.grad is None and not layer.bias.requires_grad
+    # a second backward adds into the gradients
+    grad_a = layer.lora_a.grad.copy()
+    layer.backward(g)
+    np.testing.assert_allclose(layer.lora_a.grad, 2 * grad_a, rtol=1e-6, atol=1e-6)
+
+
+def test_lora_linear_single_row_and_no_input_gradient():
+    layer = _wrapped()
+    x = np.arange(7, dtype=np.float32) / 7
+    np.testing.assert_allclose(layer(x), layer(x[None])[0], rtol=1e-6)
+    layer.needs_input_grad = False
+    layer.forward(x[None])
+    assert layer.backward(np.ones((1, 9), np.float32)) is None
+    assert np.any(layer.lora_a.grad != 0)
+
+
+def test_lora_linear_gradients_by_finite_differences():
+    layer = _wrapped(5, 6, 2)
+    x = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
+    errors = check_gradients(layer, x)
+    assert set(errors) == {"lora_a", "lora_b", "input"}
+
+
+def test_lora_linear_equals_torch():
+    torch = pytest.importorskip("torch")
+    layer = _wrapped(9, 17, 4, alpha=8.0)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(3, 5, 9)).astype(np.float32)
+    g = rng.normal(size=(3, 5, 17)).astype(np.float32)
+    # torch's layout: W (out, in), A (rank, in), B (out, rank), as PEFT holds them
+    tw = torch.tensor(layer.weight.data.T.copy())
+    tb = torch.tensor(layer.bias.data)
+    ta = torch.tensor(layer.lora_a.data.T.copy(), requires_grad=True)
+    tbb = torch.tensor(layer.lora_b.data.T.copy(), requires_grad=True)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.linear(tx, tw, tb) + 2.0 * (tx @ ta.T @ tbb.T)
+    ty.backward(torch.tensor(g))
+    np.testing.assert_allclose(layer.forward(x), ty.detach().numpy(), rtol=1e-5, atol=1e-5)
+    dx = layer.backward(g)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.lora_a.grad, ta.grad.numpy().T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.lora_b.grad, tbb.grad.numpy().T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_is_kaiming_uniform_and_b_zero():
+    layer = lora.LoRALinear(Linear(400, 3), 64, 16.0, rng=0)
+    bound = 1.0 / math.sqrt(400)   # kaiming_uniform_(a=sqrt(5)) with fan_in = in
+    a = layer.lora_a.data
+    assert a.shape == (400, 64) and np.all(np.abs(a) <= bound)
+    assert np.abs(a).max() > 0.95 * bound
+    assert a.std() == pytest.approx(bound / math.sqrt(3), rel=0.02)
+    assert layer.lora_b.shape == (64, 3) and not np.any(layer.lora_b.data)
+    assert layer.scaling == 0.25
+
+
+def test_dropout_on_the_adapter_path_follows_the_rng():
+    layer = _wrapped(8, 5, 2)
+    layer.lora_dropout.p = 0.5
+    x = np.random.default_rng(0).normal(size=(6, 8)).astype(np.float32)
+    g = np.random.default_rng(1).normal(size=(6, 5)).astype(np.float32)
+    w, a, b = (p.data.astype(np.float64) for p in (layer.weight, layer.lora_a, layer.lora_b))
+    s = layer.scaling
+    layer.lora_dropout.set_rng(np.random.default_rng(9))
+    layer.train(True)
+    y = layer.forward(x).astype(np.float64)
+    mask = (np.random.default_rng(9).random(x.shape, dtype=np.float32) >= 0.5) * 2.0
+    xd = x * mask
+    np.testing.assert_allclose(y, x @ w + s * xd @ a @ b + layer.bias.data, rtol=1e-5, atol=1e-5)
+    dx = layer.backward(g)
+    np.testing.assert_allclose(dx, g @ w.T + mask * (s * g @ b.T @ a.T), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.lora_a.grad, s * xd.T @ (g @ b.T), rtol=1e-5, atol=1e-5)
+    layer.train(False)   # not training: no mask
+    np.testing.assert_allclose(layer.forward(x), x @ w + s * x @ a @ b + layer.bias.data,
+                               rtol=1e-5, atol=1e-5)
+
+
+# ---- apply and merge ---------------------------------------------------------------------
+
+def test_apply_wraps_the_targets_keeps_names_and_output():
+    model = Llama(CFG, seed=1)
+    tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 9))
+    before = model(tokens)
+    adapters = lora.apply(model, rank=4, alpha=8.0)
+    assert [n for n, _ in adapters] == [f"layers.{i}.self_attn.{p}"
+                                        for i in range(2) for p in ("q_proj", "k_proj",
+                                                                    "v_proj", "o_proj")]
+    names = dict(model.named_parameters())
+    assert names["layers.0.self_attn.q_proj.lora_a"].shape == (16, 4)
+    assert names["layers.0.self_attn.k_proj.lora_b"].shape == (4, 8)
+    assert not names["layers.0.self_attn.q_proj.weight"].requires_grad
+    assert names["layers.1.mlp.up_proj.weight"].requires_grad
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert len(trainable) == 2 * 8 + 2 * 5 + 3   # adapters, mlp and norms; embedding, norm, head
+    np.testing.assert_array_equal(model(tokens), before)   # B = 0: the base model
+
+
+def test_apply_on_the_mlp_and_only_adapters_train():
+    model = Llama(CFG)
+    for p in model.parameters():
+        p.requires_grad = False
+    lora.apply(model, rank=2, targets=ALL_LLAMA, seed=3)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert len(trainable) == 2 * 2 * 7 and all(".lora_" in n for n in trainable)
+
+
+def test_apply_is_seeded():
+    one, two = Llama(CFG), Llama(CFG)
+    lora.apply(one, seed=4)
+    lora.apply(two, seed=4)
+    for (n, p), (_, q) in zip(one.named_parameters(), two.named_parameters()):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=n)
+
+
+@pytest.mark.parametrize("targets", [("c_attn",), ("attn.c_proj", "c_fc")])
+def test_apply_on_gpt2(targets):
+    model = GPT2(GPT2Config(vocab_size=29, dim=16, n_layers=2, n_heads=2, max_seq_len=12))
+    tokens = np.random.default_rng(0).integers(0, 29, (2, 7))
+    for p in model.parameters():
+        p.requires_grad = False
+    adapters = lora.apply(model, rank=2, targets=targets)
+    assert all(n.split(".")[-1] in ("c_attn", "c_proj", "c_fc") for n, _ in adapters)
+    if targets == ("attn.c_proj", "c_fc"):
+        assert not any(n.endswith("mlp.c_proj") for n, _ in adapters)
+    _randomise_b(model, scale=0.1)
+    errors = check_gradients(model, tokens[:1, :4], seed=2)
+    assert errors and all(".lora_" in n for n in errors)
+
+
+def test_apply_on_a_sequential_by_index():
+    model = Sequential(Linear(5, 7, rng=0), ReLU(), Linear(7, 3, rng=1))
+    lora.apply(model, rank=2, targets=("2",))
+    assert isinstance(model.layers[2], lora.LoRALinear)
+    assert [n for n, p in go.nn.named_parameters(model) if p.requires_grad] == \
+        ["0.weight", "0.bias", "2.lora_a", "2.lora_b"]
+
+
+def test_apply_errors_leave_the_model_unchanged():
+    model = Llama(CFG)
+    snapshot = [(n, p.requires_grad) for n, p in model.named_parameters()]
+    with pytest.raises(ValueError, match=r"no Linear layer.*its 15 Linear layers are named "
+                                         r"q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                                         r"up_proj, down_proj, lm_head \(e\.g\. "
+                                         r"layers\.0\.self_attn\.q_proj\)"):
+        lora.apply(model, targets=("c_attn",))
+    with pytest.raises(ValueError, match="rank: expected >= 1, got 0"):
+        lora.apply(model, rank=0)
+    with pytest.raises(TypeError, match="rank"):
+        lora.apply(model, rank=2.0)
+    with pytest.raises(ValueError, match="alpha"):
+        lora.apply(model, alpha=float("nan"))
+    with pytest.raises(ValueError, match="dropout"):
+        lora.apply(model, dropout=1.0)
+    with pytest.raises(TypeError, match="targets"):
+        lora.apply(model, targets=(1,))
+    with pytest.raises(ValueError, match="no LoRA adapters to merge"):
+        lora.merge(model)
+    assert [(n, p.requires_grad) for n, p in model.named_parameters()] == snapshot
+    lora.apply(model)
+    with pytest.raises(ValueError, match="already has LoRA adapters"):
+        lora.apply(model, targets=("up_proj",))
+
+
+def test_merge_folds_the_adapters_and_unwraps():
+    model = Llama(CFG, seed=2)
+    model.layers[0].self_attn.v_proj.weight.requires_grad = False   # frozen before apply
+    lora.apply(model, rank=3, alpha=6.0, targets=ALL_LLAMA)
+    _randomise_b(model)
+    tokens = np.random.default_rng(5).integers(0, CFG.vocab_size, (2, 11))
+    adapted = model(tokens)
+    w = model.layers[1].mlp.down_proj.weight
+    want = w.data + 2.0 * (model.layers[1].mlp.down_proj.lora_a.data.astype(np.float64)
+                           @ model.layers[1].mlp.down_proj.lora_b.data)
+    assert lora.merge(model) is model
+    assert type(model.layers[1].mlp.down_proj) is Linear
+    assert model.layers[1].mlp.down_proj.weight is w
+    np.testing.assert_allclose(w.data, want, rtol=1e-6, atol=1e-7)
+    assert not any(".lora_" in n for n, _ in model.named_parameters())
+    assert w.requires_grad and not model.layers[0].self_attn.v_proj.weight.requires_grad
+    np.testing.assert_allclose(model(tokens), adapted, rtol=1e-5, atol=1e-5)
+    lora.apply(model)   # a merged model takes new adapters
+
+
+def test_decoding_with_a_kv_cache_uses_the_adapters():
+    model = Llama(CFG, seed=3)
+    lora.apply(model, rank=2, targets=ALL_LLAMA)
+    _randomise_b(model)
+    tokens = np.random.default_rng(1).integers(0, CFG.vocab_size, (2, 10)).astype(np.int32)
+    full = model(tokens)
+    cache = model.make_cache(2)
+    steps = [model.decode(tokens[:, :4], cache)]
+    steps += [model.decode(tokens[:, i:i + 1], cache) for i in range(4, 10)]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-4, atol=1e-5)
+    base = Llama(CFG, seed=3)
+    assert not np.allclose(base(tokens), full, atol=1e-3)   # the adapters change the logits
+    out = go.generate(model, tokens[0, :3], max_new_tokens=4, temperature=0)
+    lora.merge(model)
+    np.testing.assert_array_equal(go.generate(model, tokens[0, :3], max_new_tokens=4,
+                                              temperature=0), out)
+
+
+# ---- gradients of an adapted model -------------------------------------------------------
+
+def test_llama_adapter_gradients_by_finite_differences():
+    cfg = LlamaConfig(vocab_size=11, dim=8, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=12,
+                      max_seq_len=8)
+    model = Llama(cfg, seed=1)
+    for p in model.parameters():
+        p.requires_grad = False
+    lora.apply(model, rank=2, alpha=2.0, targets=ALL_LLAMA)
+    _randomise_b(model, scale=0.1)
+    tokens = np.array([[1, 5, 3, 9, 2]])
+    errors = check_gradients(model, tokens)
+    assert set(errors) == {
+        f"layers.0.{p}.lora_{m}" for p in ("self_attn.q_proj", "self_attn.k_proj",
+                                           "self_attn.v_proj", "self_attn.o_proj",
+                                           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        for m in "ab"}
+
+
+def test_llama_adapter_gradients_equal_torch():
+    torch = pytest.importorskip("torch")
+    from test_models_torch import torch_llama
+
+    model = Llama(CFG, seed=4)
+    for name, p in model.named_parameters():
+        p.requires_grad = name == "embed_tokens.weight"   # the input gradient of both paths
+    adapters = lora.apply(model, rank=3, alpha=4.0, targets=ALL_LLAMA)
+    _randomise_b(model)
+    tokens = np.random.default_rng(2).integers(0, CFG.vocab_size, (2, 7))
+    g = np.random.default_rng(3).normal(size=(2, 7, CFG.vocab_size)).astype(np.float32)
+    w = {n: torch.tensor(p.data.astype(np.float64), requires_grad=n == "embed_tokens.weight")
+         for n, p in model.named_parameters()}
+    embed = w["embed_tokens.weight"]
+    ab = {}
+    for name, layer in adapters:
+        a = torch.tensor(layer.lora_a.data.astype(np.float64), requires_grad=True)
+        b = torch.tensor(layer.lora_b.data.astype(np.float64), requires_grad=True)
+        ab[name] = (a, b)
+        w[name + ".weight"] = w[name + ".weight"] + layer.scaling * (a @ b)
+    logits = torch_llama(w, CFG, torch.tensor(tokens))
+    logits.backward(torch.tensor(g, dtype=torch.float64))
+    np.testing.assert_allclose(model.forward(tokens), logits.detach().numpy(), rtol=1e-4,
+                               atol=1e-4)
+    model.zero_grad()
+    model.backward(g)
+    for name, layer in adapters:
+        for p, t in zip((layer.lora_a, layer.lora_b), ab[name]):
+            ref = t.grad.numpy()
+            np.testing.assert_allclose(p.grad, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(),
+                                       err_msg=name)
+    ref = embed.grad.numpy()
+    np.testing.assert_allclose(model.embed_tokens.weight.grad, ref, rtol=1e-4,
+                               atol=1e-4 * np.abs(ref).max())
+
+
+# ---- training only the adapters ----------------------------------------------------------
+
+def _tokens(n=32, t=8, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, CFG.vocab_size, (n, t)).astype(np.int32)
+    y = np.roll(x, -1, axis=1)
+    y[:, -1] = -1
+    return x, y
+
+
+def _adapted(seed=5):
+    model = Llama(CFG, seed=seed)
+    for p in model.parameters():
+        p.requires_grad = False
+    lora.apply(model, rank=4, targets=ALL_LLAMA, dropout=0.1)
+    return model
+
+
+def test_the_arena_and_the_optimizer_hold_only_the_adapters():
+    model = _adapted()
+    adapter_size = sum(p.size for n, p in model.named_parameters() if ".lora_" in n)
+    ctx = go.OptContext(model, loss_type=go.LossType.CROSS_ENTROPY, class_labels=True)
+    assert ctx.arena.size == adapter_size < sum(p.size for p in model.parameters()) // 3
+    assert ctx.arena.nbytes == 4 * ctx.arena.section * 4  # weights, grads, AdamW m, v
+    assert ctx.arena.section < adapter_size + 64
+    assert [id(p) for p in ctx.parameters()] == \
+        [id(p) for n, p in model.named_parameters() if ".lora_" in n]
+
+
+def test_fit_trains_the_adapters_and_never_the_base(tmp_path):
+    x, y = _tokens()
+    model = _adapted()
+    base = {n: p.data.copy() for n, p in model.named_parameters() if ".lora_" not in n}
+    pars = go.OptimizerParams(go.AdamWParams(alpha=1e-2))
+    hist = go.fit(model, go.Dataset.from_arrays(x, y), go.LossType.CROSS_ENTROPY,
+                  lambda ep: pars, nepoch=4, nbatch_logical=8, silent=True, seed=1,
+                  checkpoint=str(tmp_path / "c.npz"))
+    assert hist[-1].train_loss < hist[0].train_loss
+    for n, p in model.named_parameters():
+        if ".lora_" in n:
+            assert np.any(p.data != 0), n
+        else:
+            np.testing.assert_array_equal(p.data, base[n], err_msg=n)
+    with np.load(tmp_path / "c.npz") as sd:
+        params = sorted(k for k in sd.files if k.startswith("param."))
+        assert len(params) == sd["nparams"] == 2 * 2 * 7
+        stored = sum(sd[k].size for k in params)
+        assert stored == sum(p.size for n, p in model.named_parameters() if ".lora_" in n)
+        assert sum(sd["trainable"]) == 28 and len(sd["trainable"]) == len(model.parameters())
+
+
+def test_a_resumed_lora_fit_is_bit_exact(tmp_path):
+    x, y = _tokens(n=48)
+    pars = go.OptimizerParams(go.AdamWParams(alpha=1e-2))
+
+    def run(nepoch, ckpt, resume=False):
+        model = _adapted(seed=2)
+        go.fit(model, go.Dataset.from_arrays(x, y), go.LossType.CROSS_ENTROPY,
+               lambda ep: pars, nepoch=nepoch, nbatch_logical=16, nbatch_physical=8,
+               val_split=0.25, silent=True, seed=3, checkpoint=str(ckpt), resume=resume)
+        return model
+
+    straight = run(3, tmp_path / "a.npz")
+    run(1, tmp_path / "b.npz")
+    resumed = run(3, tmp_path / "b.npz", resume=True)
+    for (n, p), (_, q) in zip(straight.named_parameters(), resumed.named_parameters()):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=n)
+
+
+def test_safetensors_of_an_adapted_model_are_in_torch_layout(tmp_path):
+    safetensors = pytest.importorskip("safetensors.numpy")
+    model = Llama(CFG, seed=6)
+    lora.apply(model, rank=3)
+    _randomise_b(model)
+    go.io.save_safetensors(model, tmp_path / "m.safetensors")
+    stored = safetensors.load_file(str(tmp_path / "m.safetensors"))
+    layer = model.layers[0].self_attn.k_proj
+    np.testing.assert_array_equal(stored["layers.0.self_attn.k_proj.lora_a"], layer.lora_a.data.T)
+    np.testing.assert_array_equal(stored["layers.0.self_attn.k_proj.lora_b"], layer.lora_b.data.T)
+    other = Llama(CFG, seed=0)
+    lora.apply(other, rank=3, seed=9)
+    go.io.load_safetensors(tmp_path / "m.safetensors", other)
+    for (n, p), (_, q) in zip(model.named_parameters(), other.named_parameters()):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=n)
+
+
+def test_apply_on_a_module_that_is_not_a_module_subclass():
+    class TwoTowers:   # the engine's model protocol, attributes as sub-modules
+        def __init__(self):
+            self.left, self.right = Linear(4, 3, rng=0), Linear(4, 3, rng=1)
+
+        def parameters(self):
+            return [*self.left.parameters(), *self.right.parameters()]
+
+        def forward(self, x):
+            return self.left.forward(x) + self.right.forward(x)
+
+    model = TwoTowers()
+    (name, layer), = lora.apply(model, rank=2, targets=("right",))
+    assert name == "right" and model.right is layer and isinstance(layer, lora.LoRALinear)
+    lora.merge(model)
+    assert type(model.right) is Linear
+
+
+def test_gpt2_decoding_with_adapters_equals_its_forward():
+    model = GPT2(GPT2Config(vocab_size=29, dim=16, n_layers=2, n_heads=2, max_seq_len=12))
+    lora.apply(model, rank=2, targets=("c_attn", "c_proj", "c_fc"))
+    _randomise_b(model)
+    tokens = np.random.default_rng(4).integers(0, 29, (1, 9)).astype(np.int32)
+    cache = model.make_cache(1)
+    steps = [model.decode(tokens[:, :5], cache)]
+    steps += [model.decode(tokens[:, i:i + 1], cache) for i in range(5, 9)]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), model(tokens), rtol=1e-4,
+                               atol=1e-5)
