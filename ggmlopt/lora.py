@@ -34,7 +34,7 @@ from .nn.linear import Linear
 from .nn.module import Module, named_modules, named_parameters
 from .nn.parameter import Parameter
 
-__all__ = ["DEFAULT_TARGETS", "LoRALinear", "apply", "merge", "named_adapters"]
+__all__ = ["DEFAULT_TARGETS", "LoRALinear", "apply", "merge", "named_adapters", "refuse_adapters"]
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -264,6 +264,18 @@ def named_adapters(model) -> list[tuple[str, LoRALinear]]:
     order of named_parameters (``layers.0.self_attn.q_proj``, ...)."""
     return [(name, layer) for name, _, _, layer in _linears(model)
             if isinstance(layer, LoRALinear)]
+
+
+def refuse_adapters(model, saver: str) -> None:
+    """Raise ValueError when model holds LoRA adapters: a model file written by
+    saver (e.g. "save_gguf") holds the base weights only, and writing it from an
+    adapted model would silently drop the adapters."""
+    adapted = named_adapters(model)
+    if adapted:
+        raise ValueError(f"model: {saver} writes a base model, but {len(adapted)} layers hold "
+                         f"LoRA adapters ({adapted[0][0]}, ...): call ggmlopt.lora.merge(model) "
+                         f"first to fold them in, or write the adapters alone with "
+                         f"ggmlopt.io.save_gguf_lora")
 
 
 def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=0):

@@ -424,3 +424,21 @@ def test_gpt2_decoding_with_adapters_equals_its_forward():
     steps += [model.decode(tokens[:, i:i + 1], cache) for i in range(5, 9)]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), model(tokens), rtol=1e-4,
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("saver", ["save_gguf", "save_hf"])
+def test_model_files_refuse_an_adapted_model_until_merged(tmp_path, saver):
+    pytest.importorskip("gguf" if saver == "save_gguf" else "safetensors")
+    from ggmlopt.text import ByteTokenizer
+    model = Llama(LlamaConfig(vocab_size=257, dim=16, n_layers=1, n_heads=2, ffn_dim=24,
+                              max_seq_len=8))
+    lora.apply(model, rank=2)
+    path = tmp_path / "model"
+    save = getattr(go.io, saver)
+    kwargs = {"tokenizer": ByteTokenizer()} if saver == "save_gguf" else {}
+    with pytest.raises(ValueError, match="lora.merge"):
+        save(model, path, **kwargs)
+    assert not path.exists()
+    lora.merge(model)
+    save(model, path, **kwargs)
+    assert path.exists()

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..lora import refuse_adapters
 from ..models import Llama, LlamaConfig
 from ..text import ByteTokenizer
 from ._files import atomic_output, input_path, output_path
@@ -153,6 +154,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     from .gguf_format import _dtype_arg, _metadata_items
     if not isinstance(model, Llama):
         raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
+    refuse_adapters(model, "save_gguf")
     if not isinstance(name, str):
         raise TypeError(f"name: expected a str, got {type(name).__name__}")
     dtype = _dtype_arg(dtype)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._optional import import_optional
+from ..lora import refuse_adapters
 from ..models import GPT2, GPT2Config, Llama, LlamaConfig
 from ..nn.linear import Linear
 from ..nn.module import named_modules
@@ -80,6 +81,7 @@ def save_hf(model, directory) -> None:
     if not isinstance(model, (Llama, GPT2)):
         raise TypeError(f"model: expected a ggmlopt.models.Llama or GPT2, got "
                         f"{type(model).__name__}")
+    refuse_adapters(model, "save_hf")
     st = _safetensors()
     directory = os.fspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
