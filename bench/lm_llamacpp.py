@@ -46,7 +46,7 @@ from ggmlopt.corpora import python_docstrings
 from ggmlopt.lm import perplexity
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import lm_models  # noqa: E402
+import lm_models
 
 N_CTX, PPL_BATCH, NEW, SPM_VOCAB = 256, 4, 128, 4000
 TRAIN_BYTES, EVAL_BYTES = 400_000, 24_000

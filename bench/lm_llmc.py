@@ -42,8 +42,10 @@ from ggmlopt.corpora import python_docstrings
 from ggmlopt.models import GPT2, GPT2Config
 
 SHAPES = {
-    "124M": (dict(vocab_size=50257, dim=768, n_layers=12, n_heads=12, max_seq_len=1024), 4, 64),
-    "small": (dict(vocab_size=32000, dim=288, n_layers=6, n_heads=6, max_seq_len=256), 8, 256),
+    "124M": ({"vocab_size": 50257, "dim": 768, "n_layers": 12, "n_heads": 12,
+              "max_seq_len": 1024}, 4, 64),
+    "small": ({"vocab_size": 32000, "dim": 288, "n_layers": 6, "n_heads": 6,
+               "max_seq_len": 256}, 8, 256),
 }
 LR, BETA1, BETA2, EPS, WD = 1e-4, 0.9, 0.999, 1e-8, 0.0   # llm.c's train_gpt2.c
 
@@ -73,8 +75,7 @@ def llmc_checkpoint(model, path):
                p["ln_f.weight"], p["ln_f.bias"]]
     with open(path, "wb") as f:
         f.write(header.tobytes())
-        for t in tensors:
-            f.write(np.ascontiguousarray(t, np.float32).tobytes())
+        f.writelines(np.ascontiguousarray(t, np.float32).tobytes() for t in tensors)
 
 
 def llmc_tokens(tokens, path):
