@@ -3,7 +3,7 @@ ggmlopt, in llama.cpp (the same weights exported to GGUF by llama.cpp's own
 converter) and in Hugging Face transformers: generation tokens/s and the
 perplexity pass, and the perplexity estimate of both programs on the same ids.
 
-    python bench/lm_llamacpp.py LLAMA_CPP_DIR [--rounds 5] [--threads 2,1]
+    python bench/lm_llamacpp.py LLAMA_CPP_DIR [--rounds 3] [--threads 2,1]
 
 LLAMA_CPP_DIR is a llama.cpp source tree (outside this project) built with
 ``cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF &&
@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lm_models
 
 N_CTX, PPL_BATCH, NEW, SPM_VOCAB = 256, 4, 128, 4000
-TRAIN_BYTES, EVAL_BYTES = 400_000, 24_000
+TRAIN_BYTES, EVAL_BYTES = 200_000, 12_000
 
 
 def binaries(root):
@@ -128,7 +128,7 @@ def set_threads(n, torch):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("llama_cpp_dir", nargs="?", default=os.environ.get("LLAMA_CPP_DIR"))
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", default="2,1")
     args = ap.parse_args()
     bins = binaries(args.llama_cpp_dir) if args.llama_cpp_dir else None
