@@ -50,6 +50,7 @@ import lm_models
 
 N_CTX, PPL_BATCH, NEW, SPM_VOCAB = 256, 4, 128, 4000
 TRAIN_BYTES, EVAL_BYTES = 200_000, 12_000
+GGUF_NAME = "stories15M-shape-f32.gguf"
 
 
 def binaries(root):
@@ -82,7 +83,7 @@ def make_gguf(model, root, tmp, text):
     cfg.update(bos_token_id=1, eos_token_id=2)   # sentencepiece's <s>, </s>
     with open(os.path.join(hf, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
-    gguf = os.path.join(tmp, "stories15M-shape-f32.gguf")
+    gguf = os.path.join(tmp, GGUF_NAME)
     subprocess.run([sys.executable, os.path.join(root, "convert_hf_to_gguf.py"), hf,
                     "--outfile", gguf, "--outtype", "f32"], check=True, capture_output=True)
     return hf, gguf
@@ -130,9 +131,13 @@ def main():
     ap.add_argument("llama_cpp_dir", nargs="?", default=os.environ.get("LLAMA_CPP_DIR"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", default="2,1")
+    ap.add_argument("--workdir", help="keep the checkpoint, GGUF and text here (reused when "
+                    "the GGUF is there; default: a temporary folder, removed)")
+    ap.add_argument("--convert-only", action="store_true",
+                    help="stop after writing the GGUF (needs only convert_hf_to_gguf.py)")
     args = ap.parse_args()
     bins = binaries(args.llama_cpp_dir) if args.llama_cpp_dir else None
-    if bins is None:
+    if bins is None and not (args.convert_only and args.llama_cpp_dir):
         print("skipped: give a llama.cpp tree with build/bin/llama-bench, llama-perplexity, "
               "llama-tokenize")
         return
@@ -152,9 +157,15 @@ def main():
     raw = text.encode("utf-8")
     train_text = raw[:TRAIN_BYTES].decode("utf-8", "ignore")
     eval_text = raw[TRAIN_BYTES:TRAIN_BYTES + EVAL_BYTES].decode("utf-8", "ignore")
-    tmp = tempfile.mkdtemp(prefix="lm_llamacpp_")
+    tmp = args.workdir or tempfile.mkdtemp(prefix="lm_llamacpp_")
+    os.makedirs(tmp, exist_ok=True)
     try:
-        hf_dir, gguf = make_gguf(model, args.llama_cpp_dir, tmp, train_text)
+        hf_dir, gguf = os.path.join(tmp, "hf"), os.path.join(tmp, GGUF_NAME)
+        if not os.path.isfile(gguf):
+            hf_dir, gguf = make_gguf(model, args.llama_cpp_dir, tmp, train_text)
+        if args.convert_only:
+            print(f"wrote {gguf}")
+            return
         text_file = os.path.join(tmp, "eval.txt")
         with open(text_file, "w", encoding="utf-8") as f:
             f.write(eval_text)
@@ -231,7 +242,8 @@ def main():
                        f"{abs(ours.ppl - lppl) / lppl:.1e})")
         print("\n" + "\n".join(summary))
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not args.workdir:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
