@@ -27,7 +27,8 @@ converter needs for the vocabulary) the script says so and exits 0.  It:
   one-token prompt, per thread count, rounds alternating, medians;
 - perplexity: ``llama-perplexity -c 256 -b 1024`` (4 chunks per pass) against
   ``ggmlopt.lm.perplexity(..., 256, batch_size=4)``; llama.cpp's time is its
-  own ``prompt eval time`` (model loading excluded), ggmlopt's the call's.
+  time stamps from the start of the pass to its final estimate (model loading
+  excluded), ggmlopt's the call's.
 """
 import argparse
 import json
@@ -111,13 +112,20 @@ def llama_perplexity(bins, gguf, text_file, threads):
                           str(N_CTX), "-b", str(N_CTX * PPL_BATCH), "-t", str(threads)],
                          check=True, capture_output=True, text=True)
     log = res.stdout + res.stderr
-    final = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
-    evalt = re.search(r"prompt eval time =\s*([0-9.]+) ms /\s*(\d+) tokens", log)
-    chunks = re.search(r"calculating perplexity over (\d+) chunks", log)
-    if not (final and evalt and chunks):
+    # its log lines carry timestamps (minutes.seconds.ms.us): the pass runs from the
+    # "calculating perplexity" line to the final estimate (model loading excluded)
+    stamp = r"(\d+)\.(\d+)\.(\d+)\.(\d+) I "
+    start = re.search(stamp + r"perplexity: calculating perplexity over (\d+) chunks", log)
+    final = re.search(stamp + r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
+    if not (start and final):
         raise RuntimeError("llama-perplexity printed no final estimate:\n" + log[-3000:])
-    return (float(evalt.group(1)) / 1e3, float(final.group(1)), float(final.group(2)),
-            int(chunks.group(1)))
+
+    def secs(m):
+        mi, se, ms, us = (int(g) for g in m.groups()[:4])
+        return mi * 60 + se + ms / 1e3 + us / 1e6
+
+    return (secs(final) - secs(start), float(final.group(5)), float(final.group(6)),
+            int(start.group(5)))
 
 
 def set_threads(n, torch):
@@ -133,6 +141,7 @@ def main():
     ap.add_argument("--threads", default="2,1")
     ap.add_argument("--workdir", help="keep the checkpoint, GGUF and text here (reused when "
                     "the GGUF is there; default: a temporary folder, removed)")
+    ap.add_argument("--no-generation", action="store_true", help="the perplexity part only")
     ap.add_argument("--convert-only", action="store_true",
                     help="stop after writing the GGUF (needs only convert_hf_to_gguf.py)")
     args = ap.parse_args()
@@ -197,7 +206,7 @@ def main():
             return time.perf_counter() - t0, r
 
         summary = []
-        for n in threads:
+        for n in threads if not args.no_generation else ():
             set_threads(n, torch)
             ours_gen()
             if hf is not None:
