@@ -414,7 +414,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         seed: int | np.random.Generator | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
         resume: bool = False, clip_grad_norm: float | None = None, *, comm: Any = None,
-        shard_optimizer: bool = False, dataset_is_part: bool = False) -> History:
+        shard_optimizer: bool = False, dataset_is_part: bool = False,
+        bucket_cap_mb: float | None = 25.0) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
@@ -464,6 +465,9 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     each rank shuffles its part (the same permutation of its shard indices on
     every rank) and validates on the last val_split of it; the numbers are those
     of the whole data, and a checkpoint resumes on the same number of ranks.
+    bucket_cap_mb: with comm, MiB of gradients per bucket exchanged during the
+    backward pass (float > 0, default 25 as PyTorch DDP), or None for one
+    exchange after it (see OptContext).
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -557,7 +561,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                              optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
                              seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
                              shard_optimizer=shard_optimizer, class_labels=class_labels,
-                             inputs_dtype=inputs_dtype)
+                             inputs_dtype=inputs_dtype, bucket_cap_mb=bucket_cap_mb)
         if comm is not None:
             ctx._dist.parts = dataset_is_part
 

@@ -4,6 +4,12 @@ code runs P ranks inside one pytest process (no MPI needed).
 Every collective posts each rank's buffer, waits for all, and combines them in rank
 order (sums in rank order, so every rank gets the same bits, as MPI's reductions do).
 A barrier timeout turns a hang (a rank that never joins) into BrokenBarrierError.
+
+The non-blocking collectives (Iallreduce, Ireduce_scatter) run at once, on the
+buffer as it is when they start (so a bucket started before its gradients were
+final gives a wrong sum), and return a completed Request (Wait, Test, Waitall,
+Testall as mpi4py's).  ``group.calls`` logs every collective; ``group.log`` is a
+list tests may append their own events to, in one order with the collectives.
 """
 from __future__ import annotations
 
@@ -20,6 +26,30 @@ class ThreadGroup:
         self.barrier = threading.Barrier(size, timeout=TIMEOUT)
         self.slots = [None] * size
         self.calls = []  # (rank, method name) of every collective, for tests
+        self.log = []    # (rank, event): the collectives and the tests' own events
+
+
+class Request:
+    """A completed request with mpi4py's methods."""
+
+    def __init__(self):
+        self.waited = False
+
+    def Wait(self):
+        self.waited = True
+
+    def Test(self):
+        self.waited = True
+        return True
+
+    @classmethod
+    def Waitall(cls, requests):
+        for r in requests:
+            r.Wait()
+
+    @classmethod
+    def Testall(cls, requests):
+        return all([r.Test() for r in requests])
 
 
 class ThreadComm:
@@ -36,6 +66,7 @@ class ThreadComm:
     def _exchange(self, name, buf):
         g = self.group
         g.calls.append((self.rank, name))
+        g.log.append((self.rank, name))
         g.slots[self.rank] = np.array(buf, copy=True)
         g.barrier.wait()
         parts = list(g.slots)
@@ -51,6 +82,21 @@ class ThreadComm:
 
     def Allreduce(self, sendbuf, recvbuf, op=None):
         recvbuf[...] = self._sum(self._exchange("Allreduce", sendbuf)).reshape(recvbuf.shape)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=None):
+        self._exchange_as("Iallreduce")
+        self.Allreduce(sendbuf, recvbuf, op)
+        return Request()
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None):
+        self._exchange_as("Ireduce_scatter")
+        self.Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
+        return Request()
+
+    def _exchange_as(self, name):
+        """Log a non-blocking collective under its own name (it runs as the blocking one)."""
+        self.group.calls.append((self.rank, name))
+        self.group.log.append((self.rank, name))
 
     def Bcast(self, buf, root=0):
         buf[...] = self._exchange("Bcast", buf)[root]
