@@ -49,7 +49,8 @@ class Request:
 
     @classmethod
     def Testall(cls, requests):
-        return all([r.Test() for r in requests])
+        done = [r.Test() for r in requests]  # every one tested, as MPI's
+        return all(done)
 
 
 class ThreadComm:

@@ -12,8 +12,8 @@ import numpy as np
 
 from ..nn.attention import GPT2Attention
 from ..nn.embedding import Embedding
-from ..nn.module import grads_ready
 from ..nn.mlp import GPT2MLP
+from ..nn.module import grads_ready
 from ..nn.norm import LayerNorm
 from ._causal_lm import CausalLM, PreNormBlock, attend_cached, normal_init
 from .config import GPT2Config

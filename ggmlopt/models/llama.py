@@ -10,9 +10,9 @@ import numpy as np
 
 from ..nn.attention import CausalSelfAttention
 from ..nn.embedding import Embedding
-from ..nn.module import grads_ready
 from ..nn.linear import Linear
 from ..nn.mlp import SwiGLU
+from ..nn.module import grads_ready
 from ..nn.norm import RMSNorm
 from ._causal_lm import CausalLM, PreNormBlock, attend_cached, normal_init
 from .config import LlamaConfig
