@@ -49,9 +49,10 @@ Semantics, with P ranks:
   section (``bucket_cap_mb=None``: that single exchange after the backward
   pass).  Parameters that no announcement covers are exchanged when the
   backward pass returns.  ``exchange_wait_times`` holds, per optimizer step,
-  the seconds of exchange that the backward pass did not hide (time in the
-  exchange's calls during the backward pass, then until every bucket arrived;
-  sharded, also the parameters' Allgather).  A communicator without
+  the seconds of exchange that the backward pass did not hide: the time in the
+  exchange's calls during the backward pass, then until every bucket arrived,
+  and in the short agreements between the ranks before and after (where a rank
+  also waits for the slowest one); sharded, also the parameters' Allgather.  A communicator without
   ``Iallreduce`` gets the single exchange.
 * ``shard_optimizer=True``: the gradients are reduce-scattered over P equal
   shards of the arena, each rank clips (the global norm is summed over the
@@ -147,6 +148,7 @@ class Distributed:
         # (bench/; exchange_times: its former name)
         self.exchange_wait_times = collections.deque(maxlen=4096)
         self.exchange_times = self.exchange_wait_times
+        self.exchange_wait_total = 0.0  # their sum since the construction
         self.bucket_cap_mb = bucket_cap_mb
         overlap = ("Iallreduce",) if not shard_optimizer else ("Ireduce_scatter",)
         self._overlap = bucket_cap_mb is not None and all(
@@ -307,7 +309,9 @@ class Distributed:
             ctx.model.backward(grad)
             return
         # a rank that failed before this backward pass stops every rank here, before
-        # any bucket starts (collectives must match across the ranks)
+        # any bucket starts (collectives must match across the ranks); the wait for
+        # the slowest rank is exposed too
+        t0 = time.perf_counter()
         self.agree(None, f"optimizer step {ctx.iter}")
         if self._buckets is None:
             sharded = self.shard
@@ -317,7 +321,7 @@ class Distributed:
         buckets = self._buckets
         buckets.reset()
         self._requests = []
-        self._wait = 0.0
+        self._wait = time.perf_counter() - t0
         grads = ctx.arena.padded("grads") if self.shard else ctx.arena.flat("grads")
 
         def ready(module):
@@ -383,17 +387,16 @@ class Distributed:
         parameters and returns True.
         """
         arena = ctx.arena
+        t0 = time.perf_counter()
         if self._requests is not None:  # backward() started the buckets
-            t0 = time.perf_counter()
             self._finish_buckets(self._grads_in_flight)
             self._requests = None
-            self._wait += time.perf_counter() - t0
             # a rank that failed in its backward pass sent its buckets, then says so here
             self.agree(None, f"optimizer step {ctx.iter} (after the exchange)")
+            self._wait += time.perf_counter() - t0
         else:
-            self.agree(None, f"optimizer step {ctx.iter}")
             self._wait = 0.0
-            t0 = time.perf_counter()
+            self.agree(None, f"optimizer step {ctx.iter}")
             if not self.shard:
                 self._allreduce_sum(arena.flat("grads"))
             else:
@@ -432,6 +435,7 @@ class Distributed:
         """Record the seconds of exchange this step did not hide (the time in the
         exchange's calls, measured around each of them)."""
         self.exchange_wait_times.append(self._wait)
+        self.exchange_wait_total += self._wait
         self._wait = 0.0
 
     def zero_moments(self):

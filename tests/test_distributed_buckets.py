@@ -277,3 +277,27 @@ def test_buckets_are_cut_from_the_end():
     b.reset()
     assert list(b.announce([0])) == []  # bucket 0 waits: its start order holds
     assert list(b.rest()) == [0, 1, 2]
+
+
+def test_history_records_the_exposed_exchange_per_epoch():
+    outs = _runs(2, nepoch=2, val_split=0.25, bucket_cap_mb=40 * FLOAT_MB)
+    for _, hist in outs:
+        assert len(hist.exchange_wait_s) == 2
+        assert all(math.isfinite(w) and w > 0 for w in hist.exchange_wait_s)
+    _, hist = run(None, nepoch=1, val_split=0.25)[:2]
+    assert hist.exchange_wait_s == [0.0]  # one process exchanges nothing
+
+
+@pytest.mark.parametrize("ncols", [10, 11])
+def test_checkpoints_without_the_column_still_resume(tmp_path, ncols):
+    ckpt = str(tmp_path / "run.npz")
+    run(None, nepoch=2, val_split=0.25, checkpoint=ckpt)
+    sd = go.checkpoint.load_state(ckpt)
+    assert sd["fit.history"].shape == (2, 12)
+    sd["fit.history"] = sd["fit.history"][:, :ncols]  # as an older version wrote it
+    go.checkpoint.save_state(ckpt, sd)
+    _, hist, _ = run(None, nepoch=3, val_split=0.25, checkpoint=ckpt, resume=True)
+    assert [e.epoch for e in hist] == [1, 2, 3]
+    assert math.isnan(hist[0].exchange_wait_s) and hist[2].exchange_wait_s == 0.0
+    straight = run(None, nepoch=3, val_split=0.25)[1]
+    assert hist.train_loss == straight.train_loss
