@@ -48,11 +48,15 @@ Semantics, with P ranks:
   by one reduction over the ranks, as by the single Allreduce of the whole
   section (``bucket_cap_mb=None``: that single exchange after the backward
   pass).  Parameters that no announcement covers are exchanged when the
-  backward pass returns.  ``exchange_wait_times`` holds, per optimizer step,
+  backward pass returns.  A communicator without ``Dup`` and ``Iallreduce``
+  (sharded: ``Ireduce_scatter``) gets the single exchange.  ``exchange_wait_times`` holds, per optimizer step,
   the seconds of exchange that the backward pass did not hide: the time in the
   exchange's calls during the backward pass, then until every bucket arrived,
-  and in the short agreements between the ranks before and after (where a rank
-  also waits for the slowest one); sharded, also the parameters' Allgather.  A communicator without
+  with the agreement between the ranks after the backward pass (where a rank
+  also waits for the slowest one); sharded, also the parameters' Allgather.
+  The buckets run on a duplicate of comm (``comm.Dup()``, made once per
+  context built for OPT): a rank that fails during the step tells the others
+  on comm, where they ask before waiting for any bucket, so nobody hangs.  A communicator without
   ``Iallreduce`` gets the single exchange.
 * ``shard_optimizer=True``: the gradients are reduce-scattered over P equal
   shards of the arena, each rank clips (the global norm is summed over the
@@ -150,10 +154,11 @@ class Distributed:
         self.exchange_times = self.exchange_wait_times
         self.exchange_wait_total = 0.0  # their sum since the construction
         self.bucket_cap_mb = bucket_cap_mb
-        overlap = ("Iallreduce",) if not shard_optimizer else ("Ireduce_scatter",)
+        overlap = ("Dup", "Iallreduce") if not shard_optimizer else ("Dup", "Ireduce_scatter")
         self._overlap = bucket_cap_mb is not None and all(
             callable(getattr(comm, m, None)) for m in overlap)
         self._buckets = None     # GradientBuckets, made at the first exchanging backward
+        self._bucket_comm = None  # comm.Dup() of an OPT context: the buckets' collectives
         self._requests = None    # the buckets' requests of the backward pass in flight
         self._wait = 0.0         # seconds of exchange not hidden in this step so far
         self._grads_in_flight = None
@@ -290,6 +295,12 @@ class Distributed:
             raise
         ctx._evals_per_step = self.evals_per_step
         self.broadcast_state(ctx)
+        if self._overlap and ctx.build_type == BuildType.OPT:
+            # the buckets' own communicator: a failing rank's report on comm never meets
+            # a bucket, and the others hear of it before they wait for one
+            self._bucket_comm = self.comm.Dup()
+        else:
+            self._overlap = False
 
     def broadcast_state(self, ctx):
         """Rank 0's parameters (and unsharded AdamW moments) to every rank."""
@@ -308,11 +319,6 @@ class Distributed:
         if not self._overlap:
             ctx.model.backward(grad)
             return
-        # a rank that failed before this backward pass stops every rank here, before
-        # any bucket starts (collectives must match across the ranks); the wait for
-        # the slowest rank is exposed too
-        t0 = time.perf_counter()
-        self.agree(None, f"optimizer step {ctx.iter}")
         if self._buckets is None:
             sharded = self.shard
             total = self.chunk * self.size if sharded else ctx.arena.size
@@ -321,7 +327,7 @@ class Distributed:
         buckets = self._buckets
         buckets.reset()
         self._requests = []
-        self._wait = time.perf_counter() - t0
+        self._wait = 0.0
         grads = ctx.arena.padded("grads") if self.shard else ctx.arena.flat("grads")
 
         def ready(module):
@@ -339,10 +345,9 @@ class Distributed:
             with on_grads_ready(ready):
                 ctx.model.backward(grad)
         except BaseException:
-            # the other ranks wait for this rank's buckets: send them (whatever they
-            # hold), then the caller's report tells every rank that this one failed
-            with contextlib.suppress(Exception):
-                self._finish_buckets(grads)
+            # the buckets run on a communicator of their own: the caller's report (an
+            # agreement on comm) meets the others' agreement in step(), before anyone
+            # waits for a bucket, and the unfinished buckets are left behind
             self._requests = None
             raise
         self._grads_in_flight = grads
@@ -352,9 +357,9 @@ class Distributed:
         if not self.shard:
             buf = grads[lo:hi]
             if self._mpi is not None:
-                req = self.comm.Iallreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+                req = self._bucket_comm.Iallreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
             else:
-                req = self.comm.Iallreduce(buf.copy(), buf)
+                req = self._bucket_comm.Iallreduce(buf.copy(), buf)
             self._requests.append(req)
             return
         # each rank receives the part of the bucket inside its shard, into the shard
@@ -365,17 +370,23 @@ class Distributed:
         recv = self.g[mine:mine + counts[self.rank]]
         send = grads[lo:hi]
         if self._mpi is not None:
-            req = self.comm.Ireduce_scatter(send, recv, counts, op=self._mpi.SUM)
+            req = self._bucket_comm.Ireduce_scatter(send, recv, counts, op=self._mpi.SUM)
         else:
-            req = self.comm.Ireduce_scatter(send, recv, counts)
+            req = self._bucket_comm.Ireduce_scatter(send, recv, counts)
         self._requests.append(req)
 
-    def _finish_buckets(self, grads):
-        """Start the buckets not started yet, then wait for every bucket."""
-        for k in self._buckets.rest():
-            self._start_bucket(grads, *self._buckets.bounds[k])
-        if self._requests:
-            type(self._requests[0]).Waitall(self._requests)
+    def _finish_buckets(self, ctx, grads):
+        """Start the buckets not started yet, agree (a rank that failed in its
+        backward pass says so here, and the buckets are then left unfinished),
+        then wait for every bucket."""
+        try:
+            for k in self._buckets.rest():
+                self._start_bucket(grads, *self._buckets.bounds[k])
+            self.agree(None, f"optimizer step {ctx.iter}")
+            if self._requests:
+                type(self._requests[0]).Waitall(self._requests)
+        finally:
+            self._requests = None
 
     def step(self, ctx, pars):
         """The optimizer step of ctx on the gradients summed over the ranks.
@@ -389,10 +400,7 @@ class Distributed:
         arena = ctx.arena
         t0 = time.perf_counter()
         if self._requests is not None:  # backward() started the buckets
-            self._finish_buckets(self._grads_in_flight)
-            self._requests = None
-            # a rank that failed in its backward pass sent its buckets, then says so here
-            self.agree(None, f"optimizer step {ctx.iter} (after the exchange)")
+            self._finish_buckets(ctx, self._grads_in_flight)
             self._wait += time.perf_counter() - t0
         else:
             self._wait = 0.0

@@ -5,11 +5,14 @@ Every collective posts each rank's buffer, waits for all, and combines them in r
 order (sums in rank order, so every rank gets the same bits, as MPI's reductions do).
 A barrier timeout turns a hang (a rank that never joins) into BrokenBarrierError.
 
-The non-blocking collectives (Iallreduce, Ireduce_scatter) run at once, on the
-buffer as it is when they start (so a bucket started before its gradients were
-final gives a wrong sum), and return a completed Request (Wait, Test, Waitall,
-Testall as mpi4py's).  ``group.calls`` logs every collective; ``group.log`` is a
-list tests may append their own events to, in one order with the collectives.
+The non-blocking collectives (Iallreduce, Ireduce_scatter) copy the buffer as it
+is when they start (so a bucket started before its gradients were final gives a
+wrong sum) and exchange at Wait (Request: Wait, Test, Waitall, Testall as
+mpi4py's; every rank waits for its requests in their start order, as MPI's
+collectives match); a request never waited for is left behind, as MPI allows.
+``Dup`` gives a communicator over a new group of the same ranks.  ``group.calls``
+logs every collective; ``group.log`` is a list tests may append their own events
+to, in one order with the collectives.
 """
 from __future__ import annotations
 
@@ -30,17 +33,20 @@ class ThreadGroup:
 
 
 class Request:
-    """A completed request with mpi4py's methods."""
+    """A non-blocking collective: run(), the blocking collective on the copy made at
+    the start, runs at the first Wait."""
 
-    def __init__(self):
+    def __init__(self, run):
+        self._run = run
         self.waited = False
 
     def Wait(self):
-        self.waited = True
+        if not self.waited:
+            self.waited = True
+            self._run()
 
     def Test(self):
-        self.waited = True
-        return True
+        return self.waited  # the ranks move on together only in Wait
 
     @classmethod
     def Waitall(cls, requests):
@@ -51,6 +57,7 @@ class Request:
     def Testall(cls, requests):
         done = [r.Test() for r in requests]  # every one tested, as MPI's
         return all(done)
+
 
 
 class ThreadComm:
@@ -86,13 +93,26 @@ class ThreadComm:
 
     def Iallreduce(self, sendbuf, recvbuf, op=None):
         self._exchange_as("Iallreduce")
-        self.Allreduce(sendbuf, recvbuf, op)
-        return Request()
+        send = np.array(sendbuf, copy=True)
+        return Request(lambda: self.Allreduce(send, recvbuf, op))
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None):
         self._exchange_as("Ireduce_scatter")
-        self.Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
-        return Request()
+        send = np.array(sendbuf, copy=True)
+        return Request(lambda: self.Reduce_scatter(send, recvbuf, recvcounts, op))
+
+    def Dup(self):
+        g = self.group
+        g.calls.append((self.rank, "Dup"))
+        g.log.append((self.rank, "Dup"))
+        g.barrier.wait()
+        if self.rank == 0:
+            g.dup = ThreadGroup(g.size)
+            g.dup.calls, g.dup.log = g.calls, g.log  # one log for the tests
+        g.barrier.wait()
+        new = ThreadComm(g.dup, self.rank)
+        g.barrier.wait()
+        return new
 
     def _exchange_as(self, name):
         """Log a non-blocking collective under its own name (it runs as the blocking one)."""
