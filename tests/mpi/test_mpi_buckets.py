@@ -52,3 +52,12 @@ def test_buckets_equal_the_single_exchange(tmp_path, nranks, cap_floats, shard, 
         assert np.array_equal(got["bucketed"], got["single"]), f"rank {r}: parameters differ"
         assert np.array_equal(got["bucketed_history"], got["single_history"], equal_nan=True)
         assert np.array_equal(got["bucketed"], ranks[0]["bucketed"]), f"rank {r} != rank 0"
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_a_rank_failing_in_its_backward_pass_stops_every_rank(tmp_path, nranks):
+    ranks = mpirun(nranks, tmp_path, "fail-backward")
+    assert str(ranks[1]["kind"]) == "ValueError"
+    for r in [0, *range(2, nranks)]:
+        assert str(ranks[r]["kind"]) == "RankFailed"
+        assert f"rank 1 of {nranks} failed (ValueError" in str(ranks[r]["msg"])
