@@ -54,7 +54,8 @@ def _interleaved(model, *extra):
             rounds[name].append(got)
             print(f"  round {i + 1} {name:38s} {got['seconds']:8.3f} s, step "
                   f"{1e3 * got['step_s']:9.1f} ms, exposed exchange "
-                  f"{100 * got['exposed_share']:5.2f}% ({1e3 * got['exposed_s']:.1f} ms)",
+                  f"{100 * got['exposed_share']:5.2f}% ({1e3 * got['exposed_s']:.1f} ms, of it "
+                  f"{1e3 * got.get('sync_s', 0.0):.1f} ms waiting for the other rank)",
                   flush=True)
     med = {name: {k: float(np.median([g[k] for g in runs]))
                   for k in ("seconds", "step_s", "exposed_share", "exposed_s")}

@@ -153,6 +153,10 @@ class Distributed:
         self.exchange_wait_times = collections.deque(maxlen=4096)
         self.exchange_times = self.exchange_wait_times
         self.exchange_wait_total = 0.0  # their sum since the construction
+        # per optimizer step: the part of it in the agreement after the backward pass,
+        # where a rank waits for the slowest one (load imbalance, not bytes)
+        self.exchange_sync_times = collections.deque(maxlen=4096)
+        self._sync = 0.0
         self.bucket_cap_mb = bucket_cap_mb
         overlap = ("Dup", "Iallreduce") if not shard_optimizer else ("Dup", "Ireduce_scatter")
         self._overlap = bucket_cap_mb is not None and all(
@@ -382,7 +386,9 @@ class Distributed:
         try:
             for k in self._buckets.rest():
                 self._start_bucket(grads, *self._buckets.bounds[k])
+            t0 = time.perf_counter()
             self.agree(None, f"optimizer step {ctx.iter}")
+            self._sync = time.perf_counter() - t0
             if self._requests:
                 type(self._requests[0]).Waitall(self._requests)
         finally:
@@ -405,6 +411,7 @@ class Distributed:
         else:
             self._wait = 0.0
             self.agree(None, f"optimizer step {ctx.iter}")
+            self._sync = time.perf_counter() - t0
             if not self.shard:
                 self._allreduce_sum(arena.flat("grads"))
             else:
@@ -444,7 +451,8 @@ class Distributed:
         exchange's calls, measured around each of them)."""
         self.exchange_wait_times.append(self._wait)
         self.exchange_wait_total += self._wait
-        self._wait = 0.0
+        self.exchange_sync_times.append(self._sync)
+        self._wait = self._sync = 0.0
 
     def zero_moments(self):
         """Zero this rank's AdamW moments (its shard of them when sharded)."""
