@@ -56,8 +56,11 @@ def main():
                     help="one single-threaded rank's compute of a logical batch of 1000")
     ap.add_argument("--llama-compute-s", type=float, required=True,
                     help="one single-threaded rank's compute of a logical batch of 16 x 256")
-    ap.add_argument("--backward-share", type=float, default=0.7,
-                    help="the backward pass's share of the compute")
+    ap.add_argument("--fc-backward-share", type=float, default=0.6,
+                    help="mnist-fc: the backward pass's share of the compute (3 of its 5 "
+                         "products)")
+    ap.add_argument("--llama-backward-share", type=float, default=0.72,
+                    help="llama: the backward pass's share of the compute (the profile)")
     args = ap.parse_args()
     alpha, beta = args.alpha_us * 1e-6, args.gbit * 1e9 / 8
 
@@ -70,17 +73,18 @@ def main():
     llama = buckets(sum(n for n, _ in llama_groups), llama_groups)
 
     print(f"alpha {args.alpha_us} us, beta {beta / 1e9:.2f} GB/s ({args.gbit} Gbit/s), "
-          f"bucket_cap_mb 25, backward {100 * args.backward_share:.0f}% of the compute")
-    for name, bk, c in (("mnist-fc", fc, args.fc_compute_ms * 1e-3),
-                        ("stories15M llama", llama, args.llama_compute_s)):
+          f"bucket_cap_mb 25")
+    for name, bk, c, share in (
+            ("mnist-fc", fc, args.fc_compute_ms * 1e-3, args.fc_backward_share),
+            ("stories15M llama", llama, args.llama_compute_s, args.llama_backward_share)):
         print(f"{name}: buckets (MB, ready at) "
               + ", ".join(f"{n / 1e6:.1f} @ {r:.2f}" for n, r in bk))
         for p in (2, 8, 64, 512):
-            strong_b = args.backward_share * c / p
+            strong_b = share * c / p
             e_strong = exposed(bk, p, alpha, beta, strong_b)
             # weak scaling: every rank keeps the 2-rank run's share of the batch
             weak_c = c / 2
-            e_weak = exposed(bk, p, alpha, beta, args.backward_share * weak_c)
+            e_weak = exposed(bk, p, alpha, beta, share * weak_c)
             print(f"  P={p:4d}: strong step {1e3 * (c / p + e_strong):10.2f} ms "
                   f"(exposed {1e3 * e_strong:7.2f} ms, {100 * e_strong / (c / p + e_strong):5.1f}%)"
                   f"; weak step {1e3 * (weak_c + e_weak):10.2f} ms (exposed "

@@ -48,24 +48,25 @@ Semantics, with P ranks:
   by one reduction over the ranks, as by the single Allreduce of the whole
   section (``bucket_cap_mb=None``: that single exchange after the backward
   pass).  Parameters that no announcement covers are exchanged when the
-  backward pass returns.  A communicator without ``Dup`` and ``Iallreduce``
-  (sharded: ``Ireduce_scatter``) gets the single exchange.  ``exchange_wait_times`` holds, per optimizer step,
-  the seconds of exchange that the backward pass did not hide: the time in the
-  exchange's calls during the backward pass, then until every bucket arrived,
-  with the agreement between the ranks after the backward pass (where a rank
-  also waits for the slowest one); sharded, also the parameters' Allgather.
-  The buckets run on a duplicate of comm (``comm.Dup()``, made once per
-  context built for OPT): a rank that fails during the step tells the others
-  on comm, where they ask before waiting for any bucket, so nobody hangs.  A communicator without
-  ``Iallreduce`` gets the single exchange.
+  backward pass returns.  The buckets run on a duplicate of comm
+  (``comm.Dup()``, made once per context built for OPT): a rank that fails
+  during the step tells the others on comm, where they ask before waiting for
+  any bucket, so nobody hangs.  A communicator without ``Dup`` and
+  ``Iallreduce`` (sharded: ``Ireduce_scatter``) gets the single exchange.
+  ``exchange_wait_times`` holds, per optimizer step, the seconds of exchange
+  that the backward pass did not hide: the time in the exchange's calls during
+  the backward pass, then until every bucket arrived, with the agreement
+  between the ranks after the backward pass (where a rank also waits for the
+  slowest one: ``exchange_sync_times``); sharded, also the parameters'
+  Allgather.
 * ``shard_optimizer=True``: the gradients are reduce-scattered over P equal
   shards of the arena, each rank clips (the global norm is summed over the
   ranks) and steps its shard and keeps only that shard's AdamW moments, then the
   parameters are all-gathered: optimizer memory per rank falls by P; the same
   bytes cross the network as with the Allreduce.  With buckets, each bucket is
   reduce-scattered (``Ireduce_scatter``) straight into the ranks' shards, so
-  the shards hold what the single Reduce_scatter gives.  ``state_dict``/``save`` then
-  gather the moments: every rank must call them.  Unsharded, ``ctx.grad_acc``
+  the shards hold what the single Reduce_scatter gives.  ``state_dict``/``save``
+  then gather the moments: every rank must call them.  Unsharded, ``ctx.grad_acc``
   shows the summed gradient after a step (as with one process); sharded, it
   keeps this rank's own gradient, since the sum exists only shard by shard.
 * Frozen parameters (``requires_grad=False``) are outside the arena: nothing
