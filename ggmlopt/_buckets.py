@@ -72,7 +72,7 @@ class GradientBuckets:
     bucket.  ``bounds[k]`` is bucket k's (start, end) in the section.
     """
 
-    def __init__(self, model, params, total, bucket_elems):
+    def __init__(self, model, params, total: int, bucket_elems: int) -> None:
         self.total = total
         self.size = bucket_elems
         nb = max(1, -(-total // bucket_elems))
