@@ -301,3 +301,37 @@ def test_checkpoints_without_the_column_still_resume(tmp_path, ncols):
     assert math.isnan(hist[0].exchange_wait_s) and hist[2].exchange_wait_s == 0.0
     straight = run(None, nepoch=3, val_split=0.25)[1]
     assert hist.train_loss == straight.train_loss
+
+
+def _train_lm(comm, make, cap, steps=2):
+    model = make()
+    ctx = go.OptContext(model, loss_type="CROSS_ENTROPY", comm=comm, opt_period=2,
+                        bucket_cap_mb=cap)
+    rng = np.random.default_rng(10 + comm.Get_rank())
+    for _ in range(steps):
+        tokens = rng.integers(0, 37, (2, 9)).astype(np.int32)
+        ctx.alloc(True)
+        ctx.eval(inputs=tokens[:, :-1], labels=tokens[:, 1:])
+    return np.concatenate([p.data.ravel() for p in ctx.parameters()])
+
+
+def _llama():
+    from ggmlopt.models import Llama, LlamaConfig
+    return Llama(LlamaConfig(vocab_size=37, dim=16, n_layers=2, n_heads=4, n_kv_heads=2,
+                             ffn_dim=24, max_seq_len=16), seed=3)
+
+
+def _gpt2_tied():
+    from ggmlopt.models import GPT2, GPT2Config
+    return GPT2(GPT2Config(vocab_size=37, dim=16, n_layers=2, n_heads=2, max_seq_len=16),
+                seed=4)
+
+
+@pytest.mark.parametrize("make", [_llama, _gpt2_tied])
+@pytest.mark.parametrize("cap", [FLOAT_MB, 50 * FLOAT_MB, 1000 * FLOAT_MB])
+def test_language_models_equal_the_single_exchange(make, cap):
+    ref = results(2, lambda c: _train_lm(c, make, None))
+    got = results(2, lambda c: _train_lm(c, make, cap))
+    for r in range(2):
+        assert np.array_equal(got[r], ref[r])
+    assert np.array_equal(got[0], got[1])
