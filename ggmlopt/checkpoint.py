@@ -112,7 +112,8 @@ _FLOAT_KEYS = frozenset(_OPT_PAR_NAMES[OptimizerType.ADAMW] + _OPT_PAR_NAMES[Opt
 _STR_KEYS = frozenset(("format", "rng_state"))
 # strings a state may hold or lack: the ranks' own generators (ggmlopt.rank_rng)
 _OPTIONAL_STR_KEYS = ("rank_rng_states",)
-HISTORY_COLUMNS = 11  # the fields of training.EpochStats (10 before blas_threads)
+# the fields of training.EpochStats (10 before blas_threads, 11 before exchange_wait_s)
+HISTORY_COLUMNS = 12
 
 
 # ---- the generator's state as JSON -------------------------------------------------------
@@ -672,7 +673,7 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
 class FitCheckpoint:
     """What fit saves after every epoch and restores on resume: the context's state
     plus ``fit.epoch`` (epochs completed), ``fit.permutation`` (the dataset's
-    shard order, int64 (nshards,)), ``fit.history`` (float64 (epochs, 10), the
+    shard order, int64 (nshards,)), ``fit.history`` (float64 (epochs, 12), the
     EpochStats rows so far) and the configuration that must not change between
     runs (``fit.ndata``, ``fit.nbatch_logical``, ``fit.nbatch_physical``,
     ``fit.idata_split``) or that identifies the run (``fit.ne_datapoint``,
@@ -735,8 +736,9 @@ class FitCheckpoint:
             if not np.array_equal(np.sort(perm), np.arange(dataset.nshards)):
                 raise ValueError("fit.permutation: not a permutation of the dataset's shards")
             ncols = HISTORY_COLUMNS
-            if np.shape(fit_sd["fit.history"])[1:] == (HISTORY_COLUMNS - 1,):
-                ncols -= 1  # written before EpochStats had blas_threads
+            if np.shape(fit_sd["fit.history"])[1:] in ((10,), (11,)):
+                # written before EpochStats had blas_threads, or exchange_wait_s
+                ncols = np.shape(fit_sd["fit.history"])[1]
             history = _get_array(fit_sd, "fit.history", np.float64, (done, ncols))
         except (ValueError, TypeError) as e:
             raise type(e)(f"{where}: {e}") from None

@@ -130,7 +130,7 @@ class OptContext:
     build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
     get_opt_pars=default_optimizer_params, get_opt_pars_ud=None, seed=None,
     clip_grad_norm=None, comm=None, shard_optimizer=False, *, class_labels=False,
-    inputs_dtype=None)
+    inputs_dtype=None, bucket_cap_mb=25.0)
 
     model: any object with parameters() (Parameters: float32 .data and .grad),
     forward(x) (batch, ne_datapoint) -> (batch, ne_out) and backward(grad_out).
@@ -192,6 +192,11 @@ class OptContext:
     must be a multiple of their number; see ggmlopt.distributed).
     shard_optimizer: with comm, each rank keeps only its shard of the AdamW
     moments (optimizer memory per rank falls by the number of ranks).
+    bucket_cap_mb: with comm, the MiB of gradients per bucket (float > 0, default
+    25 as PyTorch DDP's ``bucket_cap_mb``): each bucket is exchanged as soon as
+    the backward pass has finished its gradients, hidden behind the rest of it;
+    None: one exchange of every gradient after the backward pass.  The sums are
+    the same bits either way (see ggmlopt.distributed).
 
     Checkpoints: ``state_dict()`` / ``load_state_dict(sd)``, ``save(path)`` /
     ``OptContext.load(path, model)`` (see ggmlopt.checkpoint).
@@ -208,17 +213,20 @@ class OptContext:
                  get_opt_pars_ud: Any = None, seed: int | np.random.Generator | None = None,
                  clip_grad_norm: float | None = None, comm: Any = None,
                  shard_optimizer: bool = False, *, class_labels: bool = False,
-                 inputs_dtype: npt.DTypeLike | None = None) -> None:
+                 inputs_dtype: npt.DTypeLike | None = None,
+                 bucket_cap_mb: float | None = 25.0) -> None:
         args = (model, batch_size, ne_datapoint, loss_type, build_type, opt_period, optimizer,
                 get_opt_pars, get_opt_pars_ud, seed, clip_grad_norm, class_labels, inputs_dtype)
         before_taking = _BEFORE_TAKING.get()
         self._dist: Any = None   # ggmlopt.distributed.Distributed with comm
         if comm is None and shard_optimizer is False:
+            from ._buckets import check_bucket_cap_mb
+            check_bucket_cap_mb(bucket_cap_mb)  # meaningful with comm only, checked always
             OptContext._init(self, *args, _before_taking=before_taking)
         else:  # many processes: ggmlopt.distributed wraps the construction
             from .distributed import Distributed
-            Distributed(comm, shard_optimizer).init_context(self, OptContext._init, args,
-                                                            before_taking)
+            Distributed(comm, shard_optimizer, bucket_cap_mb).init_context(
+                self, OptContext._init, args, before_taking)
 
     def _init(self, model: Any, batch_size: Any, ne_datapoint: Any, loss_type: Any,
               build_type: Any, opt_period: Any, optimizer: Any, get_opt_pars: Any,
@@ -738,7 +746,11 @@ class OptContext:
 
         if backward:
             arena = self.arena
-            self.model.backward(grad)
+            if step is not None and self._dist is not None:
+                # many processes: the gradient exchange starts during the backward pass
+                self._dist.backward(self, grad)
+            else:
+                self.model.backward(grad)
             if step is not None:
                 # many processes: ggmlopt.distributed sums the gradients over the ranks;
                 # with a sharded optimizer it also clips and steps (stepped is True)

@@ -38,12 +38,36 @@ Semantics, with P ranks:
   in the dataset's batch order, as one process's (see ggmlopt._global_pred).
   In an epoch over several ranks the callbacks run once per optimizer step and
   once after the validation.
+* The exchange overlaps the backward pass, as PyTorch DDP's does: the arena's
+  gradient section is cut into buckets of ``bucket_cap_mb`` MiB (default 25, an
+  argument of OptContext and fit) in reverse layer order, and in the backward
+  pass of the last physical batch of each logical batch (the one that steps),
+  as soon as every parameter of a bucket has its final gradient (the layers
+  announce it, see ``ggmlopt.nn.grads_ready``), a non-blocking ``Iallreduce``
+  of that bucket starts; the step waits for all of them before the optimizer.
+  Buckets start in the same order on every rank; each element is still summed
+  by one reduction over the ranks, as by the single Allreduce of the whole
+  section (``bucket_cap_mb=None``: that single exchange after the backward
+  pass).  Parameters that no announcement covers are exchanged when the
+  backward pass returns.  The buckets run on a duplicate of comm
+  (``comm.Dup()``, made once per context built for OPT): a rank that fails
+  during the step tells the others on comm, where they ask before waiting for
+  any bucket, so nobody hangs.  A communicator without ``Dup`` and
+  ``Iallreduce`` (sharded: ``Ireduce_scatter``) gets the single exchange.
+  ``exchange_wait_times`` holds, per optimizer step, the seconds of exchange
+  that the backward pass did not hide: the time in the exchange's calls during
+  the backward pass, then until every bucket arrived, with the agreement
+  between the ranks after the backward pass (where a rank also waits for the
+  slowest one: ``exchange_sync_times``); sharded, also the parameters'
+  Allgather.
 * ``shard_optimizer=True``: the gradients are reduce-scattered over P equal
   shards of the arena, each rank clips (the global norm is summed over the
   ranks) and steps its shard and keeps only that shard's AdamW moments, then the
   parameters are all-gathered: optimizer memory per rank falls by P; the same
-  bytes cross the network as with the Allreduce.  ``state_dict``/``save`` then
-  gather the moments: every rank must call them.  Unsharded, ``ctx.grad_acc``
+  bytes cross the network as with the Allreduce.  With buckets, each bucket is
+  reduce-scattered (``Ireduce_scatter``) straight into the ranks' shards, so
+  the shards hold what the single Reduce_scatter gives.  ``state_dict``/``save``
+  then gather the moments: every rank must call them.  Unsharded, ``ctx.grad_acc``
   shows the summed gradient after a step (as with one process); sharded, it
   keeps this rank's own gradient, since the sum exists only shard by shard.
 * Frozen parameters (``requires_grad=False``) are outside the arena: nothing
@@ -84,6 +108,7 @@ import time
 import numpy as np
 
 from . import _global_pred, kernels
+from ._buckets import DEFAULT_BUCKET_CAP_MB, GradientBuckets, check_bucket_cap_mb
 from .optim_params import BuildType, OptimizerType
 from .result import Result
 
@@ -104,9 +129,12 @@ class Distributed:
 
     comm: an mpi4py communicator or an object with its buffer methods.
     shard_optimizer: shard the optimizer state over the ranks.
+    bucket_cap_mb: MiB of gradients per bucket exchanged during the backward
+    pass (float > 0), or None for one exchange after it.
     """
 
-    def __init__(self, comm, shard_optimizer=False):
+    def __init__(self, comm, shard_optimizer=False, bucket_cap_mb=DEFAULT_BUCKET_CAP_MB):
+        bucket_cap_mb = check_bucket_cap_mb(bucket_cap_mb)
         if not isinstance(shard_optimizer, bool):
             raise TypeError(f"shard_optimizer: expected a bool, got "
                             f"{type(shard_optimizer).__name__}")
@@ -131,8 +159,24 @@ class Distributed:
         self.evals_per_step = None
         self.chunk = self.lo = self.n = 0
         self.m = self.v = self.g = None
-        # wall time of the recent gradient exchanges in seconds (bench/)
-        self.exchange_times = collections.deque(maxlen=4096)
+        # per optimizer step: seconds of exchange not hidden behind the backward pass
+        # (bench/; exchange_times: its former name)
+        self.exchange_wait_times = collections.deque(maxlen=4096)
+        self.exchange_times = self.exchange_wait_times
+        self.exchange_wait_total = 0.0  # their sum since the construction
+        # per optimizer step: the part of it in the agreement after the backward pass,
+        # where a rank waits for the slowest one (load imbalance, not bytes)
+        self.exchange_sync_times = collections.deque(maxlen=4096)
+        self._sync = 0.0
+        self.bucket_cap_mb = bucket_cap_mb
+        overlap = ("Dup", "Iallreduce") if not shard_optimizer else ("Dup", "Ireduce_scatter")
+        self._overlap = bucket_cap_mb is not None and all(
+            callable(getattr(comm, m, None)) for m in overlap)
+        self._buckets = None     # GradientBuckets, made at the first exchanging backward
+        self._bucket_comm = None  # comm.Dup() of an OPT context: the buckets' collectives
+        self._requests = None    # the buckets' requests of the backward pass in flight
+        self._wait = 0.0         # seconds of exchange not hidden in this step so far
+        self._grads_in_flight = None
 
     # ---- raw collectives ------------------------------------------------------------
 
@@ -268,6 +312,12 @@ class Distributed:
             raise
         ctx._evals_per_step = self.evals_per_step
         self.broadcast_state(ctx)
+        if self._overlap and ctx.build_type == BuildType.OPT:
+            # the buckets' own communicator: a failing rank's report on comm never meets
+            # a bucket, and the others hear of it before they wait for one
+            self._bucket_comm = self.comm.Dup()
+        else:
+            self._overlap = False
 
     def broadcast_state(self, ctx):
         """Rank 0's parameters (and unsharded AdamW moments) to every rank."""
@@ -277,27 +327,119 @@ class Distributed:
             self._bcast(arena.flat("m"))
             self._bcast(arena.flat("v"))
 
+    # ---- the exchange overlapped with the backward pass ---------------------------------
+
+    def backward(self, ctx, grad):
+        """ctx.model.backward(grad) for the eval that steps: with buckets, each
+        bucket's exchange starts as soon as its gradients are final (the
+        gradient-ready hook); step() then waits for them."""
+        if not self._overlap:
+            ctx.model.backward(grad)
+            return
+        if self._buckets is None:
+            sharded = self.shard
+            total = self.chunk * self.size if sharded else ctx.arena.size
+            elems = max(1, int(self.bucket_cap_mb * (1 << 20)) // 4)
+            self._buckets = GradientBuckets(ctx.model, ctx._params, total, elems)
+        buckets = self._buckets
+        buckets.reset()
+        self._requests = []
+        self._wait = 0.0
+        grads = ctx.arena.padded("grads") if self.shard else ctx.arena.flat("grads")
+
+        def ready(module):
+            t0 = time.perf_counter()
+            todo = buckets.announce(buckets.final_after(module))
+            for k in todo:
+                self._start_bucket(grads, *buckets.bounds[k])
+            if self._requests and not todo:
+                # MPI moves a non-blocking collective on only inside its calls
+                type(self._requests[0]).Testall(self._requests)
+            self._wait += time.perf_counter() - t0
+
+        from .nn.module import on_grads_ready
+        try:
+            with on_grads_ready(ready):
+                ctx.model.backward(grad)
+        except BaseException:
+            # the buckets run on a communicator of their own: the caller's report (an
+            # agreement on comm) meets the others' agreement in step(), before anyone
+            # waits for a bucket, and the unfinished buckets are left behind
+            self._requests = None
+            raise
+        self._grads_in_flight = grads
+
+    def _start_bucket(self, grads, lo, hi):
+        """The non-blocking exchange of grads[lo:hi] (a bucket)."""
+        if not self.shard:
+            buf = grads[lo:hi]
+            if self._mpi is not None:
+                req = self._bucket_comm.Iallreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+            else:
+                req = self._bucket_comm.Iallreduce(buf.copy(), buf)
+            self._requests.append(req)
+            return
+        # each rank receives the part of the bucket inside its shard, into the shard
+        chunk = self.chunk
+        counts = [max(0, min(hi, (r + 1) * chunk) - max(lo, r * chunk))
+                  for r in range(self.size)]
+        mine = max(lo, self.rank * chunk) - self.rank * chunk
+        recv = self.g[mine:mine + counts[self.rank]]
+        send = grads[lo:hi]
+        if self._mpi is not None:
+            req = self._bucket_comm.Ireduce_scatter(send, recv, counts, op=self._mpi.SUM)
+        else:
+            req = self._bucket_comm.Ireduce_scatter(send, recv, counts)
+        self._requests.append(req)
+
+    def _finish_buckets(self, ctx, grads):
+        """Start the buckets not started yet, agree (a rank that failed in its
+        backward pass says so here, and the buckets are then left unfinished),
+        then wait for every bucket."""
+        try:
+            for k in self._buckets.rest():
+                self._start_bucket(grads, *self._buckets.bounds[k])
+            t0 = time.perf_counter()
+            self.agree(None, f"optimizer step {ctx.iter}")
+            self._sync = time.perf_counter() - t0
+            if self._requests:
+                type(self._requests[0]).Waitall(self._requests)
+        finally:
+            self._requests = None
+
     def step(self, ctx, pars):
         """The optimizer step of ctx on the gradients summed over the ranks.
 
-        Unsharded: sums the arena's gradients in place and returns False (the
-        context then clips and steps as with one process).  Sharded: reduce-
-        scatters, clips, steps this rank's shard, all-gathers the parameters and
-        returns True.
+        Unsharded: sums the arena's gradients in place (waits for the buckets
+        backward() started, or one Allreduce) and returns False (the context then
+        clips and steps as with one process).  Sharded: reduce-scatters (per
+        bucket, or at once), clips, steps this rank's shard, all-gathers the
+        parameters and returns True.
         """
-        self.agree(None, f"optimizer step {ctx.iter}")
         arena = ctx.arena
         t0 = time.perf_counter()
+        if self._requests is not None:  # backward() started the buckets
+            self._finish_buckets(ctx, self._grads_in_flight)
+            self._wait += time.perf_counter() - t0
+        else:
+            self._wait = 0.0
+            self.agree(None, f"optimizer step {ctx.iter}")
+            self._sync = time.perf_counter() - t0
+            if not self.shard:
+                self._allreduce_sum(arena.flat("grads"))
+            else:
+                self._reduce_scatter(arena.padded("grads"), self.g)
+            self._wait += time.perf_counter() - t0
         if not self.shard:
-            self._allreduce_sum(arena.flat("grads"))
-            self._timed(t0)
+            self._record()
             return False
         g = self.g
-        self._reduce_scatter(arena.padded("grads"), g)
         n = self.n
         if ctx.clip_grad_norm is not None:
             total = np.array([kernels.sumsq(g[:n])])
+            t0 = time.perf_counter()
             self._allreduce_sum(total)
+            self._wait += time.perf_counter() - t0
             norm = math.sqrt(total[0])
             if norm > ctx.clip_grad_norm:  # clipping.py's rule over the whole gradient
                 kernels.scale(g[:n], np.float32(ctx.clip_grad_norm / (norm + 1e-6)))
@@ -311,12 +453,19 @@ class Distributed:
             else:
                 alpha, wd = pars
                 kernels.sgd_step(w, g[:n], alpha=alpha, wd=wd)
+        t0 = time.perf_counter()
         self._allgather_in_place(arena.padded("weights"))
-        self._timed(t0)
+        self._wait += time.perf_counter() - t0
+        self._record()
         return True
 
-    def _timed(self, t0):
-        self.exchange_times.append(time.perf_counter() - t0)
+    def _record(self):
+        """Record the seconds of exchange this step did not hide (the time in the
+        exchange's calls, measured around each of them)."""
+        self.exchange_wait_times.append(self._wait)
+        self.exchange_wait_total += self._wait
+        self.exchange_sync_times.append(self._sync)
+        self._wait = self._sync = 0.0
 
     def zero_moments(self):
         """Zero this rank's AdamW moments (its shard of them when sharded)."""

@@ -232,9 +232,12 @@ def _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, call
 class EpochStats:
     """One epoch of fit: training and validation loss and accuracy with their
     uncertainties (NaN where undefined, and every validation field NaN without a
-    validation split), the epoch's wall time, and the BLAS threads its matrix
+    validation split), the epoch's wall time, the BLAS threads its matrix
     products ran on (GGMLOPT_BLAS_THREADS, see show_config(); None when NumPy's
-    BLAS is unknown to threadpoolctl)."""
+    BLAS is unknown to threadpoolctl), and with comm= the seconds this rank spent
+    on gradient exchange that the backward pass did not hide (summed over the
+    epoch's optimizer steps, see ggmlopt.distributed; 0.0 in one process, NaN in
+    a row read from a checkpoint written before the field existed)."""
 
     epoch: int
     train_loss: float
@@ -247,15 +250,18 @@ class EpochStats:
     val_accuracy_unc: float
     seconds: float
     blas_threads: int | None = None
+    exchange_wait_s: float = 0.0
 
     @classmethod
     def from_row(cls, row: Sequence[float]) -> EpochStats:
         """The EpochStats of a checkpoint's history row (astuple's order, None
-        stored as NaN; rows without blas_threads come from older checkpoints)."""
+        stored as NaN; rows without blas_threads or exchange_wait_s come from
+        older checkpoints)."""
         threads = row[10] if len(row) > 10 else math.nan
         names = [f.name for f in fields(cls)][1:10]
         return cls(epoch=int(row[0]), **dict(zip(names, map(float, row[1:10]))),
-                   blas_threads=None if math.isnan(threads) else int(threads))
+                   blas_threads=None if math.isnan(threads) else int(threads),
+                   exchange_wait_s=float(row[11]) if len(row) > 11 else math.nan)
 
 
 @dataclass
@@ -328,6 +334,12 @@ class History:
     def val_accuracy_unc(self) -> list[float]:
         """The validation accuracy's uncertainty of every epoch."""
         return self._column("val_accuracy_unc")
+
+    @property
+    def exchange_wait_s(self) -> list[float]:
+        """The seconds of gradient exchange not hidden behind the backward pass in
+        every epoch (this rank's; 0.0 without comm)."""
+        return self._column("exchange_wait_s")
 
     @property
     def seconds(self) -> list[float]:
@@ -414,7 +426,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         seed: int | np.random.Generator | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
         resume: bool = False, clip_grad_norm: float | None = None, *, comm: Any = None,
-        shard_optimizer: bool = False, dataset_is_part: bool = False) -> History:
+        shard_optimizer: bool = False, dataset_is_part: bool = False,
+        bucket_cap_mb: float | None = 25.0) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
@@ -464,6 +477,9 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     each rank shuffles its part (the same permutation of its shard indices on
     every rank) and validates on the last val_split of it; the numbers are those
     of the whole data, and a checkpoint resumes on the same number of ranks.
+    bucket_cap_mb: with comm, MiB of gradients per bucket exchanged during the
+    backward pass (float > 0, default 25 as PyTorch DDP), or None for one
+    exchange after it (see OptContext).
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -557,7 +573,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                              optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
                              seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
                              shard_optimizer=shard_optimizer, class_labels=class_labels,
-                             inputs_dtype=inputs_dtype)
+                             inputs_dtype=inputs_dtype, bucket_cap_mb=bucket_cap_mb)
         if comm is not None:
             ctx._dist.parts = dataset_is_part
 
@@ -588,8 +604,11 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
             if not silent:
                 sys.stderr.write(f"fit: epoch {ep:04d}/{nepoch:04d}:\n")
             t0 = time_us()
+            waited = 0.0 if ctx._dist is None else ctx._dist.exchange_wait_total
             epoch(ctx, dataset, result_train, result_val, idata_split, callback, callback)
             seconds = (time_us() - t0) / 1e6
+            if ctx._dist is not None:
+                waited = ctx._dist.exchange_wait_total - waited
             if not silent:
                 sys.stderr.write("\n")
             # without a validation split ggml's loss of an empty Result is 0.0; the
@@ -597,7 +616,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
             val_loss = result_val.loss() if result_val.ndata else (math.nan, math.nan)
             history.epochs.append(EpochStats(ep, *result_train.loss(), *result_train.accuracy(),
                                              *val_loss, *result_val.accuracy(), seconds,
-                                             ctx._blas_threads))
+                                             ctx._blas_threads, waited))
             if ckpt is not None:
                 ckpt.save(ctx, dataset, ep, [astuple(e) for e in history.epochs])
     finally:

@@ -29,11 +29,12 @@ def make_problem(seed=0, ndata=NDATA, dropout=0.0):
 def run(comm=None, optimizer="ADAMW", nepoch=3, shard_optimizer=False, clip=0.3,
         val_split=0.2, seed=0, checkpoint=None, resume=False, nbatch_logical=NBATCH_LOGICAL,
         nbatch_physical=NBATCH_PHYSICAL, dataset=None, part=False, ndata=NDATA, silent=True,
-        frozen=(), dropout=0.0):
+        frozen=(), dropout=0.0, **fit_kwargs):
     """fit on the problem; returns (parameters as one float32 array, History, model).
     part: each rank passes only its block of ndata / P datapoints (dataset_is_part).
     frozen: names of parameters to freeze (requires_grad=False).  dropout: a
-    Dropout of that rate after the ReLU (model[2])."""
+    Dropout of that rate after the ReLU (model[2]).  fit_kwargs: more arguments of
+    fit (bucket_cap_mb)."""
     model, ds = make_problem(seed, ndata, dropout)
     for name, p in model.named_parameters():
         if name in frozen:
@@ -41,6 +42,7 @@ def run(comm=None, optimizer="ADAMW", nepoch=3, shard_optimizer=False, clip=0.3,
     if dataset is not None:
         ds = dataset
     kwargs = {} if comm is None else {"comm": comm, "shard_optimizer": shard_optimizer}
+    kwargs.update(fit_kwargs)
     if part:
         n = ndata // comm.Get_size()
         rows = slice(comm.Get_rank() * n, (comm.Get_rank() + 1) * n)

@@ -31,7 +31,7 @@ def test_resume_in_another_process_is_bit_exact(tmp_path, optimizer, schedule):
     # process 1: two epochs, then it exits
     _in_subprocess(f"run({optimizer!r}, {schedule!r}, 2, checkpoint={str(ckpt)!r})")
     after2 = go.checkpoint.load_state(ckpt)
-    assert after2["fit.epoch"] == 2 and after2["fit.history"].shape == (2, 11)
+    assert after2["fit.epoch"] == 2 and after2["fit.history"].shape == (2, 12)
     # process 2: the same call asking for 4 epochs resumes after epoch 2
     _in_subprocess(f"""
         model, ds, hist = run({optimizer!r}, {schedule!r}, 4, checkpoint={str(ckpt)!r},

@@ -24,7 +24,7 @@ def test_to_dict_columns():
     d = h.to_dict()
     assert list(d) == ["epoch", "train_loss", "train_loss_unc", "train_accuracy",
                        "train_accuracy_unc", "val_loss", "val_loss_unc", "val_accuracy",
-                       "val_accuracy_unc", "seconds", "blas_threads"]
+                       "val_accuracy_unc", "seconds", "blas_threads", "exchange_wait_s"]
     assert d["epoch"] == [1, 2, 3]
     assert d["train_loss"] == h.train_loss == [1.0, 0.5, 1 / 3]
     assert d["seconds"] == [0.5, 1.0, 1.5]

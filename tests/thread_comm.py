@@ -4,6 +4,15 @@ code runs P ranks inside one pytest process (no MPI needed).
 Every collective posts each rank's buffer, waits for all, and combines them in rank
 order (sums in rank order, so every rank gets the same bits, as MPI's reductions do).
 A barrier timeout turns a hang (a rank that never joins) into BrokenBarrierError.
+
+The non-blocking collectives (Iallreduce, Ireduce_scatter) copy the buffer as it
+is when they start (so a bucket started before its gradients were final gives a
+wrong sum) and exchange at Wait (Request: Wait, Test, Waitall, Testall as
+mpi4py's; every rank waits for its requests in their start order, as MPI's
+collectives match); a request never waited for is left behind, as MPI allows.
+``Dup`` gives a communicator over a new group of the same ranks.  ``group.calls``
+logs every collective; ``group.log`` is a list tests may append their own events
+to, in one order with the collectives.
 """
 from __future__ import annotations
 
@@ -20,6 +29,35 @@ class ThreadGroup:
         self.barrier = threading.Barrier(size, timeout=TIMEOUT)
         self.slots = [None] * size
         self.calls = []  # (rank, method name) of every collective, for tests
+        self.log = []    # (rank, event): the collectives and the tests' own events
+
+
+class Request:
+    """A non-blocking collective: run(), the blocking collective on the copy made at
+    the start, runs at the first Wait."""
+
+    def __init__(self, run):
+        self._run = run
+        self.waited = False
+
+    def Wait(self):
+        if not self.waited:
+            self.waited = True
+            self._run()
+
+    def Test(self):
+        return self.waited  # the ranks move on together only in Wait
+
+    @classmethod
+    def Waitall(cls, requests):
+        for r in requests:
+            r.Wait()
+
+    @classmethod
+    def Testall(cls, requests):
+        done = [r.Test() for r in requests]  # every one tested, as MPI's
+        return all(done)
+
 
 
 class ThreadComm:
@@ -36,6 +74,7 @@ class ThreadComm:
     def _exchange(self, name, buf):
         g = self.group
         g.calls.append((self.rank, name))
+        g.log.append((self.rank, name))
         g.slots[self.rank] = np.array(buf, copy=True)
         g.barrier.wait()
         parts = list(g.slots)
@@ -51,6 +90,34 @@ class ThreadComm:
 
     def Allreduce(self, sendbuf, recvbuf, op=None):
         recvbuf[...] = self._sum(self._exchange("Allreduce", sendbuf)).reshape(recvbuf.shape)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=None):
+        self._exchange_as("Iallreduce")
+        send = np.array(sendbuf, copy=True)
+        return Request(lambda: self.Allreduce(send, recvbuf, op))
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=None):
+        self._exchange_as("Ireduce_scatter")
+        send = np.array(sendbuf, copy=True)
+        return Request(lambda: self.Reduce_scatter(send, recvbuf, recvcounts, op))
+
+    def Dup(self):
+        g = self.group
+        g.calls.append((self.rank, "Dup"))
+        g.log.append((self.rank, "Dup"))
+        g.barrier.wait()
+        if self.rank == 0:
+            g.dup = ThreadGroup(g.size)
+            g.dup.calls, g.dup.log = g.calls, g.log  # one log for the tests
+        g.barrier.wait()
+        new = ThreadComm(g.dup, self.rank)
+        g.barrier.wait()
+        return new
+
+    def _exchange_as(self, name):
+        """Log a non-blocking collective under its own name (it runs as the blocking one)."""
+        self.group.calls.append((self.rank, name))
+        self.group.log.append((self.rank, name))
 
     def Bcast(self, buf, root=0):
         buf[...] = self._exchange("Bcast", buf)[root]

@@ -9,7 +9,7 @@ import numpy as np
 from .._blas_threads import _blas, blas_threads_setting
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
-from ..nn.module import Module
+from ..nn.module import Module, grads_ready
 from ..nn.parameter import Parameter
 
 __all__ = ["CausalLM", "KVCache", "PreNormBlock", "normal_init"]
@@ -119,8 +119,15 @@ class PreNormBlock(Module):
     def backward(self, grad_out):
         """grad_out (batch, T, dim) -> d loss / d x, a buffer the block reuses."""
         norm1, attn, norm2, mlp = self._parts()
-        np.add(grad_out, norm2.backward(mlp.backward(grad_out)), out=self._dh)
-        return np.add(self._dh, norm1.backward(attn.backward(self._dh)), out=self._dx)
+        gm = mlp.backward(grad_out)
+        grads_ready(mlp)  # the gradient-ready hook: each sub-layer once it is done
+        np.add(grad_out, norm2.backward(gm), out=self._dh)
+        grads_ready(norm2)
+        ga = attn.backward(self._dh)
+        grads_ready(attn)
+        np.add(self._dh, norm1.backward(ga), out=self._dx)
+        grads_ready(norm1)
+        return self._dx
 
 
 class CausalLM(Module):
@@ -216,6 +223,7 @@ class CausalLM(Module):
         if self.lm_head is not None:
             self.lm_head.needs_input_grad = True
             dh = self.lm_head.backward(g)
+            grads_ready(self.lm_head)  # the gradient-ready hook
         else:
             w = self._embedding.weight
             dh = g @ w.data

@@ -13,6 +13,7 @@ import numpy as np
 from ..nn.attention import GPT2Attention
 from ..nn.embedding import Embedding
 from ..nn.mlp import GPT2MLP
+from ..nn.module import grads_ready
 from ..nn.norm import LayerNorm
 from ._causal_lm import CausalLM, PreNormBlock, attend_cached, normal_init
 from .config import GPT2Config
@@ -108,10 +109,14 @@ class GPT2(CausalLM):
 
     def _hidden_backward(self, dh):
         g = self.ln_f.backward(dh)
+        grads_ready(self.ln_f)  # the gradient-ready hook: each part once it is done
         for block in reversed(self.h):
             g = block.backward(g)
+            grads_ready(block)
         self.wte.backward(g)
+        grads_ready(self.wte)
         self.wpe.backward(g.sum(axis=0))   # every sequence's position t adds into row t
+        grads_ready(self.wpe)
 
     def _decode_hidden(self, tokens, cache):
         pos = cache.length

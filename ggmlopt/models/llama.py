@@ -12,6 +12,7 @@ from ..nn.attention import CausalSelfAttention
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..nn.mlp import SwiGLU
+from ..nn.module import grads_ready
 from ..nn.norm import RMSNorm
 from ._causal_lm import CausalLM, PreNormBlock, attend_cached, normal_init
 from .config import LlamaConfig
@@ -99,9 +100,12 @@ class Llama(CausalLM):
 
     def _hidden_backward(self, dh):
         g = self.norm.backward(dh)
+        grads_ready(self.norm)  # the gradient-ready hook: each part once it is done
         for layer in reversed(self.layers):
             g = layer.backward(g)
+            grads_ready(layer)
         self.embed_tokens.backward(g)
+        grads_ready(self.embed_tokens)
 
     def _decode_hidden(self, tokens, cache):
         pos = cache.length

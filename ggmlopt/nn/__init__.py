@@ -32,9 +32,11 @@ from .mlp import GPT2MLP, SwiGLU
 from .module import (
                      Module,
                      eval_mode,
+                     grads_ready,
                      modules,
                      named_modules,
                      named_parameters,
+                     on_grads_ready,
                      set_rng,
                      set_training,
 )
@@ -71,10 +73,12 @@ __all__ = [
                      "SwiGLU",
                      "Tanh",
                      "eval_mode",
+                     "grads_ready",
                      "kaiming_uniform",
                      "modules",
                      "named_modules",
                      "named_parameters",
+                     "on_grads_ready",
                      "set_rng",
                      "set_training",
 ]

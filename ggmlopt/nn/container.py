@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .activation import ReLU
 from .conv import Conv2d
-from .module import Module
+from .module import Module, grads_ready
 from .pooling import MaxPool2d
 
 __all__ = ["Sequential"]
@@ -144,7 +144,9 @@ class Sequential(Module):
 
     def backward(self, grad_out):
         """grad_out through every layer's backward, last layer first; returns the
-        first layer's result (None unless needs_input_grad is set)."""
+        first layer's result (None unless needs_input_grad is set).  Each layer is
+        announced to the gradient-ready hook (``grads_ready``) once its backward
+        (or its fused run's) returned."""
         g = grad_out
         layers, fused = self.layers, self._fused
         i = len(layers) - 1
@@ -153,6 +155,7 @@ class Sequential(Module):
                 first = fused.get(i)
                 if first is None:
                     g = layers[i].backward(g)
+                    grads_ready(layers[i])  # its gradients are final (gradient-ready hook)
                     i -= 1
                     continue
                 if i - first == 2:  # Conv2d, ReLU, MaxPool2d
@@ -162,6 +165,8 @@ class Sequential(Module):
                 else:
                     layers[i].backward(g)  # its checks; the ReLU wants no gradient
                     g = None
+                for k in range(i, first - 1, -1):
+                    grads_ready(layers[k])
                 i = first - 1
         except _NAMED_ERRORS as e:
             raise _naming_layer(e, i, layers[i]) from None

@@ -41,6 +41,36 @@ A user's layer with randomness of its own, without subclassing Module::
         def backward(self, grad_out):
             return grad_out
 
+The gradient-ready hook (for data-parallel training, see ggmlopt.distributed).
+During a backward pass, ``grads_ready(module)`` announces that the gradients of
+every parameter in module's tree are final for this backward pass: nothing
+later in it adds into them.  Containers call it for each child right after the
+child's backward (Sequential for each layer, in reverse layer order; the
+language models for each block), and a layer may call ``grads_ready(self)`` at
+the end of its own backward.  Outside an OptContext's exchanging backward pass
+it does nothing (one lookup).  An OptContext with ``comm=`` installs a callback
+(``on_grads_ready``) for the backward pass of the last physical batch of each
+logical batch and starts the exchange of each bucket of gradients as soon as
+all of its parameters are announced, while the backward pass goes on.
+
+Rules for a user's layer or container: announce a child only after its
+backward returned, and never add into a parameter's gradient after a module
+holding it was announced (a parameter held by several modules, such as a tied
+embedding, is final only once every module holding it is announced; one
+reached only through a parent's own code is final when the parent is).  A
+layer or container that announces nothing still trains exactly: its
+parameters are then exchanged after the backward pass, as one process would.
+A container that does not call the hook for its children hides their
+exchange less; nothing else changes.  Sketch::
+
+    class TwoBranches(Module):
+        def backward(self, grad_out):
+            ga = self.a.backward(grad_out)
+            grads_ready(self.a)            # a's gradients are final
+            gb = self.b.backward(grad_out)
+            grads_ready(self.b)
+            return ga + gb
+
 The one forward pass on zeros a static context makes at construction (to learn
 the number of outputs) runs with every module's ``training`` False and before
 any ``set_rng``, so it draws nothing; the flags are restored afterwards.
@@ -50,16 +80,22 @@ objects with a ``forward`` method.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
 
 from .parameter import Parameter
 
-__all__ = ["Module", "TrainingProtocol", "eval_mode", "modules", "named_modules",
-           "named_parameters", "set_rng", "set_training"]
+__all__ = ["Module", "TrainingProtocol", "eval_mode", "grads_ready", "modules",
+           "named_modules", "named_parameters", "on_grads_ready", "set_rng", "set_training"]
+
+# the callback of the backward pass running in this thread (a context variable: ranks
+# run as threads in the tests, each with its own)
+_GRADS_READY: ContextVar[Callable[[object], None] | None] = ContextVar(
+    "ggmlopt_grads_ready", default=None)
 
 
 class Module:
@@ -210,6 +246,28 @@ def set_rng(model, rng: np.random.Generator) -> None:
         bind = getattr(m, "set_rng", None)
         if callable(bind):
             bind(rng)
+
+
+def grads_ready(module) -> None:
+    """Announce, during a backward pass, that the gradients of every parameter in
+    module's tree are final (see the module docstring): the callback installed
+    by ``on_grads_ready`` receives module; without one, nothing happens."""
+    hook = _GRADS_READY.get()
+    if hook is not None:
+        hook(module)
+
+
+@contextmanager
+def on_grads_ready(callback: Callable[[object], None]) -> Iterator[None]:
+    """with on_grads_ready(callback): model.backward(g) -- callback(module) runs
+    for every ``grads_ready(module)`` in the block (in this thread), in the order
+    of the announcements.  An OptContext with comm= uses it to start each bucket's
+    gradient exchange during the backward pass."""
+    token = _GRADS_READY.set(callback)
+    try:
+        yield
+    finally:
+        _GRADS_READY.reset(token)
 
 
 class TrainingProtocol:

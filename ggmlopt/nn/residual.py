@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import as_real_batch
-from .module import Module
+from .module import Module, grads_ready
 
 __all__ = ["Residual"]
 
@@ -87,6 +87,7 @@ class Residual(Module):
             raise ValueError(f"grad_out: expected shape {self._shape} like the last forward "
                              f"output, got {g.shape}")
         gx = self.fn.backward(g)
+        grads_ready(self.fn)  # the branch's gradients are final (gradient-ready hook)
         if not self._needs_input_grad:
             return None
         if gx is None:
