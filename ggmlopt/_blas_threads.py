@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 
 from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
@@ -40,6 +41,7 @@ _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS
 # variables that force OpenBLAS's kernel choice (an older kernel is slower)
 _KERNEL_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 _controller = None
+_controller_modules = 0  # len(sys.modules) when _controller was made
 
 
 def _usable_cpus():
@@ -147,10 +149,15 @@ def blas_threads_setting():
 
 
 def _blas():
-    """threadpoolctl's controller of the BLAS libraries NumPy loaded (made once:
-    NumPy loads its BLAS at import)."""
-    global _controller
-    if _controller is None:
+    """threadpoolctl's controller of the BLAS libraries loaded in this process
+    (NumPy's, and SciPy's once it is imported).  Made again when modules were
+    imported since the last call, since an import may load another BLAS (SciPy's
+    own OpenBLAS): a controller made before it would leave that library
+    untouched.  Otherwise the one made before (making one takes milliseconds,
+    and generation asks once per token)."""
+    global _controller, _controller_modules
+    if _controller is None or _controller_modules != len(sys.modules):
+        _controller_modules = len(sys.modules)
         _controller = ThreadpoolController().select(user_api="blas")
     return _controller
 

@@ -2,6 +2,7 @@
 other processes leave idle (GGMLOPT_BLAS_THREADS=auto, the default), or to a
 given number, or leaves them alone, and restores them after."""
 import io
+import json
 import math
 
 import numpy as np
@@ -178,3 +179,41 @@ def test_history_rows_of_older_checkpoints_have_no_blas_threads():
     stats = go.EpochStats.from_row(row)
     assert stats.epoch == 3 and stats.seconds == 1.25 and stats.blas_threads is None
     assert go.EpochStats.from_row(row + (2.0,)).blas_threads == 2
+
+
+def test_a_blas_loaded_after_the_first_epoch_is_limited_too():
+    # SciPy brings its own OpenBLAS; imported after ggmlopt first looked at the BLAS
+    # libraries, an epoch on busy cores must still cut every one of them
+    pytest.importorskip("scipy.linalg")
+    code = """
+import sys
+import numpy as np, threadpoolctl
+import ggmlopt as go
+from ggmlopt import _blas_threads
+_blas_threads.current_blas_threads()        # the controller is made here, before SciPy
+import scipy.linalg                          # noqa: F401  (loads SciPy's OpenBLAS)
+libs = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+if len(libs) < 2 or min(i["num_threads"] for i in libs) < 2:
+    print("skip"); sys.exit(0)
+_blas_threads._others_running = lambda: 1000
+seen = []
+def record(*a):
+    seen.append(sorted(i["num_threads"] for i in threadpoolctl.threadpool_info()
+                       if i["user_api"] == "blas"))
+model = go.nn.Sequential(go.nn.Linear(3, 4, rng=0), go.nn.Linear(4, 2, rng=1))
+ctx = go.OptContext(model, 2, 3, loss_type=go.LossType.CROSS_ENTROPY, class_labels=True)
+ds = go.Dataset.from_arrays(np.ones((4, 3)), np.array([0, 1, 1, 0]))
+go.epoch(ctx, ds, go.Result(), None, -1, record)
+import json; print(json.dumps(seen))
+"""
+    import subprocess
+    import sys
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in _blas_threads._BLAS_ENV + ("GGMLOPT_BLAS_THREADS",)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    if proc.stdout.strip() == "skip":
+        pytest.skip("one BLAS library, or one already on a single thread")
+    seen = json.loads(proc.stdout.strip())
+    assert seen and all(all(n == 1 for n in libs) and len(libs) >= 2 for libs in seen), seen
