@@ -15,7 +15,7 @@ import sys
 from dataclasses import astuple
 
 from ._blas_threads import blas_threads_for_training, current_blas_threads
-from .progress import progress_bar, time_us
+from .progress import time_us
 from .result import Result
 from .training import EpochStats, EvalStats, _epoch_plan, _eval_batch, epoch
 
@@ -30,12 +30,14 @@ def _loss_or_nan(result):
 
 class FitLoop:
     """Runs plan's epochs on ctx and dataset, appending to history and writing
-    ckpt (a FitCheckpoint or None)."""
+    ckpt (a FitCheckpoint or None); callback: None (silent) or the progress
+    callback of every batch (progress_bar)."""
 
-    def __init__(self, plan, ctx, dataset, history, ckpt, silent):
+    def __init__(self, plan, ctx, dataset, history, ckpt, callback):
         self.plan, self.ctx, self.dataset = plan, ctx, dataset
-        self.history, self.ckpt, self.silent = history, ckpt, silent
-        self.callback = None if silent else progress_bar
+        self.history, self.ckpt = history, ckpt
+        self.silent = callback is None
+        self.callback = callback
         self.result_train, self.result_val = Result(), Result()
         self.dist = getattr(ctx, "_dist", None)
 

@@ -27,7 +27,7 @@ from .optim_params import (
     OptimizerType,
     default_optimizer_params,
 )
-from .progress import format_hms, time_us
+from .progress import format_hms, progress_bar, time_us
 from .result import Result
 
 __all__ = ["EpochCallback", "EpochStats", "EvalStats", "History", "epoch", "fit"]
@@ -532,7 +532,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
 
         history = History(val_split=float(val_split), ndata_train=plan.idata_split,
                           ndata_val=plan.ndata - plan.idata_split)
-        loop = FitLoop(plan, ctx, dataset, history, ckpt, silent)
+        loop = FitLoop(plan, ctx, dataset, history, ckpt, None if silent else progress_bar)
         if pending is not None:
             ctx.load_state_dict(pending.ctx_sd)
             dataset._set_permutation(pending.permutation)
