@@ -99,6 +99,9 @@ class FitLoop:
         self._validate(self.result_val, self.callback)
 
     def _record_evaluation(self, step, ep, result):
+        evaluations = self.history.evaluations
+        if evaluations and evaluations[-1].step == step:
+            return  # resumed from where a max_steps run stopped: it evaluated there
         loss, unc = _loss_or_nan(result)
         acc, acc_unc = result.accuracy()
         stats = EvalStats(step, ep, self.result_train.loss()[0], loss, unc, acc, acc_unc)

@@ -309,3 +309,71 @@ def test_progress_output_names_the_evaluations(capsys):
     err = capsys.readouterr().err
     assert "fit: step 000004: val loss=" in err and "fit: step 000008: val loss=" in err
     assert err.count("fit: epoch 0001/0001:") == 1
+
+
+# ---- many processes (a communicator of threads, as tests/test_distributed.py) ----------
+
+def dist_fit(comm, checkpoint=None, part=False, **kw):
+    """dist_problem's fit (4 optimizer steps an epoch, 6 physical batches each)."""
+    from dist_problem import make_problem as dist_problem
+
+    model, ds = dist_problem(0)
+    extra = {} if comm is None else {"comm": comm}
+    if part:
+        n = ds.ndata // comm.Get_size()
+        rows = slice(comm.Get_rank() * n, (comm.Get_rank() + 1) * n)
+        ds = go.Dataset.from_arrays(ds.data[rows], ds.labels[rows], ndata_shard=2)
+        extra["dataset_is_part"] = True
+    pars = go.OptimizerParams(adamw=go.AdamWParams(alpha=0.01))
+    hist = go.fit(model, ds, go.LossType.CROSS_ENTROPY, lambda epoch: pars, nepoch=3,
+                  nbatch_logical=60, nbatch_physical=10, val_split=0.2, silent=True, seed=0,
+                  clip_grad_norm=0.3, checkpoint=None if checkpoint is None else str(checkpoint),
+                  **extra, **kw)
+    return np.concatenate([p.data.ravel() for p in model.parameters()]), hist
+
+
+def eval_array(hist):
+    return np.array([astuple(e) for e in hist.evaluations])
+
+
+@pytest.mark.filterwarnings("ignore:val_split")
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_eval_every_and_max_steps_over_ranks_equal_one_process(nranks):
+    from thread_comm import results
+
+    ref, ref_hist = dist_fit(None, eval_every=3, max_steps=10)
+    assert [e.step for e in ref_hist.evaluations] == [3, 6, 9]
+    outs = results(nranks, lambda c: dist_fit(c, eval_every=3, max_steps=10))
+    for flat, hist in outs:
+        assert flat.tobytes() == outs[0][0].tobytes()
+        np.testing.assert_allclose(flat, ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(eval_array(hist), eval_array(ref_hist), rtol=1e-5,
+                                   atol=1e-7)
+        assert [e.epoch for e in hist] == [1, 2, 3]
+
+
+@pytest.mark.filterwarnings("ignore:val_split")
+@pytest.mark.parametrize("part", [False, True])
+def test_resume_inside_an_epoch_over_ranks_is_bit_exact(tmp_path, part):
+    from thread_comm import results
+
+    kw = {"eval_every": 2, "checkpoint_every": 3, "part": part}
+    straight = results(2, lambda c: dist_fit(c, tmp_path / "a.npz", **kw))
+    results(2, lambda c: dist_fit(c, tmp_path / "b.npz", max_steps=7, **kw))
+    sd = load_state(tmp_path / "b.npz")
+    assert (sd["fit.epoch"], sd["fit.step"]) == (1, 3)
+    resumed = results(2, lambda c: dist_fit(c, tmp_path / "b.npz", resume=True, **kw))
+    for (a, ha), (b, hb) in zip(straight, resumed):
+        assert a.tobytes() == b.tobytes()
+        same_history(ha, hb)
+    same_checkpoint(tmp_path / "a.npz", tmp_path / "b.npz")
+
+
+def test_resuming_a_run_that_max_steps_finished_trains_nothing(tmp_path):
+    model, _, hist = fit(checkpoint=tmp_path / "b.npz", max_steps=12, eval_every=4)
+    again, _, hist_again = fit(checkpoint=tmp_path / "b.npz", max_steps=12, eval_every=4,
+                               resume=True)
+    for a, b in zip(params(model), params(again)):
+        assert a.tobytes() == b.tobytes()
+    same_history(hist, hist_again)
+    assert [e.step for e in hist_again.evaluations] == [4, 8, 12]
