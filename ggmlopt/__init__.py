@@ -44,7 +44,7 @@ from .optim_params import (
 )
 from .progress import progress_bar
 from .result import Result
-from .training import EpochStats, History, epoch, fit
+from .training import EpochStats, EvalStats, History, epoch, fit
 
 __version__ = "0.1.0"
 
@@ -53,6 +53,7 @@ __all__ = [
                            "BuildType",
                            "Dataset",
                            "EpochStats",
+                           "EvalStats",
                            "History",
                            "LossType",
                            "OptContext",
