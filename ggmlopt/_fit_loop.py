@@ -48,13 +48,11 @@ class FitLoop:
         for ep in range(first_epoch, plan.nepoch + 1):
             done = first_step if ep == first_epoch else 0
             ctx.get_opt_pars_ud = ep
-            if done == 0:
-                if plan.shuffle_train:
-                    self.dataset.shuffle(ctx.rng, plan.idata_split)
-                self.result_train.reset()
-            else:  # resumed inside the epoch: its shuffle and first steps are done
-                self.result_train.reset()
+            self.result_train.reset()
+            if done > 0:  # resumed inside the epoch: its shuffle and first steps are done
                 self.result_train._set_totals(train_totals, ctx)
+            elif plan.shuffle_train:
+                self.dataset.shuffle(ctx.rng, plan.idata_split)
             self.result_val.reset()
             if not silent:
                 sys.stderr.write(f"fit: epoch {ep:04d}/{plan.nepoch:04d}:\n")
