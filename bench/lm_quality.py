@@ -73,17 +73,20 @@ def run_ggmlopt(model, ds, steps, nval, sched, seed):
 
 
 def torch_mean_batch_loss(torch, module, x, y):
-    """The mean over batches of BATCH rows of the per-batch cross-entropy."""
+    """The per-batch cross-entropy over batches of BATCH rows, averaged as ggmlopt's
+    Result averages it: each batch weighed by its rows (a smaller last batch counts
+    for what it holds; with full batches, the plain mean of the batch means)."""
     import torch.nn.functional as F
 
-    losses = []
+    losses, rows = [], []
     with torch.no_grad():
         for i in range(0, x.shape[0], BATCH):
             logits = module(torch.from_numpy(x[i:i + BATCH]).long())
             target = torch.from_numpy(y[i:i + BATCH]).long().reshape(-1)
             losses.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target,
                                           ignore_index=-1).item())
-    return float(np.mean(losses))
+            rows.append(min(BATCH, x.shape[0] - i))
+    return float(np.average(losses, weights=rows))
 
 
 def run_torch(module, ds, perm, steps, sched):
