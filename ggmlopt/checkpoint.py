@@ -52,7 +52,8 @@ corrupted or foreign file raises ValueError.
 
 ``fit(..., checkpoint=path)`` adds the ``fit.*`` entries it needs for an exact
 resume (see FitCheckpoint): the epoch reached, the dataset's shard permutation,
-the fit configuration and the history so far.
+the fit configuration and the history so far; inside an epoch also the step
+reached in it and its training statistics, and fit's evaluations every N steps.
 """
 from __future__ import annotations
 
