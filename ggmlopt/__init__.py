@@ -45,7 +45,7 @@ from .optim_params import (
 )
 from .progress import progress_bar
 from .result import Result
-from .training import EpochStats, History, epoch, fit
+from .training import EpochStats, EvalStats, History, epoch, fit
 
 __version__ = "0.1.0"
 
@@ -54,6 +54,7 @@ __all__ = [
                            "BuildType",
                            "Dataset",
                            "EpochStats",
+                           "EvalStats",
                            "History",
                            "LossType",
                            "OptContext",

@@ -55,7 +55,8 @@ corrupted or foreign file raises ValueError.
 
 ``fit(..., checkpoint=path)`` adds the ``fit.*`` entries it needs for an exact
 resume (see FitCheckpoint): the epoch reached, the dataset's shard permutation,
-the fit configuration and the history so far.
+the fit configuration and the history so far; inside an epoch also the step
+reached in it and its training statistics, and fit's evaluations every N steps.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ import numbers
 import os
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -85,8 +86,8 @@ if TYPE_CHECKING:
     from .context import OptContext
     from .dataset import Dataset
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "context_state_dict", "fit_seed_id",
-           "load_context", "load_context_state_dict", "load_state", "parameter_names",
+__all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "FitProgress", "context_state_dict",
+           "fit_seed_id", "load_context", "load_context_state_dict", "load_state", "parameter_names",
            "save_state"]
 
 FORMAT = "ggmlopt.OptContext"
@@ -101,19 +102,26 @@ _SETTING_KEYS = ("format_version", "loss_type", "optimizer", "build_type", "opt_
 _FIT_INT_KEYS = ("fit.epoch", "fit.ndata", "fit.nbatch_logical", "fit.nbatch_physical",
                  "fit.idata_split")
 _FIT_KEYS = _FIT_INT_KEYS + ("fit.permutation", "fit.history")
+# a checkpoint inside an epoch (fit(checkpoint_every=...), max_steps) and fit's
+# evaluations every N steps: written only when there is something to say, so files
+# without them (all files before them) read as "at the end of epoch fit.epoch"
+_FIT_STEP_KEYS = ("fit.step", "fit.train_totals", "fit.evals")
 # settings a state may hold or lack (written by every save)
 _OPTIONAL_KEYS = ("class_labels", "trainable")
 # what identifies the run's data and shuffling; checked when present (files written
 # before these entries existed lack them).  fit.seed: the int seed, -1 for None (the
 # default seed), -2 for a numpy Generator.
 _FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.seed")
-_INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_KEYS)
+_INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_KEYS
+                      + ("fit.step",))
 _FLOAT_KEYS = frozenset(_OPT_PAR_NAMES[OptimizerType.ADAMW] + _OPT_PAR_NAMES[OptimizerType.SGD])
 _STR_KEYS = frozenset(("format", "rng_state"))
 # strings a state may hold or lack: the ranks' own generators (ggmlopt.rank_rng)
 _OPTIONAL_STR_KEYS = ("rank_rng_states",)
 # the fields of training.EpochStats (10 before blas_threads, 11 before exchange_wait_s)
 HISTORY_COLUMNS = 12
+EVAL_COLUMNS = 7      # the fields of training.EvalStats
+TRAIN_TOTALS = 6      # Result._totals() of the epoch's training so far
 
 
 # ---- the generator's state as JSON -------------------------------------------------------
@@ -502,7 +510,7 @@ def split_fit_entries(sd: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     """(the context's entries, the fit.* entries) of a loaded checkpoint."""
     ctx_sd = {k: v for k, v in sd.items() if not k.startswith("fit.")}
     fit_sd = {k: v for k, v in sd.items() if k.startswith("fit.")}
-    unknown = sorted(set(fit_sd) - set(_FIT_KEYS) - set(_FIT_RUN_KEYS))
+    unknown = sorted(set(fit_sd) - set(_FIT_KEYS) - set(_FIT_RUN_KEYS) - set(_FIT_STEP_KEYS))
     if unknown:
         raise ValueError(f"checkpoint: unexpected entries {unknown}")
     return ctx_sd, fit_sd
@@ -670,11 +678,29 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 # ---- fit's checkpoints --------------------------------------------------------------------
 
+class FitProgress(NamedTuple):
+    """A fit checkpoint as FitCheckpoint.read returns it: the context's entries,
+    the shard order, the epochs completed, their EpochStats rows, the steps done
+    in the next epoch (0 at an epoch's end), that epoch's training Result totals
+    (None at an epoch's end) and the EvalStats rows."""
+
+    ctx_sd: dict[str, Any]
+    permutation: np.ndarray
+    epochs_done: int
+    history_rows: list[tuple[float, ...]]
+    step: int
+    train_totals: tuple[float, ...] | None
+    eval_rows: list[tuple[float, ...]]
+
+
 class FitCheckpoint:
     """What fit saves after every epoch and restores on resume: the context's state
     plus ``fit.epoch`` (epochs completed), ``fit.permutation`` (the dataset's
     shard order, int64 (nshards,)), ``fit.history`` (float64 (epochs, 12), the
-    EpochStats rows so far) and the configuration that must not change between
+    EpochStats rows so far), inside an epoch ``fit.step`` (its optimizer steps
+    done) and ``fit.train_totals`` (float64 (6,), its training statistics so
+    far), with evaluations every N steps ``fit.evals`` (float64 (n, 7), the
+    EvalStats rows), and the configuration that must not change between
     runs (``fit.ndata``, ``fit.nbatch_logical``, ``fit.nbatch_physical``,
     ``fit.idata_split``) or that identifies the run (``fit.ne_datapoint``,
     ``fit.ne_label``, ``fit.ndata_shard``, ``fit.seed``: checked on resume when
@@ -709,12 +735,12 @@ class FitCheckpoint:
         """Whether the checkpoint file exists."""
         return os.path.exists(self.path)
 
-    def read(self, dataset: Dataset, nepoch: int, layout_args: tuple[Any, ...]
-             ) -> tuple[dict[str, Any], np.ndarray, int, list[tuple[float, ...]]]:
+    def read(self, dataset: Dataset, nepoch: int, layout_args: tuple[Any, ...],
+             steps_per_epoch: int | None = None) -> FitProgress:
         """The checkpoint checked whole against this fit (its configuration, the
         dataset, and the context it will build: layout_args are _Layout's
-        arguments) before fit touches the model: (context entries, shard order,
-        epochs completed, history rows)."""
+        arguments; steps_per_epoch bounds fit.step) before fit touches the
+        model."""
         sd = load_state(self.path)
         ctx_sd, fit_sd = split_fit_entries(sd)
         where = f"checkpoint: {self.path!r}"
@@ -740,11 +766,13 @@ class FitCheckpoint:
                 # written before EpochStats had blas_threads, or exchange_wait_s
                 ncols = np.shape(fit_sd["fit.history"])[1]
             history = _get_array(fit_sd, "fit.history", np.float64, (done, ncols))
+            step, totals, evals = self._read_steps(fit_sd, steps_per_epoch)
         except (ValueError, TypeError) as e:
             raise type(e)(f"{where}: {e}") from None
-        if done > nepoch:
+        if done > nepoch or (done == nepoch and step > 0):
+            more = f" and {step} steps of epoch {done + 1}" if step else ""
             raise ValueError(f"nepoch: the checkpoint {self.path!r} has already trained {done} "
-                             f"epochs, more than nepoch={nepoch}")
+                             f"epochs{more}, more than nepoch={nepoch}")
         try:
             _validate(ctx_sd, _Layout(*layout_args))
         except (ValueError, TypeError) as e:
@@ -753,7 +781,31 @@ class FitCheckpoint:
             self._check_run(fit_sd, ("fit.seed",))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-        return ctx_sd, perm, done, [tuple(row) for row in history.tolist()]
+        return FitProgress(ctx_sd, perm, done, [tuple(row) for row in history.tolist()], step,
+                           totals, [tuple(row) for row in evals.tolist()])
+
+    @staticmethod
+    def _read_steps(fit_sd: Mapping[str, Any], steps_per_epoch: int | None
+                    ) -> tuple[int, tuple[float, ...] | None, np.ndarray]:
+        """(fit.step, fit.train_totals, fit.evals) checked; 0, None and no rows
+        for a file written at an epoch's end without evaluations."""
+        step = _get_int(fit_sd, "fit.step") if "fit.step" in fit_sd else 0
+        if step < 0 or (steps_per_epoch is not None and step >= max(steps_per_epoch, 1)):
+            raise ValueError(f"fit.step: expected 0 <= step < {steps_per_epoch} (the steps "
+                             f"of an epoch), got {step}")
+        totals = None
+        if step > 0:
+            if "fit.train_totals" not in fit_sd:
+                raise ValueError("fit.train_totals: missing for a checkpoint inside an epoch")
+            totals = tuple(_get_array(fit_sd, "fit.train_totals", np.float64,
+                                      (TRAIN_TOTALS,)).tolist())
+        evals = np.zeros((0, EVAL_COLUMNS))
+        if "fit.evals" in fit_sd:
+            evals = _get_array(fit_sd, "fit.evals", np.float64, None)
+            if evals.ndim != 2 or evals.shape[1] != EVAL_COLUMNS:
+                raise ValueError(f"fit.evals: expected shape (n, {EVAL_COLUMNS}), got "
+                                 f"{evals.shape}")
+        return step, totals, evals
 
     def _check_run(self, fit_sd: Mapping[str, Any], keys: Iterable[str]) -> None:
         """Refuse a checkpoint of another run (the entries in keys it has)."""
@@ -769,9 +821,13 @@ class FitCheckpoint:
                                  "dataset and seed)")
 
     def save(self, ctx: OptContext, dataset: Dataset, epoch: int,
-             history_rows: list[tuple[float, ...]]) -> None:
+             history_rows: list[tuple[float, ...]], step: int = 0,
+             train_totals: tuple[float, ...] | None = None,
+             eval_rows: list[tuple[float, ...]] | None = None) -> None:
         """Write the context's state, the shard order, the epochs done and the
-        history rows to the checkpoint file (atomically)."""
+        history rows to the checkpoint file (atomically); inside an epoch also
+        the steps done in it (step > 0) and its training Result's totals, and
+        the evaluations every N steps so far (eval_rows) when there are any."""
         sd = ctx.state_dict()
         sd.update(self.config)
         sd.update(self.run)
@@ -779,6 +835,12 @@ class FitCheckpoint:
         sd["fit.permutation"] = np.asarray(dataset.permutation, dtype=np.int64)
         sd["fit.history"] = np.array(history_rows, dtype=np.float64).reshape(
             len(history_rows), HISTORY_COLUMNS)
+        if step > 0:
+            sd["fit.step"] = int(step)
+            sd["fit.train_totals"] = np.array(train_totals, dtype=np.float64)
+        if eval_rows:
+            sd["fit.evals"] = np.array(eval_rows, dtype=np.float64).reshape(
+                len(eval_rows), EVAL_COLUMNS)
         if getattr(ctx, "_dist", None) is not None:  # many processes: rank 0 writes
             ctx._dist.save(self.path, sd, save_state)
         else:

@@ -8,13 +8,14 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import astuple, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-from ._args import enum_arg, int_arg
+from ._args import enum_arg
 from ._blas_threads import blas_threads_for_training, blas_threads_setting, current_blas_threads
+from ._fit_plan import FitPlan
 from .checkpoint import FitCheckpoint, fit_seed_id, parameter_names
 from .context import OptContext, checks_before_taking, first_nonfinite
 from .dataset import Dataset
@@ -25,13 +26,11 @@ from .optim_params import (
     OptimizerParams,
     OptimizerType,
     default_optimizer_params,
-    validate_optimizer_params,
 )
 from .progress import format_hms, progress_bar, time_us
 from .result import Result
-from .schedules import Schedule
 
-__all__ = ["EpochCallback", "EpochStats", "History", "epoch", "fit"]
+__all__ = ["EpochCallback", "EpochStats", "EvalStats", "History", "epoch", "fit"]
 
 #: callback(train, ctx, dataset, result, ibatch, ibatch_max, t_start_us), as progress_bar
 EpochCallback = Callable[[bool, OptContext, Dataset, "Result | None", int, int, int], None]
@@ -265,6 +264,28 @@ class EpochStats:
 
 
 @dataclass
+class EvalStats:
+    """One evaluation of fit(eval_every=N) on the held-out part: after optimizer
+    step ``step`` (counted over the fit, from 1) of epoch ``epoch``, the
+    validation loss and accuracy with their uncertainties (as EpochStats's, NaN
+    where undefined), and ``train_loss``, the epoch's training loss so far (what
+    the progress bar shows at that step)."""
+
+    step: int
+    epoch: int
+    train_loss: float
+    val_loss: float
+    val_loss_unc: float
+    val_accuracy: float
+    val_accuracy_unc: float
+
+    @classmethod
+    def from_row(cls, row: Sequence[float]) -> EvalStats:
+        """The EvalStats of a checkpoint's ``fit.evals`` row (astuple's order)."""
+        return cls(int(row[0]), int(row[1]), *map(float, row[2:7]))
+
+
+@dataclass
 class History:
     """What fit returns: one EpochStats per epoch (``history[i]``, ``len(history)``)
     and the same numbers by column (``history.train_loss`` ...: read-only lists,
@@ -275,12 +296,18 @@ class History:
     whole logical batches (ndata_val = ndata - ndata_train, ndata_train =
     floor((1 - val_split) * nbatches_logical) * nbatch_logical, in float32 as
     ggml computes it).
+
+    evaluations: with fit(eval_every=N), one EvalStats per evaluation on the
+    held-out part, every N optimizer steps (empty otherwise).  An epoch cut
+    short by max_steps is in ``epochs`` with the statistics of the steps it
+    trained.
     """
 
     epochs: list[EpochStats] = field(default_factory=list)
     val_split: float = 0.0
     ndata_train: int = 0
     ndata_val: int = 0
+    evaluations: list[EvalStats] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.epochs)
@@ -365,45 +392,6 @@ class History:
         return plot_history(self, path, **kwargs)
 
 
-def _check_split(ndata: int, nbatch_logical: int, val_split: float, idata_split: int) -> None:
-    """Raise when the split leaves nothing to train; warn when rounding moved it by
-    more than half a logical batch."""
-    nbatches = ndata // nbatch_logical
-    ntrain = idata_split // nbatch_logical
-    if ntrain == 0:
-        raise ValueError(
-            f"val_split: {val_split} of {nbatches} logical batch{'es' if nbatches != 1 else ''} "
-            f"(ndata={ndata}, nbatch_logical={nbatch_logical}) leaves no logical batch to "
-            f"train (floor((1 - {val_split}) * {nbatches}) = 0); lower val_split or "
-            "nbatch_logical")
-    ndata_val = ndata - idata_split
-    if abs(ndata_val - val_split * ndata) > nbatch_logical / 2:
-        warnings.warn(
-            f"val_split: {val_split} of ndata={ndata} asks for {val_split * ndata:g} "
-            f"validation datapoints; rounded to whole logical batches of {nbatch_logical} "
-            f"it is {ndata_val} ({ndata_val / ndata:.4g} of the data, {nbatches - ntrain} of "
-            f"{nbatches} logical batches)", UserWarning, stacklevel=4)
-
-
-def _check_schedule(get_opt_pars: Callable[[Any], OptimizerParams], nepoch: int,
-                    steps_per_epoch: int, optimizer: OptimizerType) -> None:
-    """Run a ggmlopt.schedules schedule at the last epoch (or step) of the fit, so
-    one too short for nepoch fails before training instead of in the middle."""
-    if not isinstance(get_opt_pars, Schedule) or nepoch == 0:
-        return
-    step = get_opt_pars.unit == "step"
-    t_last = nepoch * steps_per_epoch if step else nepoch
-    if t_last < 1:
-        return
-    try:
-        validate_optimizer_params(get_opt_pars(t_last), optimizer)
-    except (ValueError, TypeError) as e:
-        what = (f"step {t_last} (nepoch={nepoch} x {steps_per_epoch} optimizer steps)" if step
-                else f"epoch {t_last} (nepoch={nepoch})")
-        raise type(e)(f"get_opt_pars: the schedule {get_opt_pars!r} fails at {what}, before "
-                      f"training starts: {e}") from None
-
-
 def _stops_every_rank(fit_function):
     """With comm=..., a failure on one rank makes every rank raise instead of
     leaving the others waiting in a collective (ggmlopt.distributed)."""
@@ -420,14 +408,15 @@ def _stops_every_rank(fit_function):
 @_stops_every_rank
 def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
-        nepoch: int = 1, nbatch_logical: int = 1, nbatch_physical: int | None = None,
+        nepoch: int | None = 1, nbatch_logical: int = 1, nbatch_physical: int | None = None,
         val_split: float = 0.0, silent: bool = False,
         optimizer: OptimizerType | int | str = OptimizerType.ADAMW,
         seed: int | np.random.Generator | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
         resume: bool = False, clip_grad_norm: float | None = None, *, comm: Any = None,
         shard_optimizer: bool = False, dataset_is_part: bool = False,
-        bucket_cap_mb: float | None = 25.0) -> History:
+        bucket_cap_mb: float | None = 25.0, max_steps: int | None = None,
+        eval_every: int | None = None, checkpoint_every: int | None = None) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
@@ -447,7 +436,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     Unless silent, progress goes to stderr.  Returns a History.
 
     checkpoint: None or a file path: the training state is saved there (atomically,
-    see ggmlopt.checkpoint) after every epoch.  resume: when the checkpoint file
+    see ggmlopt.checkpoint) after every epoch (and every checkpoint_every steps).  resume: when the checkpoint file
     exists, continue from it up to nepoch epochs in all (the History then covers
     every epoch); training 4 epochs straight or 2, then resuming for 2 more, gives
     bit-for-bit the same parameters.  clip_grad_norm: None or a float > 0, the
@@ -480,6 +469,27 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     bucket_cap_mb: with comm, MiB of gradients per bucket exchanged during the
     backward pass (float > 0, default 25 as PyTorch DDP), or None for one
     exchange after it (see OptContext).
+
+    Steps (keyword-only, beyond ggml; steps are optimizer steps, counted over the
+    whole fit from 1; every one is checked before training, see
+    ggmlopt._fit_plan.FitPlan):
+    max_steps: None or an int >= 1: stop after this many optimizer steps, in the
+    middle of an epoch if need be (that epoch then validates and is recorded
+    with the steps it trained).  nepoch=None with max_steps: as many epochs as
+    max_steps needs; max_steps beyond nepoch's steps raises ValueError.
+    eval_every: None or an int >= 1: evaluate on the held-out part (val_split > 0)
+    after every eval_every optimizer steps, recorded in History.evaluations
+    (EvalStats); an evaluation that falls on an epoch's end is that epoch's
+    validation.  Evaluating changes nothing in the training: the parameters are
+    those of the same fit without eval_every.
+    checkpoint_every: None or an int >= 1 (needs checkpoint): also save the
+    checkpoint after every checkpoint_every optimizer steps inside an epoch (and
+    when max_steps stops inside one).  Resuming from such a checkpoint continues
+    the epoch at its next step, with its shuffle, the generator, the optimizer,
+    the epoch's training statistics and the History as they were: the result is
+    bit for bit the uninterrupted fit's.
+    A step schedule (ggmlopt.schedules with unit="step") follows ctx.iter, so
+    it continues across epochs and resumes exactly.
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -489,59 +499,24 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     t_start_us = time_us()
     loss_type = enum_arg(loss_type, LossType, "loss_type")
     optimizer = enum_arg(optimizer, OptimizerType, "optimizer")
-    nepoch = int_arg(nepoch, "nepoch", 0)
-    nbatch_logical = int_arg(nbatch_logical, "nbatch_logical", 1)
-    nbatch_physical = nbatch_logical if nbatch_physical is None else \
-        int_arg(nbatch_physical, "nbatch_physical", 1)
-    if dataset_is_part is not False:  # many processes: from here on, this rank's share
-        from .distributed import part_of_logical_batch
-        nbatch_logical = part_of_logical_batch(comm, dataset_is_part, nbatch_logical)
-    data = getattr(dataset, "data", None)
-    if not isinstance(data, np.ndarray) or data.ndim != 2:
-        raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
-    ndata = data.shape[0]
-    if ndata % nbatch_logical != 0:
-        raise ValueError(f"nbatch_logical: ndata={ndata} is not a multiple of "
-                         f"nbatch_logical={nbatch_logical}")
-    if nbatch_logical % nbatch_physical != 0:
-        raise ValueError(f"nbatch_physical: nbatch_logical={nbatch_logical} is not a multiple "
-                         f"of nbatch_physical={nbatch_physical}")
-    shard = getattr(dataset, "ndata_shard", 1)
-    if nbatch_physical % shard != 0:
-        raise ValueError(f"nbatch_physical: {nbatch_physical} is not a whole number of shards "
-                         f"of ndata_shard={shard}")
-    if isinstance(val_split, bool) or not isinstance(val_split, numbers.Real):
-        raise TypeError(f"val_split: expected a float, got {type(val_split).__name__}")
-    if not 0.0 <= np.float32(val_split) < 1.0:
-        raise ValueError(f"val_split: expected 0 <= val_split < 1, got {val_split}")
+    from ._fit_loop import FitLoop  # it runs epoch(): imported here, not at the top
 
-    opt_period = nbatch_logical // nbatch_physical
-    if comm is not None:  # many processes: each rank its part of a logical batch
-        nranks = comm.Get_size()
-        if dataset_is_part:
-            opt_period *= nranks  # physical batches of a logical batch over all ranks
-        elif opt_period % nranks != 0:
-            raise ValueError(f"nbatch_logical: with {nranks} ranks each rank evaluates "
-                             f"nbatch_logical/{nranks} datapoints per step in physical batches "
-                             f"of nbatch_physical, so nbatch_logical must be a multiple of "
-                             f"{nranks} x nbatch_physical = {nranks * nbatch_physical}; got "
-                             f"nbatch_logical={nbatch_logical}")
+    plan = FitPlan.from_args(dataset, nepoch, nbatch_logical, nbatch_physical, val_split, comm,
+                             dataset_is_part, max_steps, eval_every, checkpoint_every,
+                             checkpoint)
+    if comm is not None:
         silent = silent or comm.Get_rank() != 0  # rank 0 alone prints
-    nbatches_logical = ndata // nbatch_logical
-    # train <-> val split index (physical batches), in float32 as ggml computes it
-    ibatch_split = int(np.float32(np.float32(1) - np.float32(val_split))
-                       * np.float32(nbatches_logical)) * (nbatch_logical // nbatch_physical)
-    idata_split = ibatch_split * nbatch_physical
-    _check_split(ndata, nbatch_logical, float(val_split), idata_split)
-    _check_schedule(get_opt_pars, nepoch, ibatch_split // opt_period, optimizer)
+    plan.check_schedule(get_opt_pars, optimizer)
+    data = dataset.data
     ckpt = None
     if checkpoint is not None:
         labels = getattr(dataset, "labels", None)
-        ckpt = FitCheckpoint(checkpoint, ndata, nbatch_logical, nbatch_physical, idata_split, {
-            "fit.ne_datapoint": data.shape[1],
-            "fit.ne_label": 0 if labels is None else int(labels.shape[1]),
-            "fit.ndata_shard": int(shard),
-            "fit.seed": fit_seed_id(seed)})
+        ckpt = FitCheckpoint(checkpoint, plan.ndata, plan.nbatch_logical, plan.nbatch_physical,
+                             plan.idata_split, {
+                                 "fit.ne_datapoint": data.shape[1],
+                                 "fit.ne_label": 0 if labels is None else int(labels.shape[1]),
+                                 "fit.ndata_shard": int(getattr(dataset, "ndata_shard", 1)),
+                                 "fit.seed": fit_seed_id(seed)})
         if not resume and ckpt.exists():
             warnings.warn(f"checkpoint: {ckpt.path!r} exists and will be overwritten after the "
                           "first epoch (resume=False); pass resume=True to continue from it",
@@ -549,15 +524,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
 
     pending = None
     if resume and ckpt.exists():
-        # the whole checkpoint is checked against the model before the context takes it
-        params = OptContext._collect_parameters(model)
-        trainable = [bool(getattr(p, "requires_grad", True)) for p in params]
-        shapes = [p.data.shape for p, t in zip(params, trainable) if t]
-        bit_generator = (type(seed.bit_generator) if isinstance(seed, np.random.Generator)
-                         else type(np.random.default_rng(0).bit_generator))
-        pending = ckpt.read(dataset, nepoch, (loss_type, optimizer, BuildType.OPT, opt_period,
-                                              shapes, bit_generator, trainable,
-                                              parameter_names(model, params)))
+        pending = _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer)
 
     # class-index labels take the class-index loss path (int32 label batches): one
     # per datapoint, or one per position (sequence labels, int32 (ndata, n_ctx))
@@ -568,57 +535,35 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     inputs_dtype = np.int32 if data.dtype == np.int32 else np.float32
     try:
         with checks_before_taking(lambda c: _check_dataset(c, dataset)):
-            ctx = OptContext(model, batch_size=nbatch_physical, ne_datapoint=data.shape[1],
-                             loss_type=loss_type, build_type=BuildType.OPT, opt_period=opt_period,
-                             optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=1,
-                             seed=seed, clip_grad_norm=clip_grad_norm, comm=comm,
+            ctx = OptContext(model, batch_size=plan.nbatch_physical, ne_datapoint=data.shape[1],
+                             loss_type=loss_type, build_type=BuildType.OPT,
+                             opt_period=plan.opt_period, optimizer=optimizer,
+                             get_opt_pars=get_opt_pars, get_opt_pars_ud=1, seed=seed,
+                             clip_grad_norm=clip_grad_norm, comm=comm,
                              shard_optimizer=shard_optimizer, class_labels=class_labels,
                              inputs_dtype=inputs_dtype, bucket_cap_mb=bucket_cap_mb)
         if comm is not None:
             ctx._dist.parts = dataset_is_part
 
-        history = History(val_split=float(val_split), ndata_train=idata_split,
-                          ndata_val=ndata - idata_split)
-        first_epoch = 1
+        history = History(val_split=float(val_split), ndata_train=plan.idata_split,
+                          ndata_val=plan.ndata - plan.idata_split)
+        loop = FitLoop(plan, ctx, dataset, history, ckpt, None if silent else progress_bar)
         if pending is not None:
-            ctx_sd, perm, done, rows = pending
-            ctx.load_state_dict(ctx_sd)
-            dataset._set_permutation(perm)
-            history.epochs = [EpochStats.from_row(r) for r in rows]
-            first_epoch = done + 1
+            ctx.load_state_dict(pending.ctx_sd)
+            dataset._set_permutation(pending.permutation)
+            history.epochs = [EpochStats.from_row(r) for r in pending.history_rows]
+            history.evaluations = [EvalStats.from_row(r) for r in pending.eval_rows]
+            done, step = pending.epochs_done, pending.step
             if not silent:
+                where = f" and step {step} of epoch {done + 1}" if step else ""
                 sys.stderr.write(f"fit: resuming from {ckpt.path} after epoch {done:04d}/"
-                                 f"{nepoch:04d}\n")
-        elif nbatch_logical < ndata:
-            # shuffling only helps when one batch does not hold all the data
-            dataset.shuffle(ctx.rng, -1)  # all data, training and validation
-
-        result_train, result_val = Result(), Result()
-        callback = None if silent else progress_bar
-        for ep in range(first_epoch, nepoch + 1):
-            ctx.get_opt_pars_ud = ep
-            if nbatch_logical < idata_split:
-                dataset.shuffle(ctx.rng, idata_split)
-            result_train.reset()
-            result_val.reset()
-            if not silent:
-                sys.stderr.write(f"fit: epoch {ep:04d}/{nepoch:04d}:\n")
-            t0 = time_us()
-            waited = 0.0 if ctx._dist is None else ctx._dist.exchange_wait_total
-            epoch(ctx, dataset, result_train, result_val, idata_split, callback, callback)
-            seconds = (time_us() - t0) / 1e6
-            if ctx._dist is not None:
-                waited = ctx._dist.exchange_wait_total - waited
-            if not silent:
-                sys.stderr.write("\n")
-            # without a validation split ggml's loss of an empty Result is 0.0; the
-            # history says NaN, so no one reads a perfect validation loss into it
-            val_loss = result_val.loss() if result_val.ndata else (math.nan, math.nan)
-            history.epochs.append(EpochStats(ep, *result_train.loss(), *result_train.accuracy(),
-                                             *val_loss, *result_val.accuracy(), seconds,
-                                             ctx._blas_threads, waited))
-            if ckpt is not None:
-                ckpt.save(ctx, dataset, ep, [astuple(e) for e in history.epochs])
+                                 f"{plan.nepoch:04d}{where}\n")
+            loop.run(done + 1, step, pending.train_totals)
+        else:
+            if plan.shuffle_all:
+                # shuffling only helps when one batch does not hold all the data
+                dataset.shuffle(ctx.rng, -1)  # all data, training and validation
+            loop.run()
     finally:
         # every exit, also an exception or Ctrl-C in the middle of an epoch, leaves
         # the model in eval mode, so model(x) afterwards is inference (no dropout)
@@ -629,3 +574,20 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     return history
 
 
+def _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer):
+    """fit's checkpoint, checked whole against the model and this fit before the
+    context takes the model (a FitProgress)."""
+    params = OptContext._collect_parameters(model)
+    trainable = [bool(getattr(p, "requires_grad", True)) for p in params]
+    shapes = [p.data.shape for p, t in zip(params, trainable) if t]
+    bit_generator = (type(seed.bit_generator) if isinstance(seed, np.random.Generator)
+                     else type(np.random.default_rng(0).bit_generator))
+    progress = ckpt.read(dataset, plan.nepoch, (loss_type, optimizer, BuildType.OPT,
+                                                plan.opt_period, shapes, bit_generator,
+                                                trainable, parameter_names(model, params)),
+                         plan.steps_per_epoch)
+    trained = progress.epochs_done * plan.steps_per_epoch + progress.step
+    if trained > plan.total_steps:
+        raise ValueError(f"max_steps: the checkpoint {ckpt.path!r} has already trained "
+                         f"{trained} optimizer steps, more than max_steps={plan.total_steps}")
+    return progress

@@ -139,5 +139,54 @@ def test_text_errors_are_clear(tmp_path, capsys):
     assert "--text: no such file" in capsys.readouterr().err
     short = tmp_path / "short.txt"
     short.write_text("hello world. " * 100, encoding="utf-8")
-    with pytest.raises(SystemExit, match="fewer than the 6600 windows"):
+    with pytest.raises(SystemExit, match="fewer than the 13200 windows"):  # 2000 steps
         textlm.main(["--text", str(short)])
+
+
+SMALL = ["--steps", "20", "--epochs", "2", "--silent", "--n-layers", "1", "--dim", "32",
+         "--n-heads", "2", "--max-new-tokens", "20", "--temperature", "0"]
+
+
+def test_eval_every_and_a_checkpoint_resumed_mid_epoch(text_file, tmp_path, capsys,
+                                                        monkeypatch):
+    args = ["--text", str(text_file), *SMALL, "--eval-every", "4"]
+    straight = textlm.main(args)
+    out = capsys.readouterr().out
+    steps = [e.step for e in straight.history.evaluations]
+    assert steps == [4, 8, 12, 16, 20]
+    assert f"textlm: step 8/20: val loss {straight.history.evaluations[1].val_loss:.4f}" in out
+
+    # the first run stops after 7 steps (as an interruption would), the second resumes
+    ckpt = tmp_path / "run.npz"
+    fit = go.fit
+    monkeypatch.setattr(go, "fit", lambda *a, **kw: fit(*a, **kw, max_steps=7))
+    textlm.main(args + ["--checkpoint", str(ckpt), "--checkpoint-every", "3"])
+    sd = go.checkpoint.load_state(ckpt)
+    assert (sd["fit.epoch"], sd["fit.step"], sd["iter"]) == (0, 7, 8)
+    monkeypatch.setattr(go, "fit", fit)
+    capsys.readouterr()
+    resumed = textlm.main(args + ["--checkpoint", str(ckpt), "--resume"])
+    assert [e[:9] for e in map(dataclass_tuple, resumed.history)] == \
+        [e[:9] for e in map(dataclass_tuple, straight.history)]
+    # (NaN uncertainties: one validation batch)
+    np.testing.assert_array_equal([dataclass_tuple(e) for e in resumed.history.evaluations],
+                                  [dataclass_tuple(e) for e in straight.history.evaluations])
+    assert resumed.perplexity == straight.perplexity and resumed.sample == straight.sample
+
+
+def dataclass_tuple(stats):
+    from dataclasses import astuple
+
+    return astuple(stats)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--checkpoint-every", "5"], "--checkpoint-every: needs --checkpoint"),
+    (["--resume"], "--resume: needs --checkpoint"),
+    (["--eval-every", "-1"], "--eval-every: expected at least 0"),
+    (["--checkpoint", "c.npz", "--checkpoint-every", "0"], "--checkpoint-every: expected"),
+])
+def test_step_options_checked(extra, message, text_file, capsys):
+    with pytest.raises(SystemExit):
+        textlm.main(["--text", str(text_file), *SMALL, *extra])
+    assert message in capsys.readouterr().err

@@ -3,7 +3,9 @@
     python -m ggmlopt.examples.textlm                     # Llama on the stdlib's docstrings
     python -m ggmlopt.examples.textlm --model gpt2        # GPT-2 instead
     python -m ggmlopt.examples.textlm --text FILE         # any UTF-8 text
-    python -m ggmlopt.examples.textlm --steps 2000       # nanoGPT's reference run
+    python -m ggmlopt.examples.textlm --steps 500         # a shorter run
+    python -m ggmlopt.examples.textlm --checkpoint run.npz --checkpoint-every 100
+    python -m ggmlopt.examples.textlm --checkpoint run.npz --resume   # after an interruption
     python -m ggmlopt.examples.textlm --save lm.npz --plot curves.png
     python -m ggmlopt.examples.textlm --load lm.npz --prompt "Return the"   # no training
     python -m ggmlopt.examples.textlm --quick             # a few seconds: a smoke test
@@ -14,9 +16,11 @@ bytes, batches of 12 windows, AdamW (lr 1e-3, beta2 0.99, weight decay 0.1,
 gradients clipped to norm 1) with a linear warmup over the first 5% of the steps
 (at most 100) and a cosine decay to 1e-4; the tokens are the 256 bytes of UTF-8
 plus ``<|endoftext|>`` (ggmlopt.text.ByteTokenizer).  nanoGPT's reference point
-is 2000 steps (``--steps 2000``: about 3 CPU-minutes, a validation loss of 1.47
-nats per byte and a held-out perplexity of 4.4); the default run takes 1000
-steps (under 2 CPU-minutes) and already writes word-like English.
+is 2000 steps, the default (about 3 CPU-minutes, a validation loss of 1.47
+nats per byte and a held-out perplexity of 4.4); 1000 steps take under 2
+CPU-minutes and already write word-like English.  As nanoGPT's
+train_shakespeare_char, the validation windows are evaluated every 250 steps
+(``--eval-every``, fit's eval_every; 0: only at the end of each epoch).
 
 The text (default: ggmlopt.corpora.python_docstrings(), the docstrings of the
 Python standard library, about 1.6 MB, no download) is split as nanoGPT splits
@@ -35,6 +39,9 @@ tokens (nanoGPT crops its context the same way).
 --save writes a .npz holding every named parameter and the configuration as
 JSON (``config.json``); --load reads one back and evaluates it instead of
 training.  Both, and --plot (needs matplotlib), are checked before training.
+--checkpoint FILE saves the whole training state (fit's checkpoint) after every
+epoch and, with --checkpoint-every N, every N steps; --resume continues an
+interrupted run from it, bit for bit as if it had not stopped (same arguments).
 """
 from __future__ import annotations
 
@@ -60,8 +67,9 @@ MODELS = {"llama": (Llama, LlamaConfig), "gpt2": (GPT2, GPT2Config)}
 HELD_OUT = 0.1          # nanoGPT's train/val split of the text
 VAL_BATCHES = 0.1       # validation windows per epoch, as a fraction of the training ones
 MIN_LR_FACTOR = 0.1     # cosine decay from 1e-3 to 1e-4, nanoGPT's min_lr = lr / 10
+EVAL_EVERY = 250        # nanoGPT's eval_interval (train_shakespeare_char)
 QUICK = {"steps": 40, "epochs": 2, "corpus_bytes": 120_000, "eval_tokens": 4096,
-         "max_new_tokens": 80}
+         "max_new_tokens": 80, "eval_every": 10}
 
 
 class Run(NamedTuple):
@@ -220,10 +228,13 @@ def main(argv=None) -> Run:
                         help="llama (default: RMSNorm, RoPE, SwiGLU) or gpt2 (LayerNorm, "
                              "learned positions, GELU MLP, tied embedding)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="optimizer steps in all (default 1000; nanoGPT's reference: 2000)")
+                        help="optimizer steps in all (default 2000, nanoGPT's reference)")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs the steps are spread over (default 2; each epoch repeats the "
                              "same windows)")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help=f"evaluate the validation windows every N steps (default "
+                             f"{EVAL_EVERY}; 0: only at each epoch's end)")
     parser.add_argument("--n-layers", type=int, default=4, help="transformer blocks (4)")
     parser.add_argument("--n-heads", type=int, default=4, help="attention heads (4)")
     parser.add_argument("--dim", type=int, default=128, help="model width (128)")
@@ -252,14 +263,25 @@ def main(argv=None) -> Run:
                        help="evaluate and sample a model written by --save instead of training")
     files.add_argument("--plot", metavar="FILE.png",
                        help="write the training and validation curves; needs ggmlopt[plot]")
+    files.add_argument("--checkpoint", metavar="FILE.npz",
+                       help="save the training state after every epoch (and --checkpoint-every "
+                            "N steps)")
+    files.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                       help="with --checkpoint: also save it every N optimizer steps")
+    files.add_argument("--resume", action="store_true",
+                       help="continue from --checkpoint when it exists (the same arguments)")
     args = parser.parse_args(argv)
     quick = QUICK if args.quick else {}
-    steps = args.steps if args.steps is not None else quick.get("steps", 1000)
+    steps = args.steps if args.steps is not None else quick.get("steps", 2000)
     epochs = args.epochs if args.epochs is not None else quick.get("epochs", 2)
     max_new = (args.max_new_tokens if args.max_new_tokens is not None
                else quick.get("max_new_tokens", 300))
     eval_tokens = args.eval_tokens if args.eval_tokens is not None else quick.get("eval_tokens")
+    args.eval_every = (args.eval_every if args.eval_every is not None
+                       else quick.get("eval_every", EVAL_EVERY))
     for name, value, low in (("--steps", steps, 1), ("--epochs", epochs, 1),
+                             ("--eval-every", args.eval_every, 0),
+                             ("--checkpoint-every", args.checkpoint_every, 1),
                              ("--n-ctx", args.n_ctx, 4), ("--batch", args.batch, 1),
                              ("--max-new-tokens", max_new, 0), ("--eval-tokens", eval_tokens, 1)):
         if value is not None and value < low:
@@ -268,8 +290,12 @@ def main(argv=None) -> Run:
         parser.error(f"--lr: expected a finite value > 0, got {args.lr}")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         parser.error(f"--temperature: expected a finite value >= 0, got {args.temperature}")
-    if args.load and (args.save or args.plot):
-        parser.error("--load evaluates a saved model: it trains nothing to --save or --plot")
+    if args.load and (args.save or args.plot or args.checkpoint):
+        parser.error("--load evaluates a saved model: it trains nothing to --save, --plot or "
+                     "--checkpoint")
+    if (args.checkpoint_every or args.resume) and not args.checkpoint:
+        parser.error(f"{'--resume' if args.resume else '--checkpoint-every'}: needs "
+                     f"--checkpoint FILE")
     if args.load:
         try:
             args.load = input_path(args.load, "--load")
@@ -359,9 +385,20 @@ def train(model, tokens, steps, epochs, args, say) -> go.History:
     sys.stdout.flush()
     # a validation split of nval - 1/4 logical batches rounds to exactly nval of them
     val_split = (nval - 0.25) / (per_epoch + nval)
-    history = go.fit(model, ds, go.LossType.CROSS_ENTROPY, schedule, nepoch=epochs,
-                     nbatch_logical=args.batch, val_split=val_split, silent=args.silent,
-                     seed=args.seed, clip_grad_norm=1.0)
+    eval_every = args.eval_every if 0 < args.eval_every < per_epoch * epochs else None
+    try:
+        history = go.fit(model, ds, go.LossType.CROSS_ENTROPY, schedule, nepoch=epochs,
+                         nbatch_logical=args.batch, val_split=val_split, silent=args.silent,
+                         seed=args.seed, clip_grad_norm=1.0, eval_every=eval_every,
+                         checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                         resume=args.resume)
+    except ValueError as e:   # a checkpoint of another run, a bad --checkpoint path
+        if "checkpoint" not in str(e):
+            raise
+        raise SystemExit(f"textlm: {e}") from None
+    for ev in history.evaluations:
+        say(f"textlm: step {ev.step}/{total}: val loss {ev.val_loss:.4f} "
+            f"(ppl {ppl(ev.val_loss):.3f}), train loss so far this epoch {ev.train_loss:.4f}")
     for i, stats in enumerate(history, 1):
         say(f"textlm: epoch {i}/{epochs}: train loss {stats.train_loss:.4f} "
             f"(ppl {ppl(stats.train_loss):.3f}), val loss {stats.val_loss:.4f} "
