@@ -522,8 +522,9 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                           "first epoch (resume=False); pass resume=True to continue from it",
                           UserWarning, stacklevel=2)
 
-    pending = None
-    if resume and ckpt.exists():
+    pending, resumed_from = None, ""
+    if resume and ckpt is not None and ckpt.exists():
+        resumed_from = ckpt.path
         pending = _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer)
 
     # class-index labels take the class-index loss path (int32 label batches): one
@@ -556,7 +557,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
             done, step = pending.epochs_done, pending.step
             if not silent:
                 where = f" and step {step} of epoch {done + 1}" if step else ""
-                sys.stderr.write(f"fit: resuming from {ckpt.path} after epoch {done:04d}/"
+                sys.stderr.write(f"fit: resuming from {resumed_from} after epoch {done:04d}/"
                                  f"{plan.nepoch:04d}{where}\n")
             loop.run(done + 1, step, pending.train_totals)
         else:
