@@ -4,27 +4,18 @@ of blocking), every rank reports, and this process compares with one process.
 Skips with a message when mpi4py or mpiexec is missing (``pip install -e '.[mpi]'``).
 """
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from mpi_run import MPIEXEC, ROOT, TESTS, requires_mpi, run_ranks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TESTS = os.path.join(ROOT, "tests")
 WORKER = os.path.join(TESTS, "mpi", "worker.py")
 sys.path.insert(0, TESTS)
 from dist_problem import history_array, make_problem, run
 
-MPIEXEC = shutil.which("mpiexec")
-try:
-    import mpi4py
-except ImportError:
-    mpi4py = None
-pytestmark = pytest.mark.skipif(
-    MPIEXEC is None or mpi4py is None,
-    reason="MPI tests need mpi4py and mpiexec: pip install -e '.[mpi]'")
+pytestmark = requires_mpi
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -33,22 +24,7 @@ def mpirun(nranks, tmp_path, *args):
     """The worker on nranks ranks; returns each rank's saved arrays."""
     out = tmp_path / f"out{nranks}-{'-'.join(a.replace('/', '_')[-12:] for a in args)}"
     out.mkdir()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [ROOT, TESTS, os.environ.get("PYTHONPATH", "")]), OPENBLAS_NUM_THREADS="1",
-        GGMLOPT_NUM_THREADS="1")
-    cmd = [MPIEXEC, "-n", str(nranks), sys.executable, "-m", "mpi4py", WORKER, args[0],
-           str(out), *args[1:]]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env,
-                              check=False)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(cmd)} hangs (no answer in 180 s): {e.stderr}")
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
-    ranks = []
-    for r in range(nranks):
-        with np.load(out / f"rank{r}.npz") as f:
-            ranks.append({k: f[k] for k in f.files})
-    return ranks
+    return run_ranks(WORKER, nranks, out, [args[0], str(out), *args[1:]], timeout=180)
 
 
 @pytest.mark.parametrize("shard", ["full", "shard"])

@@ -3,44 +3,19 @@
 and with the single exchange after the backward pass; the parameters and the
 History must be the same bits, on every rank.  Skips without mpi4py or mpiexec."""
 import os
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from mpi_run import TESTS, requires_mpi, run_ranks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TESTS = os.path.join(ROOT, "tests")
 WORKER = os.path.join(TESTS, "mpi", "buckets_worker.py")
-MPIEXEC = shutil.which("mpiexec")
-try:
-    import mpi4py
-except ImportError:
-    mpi4py = None
-pytestmark = pytest.mark.skipif(
-    MPIEXEC is None or mpi4py is None,
-    reason="MPI tests need mpi4py and mpiexec: pip install -e '.[mpi]'")
+pytestmark = requires_mpi
 
 
 def mpirun(nranks, tmp_path, *args):
     out = tmp_path / f"out{nranks}-{'-'.join(args)}"
     out.mkdir()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [ROOT, TESTS, os.environ.get("PYTHONPATH", "")]), OPENBLAS_NUM_THREADS="1",
-        GGMLOPT_NUM_THREADS="1")
-    cmd = [MPIEXEC, "-n", str(nranks), sys.executable, "-m", "mpi4py", WORKER, str(out), *args]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env,
-                              check=False)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(cmd)} hangs (no answer in 240 s): {e.stderr}")
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
-    ranks = []
-    for r in range(nranks):
-        with np.load(out / f"rank{r}.npz") as f:
-            ranks.append({k: f[k] for k in f.files})
-    return ranks
+    return run_ranks(WORKER, nranks, out, [str(out), *args], timeout=240)
 
 
 @pytest.mark.parametrize(("cap_floats", "shard", "per_rank"), [
