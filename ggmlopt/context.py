@@ -807,19 +807,24 @@ class OptContext:
     def load(cls, path: str | os.PathLike[str], model: Any,
              get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
              get_opt_pars_ud: Any = None, clip_grad_norm: float | None = None,
-             comm: Any = None, shard_optimizer: bool = False) -> OptContext:
+             comm: Any = None, shard_optimizer: bool = False,
+             bucket_cap_mb: float | None = 25.0) -> OptContext:
         """A context for model, built with the settings saved in the checkpoint at
         path and holding its state.  model's parameters must have the saved shapes
-        (checked before the model is touched).  comm, shard_optimizer: as for the
-        constructor (every rank reads path; a checkpoint of any number of ranks)."""
+        (checked before the model is touched).  comm, shard_optimizer,
+        bucket_cap_mb: as for the constructor (every rank reads path; a checkpoint
+        of any number of ranks; the bucket size is not part of a checkpoint)."""
+        from ._buckets import check_bucket_cap_mb
+        check_bucket_cap_mb(bucket_cap_mb)  # before the file is read, as the constructor
         if comm is None and shard_optimizer is False:
             return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
                                            clip_grad_norm)
         from .distributed import Distributed  # many processes: a failing rank stops all
-        with Distributed(comm, shard_optimizer).reporting("OptContext.load"):
+        with Distributed(comm, shard_optimizer, bucket_cap_mb).reporting("OptContext.load"):
             return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
                                            clip_grad_norm, comm=comm,
-                                           shard_optimizer=shard_optimizer)
+                                           shard_optimizer=shard_optimizer,
+                                           bucket_cap_mb=bucket_cap_mb)
 
     def _loss(self, out, labels, grad):
         """The float32 loss as ggml computes it; grad (if given) receives d loss / d out."""

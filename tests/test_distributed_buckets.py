@@ -335,3 +335,19 @@ def test_language_models_equal_the_single_exchange(make, cap):
     for r in range(2):
         assert np.array_equal(got[r], ref[r])
     assert np.array_equal(got[0], got[1])
+
+
+def test_optcontext_load_takes_the_bucket_size(tmp_path):
+    path = str(tmp_path / "ctx.npz")
+    model = go.nn.Sequential(go.nn.Linear(3, 2, rng=1))
+    go.OptContext(model, batch_size=2, ne_datapoint=3, opt_period=2).save(path)
+
+    def load(comm, cap):
+        ctx = go.OptContext.load(path, go.nn.Sequential(go.nn.Linear(3, 2, rng=2)), comm=comm,
+                                 bucket_cap_mb=cap)
+        return ctx._dist.bucket_cap_mb
+
+    assert results(2, lambda c: load(c, None)) == [None, None]
+    assert results(2, lambda c: load(c, 0.5)) == [0.5, 0.5]
+    with pytest.raises(ValueError, match="bucket_cap_mb"):
+        go.OptContext.load(path, go.nn.Sequential(go.nn.Linear(3, 2, rng=2)), bucket_cap_mb=0)
