@@ -18,7 +18,6 @@ its UTF-8 bytes, ByteTokenizer's ids.
 """
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Any
 
@@ -45,8 +44,7 @@ _RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "to
                       "GGUF.")
 
 
-@functools.lru_cache(maxsize=1)
-def _byte_strings() -> tuple[str, ...]:
+def _gpt2_byte_strings() -> tuple[str, ...]:
     """GPT-2's bytes_to_unicode: printable Latin-1 bytes as themselves, the others
     as U+0100 onwards in byte order."""
     keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
@@ -62,10 +60,13 @@ def _byte_strings() -> tuple[str, ...]:
     return tuple(table[b] for b in range(256))
 
 
+_BYTE_STRINGS = _gpt2_byte_strings()
+
+
 def byte_vocabulary() -> list[str]:
     """ByteTokenizer's tokens as a byte-level BPE vocabulary stores them: 257 str,
     GPT-2's byte-to-unicode string of bytes 0..255, then ``<|endoftext|>``."""
-    return [*_byte_strings(), _EOT]
+    return [*_BYTE_STRINGS, _EOT]
 
 
 def _gguf():

@@ -155,7 +155,8 @@ def _check_header(fields, path):
     return alpha
 
 
-def _pairs(tensors, path):
+def _pairs(tensors: dict[str, np.ndarray],
+           path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{module name: (lora_a (rank, in), lora_b (out, rank))} from the file's
     tensors, in the file's order."""
     halves: dict[str, dict[str, np.ndarray]] = {}
