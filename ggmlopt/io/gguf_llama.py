@@ -38,7 +38,6 @@ BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pr
 _BYTE_PRE = "gpt-2"
 _EOT = "<|endoftext|>"
 _TOKEN_NORMAL, _TOKEN_CONTROL = 1, 3  # llama.cpp's LLAMA_TOKEN_TYPE_NORMAL / _CONTROL
-_F16_MAX = float(np.finfo(np.float16).max)
 # keys save_llama_gguf writes; metadata may not set them
 _RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "tokenizer.",
                       "GGUF.")
@@ -121,19 +120,13 @@ def _linear_weight(name: str, weight: np.ndarray, config: LlamaConfig) -> np.nda
 
 def _gguf_arrays(model: Llama, dtype: np.dtype) -> list[tuple[str, np.ndarray]]:
     """(llama.cpp name, array in ggml's row order) for every parameter."""
+    from .gguf_format import _stored  # float16's range check, as for every GGUF
     out = []
     for name, p in model.named_parameters():
         data = p.data
         if data.ndim == 2 and name != "embed_tokens.weight":
             data = _linear_weight(name, data, model.config)
-        array = np.ascontiguousarray(data, dtype=np.float32)
-        if dtype == np.float16 and array.ndim >= 2:
-            big = np.isfinite(array) & (np.abs(array) > _F16_MAX)
-            if big.any():
-                raise ValueError(f"dtype: parameter {name!r} holds values beyond float16's "
-                                 f"range (|x| up to {np.abs(array[big]).max():g}); save it as "
-                                 "float32")
-            array = array.astype(np.float16)
+        array = _stored(name, np.ascontiguousarray(data, dtype=np.float32), dtype)
         out.append((gguf_name(name), array))
     return out
 
