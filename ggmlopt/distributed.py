@@ -49,7 +49,10 @@ Semantics, with P ranks:
   by one reduction over the ranks, as by the single Allreduce of the whole
   section (``bucket_cap_mb=None``: that single exchange after the backward
   pass).  Parameters that no announcement covers are exchanged when the
-  backward pass returns.  The buckets run on a duplicate of comm
+  backward pass returns; when no bucket started before it returned (a small
+  model is one bucket, final with its first layer), the step makes the single
+  exchange instead, one blocking collective, cheaper when nothing is left to
+  overlap.  The buckets run on a duplicate of comm
   (``comm.Dup()``, made once per context built for OPT): a rank that fails
   during the step tells the others on comm, where they ask before waiting for
   any bucket, so nobody hangs.  A communicator without ``Dup`` and
@@ -333,6 +336,7 @@ class Distributed:
         """ctx.model.backward(grad) for the eval that steps: with buckets, each
         bucket's exchange starts as soon as its gradients are final (the
         gradient-ready hook); step() then waits for them."""
+        self._wait = 0.0  # this step's exposed exchange starts here
         if not self._overlap:
             ctx.model.backward(grad)
             return
@@ -344,7 +348,6 @@ class Distributed:
         buckets = self._buckets
         buckets.reset()
         self._requests = []
-        self._wait = 0.0
         grads = ctx.arena.padded("grads") if self.shard else ctx.arena.flat("grads")
 
         def ready(module):
@@ -367,6 +370,13 @@ class Distributed:
             # waits for a bucket, and the unfinished buckets are left behind
             self._requests = None
             raise
+        if not self._requests:
+            # no bucket was final before the backward pass ended (a small model, whose
+            # whole gradient is one bucket): step() exchanges it as the single exchange
+            # does, one blocking collective, which costs less than a non-blocking one
+            # and its wait when nothing is left to overlap
+            self._requests = None
+            return
         self._grads_in_flight = grads
 
     def _start_bucket(self, grads, lo, hi):
@@ -393,15 +403,18 @@ class Distributed:
         self._requests.append(req)
 
     def _finish_buckets(self, ctx, grads):
-        """Start the buckets not started yet, agree (a rank that failed in its
-        backward pass says so here, and the buckets are then left unfinished),
-        then wait for every bucket."""
+        """Agree (a rank that failed in its backward pass says so here, and the
+        buckets started are then left unfinished), start the buckets not started
+        yet, then wait for every bucket.  Agreeing first keeps the agreement a
+        wait for the slowest rank: a bucket started before it would be moved on
+        inside it (MPI's progress is global), and a failed rank's buckets that
+        were never started are never waited for."""
         try:
-            for k in self._buckets.rest():
-                self._start_bucket(grads, *self._buckets.bounds[k])
             t0 = time.perf_counter()
             self.agree(None, f"optimizer step {ctx.iter}")
             self._sync = time.perf_counter() - t0
+            for k in self._buckets.rest():
+                self._start_bucket(grads, *self._buckets.bounds[k])
             if self._requests:
                 type(self._requests[0]).Waitall(self._requests)
         finally:
@@ -422,7 +435,6 @@ class Distributed:
             self._finish_buckets(ctx, self._grads_in_flight)
             self._wait += time.perf_counter() - t0
         else:
-            self._wait = 0.0
             self.agree(None, f"optimizer step {ctx.iter}")
             self._sync = time.perf_counter() - t0
             if not self.shard:

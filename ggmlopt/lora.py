@@ -28,7 +28,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from .nn import init
-from .nn._buffers import add_into, as_rows, rows2d
+from .nn._buffers import add_into, rows2d
 from .nn.dropout import Dropout
 from .nn.linear import Linear
 from .nn.module import Module, named_modules, named_parameters
@@ -102,13 +102,8 @@ class LoRALinear(Linear):
         """x: (..., in_features) -> (..., out_features) float32 (a buffer this
         layer reuses: the next forward overwrites it); ``layer(x)`` returns a copy
         the caller owns."""
-        one_row = np.ndim(x) == 1
-        x = as_rows(np.reshape(x, (1, -1)) if one_row else x, self.in_features, "x")
-        shape = x.shape[1:] if one_row else x.shape
-        if shape != self._shape:
-            self._buffers(shape)
-        x2 = rows2d(x)
-        out2 = self._out2
+        out2 = self._out2_for(x)
+        x2 = rows2d(self._x)
         np.matmul(x2, self.weight.data, out=out2)
         if self.bias is not None:
             np.add(out2, self.bias.data, out=out2)
@@ -116,7 +111,6 @@ class LoRALinear(Linear):
         np.matmul(self._xd, self.lora_a.data, out=self._t)
         np.multiply(self._t, np.float32(self.scaling), out=self._t)
         np.add(out2, np.matmul(self._t, self.lora_b.data, out=self._delta), out=out2)
-        self._x = x
         return self._out
 
     def backward(self, grad_out):
@@ -124,15 +118,7 @@ class LoRALinear(Linear):
         Adds into lora_a.grad and lora_b.grad (and weight.grad, bias.grad when
         those train); returns d loss / d x (the last input's shape), or None when
         needs_input_grad is False."""
-        if self._x is None:
-            raise RuntimeError("backward: call forward first")
-        want = self._out.shape
-        if not isinstance(grad_out, np.ndarray):
-            grad_out = np.asarray(grad_out)
-        if grad_out.shape != want:
-            raise ValueError(f"grad_out: expected shape {want} like the last forward output, "
-                             f"got {grad_out.shape}")
-        g = as_rows(grad_out.reshape(-1, self.out_features), self.out_features, "grad_out")
+        g = self._grad_rows(grad_out)
         t, u, xd = self._t, self._u, self._xd
         # dB = (s xd A)^T g; dA = xd^T (s g B^T); dx = g W^T + dropout'(s g B^T A^T)
         # t^T as a contiguous (rank, rows) copy: OpenBLAS splits the product with a
@@ -143,11 +129,7 @@ class LoRALinear(Linear):
         np.matmul(g, self.lora_b.data.T, out=u)
         np.multiply(u, np.float32(self.scaling), out=u)
         add_into(self.lora_a, lambda out: np.matmul(xd.T, u, out=out), self, "lora_a")
-        x = rows2d(self._x)
-        add_into(self.weight, lambda out: np.matmul(x.T, g, out=out), self, "weight")
-        if self.bias is not None:
-            ones = self._ones
-            add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")
+        self._add_dense_grads(g)  # the frozen weight's product is skipped
         if not self.needs_input_grad:
             return None
         np.matmul(g, self.weight.data.T, out=self._grad_in2)

@@ -72,23 +72,39 @@ class Linear(Module):
         """x: (..., in_features) -> (..., out_features) float32 (a buffer this
         layer reuses: the next forward overwrites it); ``layer(x)`` returns a copy
         the caller owns."""
+        out2 = self._out2_for(x)
+        np.matmul(rows2d(self._x), self.weight.data, out=out2)
+        if self.bias is not None:
+            kernels.add_bias_rows(out2, self.bias.data)
+        return self._out
+
+    def _out2_for(self, x):
+        """Check x (..., in_features) (a single row (in,) is one row), keep it for
+        the backward pass (as float32 rows), size the buffers for it and return
+        the 2-D view (rows, out_features) of the output buffer."""
         one_row = np.ndim(x) == 1
         x = as_rows(np.reshape(x, (1, -1)) if one_row else x, self.in_features, "x")
         shape = x.shape[1:] if one_row else x.shape
         if shape != self._shape:
             self._buffers(shape)
-        out2 = self._out2
-        np.matmul(rows2d(x), self.weight.data, out=out2)
-        if self.bias is not None:
-            kernels.add_bias_rows(out2, self.bias.data)
         self._x = x
-        return self._out
+        return self._out2
 
     def backward(self, grad_out):
         """grad_out: float32 of the last forward output's shape (..., out_features).
         Adds into weight.grad and bias.grad (not into a frozen one's); returns
         d loss / d x (the last input's shape), or None when needs_input_grad is
         False."""
+        g = self._grad_rows(grad_out)
+        self._add_dense_grads(g)
+        if not self.needs_input_grad:
+            return None
+        np.matmul(g, self.weight.data.T, out=self._grad_in2)
+        return self._grad_in
+
+    def _grad_rows(self, grad_out):
+        """grad_out checked against the last forward output, as float32 rows
+        (rows, out_features)."""
         if self._x is None:
             raise RuntimeError("backward: call forward first")
         want = self._out.shape
@@ -100,16 +116,15 @@ class Linear(Module):
         if grad_out.shape != want:
             raise ValueError(f"grad_out: expected shape {want} like the last forward output, "
                              f"got {grad_out.shape}")
-        g = as_rows(grad_out.reshape(-1, self.out_features), self.out_features, "grad_out")
+        return as_rows(grad_out.reshape(-1, self.out_features), self.out_features, "grad_out")
+
+    def _add_dense_grads(self, g):
+        """Add x^T g into weight.grad and the column sums of g into bias.grad."""
         x = rows2d(self._x)
         add_into(self.weight, lambda out: np.matmul(x.T, g, out=out), self, "weight")
         if self.bias is not None:
             ones = self._ones
             add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")
-        if not self.needs_input_grad:
-            return None
-        np.matmul(g, self.weight.data.T, out=self._grad_in2)
-        return self._grad_in
 
     def __repr__(self):
         return (f"Linear(in_features={self.in_features}, out_features={self.out_features}, "
