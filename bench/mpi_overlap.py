@@ -18,6 +18,11 @@ warm-up.  The exposed exchange is what the step's timer records
 the backward pass, then until every bucket arrived), summed over the timed steps
 and divided by their wall time; nothing is obtained by subtraction.
 
+``--split`` (with --mpi, ranks on one machine) splits each step's exposed time with
+the clock every process of a machine shares (``time.perf_counter``, CLOCK_MONOTONIC
+on Linux): the wait for the other ranks' backward passes to end, and the time from
+the end of the last one until the rank's exchange is done.
+
 ``allreduce``: medians of ``Allreduce`` (IN_PLACE, SUM, float32) of 4 B to 64 MiB
 right after a Barrier, and the alpha and beta of the ring model fitted to them.
 
@@ -108,6 +113,44 @@ def _waits(ctx):
     return list(dist.exchange_wait_times), list(dist.exchange_sync_times)
 
 
+class _ClockSplit:
+    """Per optimizer step, when this rank's backward pass ended and its exchange
+    was done (Distributed.backward and .step wrapped, this process only)."""
+
+    def __init__(self):
+        self.rows = []
+        self._ended = None
+        backward, step = distributed.Distributed.backward, distributed.Distributed.step
+
+        def timed_backward(dist, ctx, grad):
+            backward(dist, ctx, grad)
+            self._ended = time.perf_counter()
+
+        def timed_step(dist, ctx, pars):
+            stepped = step(dist, ctx, pars)
+            self.rows.append((self._ended, time.perf_counter()))
+            return stepped
+
+        distributed.Distributed.backward = timed_backward
+        distributed.Distributed.step = timed_step
+
+    def summary(self, comm, nsteps):
+        """Rank 0: per rank, medians and means (ms) of the wait for the slowest
+        backward pass and of the exchange after it, over the last nsteps steps."""
+        mine = np.array(self.rows[-nsteps:])
+        every = comm.gather(mine, root=0)
+        if comm.Get_rank() != 0:
+            return None
+        last_end = np.max([r[:, 0] for r in every], axis=0)
+        out = []
+        for r in every:
+            wait, after = last_end - r[:, 0], r[:, 1] - last_end
+            out.append({"peer_wait_ms": [1e3 * float(np.median(wait)), 1e3 * float(wait.mean())],
+                        "after_all_ended_ms": [1e3 * float(np.median(after)),
+                                               1e3 * float(after.mean())]})
+        return out
+
+
 def _allreduce_sweep(comm):
     """Median Allreduce times (s) by message size (bytes), and the ring model's
     alpha (s) and beta (bytes/s) fitted to them: t = 2(P-1) alpha + 2(P-1)/P n / beta."""
@@ -145,6 +188,8 @@ def main():
     ap.add_argument("--shard", action="store_true")
     ap.add_argument("--epochs", type=int, default=2, help="fc: timed epochs (best kept)")
     ap.add_argument("--steps", type=int, default=2, help="llama: timed steps")
+    ap.add_argument("--split", action="store_true",
+                    help="split the exposed time by the machine's shared clock (--mpi)")
     args = ap.parse_args()
     comm = None
     if args.mpi or args.model == "allreduce":
@@ -156,6 +201,7 @@ def main():
             print(json.dumps(got))
         return
     nthreads = distributed.set_rank_threads(args.threads, comm)
+    split = _ClockSplit() if args.split and comm is not None else None
     kw = {} if comm is None else {
         "comm": comm, "shard_optimizer": args.shard,
         "bucket_cap_mb": None if args.single else args.bucket_cap_mb}
@@ -164,6 +210,8 @@ def main():
     else:
         ctx, seconds, nsteps, (waits, syncs) = _llama(comm, kw, args.steps)
     rank = 0 if comm is None else comm.Get_rank()
+    # fc keeps its best epoch's waits: the split covers the last epoch's steps
+    per_rank = split.summary(comm, nsteps) if split is not None else None
     if rank == 0:
         print(json.dumps({
             "model": args.model, "ranks": 1 if comm is None else comm.Get_size(),
@@ -176,6 +224,8 @@ def main():
             # the part of exposed_s spent waiting for the slowest rank to end its backward
             "sync_s": float(sum(syncs)),
             "parameters": ctx.arena.size, "gradient_bytes": 4 * ctx.arena.size,
+            # [median, mean] per rank, with --split
+            "split": per_rank,
         }))
 
 
