@@ -38,14 +38,28 @@ build_harness() {
         aarch64*) units+=("csrc/kernels_neon.c:") ;;
     esac
 
+    # the units compile in parallel (one job per core at most): the harness is built
+    # several times per test run (native, sanitizers, valgrind, aarch64)
+    local jobs
+    jobs="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
     local objects=() unit src flags obj
+    rm -f "$outdir"/*.failed
     for unit in "${units[@]}"; do
         src="${unit%%:*}"
         flags="${unit#*:}"
         obj="$outdir/$(basename "${src%.c}").o"
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+        # each job leaves a .failed file when its compiler fails (a job's status is
+        # not kept reliably once another wait has reaped it)
         # shellcheck disable=SC2086  # flags is a word list
-        "$cc" "${base[@]}" $flags "${extra[@]}" -c "$ROOT_DIR/$src" -o "$obj"
+        { "$cc" "${base[@]}" $flags "${extra[@]}" -c "$ROOT_DIR/$src" -o "$obj" \
+            || touch "$obj.failed"; } &
         objects+=("$obj")
     done
+    wait
+    if compgen -G "$outdir/*.failed" >/dev/null; then
+        echo "build_harness: failed to compile: $(cd "$outdir" && ls ./*.failed)" >&2
+        return 1
+    fi
     "$cc" "${base[@]}" "${extra[@]}" "${objects[@]}" -o "$outdir/test_kernels" -lm
 }
