@@ -42,7 +42,13 @@ elif IS_AARCH64:
 
 
 class BuildExtWithIsaFlags(build_ext):
-    """Compiles each ISA-specific C file with its own flags and links the objects in."""
+    """Compiles each ISA-specific C file with its own flags and links the objects in;
+    the extensions build in parallel, one per core, unless --parallel says otherwise."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
 
     def build_extension(self, ext):
         if getattr(ext, "isa_sources", None):
@@ -110,6 +116,7 @@ def extensions():
         )
     exts = cythonize(
         exts,
+        nthreads=os.cpu_count() or 1,
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,
