@@ -144,9 +144,13 @@ def _pick(logits, temperature, top_k, top_p, rng):
     if temperature == 0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / temperature
-    order = np.argsort(-z, kind="stable")
-    if top_k is not None:
-        order = order[:top_k]
+    if top_k is None and top_p is None:
+        # every id can be drawn: no order is needed (sorting a vocabulary of 32000
+        # took longer than the model's whole step for the token)
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        return int(rng.choice(p.size, p=p))
+    order = _largest_first(z, top_k)
     z = z[order]
     p = np.exp(z - z[0])
     p /= p.sum()
@@ -155,6 +159,18 @@ def _pick(logits, temperature, top_k, top_p, rng):
         p = p[:keep] / p[:keep].sum()
         order = order[:keep]
     return int(order[rng.choice(p.size, p=p)])
+
+
+def _largest_first(z, k):
+    """The indices of z from its largest value down, equal values in index order
+    (what a stable sort of -z gives), only the first k of them (all for None);
+    with k, only the k candidates are sorted."""
+    if k is None or k >= z.size:
+        return np.argsort(-z, kind="stable")
+    kth = np.partition(z, z.size - k)[z.size - k]  # the k-th largest value
+    above = np.flatnonzero(z > kth)
+    candidates = np.concatenate([above, np.flatnonzero(z == kth)[:k - above.size]])
+    return candidates[np.argsort(-z[candidates], kind="stable")]
 
 
 def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,

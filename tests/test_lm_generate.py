@@ -94,3 +94,29 @@ def test_bad_arguments_fail_before_generating(prompt, n, kw, exc, match):
         stream(model, np.array(prompt), n, **kw)
     with pytest.raises(exc, match=match):
         go.generate(model, np.array(prompt), n, **kw)
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (7, 3), (100, 1), (100, 40), (100, 100), (32000, 40),
+                                  (33, 200)])
+def test_the_top_k_candidates_come_in_a_stable_sort_s_order(n, k):
+    from ggmlopt.lm import _largest_first
+    rng = np.random.default_rng(n + k)
+    z = rng.integers(-3, 4, n).astype(np.float64)  # many ties, also at the k-th value
+    z[rng.integers(0, n, max(1, n // 10))] = -np.inf
+    want = np.argsort(-z, kind="stable")[:k]
+    np.testing.assert_array_equal(_largest_first(z, k), want)
+    np.testing.assert_array_equal(_largest_first(z, None), np.argsort(-z, kind="stable"))
+
+
+def test_sampling_without_a_cut_follows_the_softmax():
+    from ggmlopt.lm import _pick
+    logits = np.array([2.0, 0.5, -1.0, 2.0, 0.0, -30.0, 1.0], np.float32)
+    temperature = 0.7
+    p = np.exp(logits.astype(np.float64) / temperature)
+    p /= p.sum()
+    rng = np.random.default_rng(0)
+    n = 40_000
+    counts = np.bincount([_pick(logits, temperature, None, None, rng) for _ in range(n)],
+                         minlength=logits.size)
+    # within 5 standard deviations of the binomial counts (a fixed seed: no flake)
+    assert np.all(np.abs(counts - n * p) <= 5 * np.sqrt(n * p * (1 - p)) + 1), (counts, n * p)
