@@ -69,7 +69,9 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
     is replaced by bos_id for the forward pass; in each chunk only the positions
     n_ctx/2 .. n_ctx-2 are scored (position j predicting token j+1, so every
     scored token has at least half a window of context).  batch_size: chunks
-    per forward pass (the numbers do not depend on it).
+    per forward pass (the numbers do not depend on it).  A model with
+    ``logits_between(tokens, start, stop)`` (ggmlopt's language models) is asked
+    only for the scored positions' logits; any other needs ``forward``.
 
     Returns Perplexity(ppl, unc, nll, scored, per_chunk): ``ppl = exp(nll)``, nll
     the mean negative log-likelihood over the scored tokens, and unc =
@@ -95,6 +97,9 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
     nll = nll2 = 0.0
     count = 0
     per_chunk = []
+    # a model that can compute only some positions' logits (ggmlopt's language models)
+    scored_logits = getattr(model, "logits_between", None)
+    scored_logits = scored_logits if callable(scored_logits) else None
     # BLAS threads as an epoch caps them: a busy core makes OpenBLAS's second thread
     # cost more than it brings (GGMLOPT_BLAS_THREADS, see show_config)
     with eval_mode(model), blas_threads_for_training(model):
@@ -103,13 +108,17 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
             targets = batch[:, first + 1:].copy()   # before the BOS replacement
             if bos_id is not None and add_bos:
                 batch[:, 0] = bos_id
-            logits = model.forward(batch)
-            want = (batch.shape[0], n_ctx)
+            if scored_logits is not None:   # only the scored positions' logits
+                logits, at = scored_logits(batch, first, n_ctx - 1), 0
+                want, what = (batch.shape[0], n_ctx - 1 - first), "model.logits_between"
+            else:
+                logits, at = model.forward(batch), first
+                want, what = (batch.shape[0], n_ctx), "model.forward"
             if not isinstance(logits, np.ndarray) or logits.shape[:2] != want or logits.ndim != 3:
-                raise ValueError(f"model.forward: expected logits of shape {want + ('vocab',)}, "
+                raise ValueError(f"{what}: expected logits of shape {want + ('vocab',)}, "
                                  f"got {getattr(logits, 'shape', type(logits).__name__)}")
             for row in range(batch.shape[0]):
-                v = _nll_rows(np.asarray(logits[row, first:n_ctx - 1], np.float32),
+                v = _nll_rows(np.asarray(logits[row, at:at + n_ctx - 1 - first], np.float32),
                               targets[row])
                 nll += float(v.sum())
                 nll2 += float((v * v).sum())

@@ -120,3 +120,34 @@ def test_sampling_without_a_cut_follows_the_softmax():
                          minlength=logits.size)
     # within 5 standard deviations of the binomial counts (a fixed seed: no flake)
     assert np.all(np.abs(counts - n * p) <= 5 * np.sqrt(n * p * (1 - p)) + 1), (counts, n * p)
+
+
+def test_decoding_goes_through_a_lora_adapter_on_the_head():
+    model = MODELS["llama"]()
+    go.lora.apply(model, rank=2, targets=("lm_head", "q_proj"))
+    for _, adapter in go.lora.named_adapters(model):   # B = 0 would hide a skipped adapter
+        adapter.lora_b.data[...] = np.random.default_rng(1).standard_normal(
+            adapter.lora_b.data.shape)
+    tokens = np.random.default_rng(0).integers(0, 41, (1, 9))
+    full = model(tokens)
+    cache = model.make_cache(1, 16)
+    np.testing.assert_allclose(model.decode(tokens, cache), full, rtol=1e-4,
+                               atol=1e-4 * np.abs(full).max())
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_logits_between_are_the_forward_s_positions(arch):
+    model = MODELS[arch]()
+    tokens = np.random.default_rng(3).integers(0, 41, (3, 20))
+    full = model(tokens)
+    for start, stop in ((0, 20), (10, 19), (5, 5), (19, 20)):
+        got = model.logits_between(tokens, start, stop)
+        assert got.shape == (3, stop - start, 41)
+        np.testing.assert_allclose(got, full[:, start:stop], rtol=1e-5,
+                                   atol=1e-6 * np.abs(full).max())
+    with pytest.raises(ValueError, match="start, stop"):
+        model.logits_between(tokens, 5, 21)
+    with pytest.raises(ValueError, match="start, stop"):
+        model.logits_between(tokens, 6, 5)
+    with pytest.raises(TypeError, match="start"):
+        model.logits_between(tokens, 1.0, 5)

@@ -100,3 +100,24 @@ def test_a_perfect_model_has_perplexity_one():
 def test_bad_input(ids, n_ctx, kw, exc, match):
     with pytest.raises(exc, match=match):
         perplexity(FirstTokenBigram(), ids, n_ctx, **kw)
+
+
+def test_a_model_s_scored_logits_give_its_forward_s_perplexity():
+    from ggmlopt.models import Llama, LlamaConfig
+
+    class ForwardOnly:   # the same model seen without logits_between
+        def __init__(self, model):
+            self.model, self.training = model, False
+
+        def forward(self, tokens):
+            return self.model.forward(tokens)
+
+    model = Llama(LlamaConfig(vocab_size=V, dim=16, n_layers=1, n_heads=2, max_seq_len=64),
+                  seed=4)
+    tokens = np.random.default_rng(9).integers(0, V, 200)
+    for n_ctx, bos, batch in ((16, None, 1), (33, 1, 2)):
+        got = perplexity(model, tokens, n_ctx, bos_id=bos, batch_size=batch)
+        want = perplexity(ForwardOnly(model), tokens, n_ctx, bos_id=bos, batch_size=batch)
+        assert got.scored == want.scored
+        assert got.ppl == pytest.approx(want.ppl, rel=1e-6)
+        assert got.per_chunk == pytest.approx(want.per_chunk, rel=1e-6)

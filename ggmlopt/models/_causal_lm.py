@@ -265,8 +265,32 @@ class CausalLM(Module):
                              f"cache's max_len={cache.max_len}")
         with blas_threads_for_rows(b * t):
             h = self._decode_hidden(tokens, cache)
-            rows = h.reshape(b * t, -1)
-            w = self._head_weight().data
-            logits = rows @ (w if self.lm_head is not None else w.T)
+            logits = self._head(h.reshape(b * t, -1))
         cache.length += t
         return logits.reshape(b, t, self.config.vocab_size)
+
+    def logits_between(self, tokens, start, stop):
+        """forward(tokens)[:, start:stop] as a new float32 array (batch, stop - start,
+        vocab_size), without the head's product for the other positions (the
+        head is most of a small model's forward; llama-perplexity scores half of
+        each window).  No gradients."""
+        tokens = self._tokens(tokens)
+        t = tokens.shape[1]
+        for name, v in (("start", start), ("stop", stop)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+        if not 0 <= start <= stop <= t:
+            raise ValueError(f"start, stop: expected 0 <= start <= stop <= T={t}, got "
+                             f"{start}, {stop}")
+        h = self._hidden(tokens)
+        b, _, d = h.shape
+        logits = self._head(np.ascontiguousarray(h[:, start:stop]).reshape(-1, d))
+        return logits.reshape(b, stop - start, self.config.vocab_size)
+
+    def _head(self, rows):
+        """The logits of hidden rows (n, dim) as a new array: through lm_head's own
+        forward (so an adapter wrapping it counts), or the tied embedding's
+        transpose."""
+        if self.lm_head is not None:
+            return np.array(self.lm_head.forward(rows), copy=True)
+        return rows @ self._embedding.weight.data.T
