@@ -113,6 +113,14 @@ class LoRALinear(Linear):
         np.add(out2, np.matmul(self._t, self.lora_b.data, out=self._delta), out=out2)
         return self._out
 
+    def infer(self, x):
+        """x W + b + scaling * (x A) B as a new float32 array (no dropout: not
+        training), keeping nothing for a backward pass."""
+        y = super().infer(x)
+        x2 = rows2d(np.asarray(x, np.float32).reshape(-1, self.in_features))
+        delta = (x2 @ self.lora_a.data) * np.float32(self.scaling) @ self.lora_b.data
+        return y + delta.reshape(y.shape)
+
     def backward(self, grad_out):
         """grad_out: float32 of the last forward output's shape (..., out_features).
         Adds into lora_a.grad and lora_b.grad (and weight.grad, bias.grad when

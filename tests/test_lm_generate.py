@@ -151,3 +151,33 @@ def test_logits_between_are_the_forward_s_positions(arch):
         model.logits_between(tokens, 6, 5)
     with pytest.raises(TypeError, match="start"):
         model.logits_between(tokens, 1.0, 5)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_decoding_between_forward_and_backward_changes_neither(lora):
+    def grads(decode_between):
+        model = MODELS["llama"]()
+        if lora:
+            go.lora.apply(model, rank=2, targets=("lm_head", "q_proj"))
+        tokens = np.random.default_rng(5).integers(0, 41, (2, 12))
+        logits = model.forward(tokens)
+        kept = logits.copy()
+        if decode_between:
+            model.decode(tokens[:1], model.make_cache(1, 16))
+            model.logits_between(tokens, 3, 7)
+        np.testing.assert_array_equal(logits, kept)   # forward's buffer untouched
+        model.backward(np.ones_like(logits) / logits.size)
+        return [p.grad.copy() for p in model.parameters() if p.grad is not None]
+    for a, b in zip(grads(False), grads(True)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 7), (2, 3, 7), (0, 7)])
+def test_linear_infer_equals_forward(shape):
+    layer = go.nn.Linear(7, 5, rng=0)
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    got = layer.infer(x)
+    np.testing.assert_array_equal(got, layer(x))
+    lora = go.lora.LoRALinear(go.nn.Linear(7, 5, rng=0), rank=2, alpha=4.0, rng=3)
+    lora.lora_b.data[...] = 0.5
+    np.testing.assert_array_equal(lora.infer(x), lora(x))

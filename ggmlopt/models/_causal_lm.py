@@ -288,9 +288,9 @@ class CausalLM(Module):
         return logits.reshape(b, stop - start, self.config.vocab_size)
 
     def _head(self, rows):
-        """The logits of hidden rows (n, dim) as a new array: through lm_head's own
-        forward (so an adapter wrapping it counts), or the tied embedding's
-        transpose."""
+        """The logits of hidden rows (n, dim) as a new array, keeping nothing for
+        a backward pass: lm_head's ``infer`` (so an adapter wrapping it counts),
+        or the tied embedding's transpose."""
         if self.lm_head is not None:
-            return np.array(self.lm_head.forward(rows), copy=True)
+            return self.lm_head.infer(rows)
         return rows @ self._embedding.weight.data.T

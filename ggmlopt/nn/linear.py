@@ -78,6 +78,19 @@ class Linear(Module):
             kernels.add_bias_rows(out2, self.bias.data)
         return self._out
 
+    def infer(self, x):
+        """x (..., in_features) -> x @ weight + bias as a new float32 array,
+        keeping nothing for a backward pass and reusing no buffer (decoding with
+        a model that is between its forward and backward passes leaves both
+        alone)."""
+        one_row = np.ndim(x) == 1
+        x = as_rows(np.reshape(x, (1, -1)) if one_row else x, self.in_features, "x")
+        y = rows2d(x) @ self.weight.data
+        if self.bias is not None:
+            y += self.bias.data
+        lead = x.shape[1:-1] if one_row else x.shape[:-1]
+        return y.reshape(*lead, self.out_features)
+
     def _out2_for(self, x):
         """Check x (..., in_features) (a single row (in,) is one row), keep it for
         the backward pass (as float32 rows), size the buffers for it and return
