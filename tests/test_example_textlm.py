@@ -14,6 +14,14 @@ TEXT = ("The function returns the sum of its arguments. A list holds the values 
         "The module reads the file and returns its lines. ") * 120
 
 
+@pytest.fixture(autouse=True)
+def same_blas_threads(monkeypatch):
+    """Runs compared number for number need the same BLAS threads: OpenBLAS's
+    products round differently on 1 and 2 threads, and auto picks them from the
+    cores idle at the time (a busy test run made two runs differ)."""
+    monkeypatch.setenv("GGMLOPT_BLAS_THREADS", "1")
+
+
 @pytest.fixture
 def text_file(tmp_path):
     path = tmp_path / "corpus.txt"
