@@ -20,6 +20,21 @@ NDATA, NE_IN, NE_HIDDEN, NE_OUT = 60_000, 784, 500, 10
 NBATCH_LOGICAL, NBATCH_PHYSICAL = 1000, 500
 
 
+def fc_context(**kw):
+    """(dataset, OptContext) of mnist-fc on the synthetic data; kw go to the
+    OptContext (comm=, shard_optimizer=, bucket_cap_mb=)."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (NDATA, NE_IN), dtype=np.uint8)
+    y = np.eye(NE_OUT, dtype=np.float32)[rng.integers(0, NE_OUT, NDATA)]
+    ds = go.Dataset.from_arrays(x, y, ndata_shard=10, data_scale=1 / 255)
+    model = go.nn.Sequential(go.nn.Linear(NE_IN, NE_HIDDEN, rng=1), go.nn.ReLU(),
+                             go.nn.Linear(NE_HIDDEN, NE_OUT, rng=2))
+    ctx = go.OptContext(model, batch_size=NBATCH_PHYSICAL, ne_datapoint=NE_IN,
+                        loss_type=go.LossType.CROSS_ENTROPY,
+                        opt_period=NBATCH_LOGICAL // NBATCH_PHYSICAL, **kw)
+    return ds, ctx
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mpi", action="store_true")
@@ -33,16 +48,8 @@ def main():
         comm = MPI.COMM_WORLD
     nthreads = distributed.set_rank_threads(args.threads, comm)
 
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 256, (NDATA, NE_IN), dtype=np.uint8)
-    y = np.eye(NE_OUT, dtype=np.float32)[rng.integers(0, NE_OUT, NDATA)]
-    ds = go.Dataset.from_arrays(x, y, ndata_shard=10, data_scale=1 / 255)
-    model = go.nn.Sequential(go.nn.Linear(NE_IN, NE_HIDDEN, rng=1), go.nn.ReLU(),
-                             go.nn.Linear(NE_HIDDEN, NE_OUT, rng=2))
     kw = {} if comm is None else {"comm": comm, "shard_optimizer": args.shard}
-    ctx = go.OptContext(model, batch_size=NBATCH_PHYSICAL, ne_datapoint=NE_IN,
-                        loss_type=go.LossType.CROSS_ENTROPY,
-                        opt_period=NBATCH_LOGICAL // NBATCH_PHYSICAL, **kw)
+    ds, ctx = fc_context(**kw)
     result = go.Result()
     go.epoch(ctx, ds, result)  # warm-up
     dist = ctx._dist

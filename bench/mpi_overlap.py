@@ -39,22 +39,15 @@ import numpy as np
 import ggmlopt as go
 from ggmlopt import distributed
 
-NDATA, NE_IN, NE_HIDDEN, NE_OUT = 60_000, 784, 500, 10
-FC_LOGICAL, FC_PHYSICAL = 1000, 500
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mpi_epoch  # bench/: the mnist-fc setup both benchmarks time
+
 LM_PHYSICAL, LM_LOGICAL = 8, 16
 
 
 def _fc(comm, kw, epochs):
     """One warm-up epoch, then the best of `epochs` timed epochs of mnist-fc."""
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 256, (NDATA, NE_IN), dtype=np.uint8)
-    y = np.eye(NE_OUT, dtype=np.float32)[rng.integers(0, NE_OUT, NDATA)]
-    ds = go.Dataset.from_arrays(x, y, ndata_shard=10, data_scale=1 / 255)
-    model = go.nn.Sequential(go.nn.Linear(NE_IN, NE_HIDDEN, rng=1), go.nn.ReLU(),
-                             go.nn.Linear(NE_HIDDEN, NE_OUT, rng=2))
-    ctx = go.OptContext(model, batch_size=FC_PHYSICAL, ne_datapoint=NE_IN,
-                        loss_type=go.LossType.CROSS_ENTROPY,
-                        opt_period=FC_LOGICAL // FC_PHYSICAL, **kw)
+    ds, ctx = mpi_epoch.fc_context(**kw)
     result = go.Result()
     go.epoch(ctx, ds, result)  # warm-up
     best = None
@@ -66,12 +59,11 @@ def _fc(comm, kw, epochs):
         seconds = time.perf_counter() - t0
         if best is None or seconds < best[0]:
             best = (seconds, _waits(ctx))
-    return ctx, best[0], NDATA // FC_LOGICAL, best[1]
+    return ctx, best[0], mpi_epoch.NDATA // mpi_epoch.NBATCH_LOGICAL, best[1]
 
 
 def _llama(comm, kw, steps):
     """One warm-up step, then `steps` timed steps of the stories15M-shaped Llama."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import lm_models
 
     model = lm_models.ggmlopt_model(seed=0)

@@ -117,7 +117,7 @@ class LoRALinear(Linear):
         """x W + b + scaling * (x A) B as a new float32 array (no dropout: not
         training), keeping nothing for a backward pass."""
         y = super().infer(x)
-        x2 = rows2d(np.asarray(x, np.float32).reshape(-1, self.in_features))
+        x2 = np.asarray(x, np.float32).reshape(-1, self.in_features)
         delta = (x2 @ self.lora_a.data) * np.float32(self.scaling) @ self.lora_b.data
         return y + delta.reshape(y.shape)
 

@@ -83,25 +83,28 @@ class Linear(Module):
         keeping nothing for a backward pass and reusing no buffer (decoding with
         a model that is between its forward and backward passes leaves both
         alone)."""
-        one_row = np.ndim(x) == 1
-        x = as_rows(np.reshape(x, (1, -1)) if one_row else x, self.in_features, "x")
+        x, shape = self._input(x)
         y = rows2d(x) @ self.weight.data
         if self.bias is not None:
             y += self.bias.data
-        lead = x.shape[1:-1] if one_row else x.shape[:-1]
-        return y.reshape(*lead, self.out_features)
+        return y.reshape(*shape[:-1], self.out_features)
 
     def _out2_for(self, x):
         """Check x (..., in_features) (a single row (in,) is one row), keep it for
         the backward pass (as float32 rows), size the buffers for it and return
         the 2-D view (rows, out_features) of the output buffer."""
-        one_row = np.ndim(x) == 1
-        x = as_rows(np.reshape(x, (1, -1)) if one_row else x, self.in_features, "x")
-        shape = x.shape[1:] if one_row else x.shape
+        x, shape = self._input(x)
         if shape != self._shape:
             self._buffers(shape)
         self._x = x
         return self._out2
+
+    def _input(self, x):
+        """(x as float32 rows of at least 2 axes, the shape the caller gave):
+        a single row (in_features,) becomes one row of a matrix."""
+        one_row = np.ndim(x) == 1
+        x = as_rows(np.reshape(x, (1, -1)) if one_row else x, self.in_features, "x")
+        return x, (x.shape[1:] if one_row else x.shape)
 
     def backward(self, grad_out):
         """grad_out: float32 of the last forward output's shape (..., out_features).
