@@ -54,8 +54,8 @@ def zero_gradient_entries(kind):
     their gradient is zero and what reaches them is float rounding, which AdamW
     scales up to ~lr per step whatever its size: over ranks it is summed in
     another order, so these entries differ from one process's by rounding noise
-    blown up (~5e-7 here), not by a training difference.  Excluded from the 3e-8
-    comparison and checked on their own."""
+    blown up (~5e-7 here), not by a training difference.  Excluded from the
+    comparison with rounding_bound and checked on their own."""
     model = make_model(kind)
     mask = []
     for name, p in model.named_parameters():
@@ -70,13 +70,47 @@ def zero_gradient_entries(kind):
 def max_difference(kind, got, ref):
     """(max |got - ref| beyond float32 rounding of the parameters with a gradient,
     max |got - ref| over the key biases).  The first is the largest difference
-    minus two units in the last place of ref's value: 3e-8 is less than one ulp
-    of a parameter near 1 (a norm's weight: 1.2e-7), where a different summation
-    order over the ranks can only show as whole ulps."""
+    minus two units in the last place of ref's value (a parameter's own rounding,
+    which a different summation order over the ranks can only show as whole
+    ulps); compare it with rounding_bound."""
     zero = zero_gradient_entries(kind)
     d = np.abs(got - ref) - 2 * np.spacing(np.abs(ref))
     beyond = float(np.maximum(d[~zero], 0).max())
     return beyond, float(np.abs(got - ref)[zero].max()) if zero.any() else 0.0
+
+
+# The largest cancellation allowed in one gradient entry, sum |b_i| / |sum b_i| over
+# the physical batches b_i of a logical batch.  An entry that cancels more is at the
+# level of rounding noise, as the key biases are (zero_gradient_entries).
+CANCELLATION = 1000.0
+# |d(m_hat / sqrt(v_hat))| <= ADAM_SENSITIVITY * (relative error of the gradients)
+# for AdamW's bias-corrected ratio over the first steps: the numerator's weights
+# over sqrt(v_hat) sum to at most sqrt(2) (Cauchy-Schwarz on its two first steps),
+# and the denominator adds |m_hat / sqrt(v_hat)| <= 1 once more.
+ADAM_SENSITIVITY = 2.5
+
+
+def rounding_bound(nsteps, nbatch_logical, nbatch_physical=NBATCH_PHYSICAL, alpha=None):
+    """The most that P ranks and one process may differ by after nsteps AdamW
+    steps, from float32 rounding alone.  One process adds a logical batch's n =
+    nbatch_logical / nbatch_physical gradients in order, the ranks add their
+    partial sums in another order: each sum is off by at most gamma_n = n u / (1 -
+    n u) times sum |b_i| (u = 2**-24), so the two differ relatively by at most
+    2 gamma_n CANCELLATION; AdamW turns that into a step difference of at most
+    alpha ADAM_SENSITIVITY times it, and the steps add up.  A wrong exchange (a
+    rank's gradient missing or counted twice) moves a parameter by a sizeable
+    fraction of alpha a step, far beyond this (5e-4 x 4 steps ~ 1e-3 against
+    ~1e-6)."""
+    alpha = PARS.adamw.alpha if alpha is None else alpha
+    n = nbatch_logical // nbatch_physical
+    u = 2.0 ** -24
+    gamma = n * u / (1 - n * u)
+    return nsteps * alpha * ADAM_SENSITIVITY * 2 * gamma * CANCELLATION
+
+
+def nsteps_of(nepoch, nbatch_logical, ndata=NDATA, val_split=0.25):
+    """The optimizer steps fit_lm takes (fit's split: whole logical batches train)."""
+    return nepoch * int((1 - val_split) * (ndata // nbatch_logical))
 
 
 def fit_lm(comm=None, kind="llama", dataset=None, nepoch=1, val_split=0.25,
