@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -739,6 +740,11 @@ class OptContext:
                 labelled = y.reshape(-1)
                 ncorrect = kernels.count_equal(pred, labelled)
                 nlabelled = labelled.size - int(np.count_nonzero(labelled < 0))
+                if nlabelled == 0 and bt != BuildType.FORWARD:
+                    warnings.warn(f"eval: physical batch {self.opt_i + 1}/{self._opt_period} of "
+                                  f"logical batch {self.iter} has no labelled position (every "
+                                  "label is -1): it adds nothing to the gradient",
+                                  UserWarning, stacklevel=2)
             else:
                 kernels.argmax_rows(y.reshape(rows.shape), out=label_arg)
                 ncorrect = kernels.count_equal(pred, label_arg)

@@ -15,6 +15,8 @@ import numbers
 
 import numpy as np
 
+from ggmlopt._dtypes import dtype_or_ggml_name
+
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
 
@@ -57,10 +59,7 @@ def _count(value, str name, int64_t minimum):
 
 
 def _storage_dtype(dtype, str name, dict allowed):
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{name}: expected a NumPy dtype, got {dtype!r}") from None
+    dt = dtype_or_ggml_name(dtype, name)   # np.float32, "float32" or llama.cpp's "f32"
     if dt not in allowed:
         names = ", ".join(d.name for d in allowed)
         raise TypeError(f"{name}: {dt} is not supported; expected one of {names}")

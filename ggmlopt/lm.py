@@ -184,10 +184,31 @@ def _largest_first(z, k):
     return candidates[np.argsort(-z[candidates], kind="stable")]
 
 
+def _stop_ids(stop_ids, tokenizer, model) -> set[int]:
+    """The ids that end a generation: stop_ids as given, else the tokenizer's
+    end-of-generation ids, else the model's (load_gguf sets them)."""
+    if stop_ids is not None:
+        if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, Iterable):
+            raise TypeError(f"stop_ids: expected token ids (an iterable of int) or None, "
+                            f"got {type(stop_ids).__name__}")
+        ids = list(stop_ids)
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise TypeError(f"stop_ids: expected int token ids, got {i!r}")
+        return {int(i) for i in ids}
+    if tokenizer is not None:
+        eog = getattr(tokenizer, "eog_ids", None)
+        if eog is None:
+            eos = getattr(tokenizer, "eos_id", None)
+            eog = () if eos is None else (eos,)
+        return {int(i) for i in eog}
+    return {int(i) for i in getattr(model, "eog_ids", ())}
+
+
 def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
            temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
            seed: int | np.random.Generator | None = None,
-           stop_ids: Iterable[int] = ()) -> Iterator[int]:
+           stop_ids: Iterable[int] | None = None, tokenizer: Any = None) -> Iterator[int]:
     """generate's ids one by one, as they are made (for printing as they come).
     All arguments are checked before the first id is computed."""
     prompt = _token_ids(prompt_ids, "prompt_ids")
@@ -195,7 +216,7 @@ def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
         raise ValueError("prompt_ids: expected at least one token")
     max_new_tokens = int_arg(max_new_tokens, "max_new_tokens", 0)
     temperature, top_k, top_p = _sampling_args(temperature, top_k, top_p)
-    stops = {int(i) for i in stop_ids}
+    stops = _stop_ids(stop_ids, tokenizer, model)
     cfg = getattr(model, "config", None)
     limit = getattr(cfg, "max_seq_len", None)
     if limit is not None and prompt.size + max_new_tokens > limit:
@@ -226,7 +247,8 @@ def _stream(model, prompt, max_new_tokens, temperature, top_k, top_p, rng, stops
 def generate(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: int | np.random.Generator | None = None,
-             stop_ids: Iterable[int] = ()) -> npt.NDArray[np.int32]:
+             stop_ids: Iterable[int] | None = None,
+             tokenizer: Any = None) -> npt.NDArray[np.int32]:
     """The ids a language model writes after prompt_ids: int32 (n,), n <=
     max_new_tokens.
 
@@ -237,10 +259,15 @@ def generate(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
     cut to the top_k most likely ids and to the smallest set whose probability
     reaches top_p, with a generator from seed (the same seed gives the same
     ids).  Generation stops after max_new_tokens, or after an id of stop_ids
-    (which is returned).  The prompt and the new tokens must fit the model's
+    (which is returned).  stop_ids None (the default) stops at the end-of-generation
+    ids (``eog_ids``, llama.cpp's EOG set: eos, eot, ``<|im_end|>``,
+    ``<|eot_id|>`` ...) of tokenizer when one is given, else of the model
+    (``load_gguf`` gives a model its tokenizer's); ``stop_ids=()`` never stops
+    early.  The prompt and the new tokens must fit the model's
     max_seq_len (ValueError before any work); an id outside the vocabulary is an
     IndexError.  ``stream`` gives the same ids one by one.
     """
     return np.fromiter(stream(model, prompt_ids, max_new_tokens, temperature=temperature,
-                              top_k=top_k, top_p=top_p, seed=seed, stop_ids=stop_ids),
+                              top_k=top_k, top_p=top_p, seed=seed, stop_ids=stop_ids,
+                              tokenizer=tokenizer),
                        dtype=np.int32)

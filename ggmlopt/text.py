@@ -7,6 +7,7 @@ and no files: each UTF-8 byte is a token, so any text round-trips.
 """
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -16,7 +17,7 @@ import numpy.typing as npt
 
 from ._optional import import_optional
 
-__all__ = ["BPETokenizer", "ByteTokenizer", "Tokenizer"]
+__all__ = ["EOG_TEXTS", "BPETokenizer", "ByteTokenizer", "Tokenizer"]
 
 
 @runtime_checkable
@@ -52,6 +53,7 @@ class ByteTokenizer:
     eos_id = 256
     bos_id = None
     eos_text = "<|endoftext|>"
+    eog_ids = frozenset({256})   # where generation stops by default
 
     def encode(self, text: str) -> npt.NDArray[np.int32]:
         """text (str) -> int32 ids of shape (number of UTF-8 bytes,)."""
@@ -100,30 +102,49 @@ PRE_TOKENIZER_PATTERNS = {
 }
 
 
+# llama.cpp's token types (tokenizer.ggml.token_type, llama_token_type)
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = \
+    1, 2, 3, 4, 5, 6
+# the texts llama.cpp's llama_vocab::load marks as end-of-generation (its EOG set also
+# holds the eos, eot and eom ids the file names)
+EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
+                       "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
+                       "<|end_of_text|>", "<end_of_utterance>"})
+
+
 class BPETokenizer:
     """BPETokenizer(tokens, merges, *, token_types=None, eos_id=None, bos_id=None,
-    add_bos=False, pre="gpt-2")
+    add_bos=False, pre="gpt-2", eot_id=None, eom_id=None)
 
     A byte-level BPE tokenizer (GPT-2's kind; a GGUF's ``gpt2``-type vocabulary)
     run by the ``tokenizers`` library (the ``tokenizers`` extra: ``pip install
-    ggmlopt[tokenizers]``, imported when one is made).
+    ggmlopt[tokenizers]`` or ``pip install tokenizers``, imported when one is made).
 
     tokens: the vocabulary, list of str (id i is tokens[i]) in GPT-2's
     byte-to-unicode form; merges: list of ``"left right"`` str in rank order;
-    token_types: llama.cpp's type per token (1 normal, 3 control ...; default
-    all 1); pre: llama.cpp's pre-tokenizer name (``tokenizer.ggml.pre``):
-    ``gpt-2`` and ``llama-bpe`` (and their aliases) are reproduced, any other
-    falls back to GPT-2's with a UserWarning.  add_bos: whether llama.cpp puts
-    bos_id first (``encode`` never does: prepend it where a protocol wants it).
+    token_types: llama.cpp's type per token (1 normal, 3 control, 4 user-defined
+    ...; default all 1); pre: llama.cpp's pre-tokenizer name
+    (``tokenizer.ggml.pre``): ``gpt-2`` and ``llama-bpe`` (and their aliases) are
+    reproduced, any other falls back to GPT-2's with a UserWarning.  add_bos:
+    whether llama.cpp puts bos_id first (``encode`` never does: prepend it where a
+    protocol wants it).  eot_id, eom_id: the file's end-of-turn and end-of-message
+    tokens, if any.
 
-    ``encode(text)`` -> int32 (n,) ids, control tokens written in the text
-    staying plain text (llama.cpp's ``parse_special=false``);
-    ``decode(ids)`` -> str (invalid UTF-8 replaced by U+FFFD).
+    ``encode(text, parse_special=True)`` -> int32 (n,) ids: control and
+    user-defined tokens written in the text (``<|im_start|>``) become their ids,
+    as Hugging Face's tokenizers and llama.cpp's ``parse_special=true`` do (with
+    ``parse_special=False`` control tokens stay plain text, user-defined ones are
+    still matched, as llama.cpp does).  ``decode(ids, skip_special=False)`` ->
+    str (invalid UTF-8 replaced by U+FFFD; control tokens dropped with
+    skip_special).  ``eog_ids``: the ids that end a generation, llama.cpp's EOG
+    set (eos, eot, eom and the tokens it knows by their text: ``<|im_end|>``,
+    ``<|eot_id|>``, ``<end_of_turn>`` ...).
     """
 
     def __init__(self, tokens: Sequence[str], merges: Sequence[str], *,
                  token_types: Sequence[int] | None = None, eos_id: int | None = None,
-                 bos_id: int | None = None, add_bos: bool = False, pre: str = "gpt-2"):
+                 bos_id: int | None = None, add_bos: bool = False, pre: str = "gpt-2",
+                 eot_id: int | None = None, eom_id: int | None = None):
         tk = import_optional("tokenizers", "tokenizers", "BPETokenizer")
         self.tokens = [str(t) for t in tokens]
         self.merges = [str(m) for m in merges]
@@ -132,12 +153,15 @@ class BPETokenizer:
         if len(self.token_types) != n:
             raise ValueError(f"token_types: expected {n} values (one per token), got "
                              f"{len(self.token_types)}")
-        for name, value in (("eos_id", eos_id), ("bos_id", bos_id)):
+        for name, value in (("eos_id", eos_id), ("bos_id", bos_id), ("eot_id", eot_id),
+                            ("eom_id", eom_id)):
             if value is not None and not 0 <= int(value) < n:
                 raise IndexError(f"{name}: {value} is outside the vocabulary [0, {n})")
         self.vocab_size = n
         self.eos_id = None if eos_id is None else int(eos_id)
         self.bos_id = None if bos_id is None else int(bos_id)
+        self.eot_id = None if eot_id is None else int(eot_id)
+        self.eom_id = None if eom_id is None else int(eom_id)
         self.add_bos = bool(add_bos)
         self.pre = str(pre)
         pattern = PRE_TOKENIZER_PATTERNS.get(self.pre)
@@ -147,6 +171,7 @@ class BPETokenizer:
                           UserWarning, stacklevel=2)
             pattern = _GPT2_PATTERN
         vocab = {t: i for i, t in enumerate(self.tokens)}
+        self._ids = vocab
         pairs = []
         for m in self.merges:
             left, sep, right = m.partition(" ")
@@ -161,15 +186,51 @@ class BPETokenizer:
             tk.pre_tokenizers.Split(tk.Regex(pattern), behavior="isolated"),
             tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         self._tk.decoder = tk.decoders.ByteLevel()
+        # the tokens matched as a whole in text before BPE (llama.cpp's special-token
+        # partition), longest first; a control token's text is its own (no byte form)
+        self._control = [i for i, t in enumerate(self.token_types) if t == TOKEN_CONTROL]
+        self._user = [i for i, t in enumerate(self.token_types) if t == TOKEN_USER_DEFINED]
+        self._splitters = {
+            parse: _splitter([self.tokens[i] for i in (self._control + self._user if parse
+                                                       else self._user)])
+            for parse in (True, False)}
+        eog = {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
+        eog |= {vocab[t] for t in EOG_TEXTS if t in vocab}
+        self.eog_ids = frozenset(eog)
 
-    def encode(self, text: str) -> npt.NDArray[np.int32]:
-        """text (str) -> int32 ids of shape (n,), without BOS."""
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token's text as the vocabulary stores it, or None."""
+        return self._ids.get(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary's text of an id (IndexError outside it)."""
+        if not 0 <= int(token_id) < self.vocab_size:
+            raise IndexError(f"token_id: {token_id} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+        return self.tokens[int(token_id)]
+
+    def encode(self, text: str, *, parse_special: bool = True) -> npt.NDArray[np.int32]:
+        """text (str) -> int32 ids of shape (n,), without BOS; special tokens
+        written in the text become their ids (see the class docstring)."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        splitter = self._splitters[bool(parse_special)]
+        if splitter is None:
+            return self._encode_plain(text)
+        ids: list[int] = []
+        for i, piece in enumerate(splitter.split(text)):
+            if i % 2:                       # a special token's text: its id
+                ids.append(self._ids[piece])
+            elif piece:
+                ids.extend(self._encode_plain(piece).tolist())
+        return np.asarray(ids, dtype=np.int32)
+
+    def _encode_plain(self, text: str) -> npt.NDArray[np.int32]:
         return np.asarray(self._tk.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
-    def decode(self, ids: npt.ArrayLike) -> str:
-        """ids (integers in [0, vocab_size), shape (n,)) -> str."""
+    def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
+        """ids (integers in [0, vocab_size), shape (n,)) -> str; control tokens
+        (bos, eos, ``<|im_end|>`` ...) are left out with skip_special."""
         arr = np.asarray(ids)
         if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
             raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
@@ -180,7 +241,33 @@ class BPETokenizer:
             i = int(bad[0])
             raise IndexError(f"ids: id {int(arr[i])} at position {i} is outside the "
                              f"vocabulary [0, {self.vocab_size})")
-        return str(self._tk.decode(arr.astype(np.int64).tolist(), skip_special_tokens=False))
+        ids_list = arr.astype(np.int64).tolist()
+        special = set(self._control + self._user)
+        if not special:
+            return str(self._tk.decode(ids_list, skip_special_tokens=False))
+        # control and user-defined tokens hold their text as is (no byte form)
+        pieces, run = [], []
+        for i in ids_list:
+            if i in special:
+                if run:
+                    pieces.append(str(self._tk.decode(run, skip_special_tokens=False)))
+                    run = []
+                if not (skip_special and self.token_types[i] == TOKEN_CONTROL):
+                    pieces.append(self.tokens[i])
+            else:
+                run.append(i)
+        if run:
+            pieces.append(str(self._tk.decode(run, skip_special_tokens=False)))
+        return "".join(pieces)
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size}, pre={self.pre!r})"
+
+
+def _splitter(texts: list[str]):
+    """A regex whose split() alternates plain text and one of texts (longest
+    first, as llama.cpp's partition tries them), or None for no texts."""
+    texts = sorted({t for t in texts if t}, key=lambda t: (-len(t), t))
+    if not texts:
+        return None
+    return re.compile("(" + "|".join(re.escape(t) for t in texts) + ")")

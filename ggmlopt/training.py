@@ -36,7 +36,7 @@ __all__ = ["EpochCallback", "EpochStats", "EvalStats", "History", "epoch", "fit"
 EpochCallback = Callable[[bool, OptContext, Dataset, "Result | None", int, int, int], None]
 
 
-def _check_dataset(ctx: OptContext, dataset: Dataset) -> int:
+def _check_dataset(ctx: OptContext, dataset: Dataset, trains: bool = True) -> int:
     data = getattr(dataset, "data", None)
     if not isinstance(data, np.ndarray) or not callable(getattr(dataset, "get_batch", None)):
         raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
@@ -52,6 +52,11 @@ def _check_dataset(ctx: OptContext, dataset: Dataset) -> int:
         raise ValueError(f"dataset: {ctx.loss_type.name} needs labels but the dataset has none")
     else:
         _check_label_form(ctx, dataset, labels)
+        if trains and labels.dtype == np.int32 and labels.size and labels.max() < 0:
+            raise ValueError(f"dataset: every one of its {labels.size} labels is -1 (masked): "
+                             "training on it would change nothing (a loss of 0 every step); "
+                             "label the positions to learn (Dataset.from_tokens, or labels "
+                             ">= 0 where the loss counts)")
     return data.shape[0]
 
 
@@ -165,7 +170,8 @@ def _epoch_plan(ctx, dataset, result_train, result_eval, idata_split):
     for name, r in (("result_train", result_train), ("result_eval", result_eval)):
         if r is not None and not isinstance(r, Result):
             raise TypeError(f"{name}: expected a ggmlopt.Result or None, got {type(r).__name__}")
-    ndata = _check_dataset(ctx, dataset)
+    trains = ctx.build_type != BuildType.FORWARD and idata_split != 0
+    ndata = _check_dataset(ctx, dataset, trains)
     batch = ctx.batch_size
     assert batch is not None  # static, checked above
     if ndata % batch != 0:

@@ -282,3 +282,14 @@ def test_bad_idata_does_not_consume_the_generator(labelled):
     with pytest.raises(ValueError):
         labelled.shuffle(rng, 3)
     assert rng.bit_generator.state == state
+
+
+@pytest.mark.parametrize("name, dtype", [("f32", np.float32), ("F16", np.float16),
+                                         ("i32", np.int32), ("float16", np.float16)])
+def test_llama_cpp_type_names_choose_the_storage(name, dtype):
+    ds = go.Dataset(4, 1, 6, data_dtype=name, label_dtype="f32")
+    assert ds.data.dtype == dtype and ds.labels.dtype == np.float32
+    with pytest.raises(TypeError, match="data_dtype: bf16 is not supported"):
+        go.Dataset(4, 1, 6, data_dtype="bf16")
+    with pytest.raises(TypeError, match="data_dtype: expected a NumPy dtype or one of"):
+        go.Dataset(4, 1, 6, data_dtype="f99")

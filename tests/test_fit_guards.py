@@ -174,3 +174,40 @@ def test_checkpoint_without_the_run_entries_still_resumes(tmp_path):
     hist = go.fit(model, ds, LT.CROSS_ENTROPY, nbatch_logical=30, nepoch=2, silent=True,
                   checkpoint=path, resume=True, seed=2)
     assert len(hist) == 2
+
+
+# ---- token datasets with nothing to learn -------------------------------------------
+
+def _token_problem(labels):
+    from ggmlopt.models import Llama, LlamaConfig
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 11, (8, 6)).astype(np.int32)
+    ds = go.Dataset.from_arrays(x, labels)
+    model = Llama(LlamaConfig(vocab_size=11, dim=8, n_layers=1, n_heads=2, max_seq_len=6),
+                  seed=0)
+    return model, ds
+
+
+def test_a_token_dataset_without_a_labelled_position_is_refused_before_training():
+    model, ds = _token_problem(np.full((8, 6), -1, np.int32))
+    weights = [p.data.copy() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"dataset: every one of its 48 labels is -1"):
+        go.fit(model, ds, "cross_entropy", nbatch_logical=4, silent=True)
+    untouched(model, ds, weights)
+    # evaluating such a dataset is no error: nothing trains
+    ctx = go.OptContext(model, batch_size=4, ne_datapoint=6, loss_type=LT.CROSS_ENTROPY,
+                        build_type=go.BuildType.FORWARD, class_labels=True)
+    go.epoch(ctx, ds, None, go.Result(), 0)
+
+
+def test_a_physical_batch_without_a_labelled_position_warns():
+    labels = np.random.default_rng(1).integers(0, 11, (8, 6)).astype(np.int32)
+    labels[:4] = -1  # the first physical batch of 4 has nothing labelled
+    model, ds = _token_problem(labels)
+    with pytest.warns(UserWarning, match="no labelled position"):
+        go.fit(model, ds, "cross_entropy", nbatch_logical=8, nbatch_physical=4, silent=True)
+    labels[:4] = 0
+    model, ds = _token_problem(labels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        go.fit(model, ds, "cross_entropy", nbatch_logical=8, nbatch_physical=4, silent=True)

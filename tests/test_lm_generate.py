@@ -181,3 +181,37 @@ def test_linear_infer_equals_forward(shape):
     lora = go.lora.LoRALinear(go.nn.Linear(7, 5, rng=0), rank=2, alpha=4.0, rng=3)
     lora.lora_b.data[...] = 0.5
     np.testing.assert_array_equal(lora.infer(x), lora(x))
+
+
+# ---- where a generation ends by default ---------------------------------------------
+
+def test_generation_stops_at_the_model_s_end_of_generation_ids_by_default():
+    model = sharpen(MODELS["llama"]())
+    greedy = go.generate(model, [5], 30, temperature=0)
+    assert go.generate(model, [5], 30, temperature=0).size == 30  # no eog_ids: no stop
+    stop = int(greedy[4])
+    first = int(np.flatnonzero(greedy == stop)[0])
+    model.eog_ids = frozenset({stop})
+    np.testing.assert_array_equal(go.generate(model, [5], 30, temperature=0),
+                                  greedy[:first + 1])
+    assert list(stream(model, [5], 30, temperature=0)) == greedy[:first + 1].tolist()
+    # stop_ids=() turns it off; stop_ids given replaces the default
+    np.testing.assert_array_equal(go.generate(model, [5], 30, temperature=0, stop_ids=()),
+                                  greedy)
+    other = int(greedy[0])
+    assert go.generate(model, [5], 30, temperature=0, stop_ids=[other]).tolist() == [other]
+
+
+def test_a_tokenizer_s_end_of_generation_ids_stop_generation():
+    class Tok:
+        eog_ids = frozenset()
+    model = sharpen(MODELS["gpt2"]())
+    greedy = go.generate(model, [5], 20, temperature=0)
+    Tok.eog_ids = frozenset({int(greedy[2])})
+    first = int(np.flatnonzero(greedy == greedy[2])[0])
+    np.testing.assert_array_equal(go.generate(model, [5], 20, temperature=0, tokenizer=Tok()),
+                                  greedy[:first + 1])
+    with pytest.raises(TypeError, match="stop_ids"):
+        go.generate(model, [5], 3, stop_ids=5)
+    with pytest.raises(TypeError, match="stop_ids"):
+        go.generate(model, [5], 3, stop_ids=["a"])

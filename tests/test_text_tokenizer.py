@@ -106,3 +106,56 @@ def test_bpe_tokenizer_refusals():
         tok.decode([[1]])
     with pytest.raises(TypeError, match="ids"):
         tok.decode([1.5])
+
+
+# ---- special tokens: parsed in text, skipped in decoding, ending generation ----------
+
+def _chat_bpe():
+    """GPT-2 bytes plus ChatML's control tokens and one user-defined token, as a
+    chat model's GGUF vocabulary marks them (types 3 and 4)."""
+    from ggmlopt.io.gguf_llama import byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    vocab = byte_vocabulary() + ["<|im_start|>", "<|im_end|>", "<tool>"]
+    vocab[1] = "he"
+    types = [1] * 256 + [3, 3, 3, 4]
+    return BPETokenizer(vocab, ["h e"], token_types=types, eos_id=258, bos_id=257)
+
+
+def test_control_tokens_written_in_text_are_parsed_as_their_ids():
+    pytest.importorskip("tokenizers")
+    tok = _chat_bpe()
+    ids = tok.encode("<|im_start|>user\nhe<|im_end|>")
+    assert ids.tolist() == [257, *b"user\n", 1, 258]
+    # llama.cpp's parse_special=false: control tokens are text, user-defined ones match
+    plain = tok.encode("<|im_start|>he<tool>", parse_special=False)
+    assert plain.tolist() == [*b"<|im_start|>", 1, 259]
+    assert tok.encode("<|im_end|><|im_end|>").tolist() == [258, 258]
+    assert tok.token_to_id("<|im_end|>") == 258 and tok.token_to_id("nope") is None
+    assert tok.id_to_token(257) == "<|im_start|>"
+    with pytest.raises(IndexError, match="token_id"):
+        tok.id_to_token(260)
+
+
+def test_decode_writes_or_skips_control_tokens():
+    pytest.importorskip("tokenizers")
+    tok = _chat_bpe()
+    ids = tok.encode("<|im_start|>assistant\nhi é<|im_end|><tool>")
+    assert tok.decode(ids) == "<|im_start|>assistant\nhi é<|im_end|><tool>"
+    # skip_special drops control tokens, keeps user-defined ones (llama.cpp's rendering)
+    assert tok.decode(ids, skip_special=True) == "assistant\nhi é<tool>"
+    byte = ByteTokenizer()
+    assert byte.decode([104, 256], skip_special=True) == "h"
+
+
+def test_end_of_generation_ids_are_llama_cpp_s_set():
+    pytest.importorskip("tokenizers")
+    tok = _chat_bpe()
+    # eos (<|im_end|>, 258) and <|endoftext|> (256, known by its text); not <|im_start|>
+    assert tok.eog_ids == {256, 258}
+    from ggmlopt.io.gguf_llama import byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    vocab = byte_vocabulary() + ["<|eot_id|>", "<|begin_of_text|>"]
+    llama3 = BPETokenizer(vocab, ["a 1"], token_types=[1] * 256 + [3, 3, 3], eos_id=256,
+                          bos_id=258, eot_id=257)
+    assert llama3.eog_ids == {256, 257}
+    assert ByteTokenizer().eog_ids == {256}

@@ -45,6 +45,7 @@ import sys
 import numpy as np
 
 import ggmlopt as go
+from ggmlopt._optional import install_hint
 
 NE_IN, NE_HIDDEN, NCLASSES = 28 * 28, 500, 10
 HW, CNN_NCB = 28, 8   # image side; ggml's MNIST_CNN_NCB: channels of the first conv
@@ -161,7 +162,7 @@ def _missing(package, extra, what):
     """A sentence for parser.error when package is not installed, else None."""
     if importlib.util.find_spec(package) is not None:
         return None
-    return f"{what} needs the '{package}' package: pip install ggmlopt[{extra}]"
+    return f"{what} needs the '{package}' package: {install_hint(extra, package)}"
 
 
 def _output_problem(path, option):
@@ -382,7 +383,7 @@ def _mpi(threads):
     try:
         from mpi4py import MPI
     except ImportError:
-        raise SystemExit("mnist: --mpi needs mpi4py and an MPI: pip install ggmlopt[mpi]") \
+        raise SystemExit(f"mnist: --mpi needs mpi4py and an MPI: {install_hint('mpi')}") \
             from None
     comm = MPI.COMM_WORLD
     hook = sys.excepthook
@@ -464,7 +465,7 @@ def main(argv=None):
         except ImportError:
             train, test = synthetic(args.seed)
             name = ("SYNTHETIC data (noisy random prototypes; scikit-learn is not installed: "
-                    "pip install ggmlopt[examples] for real digits)")
+                    f"{install_hint('examples')} for real digits)")
         nbatch_logical, nbatch_physical = OFFLINE_BATCHES[args.model]
     # every rank computes the same answer: all go on, or all stop before any work
     try:

@@ -25,6 +25,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from .._dtypes import dtype_or_ggml_name
 from .._optional import import_optional
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
@@ -45,13 +46,15 @@ def _gguf():
 
 
 def _dtype_arg(dtype) -> np.dtype:
+    """float32 or float16, as a NumPy dtype or llama.cpp's name ("f32", "f16")."""
     try:
-        dt = np.dtype(dtype)
+        dt = dtype_or_ggml_name(dtype, "dtype")
     except TypeError:
         dt = None
     if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
-        raise TypeError(f"dtype: expected float32 or float16, got {dtype!r}")
-    return dt
+        raise TypeError(f"dtype: expected float32 or float16 (np.float32, 'f32', np.float16 "
+                        f"or 'f16'), got {dtype!r}")
+    return dt  # type: ignore[return-value]
 
 
 def _arch_arg(arch) -> str:
@@ -133,7 +136,7 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
     metadata: optional dict of extra keys (str -> bool, int, float or str),
     stored as GGUF key-values (int64 / float64 / string).
     dtype: np.float32 (default) or np.float16 for the weights (two or more
-    dimensions); biases stay float32.  mnist-cnn is float32 only (mnist-eval
+    dimensions), or llama.cpp's names "f32" and "f16"; biases stay float32.  mnist-cnn is float32 only (mnist-eval
     asserts it).
 
     Raises ValueError for a model that does not fit arch, an unnamed parameter,
@@ -231,6 +234,16 @@ class _GgufContents:
         return arch
 
 
+def refuse_adapter_file(fields, path: str) -> None:
+    """ValueError when a GGUF's keys say it is an adapter (general.type
+    'adapter'), not a model: load_gguf_lora reads those."""
+    if fields.get("general.type") == "adapter":
+        raise ValueError(f"path: {path!r} is a LoRA adapter (general.type is 'adapter', "
+                         f"adapter.type {fields.get('adapter.type')!r}), not a model: "
+                         "ggmlopt.io.load_gguf_lora(path, model) puts it on its base model; "
+                         "load_gguf reads model files")
+
+
 def _field_value(field, gguf):
     """A key-value's plain Python value (str, int, float, bool, or a list of them);
     decoded from the reader's parts, which every gguf version has."""
@@ -308,6 +321,7 @@ def load_gguf(path, model=None, *, arch=None):
     tensors = torch_tensors(model)
     gguf = _gguf()
     contents = _GgufContents(path, gguf)
+    refuse_adapter_file(contents.fields, path)
     file_arch = contents.arch(path)
     if arch is not None and file_arch != arch:
         raise ValueError(f"path: {path!r} holds a {file_arch!r} model, expected {arch!r}")

@@ -145,6 +145,9 @@ class CausalLM(Module):
 
     inputs_dtype = np.dtype(np.int32)
     lm_head: Linear | None
+    # the token ids that end a generation (ggmlopt.generate's default stop_ids): set
+    # from the tokenizer by load_gguf; empty for a model built from a config
+    eog_ids: frozenset[int] = frozenset()
 
     # ---- what a model defines ---------------------------------------------------------
 
