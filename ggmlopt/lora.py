@@ -6,7 +6,9 @@
     y = x W (+ b) + (alpha / rank) * dropout(x) A B
 
 with W (in, out) and b frozen (``requires_grad=False``) and only A (in, rank)
-and B (rank, out) trained, as Hugging Face PEFT's ``LoraLayer`` does: A is
+and B (rank, out) trained, as Hugging Face PEFT's ``LoraLayer`` does; every
+other parameter of the model is frozen too (PEFT's ``get_peft_model``), except
+those named in ``apply(..., trainable=...)`` (PEFT's ``modules_to_save``): A is
 Kaiming-uniform (torch's ``kaiming_uniform_(a=sqrt(5))``, fan_in = in) and B
 zero, so the wrapped model starts equal to the base.  An OptContext or ``fit``
 over the wrapped model holds (and its optimizer and checkpoints keep) only the
@@ -15,7 +17,9 @@ plain Linear back.  ``ggmlopt.io.save_gguf_lora`` writes the adapters as
 llama.cpp loads them::
 
     lora.apply(llama, rank=8, alpha=16.0)            # q, k, v, o projections
-    fit(llama, tokens, labels, ...)                  # trains A and B only
+    windows = ggmlopt.Dataset.from_tokens(ids, n_ctx=256)
+    ggmlopt.fit(llama, windows, "cross_entropy", nepoch=1, nbatch_logical=8)
+                                                     # trains A and B only
     ggmlopt.io.save_gguf_lora(llama, "adapter.gguf")
     lora.merge(llama)                                # a plain Llama again
 """
@@ -34,7 +38,9 @@ from .nn.linear import Linear
 from .nn.module import Module, named_modules, named_parameters
 from .nn.parameter import Parameter
 
-__all__ = ["DEFAULT_TARGETS", "LoRALinear", "apply", "merge", "named_adapters", "refuse_adapters"]
+__all__ = ["ALL_LINEAR", "DEFAULT_TARGETS", "LoRALinear", "apply", "merge", "named_adapters",
+           "freeze_all_but_adapters", "other_trainable", "print_trainable_parameters", "refuse_adapters",
+           "trainable_parameters"]
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -268,34 +274,95 @@ def refuse_adapters(model, saver: str) -> None:
                          f"ggmlopt.io.save_gguf_lora")
 
 
-def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=0):
-    """Wrap model's Linear layers named in targets in LoRALinear adapters, in place.
+ALL_LINEAR = "all-linear"   # PEFT's shortcut: every Linear but the output head
+_OUTPUT_HEADS = ("lm_head",)
+
+
+def _trainable_arg(trainable) -> tuple[str, ...]:
+    if isinstance(trainable, str):
+        trainable = (trainable,)
+    if not isinstance(trainable, Iterable):
+        raise TypeError(f"trainable: expected names of modules or parameters (a tuple of "
+                        f"str), got {type(trainable).__name__}")
+    trainable = tuple(trainable)
+    for t in trainable:
+        if not isinstance(t, str) or not t:
+            raise TypeError(f"trainable: expected non-empty str names, got {t!r}")
+    return trainable
+
+
+def _kept_trainable(name: str, trainable) -> bool:
+    """PEFT's modules_to_save rule on a parameter's dotted name: its module's
+    name (or its own) equals an entry or ends with "." + the entry."""
+    module = name.rpartition(".")[0]
+    return _matches(name, trainable) or (bool(module) and _matches(module, trainable))
+
+
+def trainable_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameter counts of model, each parameter once (a tied
+    embedding counts once), adapters included: PEFT's get_nb_trainable_parameters."""
+    trainable = total = 0
+    for _, p in named_parameters(model):
+        total += p.data.size
+        if p.requires_grad:
+            trainable += p.data.size
+    return trainable, total
+
+
+def print_trainable_parameters(model) -> None:
+    """Print PEFT's line: ``trainable params: 921,600 || all params: 135,436,608 ||
+    trainable%: 0.6805``."""
+    trainable, total = trainable_parameters(model)
+    share = 100 * trainable / total if total else 0.0
+    print(f"trainable params: {trainable:,d} || all params: {total:,d} || "
+          f"trainable%: {share:.4f}")
+
+
+def other_trainable(model) -> list[str]:
+    """The dotted names of model's trainable parameters that are not LoRA adapters."""
+    adapters = {id(p) for _, layer in named_adapters(model) for p in (layer.lora_a, layer.lora_b)}
+    return [name for name, p in named_parameters(model)
+            if p.requires_grad and id(p) not in adapters]
+
+
+def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=0,
+          trainable=()):
+    """Wrap model's Linear layers named in targets in LoRALinear adapters, in place,
+    and freeze everything else, as PEFT's ``get_peft_model`` does.
 
     model: any module tree (a Llama, a GPT2, a Sequential, a user's module).
     targets: names of Linear layers: a layer matches a target equal to its
     dotted module name or to a dot-separated suffix of it (``q_proj``,
-    ``mlp.up_proj``, ``layers.0.self_attn.v_proj``; GPT-2's ``c_attn``...).
-    rank (int >= 1), alpha (finite, nonzero): every adapter's A is (in, rank),
-    B (rank, out), its output scaled by alpha / rank.  dropout: the drop
-    probability in [0, 1) on the adapters' input while training.  seed: the A
-    matrices are drawn from ``numpy.random.default_rng(seed)`` in the order of
-    the model's parameters.
+    ``mlp.up_proj``, ``layers.0.self_attn.v_proj``; GPT-2's ``c_attn``...), or
+    ``"all-linear"``: every Linear but the output head (``lm_head``), PEFT's
+    shortcut.  rank (int >= 1), alpha (finite, nonzero): every adapter's A is
+    (in, rank), B (rank, out), its output scaled by alpha / rank.  dropout: the
+    drop probability in [0, 1) on the adapters' input while training.  seed: the
+    A matrices are drawn from ``numpy.random.default_rng(seed)`` in the order of
+    the model's parameters.  trainable: names of modules or parameters that keep
+    training beside the adapters (PEFT's ``modules_to_save``), matched as targets
+    are: ``("lm_head", "norm")`` keeps the head and the final norm trainable.
 
-    Afterwards the base weights and biases are frozen (``requires_grad=False``)
-    and keep their names (``layers.0.self_attn.q_proj.weight``); the adapters are
-    ``layers.0.self_attn.q_proj.lora_a`` (in, rank) and ``.lora_b`` (rank, out).
-    The model's output is unchanged (B is zero).  Build the OptContext (or call
-    fit) after apply.  Returns the list of named_adapters(model).
+    Afterwards only the adapters (and what trainable names) train: every other
+    parameter is frozen (``requires_grad=False``: no gradient, no optimizer
+    state) and keeps its name (``layers.0.self_attn.q_proj.weight``); the
+    adapters are ``layers.0.self_attn.q_proj.lora_a`` (in, rank) and ``.lora_b``
+    (rank, out).  The model's output is unchanged (B is zero).  Build the
+    OptContext (or call fit) after apply; ``print_trainable_parameters(model)``
+    shows what trains.  Returns the list of named_adapters(model).
 
     Raises ValueError when no Linear matches (the message lists the Linear
-    names the model has), when the model already has adapters (merge first), for
-    rank < 1 or a bad alpha or dropout; TypeError for arguments of the wrong
-    type.  On an error the model is unchanged.
+    names the model has), when a trainable name matches no parameter, when the
+    model already has adapters (merge first), for rank < 1 or a bad alpha or
+    dropout; TypeError for arguments of the wrong type.  On an error the model
+    is unchanged.
     """
     rank = _rank_arg(rank)
     alpha = _alpha_arg(alpha)
     dropout = _dropout_arg(dropout)
+    all_linear = targets == ALL_LINEAR
     targets = _targets_arg(targets)
+    trainable = _trainable_arg(trainable)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
     linears = _linears(model)
@@ -303,7 +370,10 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     if adapted:
         raise ValueError(f"model: it already has LoRA adapters ({', '.join(adapted[:3])}"
                          f"{', ...' if len(adapted) > 3 else ''}); merge(model) first")
-    chosen = [entry for entry in linears if _matches(entry[0], targets)]
+    if all_linear:
+        chosen = [entry for entry in linears if not _matches(entry[0], _OUTPUT_HEADS)]
+    else:
+        chosen = [entry for entry in linears if _matches(entry[0], targets)]
     if not chosen:
         if not linears:
             raise ValueError(f"targets: no Linear layer of the model is named {list(targets)}; "
@@ -312,16 +382,45 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
         raise ValueError(f"targets: no Linear layer of the model is named {list(targets)}; "
                          f"its {len(linears)} Linear layers are named {short} (e.g. "
                          f"{linears[0][0]})")
+    params = named_parameters(model)
+    for t in trainable:
+        if not any(_kept_trainable(name, (t,)) for name, _ in params):
+            raise ValueError(f"trainable: {t!r} names no module or parameter of the model "
+                             f"(its parameters are named like {params[0][0]!r})")
+    chosen_weights = {id(p) for *_, layer in chosen for p in (layer.weight, layer.bias)
+                      if p is not None}
+    _frozen_by_apply.pop(id(model), None)   # a stale entry of a model that had this id
     gen = np.random.default_rng(int(seed))
     for _, parent, key, layer in chosen:
         _replace(parent, key, LoRALinear(layer, rank, alpha, dropout=dropout, rng=gen))
+    freeze_all_but_adapters(model, trainable, skip=chosen_weights)
     return named_adapters(model)
+
+
+def freeze_all_but_adapters(model, trainable=(), *, skip=frozenset()) -> None:
+    """Freeze every parameter of model that is not a LoRA adapter and not named in
+    trainable (apply's rule); merge gives their trainability back."""
+    adapters = {id(p) for _, layer in named_adapters(model) for p in (layer.lora_a, layer.lora_b)}
+    frozen = []
+    for name, p in named_parameters(model):
+        if id(p) in skip or id(p) in adapters:
+            continue  # an adapter froze its base itself and gives it back on merge
+        if p.requires_grad and not _kept_trainable(name, trainable):
+            p.requires_grad = False
+            frozen.append(p)
+    _frozen_by_apply.setdefault(id(model), []).extend(frozen)
+
+
+# the parameters apply froze beside the adapted weights, per model, so that merge
+# gives their trainability back (keyed by id: a model need not be weak-referable;
+# merge and a new apply replace the entry)
+_frozen_by_apply: dict[int, list[Parameter]] = {}
 
 
 def merge(model):
     """Fold every adapter of model into its weight (W += alpha / rank * A B,
-    summed in float64) and put the plain Linear back, in place; the weights and
-    biases train again if they did before apply.  The merged model's forward
+    summed in float64) and put the plain Linear back, in place; every parameter
+    trains again if it did before apply.  The merged model's forward
     equals the adapted model's (to float32 rounding).  Returns model.
 
     Raises ValueError when model has no adapters."""
@@ -340,4 +439,6 @@ def merge(model):
             base.needs_input_grad = layer.needs_input_grad
         base._shape = None   # its buffers are stale: the next forward makes new ones
         _replace(parent, key, base)
+    for p in _frozen_by_apply.pop(id(model), ()):
+        p.requires_grad = True
     return model

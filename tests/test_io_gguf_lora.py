@@ -212,3 +212,26 @@ def test_f16_adapters_load_and_norm_vectors_are_skipped_as_llama_cpp_does(tmp_pa
     assert name == "layers.1.self_attn.v_proj" and layer.rank == 2 and layer.scaling == 2.0
     np.testing.assert_array_equal(layer.lora_a.data, a.T.astype(np.float32))
     np.testing.assert_array_equal(layer.lora_b.data, b.T.astype(np.float32))
+
+
+def test_an_adapter_file_refuses_a_model_that_trains_more_than_its_adapters(tmp_path):
+    model = _adapted(targets=("q_proj",))
+    model.norm.weight.requires_grad = True
+    model.layers[0].mlp.up_proj.weight.requires_grad = True
+    with pytest.raises(ValueError, match=r"2 parameters other than the LoRA adapters are "
+                                         r"trainable \(layers.0.mlp.up_proj.weight, "
+                                         r"norm.weight\).*freeze them.*lora.merge"):
+        save_gguf_lora(model, tmp_path / "a.gguf")
+    assert not (tmp_path / "a.gguf").exists()
+    kept = Llama(CFG, seed=7)
+    lora.apply(kept, rank=2, trainable=("norm",))
+    with pytest.raises(ValueError, match="norm.weight"):
+        save_gguf_lora(kept, tmp_path / "b.gguf")
+
+
+def test_loading_an_adapter_leaves_only_the_adapters_trainable(tmp_path):
+    save_gguf_lora(_adapted(), tmp_path / "a.gguf")
+    model = Llama(CFG, seed=7)
+    load_gguf_lora(tmp_path / "a.gguf", model)
+    assert all(".lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    save_gguf_lora(model, tmp_path / "b.gguf")   # and it writes back

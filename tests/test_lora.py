@@ -145,9 +145,10 @@ def test_apply_wraps_the_targets_keeps_names_and_output():
     assert names["layers.0.self_attn.q_proj.lora_a"].shape == (16, 4)
     assert names["layers.0.self_attn.k_proj.lora_b"].shape == (4, 8)
     assert not names["layers.0.self_attn.q_proj.weight"].requires_grad
-    assert names["layers.1.mlp.up_proj.weight"].requires_grad
+    # PEFT's get_peft_model: everything but the adapters is frozen
+    assert not names["layers.1.mlp.up_proj.weight"].requires_grad
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-    assert len(trainable) == 2 * 8 + 2 * 5 + 3   # adapters, mlp and norms; embedding, norm, head
+    assert len(trainable) == 2 * 8 and all(".lora_" in n for n in trainable)
     np.testing.assert_array_equal(model(tokens), before)   # B = 0: the base model
 
 
@@ -188,7 +189,7 @@ def test_apply_on_a_sequential_by_index():
     lora.apply(model, rank=2, targets=("2",))
     assert isinstance(model.layers[2], lora.LoRALinear)
     assert [n for n, p in go.nn.named_parameters(model) if p.requires_grad] == \
-        ["0.weight", "0.bias", "2.lora_a", "2.lora_b"]
+        ["2.lora_a", "2.lora_b"]
 
 
 def test_apply_errors_leave_the_model_unchanged():
@@ -279,9 +280,9 @@ def test_llama_adapter_gradients_equal_torch():
     from test_models_torch import torch_llama
 
     model = Llama(CFG, seed=4)
-    for name, p in model.named_parameters():
-        p.requires_grad = name == "embed_tokens.weight"   # the input gradient of both paths
-    adapters = lora.apply(model, rank=3, alpha=4.0, targets=ALL_LLAMA)
+    # the embedding trains too: the input gradient of both paths
+    adapters = lora.apply(model, rank=3, alpha=4.0, targets=ALL_LLAMA,
+                          trainable=("embed_tokens",))
     _randomise_b(model)
     tokens = np.random.default_rng(2).integers(0, CFG.vocab_size, (2, 7))
     g = np.random.default_rng(3).normal(size=(2, 7, CFG.vocab_size)).astype(np.float32)
@@ -442,3 +443,56 @@ def test_model_files_refuse_an_adapted_model_until_merged(tmp_path, saver):
     lora.merge(model)
     save(model, path, **kwargs)
     assert path.exists()
+
+
+# ---- PEFT's semantics: only adapters train, unless named -----------------------------
+
+def test_apply_freezes_all_but_the_adapters_and_the_named_trainable():
+    model = Llama(CFG, seed=1)
+    lora.apply(model, rank=2, trainable=("lm_head", "norm"))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable == ([f"layers.{i}.self_attn.{p}.lora_{ab}" for i in range(2)
+                          for p in ("q_proj", "k_proj", "v_proj", "o_proj") for ab in "ab"]
+                         + ["norm.weight", "lm_head.weight"])
+    # "norm" is the final norm's module name, not a suffix of input_layernorm
+    assert not dict(model.named_parameters())["layers.0.input_layernorm.weight"].requires_grad
+    for name, p in model.named_parameters():
+        assert (p.grad is None) == (not p.requires_grad), name   # no gradient when frozen
+    with pytest.raises(ValueError, match="trainable: 'nope' names no module"):
+        lora.apply(Llama(CFG), trainable=("nope",))
+    with pytest.raises(TypeError, match="trainable"):
+        lora.apply(Llama(CFG), trainable=(3,))
+
+
+def test_merge_gives_back_what_apply_froze():
+    model = Llama(CFG, seed=1)
+    model.norm.weight.requires_grad = False     # frozen by the user before apply
+    lora.apply(model, rank=2)
+    lora.merge(model)
+    assert [n for n, p in model.named_parameters() if not p.requires_grad] == ["norm.weight"]
+
+
+def test_all_linear_adapts_every_linear_but_the_head():
+    model = Llama(CFG, seed=1)
+    names = [n for n, _ in lora.apply(model, rank=2, targets="all-linear")]
+    assert names == [f"layers.{i}.{p}" for i in range(2) for p in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+
+
+def test_trainable_parameters_counts_as_peft_does(capsys):
+    model = Llama(CFG, seed=1)
+    total = sum(p.data.size for p in model.parameters())
+    assert lora.trainable_parameters(model) == (total, total)
+    lora.apply(model, rank=4)
+    d, kv = CFG.dim, CFG.n_kv_heads * CFG.head_dim
+    adapters = 2 * 4 * ((d + d) + (d + kv) + (d + kv) + (d + d))
+    assert lora.trainable_parameters(model) == (adapters, total + adapters)
+    lora.print_trainable_parameters(model)
+    share = 100 * adapters / (total + adapters)
+    assert capsys.readouterr().out == (f"trainable params: {adapters:,d} || all params: "
+                                       f"{total + adapters:,d} || trainable%: {share:.4f}\n")
+    tied = Llama(LlamaConfig(vocab_size=29, dim=16, n_layers=1, n_heads=2,
+                             tie_embeddings=True))
+    assert lora.trainable_parameters(tied)[1] == sum(p.data.size for _, p in
+                                                     tied.named_parameters())

@@ -18,7 +18,8 @@ import warnings
 import numpy as np
 
 from .._optional import import_optional
-from ..lora import LoRALinear, _linears, _replace, named_adapters
+from ..lora import LoRALinear, _linears, _replace, freeze_all_but_adapters, named_adapters, \
+    other_trainable
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
 from .llama_names import gguf_name, hf_name, permute_qk, unpermute_qk
@@ -70,7 +71,8 @@ def save_gguf_lora(model, path) -> None:
     Q/K weights are; keys ``adapter.lora.alpha`` (float32, one for the file).
 
     Raises TypeError for a model that is not a Llama; ValueError when it has no
-    adapters, when they have different alphas (llama.cpp reads one per file) or
+    adapters, when anything else in it is trainable (the file would not hold
+    it), when they have different alphas (llama.cpp reads one per file) or
     when one sits on a layer llama.cpp has no tensor for.
     """
     config = _llama_config(model)
@@ -78,6 +80,16 @@ def save_gguf_lora(model, path) -> None:
     adapters = named_adapters(model)
     if not adapters:
         raise ValueError("model: it has no LoRA adapters (see ggmlopt.lora.apply)")
+    others = other_trainable(model)
+    if others:
+        # the file holds the adapters alone: llama.cpp (base + adapter) would not be the
+        # model that trained
+        raise ValueError(f"model: {len(others)} parameters other than the LoRA adapters are "
+                         f"trainable ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}"
+                         "), and an adapter file holds only the adapters: freeze them "
+                         "(requires_grad=False; lora.apply does unless named in trainable=), "
+                         "or fold the adapters in with ggmlopt.lora.merge(model) and write "
+                         "the whole model with save_gguf")
     alphas = sorted({layer.alpha for _, layer in adapters})
     if len(alphas) > 1:
         raise ValueError(f"model: its adapters have different alphas {alphas}; a llama.cpp "
@@ -108,7 +120,8 @@ def save_gguf_lora(model, path) -> None:
 
 
 def _read(path: str, gguf):
-    """(key-values, {tensor name: float32 array in torch's layout})."""
+    """(alpha, {tensor name: float32 array in torch's layout}); the header is checked
+    (a model file is told apart) before any tensor is converted."""
     short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
     if short is not None:
         raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
@@ -125,6 +138,7 @@ def _read(path: str, gguf):
             part = field.parts[field.data[0]]
             fields[key] = (bytes(part).decode("utf-8") if field.types[0] == vt.STRING
                            else float(part.tolist()[0]))
+        alpha = _check_header(fields, path)
         tensors = {}
         for t in reader.tensors:
             if t.tensor_type in (kind.F32, kind.F16):
@@ -137,13 +151,20 @@ def _read(path: str, gguf):
                                 f"{t.tensor_type.name}; adapters are read from F32, F16 or BF16")
             tensors[t.name] = data.reshape(tuple(int(n) for n in t.shape[::-1]))
     except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
+        if isinstance(e, ValueError) and str(e).startswith("path:"):
+            raise  # ours, already saying what is wrong
         raise ValueError(f"path: {path!r} is not a valid GGUF file ({e})") from None
     finally:
         reader = None  # drop the memory map
-    return fields, tensors
+    return alpha, tensors
 
 
 def _check_header(fields, path):
+    kind = fields.get("general.type")
+    if kind != "adapter" and (kind == "model" or "adapter.type" not in fields):
+        raise ValueError(f"path: {path!r} is a model file (general.type is {kind!r}), not a "
+                         "LoRA adapter: ggmlopt.io.load_gguf(path) reads it; load_gguf_lora "
+                         "reads adapter files (general.type 'adapter')")
     want = {"general.architecture": _ARCH, "general.type": "adapter", "adapter.type": "lora"}
     for key, value in want.items():
         if fields.get(key) != value:
@@ -200,7 +221,8 @@ def load_gguf_lora(path, model, *, dropout=0.0) -> list[tuple[str, LoRALinear]]:
     convert_lora_to_gguf's in F32, F16 or BF16) onto a Llama, in place.
 
     A model without adapters gets a LoRALinear (the file's rank and alpha,
-    dropout as given) on each Linear the file adapts; a model whose adapters are
+    dropout as given) on each Linear the file adapts, and everything else frozen
+    (as lora.apply leaves it); a model whose adapters are
     exactly those (same layers and ranks) gets their values replaced.  The Q/K
     permutation is undone, so save_gguf_lora then load_gguf_lora gives back
     A and B bit for bit (alpha is stored as float32).
@@ -214,8 +236,7 @@ def load_gguf_lora(path, model, *, dropout=0.0) -> list[tuple[str, LoRALinear]]:
     config = _llama_config(model)
     path = input_path(path)
     gguf = _gguf()
-    fields, tensors = _read(path, gguf)
-    alpha = _check_header(fields, path)
+    alpha, tensors = _read(path, gguf)
     pairs = _pairs(tensors, path)
     linears = {name: (parent, key, layer) for name, parent, key, layer in _linears(model)}
     existing = {name for name, (_, _, layer) in linears.items() if isinstance(layer, LoRALinear)}
@@ -248,4 +269,6 @@ def load_gguf_lora(path, model, *, dropout=0.0) -> list[tuple[str, LoRALinear]]:
             layer.alpha, layer.scaling = alpha, alpha / layer.rank
         layer.lora_a.data[...] = a
         layer.lora_b.data[...] = b
+    if not existing:
+        freeze_all_but_adapters(model)   # as lora.apply leaves a model: only adapters train
     return named_adapters(model)
