@@ -7,7 +7,7 @@ import numpy as np
 __all__ = ["GGML_FLOAT_NAMES", "GGML_QUANT_NAMES", "dtype_or_ggml_name"]
 
 # llama.cpp's names of the plain types (ggml_type_name, llama-quantize's arguments)
-GGML_FLOAT_NAMES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+GGML_FLOAT_NAMES: dict[str, np.dtype] = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
                     "f64": np.dtype(np.float64), "i8": np.dtype(np.int8),
                     "i16": np.dtype(np.int16), "i32": np.dtype(np.int32),
                     "i64": np.dtype(np.int64)}

@@ -246,7 +246,8 @@ class BPETokenizer:
         if not special:
             return str(self._tk.decode(ids_list, skip_special_tokens=False))
         # control and user-defined tokens hold their text as is (no byte form)
-        pieces, run = [], []
+        pieces: list[str] = []
+        run: list[int] = []
         for i in ids_list:
             if i in special:
                 if run:

@@ -436,7 +436,8 @@ def test_unsupported_keys_are_refused(saved, tmp_path):
     _, path = saved
     for key, value, vt, match in [
             ("llama.rope.dimension_count", 8, VT.UINT32, "rope.dimension_count"),
-            ("llama.rope.scaling.type", "linear", VT.STRING, "rope scaling"),
+            ("llama.rope.scaling.type", "yarn", VT.STRING, "rope scaling .yarn. is not supported"),
+            ("llama.rope.scaling.type", "linear", VT.STRING, "missing key .llama.rope.scaling.factor"),
             ("llama.expert_count", 8, VT.UINT32, "mixture of experts")]:
         out = tmp_path / "u.gguf"
         rewrite(path, out, set_keys={key: (value, vt, None)})
@@ -505,3 +506,50 @@ def test_garbage_file_is_refused(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_gguf(tmp_path / "none.gguf")
+
+
+def test_a_chat_vocabulary_comes_back_with_its_special_tokens(tmp_path):
+    pytest.importorskip("tokenizers")
+    import ggmlopt as go
+    from ggmlopt.text import BPETokenizer
+    vocab = byte_vocabulary() + ["<|im_start|>", "<|im_end|>"]
+    tok = BPETokenizer(vocab, list(BYTE_MERGES), token_types=[1] * 256 + [3, 3, 3],
+                       eos_id=258, bos_id=257, eot_id=258)
+    model = Llama(LlamaConfig(vocab_size=259, dim=16, n_layers=1, n_heads=2, max_seq_len=32),
+                  seed=1)
+    save_gguf(model, tmp_path / "chat.gguf", tokenizer=tok)
+    loaded, tok2 = load_gguf(tmp_path / "chat.gguf")
+    assert tok2.token_types == tok.token_types and tok2.eot_id == 258
+    assert tok2.encode("<|im_start|>hi<|im_end|>").tolist() == [257, *b"hi", 258]
+    # generate stops at the file's end-of-generation ids by default
+    assert loaded.eog_ids == tok2.eog_ids == {256, 258}
+    first = int(go.generate(loaded, [257], 1, temperature=0)[0])
+    loaded.eog_ids = frozenset({first})
+    assert go.generate(loaded, [257], 10, temperature=0).tolist() == [first]
+
+
+@pytest.mark.parametrize("name, dtype", [("f32", np.float32), ("F32", np.float32),
+                                         ("f16", np.float16)])
+def test_llama_cpp_type_names_are_dtypes(tmp_path, name, dtype):
+    model = small(seed=3)
+    save_gguf(model, tmp_path / "a.gguf", tokenizer=ByteTokenizer(), dtype=name)
+    save_gguf(model, tmp_path / "b.gguf", tokenizer=ByteTokenizer(), dtype=dtype)
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+    with pytest.raises(TypeError, match="f32"):
+        save_gguf(model, tmp_path / "c.gguf", tokenizer=ByteTokenizer(), dtype="f8")
+
+
+def test_an_adapter_file_is_named_as_one_by_load_gguf(tmp_path):
+    from ggmlopt import lora
+    from ggmlopt.io import load_gguf_lora, save_gguf_lora
+    model = small(seed=3)
+    save_gguf(model, tmp_path / "model.gguf", tokenizer=ByteTokenizer())
+    lora.apply(model, rank=2)
+    save_gguf_lora(model, tmp_path / "adapter.gguf")
+    with pytest.raises(ValueError, match=r"LoRA adapter \(general.type is 'adapter'.*"
+                                         r"load_gguf_lora"):
+        load_gguf(tmp_path / "adapter.gguf")
+    with pytest.raises(ValueError, match="LoRA adapter.*load_gguf_lora"):
+        load_gguf(tmp_path / "adapter.gguf", small())
+    with pytest.raises(ValueError, match=r"model file.*load_gguf\(path\) reads it"):
+        load_gguf_lora(tmp_path / "model.gguf", small())

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..lora import refuse_adapters
 from ..models import Llama, LlamaConfig
+from ..nn.rope_scaling import RopeScaling
 from ..text import ByteTokenizer
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
@@ -89,7 +90,8 @@ def _tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
         keys = {"model": "gpt2", "pre": tokenizer.pre, "tokens": tokens,
                 "types": list(tokenizer.token_types), "merges": list(tokenizer.merges),
                 "bos": tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id,
-                "eos": tokenizer.eos_id, "add_bos": tokenizer.add_bos}
+                "eos": tokenizer.eos_id, "add_bos": tokenizer.add_bos,
+                "eot": tokenizer.eot_id, "eom": tokenizer.eom_id}
         if not keys["merges"]:
             raise ValueError("tokenizer: a gpt2-type vocabulary needs at least one merge "
                              "(llama.cpp refuses one without)")
@@ -161,6 +163,9 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
         if key.startswith(_RESERVED_PREFIXES):
             raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
     arrays = _gguf_arrays(model, dtype)
+    rope_keys, rope_freqs = _rope_scaling_out(cfg)
+    if rope_freqs is not None:
+        arrays.append(("rope_freqs.weight", rope_freqs))
     file_type = (gguf.LlamaFileType.ALL_F32 if dtype == np.float32
                  else gguf.LlamaFileType.MOSTLY_F16)
 
@@ -179,6 +184,11 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.add_layer_norm_rms_eps(cfg.norm_eps)
             writer.add_rope_freq_base(cfg.rope_base)
             writer.add_rope_dimension_count(cfg.head_dim)
+            for key, value in rope_keys:
+                if isinstance(value, str):
+                    writer.add_string(key, value)
+                else:
+                    writer.add_float32(key, value)
             writer.add_key_length(cfg.head_dim)
             writer.add_value_length(cfg.head_dim)
             writer.add_tokenizer_model(tok["model"])
@@ -190,6 +200,9 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.add_eos_token_id(tok["eos"])
             writer.add_add_bos_token(tok["add_bos"])
             writer.add_add_eos_token(False)
+            for which in ("eot", "eom"):
+                if tok.get(which) is not None:
+                    writer.add_uint32(f"tokenizer.ggml.{which}_token_id", tok[which])
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
             for tensor_name, array in arrays:
@@ -199,6 +212,28 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.write_tensors_to_file()
         finally:
             writer.close()
+
+
+def _rope_scaling_out(cfg: LlamaConfig):
+    """(llama.* rope keys, rope_freqs float32 array or None) for a config's
+    scaling, as llama.cpp's convert_hf_to_gguf writes them: linear as
+    rope.scaling.type/factor, Llama 3's as the per-frequency factors tensor
+    (theta_i = base^(-2i/d) / factor_i in llama.cpp)."""
+    from ..nn.rope_scaling import default_inv_freq, rope_inv_freq
+    scaling = cfg.rope_scaling
+    if scaling is None:
+        return [], None
+    if scaling.rope_type == "linear":
+        return [("llama.rope.scaling.type", "linear"),
+                ("llama.rope.scaling.factor", scaling.factor)], None
+    if scaling.rope_type in ("llama3", "freq_factors"):
+        if scaling.freq_factors is not None:
+            return [], np.asarray(scaling.freq_factors, np.float32)
+        inv, _ = rope_inv_freq(cfg.head_dim, cfg.rope_base, scaling)
+        base = default_inv_freq(cfg.head_dim, cfg.rope_base)
+        return [], (base.astype(np.float64) / inv.astype(np.float64)).astype(np.float32)
+    raise ValueError(f"model: its {scaling.rope_type!r} rope scaling is not written to GGUF "
+                     "(llama.cpp computes YaRN differently); save_hf keeps it")
 
 
 # ---- reading ----
@@ -235,9 +270,19 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str) -> Llam
     if key("expert_count", 0, required=False):
         raise ValueError(f"{where}: a mixture of experts (llama.expert_count > 0) is not "
                          "supported")
-    scaling = key("rope.scaling.type", "none", required=False)
-    if scaling not in ("none", None):
-        raise ValueError(f"{where}: rope scaling {scaling!r} is not supported")
+    scaling_type = key("rope.scaling.type", "none", required=False)
+    scaling = None
+    if scaling_type == "linear":
+        scaling = RopeScaling("linear", float(key("rope.scaling.factor")))
+    elif scaling_type not in ("none", None):
+        raise ValueError(f"{where}: rope scaling {scaling_type!r} is not supported (none, "
+                         "linear, or Llama 3's rope_freqs tensor)")
+    freqs = tensors.get("rope_freqs.weight")
+    if freqs is not None:
+        if scaling is not None:
+            raise ValueError(f"{where}: both llama.rope.scaling.type and rope_freqs.weight")
+        data = np.asarray(freqs[1].data, np.float32).ravel()   # (ne, reader tensor)
+        scaling = RopeScaling("freq_factors", freq_factors=tuple(float(f) for f in data))
     embd = tensors.get("token_embd.weight")
     vocab = fields.get("llama.vocab_size")
     if vocab is None:
@@ -254,7 +299,7 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str) -> Llam
             max_seq_len=key("context_length"),
             norm_eps=_shortest_float(key("attention.layer_norm_rms_epsilon")),
             rope_base=_shortest_float(key("rope.freq_base", 10000.0, required=False)),
-            tie_embeddings="output.weight" not in tensors)
+            tie_embeddings="output.weight" not in tensors, rope_scaling=scaling)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: the keys describe no valid Llama: {e}") from None
 
@@ -325,13 +370,14 @@ class LlamaGguf:
         short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
         if short is not None:
             raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
-        from .gguf_format import _field_value
+        from .gguf_format import _field_value, refuse_adapter_file
         quantized: set[str] = set()
         try:
             reader = gguf.GGUFReader(path)
             self.fields = {name: _field_value(field, gguf)
                            for name, field in reader.fields.items()
                            if not name.startswith("GGUF.")}
+            refuse_adapter_file(self.fields, path)
             arch = self.fields.get("general.architecture")
             if arch != LLAMA_ARCH:
                 raise ValueError(f"path: {path!r} holds a {arch!r} model, not a 'llama' one "
@@ -342,8 +388,9 @@ class LlamaGguf:
                       for name, shape in _parameter_shapes(self.config)}
             names = {gguf_name(name): name for name in wanted}
             missing = sorted(n for n in names if n not in infos)
-            # rope_freqs and biases change the computation: refused with the rest
-            unexpected = sorted(n for n in infos if n not in names)
+            # biases change the computation: refused with the rest (rope_freqs is the
+            # config's rope scaling)
+            unexpected = sorted(n for n in infos if n not in names and n != "rope_freqs.weight")
             if missing or unexpected:
                 raise ValueError(f"path: {path!r} does not hold the Llama its keys describe: "
                                  f"missing tensors {missing}, unexpected tensors {unexpected}")
@@ -415,7 +462,9 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
                             eos_id=fields.get("tokenizer.ggml.eos_token_id"),
                             bos_id=fields.get("tokenizer.ggml.bos_token_id"),
                             add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
-                            pre=fields.get("tokenizer.ggml.pre", "default"))
+                            pre=fields.get("tokenizer.ggml.pre", "default"),
+                            eot_id=fields.get("tokenizer.ggml.eot_token_id"),
+                            eom_id=fields.get("tokenizer.ggml.eom_token_id"))
     warnings.warn(f"{where}: tokenizer type {kind!r} is not read by ggmlopt (only gpt2-type "
                   "BPE vocabularies); the tokenizer is None, give token ids directly",
                   UserWarning, stacklevel=3)
@@ -449,6 +498,9 @@ def load_llama_gguf(path, model=None):
         built = Llama(read.config)
         for name, p in built.named_parameters():
             p.data[...] = read.arrays[name]
+        if tokenizer is not None:
+            # generate stops at these by default (llama.cpp's end-of-generation set)
+            built.eog_ids = frozenset(tokenizer.eog_ids)
         _warn_quantized(read, path)
         return built, tokenizer
     params = dict(model.named_parameters())

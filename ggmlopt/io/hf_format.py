@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from .._optional import import_optional
 from ..lora import refuse_adapters
 from ..models import GPT2, GPT2Config, Llama, LlamaConfig
 from ..nn.linear import Linear
+from ..nn.rope_scaling import RopeScaling
 from ..nn.module import named_modules
 from ._files import atomic_output
 
@@ -45,6 +47,7 @@ def _hf_config(model) -> dict[str, Any]:
             "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
             "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len,
             "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_base,
+            "rope_scaling": None if cfg.rope_scaling is None else cfg.rope_scaling.to_hf(),
             "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
             "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02,
             "torch_dtype": "float32", "use_cache": True,
@@ -104,44 +107,135 @@ def _read_config(directory: str) -> dict[str, Any]:
         return json.load(f)
 
 
+# PretrainedConfig's own keys: bookkeeping, generation defaults and flags that do not
+# change a decoder-only model's forward pass (those that would are checked below)
+_COMMON_KEYS = frozenset({
+    "architectures", "model_type", "transformers_version", "_name_or_path", "name_or_path",
+    "_commit_hash", "_attn_implementation", "_attn_implementation_autoset", "dtype",
+    "torch_dtype", "use_bfloat16", "use_cache", "return_dict", "output_hidden_states",
+    "output_attentions", "torchscript", "chunk_size_feed_forward", "is_encoder_decoder",
+    "is_decoder", "tie_encoder_decoder", "id2label", "label2id", "num_labels",
+    "problem_type", "finetuning_task", "tokenizer_class", "prefix", "task_specific_params",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+    "decoder_start_token_id", "initializer_range", "max_length", "min_length",
+    "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate",
+    "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "tf_legacy_loss", "keys_to_ignore_at_inference", "output_router_logits",
+    # structure flags, checked to hold their harmless value in _check_common
+    "add_cross_attention", "cross_attention_hidden_size", "pruned_heads",
+    "tie_word_embeddings",
+})
+_LLAMA_KEYS = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "hidden_act", "max_position_embeddings",
+    "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "attention_bias",
+    "attention_dropout", "mlp_bias", "head_dim", "pretraining_tp",
+})
+_GPT2_KEYS = frozenset({
+    "vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner",
+    "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "n_special", "predict_special_tokens",
+})
+
+
+def _check_keys(hf: dict[str, Any], known: frozenset[str], kind: str) -> None:
+    """Refuse a config key ggmlopt does not implement: dropping one silently
+    would give another model than the checkpoint's."""
+    unknown = sorted(k for k in hf if k not in known and k not in _COMMON_KEYS)
+    if unknown:
+        raise ValueError(f"keys {unknown} of a {kind!r} config are not implemented by "
+                         f"ggmlopt; refusing the checkpoint rather than computing another "
+                         "model than it describes")
+    if hf.get("quantization_config"):
+        raise ValueError("quantization_config: quantized Hugging Face checkpoints are not read")
+    if hf.get("add_cross_attention") or hf.get("pruned_heads"):
+        raise ValueError("add_cross_attention, pruned_heads: a plain decoder only")
+
+
+def _no_dropout(hf: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    rates = {k: hf[k] for k in keys if hf.get(k)}
+    if rates:
+        warnings.warn(f"{where}: {rates}: ggmlopt's model applies no dropout there (the "
+                      "forward pass is the same; training differs from one with dropout)",
+                      UserWarning, stacklevel=4)
+
+
+def _llama_from_hf(hf: dict[str, Any], where: str) -> Llama:
+    _check_keys(hf, _LLAMA_KEYS, "llama")
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act: only silu (Llama's SwiGLU) is supported, got {act!r}")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ValueError("attention_bias, mlp_bias: only a Llama without biases is supported")
+    _no_dropout(hf, ("attention_dropout",), where)
+    dim, heads = hf["hidden_size"], hf["num_attention_heads"]
+    if hf.get("head_dim") not in (None, dim // heads):
+        raise ValueError(f"head_dim: {hf['head_dim']} is not hidden_size // "
+                         f"num_attention_heads = {dim // heads}")
+    # transformers 5 writes rope_parameters (rope_theta inside it), 4.x rope_theta and
+    # rope_scaling; both may be present
+    params = hf.get("rope_parameters") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"rope_parameters: expected a dict, got {type(params).__name__}")
+    legacy = hf.get("rope_scaling") or {}
+    if params and legacy and {k: v for k, v in legacy.items() if k != "type"} != {
+            k: v for k, v in params.items() if k not in ("rope_theta", "type")}:
+        raise ValueError(f"rope_scaling {legacy} and rope_parameters {params} disagree")
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if "rope_theta" in params and "rope_theta" in hf and params["rope_theta"] != hf["rope_theta"]:
+        raise ValueError(f"rope_theta {hf['rope_theta']} and rope_parameters' "
+                         f"{params['rope_theta']} disagree")
+    max_len = hf.get("max_position_embeddings", 2048)
+    scaling = RopeScaling.from_hf(params or legacy, max_len)
+    cfg = LlamaConfig(vocab_size=hf["vocab_size"], dim=dim,
+                      n_layers=hf["num_hidden_layers"], n_heads=heads,
+                      n_kv_heads=hf.get("num_key_value_heads"),
+                      ffn_dim=hf["intermediate_size"], max_seq_len=max_len,
+                      norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_base=float(theta),
+                      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                      rope_scaling=scaling)
+    return Llama(cfg)
+
+
+def _gpt2_from_hf(hf: dict[str, Any], where: str) -> GPT2:
+    _check_keys(hf, _GPT2_KEYS, "gpt2")
+    dim = hf["n_embd"]
+    if hf.get("n_inner") not in (None, 4 * dim):
+        raise ValueError(f"n_inner: only 4 * n_embd is supported, got {hf['n_inner']}")
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"activation_function: only GELU's tanh form is supported, got "
+                         f"{hf['activation_function']!r}")
+    if not hf.get("scale_attn_weights", True) or hf.get("scale_attn_by_inverse_layer_idx"):
+        raise ValueError("scale_attn_weights, scale_attn_by_inverse_layer_idx: only GPT-2's "
+                         "1/sqrt(head_dim) scaling is supported")
+    if not hf.get("tie_word_embeddings", True):
+        raise ValueError("tie_word_embeddings: GPT-2's head is tied to its token embedding")
+    n_ctx = hf.get("n_ctx")
+    if n_ctx is not None and n_ctx != hf.get("n_positions", 1024):
+        raise ValueError(f"n_ctx: {n_ctx} differs from n_positions {hf.get('n_positions')}")
+    _no_dropout(hf, ("resid_pdrop", "embd_pdrop", "attn_pdrop"), where)
+    return GPT2(GPT2Config(vocab_size=hf["vocab_size"], dim=dim, n_layers=hf["n_layer"],
+                           n_heads=hf["n_head"], max_seq_len=hf.get("n_positions", 1024),
+                           norm_eps=float(hf.get("layer_norm_epsilon", 1e-5))))
+
+
 def _model_from_config(hf: dict[str, Any], where: str):
     kind = hf.get("model_type")
+    readers = {"llama": _llama_from_hf, "gpt2": _gpt2_from_hf}
+    if kind not in readers:
+        raise ValueError(f"{where}: model_type {kind!r} is not supported (llama, gpt2)")
     try:
-        if kind == "llama":
-            act = hf.get("hidden_act", "silu")
-            if act != "silu" or hf.get("attention_bias") or hf.get("mlp_bias"):
-                raise ValueError(f"hidden_act={act!r}, attention_bias, mlp_bias: only silu "
-                                 "without biases (Llama's) is supported")
-            if hf.get("rope_scaling"):
-                raise ValueError("rope_scaling: not supported")
-            dim, heads = hf["hidden_size"], hf["num_attention_heads"]
-            if hf.get("head_dim") not in (None, dim // heads):
-                raise ValueError(f"head_dim: {hf['head_dim']} is not hidden_size // "
-                                 f"num_attention_heads = {dim // heads}")
-            cfg = LlamaConfig(vocab_size=hf["vocab_size"], dim=dim,
-                              n_layers=hf["num_hidden_layers"], n_heads=heads,
-                              n_kv_heads=hf.get("num_key_value_heads"),
-                              ffn_dim=hf["intermediate_size"],
-                              max_seq_len=hf.get("max_position_embeddings", 2048),
-                              norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                              rope_base=float(hf.get("rope_theta", 10000.0)),
-                              tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
-            return Llama(cfg)
-        if kind == "gpt2":
-            dim = hf["n_embd"]
-            if hf.get("n_inner") not in (None, 4 * dim):
-                raise ValueError(f"n_inner: only 4 * n_embd is supported, got {hf['n_inner']}")
-            if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-                raise ValueError(f"activation_function: only GELU's tanh form is supported, got "
-                                 f"{hf['activation_function']!r}")
-            return GPT2(GPT2Config(vocab_size=hf["vocab_size"], dim=dim, n_layers=hf["n_layer"],
-                                   n_heads=hf["n_head"], max_seq_len=hf.get("n_positions", 1024),
-                                   norm_eps=float(hf.get("layer_norm_epsilon", 1e-5))))
+        return readers[kind](hf, where)
     except KeyError as e:
         raise ValueError(f"{where}: missing key {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
-    raise ValueError(f"{where}: model_type {kind!r} is not supported (llama, gpt2)")
 
 
 def _read_tensors(directory: str) -> dict[str, np.ndarray]:

@@ -11,6 +11,8 @@ import dataclasses
 import math
 import numbers
 
+from ..nn.rope_scaling import RopeScaling
+
 __all__ = ["GPT2Config", "LlamaConfig", "llama_ffn_dim"]
 
 # llama2.c rounds the SwiGLU width up to a multiple of this (its train.py's
@@ -51,7 +53,8 @@ def _heads(dim, n_heads):
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
     """LlamaConfig(vocab_size, dim, n_layers, n_heads, n_kv_heads=None, ffn_dim=None,
-    max_seq_len=2048, norm_eps=1e-5, rope_base=10000.0, tie_embeddings=False)
+    max_seq_len=2048, norm_eps=1e-5, rope_base=10000.0, tie_embeddings=False,
+    rope_scaling=None)
 
     A Llama (Hugging Face's LlamaForCausalLM; llama2.c's Transformer):
     vocab_size (HF vocab_size), dim (hidden_size), n_layers
@@ -59,7 +62,9 @@ class LlamaConfig:
     (num_key_value_heads; None: n_heads, grouped-query attention otherwise),
     ffn_dim (intermediate_size; None: llama_ffn_dim(dim), llama2.c's rule),
     max_seq_len (max_position_embeddings), norm_eps (rms_norm_eps), rope_base
-    (rope_theta), tie_embeddings (tie_word_embeddings).
+    (rope_theta), tie_embeddings (tie_word_embeddings), rope_scaling
+    (rope_scaling / rope_parameters: a ggmlopt.nn.RopeScaling, e.g. Llama 3.1's
+    ``llama3``; None for plain RoPE).
 
     Checked: every count >= 1 (ints; TypeError otherwise), dim a multiple of
     n_heads, n_heads a multiple of n_kv_heads, an even head_dim (RoPE rotates
@@ -77,8 +82,12 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
     tie_embeddings: bool = False
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise TypeError(f"rope_scaling: expected a ggmlopt.nn.RopeScaling or None, got "
+                            f"{type(self.rope_scaling).__name__}")
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
             _count(self, name, getattr(self, name))
         _count(self, "n_kv_heads", self.n_heads if self.n_kv_heads is None else self.n_kv_heads)

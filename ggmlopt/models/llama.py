@@ -30,7 +30,9 @@ class LlamaDecoderLayer(PreNormBlock):
         init = normal_init(INIT_STD)
         self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.self_attn = CausalSelfAttention(config.dim, config.n_heads, config.n_kv_heads,
-                                             rope_base=config.rope_base, init=init, rng=rng)
+                                             rope_base=config.rope_base,
+                                             rope_scaling=config.rope_scaling, init=init,
+                                             rng=rng)
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = SwiGLU(config.dim, config.ffn_dim, init=init, rng=rng)
 

@@ -44,6 +44,7 @@ from .norm import LayerNorm, RMSNorm
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
 from .residual import Residual
+from .rope_scaling import RopeScaling
 from .shape import Flatten, Reshape
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
                      "ReLU",
                      "Reshape",
                      "Residual",
+                     "RopeScaling",
                      "RotaryEmbedding",
                      "Sequential",
                      "SiLU",

@@ -8,6 +8,7 @@ import numpy as np
 from .. import kernels_attention as ka
 from .linear import Linear
 from .module import Module
+from .rope_scaling import RopeScaling, rope_inv_freq, rope_tables
 
 __all__ = ["CausalSelfAttention", "GPT2Attention", "RotaryEmbedding"]
 
@@ -63,8 +64,10 @@ def _linear_backward(layer, grad, need_input):
 
 
 class RotaryEmbedding(Module):
-    """RotaryEmbedding(head_dim, base=10000.0): rotary position embedding as
-    Hugging Face's Llama applies it (``rotate_half``).
+    """RotaryEmbedding(head_dim, base=10000.0, scaling=None): rotary position
+    embedding as Hugging Face's Llama applies it (``rotate_half``); scaling, a
+    ggmlopt.nn.RopeScaling, scales the frequencies as the config's rope_scaling
+    says (Llama 3's ``llama3``, ``linear``, ``yarn``).
 
     For each head of x (batch, T, heads, head_dim) float32, token t at position
     pos + t: with x1, x2 its halves and theta_i = base ** (-2i / head_dim),
@@ -77,7 +80,7 @@ class RotaryEmbedding(Module):
     ``backward(grad)`` rotates back by the last forward's angles.
     """
 
-    def __init__(self, head_dim, base=10000.0):
+    def __init__(self, head_dim, base=10000.0, scaling=None):
         head_dim = _positive_int(head_dim, "head_dim")
         if head_dim % 2:
             raise ValueError(f"head_dim: expected an even number, got {head_dim}")
@@ -85,9 +88,15 @@ class RotaryEmbedding(Module):
             raise TypeError(f"base: expected a real number, got {type(base).__name__}")
         if not np.isfinite(base) or base <= 1.0:
             raise ValueError(f"base: expected a finite number > 1, got {base}")
+        if scaling is not None and not isinstance(scaling, RopeScaling):
+            raise TypeError(f"scaling: expected a ggmlopt.nn.RopeScaling or None, got "
+                            f"{type(scaling).__name__}")
         self.head_dim = head_dim
         self.base = float(base)
-        self._cos, self._sin = ka.rope_table(head_dim, 0, self.base)
+        self.scaling = scaling
+        # a scaled table: its frequencies and the attention factor on cos and sin
+        self._scaled = None if scaling is None else rope_inv_freq(head_dim, self.base, scaling)
+        self._cos, self._sin = self._table(0)
         self._out = None
         self._grad_in = None
         self._pos = None
@@ -96,8 +105,13 @@ class RotaryEmbedding(Module):
         """(cos, sin), float32 (>= n_positions, head_dim // 2), from the cache."""
         if self._cos.shape[0] < n_positions:
             n = max(n_positions, 2 * self._cos.shape[0], 256)
-            self._cos, self._sin = ka.rope_table(self.head_dim, n, self.base)
+            self._cos, self._sin = self._table(n)
         return self._cos, self._sin
+
+    def _table(self, n):
+        if self._scaled is None:
+            return ka.rope_table(self.head_dim, n, self.base)
+        return rope_tables(self._scaled[0], n, self._scaled[1])
 
     def rotate(self, x, pos=0, *, out=None, inverse=False):
         """x: float32 (batch, T, heads, head_dim) C-contiguous -> out (new, or
@@ -142,12 +156,13 @@ class RotaryEmbedding(Module):
         return np.array(self.forward(x, pos), copy=True)
 
     def __repr__(self):
-        return f"RotaryEmbedding(head_dim={self.head_dim}, base={self.base})"
+        scaled = "" if self.scaling is None else f", scaling={self.scaling.rope_type!r}"
+        return f"RotaryEmbedding(head_dim={self.head_dim}, base={self.base}{scaled})"
 
 
 class CausalSelfAttention(Module):
     """CausalSelfAttention(dim, n_heads, n_kv_heads=None, *, rope=True,
-    rope_base=10000.0, bias=False, init=None, rng=None)
+    rope_base=10000.0, rope_scaling=None, bias=False, init=None, rng=None)
 
     Hugging Face's LlamaAttention: x (batch, T, dim) float32 ->
     o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x))), causal,
@@ -168,7 +183,7 @@ class CausalSelfAttention(Module):
     """
 
     def __init__(self, dim, n_heads, n_kv_heads=None, *, rope=True, rope_base=10000.0,
-                 bias=False, init=None, rng=None):
+                 rope_scaling=None, bias=False, init=None, rng=None):
         dim = _positive_int(dim, "dim")
         n_heads = _positive_int(n_heads, "n_heads")
         n_kv_heads = n_heads if n_kv_heads is None else _positive_int(n_kv_heads, "n_kv_heads")
@@ -188,7 +203,7 @@ class CausalSelfAttention(Module):
         self.k_proj = Linear(dim, kv, bias, init=init, rng=gen)
         self.v_proj = Linear(dim, kv, bias, init=init, rng=gen)
         self.o_proj = Linear(dim, dim, bias, init=init, rng=gen)
-        self._rotary = RotaryEmbedding(head_dim, rope_base) if rope else None
+        self._rotary = RotaryEmbedding(head_dim, rope_base, rope_scaling) if rope else None
         self._saved = None
         self._o = None
 

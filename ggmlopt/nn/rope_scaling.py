@@ -1,0 +1,256 @@
+"""RoPE frequency scaling: the ``rope_scaling`` / ``rope_parameters`` of Hugging Face
+configs (``linear``, ``llama3``, ``yarn``) and llama.cpp's per-frequency factors
+(a GGUF's ``rope_freqs.weight``), computed as transformers' modeling_rope_utils
+does in float32, so the rotary tables equal Hugging Face's.
+
+A rope type ggmlopt does not compute (``dynamic``, ``longrope``, ...) or a key it
+does not know is refused, never dropped: a dropped scaling changes every logit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RopeScaling", "default_inv_freq", "rope_inv_freq", "rope_tables"]
+
+# the keys each type reads (transformers' _validate_*_rope_parameters), beside
+# rope_type and rope_theta
+_KEYS = {
+    "linear": ({"factor"}, set()),
+    "llama3": ({"factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings"}, set()),
+    "yarn": ({"factor", "original_max_position_embeddings"},
+             {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+              "truncate"}),
+    # llama.cpp's rope_freqs tensor: theta_i = base^(-2i/d) / freq_factors[i]
+    "freq_factors": ({"freq_factors"}, set()),
+}
+_NOT_COMPUTED = ("dynamic", "longrope", "proportional", "mrope", "default-axial")
+
+
+def _real(value, name, minimum=None):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"rope_scaling: {name} must be a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"rope_scaling: {name} must be >= {minimum}, got {value}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """RopeScaling(rope_type, factor=1.0, *, low_freq_factor=None,
+    high_freq_factor=None, original_max_position_embeddings=None,
+    attention_factor=None, beta_fast=None, beta_slow=None, mscale=None,
+    mscale_all_dim=None, truncate=True, freq_factors=None)
+
+    How the rotary frequencies of a Llama-like model are scaled, Hugging Face's
+    names: ``linear`` (inv_freq / factor), ``llama3`` (Llama 3.1's smooth
+    interpolation between low and high frequencies), ``yarn`` (YaRN, with its
+    attention factor on cos and sin), or ``freq_factors`` (llama.cpp's
+    ``rope_freqs``: inv_freq / freq_factors[i]).  Checked when made (ValueError
+    naming the field).
+    """
+
+    rope_type: str
+    factor: float = 1.0
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    attention_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+    freq_factors: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in _KEYS:
+            raise ValueError(f"rope_scaling: rope_type {self.rope_type!r} is not computed by "
+                             f"ggmlopt (it computes {', '.join(t for t in _KEYS)})")
+        required, optional = _KEYS[self.rope_type]
+        given = {f.name for f in dataclasses.fields(self)
+                 if f.name not in ("rope_type", "truncate")
+                 and getattr(self, f.name) is not None and (f.name != "factor" or
+                                                            self.rope_type != "freq_factors")}
+        missing = sorted(required - given)
+        if missing:
+            raise ValueError(f"rope_scaling: a {self.rope_type!r} scaling needs {missing}")
+        extra = sorted(given - required - optional - {"factor"})
+        if extra:
+            raise ValueError(f"rope_scaling: {extra} do not apply to a {self.rope_type!r} "
+                             "scaling")
+        if self.rope_type != "freq_factors":
+            object.__setattr__(self, "factor", _real(self.factor, "factor", 1.0))
+        for name in ("low_freq_factor", "high_freq_factor", "attention_factor", "beta_fast",
+                     "beta_slow", "mscale", "mscale_all_dim"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _real(value, name, 0.0))
+        n = self.original_max_position_embeddings
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+                raise ValueError(f"rope_scaling: original_max_position_embeddings must be an "
+                                 f"int >= 1, got {n!r}")
+            object.__setattr__(self, "original_max_position_embeddings", int(n))
+        if self.rope_type == "llama3":
+            assert self.low_freq_factor is not None and self.high_freq_factor is not None
+            if self.high_freq_factor <= self.low_freq_factor:
+                raise ValueError(f"rope_scaling: high_freq_factor ({self.high_freq_factor}) "
+                                 f"must exceed low_freq_factor ({self.low_freq_factor})")
+        if not isinstance(self.truncate, bool):
+            raise ValueError(f"rope_scaling: truncate must be a bool, got {self.truncate!r}")
+        if self.freq_factors is not None:
+            factors = tuple(_real(f, "freq_factors", 0.0) for f in self.freq_factors)
+            if not factors or min(factors) <= 0:
+                raise ValueError("rope_scaling: freq_factors must be numbers > 0")
+            object.__setattr__(self, "freq_factors", factors)
+
+    @classmethod
+    def from_hf(cls, params: dict[str, Any] | None, max_position_embeddings: int
+                ) -> RopeScaling | None:
+        """The scaling of a Hugging Face config's rope_parameters / rope_scaling
+        dict (None for none or the ``default`` type).  ValueError for a type
+        ggmlopt does not compute or a key it does not know."""
+        if not params:
+            return None
+        if not isinstance(params, dict):
+            raise ValueError(f"rope_scaling: expected a dict, got {type(params).__name__}")
+        params = dict(params)
+        kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
+        params.pop("type", None)
+        params.pop("rope_theta", None)   # read by the caller
+        if params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError(f"rope_scaling: partial_rotary_factor="
+                             f"{params['partial_rotary_factor']} is not supported (rotary "
+                             "embeddings on every feature of a head only)")
+        params.pop("partial_rotary_factor", None)
+        if kind == "default":
+            if params:
+                raise ValueError(f"rope_scaling: keys {sorted(params)} with rope_type "
+                                 "'default' are not understood")
+            return None
+        if kind in _NOT_COMPUTED or kind not in _KEYS or kind == "freq_factors":
+            raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported (ggmlopt "
+                             "computes linear, llama3 and yarn)")
+        required, optional = _KEYS[kind]
+        if kind in ("llama3", "yarn"):
+            # transformers' standardize_rope_params: the pretraining length defaults to
+            # the config's
+            params.setdefault("original_max_position_embeddings", max_position_embeddings)
+        unknown = sorted(set(params) - required - optional)
+        if unknown:
+            raise ValueError(f"rope_scaling: keys {unknown} of a {kind!r} scaling are not "
+                             "understood")
+        if kind == "yarn" and params.get("factor") is None:
+            params["factor"] = max_position_embeddings / params["original_max_position_embeddings"]
+        return cls(kind, **params)
+
+    def to_hf(self) -> dict[str, Any]:
+        """The Hugging Face rope_scaling dict (``rope_type`` and this type's keys)."""
+        if self.rope_type == "freq_factors":
+            raise ValueError("rope_scaling: llama.cpp's per-frequency factors have no Hugging "
+                             "Face form")
+        required, optional = _KEYS[self.rope_type]
+        out: dict[str, Any] = {"rope_type": self.rope_type}
+        for name in sorted(required | optional):
+            value = getattr(self, name)
+            if value is not None and not (name == "truncate" and value is True):
+                out[name] = value
+        return out
+
+
+def default_inv_freq(head_dim: int, base: float) -> np.ndarray:
+    """float32 (head_dim // 2,): 1 / base ** (2i / head_dim), as transformers
+    computes it in float32 (and ggmlopt.kernels_attention.rope_table)."""
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    return (np.float32(1.0) / (np.float32(base) ** exponent)).astype(np.float32)
+
+
+def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None
+                  ) -> tuple[np.ndarray, float]:
+    """(inv_freq float32 (head_dim // 2,), attention_factor) for a scaling, each
+    step in float32 as transformers' _compute_<type>_parameters."""
+    f32 = np.float32
+    inv = default_inv_freq(head_dim, base)
+    if scaling is None:
+        return inv, 1.0
+    kind = scaling.rope_type
+    if kind == "linear":
+        return (inv / f32(scaling.factor)).astype(f32), 1.0
+    if kind == "freq_factors":
+        factors = np.asarray(scaling.freq_factors, f32)
+        if factors.shape != inv.shape:
+            raise ValueError(f"rope_scaling: {factors.size} freq_factors for head_dim "
+                             f"{head_dim} (expected {inv.size})")
+        return (inv / factors).astype(f32), 1.0
+    if kind == "llama3":
+        factor = f32(scaling.factor)
+        low, high = scaling.low_freq_factor, scaling.high_freq_factor
+        assert low is not None and high is not None
+        old = scaling.original_max_position_embeddings
+        assert old is not None
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = (f32(2 * math.pi) / inv).astype(f32)
+        llama = np.where(wavelen > low_wavelen, inv / factor, inv).astype(f32)
+        smooth = ((f32(old) / wavelen - f32(low)) / f32(high - low)).astype(f32)
+        smoothed = ((f32(1) - smooth) * llama / factor + smooth * llama).astype(f32)
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, smoothed, llama).astype(f32), 1.0
+    assert kind == "yarn"
+    return _yarn(head_dim, base, scaling)
+
+
+def _yarn(dim, base, s):
+    f32 = np.float32
+    factor = s.factor
+
+    def mscale_of(scale, mscale=1.0):
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    attention = s.attention_factor
+    if attention is None:
+        if s.mscale and s.mscale_all_dim:
+            attention = float(mscale_of(factor, s.mscale) / mscale_of(factor, s.mscale_all_dim))
+        else:
+            attention = mscale_of(factor)
+    beta_fast = s.beta_fast or 32
+    beta_slow = s.beta_slow or 1
+
+    def correction_dim(rotations):
+        return (dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi))
+                / (2 * math.log(base)))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = np.clip((np.arange(dim // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1)
+    extrapolation_factor = (f32(1) - ramp.astype(f32)).astype(f32)
+    pos_freqs = (f32(base) ** (np.arange(0, dim, 2).astype(f32) / f32(dim))).astype(f32)
+    extrapolation = (f32(1) / pos_freqs).astype(f32)
+    interpolation = (f32(1) / (f32(factor) * pos_freqs)).astype(f32)
+    inv = (interpolation * (f32(1) - extrapolation_factor)
+           + extrapolation * extrapolation_factor).astype(f32)
+    return inv, float(attention)
+
+
+def rope_tables(inv_freq: np.ndarray, n_positions: int, attention_factor: float = 1.0
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) float32 (n_positions, len(inv_freq)) of the float32 angles
+    position * inv_freq (Hugging Face's), cos and sin in float64 rounded once,
+    then times attention_factor in float32 as transformers scales them."""
+    angles = np.arange(n_positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+    angles64 = angles.astype(np.float64)
+    cos = np.cos(angles64).astype(np.float32)
+    sin = np.sin(angles64).astype(np.float32)
+    if attention_factor != 1.0:
+        cos = (cos * np.float32(attention_factor)).astype(np.float32)
+        sin = (sin * np.float32(attention_factor)).astype(np.float32)
+    return np.ascontiguousarray(cos), np.ascontiguousarray(sin)

@@ -1,0 +1,223 @@
+"""RoPE scaling (ggmlopt.nn.RopeScaling): Llama 3's, linear and YaRN frequencies as
+transformers computes them, Llama 3 checkpoints that load_hf reads with transformers'
+logits and gradients, and configs whose rope fields are refused rather than dropped."""
+import json
+
+import numpy as np
+import pytest
+
+from ggmlopt.models import Llama, LlamaConfig
+from ggmlopt.nn import RopeScaling, RotaryEmbedding
+from ggmlopt.nn.rope_scaling import default_inv_freq, rope_inv_freq
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": LLAMA3,
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16,
+                    "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16.0,
+                    "truncate": False},
+}
+# torch's float32 pow and NumPy's differ in the last bits by CPU (each within about an
+# ulp); the scalings' float32 steps (a product, a difference, a quotient) add a few
+# more: 8 ulps relative covers them, far below a wrong formula (factor 4-8 apart)
+ULPS = 8 * np.finfo(np.float32).eps
+
+
+def _hf_inv_freq(transformers, params, head_dim=16, base=500000.0, max_pos=128):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    cfg = transformers.LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2,
+                                   max_position_embeddings=max_pos,
+                                   rope_parameters={**params, "rope_theta": base})
+    inv, attention = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, "cpu")
+    return inv.numpy(), attention
+
+
+@pytest.mark.parametrize("kind", list(SCALINGS))
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_frequencies_equal_transformers(kind, head_dim):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    params = SCALINGS[kind]
+    want, want_attention = _hf_inv_freq(transformers, params, head_dim)
+    scaling = RopeScaling.from_hf(dict(params), 128)
+    got, attention = rope_inv_freq(head_dim, 500000.0, scaling)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=ULPS, atol=0)
+    assert attention == pytest.approx(want_attention, rel=1e-12)
+
+
+def test_llama3_keeps_high_frequencies_and_divides_low_ones():
+    scaling = RopeScaling.from_hf(dict(LLAMA3), 128)
+    inv, _ = rope_inv_freq(64, 500000.0, scaling)
+    base = default_inv_freq(64, 500000.0)
+    wavelen = 2 * np.pi / base
+    high, low = wavelen < 16 / 4.0, wavelen > 16 / 1.0
+    np.testing.assert_array_equal(inv[high], base[high])
+    np.testing.assert_allclose(inv[low], base[low] / 8, rtol=1e-7)
+    mid = ~high & ~low
+    assert np.all((inv[mid] < base[mid]) & (inv[mid] > base[mid] / 8))
+
+
+def test_the_rotary_tables_carry_the_yarn_attention_factor():
+    scaling = RopeScaling.from_hf(dict(SCALINGS["yarn"]), 128)
+    inv, attention = rope_inv_freq(16, 10000.0, scaling)
+    assert attention == pytest.approx(0.1 * np.log(4.0) + 1.0)
+    rope = RotaryEmbedding(16, 10000.0, scaling)
+    cos, sin = rope.tables(40)
+    angles = np.arange(40, dtype=np.float32)[:, None] * inv[None, :]
+    np.testing.assert_allclose(cos[:40], np.cos(angles.astype(np.float64)) * attention,
+                               rtol=0, atol=4e-7)
+    np.testing.assert_allclose(sin[:40], np.sin(angles.astype(np.float64)) * attention,
+                               rtol=0, atol=4e-7)
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"rope_type": "dynamic", "factor": 2.0}, "rope_type 'dynamic' is not supported"),
+    ({"rope_type": "longrope", "short_factor": [1.0]}, "'longrope' is not supported"),
+    ({"rope_type": "llama3", "factor": 8.0}, "needs"),
+    ({"rope_type": "linear", "factor": 2.0, "beta": 1}, r"keys \['beta'\]"),
+    ({"rope_type": "linear", "factor": 0.5}, "factor must be >= 1.0"),
+    ({"rope_type": "default", "factor": 2.0}, "with rope_type 'default' are not understood"),
+    ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
+     "partial_rotary_factor"),
+])
+def test_rope_fields_ggmlopt_does_not_compute_are_refused(params, match):
+    with pytest.raises(ValueError, match=match):
+        RopeScaling.from_hf(params, 128)
+    assert RopeScaling.from_hf({"rope_type": "default", "rope_theta": 1e4}, 128) is None
+
+
+# ---- checkpoints: Llama 3 as save_pretrained writes it --------------------------------
+
+def _hf_llama(transformers, torch, tmp_path, rope, tie=False):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=67, hidden_size=32, intermediate_size=40,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=256,
+                                   rope_parameters={**rope, "rope_theta": 500000.0},
+                                   tie_word_embeddings=tie)
+    hf = transformers.LlamaForCausalLM(cfg)
+    hf.eval()
+    hf.save_pretrained(tmp_path)
+    return hf
+
+
+@pytest.mark.parametrize("kind", list(SCALINGS))
+@pytest.mark.parametrize("T", [7, 33, 129])
+def test_a_scaled_llama_checkpoint_gives_transformers_logits_and_gradients(tmp_path, kind, T):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf
+    hf = _hf_llama(transformers, torch, tmp_path, SCALINGS[kind], tie=kind == "llama3")
+    model = load_hf(tmp_path)
+    assert model.config.rope_scaling.rope_type == SCALINGS[kind]["rope_type"]
+    assert model.config.rope_base == 500000.0
+    tokens = np.random.default_rng(T).integers(0, 67, (2, T))
+    logits = hf(torch.tensor(tokens)).logits
+    want = logits.detach().numpy()
+    got = model.forward(tokens)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * scale)
+    g = np.random.default_rng(1).normal(size=want.shape).astype(np.float32)
+    (logits * torch.tensor(g)).sum().backward()
+    model.zero_grad()
+    model.backward(g)
+    grads = dict(model.named_parameters())
+    for name, p in hf.named_parameters():
+        ours = name.removeprefix("model.")
+        if ours not in grads:
+            continue   # a tied head
+        theirs = p.grad.numpy()
+        mine = grads[ours].grad
+        mine = mine.T if mine.ndim == 2 and ours != "embed_tokens.weight" else mine
+        np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-4 * np.abs(theirs).max(),
+                                   err_msg=name)
+
+
+def test_save_hf_writes_the_scaling_back(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    from ggmlopt.io import load_hf, save_hf
+    scaling = RopeScaling.from_hf(dict(LLAMA3), 64)
+    model = Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=4, max_seq_len=64,
+                              rope_base=500000.0, rope_scaling=scaling), seed=0)
+    save_hf(model, tmp_path)
+    assert load_hf(tmp_path).config == model.config
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    params = hf.config.rope_parameters
+    assert params["rope_type"] == "llama3" and params["factor"] == 8.0
+    assert params["rope_theta"] == 500000.0
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+     "'dynamic' is not supported"),
+    ({"sliding_window": 4096}, r"keys \['sliding_window'\] of a 'llama' config are not "
+                               "implemented"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"quantization_config": {"quant_method": "gptq"}}, r"keys \['quantization_config'\]"),
+    ({"head_dim": 16}, "head_dim"),
+])
+def test_config_fields_ggmlopt_does_not_implement_are_refused(tmp_path, edit, match):
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf, save_hf
+    save_hf(Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=4), seed=0), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ValueError, match=match):
+        load_hf(tmp_path)
+
+
+def test_rope_theta_inside_rope_parameters_is_read(tmp_path):
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf, save_hf
+    save_hf(Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=4), seed=0), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["rope_theta"], cfg["rope_scaling"]
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 250000.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert load_hf(tmp_path).config.rope_base == 250000.0
+
+
+# ---- GGUF: llama.cpp's forms of the scalings --------------------------------------------
+
+@pytest.mark.parametrize("kind", ["linear", "llama3"])
+def test_gguf_keeps_the_scaling_in_llama_cpp_s_form(tmp_path, kind):
+    pytest.importorskip("gguf")
+    from ggmlopt.io import load_gguf, save_gguf
+    from ggmlopt.text import ByteTokenizer
+    scaling = RopeScaling.from_hf(dict(SCALINGS[kind]), 64)
+    model = Llama(LlamaConfig(vocab_size=257, dim=64, n_layers=1, n_heads=2, max_seq_len=64,
+                              rope_base=500000.0, rope_scaling=scaling), seed=0)
+    save_gguf(model, tmp_path / "m.gguf", tokenizer=ByteTokenizer())
+    back, _ = load_gguf(tmp_path / "m.gguf")
+    got = back.config.rope_scaling
+    if kind == "linear":
+        assert got == scaling
+    else:   # llama.cpp's rope_freqs: theta_i = base^(-2i/d) / factor_i
+        assert got.rope_type == "freq_factors"
+        inv, _ = rope_inv_freq(32, 500000.0, scaling)
+        back_inv, _ = rope_inv_freq(32, 500000.0, got)
+        np.testing.assert_allclose(back_inv, inv, rtol=4 * np.finfo(np.float32).eps)
+    tokens = np.random.default_rng(0).integers(0, 257, (1, 60))
+    want = model(tokens)
+    np.testing.assert_allclose(back(tokens), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    plain = Llama(LlamaConfig(vocab_size=257, dim=64, n_layers=1, n_heads=2, max_seq_len=64,
+                              rope_base=500000.0), seed=0)
+    assert np.abs(plain(tokens) - want).max() > 1e-3 * np.abs(want).max()  # it matters
+
+
+def test_yarn_is_not_written_to_gguf(tmp_path):
+    pytest.importorskip("gguf")
+    from ggmlopt.io import save_gguf
+    from ggmlopt.text import ByteTokenizer
+    scaling = RopeScaling.from_hf(dict(SCALINGS["yarn"]), 64)
+    model = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2, max_seq_len=64,
+                              rope_scaling=scaling), seed=0)
+    with pytest.raises(ValueError, match="'yarn' rope scaling is not written to GGUF"):
+        save_gguf(model, tmp_path / "m.gguf", tokenizer=ByteTokenizer())
+    assert not (tmp_path / "m.gguf").exists()
