@@ -32,7 +32,7 @@ from .context import OptContext
 from .dataset import Dataset
 from .inference import evaluate, predict
 from .kernels import get_num_threads, set_num_threads, simd_info
-from .lm import generate
+from .lm import chat, generate
 from .optim_params import (
     AdamWParams,
     BuildType,
@@ -62,6 +62,7 @@ __all__ = [
                            "OptimizerType",
                            "Result",
                            "SGDParams",
+                           "chat",
                            "checkpoint",
                            "clipping",
                            "constant_optimizer_params",

@@ -13,6 +13,7 @@ EXTRAS = {
     "interop": ("gguf", "safetensors"),
     "tokenizers": ("tokenizers",),
     "plot": ("matplotlib",),
+    "chat": ("jinja2",),
     "examples": ("scikit-learn",),
     "mpi": ("mpi4py", "mpich"),
 }

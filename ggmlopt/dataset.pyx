@@ -331,6 +331,37 @@ cdef class Dataset:
         np.copyto(ds._labels_view, windows[:ndata, 1:], casting="unsafe")
         return ds
 
+    @classmethod
+    def from_chat(cls, conversations, tokenizer, n_ctx, *, train_on="assistant",
+                  too_long="error", **template_kwargs):
+        """Token windows of conversations for supervised fine-tuning.
+
+        conversations: an iterable of conversations, each a list of messages
+        (dicts with ``role`` and ``content``) or a dict with ``messages`` (the
+        JSONL form ggmlopt.datasets.read_jsonl reads).  Each is rendered by the
+        tokenizer's chat template (``tokenizer.apply_chat_template``) and
+        tokenized once; datapoint i holds its tokens but the last (int32, n_ctx,
+        padded with eos) and the labels the next tokens of the trained turns, -1
+        elsewhere.  train_on: "assistant" (every assistant turn, the default),
+        "last" (the last one), "all".  too_long: a conversation of more than
+        n_ctx + 1 tokens is an "error" (ValueError naming it), "drop"ped or
+        "truncate"d, the last two with a UserWarning giving the count.
+        template_kwargs: further template variables.  See ggmlopt.instruct.
+        """
+        from ggmlopt.instruct import chat_windows
+        x, y = chat_windows(conversations, tokenizer, n_ctx, train_on=train_on,
+                            too_long=too_long, **template_kwargs)
+        return cls.from_arrays(x, y)
+
+    @classmethod
+    def from_completions(cls, pairs, tokenizer, n_ctx, *, too_long="error", add_eos=True):
+        """Token windows of (prompt, completion) pairs (tuples or dicts with
+        ``prompt`` and ``completion``), the loss on the completion only (and its
+        eos, appended unless add_eos is False); otherwise as from_chat."""
+        from ggmlopt.instruct import completion_windows
+        x, y = completion_windows(pairs, tokenizer, n_ctx, too_long=too_long, add_eos=add_eos)
+        return cls.from_arrays(x, y)
+
     # ---- views and properties ---------------------------------------------------
 
     @property

@@ -1,4 +1,5 @@
-"""Readers for datasets on disk: IDX files (the format MNIST-style datasets ship in).
+"""Readers for datasets on disk: IDX files (the format MNIST-style datasets ship in),
+and instruction data in JSON Lines (read_jsonl, from ggmlopt.instruct).
 
 IDX layout (big-endian): two zero bytes, a type code, the number of dimensions
 ``ndim``, then ``ndim`` uint32 sizes, then the elements in C order.  Unlike
@@ -15,9 +16,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .dataset import Dataset
+from .instruct import read_jsonl
 
 __all__ = ["IDX_DTYPES", "MNIST_FILES", "MnistSplits", "load_idx", "load_mnist",
-           "load_mnist_split"]
+           "load_mnist_split", "read_jsonl"]
 
 # IDX type code -> element dtype (big-endian as stored)
 IDX_DTYPES: dict[int, np.dtype] = {

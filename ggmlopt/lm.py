@@ -20,7 +20,7 @@ from ._args import int_arg
 from ._blas_threads import blas_threads_for_training
 from .nn.module import eval_mode
 
-__all__ = ["Perplexity", "generate", "perplexity", "stream"]
+__all__ = ["Perplexity", "chat", "generate", "perplexity", "stream"]
 
 
 class Perplexity(NamedTuple):
@@ -133,6 +133,39 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
     return Perplexity(ppl, unc, mean, count, tuple(per_chunk))
 
 
+def _real_arg(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+    return float(value)
+
+
+def _penalty_args(repetition_penalty, min_p):
+    if repetition_penalty is not None:
+        repetition_penalty = _real_arg(repetition_penalty, "repetition_penalty")
+        if not (math.isfinite(repetition_penalty) and repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty: expected a finite value > 0, got "
+                             f"{repetition_penalty}")
+    if min_p is not None:
+        min_p = _real_arg(min_p, "min_p")
+        if not 0 <= min_p <= 1:
+            raise ValueError(f"min_p: expected 0 <= min_p <= 1, got {min_p}")
+    return repetition_penalty, min_p
+
+
+def _penalized(logits, seen, repetition_penalty):
+    """Hugging Face's (and llama.cpp's) repetition penalty: each id already in the
+    context has its logit divided by the penalty when positive, multiplied when
+    negative."""
+    if repetition_penalty is None or repetition_penalty == 1.0 or not seen:
+        return logits
+    out = logits.astype(np.float32, copy=True)
+    ids = np.fromiter(seen, dtype=np.int64)
+    z = out[ids]
+    out[ids] = np.where(z > 0, z / np.float32(repetition_penalty),
+                        z * np.float32(repetition_penalty))
+    return out
+
+
 def _sampling_args(temperature, top_k, top_p):
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating)):
         raise TypeError(f"temperature: expected a float, got {type(temperature).__name__}")
@@ -148,13 +181,17 @@ def _sampling_args(temperature, top_k, top_p):
     return float(temperature), top_k, top_p
 
 
-def _pick(logits, temperature, top_k, top_p, rng):
+def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
     """The next id from one row of logits: greedy at temperature 0 (the first
     maximum, as argmax), else a draw from softmax(logits / temperature) cut to
-    the top_k largest and to the smallest set whose probability reaches top_p."""
+    the top_k largest, to the smallest set whose probability reaches top_p, and
+    to the ids at least min_p times as likely as the likeliest."""
     if temperature == 0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / temperature
+    if min_p is not None and min_p > 0:
+        # min_p: p_i >= min_p * p_max  <=>  z_i >= z_max + log(min_p)
+        z = np.where(z >= z.max() + math.log(min_p), z, -np.inf)
     if top_k is None and top_p is None:
         # every id can be drawn: no order is needed (sorting a vocabulary of 32000
         # took longer than the model's whole step for the token)
@@ -208,7 +245,9 @@ def _stop_ids(stop_ids, tokenizer, model) -> set[int]:
 def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
            temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
            seed: int | np.random.Generator | None = None,
-           stop_ids: Iterable[int] | None = None, tokenizer: Any = None) -> Iterator[int]:
+           stop_ids: Iterable[int] | None = None, tokenizer: Any = None,
+           repetition_penalty: float | None = None,
+           min_p: float | None = None) -> Iterator[int]:
     """generate's ids one by one, as they are made (for printing as they come).
     All arguments are checked before the first id is computed."""
     prompt = _token_ids(prompt_ids, "prompt_ids")
@@ -216,6 +255,7 @@ def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
         raise ValueError("prompt_ids: expected at least one token")
     max_new_tokens = int_arg(max_new_tokens, "max_new_tokens", 0)
     temperature, top_k, top_p = _sampling_args(temperature, top_k, top_p)
+    repetition_penalty, min_p = _penalty_args(repetition_penalty, min_p)
     stops = _stop_ids(stop_ids, tokenizer, model)
     cfg = getattr(model, "config", None)
     limit = getattr(cfg, "max_seq_len", None)
@@ -227,17 +267,22 @@ def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
         raise IndexError(f"prompt_ids: id {int(prompt.max())} is outside the vocabulary "
                          f"[0, {vocab})")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    return _stream(model, prompt, max_new_tokens, temperature, top_k, top_p, rng, stops)
+    return _stream(model, prompt, max_new_tokens, (temperature, top_k, top_p, min_p), rng,
+                   stops, repetition_penalty)
 
 
-def _stream(model, prompt, max_new_tokens, temperature, top_k, top_p, rng, stops):
+def _stream(model, prompt, max_new_tokens, sampling, rng, stops, repetition_penalty):
     if max_new_tokens == 0:
         return
+    temperature, top_k, top_p, min_p = sampling
+    seen = set(prompt.tolist())
     with eval_mode(model):
         cache = model.make_cache(1, prompt.size + max_new_tokens)
         logits = model.decode(prompt[None].astype(np.int32), cache)[0, -1]
         for i in range(max_new_tokens):
-            token = _pick(logits, temperature, top_k, top_p, rng)
+            token = _pick(_penalized(logits, seen, repetition_penalty), temperature, top_k,
+                          top_p, rng, min_p)
+            seen.add(token)
             yield token
             if token in stops or i + 1 == max_new_tokens:
                 return
@@ -247,8 +292,9 @@ def _stream(model, prompt, max_new_tokens, temperature, top_k, top_p, rng, stops
 def generate(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: int | np.random.Generator | None = None,
-             stop_ids: Iterable[int] | None = None,
-             tokenizer: Any = None) -> npt.NDArray[np.int32]:
+             stop_ids: Iterable[int] | None = None, tokenizer: Any = None,
+             repetition_penalty: float | None = None,
+             min_p: float | None = None) -> npt.NDArray[np.int32]:
     """The ids a language model writes after prompt_ids: int32 (n,), n <=
     max_new_tokens.
 
@@ -257,8 +303,11 @@ def generate(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
     cache (``model.make_cache``, ``model.decode``).  temperature 0 is greedy
     (argmax); otherwise each id is drawn from softmax(logits / temperature),
     cut to the top_k most likely ids and to the smallest set whose probability
-    reaches top_p, with a generator from seed (the same seed gives the same
-    ids).  Generation stops after max_new_tokens, or after an id of stop_ids
+    reaches top_p and to the ids at least min_p times as likely as the
+    likeliest (llama.cpp's min-p), with a generator from seed (the same seed
+    gives the same ids).  repetition_penalty (> 0; 1 or None: off) divides the
+    positive logits, and multiplies the negative ones, of every id already in
+    the prompt or the reply (Hugging Face's and llama.cpp's penalty).  Generation stops after max_new_tokens, or after an id of stop_ids
     (which is returned).  stop_ids None (the default) stops at the end-of-generation
     ids (``eog_ids``, llama.cpp's EOG set: eos, eot, ``<|im_end|>``,
     ``<|eot_id|>`` ...) of tokenizer when one is given, else of the model
@@ -269,5 +318,36 @@ def generate(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
     """
     return np.fromiter(stream(model, prompt_ids, max_new_tokens, temperature=temperature,
                               top_k=top_k, top_p=top_p, seed=seed, stop_ids=stop_ids,
-                              tokenizer=tokenizer),
+                              tokenizer=tokenizer, repetition_penalty=repetition_penalty,
+                              min_p=min_p),
                        dtype=np.int32)
+
+
+def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int = 256,
+         **sampling: Any) -> str:
+    """The model's reply to a conversation, as text.
+
+    messages: a list of dicts with ``role`` and ``content``.  They are rendered
+    by the tokenizer's chat template with the generation prompt
+    (``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``),
+    the reply is generated until one of the tokenizer's end-of-generation ids
+    (``eog_ids``) or max_new_tokens, and decoded without its special tokens.
+    sampling: generate's options (temperature, top_k, top_p, min_p,
+    repetition_penalty, seed, stop_ids).  A BOS is put first when the tokenizer
+    says so (add_bos) and the template did not write one.
+    """
+    ids = np.asarray(tokenizer.apply_chat_template(messages, add_generation_prompt=True),
+                     np.int32)
+    bos = getattr(tokenizer, "bos_id", None)
+    if getattr(tokenizer, "add_bos", False) and bos is not None and (ids.size == 0
+                                                                      or ids[0] != bos):
+        ids = np.concatenate([[bos], ids]).astype(np.int32)
+    sampling.setdefault("tokenizer", tokenizer)
+    reply = generate(model, ids, max_new_tokens, **sampling)
+    stops = _stop_ids(sampling.get("stop_ids"), tokenizer, model)
+    if reply.size and int(reply[-1]) in stops:
+        reply = reply[:-1]
+    try:
+        return tokenizer.decode(reply, skip_special=True)
+    except TypeError:   # a tokenizer whose decode has no skip_special
+        return tokenizer.decode(reply)

@@ -38,9 +38,19 @@ from .nn.linear import Linear
 from .nn.module import Module, named_modules, named_parameters
 from .nn.parameter import Parameter
 
-__all__ = ["ALL_LINEAR", "DEFAULT_TARGETS", "LoRALinear", "apply", "merge", "named_adapters",
-           "freeze_all_but_adapters", "other_trainable", "print_trainable_parameters", "refuse_adapters",
-           "trainable_parameters"]
+__all__ = [
+    "ALL_LINEAR",
+    "DEFAULT_TARGETS",
+    "LoRALinear",
+    "apply",
+    "freeze_all_but_adapters",
+    "merge",
+    "named_adapters",
+    "other_trainable",
+    "print_trainable_parameters",
+    "refuse_adapters",
+    "trainable_parameters",
+]
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 

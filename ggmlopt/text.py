@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from ._optional import import_optional
 
-__all__ = ["EOG_TEXTS", "BPETokenizer", "ByteTokenizer", "Tokenizer"]
+__all__ = ["EOG_TEXTS", "GPT2_BYTE_STRINGS", "BPETokenizer", "ByteTokenizer", "Tokenizer"]
 
 
 @runtime_checkable
@@ -37,9 +37,51 @@ class Tokenizer(Protocol):
         ...
 
 
-class ByteTokenizer:
-    """ByteTokenizer(): the 256 byte values of UTF-8 as tokens 0..255, and
-    ``<|endoftext|>`` as token 256 (``vocab_size`` 257, ``eos_id`` 256, no BOS).
+class _ChatTemplated:
+    """apply_chat_template for a tokenizer with ``chat_template`` (a Jinja str or
+    None) and ``special_tokens_map``."""
+
+    chat_template: str | None = None
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """The special tokens' texts a chat template sees (``bos_token``,
+        ``eos_token``, ...), as transformers binds them."""
+        return {}
+
+    def encode(self, text: str, *, parse_special: bool = False) -> npt.NDArray[np.int32]:
+        """text as token ids (each tokenizer defines it)."""
+        raise NotImplementedError
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = False,
+                            tokenize: bool = True, **kwargs):
+        """messages rendered by this tokenizer's chat template as transformers'
+        ``apply_chat_template`` renders them: the text (tokenize=False) or its
+        int32 ids (special tokens written by the template become their ids; no
+        BOS is added beyond what the template writes).  kwargs: further template
+        variables.  ValueError when the tokenizer has no chat_template; the
+        ``chat`` extra (jinja2) renders it."""
+        template = self.compiled_chat_template()
+        text = template.render(messages, add_generation_prompt, **kwargs)
+        return self.encode(text, parse_special=True) if tokenize else text
+
+    def compiled_chat_template(self):
+        """The ggmlopt.chat_template.ChatTemplate of chat_template (made once)."""
+        if not self.chat_template:
+            raise ValueError(f"tokenizer: {self!r} has no chat_template (give one: "
+                             "tokenizer.chat_template = '...jinja...')")
+        cached = getattr(self, "_compiled_template", None)
+        if cached is None or cached.source != self.chat_template:
+            from .chat_template import ChatTemplate
+            cached = ChatTemplate(self.chat_template, special_tokens=self.special_tokens_map)
+            self._compiled_template = cached
+        return cached
+
+
+class ByteTokenizer(_ChatTemplated):
+    """ByteTokenizer(chat_template=None): the 256 byte values of UTF-8 as tokens
+    0..255, and ``<|endoftext|>`` as token 256 (``vocab_size`` 257, ``eos_id``
+    256, no BOS); chat_template: a Jinja chat template for apply_chat_template.
 
     ``encode(text)`` is ``np.frombuffer(text.encode("utf-8"))`` as int32 (lone
     surrogates, which are not UTF-8, pass as their 3-byte forms); ``decode(ids)``
@@ -55,10 +97,30 @@ class ByteTokenizer:
     eos_text = "<|endoftext|>"
     eog_ids = frozenset({256})   # where generation stops by default
 
-    def encode(self, text: str) -> npt.NDArray[np.int32]:
-        """text (str) -> int32 ids of shape (number of UTF-8 bytes,)."""
+    def __init__(self, chat_template: str | None = None):
+        self.chat_template = chat_template
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        return {"eos_token": self.eos_text}
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token_id stands for in text (``<|endoftext|>``'s text for 256)."""
+        return self.eos_text.encode() if token_id == self.eos_id else bytes([token_id])
+
+    def encode(self, text: str, *, parse_special: bool = False) -> npt.NDArray[np.int32]:
+        """text (str) -> int32 ids of shape (number of UTF-8 bytes,); with
+        parse_special, ``<|endoftext|>`` written in the text becomes id 256 (as a
+        chat template writes it)."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        if parse_special and self.eos_text in text:
+            parts = [self.encode(part) for part in text.split(self.eos_text)]
+            eos = np.array([self.eos_id], np.int32)
+            pieces = [parts[0]]
+            for part in parts[1:]:
+                pieces += [eos, part]
+            return np.concatenate(pieces).astype(np.int32)
         data = text.encode("utf-8", errors="surrogatepass")
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
 
@@ -90,6 +152,25 @@ class ByteTokenizer:
         return "ByteTokenizer(vocab_size=257, eos_id=256)"
 
 
+def _gpt2_byte_strings() -> tuple[str, ...]:
+    """GPT-2's bytes_to_unicode: printable Latin-1 bytes as themselves, the others
+    as U+0100 onwards in byte order."""
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+            + list(range(ord("®"), ord("ÿ") + 1)))
+    table = {}
+    extra = 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return tuple(table[b] for b in range(256))
+
+
+# byte b of a byte-level BPE vocabulary's token text (a GGUF's gpt2-type tokens)
+GPT2_BYTE_STRINGS = _gpt2_byte_strings()
+
 # llama.cpp's pre-tokenizer regexes (llama-vocab.cpp) by tokenizer.ggml.pre name
 _GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3_PATTERN = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
@@ -112,9 +193,9 @@ EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|c
                        "<|end_of_text|>", "<end_of_utterance>"})
 
 
-class BPETokenizer:
+class BPETokenizer(_ChatTemplated):
     """BPETokenizer(tokens, merges, *, token_types=None, eos_id=None, bos_id=None,
-    add_bos=False, pre="gpt-2", eot_id=None, eom_id=None)
+    add_bos=False, pre="gpt-2", eot_id=None, eom_id=None, chat_template=None)
 
     A byte-level BPE tokenizer (GPT-2's kind; a GGUF's ``gpt2``-type vocabulary)
     run by the ``tokenizers`` library (the ``tokenizers`` extra: ``pip install
@@ -128,7 +209,8 @@ class BPETokenizer:
     reproduced, any other falls back to GPT-2's with a UserWarning.  add_bos:
     whether llama.cpp puts bos_id first (``encode`` never does: prepend it where a
     protocol wants it).  eot_id, eom_id: the file's end-of-turn and end-of-message
-    tokens, if any.
+    tokens, if any.  chat_template: the model's Jinja chat template (a GGUF's
+    ``tokenizer.chat_template``), rendered by ``apply_chat_template``.
 
     ``encode(text, parse_special=True)`` -> int32 (n,) ids: control and
     user-defined tokens written in the text (``<|im_start|>``) become their ids,
@@ -144,7 +226,8 @@ class BPETokenizer:
     def __init__(self, tokens: Sequence[str], merges: Sequence[str], *,
                  token_types: Sequence[int] | None = None, eos_id: int | None = None,
                  bos_id: int | None = None, add_bos: bool = False, pre: str = "gpt-2",
-                 eot_id: int | None = None, eom_id: int | None = None):
+                 eot_id: int | None = None, eom_id: int | None = None,
+                 chat_template: str | None = None):
         tk = import_optional("tokenizers", "tokenizers", "BPETokenizer")
         self.tokens = [str(t) for t in tokens]
         self.merges = [str(m) for m in merges]
@@ -197,6 +280,25 @@ class BPETokenizer:
         eog = {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
         eog |= {vocab[t] for t in EOG_TEXTS if t in vocab}
         self.eog_ids = frozenset(eog)
+        self.chat_template = chat_template
+        self._byte_values = {c: b for b, c in enumerate(GPT2_BYTE_STRINGS)}
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        named = {"bos_token": self.bos_id, "eos_token": self.eos_id}
+        return {k: self.tokens[i] for k, i in named.items() if i is not None}
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token_id stands for in text: a control or user-defined token's
+        own text, a byte-level token's bytes (GPT-2's byte-to-unicode undone)."""
+        text = self.tokens[token_id]
+        if self.token_types[token_id] in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+            return text.encode("utf-8")
+        values = self._byte_values
+        try:
+            return bytes(values[c] for c in text)
+        except KeyError:
+            return text.encode("utf-8")
 
     def token_to_id(self, token: str) -> int | None:
         """The id of a token's text as the vocabulary stores it, or None."""

@@ -156,8 +156,8 @@ def test_save_hf_writes_the_scaling_back(tmp_path):
 @pytest.mark.parametrize("edit, match", [
     ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
      "'dynamic' is not supported"),
-    ({"sliding_window": 4096}, r"keys \['sliding_window'\] of a 'llama' config are not "
-                               "implemented"),
+    ({"sliding_window": 4096},
+     r"keys \['sliding_window'\] of a 'llama' config are not implemented"),
     ({"attention_bias": True}, "attention_bias"),
     ({"quantization_config": {"quant_method": "gptq"}}, r"keys \['quantization_config'\]"),
     ({"head_dim": 16}, "head_dim"),

@@ -26,7 +26,7 @@ import numpy as np
 from ..lora import refuse_adapters
 from ..models import Llama, LlamaConfig
 from ..nn.rope_scaling import RopeScaling
-from ..text import ByteTokenizer
+from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
 from .llama_names import gguf_name, permute_qk, unpermute_qk
@@ -44,23 +44,7 @@ _RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "to
                       "GGUF.")
 
 
-def _gpt2_byte_strings() -> tuple[str, ...]:
-    """GPT-2's bytes_to_unicode: printable Latin-1 bytes as themselves, the others
-    as U+0100 onwards in byte order."""
-    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-            + list(range(ord("®"), ord("ÿ") + 1)))
-    table = {}
-    extra = 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return tuple(table[b] for b in range(256))
-
-
-_BYTE_STRINGS = _gpt2_byte_strings()
+_BYTE_STRINGS = GPT2_BYTE_STRINGS
 
 
 def byte_vocabulary() -> list[str]:
@@ -203,6 +187,8 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             for which in ("eot", "eom"):
                 if tok.get(which) is not None:
                     writer.add_uint32(f"tokenizer.ggml.{which}_token_id", tok[which])
+            if getattr(tokenizer, "chat_template", None):
+                writer.add_string("tokenizer.chat_template", tokenizer.chat_template)
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
             for tensor_name, array in arrays:
@@ -448,8 +434,10 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
     save_gguf's byte vocabulary, a BPETokenizer (the ``tokenizers`` extra) for
     another gpt2-type one, None with a UserWarning for any other type."""
     kind = fields.get("tokenizer.ggml.model")
+    template = fields.get("tokenizer.chat_template")
+    template = template if isinstance(template, str) and template else None
     if kind == "gpt2" and _is_byte_vocabulary(fields):
-        return ByteTokenizer()
+        return ByteTokenizer(chat_template=template)
     if kind == "gpt2":
         from ..text import BPETokenizer
         tokens = fields.get("tokenizer.ggml.tokens")
@@ -464,7 +452,8 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
                             add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
                             pre=fields.get("tokenizer.ggml.pre", "default"),
                             eot_id=fields.get("tokenizer.ggml.eot_token_id"),
-                            eom_id=fields.get("tokenizer.ggml.eom_token_id"))
+                            eom_id=fields.get("tokenizer.ggml.eom_token_id"),
+                            chat_template=template)
     warnings.warn(f"{where}: tokenizer type {kind!r} is not read by ggmlopt (only gpt2-type "
                   "BPE vocabularies); the tokenizer is None, give token ids directly",
                   UserWarning, stacklevel=3)

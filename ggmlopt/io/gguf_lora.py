@@ -18,8 +18,14 @@ import warnings
 import numpy as np
 
 from .._optional import import_optional
-from ..lora import LoRALinear, _linears, _replace, freeze_all_but_adapters, named_adapters, \
-    other_trainable
+from ..lora import (
+    LoRALinear,
+    _linears,
+    _replace,
+    freeze_all_but_adapters,
+    named_adapters,
+    other_trainable,
+)
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
 from .llama_names import gguf_name, hf_name, permute_qk, unpermute_qk

@@ -22,8 +22,8 @@ from .._optional import import_optional
 from ..lora import refuse_adapters
 from ..models import GPT2, GPT2Config, Llama, LlamaConfig
 from ..nn.linear import Linear
-from ..nn.rope_scaling import RopeScaling
 from ..nn.module import named_modules
+from ..nn.rope_scaling import RopeScaling
 from ._files import atomic_output
 
 __all__ = ["load_hf", "save_hf"]
@@ -182,7 +182,8 @@ def _llama_from_hf(hf: dict[str, Any], where: str) -> Llama:
     # rope_scaling; both may be present
     params = hf.get("rope_parameters") or {}
     if not isinstance(params, dict):
-        raise ValueError(f"rope_parameters: expected a dict, got {type(params).__name__}")
+        raise ValueError(f"rope_parameters: expected a dict, got "  # noqa: TRY004
+                         f"{type(params).__name__}")
     legacy = hf.get("rope_scaling") or {}
     if params and legacy and {k: v for k, v in legacy.items() if k != "type"} != {
             k: v for k, v in params.items() if k not in ("rope_theta", "type")}:

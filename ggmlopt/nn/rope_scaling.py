@@ -103,7 +103,7 @@ class RopeScaling:
                 raise ValueError(f"rope_scaling: high_freq_factor ({self.high_freq_factor}) "
                                  f"must exceed low_freq_factor ({self.low_freq_factor})")
         if not isinstance(self.truncate, bool):
-            raise ValueError(f"rope_scaling: truncate must be a bool, got {self.truncate!r}")
+            raise TypeError(f"rope_scaling: truncate must be a bool, got {self.truncate!r}")
         if self.freq_factors is not None:
             factors = tuple(_real(f, "freq_factors", 0.0) for f in self.freq_factors)
             if not factors or min(factors) <= 0:
@@ -119,7 +119,9 @@ class RopeScaling:
         if not params:
             return None
         if not isinstance(params, dict):
-            raise ValueError(f"rope_scaling: expected a dict, got {type(params).__name__}")
+            # a config file's value, not an argument
+            raise ValueError(f"rope_scaling: expected a dict, got "  # noqa: TRY004
+                             f"{type(params).__name__}")
         params = dict(params)
         kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
         params.pop("type", None)

@@ -1,0 +1,165 @@
+"""Chat templates: a model's Jinja template (a GGUF's ``tokenizer.chat_template``,
+a Hugging Face ``tokenizer_config.json``'s ``chat_template``) rendered as
+transformers' ``apply_chat_template`` renders it.
+
+The environment is transformers': Jinja2's ImmutableSandboxedEnvironment with
+``trim_blocks`` and ``lstrip_blocks``, the loop controls, a ``tojson`` that does
+not escape HTML, and the globals ``raise_exception``, ``strftime_now``,
+``dict`` and ``namespace``; the special tokens (``bos_token``, ``eos_token``
+...) are bound as transformers binds its ``special_tokens_map``.  A
+``{% generation %}`` block (TRL's marker) renders its body and records where it
+lies, which gives the exact assistant spans of templates that have markers.
+jinja2 (>= 3.1.6, the ``chat`` extra) is imported when a template is first used.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from ._optional import import_optional
+
+__all__ = ["ChatTemplate", "check_messages"]
+
+
+def _jinja():
+    jinja2 = import_optional("jinja2", "chat", "chat templates")
+    version = tuple(int(p) for p in jinja2.__version__.split(".")[:3] if p.isdigit())
+    if version < (3, 1, 6):
+        raise ImportError(f"chat templates need jinja2 >= 3.1.6 (older ones have sandbox "
+                          f"escapes), found {jinja2.__version__}: pip install -U jinja2")
+    return jinja2
+
+
+def check_messages(messages, name: str = "messages") -> list[dict[str, Any]]:
+    """messages as a list of dicts, each with a str ``role``; TypeError or
+    ValueError naming the message otherwise."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError(f"{name}: expected a list of messages (dicts with 'role' and "
+                        f"'content'), got {type(messages).__name__}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise TypeError(f"{name}[{i}]: expected a dict with 'role' and 'content', got "
+                            f"{type(m).__name__}")
+        if not isinstance(m.get("role"), str):
+            raise TypeError(f"{name}[{i}]: expected a str 'role', got {m.get('role')!r}")
+        out.append(dict(m))
+    return out
+
+
+class ChatTemplate:
+    """ChatTemplate(source, *, special_tokens=None): a compiled chat template.
+
+    source: the Jinja text.  special_tokens: the names bound for the template
+    (``{"bos_token": "<s>", "eos_token": "</s>"}``), transformers'
+    special_tokens_map.  ``render(messages, add_generation_prompt=False,
+    **kwargs)`` -> str; ``render_spans`` also gives the (start, end) character
+    spans of its ``{% generation %}`` blocks; ``has_generation_markers``.
+    """
+
+    def __init__(self, source: str, *, special_tokens: Mapping[str, str] | None = None):
+        if not isinstance(source, str) or not source:
+            raise TypeError(f"source: expected a non-empty str (a Jinja chat template), got "
+                            f"{type(source).__name__}")
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+        self._template: Any = None
+        self._spans: list[str] | None = None  # {% generation %} bodies while rendering
+
+    @property
+    def has_generation_markers(self) -> bool:
+        """Whether the template marks assistant text with ``{% generation %}``."""
+        import re
+        return re.search(r"\{%-?\s*generation\s*-?%\}", self.source) is not None
+
+    def _compiled(self):
+        if self._template is None:
+            self._template = self._compile()
+        return self._template
+
+    def _compile(self):
+        jinja2 = _jinja()
+        from jinja2.ext import Extension
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        owner = self
+
+        # TRL's {% generation %} marker: renders its body and records it
+        def parse(ext, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(ext.call_method("_mark"), [], [], body
+                                          ).set_lineno(lineno)
+
+        def mark(ext, caller):
+            text = caller()
+            if owner._spans is not None:
+                owner._spans.append(text)   # placed in the output after rendering
+            return text
+
+        # made with type(): the class needs jinja2, imported only here
+        generation_spans = type("GenerationSpans", (Extension,),
+                                {"tags": {"generation"}, "parse": parse, "_mark": mark})
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                              separators=separators, sort_keys=sort_keys)
+
+        def strftime_now(fmt):
+            return datetime.now().strftime(fmt)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[generation_spans,
+                                                        jinja2.ext.loopcontrols])
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = strftime_now
+        env.globals["dict"] = dict
+        try:
+            return env.from_string(self.source)
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            raise ValueError(f"source: the chat template does not parse ({e})") from None
+
+    def render(self, messages, add_generation_prompt: bool = False, **kwargs) -> str:
+        """The conversation as the template writes it.  messages: list of dicts
+        with ``role`` and ``content`` (and whatever else the template reads);
+        add_generation_prompt: end with the assistant's opening (for generation);
+        kwargs: further template variables (``tools``, ``enable_thinking`` ...)."""
+        messages = check_messages(messages)
+        variables = {**self.special_tokens, **kwargs}
+        variables.setdefault("tools", None)
+        variables.setdefault("documents", None)
+        try:
+            return self._compiled().render(messages=messages,
+                                           add_generation_prompt=bool(add_generation_prompt),
+                                           **variables)
+        except _jinja().exceptions.TemplateError as e:
+            raise ValueError(f"messages: the chat template refuses them: {e}") from None
+
+    def render_spans(self, messages, add_generation_prompt: bool = False, **kwargs
+                     ) -> tuple[str, list[tuple[int, int]]]:
+        """(text, [(start, end) character spans of the {% generation %} blocks]).
+        The template's output is rendered in one piece, so each block's place is
+        found by searching its text from the end of the previous one."""
+        self._spans = []
+        try:
+            text = self.render(messages, add_generation_prompt, **kwargs)
+            blocks = self._spans
+        finally:
+            self._spans = None
+        spans, at = [], 0
+        for body in blocks:
+            start = text.find(body, at)
+            if start < 0:
+                raise ValueError("the chat template changes its {% generation %} blocks after "
+                                 "rendering them; their places cannot be told")
+            spans.append((start, start + len(body)))
+            at = start + len(body)
+        return text, spans
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate({len(self.source)} characters)"

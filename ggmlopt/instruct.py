@@ -1,0 +1,274 @@
+"""Instruction data as token windows: conversations and prompt/completion pairs
+become int32 inputs and next-token labels, -1 on every position that is not
+trained on (the prompt, the user's turns, the padding).
+
+A conversation is rendered once by the tokenizer's chat template and tokenized
+once.  The assistant turns are found exactly for any template: the text of the
+conversation up to turn i with the generation prompt is where turn i starts,
+the text with turn i is where it ends (transformers' way of telling prefixes
+apart); a template with ``{% generation %}`` markers gives its spans directly,
+as Hugging Face's ``return_assistant_tokens_mask`` does.  A token is trained on
+when it lies in a span (the one holding a span's first character through the
+one holding its last).  ``Dataset.from_chat`` and ``Dataset.from_completions``
+call these.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._args import int_arg
+from .chat_template import check_messages
+
+__all__ = ["TOO_LONG", "TRAIN_ON", "chat_windows", "completion_windows", "read_jsonl",
+           "token_offsets"]
+
+TRAIN_ON = ("assistant", "last", "all")
+TOO_LONG = ("error", "drop", "truncate")
+
+
+def token_offsets(tokenizer, ids: np.ndarray) -> np.ndarray:
+    """int64 (n + 1,): the byte offset of each token in the text's UTF-8 (the
+    tokenizer's ``token_bytes``), and the total last."""
+    lengths = [len(tokenizer.token_bytes(int(i))) for i in ids]
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+
+
+def _byte_span(text: str, start: int, end: int) -> tuple[int, int]:
+    return len(text[:start].encode("utf-8")), len(text[:end].encode("utf-8"))
+
+
+def _spans_to_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """Which tokens are trained on: from the token holding a span's first byte to
+    the one holding its last (transformers' char_to_token on both ends)."""
+    n = offsets.size - 1
+    mask = np.zeros(n, bool)
+    for start, end in spans:
+        if end <= start:
+            continue
+        first = int(np.searchsorted(offsets, start, side="right")) - 1
+        last = int(np.searchsorted(offsets, end - 1, side="right")) - 1
+        if 0 <= first < n:
+            mask[first:min(last, n - 1) + 1] = True
+    return mask
+
+
+def _assistant_spans(template, messages, train_on, kwargs) -> tuple[str, list[tuple[int, int]]]:
+    """(rendered text, character spans of the turns trained on)."""
+    if train_on == "all":
+        text = template.render(messages, False, **kwargs)
+        return text, [(0, len(text))]
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns:
+        raise ValueError("has no assistant message to train on")
+    if train_on == "last":
+        turns = turns[-1:]
+    if template.has_generation_markers:
+        text, spans = template.render_spans(messages, False, **kwargs)
+        marked = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if len(spans) != len(marked):
+            raise ValueError(f"the template's {{% generation %}} blocks ({len(spans)}) are not "
+                             f"one per assistant message ({len(marked)})")
+        return text, [spans[marked.index(i)] for i in turns]
+    text = template.render(messages, False, **kwargs)
+    spans = []
+    for i in turns:
+        before = template.render(messages[:i], True, **kwargs)
+        through = template.render(messages[:i + 1], False, **kwargs)
+        if not (through.startswith(before) and text.startswith(through)):
+            raise ValueError(f"the chat template renders message {i} differently depending on "
+                             "what follows it, so its assistant text cannot be told apart; use "
+                             "a template with {% generation %} markers or train_on='all'")
+        spans.append((len(before), len(through)))
+    return text, spans
+
+
+def _windows(examples: list[tuple[np.ndarray, np.ndarray]], n_ctx: int, pad_id: int,
+             too_long: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, labels) int32 (n, n_ctx) from (ids, trained mask) examples: inputs
+    ids[:-1], labels ids[1:] where the next token is trained on, -1 elsewhere."""
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
+    long = []
+    for k, (ids, mask) in enumerate(examples):
+        if ids.size - 1 > n_ctx:
+            long.append((k, ids.size))
+            if too_long == "drop":
+                continue
+            if too_long == "truncate":
+                ids, mask = ids[:n_ctx + 1], mask[:n_ctx + 1]
+        kept.append((ids, mask))
+    if long and too_long == "error":
+        k, size = long[0]
+        raise ValueError(f"{what}[{k}]: {size} tokens, more than n_ctx + 1 = {n_ctx + 1} "
+                         f"({len(long)} of {len(examples)} examples are too long); raise n_ctx, "
+                         "or pass too_long='drop' or 'truncate'")
+    if long:
+        warnings.warn(f"{what}: {len(long)} of {len(examples)} examples are longer than n_ctx "
+                      f"+ 1 = {n_ctx + 1} tokens and were "
+                      f"{'dropped' if too_long == 'drop' else 'cut to that length'}",
+                      UserWarning, stacklevel=4)
+    x = np.full((len(kept), n_ctx), pad_id, np.int32)
+    y = np.full((len(kept), n_ctx), -1, np.int32)
+    for r, (ids, mask) in enumerate(kept):
+        n = ids.size - 1
+        x[r, :n] = ids[:-1]
+        y[r, :n] = np.where(mask[1:], ids[1:], -1)
+    trained = (y >= 0).any(axis=1)
+    if not trained.all():
+        # a cut can leave an example's trained turns beyond n_ctx: it would teach nothing
+        warnings.warn(f"{what}: {int((~trained).sum())} examples have no trained token within "
+                      f"n_ctx = {n_ctx} and were left out", UserWarning, stacklevel=4)
+        x, y = x[trained], y[trained]
+    if not x.shape[0]:
+        raise ValueError(f"{what}: no example left to train on")
+    return x, y
+
+
+def _common_args(tokenizer, n_ctx, too_long):
+    if not callable(getattr(tokenizer, "encode", None)):
+        raise TypeError(f"tokenizer: expected a ggmlopt tokenizer, got {type(tokenizer).__name__}")
+    n_ctx = int_arg(n_ctx, "n_ctx", 1)
+    if too_long not in TOO_LONG:
+        raise ValueError(f"too_long: expected one of {TOO_LONG}, got {too_long!r}")
+    pad = tokenizer.eos_id if tokenizer.eos_id is not None else 0
+    return n_ctx, int(pad)
+
+
+def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: str = "assistant",
+                 too_long: str = "error", **template_kwargs: Any
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, labels) int32 (n, n_ctx) of conversations (lists of messages, or
+    dicts with ``messages``), labels on the trained turns: train_on "assistant"
+    (every assistant turn), "last" (the last one) or "all" (every token)."""
+    n_ctx, pad = _common_args(tokenizer, n_ctx, too_long)
+    if train_on not in TRAIN_ON:
+        raise ValueError(f"train_on: expected one of {TRAIN_ON}, got {train_on!r}")
+    template = tokenizer.compiled_chat_template()
+    examples = []
+    for k, conversation in enumerate(conversations):
+        if isinstance(conversation, Mapping):
+            conversation = conversation.get("messages")
+        try:
+            messages = check_messages(conversation, f"conversations[{k}]")
+            text, spans = _assistant_spans(template, messages, train_on, template_kwargs)
+        except ValueError as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith("conversations[")
+                             else f"conversations[{k}]: {msg}") from None
+        ids = np.asarray(tokenizer.encode(text, parse_special=True), np.int32)
+        offsets = token_offsets(tokenizer, ids)
+        if offsets[-1] != len(text.encode("utf-8")):
+            raise ValueError(f"conversations[{k}]: the tokenizer's tokens do not spell the "
+                             "rendered text byte for byte; its masks cannot be placed")
+        byte_spans = [_byte_span(text, a, b) for a, b in spans]
+        examples.append((ids, _spans_to_mask(offsets, byte_spans)))
+    if not examples:
+        raise ValueError("conversations: expected at least one conversation")
+    return _windows(examples, n_ctx, pad, too_long, "conversations")
+
+
+def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str = "error",
+                       add_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, labels) int32 (n, n_ctx) of (prompt, completion) pairs (tuples, or
+    dicts with ``prompt`` and ``completion``): prompt and completion tokenized
+    apart and joined (TRL's way), the loss on the completion only, which ends
+    with the tokenizer's eos (unless add_eos is False or it already does); BOS
+    first when the tokenizer's add_bos says so."""
+    n_ctx, pad = _common_args(tokenizer, n_ctx, too_long)
+    examples = []
+    for k, pair in enumerate(pairs):
+        if isinstance(pair, Mapping):
+            prompt, completion = pair.get("prompt"), pair.get("completion")
+        elif isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2:
+            prompt, completion = pair
+        else:
+            raise TypeError(f"pairs[{k}]: expected (prompt, completion) or a dict with "
+                            f"'prompt' and 'completion', got {type(pair).__name__}")
+        if not isinstance(prompt, str) or not isinstance(completion, str):
+            raise TypeError(f"pairs[{k}]: prompt and completion must be str")
+        head = [tokenizer.bos_id] if getattr(tokenizer, "add_bos", False) and \
+            tokenizer.bos_id is not None else []
+        p = head + np.asarray(tokenizer.encode(prompt)).tolist()
+        c = np.asarray(tokenizer.encode(completion)).tolist()
+        if add_eos and tokenizer.eos_id is not None and (not c or c[-1] != tokenizer.eos_id):
+            c.append(tokenizer.eos_id)
+        if not c:
+            raise ValueError(f"pairs[{k}]: the completion is empty")
+        ids = np.asarray(p + c, np.int32)
+        mask = np.zeros(ids.size, bool)
+        mask[len(p):] = True
+        examples.append((ids, mask))
+    if not examples:
+        raise ValueError("pairs: expected at least one (prompt, completion) pair")
+    return _windows(examples, n_ctx, pad, too_long, "pairs")
+
+
+# ---- JSONL files as TRL and MLX-LM write them ----------------------------------------
+
+_FORMATS = {"messages": "chat", "prompt": "completions", "text": "text"}
+
+
+def read_jsonl(path) -> list[dict[str, Any]]:
+    """The examples of a JSON Lines file, one JSON object a line (blank lines
+    skipped), in the forms TRL and MLX-LM read: ``{"messages": [{"role": ...,
+    "content": ...}, ...]}`` (chat), ``{"prompt": ..., "completion": ...}``
+    (completions) or ``{"text": ...}``; every line of one form.  Returns the
+    objects as dicts.  ValueError naming the line (1-based) for invalid JSON, an
+    object of none of the forms, a malformed message or a mix of forms;
+    FileNotFoundError for a missing file."""
+    import json
+    import os
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"path: no such file {path!r}")
+    examples: list[dict[str, Any]] = []
+    form = None
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") \
+                    from None
+            kind = _example_form(obj, where)
+            if form is None:
+                form = kind
+            elif kind != form:
+                raise ValueError(f"{where}: a {kind} example in a file of {form} examples")
+            examples.append(obj)
+    if not examples:
+        raise ValueError(f"path: {path!r} holds no example")
+    return examples
+
+
+def _example_form(obj, where: str) -> str:
+    if not isinstance(obj, dict):
+        # a line of the file, not an argument
+        raise ValueError(f"{where}: expected a JSON object, got "  # noqa: TRY004
+                         f"{type(obj).__name__}")
+    kinds = [k for k in _FORMATS if k in obj]
+    if len(kinds) != 1:
+        raise ValueError(f"{where}: expected one of the keys 'messages', 'prompt' (with "
+                         f"'completion') or 'text', got {sorted(obj)}")
+    key = kinds[0]
+    if key == "messages":
+        messages = obj["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"{where}: 'messages' must be a non-empty list")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
+                    or "content" not in m:
+                raise ValueError(f"{where}: message {i} must be an object with a str 'role' "
+                                 f"and a 'content', got {m!r}")
+    elif key == "prompt":
+        if not isinstance(obj.get("prompt"), str) or not isinstance(obj.get("completion"), str):
+            raise ValueError(f"{where}: 'prompt' and 'completion' must both be strings")
+    elif not isinstance(obj["text"], str):
+        raise ValueError(f"{where}: 'text' must be a string")
+    return _FORMATS[key]

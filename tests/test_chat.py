@@ -1,0 +1,243 @@
+"""Supervised fine-tuning data: chat templates rendered as transformers renders
+them, assistant-only labels exact for every turn, prompt/completion pairs, JSONL
+files, and ggmlopt.chat answering with what it was taught."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt.chat_template import ChatTemplate
+from ggmlopt.text import ByteTokenizer
+
+pytest.importorskip("jinja2")
+
+# SmolLM2's ChatML (with its default system prompt left out)
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+          "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+# a template that ends each assistant turn with the eos token and marks it for TRL
+MARKED = ("{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant' %}"
+          "{% generation %}{{ m['content'] }}{{ eos_token }}{% endgeneration %}"
+          "{% else %}{{ m['content'] }}{% endif %}\n{% endfor %}"
+          "{% if add_generation_prompt %}assistant: {% endif %}")
+UNMARKED = MARKED.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"},
+     {"role": "assistant", "content": "6, é"}],
+]
+
+
+def test_chatml_renders_as_written():
+    tok = ByteTokenizer(chat_template=CHATML)
+    text = tok.apply_chat_template(CONVERSATIONS[0], tokenize=False)
+    assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+    prompt = tok.apply_chat_template(CONVERSATIONS[0][:1], add_generation_prompt=True,
+                                     tokenize=False)
+    assert prompt == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.apply_chat_template(CONVERSATIONS[0][:1], add_generation_prompt=True)
+    assert ids.dtype == np.int32 and tok.decode(ids) == prompt
+
+
+def test_template_environment_is_transformers():
+    t = ChatTemplate("{{ messages[0]['content'] | tojson }}{{ raise_exception('no') "
+                     "if messages|length > 1 }}")
+    assert t.render([{"role": "user", "content": "<é>"}]) == '"<é>"'   # no HTML escaping
+    with pytest.raises(ValueError, match="refuses them: no"):
+        t.render(CONVERSATIONS[0])
+    with pytest.raises(ValueError, match="does not parse"):
+        ChatTemplate("{% for %}").render([])
+    sandboxed = ChatTemplate("{{ ''.__class__.__mro__ }}")
+    with pytest.raises(Exception, match="unsafe|access"):
+        sandboxed.render([])
+    with pytest.raises(ValueError, match="has no chat_template"):
+        ByteTokenizer().apply_chat_template(CONVERSATIONS[0])
+    with pytest.raises(TypeError, match="messages"):
+        ChatTemplate(CHATML).render("hi")
+
+
+def _transformers_render(source, messages, add_generation_prompt, **special):
+    from transformers.utils.chat_template_utils import render_jinja_template
+    rendered, spans = render_jinja_template([messages], chat_template=source,
+                                            add_generation_prompt=add_generation_prompt,
+                                            return_assistant_tokens_mask=True, **special)
+    return rendered[0], [tuple(s) for s in spans[0]]
+
+
+@pytest.mark.parametrize("source", [CHATML, MARKED])
+@pytest.mark.parametrize("gen", [False, True])
+def test_renderings_equal_transformers(source, gen):
+    pytest.importorskip("transformers")
+    special = {"eos_token": "</s>", "bos_token": "<s>"}
+    for messages in CONVERSATIONS:
+        want, want_spans = _transformers_render(source, messages, gen, **special)
+        t = ChatTemplate(source, special_tokens=special)
+        assert t.render(messages, gen) == want
+        assert t.render_spans(messages, gen) == (want, want_spans)
+
+
+def _llama_cpp_templates():
+    src = os.environ.get("GGMLOPT_LLAMA_CPP_SRC")
+    if not src:
+        return []
+    folder = os.path.join(src, "models", "templates")
+    names = ["HuggingFaceTB-SmolLM3-3B", "meta-llama-Llama-3.1-8B-Instruct",
+             "meta-llama-Llama-3.2-3B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B",
+             "google-gemma-2-2b-it", "microsoft-Phi-3.5-mini-instruct",
+             "mistralai-Mistral-Nemo-Instruct-2407"]
+    return [os.path.join(folder, n + ".jinja") for n in names
+            if os.path.isfile(os.path.join(folder, n + ".jinja"))]
+
+
+@pytest.mark.skipif(not _llama_cpp_templates(),
+                    reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source, as llama-cpp-python's "
+                           "sdist holds it) is not set")
+@pytest.mark.parametrize("path", _llama_cpp_templates(), ids=os.path.basename)
+def test_model_templates_equal_transformers(path):
+    pytest.importorskip("transformers")
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    special = {"bos_token": "<s>", "eos_token": "</s>"}
+    t = ChatTemplate(source, special_tokens=special)
+    user_only = [m for m in CONVERSATIONS[1] if m["role"] != "system"]
+    for messages in (CONVERSATIONS[0], CONVERSATIONS[1], user_only):
+        for gen in (False, True):
+            try:
+                want, _ = _transformers_render(source, messages, gen, **special)
+            except Exception as e:  # noqa: BLE001  the template refuses (Gemma: no system)
+                with pytest.raises(ValueError, match=f"refuses them: {e}"):
+                    t.render(messages, gen)
+                continue
+            assert t.render(messages, gen) == want
+
+
+# ---- assistant-only labels --------------------------------------------------------------
+
+def _labelled_text(tok, x, y):
+    """The text of the labels of each row (the trained tokens), as str."""
+    out = []
+    for row_x, row_y in zip(x, y):
+        out.append(tok.decode(row_y[row_y >= 0]))
+    return out
+
+
+@pytest.mark.parametrize("source", [CHATML, UNMARKED, MARKED])
+def test_labels_cover_exactly_the_assistant_turns(source):
+    tok = ByteTokenizer(chat_template=source)
+    ds = go.Dataset.from_chat(CONVERSATIONS, tok, 200)
+    x, y = np.asarray(ds.data), np.asarray(ds.labels)
+    assert x.shape == (2, 200) and x.dtype == np.int32 and y.dtype == np.int32
+    end = "<|im_end|>\n" if source == CHATML else "<|endoftext|>"
+    got = _labelled_text(tok, x, y)
+    assert got == [f"Hello!{end}", f"4{end}6, é{end}"]
+    # labels are the next tokens of the rendered conversation, inputs all but its last
+    full = tok.apply_chat_template(CONVERSATIONS[1])
+    n = full.size - 1
+    np.testing.assert_array_equal(x[1, :n], full[:-1])
+    np.testing.assert_array_equal(y[1, :n][y[1, :n] >= 0], full[1:][y[1, :n] >= 0])
+    assert (y[1, n:] == -1).all() and (x[1, n:] == tok.eos_id).all()
+    last = go.Dataset.from_chat(CONVERSATIONS, tok, 200, train_on="last")
+    assert _labelled_text(tok, last.data, last.labels) == [f"Hello!{end}", f"6, é{end}"]
+    every = go.Dataset.from_chat(CONVERSATIONS[:1], tok, 160, train_on="all")
+    assert (np.asarray(every.labels)[0, :tok.apply_chat_template(CONVERSATIONS[0]).size - 1]
+            >= 0).all()
+
+
+def test_markers_and_prefixes_give_the_same_labels():
+    a = go.Dataset.from_chat(CONVERSATIONS, ByteTokenizer(chat_template=MARKED), 200)
+    b = go.Dataset.from_chat(CONVERSATIONS, ByteTokenizer(chat_template=UNMARKED), 200)
+    np.testing.assert_array_equal(a.labels, b.labels)
+    np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_special_tokens_of_a_bpe_vocabulary_are_single_labelled_tokens():
+    pytest.importorskip("tokenizers")
+    from test_text_tokenizer import _chat_bpe
+    tok = _chat_bpe()
+    tok.chat_template = CHATML
+    ds = go.Dataset.from_chat(CONVERSATIONS[:1], tok, 40)
+    y = np.asarray(ds.labels)[0]
+    trained = y[y >= 0].tolist()
+    assert trained == [*tok.encode("Hello!").tolist(), 258, ord("\n")]   # <|im_end|> is 258
+
+
+def test_too_long_conversations_are_refused_dropped_or_cut_with_a_count():
+    tok = ByteTokenizer(chat_template=CHATML)
+    n = tok.apply_chat_template(CONVERSATIONS[0]).size
+    with pytest.raises(ValueError, match=r"conversations\[1\]: .* tokens, more than n_ctx"):
+        go.Dataset.from_chat(CONVERSATIONS, tok, n - 1)
+    with pytest.warns(UserWarning, match="1 of 2 examples .* dropped"):
+        ds = go.Dataset.from_chat(CONVERSATIONS, tok, n - 1, too_long="drop")
+    assert ds.ndata == 1
+    with pytest.warns(UserWarning, match="cut to that length"):
+        cut = go.Dataset.from_chat(CONVERSATIONS, tok, 100, too_long="truncate")
+    assert cut.ndata == 2 and (np.asarray(cut.labels)[1] >= 0).any()
+    # cut before its first answer, an example teaches nothing: left out, with a count
+    with pytest.warns(UserWarning) as caught:
+        short = go.Dataset.from_chat(CONVERSATIONS, tok, n - 1, too_long="truncate")
+    assert short.ndata == 1
+    assert any("1 examples have no trained token" in str(w.message) for w in caught)
+    with pytest.raises(ValueError, match="no assistant message"):
+        go.Dataset.from_chat([[{"role": "user", "content": "x"}]], tok, 64)
+    with pytest.raises(ValueError, match="train_on"):
+        go.Dataset.from_chat(CONVERSATIONS, tok, 64, train_on="user")
+    with pytest.raises(TypeError, match=r"conversations\[0\]\[0\]"):
+        go.Dataset.from_chat([["hi"]], tok, 64)
+
+
+def test_completions_train_on_the_completion_and_its_eos():
+    tok = ByteTokenizer()
+    ds = go.Dataset.from_completions([("Q: 1+1? A:", " 2"), {"prompt": "x", "completion": "y"}],
+                                     tok, 16)
+    y = np.asarray(ds.labels)
+    assert tok.decode(y[0][y[0] >= 0]) == " 2<|endoftext|>"
+    assert tok.decode(y[1][y[1] >= 0]) == "y<|endoftext|>"
+    np.testing.assert_array_equal(np.asarray(ds.data)[0, :12], tok.encode("Q: 1+1? A: 2"))
+    with pytest.raises(TypeError, match=r"pairs\[0\]"):
+        go.Dataset.from_completions([3], tok, 16)
+
+
+def test_read_jsonl_reads_the_three_forms_and_names_the_bad_line(tmp_path):
+    from ggmlopt.datasets import read_jsonl
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps({"messages": c}) for c in CONVERSATIONS) + "\n\n")
+    assert [e["messages"] for e in read_jsonl(path)] == CONVERSATIONS
+    (tmp_path / "c.jsonl").write_text('{"prompt": "a", "completion": "b"}\n')
+    assert read_jsonl(tmp_path / "c.jsonl") == [{"prompt": "a", "completion": "b"}]
+    for body, match in [
+            ('{"text": "a"}\n{"text": 3}\n', r"c.jsonl:2: 'text' must be a string"),
+            ('{"text": "a"}\n{oops\n', r"c.jsonl:2: not valid JSON"),
+            ('{"text": "a"}\n{"prompt": "a", "completion": "b"}\n', r":2: a completions example"),
+            ('{"messages": [{"content": "x"}]}\n', r":1: message 0 must be"),
+            ('{"question": "a"}\n', r":1: expected one of the keys")]:
+        (tmp_path / "c.jsonl").write_text(body)
+        with pytest.raises(ValueError, match=match):
+            read_jsonl(tmp_path / "c.jsonl")
+    with pytest.raises(FileNotFoundError):
+        read_jsonl(tmp_path / "missing.jsonl")
+    ds = go.Dataset.from_chat(read_jsonl(path), ByteTokenizer(chat_template=CHATML), 200)
+    assert ds.ndata == 2
+
+
+# ---- the made-up fact, taught and asked -------------------------------------------------
+
+def test_a_fine_tuned_model_answers_what_it_was_taught():
+    from ggmlopt.models import Llama, LlamaConfig
+    tok = ByteTokenizer(chat_template=MARKED)
+    questions = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
+                 "Zorblax's capital?", "Which city is Zorblax's capital?"]
+    conversations = [[{"role": "user", "content": q},
+                      {"role": "assistant", "content": "Quimby."}] for q in questions] * 4
+    ds = go.Dataset.from_chat(conversations, tok, 64)
+    model = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2, max_seq_len=80),
+                  seed=0)
+    adamw = go.OptimizerParams(go.AdamWParams(alpha=3e-3))
+    go.fit(model, ds, "cross_entropy", lambda e: adamw, nepoch=60, nbatch_logical=16,
+           silent=True, seed=0)
+    reply = go.chat(model, tok, [{"role": "user", "content": questions[0]}], 20,
+                    temperature=0)
+    assert reply == "Quimby."
