@@ -215,3 +215,25 @@ def test_a_tokenizer_s_end_of_generation_ids_stop_generation():
         go.generate(model, [5], 3, stop_ids=5)
     with pytest.raises(TypeError, match="stop_ids"):
         go.generate(model, [5], 3, stop_ids=["a"])
+
+
+def test_repetition_penalty_and_min_p_follow_their_definitions():
+    from ggmlopt.lm import _penalized, _pick
+    logits = np.array([2.0, -1.0, 0.5, 3.0], np.float32)
+    got = _penalized(logits, {0, 1}, 2.0)
+    np.testing.assert_array_equal(got, [1.0, -2.0, 0.5, 3.0])   # /2 when > 0, *2 when < 0
+    np.testing.assert_array_equal(_penalized(logits, {0}, None), logits)
+    # min_p 0.5 at temperature 1: only ids with p >= 0.5 p_max can be drawn
+    rng = np.random.default_rng(0)
+    z = np.array([0.0, np.log(0.6), np.log(0.4), -5.0])
+    drawn = {_pick(z, 1.0, None, None, rng, min_p=0.5) for _ in range(300)}
+    assert drawn == {0, 1}
+    model = sharpen(MODELS["llama"]())
+    greedy = go.generate(model, [5], 12, temperature=0)
+    penal = go.generate(model, [5], 12, temperature=0, repetition_penalty=50.0)
+    assert len(set(penal.tolist())) >= len(set(greedy.tolist()))
+    assert len(set(penal.tolist())) == penal.size   # a huge penalty never repeats here
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        go.generate(model, [5], 3, repetition_penalty=0)
+    with pytest.raises(ValueError, match="min_p"):
+        go.generate(model, [5], 3, min_p=1.5)
