@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._optional import import_optional
+from .pretokenizers import IGNORE_MERGES, pre_tokenizer_regexes
 
 __all__ = ["EOG_TEXTS", "GPT2_BYTE_STRINGS", "BPETokenizer", "ByteTokenizer", "Tokenizer"]
 
@@ -171,18 +172,6 @@ def _gpt2_byte_strings() -> tuple[str, ...]:
 # byte b of a byte-level BPE vocabulary's token text (a GGUF's gpt2-type tokens)
 GPT2_BYTE_STRINGS = _gpt2_byte_strings()
 
-# llama.cpp's pre-tokenizer regexes (llama-vocab.cpp) by tokenizer.ggml.pre name
-_GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_PATTERN = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-                   r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZER_PATTERNS = {
-    "gpt-2": _GPT2_PATTERN, "phi-2": _GPT2_PATTERN, "mpt": _GPT2_PATTERN,
-    "olmo": _GPT2_PATTERN, "jais": _GPT2_PATTERN,
-    "llama3": _LLAMA3_PATTERN, "llama-v3": _LLAMA3_PATTERN, "llama-bpe": _LLAMA3_PATTERN,
-}
-
-
 # llama.cpp's token types (tokenizer.ggml.token_type, llama_token_type)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = \
     1, 2, 3, 4, 5, 6
@@ -247,12 +236,13 @@ class BPETokenizer(_ChatTemplated):
         self.eom_id = None if eom_id is None else int(eom_id)
         self.add_bos = bool(add_bos)
         self.pre = str(pre)
-        pattern = PRE_TOKENIZER_PATTERNS.get(self.pre)
-        if pattern is None:
+        regexes = pre_tokenizer_regexes(self.pre)
+        if regexes is None:
             warnings.warn(f"pre: llama.cpp's pre-tokenizer {self.pre!r} is not reproduced; "
                           "GPT-2's is used, so some texts may tokenize differently",
                           UserWarning, stacklevel=2)
-            pattern = _GPT2_PATTERN
+            regexes = pre_tokenizer_regexes("gpt-2")
+            assert regexes is not None
         vocab = {t: i for i, t in enumerate(self.tokens)}
         self._ids = vocab
         pairs = []
@@ -264,9 +254,10 @@ class BPETokenizer(_ChatTemplated):
             # (ByteTokenizer's GGUF vocabulary has one, which never applies) is left out
             if left + right in vocab:
                 pairs.append((left, right))
-        self._tk: Any = tk.Tokenizer(tk.models.BPE(vocab, pairs))
+        self._tk: Any = tk.Tokenizer(tk.models.BPE(vocab, pairs,
+                                                   ignore_merges=self.pre in IGNORE_MERGES))
         self._tk.pre_tokenizer = tk.pre_tokenizers.Sequence([
-            tk.pre_tokenizers.Split(tk.Regex(pattern), behavior="isolated"),
+            *(tk.pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in regexes),
             tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         self._tk.decoder = tk.decoders.ByteLevel()
         # the tokens matched as a whole in text before BPE (llama.cpp's special-token

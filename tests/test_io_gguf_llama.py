@@ -363,7 +363,7 @@ def test_bfloat16_tensors(saved, tmp_path):
             np.testing.assert_array_equal(p.data, want)
 
 
-def test_spm_tokenizer_gives_none_with_a_warning(saved, tmp_path):
+def test_an_spm_vocabulary_without_scores_gives_none_with_a_warning(saved, tmp_path):
     model, path = saved
     out = tmp_path / "spm.gguf"
     rewrite(path, out, drop_keys=("tokenizer.ggml.merges", "tokenizer.ggml.pre"),
@@ -371,6 +371,19 @@ def test_spm_tokenizer_gives_none_with_a_warning(saved, tmp_path):
     with pytest.warns(UserWarning, match="'llama'"):
         back, tokenizer = load_gguf(out)
     assert tokenizer is None
+    assert_params_equal(back, params(model))
+
+
+def test_an_spm_vocabulary_gives_an_spm_tokenizer(saved, tmp_path):
+    from ggmlopt.spm import SPMTokenizer
+    model, path = saved
+    out = tmp_path / "spm.gguf"
+    scores = [float(-i) for i in range(257)]
+    rewrite(path, out, drop_keys=("tokenizer.ggml.merges", "tokenizer.ggml.pre"),
+            set_keys={"tokenizer.ggml.model": ("llama", VT.STRING, None),
+                      "tokenizer.ggml.scores": (scores, VT.ARRAY, VT.FLOAT32)})
+    back, tokenizer = load_gguf(out)
+    assert isinstance(tokenizer, SPMTokenizer) and tokenizer.vocab_size == 257
     assert_params_equal(back, params(model))
 
 

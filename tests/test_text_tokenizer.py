@@ -95,8 +95,8 @@ def test_bpe_tokenizer_refusals():
     with pytest.raises(ValueError, match="merges"):
         from ggmlopt.text import BPETokenizer
         BPETokenizer(["a", "b"], ["ab"])
-    with pytest.warns(UserWarning, match="pre-tokenizer 'qwen2'"):
-        _byte_bpe(pre="qwen2")
+    with pytest.warns(UserWarning, match="pre-tokenizer 'made-up'"):
+        _byte_bpe(pre="made-up")   # every name llama.cpp knows is reproduced
     tok = _byte_bpe()
     with pytest.raises(TypeError, match="text"):
         tok.encode(b"bytes")
@@ -159,3 +159,33 @@ def test_end_of_generation_ids_are_llama_cpp_s_set():
                           bos_id=258, eot_id=257)
     assert llama3.eog_ids == {256, 257}
     assert ByteTokenizer().eog_ids == {256}
+
+
+# ---- SentencePiece (llama.cpp's llama type) ----------------------------------------------
+
+def _spm():
+    from ggmlopt.spm import SPMTokenizer
+    pieces = ["<unk>", "<s>", "</s>", "<|im_end|>"] + [f"<0x{b:02X}>" for b in range(256)] + \
+        ["\u2581", "h", "e", "l", "o", "he", "ll", "hell", "\u2581hello", "\u2581h", "w", "hello"]
+    scores = [0.0] * 260 + [-1, -2, -2, -2, -2, -3, -4, -5, -1, -6, -2, -0.5]
+    types = [2, 3, 3, 3] + [6] * 256 + [1] * 12
+    return SPMTokenizer(pieces, scores, types, bos_id=1, eos_id=2, unk_id=0)
+
+
+def test_spm_merges_by_score_with_byte_fallback_and_the_space_prefix():
+    tok = _spm()
+    # "▁hello": the space prefix, then the best-scoring pairs: he, ll, hell, hello, ▁hello
+    ids = tok.encode("hello")
+    assert [tok.id_to_token(i) for i in ids] == ["\u2581hello"]
+    ids = tok.encode("hello w!")
+    # "!" is in no piece: its byte; "▁w" is not a piece: "▁" then "w"
+    assert [tok.id_to_token(i) for i in ids] == ["\u2581hello", "\u2581", "w", "<0x21>"]
+    assert tok.decode(ids) == "hello w!"
+    ids = tok.encode("hell</s>he")   # after a special token the space prefix comes again
+    # (▁hell is no piece: ▁ and hell; ▁h scores below he)
+    assert [tok.id_to_token(i) for i in ids] == ["\u2581", "hell", "</s>", "\u2581", "he"]
+    assert tok.decode(ids, skip_special=True) == "hell he"
+    assert tok.eog_ids == {2, 3}
+    é = tok.encode("é")
+    assert [tok.id_to_token(i) for i in é] == ["\u2581", "<0xC3>", "<0xA9>"]
+    assert tok.decode(é) == "é"

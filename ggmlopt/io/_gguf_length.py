@@ -96,7 +96,8 @@ def _needed(f, size: int, quant_sizes) -> int:
         offset = c.scalar("Q", f"tensor info {i}")
         tensors.append((ne, ttype, offset))
     data_start = -(-c.pos // alignment) * alignment
-    end = data_start
+    # a file of no tensors (llama.cpp's vocabulary files) ends with its header, unpadded
+    end = data_start if tensors else c.pos
     for ne, ttype, offset in tensors:
         if ttype not in quant_sizes:
             raise _Corrupt

@@ -29,10 +29,11 @@ from ..nn.rope_scaling import RopeScaling
 from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
+from .gguf_reader import GgufFile
 from .llama_names import gguf_name, permute_qk, unpermute_qk
 
 __all__ = ["BYTE_MERGES", "LLAMA_ARCH", "LlamaGguf", "byte_vocabulary", "file_architecture",
-           "load_llama_gguf", "save_llama_gguf", "tokenizer_from_fields"]
+           "load_gguf_tokenizer", "load_llama_gguf", "save_llama_gguf", "tokenizer_from_fields"]
 
 LLAMA_ARCH = "llama"
 BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pre-tokenizer
@@ -267,7 +268,7 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str) -> Llam
     if freqs is not None:
         if scaling is not None:
             raise ValueError(f"{where}: both llama.rope.scaling.type and rope_freqs.weight")
-        data = np.asarray(freqs[1].data, np.float32).ravel()   # (ne, reader tensor)
+        data = freqs[1].float32("rope_freqs.weight").ravel()   # (ne, the GgufFile)
         scaling = RopeScaling("freq_factors", freq_factors=tuple(float(f) for f in data))
     embd = tensors.get("token_embd.weight")
     vocab = fields.get("llama.vocab_size")
@@ -290,22 +291,17 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str) -> Llam
         raise ValueError(f"{where}: the keys describe no valid Llama: {e}") from None
 
 
-def _dequantized(t, gguf, quantized: set[str]) -> np.ndarray:
-    """A reader tensor as float32 in ggml's row order (shape = ne reversed)."""
-    kind = gguf.GGMLQuantizationType
-    shape = tuple(int(n) for n in t.shape[::-1])
-    if t.tensor_type in (kind.F32, kind.F16, kind.F64):
-        return np.array(t.data, dtype=np.float32).reshape(shape)
-    if t.tensor_type == kind.BF16:
-        raw = np.ascontiguousarray(t.data).view(np.uint16).astype(np.uint32) << 16
-        return raw.view(np.float32).reshape(shape)
+def _dequantized(reader: GgufFile, name: str, quantized: set[str]) -> np.ndarray:
+    """A file's tensor as float32 in ggml's row order (shape = ne reversed)."""
+    t = reader.tensors[name]
     try:
-        data = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        data = reader.float32(name)
     except NotImplementedError:
-        raise ValueError(f"tensor {t.name!r} has type {t.tensor_type.name}, which gguf-py "
-                         "cannot dequantize") from None
-    quantized.add(t.tensor_type.name)
-    return np.asarray(data, dtype=np.float32).reshape(shape)
+        raise ValueError(f"tensor {name!r} has type {t.type_name}, which gguf-py cannot "
+                         "dequantize") from None
+    if t.type_name not in ("F32", "F16", "F64", "BF16"):
+        quantized.add(t.type_name)
+    return data
 
 
 def _ggml_rows(name: str, p_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -332,16 +328,10 @@ def file_architecture(path: str) -> str | None:
     short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
     if short is not None:
         raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
-    from .gguf_format import _field_value
     try:
-        reader = gguf.GGUFReader(path)
-        field = reader.fields.get("general.architecture")
-        arch = None if field is None else _field_value(field, gguf)
-    except (ValueError, IndexError, KeyError, TypeError, OverflowError,
-            UnicodeDecodeError) as e:
+        arch = GgufFile(path).fields.get("general.architecture")
+    except (IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as e:
         raise ValueError(f"path: {path!r} is not a valid GGUF file ({e})") from None
-    finally:
-        reader = None  # drop the memory map
     return arch if isinstance(arch, str) else None
 
 
@@ -356,19 +346,17 @@ class LlamaGguf:
         short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
         if short is not None:
             raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
-        from .gguf_format import _field_value, refuse_adapter_file
+        from .gguf_format import refuse_adapter_file
         quantized: set[str] = set()
         try:
-            reader = gguf.GGUFReader(path)
-            self.fields = {name: _field_value(field, gguf)
-                           for name, field in reader.fields.items()
-                           if not name.startswith("GGUF.")}
+            reader = GgufFile(path)
+            self.fields = reader.fields
             refuse_adapter_file(self.fields, path)
             arch = self.fields.get("general.architecture")
             if arch != LLAMA_ARCH:
                 raise ValueError(f"path: {path!r} holds a {arch!r} model, not a 'llama' one "
                                  "(load_gguf(path, model) loads other files into a model)")
-            infos = {t.name: (tuple(int(n) for n in t.shape), t) for t in reader.tensors}
+            infos = {name: (t.ne, reader) for name, t in reader.tensors.items()}
             self.config = _config(self.fields, infos, f"path: {path!r}")
             wanted = {name: _ggml_rows(name, shape)
                       for name, shape in _parameter_shapes(self.config)}
@@ -382,21 +370,19 @@ class LlamaGguf:
                                  f"missing tensors {missing}, unexpected tensors {unexpected}")
             self.arrays = {}
             for gname, name in names.items():
-                ne, t = infos[gname]
+                ne, _t = infos[gname]
                 shape = tuple(ne[::-1])
                 if shape != wanted[name]:
                     raise ValueError(f"path: {path!r}: tensor {gname!r} has ggml dims (ne) "
                                      f"{ne}; the Llama its keys describe needs "
                                      f"{tuple(wanted[name][::-1])}")
-                rows = _dequantized(t, gguf, quantized)
+                rows = _dequantized(reader, gname, quantized)
                 self.arrays[name] = np.ascontiguousarray(_our_layout(name, rows, self.config))
         except (ValueError, IndexError, KeyError, TypeError, OverflowError,
                 UnicodeDecodeError) as e:
             if isinstance(e, ValueError) and str(e).startswith("path:"):
                 raise  # ours, already saying what is wrong
             raise ValueError(f"path: {path!r} is not a valid GGUF file ({e})") from None
-        finally:
-            reader = None  # drop the memory map
         self.quantized = sorted(quantized)
 
 
@@ -454,10 +440,48 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
                             eot_id=fields.get("tokenizer.ggml.eot_token_id"),
                             eom_id=fields.get("tokenizer.ggml.eom_token_id"),
                             chat_template=template)
-    warnings.warn(f"{where}: tokenizer type {kind!r} is not read by ggmlopt (only gpt2-type "
-                  "BPE vocabularies); the tokenizer is None, give token ids directly",
-                  UserWarning, stacklevel=3)
+    if kind == "llama":
+        from ..spm import SPMTokenizer
+        tokens, scores = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.scores")
+        types = fields.get("tokenizer.ggml.token_type")
+        if not isinstance(tokens, list) or not isinstance(scores, list) \
+                or not isinstance(types, list):
+            warnings.warn(f"{where}: a 'llama' (SentencePiece) vocabulary without "
+                          "tokenizer.ggml.tokens, .scores or .token_type; the tokenizer is "
+                          "None, give token ids directly", UserWarning, stacklevel=3)
+            return None
+        return SPMTokenizer(tokens, scores, types,
+                            bos_id=fields.get("tokenizer.ggml.bos_token_id"),
+                            eos_id=fields.get("tokenizer.ggml.eos_token_id"),
+                            unk_id=fields.get("tokenizer.ggml.unknown_token_id"),
+                            add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", True)),
+                            add_space_prefix=bool(fields.get("tokenizer.ggml.add_space_prefix",
+                                                             True)),
+                            eot_id=fields.get("tokenizer.ggml.eot_token_id"),
+                            eom_id=fields.get("tokenizer.ggml.eom_token_id"),
+                            chat_template=template)
+    warnings.warn(f"{where}: tokenizer type {kind!r} is not read by ggmlopt (gpt2-type BPE "
+                  "and llama-type SentencePiece vocabularies are); the tokenizer is None, "
+                  "give token ids directly", UserWarning, stacklevel=3)
     return None
+
+
+def load_gguf_tokenizer(path):
+    """The tokenizer of a GGUF file (a model's or a vocabulary's), as load_gguf
+    gives it with the model: a BPETokenizer (gpt2-type vocabulary), an
+    SPMTokenizer (llama-type SentencePiece), a ByteTokenizer (save_gguf's byte
+    vocabulary), or None with a UserWarning for another type.  The chat template,
+    special and end-of-generation ids come along.  Reads only the key-values:
+    no tensor is loaded."""
+    path = input_path(path)
+    gguf = _gguf()
+    short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
+    if short is not None:
+        raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
+    fields = GgufFile(path).fields
+    if "tokenizer.ggml.model" not in fields:
+        raise ValueError(f"path: {path!r} holds no tokenizer (no tokenizer.ggml.model)")
+    return tokenizer_from_fields(fields, path)
 
 
 def _warn_quantized(read: LlamaGguf, path: str) -> None:

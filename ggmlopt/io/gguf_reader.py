@@ -1,0 +1,160 @@
+"""A GGUF file read once, fast: its key-values as plain Python values and its
+tensors as NumPy views of the memory-mapped file (no copy).
+
+gguf-py's GGUFReader builds an object per array element of every key-value,
+which takes seconds for the vocabulary of a modern model (150k tokens and
+merges: 11 s here); this walks the header once with struct and NumPy instead.
+The layout is GGUF v2/v3's (ggml's gguf.cpp): magic, version, tensor and
+key-value counts, the key-values, the tensor infos (name, dims, type, offset),
+then the data at the alignment (``general.alignment``, default 32).
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+__all__ = ["GgufFile", "TensorInfo"]
+
+_SCALARS = {0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4),
+            6: ("f", 4), 7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8)}
+_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+          6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+_STRING, _ARRAY = 8, 9
+# ggml types NumPy holds as they are (ne reversed is the array's shape)
+_PLAIN = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32,
+          27: np.int64, 28: np.float64, 30: np.uint16}   # 30: BF16, as raw 16-bit words
+
+
+class TensorInfo(NamedTuple):
+    """One tensor of the file: ggml dims ``ne`` (fastest first), ggml type number
+    and name, byte offset from the data start, byte size."""
+
+    name: str
+    ne: tuple[int, ...]
+    type: int
+    type_name: str
+    offset: int
+    nbytes: int
+
+
+class GgufFile:
+    """GgufFile(path): ``fields`` ({key: str, int, float, bool or list}),
+    ``tensors`` ({name: TensorInfo}, in the file's order), ``raw(name)`` (a
+    read-only NumPy view of a tensor's bytes: shape ne reversed for plain
+    types, (rows, bytes per row) uint8 for block types).  ValueError for a file
+    that is no GGUF.  The mapping lives as long as a view of it does."""
+
+    def __init__(self, path: str):
+        import gguf  # its table of block sizes and type names
+        self.path = path
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        buf = memoryview(self._map)
+        self._buf = buf
+        try:
+            self._parse(buf, gguf)
+        except (struct.error, IndexError, UnicodeDecodeError, OverflowError) as e:
+            raise ValueError(f"path: {path!r} is not a valid GGUF file ({e})") from None
+
+    def _parse(self, buf, gguf) -> None:
+        if bytes(buf[:4]) != b"GGUF":
+            raise ValueError(f"path: {self.path!r} is not a GGUF file (no GGUF magic)")
+        order: Literal["<", ">"] = "<"
+        version = struct.unpack_from("<I", buf, 4)[0]
+        if version & 0xFFFF == 0:
+            order = ">"
+        ntensors, nkv = struct.unpack_from(order + "QQ", buf, 8)
+        pos = 24
+        u64 = struct.Struct(order + "Q")
+        u32 = struct.Struct(order + "I")
+
+        def string(pos):
+            n = u64.unpack_from(buf, pos)[0]
+            start = pos + 8
+            return bytes(buf[start:start + n]).decode("utf-8"), start + n
+
+        def value(vtype, pos):
+            if vtype in _SCALARS:
+                code, size = _SCALARS[vtype]
+                v = struct.unpack_from(order + code, buf, pos)[0]
+                return (bool(v) if vtype == 7 else v), pos + size
+            if vtype == _STRING:
+                return string(pos)
+            if vtype != _ARRAY:
+                raise ValueError(f"path: {self.path!r}: unknown value type {vtype}")
+            item, n = u32.unpack_from(buf, pos)[0], u64.unpack_from(buf, pos + 4)[0]
+            pos += 12
+            if item in _SCALARS:
+                size = _SCALARS[item][1]
+                dt = np.dtype(_NUMPY[item]).newbyteorder(order)
+                arr = np.frombuffer(buf, dt, n, pos)
+                return arr.tolist(), pos + n * size
+            out = []
+            for _ in range(n):
+                v, pos = value(item, pos)
+                out.append(v)
+            return out, pos
+
+        fields: dict[str, Any] = {}
+        for _ in range(nkv):
+            key, pos = string(pos)
+            vtype = u32.unpack_from(buf, pos)[0]
+            fields[key], pos = value(vtype, pos + 4)
+        sizes = {int(k): v for k, v in gguf.GGML_QUANT_SIZES.items()}
+        names = {int(t): t.name for t in gguf.GGMLQuantizationType}
+        infos = []
+        for _ in range(ntensors):
+            name, pos = string(pos)
+            ndim = u32.unpack_from(buf, pos)[0]
+            ne = struct.unpack_from(order + "Q" * ndim, buf, pos + 4)
+            pos += 4 + 8 * ndim
+            ttype = u32.unpack_from(buf, pos)[0]
+            offset = u64.unpack_from(buf, pos + 4)[0]
+            pos += 12
+            if ttype not in sizes:
+                raise ValueError(f"path: {self.path!r}: tensor {name!r} has unknown type "
+                                 f"{ttype}")
+            block, type_size = sizes[ttype]
+            count = int(np.prod(ne, dtype=np.int64)) if ne else 1
+            infos.append(TensorInfo(name, tuple(int(n) for n in ne), ttype,
+                                    names.get(ttype, str(ttype)), offset,
+                                    count // block * type_size))
+        alignment = fields.get("general.alignment", 32)
+        if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
+            alignment = 32
+        self.data_start = -(-pos // alignment) * alignment
+        self.fields = fields
+        self.tensors = {t.name: t for t in infos}
+        self._order = order
+        for t in infos:
+            if self.data_start + t.offset + t.nbytes > len(buf):
+                raise ValueError(f"path: {self.path!r} is a truncated GGUF file (tensor "
+                                 f"{t.name!r} ends past its {len(buf)} bytes)")
+
+    def raw(self, name: str) -> np.ndarray:
+        """A read-only view of tensor name's bytes in the mapped file."""
+        t = self.tensors[name]
+        start = self.data_start + t.offset
+        if t.type in _PLAIN:
+            dt = np.dtype(_PLAIN[t.type]).newbyteorder(self._order)
+            count = t.nbytes // dt.itemsize
+            return np.frombuffer(self._buf, dt, count, start).reshape(t.ne[::-1])
+        row = t.nbytes // max(1, int(np.prod(t.ne[1:], dtype=np.int64)))
+        data = np.frombuffer(self._buf, np.uint8, t.nbytes, start)
+        return data.reshape(tuple(t.ne[1:][::-1]) + (row,))
+
+    def float32(self, name: str) -> np.ndarray:
+        """Tensor name as a new float32 array of shape ne reversed (block types
+        dequantized by gguf-py, exactly as ggml does)."""
+        import gguf
+        t = self.tensors[name]
+        raw = self.raw(name)
+        if t.type == 30:   # BF16: the upper half of a float32
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        if t.type in _PLAIN:
+            return raw.astype(np.float32)
+        data = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t.type))
+        return np.asarray(data, np.float32).reshape(t.ne[::-1])

@@ -1,0 +1,231 @@
+"""SentencePiece vocabularies as llama.cpp tokenizes them (its ``llama`` type:
+Llama 2, Mistral, Phi-3, Gemma's older files): scores, byte fallback and the
+space prefix, with no dependency beyond NumPy.
+
+``encode`` follows llama-vocab.cpp's ``llm_tokenizer_spm_session``: spaces
+become U+2581, a text piece after the start or a special token gets one in
+front (``add_space_prefix``), then the adjacent pair whose joined text is in
+the vocabulary with the highest score is merged (ties: the leftmost) until none
+is, and a piece that is no token is spelled by the merges that made it, or as
+its bytes (``<0xXX>``).  llama.cpp's test vectors are the oracle.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from .text import (
+    EOG_TEXTS,
+    TOKEN_BYTE,
+    TOKEN_CONTROL,
+    TOKEN_USER_DEFINED,
+    _ChatTemplated,
+    _splitter,
+)
+
+__all__ = ["SPMTokenizer"]
+
+SPACE = "\u2581"   # SentencePiece's visible space
+
+
+class SPMTokenizer(_ChatTemplated):
+    """SPMTokenizer(tokens, scores, token_types, *, bos_id=None, eos_id=None,
+    unk_id=None, add_bos=True, add_space_prefix=True, eot_id=None, eom_id=None,
+    chat_template=None)
+
+    tokens: the pieces (str, U+2581 for a space); scores: one float each;
+    token_types: llama.cpp's types (1 normal, 2 unknown, 3 control, 4
+    user-defined, 6 byte).  ``encode(text, parse_special=True)`` -> int32 ids
+    without BOS (prepend ``bos_id`` where ``add_bos`` says);
+    ``decode(ids, skip_special=False)``; ``eog_ids``, ``token_to_id``,
+    ``id_to_token``, ``apply_chat_template`` as BPETokenizer has them.
+    """
+
+    def __init__(self, tokens: Sequence[str], scores: Sequence[float],
+                 token_types: Sequence[int], *, bos_id: int | None = None,
+                 eos_id: int | None = None, unk_id: int | None = None, add_bos: bool = True,
+                 add_space_prefix: bool = True, eot_id: int | None = None,
+                 eom_id: int | None = None, chat_template: str | None = None):
+        self.tokens = [str(t) for t in tokens]
+        n = len(self.tokens)
+        self.scores = [float(s) for s in scores]
+        self.token_types = [int(t) for t in token_types]
+        if len(self.scores) != n or len(self.token_types) != n:
+            raise ValueError(f"scores, token_types: expected {n} values each (one per token), "
+                             f"got {len(self.scores)} and {len(self.token_types)}")
+        for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("unk_id", unk_id),
+                            ("eot_id", eot_id), ("eom_id", eom_id)):
+            if value is not None and not 0 <= int(value) < n:
+                raise IndexError(f"{name}: {value} is outside the vocabulary [0, {n})")
+        self.vocab_size = n
+        self.bos_id = None if bos_id is None else int(bos_id)
+        self.eos_id = None if eos_id is None else int(eos_id)
+        self.unk_id = None if unk_id is None else int(unk_id)
+        self.eot_id = None if eot_id is None else int(eot_id)
+        self.eom_id = None if eom_id is None else int(eom_id)
+        self.add_bos = bool(add_bos)
+        self.add_space_prefix = bool(add_space_prefix)
+        self.chat_template = chat_template
+        self.pre = "spm"
+        self._ids: dict[str, int] = {}
+        for i, t in enumerate(self.tokens):
+            self._ids.setdefault(t, i)
+        self._byte_ids: dict[int, int | None] = {}
+        for b in range(256):
+            byte = self._ids.get(f"<0x{b:02X}>")
+            self._byte_ids[b] = byte if byte is not None else self._ids.get(chr(b))
+        self._control = [i for i, t in enumerate(self.token_types) if t == TOKEN_CONTROL]
+        self._user = [i for i, t in enumerate(self.token_types) if t == TOKEN_USER_DEFINED]
+        self._splitters = {
+            parse: _splitter([self.tokens[i] for i in (self._control + self._user if parse
+                                                       else self._user)])
+            for parse in (True, False)}
+        eog = {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
+        eog |= {self._ids[t] for t in EOG_TEXTS if t in self._ids}
+        self.eog_ids = frozenset(eog)
+
+    # ---- text to ids ---------------------------------------------------------------------
+
+    def encode(self, text: str, *, parse_special: bool = True) -> npt.NDArray[np.int32]:
+        """text (str) -> int32 ids (n,), without BOS; special tokens written in the
+        text become their ids (control ones only with parse_special)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        splitter = self._splitters[bool(parse_special)]
+        pieces = [text] if splitter is None else splitter.split(text)
+        ids: list[int] = []
+        prev_special = True   # the start counts as after a special token
+        for i, piece in enumerate(pieces):
+            if i % 2:
+                ids.append(self._ids[piece])
+                prev_special = True
+            elif piece:
+                if self.add_space_prefix and prev_special:
+                    piece = " " + piece
+                self._tokenize(piece.replace(" ", SPACE), ids)
+                prev_special = False
+        return np.asarray(ids, dtype=np.int32)
+
+    def _tokenize(self, text: str, out: list[int]) -> None:
+        # symbols: the UTF-8 characters, joined by the best-scoring pair in the vocabulary
+        chars = list(text)
+        n = len(chars)
+        texts = chars[:]
+        prev = list(range(-1, n - 1))
+        nxt = [i + 1 if i + 1 < n else -1 for i in range(n)]
+        alive = [True] * n
+        queue: list[tuple[float, int, int, str]] = []
+        made: dict[str, tuple[str, str]] = {}
+
+        def try_pair(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            joined = texts[left] + texts[right]
+            token = self._ids.get(joined)
+            if token is None:
+                return
+            # the highest score first, then the leftmost (llama.cpp's comparator)
+            heapq.heappush(queue, (-self.scores[token], left, right, joined))
+            made[joined] = (texts[left], texts[right])
+
+        for i in range(1, n):
+            try_pair(i - 1, i)
+        while queue:
+            _, left, right, joined = heapq.heappop(queue)
+            if not (alive[left] and alive[right]) or texts[left] + texts[right] != joined \
+                    or nxt[left] != right:
+                continue   # one side merged since
+            texts[left] = joined
+            alive[right] = False
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            try_pair(prev[left], left)
+            try_pair(left, nxt[left])
+        i = 0 if n else -1
+        while i != -1:
+            self._resegment(texts[i], made, out)
+            i = nxt[i]
+
+    def _resegment(self, piece: str, made: dict[str, tuple[str, str]], out: list[int]) -> None:
+        token = self._ids.get(piece)
+        if token is not None:
+            out.append(token)
+            return
+        parts = made.get(piece)
+        if parts is None:   # no token and no merge made it: byte fallback
+            for b in piece.encode("utf-8"):
+                byte = self._byte_ids.get(b)
+                if byte is None:
+                    if self.unk_id is None:
+                        raise ValueError(f"text: byte 0x{b:02X} has no token and the "
+                                         "vocabulary no unknown token")
+                    byte = self.unk_id
+                out.append(byte)
+            return
+        self._resegment(parts[0], made, out)
+        self._resegment(parts[1], made, out)
+
+    # ---- ids to text ---------------------------------------------------------------------
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token_id stands for in text (U+2581 as a space; a byte token's
+        byte; a control token's own text)."""
+        kind = self.token_types[token_id]
+        text = self.tokens[token_id]
+        if kind == TOKEN_BYTE and len(text) == 6 and text.startswith("<0x"):
+            return bytes([int(text[3:5], 16)])
+        if kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+            return text.encode("utf-8")
+        return text.replace(SPACE, " ").encode("utf-8")
+
+    def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
+        """ids -> str: pieces joined with U+2581 as spaces, byte tokens as bytes
+        (invalid UTF-8 replaced by U+FFFD), the space prefix of the first piece
+        removed as llama.cpp's detokenizer does; control tokens left out with
+        skip_special."""
+        arr = np.asarray(ids)
+        if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
+            raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
+        if arr.ndim != 1:
+            raise ValueError(f"ids: expected shape (n,), got {arr.shape}")
+        bad = np.flatnonzero((arr < 0) | (arr >= self.vocab_size))
+        if bad.size:
+            i = int(bad[0])
+            raise IndexError(f"ids: id {int(arr[i])} at position {i} is outside the "
+                             f"vocabulary [0, {self.vocab_size})")
+        data = bytearray()
+        first = True
+        for i in arr.astype(np.int64).tolist():
+            if skip_special and self.token_types[i] == TOKEN_CONTROL:
+                continue
+            piece = self.token_bytes(i)
+            if first and self.add_space_prefix and self.token_types[i] not in (
+                    TOKEN_CONTROL, TOKEN_USER_DEFINED) and piece.startswith(b" "):
+                piece = piece[1:]
+            if self.token_types[i] != TOKEN_CONTROL:
+                first = False
+            data += piece
+        return data.decode("utf-8", "replace")
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a piece's text, or None."""
+        return self._ids.get(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The piece of an id (IndexError outside the vocabulary)."""
+        if not 0 <= int(token_id) < self.vocab_size:
+            raise IndexError(f"token_id: {token_id} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+        return self.tokens[int(token_id)]
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        named = {"bos_token": self.bos_id, "eos_token": self.eos_id, "unk_token": self.unk_id}
+        return {k: self.tokens[i] for k, i in named.items() if i is not None}
+
+    def __repr__(self) -> str:
+        return f"SPMTokenizer(vocab_size={self.vocab_size})"
