@@ -363,7 +363,9 @@ class OptContext:
         params, seen = [], set()
         for i, p in enumerate(got):
             data = getattr(p, "data", None)
-            if not isinstance(data, np.ndarray) or not hasattr(p, "grad"):
+            # (a Parameter makes its gradient when .grad is first read: not here)
+            if not isinstance(data, np.ndarray) or not (isinstance(p, Parameter)
+                                                        or hasattr(p, "grad")):
                 raise TypeError(f"model.parameters()[{i}]: expected a ggmlopt.nn.Parameter (an "
                                 f"object with a .data ndarray and .grad), got {type(p).__name__}")
             if data.dtype != np.float32:

@@ -22,6 +22,7 @@ from . import kernels
 from ._args import enum_arg, int_arg
 from .context import OptContext, first_nonfinite
 from .dataset import Dataset
+from .nn.parameter import Parameter
 from .optim_params import BuildType, LossType
 from .result import Result
 
@@ -188,7 +189,9 @@ def _borrowed(model: Any) -> Iterator[None]:
     and every module's training flag."""
     params = OptContext._collect_parameters(model) if callable(
         getattr(model, "parameters", None)) else []
-    saved = [(p, p.data, p.grad, getattr(p, "grad_is_zero", _ABSENT)) for p in params]
+    # a Parameter's gradient as it is (None when not made yet: reading .grad would make it)
+    saved = [(p, p.data, p._grad if isinstance(p, Parameter) else p.grad,
+              getattr(p, "grad_is_zero", _ABSENT)) for p in params]
     flags = [(m, vars(m).get("training", _ABSENT)) for m in _modules(model)]
     try:
         yield

@@ -146,15 +146,31 @@ class GgufFile:
         data = np.frombuffer(self._buf, np.uint8, t.nbytes, start)
         return data.reshape(tuple(t.ne[1:][::-1]) + (row,))
 
-    def float32(self, name: str) -> np.ndarray:
+    def read(self, name: str, rows: int | None = None) -> np.ndarray:
+        """raw(name)'s bytes read into a new array (the first rows only when
+        given): reading, not mapping, keeps the file's pages out of this
+        process's memory once the array is dropped."""
+        view = self.raw(name)
+        if rows is not None and view.ndim > 1:
+            view = view.reshape(-1, view.shape[-1])[:rows]
+        out = np.empty(view.shape, view.dtype)
+        start = self.data_start + self.tensors[name].offset
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+        return out
+
+    def float32(self, name: str, rows: int | None = None) -> np.ndarray:
         """Tensor name as a new float32 array of shape ne reversed (block types
-        dequantized by gguf-py, exactly as ggml does)."""
+        dequantized by gguf-py, exactly as ggml does); its first rows only when
+        given (as a 2-D array)."""
         import gguf
         t = self.tensors[name]
-        raw = self.raw(name)
+        raw = self.read(name, rows)
         if t.type == 30:   # BF16: the upper half of a float32
             return (raw.astype(np.uint32) << 16).view(np.float32)
         if t.type in _PLAIN:
-            return raw.astype(np.float32)
+            return raw if raw.dtype == np.float32 else raw.astype(np.float32)
         data = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t.type))
-        return np.asarray(data, np.float32).reshape(t.ne[::-1])
+        shape = t.ne[::-1] if rows is None else (-1, t.ne[0])
+        return np.asarray(data, np.float32).reshape(shape)

@@ -20,7 +20,8 @@ class Parameter:
 
     grad: float32 zeros of data's shape; backward passes add into it.  None
     while the parameter is frozen (as torch's ``.grad`` of a tensor that does
-    not require a gradient).
+    not require a gradient).  It is made when first used (a backward pass, an
+    OptContext's arena), so a model that only infers holds no gradient memory.
     grad_is_zero: True while grad is known to hold zeros (OptContext sets it after
     zeroing the gradients); a layer that sees it may overwrite grad instead of
     adding into it, and then clears it.
@@ -34,7 +35,7 @@ class Parameter:
     to run once the split it was built with has changed.
     """
 
-    __slots__ = ("_data", "_requires_grad", "grad", "grad_is_zero", "name")
+    __slots__ = ("_data", "_grad", "_requires_grad", "grad_is_zero", "name")
 
     # how many times any parameter's requires_grad changed: an OptContext compares
     # it on every alloc and checks its own parameters only when it moved
@@ -48,7 +49,7 @@ class Parameter:
             raise TypeError(f"requires_grad: expected a bool, got {type(requires_grad).__name__}")
         self._data = np.array(arr, dtype=np.float32, order="C", copy=True)
         self._requires_grad = bool(requires_grad)
-        self.grad = np.zeros_like(self._data) if requires_grad else None
+        self._grad: np.ndarray | None = None   # made on first use (the grad property)
         self.name = name
         self.grad_is_zero = True
 
@@ -74,11 +75,24 @@ class Parameter:
                              "numpy.ascontiguousarray)")
         self._data = value
 
+    @property
+    def grad(self) -> np.ndarray | None:
+        """The gradient (see the class docstring): zeros of data's shape, made on
+        first use, or None while frozen."""
+        if self._grad is None and self._requires_grad:
+            # np.zeros maps fresh zero pages: memory is committed only where written
+            self._grad = np.zeros(self._data.shape, np.float32)
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: np.ndarray | None) -> None:
+        self._grad = value
+
     def _set_storage(self, data: np.ndarray, grad: np.ndarray | None) -> None:
         """Re-point data and grad at other memory of the same shape and dtype, as
         an OptContext does with its arena's views (no checks: internal)."""
         self._data = data
-        self.grad = grad
+        self._grad = grad
 
     @property
     def requires_grad(self) -> bool:
@@ -93,7 +107,7 @@ class Parameter:
         if value == self._requires_grad:
             return
         self._requires_grad = value
-        self.grad = np.zeros_like(self._data) if value else None
+        self._grad = None   # a fresh zero gradient when next used
         self.grad_is_zero = True
         Parameter._requires_grad_changes += 1
 
