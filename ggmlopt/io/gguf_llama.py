@@ -135,6 +135,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     from .gguf_format import _dtype_arg, _metadata_items
     if not isinstance(model, Llama):
         raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
+    _refuse_other_family(model)
     refuse_adapters(model, "save_gguf")
     if not isinstance(name, str):
         raise TypeError(f"name: expected a str, got {type(name).__name__}")
@@ -199,6 +200,16 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.write_tensors_to_file()
         finally:
             writer.close()
+
+
+def _refuse_other_family(model) -> None:
+    """A Llama-family model llama.cpp stores under another architecture (Qwen2's
+    biases, its rotary layout) is not written as a llama: that file would drop
+    what makes it differ."""
+    if model.config.qkv_bias:
+        raise ValueError(f"model: a {type(model).__name__} (biases on q, k, v) is not written "
+                         "to GGUF yet; save_hf writes it, and llama.cpp's convert_hf_to_gguf.py "
+                         "converts that directory")
 
 
 def _rope_scaling_out(cfg: LlamaConfig):
@@ -291,11 +302,13 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str) -> Llam
         raise ValueError(f"{where}: the keys describe no valid Llama: {e}") from None
 
 
-def _dequantized(reader: GgufFile, name: str, quantized: set[str]) -> np.ndarray:
-    """A file's tensor as float32 in ggml's row order (shape = ne reversed)."""
+def _dequantized(reader: GgufFile, name: str, quantized: set[str],
+                 first_row: bool = False) -> np.ndarray:
+    """A file's tensor as float32 in ggml's row order (shape = ne reversed); only
+    its first row with first_row (a check that its type is read)."""
     t = reader.tensors[name]
     try:
-        data = reader.float32(name)
+        data = reader.float32(name, rows=1 if first_row else None)
     except NotImplementedError:
         raise ValueError(f"tensor {name!r} has type {t.type_name}, which gguf-py cannot "
                          "dequantize") from None
@@ -337,9 +350,10 @@ def file_architecture(path: str) -> str | None:
 
 class LlamaGguf:
     """What a llama-architecture GGUF holds, read and checked: ``config``
-    (LlamaConfig), ``arrays`` ({Llama parameter name: float32 array in ggmlopt's
-    layout}), ``fields`` (every key-value), ``quantized`` (the quantized type
-    names that were dequantized)."""
+    (LlamaConfig), ``fields`` (every key-value), ``names`` (the Llama's parameter
+    names), ``quantized`` (the block types to dequantize), and ``array(name)``:
+    one parameter as a new float32 array in ggmlopt's layout, read from the file
+    when asked (so a model loads one tensor at a time, not all of them twice)."""
 
     def __init__(self, path: str):
         gguf = _gguf()
@@ -368,22 +382,32 @@ class LlamaGguf:
             if missing or unexpected:
                 raise ValueError(f"path: {path!r} does not hold the Llama its keys describe: "
                                  f"missing tensors {missing}, unexpected tensors {unexpected}")
-            self.arrays = {}
             for gname, name in names.items():
-                ne, _t = infos[gname]
+                ne = infos[gname][0]
                 shape = tuple(ne[::-1])
                 if shape != wanted[name]:
                     raise ValueError(f"path: {path!r}: tensor {gname!r} has ggml dims (ne) "
                                      f"{ne}; the Llama its keys describe needs "
                                      f"{tuple(wanted[name][::-1])}")
-                rows = _dequantized(reader, gname, quantized)
-                self.arrays[name] = np.ascontiguousarray(_our_layout(name, rows, self.config))
+                # every type must dequantize before any weight is written
+                _dequantized(reader, gname, quantized, first_row=True)
+            self._reader, self._names = reader, {name: gname for gname, name in names.items()}
         except (ValueError, IndexError, KeyError, TypeError, OverflowError,
                 UnicodeDecodeError) as e:
             if isinstance(e, ValueError) and str(e).startswith("path:"):
                 raise  # ours, already saying what is wrong
             raise ValueError(f"path: {path!r} is not a valid GGUF file ({e})") from None
         self.quantized = sorted(quantized)
+
+    @property
+    def names(self) -> list[str]:
+        """The Llama parameter names the file holds."""
+        return list(self._names)
+
+    def array(self, name: str) -> np.ndarray:
+        """Parameter name as a new float32 array in ggmlopt's layout."""
+        rows = _dequantized(self._reader, self._names[name], set())
+        return np.ascontiguousarray(_our_layout(name, rows, self.config))
 
 
 def _parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
@@ -510,19 +534,20 @@ def load_llama_gguf(path, model=None):
         tokenizer = tokenizer_from_fields(read.fields, path)
         built = Llama(read.config)
         for name, p in built.named_parameters():
-            p.data[...] = read.arrays[name]
+            p.data[...] = read.array(name)   # one tensor in memory twice at a time
         if tokenizer is not None:
             # generate stops at these by default (llama.cpp's end-of-generation set)
             built.eog_ids = frozenset(tokenizer.eog_ids)
         _warn_quantized(read, path)
         return built, tokenizer
     params = dict(model.named_parameters())
-    if set(params) != set(read.arrays) or any(params[n].data.shape != a.shape
-                                              for n, a in read.arrays.items()):
+    shapes = dict(_parameter_shapes(read.config))
+    if set(params) != set(read.names) or any(params[n].data.shape != shapes[n]
+                                             for n in read.names):
         raise ValueError(f"path: {path!r} holds a Llama of config {read.config}, which does "
                          f"not fit the model given ({model.config})")
-    for name, array in read.arrays.items():
-        params[name].data[...] = array
+    for name in read.names:
+        params[name].data[...] = read.array(name)
     _warn_quantized(read, path)
     return dict(read.fields)
 

@@ -82,6 +82,9 @@ def save_gguf_lora(model, path) -> None:
     when one sits on a layer llama.cpp has no tensor for.
     """
     config = _llama_config(model)
+    if config.qkv_bias:
+        raise ValueError(f"model: a {type(model).__name__}'s adapters are not written for "
+                         "llama.cpp yet (its tensors and rotary layout are not llama's)")
     path = output_path(path)
     adapters = named_adapters(model)
     if not adapters:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._optional import import_optional
 from ..lora import refuse_adapters
-from ..models import GPT2, GPT2Config, Llama, LlamaConfig
+from ..models import GPT2, GPT2Config, Llama, LlamaConfig, Qwen2, Qwen2Config
 from ..nn.linear import Linear
 from ..nn.module import named_modules
 from ..nn.rope_scaling import RopeScaling
@@ -39,6 +39,19 @@ def _safetensors():
 
 def _hf_config(model) -> dict[str, Any]:
     cfg = model.config
+    if isinstance(model, Qwen2):
+        return {
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
+            "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+            "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
+            "rope_theta": cfg.rope_base,
+            "rope_scaling": None if cfg.rope_scaling is None else cfg.rope_scaling.to_hf(),
+            "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
+            "use_sliding_window": False, "initializer_range": 0.02, "torch_dtype": "float32",
+            "use_cache": True,
+        }
     if isinstance(model, Llama):
         return {
             "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -77,7 +90,7 @@ def _tensor_map(model) -> list[tuple[str, Any, bool]]:
 
 
 def save_hf(model, directory) -> None:
-    """Write model (a ggmlopt.models.Llama or GPT2) to directory as a Hugging Face
+    """Write model (a ggmlopt.models.Llama, Qwen2 or GPT2) to directory as a Hugging Face
     checkpoint: config.json and model.safetensors (float32), each atomically.
     The directory is created when missing.  transformers' from_pretrained then
     loads it with no missing or unexpected keys."""
@@ -135,6 +148,11 @@ _LLAMA_KEYS = frozenset({
     "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "attention_bias",
     "attention_dropout", "mlp_bias", "head_dim", "pretraining_tp",
 })
+# Qwen2's config: Llama's keys but the biases (fixed: q, k, v), plus its sliding window
+# (refused when used) and the layer types it implies
+_QWEN2_KEYS = (_LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) | {
+    "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
+}
 _GPT2_KEYS = frozenset({
     "vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner",
     "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon",
@@ -168,11 +186,29 @@ def _no_dropout(hf: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
 
 def _llama_from_hf(hf: dict[str, Any], where: str) -> Llama:
     _check_keys(hf, _LLAMA_KEYS, "llama")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ValueError("attention_bias, mlp_bias: only a Llama without biases is supported")
+    return Llama(LlamaConfig(**_llama_fields(hf, where)))
+
+
+def _qwen2_from_hf(hf: dict[str, Any], where: str) -> Qwen2:
+    _check_keys(hf, _QWEN2_KEYS, "qwen2")
+    if hf.get("use_sliding_window"):
+        raise ValueError("use_sliding_window: sliding-window attention is not supported")
+    layers = hf.get("layer_types")
+    if layers is not None and any(t != "full_attention" for t in layers):
+        raise ValueError(f"layer_types: only full_attention layers are supported, got "
+                         f"{sorted(set(layers))}")
+    fields = _llama_fields(hf, where)
+    fields.setdefault("max_seq_len", 32768)
+    return Qwen2(Qwen2Config(**fields))
+
+
+def _llama_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
+    """The LlamaConfig fields of a Llama-family config (Llama, Qwen2)."""
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act: only silu (Llama's SwiGLU) is supported, got {act!r}")
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise ValueError("attention_bias, mlp_bias: only a Llama without biases is supported")
     _no_dropout(hf, ("attention_dropout",), where)
     dim, heads = hf["hidden_size"], hf["num_attention_heads"]
     if hf.get("head_dim") not in (None, dim // heads):
@@ -194,14 +230,12 @@ def _llama_from_hf(hf: dict[str, Any], where: str) -> Llama:
                          f"{params['rope_theta']} disagree")
     max_len = hf.get("max_position_embeddings", 2048)
     scaling = RopeScaling.from_hf(params or legacy, max_len)
-    cfg = LlamaConfig(vocab_size=hf["vocab_size"], dim=dim,
-                      n_layers=hf["num_hidden_layers"], n_heads=heads,
-                      n_kv_heads=hf.get("num_key_value_heads"),
-                      ffn_dim=hf["intermediate_size"], max_seq_len=max_len,
-                      norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_base=float(theta),
-                      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                      rope_scaling=scaling)
-    return Llama(cfg)
+    return {"vocab_size": hf["vocab_size"], "dim": dim, "n_layers": hf["num_hidden_layers"],
+            "n_heads": heads, "n_kv_heads": hf.get("num_key_value_heads"),
+            "ffn_dim": hf["intermediate_size"], "max_seq_len": max_len,
+            "norm_eps": float(hf.get("rms_norm_eps", 1e-6)), "rope_base": float(theta),
+            "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+            "rope_scaling": scaling}
 
 
 def _gpt2_from_hf(hf: dict[str, Any], where: str) -> GPT2:
@@ -228,9 +262,9 @@ def _gpt2_from_hf(hf: dict[str, Any], where: str) -> GPT2:
 
 def _model_from_config(hf: dict[str, Any], where: str):
     kind = hf.get("model_type")
-    readers = {"llama": _llama_from_hf, "gpt2": _gpt2_from_hf}
+    readers = {"llama": _llama_from_hf, "qwen2": _qwen2_from_hf, "gpt2": _gpt2_from_hf}
     if kind not in readers:
-        raise ValueError(f"{where}: model_type {kind!r} is not supported (llama, gpt2)")
+        raise ValueError(f"{where}: model_type {kind!r} is not supported ({', '.join(readers)})")
     try:
         return readers[kind](hf, where)
     except KeyError as e:
@@ -257,7 +291,7 @@ def _read_tensors(directory: str) -> dict[str, np.ndarray]:
 
 
 def load_hf(directory):
-    """A ggmlopt.models.Llama or GPT2 from a Hugging Face checkpoint directory
+    """A ggmlopt.models.Llama, Qwen2 or GPT2 from a Hugging Face checkpoint directory
     (config.json and model.safetensors, or a sharded model.safetensors.index.json),
     as save_hf or transformers' save_pretrained write them.
 

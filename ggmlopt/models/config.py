@@ -54,7 +54,7 @@ def _heads(dim, n_heads):
 class LlamaConfig:
     """LlamaConfig(vocab_size, dim, n_layers, n_heads, n_kv_heads=None, ffn_dim=None,
     max_seq_len=2048, norm_eps=1e-5, rope_base=10000.0, tie_embeddings=False,
-    rope_scaling=None)
+    rope_scaling=None, qkv_bias=False)
 
     A Llama (Hugging Face's LlamaForCausalLM; llama2.c's Transformer):
     vocab_size (HF vocab_size), dim (hidden_size), n_layers
@@ -64,7 +64,8 @@ class LlamaConfig:
     max_seq_len (max_position_embeddings), norm_eps (rms_norm_eps), rope_base
     (rope_theta), tie_embeddings (tie_word_embeddings), rope_scaling
     (rope_scaling / rope_parameters: a ggmlopt.nn.RopeScaling, e.g. Llama 3.1's
-    ``llama3``; None for plain RoPE).
+    ``llama3``; None for plain RoPE), qkv_bias (biases on the q, k and v
+    projections but not o: Qwen2's).
 
     Checked: every count >= 1 (ints; TypeError otherwise), dim a multiple of
     n_heads, n_heads a multiple of n_kv_heads, an even head_dim (RoPE rotates
@@ -83,8 +84,11 @@ class LlamaConfig:
     rope_base: float = 10000.0
     tie_embeddings: bool = False
     rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.qkv_bias, bool):
+            raise TypeError(f"qkv_bias: expected a bool, got {type(self.qkv_bias).__name__}")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
             raise TypeError(f"rope_scaling: expected a ggmlopt.nn.RopeScaling or None, got "
                             f"{type(self.rope_scaling).__name__}")

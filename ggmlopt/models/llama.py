@@ -31,7 +31,8 @@ class LlamaDecoderLayer(PreNormBlock):
         self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.self_attn = CausalSelfAttention(config.dim, config.n_heads, config.n_kv_heads,
                                              rope_base=config.rope_base,
-                                             rope_scaling=config.rope_scaling, init=init,
+                                             rope_scaling=config.rope_scaling,
+                                             bias=config.qkv_bias, out_bias=False, init=init,
                                              rng=rng)
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = SwiGLU(config.dim, config.ffn_dim, init=init, rng=rng)

@@ -162,7 +162,7 @@ class RotaryEmbedding(Module):
 
 class CausalSelfAttention(Module):
     """CausalSelfAttention(dim, n_heads, n_kv_heads=None, *, rope=True,
-    rope_base=10000.0, rope_scaling=None, bias=False, init=None, rng=None)
+    rope_base=10000.0, rope_scaling=None, bias=False, out_bias=None, init=None, rng=None)
 
     Hugging Face's LlamaAttention: x (batch, T, dim) float32 ->
     o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x))), causal,
@@ -183,7 +183,7 @@ class CausalSelfAttention(Module):
     """
 
     def __init__(self, dim, n_heads, n_kv_heads=None, *, rope=True, rope_base=10000.0,
-                 rope_scaling=None, bias=False, init=None, rng=None):
+                 rope_scaling=None, bias=False, out_bias=None, init=None, rng=None):
         dim = _positive_int(dim, "dim")
         n_heads = _positive_int(n_heads, "n_heads")
         n_kv_heads = n_heads if n_kv_heads is None else _positive_int(n_kv_heads, "n_kv_heads")
@@ -202,7 +202,9 @@ class CausalSelfAttention(Module):
         self.q_proj = Linear(dim, dim, bias, init=init, rng=gen)
         self.k_proj = Linear(dim, kv, bias, init=init, rng=gen)
         self.v_proj = Linear(dim, kv, bias, init=init, rng=gen)
-        self.o_proj = Linear(dim, dim, bias, init=init, rng=gen)
+        # out_bias None: as the others (Llama's attention_bias); Qwen2 has q, k, v only
+        self.o_proj = Linear(dim, dim, bias if out_bias is None else bool(out_bias),
+                             init=init, rng=gen)
         self._rotary = RotaryEmbedding(head_dim, rope_base, rope_scaling) if rope else None
         self._saved = None
         self._o = None

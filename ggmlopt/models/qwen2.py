@@ -1,0 +1,46 @@
+"""Qwen2 / Qwen2.5: Hugging Face's Qwen2ForCausalLM as its delta from Llama.
+
+transformers' ``modular_qwen2.py`` makes Qwen2 a Llama whose q, k and v
+projections have biases (o has none); the rest (RMSNorm, SwiGLU, rotary
+embeddings, grouped-query heads, a tied head on the small models) is Llama's.
+Sliding-window attention (``use_sliding_window``), off in every released
+Qwen2.5 config, is refused by the checkpoint reader.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .config import LlamaConfig
+from .llama import Llama
+
+__all__ = ["Qwen2", "Qwen2Config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen2Config(LlamaConfig):
+    """Qwen2Config(vocab_size, dim, n_layers, n_heads, n_kv_heads=None, ffn_dim=None,
+    max_seq_len=32768, norm_eps=1e-6, rope_base=1000000.0, tie_embeddings=False,
+    rope_scaling=None, qkv_bias=True): LlamaConfig's fields with Qwen2's defaults
+    (Hugging Face's Qwen2Config); qkv_bias must stay True."""
+
+    max_seq_len: int = 32768
+    norm_eps: float = 1e-6
+    rope_base: float = 1000000.0
+    qkv_bias: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.qkv_bias:
+            raise ValueError("qkv_bias: a Qwen2 has biases on q, k and v (a Llama has none)")
+
+
+class Qwen2(Llama):
+    """Qwen2(config, *, seed=0): a Qwen2 language model (config a Qwen2Config).
+
+    Llama's parameters and names plus ``layers.{i}.self_attn.{q,k,v}_proj.bias``,
+    as Hugging Face's Qwen2ForCausalLM names them (without ``model.``)."""
+
+    def __init__(self, config: Qwen2Config, *, seed: int = 0):
+        if not isinstance(config, Qwen2Config):
+            raise TypeError(f"config: expected a Qwen2Config, got {type(config).__name__}")
+        super().__init__(config, seed=seed)
