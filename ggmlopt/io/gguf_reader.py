@@ -157,7 +157,7 @@ class GgufFile:
         start = self.data_start + self.tensors[name].offset
         with open(self.path, "rb") as f:
             f.seek(start)
-            f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+            f.readinto(out.reshape(-1).view(np.uint8).data)
         return out
 
     def float32(self, name: str, rows: int | None = None) -> np.ndarray:

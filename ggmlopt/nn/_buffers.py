@@ -68,6 +68,7 @@ def add_into(param: Parameter, compute, scratch_owner, key):
     if not getattr(param, "requires_grad", True):
         return
     grad = param.grad
+    assert grad is not None  # a trainable parameter's, made on first use
     if param.grad_is_zero:
         compute(grad)
         param.grad_is_zero = False
