@@ -36,6 +36,7 @@ class Parameter:
     """
 
     __slots__ = ("_data", "_grad", "_requires_grad", "grad_is_zero", "name")
+    _grad: np.ndarray | None
 
     # how many times any parameter's requires_grad changed: an OptContext compares
     # it on every alloc and checks its own parameters only when it moved
@@ -49,7 +50,7 @@ class Parameter:
             raise TypeError(f"requires_grad: expected a bool, got {type(requires_grad).__name__}")
         self._data = np.array(arr, dtype=np.float32, order="C", copy=True)
         self._requires_grad = bool(requires_grad)
-        self._grad: np.ndarray | None = None   # made on first use (the grad property)
+        self._grad = None   # made on first use (the grad property)
         self.name = name
         self.grad_is_zero = True
 
