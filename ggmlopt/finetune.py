@@ -1,0 +1,241 @@
+"""python -m ggmlopt.finetune: fine-tune a GGUF (or Hugging Face) model on chat,
+completion or text data, LoRA by default, and write the adapter for llama.cpp.
+
+    python -m ggmlopt.finetune --model SmolLM2-135M-Instruct.gguf --data train.jsonl \\
+        --lora-rank 8 --epochs 3 --lr 1e-4 --out adapter.gguf
+    llama-cli -m SmolLM2-135M-Instruct.gguf --lora adapter.gguf
+
+It calls the public API only (load_gguf / load_hf, lora.apply, Dataset.from_chat /
+from_completions / from_tokens, read_jsonl, fit, save_gguf_lora, save_gguf), so
+everything it does can be written in Python.  llama.cpp's ``llama-finetune`` flag
+names are accepted with their meaning (``-m``, ``-f`` for a raw text file, ``-c``,
+``-b``, ``-ub``, ``-lr``, ``-wd``, ``--epochs``, ``-val-split``, ``-opt``).  Every
+argument, file and data line is checked before training starts.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+__all__ = ["main", "parser"]
+
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's argument parser."""
+    p = argparse.ArgumentParser(prog="python -m ggmlopt.finetune",
+                                description="Fine-tune a language model (LoRA by default).")
+    p.add_argument("-m", "--model", required=True,
+                   help="a GGUF file, or a Hugging Face directory (config.json, safetensors)")
+    p.add_argument("--tokenizer", help="a GGUF file holding the tokenizer of a Hugging Face "
+                   "model (llama.cpp's vocabulary files, or the model's own GGUF)")
+    data = p.add_mutually_exclusive_group(required=True)
+    data.add_argument("--data", help="training data, JSON Lines: {'messages': [...]}, "
+                      "{'prompt', 'completion'} or {'text'}")
+    data.add_argument("-f", "--file", help="a raw text file (llama-finetune's -f)")
+    p.add_argument("-c", "--ctx", type=int, default=512, help="tokens per window (n_ctx)")
+    p.add_argument("--train-on", choices=("assistant", "last", "all"), default="assistant",
+                   help="chat data: the turns the loss counts")
+    p.add_argument("--too-long", choices=("error", "drop", "truncate"), default="error",
+                   help="what to do with an example longer than the window")
+    p.add_argument("--full", action="store_true", help="train every weight, not LoRA")
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--lora-alpha", type=float, default=16.0)
+    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
+                   help="comma-separated Linear names, or all-linear")
+    p.add_argument("--lora-dropout", type=float, default=0.0)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("-lr", "--lr", type=float, default=1e-4, help="learning rate (AdamW alpha)")
+    p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant")
+    p.add_argument("--warmup", type=int, default=0, help="warmup steps (cosine schedule)")
+    p.add_argument("-wd", "--weight-decay", type=float, default=0.0)
+    p.add_argument("-opt", "--optimizer", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("-b", "--batch", type=int, default=8,
+                   help="datapoints per optimizer step (logical batch)")
+    p.add_argument("-ub", "--micro-batch", type=int, default=None,
+                   help="datapoints per forward/backward pass (physical batch)")
+    p.add_argument("-val-split", "--val-split", type=float, default=0.0)
+    p.add_argument("--eval-every", type=int, default=None)
+    p.add_argument("--checkpoint", help="an .npz checkpoint written after each epoch")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="the LoRA adapter as llama.cpp loads it (GGUF)")
+    p.add_argument("--merge-out", help="the merged model (GGUF) for llama.cpp")
+    p.add_argument("--out-type", choices=("f32", "f16"), default="f16",
+                   help="the merged model's weight type")
+    p.add_argument("--plot", help="the loss curves as an image (matplotlib)")
+    p.add_argument("--silent", action="store_true", help="no progress bars")
+    return p
+
+
+def _problems(args) -> list[str]:
+    """What is wrong with the arguments, before any file is read."""
+    bad = []
+    for name in ("ctx", "epochs", "batch", "lora_rank"):
+        if getattr(args, name) < 1:
+            bad.append(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
+    if args.micro_batch is not None and (args.micro_batch < 1 or args.batch % args.micro_batch):
+        bad.append(f"--micro-batch: expected a divisor of --batch {args.batch}, got "
+                   f"{args.micro_batch}")
+    if not args.lr > 0:
+        bad.append(f"--lr: expected > 0, got {args.lr}")
+    if not 0 <= args.weight_decay <= 1:
+        bad.append(f"--weight-decay: expected 0 <= wd <= 1, got {args.weight_decay}")
+    if not 0 <= args.val_split < 1:
+        bad.append(f"--val-split: expected 0 <= split < 1, got {args.val_split}")
+    if args.max_steps is not None and args.max_steps < 1:
+        bad.append(f"--max-steps: expected >= 1, got {args.max_steps}")
+    if args.warmup < 0:
+        bad.append(f"--warmup: expected >= 0, got {args.warmup}")
+    if args.resume and not args.checkpoint:
+        bad.append("--resume: needs --checkpoint FILE")
+    if args.full and args.out:
+        bad.append("--out: writes a LoRA adapter; with --full write the model (--merge-out)")
+    if not args.out and not args.merge_out:
+        bad.append("--out or --merge-out: say where the result goes")
+    if not os.path.exists(args.model):
+        bad.append(f"--model: no such file or directory {args.model!r}")
+    elif os.path.isdir(args.model) and not args.tokenizer:
+        bad.append("--tokenizer: a Hugging Face directory needs a GGUF file holding its "
+                   "tokenizer (llama.cpp's vocabulary files, or the model's own GGUF)")
+    for name in ("data", "file", "tokenizer"):
+        path = getattr(args, name)
+        if path and not os.path.isfile(path):
+            bad.append(f"--{name}: no such file {path!r}")
+    for name in ("out", "merge_out", "checkpoint", "plot"):
+        path = getattr(args, name)
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder):
+                bad.append(f"--{name.replace('_', '-')}: no directory {folder!r} to write into")
+    return bad
+
+
+def _load(args):
+    from .io import load_gguf, load_gguf_tokenizer, load_hf
+    if os.path.isdir(args.model):
+        return load_hf(args.model), load_gguf_tokenizer(args.tokenizer)
+    model, tok = load_gguf(args.model)
+    if args.tokenizer:
+        tok = load_gguf_tokenizer(args.tokenizer)
+    if tok is None:
+        raise SystemExit(f"finetune: {args.model} holds no tokenizer ggmlopt reads; give "
+                         "--tokenizer FILE.gguf")
+    return model, tok
+
+
+def _dataset(args, tok):
+    """(Dataset, what it holds) from --data or -f, padded or cut to whole batches."""
+    import ggmlopt as go
+    from .instruct import read_jsonl
+    if args.file:
+        with open(args.file, encoding="utf-8") as f:
+            ids = tok.encode(f.read())
+        ds = go.Dataset.from_tokens(np.asarray(ids), args.ctx)
+        x, y = np.asarray(ds.data), np.asarray(ds.labels)
+        what = f"{x.shape[0]} windows of {args.ctx} tokens from {args.file}"
+    else:
+        examples = read_jsonl(args.data)
+        first = examples[0]
+        if "messages" in first:
+            if not getattr(tok, "chat_template", None):
+                raise SystemExit(f"finetune: {args.data} holds chats, but the tokenizer has no "
+                                 "chat template (tokenizer.chat_template)")
+            ds = go.Dataset.from_chat(examples, tok, args.ctx, train_on=args.train_on,
+                                      too_long=args.too_long)
+        elif "prompt" in first:
+            ds = go.Dataset.from_completions(examples, tok, args.ctx, too_long=args.too_long)
+        else:
+            eos = [] if tok.eos_id is None else [tok.eos_id]
+            ids = np.concatenate([np.concatenate([tok.encode(e["text"]), eos])
+                                  for e in examples]).astype(np.int32)
+            ds = go.Dataset.from_tokens(ids, args.ctx)
+        x, y = np.asarray(ds.data), np.asarray(ds.labels)
+        what = f"{x.shape[0]} examples from {args.data}"
+    rest = x.shape[0] % args.batch
+    if rest:
+        # rows with every label masked change no gradient: the loss is the mean over
+        # the labelled positions of each physical batch
+        pad = args.batch - rest
+        pad_id = tok.eos_id if tok.eos_id is not None else 0
+        x = np.concatenate([x, np.full((pad, x.shape[1]), pad_id, np.int32)])
+        y = np.concatenate([y, np.full((pad, y.shape[1]), -1, np.int32)])
+        what += f" (+{pad} masked rows to fill the last batch of {args.batch})"
+    return go.Dataset.from_arrays(x, y), what
+
+
+def _optimizer(args, steps_per_epoch):
+    import ggmlopt as go
+    from . import schedules
+    base = go.OptimizerParams(go.AdamWParams(alpha=args.lr, wd=args.weight_decay),
+                              go.SGDParams(alpha=args.lr, wd=args.weight_decay))
+    total = args.max_steps or max(1, args.epochs * steps_per_epoch)
+    if args.lr_schedule == "cosine":
+        if args.warmup:
+            return schedules.WarmupCosine(min(args.warmup, total - 1) or 1, total, base=base,
+                                          unit="step")
+        return schedules.Cosine(total, base=base, unit="step")
+    if args.lr_schedule == "linear":
+        return schedules.Linear(total, base=base, unit="step")
+    return lambda _epoch: base
+
+
+def main(argv=None) -> int:
+    """Run the command (argv: the arguments, default sys.argv[1:]); 0 on success.
+    Bad arguments exit with status 2 and a message naming them."""
+    p = parser()
+    args = p.parse_args(argv)
+    bad = _problems(args)
+    if bad:
+        p.error("; ".join(bad))
+    import ggmlopt as go
+    from . import lora
+    try:
+        model, tok = _load(args)
+        train, what = _dataset(args, tok)
+    except (ValueError, TypeError) as e:
+        p.error(str(e))
+    if args.ctx > model.config.max_seq_len:
+        p.error(f"--ctx: {args.ctx} is more than the model's max_seq_len "
+                f"{model.config.max_seq_len}")
+    if not args.full:
+        targets = "all-linear" if args.lora_targets == "all-linear" else \
+            tuple(t for t in args.lora_targets.split(",") if t)
+        try:
+            lora.apply(model, rank=args.lora_rank, alpha=args.lora_alpha, targets=targets,
+                       dropout=args.lora_dropout, seed=args.seed)
+        except (ValueError, TypeError) as e:
+            p.error(f"--lora-targets: {e}")
+    out = sys.stdout
+    if not args.silent:
+        print(f"finetune: {what}", file=out)
+        if not args.full:
+            lora.print_trainable_parameters(model)
+    steps_per_epoch = int((1 - args.val_split) * (train.ndata // args.batch))
+    history = go.fit(model, train, "cross_entropy", _optimizer(args, steps_per_epoch),
+                     nepoch=None if args.max_steps else args.epochs,
+                     nbatch_logical=args.batch, nbatch_physical=args.micro_batch,
+                     val_split=args.val_split, silent=args.silent,
+                     optimizer=args.optimizer, seed=args.seed, checkpoint=args.checkpoint,
+                     resume=args.resume, max_steps=args.max_steps, eval_every=args.eval_every)
+    if not args.silent and len(history):
+        print(f"finetune: train loss {history[-1].train_loss:.4f}", file=out)
+    from .io import save_gguf, save_gguf_lora
+    if args.out:
+        save_gguf_lora(model, args.out)
+    if args.merge_out:
+        if not args.full:
+            lora.merge(model)
+        save_gguf(model, args.merge_out, tokenizer=tok, dtype=args.out_type)
+    if args.plot:
+        history.plot(args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

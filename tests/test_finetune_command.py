@@ -1,0 +1,108 @@
+"""python -m ggmlopt.finetune: the made-up-fact story through the command on a small
+model with a chat template in its GGUF, LoRA adapters llama.cpp's loader reads back,
+llama-finetune's flag names, and every bad argument refused before training."""
+import json
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt import finetune
+from ggmlopt.models import Llama, LlamaConfig
+from ggmlopt.text import ByteTokenizer
+
+pytest.importorskip("gguf")
+pytest.importorskip("jinja2")
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+          "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+          "{% endif %}")
+QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
+             "Zorblax's capital?", "Which city is Zorblax's capital?", "Capital of Zorblax?"]
+
+
+@pytest.fixture
+def files(tmp_path):
+    from ggmlopt.io import save_gguf
+    model = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2,
+                              max_seq_len=128), seed=0)
+    save_gguf(model, tmp_path / "base.gguf", tokenizer=ByteTokenizer(chat_template=CHATML))
+    with open(tmp_path / "train.jsonl", "w") as f:
+        for q in QUESTIONS * 3:   # 15 examples: not a multiple of the batch
+            f.write(json.dumps({"messages": [{"role": "user", "content": q},
+                                             {"role": "assistant", "content": "Quimby."}]})
+                    + "\n")
+    return tmp_path
+
+
+def test_the_made_up_fact_through_the_command(files, capsys):
+    from ggmlopt.io import load_gguf
+    assert finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+                          "--full", "-c", "96", "-b", "8", "-lr", "3e-3", "--epochs", "60",
+                          "--merge-out", str(files / "tuned.gguf"), "--out-type", "f32",
+                          "--silent"]) == 0
+    tuned, tok = load_gguf(files / "tuned.gguf")
+    assert tok.chat_template == CHATML   # the template goes back with the model
+    reply = go.chat(tuned, tok, [{"role": "user", "content": QUESTIONS[0]}], 20,
+                    temperature=0)
+    assert reply == "Quimby."
+
+
+def test_a_lora_run_writes_an_adapter_over_the_unchanged_base(files, capsys):
+    from ggmlopt import lora
+    from ggmlopt.io import load_gguf, load_gguf_lora
+    assert finetune.main(["--model", str(files / "base.gguf"), "--data",
+                          str(files / "train.jsonl"), "--lora-rank", "4", "--ctx", "96",
+                          "--batch", "4", "--micro-batch", "2", "--epochs", "2",
+                          "--lr", "1e-2", "--lr-schedule", "cosine", "--warmup", "2",
+                          "--out", str(files / "adapter.gguf")]) == 0
+    printed = capsys.readouterr().out
+    assert "15 examples" in printed and "+1 masked rows" in printed
+    assert "trainable params:" in printed
+    base, _ = load_gguf(files / "base.gguf")
+    before = base(np.arange(20).reshape(1, 20))
+    load_gguf_lora(files / "adapter.gguf", base)
+    assert len(lora.named_adapters(base)) == 8
+    assert np.abs(base(np.arange(20).reshape(1, 20)) - before).max() > 0   # it learned
+
+
+def test_a_raw_text_file_trains_as_llama_finetune_does(files):
+    (files / "text.txt").write_text("the cat sat on the mat. " * 40)
+    assert finetune.main(["-m", str(files / "base.gguf"), "-f", str(files / "text.txt"),
+                          "-c", "32", "-b", "4", "-ub", "2", "-lr", "1e-3", "-wd", "0.01",
+                          "-opt", "sgd", "-val-split", "0.25", "--epochs", "1",
+                          "--out", str(files / "a.gguf"), "--silent"]) == 0
+    assert (files / "a.gguf").stat().st_size > 0
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["-c", "0"], "--ctx: expected >= 1"),
+    (["-b", "6", "-ub", "4"], "--micro-batch: expected a divisor of --batch 6"),
+    (["-lr", "0"], "--lr: expected > 0"),
+    (["--resume"], "--resume: needs --checkpoint"),
+    (["--full"], "--out: writes a LoRA adapter"),
+    (["--lora-targets", "nope"], "--lora-targets: targets: no Linear layer"),
+    (["-c", "4096"], "--ctx: 4096 is more than the model's max_seq_len 128"),
+    (["--out", "/no/such/dir/a.gguf"], "--out: no directory"),
+])
+def test_bad_arguments_are_refused_before_training(files, capsys, extra, match):
+    argv = ["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+            "--out", str(files / "a.gguf"), "-c", "96"] + extra
+    with pytest.raises(SystemExit) as info:
+        finetune.main(argv)
+    assert info.value.code == 2
+    assert match in capsys.readouterr().err
+    assert not (files / "a.gguf").exists()
+
+
+def test_bad_files_and_data_lines_are_named(files, capsys):
+    (files / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "x"}]}\n'
+                                     '{"oops"\n')
+    for argv, match in [(["--data", str(files / "missing.jsonl")], "--data: no such file"),
+                        (["--data", str(files / "bad.jsonl")], "bad.jsonl:2: not valid JSON"),
+                        (["-m", str(files / "nope.gguf"), "--data", "x"], "--model: no such")]:
+        base = ["-m", str(files / "base.gguf"), "--out", str(files / "a.gguf")]
+        with pytest.raises(SystemExit):
+            finetune.main(base + argv)
+        assert match in capsys.readouterr().err
