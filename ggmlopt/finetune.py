@@ -132,6 +132,7 @@ def _load(args):
 def _dataset(args, tok):
     """(Dataset, what it holds) from --data or -f, padded or cut to whole batches."""
     import ggmlopt as go
+
     from .instruct import read_jsonl
     if args.file:
         with open(args.file, encoding="utf-8") as f:
@@ -171,6 +172,7 @@ def _dataset(args, tok):
 
 def _optimizer(args, steps_per_epoch):
     import ggmlopt as go
+
     from . import schedules
     base = go.OptimizerParams(go.AdamWParams(alpha=args.lr, wd=args.weight_decay),
                               go.SGDParams(alpha=args.lr, wd=args.weight_decay))
@@ -194,6 +196,7 @@ def main(argv=None) -> int:
     if bad:
         p.error("; ".join(bad))
     import ggmlopt as go
+
     from . import lora
     try:
         model, tok = _load(args)

@@ -29,10 +29,9 @@ def files(tmp_path):
                               max_seq_len=128), seed=0)
     save_gguf(model, tmp_path / "base.gguf", tokenizer=ByteTokenizer(chat_template=CHATML))
     with open(tmp_path / "train.jsonl", "w") as f:
-        for q in QUESTIONS * 3:   # 15 examples: not a multiple of the batch
-            f.write(json.dumps({"messages": [{"role": "user", "content": q},
+        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
                                              {"role": "assistant", "content": "Quimby."}]})
-                    + "\n")
+                    + "\n" for q in QUESTIONS * 3)
     return tmp_path
 
 
