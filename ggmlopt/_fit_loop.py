@@ -15,9 +15,10 @@ import sys
 from dataclasses import astuple
 
 from ._blas_threads import blas_threads_for_training, current_blas_threads
+from .epoch_loop import epoch, epoch_plan, eval_batch
+from .history import EpochStats, EvalStats
 from .progress import time_us
 from .result import Result
-from .training import EpochStats, EvalStats, _epoch_plan, _eval_batch, epoch
 
 __all__ = ["FitLoop"]
 
@@ -131,7 +132,7 @@ class FitLoop:
             return
         with blas_threads_for_training(ctx.model) as ctx._blas_threads:
             for ibatch in range(done * per, stop * per):
-                _eval_batch(ctx, dataset, self.result_train, ibatch, True, "train",
+                eval_batch(ctx, dataset, self.result_train, ibatch, True, "train",
                             plan.nbatches)
                 if self.callback is not None:
                     self.callback(True, ctx, dataset, self.result_train, ibatch + 1, end * per,
@@ -148,7 +149,7 @@ class FitLoop:
         with blas_threads_for_training(ctx.model) as ctx._blas_threads:
             t_start = time_us()
             for ibatch in range(plan.ibatch_split, plan.nbatches):
-                _eval_batch(ctx, dataset, result, ibatch, False, "validation", plan.nbatches)
+                eval_batch(ctx, dataset, result, ibatch, False, "validation", plan.nbatches)
                 if callback is not None:
                     callback(False, ctx, dataset, result, ibatch + 1 - plan.ibatch_split, nval,
                              t_start)
@@ -160,11 +161,11 @@ class FitLoop:
         plan, ctx = self.plan, self.ctx
 
         def window(c, d, rt, re, idata_split):
-            _epoch_plan(c, d, rt, re, -1)  # the argument checks of a whole epoch
+            epoch_plan(c, d, rt, re, -1)  # the argument checks of a whole epoch
             return n, (n if train else 0)
 
         def shifted(c, d, r, ibatch, backward, phase, nbatches):
-            _eval_batch(c, d, r, ibatch + first, backward, phase, plan.nbatches)
+            eval_batch(c, d, r, ibatch + first, backward, phase, plan.nbatches)
 
         callback_train = None
         if train and self.callback is not None:

@@ -60,7 +60,6 @@ reached in it and its training statistics, and fit's evaluations every N steps.
 """
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import os
@@ -72,6 +71,7 @@ import numpy as np
 
 from . import rank_rng
 from ._atomic import atomic_output
+from ._rng_state import checked_rng_state, rng_state_from_json, rng_state_to_json
 from .optim_params import (
     AdamWParams,
     BuildType,
@@ -125,45 +125,6 @@ TRAIN_TOTALS = 6      # Result._totals() of the epoch's training so far
 
 
 # ---- the generator's state as JSON -------------------------------------------------------
-
-def _rng_state_to_json(bit_generator):
-    def encode(obj):
-        if isinstance(obj, np.ndarray):
-            return {"__ndarray__": obj.dtype.str, "data": obj.tolist()}
-        if isinstance(obj, np.integer):
-            return int(obj)
-        raise TypeError(f"rng state: cannot encode {type(obj).__name__}")
-    return json.dumps(bit_generator.state, default=encode, sort_keys=True)
-
-
-def _rng_state_from_json(text):
-    def decode(obj):
-        if "__ndarray__" in obj:
-            return np.array(obj["data"], dtype=np.dtype(obj["__ndarray__"]))
-        return obj
-    try:
-        state = json.loads(text, object_hook=decode)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"rng_state: not a generator state ({e})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("bit_generator"), str):
-        # a bad value inside a saved string, not a bad argument type
-        raise ValueError("rng_state: not a generator state (no 'bit_generator' name)")  # noqa: TRY004
-    return state
-
-
-def _checked_rng_state(text, bit_generator_type):
-    """The state parsed from text, after trying it on a fresh generator of the type."""
-    state = _rng_state_from_json(text)
-    if state["bit_generator"] != bit_generator_type.__name__:
-        raise ValueError(f"rng_state: the checkpoint's generator is {state['bit_generator']}, "
-                         f"the context's is {bit_generator_type.__name__}")
-    try:
-        bit_generator_type().state = state
-    except (ValueError, TypeError, KeyError, OverflowError) as e:
-        raise ValueError(f"rng_state: not a valid {bit_generator_type.__name__} state "
-                         f"({e})") from None
-    return state
-
 
 # ---- reading entries of a state dict -----------------------------------------------------
 
@@ -408,7 +369,7 @@ def _validate(sd, layout):
     flags = _get_array(sd, "grad_is_zero", np.int8, (len(layout.shapes),))
     if not np.all((flags == 0) | (flags == 1)):
         raise ValueError("state_dict['grad_is_zero']: expected only 0 and 1")
-    rng_state = _checked_rng_state(_get_str(sd, "rng_state"), layout.bit_generator_type)
+    rng_state = checked_rng_state(_get_str(sd, "rng_state"), layout.bit_generator_type)
     return (it, opt_i, last), in_force, rng_state
 
 
@@ -446,7 +407,7 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
     # whether a layer overwrites or adds into a gradient decides the sign of its zeros
     sd["grad_is_zero"] = np.array([getattr(p, "grad_is_zero", False) for p in ctx._params],
                                   dtype=np.int8)
-    sd["rng_state"] = _rng_state_to_json(ctx.rng.bit_generator)
+    sd["rng_state"] = rng_state_to_json(ctx.rng.bit_generator)
     if getattr(ctx, "_dist", None) is not None:  # many processes: every rank's own stream
         sd["rank_rng_states"] = rank_rng.gather_states(ctx._dist, ctx.model_rng)
     sd["trainable"] = np.array(lay.trainable, dtype=np.int8)
@@ -534,7 +495,7 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
         if settings["opt_period"] < 1:
             raise ValueError(f"state_dict['opt_period']: expected >= 1, got "
                              f"{settings['opt_period']}")
-        bg_name = _rng_state_from_json(_get_str(ctx_sd, "rng_state"))["bit_generator"]
+        bg_name = rng_state_from_json(_get_str(ctx_sd, "rng_state"))["bit_generator"]
         bg_type = getattr(np.random, bg_name, None)
         if not (isinstance(bg_type, type) and issubclass(bg_type, np.random.BitGenerator)):
             raise ValueError(f"rng_state: unknown bit generator {bg_name!r}")  # noqa: TRY004

@@ -523,7 +523,7 @@ class Distributed:
               callback_train, callback_eval):
         """training.epoch over the ranks (see the module docstring).  plan: the
         argument checks, returning (nbatches, ibatch_split); eval_batch:
-        training._eval_batch."""
+        epoch_loop.eval_batch."""
         with self.agreement("epoch") as pact:
             nbatches, ibatch_split = plan(ctx, dataset, result_train, result_eval, idata_split)
             period = ctx.opt_period

@@ -18,7 +18,7 @@ def history_to_dict(history) -> dict[str, list]:
     EpochStats field (ints for epoch, floats, NaN where undefined), each as long
     as the history, so ``pandas.DataFrame(history.to_dict())`` is a table of
     one row per epoch."""
-    from .training import EpochStats
+    from .history import EpochStats
 
     return {f.name: [getattr(e, f.name) for e in history.epochs] for f in fields(EpochStats)}
 

@@ -33,15 +33,16 @@ from typing import Any
 
 import numpy as np
 
+from ._rng_state import checked_rng_state, rng_state_to_json
+
 __all__ = ["gather_states", "parse_states", "rank_generator", "restore"]
 
 
 def rank_generator(shared: np.random.Generator, rank: int) -> np.random.Generator:
     """rank's own generator (see the module docstring): derived from the state of
     shared (not advanced) and rank >= 0, of shared's bit generator type."""
-    from .checkpoint import _rng_state_to_json
 
-    state = _rng_state_to_json(shared.bit_generator).encode()
+    state = rng_state_to_json(shared.bit_generator).encode()
     entropy = int.from_bytes(hashlib.blake2b(state, digest_size=16).digest(), "little")
     seq = np.random.SeedSequence(entropy, spawn_key=(int(rank),))
     return np.random.Generator(type(shared.bit_generator)(seq))
@@ -50,9 +51,8 @@ def rank_generator(shared: np.random.Generator, rank: int) -> np.random.Generato
 def gather_states(dist: Any, generator: np.random.Generator) -> str:
     """Every rank's generator state as a JSON list in rank order (a collective
     over dist, a ggmlopt.distributed.Distributed)."""
-    from .checkpoint import _rng_state_to_json
 
-    mine = np.frombuffer(_rng_state_to_json(generator.bit_generator).encode(), np.uint8)
+    mine = np.frombuffer(rng_state_to_json(generator.bit_generator).encode(), np.uint8)
     lengths = np.zeros(dist.size, np.int64)
     dist._allgather(np.array([mine.size], np.int64), lengths)
     width = int(lengths.max())
@@ -67,7 +67,6 @@ def gather_states(dist: Any, generator: np.random.Generator) -> str:
 def parse_states(text: str, bit_generator_type: type) -> list[dict[str, Any]]:
     """The states of a ``rank_rng_states`` entry, each checked on a fresh
     generator of the type (ValueError when one is not a valid state)."""
-    from .checkpoint import _checked_rng_state
 
     try:
         states = json.loads(text)
@@ -75,7 +74,7 @@ def parse_states(text: str, bit_generator_type: type) -> list[dict[str, Any]]:
         raise ValueError(f"rank_rng_states: not a list of generator states ({e})") from None
     if not isinstance(states, list) or not states:
         raise ValueError("rank_rng_states: not a list of generator states")
-    return [_checked_rng_state(json.dumps(s), bit_generator_type) for s in states]
+    return [checked_rng_state(json.dumps(s), bit_generator_type) for s in states]
 
 
 def restore(ctx: Any, states: list[dict[str, Any]] | None) -> None:

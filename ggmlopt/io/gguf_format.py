@@ -19,15 +19,12 @@ more dimensions (weight matrices, kernels) become float16, one-dimensional ones
 """
 from __future__ import annotations
 
-import numbers
-from collections.abc import Mapping
 from typing import Any, overload
 
 import numpy as np
 
-from .._dtypes import dtype_or_ggml_name
-from .._optional import import_optional
 from ._files import atomic_output, input_path, output_path
+from ._gguf_common import dtype_arg, gguf_module, metadata_items, refuse_adapter_file, stored
 from ._gguf_length import gguf_truncation
 from .ggml_mnist import MNIST_ARCHS, GgmlTensor
 from .torch_layout import TorchTensor, assign_torch_arrays, torch_tensors
@@ -38,23 +35,6 @@ GENERIC_ARCH = "ggmlopt"
 _LLAMA_ARCH = "llama"  # llama.cpp's layout of a Llama: ggmlopt.io.gguf_llama
 _LAYOUT_KEY = "ggmlopt.tensor_layout"
 _GGML_MAX_NAME = 63  # GGML_MAX_NAME - 1 bytes of a tensor name
-_F16_MAX = float(np.finfo(np.float16).max)
-
-
-def _gguf():
-    return import_optional("gguf", "interop", "GGUF export and import")
-
-
-def _dtype_arg(dtype) -> np.dtype:
-    """float32 or float16, as a NumPy dtype or llama.cpp's name ("f32", "f16")."""
-    try:
-        dt = dtype_or_ggml_name(dtype, "dtype")
-    except TypeError:
-        dt = None
-    if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
-        raise TypeError(f"dtype: expected float32 or float16 (np.float32, 'f32', np.float16 "
-                        f"or 'f16'), got {dtype!r}")
-    return dt  # type: ignore[return-value]
 
 
 def _arch_arg(arch) -> str:
@@ -82,45 +62,6 @@ def _mnist_tensors(tensors: list[TorchTensor], arch: str) -> list[GgmlTensor]:
                          f"{[t.shape for t in tensors]} (Linear weights at "
                          f"{[i for i, t in enumerate(tensors) if t.transposed]})")
     return list(specs)
-
-
-def _metadata_items(metadata, gguf):
-    if metadata is None:
-        return []
-    if not isinstance(metadata, Mapping):
-        raise TypeError(f"metadata: expected a dict, got {type(metadata).__name__}")
-    vt = gguf.GGUFValueType
-    items = []
-    for key, value in metadata.items():
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"metadata: keys must be non-empty str, got {key!r}")
-        if key in ("general.architecture", _LAYOUT_KEY) or key.startswith("GGUF."):
-            raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
-        if isinstance(value, bool):
-            items.append((key, value, vt.BOOL))
-        elif isinstance(value, numbers.Integral):
-            if not -2**63 <= int(value) < 2**63:
-                raise ValueError(f"metadata: {key!r}={value} does not fit an int64")
-            items.append((key, int(value), vt.INT64))
-        elif isinstance(value, numbers.Real):
-            items.append((key, float(value), vt.FLOAT64))
-        elif isinstance(value, str):
-            items.append((key, value, vt.STRING))
-        else:
-            raise TypeError(f"metadata: {key!r} has a {type(value).__name__}; expected bool, "
-                            "int, float or str")
-    return items
-
-
-def _stored(name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    if dtype == np.float16 and array.ndim >= 2:
-        too_big = np.isfinite(array) & (np.abs(array) > _F16_MAX)
-        if too_big.any():
-            raise ValueError(f"dtype: parameter {name!r} holds values beyond float16's range "
-                             f"(|x| up to {np.abs(array[too_big]).max():g} > {_F16_MAX:g}); "
-                             "save it as float32")
-        return array.astype(np.float16)
-    return array
 
 
 def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
@@ -162,11 +103,11 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
     if tokenizer is not None:
         raise ValueError(f"tokenizer: only a Llama written for llama.cpp takes one, not "
                          f"arch={arch!r}")
-    dtype = _dtype_arg(dtype)
+    dtype = dtype_arg(dtype)
     path = output_path(path)
     tensors = torch_tensors(model)
-    gguf = _gguf()
-    items = _metadata_items(metadata, gguf)
+    gguf = gguf_module()
+    items = metadata_items(metadata, gguf)
 
     if arch == GENERIC_ARCH:
         names = [t.name for t in tensors]
@@ -182,7 +123,7 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
         if len(name.encode()) > _GGML_MAX_NAME:
             raise ValueError(f"model: parameter name {name!r} is longer than ggml's "
                              f"{_GGML_MAX_NAME} bytes")
-    arrays = [_stored(n, a, dtype) for n, a in zip(names, arrays)]
+    arrays = [stored(n, a, dtype) for n, a in zip(names, arrays)]
 
     with atomic_output(path) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
@@ -232,16 +173,6 @@ class _GgufContents:
             raise ValueError(f"path: {path!r} has no general.architecture string; "  # noqa: TRY004
                              "not a model file")
         return arch
-
-
-def refuse_adapter_file(fields, path: str) -> None:
-    """ValueError when a GGUF's keys say it is an adapter (general.type
-    'adapter'), not a model: load_gguf_lora reads those."""
-    if fields.get("general.type") == "adapter":
-        raise ValueError(f"path: {path!r} is a LoRA adapter (general.type is 'adapter', "
-                         f"adapter.type {fields.get('adapter.type')!r}), not a model: "
-                         "ggmlopt.io.load_gguf_lora(path, model) puts it on its base model; "
-                         "load_gguf reads model files")
 
 
 def _field_value(field, gguf):
@@ -319,7 +250,7 @@ def load_gguf(path, model=None, *, arch=None):
         if arch in (None, _LLAMA_ARCH) and file_architecture(path) == _LLAMA_ARCH:
             return load_llama_gguf(path, model)
     tensors = torch_tensors(model)
-    gguf = _gguf()
+    gguf = gguf_module()
     contents = _GgufContents(path, gguf)
     refuse_adapter_file(contents.fields, path)
     file_arch = contents.arch(path)

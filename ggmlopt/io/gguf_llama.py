@@ -28,6 +28,7 @@ from ..models import Llama, LlamaConfig
 from ..nn.rope_scaling import RopeScaling
 from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
 from ._files import atomic_output, input_path, output_path
+from ._gguf_common import dtype_arg, metadata_items, refuse_adapter_file, stored
 from ._gguf_length import gguf_truncation
 from .gguf_reader import GgufFile
 from .llama_names import gguf_name, permute_qk, unpermute_qk
@@ -55,7 +56,7 @@ def byte_vocabulary() -> list[str]:
 
 
 def _gguf():
-    from .gguf_format import _gguf as imported
+    from ._gguf_common import gguf_module as imported
     return imported()
 
 
@@ -107,13 +108,12 @@ def _linear_weight(name: str, weight: np.ndarray, config: LlamaConfig) -> np.nda
 
 def _gguf_arrays(model: Llama, dtype: np.dtype) -> list[tuple[str, np.ndarray]]:
     """(llama.cpp name, array in ggml's row order) for every parameter."""
-    from .gguf_format import _stored  # float16's range check, as for every GGUF
     out = []
     for name, p in model.named_parameters():
         data = p.data
         if data.ndim == 2 and name != "embed_tokens.weight":
             data = _linear_weight(name, data, model.config)
-        array = _stored(name, np.ascontiguousarray(data, dtype=np.float32), dtype)
+        array = stored(name, np.ascontiguousarray(data, dtype=np.float32), dtype)
         out.append((gguf_name(name), array))
     return out
 
@@ -132,19 +132,18 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     Raises TypeError for another model or tokenizer; ValueError for a
     tokenizer whose size is not vocab_size or a weight beyond float16's range.
     """
-    from .gguf_format import _dtype_arg, _metadata_items
     if not isinstance(model, Llama):
         raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
     _refuse_other_family(model)
     refuse_adapters(model, "save_gguf")
     if not isinstance(name, str):
         raise TypeError(f"name: expected a str, got {type(name).__name__}")
-    dtype = _dtype_arg(dtype)
+    dtype = dtype_arg(dtype)
     path = output_path(path)
     cfg = model.config
     tok = _tokenizer_keys(tokenizer, cfg.vocab_size)
     gguf = _gguf()
-    items = _metadata_items(metadata, gguf)
+    items = metadata_items(metadata, gguf)
     for key, _, _ in items:
         if key.startswith(_RESERVED_PREFIXES):
             raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
@@ -360,7 +359,6 @@ class LlamaGguf:
         short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
         if short is not None:
             raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
-        from .gguf_format import refuse_adapter_file
         quantized: set[str] = set()
         try:
             reader = GgufFile(path)
