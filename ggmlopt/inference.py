@@ -186,16 +186,25 @@ def _rows(x: np.ndarray, start: int, stop: int, scale: float | None) -> np.ndarr
 @contextmanager
 def _borrowed(model: Any) -> Iterator[None]:
     """Give model back as it came: each parameter's .data, .grad and grad_is_zero,
-    and every module's training flag."""
+    and every module's training flag.  Inside, every ggmlopt Parameter reads as
+    frozen, so the forward-only context reads the weights where they are: no copy
+    into an arena, no gradient (the flag is put back as it was, the count of
+    trainability changes untouched: a training context over the model sees
+    nothing happened)."""
     params = OptContext._collect_parameters(model) if callable(
         getattr(model, "parameters", None)) else []
     # a Parameter's gradient as it is (None when not made yet: reading .grad would make it)
     saved = [(p, p.data, p._grad if isinstance(p, Parameter) else p.grad,
               getattr(p, "grad_is_zero", _ABSENT)) for p in params]
+    trains = [(p, p._requires_grad) for p in params if isinstance(p, Parameter)]
     flags = [(m, vars(m).get("training", _ABSENT)) for m in _modules(model)]
     try:
+        for p, _ in trains:
+            p._requires_grad = False
         yield
     finally:
+        for p, was in trains:
+            p._requires_grad = was
         for p, data, grad, zero in saved:
             p.data = data
             p.grad = grad
