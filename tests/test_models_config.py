@@ -22,7 +22,7 @@ def test_llama_defaults_and_stories_shapes():
     assert dataclasses.fields(LlamaConfig)[4].name == "n_kv_heads"
     assert [f.name for f in dataclasses.fields(LlamaConfig)] == [
         "vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len",
-        "norm_eps", "rope_base", "tie_embeddings", "rope_scaling"]
+        "norm_eps", "rope_base", "tie_embeddings", "rope_scaling", "qkv_bias"]
     assert go.models.LlamaConfig is LlamaConfig
 
 
