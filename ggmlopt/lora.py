@@ -198,21 +198,27 @@ def _dropout_arg(dropout) -> float:
     return float(dropout)
 
 
-def _targets_arg(targets) -> tuple[str, ...]:
-    if isinstance(targets, str):
-        targets = (targets,)
-    if not isinstance(targets, Iterable):
-        raise TypeError(f"targets: expected names of Linear layers (a tuple of str), got "
-                        f"{type(targets).__name__}")
-    targets = tuple(targets)
-    for t in targets:
+def _names_arg(names, arg: str, what: str, allow_empty: bool) -> tuple[str, ...]:
+    """names (a str or an iterable of non-empty str) as a tuple; TypeError or
+    ValueError naming arg otherwise."""
+    if isinstance(names, str):
+        names = (names,)
+    if not isinstance(names, Iterable):
+        raise TypeError(f"{arg}: expected names of {what} (a tuple of str), got "
+                        f"{type(names).__name__}")
+    names = tuple(names)
+    for t in names:
         if not isinstance(t, str):
-            raise TypeError(f"targets: expected str names, got {type(t).__name__} {t!r}")
+            raise TypeError(f"{arg}: expected str names, got {type(t).__name__} {t!r}")
         if not t:
-            raise ValueError("targets: an empty name matches nothing")
-    if not targets:
-        raise ValueError("targets: expected at least one name of a Linear layer")
-    return targets
+            raise ValueError(f"{arg}: an empty name matches nothing")
+    if not names and not allow_empty:
+        raise ValueError(f"{arg}: expected at least one name of {what}")
+    return names
+
+
+def _targets_arg(targets) -> tuple[str, ...]:
+    return _names_arg(targets, "targets", "Linear layers", allow_empty=False)
 
 
 # ---- the module tree ---------------------------------------------------------------------
@@ -289,16 +295,7 @@ _OUTPUT_HEADS = ("lm_head",)
 
 
 def _trainable_arg(trainable) -> tuple[str, ...]:
-    if isinstance(trainable, str):
-        trainable = (trainable,)
-    if not isinstance(trainable, Iterable):
-        raise TypeError(f"trainable: expected names of modules or parameters (a tuple of "
-                        f"str), got {type(trainable).__name__}")
-    trainable = tuple(trainable)
-    for t in trainable:
-        if not isinstance(t, str) or not t:
-            raise TypeError(f"trainable: expected non-empty str names, got {t!r}")
-    return trainable
+    return _names_arg(trainable, "trainable", "modules or parameters", allow_empty=True)
 
 
 def _kept_trainable(name: str, trainable) -> bool:

@@ -17,21 +17,14 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from .text import (
-    EOG_TEXTS,
-    TOKEN_BYTE,
-    TOKEN_CONTROL,
-    TOKEN_USER_DEFINED,
-    _ChatTemplated,
-    _splitter,
-)
+from .text import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_USER_DEFINED, Vocabulary, checked_ids
 
 __all__ = ["SPMTokenizer"]
 
 SPACE = "\u2581"   # SentencePiece's visible space
 
 
-class SPMTokenizer(_ChatTemplated):
+class SPMTokenizer(Vocabulary):
     """SPMTokenizer(tokens, scores, token_types, *, bos_id=None, eos_id=None,
     unk_id=None, add_bos=True, add_space_prefix=True, eot_id=None, eom_id=None,
     chat_template=None)
@@ -77,15 +70,7 @@ class SPMTokenizer(_ChatTemplated):
         for b in range(256):
             byte = self._ids.get(f"<0x{b:02X}>")
             self._byte_ids[b] = byte if byte is not None else self._ids.get(chr(b))
-        self._control = [i for i, t in enumerate(self.token_types) if t == TOKEN_CONTROL]
-        self._user = [i for i, t in enumerate(self.token_types) if t == TOKEN_USER_DEFINED]
-        self._splitters = {
-            parse: _splitter([self.tokens[i] for i in (self._control + self._user if parse
-                                                       else self._user)])
-            for parse in (True, False)}
-        eog = {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
-        eog |= {self._ids[t] for t in EOG_TEXTS if t in self._ids}
-        self.eog_ids = frozenset(eog)
+        self._index_special()
 
     # ---- text to ids ---------------------------------------------------------------------
 
@@ -187,19 +172,10 @@ class SPMTokenizer(_ChatTemplated):
         (invalid UTF-8 replaced by U+FFFD), the space prefix of the first piece
         removed as llama.cpp's detokenizer does; control tokens left out with
         skip_special."""
-        arr = np.asarray(ids)
-        if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
-            raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
-        if arr.ndim != 1:
-            raise ValueError(f"ids: expected shape (n,), got {arr.shape}")
-        bad = np.flatnonzero((arr < 0) | (arr >= self.vocab_size))
-        if bad.size:
-            i = int(bad[0])
-            raise IndexError(f"ids: id {int(arr[i])} at position {i} is outside the "
-                             f"vocabulary [0, {self.vocab_size})")
+        arr = checked_ids(ids, self.vocab_size)
         data = bytearray()
         first = True
-        for i in arr.astype(np.int64).tolist():
+        for i in arr.tolist():
             if skip_special and self.token_types[i] == TOKEN_CONTROL:
                 continue
             piece = self.token_bytes(i)
@@ -210,17 +186,6 @@ class SPMTokenizer(_ChatTemplated):
                 first = False
             data += piece
         return data.decode("utf-8", "replace")
-
-    def token_to_id(self, token: str) -> int | None:
-        """The id of a piece's text, or None."""
-        return self._ids.get(token)
-
-    def id_to_token(self, token_id: int) -> str:
-        """The piece of an id (IndexError outside the vocabulary)."""
-        if not 0 <= int(token_id) < self.vocab_size:
-            raise IndexError(f"token_id: {token_id} is outside the vocabulary "
-                             f"[0, {self.vocab_size})")
-        return self.tokens[int(token_id)]
 
     @property
     def special_tokens_map(self) -> dict[str, str]:

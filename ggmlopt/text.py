@@ -129,17 +129,7 @@ class ByteTokenizer(_ChatTemplated):
         """ids (integers in [0, 257), shape (n,)) -> str; bytes that are not valid
         UTF-8 become U+FFFD; token 256 becomes ``<|endoftext|>`` unless
         skip_special."""
-        arr = np.asarray(ids)
-        if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
-            raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
-        if arr.ndim != 1:
-            raise ValueError(f"ids: expected shape (n,), got {arr.shape}")
-        arr = arr.astype(np.int64)
-        bad = np.flatnonzero((arr < 0) | (arr >= self.vocab_size))
-        if bad.size:
-            i = int(bad[0])
-            raise IndexError(f"ids: id {int(arr[i])} at position {i} is outside the "
-                             f"vocabulary [0, {self.vocab_size})")
+        arr = checked_ids(ids, self.vocab_size)
         pieces = []
         start = 0
         for end in np.flatnonzero(arr == self.eos_id).tolist() + [arr.size]:
@@ -182,7 +172,63 @@ EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|c
                        "<|end_of_text|>", "<end_of_utterance>"})
 
 
-class BPETokenizer(_ChatTemplated):
+def checked_ids(ids: npt.ArrayLike, vocab_size: int) -> np.ndarray:
+    """ids as int64 (n,) after checking them (TypeError, ValueError, IndexError
+    naming the first bad one): what every decode takes."""
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
+        raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"ids: expected shape (n,), got {arr.shape}")
+    arr = arr.astype(np.int64)
+    bad = np.flatnonzero((arr < 0) | (arr >= vocab_size))
+    if bad.size:
+        i = int(bad[0])
+        raise IndexError(f"ids: id {int(arr[i])} at position {i} is outside the vocabulary "
+                         f"[0, {vocab_size})")
+    return arr
+
+
+class Vocabulary(_ChatTemplated):
+    """What the vocabulary tokenizers (BPETokenizer, ggmlopt.spm.SPMTokenizer)
+    share: ``tokens`` with llama.cpp's ``token_types``, the special tokens matched
+    whole in text, the end-of-generation ids, the lookups."""
+
+    tokens: list[str]
+    token_types: list[int]
+    vocab_size: int
+    eos_id: int | None
+    eot_id: int | None
+    eom_id: int | None
+    _ids: dict[str, int]
+
+    def _index_special(self) -> None:
+        # the tokens matched as a whole in text before the merges (llama.cpp's
+        # special-token partition), longest first; parse_special=False matches only
+        # the user-defined ones, as llama.cpp does
+        self._control = [i for i, t in enumerate(self.token_types) if t == TOKEN_CONTROL]
+        self._user = [i for i, t in enumerate(self.token_types) if t == TOKEN_USER_DEFINED]
+        self._splitters = {
+            parse: _splitter([self.tokens[i] for i in (self._control + self._user if parse
+                                                       else self._user)])
+            for parse in (True, False)}
+        eog = {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
+        eog |= {self._ids[t] for t in EOG_TEXTS if t in self._ids}
+        self.eog_ids = frozenset(eog)
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token's text as the vocabulary stores it, or None."""
+        return self._ids.get(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary's text of an id (IndexError outside it)."""
+        if not 0 <= int(token_id) < self.vocab_size:
+            raise IndexError(f"token_id: {token_id} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+        return self.tokens[int(token_id)]
+
+
+class BPETokenizer(Vocabulary):
     """BPETokenizer(tokens, merges, *, token_types=None, eos_id=None, bos_id=None,
     add_bos=False, pre="gpt-2", eot_id=None, eom_id=None, chat_template=None)
 
@@ -260,17 +306,7 @@ class BPETokenizer(_ChatTemplated):
             *(tk.pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in regexes),
             tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         self._tk.decoder = tk.decoders.ByteLevel()
-        # the tokens matched as a whole in text before BPE (llama.cpp's special-token
-        # partition), longest first; a control token's text is its own (no byte form)
-        self._control = [i for i, t in enumerate(self.token_types) if t == TOKEN_CONTROL]
-        self._user = [i for i, t in enumerate(self.token_types) if t == TOKEN_USER_DEFINED]
-        self._splitters = {
-            parse: _splitter([self.tokens[i] for i in (self._control + self._user if parse
-                                                       else self._user)])
-            for parse in (True, False)}
-        eog = {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
-        eog |= {vocab[t] for t in EOG_TEXTS if t in vocab}
-        self.eog_ids = frozenset(eog)
+        self._index_special()
         self.chat_template = chat_template
         self._byte_values = {c: b for b, c in enumerate(GPT2_BYTE_STRINGS)}
 
@@ -290,17 +326,6 @@ class BPETokenizer(_ChatTemplated):
             return bytes(values[c] for c in text)
         except KeyError:
             return text.encode("utf-8")
-
-    def token_to_id(self, token: str) -> int | None:
-        """The id of a token's text as the vocabulary stores it, or None."""
-        return self._ids.get(token)
-
-    def id_to_token(self, token_id: int) -> str:
-        """The vocabulary's text of an id (IndexError outside it)."""
-        if not 0 <= int(token_id) < self.vocab_size:
-            raise IndexError(f"token_id: {token_id} is outside the vocabulary "
-                             f"[0, {self.vocab_size})")
-        return self.tokens[int(token_id)]
 
     def encode(self, text: str, *, parse_special: bool = True) -> npt.NDArray[np.int32]:
         """text (str) -> int32 ids of shape (n,), without BOS; special tokens
@@ -324,17 +349,7 @@ class BPETokenizer(_ChatTemplated):
     def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
         """ids (integers in [0, vocab_size), shape (n,)) -> str; control tokens
         (bos, eos, ``<|im_end|>`` ...) are left out with skip_special."""
-        arr = np.asarray(ids)
-        if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
-            raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
-        if arr.ndim != 1:
-            raise ValueError(f"ids: expected shape (n,), got {arr.shape}")
-        bad = np.flatnonzero((arr < 0) | (arr >= self.vocab_size))
-        if bad.size:
-            i = int(bad[0])
-            raise IndexError(f"ids: id {int(arr[i])} at position {i} is outside the "
-                             f"vocabulary [0, {self.vocab_size})")
-        ids_list = arr.astype(np.int64).tolist()
+        ids_list = checked_ids(ids, self.vocab_size).tolist()
         special = set(self._control + self._user)
         if not special:
             return str(self._tk.decode(ids_list, skip_special_tokens=False))

@@ -37,34 +37,29 @@ def _safetensors():
     return import_optional("safetensors.numpy", "interop", "Hugging Face checkpoints")
 
 
+def _llama_family_config(cfg) -> dict[str, Any]:
+    """The config.json keys a Llama-family model (Llama, Qwen2) shares."""
+    return {
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
+        "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+        "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_base,
+        "rope_scaling": None if cfg.rope_scaling is None else cfg.rope_scaling.to_hf(),
+        "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
+        "initializer_range": 0.02, "torch_dtype": "float32", "use_cache": True,
+    }
+
+
 def _hf_config(model) -> dict[str, Any]:
     cfg = model.config
     if isinstance(model, Qwen2):
-        return {
-            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-            "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
-            "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
-            "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-            "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
-            "rope_theta": cfg.rope_base,
-            "rope_scaling": None if cfg.rope_scaling is None else cfg.rope_scaling.to_hf(),
-            "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
-            "use_sliding_window": False, "initializer_range": 0.02, "torch_dtype": "float32",
-            "use_cache": True,
-        }
+        return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                **_llama_family_config(cfg), "use_sliding_window": False}
     if isinstance(model, Llama):
-        return {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
-            "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
-            "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-            "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_seq_len,
-            "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_base,
-            "rope_scaling": None if cfg.rope_scaling is None else cfg.rope_scaling.to_hf(),
-            "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
-            "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02,
-            "torch_dtype": "float32", "use_cache": True,
-        }
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                **_llama_family_config(cfg), "head_dim": cfg.head_dim,
+                "attention_bias": False, "mlp_bias": False}
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": cfg.vocab_size, "n_embd": cfg.dim, "n_layer": cfg.n_layers,
