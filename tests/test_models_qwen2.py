@@ -94,9 +94,7 @@ def test_load_hf_reads_what_save_pretrained_writes(tmp_path):
 
 def test_what_is_not_implemented_is_refused(tmp_path):
     pytest.importorskip("safetensors")
-    from ggmlopt import lora
-    from ggmlopt.io import load_hf, save_gguf, save_gguf_lora, save_hf
-    from ggmlopt.text import ByteTokenizer
+    from ggmlopt.io import load_hf, save_hf
     model = Qwen2(Qwen2Config(vocab_size=257, dim=16, n_layers=1, n_heads=2), seed=0)
     save_hf(model, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -106,9 +104,58 @@ def test_what_is_not_implemented_is_refused(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
         with pytest.raises(ValueError, match=match):
             load_hf(tmp_path)
+
+
+def _structured(seed=0):
+    model = Qwen2(Qwen2Config(vocab_size=257, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                              ffn_dim=48, max_seq_len=64), seed=seed)
+    rng = np.random.default_rng(seed)
+    for _, p in model.named_parameters():
+        p.data[...] = rng.normal(0, 0.2, p.shape) if p.data.ndim == 2 else \
+            rng.uniform(0.5, 1.5, p.shape)
+    return model
+
+
+def test_gguf_holds_llama_cpp_s_qwen2_layout_and_comes_back_bit_for_bit(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from ggmlopt.io import load_gguf, save_gguf
+    from ggmlopt.text import ByteTokenizer
+    model = _structured()
+    save_gguf(model, tmp_path / "q.gguf", tokenizer=ByteTokenizer())
+    reader = gguf.GGUFReader(tmp_path / "q.gguf")
+    arch = reader.fields["general.architecture"].contents()
+    assert arch == "qwen2" and "qwen2.embedding_length" in reader.fields
+    names = {t.name: t for t in reader.tensors}
+    assert "blk.0.attn_q.bias" in names and "blk.0.attn_output.bias" not in names
+    # rows kept as Hugging Face's (llama.cpp runs qwen2 with NeoX's rotation)
+    q = np.array(names["blk.0.attn_q.weight"].data)
+    np.testing.assert_array_equal(q, model.layers[0].self_attn.q_proj.weight.data.T)
+    back, _ = load_gguf(tmp_path / "q.gguf")
+    assert type(back) is Qwen2 and back.config == model.config
+    for (n, p), (m, r) in zip(model.named_parameters(), back.named_parameters()):
+        assert n == m
+        np.testing.assert_array_equal(p.data, r.data)
+
+
+def test_lora_adapters_of_a_qwen2_go_both_ways(tmp_path):
     pytest.importorskip("gguf")
-    with pytest.raises(ValueError, match="not written to GGUF yet"):
-        save_gguf(model, tmp_path / "m.gguf", tokenizer=ByteTokenizer())
-    lora.apply(model, rank=2)
-    with pytest.raises(ValueError, match="not written for llama.cpp yet"):
-        save_gguf_lora(model, tmp_path / "a.gguf")
+    from ggmlopt import lora
+    from ggmlopt.io import load_gguf_lora, save_gguf_lora
+    model = _structured()
+    lora.apply(model, rank=2, targets=("q_proj", "v_proj"))
+    rng = np.random.default_rng(1)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_b.data[...] = rng.normal(0, 0.1, layer.lora_b.shape)
+    save_gguf_lora(model, tmp_path / "a.gguf")
+    base = _structured()
+    load_gguf_lora(tmp_path / "a.gguf", base)
+    tokens = np.arange(20).reshape(1, 20)
+    np.testing.assert_array_equal(base(tokens), model(tokens))
+    llama_file = tmp_path / "l.gguf"
+    from ggmlopt.models import LlamaConfig
+    other = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                              ffn_dim=48, max_seq_len=64))
+    lora.apply(other, rank=2, targets=("q_proj", "v_proj"))
+    save_gguf_lora(other, llama_file)
+    with pytest.raises(ValueError, match="not a qwen2 LoRA adapter"):
+        load_gguf_lora(llama_file, _structured())

@@ -241,13 +241,13 @@ def load_gguf(path, model=None, *, arch=None):
     path = input_path(path)
     from ..models import Llama
     if model is None or isinstance(model, Llama):
-        from .gguf_llama import file_architecture, load_llama_gguf
+        from .gguf_llama import LLAMA_FAMILY, file_architecture, load_llama_gguf
         if model is None:
             if arch not in (None, _LLAMA_ARCH):
                 raise ValueError(f"model: required to load a {arch!r} file (only a "
                                  f"{_LLAMA_ARCH!r} one builds its own model)")
             return load_llama_gguf(path)
-        if arch in (None, _LLAMA_ARCH) and file_architecture(path) == _LLAMA_ARCH:
+        if arch in (None, _LLAMA_ARCH) and file_architecture(path) in LLAMA_FAMILY:
             return load_llama_gguf(path, model)
     tensors = torch_tensors(model)
     gguf = gguf_module()

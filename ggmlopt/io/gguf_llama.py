@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..lora import refuse_adapters
-from ..models import Llama, LlamaConfig
+from ..models import Llama, LlamaConfig, Qwen2, Qwen2Config
 from ..nn.rope_scaling import RopeScaling
 from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
 from ._files import atomic_output, input_path, output_path
@@ -33,16 +33,29 @@ from ._gguf_length import gguf_truncation
 from .gguf_reader import GgufFile
 from .llama_names import gguf_name, permute_qk, unpermute_qk
 
-__all__ = ["BYTE_MERGES", "LLAMA_ARCH", "LlamaGguf", "byte_vocabulary", "file_architecture",
+__all__ = ["BYTE_MERGES", "LLAMA_ARCH", "LLAMA_FAMILY", "QWEN2_ARCH", "LlamaGguf", "arch_of", "byte_vocabulary", "file_architecture",
            "load_gguf_tokenizer", "load_llama_gguf", "save_llama_gguf", "tokenizer_from_fields"]
 
 LLAMA_ARCH = "llama"
+QWEN2_ARCH = "qwen2"
+# llama.cpp's architectures of the Llama family: general.architecture -> (model class,
+# its config class, whether q/k rows are permuted to llama.cpp's rotary pairs: llama.cpp
+# runs qwen2 with NeoX's rotation, Hugging Face's halves, so convert_hf_to_gguf keeps
+# its rows as they are)
+_ARCHS = {LLAMA_ARCH: (Llama, LlamaConfig, True), QWEN2_ARCH: (Qwen2, Qwen2Config, False)}
+LLAMA_FAMILY = frozenset(_ARCHS)
+
+
+def arch_of(model) -> str:
+    """llama.cpp's general.architecture for a Llama-family model."""
+    return QWEN2_ARCH if isinstance(model, Qwen2) else LLAMA_ARCH
 BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pre-tokenizer
 _BYTE_PRE = "gpt-2"
 _EOT = "<|endoftext|>"
 _TOKEN_NORMAL, _TOKEN_CONTROL = 1, 3  # llama.cpp's LLAMA_TOKEN_TYPE_NORMAL / _CONTROL
 # keys save_llama_gguf writes; metadata may not set them
-_RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "tokenizer.",
+_RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "qwen2.",
+                      "tokenizer.",
                       "GGUF.")
 
 
@@ -97,8 +110,11 @@ def _kv_heads(config: LlamaConfig) -> int:
 
 
 def _linear_weight(name: str, weight: np.ndarray, config: LlamaConfig) -> np.ndarray:
-    """A Linear's (in, out) weight as llama.cpp's (out, in) rows, q/k permuted."""
+    """A Linear's (in, out) weight as llama.cpp's (out, in) rows, q/k permuted
+    for the llama architecture."""
     rows = np.ascontiguousarray(weight.T)
+    if config.qkv_bias:   # qwen2: Hugging Face's row order as it is
+        return rows
     if name.endswith("q_proj.weight"):
         return permute_qk(rows, config.n_heads)
     if name.endswith("k_proj.weight"):
@@ -120,7 +136,8 @@ def _gguf_arrays(model: Llama, dtype: np.dtype) -> list[tuple[str, np.ndarray]]:
 
 def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
                     name: str = "ggmlopt-llama") -> None:
-    """Write a ggmlopt.models.Llama to path as llama.cpp's GGUF (atomically).
+    """Write a ggmlopt.models.Llama (or Qwen2: llama.cpp's qwen2 architecture, with
+    its q/k/v biases and rows as they are) to path as llama.cpp's GGUF (atomically).
 
     tokenizer: the ByteTokenizer or BPETokenizer the model was trained with
     (its token count must be the model's vocab_size).  dtype: np.float32 or
@@ -134,7 +151,6 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     """
     if not isinstance(model, Llama):
         raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
-    _refuse_other_family(model)
     refuse_adapters(model, "save_gguf")
     if not isinstance(name, str):
         raise TypeError(f"name: expected a str, got {type(name).__name__}")
@@ -148,14 +164,15 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
         if key.startswith(_RESERVED_PREFIXES):
             raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
     arrays = _gguf_arrays(model, dtype)
-    rope_keys, rope_freqs = _rope_scaling_out(cfg)
+    arch = arch_of(model)
+    rope_keys, rope_freqs = _rope_scaling_out(cfg, arch)
     if rope_freqs is not None:
         arrays.append(("rope_freqs.weight", rope_freqs))
     file_type = (gguf.LlamaFileType.ALL_F32 if dtype == np.float32
                  else gguf.LlamaFileType.MOSTLY_F16)
 
     with atomic_output(path) as tmp:
-        writer = gguf.GGUFWriter(tmp, LLAMA_ARCH)
+        writer = gguf.GGUFWriter(tmp, arch)
         try:
             writer.add_name(name)
             writer.add_file_type(file_type)
@@ -201,17 +218,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.close()
 
 
-def _refuse_other_family(model) -> None:
-    """A Llama-family model llama.cpp stores under another architecture (Qwen2's
-    biases, its rotary layout) is not written as a llama: that file would drop
-    what makes it differ."""
-    if model.config.qkv_bias:
-        raise ValueError(f"model: a {type(model).__name__} (biases on q, k, v) is not written "
-                         "to GGUF yet; save_hf writes it, and llama.cpp's convert_hf_to_gguf.py "
-                         "converts that directory")
-
-
-def _rope_scaling_out(cfg: LlamaConfig):
+def _rope_scaling_out(cfg: LlamaConfig, arch: str):
     """(llama.* rope keys, rope_freqs float32 array or None) for a config's
     scaling, as llama.cpp's convert_hf_to_gguf writes them: linear as
     rope.scaling.type/factor, Llama 3's as the per-frequency factors tensor
@@ -221,8 +228,8 @@ def _rope_scaling_out(cfg: LlamaConfig):
     if scaling is None:
         return [], None
     if scaling.rope_type == "linear":
-        return [("llama.rope.scaling.type", "linear"),
-                ("llama.rope.scaling.factor", scaling.factor)], None
+        return [(f"{arch}.rope.scaling.type", "linear"),
+                (f"{arch}.rope.scaling.factor", scaling.factor)], None
     if scaling.rope_type in ("llama3", "freq_factors"):
         if scaling.freq_factors is not None:
             return [], np.asarray(scaling.freq_factors, np.float32)
@@ -241,16 +248,18 @@ def _shortest_float(value) -> float:
     return float(str(np.float32(value)))
 
 
-def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str) -> LlamaConfig:
-    """The LlamaConfig a llama-architecture file's keys (and its tensors) describe."""
+def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
+            arch: str = LLAMA_ARCH) -> LlamaConfig:
+    """The config (LlamaConfig, or Qwen2Config for qwen2) a Llama-family file's
+    keys (and its tensors) describe."""
     def key(name, default=None, required=True):
-        value = fields.get(f"llama.{name}", default)
+        value = fields.get(f"{arch}.{name}", default)
         if value is None and required:
-            raise ValueError(f"{where}: missing key 'llama.{name}'")
+            raise ValueError(f"{where}: missing key '{arch}.{name}'")
         if isinstance(value, list):
             if value and all(v == value[0] for v in value):
                 return value[0]   # a per-layer array with one value
-            raise ValueError(f"{where}: key 'llama.{name}' varies by layer ({value}); "
+            raise ValueError(f"{where}: key '{arch}.{name}' varies by layer ({value}); "
                              "not supported")
         return value
 
@@ -262,10 +271,10 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str) -> Llam
     for name in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
         value = key(name, head_dim, required=False)
         if value != head_dim:
-            raise ValueError(f"{where}: 'llama.{name}' = {value}, but a Llama here has "
+            raise ValueError(f"{where}: '{arch}.{name}' = {value}, but a Llama here has "
                              f"embedding_length // head_count = {head_dim} (not supported)")
     if key("expert_count", 0, required=False):
-        raise ValueError(f"{where}: a mixture of experts (llama.expert_count > 0) is not "
+        raise ValueError(f"{where}: a mixture of experts ({arch}.expert_count > 0) is not "
                          "supported")
     scaling_type = key("rope.scaling.type", "none", required=False)
     scaling = None
@@ -281,16 +290,17 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str) -> Llam
         data = freqs[1].float32("rope_freqs.weight").ravel()   # (ne, the GgufFile)
         scaling = RopeScaling("freq_factors", freq_factors=tuple(float(f) for f in data))
     embd = tensors.get("token_embd.weight")
-    vocab = fields.get("llama.vocab_size")
+    vocab = fields.get(f"{arch}.vocab_size")
     if vocab is None:
         tokens = fields.get("tokenizer.ggml.tokens")
         vocab = len(tokens) if isinstance(tokens, list) else \
             (int(embd[0][1]) if embd is not None and len(embd[0]) == 2 else None)
     if vocab is None:
-        raise ValueError(f"{where}: no vocabulary size (llama.vocab_size, tokenizer.ggml.tokens "
+        raise ValueError(f"{where}: no vocabulary size ({arch}.vocab_size, tokenizer.ggml.tokens "
                          "or token_embd.weight)")
+    config_class = _ARCHS[arch][1]
     try:
-        return LlamaConfig(
+        return config_class(
             vocab_size=vocab, dim=dim, n_layers=key("block_count"), n_heads=n_heads,
             n_kv_heads=n_kv_heads, ffn_dim=key("feed_forward_length"),
             max_seq_len=key("context_length"),
@@ -326,6 +336,8 @@ def _ggml_rows(name: str, p_shape: tuple[int, ...]) -> tuple[int, ...]:
 def _our_layout(name: str, rows: np.ndarray, config: LlamaConfig) -> np.ndarray:
     if rows.ndim != 2 or name == "embed_tokens.weight":
         return rows
+    if config.qkv_bias:   # qwen2: no q/k permutation
+        return rows.T
     if name.endswith("q_proj.weight"):
         rows = unpermute_qk(rows, config.n_heads)
     elif name.endswith("k_proj.weight"):
@@ -365,11 +377,14 @@ class LlamaGguf:
             self.fields = reader.fields
             refuse_adapter_file(self.fields, path)
             arch = self.fields.get("general.architecture")
-            if arch != LLAMA_ARCH:
+            if arch not in _ARCHS:
                 raise ValueError(f"path: {path!r} holds a {arch!r} model, not a 'llama' one "
-                                 "(load_gguf(path, model) loads other files into a model)")
+                                 f"(nor another architecture of its family ggmlopt reads: "
+                                 f"{', '.join(sorted(set(_ARCHS) - {LLAMA_ARCH}))}); "
+                                 "load_gguf(path, model) loads other files into a model")
+            self.arch = arch
             infos = {name: (t.ne, reader) for name, t in reader.tensors.items()}
-            self.config = _config(self.fields, infos, f"path: {path!r}")
+            self.config = _config(self.fields, infos, f"path: {path!r}", arch)
             wanted = {name: _ggml_rows(name, shape)
                       for name, shape in _parameter_shapes(self.config)}
             names = {gguf_name(name): name for name in wanted}
@@ -415,11 +430,17 @@ def _parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
     f = config.ffn_dim
     assert f is not None  # LlamaConfig fills it in
     kv = _kv_heads(config) * config.head_dim
-    layer: list[tuple[str, tuple[int, ...]]] = [("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, d)),
-             ("self_attn.k_proj.weight", (d, kv)), ("self_attn.v_proj.weight", (d, kv)),
-             ("self_attn.o_proj.weight", (d, d)), ("post_attention_layernorm.weight", (d,)),
-             ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
-             ("mlp.down_proj.weight", (f, d))]
+    biases = config.qkv_bias   # Qwen2's, after each weight as Linear names them
+    layer: list[tuple[str, tuple[int, ...]]] = [
+        ("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, d)),
+        *([("self_attn.q_proj.bias", (d,))] if biases else []),
+        ("self_attn.k_proj.weight", (d, kv)),
+        *([("self_attn.k_proj.bias", (kv,))] if biases else []),
+        ("self_attn.v_proj.weight", (d, kv)),
+        *([("self_attn.v_proj.bias", (kv,))] if biases else []),
+        ("self_attn.o_proj.weight", (d, d)), ("post_attention_layernorm.weight", (d,)),
+        ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
+        ("mlp.down_proj.weight", (f, d))]
     shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (v, d))]
     for i in range(config.n_layers):
         shapes += [(f"layers.{i}.{name}", shape) for name, shape in layer]
@@ -525,12 +546,12 @@ def load_llama_gguf(path, model=None):
     """
     path = input_path(path)
     if model is not None and not isinstance(model, Llama):
-        raise ValueError(f"path: {path!r} holds a 'llama' model; the model given is a "
+        raise ValueError(f"path: {path!r} holds a Llama-family model; the model given is a "
                          f"{type(model).__name__}")
     read = LlamaGguf(path)
     if model is None:
         tokenizer = tokenizer_from_fields(read.fields, path)
-        built = Llama(read.config)
+        built = _ARCHS[read.arch][0](read.config)
         for name, p in built.named_parameters():
             p.data[...] = read.array(name)   # one tensor in memory twice at a time
         if tokenizer is not None:

@@ -28,11 +28,11 @@ from ..lora import (
 )
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
+from .gguf_llama import arch_of
 from .llama_names import gguf_name, hf_name, permute_qk, unpermute_qk
 
 __all__ = ["load_gguf_lora", "save_gguf_lora"]
 
-_ARCH = "llama"
 _SUFFIXES = (".lora_a", ".lora_b")
 
 
@@ -50,7 +50,10 @@ def _llama_config(model):
 
 
 def _qk_heads(module_name: str, config) -> int | None:
-    """The head count of the Q/K permutation for a projection, or None."""
+    """The head count of the Q/K permutation for a projection, or None (qwen2's
+    rows are not permuted)."""
+    if config.qkv_bias:
+        return None
     if module_name.endswith("self_attn.q_proj"):
         return config.n_heads
     if module_name.endswith("self_attn.k_proj"):
@@ -82,9 +85,6 @@ def save_gguf_lora(model, path) -> None:
     when one sits on a layer llama.cpp has no tensor for.
     """
     config = _llama_config(model)
-    if config.qkv_bias:
-        raise ValueError(f"model: a {type(model).__name__}'s adapters are not written for "
-                         "llama.cpp yet (its tensors and rotary layout are not llama's)")
     path = output_path(path)
     adapters = named_adapters(model)
     if not adapters:
@@ -114,7 +114,7 @@ def save_gguf_lora(model, path) -> None:
         tensors += [(base + ".lora_a", a), (base + ".lora_b", b)]
     gguf = _gguf()
     with atomic_output(path) as tmp:
-        writer = gguf.GGUFWriter(tmp, _ARCH)
+        writer = gguf.GGUFWriter(tmp, arch_of(model))
         try:
             writer.add_string("general.type", "adapter")
             writer.add_string("adapter.type", "lora")
@@ -128,7 +128,7 @@ def save_gguf_lora(model, path) -> None:
             writer.close()
 
 
-def _read(path: str, gguf):
+def _read(path: str, gguf, arch: str = "llama"):
     """(alpha, {tensor name: float32 array in torch's layout}); the header is checked
     (a model file is told apart) before any tensor is converted."""
     short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
@@ -147,7 +147,7 @@ def _read(path: str, gguf):
             part = field.parts[field.data[0]]
             fields[key] = (bytes(part).decode("utf-8") if field.types[0] == vt.STRING
                            else float(part.tolist()[0]))
-        alpha = _check_header(fields, path)
+        alpha = _check_header(fields, path, arch)
         tensors = {}
         for t in reader.tensors:
             if t.tensor_type in (kind.F32, kind.F16):
@@ -168,16 +168,16 @@ def _read(path: str, gguf):
     return alpha, tensors
 
 
-def _check_header(fields, path):
+def _check_header(fields, path, arch):
     kind = fields.get("general.type")
     if kind != "adapter" and (kind == "model" or "adapter.type" not in fields):
         raise ValueError(f"path: {path!r} is a model file (general.type is {kind!r}), not a "
                          "LoRA adapter: ggmlopt.io.load_gguf(path) reads it; load_gguf_lora "
                          "reads adapter files (general.type 'adapter')")
-    want = {"general.architecture": _ARCH, "general.type": "adapter", "adapter.type": "lora"}
+    want = {"general.architecture": arch, "general.type": "adapter", "adapter.type": "lora"}
     for key, value in want.items():
         if fields.get(key) != value:
-            raise ValueError(f"path: {path!r} is not a llama LoRA adapter ({key} is "
+            raise ValueError(f"path: {path!r} is not a {arch} LoRA adapter ({key} is "
                              f"{fields.get(key)!r}, expected {value!r})")
     alpha = fields.get("adapter.lora.alpha")
     if alpha is None or not np.isfinite(alpha) or alpha == 0:
@@ -245,7 +245,7 @@ def load_gguf_lora(path, model, *, dropout=0.0) -> list[tuple[str, LoRALinear]]:
     config = _llama_config(model)
     path = input_path(path)
     gguf = _gguf()
-    alpha, tensors = _read(path, gguf)
+    alpha, tensors = _read(path, gguf, arch_of(model))
     pairs = _pairs(tensors, path)
     linears = {name: (parent, key, layer) for name, parent, key, layer in _linears(model)}
     existing = {name for name, (_, _, layer) in linears.items() if isinstance(layer, LoRALinear)}

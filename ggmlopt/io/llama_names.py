@@ -33,6 +33,10 @@ _LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # Qwen2's (llama.cpp's qwen2 architecture)
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
 }
 _GLOBAL_NAMES = {
     "embed_tokens.weight": "token_embd.weight",

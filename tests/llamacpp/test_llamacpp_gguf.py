@@ -259,3 +259,23 @@ def test_bpe_tokenizer_equals_llama_cpp(tmp_path):
         ids = llm.tokenize(text.encode(), add_bos=False, special=False)
         assert ids == back.encode(text).tolist() == bpe.encode(text).tolist()
     assert llm.tokenize(b" the", add_bos=False, special=False) == [3]
+
+
+# ---- the other architectures of the family ----------------------------------------------
+
+def test_a_qwen2_file_gives_llama_cpp_our_logits(tmp_path):
+    from ggmlopt.models import Qwen2, Qwen2Config
+    model = Qwen2(Qwen2Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                              ffn_dim=96, max_seq_len=N_CTX, tie_embeddings=True), seed=0)
+    rng = np.random.default_rng(3)
+    for name, p in model.named_parameters():
+        if name.endswith(".bias"):
+            p.data[...] = rng.normal(0, 0.5, p.shape)
+        elif p.data.ndim == 2:
+            p.data *= 8.0
+        else:
+            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    save_gguf(model, tmp_path / "qwen2.gguf", tokenizer=ByteTokenizer())
+    ids = ByteTokenizer().encode(TEXT)[:N_CTX]
+    want = llama_cpp_logits(open_llama(tmp_path / "qwen2.gguf"), ids)
+    assert relative_error(our_logits(model, ids), want) < 1e-4

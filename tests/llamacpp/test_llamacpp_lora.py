@@ -104,3 +104,28 @@ def test_a_lora_fine_tune_lowers_llama_cpp_perplexity(tmp_path):
           f"adapter (ggmlopt: {ours:.2f})")
     assert after == pytest.approx(ours, rel=1e-4)
     assert after < 0.5 * before
+
+
+def test_llama_cpp_applies_our_adapter_to_a_qwen2(tmp_path):
+    from ggmlopt.models import Qwen2, Qwen2Config
+    model = Qwen2(Qwen2Config(vocab_size=TOK.vocab_size, dim=64, n_layers=2, n_heads=4,
+                              n_kv_heads=2, ffn_dim=96, max_seq_len=64, tie_embeddings=True),
+                  seed=3)
+    rng = np.random.default_rng(5)
+    for name, p in model.named_parameters():
+        if name.endswith(".bias"):
+            p.data[...] = rng.normal(0, 0.5, p.shape)
+    base = tmp_path / "base.gguf"
+    save_gguf(model, base, tokenizer=TOK)
+    lora.apply(model, rank=4, alpha=8.0, targets=ALL, seed=1)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_b.data[...] = rng.normal(0, 0.05, layer.lora_b.shape)
+    adapter = tmp_path / "adapter.gguf"
+    save_gguf_lora(model, adapter)
+    ids = TOK.encode("Qwen2 with an adapter, applied by llama.cpp: é ✓")[:64]
+    ours = model(ids[None])[0].astype(np.float64)
+    theirs = _logits(_llama_cpp(base, adapter), ids)
+    without = _logits(_llama_cpp(base), ids)
+    scale = np.abs(ours).max()
+    assert np.abs(theirs - ours).max() <= 1e-4 * scale
+    assert np.abs(without - ours).max() > 1e-2 * scale
