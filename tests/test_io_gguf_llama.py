@@ -451,7 +451,11 @@ def test_unsupported_keys_are_refused(saved, tmp_path):
             ("llama.rope.dimension_count", 8, VT.UINT32, "rope.dimension_count"),
             ("llama.rope.scaling.type", "yarn", VT.STRING, "rope scaling .yarn. is not supported"),
             ("llama.rope.scaling.type", "linear", VT.STRING, "missing key .llama.rope.scaling.factor"),
-            ("llama.expert_count", 8, VT.UINT32, "mixture of experts")]:
+            ("llama.expert_count", 8, VT.UINT32, "mixture of experts"),
+            # a key of the architecture ggmlopt does not implement: refused, not dropped
+            ("llama.attention.sliding_window", 64, VT.UINT32,
+             r"keys \['llama.attention.sliding_window'\] are not implemented"),
+            ("llama.rope.scaling.attn_factor", 1.5, VT.FLOAT32, "rope.scaling.attn_factor")]:
         out = tmp_path / "u.gguf"
         rewrite(path, out, set_keys={key: (value, vt, None)})
         assert_refused(out, match)

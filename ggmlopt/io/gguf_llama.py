@@ -248,6 +248,16 @@ def _shortest_float(value) -> float:
     return float(str(np.float32(value)))
 
 
+# the <arch>.* keys the reader implements (each checked or used in _config)
+_ARCH_KEYS = frozenset({
+    "context_length", "embedding_length", "block_count", "feed_forward_length",
+    "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+    "attention.key_length", "attention.value_length", "rope.freq_base",
+    "rope.dimension_count", "vocab_size", "expert_count", "expert_used_count",
+    "rope.scaling.type", "rope.scaling.factor",
+})
+
+
 def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
             arch: str = LLAMA_ARCH) -> LlamaConfig:
     """The config (LlamaConfig, or Qwen2Config for qwen2) a Llama-family file's
@@ -263,6 +273,13 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
                              "not supported")
         return value
 
+    unknown = sorted(k for k in fields if k.startswith(arch + ".")
+                     and k[len(arch) + 1:] not in _ARCH_KEYS)
+    if unknown:
+        # a key that changes the model and is dropped gives another model without a word
+        raise ValueError(f"{where}: keys {unknown} are not implemented by ggmlopt's {arch}; "
+                         "refusing the file rather than computing another model than it "
+                         "describes")
     dim = key("embedding_length")
     n_heads = key("attention.head_count")
     n_kv_heads = key("attention.head_count_kv", n_heads)
@@ -273,7 +290,7 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
         if value != head_dim:
             raise ValueError(f"{where}: '{arch}.{name}' = {value}, but a Llama here has "
                              f"embedding_length // head_count = {head_dim} (not supported)")
-    if key("expert_count", 0, required=False):
+    if key("expert_count", 0, required=False) or key("expert_used_count", 0, required=False):
         raise ValueError(f"{where}: a mixture of experts ({arch}.expert_count > 0) is not "
                          "supported")
     scaling_type = key("rope.scaling.type", "none", required=False)
