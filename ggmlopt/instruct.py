@@ -158,8 +158,12 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
             msg = str(e)
             raise ValueError(msg if msg.startswith("conversations[")
                              else f"conversations[{k}]: {msg}") from None
-        ids = np.asarray(tokenizer.encode(text, parse_special=True), np.int32)
-        offsets = token_offsets(tokenizer, ids)
+        if callable(getattr(tokenizer, "encode_with_offsets", None)):
+            # SentencePiece: a space prefix the text does not hold
+            ids, offsets = tokenizer.encode_with_offsets(text, parse_special=True)
+        else:
+            ids = np.asarray(tokenizer.encode(text, parse_special=True), np.int32)
+            offsets = token_offsets(tokenizer, ids)
         if offsets[-1] != len(text.encode("utf-8")):
             raise ValueError(f"conversations[{k}]: the tokenizer's tokens do not spell the "
                              "rendered text byte for byte; its masks cannot be placed")

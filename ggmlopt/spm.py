@@ -77,22 +77,37 @@ class SPMTokenizer(Vocabulary):
     def encode(self, text: str, *, parse_special: bool = True) -> npt.NDArray[np.int32]:
         """text (str) -> int32 ids (n,), without BOS; special tokens written in the
         text become their ids (control ones only with parse_special)."""
+        return self.encode_with_offsets(text, parse_special=parse_special)[0]
+
+    def encode_with_offsets(self, text: str, *, parse_special: bool = True
+                            ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        """(ids, offsets): encode's ids and int64 (n + 1,) byte offsets into the
+        text's UTF-8, token i spelling bytes offsets[i]:offsets[i + 1] (the space
+        prefix, which the text does not hold, counts as nothing)."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
         splitter = self._splitters[bool(parse_special)]
         pieces = [text] if splitter is None else splitter.split(text)
         ids: list[int] = []
+        ends: list[int] = []
+        at = 0                # bytes of the text before this piece
         prev_special = True   # the start counts as after a special token
         for i, piece in enumerate(pieces):
+            size = len(piece.encode("utf-8"))
             if i % 2:
                 ids.append(self._ids[piece])
+                ends.append(at + size)
                 prev_special = True
             elif piece:
-                if self.add_space_prefix and prev_special:
-                    piece = " " + piece
-                self._tokenize(piece.replace(" ", SPACE), ids)
+                prefixed = self.add_space_prefix and prev_special
+                first = len(ids)
+                self._tokenize((" " + piece if prefixed else piece).replace(" ", SPACE), ids)
+                spelled = np.cumsum([len(self.token_bytes(t)) for t in ids[first:]])
+                ends.extend((at + np.maximum(spelled - int(prefixed), 0)).tolist())
                 prev_special = False
-        return np.asarray(ids, dtype=np.int32)
+            at += size
+        offsets = np.asarray([0] + ends, dtype=np.int64)
+        return np.asarray(ids, dtype=np.int32), offsets
 
     def _tokenize(self, text: str, out: list[int]) -> None:
         # symbols: the UTF-8 characters, joined by the best-scoring pair in the vocabulary

@@ -241,3 +241,19 @@ def test_a_fine_tuned_model_answers_what_it_was_taught():
     reply = go.chat(model, tok, [{"role": "user", "content": questions[0]}], 20,
                     temperature=0)
     assert reply == "Quimby."
+
+
+def test_a_sentencepiece_vocabulary_gets_exact_assistant_labels():
+    from test_text_tokenizer import _spm
+    tok = _spm()
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ bos_token }}"
+                         "hello {{ m['content'] }}{% else %} {{ m['content'] }}{{ eos_token }}"
+                         "{% endif %}{% endfor %}")
+    chats = [[{"role": "user", "content": "w"}, {"role": "assistant", "content": "hello"}]]
+    ids, offsets = tok.encode_with_offsets(tok.apply_chat_template(chats[0], tokenize=False))
+    np.testing.assert_array_equal(ids, tok.apply_chat_template(chats[0]))
+    assert offsets[-1] == len(tok.apply_chat_template(chats[0], tokenize=False).encode())
+    ds = go.Dataset.from_chat(chats, tok, 16)
+    y = np.asarray(ds.labels)[0]
+    trained = [tok.id_to_token(i) for i in y[y >= 0]]
+    assert trained == ["\u2581hello", "</s>"]   # " hello</s>": the answer and its eos
