@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Iterable
 
 import numpy as np
 
+from . import kernels_embedding
 from .nn import init
 from .nn._buffers import add_into, rows2d
 from .nn.dropout import Dropout
+from .nn.embedding import Embedding
 from .nn.linear import Linear
 from .nn.module import Module, named_modules, named_parameters
 from .nn.parameter import Parameter
@@ -172,6 +175,74 @@ class LoRALinear(Linear):
                 f"dropout={self.lora_dropout.p})")
 
 
+class LoRAEmbedding(Embedding):
+    """LoRAEmbedding(base, rank, alpha, *, rng=None): an Embedding with a low-rank
+    adapter, PEFT's ``lora.Embedding``: row ids of W + (alpha / rank) * A[ids] B.
+
+    base: the Embedding to wrap; its ``weight`` (vocab, dim) becomes this layer's
+    own and is frozen.  lora_a: Parameter (vocab, rank), zeros; lora_b:
+    Parameter (rank, dim), N(0, 1) from rng (PEFT's init for embeddings, so the
+    wrapped model starts equal to the base).  PEFT applies no dropout to an
+    embedding's adapter, and neither does this.  A tied output head keeps reading
+    the base weight, as in PEFT.  backward adds into A's rows of the ids (in the
+    order of the ids, as Embedding does) and into B; it returns None.
+    """
+
+    def __init__(self, base, rank, alpha, *, rng=None):
+        if not isinstance(base, Embedding) or isinstance(base, LoRAEmbedding):
+            raise TypeError(f"base: expected an Embedding without an adapter, got "
+                            f"{type(base).__name__}")
+        rank = _rank_arg(rank)
+        alpha = _alpha_arg(alpha)
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
+        self.weight = base.weight
+        self.lora_a = Parameter(np.zeros((self.num_embeddings, rank), np.float32),
+                                name="lora_a")
+        self.lora_b = Parameter(gen.standard_normal((rank, self.embedding_dim)),
+                                name="lora_b")
+        self.rank, self.alpha = rank, alpha
+        self.scaling = alpha / rank
+        self._base = base
+        self._base_trains = (self.weight.requires_grad,)
+        self.weight.requires_grad = False
+        self._shape = None
+        self._ids = None
+        self._have_ids = False
+
+    def forward(self, ids):
+        """ids: integers (...) -> float32 (..., dim), a buffer this layer reuses."""
+        out = super().forward(ids)
+        self._rows = kernels_embedding.embedding(self._ids, self.lora_a.data)   # A[ids]
+        delta = (self._rows.reshape(-1, self.rank) @ self.lora_b.data) * np.float32(self.scaling)
+        np.add(out, delta.reshape(out.shape), out=out)
+        return out
+
+    def backward(self, grad_out):
+        """grad_out like the last forward output: adds into lora_a.grad (the rows
+        of the ids) and lora_b.grad; returns None (ids have no gradient)."""
+        super().backward(grad_out)
+        g = np.ascontiguousarray(grad_out, np.float32).reshape(-1, self.embedding_dim)
+        g = g * np.float32(self.scaling)
+        if self.lora_b.requires_grad:
+            add_into(self.lora_b, lambda out: np.matmul(self._rows.reshape(-1, self.rank).T, g,
+                                                        out=out), self, "lora_b")
+        if self.lora_a.requires_grad:
+            rows = np.ascontiguousarray((g @ self.lora_b.data.T).reshape(
+                self._ids.shape + (self.rank,)), np.float32)
+            kernels_embedding.embedding_backward(self._ids, rows, self.lora_a.grad)
+            self.lora_a.grad_is_zero = False
+
+    def merged_weight(self) -> np.ndarray:
+        """W + scaling * A B as a new float32 (vocab, dim) array (summed in float64)."""
+        delta = self.lora_a.data.astype(np.float64) @ self.lora_b.data.astype(np.float64)
+        return (self.weight.data.astype(np.float64) + self.scaling * delta).astype(np.float32)
+
+    def __repr__(self):
+        return (f"LoRAEmbedding({self.num_embeddings}, {self.embedding_dim}, rank={self.rank}, "
+                f"alpha={self.alpha})")
+
+
 # ---- argument checks ---------------------------------------------------------------------
 
 def _rank_arg(rank) -> int:
@@ -233,13 +304,27 @@ def _matches(name: str, targets) -> bool:
 def _linears(model):
     """(dotted name, parent, key in parent, Linear) of every Linear in model's
     tree; key is an attribute name or (attribute, index) for a list element."""
+    return _layers(model, (Linear,))
+
+
+def _adaptable(model):
+    """_layers of the kinds an adapter wraps: Linear and Embedding."""
+    return _layers(model, (Linear, Embedding))
+
+
+ADAPTERS = (LoRALinear, LoRAEmbedding)
+
+
+def _layers(model, kinds):
+    """(dotted name, parent, key in parent, layer) of every layer of kinds in
+    model's tree, in the order of the model's parameter names."""
     found = []
     for parent_name, parent in named_modules(model):
         prefix = f"{parent_name}." if parent_name else ""
         children = parent.named_children() if callable(getattr(parent, "named_children", None)) \
             else Module.named_children(parent) if hasattr(parent, "__dict__") else ()
         for child_name, child in children:
-            if isinstance(child, Linear):
+            if isinstance(child, kinds):
                 found.append((prefix + child_name, parent, child_name, child))
     seen, unique = set(), []
     for entry in found:
@@ -249,6 +334,13 @@ def _linears(model):
     # in the order of the model's parameter names (lm_head after the layers)
     order = {id(p): i for i, (_, p) in enumerate(named_parameters(model))}
     return sorted(unique, key=lambda e: order.get(id(e[3].weight), len(order)))
+
+
+def _order_in(model):
+    """A sort key of _layers entries: the position of the layer's weight among the
+    model's parameters."""
+    order = {id(p): i for i, (_, p) in enumerate(named_parameters(model))}
+    return lambda entry: order.get(id(entry[3].weight), len(order))
 
 
 def _replace(parent, key: str, new) -> None:
@@ -271,11 +363,12 @@ def _replace(parent, key: str, new) -> None:
         setattr(parent, attr, type(holder)(items))
 
 
-def named_adapters(model) -> list[tuple[str, LoRALinear]]:
-    """(dotted module name, LoRALinear) of every adapted layer of model, in the
-    order of named_parameters (``layers.0.self_attn.q_proj``, ...)."""
-    return [(name, layer) for name, _, _, layer in _linears(model)
-            if isinstance(layer, LoRALinear)]
+def named_adapters(model) -> list[tuple[str, LoRALinear | LoRAEmbedding]]:
+    """(dotted module name, LoRALinear or LoRAEmbedding) of every adapted layer of
+    model, in the order of named_parameters (``embed_tokens``,
+    ``layers.0.self_attn.q_proj``, ...)."""
+    return [(name, layer) for name, _, _, layer in _adaptable(model)
+            if isinstance(layer, ADAPTERS)]
 
 
 def refuse_adapters(model, saver: str) -> None:
@@ -373,7 +466,9 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
     linears = _linears(model)
-    adapted = [name for name, _, _, layer in linears if isinstance(layer, LoRALinear)]
+    embeddings = [e for e in _layers(model, (Embedding,)) if _matches(e[0], targets)
+                  and not all_linear]
+    adapted = [name for name, layer in named_adapters(model)]
     if adapted:
         raise ValueError(f"model: it already has LoRA adapters ({', '.join(adapted[:3])}"
                          f"{', ...' if len(adapted) > 3 else ''}); merge(model) first")
@@ -381,7 +476,7 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
         chosen = [entry for entry in linears if not _matches(entry[0], _OUTPUT_HEADS)]
     else:
         chosen = [entry for entry in linears if _matches(entry[0], targets)]
-    if not chosen:
+    if not chosen and not embeddings:
         if not linears:
             raise ValueError(f"targets: no Linear layer of the model is named {list(targets)}; "
                              "the model has no Linear layers")
@@ -395,11 +490,14 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
             raise ValueError(f"trainable: {t!r} names no module or parameter of the model "
                              f"(its parameters are named like {params[0][0]!r})")
     chosen_weights = {id(p) for *_, layer in chosen for p in (layer.weight, layer.bias)
-                      if p is not None}
+                      if p is not None} | {id(layer.weight) for *_, layer in embeddings}
     _frozen_by_apply.pop(id(model), None)   # a stale entry of a model that had this id
     gen = np.random.default_rng(int(seed))
-    for _, parent, key, layer in chosen:
-        _replace(parent, key, LoRALinear(layer, rank, alpha, dropout=dropout, rng=gen))
+    # in the order of the parameter names (an embedding's first), one generator
+    for _, parent, key, layer in sorted(chosen + embeddings, key=_order_in(model)):
+        adapter = LoRAEmbedding(layer, rank, alpha, rng=gen) if isinstance(layer, Embedding) \
+            else LoRALinear(layer, rank, alpha, dropout=dropout, rng=gen)
+        _replace(parent, key, adapter)
     freeze_all_but_adapters(model, trainable, skip=chosen_weights)
     return named_adapters(model)
 
@@ -431,15 +529,24 @@ def merge(model):
     equals the adapted model's (to float32 rounding).  Returns model.
 
     Raises ValueError when model has no adapters."""
-    adapters = [(parent, key, layer) for _, parent, key, layer in _linears(model)
-                if isinstance(layer, LoRALinear)]
+    adapters = [(parent, key, layer) for _, parent, key, layer in _adaptable(model)
+                if isinstance(layer, ADAPTERS)]
     if not adapters:
         raise ValueError("model: it has no LoRA adapters to merge (see ggmlopt.lora.apply)")
+    if any(isinstance(layer, LoRAEmbedding) for *_, layer in adapters) and \
+            getattr(getattr(model, "config", None), "tie_embeddings", False):
+        warnings.warn("model: its output head is tied to the token embedding, so merging the "
+                      "embedding's adapter changes the head too (the adapted model's head read "
+                      "the base weight): the merged model's logits differ", UserWarning,
+                      stacklevel=2)
     for parent, key, layer in adapters:
         layer.weight.data[...] = layer.merged_weight()
         base = layer._base
-        base.weight, base.bias = layer.weight, layer.bias
-        for p, trained in zip((layer.weight, layer.bias), layer._base_trains):
+        own = (layer.weight, getattr(layer, "bias", None))
+        base.weight = layer.weight
+        if isinstance(layer, LoRALinear):
+            base.bias = layer.bias
+        for p, trained in zip(own, layer._base_trains):
             if p is not None:
                 p.requires_grad = trained
         if "needs_input_grad" in vars(layer):

@@ -235,3 +235,33 @@ def test_loading_an_adapter_leaves_only_the_adapters_trainable(tmp_path):
     load_gguf_lora(tmp_path / "a.gguf", model)
     assert all(".lora_" in n for n, p in model.named_parameters() if p.requires_grad)
     save_gguf_lora(model, tmp_path / "b.gguf")   # and it writes back
+
+
+def test_an_embedding_adapter_goes_both_ways(tmp_path):
+    model = Llama(CFG, seed=7)
+    lora.apply(model, rank=3, alpha=6.0, targets=("embed_tokens", "v_proj"))
+    rng = np.random.default_rng(4)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_a.data[...] = rng.normal(0, 0.2, layer.lora_a.shape)
+        layer.lora_b.data[...] = rng.normal(0, 0.2, layer.lora_b.shape)
+    save_gguf_lora(model, tmp_path / "e.gguf")
+    _, tensors = _read(tmp_path / "e.gguf")
+    # llama.cpp's form: token_embd's A stays (vocab, rank), B is (dim, rank)
+    assert tensors["token_embd.weight.lora_a"][2].shape == (CFG.vocab_size, 3)
+    assert tensors["token_embd.weight.lora_b"][2].shape == (CFG.dim, 3)
+    base = Llama(CFG, seed=7)
+    load_gguf_lora(tmp_path / "e.gguf", base)
+    ours, theirs = dict(lora.named_adapters(model)), dict(lora.named_adapters(base))
+    for name, layer in ours.items():
+        np.testing.assert_array_equal(layer.lora_a.data, theirs[name].lora_a.data)
+        np.testing.assert_array_equal(layer.lora_b.data, theirs[name].lora_b.data)
+    tokens = np.arange(12).reshape(1, 12)
+    np.testing.assert_array_equal(base(tokens), model(tokens))
+
+
+def test_an_embedding_adapter_on_a_tied_head_is_refused_for_llama_cpp(tmp_path):
+    from ggmlopt.models import LlamaConfig as Config
+    model = Llama(Config(vocab_size=29, dim=16, n_layers=1, n_heads=4, tie_embeddings=True))
+    lora.apply(model, rank=2, targets=("embed_tokens",))
+    with pytest.raises(ValueError, match="tied to the output head"):
+        save_gguf_lora(model, tmp_path / "t.gguf")

@@ -496,3 +496,54 @@ def test_trainable_parameters_counts_as_peft_does(capsys):
                              tie_embeddings=True))
     assert lora.trainable_parameters(tied)[1] == sum(p.data.size for _, p in
                                                      tied.named_parameters())
+
+
+# ---- an adapter on the token embedding (PEFT's lora.Embedding) ------------------------
+
+def test_lora_embedding_forward_and_backward_equal_float64():
+    from ggmlopt.nn import Embedding
+    rng = np.random.default_rng(0)
+    base = Embedding(13, 5, rng=1)
+    layer = lora.LoRAEmbedding(base, rank=3, alpha=6.0, rng=2)
+    assert not layer.weight.requires_grad and np.all(layer.lora_a.data == 0)  # PEFT's init
+    layer.lora_a.data[...] = rng.normal(size=layer.lora_a.shape)
+    ids = np.array([[3, 7, 3, 12], [0, 3, 5, 5]])
+    w, a, b = (p.data.astype(np.float64) for p in (layer.weight, layer.lora_a, layer.lora_b))
+    want = w[ids] + 2.0 * a[ids] @ b
+    np.testing.assert_allclose(layer(ids), want, rtol=1e-6, atol=1e-6)
+    g = rng.normal(size=want.shape)
+    layer.forward(ids)
+    layer.backward(g.astype(np.float32))
+    db = 2.0 * a[ids].reshape(-1, 3).T @ g.reshape(-1, 5)
+    da = np.zeros_like(a)
+    np.add.at(da, ids.reshape(-1), 2.0 * g.reshape(-1, 5) @ b.T)
+    np.testing.assert_allclose(layer.lora_b.grad, db, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer.lora_a.grad, da, rtol=1e-5, atol=1e-5)
+    assert layer.weight.grad is None
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_apply_on_the_embedding_keeps_the_model_and_merges(tie):
+    cfg = LlamaConfig(vocab_size=37, dim=16, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=24,
+                      max_seq_len=16, tie_embeddings=tie)
+    model = Llama(cfg, seed=1)
+    tokens = np.random.default_rng(0).integers(0, 37, (2, 9))
+    before = model(tokens)
+    names = [n for n, _ in lora.apply(model, rank=2, targets=("embed_tokens", "q_proj"))]
+    assert names == ["embed_tokens", "layers.0.self_attn.q_proj"]
+    np.testing.assert_array_equal(model(tokens), before)   # A = 0
+    assert not model.embed_tokens.weight.requires_grad
+    model.embed_tokens.lora_a.data[...] = 0.1
+    changed = model(tokens)
+    assert np.abs(changed - before).max() > 1e-3
+    if tie:   # the tied head reads the merged weight: said, not hidden
+        with pytest.warns(UserWarning, match="tied to the token embedding"):
+            lora.merge(model)
+    else:
+        lora.merge(model)
+        np.testing.assert_allclose(model(tokens), changed, rtol=1e-4, atol=1e-5)
+    assert model.embed_tokens.weight.requires_grad and type(model.embed_tokens).__name__ == \
+        "Embedding"
+    # "all-linear" leaves embeddings alone, as PEFT's shortcut does
+    fresh = Llama(cfg, seed=1)
+    assert "embed_tokens" not in [n for n, _ in lora.apply(fresh, targets="all-linear")]

@@ -19,13 +19,16 @@ import numpy as np
 
 from .._optional import import_optional
 from ..lora import (
+    ADAPTERS,
+    LoRAEmbedding,
     LoRALinear,
-    _linears,
+    _adaptable,
     _replace,
     freeze_all_but_adapters,
     named_adapters,
     other_trainable,
 )
+from ..nn.embedding import Embedding
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
 from .gguf_llama import arch_of
@@ -34,6 +37,7 @@ from .llama_names import gguf_name, hf_name, permute_qk, unpermute_qk
 __all__ = ["load_gguf_lora", "save_gguf_lora"]
 
 _SUFFIXES = (".lora_a", ".lora_b")
+EMBEDDING = "embed_tokens"   # the token embedding's module name
 
 
 def _gguf():
@@ -89,6 +93,12 @@ def save_gguf_lora(model, path) -> None:
     adapters = named_adapters(model)
     if not adapters:
         raise ValueError("model: it has no LoRA adapters (see ggmlopt.lora.apply)")
+    if config.tie_embeddings and any(isinstance(a, LoRAEmbedding) for _, a in adapters):
+        # llama.cpp's tied head is the token embedding's tensor: it would apply the
+        # embedding's adapter to the head's product too, which the model never did
+        raise ValueError("model: an adapter on a token embedding tied to the output head is "
+                         "not written for llama.cpp (it would apply it to the head as well); "
+                         "merge it (lora.merge) and write the model with save_gguf")
     others = other_trainable(model)
     if others:
         # the file holds the adapters alone: llama.cpp (base + adapter) would not be the
@@ -111,6 +121,10 @@ def save_gguf_lora(model, path) -> None:
         heads = _qk_heads(name, config)
         if heads is not None:
             b = permute_qk(b, heads)
+        if isinstance(layer, LoRAEmbedding):
+            # llama.cpp gathers the token's row of A: A stays (vocab, rank) (its
+            # convert_lora_to_gguf transposes token_embd's lora_a the same way)
+            a = np.ascontiguousarray(a.T)
         tensors += [(base + ".lora_a", a), (base + ".lora_b", b)]
     gguf = _gguf()
     with atomic_output(path) as tmp:
@@ -216,6 +230,8 @@ def _pairs(tensors: dict[str, np.ndarray],
             missing = next(s for s in _SUFFIXES if s not in half)
             raise ValueError(f"path: {path!r} lacks {gguf_name(name + '.weight')}{missing}")
         a, b = half[".lora_a"], half[".lora_b"]
+        if name == EMBEDDING:
+            a = a.T   # token_embd's A is stored (vocab, rank): as the Linear form here
         if a.shape[0] != b.shape[1]:
             raise ValueError(f"path: {path!r}: the ranks of {name}'s lora_a {a.shape} and "
                              f"lora_b {b.shape} differ")
@@ -225,7 +241,8 @@ def _pairs(tensors: dict[str, np.ndarray],
     return pairs
 
 
-def load_gguf_lora(path, model, *, dropout=0.0) -> list[tuple[str, LoRALinear]]:
+def load_gguf_lora(path, model, *, dropout=0.0
+                   ) -> list[tuple[str, LoRALinear | LoRAEmbedding]]:
     """Put the LoRA adapter of a GGUF file (save_gguf_lora's, or llama.cpp's
     convert_lora_to_gguf's in F32, F16 or BF16) onto a Llama, in place.
 
@@ -247,8 +264,8 @@ def load_gguf_lora(path, model, *, dropout=0.0) -> list[tuple[str, LoRALinear]]:
     gguf = _gguf()
     alpha, tensors = _read(path, gguf, arch_of(model))
     pairs = _pairs(tensors, path)
-    linears = {name: (parent, key, layer) for name, parent, key, layer in _linears(model)}
-    existing = {name for name, (_, _, layer) in linears.items() if isinstance(layer, LoRALinear)}
+    linears = {name: (parent, key, layer) for name, parent, key, layer in _adaptable(model)}
+    existing = {name for name, (_, _, layer) in linears.items() if isinstance(layer, ADAPTERS)}
     if existing and existing != set(pairs):
         raise ValueError(f"model: its adapters ({len(existing)} layers) are not the file's "
                          f"({len(pairs)} layers); load into the base model or one adapted "
@@ -259,10 +276,12 @@ def load_gguf_lora(path, model, *, dropout=0.0) -> list[tuple[str, LoRALinear]]:
             raise ValueError(f"path: {path!r} adapts {name!r}, which the model does not have")
         layer = linears[name][2]
         rank = a.shape[0]
-        if a.shape[1] != layer.in_features or b.shape[0] != layer.out_features:
+        n_in, n_out = (layer.num_embeddings, layer.embedding_dim) \
+            if isinstance(layer, Embedding) else (layer.in_features, layer.out_features)
+        if a.shape[1] != n_in or b.shape[0] != n_out:
             raise ValueError(f"path: {path!r}: {name}'s adapter is lora_a {a.shape}, lora_b "
-                             f"{b.shape}; the model's layer needs (rank, {layer.in_features}) "
-                             f"and ({layer.out_features}, rank)")
+                             f"{b.shape}; the model's layer needs (rank, {n_in}) and "
+                             f"({n_out}, rank)")
         if existing and layer.rank != rank:
             raise ValueError(f"path: {path!r}: {name}'s rank is {rank}, the model's adapter's "
                              f"{layer.rank}")
@@ -272,7 +291,8 @@ def load_gguf_lora(path, model, *, dropout=0.0) -> list[tuple[str, LoRALinear]]:
     for name, (a, b, rank) in values.items():
         parent, key, layer = linears[name]
         if not existing:
-            layer = LoRALinear(layer, rank, alpha, dropout=dropout)
+            layer = LoRAEmbedding(layer, rank, alpha) if isinstance(layer, Embedding) \
+                else LoRALinear(layer, rank, alpha, dropout=dropout)
             _replace(parent, key, layer)
         elif layer.alpha != alpha:
             layer.alpha, layer.scaling = alpha, alpha / layer.rank

@@ -129,3 +129,23 @@ def test_llama_cpp_applies_our_adapter_to_a_qwen2(tmp_path):
     scale = np.abs(ours).max()
     assert np.abs(theirs - ours).max() <= 1e-4 * scale
     assert np.abs(without - ours).max() > 1e-2 * scale
+
+
+def test_llama_cpp_applies_our_embedding_adapter(tmp_path):
+    model = Llama(_config(), seed=3)
+    base = tmp_path / "base.gguf"
+    save_gguf(model, base, tokenizer=TOK)
+    lora.apply(model, rank=4, alpha=8.0, targets=("embed_tokens", "q_proj"), seed=1)
+    rng = np.random.default_rng(2)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_a.data[...] = rng.normal(0, 0.05, layer.lora_a.shape)
+        layer.lora_b.data[...] = rng.normal(0, 0.05, layer.lora_b.shape)
+    adapter = tmp_path / "adapter.gguf"
+    save_gguf_lora(model, adapter)
+    ids = TOK.encode("an adapter on the token embedding: é ✓")[:64]
+    ours = model(ids[None])[0].astype(np.float64)
+    theirs = _logits(_llama_cpp(base, adapter), ids)
+    without = _logits(_llama_cpp(base), ids)
+    scale = np.abs(ours).max()
+    assert np.abs(theirs - ours).max() <= 1e-4 * scale
+    assert np.abs(without - ours).max() > 1e-2 * scale
