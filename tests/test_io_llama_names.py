@@ -22,7 +22,7 @@ def test_every_llama_parameter_has_a_gguf_name_and_back():
     assert [hf_name(m) for m in mapped] == names
 
 
-@pytest.mark.parametrize("bad", ["layers.0.self_attn.q_proj.bias", "wte.weight", "layers.x.mlp"])
+@pytest.mark.parametrize("bad", ["layers.0.self_attn.o_proj.bias", "wte.weight", "layers.x.mlp"])
 def test_unknown_names_raise_key_error(bad):
     with pytest.raises(KeyError):
         gguf_name(bad)
