@@ -106,6 +106,27 @@ def test_a_lora_fine_tune_lowers_llama_cpp_perplexity(tmp_path):
     assert after < 0.5 * before
 
 
+def _adapted_through_llama_cpp(tmp_path, model, targets, text, rng):
+    """model saved as the base, adapted on targets with random A and B, the adapter
+    written; asserts llama.cpp (base + adapter) gives model's logits within 1e-4 of
+    scale, and that the adapter changes them."""
+    base = tmp_path / "base.gguf"
+    save_gguf(model, base, tokenizer=TOK)
+    lora.apply(model, rank=4, alpha=8.0, targets=targets, seed=1)
+    for _, layer in lora.named_adapters(model):   # zeros would test nothing
+        layer.lora_a.data[...] = rng.normal(0, 0.05, layer.lora_a.shape)
+        layer.lora_b.data[...] = rng.normal(0, 0.05, layer.lora_b.shape)
+    adapter = tmp_path / "adapter.gguf"
+    save_gguf_lora(model, adapter)
+    ids = TOK.encode(text)[:64]
+    ours = model(ids[None])[0].astype(np.float64)
+    theirs = _logits(_llama_cpp(base, adapter), ids)
+    without = _logits(_llama_cpp(base), ids)
+    scale = np.abs(ours).max()
+    assert np.abs(theirs - ours).max() <= 1e-4 * scale
+    assert np.abs(without - ours).max() > 1e-2 * scale
+
+
 def test_llama_cpp_applies_our_adapter_to_a_qwen2(tmp_path):
     from ggmlopt.models import Qwen2, Qwen2Config
     model = Qwen2(Qwen2Config(vocab_size=TOK.vocab_size, dim=64, n_layers=2, n_heads=4,
@@ -115,37 +136,11 @@ def test_llama_cpp_applies_our_adapter_to_a_qwen2(tmp_path):
     for name, p in model.named_parameters():
         if name.endswith(".bias"):
             p.data[...] = rng.normal(0, 0.5, p.shape)
-    base = tmp_path / "base.gguf"
-    save_gguf(model, base, tokenizer=TOK)
-    lora.apply(model, rank=4, alpha=8.0, targets=ALL, seed=1)
-    for _, layer in lora.named_adapters(model):
-        layer.lora_b.data[...] = rng.normal(0, 0.05, layer.lora_b.shape)
-    adapter = tmp_path / "adapter.gguf"
-    save_gguf_lora(model, adapter)
-    ids = TOK.encode("Qwen2 with an adapter, applied by llama.cpp: é ✓")[:64]
-    ours = model(ids[None])[0].astype(np.float64)
-    theirs = _logits(_llama_cpp(base, adapter), ids)
-    without = _logits(_llama_cpp(base), ids)
-    scale = np.abs(ours).max()
-    assert np.abs(theirs - ours).max() <= 1e-4 * scale
-    assert np.abs(without - ours).max() > 1e-2 * scale
+    _adapted_through_llama_cpp(tmp_path, model, ALL, "Qwen2 with an adapter, applied by "
+                               "llama.cpp: é ✓", rng)
 
 
 def test_llama_cpp_applies_our_embedding_adapter(tmp_path):
-    model = Llama(_config(), seed=3)
-    base = tmp_path / "base.gguf"
-    save_gguf(model, base, tokenizer=TOK)
-    lora.apply(model, rank=4, alpha=8.0, targets=("embed_tokens", "q_proj"), seed=1)
-    rng = np.random.default_rng(2)
-    for _, layer in lora.named_adapters(model):
-        layer.lora_a.data[...] = rng.normal(0, 0.05, layer.lora_a.shape)
-        layer.lora_b.data[...] = rng.normal(0, 0.05, layer.lora_b.shape)
-    adapter = tmp_path / "adapter.gguf"
-    save_gguf_lora(model, adapter)
-    ids = TOK.encode("an adapter on the token embedding: é ✓")[:64]
-    ours = model(ids[None])[0].astype(np.float64)
-    theirs = _logits(_llama_cpp(base, adapter), ids)
-    without = _logits(_llama_cpp(base), ids)
-    scale = np.abs(ours).max()
-    assert np.abs(theirs - ours).max() <= 1e-4 * scale
-    assert np.abs(without - ours).max() > 1e-2 * scale
+    _adapted_through_llama_cpp(tmp_path, Llama(_config(), seed=3), ("embed_tokens", "q_proj"),
+                               "an adapter on the token embedding: é ✓",
+                               np.random.default_rng(2))
