@@ -130,7 +130,8 @@ def _load(args):
 
 
 def _dataset(args, tok):
-    """(Dataset, what it holds) from --data or -f, padded or cut to whole batches."""
+    """(Dataset, what it holds) from --data or -f, padded with masked rows to whole
+    logical batches."""
     import ggmlopt as go
 
     from .instruct import read_jsonl
