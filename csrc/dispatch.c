@@ -1278,3 +1278,58 @@ void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
     go_rope_args a = {seq, pos0, n_heads, head_dim, x, x_stride, y, y_stride, cos, sin, inverse};
     run_items(nrows, 3 * n_heads * head_dim, rope_block, &a);
 }
+
+/* ---- GGUF block types ------------------------------------------------------- */
+
+int64_t ggmlopt_quant_row_bytes(int type, int64_t ncols) {
+    const int64_t bs = go_qtype_block(type);
+    if (bs == 0 || ncols < 0 || ncols % bs != 0) return -1;
+    return ncols / bs * go_qtype_size(type);
+}
+
+typedef struct {
+    int type;
+    int64_t nx, ncols, row_bytes, x_stride, y_stride, dst_stride, r0;
+    const uint8_t *src;
+    const float *x;
+    float *y;
+} quant_args;
+
+static double dequantize_block(const void *p, int64_t b, int64_t e) {
+    const quant_args *a = (const quant_args *)p;
+    kernels()->dequantize_rows(a->type, a->r0 + b, a->r0 + e, a->ncols, a->src, a->row_bytes,
+                               a->y + b * a->dst_stride, a->dst_stride);
+    return 0.0;
+}
+int ggmlopt_dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,
+                            float *dst, int64_t dst_stride) {
+    const int64_t row_bytes = ggmlopt_quant_row_bytes(type, ncols);
+    if (row_bytes < 0) return -1;
+    if (r1 <= r0 || ncols == 0) return 0;
+    quant_args a = {type, 0, ncols, row_bytes, 0, 0, dst_stride, r0, src, NULL, dst};
+    /* a row costs a read of row_bytes and a write of ncols floats */
+    run_items(r1 - r0, ncols, dequantize_block, &a);
+    return 0;
+}
+
+static double quant_matmul_block(const void *p, int64_t b, int64_t e) {
+    const quant_args *a = (const quant_args *)p;
+    kernels()->quant_matmul_rows(a->type, a->nx, a->ncols, a->x, a->x_stride, a->src,
+                                 a->row_bytes, b, e, a->y, a->y_stride);
+    return 0.0;
+}
+int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
+                             int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
+                             int64_t y_stride) {
+    const int64_t row_bytes = ggmlopt_quant_row_bytes(type, ncols);
+    if (row_bytes < 0) return -1;
+    if (nx <= 0 || nout <= 0) return 0;
+    if (ncols == 0) {
+        for (int64_t i = 0; i < nx; ++i)
+            for (int64_t j = 0; j < nout; ++j) y[i * y_stride + j] = 0.0f;
+        return 0;
+    }
+    quant_args a = {type, nx, ncols, row_bytes, x_stride, y_stride, 0, 0, w, x, y};
+    run_items(nout, ncols * (nx < GO_QMM_ROWS ? nx : GO_QMM_ROWS), quant_matmul_block, &a);
+    return 0;
+}

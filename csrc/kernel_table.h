@@ -89,6 +89,42 @@ typedef struct {
     int inverse;
 } go_rope_args;
 
+/* GGUF tensor types the quantized kernels read (ggml's enum ggml_type numbers),
+ * their values per block and bytes per block. */
+enum {
+    GO_QTYPE_F32 = 0, GO_QTYPE_F16 = 1, GO_QTYPE_Q4_0 = 2, GO_QTYPE_Q4_1 = 3,
+    GO_QTYPE_Q5_0 = 6, GO_QTYPE_Q5_1 = 7, GO_QTYPE_Q8_0 = 8, GO_QTYPE_Q4_K = 12,
+    GO_QTYPE_Q5_K = 13, GO_QTYPE_Q6_K = 14, GO_QTYPE_BF16 = 30
+};
+static inline int64_t go_qtype_block(int type) {
+    switch (type) {
+    case GO_QTYPE_F32: case GO_QTYPE_F16: case GO_QTYPE_BF16: return 1;
+    case GO_QTYPE_Q4_0: case GO_QTYPE_Q4_1: case GO_QTYPE_Q5_0: case GO_QTYPE_Q5_1:
+    case GO_QTYPE_Q8_0: return 32;
+    case GO_QTYPE_Q4_K: case GO_QTYPE_Q5_K: case GO_QTYPE_Q6_K: return 256;
+    default: return 0;
+    }
+}
+static inline int64_t go_qtype_size(int type) {
+    switch (type) {
+    case GO_QTYPE_F32: return 4;
+    case GO_QTYPE_F16: case GO_QTYPE_BF16: return 2;
+    case GO_QTYPE_Q4_0: return 18;
+    case GO_QTYPE_Q4_1: return 20;
+    case GO_QTYPE_Q5_0: return 22;
+    case GO_QTYPE_Q5_1: return 24;
+    case GO_QTYPE_Q8_0: return 34;
+    case GO_QTYPE_Q4_K: return 144;
+    case GO_QTYPE_Q5_K: return 176;
+    case GO_QTYPE_Q6_K: return 210;
+    default: return 0;
+    }
+}
+/* values per chunk of the few-rows product (a multiple of every block size) and
+ * input rows that share one dequantized chunk */
+#define GO_QMM_CHUNK 512
+#define GO_QMM_ROWS 8
+
 typedef struct ggmlopt_kernel_table {
     const char *name;
     void (*adamw_step_f32)(int64_t n, float *w, const float *g, float *m, float *v,
@@ -188,6 +224,13 @@ typedef struct ggmlopt_kernel_table {
                                   int64_t i1);
     void (*attention_backward_f32)(const go_attn_args *a, int64_t b, int64_t g);
     void (*rope_f32)(const go_rope_args *a, int64_t r0, int64_t r1);
+    /* GGUF block types (kernels/quant.inc): rows [r0, r1) dequantized, and the
+     * product of nx float rows with weight rows [j0, j1) */
+    void (*dequantize_rows)(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,
+                            int64_t row_bytes, float *dst, int64_t dst_stride);
+    void (*quant_matmul_rows)(int type, int64_t nx, int64_t ncols, const float *x,
+                              int64_t x_stride, const uint8_t *w, int64_t row_bytes, int64_t j0,
+                              int64_t j1, float *y, int64_t y_stride);
 } ggmlopt_kernel_table;
 
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;

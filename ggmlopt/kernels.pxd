@@ -144,3 +144,10 @@ cdef int attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads, int
 cdef void rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads, int64_t head_dim,
                    const float *x, int64_t x_stride, float *y, int64_t y_stride,
                    const float *cos, const float *sin, int inverse) noexcept nogil
+# GGUF block types (see ggmlopt.h; wrapped in kernels_quant)
+cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil
+cdef int dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,
+                         float *dst, int64_t dst_stride) noexcept nogil
+cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                          int64_t nout, const uint8_t *w, float *y,
+                          int64_t y_stride) noexcept nogil

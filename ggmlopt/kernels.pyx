@@ -1612,3 +1612,27 @@ cdef void rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads, in
                    const float *cos, const float *sin, int inverse) noexcept nogil:
     ggmlopt_rope_f32(nrows, seq, pos0, n_heads, head_dim, x, x_stride, y, y_stride, cos, sin,
                      inverse)
+
+
+cdef extern from "ggmlopt.h" nogil:
+    int64_t ggmlopt_quant_row_bytes(int type, int64_t ncols)
+    int ggmlopt_dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols,
+                                const uint8_t *src, float *dst, int64_t dst_stride)
+    int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
+                                 int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
+                                 int64_t y_stride)
+
+
+cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil:
+    return ggmlopt_quant_row_bytes(type, ncols)
+
+
+cdef int dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,
+                         float *dst, int64_t dst_stride) noexcept nogil:
+    return ggmlopt_dequantize_rows(type, r0, r1, ncols, src, dst, dst_stride)
+
+
+cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                          int64_t nout, const uint8_t *w, float *y,
+                          int64_t y_stride) noexcept nogil:
+    return ggmlopt_quant_matmul_f32(type, nx, ncols, x, x_stride, nout, w, y, y_stride)

@@ -349,6 +349,28 @@ void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
                       int64_t head_dim, const float *x, int64_t x_stride, float *y,
                       int64_t y_stride, const float *cos, const float *sin, int inverse);
 
+/* ---- GGUF block types ---------------------------------------------------------- */
+
+/* The bytes of a row of ncols values of ggml type `type` (ggml.h's numbers:
+ * F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q5_K 13,
+ * Q6_K 14, BF16 30), or -1 when these kernels do not read the type or ncols is
+ * not a whole number of its blocks (32 values, 256 for the K types). */
+int64_t ggmlopt_quant_row_bytes(int type, int64_t ncols);
+/* Rows [r0, r1) of src (rows of row_bytes = ggmlopt_quant_row_bytes(type,
+ * ncols)) as float32 into dst (row r at dst + (r - r0) * dst_stride),
+ * bit-identical to ggml's dequantize_row_* and gguf-py's dequantize.
+ * Returns 0, or -1 for a type or width ggmlopt_quant_row_bytes refuses. */
+int ggmlopt_dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,
+                            float *dst, int64_t dst_stride);
+/* y (nx, nout; rows of y_stride) = x (nx, ncols; rows of x_stride) times the
+ * transpose of w (nout rows of ncols values of type `type`): y[i, j] =
+ * dot(x row i, w row j), each weight row dequantized a chunk at a time and
+ * never whole (the product of few input rows: decoding, short batches).
+ * Threaded over the weight rows; returns 0, or -1 as ggmlopt_dequantize_rows. */
+int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
+                             int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
+                             int64_t y_stride);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,163 @@
+# cython: language_level=3
+"""The GGUF block-type kernels, callable on NumPy arrays: dequantize rows of a
+weight matrix stored as a GGUF file stores it (bit-identical to ggml and to
+gguf-py's ``dequantize``), and multiply float32 rows by such a matrix without
+widening it.
+
+A matrix is ``raw``: a C-contiguous array of nrows rows, each row the bytes of
+ncols values of the type (``row_bytes(qtype, ncols)``; the uint8 view
+``GgufFile.raw`` gives, or float16 / uint16 words for F16 / BF16), read-only
+memory (a mapped file) included.  Every function checks its arguments and
+raises TypeError or ValueError naming the argument before any memory is
+touched; the work then runs without the GIL.  The C-level forms are in
+``kernels_quant.pxd``.
+"""
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int64_t, uint8_t
+
+from ggmlopt cimport kernels as _k
+from ggmlopt._kernel_args cimport as_array as _array
+from ggmlopt._kernel_args cimport f32_ptr as _f32
+from ggmlopt._kernel_args cimport outputs_apart as _outputs_apart
+
+cnp.import_array()
+
+# the types these kernels read, by llama.cpp's names, with ggml's type numbers
+QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
+          "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+_NAMES = {v: k for k, v in QTYPES.items()}
+
+
+cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil:
+    return _k.quant_row_bytes(type, ncols)
+
+
+cdef int dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,
+                         float *dst, int64_t dst_stride) noexcept nogil:
+    return _k.dequantize_rows(type, r0, r1, ncols, src, dst, dst_stride)
+
+
+cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                          int64_t nout, const uint8_t *w, float *y,
+                          int64_t y_stride) noexcept nogil:
+    return _k.quant_matmul_f32(type, nx, ncols, x, x_stride, nout, w, y, y_stride)
+
+
+cdef int _qtype(object qtype) except -1:
+    """A type name ("Q4_K") or ggml type number as the number; TypeError or
+    ValueError naming what these kernels read otherwise."""
+    if isinstance(qtype, str):
+        if qtype.upper() not in QTYPES:
+            raise ValueError(f"qtype: {qtype!r} is not a type these kernels read; expected one "
+                             f"of {', '.join(QTYPES)}")
+        return QTYPES[qtype.upper()]
+    if isinstance(qtype, bool) or not isinstance(qtype, (int, np.integer)):
+        raise TypeError(f"qtype: expected a type name such as 'Q4_K' or a ggml type number, "
+                        f"got {type(qtype).__name__}")
+    if int(qtype) not in _NAMES:
+        raise ValueError(f"qtype: ggml type {int(qtype)} is not a type these kernels read; "
+                         f"expected one of {', '.join(QTYPES)}")
+    return int(qtype)
+
+
+cdef int _block(int t):
+    return 32 if t in (2, 3, 6, 7, 8) else 256 if t in (12, 13, 14) else 1
+
+
+def row_bytes(qtype, ncols):
+    """The bytes of one row of ncols values of qtype (ValueError when ncols is
+    not a whole number of the type's blocks: 32 values, 256 for the K types)."""
+    cdef int t = _qtype(qtype)
+    if isinstance(ncols, bool) or not isinstance(ncols, (int, np.integer)):
+        raise TypeError(f"ncols: expected an int, got {type(ncols).__name__}")
+    cdef int64_t n = ncols
+    cdef int64_t b = _k.quant_row_bytes(t, n)
+    if b < 0:
+        raise ValueError(f"ncols: {_NAMES[t]} rows hold whole blocks of {_block(t)} values; "
+                         f"got {ncols}")
+    return int(b)
+
+
+cdef cnp.ndarray _raw(object raw, int t, int64_t ncols, str name):
+    """raw as a C-contiguous 2-D array whose rows are the row_bytes of ncols
+    values of type t."""
+    if not isinstance(raw, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray of the rows' bytes, got "
+                        f"{type(raw).__name__}")
+    cdef cnp.ndarray a = <cnp.ndarray>raw
+    if a.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array (rows, bytes of a row), got shape "
+                         f"{(<object>a).shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+    want = row_bytes(t, ncols)
+    have = a.shape[1] * a.itemsize
+    if have != want:
+        raise ValueError(f"{name}: a row of {ncols} {_NAMES[t]} values is {want} bytes, but "
+                         f"its rows are {have} bytes (shape {(<object>a).shape}, dtype "
+                         f"{a.dtype})")
+    return a
+
+
+def dequantize(qtype, raw, ncols, start=0, stop=None, out=None):
+    """Rows [start, stop) of raw as float32 (stop - start, ncols), into out
+    (allocated when None; a C-contiguous float32 array of that shape, or any
+    float32 2-D array whose rows are C-contiguous, e.g. a column block of a
+    wider matrix is not: a row block of one is).  Returns out."""
+    cdef int t = _qtype(qtype)
+    cdef cnp.ndarray a = _raw(raw, t, ncols, "raw")
+    cdef int64_t nrows = a.shape[0]
+    if stop is None:
+        stop = nrows
+    for name, v in (("start", start), ("stop", stop)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if not 0 <= start <= stop <= nrows:
+        raise ValueError(f"start, stop: expected 0 <= start <= stop <= {nrows}, got "
+                         f"{start}, {stop}")
+    cdef int64_t r0 = start, r1 = stop, n = ncols
+    shape = (int(r1 - r0), int(n))
+    if out is None:
+        out = np.empty(shape, np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    if (<object>ao).shape != shape:
+        raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
+    _outputs_apart([("raw", a)], [("out", ao)])
+    cdef const uint8_t *src = <const uint8_t *>cnp.PyArray_DATA(a)
+    cdef float *dst = _f32(ao)
+    with nogil:
+        _k.dequantize_rows(t, r0, r1, n, src, dst, n)
+    return out
+
+
+def matmul(x, qtype, raw, out=None):
+    """x (n, ncols) float32 times the transpose of raw's nout rows of ncols
+    values: out (n, nout) float32, out[i, j] = dot(x row i, weight row j) (the
+    product of a Linear whose (in, out) weight is raw's transpose).  Each
+    weight row is dequantized a chunk at a time, never whole; meant for few
+    rows of x (decoding), where the weight's bytes bound the time."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    if ax.ndim != 2:
+        raise ValueError(f"x: expected shape (rows, ncols), got {(<object>ax).shape}")
+    cdef int t = _qtype(qtype)
+    cdef int64_t ncols = ax.shape[1]
+    if _k.quant_row_bytes(t, ncols) < 0:
+        raise ValueError(f"x: rows of {ncols} values are not whole {_NAMES[t]} blocks of "
+                         f"{_block(t)} values (x's width is the weight's row length)")
+    cdef cnp.ndarray a = _raw(raw, t, ncols, "raw")
+    cdef int64_t nx = ax.shape[0], nout = a.shape[0]
+    shape = (int(nx), int(nout))
+    if out is None:
+        out = np.empty(shape, np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    if (<object>ao).shape != shape:
+        raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
+    _outputs_apart([("x", ax), ("raw", a)], [("out", ao)])
+    cdef const uint8_t *w = <const uint8_t *>cnp.PyArray_DATA(a)
+    cdef const float *px = _f32(ax)
+    cdef float *py = _f32(ao)
+    with nogil:
+        _k.quant_matmul_f32(t, nx, ncols, px, ncols, nout, w, py, nout)
+    return out
