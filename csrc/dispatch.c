@@ -1333,3 +1333,28 @@ int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x
     run_items(nout, ncols * (nx < GO_QMM_ROWS ? nx : GO_QMM_ROWS), quant_matmul_block, &a);
     return 0;
 }
+
+typedef struct {
+    int type;
+    int64_t ncols, row_bytes;
+    const int32_t *ids;
+    const uint8_t *src;
+    float *dst;
+} quant_gather_args;
+
+static double dequantize_gather_block(const void *p, int64_t b, int64_t e) {
+    const quant_gather_args *a = (const quant_gather_args *)p;
+    for (int64_t i = b; i < e; ++i)
+        kernels()->dequantize_rows(a->type, a->ids[i], a->ids[i] + 1, a->ncols, a->src,
+                                   a->row_bytes, a->dst + i * a->ncols, a->ncols);
+    return 0.0;
+}
+int ggmlopt_dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
+                              const uint8_t *src, float *dst) {
+    const int64_t row_bytes = ggmlopt_quant_row_bytes(type, ncols);
+    if (row_bytes < 0) return -1;
+    if (n <= 0 || ncols == 0) return 0;
+    quant_gather_args a = {type, ncols, row_bytes, ids, src, dst};
+    run_items(n, ncols, dequantize_gather_block, &a);
+    return 0;
+}

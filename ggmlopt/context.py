@@ -26,6 +26,7 @@ from ._memory import AlignedBuffer
 from .clipping import check_max_norm
 from .nn.module import TrainingProtocol, eval_mode
 from .nn.parameter import Parameter
+from .nn.quantized import refuse_full_finetune_of_quantized
 from .optim_params import (
     BuildType,
     LossType,
@@ -282,6 +283,8 @@ class OptContext:
                              f"requires_grad=False: {frozen}{', ...' if len(params) > 4 else ''})"
                              f"; set requires_grad=True on the ones to train, or build the "
                              f"context with build_type=FORWARD")
+        if self._built != BuildType.FORWARD:
+            refuse_full_finetune_of_quantized(model)
         # the frozen/trainable split, over model.parameters() (distributed and the
         # checkpoints compare it)
         self._model_params = params

@@ -1618,6 +1618,8 @@ cdef extern from "ggmlopt.h" nogil:
     int64_t ggmlopt_quant_row_bytes(int type, int64_t ncols)
     int ggmlopt_dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols,
                                 const uint8_t *src, float *dst, int64_t dst_stride)
+    int ggmlopt_dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
+                                  const uint8_t *src, float *dst)
     int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
                                  int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                                  int64_t y_stride)
@@ -1636,3 +1638,8 @@ cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, i
                           int64_t nout, const uint8_t *w, float *y,
                           int64_t y_stride) noexcept nogil:
     return ggmlopt_quant_matmul_f32(type, nx, ncols, x, x_stride, nout, w, y, y_stride)
+
+
+cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
+                           const uint8_t *src, float *dst) noexcept nogil:
+    return ggmlopt_dequantize_gather(type, n, ids, ncols, src, dst)

@@ -15,7 +15,9 @@ touched; the work then runs without the GIL.  The C-level forms are in
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
+
+from ggmlopt.kernels_embedding cimport check_ids as _check_ids
 
 from ggmlopt cimport kernels as _k
 from ggmlopt._kernel_args cimport as_array as _array
@@ -37,6 +39,11 @@ cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil:
 cdef int dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,
                          float *dst, int64_t dst_stride) noexcept nogil:
     return _k.dequantize_rows(type, r0, r1, ncols, src, dst, dst_stride)
+
+
+cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
+                           const uint8_t *src, float *dst) noexcept nogil:
+    return _k.dequantize_gather(type, n, ids, ncols, src, dst)
 
 
 cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
@@ -160,4 +167,29 @@ def matmul(x, qtype, raw, out=None):
     cdef float *py = _f32(ao)
     with nogil:
         _k.quant_matmul_f32(t, nx, ncols, px, ncols, nout, w, py, nout)
+    return out
+
+
+def gather(ids, qtype, raw, ncols, out=None):
+    """out[..., :] = row ids[...] of raw dequantized: float32 (..., ncols), the
+    lookup of a token embedding stored as the file stores it.  ids: int32, any
+    shape, each a row of raw (else IndexError naming the first bad id)."""
+    cdef cnp.ndarray ai = _array(ids, "ids", np.int32, False)
+    cdef int t = _qtype(qtype)
+    cdef cnp.ndarray a = _raw(raw, t, ncols, "raw")
+    cdef int64_t n = ncols
+    shape = (<object>ai).shape + (int(n),)
+    if out is None:
+        out = np.empty(shape, np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    if (<object>ao).shape != shape:
+        raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
+    _outputs_apart([("ids", ai), ("raw", a)], [("out", ao)])
+    _check_ids(ai, a.shape[0], "ids")
+    cdef const int32_t *pi = <const int32_t *>cnp.PyArray_DATA(ai)
+    cdef const uint8_t *src = <const uint8_t *>cnp.PyArray_DATA(a)
+    cdef float *dst = _f32(ao)
+    cdef int64_t count = ai.size
+    with nogil:
+        _k.dequantize_gather(t, count, pi, n, src, dst)
     return out

@@ -40,6 +40,7 @@ from .nn.embedding import Embedding
 from .nn.linear import Linear
 from .nn.module import Module, named_modules, named_parameters
 from .nn.parameter import Parameter
+from .nn.quantized import QuantizedLinear, quantized_layers
 
 __all__ = [
     "ALL_LINEAR",
@@ -62,9 +63,11 @@ class LoRALinear(Linear):
     """LoRALinear(base, rank, alpha, *, dropout=0.0, rng=None): a Linear with a
     low-rank adapter, y = x W (+ b) + (alpha / rank) * dropout(x) A B.
 
-    base: the Linear to wrap.  Its ``weight`` (in, out) and ``bias`` (out,) or
-    None become this layer's own (the same Parameter objects, under the same
-    names) and are frozen; ``merge`` gives their trainability back.
+    base: the Linear or QuantizedLinear to wrap.  A Linear's ``weight`` (in,
+    out) and ``bias`` (out,) or None become this layer's own (the same
+    Parameter objects, under the same names) and are frozen; ``merge`` gives
+    their trainability back.  A QuantizedLinear's weight stays in its type
+    (``weight`` is None; QLoRA): the base's product runs through its kernels.
     lora_a: Parameter (in, rank), Kaiming-uniform from rng (PEFT's init: bound
     1/sqrt(in)); lora_b: Parameter (rank, out), zeros.  lora_dropout: a Dropout
     on the adapter's input only, active while training, drawing from the
@@ -77,15 +80,15 @@ class LoRALinear(Linear):
     """
 
     def __init__(self, base, rank, alpha, *, dropout=0.0, rng=None):
-        if not isinstance(base, Linear) or isinstance(base, LoRALinear):
-            raise TypeError(f"base: expected a Linear without an adapter, got "
-                            f"{type(base).__name__}")
+        if not isinstance(base, (Linear, QuantizedLinear)) or isinstance(base, LoRALinear):
+            raise TypeError(f"base: expected a Linear or QuantizedLinear without an adapter, "
+                            f"got {type(base).__name__}")
         rank = _rank_arg(rank)
         alpha = _alpha_arg(alpha)
         dropout = _dropout_arg(dropout)
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight
+        self.weight = getattr(base, "weight", None)   # None over a QuantizedLinear
         self.bias = base.bias
         a = np.zeros((self.in_features, rank), dtype=np.float32)
         # PEFT draws kaiming_uniform_(a=sqrt(5)) on torch's (rank, in) tensor: fan_in = in,
@@ -123,7 +126,7 @@ class LoRALinear(Linear):
         the caller owns."""
         out2 = self._out2_for(x)
         x2 = rows2d(self._x)
-        np.matmul(x2, self.weight.data, out=out2)
+        self._base.product(x2, out2)
         if self.bias is not None:
             np.add(out2, self.bias.data, out=out2)
         self._xd = self.lora_dropout.forward(x2)   # x2 itself unless dropping
@@ -135,7 +138,7 @@ class LoRALinear(Linear):
     def infer(self, x):
         """x W + b + scaling * (x A) B as a new float32 array (no dropout: not
         training), keeping nothing for a backward pass."""
-        y = super().infer(x)
+        y = self._base.infer(x)
         x2 = np.asarray(x, np.float32).reshape(-1, self.in_features)
         delta = (x2 @ self.lora_a.data) * np.float32(self.scaling) @ self.lora_b.data
         return y + delta.reshape(y.shape)
@@ -159,15 +162,17 @@ class LoRALinear(Linear):
         self._add_dense_grads(g)  # the frozen weight's product is skipped
         if not self.needs_input_grad:
             return None
-        np.matmul(g, self.weight.data.T, out=self._grad_in2)
+        self._base.product_transposed(g, self._grad_in2)
         lora_in = np.matmul(u, self.lora_a.data.T, out=self._grad_lora_in)
         np.add(self._grad_in2, self.lora_dropout.backward(lora_in), out=self._grad_in2)
         return self._grad_in
 
     def merged_weight(self) -> np.ndarray:
-        """W + scaling * A B as a new float32 (in, out) array (summed in float64)."""
+        """W + scaling * A B as a new float32 (in, out) array (summed in float64;
+        a quantized W dequantized first)."""
         delta = self.lora_a.data.astype(np.float64) @ self.lora_b.data.astype(np.float64)
-        return (self.weight.data.astype(np.float64) + self.scaling * delta).astype(np.float32)
+        w = self._base.dequantize() if self.weight is None else self.weight.data
+        return (w.astype(np.float64) + self.scaling * delta).astype(np.float32)
 
     def __repr__(self):
         return (f"LoRALinear(in_features={self.in_features}, out_features={self.out_features}, "
@@ -302,22 +307,25 @@ def _matches(name: str, targets) -> bool:
 
 
 def _linears(model):
-    """(dotted name, parent, key in parent, Linear) of every Linear in model's
-    tree; key is an attribute name or (attribute, index) for a list element."""
-    return _layers(model, (Linear,))
+    """(dotted name, parent, key in parent, layer) of every Linear and
+    QuantizedLinear in model's tree; key is an attribute name or (attribute,
+    index) for a list element."""
+    return _layers(model, (Linear, QuantizedLinear))
 
 
 def _adaptable(model):
-    """_layers of the kinds an adapter wraps: Linear and Embedding."""
-    return _layers(model, (Linear, Embedding))
+    """_layers of the kinds an adapter wraps: Linear (float32 or quantized) and
+    Embedding."""
+    return _layers(model, (Linear, QuantizedLinear, Embedding))
 
 
 ADAPTERS = (LoRALinear, LoRAEmbedding)
 
 
-def _layers(model, kinds):
+def _layers(model, kinds, *, sort=True):
     """(dotted name, parent, key in parent, layer) of every layer of kinds in
-    model's tree, in the order of the model's parameter names."""
+    model's tree, in the order of the model's parameter names (in the tree's
+    order without sort)."""
     found = []
     for parent_name, parent in named_modules(model):
         prefix = f"{parent_name}." if parent_name else ""
@@ -331,16 +339,23 @@ def _layers(model, kinds):
         if id(entry[3]) not in seen:
             seen.add(id(entry[3]))
             unique.append(entry)
+    if not sort:
+        return unique
     # in the order of the model's parameter names (lm_head after the layers)
-    order = {id(p): i for i, (_, p) in enumerate(named_parameters(model))}
-    return sorted(unique, key=lambda e: order.get(id(e[3].weight), len(order)))
+    return sorted(unique, key=_order_in(model, unique))
 
 
-def _order_in(model):
-    """A sort key of _layers entries: the position of the layer's weight among the
-    model's parameters."""
+def _order_in(model, entries):
+    """A sort key of the _layers entries (in the module tree's order): the
+    position of the layer's weight among the model's parameters; a layer without
+    a weight Parameter (a QuantizedLinear) right after the entry before it."""
     order = {id(p): i for i, (_, p) in enumerate(named_parameters(model))}
-    return lambda entry: order.get(id(entry[3].weight), len(order))
+    keys, last = {}, -1.0
+    for entry in entries:
+        weight = getattr(entry[3], "weight", None)
+        last = float(order[id(weight)]) if id(weight) in order else last + 1e-6
+        keys[id(entry[3])] = last
+    return lambda entry: keys[id(entry[3])]
 
 
 def _replace(parent, key: str, new) -> None:
@@ -406,6 +421,9 @@ def trainable_parameters(model) -> tuple[int, int]:
         total += p.data.size
         if p.requires_grad:
             trainable += p.data.size
+    for _, layer in quantized_layers(model):   # weights kept in their file's types
+        total += layer.qweight.shape[0] * (layer.in_features if hasattr(layer, "in_features")
+                                          else layer.embedding_dim)
     return trainable, total
 
 
@@ -489,12 +507,15 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
         if not any(_kept_trainable(name, (t,)) for name, _ in params):
             raise ValueError(f"trainable: {t!r} names no module or parameter of the model "
                              f"(its parameters are named like {params[0][0]!r})")
-    chosen_weights = {id(p) for *_, layer in chosen for p in (layer.weight, layer.bias)
+    chosen_weights = {id(p) for *_, layer in chosen
+                      for p in (getattr(layer, "weight", None), layer.bias)
                       if p is not None} | {id(layer.weight) for *_, layer in embeddings}
     _frozen_by_apply.pop(id(model), None)   # a stale entry of a model that had this id
     gen = np.random.default_rng(int(seed))
     # in the order of the parameter names (an embedding's first), one generator
-    for _, parent, key, layer in sorted(chosen + embeddings, key=_order_in(model)):
+    targets_found = chosen + embeddings
+    in_tree = _layers(model, (Linear, QuantizedLinear, Embedding), sort=False)
+    for _, parent, key, layer in sorted(targets_found, key=_order_in(model, in_tree)):
         adapter = LoRAEmbedding(layer, rank, alpha, rng=gen) if isinstance(layer, Embedding) \
             else LoRALinear(layer, rank, alpha, dropout=dropout, rng=gen)
         _replace(parent, key, adapter)
@@ -514,6 +535,21 @@ def freeze_all_but_adapters(model, trainable=(), *, skip=frozenset()) -> None:
             p.requires_grad = False
             frozen.append(p)
     _frozen_by_apply.setdefault(id(model), []).extend(frozen)
+
+
+def _merged_linear(layer: LoRALinear) -> Linear:
+    """A float32 Linear of layer's merged weight (its quantized base dequantized)
+    and its bias Parameter; the weight trains, as a Linear's does, unless the
+    model's other parameters were frozen by apply."""
+    with init.skip_init():
+        merged = Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+    merged.weight.data[...] = layer.merged_weight()
+    if layer.bias is not None:
+        merged.bias = layer.bias
+        merged.bias.requires_grad = bool(layer._base_trains[1])
+    if "needs_input_grad" in vars(layer):
+        merged.needs_input_grad = layer.needs_input_grad
+    return merged
 
 
 # the parameters apply froze beside the adapted weights, per model, so that merge
@@ -540,6 +576,9 @@ def merge(model):
                       "the base weight): the merged model's logits differ", UserWarning,
                       stacklevel=2)
     for parent, key, layer in adapters:
+        if layer.weight is None:   # over a QuantizedLinear: a float32 Linear comes back
+            _replace(parent, key, _merged_linear(layer))
+            continue
         layer.weight.data[...] = layer.merged_weight()
         base = layer._base
         own = (layer.weight, getattr(layer, "bias", None))

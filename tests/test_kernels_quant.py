@@ -26,7 +26,7 @@ def random_rows(qtype, nrows, nblocks, rng, scale=0.05):
         if qtype == "BF16":
             return (w.view(np.uint32) >> 16).astype(np.uint16)
         return w.astype(PLAIN[qtype])
-    bs, size, scales = BLOCKS[qtype]
+    _, size, scales = BLOCKS[qtype]
     raw = rng.integers(0, 256, (nrows, nblocks, size), dtype=np.uint8)
     for off in scales:
         d = (rng.standard_normal((nrows, nblocks)) * scale).astype(np.float16)

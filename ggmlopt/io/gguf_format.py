@@ -208,12 +208,14 @@ def _padded(ne) -> tuple[int, ...]:
 
 
 @overload
-def load_gguf(path, model: None = None, *, arch: str | None = None) -> tuple[Any, Any]: ...
+def load_gguf(path, model: None = None, *, arch: str | None = None,
+              keep_types: bool = False) -> tuple[Any, Any]: ...
 @overload
-def load_gguf(path, model: Any, *, arch: str | None = None) -> dict[str, Any]: ...
+def load_gguf(path, model: Any, *, arch: str | None = None,
+              keep_types: bool = False) -> dict[str, Any]: ...
 
 
-def load_gguf(path, model=None, *, arch=None):
+def load_gguf(path, model=None, *, arch=None, keep_types=False):
     """Load a GGUF file written by save_gguf, or by ggml's mnist-train (mnist-fc,
     mnist-cnn), or a llama-architecture file (llama.cpp's), into model's
     parameters, in place.
@@ -224,6 +226,8 @@ def load_gguf(path, model=None, *, arch=None):
     another tokenizer type); see ggmlopt.io.gguf_llama.load_llama_gguf, which
     also reads quantized tensors (dequantized with a UserWarning).  A Llama
     model given loads a llama-architecture file the same way.
+    ``keep_types=True`` keeps the weight matrices in the file's types, read in
+    place (QuantizedLinear layers, for LoRA over a quantized base: QLoRA).
 
     The file's general.architecture decides the layout ("ggmlopt", "mnist-fc",
     "mnist-cnn"); arch, when given, is the one the file must have.  Every tensor
@@ -246,9 +250,12 @@ def load_gguf(path, model=None, *, arch=None):
             if arch not in (None, _LLAMA_ARCH):
                 raise ValueError(f"model: required to load a {arch!r} file (only a "
                                  f"{_LLAMA_ARCH!r} one builds its own model)")
-            return load_llama_gguf(path)
+            return load_llama_gguf(path, keep_types=keep_types)
         if arch in (None, _LLAMA_ARCH) and file_architecture(path) in LLAMA_FAMILY:
-            return load_llama_gguf(path, model)
+            return load_llama_gguf(path, model, keep_types=keep_types)
+    if keep_types:
+        raise ValueError("keep_types: only a llama-family file builds a model of the file's "
+                         "types (load it with model=None)")
     tensors = torch_tensors(model)
     gguf = gguf_module()
     contents = _GgufContents(path, gguf)

@@ -23,8 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels_quant
 from ..lora import refuse_adapters
 from ..models import Llama, LlamaConfig, Qwen2, Qwen2Config
+from ..nn.init import skip_init
+from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
 from ..nn.rope_scaling import RopeScaling
 from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
 from ._files import atomic_output, input_path, output_path
@@ -122,15 +125,73 @@ def _linear_weight(name: str, weight: np.ndarray, config: LlamaConfig) -> np.nda
     return rows
 
 
-def _gguf_arrays(model: Llama, dtype: np.dtype) -> list[tuple[str, np.ndarray]]:
-    """(llama.cpp name, array in ggml's row order) for every parameter."""
+# the block types save_gguf quantizes float32 matrices to (gguf-py's quantizers,
+# ggml's rounding), with llama.cpp's file type of each
+_SAVE_QUANT = {"bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0",
+               "q4_1": "MOSTLY_Q4_1", "q5_0": "MOSTLY_Q5_0", "q5_1": "MOSTLY_Q5_1"}
+# the output head keeps 8 bits when the rest takes 4 or 5 (llama-quantize keeps
+# output.weight at a higher precision than the layers, as it does with Q6_K)
+_HEAD_TYPE = {"q4_0": "q8_0", "q4_1": "q8_0", "q5_0": "q8_0", "q5_1": "q8_0"}
+
+
+def _save_dtype_arg(dtype):
+    """np.float32 or np.float16, or a block-type name of _SAVE_QUANT."""
+    if isinstance(dtype, str) and dtype.strip().lower() in _SAVE_QUANT:
+        return dtype.strip().lower()
+    try:
+        return dtype_arg(dtype)
+    except TypeError:
+        raise TypeError(f"dtype: expected float32, float16 or one of the block types "
+                        f"{', '.join(_SAVE_QUANT)} (as llama.cpp names them), got "
+                        f"{dtype!r}") from None
+
+
+def _quantized_rows(gguf, name: str, rows: np.ndarray, qtype: str):
+    """(array, raw_dtype) of float32 rows in block type qtype; float16 when a
+    row is not a whole number of blocks (as llama-quantize falls back)."""
+    t = gguf.GGMLQuantizationType[qtype.upper()]
+    block = gguf.GGML_QUANT_SIZES[t][0]
+    if rows.shape[-1] % block:
+        warnings.warn(f"dtype: {name} rows of {rows.shape[-1]} values are not whole {qtype} "
+                      f"blocks of {block}; written as f16", UserWarning, stacklevel=4)
+        return stored(name, rows, np.dtype(np.float16)), None
+    return gguf.quants.quantize(rows, t), t
+
+
+def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
+    """(llama.cpp name, array in ggml's row order, raw ggml type or None) for
+    every tensor: Parameters stored in dtype (a block type for the matrices),
+    weights kept in their file's types (QuantizedLinear, QuantizedEmbedding)
+    written as they are."""
+    gguf = _gguf()
+    params = dict(model.named_parameters())
     out = []
-    for name, p in model.named_parameters():
+    for name, _ in _parameter_shapes(model.config):
+        p = params.get(name)
+        if p is None:   # a weight kept as its file stored it
+            layer = _submodule(model, name[:-len(".weight")])
+            rows = layer.qweight
+            if not model.config.qkv_bias and name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = model.config.n_heads if name.endswith("q_proj.weight") else \
+                    _kv_heads(model.config)
+                rows = np.ascontiguousarray(rows[permute_qk(np.arange(rows.shape[0]), heads)])
+            t = gguf.GGMLQuantizationType[layer.qtype]
+            raw = None if layer.qtype in ("F32", "F16") else t
+            out.append((gguf_name(name), rows.view(np.uint8) if raw is not None else rows, raw))
+            continue
         data = p.data
         if data.ndim == 2 and name != "embed_tokens.weight":
             data = _linear_weight(name, data, model.config)
-        array = stored(name, np.ascontiguousarray(data, dtype=np.float32), dtype)
-        out.append((gguf_name(name), array))
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        if isinstance(dtype, str) and data.ndim == 2:
+            head = name == "lm_head.weight" or (name == "embed_tokens.weight"
+                                                and model.lm_head is None)
+            qtype = _HEAD_TYPE.get(dtype, dtype) if head else dtype
+            array, raw = _quantized_rows(gguf, name, data, qtype)
+            out.append((gguf_name(name), array, raw))
+        else:
+            out.append((gguf_name(name), stored(name, data, np.dtype(np.float32)
+                                                if isinstance(dtype, str) else dtype), None))
     return out
 
 
@@ -141,8 +202,13 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
 
     tokenizer: the ByteTokenizer or BPETokenizer the model was trained with
     (its token count must be the model's vocab_size).  dtype: np.float32 or
-    np.float16 for the matrices (the token embedding and the Linear weights);
-    the RMSNorm weights stay float32 as llama.cpp wants.  metadata: extra
+    np.float16 for the matrices (the token embedding and the Linear weights),
+    or a block type as llama-quantize names it ("q8_0", "q4_0", "q4_1",
+    "q5_0", "q5_1", "bf16"), quantized with ggml's rounding (the output head
+    at q8_0 under a 4- or 5-bit type; a matrix whose rows are not whole blocks
+    in f16, with a warning); the RMSNorm weights stay float32 as llama.cpp
+    wants.  Weights a model keeps in their file's types (``load_gguf(...,
+    keep_types=True)``) are written as they are, whatever dtype says.  metadata: extra
     keys (str -> bool, int, float or str) other than general.architecture,
     general.file_type, llama.* and tokenizer.*.  name: general.name.
 
@@ -154,7 +220,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     refuse_adapters(model, "save_gguf")
     if not isinstance(name, str):
         raise TypeError(f"name: expected a str, got {type(name).__name__}")
-    dtype = dtype_arg(dtype)
+    dtype = _save_dtype_arg(dtype)
     path = output_path(path)
     cfg = model.config
     tok = _tokenizer_keys(tokenizer, cfg.vocab_size)
@@ -167,9 +233,16 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     arch = arch_of(model)
     rope_keys, rope_freqs = _rope_scaling_out(cfg, arch)
     if rope_freqs is not None:
-        arrays.append(("rope_freqs.weight", rope_freqs))
-    file_type = (gguf.LlamaFileType.ALL_F32 if dtype == np.float32
-                 else gguf.LlamaFileType.MOSTLY_F16)
+        arrays.append(("rope_freqs.weight", rope_freqs, None))
+    kept = [layer.qtype for _, layer in quantized_layers(model)]
+    if kept and hasattr(gguf.LlamaFileType, "MOSTLY_" + max(set(kept), key=kept.count)):
+        # the file's type is its weights' most common one, as llama-quantize labels it
+        file_type = getattr(gguf.LlamaFileType, "MOSTLY_" + max(set(kept), key=kept.count))
+    elif isinstance(dtype, str):
+        file_type = getattr(gguf.LlamaFileType, _SAVE_QUANT[dtype])
+    else:
+        file_type = (gguf.LlamaFileType.ALL_F32 if dtype == np.float32
+                     else gguf.LlamaFileType.MOSTLY_F16)
 
     with atomic_output(path) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
@@ -209,8 +282,8 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
                 writer.add_string("tokenizer.chat_template", tokenizer.chat_template)
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
-            for tensor_name, array in arrays:
-                writer.add_tensor(tensor_name, array)
+            for tensor_name, array, raw_dtype in arrays:
+                writer.add_tensor(tensor_name, array, raw_dtype=raw_dtype)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_tensors_to_file()
@@ -439,6 +512,62 @@ class LlamaGguf:
         rows = _dequantized(self._reader, self._names[name], set())
         return np.ascontiguousarray(_our_layout(name, rows, self.config))
 
+    def stored(self, name: str) -> tuple[str, np.ndarray] | None:
+        """(type name, rows) of weight matrix name as the file stores it: a
+        read-only view of the mapped file (uint8 blocks, or float16 / uint16 /
+        float32 words), its rows in Hugging Face's output order (a copy of the
+        rows for a Llama's q and k, which llama.cpp permutes); None when
+        ggmlopt's kernels do not read the type."""
+        gname = self._names[name]
+        t = self._reader.tensors[gname]
+        if t.type_name not in kernels_quant.QTYPES:
+            return None
+        raw = self._reader.raw(gname)
+        if not self.config.qkv_bias and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = self.config.n_heads if name.endswith("q_proj.weight") else \
+                _kv_heads(self.config)
+            raw = np.ascontiguousarray(raw[unpermute_qk(np.arange(raw.shape[0]), heads)])
+        return t.type_name, raw
+
+
+def _submodule(model, dotted: str):
+    obj = model
+    for part in dotted.split("."):
+        obj = obj[int(part)] if isinstance(obj, list) else getattr(obj, part)
+    return obj
+
+
+def _set_submodule(model, dotted: str, new) -> None:
+    parent_name, _, last = dotted.rpartition(".")
+    parent = _submodule(model, parent_name) if parent_name else model
+    if isinstance(parent, list):
+        parent[int(last)] = new
+    else:
+        setattr(parent, last, new)
+
+
+def _keep_types(read: LlamaGguf, model) -> list[str]:
+    """Put a QuantizedLinear (QuantizedEmbedding for the token embedding) over
+    the file's stored rows in place of every weight matrix of model whose type
+    the kernels read; returns the types of the others (loaded as float32)."""
+    widened = set()
+    for name, shape in _parameter_shapes(read.config):
+        if len(shape) != 2:
+            continue
+        stored = read.stored(name)
+        if stored is None:
+            widened.add(read._reader.tensors[read._names[name]].type_name)
+            continue
+        qtype, raw = stored
+        where = name[:-len(".weight")]
+        old = _submodule(model, where)
+        if name == "embed_tokens.weight":
+            new = QuantizedEmbedding(raw, qtype, shape[0], shape[1])
+        else:
+            new = QuantizedLinear(raw, qtype, old.in_features, old.out_features, bias=old.bias)
+        _set_submodule(model, where, new)
+    return sorted(widened)
+
 
 def _parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every parameter of Llama(config), in named_parameters'
@@ -551,7 +680,7 @@ def _warn_quantized(read: LlamaGguf, path: str) -> None:
                       UserWarning, stacklevel=3)
 
 
-def load_llama_gguf(path, model=None):
+def load_llama_gguf(path, model=None, *, keep_types=False):
     """Read a llama-architecture GGUF (save_gguf's or llama.cpp's).
 
     Without model: returns (Llama built from the file's keys, tokenizer or None).
@@ -560,21 +689,44 @@ def load_llama_gguf(path, model=None):
     types gguf-py dequantizes (to float32, with a UserWarning naming them).
     ValueError for another architecture, missing keys or tensors, wrong shapes,
     a truncated file; the model is then unchanged.
+
+    keep_types=True (without model): every weight matrix stays in the type the
+    file stores it, read in place from the mapped file, as a frozen
+    ggmlopt.nn.QuantizedLinear (QuantizedEmbedding for the token embedding):
+    the model takes the file's size, not float32's, and trains through LoRA
+    adapters (QLoRA).  Norms and biases are float32 Parameters.  A matrix of a
+    type the kernels do not read (Q2_K, Q3_K, the IQ types) is dequantized to
+    float32, with a UserWarning naming the types.
     """
     path = input_path(path)
+    if not isinstance(keep_types, (bool, np.bool_)):
+        raise TypeError(f"keep_types: expected a bool, got {type(keep_types).__name__}")
+    if keep_types and model is not None:
+        raise ValueError("keep_types: True builds the model from the file; pass model=None "
+                         "(a model given is loaded in float32)")
     if model is not None and not isinstance(model, Llama):
         raise ValueError(f"path: {path!r} holds a Llama-family model; the model given is a "
                          f"{type(model).__name__}")
     read = LlamaGguf(path)
     if model is None:
         tokenizer = tokenizer_from_fields(read.fields, path)
-        built = _ARCHS[read.arch][0](read.config)
+        if keep_types:
+            with skip_init():   # the weight matrices are replaced, never written
+                built = _ARCHS[read.arch][0](read.config)
+            widened = _keep_types(read, built)
+            if widened:
+                warnings.warn(f"{path}: keep_types: tensors of type {', '.join(widened)} were "
+                              "dequantized to float32 (ggmlopt's kernels do not read them)",
+                              UserWarning, stacklevel=2)
+        else:
+            built = _ARCHS[read.arch][0](read.config)
         for name, p in built.named_parameters():
             p.data[...] = read.array(name)   # one tensor in memory twice at a time
         if tokenizer is not None:
             # generate stops at these by default (llama.cpp's end-of-generation set)
             built.eog_ids = frozenset(tokenizer.eog_ids)
-        _warn_quantized(read, path)
+        if not keep_types:
+            _warn_quantized(read, path)
         return built, tokenizer
     params = dict(model.named_parameters())
     shapes = dict(_parameter_shapes(read.config))

@@ -23,6 +23,7 @@ from ..lora import refuse_adapters
 from ..models import GPT2, GPT2Config, Llama, LlamaConfig, Qwen2, Qwen2Config
 from ..nn.linear import Linear
 from ..nn.module import named_modules
+from ..nn.quantized import refuse_quantized
 from ..nn.rope_scaling import RopeScaling
 from ._files import atomic_output
 
@@ -93,6 +94,7 @@ def save_hf(model, directory) -> None:
         raise TypeError(f"model: expected a ggmlopt.models.Llama or GPT2, got "
                         f"{type(model).__name__}")
     refuse_adapters(model, "save_hf")
+    refuse_quantized(model, "save_hf")
     st = _safetensors()
     directory = os.fspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):

@@ -18,6 +18,7 @@ import numpy as np
 from ..nn.linear import Linear
 from ..nn.module import named_modules, named_parameters
 from ..nn.parameter import Parameter
+from ..nn.quantized import refuse_quantized
 
 __all__ = ["TorchTensor", "assign_torch_arrays", "torch_tensors"]
 
@@ -55,6 +56,7 @@ def torch_tensors(model) -> list[TorchTensor]:
     ggmlopt.nn.named_parameters)."""
     if not callable(getattr(model, "parameters", None)):
         raise TypeError(f"model: expected a model with parameters(), got {type(model).__name__}")
+    refuse_quantized(model, "a torch-layout file")
     named = named_parameters(model)
     if not named:
         raise ValueError("model: it has no parameters to save or load")

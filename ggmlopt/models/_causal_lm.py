@@ -208,7 +208,7 @@ class CausalLM(Module):
         else:
             if getattr(self, "_logits", None) is None or self._logits.shape[0] != b * t:
                 self._logits = np.empty((b * t, self.config.vocab_size), np.float32)
-            logits = np.matmul(rows, self._embedding.weight.data.T, out=self._logits)
+            logits = self._embedding.project(rows, out=self._logits)
         self._rows, self._b, self._t = rows, b, t
         return logits.reshape(b, t, self.config.vocab_size)
 
@@ -228,15 +228,8 @@ class CausalLM(Module):
             dh = self.lm_head.backward(g)
             grads_ready(self.lm_head)  # the gradient-ready hook
         else:
-            w = self._embedding.weight
-            dh = g @ w.data
-            if getattr(w, "requires_grad", True):
-                # the output's half of the tied gradient: (vocab, dim) += g^T h
-                if w.grad_is_zero:
-                    np.matmul(g.T, rows, out=w.grad)
-                else:
-                    w.grad += g.T @ rows
-                w.grad_is_zero = False
+            # the output's half of the tied gradient goes to the embedding
+            dh = self._embedding.project_backward(g, rows)
         self._hidden_backward(dh.reshape(self._b, self._t, -1))
 
     def __call__(self, tokens):
@@ -296,4 +289,4 @@ class CausalLM(Module):
         or the tied embedding's transpose."""
         if self.lm_head is not None:
             return self.lm_head.infer(rows)
-        return rows @ self._embedding.weight.data.T
+        return self._embedding.project(rows)

@@ -43,6 +43,7 @@ from .module import (
 from .norm import LayerNorm, RMSNorm
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
+from .quantized import QuantizedEmbedding, QuantizedLinear
 from .residual import Residual
 from .rope_scaling import RopeScaling
 from .shape import Flatten, Reshape
@@ -63,6 +64,8 @@ __all__ = [
                      "MaxPool2d",
                      "Module",
                      "Parameter",
+                     "QuantizedEmbedding",
+                     "QuantizedLinear",
                      "RMSNorm",
                      "ReLU",
                      "Reshape",

@@ -5,6 +5,7 @@ import numpy as np
 
 from .. import kernels_embedding
 from ._lm_args import check_size, trains
+from .init import initializing
 from .module import Module
 from .parameter import Parameter
 
@@ -38,10 +39,13 @@ class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, *, init=None, rng=None):
         self.num_embeddings = check_size(num_embeddings, "num_embeddings")
         self.embedding_dim = check_size(embedding_dim, "embedding_dim")
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        w = np.zeros((self.num_embeddings, self.embedding_dim), dtype=np.float32)
-        (init or standard_normal)(w, None, gen)
-        self.weight = Parameter(w, name="weight")
+        if not initializing():   # inside skip_init(): a loader fills the weight
+            self.weight = Parameter.zeros((self.num_embeddings, self.embedding_dim), "weight")
+        else:
+            gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+            w = np.zeros((self.num_embeddings, self.embedding_dim), dtype=np.float32)
+            (init or standard_normal)(w, None, gen)
+            self.weight = Parameter(w, name="weight")
         self._shape = None
         self._ids = None
         self._have_ids = False
@@ -92,6 +96,25 @@ class Embedding(Module):
             # adding into zeros is writing: no special case for grad_is_zero
             kernels_embedding.embedding_backward(self._ids, g, self.weight.grad)
             self.weight.grad_is_zero = False
+
+    def project(self, rows, out=None):
+        """rows (n, embedding_dim) float32 -> rows W^T (n, num_embeddings): the
+        logits of an output head tied to this embedding (into out when given)."""
+        return np.matmul(rows, self.weight.data.T, out=out)
+
+    def project_backward(self, g, rows):
+        """The tied head's backward for the logits' gradient g (n, num_embeddings)
+        of project(rows): adds g^T rows into weight.grad (when it trains) and
+        returns the rows' gradient g W (n, embedding_dim)."""
+        w = self.weight
+        dh = g @ w.data
+        if trains(w):
+            if w.grad_is_zero:
+                np.matmul(g.T, rows, out=w.grad)
+            else:
+                w.grad += g.T @ rows
+            w.grad_is_zero = False
+        return dh
 
     def __repr__(self):
         return f"Embedding({self.num_embeddings}, {self.embedding_dim})"

@@ -32,18 +32,56 @@ for nn.Linear).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import threading
 from typing import Any
 
 import numpy as np
 
-__all__ = ["calculate_gain", "constant_", "kaiming_normal_", "kaiming_uniform",
-           "kaiming_uniform_", "normal_", "ones_", "trunc_normal_", "uniform_",
-           "xavier_normal_", "xavier_uniform_", "zeros_"]
+__all__ = [
+    "calculate_gain",
+    "constant_",
+    "initializing",
+    "kaiming_normal_",
+    "kaiming_uniform",
+    "kaiming_uniform_",
+    "normal_",
+    "ones_",
+    "skip_init",
+    "trunc_normal_",
+    "uniform_",
+    "xavier_normal_",
+    "xavier_uniform_",
+    "zeros_",
+]
 
 _LINEAR_GAIN = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
                 "conv_transpose2d", "conv_transpose3d", "sigmoid")
+
+
+_skipping = threading.local()
+
+
+@contextlib.contextmanager
+def skip_init():
+    """Within the block, Linear and Embedding layers are built with zero weights
+    that touch no memory instead of initialised ones (Hugging Face's
+    ``no_init_weights``, torch's ``skip_init``): for a loader that fills or
+    replaces every weight, so building the model costs neither the random
+    draws nor the float32 memory of weights it never keeps."""
+    before = getattr(_skipping, "on", False)
+    _skipping.on = True
+    try:
+        yield
+    finally:
+        _skipping.on = before
+
+
+def initializing() -> bool:
+    """False inside skip_init() (on this thread), else True."""
+    return not getattr(_skipping, "on", False)
 
 
 def kaiming_uniform(weight: np.ndarray, bias, rng: np.random.Generator) -> None:

@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import kernels
 from ._buffers import add_into, as_rows, rows2d
-from .init import kaiming_uniform
+from .init import initializing, kaiming_uniform
 from .module import Module
 from .parameter import Parameter
 
@@ -47,12 +47,16 @@ class Linear(Module):
                             f"{type(rng).__name__}")
         self.in_features = int(in_features)
         self.out_features = int(out_features)
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        w = np.zeros((self.in_features, self.out_features), dtype=np.float32)
-        b = np.zeros(self.out_features, dtype=np.float32) if bias else None
-        (init or kaiming_uniform)(w, b, gen)
-        self.weight = Parameter(w, name="weight")
-        self.bias = Parameter(b, name="bias") if bias else None
+        if not initializing():   # inside skip_init(): a loader fills the weights
+            self.weight = Parameter.zeros((self.in_features, self.out_features), "weight")
+            self.bias = Parameter.zeros(self.out_features, "bias") if bias else None
+        else:
+            gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+            w = np.zeros((self.in_features, self.out_features), dtype=np.float32)
+            b = np.zeros(self.out_features, dtype=np.float32) if bias else None
+            (init or kaiming_uniform)(w, b, gen)
+            self.weight = Parameter(w, name="weight")
+            self.bias = Parameter(b, name="bias") if bias else None
         self._shape = None   # the last forward input's shape
         self._x = None
         self._scratch = {}
@@ -88,6 +92,15 @@ class Linear(Module):
         if self.bias is not None:
             y += self.bias.data
         return y.reshape(*shape[:-1], self.out_features)
+
+    def product(self, x2, out2):
+        """out2 (rows, out) = x2 (rows, in) @ weight: the seam an adapter computes
+        its base through (QuantizedLinear has the same)."""
+        return np.matmul(x2, self.weight.data, out=out2)
+
+    def product_transposed(self, g, out):
+        """out (rows, in) = g (rows, out) @ weight^T: the input gradient's product."""
+        return np.matmul(g, self.weight.data.T, out=out)
 
     def _out2_for(self, x):
         """Check x (..., in_features) (a single row (in,) is one row), keep it for
@@ -137,7 +150,8 @@ class Linear(Module):
     def _add_dense_grads(self, g):
         """Add x^T g into weight.grad and the column sums of g into bias.grad."""
         x = rows2d(self._x)
-        add_into(self.weight, lambda out: np.matmul(x.T, g, out=out), self, "weight")
+        if self.weight is not None:   # None: an adapter over a QuantizedLinear
+                add_into(self.weight, lambda out: np.matmul(x.T, g, out=out), self, "weight")
         if self.bias is not None:
             ones = self._ones
             add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")

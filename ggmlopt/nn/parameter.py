@@ -54,6 +54,16 @@ class Parameter:
         self.name = name
         self.grad_is_zero = True
 
+    @classmethod
+    def zeros(cls, shape, name=None, *, requires_grad=True) -> Parameter:
+        """A Parameter of zeros of shape, made without touching its memory: the
+        pages are the system's zero pages until first written (a layer built
+        under ``ggmlopt.nn.init.skip_init()`` whose weight a loader replaces
+        costs no memory)."""
+        p = cls(np.zeros(0, np.float32), name, requires_grad=requires_grad)
+        p._data = np.zeros(shape, np.float32)
+        return p
+
     @property
     def data(self) -> np.ndarray:
         """The values: a float32 C-contiguous array (see the class docstring for
