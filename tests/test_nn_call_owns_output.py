@@ -45,6 +45,12 @@ LAYER_CASES = {
     "CausalSelfAttention": (lambda: nn.CausalSelfAttention(8, 2, 1, rng=0), (5, 8)),
     "GPT2Attention": (lambda: nn.GPT2Attention(8, 2, rng=0), (5, 8)),
     "RotaryEmbedding": (lambda: nn.RotaryEmbedding(4), (5, 2, 4)),
+    "QuantizedLinear": (lambda: nn.QuantizedLinear(
+        np.random.default_rng(0).standard_normal((5, 7)).astype(np.float16), "F16", 7, 5),
+        (7,)),
+    "QuantizedEmbedding": (lambda: nn.QuantizedEmbedding(
+        np.random.default_rng(0).standard_normal((10, 4)).astype(np.float16), "F16", 10, 4),
+        (6,), lambda rng, shape: rng.integers(0, 10, shape)),
 }
 
 
@@ -128,3 +134,37 @@ def test_fitted_model_call_survives_training_on():
     ctx.eval(inputs=x)
     np.testing.assert_array_equal(a, kept)
     assert not np.array_equal(model(x), kept)   # the parameters did move
+
+
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_a_deep_copy_after_a_forward_computes_afresh(case):
+    """A layer writes into views of the buffers it returns; a deep copy made
+    after a forward must not return its stale copies (it once did: the copied
+    view was no view any more, so the copy's output never changed)."""
+    import copy
+    make, shape = LAYER_CASES[case][:2]
+    layer = make()
+    rng = np.random.default_rng(1)
+    x1, x2 = draw(case, rng, (2, *shape)), draw(case, rng, (2, *shape))
+    layer.forward(x1)
+    twin = copy.deepcopy(layer)
+    want = np.array(layer.forward(x2), copy=True)
+    np.testing.assert_array_equal(twin.forward(x2), want)
+
+
+def test_a_deep_copy_of_a_language_model_after_a_forward_follows_its_weights():
+    import copy
+
+    from ggmlopt.models import Llama, LlamaConfig
+    model = Llama(LlamaConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_dim=24,
+                              max_seq_len=8), seed=0)
+    ids = np.arange(8)[None] % 40
+    before = model(ids)
+    twin = copy.deepcopy(model)
+    for p in twin.parameters():
+        p.data[...] = p.data * 1.5
+    model_scaled = Llama(model.config, seed=0)
+    for p, q in zip(model_scaled.parameters(), twin.parameters()):
+        p.data[...] = q.data
+    np.testing.assert_array_equal(twin(ids), model_scaled(ids))
+    assert np.abs(twin(ids) - before).max() > 0

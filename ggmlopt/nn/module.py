@@ -121,6 +121,20 @@ class Module:
     training = False
     output_is_scratch = False
 
+    def __deepcopy__(self, memo):
+        """A deep copy whose forward buffers are made anew on its next forward: a
+        layer writes into 2-D views of the arrays it returns, and a deep copy
+        of a view is a separate array, so copied buffers would return stale
+        values (``_shape`` is what every layer compares to rebuild them)."""
+        import copy
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            setattr(new, key, copy.deepcopy(value, memo))
+        if "_shape" in new.__dict__:
+            new._shape = None
+        return new
+
     def parameters(self) -> list[Parameter]:
         """The trainable parameters, each once, in the order of named_parameters()."""
         return [p for _, p in self.named_parameters()]
