@@ -31,6 +31,7 @@ build_harness() {
         "csrc/tests/test_activation.c:"
         "csrc/tests/test_lm_layers.c:"
         "csrc/tests/test_attention.c:"
+        "csrc/tests/test_quant.c:"
     )
     case "$machine" in
         x86_64*) units+=("csrc/kernels_avx2.c:-mavx2 -mfma -mf16c"

@@ -28,6 +28,9 @@ void test_lm_layers_public(void);
 /* test_attention.c */
 void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar);
 void test_attention_public(void);
+/* test_quant.c */
+void test_quant_kernels(const ggmlopt_kernel_table *k);
+void test_quant_public(void);
 
 static const ggmlopt_kernel_table *const SCALAR = &ggmlopt_kernels_scalar;
 
@@ -621,6 +624,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
     test_activations_sweep(k);
     test_lm_layers(k, SCALAR);
     test_attention_kernels(k, SCALAR);
+    test_quant_kernels(k);
 }
 
 int main(int argc, char **argv) {
@@ -650,6 +654,7 @@ int main(int argc, char **argv) {
     test_activations_public(big);
     test_lm_layers_public();
     test_attention_public();
+    test_quant_public();
 
     printf("%d passed, %d failed\n", th_passed, th_failed);
     return th_failed ? 1 : 0;

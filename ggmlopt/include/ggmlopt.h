@@ -362,16 +362,16 @@ int64_t ggmlopt_quant_row_bytes(int type, int64_t ncols);
  * Returns 0, or -1 for a type or width ggmlopt_quant_row_bytes refuses. */
 int ggmlopt_dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,
                             float *dst, int64_t dst_stride);
-/* y (nx, nout; rows of y_stride) = x (nx, ncols; rows of x_stride) times the
- * transpose of w (nout rows of ncols values of type `type`): y[i, j] =
- * dot(x row i, w row j), each weight row dequantized a chunk at a time and
- * never whole (the product of few input rows: decoding, short batches).
- * Threaded over the weight rows; returns 0, or -1 as ggmlopt_dequantize_rows. */
 /* dst (n, ncols) row i = row ids[i] of src dequantized (a quantized token
  * embedding's lookup).  Every id must be a row of src: nothing is checked here
  * but the type and width (-1 as ggmlopt_dequantize_rows). */
 int ggmlopt_dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
                               const uint8_t *src, float *dst);
+/* y (nx, nout; rows of y_stride) = x (nx, ncols; rows of x_stride) times the
+ * transpose of w (nout rows of ncols values of type `type`): y[i, j] =
+ * dot(x row i, w row j), each weight row dequantized a chunk at a time and
+ * never whole (the product of few input rows: decoding, short batches).
+ * Threaded over the weight rows; returns 0, or -1 as ggmlopt_dequantize_rows. */
 int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
                              int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                              int64_t y_stride);
