@@ -43,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--too-long", choices=("error", "drop", "truncate"), default="error",
                    help="what to do with an example longer than the window")
     p.add_argument("--full", action="store_true", help="train every weight, not LoRA")
+    p.add_argument("--keep-types", action="store_true",
+                   help="keep the GGUF's weights in their types (Q8_0, Q4_K, ...), read in "
+                        "place, and train LoRA adapters over them (QLoRA)")
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-alpha", type=float, default=16.0)
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
@@ -66,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="the LoRA adapter as llama.cpp loads it (GGUF)")
     p.add_argument("--merge-out", help="the merged model (GGUF) for llama.cpp")
-    p.add_argument("--out-type", choices=("f32", "f16"), default="f16",
+    p.add_argument("--out-type", choices=("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1",
+                                          "q4_0"), default="f16",
                    help="the merged model's weight type")
     p.add_argument("--plot", help="the loss curves as an image (matplotlib)")
     p.add_argument("--silent", action="store_true", help="no progress bars")
@@ -94,6 +98,12 @@ def _problems(args) -> list[str]:
         bad.append(f"--warmup: expected >= 0, got {args.warmup}")
     if args.resume and not args.checkpoint:
         bad.append("--resume: needs --checkpoint FILE")
+    if args.full and args.keep_types:
+        bad.append("--keep-types: a kept (quantized) base trains through LoRA adapters; drop "
+                   "--full, or drop --keep-types to fine-tune every weight in float32")
+    if args.keep_types and os.path.isdir(args.model):
+        bad.append("--keep-types: reads a GGUF file's types; --model is a Hugging Face "
+                   "directory")
     if args.full and args.out:
         bad.append("--out: writes a LoRA adapter; with --full write the model (--merge-out)")
     if not args.out and not args.merge_out:
@@ -120,7 +130,7 @@ def _load(args):
     from .io import load_gguf, load_gguf_tokenizer, load_hf
     if os.path.isdir(args.model):
         return load_hf(args.model), load_gguf_tokenizer(args.tokenizer)
-    model, tok = load_gguf(args.model)
+    model, tok = load_gguf(args.model, keep_types=args.keep_types)
     if args.tokenizer:
         tok = load_gguf_tokenizer(args.tokenizer)
     if tok is None:

@@ -422,8 +422,7 @@ def trainable_parameters(model) -> tuple[int, int]:
         if p.requires_grad:
             trainable += p.data.size
     for _, layer in quantized_layers(model):   # weights kept in their file's types
-        total += layer.qweight.shape[0] * (layer.in_features if hasattr(layer, "in_features")
-                                          else layer.embedding_dim)
+        total += layer.size
     return trainable, total
 
 

@@ -66,6 +66,32 @@ def test_a_lora_run_writes_an_adapter_over_the_unchanged_base(files, capsys):
     assert np.abs(base(np.arange(20).reshape(1, 20)) - before).max() > 0   # it learned
 
 
+def test_keep_types_trains_adapters_over_the_quantized_base(files, capsys):
+    """--keep-types: QLoRA over a Q8_0 file; the adapter applies to that file, and
+    --merge-out writes the adapted layers merged, the others in their type."""
+    from ggmlopt.io import load_gguf, load_gguf_lora, save_gguf
+    from ggmlopt.io.gguf_reader import GgufFile
+    base, tok = load_gguf(files / "base.gguf")
+    save_gguf(base, files / "q8.gguf", tokenizer=tok, dtype="q8_0")
+    assert finetune.main(["-m", str(files / "q8.gguf"), "--data", str(files / "train.jsonl"),
+                          "--keep-types", "--lora-rank", "4", "-c", "96", "-b", "5",
+                          "--epochs", "2", "-lr", "1e-2", "--out", str(files / "qa.gguf"),
+                          "--merge-out", str(files / "merged.gguf"), "--out-type", "q8_0",
+                          "--silent"]) == 0
+    kept, _ = load_gguf(files / "q8.gguf", keep_types=True)
+    ids = np.arange(20).reshape(1, 20)
+    before = kept(ids)
+    load_gguf_lora(files / "qa.gguf", kept)
+    adapted = kept(ids)
+    assert np.abs(adapted - before).max() > 0
+    merged = GgufFile(str(files / "merged.gguf"))
+    assert merged.tensors["blk.0.ffn_up.weight"].type_name == "Q8_0"
+    assert merged.tensors["blk.0.attn_q.weight"].type_name == "Q8_0"
+    back, _ = load_gguf(files / "merged.gguf", keep_types=True)
+    # the merged q/k/v/o were quantized again to Q8_0: within its resolution
+    assert np.abs(back(ids) - adapted).max() < 0.05 * np.abs(adapted).max()
+
+
 def test_a_raw_text_file_trains_as_llama_finetune_does(files):
     (files / "text.txt").write_text("the cat sat on the mat. " * 40)
     assert finetune.main(["-m", str(files / "base.gguf"), "-f", str(files / "text.txt"),
@@ -81,6 +107,7 @@ def test_a_raw_text_file_trains_as_llama_finetune_does(files):
     (["-lr", "0"], "--lr: expected > 0"),
     (["--resume"], "--resume: needs --checkpoint"),
     (["--full"], "--out: writes a LoRA adapter"),
+    (["--full", "--keep-types"], "--keep-types: a kept (quantized) base trains through LoRA"),
     (["--lora-targets", "nope"], "--lora-targets: targets: no Linear layer"),
     (["-c", "4096"], "--ctx: 4096 is more than the model's max_seq_len 128"),
     (["--out", "/no/such/dir/a.gguf"], "--out: no directory"),

@@ -12,9 +12,9 @@ from ggmlopt.models import Llama, LlamaConfig, Qwen2, Qwen2Config
 from ggmlopt.nn import Linear, QuantizedEmbedding, QuantizedLinear, Sequential
 
 gguf = pytest.importorskip("gguf")
-from ggmlopt.io import load_gguf, save_gguf, save_hf, save_safetensors  # noqa: E402
-from ggmlopt.io.gguf_reader import GgufFile  # noqa: E402
-from ggmlopt.text import ByteTokenizer  # noqa: E402
+from ggmlopt.io import load_gguf, save_gguf, save_hf, save_safetensors
+from ggmlopt.io.gguf_reader import GgufFile
+from ggmlopt.text import ByteTokenizer
 
 T = gguf.GGMLQuantizationType
 U = 2.0 ** -24
@@ -204,7 +204,7 @@ def test_qlora_trains_saves_and_merges(tmp_path):
 
 
 def test_kept_types_are_written_back_as_they_are(quant_file, tmp_path):
-    dtype, path, _ = quant_file
+    _, path, _ = quant_file
     kept, tok = load_gguf(path, keep_types=True)
     again = tmp_path / "again.gguf"
     save_gguf(kept, again, tokenizer=tok)

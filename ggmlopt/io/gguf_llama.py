@@ -141,9 +141,9 @@ def _save_dtype_arg(dtype):
     try:
         return dtype_arg(dtype)
     except TypeError:
-        raise TypeError(f"dtype: expected float32, float16 or one of the block types "
-                        f"{', '.join(_SAVE_QUANT)} (as llama.cpp names them), got "
-                        f"{dtype!r}") from None
+        raise TypeError(f"dtype: expected float32 or float16 (np.float32, 'f32', np.float16 "
+                        f"or 'f16') or a block type ({', '.join(_SAVE_QUANT)}, as llama.cpp "
+                        f"names them), got {dtype!r}") from None
 
 
 def _quantized_rows(gguf, name: str, rows: np.ndarray, qtype: str):
@@ -561,6 +561,7 @@ def _keep_types(read: LlamaGguf, model) -> list[str]:
         qtype, raw = stored
         where = name[:-len(".weight")]
         old = _submodule(model, where)
+        new: QuantizedLinear | QuantizedEmbedding
         if name == "embed_tokens.weight":
             new = QuantizedEmbedding(raw, qtype, shape[0], shape[1])
         else:

@@ -153,6 +153,11 @@ class QuantizedLinear(Module):
         """The bytes of the stored weight."""
         return int(self.qweight.nbytes)
 
+    @property
+    def size(self) -> int:
+        """The weight's element count (in_features * out_features)."""
+        return self.in_features * self.out_features
+
     def dequantize(self) -> np.ndarray:
         """W as a new float32 (in_features, out_features) array."""
         rows = kernels_quant.dequantize(self.qtype, self.qweight, self.in_features)
@@ -251,13 +256,19 @@ class QuantizedEmbedding(Module):
         """The bytes of the stored weight."""
         return int(self.qweight.nbytes)
 
+    @property
+    def size(self) -> int:
+        """The weight's element count (num_embeddings * embedding_dim)."""
+        return self.num_embeddings * self.embedding_dim
+
     def dequantize(self) -> np.ndarray:
         """E as a new float32 (num_embeddings, embedding_dim) array."""
         return kernels_quant.dequantize(self.qtype, self.qweight, self.embedding_dim)
 
     def forward(self, ids):
         """ids: integers (...) -> float32 (..., embedding_dim), a buffer this
-        layer reuses; IndexError for an id outside the vocabulary."""
+        layer reuses (``layer(ids)`` returns a copy the caller owns); IndexError
+        for an id outside the vocabulary."""
         if not isinstance(ids, np.ndarray):
             ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
@@ -312,11 +323,11 @@ def is_quantized(layer) -> bool:
     return isinstance(layer, QUANTIZED)
 
 
-def quantized_layers(model) -> list[tuple[str, object]]:
+def quantized_layers(model) -> list[tuple[str, QuantizedLinear | QuantizedEmbedding]]:
     """(dotted name, layer) of every QuantizedLinear and QuantizedEmbedding of
     model, an adapter's base included."""
     from .module import named_modules
-    found = []
+    found: list[tuple[str, QuantizedLinear | QuantizedEmbedding]] = []
     for name, m in named_modules(model):
         if isinstance(m, QUANTIZED):
             found.append((name, m))

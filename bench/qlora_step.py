@@ -1,0 +1,122 @@
+"""QLoRA against LoRA over float32: the step time and the peak memory of LoRA
+(q, k, v, o, rank 8) over the same SmolLM2-135M-shaped model stored as float32,
+Q8_0, Q4_0 and (when llama-cpp-python is installed: llama-quantize makes them)
+Q4_K_M, each case in a fresh process.
+
+    python bench/qlora_step.py            # SmolLM2-135M's shape, 1 x 256, 2 threads
+    python bench/qlora_step.py --small    # a quick run on a stories15M-sized model
+
+Each case loads the GGUF (``keep_types=True`` for the quantized ones), applies
+LoRA, and times one OptContext step (forward, backward, AdamW) over 1 x 256
+tokens: the median of the steps after one warm-up.  Peak memory is VmHWM of
+the case's process.  The same file's float32 LoRA is the baseline of every ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SMOLLM2_135M = {"vocab_size": 49152, "dim": 576, "n_layers": 30, "n_heads": 9, "n_kv_heads": 3,
+                "ffn_dim": 1536, "max_seq_len": 2048, "tie_embeddings": True}
+SMALL = {"vocab_size": 32000, "dim": 288, "n_layers": 6, "n_heads": 6, "ffn_dim": 768,
+         "max_seq_len": 256, "tie_embeddings": True}
+T = 256
+
+
+def _peak_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _case(path: str, keep: bool, steps: int) -> dict:
+    import numpy as np
+
+    import ggmlopt as go
+    from ggmlopt import lora
+    from ggmlopt.io import load_gguf
+    go.set_num_threads(2)
+    model, _ = load_gguf(path, keep_types=keep)
+    lora.apply(model, rank=8)
+    ctx = go.OptContext(model, loss_type=go.LossType.CROSS_ENTROPY, inputs_dtype=np.int32)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, model.config.vocab_size, (1, T + 1)).astype(np.int32)
+    x, y = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
+    times = []
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        ctx.alloc(True)
+        ctx.eval(None, inputs=x, labels=y)
+        times.append(time.perf_counter() - t0)
+    return {"step_s": float(np.median(times[1:])), "peak_mib": _peak_mib(),
+            "loss": float(ctx.loss)}
+
+
+def _files(cfg: dict, folder: str) -> dict[str, str]:
+    import warnings
+
+    from ggmlopt.io import save_gguf
+    from ggmlopt.models import Llama, LlamaConfig
+    from ggmlopt.text import ByteTokenizer
+    cfg = dict(cfg, vocab_size=257)   # a byte vocabulary: the head is not the point here
+    model = Llama(LlamaConfig(**cfg), seed=0)
+    files = {}
+    for dtype in ("f32", "q8_0", "q4_0"):
+        files[dtype] = os.path.join(folder, f"{dtype}.gguf")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            save_gguf(model, files[dtype], tokenizer=ByteTokenizer(), dtype=dtype)
+    try:
+        import ctypes
+
+        import llama_cpp
+        files["q4_k_m"] = os.path.join(folder, "q4_k_m.gguf")
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+        params.nthread = 2
+        rc = llama_cpp.llama_model_quantize(files["f32"].encode(), files["q4_k_m"].encode(),
+                                            ctypes.byref(params))
+        if rc != 0:
+            del files["q4_k_m"]
+    except ImportError:
+        pass
+    return files
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--case", nargs=2, metavar=("PATH", "KEEP"))
+    args = ap.parse_args()
+    if args.case:
+        print(json.dumps(_case(args.case[0], args.case[1] == "1", args.steps)))
+        return
+    cfg = SMALL if args.small else SMOLLM2_135M
+    with tempfile.TemporaryDirectory() as folder:
+        files = _files(cfg, folder)
+        rows = []
+        for name, path in files.items():
+            keep = name != "f32"
+            out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps),
+                                  "--case", path, "1" if keep else "0"],
+                                 check=True, capture_output=True, text=True).stdout
+            row = json.loads(out.strip().splitlines()[-1])
+            row.update(case=name, file_mib=os.path.getsize(path) / 2**20)
+            rows.append(row)
+    base = rows[0]["step_s"]
+    print(f"{'base':8} {'file MiB':>9} {'step s':>8} {'x f32 LoRA':>11} {'peak MiB':>9}")
+    for r in rows:
+        print(f"{r['case']:8} {r['file_mib']:9.0f} {r['step_s']:8.3f} "
+              f"{r['step_s'] / base:11.2f} {r['peak_mib']:9.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""QLoRA checked against llama.cpp itself (through llama-cpp-python, an optional
+package: these tests skip without it): files llama-quantize wrote, loaded with
+keep_types=True, give llama.cpp's logits; an adapter trained over such a base
+and written by save_gguf_lora is applied by llama.cpp to that same file with
+ggmlopt's logits; save_gguf's quantized files load in llama.cpp.
+
+llama.cpp multiplies a quantized weight by activations it quantizes to 8 bits
+(its vec_dot types Q8_0 / Q8_K), which ggmlopt does not: the logits differ by
+what an 8-bit rounding moves them, measured here on the same model as the
+error of rounding its weights to Q8_0 (as test_llamacpp_gguf does)."""
+import copy
+import ctypes
+import warnings
+
+import numpy as np
+import pytest
+
+from ggmlopt import lora
+from ggmlopt.io import load_gguf, save_gguf, save_gguf_lora
+from ggmlopt.models import Llama, LlamaConfig
+from ggmlopt.nn import QuantizedLinear
+from ggmlopt.text import ByteTokenizer
+
+llama_cpp = pytest.importorskip("llama_cpp")
+gguf = pytest.importorskip("gguf")
+
+TOK = ByteTokenizer()
+F32 = 0   # GGML_TYPE_F32, for llama.cpp's KV cache
+TEXT = "QLoRA: adapters over a quantized base, applied by llama.cpp: é ✓ " * 2
+
+
+def _model(seed=7, gain=4.0, tie=False):
+    """K types need rows of 256 values: dim and ffn 256.  Weights scaled up
+    (gain) so that the logits depend on them more than on rounding."""
+    cfg = LlamaConfig(vocab_size=TOK.vocab_size, dim=256, n_layers=2, n_heads=4, n_kv_heads=2,
+                      ffn_dim=256, max_seq_len=64, tie_embeddings=tie)
+    model = Llama(cfg, seed=seed)
+    for name, p in model.named_parameters():
+        if p.data.ndim == 2:
+            p.data *= gain
+    return model
+
+
+def _llama_cpp(path, adapter=None):
+    kw = {"lora_path": str(adapter)} if adapter is not None else {}
+    return llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_ubatch=64,
+                           logits_all=True, type_k=F32, type_v=F32, n_threads=1,
+                           verbose=False, **kw)
+
+
+def _logits(llm, ids):
+    llm.reset()
+    llm.eval([int(i) for i in ids])
+    return np.array(llm.scores[:len(ids)], dtype=np.float64)
+
+
+def _quantize(src, dst, ftype):
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, ftype)
+    params.nthread = 2
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
+                                          ctypes.byref(params)) == 0
+
+
+def _relative(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def _eight_bit_error(model, ids):
+    """How far rounding every matrix to Q8_0 moves the logits: the scale of the
+    error llama.cpp's 8-bit activations add."""
+    rounded = copy.deepcopy(model)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for name, p in rounded.named_parameters():
+        if p.data.ndim == 2:
+            rows = p.data if name == "embed_tokens.weight" else p.data.T
+            r = gguf.quants.dequantize(gguf.quants.quantize(np.ascontiguousarray(rows), q8), q8)
+            p.data[...] = r if name == "embed_tokens.weight" else r.T
+    return _relative(rounded(ids[None])[0], model(ids[None])[0])
+
+
+FTYPES = ["LLAMA_FTYPE_MOSTLY_Q8_0", "LLAMA_FTYPE_MOSTLY_Q4_0", "LLAMA_FTYPE_MOSTLY_Q4_1",
+          "LLAMA_FTYPE_MOSTLY_Q5_0", "LLAMA_FTYPE_MOSTLY_Q5_1", "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+          "LLAMA_FTYPE_MOSTLY_Q5_K_M", "LLAMA_FTYPE_MOSTLY_Q6_K", "LLAMA_FTYPE_MOSTLY_BF16",
+          "LLAMA_FTYPE_MOSTLY_F16"]
+
+
+@pytest.fixture(scope="module")
+def f32_file(tmp_path_factory):
+    model = _model()
+    path = tmp_path_factory.mktemp("qlora") / "f32.gguf"
+    save_gguf(model, path, tokenizer=TOK)
+    return model, path
+
+
+@pytest.mark.parametrize("ftype", FTYPES)
+def test_kept_types_give_llama_cpps_logits(f32_file, tmp_path, ftype):
+    model, f32 = f32_file
+    path = tmp_path / "q.gguf"
+    _quantize(f32, path, ftype)
+    kept, _ = load_gguf(path, keep_types=True)
+    types = {layer.qtype for layer in (kept.layers[0].self_attn.q_proj,
+                                       kept.layers[1].mlp.down_proj, kept.lm_head)}
+    assert all(isinstance(m, QuantizedLinear) for m in (kept.layers[0].mlp.up_proj,
+                                                        kept.lm_head))
+    assert types - {"F32"}, types   # something quantized is read as it is
+    ids = np.array(TOK.encode(TEXT)[:64])
+    ours = kept(ids[None])[0].astype(np.float64)
+    theirs = _logits(_llama_cpp(path), ids)
+    err = _relative(ours, theirs)
+    assert err <= 2 * _eight_bit_error(model, ids), (ftype, types, err)
+    # and the file's values are what is read: the float32 model is further away
+    assert _relative(model(ids[None])[0], theirs) > err
+
+
+@pytest.mark.parametrize("ftype", ["LLAMA_FTYPE_MOSTLY_Q4_K_M", "LLAMA_FTYPE_MOSTLY_Q8_0"])
+def test_llama_cpp_applies_an_adapter_trained_over_the_quantized_file(f32_file, tmp_path,
+                                                                       ftype):
+    _, f32 = f32_file
+    path = tmp_path / "q.gguf"
+    _quantize(f32, path, ftype)
+    kept, _ = load_gguf(path, keep_types=True)
+    lora.apply(kept, rank=4, alpha=8.0, targets="all-linear", seed=1)
+    rng = np.random.default_rng(3)
+    for _, layer in lora.named_adapters(kept):   # B = 0 would test nothing
+        layer.lora_b.data[...] = rng.normal(0, 0.05, layer.lora_b.shape)
+    adapter = tmp_path / "adapter.gguf"
+    save_gguf_lora(kept, adapter)
+    ids = np.array(TOK.encode(TEXT)[:64])
+    ours = kept(ids[None])[0].astype(np.float64)
+    theirs = _logits(_llama_cpp(path, adapter), ids)
+    without = _logits(_llama_cpp(path), ids)
+    # llama.cpp (quantized file + adapter) is as close to ggmlopt's adapted model
+    # as its 8-bit activations allow, and the adapter moves its logits far more
+    err = _relative(ours, theirs)
+    assert err <= 2 * _eight_bit_error(model_of(f32), ids)
+    assert _relative(theirs, without) > 5 * err
+    # exactly so without the activations' rounding: the same adapter on a float32
+    # file of the dequantized weights, which llama.cpp multiplies in float32
+    widened = tmp_path / "widened.gguf"
+    save_gguf(model_of(path), widened, tokenizer=TOK)
+    exact = _logits(_llama_cpp(widened, adapter), ids)
+    assert np.abs(exact - ours).max() <= 1e-4 * np.abs(ours).max()
+
+
+def model_of(path):
+    """The file's model widened to float32 (load_gguf warns that it dequantized)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        model, _ = load_gguf(path)
+    return model
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q5_1"])
+def test_quantized_files_of_save_gguf_load_in_llama_cpp(tmp_path, dtype):
+    model = _model(tie=True)
+    path = tmp_path / f"{dtype}.gguf"
+    save_gguf(model, path, tokenizer=TOK, dtype=dtype)
+    kept, _ = load_gguf(path, keep_types=True)
+    ids = np.array(TOK.encode(TEXT)[:64])
+    theirs = _logits(_llama_cpp(path), ids)
+    err = _relative(kept(ids[None])[0], theirs)
+    assert err <= 2 * _eight_bit_error(model, ids)
