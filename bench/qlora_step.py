@@ -5,6 +5,7 @@ Q4_K_M, each case in a fresh process.
 
     python bench/qlora_step.py            # SmolLM2-135M's shape, 1 x 256, 2 threads
     python bench/qlora_step.py --small    # a quick run on a stories15M-sized model
+    python bench/qlora_step.py --decode   # greedy decoding, tokens/s, beside llama.cpp
 
 Each case loads the GGUF (``keep_types=True`` for the quantized ones), applies
 LoRA, and times one OptContext step (forward, backward, AdamW) over 1 x 256
@@ -59,6 +60,36 @@ def _case(path: str, keep: bool, steps: int) -> dict:
             "loss": float(ctx.loss)}
 
 
+def _decode(path: str, keep: bool, n: int = 64) -> dict:
+    """Greedy decoding of n tokens after a 16-token prompt, batch 1, 2 threads:
+    ggmlopt (keep_types) and, when installed, llama.cpp on the same file."""
+    import numpy as np
+
+    import ggmlopt as go
+    from ggmlopt.io import load_gguf
+    go.set_num_threads(2)
+    model, _ = load_gguf(path, keep_types=keep)
+    prompt = list(range(1, 17))
+    go.generate(model, prompt, 4, temperature=0)   # warm-up
+    t0 = time.perf_counter()
+    go.generate(model, prompt, n, temperature=0)
+    ours = n / (time.perf_counter() - t0)
+    row = {"ggmlopt_tok_s": ours, "peak_mib": _peak_mib()}
+    try:
+        import llama_cpp
+    except ImportError:
+        return row
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, n_threads=2, verbose=False)
+    llm.reset()
+    llm.eval(prompt)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        llm.eval([token])
+    row["llama_cpp_tok_s"] = n / (time.perf_counter() - t0)
+    return row
+
+
 def _files(cfg: dict, folder: str) -> dict[str, str]:
     import warnings
 
@@ -94,10 +125,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--decode", action="store_true")
     ap.add_argument("--case", nargs=2, metavar=("PATH", "KEEP"))
     args = ap.parse_args()
     if args.case:
-        print(json.dumps(_case(args.case[0], args.case[1] == "1", args.steps)))
+        run = _decode(args.case[0], args.case[1] == "1") if args.decode else \
+            _case(args.case[0], args.case[1] == "1", args.steps)
+        print(json.dumps(run))
         return
     cfg = SMALL if args.small else SMOLLM2_135M
     with tempfile.TemporaryDirectory() as folder:
@@ -106,11 +140,20 @@ def main() -> None:
         for name, path in files.items():
             keep = name != "f32"
             out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps),
+                                  *(["--decode"] if args.decode else []),
                                   "--case", path, "1" if keep else "0"],
                                  check=True, capture_output=True, text=True).stdout
+            # llama.cpp's loader and quantizer print to stderr; only the JSON matters
             row = json.loads(out.strip().splitlines()[-1])
             row.update(case=name, file_mib=os.path.getsize(path) / 2**20)
             rows.append(row)
+    if args.decode:
+        print(f"{'base':8} {'ggmlopt tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>6}")
+        for r in rows:
+            theirs = r.get("llama_cpp_tok_s", float("nan"))
+            print(f"{r['case']:8} {r['ggmlopt_tok_s']:14.1f} {theirs:16.1f} "
+                  f"{r['ggmlopt_tok_s'] / theirs:6.2f}")
+        return
     base = rows[0]["step_s"]
     print(f"{'base':8} {'file MiB':>9} {'step s':>8} {'x f32 LoRA':>11} {'peak MiB':>9}")
     for r in rows:
