@@ -253,3 +253,43 @@ def test_lora_over_a_quantized_layer_of_any_model():
     history = go.fit(model, go.Dataset.from_arrays(x, y), "mean_squared_error", nepoch=4,
                      nbatch_logical=16, silent=True)
     assert history.epochs[-1].train_loss < history.epochs[0].train_loss
+
+
+@pytest.mark.parametrize("cls,cfg_cls", [(Llama, LlamaConfig), (Qwen2, Qwen2Config)])
+def test_load_hf_keep_types_reads_float16_safetensors_in_place(tmp_path, cls, cfg_cls):
+    st = pytest.importorskip("safetensors.numpy")
+    from ggmlopt.io import load_hf
+    model = tiny_llama(tie=False, cls=cls, cfg_cls=cfg_cls)
+    save_hf(model, tmp_path)
+    path = tmp_path / "model.safetensors"
+    halves = {k: v.astype(np.float16) for k, v in st.load_file(str(path)).items()}
+    st.save_file(halves, str(path))
+    widened = load_hf(tmp_path)
+    kept = load_hf(tmp_path, keep_types=True)
+    up = kept.layers[0].mlp.up_proj
+    assert isinstance(up, QuantizedLinear) and up.qtype == "F16"
+    assert not up.qweight.flags.writeable   # a view of the mapped file
+    assert isinstance(kept.embed_tokens, QuantizedEmbedding)
+    ids = np.arange(40).reshape(2, 20) % 257
+    a, b = widened(ids), kept(ids)
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+    lora.apply(kept, rank=2)
+    assert lora.other_trainable(kept) == []
+
+
+def test_load_hf_keep_types_reads_bfloat16(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from ggmlopt.io import load_hf
+    save_hf(tiny_llama(tie=True), tmp_path / "f32")
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "f32",
+                                                       torch_dtype=torch.bfloat16)
+    hf.save_pretrained(tmp_path / "bf16")
+    kept = load_hf(tmp_path / "bf16", keep_types=True)
+    assert kept.layers[1].self_attn.o_proj.qtype == "BF16"
+    ids = np.arange(20)[None]
+    with torch.no_grad():
+        want = hf.float()(torch.tensor(ids)).logits.numpy()
+    got = kept(ids)
+    # the same bfloat16 values, multiplied in float32 by both
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()

@@ -27,6 +27,7 @@ from .. import kernels_quant
 from ..lora import refuse_adapters
 from ..models import Llama, LlamaConfig, Qwen2, Qwen2Config
 from ..nn.init import skip_init
+from ..nn.module import get_submodule, set_submodule
 from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
 from ..nn.rope_scaling import RopeScaling
 from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
@@ -169,7 +170,7 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
     for name, _ in _parameter_shapes(model.config):
         p = params.get(name)
         if p is None:   # a weight kept as its file stored it
-            layer = _submodule(model, name[:-len(".weight")])
+            layer = get_submodule(model, name[:-len(".weight")])
             rows = layer.qweight
             if not model.config.qkv_bias and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = model.config.n_heads if name.endswith("q_proj.weight") else \
@@ -530,22 +531,6 @@ class LlamaGguf:
         return t.type_name, raw
 
 
-def _submodule(model, dotted: str):
-    obj = model
-    for part in dotted.split("."):
-        obj = obj[int(part)] if isinstance(obj, list) else getattr(obj, part)
-    return obj
-
-
-def _set_submodule(model, dotted: str, new) -> None:
-    parent_name, _, last = dotted.rpartition(".")
-    parent = _submodule(model, parent_name) if parent_name else model
-    if isinstance(parent, list):
-        parent[int(last)] = new
-    else:
-        setattr(parent, last, new)
-
-
 def _keep_types(read: LlamaGguf, model) -> list[str]:
     """Put a QuantizedLinear (QuantizedEmbedding for the token embedding) over
     the file's stored rows in place of every weight matrix of model whose type
@@ -560,13 +545,13 @@ def _keep_types(read: LlamaGguf, model) -> list[str]:
             continue
         qtype, raw = stored
         where = name[:-len(".weight")]
-        old = _submodule(model, where)
+        old = get_submodule(model, where)
         new: QuantizedLinear | QuantizedEmbedding
         if name == "embed_tokens.weight":
             new = QuantizedEmbedding(raw, qtype, shape[0], shape[1])
         else:
             new = QuantizedLinear(raw, qtype, old.in_features, old.out_features, bias=old.bias)
-        _set_submodule(model, where, new)
+        set_submodule(model, where, new)
     return sorted(widened)
 
 

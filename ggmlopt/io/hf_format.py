@@ -21,9 +21,10 @@ import numpy as np
 from .._optional import import_optional
 from ..lora import refuse_adapters
 from ..models import GPT2, GPT2Config, Llama, LlamaConfig, Qwen2, Qwen2Config
+from ..nn.init import skip_init
 from ..nn.linear import Linear
-from ..nn.module import named_modules
-from ..nn.quantized import refuse_quantized
+from ..nn.module import get_submodule, named_modules, set_submodule
+from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, refuse_quantized
 from ..nn.rope_scaling import RopeScaling
 from ._files import atomic_output
 
@@ -270,8 +271,7 @@ def _model_from_config(hf: dict[str, Any], where: str):
         raise ValueError(f"{where}: {e}") from None
 
 
-def _read_tensors(directory: str) -> dict[str, np.ndarray]:
-    st = _safetensors()
+def _weight_files(directory: str) -> list[str]:
     single = os.path.join(directory, WEIGHTS)
     if os.path.isfile(single):
         files = [single]
@@ -281,13 +281,94 @@ def _read_tensors(directory: str) -> dict[str, np.ndarray]:
         files = [os.path.join(directory, name) for name in shards]
     else:
         raise FileNotFoundError(f"directory: no {WEIGHTS} (or {INDEX}) in {directory!r}")
+    return files
+
+
+def _read_tensors(directory: str) -> dict[str, np.ndarray]:
+    st = _safetensors()
     tensors: dict[str, np.ndarray] = {}
-    for path in files:
+    for path in _weight_files(directory):
         tensors.update(st.load_file(path))
     return tensors
 
 
-def load_hf(directory):
+# safetensors dtypes a mapped tensor is viewed as (bfloat16 as its raw 16-bit words)
+_MAPPED = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+
+
+def _mapped_tensors(directory: str) -> dict[str, tuple[str, np.ndarray]]:
+    """{name: (safetensors dtype, read-only view of the memory-mapped file)}: the
+    format is an 8-byte header length, a JSON header (dtype, shape, data_offsets
+    of each tensor) and the data."""
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    for path in _weight_files(directory):
+        raw = np.memmap(path, np.uint8, "r")
+        try:
+            n = int(raw[:8].view("<u8")[0])
+            header = json.loads(bytes(raw[8:8 + n]).decode("utf-8"))
+        except (ValueError, IndexError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not a safetensors file ({e})") from None
+        base = 8 + n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = info.get("dtype")
+            if dtype not in _MAPPED:
+                raise TypeError(f"{path}: tensor {name!r} has dtype {dtype}; expected floats")
+            start, end = info["data_offsets"]
+            view = raw[base + start:base + end].view(np.dtype(_MAPPED[dtype]).newbyteorder("<"))
+            out[name] = (dtype, view.reshape(info["shape"]))
+    return out
+
+
+def _as_float32(dtype: str, array: np.ndarray) -> np.ndarray:
+    if dtype == "BF16":
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array.astype(np.float32)
+
+
+def _load_kept(directory: str, model, where: str):
+    """load_hf's keep_types=True: every Linear weight and the token embedding
+    over the mapped file's rows (torch's (out, in) layout is the rows a
+    QuantizedLinear reads), the rest widened to float32."""
+    tensors = _mapped_tensors(directory)
+    expected = _tensor_map(model)
+    ours = {id(p): name for name, p in model.named_parameters()}
+    names = {name for name, _, _ in expected}
+    ignored = (".rotary_emb.inv_freq",) + (("lm_head.weight",) if model.config.tie_embeddings
+                                           else ())
+    missing = sorted(names - set(tensors))
+    unexpected = sorted(k for k in tensors if k not in names and not k.endswith(ignored))
+    if missing or unexpected:
+        raise ValueError(f"{where}: does not match the {type(model).__name__} its config "
+                         f"describes: missing {missing}, unexpected {unexpected}")
+    plan = []
+    for name, p, transposed in expected:
+        dtype, array = tensors[name]
+        shape = array.T.shape if transposed else array.shape
+        if shape != p.data.shape:
+            raise ValueError(f"{where}: tensor {name!r} has shape {array.shape}; expected "
+                             f"{p.data.shape[::-1] if transposed else p.data.shape}")
+        plan.append((ours[id(p)], p, dtype, array, transposed))
+    for our_name, p, dtype, array, transposed in plan:
+        module_name = our_name.rpartition(".")[0]
+        if array.ndim == 2 and our_name.endswith(".weight"):
+            old = get_submodule(model, module_name)
+            qtype = "F32" if dtype == "F64" else dtype
+            rows = np.ascontiguousarray(array.astype(np.float32)) if dtype == "F64" else array
+            new: QuantizedLinear | QuantizedEmbedding
+            if transposed:
+                new = QuantizedLinear(rows, qtype, old.in_features, old.out_features,
+                                      bias=old.bias)
+            else:
+                new = QuantizedEmbedding(rows, qtype, *p.data.shape)
+            set_submodule(model, module_name, new)
+        else:
+            p.data[...] = _as_float32(dtype, array)
+    return model
+
+
+def load_hf(directory, *, keep_types=False):
     """A ggmlopt.models.Llama, Qwen2 or GPT2 from a Hugging Face checkpoint directory
     (config.json and model.safetensors, or a sharded model.safetensors.index.json),
     as save_hf or transformers' save_pretrained write them.
@@ -296,10 +377,26 @@ def load_hf(directory):
     first).  A tied output (tie_word_embeddings) may be absent from the file;
     buffers Hugging Face keeps (rotary inv_freq, GPT-2's attention masks) are
     ignored.  Every tensor is checked (names, shapes) before the model is
-    returned: ValueError names what is missing, unexpected or misshapen."""
+    returned: ValueError names what is missing, unexpected or misshapen.
+
+    keep_types=True (a Llama or Qwen2): every Linear weight and the token
+    embedding stay as the file stores them (F32, F16 or BF16), read in place
+    from the memory-mapped safetensors, as frozen QuantizedLinear /
+    QuantizedEmbedding layers, for LoRA over them; norms and biases are
+    float32 Parameters."""
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"directory: no such directory {directory!r}")
+    if not isinstance(keep_types, (bool, np.bool_)):
+        raise TypeError(f"keep_types: expected a bool, got {type(keep_types).__name__}")
+    if keep_types:
+        config = _read_config(directory)
+        with skip_init():   # the weight matrices are replaced, never written
+            model = _model_from_config(config, os.path.join(directory, CONFIG))
+        if isinstance(model, GPT2):
+            raise ValueError("keep_types: reads Llama-family checkpoints (GPT-2's Conv1D "
+                             "weights are kept as float32: load it with keep_types=False)")
+        return _load_kept(directory, model, os.path.join(directory, WEIGHTS))
     model = _model_from_config(_read_config(directory), os.path.join(directory, CONFIG))
     tensors = _read_tensors(directory)
     where = os.path.join(directory, WEIGHTS)

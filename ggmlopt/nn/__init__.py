@@ -32,12 +32,14 @@ from .mlp import GPT2MLP, SwiGLU
 from .module import (
                      Module,
                      eval_mode,
+                     get_submodule,
                      grads_ready,
                      modules,
                      named_modules,
                      named_parameters,
                      on_grads_ready,
                      set_rng,
+                     set_submodule,
                      set_training,
 )
 from .norm import LayerNorm, RMSNorm
@@ -78,6 +80,7 @@ __all__ = [
                      "SwiGLU",
                      "Tanh",
                      "eval_mode",
+                     "get_submodule",
                      "grads_ready",
                      "kaiming_uniform",
                      "modules",
@@ -85,5 +88,6 @@ __all__ = [
                      "named_parameters",
                      "on_grads_ready",
                      "set_rng",
+                     "set_submodule",
                      "set_training",
 ]

@@ -390,6 +390,26 @@ def _named_modules(obj, prefix, seen) -> Iterator[tuple[str, object]]:
         yield from _named_modules(child, f"{prefix}{name}.", seen)
 
 
+def get_submodule(model, target: str):
+    """The module at dotted name target (``layers.0.mlp.up_proj``; a list's
+    elements by index), as torch's ``Module.get_submodule``."""
+    obj = model
+    for part in target.split(".") if target else ():
+        obj = obj[int(part)] if isinstance(obj, (list, tuple)) else getattr(obj, part)
+    return obj
+
+
+def set_submodule(model, target: str, module) -> None:
+    """Put module at dotted name target, in place of what is there (torch's
+    ``Module.set_submodule``)."""
+    parent_name, _, last = target.rpartition(".")
+    parent = get_submodule(model, parent_name)
+    if isinstance(parent, list):
+        parent[int(last)] = module
+    else:
+        setattr(parent, last, module)
+
+
 def named_modules(model) -> list[tuple[str, object]]:
     """(dotted name, module) for any model and every sub-module in it, each once,
     parents first: ``("", model)``, then e.g. ``("0", first layer)`` in a
