@@ -37,7 +37,7 @@ def _peak_mib() -> float:
     return float("nan")
 
 
-def _case(path: str, keep: bool, steps: int) -> dict:
+def _case(path: str, keep: bool, steps: int, checkpointing: bool = False) -> dict:
     import numpy as np
 
     import ggmlopt as go
@@ -46,6 +46,8 @@ def _case(path: str, keep: bool, steps: int) -> dict:
     go.set_num_threads(2)
     model, _ = load_gguf(path, keep_types=keep)
     lora.apply(model, rank=8)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
     ctx = go.OptContext(model, loss_type=go.LossType.CROSS_ENTROPY, inputs_dtype=np.int32)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, model.config.vocab_size, (1, T + 1)).astype(np.int32)
@@ -126,11 +128,13 @@ def main() -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--decode", action="store_true")
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="activation checkpointing on (model.gradient_checkpointing_enable)")
     ap.add_argument("--case", nargs=2, metavar=("PATH", "KEEP"))
     args = ap.parse_args()
     if args.case:
         run = _decode(args.case[0], args.case[1] == "1") if args.decode else \
-            _case(args.case[0], args.case[1] == "1", args.steps)
+            _case(args.case[0], args.case[1] == "1", args.steps, args.checkpointing)
         print(json.dumps(run))
         return
     cfg = SMALL if args.small else SMOLLM2_135M
@@ -141,6 +145,7 @@ def main() -> None:
             keep = name != "f32"
             out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps),
                                   *(["--decode"] if args.decode else []),
+                                  *(["--checkpointing"] if args.checkpointing else []),
                                   "--case", path, "1" if keep else "0"],
                                  check=True, capture_output=True, text=True).stdout
             # llama.cpp's loader and quantizer print to stderr; only the JSON matters

@@ -11,6 +11,7 @@ from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..nn.module import Module, grads_ready
 from ..nn.parameter import Parameter
+from ..nn.recompute import checkpointed_backward, checkpointed_forward
 
 __all__ = ["CausalLM", "KVCache", "PreNormBlock", "normal_init"]
 
@@ -171,6 +172,54 @@ class CausalLM(Module):
     def _decode_hidden(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
         """_hidden for new positions at cache.length.., extending the cache."""
         raise NotImplementedError
+
+    # ---- activation checkpointing (Hugging Face's names) -----------------------------
+
+    _checkpointing = False
+
+    def gradient_checkpointing_enable(self) -> None:
+        """While training, keep only each decoder block's input and recompute the
+        block in the backward pass: one block's activations at a time instead of
+        every block's, for about one more forward pass of time; the gradients
+        are bit-identical."""
+        self._checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        """Keep every block's activations again (the default)."""
+        self._checkpointing = False
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """Whether gradient_checkpointing_enable() is on."""
+        return self._checkpointing
+
+    def _blocks_forward(self, blocks, h):
+        """h through the decoder blocks in order (checkpointed while training
+        with checkpointing on)."""
+        if not (self._checkpointing and self.training):
+            self._saved_blocks = None
+            for block in blocks:
+                h = block.forward(h)
+            return h
+        saved = []
+        for block in blocks:
+            h, s = checkpointed_forward(block, h)
+            saved.append(s)
+        self._saved_blocks = saved
+        return h
+
+    def _blocks_backward(self, blocks, g):
+        """The gradient g back through the blocks in reverse, each announced by
+        the gradient-ready hook once done; returns the first block's input
+        gradient."""
+        saved = getattr(self, "_saved_blocks", None)
+        for i in reversed(range(len(blocks))):
+            block = blocks[i]
+            g = block.backward(g) if saved is None else \
+                checkpointed_backward(block, saved[i], g)
+            grads_ready(block)
+        self._saved_blocks = None
+        return g
 
     def _tokens(self, tokens):
         """tokens as a C-contiguous int32 (batch, T) array, T <= max_seq_len;

@@ -103,16 +103,12 @@ class GPT2(CausalLM):
 
     def _hidden(self, tokens):
         h = self._embed(tokens, 0)
-        for block in self.h:
-            h = block.forward(h)
-        return self.ln_f.forward(h)
+        return self.ln_f.forward(self._blocks_forward(self.h, h))
 
     def _hidden_backward(self, dh):
         g = self.ln_f.backward(dh)
         grads_ready(self.ln_f)  # the gradient-ready hook: each part once it is done
-        for block in reversed(self.h):
-            g = block.backward(g)
-            grads_ready(block)
+        g = self._blocks_backward(self.h, g)
         self.wte.backward(g)
         grads_ready(self.wte)
         self.wpe.backward(g.sum(axis=0))   # every sequence's position t adds into row t

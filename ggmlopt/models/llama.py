@@ -97,16 +97,12 @@ class Llama(CausalLM):
 
     def _hidden(self, tokens):
         h = self.embed_tokens.forward(tokens)
-        for layer in self.layers:
-            h = layer.forward(h)
-        return self.norm.forward(h)
+        return self.norm.forward(self._blocks_forward(self.layers, h))
 
     def _hidden_backward(self, dh):
         g = self.norm.backward(dh)
         grads_ready(self.norm)  # the gradient-ready hook: each part once it is done
-        for layer in reversed(self.layers):
-            g = layer.backward(g)
-            grads_ready(layer)
+        g = self._blocks_backward(self.layers, g)
         self.embed_tokens.backward(g)
         grads_ready(self.embed_tokens)
 

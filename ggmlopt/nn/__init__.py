@@ -46,6 +46,7 @@ from .norm import LayerNorm, RMSNorm
 from .parameter import Parameter
 from .pooling import AvgPool2d, MaxPool2d
 from .quantized import QuantizedEmbedding, QuantizedLinear
+from .recompute import Checkpoint
 from .residual import Residual
 from .rope_scaling import RopeScaling
 from .shape import Flatten, Reshape
@@ -55,6 +56,7 @@ __all__ = [
                      "GPT2MLP",
                      "AvgPool2d",
                      "CausalSelfAttention",
+                     "Checkpoint",
                      "Conv2d",
                      "Dropout",
                      "Embedding",

@@ -80,6 +80,9 @@ class RotaryEmbedding(Module):
     ``backward(grad)`` rotates back by the last forward's angles.
     """
 
+    # the cos/sin tables outlive a pass (activation checkpointing keeps them)
+    _kept_arrays = ("_cos", "_sin")
+
     def __init__(self, head_dim, base=10000.0, scaling=None):
         head_dim = _positive_int(head_dim, "head_dim")
         if head_dim % 2:
