@@ -51,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
                    help="comma-separated Linear names, or all-linear")
     p.add_argument("--lora-dropout", type=float, default=0.0)
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute each block in the backward pass: far less memory for "
+                        "long windows, the same gradients")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("-lr", "--lr", type=float, default=1e-4, help="learning rate (AdamW alpha)")
@@ -225,6 +228,8 @@ def main(argv=None) -> int:
                        dropout=args.lora_dropout, seed=args.seed)
         except (ValueError, TypeError) as e:
             p.error(f"--lora-targets: {e}")
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     out = sys.stdout
     if not args.silent:
         print(f"finetune: {what}", file=out)

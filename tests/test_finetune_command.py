@@ -74,7 +74,8 @@ def test_keep_types_trains_adapters_over_the_quantized_base(files, capsys):
     base, tok = load_gguf(files / "base.gguf")
     save_gguf(base, files / "q8.gguf", tokenizer=tok, dtype="q8_0")
     assert finetune.main(["-m", str(files / "q8.gguf"), "--data", str(files / "train.jsonl"),
-                          "--keep-types", "--lora-rank", "4", "-c", "96", "-b", "5",
+                          "--keep-types", "--gradient-checkpointing", "--lora-rank", "4",
+                          "-c", "96", "-b", "5",
                           "--epochs", "2", "-lr", "1e-2", "--out", str(files / "qa.gguf"),
                           "--merge-out", str(files / "merged.gguf"), "--out-type", "q8_0",
                           "--silent"]) == 0
