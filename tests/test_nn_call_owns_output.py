@@ -45,6 +45,7 @@ LAYER_CASES = {
     "CausalSelfAttention": (lambda: nn.CausalSelfAttention(8, 2, 1, rng=0), (5, 8)),
     "GPT2Attention": (lambda: nn.GPT2Attention(8, 2, rng=0), (5, 8)),
     "RotaryEmbedding": (lambda: nn.RotaryEmbedding(4), (5, 2, 4)),
+    "Checkpoint": (lambda: nn.Checkpoint(nn.Linear(7, 5, rng=0)), (7,)),
     "QuantizedLinear": (lambda: nn.QuantizedLinear(
         np.random.default_rng(0).standard_normal((5, 7)).astype(np.float16), "F16", 7, 5),
         (7,)),

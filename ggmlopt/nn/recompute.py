@@ -115,8 +115,9 @@ class Checkpoint(Module):
         return self.module.parameters()
 
     def forward(self, x):
-        """module.forward(x); while training, keeps only x (the result is the
-        caller's: module no longer reuses it)."""
+        """module.forward(x): outside training the buffer module reuses; while
+        training the same values, keeping only x (module no longer reuses that
+        result).  ``layer(x)`` returns a copy the caller owns."""
         if hasattr(self.module, "__dict__"):
             self.module.training = self.training   # the walk of the tree skips it
             self.module.needs_input_grad = self.needs_input_grad
