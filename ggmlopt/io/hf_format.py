@@ -327,6 +327,21 @@ def _as_float32(dtype: str, array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
 
+def _check_names(model, expected, tensors, where: str) -> None:
+    """ValueError naming the tensors the model needs that the file lacks and
+    those it holds that the model does not have (Hugging Face's buffers and a
+    tied output aside)."""
+    names = {name for name, _, _ in expected}
+    ignored: tuple[str, ...] = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
+    if isinstance(model, GPT2) or model.config.tie_embeddings:
+        ignored += ("lm_head.weight",)
+    missing = sorted(names - set(tensors))
+    unexpected = sorted(k for k in tensors if k not in names and not k.endswith(ignored))
+    if missing or unexpected:
+        raise ValueError(f"{where}: does not match the {type(model).__name__} its config "
+                         f"describes: missing {missing}, unexpected {unexpected}")
+
+
 def _load_kept(directory: str, model, where: str):
     """load_hf's keep_types=True: every Linear weight and the token embedding
     over the mapped file's rows (torch's (out, in) layout is the rows a
@@ -334,14 +349,7 @@ def _load_kept(directory: str, model, where: str):
     tensors = _mapped_tensors(directory)
     expected = _tensor_map(model)
     ours = {id(p): name for name, p in model.named_parameters()}
-    names = {name for name, _, _ in expected}
-    ignored = (".rotary_emb.inv_freq",) + (("lm_head.weight",) if model.config.tie_embeddings
-                                           else ())
-    missing = sorted(names - set(tensors))
-    unexpected = sorted(k for k in tensors if k not in names and not k.endswith(ignored))
-    if missing or unexpected:
-        raise ValueError(f"{where}: does not match the {type(model).__name__} its config "
-                         f"describes: missing {missing}, unexpected {unexpected}")
+    _check_names(model, expected, tensors, where)
     plan = []
     for name, p, transposed in expected:
         dtype, array = tensors[name]
@@ -401,15 +409,7 @@ def load_hf(directory, *, keep_types=False):
     tensors = _read_tensors(directory)
     where = os.path.join(directory, WEIGHTS)
     expected = _tensor_map(model)
-    names = {name for name, _, _ in expected}
-    ignored = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
-    if isinstance(model, GPT2) or model.config.tie_embeddings:
-        ignored += ("lm_head.weight",)
-    missing = sorted(names - set(tensors))
-    unexpected = sorted(k for k in tensors if k not in names and not k.endswith(ignored))
-    if missing or unexpected:
-        raise ValueError(f"{where}: does not match the {type(model).__name__} its config "
-                         f"describes: missing {missing}, unexpected {unexpected}")
+    _check_names(model, expected, tensors, where)
     values = []
     for name, p, transposed in expected:
         array = tensors[name]
