@@ -108,6 +108,17 @@ cdef cnp.ndarray _raw(object raw, int t, int64_t ncols, str name):
     return a
 
 
+cdef cnp.ndarray _out(object out, tuple shape):
+    """out, or a new float32 array of shape when None; checked as a writable
+    C-contiguous float32 array of exactly shape."""
+    if out is None:
+        out = np.empty(shape, np.float32)
+    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
+    if (<object>ao).shape != shape:
+        raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
+    return ao
+
+
 def dequantize(qtype, raw, ncols, start=0, stop=None, out=None):
     """Rows [start, stop) of raw as float32 (stop - start, ncols), into out
     (allocated when None; a C-contiguous float32 array of that shape, or any
@@ -126,17 +137,13 @@ def dequantize(qtype, raw, ncols, start=0, stop=None, out=None):
                          f"{start}, {stop}")
     cdef int64_t r0 = start, r1 = stop, n = ncols
     shape = (int(r1 - r0), int(n))
-    if out is None:
-        out = np.empty(shape, np.float32)
-    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
-    if (<object>ao).shape != shape:
-        raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
+    cdef cnp.ndarray ao = _out(out, shape)
     _outputs_apart([("raw", a)], [("out", ao)])
     cdef const uint8_t *src = <const uint8_t *>cnp.PyArray_DATA(a)
     cdef float *dst = _f32(ao)
     with nogil:
         _k.dequantize_rows(t, r0, r1, n, src, dst, n)
-    return out
+    return ao
 
 
 def matmul(x, qtype, raw, out=None):
@@ -156,18 +163,14 @@ def matmul(x, qtype, raw, out=None):
     cdef cnp.ndarray a = _raw(raw, t, ncols, "raw")
     cdef int64_t nx = ax.shape[0], nout = a.shape[0]
     shape = (int(nx), int(nout))
-    if out is None:
-        out = np.empty(shape, np.float32)
-    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
-    if (<object>ao).shape != shape:
-        raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
+    cdef cnp.ndarray ao = _out(out, shape)
     _outputs_apart([("x", ax), ("raw", a)], [("out", ao)])
     cdef const uint8_t *w = <const uint8_t *>cnp.PyArray_DATA(a)
     cdef const float *px = _f32(ax)
     cdef float *py = _f32(ao)
     with nogil:
         _k.quant_matmul_f32(t, nx, ncols, px, ncols, nout, w, py, nout)
-    return out
+    return ao
 
 
 def gather(ids, qtype, raw, ncols, out=None):
@@ -179,11 +182,7 @@ def gather(ids, qtype, raw, ncols, out=None):
     cdef cnp.ndarray a = _raw(raw, t, ncols, "raw")
     cdef int64_t n = ncols
     shape = (<object>ai).shape + (int(n),)
-    if out is None:
-        out = np.empty(shape, np.float32)
-    cdef cnp.ndarray ao = _array(out, "out", np.float32, True)
-    if (<object>ao).shape != shape:
-        raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
+    cdef cnp.ndarray ao = _out(out, shape)
     _outputs_apart([("ids", ai), ("raw", a)], [("out", ao)])
     _check_ids(ai, a.shape[0], "ids")
     cdef const int32_t *pi = <const int32_t *>cnp.PyArray_DATA(ai)
@@ -192,4 +191,4 @@ def gather(ids, qtype, raw, ncols, out=None):
     cdef int64_t count = ai.size
     with nogil:
         _k.dequantize_gather(t, count, pi, n, src, dst)
-    return out
+    return ao
