@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from .. import kernels, kernels_quant
-from ._buffers import as_rows, rows2d
+from ._buffers import add_into, as_rows, rows2d
 from .module import Module
 from .parameter import Parameter
 
@@ -218,7 +218,6 @@ class QuantizedLinear(Module):
                              f"got {grad_out.shape}")
         g = as_rows(grad_out.reshape(-1, self.out_features), self.out_features, "grad_out")
         if self.bias is not None and self.bias.requires_grad:
-            from ._buffers import add_into
             ones = self._ones
             add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")
         if not self.needs_input_grad:
