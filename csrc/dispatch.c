@@ -67,13 +67,18 @@ static void detect_cpu(void) {
         if ((c >> 27) & 1) osymm = (go_xgetbv0() & 6) == 6;
     }
     int avx512f = 0, avx512bw = 0, avx512dq = 0, avx512vl = 0, oszmm = 0;
+    int avx512_bf16 = 0, amx_bf16 = 0, amx_tile = 0;
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
         avx2 = (b >> 5) & 1;
         avx512f = (b >> 16) & 1;
         avx512dq = (b >> 17) & 1;
         avx512bw = (b >> 30) & 1;
         avx512vl = (b >> 31) & 1;
+        amx_bf16 = (d >> 22) & 1;
+        amx_tile = (d >> 24) & 1;
     }
+    /* native bf16 products (reported for the bf16 precision; no kernel here needs them) */
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) avx512_bf16 = (a >> 5) & 1;
     /* ... and the opmask and ZMM registers (XCR0 bits 5, 6, 7) on top of those */
     if (osymm) oszmm = (go_xgetbv0() & 0xE6) == 0xE6;
     const int avx2_ok = avx && avx2 && fma && f16c && osymm;
@@ -81,8 +86,9 @@ static void detect_cpu(void) {
     paths[0].supported = avx2_ok && avx512f && avx512bw && avx512dq && avx512vl && oszmm;
     snprintf(cpu_features, sizeof(cpu_features),
              "avx=%d avx2=%d fma=%d f16c=%d os_ymm=%d avx512f=%d avx512bw=%d avx512dq=%d "
-             "avx512vl=%d os_zmm=%d",
-             avx, avx2, fma, f16c, osymm, avx512f, avx512bw, avx512dq, avx512vl, oszmm);
+             "avx512vl=%d os_zmm=%d avx512_bf16=%d amx_tile=%d amx_bf16=%d",
+             avx, avx2, fma, f16c, osymm, avx512f, avx512bw, avx512dq, avx512vl, oszmm,
+             avx512_bf16 && oszmm, amx_tile, amx_bf16);
 #elif defined(__aarch64__)
     snprintf(cpu_features, sizeof(cpu_features), "neon=1");
 #else
@@ -367,6 +373,17 @@ static double f16_block(const void *p, int64_t b, int64_t e) {
 void ggmlopt_convert_f16_f32(int64_t n, const uint16_t *src, float *dst, float scale) {
     convert_args a = {src, dst, scale};
     run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_REDUCE, f16_block, &a);
+}
+
+typedef struct { const float *src; uint16_t *dst; } bf16_args;
+static double bf16_block(const void *p, int64_t b, int64_t e) {
+    const bf16_args *a = (const bf16_args *)p;
+    kernels()->convert_f32_bf16(e - b, a->src + b, a->dst + b);
+    return 0.0;
+}
+void ggmlopt_convert_f32_bf16(int64_t n, const float *src, uint16_t *dst) {
+    bf16_args a = {src, dst};
+    run_blocks(n, GO_BLOCK_MIN, GO_PARALLEL_MIN_REDUCE, bf16_block, &a);
 }
 
 /* ---- dataset shard gathers ----------------------------------------------- */

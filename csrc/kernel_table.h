@@ -148,6 +148,7 @@ typedef struct ggmlopt_kernel_table {
                                 float grad_scale);
     void (*convert_u8_f32)(int64_t n, const uint8_t *src, float *dst, float scale);
     void (*convert_f16_f32)(int64_t n, const uint16_t *src, float *dst, float scale);
+    void (*convert_f32_bf16)(int64_t n, const float *src, uint16_t *dst);
     /* convolution and pooling: nimages / nplanes consecutive ones */
     void (*im2col_f32)(const go_conv_geom *g, int64_t nimages, const float *x, float *col,
                        int64_t col_image, int64_t col_row);

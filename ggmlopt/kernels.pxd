@@ -33,6 +33,7 @@ cdef double squared_error_f32(int64_t n, const float *out, const float *labels, 
 cdef void convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale) noexcept nogil
 cdef void convert_f16_f32(int64_t n, const uint16_t *src, float *dst,
                           float scale) noexcept nogil
+cdef void convert_f32_bf16(int64_t n, const float *src, uint16_t *dst) noexcept nogil
 cdef void gather_shards_bytes(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
                               const void *src, void *dst) noexcept nogil
 cdef void gather_shards_u8_f32(int64_t nshards, int64_t shard_elems, const int64_t *perm,

@@ -46,6 +46,7 @@ cdef extern from "ggmlopt.h" nogil:
                                            float grad_scale)
     void ggmlopt_convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale)
     void ggmlopt_convert_f16_f32(int64_t n, const uint16_t *src, float *dst, float scale)
+    void ggmlopt_convert_f32_bf16(int64_t n, const float *src, uint16_t *dst)
     void ggmlopt_gather_shards(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
                                const void *src, void *dst)
     void ggmlopt_gather_shards_u8_f32(int64_t nshards, int64_t shard_elems,
@@ -182,6 +183,9 @@ cdef void convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale)
 cdef void convert_f16_f32(int64_t n, const uint16_t *src, float *dst,
                           float scale) noexcept nogil:
     ggmlopt_convert_f16_f32(n, src, dst, scale)
+
+cdef void convert_f32_bf16(int64_t n, const float *src, uint16_t *dst) noexcept nogil:
+    ggmlopt_convert_f32_bf16(n, src, dst)
 
 cdef void gather_shards_bytes(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
                               const void *src, void *dst) noexcept nogil:
@@ -678,6 +682,24 @@ def to_float32(src, out=None, scale=1.0):
             ggmlopt_convert_u8_f32(n, _p0, _p1, fs)
         else:
             ggmlopt_convert_f16_f32(n, _p2, _p1, fs)
+    return out
+
+
+def to_bfloat16(src, out=None):
+    """src (float32) rounded to bfloat16 (to nearest even), as the bits of a
+    uint16 array of src's shape (NumPy has no bfloat16 dtype); a NaN stays a NaN,
+    subnormals are kept."""
+    cdef cnp.ndarray asrc = _array(src, "src", np.float32, False)
+    if out is None:
+        out = np.empty((<object>asrc).shape, dtype=np.uint16)
+    cdef cnp.ndarray ao = _array(out, "out", np.uint16, True)
+    _same_size(asrc, "src", ao, "out")
+    _no_overlap([("src", asrc), ("out", ao)])
+    cdef int64_t n = asrc.size
+    cdef float *_p0 = _f32(asrc)
+    cdef uint16_t *_p1 = <uint16_t *>cnp.PyArray_DATA(ao)
+    with nogil:
+        ggmlopt_convert_f32_bf16(n, _p0, _p1)
     return out
 
 

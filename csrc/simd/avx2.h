@@ -132,6 +132,21 @@ static inline __m256 go_vload_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
+/* 8 floats to bfloat16 bits at p, as go_f32_to_bf16 rounds each. */
+static inline void go_vstore_bf16(uint16_t *p, __m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    const __m256i r = _mm256_srli_epi32(_mm256_castps_si256(_mm256_blendv_ps(
+        _mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan)), 16);
+    /* each lane <= 0xffff, so the unsigned saturating pack is exact; it packs
+     * within 128-bit halves, the permute puts the halves in order */
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+
 /* Equal entries among 8 int32 pairs. */
 static inline int64_t go_count_eq_i32(const int32_t *a, const int32_t *b) {
     const __m256i eq = _mm256_cmpeq_epi32(_mm256_loadu_si256((const __m256i *)a),

@@ -130,6 +130,17 @@ static inline __m512 go_vload_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
+/* 16 floats to bfloat16 bits at p, as go_f32_to_bf16 rounds each (integer
+ * arithmetic: vcvtneps2bf16 would flush subnormals and needs AVX512-BF16). */
+static inline void go_vstore_bf16(uint16_t *p, __m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+}
+
 /* Equal entries among 16 int32 pairs. */
 static inline int64_t go_count_eq_i32(const int32_t *a, const int32_t *b) {
     const __mmask16 eq = _mm512_cmpeq_epi32_mask(_mm512_loadu_si512((const void *)a),

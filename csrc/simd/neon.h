@@ -122,6 +122,16 @@ static inline float32x4_t go_vload_f16(const uint16_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
 }
 
+/* 4 floats to bfloat16 bits at p, as go_f32_to_bf16 rounds each. */
+static inline void go_vstore_bf16(uint16_t *p, float32x4_t v) {
+    const uint32x4_t u = vreinterpretq_u32_f32(v);
+    const uint32x4_t lsb = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+    const uint32x4_t rounded = vaddq_u32(u, vaddq_u32(lsb, vdupq_n_u32(0x7fff)));
+    const uint32x4_t quiet = vorrq_u32(u, vdupq_n_u32(0x400000));
+    const uint32x4_t is_num = vceqq_f32(v, v);
+    vst1_u16(p, vshrn_n_u32(vbslq_u32(is_num, rounded, quiet), 16));
+}
+
 static inline int64_t go_count_eq_i32(const int32_t *a, const int32_t *b) {
     const uint32x4_t eq = vceqq_s32(vld1q_s32(a), vld1q_s32(b));
     return (int64_t)vaddvq_u32(vshrq_n_u32(eq, 31));

@@ -45,6 +45,7 @@ typedef double go_dacc;
 
 #define go_vload_u8(p) ((float)*(p))
 #define go_vload_f16(p) go_f16_to_f32(*(p))
+#define go_vstore_bf16(p, v) (*(p) = go_f32_to_bf16(v))
 
 #define go_count_eq_i32(a, b) ((int64_t)(*(a) == *(b)))
 

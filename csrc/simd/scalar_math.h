@@ -21,6 +21,15 @@ static inline float go_f16_to_f32(uint16_t h) {
     return sign ? -mag : mag;
 }
 
+/* float to bfloat16 bits, rounded to nearest even (as torch and ggml round); a NaN
+ * stays a NaN (quiet, its sign kept) instead of rounding its payload into inf;
+ * subnormals are kept, not flushed (vcvtneps2bf16 would flush them). */
+static inline uint16_t go_f32_to_bf16(float f) {
+    const uint32_t u = go_f32_to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* x > 0 ? x : 0, NaN kept (as torch; a NaN must reach the loss, where training
  * stops, not vanish in a hidden layer), -0 gives +0 */
 static inline float go_relu_scalar(float x) { return x > 0.0f || x != x ? x : 0.0f; }

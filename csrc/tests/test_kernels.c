@@ -550,6 +550,75 @@ static void test_convert_f16_exhaustive(const ggmlopt_kernel_table *k) {
     check_f16(k, 65536, src, dst, -2.0f, ctx);
 }
 
+/* The bfloat16 nearest to x, ties to the even one, found by comparing the two
+ * candidates' distances in double (independent of the kernels' bit trick);
+ * NaN: a NaN of x's sign. */
+static float bf16_nearest(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if (isnan(x)) {
+        const uint32_t q = (u & 0x80000000u) | 0x7fc00000u;
+        float f;
+        memcpy(&f, &q, 4);
+        return f;
+    }
+    if (isinf(x)) return x;
+    const uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+    float flo, fhi;
+    memcpy(&flo, &lo, 4);
+    memcpy(&fhi, &hi, 4);
+    /* past the largest finite bf16 the upper candidate is inf, which rounding
+     * treats as 2^128, the next step of the exponent */
+    const double dlo = fabs((double)x - flo);
+    const double dhi = isinf(fhi) ? fabs(fabs((double)x) - 0x1p128) : fabs((double)x - fhi);
+    if (dlo < dhi) return flo;
+    if (dhi < dlo) return fhi;
+    return (lo >> 16) & 1u ? fhi : flo;
+}
+
+static void check_bf16(const ggmlopt_kernel_table *k, int64_t n, const float *src,
+                       uint16_t *dst, const char *ctx) {
+    k->convert_f32_bf16(n, src, dst);
+    th_miss ref = TH_MISS_INIT;
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t bits = (uint32_t)dst[i] << 16;
+        float got;
+        memcpy(&got, &bits, 4);
+        th_expect_bits(&ref, "dst", i, got, bf16_nearest(src[i]));
+        if (isnan(src[i]) && signbit(got) != signbit(src[i])) th_expect(&ref, "sign", i, 0, 1, 0);
+    }
+    th_report(&ref, ctx);
+}
+
+static void test_convert_bf16(const ggmlopt_kernel_table *k, int64_t n, int off) {
+    char ctx[160];
+    CTX(ctx, "convert_f32_bf16", k, n, off, "");
+    float *src = th_rand_f32(n, off, -3.0f, 3.0f);
+    uint16_t *dst = (uint16_t *)th_alloc(2, n, off);
+    /* every third value random bits: subnormals, huge values, inf, NaN, ties */
+    for (int64_t i = 1; i < n; i += 3) {
+        const uint32_t u = (uint32_t)th_next();
+        memcpy(&src[i], &u, 4);
+    }
+    check_bf16(k, n, src, dst, ctx);
+}
+
+/* Each of the 65536 upper halves with a lower half below, at and above the tie. */
+static void test_convert_bf16_exhaustive(const ggmlopt_kernel_table *k) {
+    char ctx[160];
+    const int64_t n = 4 * 65536;
+    float *src = (float *)th_alloc(4, n, 0);
+    uint16_t *dst = (uint16_t *)th_alloc(2, n, 0);
+    static const uint32_t low[4] = {0x0000u, 0x7fffu, 0x8000u, 0x8001u};
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t u = ((uint32_t)(i >> 2) << 16) | low[i & 3];
+        memcpy(&src[i], &u, 4);
+    }
+    snprintf(ctx, sizeof ctx, "convert_f32_bf16[%s] every upper half, four lower halves",
+             k->name);
+    check_bf16(k, n, src, dst, ctx);
+}
+
 /* One wide row (a vocabulary): the softmax sums run over many terms. */
 static void test_cross_entropy_wide(const ggmlopt_kernel_table *k) {
     const int64_t ncols = 65536;
@@ -611,11 +680,13 @@ static void test_table(const ggmlopt_kernel_table *k) {
             test_convert_u8(k, n, off, 3.0f);
             test_convert_f16(k, n, off, 1.0f);
             test_convert_f16(k, n, off, 0.5f);
+            test_convert_bf16(k, n, off);
             test_activations(k, SCALAR, n, off);
             th_release_all();
         }
     }
     test_convert_f16_exhaustive(k);
+    test_convert_bf16_exhaustive(k);
     test_cross_entropy_wide(k);
     test_cross_entropy_index_wide(k);
     th_release_all();

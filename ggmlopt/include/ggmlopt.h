@@ -98,6 +98,8 @@ double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float
 
 void ggmlopt_convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale);
 void ggmlopt_convert_f16_f32(int64_t n, const uint16_t *src, float *dst, float scale);
+/* float32 to bfloat16 bits, rounded to nearest even; NaN stays NaN, subnormals kept. */
+void ggmlopt_convert_f32_bf16(int64_t n, const float *src, uint16_t *dst);
 
 /* dst shard j = src shard perm[j], for j < nshards; a shard is shard_bytes bytes. */
 void ggmlopt_gather_shards(int64_t nshards, int64_t shard_bytes, const int64_t *perm,
