@@ -29,6 +29,20 @@ def show_config(file: TextIO | None = None) -> None:
     print(f"  kernel threads      : {kernels.get_num_threads()}", file=file)
     print(f"  C header            : {get_include()}", file=file)
     _print_blas(file)
+    _print_gemm(file)
+
+
+def _print_gemm(file: TextIO) -> None:
+    """The products' section of show_config: the float32 engine and the bf16 one."""
+    from . import gemm
+
+    name = gemm.engine()
+    source = ("set by GGMLOPT_GEMM" if os.environ.get("GGMLOPT_GEMM")
+              else "the default; GGMLOPT_GEMM=mkl for MKL")
+    where = f" ({gemm.mkl_library()})" if name == "mkl" else " (NumPy's BLAS, above)"
+    print(f"  GEMM engine         : {name}{where} [{source}]", file=file)
+    native, why = gemm.bf16_support()
+    print(f"  bf16 products       : {'yes: ' if native else 'no: '}{why}", file=file)
 
 
 def _print_blas(file: TextIO) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import checkpoint, kernels
+from . import checkpoint, gemm, kernels
 from ._arena import ParamArena
 from ._args import enum_arg, int_arg
 from ._memory import AlignedBuffer
@@ -117,6 +117,19 @@ def first_nonfinite(a) -> tuple[int, float] | None:
     return where[0], float(a[where])
 
 
+def _checked_precision(precision: object) -> str:
+    """precision as 'f32' or 'bf16'; 'f32', with a warning saying why, when bf16
+    was asked for and this machine has no native bf16 products."""
+    name = gemm.check_precision(precision)
+    if name == "bf16":
+        native, why = gemm.bf16_support()
+        if not native:
+            warnings.warn(f"precision='bf16': {why}; training in float32", UserWarning,
+                          stacklevel=3)
+            return "f32"
+    return name
+
+
 def _nonfinite_cause(x, y, out) -> str:
     """Why a loss is not finite, for its error message: a NaN in the inputs may come
     from an inf there (inf - inf), so the inputs and labels are named first."""
@@ -188,6 +201,12 @@ class OptContext:
     context makes at construction runs with training off.
     clip_grad_norm: None, or a float > 0: before every optimizer step the
     gradient is clipped to that global L2 norm (see ggmlopt.clipping).
+    precision: "f32" (default) or "bf16": mixed precision where the CPU
+    multiplies bf16 natively (AVX512-BF16, AMX; the products through Intel MKL,
+    see ggmlopt.gemm): the layers' matrix products take bf16 copies of weights,
+    activations and output gradients and sum in float32, while the weights,
+    gradients and AdamW moments stay float32.  Elsewhere it warns and trains in
+    float32 (``ctx.precision`` says which runs).
 
     comm: None, or an mpi4py communicator (data-parallel training over its ranks:
     opt_period counts the physical batches of a logical batch over all ranks and
@@ -216,7 +235,8 @@ class OptContext:
                  clip_grad_norm: float | None = None, comm: Any = None,
                  shard_optimizer: bool = False, *, class_labels: bool = False,
                  inputs_dtype: npt.DTypeLike | None = None,
-                 bucket_cap_mb: float | None = 25.0) -> None:
+                 bucket_cap_mb: float | None = 25.0, precision: str = "f32") -> None:
+        self._precision = _checked_precision(precision)
         args = (model, batch_size, ne_datapoint, loss_type, build_type, opt_period, optimizer,
                 get_opt_pars, get_opt_pars_ud, seed, clip_grad_norm, class_labels, inputs_dtype)
         before_taking = _BEFORE_TAKING.get()
@@ -553,6 +573,12 @@ class OptContext:
             raise ValueError("param: not a parameter of this context's model")
         return self._grads[i]
 
+    @property
+    def precision(self) -> str:
+        """The precision of the layers' products in this context's evals: 'f32', or
+        'bf16' (asked for, and native here)."""
+        return self._precision
+
     # ---- alloc / eval / reset -----------------------------------------------------------
 
     def alloc(self, backward: bool) -> None:
@@ -716,7 +742,8 @@ class OptContext:
             result._check(batch, self._per_datapoint, self._opt_period)
         step = self._opt_step_params() if bt == BuildType.OPT else None
 
-        out = self._check_outputs(self.model.forward(x), batch)
+        with gemm.products_in(self._precision):
+            out = self._check_outputs(self.model.forward(x), batch)
         by_class = y is not None and y.dtype == np.int32
         if y is not None and not by_class and y.shape != out.shape:
             raise ValueError(f"labels: expected shape {out.shape} like the model's outputs, "
@@ -757,11 +784,12 @@ class OptContext:
 
         if backward:
             arena = self.arena
-            if step is not None and self._dist is not None:
-                # many processes: the gradient exchange starts during the backward pass
-                self._dist.backward(self, grad)
-            else:
-                self.model.backward(grad)
+            with gemm.products_in(self._precision):
+                if step is not None and self._dist is not None:
+                    # many processes: the gradient exchange starts during the backward pass
+                    self._dist.backward(self, grad)
+                else:
+                    self.model.backward(grad)
             if step is not None:
                 # many processes: ggmlopt.distributed sums the gradients over the ranks;
                 # with a sharded optimizer it also clips and steps (stepped is True)

@@ -57,7 +57,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         resume: bool = False, clip_grad_norm: float | None = None, *, comm: Any = None,
         shard_optimizer: bool = False, dataset_is_part: bool = False,
         bucket_cap_mb: float | None = 25.0, max_steps: int | None = None,
-        eval_every: int | None = None, checkpoint_every: int | None = None) -> History:
+        eval_every: int | None = None, checkpoint_every: int | None = None,
+        precision: str = "f32") -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
@@ -131,6 +132,9 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     bit for bit the uninterrupted fit's.
     A step schedule (ggmlopt.schedules with unit="step") follows ctx.iter, so
     it continues across epochs and resumes exactly.
+    precision: "f32" (default) or "bf16": the layers' matrix products in bf16
+    with float32 sums, weights, gradients and optimizer state, where the CPU
+    multiplies bf16 natively (see OptContext; elsewhere a warning and float32).
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -182,7 +186,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                              get_opt_pars=get_opt_pars, get_opt_pars_ud=1, seed=seed,
                              clip_grad_norm=clip_grad_norm, comm=comm,
                              shard_optimizer=shard_optimizer, class_labels=class_labels,
-                             inputs_dtype=inputs_dtype, bucket_cap_mb=bucket_cap_mb)
+                             inputs_dtype=inputs_dtype, bucket_cap_mb=bucket_cap_mb,
+                             precision=precision)
         if comm is not None:
             ctx._dist.parts = dataset_is_part
 

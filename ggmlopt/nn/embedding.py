@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels_embedding
+from .. import gemm, kernels_embedding
+from ._bf16 import add_product_bf16, bf16_copy
 from ._lm_args import check_size, trains
 from .init import initializing
 from .module import Module
@@ -35,6 +36,10 @@ class Embedding(Module):
     the same bits on any number of threads; nothing when weight.requires_grad
     is False) and returns None: ids have no gradient.
     """
+
+    # a tied head's bf16 operands (project under precision="bf16")
+    _bf16_pass = False
+    _h16 = _w16 = _g16 = None
 
     def __init__(self, num_embeddings, embedding_dim, *, init=None, rng=None):
         self.num_embeddings = check_size(num_embeddings, "num_embeddings")
@@ -99,14 +104,27 @@ class Embedding(Module):
 
     def project(self, rows, out=None):
         """rows (n, embedding_dim) float32 -> rows W^T (n, num_embeddings): the
-        logits of an output head tied to this embedding (into out when given)."""
-        return np.matmul(rows, self.weight.data.T, out=out)
+        logits of an output head tied to this embedding (into out when given;
+        bf16 operands inside a ``precision="bf16"`` context)."""
+        self._bf16_pass = gemm.bf16_active()
+        if not self._bf16_pass:
+            return np.matmul(rows, self.weight.data.T, out=out)
+        if out is None:
+            out = np.empty((rows.shape[0], self.num_embeddings), dtype=np.float32)
+        return gemm.matmul_bf16(bf16_copy(self, "_h16", rows),
+                                bf16_copy(self, "_w16", self.weight.data).T, out)
 
     def project_backward(self, g, rows):
         """The tied head's backward for the logits' gradient g (n, num_embeddings)
         of project(rows): adds g^T rows into weight.grad (when it trains) and
         returns the rows' gradient g W (n, embedding_dim)."""
         w = self.weight
+        if self._bf16_pass and self._w16 is not None and self._h16 is not None:
+            g16 = bf16_copy(self, "_g16", g)
+            dh = gemm.matmul_bf16(g16, self._w16,
+                                  np.empty((g.shape[0], self.embedding_dim), np.float32))
+            add_product_bf16(w, g16.T, self._h16)
+            return dh
         dh = g @ w.data
         if trains(w):
             if w.grad_is_zero:

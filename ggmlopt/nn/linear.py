@@ -1,10 +1,11 @@
-"""Linear: y = x @ weight + bias, with NumPy's BLAS."""
+"""Linear: y = x @ weight + bias, with the BLAS of ggmlopt.gemm."""
 from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
-from ._buffers import add_into, as_rows, rows2d
+from .. import gemm, kernels
+from ._bf16 import add_product_bf16, bf16_copy
+from ._buffers import add_into, as_rows, rows2d, trains
 from .init import initializing, kaiming_uniform
 from .module import Module
 from .parameter import Parameter
@@ -24,13 +25,19 @@ class Linear(Module):
     layout, which makes both BLAS calls of a training step faster), bias:
     Parameter (out_features,) or None with bias=False.  A frozen weight or bias
     (``requires_grad=False``) gets no gradient (its product is skipped); the
-    input gradient is still returned.
+    input gradient is still returned.  Inside a ``precision="bf16"`` context
+    the products take bf16 copies of the weight, the input and the output
+    gradient (float32 sums, float32 weight and gradients).
     init(weight, bias, rng) fills the float32 arrays in place (bias None without
     one); default kaiming_uniform (torch's default).  rng: None, an int seed or a
     numpy Generator; a fixed seed makes the initialisation reproducible.
     """
 
     output_is_scratch = True  # backward reads the input, never the output
+    # under precision="bf16": whether the last forward multiplied in bf16, and its
+    # operands (input, weight, output gradient, and the adapter seam's)
+    _bf16_pass = False
+    _x16 = _w16 = _g16 = _px16 = _pg16 = None
 
     def __init__(self, in_features, out_features, bias=True, *, init=None, rng=None):
         for name, v in (("in_features", in_features), ("out_features", out_features)):
@@ -77,7 +84,12 @@ class Linear(Module):
         layer reuses: the next forward overwrites it); ``layer(x)`` returns a copy
         the caller owns."""
         out2 = self._out2_for(x)
-        np.matmul(rows2d(self._x), self.weight.data, out=out2)
+        self._bf16_pass = gemm.bf16_active()
+        if self._bf16_pass:
+            gemm.matmul_bf16(bf16_copy(self, "_x16", rows2d(self._x)),
+                             bf16_copy(self, "_w16", self.weight.data), out2)
+        else:
+            gemm.matmul(rows2d(self._x), self.weight.data, out2)
         if self.bias is not None:
             kernels.add_bias_rows(out2, self.bias.data)
         return self._out
@@ -96,11 +108,18 @@ class Linear(Module):
     def product(self, x2, out2):
         """out2 (rows, out) = x2 (rows, in) @ weight: the seam an adapter computes
         its base through (QuantizedLinear has the same)."""
-        return np.matmul(x2, self.weight.data, out=out2)
+        self._bf16_pass = gemm.bf16_active()
+        if self._bf16_pass:
+            return gemm.matmul_bf16(bf16_copy(self, "_px16", x2),
+                                    bf16_copy(self, "_w16", self.weight.data), out2)
+        return gemm.matmul(x2, self.weight.data, out2)
 
     def product_transposed(self, g, out):
-        """out (rows, in) = g (rows, out) @ weight^T: the input gradient's product."""
-        return np.matmul(g, self.weight.data.T, out=out)
+        """out (rows, in) = g (rows, out) @ weight^T: the input gradient's product
+        (in bf16 when the forward's product was)."""
+        if self._bf16_pass and self._w16 is not None:
+            return gemm.matmul_bf16(bf16_copy(self, "_pg16", g), self._w16.T, out)
+        return gemm.matmul(g, self.weight.data.T, out)
 
     def _out2_for(self, x):
         """Check x (..., in_features) (a single row (in,) is one row), keep it for
@@ -125,10 +144,24 @@ class Linear(Module):
         d loss / d x (the last input's shape), or None when needs_input_grad is
         False."""
         g = self._grad_rows(grad_out)
+        if self._bf16_pass and self._x16 is not None and self._w16 is not None:
+            return self._backward_bf16(g)
         self._add_dense_grads(g)
         if not self.needs_input_grad:
             return None
-        np.matmul(g, self.weight.data.T, out=self._grad_in2)
+        gemm.matmul(g, self.weight.data.T, self._grad_in2)
+        return self._grad_in
+
+    def _backward_bf16(self, g):
+        """backward with the forward's bf16 operands and g rounded to bf16."""
+        g16 = bf16_copy(self, "_g16", g)
+        add_product_bf16(self.weight, self._x16.T, g16)
+        if trains(self.bias):
+            ones = self._ones
+            add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")
+        if not self.needs_input_grad:
+            return None
+        gemm.matmul_bf16(g16, self._w16.T, self._grad_in2)
         return self._grad_in
 
     def _grad_rows(self, grad_out):
@@ -151,7 +184,7 @@ class Linear(Module):
         """Add x^T g into weight.grad and the column sums of g into bias.grad."""
         x = rows2d(self._x)
         if self.weight is not None:   # None: an adapter over a QuantizedLinear
-                add_into(self.weight, lambda out: np.matmul(x.T, g, out=out), self, "weight")
+                add_into(self.weight, lambda out: gemm.matmul(x.T, g, out), self, "weight")
         if self.bias is not None:
             ones = self._ones
             add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")

@@ -1,0 +1,246 @@
+"""The matrix products' engine: which BLAS multiplies, chosen at run time.
+
+``numpy`` (the default, always there): NumPy's own BLAS (OpenBLAS in its wheels)
+through ``np.matmul``.  ``mkl``: Intel MKL from the ``mkl`` package
+(``pip install ggmlopt[mkl]``), called through its CBLAS entry points.  MKL also
+brings the bfloat16 products (``cblas_gemm_bf16bf16f32``: bf16 operands, float32
+accumulation and result; AMX tiles on Intel since Sapphire Rapids, AVX512-BF16
+on Cooper Lake and AMD Zen 4/5) that ``precision="bf16"`` uses; NumPy's OpenBLAS
+is built without them.
+
+``GGMLOPT_GEMM=numpy|mkl`` picks the float32 engine (read at import;
+``use_engine`` changes it later); ``show_config()`` reports it.  The bf16
+products go to MKL whichever engine multiplies float32.
+
+Operands are 2-D float32 (bf16: uint16 bit patterns) whose rows or columns are
+contiguous, so transposed views (``w.T``) need no copy; anything else goes to
+NumPy.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+
+import numpy as np
+
+__all__ = ["ENGINES", "PRECISIONS", "bf16_active", "bf16_support", "check_precision", "engine",
+           "matmul", "matmul_bf16", "mkl_library", "products_in", "use_engine"]
+
+ENGINES = ("numpy", "mkl")
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_MKL_THREADING = {"INTEL": 0, "SEQUENTIAL": 1, "TBB": 2, "GNU": 3}
+
+
+class _Mkl:
+    """libmkl_rt, loaded once, with the two product entry points typed."""
+
+    def __init__(self, path):
+        self.path = path
+        self.lib = lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+        # GNU OpenMP threads by default: the runtime the rest of the process
+        # (torch, libgomp users) already shares; MKL_THREADING_LAYER overrides
+        layer = os.environ.get("MKL_THREADING_LAYER", "GNU").upper()
+        lib.MKL_Set_Threading_Layer(ctypes.c_int(_MKL_THREADING.get(layer, 3)))
+        args = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
+                                     ctypes.c_void_p, ctypes.c_int]
+        self.sgemm = lib.cblas_sgemm
+        self.sgemm.argtypes, self.sgemm.restype = args, None
+        self.bf16gemm = lib.cblas_gemm_bf16bf16f32
+        self.bf16gemm.argtypes, self.bf16gemm.restype = args, None
+
+
+def _find_mkl():
+    """The path of libmkl_rt (the ``mkl`` package puts it in the environment's
+    lib directory), or None."""
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        hits = sorted(glob.glob(os.path.join(prefix, "lib", "libmkl_rt.so*")))
+        if hits:
+            return hits[0]
+    return ctypes.util.find_library("mkl_rt")
+
+
+_mkl: _Mkl | None = None
+_mkl_error: str | None = None
+
+
+def _load_mkl():
+    """MKL, loaded on first use; None (and the reason in _mkl_error) without it."""
+    global _mkl, _mkl_error
+    if _mkl is None and _mkl_error is None:
+        path = _find_mkl()
+        if path is None:
+            _mkl_error = ("Intel MKL is not installed (pip install ggmlopt[mkl], or: "
+                          "pip install mkl)")
+        else:
+            try:
+                _mkl = _Mkl(path)
+            except (OSError, AttributeError) as err:
+                _mkl_error = f"Intel MKL at {path} did not load: {err}"
+    return _mkl
+
+
+def mkl_library() -> str | None:
+    """The path of the MKL library in use, or None when it is not there."""
+    lib = _load_mkl()
+    return lib.path if lib is not None else None
+
+
+def _engine_from_env():
+    name = os.environ.get("GGMLOPT_GEMM", "numpy").strip().lower() or "numpy"
+    if name not in ENGINES:
+        raise ValueError(f"GGMLOPT_GEMM: expected one of {', '.join(ENGINES)}, got {name!r}")
+    return name
+
+
+_engine = "numpy"
+
+
+def use_engine(name: str | None = None) -> str:
+    """Multiply float32 with engine ``name`` ('numpy' or 'mkl'; None: what
+    GGMLOPT_GEMM says, else numpy) and return the previous engine's name.
+    ImportError when MKL is asked for and not installed."""
+    global _engine
+    name = _engine_from_env() if name is None else name
+    if name not in ENGINES:
+        raise ValueError(f"name: expected one of {', '.join(ENGINES)}, got {name!r}")
+    if name == "mkl" and _load_mkl() is None:
+        raise ImportError(f"GEMM engine 'mkl': {_mkl_error}")
+    previous, _engine = _engine, name
+    return previous
+
+
+def engine() -> str:
+    """The engine that multiplies float32 now."""
+    return _engine
+
+
+def bf16_support() -> tuple[bool, str]:
+    """(whether bf16 products run natively here, why not / what runs them)."""
+    from . import kernels
+
+    cpu = kernels.simd_info()["cpu"]
+    native = [f for f in ("amx_bf16", "avx512_bf16") if cpu.get(f)]
+    if not native:
+        return False, "this CPU has no native bf16 products (AVX512-BF16 or AMX-BF16)"
+    if _load_mkl() is None:
+        return False, f"bf16 products need Intel MKL: {_mkl_error}"
+    return True, f"Intel MKL cblas_gemm_bf16bf16f32 ({', '.join(native)})"
+
+
+def _operand(a):
+    """(transposed, leading dimension) of a 2-D operand whose rows (or, for a
+    transposed view, columns) are contiguous, or None when the BLAS cannot take it."""
+    s0, s1 = a.strides
+    item = a.itemsize
+    rows, cols = a.shape
+    if (s1 == item or cols == 1) and s0 % item == 0 and s0 // item >= max(cols, 1):
+        return False, max(s0 // item, cols, 1)
+    if (s0 == item or rows == 1) and s1 % item == 0 and s1 // item >= max(rows, 1):
+        return True, max(s1 // item, rows, 1)
+    return None
+
+
+def _call(fn, a, b, out, accumulate):
+    """out (m, n) = a (m, k) @ b (k, n) (+ out when accumulating) through fn, a
+    CBLAS gemm; False when an operand's layout does not suit it."""
+    if out.ndim != 2 or a.ndim != 2 or b.ndim != 2 or not out.flags.writeable:
+        return False
+    m, k = a.shape
+    n = b.shape[1]
+    if b.shape[0] != k or out.shape != (m, n):
+        raise ValueError(f"out: shapes {a.shape} @ {b.shape} -> {out.shape} do not match")
+    la, lb, lc = _operand(a), _operand(b), _operand(out)
+    if la is None or lb is None or lc is None or lc[0]:
+        return False
+    if m == 0 or n == 0:
+        return True
+    if k == 0:
+        if not accumulate:
+            out[...] = 0.0
+        return True
+    fn(_ROW_MAJOR, _TRANS if la[0] else _NO_TRANS, _TRANS if lb[0] else _NO_TRANS,
+       m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1],
+       1.0 if accumulate else 0.0, out.ctypes.data, lc[1])
+    return True
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
+    """out = a @ b (float32, 2-D), or out += a @ b with ``accumulate``, on the
+    active engine; returns out."""
+    if _engine == "mkl" and a.dtype == b.dtype == out.dtype == np.float32:
+        assert _mkl is not None
+        if _call(_mkl.sgemm, a, b, out, accumulate):
+            return out
+    if accumulate:
+        out += a @ b
+        return out
+    return np.matmul(a, b, out=out)
+
+
+def matmul_bf16(a16: np.ndarray, b16: np.ndarray, out: np.ndarray,
+                accumulate: bool = False) -> np.ndarray:
+    """out (float32) = a16 @ b16 (+ out with ``accumulate``), where a16 and b16
+    hold bfloat16 bits (uint16, from kernels.to_bfloat16): the products are exact
+    and summed in float32.  Needs MKL (bf16_support())."""
+    lib = _load_mkl()
+    if lib is None:
+        raise ImportError(f"bf16 products: {_mkl_error}")
+    if a16.dtype != np.uint16 or b16.dtype != np.uint16:
+        raise TypeError(f"a16, b16: expected uint16 bfloat16 bits, got {a16.dtype}, {b16.dtype}")
+    if out.dtype != np.float32:
+        raise TypeError(f"out: expected float32, got {out.dtype}")
+    if not _call(lib.bf16gemm, a16, b16, out, accumulate):
+        raise ValueError("a16, b16, out: expected 2-D operands with contiguous rows or "
+                         "columns and an output with contiguous rows")
+    return out
+
+
+# GGMLOPT_GEMM is read once, here; a bad value or a missing MKL fails the import,
+# as GGMLOPT_SIMD does: an explicit request is never dropped silently
+try:
+    use_engine(None)
+except ValueError as _err:
+    raise ImportError(str(_err)) from None
+
+
+# ---- the precision of the products in a training context -------------------------------
+
+PRECISIONS = {"f32": "f32", "float32": "f32", "fp32": "f32",
+              "bf16": "bf16", "bfloat16": "bf16"}
+_bf16_active = False
+
+
+def check_precision(precision: object) -> str:
+    """precision ('f32'/'float32' or 'bf16'/'bfloat16') as 'f32' or 'bf16'."""
+    if not isinstance(precision, str) or precision.lower() not in PRECISIONS:
+        raise ValueError(f"precision: expected 'f32' or 'bf16', got {precision!r}")
+    return PRECISIONS[precision.lower()]
+
+
+def bf16_active() -> bool:
+    """Whether the layers multiply in bf16 now (inside a bf16 context's eval)."""
+    return _bf16_active
+
+
+class products_in:
+    """``with products_in('bf16'):`` the layers' forward and backward products
+    take bf16 operands (float32 master weights and gradients stay); 'f32' leaves
+    them in float32.  Not re-entrant across threads: one training context runs
+    at a time in a process."""
+
+    def __init__(self, precision: str) -> None:
+        self._bf16 = precision == "bf16"
+        self._before = False
+
+    def __enter__(self) -> None:
+        global _bf16_active
+        self._before, _bf16_active = _bf16_active, self._bf16
+
+    def __exit__(self, *exc: object) -> None:
+        global _bf16_active
+        _bf16_active = self._before

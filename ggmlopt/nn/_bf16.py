@@ -1,0 +1,29 @@
+"""The bf16 operands of a layer's products under ``precision="bf16"``: float32
+arrays rounded to bfloat16 bits into buffers the layer keeps (a forward's
+operands serve its backward)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import gemm, kernels
+from ._buffers import trains
+
+
+def bf16_copy(owner, key: str, a: np.ndarray) -> np.ndarray:
+    """a (float32) rounded to bfloat16 into owner's buffer ``key`` (made or
+    resized as needed), returned as uint16 of a's shape."""
+    buf = getattr(owner, key, None)
+    if buf is None or buf.shape != a.shape:
+        buf = np.empty(a.shape, dtype=np.uint16)
+        setattr(owner, key, buf)
+    kernels.to_bfloat16(np.ascontiguousarray(a), out=buf)
+    return buf
+
+
+def add_product_bf16(param, a16: np.ndarray, b16: np.ndarray) -> None:
+    """param.grad (+)= a16 @ b16 (bf16 operands, float32 sums): written when the
+    gradient is known to be zero, added otherwise; nothing for a frozen one."""
+    if not trains(param):
+        return
+    gemm.matmul_bf16(a16, b16, param.grad, accumulate=not param.grad_is_zero)
+    param.grad_is_zero = False

@@ -1,0 +1,177 @@
+"""The products' engines (ggmlopt.gemm): float32 on NumPy's BLAS and on MKL,
+and MKL's bf16 products, against float64 references of the same operands.
+
+A float32 product of inner length k is within gamma_k = k u / (1 - k u) (u =
+2^-24) of sum_j |a_ij b_jk| from the exact one (any order of the sums, blocked
+or fused, obeys it); a bf16 product is the float32 sum of exact products of the
+bf16-rounded operands, so the same bound holds against the float64 product of
+those rounded operands.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ggmlopt import gemm, kernels
+
+F32 = np.float32
+U = 2.0 ** -24
+
+needs_mkl = pytest.mark.skipif(gemm.mkl_library() is None, reason="Intel MKL not installed "
+                               "(pip install mkl)")
+ENGINES = ["numpy", pytest.param("mkl", marks=needs_mkl)]
+
+
+def gamma(k):
+    return k * U / (1 - k * U)
+
+
+def assert_product_close(got, a64, b64, base=None):
+    """got within gamma_k of |a||b| of a64 @ b64 (+ base)."""
+    k = a64.shape[1]
+    want = a64 @ b64 + (0.0 if base is None else base)
+    bound = gamma(k + 1) * (np.abs(a64) @ np.abs(b64) + (0.0 if base is None else np.abs(base)))
+    err = np.abs(got.astype(np.float64) - want)
+    assert (err <= bound + 1e-300).all(), f"worst excess {np.max(err - bound):.3g}"
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    before = gemm.use_engine(request.param)
+    yield request.param
+    gemm.use_engine(before)
+
+
+def operand(rng, rows, cols, transposed):
+    """A (rows, cols) float32 operand, as a transposed view when asked."""
+    if transposed:
+        return rng.standard_normal((cols, rows), dtype=F32).T
+    return rng.standard_normal((rows, cols), dtype=F32)
+
+
+SHAPES = [(1, 1, 1), (7, 13, 5), (33, 17, 65), (128, 96, 1), (1, 300, 129), (64, 257, 31)]
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_float32_product_on_each_engine(engine, rng, m, k, n, ta, tb):
+    a, b = operand(rng, m, k, ta), operand(rng, k, n, tb)
+    out = np.full((m, n), np.nan, F32)
+    assert gemm.matmul(a, b, out) is out
+    assert_product_close(out, a.astype(np.float64), b.astype(np.float64))
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_float32_product_accumulates(engine, rng, m, k, n):
+    a, b = operand(rng, m, k, False), operand(rng, k, n, True)
+    base = rng.standard_normal((m, n), dtype=F32)
+    out = base.copy()
+    gemm.matmul(a, b, out, accumulate=True)
+    assert_product_close(out, a.astype(np.float64), b.astype(np.float64), base.astype(np.float64))
+
+
+def test_float32_product_into_rows_of_a_wider_array(engine, rng):
+    # out with a row stride (a column block of a wider matrix) and empty inner length
+    a, b = rng.standard_normal((9, 11), dtype=F32), rng.standard_normal((11, 6), dtype=F32)
+    wide = np.full((9, 10), 5.0, F32)
+    gemm.matmul(a, b, wide[:, 2:8])
+    assert_product_close(wide[:, 2:8], a.astype(np.float64), b.astype(np.float64))
+    assert (wide[:, :2] == 5).all() and (wide[:, 8:] == 5).all()
+    out = np.full((3, 4), 2.0, F32)
+    gemm.matmul(np.zeros((3, 0), F32), np.zeros((0, 4), F32), out)
+    assert (out == 0).all()
+
+
+def bf16(x):
+    return kernels.to_bfloat16(np.ascontiguousarray(x, F32))
+
+
+def widened(bits):
+    return (bits.astype(np.uint32) << 16).view(F32).astype(np.float64)
+
+
+@needs_mkl
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True)])
+def test_bf16_product_sums_exact_products_in_float32(rng, m, k, n, ta, tb):
+    a16 = bf16(rng.standard_normal((m, k)) * 3)
+    b16 = bf16(rng.standard_normal((k, n)))
+    a_op = np.ascontiguousarray(a16.T).T if ta else a16
+    b_op = np.ascontiguousarray(b16.T).T if tb else b16
+    out = np.full((m, n), np.nan, F32)
+    gemm.matmul_bf16(a_op, b_op, out)
+    assert_product_close(out, widened(a16), widened(b16))
+    base = rng.standard_normal((m, n), dtype=F32)
+    acc = base.copy()
+    gemm.matmul_bf16(a_op, b_op, acc, accumulate=True)
+    assert_product_close(acc, widened(a16), widened(b16), base.astype(np.float64))
+
+
+@needs_mkl
+def test_bf16_product_is_not_a_float32_product(rng):
+    # the operands really are rounded: a float32 product of the unrounded values
+    # misses the bf16 product by far more than float32 rounding
+    a = rng.standard_normal((16, 64), dtype=F32)
+    b = rng.standard_normal((64, 8), dtype=F32)
+    out = np.empty((16, 8), F32)
+    gemm.matmul_bf16(bf16(a), bf16(b), out)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.max(np.abs(out - exact)) > 100 * gamma(64) * np.max(np.abs(a) @ np.abs(b))
+
+
+@needs_mkl
+def test_bf16_product_refuses_bad_operands():
+    out = np.zeros((2, 2), F32)
+    with pytest.raises(TypeError, match="uint16"):
+        gemm.matmul_bf16(np.zeros((2, 2), F32), np.zeros((2, 2), np.uint16), out)
+    with pytest.raises(TypeError, match="out"):
+        gemm.matmul_bf16(np.zeros((2, 2), np.uint16), np.zeros((2, 2), np.uint16),
+                         np.zeros((2, 2)))
+    with pytest.raises(ValueError, match="shapes"):
+        gemm.matmul_bf16(np.zeros((2, 3), np.uint16), np.zeros((2, 2), np.uint16), out)
+    with pytest.raises(ValueError, match="contiguous"):
+        gemm.matmul_bf16(np.zeros((2, 4), np.uint16)[:, ::2], np.zeros((2, 2), np.uint16), out)
+    assert (out == 0).all()
+
+
+def test_unknown_engine_is_refused():
+    with pytest.raises(ValueError, match="numpy, mkl"):
+        gemm.use_engine("blis")
+    assert gemm.engine() in gemm.ENGINES
+
+
+def run_import(env_value):
+    env = dict(os.environ, GGMLOPT_GEMM=env_value)
+    code = "import ggmlopt, ggmlopt.gemm as g; print(g.engine()); ggmlopt.show_config()"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, check=False)
+
+
+def test_environment_variable_picks_the_engine():
+    bad = run_import("blis")
+    assert bad.returncode != 0 and "GGMLOPT_GEMM" in bad.stderr and "ImportError" in bad.stderr
+    ok = run_import("numpy")
+    assert ok.returncode == 0 and ok.stdout.splitlines()[0] == "numpy"
+    assert "GEMM engine         : numpy" in ok.stdout
+    mkl = run_import("mkl")
+    if gemm.mkl_library() is None:
+        assert mkl.returncode != 0 and "pip install" in mkl.stderr
+    else:
+        assert mkl.returncode == 0 and mkl.stdout.splitlines()[0] == "mkl", mkl.stderr
+        assert "GEMM engine         : mkl" in mkl.stdout
+
+
+def test_precision_names():
+    assert gemm.check_precision("bfloat16") == "bf16"
+    assert gemm.check_precision("F32") == "f32"
+    for bad in ("fp16", 16, None):
+        with pytest.raises(ValueError, match="precision"):
+            gemm.check_precision(bad)
+
+
+def test_bf16_support_says_why_not(monkeypatch):
+    monkeypatch.setattr(kernels, "simd_info", lambda: {"cpu": {"avx2": True}})
+    native, why = gemm.bf16_support()
+    assert not native and "AVX512-BF16" in why
