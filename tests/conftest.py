@@ -99,3 +99,34 @@ def subprocess_env(package_parent):
     env["PYTHONPATH"] = os.pathsep.join(
         [package_parent] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
+
+
+# On CPUs with AMX (Intel since Sapphire Rapids), llama.cpp repacks quantized
+# weights into its AMX buffer type, whose matrix product segfaults on these small
+# test models (llama.cpp issue #20824, open: the first decode of a Q8_0 model of
+# width 64 crashes the process here).  There, llama.cpp's extra buffer types are
+# turned off for every model these tests open (``use_extra_bufts``, llama.cpp's
+# ``--no-extra-bufts``), so its plain CPU kernels compute the logits we compare
+# with; everywhere else nothing changes.
+@pytest.fixture(autouse=True, scope="session")
+def _llama_cpp_without_amx_buffers():
+    try:
+        import llama_cpp.llama_cpp as capi
+    except (ImportError, OSError):   # not installed (or not loadable): those tests skip
+        yield
+        return
+    if b"AMX_INT8 = 1" not in capi.llama_print_system_info():
+        yield
+        return
+    default_params = capi.llama_model_default_params
+
+    def without_extra_buffers():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    capi.llama_model_default_params = without_extra_buffers
+    try:
+        yield
+    finally:
+        capi.llama_model_default_params = default_params
