@@ -2,7 +2,9 @@
 B=8, T=256, 2 threads, a dynamic OptContext): each phase's wall time, summed over
 the 6 layers, median of a few steps.
 
-    python bench/profile_lm_step.py [steps]
+    python bench/profile_lm_step.py [steps] [f32|bf16]
+
+(bf16: the context's precision="bf16", where the CPU multiplies bf16 natively.)
 
 Phases: embedding, RMSNorms, attention's four projections (BLAS) and its core
 (RoPE + the fused attention kernel), the SwiGLU's three projections (BLAS) and its
@@ -85,10 +87,10 @@ def instrument(model, ctx):
     timed(ctx, "eval", "eval total")
 
 
-def main(steps=3):
+def main(steps=3, precision="f32"):
     go.kernels.set_num_threads(2)
     model = lm_models.ggmlopt_model()
-    step, ctx = lm_models.ggmlopt_step(model)
+    step, ctx = lm_models.ggmlopt_step(model, precision)
     step()
     plain = []
     for _ in range(steps):
@@ -117,7 +119,8 @@ def main(steps=3):
             rows[k].append(v)
     med = {k: float(np.median(v)) for k, v in rows.items() if "total" not in k}
     step_med = med.pop("step")
-    print(f"stories15M training step, B={lm_models.BATCH}, T={lm_models.T}, 2 threads: "
+    print(f"stories15M training step ({ctx.precision}), B={lm_models.BATCH}, "
+          f"T={lm_models.T}, 2 threads: "
           f"{float(np.median(plain)):.3f} s unwrapped, {step_med:.3f} s wrapped "
           f"(medians of {steps})")
     for k, v in sorted(med.items(), key=lambda kv: -kv[1]):
@@ -125,4 +128,4 @@ def main(steps=3):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3, sys.argv[2] if len(sys.argv) > 2 else "f32")

@@ -158,7 +158,7 @@ class Linear(Module):
         add_product_bf16(self.weight, self._x16.T, g16)
         if trains(self.bias):
             ones = self._ones
-            add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")
+            add_into(self.bias, lambda out: gemm.matmul(ones, g, out), self, "bias")
         if not self.needs_input_grad:
             return None
         gemm.matmul_bf16(g16, self._w16.T, self._grad_in2)
@@ -187,7 +187,7 @@ class Linear(Module):
                 add_into(self.weight, lambda out: gemm.matmul(x.T, g, out), self, "weight")
         if self.bias is not None:
             ones = self._ones
-            add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")
+            add_into(self.bias, lambda out: gemm.matmul(ones, g, out), self, "bias")
 
     def __repr__(self):
         return (f"Linear(in_features={self.in_features}, out_features={self.out_features}, "

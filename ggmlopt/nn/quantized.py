@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from .. import kernels, kernels_quant
+from .. import gemm, kernels, kernels_quant
 from ._buffers import add_into, as_rows, rows2d
 from .module import Module
 from .parameter import Parameter
@@ -219,7 +219,7 @@ class QuantizedLinear(Module):
         g = as_rows(grad_out.reshape(-1, self.out_features), self.out_features, "grad_out")
         if self.bias is not None and self.bias.requires_grad:
             ones = self._ones
-            add_into(self.bias, lambda out: np.matmul(ones, g, out=out), self, "bias")
+            add_into(self.bias, lambda out: gemm.matmul(ones, g, out), self, "bias")
         if not self.needs_input_grad:
             return None
         self.product_transposed(g, self._grad_in2)
