@@ -159,14 +159,16 @@ def torch_adamw(params):
                                  foreach=True), "foreach"
 
 
-def ggmlopt_step(model=None):
+def ggmlopt_step(model=None, precision="f32"):
     """One training step of the engine (dynamic OptContext, int32 tokens, sequence
-    labels, class-index cross-entropy, AdamW) as a callable; also the context."""
+    labels, class-index cross-entropy, AdamW) as a callable; also the context.
+    precision="bf16": its products in bf16 (OptContext's mixed precision)."""
     model = ggmlopt_model() if model is None else model
     pars = go.OptimizerParams(go.AdamWParams(alpha=LR, beta1=BETAS[0], beta2=BETAS[1],
                                              eps=EPS, wd=WD))
     ctx = go.OptContext(model, loss_type=go.LossType.CROSS_ENTROPY,
-                        get_opt_pars=lambda ud: pars, inputs_dtype=np.int32)
+                        get_opt_pars=lambda ud: pars, inputs_dtype=np.int32,
+                        precision=precision)
     tokens, labels = batch()
 
     def step():
@@ -177,8 +179,10 @@ def ggmlopt_step(model=None):
     return step, ctx
 
 
-def torch_step(model=None):
-    """The same step in torch: forward, F.cross_entropy, backward, AdamW."""
+def torch_step(model=None, autocast_bf16=False):
+    """The same step in torch: forward, F.cross_entropy, backward, AdamW; with
+    autocast_bf16 the forward (and so the backward) under
+    torch.autocast("cpu", torch.bfloat16), torch's own mixed precision."""
     import torch
     import torch.nn.functional as F
 
@@ -189,7 +193,9 @@ def torch_step(model=None):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(m(tokens).view(-1, vocab), labels.view(-1), ignore_index=-1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
+            logits = m(tokens).view(-1, vocab)
+        loss = F.cross_entropy(logits.float(), labels.view(-1), ignore_index=-1)
         loss.backward()
         opt.step()
         return loss

@@ -86,3 +86,38 @@ def test_bench_stories15m_training_step(threads):
     if STRICT:
         assert t_go <= 0.8 * t_torch
         assert mem_go <= mem_torch
+
+
+def test_bench_stories15m_bf16_step(threads):
+    """precision="bf16" against ggmlopt's float32 step and torch's bf16 autocast
+    (and float32) step, all four interleaved; the same weights.  Targets (issue
+    30): <= 0.7x torch's bf16 step and <= 0.5x ggmlopt's float32 step."""
+    torch = pytest.importorskip("torch")
+    from ggmlopt import gemm
+
+    native, why = gemm.bf16_support()
+    if not native:
+        pytest.skip(f"precision='bf16' runs float32 here: {why}")
+    threads(2)
+    model = lm_models.ggmlopt_model()
+    steps = {"ggmlopt bf16": lm_models.ggmlopt_step(lm_models.ggmlopt_model(), "bf16")[0],
+             "ggmlopt f32": lm_models.ggmlopt_step(model)[0],
+             "torch bf16": lm_models.torch_step(model, autocast_bf16=True)[0],
+             "torch f32": lm_models.torch_step(model)[0]}
+    med, all_times = interleaved_medians(steps)
+    lines = [(f"stories15M step, B={lm_models.BATCH}, T={lm_models.T}, 2 threads, {REPEATS} "
+              f"interleaved repeats, medians (torch {torch.__version__}, "
+              f"{torch.backends.cpu.get_cpu_capability()}; ggmlopt "
+              f"{kernels.simd_info()['active']}, bf16 by {why})")]
+    for name, t in med.items():
+        lines.append(f"{name:13s} {t:.3f} s/step  {TOKENS / t:,.0f} tokens/s  "
+                     f"(all: {', '.join(f'{x:.2f}' for x in all_times[name])})")
+    lines.append(f"ggmlopt bf16 / torch bf16 = {med['ggmlopt bf16'] / med['torch bf16']:.2f} "
+                 "(target <= 0.7)")
+    lines.append(f"ggmlopt bf16 / ggmlopt f32 = {med['ggmlopt bf16'] / med['ggmlopt f32']:.2f} "
+                 "(target <= 0.5)")
+    lines.append(f"torch bf16 / torch f32 = {med['torch bf16'] / med['torch f32']:.2f}")
+    print("\n" + "\n".join(lines))
+    if STRICT:
+        assert med["ggmlopt bf16"] <= 0.7 * med["torch bf16"]
+        assert med["ggmlopt bf16"] <= 0.5 * med["ggmlopt f32"]
