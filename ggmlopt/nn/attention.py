@@ -8,6 +8,7 @@ import numpy as np
 from .. import kernels_attention as ka
 from .linear import Linear
 from .module import Module
+from .norm import RMSNorm
 from .rope_scaling import RopeScaling, rope_inv_freq, rope_tables
 
 __all__ = ["CausalSelfAttention", "GPT2Attention", "RotaryEmbedding"]
@@ -165,7 +166,8 @@ class RotaryEmbedding(Module):
 
 class CausalSelfAttention(Module):
     """CausalSelfAttention(dim, n_heads, n_kv_heads=None, *, rope=True,
-    rope_base=10000.0, rope_scaling=None, bias=False, out_bias=None, init=None, rng=None)
+    rope_base=10000.0, rope_scaling=None, bias=False, out_bias=None, init=None, rng=None,
+    head_dim=None, qk_norm=False, norm_eps=1e-6)
 
     Hugging Face's LlamaAttention: x (batch, T, dim) float32 ->
     o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x))), causal,
@@ -175,6 +177,11 @@ class CausalSelfAttention(Module):
     head_dim), ``k_proj``, ``v_proj`` (dim, n_kv_heads * head_dim), ``o_proj``
     (n_heads * head_dim, dim): Linear weights (in, out), the transpose of
     torch's.  init, rng: passed to the four Linear layers (one generator).
+    head_dim: None (dim // n_heads) or the width of a head when the config
+    gives it (Qwen3: n_heads * head_dim may differ from dim).  qk_norm: an
+    RMSNorm over each head of q and of k (``q_norm``, ``k_norm``, weights
+    (head_dim,), eps norm_eps) before the rotary embedding, as Qwen3 and
+    Gemma 3 have.
 
     ``forward(x, pos=0)``: token t at position pos + t (for cached generation
     later); returns a buffer the layer reuses, ``layer(x)`` a copy the caller
@@ -186,31 +193,48 @@ class CausalSelfAttention(Module):
     """
 
     def __init__(self, dim, n_heads, n_kv_heads=None, *, rope=True, rope_base=10000.0,
-                 rope_scaling=None, bias=False, out_bias=None, init=None, rng=None):
+                 rope_scaling=None, bias=False, out_bias=None, init=None, rng=None,
+                 head_dim=None, qk_norm=False, norm_eps=1e-6):
         dim = _positive_int(dim, "dim")
         n_heads = _positive_int(n_heads, "n_heads")
         n_kv_heads = n_heads if n_kv_heads is None else _positive_int(n_kv_heads, "n_kv_heads")
-        if dim % n_heads:
-            raise ValueError(f"dim: {dim} is not a multiple of n_heads {n_heads}")
+        if head_dim is None:
+            if dim % n_heads:
+                raise ValueError(f"dim: {dim} is not a multiple of n_heads {n_heads}")
+            head_dim = dim // n_heads
+        head_dim = _positive_int(head_dim, "head_dim")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads: n_heads {n_heads} is not a multiple of "
                              f"n_kv_heads {n_kv_heads}")
-        head_dim = dim // n_heads
         if head_dim > ka.MAX_HEAD_DIM:
             raise ValueError(f"n_heads: head_dim {head_dim} is above the largest supported, "
                              f"{ka.MAX_HEAD_DIM}")
+        if not isinstance(qk_norm, bool):
+            raise TypeError(f"qk_norm: expected a bool, got {type(qk_norm).__name__}")
         self.dim, self.n_heads, self.n_kv_heads, self.head_dim = dim, n_heads, n_kv_heads, head_dim
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        kv = n_kv_heads * head_dim
-        self.q_proj = Linear(dim, dim, bias, init=init, rng=gen)
+        q_width, kv = n_heads * head_dim, n_kv_heads * head_dim
+        self.q_proj = Linear(dim, q_width, bias, init=init, rng=gen)
         self.k_proj = Linear(dim, kv, bias, init=init, rng=gen)
         self.v_proj = Linear(dim, kv, bias, init=init, rng=gen)
         # out_bias None: as the others (Llama's attention_bias); Qwen2 has q, k, v only
-        self.o_proj = Linear(dim, dim, bias if out_bias is None else bool(out_bias),
+        self.o_proj = Linear(q_width, dim, bias if out_bias is None else bool(out_bias),
                              init=init, rng=gen)
+        self.q_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
         self._rotary = RotaryEmbedding(head_dim, rope_base, rope_scaling) if rope else None
         self._saved = None
         self._o = None
+
+    def project_qk(self, rows, shape_q, shape_kv):
+        """(q, k) of rows (batch * T, dim): the projections, per-head norms when
+        the layer has them, as contiguous (batch, T, heads, head_dim) arrays the
+        rotary embedding may rotate in place (no layer reads them back)."""
+        q = self.q_proj.forward(rows).reshape(shape_q)
+        k = self.k_proj.forward(rows).reshape(shape_kv)
+        if self.q_norm is not None:
+            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
+        return np.ascontiguousarray(q), np.ascontiguousarray(k)
 
     @property
     def rotary(self):
@@ -226,8 +250,7 @@ class CausalSelfAttention(Module):
         x2 = x.reshape(b * t, self.dim)
         shape_q = (b, t, self.n_heads, self.head_dim)
         shape_kv = (b, t, self.n_kv_heads, self.head_dim)
-        q = np.ascontiguousarray(self.q_proj.forward(x2)).reshape(shape_q)
-        k = np.ascontiguousarray(self.k_proj.forward(x2)).reshape(shape_kv)
+        q, k = self.project_qk(x2, shape_q, shape_kv)
         v = np.ascontiguousarray(self.v_proj.forward(x2)).reshape(shape_kv)
         if self._rotary is not None:  # in place: the projections never read their outputs back
             self._rotary.rotate(q, pos, out=q)
@@ -239,7 +262,7 @@ class CausalSelfAttention(Module):
             self._dx = np.empty((b * t, self.dim), dtype=np.float32)
         o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse)
         self._saved = (q, k, v, o, lse, pos)
-        y = self.o_proj.forward(o.reshape(b * t, self.dim))
+        y = self.o_proj.forward(o.reshape(b * t, -1))
         return y.reshape(b, t, self.dim)
 
     def backward(self, grad_out):
@@ -265,6 +288,8 @@ class CausalSelfAttention(Module):
         if self._rotary is not None:
             self._rotary.rotate(dq, pos, out=dq, inverse=True)
             self._rotary.rotate(dk, pos, out=dk, inverse=True)
+        if self.q_norm is not None:
+            dq, dk = self.q_norm.backward(dq), self.k_norm.backward(dk)
         dx = self._dx
         for i, (layer, grad) in enumerate(zip(projections, (dq, dk, dv))):
             part = _linear_backward(layer, grad.reshape(b * t, -1), need_input)
@@ -281,9 +306,11 @@ class CausalSelfAttention(Module):
 
     def __repr__(self):
         rope = "" if self._rotary is None else f", rope_base={self._rotary.base}"
+        extra = "" if self.head_dim * self.n_heads == self.dim else f", head_dim={self.head_dim}"
+        extra += ", qk_norm=True" if self.q_norm is not None else ""
         return (f"CausalSelfAttention(dim={self.dim}, n_heads={self.n_heads}, "
                 f"n_kv_heads={self.n_kv_heads}, rope={self._rotary is not None}{rope}, "
-                f"bias={self.q_proj.bias is not None})")
+                f"bias={self.q_proj.bias is not None}{extra})")
 
 
 class GPT2Attention(Module):
