@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import kernels_quant
 from ..lora import refuse_adapters
-from ..models import Llama, LlamaConfig, Qwen2, Qwen2Config
+from ..models import Llama, LlamaConfig, Qwen2, Qwen2Config, Qwen3, Qwen3Config
 from ..nn.init import skip_init
 from ..nn.module import get_submodule, set_submodule
 from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
@@ -42,23 +42,27 @@ __all__ = ["BYTE_MERGES", "LLAMA_ARCH", "LLAMA_FAMILY", "QWEN2_ARCH", "LlamaGguf
 
 LLAMA_ARCH = "llama"
 QWEN2_ARCH = "qwen2"
+QWEN3_ARCH = "qwen3"
 # llama.cpp's architectures of the Llama family: general.architecture -> (model class,
 # its config class, whether q/k rows are permuted to llama.cpp's rotary pairs: llama.cpp
 # runs qwen2 with NeoX's rotation, Hugging Face's halves, so convert_hf_to_gguf keeps
 # its rows as they are)
-_ARCHS = {LLAMA_ARCH: (Llama, LlamaConfig, True), QWEN2_ARCH: (Qwen2, Qwen2Config, False)}
+_ARCHS = {LLAMA_ARCH: (Llama, LlamaConfig, True), QWEN2_ARCH: (Qwen2, Qwen2Config, False),
+          QWEN3_ARCH: (Qwen3, Qwen3Config, False)}
 LLAMA_FAMILY = frozenset(_ARCHS)
 
 
 def arch_of(model) -> str:
     """llama.cpp's general.architecture for a Llama-family model."""
+    if isinstance(model, Qwen3):
+        return QWEN3_ARCH
     return QWEN2_ARCH if isinstance(model, Qwen2) else LLAMA_ARCH
 BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pre-tokenizer
 _BYTE_PRE = "gpt-2"
 _EOT = "<|endoftext|>"
 _TOKEN_NORMAL, _TOKEN_CONTROL = 1, 3  # llama.cpp's LLAMA_TOKEN_TYPE_NORMAL / _CONTROL
 # keys save_llama_gguf writes; metadata may not set them
-_RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "qwen2.",
+_RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "qwen2.", "qwen3.",
                       "tokenizer.",
                       "GGUF.")
 
@@ -117,7 +121,7 @@ def _linear_weight(name: str, weight: np.ndarray, config: LlamaConfig) -> np.nda
     """A Linear's (in, out) weight as llama.cpp's (out, in) rows, q/k permuted
     for the llama architecture."""
     rows = np.ascontiguousarray(weight.T)
-    if config.qkv_bias:   # qwen2: Hugging Face's row order as it is
+    if not config.llama_cpp_permutes_qk:   # qwen2, qwen3: Hugging Face's row order
         return rows
     if name.endswith("q_proj.weight"):
         return permute_qk(rows, config.n_heads)
@@ -172,7 +176,8 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
         if p is None:   # a weight kept as its file stored it
             layer = get_submodule(model, name[:-len(".weight")])
             rows = layer.qweight
-            if not model.config.qkv_bias and name.endswith(("q_proj.weight", "k_proj.weight")):
+            if model.config.llama_cpp_permutes_qk and name.endswith(("q_proj.weight",
+                                                                     "k_proj.weight")):
                 heads = model.config.n_heads if name.endswith("q_proj.weight") else \
                     _kv_heads(model.config)
                 rows = np.ascontiguousarray(rows[permute_qk(np.arange(rows.shape[0]), heads)])
@@ -359,6 +364,9 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
     n_kv_heads = key("attention.head_count_kv", n_heads)
     head_dim = dim // n_heads if isinstance(dim, int) and isinstance(n_heads, int) and n_heads \
         else None
+    head_dim_given = _ARCHS[arch][1].explicit_head_dim
+    if head_dim_given:   # qwen3: the head width is the file's key_length
+        head_dim = key("attention.key_length", head_dim, required=False)
     for name in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
         value = key(name, head_dim, required=False)
         if value != head_dim:
@@ -390,6 +398,7 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
         raise ValueError(f"{where}: no vocabulary size ({arch}.vocab_size, tokenizer.ggml.tokens "
                          "or token_embd.weight)")
     config_class = _ARCHS[arch][1]
+    given: dict[str, Any] = {"head_dim": head_dim} if head_dim_given else {}
     try:
         return config_class(
             vocab_size=vocab, dim=dim, n_layers=key("block_count"), n_heads=n_heads,
@@ -397,7 +406,8 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
             max_seq_len=key("context_length"),
             norm_eps=_shortest_float(key("attention.layer_norm_rms_epsilon")),
             rope_base=_shortest_float(key("rope.freq_base", 10000.0, required=False)),
-            tie_embeddings="output.weight" not in tensors, rope_scaling=scaling)
+            tie_embeddings="output.weight" not in tensors, rope_scaling=scaling,
+            **given)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: the keys describe no valid Llama: {e}") from None
 
@@ -427,7 +437,7 @@ def _ggml_rows(name: str, p_shape: tuple[int, ...]) -> tuple[int, ...]:
 def _our_layout(name: str, rows: np.ndarray, config: LlamaConfig) -> np.ndarray:
     if rows.ndim != 2 or name == "embed_tokens.weight":
         return rows
-    if config.qkv_bias:   # qwen2: no q/k permutation
+    if not config.llama_cpp_permutes_qk:   # qwen2, qwen3: no q/k permutation
         return rows.T
     if name.endswith("q_proj.weight"):
         rows = unpermute_qk(rows, config.n_heads)
@@ -524,7 +534,8 @@ class LlamaGguf:
         if t.type_name not in kernels_quant.QTYPES:
             return None
         raw = self._reader.raw(gname)
-        if not self.config.qkv_bias and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if self.config.llama_cpp_permutes_qk and name.endswith(("q_proj.weight",
+                                                                "k_proj.weight")):
             heads = self.config.n_heads if name.endswith("q_proj.weight") else \
                 _kv_heads(self.config)
             raw = np.ascontiguousarray(raw[unpermute_qk(np.arange(raw.shape[0]), heads)])
@@ -562,15 +573,18 @@ def _parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
     f = config.ffn_dim
     assert f is not None  # LlamaConfig fills it in
     kv = _kv_heads(config) * config.head_dim
+    q = config.n_heads * config.head_dim   # d, but for a Qwen3 with its own head_dim
     biases = config.qkv_bias   # Qwen2's, after each weight as Linear names them
+    norms = [("self_attn.q_norm.weight", (config.head_dim,)),
+             ("self_attn.k_norm.weight", (config.head_dim,))] if config.qk_norm else []
     layer: list[tuple[str, tuple[int, ...]]] = [
-        ("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, d)),
-        *([("self_attn.q_proj.bias", (d,))] if biases else []),
+        ("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, q)),
+        *([("self_attn.q_proj.bias", (q,))] if biases else []),
         ("self_attn.k_proj.weight", (d, kv)),
         *([("self_attn.k_proj.bias", (kv,))] if biases else []),
         ("self_attn.v_proj.weight", (d, kv)),
         *([("self_attn.v_proj.bias", (kv,))] if biases else []),
-        ("self_attn.o_proj.weight", (d, d)), ("post_attention_layernorm.weight", (d,)),
+        ("self_attn.o_proj.weight", (q, d)), *norms, ("post_attention_layernorm.weight", (d,)),
         ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
         ("mlp.down_proj.weight", (f, d))]
     shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (v, d))]

@@ -55,8 +55,8 @@ def _llama_config(model):
 
 def _qk_heads(module_name: str, config) -> int | None:
     """The head count of the Q/K permutation for a projection, or None (qwen2's
-    rows are not permuted)."""
-    if config.qkv_bias:
+    and qwen3's rows are not permuted)."""
+    if not config.llama_cpp_permutes_qk:
         return None
     if module_name.endswith("self_attn.q_proj"):
         return config.n_heads

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._optional import import_optional
 from ..lora import refuse_adapters
-from ..models import GPT2, GPT2Config, Llama, LlamaConfig, Qwen2, Qwen2Config
+from ..models import GPT2, GPT2Config, Llama, LlamaConfig, Qwen2, Qwen2Config, Qwen3, Qwen3Config
 from ..nn.init import skip_init
 from ..nn.linear import Linear
 from ..nn.module import get_submodule, named_modules, set_submodule
@@ -55,6 +55,10 @@ def _llama_family_config(cfg) -> dict[str, Any]:
 
 def _hf_config(model) -> dict[str, Any]:
     cfg = model.config
+    if isinstance(model, Qwen3):
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                **_llama_family_config(cfg), "head_dim": cfg.head_dim,
+                "attention_bias": False, "use_sliding_window": False}
     if isinstance(model, Qwen2):
         return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
                 **_llama_family_config(cfg), "use_sliding_window": False}
@@ -151,6 +155,8 @@ _LLAMA_KEYS = frozenset({
 _QWEN2_KEYS = (_LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) | {
     "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
 }
+# Qwen3's: Qwen2's, with attention_bias (which must be False) and no pretraining_tp
+_QWEN3_KEYS = _QWEN2_KEYS | {"attention_bias"}
 _GPT2_KEYS = frozenset({
     "vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner",
     "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon",
@@ -191,25 +197,43 @@ def _llama_from_hf(hf: dict[str, Any], where: str) -> Llama:
 
 def _qwen2_from_hf(hf: dict[str, Any], where: str) -> Qwen2:
     _check_keys(hf, _QWEN2_KEYS, "qwen2")
+    _no_sliding_window(hf)
+    fields = _llama_fields(hf, where)
+    fields.setdefault("max_seq_len", 32768)
+    return Qwen2(Qwen2Config(**fields))
+
+
+def _qwen3_from_hf(hf: dict[str, Any], where: str) -> Qwen3:
+    _check_keys(hf, _QWEN3_KEYS, "qwen3")
+    if hf.get("attention_bias"):
+        raise ValueError("attention_bias: a Qwen3 with biases is not supported")
+    _no_sliding_window(hf)
+    fields = _llama_fields(hf, where, head_dim_given=True)
+    fields.setdefault("max_seq_len", 40960)
+    return Qwen3(Qwen3Config(**fields, head_dim=hf.get("head_dim")))
+
+
+def _no_sliding_window(hf: dict[str, Any]) -> None:
+    """Refuse sliding-window attention (Qwen2's and Qwen3's configs carry its keys)."""
     if hf.get("use_sliding_window"):
         raise ValueError("use_sliding_window: sliding-window attention is not supported")
     layers = hf.get("layer_types")
     if layers is not None and any(t != "full_attention" for t in layers):
         raise ValueError(f"layer_types: only full_attention layers are supported, got "
                          f"{sorted(set(layers))}")
-    fields = _llama_fields(hf, where)
-    fields.setdefault("max_seq_len", 32768)
-    return Qwen2(Qwen2Config(**fields))
 
 
-def _llama_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
-    """The LlamaConfig fields of a Llama-family config (Llama, Qwen2)."""
+def _llama_fields(hf: dict[str, Any], where: str,
+                  head_dim_given: bool = False) -> dict[str, Any]:
+    """The LlamaConfig fields of a Llama-family config (Llama, Qwen2, Qwen3);
+    head_dim_given: the family reads head_dim itself (Qwen3), else it must be
+    hidden_size // num_attention_heads."""
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act: only silu (Llama's SwiGLU) is supported, got {act!r}")
     _no_dropout(hf, ("attention_dropout",), where)
     dim, heads = hf["hidden_size"], hf["num_attention_heads"]
-    if hf.get("head_dim") not in (None, dim // heads):
+    if not head_dim_given and hf.get("head_dim") not in (None, dim // heads):
         raise ValueError(f"head_dim: {hf['head_dim']} is not hidden_size // "
                          f"num_attention_heads = {dim // heads}")
     # transformers 5 writes rope_parameters (rope_theta inside it), 4.x rope_theta and
@@ -260,7 +284,8 @@ def _gpt2_from_hf(hf: dict[str, Any], where: str) -> GPT2:
 
 def _model_from_config(hf: dict[str, Any], where: str):
     kind = hf.get("model_type")
-    readers = {"llama": _llama_from_hf, "qwen2": _qwen2_from_hf, "gpt2": _gpt2_from_hf}
+    readers = {"llama": _llama_from_hf, "qwen2": _qwen2_from_hf, "qwen3": _qwen3_from_hf,
+               "gpt2": _gpt2_from_hf}
     if kind not in readers:
         raise ValueError(f"{where}: model_type {kind!r} is not supported ({', '.join(readers)})")
     try:

@@ -37,6 +37,9 @@ _LAYER_NAMES = {
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
+    # Qwen3's per-head norms (llama.cpp's qwen3 architecture)
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
 _GLOBAL_NAMES = {
     "embed_tokens.weight": "token_embd.weight",

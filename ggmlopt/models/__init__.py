@@ -1,4 +1,4 @@
-"""Decoder-only language models: Llama, Qwen2 and GPT2, and their configurations.
+"""Decoder-only language models: Llama, Qwen2, Qwen3 and GPT2, and their configurations.
 
 The models' parameter names are those of Hugging Face's checkpoints; their
 Linear weights keep ggmlopt's (in, out) layout, the transpose of torch's.
@@ -8,6 +8,7 @@ from .config import GPT2Config, LlamaConfig, llama_ffn_dim
 from .gpt2 import GPT2
 from .llama import Llama
 from .qwen2 import Qwen2, Qwen2Config
+from .qwen3 import Qwen3, Qwen3Config
 
 __all__ = ["GPT2", "CausalLM", "GPT2Config", "KVCache", "Llama", "LlamaConfig", "Qwen2",
-           "Qwen2Config", "llama_ffn_dim"]
+           "Qwen2Config", "Qwen3", "Qwen3Config", "llama_ffn_dim"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from typing import ClassVar
 
 from ..nn.rope_scaling import RopeScaling
 
@@ -85,6 +86,11 @@ class LlamaConfig:
     tie_embeddings: bool = False
     rope_scaling: RopeScaling | None = None
     qkv_bias: bool = False
+    # whether the config gives head_dim (a Qwen3's) instead of dim // n_heads
+    explicit_head_dim: ClassVar[bool] = False
+    # whether llama.cpp's GGUF permutes the q/k rows into its rotary pairs (its llama
+    # architecture); its qwen2 and qwen3 rotate NeoX's halves, as Hugging Face does
+    llama_cpp_permutes_qk: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.qkv_bias, bool):
@@ -101,7 +107,8 @@ class LlamaConfig:
         if not isinstance(self.tie_embeddings, bool):
             raise TypeError(f"tie_embeddings: expected a bool, got "
                             f"{type(self.tie_embeddings).__name__}")
-        _heads(self.dim, self.n_heads)
+        if not self.explicit_head_dim:
+            _heads(self.dim, self.n_heads)
         n_kv_heads = self.n_kv_heads
         assert n_kv_heads is not None  # filled in above
         if self.n_heads % n_kv_heads != 0:
@@ -117,6 +124,11 @@ class LlamaConfig:
     def head_dim(self) -> int:
         """Features per attention head: dim // n_heads."""
         return self.dim // self.n_heads
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether each attention head normalises its q and k (Qwen3): not a Llama's."""
+        return False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,8 @@ class LlamaDecoderLayer(PreNormBlock):
                                              rope_base=config.rope_base,
                                              rope_scaling=config.rope_scaling,
                                              bias=config.qkv_bias, out_bias=False, init=init,
-                                             rng=rng)
+                                             rng=rng, head_dim=config.head_dim,
+                                             qk_norm=config.qk_norm, norm_eps=config.norm_eps)
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = SwiGLU(config.dim, config.ffn_dim, init=init, rng=rng)
 
@@ -45,15 +46,16 @@ class LlamaDecoderLayer(PreNormBlock):
         attn = self.self_attn
         b, t, d = x.shape
         rows = self.input_layernorm.forward(x).reshape(b * t, d)
-        q = attn.q_proj.forward(rows).reshape(b, t, attn.n_heads, attn.head_dim).copy()
-        k = attn.k_proj.forward(rows).reshape(b, t, attn.n_kv_heads, attn.head_dim).copy()
+        q, k = attn.project_qk(rows, (b, t, attn.n_heads, attn.head_dim),
+                               (b, t, attn.n_kv_heads, attn.head_dim))
+        q, k = q.copy(), k.copy()
         v = attn.v_proj.forward(rows).reshape(b, t, attn.n_kv_heads, attn.head_dim)
         attn.rotary.rotate(q, pos, out=q)
         attn.rotary.rotate(k, pos, out=k)
         cache_k[:, pos:pos + t] = k
         cache_v[:, pos:pos + t] = v
         o = attend_cached(q, cache_k, cache_v, pos)
-        h = x + attn.o_proj.forward(o.reshape(b * t, d)).reshape(b, t, d)
+        h = x + attn.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, d)
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
 
 

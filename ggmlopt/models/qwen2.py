@@ -9,6 +9,7 @@ Qwen2.5 config, is refused by the checkpoint reader.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from .config import LlamaConfig
 from .llama import Llama
@@ -27,6 +28,7 @@ class Qwen2Config(LlamaConfig):
     norm_eps: float = 1e-6
     rope_base: float = 1000000.0
     qkv_bias: bool = True
+    llama_cpp_permutes_qk: ClassVar[bool] = False   # llama.cpp's qwen2 rotates NeoX's halves
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -263,6 +263,30 @@ def test_bpe_tokenizer_equals_llama_cpp(tmp_path):
 
 # ---- the other architectures of the family ----------------------------------------------
 
+@pytest.mark.parametrize("head_dim,tied", [(16, True), (24, False)])
+def test_a_qwen3_file_gives_llama_cpp_our_logits(tmp_path, head_dim, tied):
+    # llama.cpp's qwen3: per-head q/k norms, a head width from key_length (24: a query
+    # width of 96 over a hidden size of 64)
+    from ggmlopt.models import Qwen3, Qwen3Config
+    model = Qwen3(Qwen3Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                              head_dim=head_dim, ffn_dim=96, max_seq_len=N_CTX,
+                              tie_embeddings=tied), seed=0)
+    rng = np.random.default_rng(4)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 2:
+            p.data *= 8.0
+        else:
+            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    save_gguf(model, tmp_path / "qwen3.gguf", tokenizer=ByteTokenizer())
+    ids = ByteTokenizer().encode(TEXT)[:N_CTX]
+    want = llama_cpp_logits(open_llama(tmp_path / "qwen3.gguf"), ids)
+    assert relative_error(our_logits(model, ids), want) < 1e-4
+    # the norms count: without them llama.cpp's logits would be far from these
+    for layer in model.layers:
+        layer.self_attn.q_norm.weight.data[...] = 1.0
+    assert relative_error(our_logits(model, ids), want) > 1e-2
+
+
 def test_a_qwen2_file_gives_llama_cpp_our_logits(tmp_path):
     from ggmlopt.models import Qwen2, Qwen2Config
     model = Qwen2(Qwen2Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,

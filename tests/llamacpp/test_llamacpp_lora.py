@@ -140,6 +140,21 @@ def test_llama_cpp_applies_our_adapter_to_a_qwen2(tmp_path):
                                "llama.cpp: é ✓", rng)
 
 
+def test_llama_cpp_applies_our_adapter_to_a_qwen3(tmp_path):
+    # qwen3's q/k rows are not permuted: an adapter written for llama's order would
+    # rotate the wrong pairs
+    from ggmlopt.models import Qwen3, Qwen3Config
+    model = Qwen3(Qwen3Config(vocab_size=TOK.vocab_size, dim=64, n_layers=2, n_heads=4,
+                              n_kv_heads=2, head_dim=24, ffn_dim=96, max_seq_len=64),
+                  seed=3)
+    rng = np.random.default_rng(6)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 1:
+            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    _adapted_through_llama_cpp(tmp_path, model, ALL, "Qwen3 with an adapter, applied by "
+                               "llama.cpp: é ✓", rng)
+
+
 def test_llama_cpp_applies_our_embedding_adapter(tmp_path):
     _adapted_through_llama_cpp(tmp_path, Llama(_config(), seed=3), ("embed_tokens", "q_proj"),
                                "an adapter on the token embedding: é ✓",
