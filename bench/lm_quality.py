@@ -4,6 +4,7 @@ settings and learning-rate schedule; the final validation loss of each.
 
     python bench/lm_quality.py                       # nanoGPT's 2000 steps, seeds 0 1 2
     python bench/lm_quality.py --steps 500 --seeds 0 1 2
+    python bench/lm_quality.py --bf16                # also fit with precision="bf16"
 
 The configuration is nanoGPT's CPU run, as ggmlopt.examples.textlm trains it:
 4 layers, 4 heads, dim 128, a context of 64 bytes, batches of 12 windows, AdamW
@@ -24,7 +25,9 @@ the last 10% is held out.  Each seed:
    windows of 64 bytes), and the wall time.
 
 The done-criterion of issue 18 is |ggmlopt - torch| <= 0.03 nats on the held-out
-text per seed.  Prints one line per run and a table; --json writes the figures.
+text per seed.  With --bf16, each seed is also fit from the same initial weights
+with precision="bf16" (issue 30: its held-out loss within 0.02 of ggmlopt's
+float32 run).  Prints one line per run and a table; --json writes the figures.
 """
 from __future__ import annotations
 
@@ -64,12 +67,12 @@ def schedule(steps):
     return go.schedules.WarmupCosine(warmup, steps, MIN_LR_FACTOR, base=base, unit="step")
 
 
-def run_ggmlopt(model, ds, steps, nval, sched, seed):
+def run_ggmlopt(model, ds, steps, nval, sched, seed, precision="f32"):
     """fit for one epoch of steps batches, nval more validating; the History."""
     val_split = (nval - 0.25) / (steps + nval)   # rounds to exactly nval logical batches
     return go.fit(model, ds, go.LossType.CROSS_ENTROPY, sched, nepoch=1,
                   nbatch_logical=BATCH, val_split=val_split, silent=True, seed=seed,
-                  clip_grad_norm=CLIP)
+                  clip_grad_norm=CLIP, precision=precision)
 
 
 def torch_mean_batch_loss(torch, module, x, y):
@@ -150,6 +153,8 @@ def main(argv=None):
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch's intra-op threads (1: on a busy machine torch's spinning "
                              "second thread costs more than it gives)")
+    parser.add_argument("--bf16", action="store_true",
+                        help='also fit each seed with precision="bf16"')
     args = parser.parse_args(argv)
     import torch
 
@@ -175,6 +180,18 @@ def main(argv=None):
         g_val = history[0].val_loss
         g_held = go.evaluate(model, (hx, hy), go.LossType.CROSS_ENTROPY, BATCH).loss()[0]
         val_x, val_y = ds.data[perm[args.steps * BATCH:]], ds.labels[perm[args.steps * BATCH:]]
+        bf16 = {}
+        if args.bf16:
+            model16 = make_model("llama", N_LAYERS, N_HEADS, DIM, N_CTX, seed)
+            ds16 = windows(train_tokens, N_CTX, (args.steps + nval) * BATCH)
+            t0 = time.perf_counter()
+            run_ggmlopt(model16, ds16, args.steps, nval, schedule(args.steps), seed, "bf16")
+            held16 = go.evaluate(model16, (hx, hy), go.LossType.CROSS_ENTROPY, BATCH).loss()[0]
+            bf16 = {"bf16_held_out": held16, "diff_bf16_f32": held16 - g_held,
+                    "bf16_seconds": time.perf_counter() - t0}
+            print(f"lm_quality: seed {seed}: held-out loss bf16 {held16:.4f} float32 "
+                  f"{g_held:.4f} (diff {held16 - g_held:+.4f}); {bf16['bf16_seconds']:.0f} s",
+                  flush=True)
 
         t0 = time.perf_counter()
         run_torch(twin, ds, perm, args.steps, sched)
@@ -185,7 +202,7 @@ def main(argv=None):
                "ggmlopt_held_out": g_held, "torch_held_out": t_held,
                "diff_held_out": g_held - t_held, "diff_val": g_val - t_val,
                "ggmlopt_seconds": t_ggmlopt, "torch_seconds": t_torch,
-               "load": os.getloadavg()}
+               "load": os.getloadavg(), **bf16}
         rows.append(row)
         print(f"lm_quality: seed {seed}: held-out loss ggmlopt {g_held:.4f} torch {t_held:.4f} "
               f"(diff {g_held - t_held:+.4f}); fit's validation windows ggmlopt {g_val:.4f} "
@@ -203,6 +220,10 @@ def main(argv=None):
     ok = all(abs(r["diff_held_out"]) <= 0.03 for r in rows)
     print(f"lm_quality: |ggmlopt - torch| <= 0.03 on every seed: {'yes' if ok else 'NO'}; "
           f"load {env['load_start']} -> {env['load_end']}")
+    if args.bf16:
+        ok16 = all(abs(r["diff_bf16_f32"]) <= 0.02 for r in rows)
+        print(f"lm_quality: |bf16 - float32| <= 0.02 on every seed: {'yes' if ok16 else 'NO'} ("
+              + ", ".join(f"{r['diff_bf16_f32']:+.4f}" for r in rows) + ")")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": env, "runs": rows}, f, indent=1)

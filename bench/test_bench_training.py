@@ -48,12 +48,12 @@ def _model(seed=1):
                             go.nn.Linear(NE_HIDDEN, NE_OUT, rng=seed + 1))
 
 
-def ggmlopt_epoch(x, y):
+def ggmlopt_epoch(x, y, precision="f32"):
     ds = go.Dataset.from_arrays(x, y, ndata_shard=10)
     model = _model()
     ctx = go.OptContext(model, batch_size=NBATCH_PHYSICAL, ne_datapoint=NE_IN,
                         loss_type=go.LossType.CROSS_ENTROPY,
-                        opt_period=NBATCH_LOGICAL // NBATCH_PHYSICAL)
+                        opt_period=NBATCH_LOGICAL // NBATCH_PHYSICAL, precision=precision)
     result = go.Result()
 
     def run():
@@ -204,6 +204,8 @@ def _interleaved(runners, repeats=REPEATS):
 def test_bench_mnist_fc_epoch(data):
     x, y = data
     runners = {"ggmlopt": ggmlopt_epoch(x, y), "numpy": numpy_epoch(x, y)}
+    if go.gemm.bf16_support()[0]:   # precision="bf16" beside, where the CPU has bf16 products
+        runners["ggmlopt bf16"] = ggmlopt_epoch(x, y, "bf16")
     try:
         runners["torch"] = torch_epoch(x, y)
     except pytest.skip.Exception:
@@ -218,6 +220,10 @@ def test_bench_mnist_fc_epoch(data):
                      f"ggmlopt/torch = {t_go / t_torch:.2f}")
     else:
         lines.append("torch: not installed")
+    if "ggmlopt bf16" in best:
+        t16 = best["ggmlopt bf16"]
+        lines.append(f"ggmlopt bf16:  {t16:.3f} s  bf16/f32 = {t16 / t_go:.2f}"
+                     + (f"  bf16/torch = {t16 / t_torch:.2f}" if t_torch else ""))
     ovh = overhead_per_batch()
     lines.append(f"orchestration overhead: {ovh * 1e6:.1f} us per physical batch")
     print("\n" + "\n".join(lines))
