@@ -25,7 +25,17 @@ import numpy as np
 
 from .. import kernels_quant
 from ..lora import refuse_adapters
-from ..models import Llama, LlamaConfig, Qwen2, Qwen2Config, Qwen3, Qwen3Config
+from ..models import (
+    Llama,
+    LlamaConfig,
+    Qwen2,
+    Qwen2Config,
+    Qwen3,
+    Qwen3Config,
+    SmolLM3,
+    SmolLM3Config,
+)
+from ..models.smollm3 import default_rope_layers
 from ..nn.init import skip_init
 from ..nn.module import get_submodule, set_submodule
 from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
@@ -43,12 +53,13 @@ __all__ = ["BYTE_MERGES", "LLAMA_ARCH", "LLAMA_FAMILY", "QWEN2_ARCH", "LlamaGguf
 LLAMA_ARCH = "llama"
 QWEN2_ARCH = "qwen2"
 QWEN3_ARCH = "qwen3"
+SMOLLM3_ARCH = "smollm3"
 # llama.cpp's architectures of the Llama family: general.architecture -> (model class,
 # its config class, whether q/k rows are permuted to llama.cpp's rotary pairs: llama.cpp
 # runs qwen2 with NeoX's rotation, Hugging Face's halves, so convert_hf_to_gguf keeps
 # its rows as they are)
 _ARCHS = {LLAMA_ARCH: (Llama, LlamaConfig, True), QWEN2_ARCH: (Qwen2, Qwen2Config, False),
-          QWEN3_ARCH: (Qwen3, Qwen3Config, False)}
+          QWEN3_ARCH: (Qwen3, Qwen3Config, False), SMOLLM3_ARCH: (SmolLM3, SmolLM3Config, True)}
 LLAMA_FAMILY = frozenset(_ARCHS)
 
 
@@ -56,6 +67,8 @@ def arch_of(model) -> str:
     """llama.cpp's general.architecture for a Llama-family model."""
     if isinstance(model, Qwen3):
         return QWEN3_ARCH
+    if isinstance(model, SmolLM3):
+        return SMOLLM3_ARCH
     return QWEN2_ARCH if isinstance(model, Qwen2) else LLAMA_ARCH
 BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pre-tokenizer
 _BYTE_PRE = "gpt-2"
@@ -63,6 +76,7 @@ _EOT = "<|endoftext|>"
 _TOKEN_NORMAL, _TOKEN_CONTROL = 1, 3  # llama.cpp's LLAMA_TOKEN_TYPE_NORMAL / _CONTROL
 # keys save_llama_gguf writes; metadata may not set them
 _RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "qwen2.", "qwen3.",
+                      "smollm3.",
                       "tokenizer.",
                       "GGUF.")
 
@@ -235,8 +249,13 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     for key, _, _ in items:
         if key.startswith(_RESERVED_PREFIXES):
             raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
-    arrays = _gguf_arrays(model, dtype)
     arch = arch_of(model)
+    if isinstance(cfg, SmolLM3Config) and cfg.no_rope_layers != default_rope_layers(
+            cfg.n_layers, 4):
+        raise ValueError(f"model: llama.cpp's smollm3 skips RoPE on every fourth layer only; "
+                         f"this SmolLM3's no_rope_layers {list(cfg.no_rope_layers or ())} "
+                         "differ (save_hf keeps them)")
+    arrays = _gguf_arrays(model, dtype)
     rope_keys, rope_freqs = _rope_scaling_out(cfg, arch)
     if rope_freqs is not None:
         arrays.append(("rope_freqs.weight", rope_freqs, None))

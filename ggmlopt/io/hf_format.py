@@ -20,7 +20,18 @@ import numpy as np
 
 from .._optional import import_optional
 from ..lora import refuse_adapters
-from ..models import GPT2, GPT2Config, Llama, LlamaConfig, Qwen2, Qwen2Config, Qwen3, Qwen3Config
+from ..models import (
+    GPT2,
+    GPT2Config,
+    Llama,
+    LlamaConfig,
+    Qwen2,
+    Qwen2Config,
+    Qwen3,
+    Qwen3Config,
+    SmolLM3,
+    SmolLM3Config,
+)
 from ..nn.init import skip_init
 from ..nn.linear import Linear
 from ..nn.module import get_submodule, named_modules, set_submodule
@@ -55,6 +66,13 @@ def _llama_family_config(cfg) -> dict[str, Any]:
 
 def _hf_config(model) -> dict[str, Any]:
     cfg = model.config
+    if isinstance(model, SmolLM3):
+        return {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3",
+                **_llama_family_config(cfg), "no_rope_layers": list(cfg.no_rope_layers),
+                "no_rope_layer_interval": cfg.no_rope_layer_interval,
+                "use_sliding_window": False, "attention_bias": False, "mlp_bias": False,
+                # SmolLM3Config's defaults are the 3B's ids (128004 ...): not this vocabulary's
+                "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
     if isinstance(model, Qwen3):
         return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
                 **_llama_family_config(cfg), "head_dim": cfg.head_dim,
@@ -157,6 +175,11 @@ _QWEN2_KEYS = (_LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) |
 }
 # Qwen3's: Qwen2's, with attention_bias (which must be False) and no pretraining_tp
 _QWEN3_KEYS = _QWEN2_KEYS | {"attention_bias"}
+# SmolLM3's: Llama's (no pretraining_tp) with its NoPE layers and the sliding window's keys
+_SMOLLM3_KEYS = (_LLAMA_KEYS - {"pretraining_tp"}) | {
+    "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window",
+    "layer_types",
+}
 _GPT2_KEYS = frozenset({
     "vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner",
     "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon",
@@ -211,6 +234,23 @@ def _qwen3_from_hf(hf: dict[str, Any], where: str) -> Qwen3:
     fields = _llama_fields(hf, where, head_dim_given=True)
     fields.setdefault("max_seq_len", 40960)
     return Qwen3(Qwen3Config(**fields, head_dim=hf.get("head_dim")))
+
+
+def _smollm3_from_hf(hf: dict[str, Any], where: str) -> SmolLM3:
+    _check_keys(hf, _SMOLLM3_KEYS, "smollm3")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ValueError("attention_bias, mlp_bias: only a SmolLM3 without biases is supported")
+    _no_sliding_window(hf)
+    fields = _llama_fields(hf, where)
+    fields.setdefault("max_seq_len", 32768)
+    fields["tie_embeddings"] = bool(hf.get("tie_word_embeddings", True))
+    layers = hf.get("no_rope_layers")
+    n_layers = fields["n_layers"]
+    if layers is not None and len(layers) > n_layers:   # HF: "at least" one per layer
+        layers = layers[:n_layers]
+    return SmolLM3(SmolLM3Config(**fields, no_rope_layers=None if layers is None else
+                                 tuple(layers),
+                                 no_rope_layer_interval=hf.get("no_rope_layer_interval", 4)))
 
 
 def _no_sliding_window(hf: dict[str, Any]) -> None:
@@ -285,7 +325,7 @@ def _gpt2_from_hf(hf: dict[str, Any], where: str) -> GPT2:
 def _model_from_config(hf: dict[str, Any], where: str):
     kind = hf.get("model_type")
     readers = {"llama": _llama_from_hf, "qwen2": _qwen2_from_hf, "qwen3": _qwen3_from_hf,
-               "gpt2": _gpt2_from_hf}
+               "smollm3": _smollm3_from_hf, "gpt2": _gpt2_from_hf}
     if kind not in readers:
         raise ValueError(f"{where}: model_type {kind!r} is not supported ({', '.join(readers)})")
     try:

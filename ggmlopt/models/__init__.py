@@ -1,4 +1,5 @@
-"""Decoder-only language models: Llama, Qwen2, Qwen3 and GPT2, and their configurations.
+"""Decoder-only language models: Llama, Qwen2, Qwen3, SmolLM3 and GPT2, and their
+configurations.
 
 The models' parameter names are those of Hugging Face's checkpoints; their
 Linear weights keep ggmlopt's (in, out) layout, the transpose of torch's.
@@ -9,6 +10,7 @@ from .gpt2 import GPT2
 from .llama import Llama
 from .qwen2 import Qwen2, Qwen2Config
 from .qwen3 import Qwen3, Qwen3Config
+from .smollm3 import SmolLM3, SmolLM3Config
 
 __all__ = ["GPT2", "CausalLM", "GPT2Config", "KVCache", "Llama", "LlamaConfig", "Qwen2",
-           "Qwen2Config", "Qwen3", "Qwen3Config", "llama_ffn_dim"]
+           "Qwen2Config", "Qwen3", "Qwen3Config", "SmolLM3", "SmolLM3Config", "llama_ffn_dim"]

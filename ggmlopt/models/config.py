@@ -130,6 +130,11 @@ class LlamaConfig:
         """Whether each attention head normalises its q and k (Qwen3): not a Llama's."""
         return False
 
+    def uses_rope(self, layer: int) -> bool:
+        """Whether layer (0-based) rotates its q and k: every Llama layer does
+        (a SmolLM3 skips every fourth)."""
+        return True
+
 
 @dataclasses.dataclass(frozen=True)
 class GPT2Config:

@@ -26,10 +26,11 @@ class LlamaDecoderLayer(PreNormBlock):
     """One pre-norm block: h = x + self_attn(input_layernorm(x)),
     y = h + mlp(post_attention_layernorm(h)), x and y (batch, T, dim)."""
 
-    def __init__(self, config: LlamaConfig, rng: np.random.Generator):
+    def __init__(self, config: LlamaConfig, rng: np.random.Generator, layer: int = 0):
         init = normal_init(INIT_STD)
         self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.self_attn = CausalSelfAttention(config.dim, config.n_heads, config.n_kv_heads,
+                                             rope=config.uses_rope(layer),
                                              rope_base=config.rope_base,
                                              rope_scaling=config.rope_scaling,
                                              bias=config.qkv_bias, out_bias=False, init=init,
@@ -50,8 +51,9 @@ class LlamaDecoderLayer(PreNormBlock):
                                (b, t, attn.n_kv_heads, attn.head_dim))
         q, k = q.copy(), k.copy()
         v = attn.v_proj.forward(rows).reshape(b, t, attn.n_kv_heads, attn.head_dim)
-        attn.rotary.rotate(q, pos, out=q)
-        attn.rotary.rotate(k, pos, out=k)
+        if attn.rotary is not None:   # a SmolLM3's no-RoPE layers have none
+            attn.rotary.rotate(q, pos, out=q)
+            attn.rotary.rotate(k, pos, out=k)
         cache_k[:, pos:pos + t] = k
         cache_v[:, pos:pos + t] = v
         o = attend_cached(q, cache_k, cache_v, pos)
@@ -85,7 +87,7 @@ class Llama(CausalLM):
         rng = np.random.default_rng(seed)
         init = normal_init(INIT_STD)
         self.embed_tokens = Embedding(config.vocab_size, config.dim, init=init, rng=rng)
-        self.layers = [LlamaDecoderLayer(config, rng) for _ in range(config.n_layers)]
+        self.layers = [LlamaDecoderLayer(config, rng, i) for i in range(config.n_layers)]
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = (None if config.tie_embeddings else
                         Linear(config.dim, config.vocab_size, bias=False, init=init, rng=rng))

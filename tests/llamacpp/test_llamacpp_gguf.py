@@ -287,6 +287,23 @@ def test_a_qwen3_file_gives_llama_cpp_our_logits(tmp_path, head_dim, tied):
     assert relative_error(our_logits(model, ids), want) > 1e-2
 
 
+def test_a_smollm3_file_gives_llama_cpp_our_logits(tmp_path):
+    # llama.cpp's smollm3: layer 3 (every fourth) attends without RoPE
+    from ggmlopt.models import SmolLM3, SmolLM3Config
+    model = SmolLM3(SmolLM3Config(vocab_size=257, dim=64, n_layers=4, n_heads=4, n_kv_heads=2,
+                                  ffn_dim=96, max_seq_len=N_CTX), seed=0)
+    rng = np.random.default_rng(5)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 2:
+            p.data *= 8.0
+        else:
+            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    save_gguf(model, tmp_path / "smollm3.gguf", tokenizer=ByteTokenizer())
+    ids = ByteTokenizer().encode(TEXT)[:N_CTX]
+    want = llama_cpp_logits(open_llama(tmp_path / "smollm3.gguf"), ids)
+    assert relative_error(our_logits(model, ids), want) < 1e-4
+
+
 def test_a_qwen2_file_gives_llama_cpp_our_logits(tmp_path):
     from ggmlopt.models import Qwen2, Qwen2Config
     model = Qwen2(Qwen2Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,

@@ -155,6 +155,14 @@ def test_llama_cpp_applies_our_adapter_to_a_qwen3(tmp_path):
                                "llama.cpp: é ✓", rng)
 
 
+def test_llama_cpp_applies_our_adapter_to_a_smollm3(tmp_path):
+    from ggmlopt.models import SmolLM3, SmolLM3Config
+    model = SmolLM3(SmolLM3Config(vocab_size=TOK.vocab_size, dim=64, n_layers=4, n_heads=4,
+                                  n_kv_heads=2, ffn_dim=96, max_seq_len=64), seed=3)
+    _adapted_through_llama_cpp(tmp_path, model, ALL, "SmolLM3 with an adapter, applied by "
+                               "llama.cpp: é ✓", np.random.default_rng(7))
+
+
 def test_llama_cpp_applies_our_embedding_adapter(tmp_path):
     _adapted_through_llama_cpp(tmp_path, Llama(_config(), seed=3), ("embed_tokens", "q_proj"),
                                "an adapter on the token embedding: é ✓",
