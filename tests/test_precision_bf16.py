@@ -191,3 +191,21 @@ def test_fit_takes_the_precision():
         loss[precision] = hist.epochs[0].train_loss
     assert loss["bf16"] != loss["f32"]          # the products were rounded ...
     assert abs(loss["bf16"] - loss["f32"]) < 2.0 ** -6 * loss["f32"]   # ... and only that
+
+
+def test_a_frozen_projection_s_input_gradient_follows_its_forward(rng):
+    # attention's shortcut for a frozen Linear (no parameter gradient) keeps the
+    # forward's precision: bf16 operands after a bf16 forward, float32 otherwise
+    from ggmlopt.nn.attention import _linear_backward
+    layer = Linear(24, 10, bias=False, rng=6)
+    layer.weight.requires_grad = False
+    x, g = rng.standard_normal((5, 24), dtype=F32), rng.standard_normal((5, 10), dtype=F32)
+    with gemm.products_in("bf16"):
+        layer.forward(x)
+        dx = _linear_backward(layer, g, True)
+    assert_within_sum_bound(dx, rounded(g), rounded(layer.weight.data).T)
+    assert np.max(np.abs(dx - g.astype(np.float64) @ layer.weight.data.T)) > \
+        100 * 12 * U * np.max(np.abs(g) @ np.abs(layer.weight.data.T))
+    layer.forward(x)
+    dx32 = _linear_backward(layer, g, True)
+    assert_within_sum_bound(dx32, g.astype(np.float64), layer.weight.data.astype(np.float64).T)

@@ -57,9 +57,12 @@ def _any_trains(layer):
 def _linear_backward(layer, grad, need_input):
     """layer.backward(grad) with its input gradient only when need_input; a
     plain Linear whose parameters are all frozen computes no parameter gradient
-    (only grad @ weight.T, when needed)."""
+    (only grad @ weight.T, when needed, in its forward's precision)."""
     if type(layer) is Linear and not _any_trains(layer):
-        return grad @ layer.weight.data.T if need_input else None
+        if not need_input:
+            return None
+        out = np.empty((grad.shape[0], layer.in_features), dtype=np.float32)
+        return layer.product_transposed(grad, out)   # in bf16 when its forward was
     layer.needs_input_grad = need_input
     return layer.backward(grad)
 

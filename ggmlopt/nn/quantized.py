@@ -57,7 +57,7 @@ def rows_times_transpose(x2, qtype, qweight, out):
     if x2.shape[0] <= FEW_ROWS:
         return kernels_quant.matmul(x2, qtype, qweight, out=out)
     for r0, r1, panel in _panels(qtype, qweight, x2.shape[1]):
-        np.matmul(x2, panel.T, out=out[:, r0:r1])
+        gemm.matmul(x2, panel.T, out[:, r0:r1])
     return out
 
 
@@ -67,11 +67,8 @@ def rows_times(g, qtype, qweight, ncols, out):
     first = True
     for r0, r1, panel in _panels(qtype, qweight, ncols):
         part = g if r1 - r0 == g.shape[1] else g[:, r0:r1]
-        if first:
-            np.matmul(part, panel, out=out)
-            first = False
-        else:
-            out += part @ panel
+        gemm.matmul(part, panel, out, accumulate=not first)
+        first = False
     if first:
         out.fill(0.0)
     return out
