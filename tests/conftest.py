@@ -1,6 +1,7 @@
 """Fixtures shared by the kernel tests: SIMD paths, thread counts, awkward sizes,
 unaligned placement and a reproducible random generator."""
 import os
+import sys
 import zlib
 
 import numpy as np
@@ -110,12 +111,10 @@ def subprocess_env(package_parent):
 # with; everywhere else nothing changes.
 @pytest.fixture(autouse=True, scope="session")
 def _llama_cpp_without_amx_buffers():
-    try:
-        import llama_cpp.llama_cpp as capi
-    except (ImportError, OSError):   # not installed (or not loadable): those tests skip
-        yield
-        return
-    if b"AMX_INT8 = 1" not in capi.llama_print_system_info():
+    # the tests that use llama.cpp import it while they are collected, before this runs;
+    # a session without them does not load it here
+    capi = sys.modules.get("llama_cpp.llama_cpp")
+    if capi is None or b"AMX_INT8 = 1" not in capi.llama_print_system_info():
         yield
         return
     default_params = capi.llama_model_default_params
