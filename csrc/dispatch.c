@@ -1247,15 +1247,39 @@ static void attn_job_init(attn_job *job, int64_t batch, int64_t seq, int64_t n_h
     a->scale = (float)(1.0 / sqrt((double)head_dim));
 }
 
+/* kv_start NULL, or each row's first key in [0, i], non-decreasing along each item */
+static int attn_starts_ok(int64_t batch, int64_t seq, const int32_t *kv_start) {
+    if (!kv_start) return 1;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int32_t *f = kv_start + b * seq;
+        for (int64_t i = 0; i < seq; ++i)
+            if (f[i] < 0 || f[i] > i || (i > 0 && f[i] < f[i - 1])) return 0;
+    }
+    return 1;
+}
+
 int ggmlopt_attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
                                   int64_t head_dim, const float *q, int64_t q_stride,
                                   const float *k, int64_t k_stride, const float *v,
                                   int64_t v_stride, float *out, int64_t out_stride, float *lse) {
+    return ggmlopt_attention_forward_ranged_f32(batch, seq, n_heads, n_kv_heads, head_dim, q,
+                                                q_stride, k, k_stride, v, v_stride, out,
+                                                out_stride, lse, NULL);
+}
+
+int ggmlopt_attention_forward_ranged_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                         int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                         int64_t q_stride, const float *k, int64_t k_stride,
+                                         const float *v, int64_t v_stride, float *out,
+                                         int64_t out_stride, float *lse,
+                                         const int32_t *kv_start) {
     if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
+    if (!attn_starts_ok(batch, seq, kv_start)) return -1;
     if (batch == 0 || seq == 0) return 0;
     attn_job job;
     attn_job_init(&job, batch, seq, n_heads, n_kv_heads, head_dim, q, q_stride, k, k_stride, v,
                   v_stride, out, out_stride, lse);
+    job.a.kv_start = kv_start;
     job.rows = go_attn_forward_rows(head_dim);
     job.nblocks = (seq + job.rows - 1) / job.rows;
     attn_run(batch * n_heads * job.nblocks, batch * n_heads * seq * seq * head_dim,
@@ -1269,13 +1293,27 @@ int ggmlopt_attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads,
                                    const float *v, int64_t v_stride, const float *out,
                                    int64_t out_stride, const float *lse, const float *dout,
                                    float *dq, float *dk, float *dv) {
+    return ggmlopt_attention_backward_ranged_f32(batch, seq, n_heads, n_kv_heads, head_dim, q,
+                                                 q_stride, k, k_stride, v, v_stride, out,
+                                                 out_stride, lse, dout, dq, dk, dv, NULL);
+}
+
+int ggmlopt_attention_backward_ranged_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                          int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                          int64_t q_stride, const float *k, int64_t k_stride,
+                                          const float *v, int64_t v_stride, const float *out,
+                                          int64_t out_stride, const float *lse,
+                                          const float *dout, float *dq, float *dk, float *dv,
+                                          const int32_t *kv_start) {
     if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
+    if (!attn_starts_ok(batch, seq, kv_start)) return -1;
     if (batch == 0 || seq == 0) return 0;
     attn_job job;
     /* out and lse are only read in the backward */
     attn_job_init(&job, batch, seq, n_heads, n_kv_heads, head_dim, q, q_stride, k, k_stride, v,
                   v_stride, (float *)out, out_stride, (float *)lse);
     job.a.dout = dout;
+    job.a.kv_start = kv_start;
     job.a.dq = dq;
     job.a.dk = dk;
     job.a.dv = dv;

@@ -57,6 +57,10 @@ typedef struct {
     const float *dout;
     float *dq, *dk, *dv;
     float scale;
+    /* NULL, or (batch, seq) first keys: query i of item b sees keys
+     * kv_start[b * seq + i] .. i (0 <= kv_start[i] <= i, non-decreasing in i):
+     * documents packed into one window, or a sliding window */
+    const int32_t *kv_start;
 } go_attn_args;
 
 /* keys per tile (forward, backward), query rows per backward block, the widest head */

@@ -142,6 +142,20 @@ cdef int attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads, int
                                 int64_t v_stride, const float *out, int64_t out_stride,
                                 const float *lse, const float *dout, float *dq, float *dk,
                                 float *dv) noexcept nogil
+# the same with a first key per query row (kv_start: NULL, or (batch, seq) int32)
+cdef int attention_forward_ranged_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                      int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                      int64_t q_stride, const float *k, int64_t k_stride,
+                                      const float *v, int64_t v_stride, float *out,
+                                      int64_t out_stride, float *lse,
+                                      const int32_t *kv_start) noexcept nogil
+cdef int attention_backward_ranged_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                       int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                       int64_t q_stride, const float *k, int64_t k_stride,
+                                       const float *v, int64_t v_stride, const float *out,
+                                       int64_t out_stride, const float *lse, const float *dout,
+                                       float *dq, float *dk, float *dv,
+                                       const int32_t *kv_start) noexcept nogil
 cdef void rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads, int64_t head_dim,
                    const float *x, int64_t x_stride, float *y, int64_t y_stride,
                    const float *cos, const float *sin, int inverse) noexcept nogil

@@ -10,7 +10,10 @@ def attention_forward(
     v: npt.NDArray[np.float32],
     out: npt.NDArray[np.float32] | None = ...,
     lse: npt.NDArray[np.float32] | None = ...,
+    kv_start: npt.NDArray[np.int32] | None = ...,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def document_starts(doc_ids: npt.ArrayLike) -> npt.NDArray[np.int32]: ...
+def window_starts(batch: int, t: int, window: int) -> npt.NDArray[np.int32]: ...
 def attention_backward(
     q: npt.NDArray[np.float32],
     k: npt.NDArray[np.float32],
@@ -21,6 +24,7 @@ def attention_backward(
     dq: npt.NDArray[np.float32] | None = ...,
     dk: npt.NDArray[np.float32] | None = ...,
     dv: npt.NDArray[np.float32] | None = ...,
+    kv_start: npt.NDArray[np.int32] | None = ...,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 def attention_forward_qkv(
     qkv: npt.NDArray[np.float32],

@@ -12,13 +12,15 @@ is how the projections' (batch*T, heads*head_dim) outputs lie in memory.
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t
 
 from ggmlopt._kernel_args cimport as_array as _array
 from ggmlopt._kernel_args cimport f32_ptr as _f32
 from ggmlopt._kernel_args cimport outputs_apart as _outputs_apart
 from ggmlopt.kernels cimport attention_backward_f32 as _attention_backward
+from ggmlopt.kernels cimport attention_backward_ranged_f32 as _attention_backward_ranged
 from ggmlopt.kernels cimport attention_forward_f32 as _attention_forward
+from ggmlopt.kernels cimport attention_forward_ranged_f32 as _attention_forward_ranged
 from ggmlopt.kernels cimport rope_f32 as _rope
 
 cnp.import_array()
@@ -103,7 +105,7 @@ cdef tuple _qkv_shapes(object q, object k, object v):
     return aq, ak, av, b, t, hq, ks[2], d
 
 
-def attention_forward(q, k, v, out=None, lse=None):
+def attention_forward(q, k, v, out=None, lse=None, kv_start=None):
     """Causal scaled dot-product attention with grouped-query heads.
 
     q: float32 (batch, T, n_heads, head_dim); k, v: float32 (batch, T,
@@ -113,38 +115,92 @@ def attention_forward(q, k, v, out=None, lse=None):
     n_heads, head_dim); lse: float32 (batch, n_heads, T), the log of each
     softmax's denominator (with the scores' maximum folded in), which the
     backward needs.  Returns (out, lse); either may be given to be written.
+    kv_start: None (every earlier key), or int32 (batch, T): query i of item b
+    sees keys kv_start[b, i] .. i only, each in [0, i] and non-decreasing along
+    T (ValueError otherwise): documents packed into one window (each token's
+    document start, see ``document_starts``) or a sliding window
+    (``window_starts``); the work follows the keys seen.
     """
     aq, ak, av, b, t, hq, hkv, d = _qkv_shapes(q, k, v)
     cdef cnp.ndarray ao = _out(out, (b, t, hq, d), "out")
     cdef cnp.ndarray al = _out(lse, (b, hq, t), "lse")
+    starts = _starts(kv_start, b, t)
     _outputs_apart([("q", aq), ("k", ak), ("v", av)], [("out", ao), ("lse", al)])
-    _forward(b, t, hq, hkv, d, aq, hq * d, ak, hkv * d, av, hkv * d, ao, al)
+    _forward(b, t, hq, hkv, d, aq, hq * d, ak, hkv * d, av, hkv * d, ao, al, starts)
     return ao, al
+
+
+cdef object _starts(object kv_start, int64_t b, int64_t t):
+    """kv_start checked (int32 C-contiguous (b, t), each row's first key in [0, i],
+    non-decreasing), or None."""
+    if kv_start is None:
+        return None
+    cdef cnp.ndarray a = _array(kv_start, "kv_start", np.int32, False)
+    if (<object>a).shape != (b, t):
+        raise ValueError(f"kv_start: expected shape {(b, t)} (batch, T), got {(<object>a).shape}")
+    if t:
+        rows = np.arange(t, dtype=np.int64)
+        if (a < 0).any() or (a > rows).any():
+            raise ValueError("kv_start: expected each query's first key in [0, its position]")
+        if t > 1 and (np.diff(a, axis=1) < 0).any():
+            raise ValueError("kv_start: expected first keys that never decrease along T")
+    return a
+
+
+def document_starts(doc_ids):
+    """kv_start for documents packed into windows: doc_ids int (batch, T), the
+    document of each token, contiguous runs (a token sees the earlier tokens of
+    its own run only) -> int32 (batch, T) each token's run start."""
+    ids = np.asarray(doc_ids)
+    if ids.ndim != 2 or ids.dtype.kind not in "iu":
+        raise ValueError(f"doc_ids: expected integer ids of shape (batch, T), got "
+                         f"{ids.dtype} {ids.shape}")
+    b, t = ids.shape
+    starts = np.zeros((b, t), dtype=np.int32)
+    if t > 1:
+        change = np.zeros((b, t), dtype=bool)
+        change[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        pos = np.where(change, np.arange(t, dtype=np.int32), 0)
+        starts = np.maximum.accumulate(pos, axis=1).astype(np.int32)
+    return np.ascontiguousarray(starts)
+
+
+def window_starts(batch, t, window):
+    """kv_start of a sliding window of window keys (Mistral's, Hugging Face's
+    sliding_window: query i sees keys i - window + 1 .. i) over (batch, t)."""
+    cdef int64_t w = _count(window, "window", 1)
+    cdef int64_t nb = _count(batch, "batch", 0)
+    cdef int64_t nt = _count(t, "t", 0)
+    first = np.maximum(np.arange(nt, dtype=np.int64) - (w - 1), 0).astype(np.int32)
+    return np.ascontiguousarray(np.broadcast_to(first, (nb, nt)))
 
 
 cdef _forward(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, cnp.ndarray aq,
               int64_t qs, cnp.ndarray ak, int64_t ks, cnp.ndarray av, int64_t vs,
-              cnp.ndarray ao, cnp.ndarray al):
+              cnp.ndarray ao, cnp.ndarray al, object starts=None):
     cdef const float *pq = _f32(aq)
     cdef const float *pk = _f32(ak)
     cdef const float *pv = _f32(av)
     cdef float *po = _f32(ao)
     cdef float *pl = _f32(al)
+    cdef const int32_t *pst = NULL
+    if starts is not None:
+        pst = <const int32_t *>cnp.PyArray_DATA(<cnp.ndarray>starts)
     if (<object>aq).ndim == 3:  # fused q|k|v rows: k and v start after q's heads
         pk = pq + hq * d
         pv = pk + hkv * d
     with nogil:
-        attention_forward_f32(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl)
+        _attention_forward_ranged(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl, pst)
 
 
-def attention_backward(q, k, v, out, lse, grad_out, dq=None, dk=None, dv=None):
+def attention_backward(q, k, v, out, lse, grad_out, dq=None, dk=None, dv=None, kv_start=None):
     """Gradients of attention_forward for grad_out = d loss / d out.
 
     q, k, v, out, lse: the forward's inputs and outputs (shapes as there);
     grad_out: float32 like out.  Returns (dq, dk, dv), float32 like q, k, v
     (for grouped heads dk, dv summed over the query heads of each group),
     written (not added to); any may be given.  Deterministic: the same bits
-    for any number of threads.
+    for any number of threads.  kv_start: the forward's.
     """
     aq, ak, av, b, t, hq, hkv, d = _qkv_shapes(q, k, v)
     cdef cnp.ndarray ao = _array(out, "out", np.float32, False)
@@ -162,14 +218,16 @@ def attention_backward(q, k, v, out, lse, grad_out, dq=None, dk=None, dv=None):
     cdef cnp.ndarray adv = _out(dv, (<object>av).shape, "dv")
     _outputs_apart([("q", aq), ("k", ak), ("v", av), ("out", ao), ("lse", al),
                     ("grad_out", ag)], [("dq", adq), ("dk", adk), ("dv", adv)])
-    _backward(b, t, hq, hkv, d, aq, hq * d, ak, hkv * d, av, hkv * d, ao, al, ag, adq, adk, adv)
+    starts = _starts(kv_start, b, t)
+    _backward(b, t, hq, hkv, d, aq, hq * d, ak, hkv * d, av, hkv * d, ao, al, ag, adq, adk, adv,
+              starts)
     return adq, adk, adv
 
 
 cdef _backward(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, cnp.ndarray aq,
                int64_t qs, cnp.ndarray ak, int64_t ks, cnp.ndarray av, int64_t vs,
                cnp.ndarray ao, cnp.ndarray al, cnp.ndarray ag, cnp.ndarray adq,
-               cnp.ndarray adk, cnp.ndarray adv):
+               cnp.ndarray adk, cnp.ndarray adv, object starts=None):
     cdef const float *pq = _f32(aq)
     cdef const float *pk = _f32(ak)
     cdef const float *pv = _f32(av)
@@ -184,9 +242,12 @@ cdef _backward(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, cnp.nda
         pv = pk + hkv * d
         pdk = pdq + hq * d
         pdv = pdk + hkv * d
+    cdef const int32_t *pst = NULL
+    if starts is not None:
+        pst = <const int32_t *>cnp.PyArray_DATA(<cnp.ndarray>starts)
     with nogil:
-        attention_backward_f32(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl, pg,
-                               pdq, pdk, pdv)
+        _attention_backward_ranged(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl, pg,
+                                   pdq, pdk, pdv, pst)
 
 
 cdef tuple _fused_shape(cnp.ndarray a, int64_t hq, int64_t hkv):

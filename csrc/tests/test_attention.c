@@ -14,6 +14,7 @@
 
 typedef struct {
     int64_t b, t, h, hkv, d;
+    const int32_t *starts; /* NULL, or (b, t) first keys (the kernels' kv_start) */
 } attn_shape;
 
 static int64_t q_size(const attn_shape *s) { return s->b * s->t * s->h * s->d; }
@@ -35,9 +36,10 @@ static void attention_ref(const attn_shape *s, const float *q, const float *k, c
 #define QA(a, i) ((a) + ((b * T + (i)) * H + h) * D)
 #define KA(a, j) ((a) + ((b * T + (j)) * HK + g) * D)
             for (int64_t i = 0; i < T; ++i) {
+                const int64_t j0 = s->starts ? s->starts[b * T + i] : 0;
                 double m = -INFINITY, sabs = 0.0;
                 int nan = 0;
-                for (int64_t j = 0; j <= i; ++j) {
+                for (int64_t j = j0; j <= i; ++j) {
                     double acc = 0.0, mag = 0.0;
                     for (int64_t c = 0; c < D; ++c) {
                         acc += (double)QA(q, i)[c] * KA(k, j)[c];
@@ -50,33 +52,33 @@ static void attention_ref(const attn_shape *s, const float *q, const float *k, c
                 }
                 if (isfinite(sabs) && sabs > *smax) *smax = sabs;
                 double l = 0.0;
-                for (int64_t j = 0; j <= i; ++j) {
+                for (int64_t j = j0; j <= i; ++j) {
                     p[j] = nan ? NAN : exp(p[j] - m);
                     l += p[j];
                 }
                 lse[(b * H + h) * T + i] = m + log(l);
                 if (!(l > 0.0)) lse[(b * H + h) * T + i] = NAN;
-                for (int64_t j = 0; j <= i; ++j) p[j] /= l;
+                for (int64_t j = j0; j <= i; ++j) p[j] /= l;
                 double *o = QA(out, i);
                 for (int64_t c = 0; c < D; ++c) {
                     double acc = 0.0;
-                    for (int64_t j = 0; j <= i; ++j) acc += p[j] * KA(v, j)[c];
+                    for (int64_t j = j0; j <= i; ++j) acc += p[j] * KA(v, j)[c];
                     o[c] = acc;
                 }
                 if (!dout) continue;
                 double delta = 0.0;
                 for (int64_t c = 0; c < D; ++c) delta += (double)QA(dout, i)[c] * o[c];
-                for (int64_t j = 0; j <= i; ++j) {
+                for (int64_t j = j0; j <= i; ++j) {
                     double dp = 0.0;
                     for (int64_t c = 0; c < D; ++c) dp += (double)QA(dout, i)[c] * KA(v, j)[c];
                     ds[j] = p[j] * (dp - delta) * scale;
                 }
                 for (int64_t c = 0; c < D; ++c) {
                     double acc = 0.0;
-                    for (int64_t j = 0; j <= i; ++j) acc += ds[j] * KA(k, j)[c];
+                    for (int64_t j = j0; j <= i; ++j) acc += ds[j] * KA(k, j)[c];
                     QA(dq, i)[c] = acc;
                 }
-                for (int64_t j = 0; j <= i; ++j)
+                for (int64_t j = j0; j <= i; ++j)
                     for (int64_t c = 0; c < D; ++c) {
                         KA(dk, j)[c] += ds[j] * QA(q, i)[c];
                         KA(dv, j)[c] += p[j] * QA(dout, i)[c];
@@ -108,6 +110,7 @@ static void run_forward(const ggmlopt_kernel_table *k, const attn_shape *s, cons
     a.out_stride = s->h * s->d;
     a.lse = lse;
     a.scale = (float)(1.0 / sqrt((double)s->d));
+    a.kv_start = s->starts;
     const int64_t rows = go_attn_forward_rows(s->d);
     for (int64_t b = 0; b < s->b; ++b)
         for (int64_t h = 0; h < s->h; ++h)
@@ -138,6 +141,7 @@ static void run_backward(const ggmlopt_kernel_table *k, const attn_shape *s, con
     a.dk = dk;
     a.dv = dv;
     a.scale = (float)(1.0 / sqrt((double)s->d));
+    a.kv_start = s->starts;
     for (int64_t b = 0; b < s->b; ++b)
         for (int64_t g = 0; g < s->hkv; ++g) k->attention_backward_f32(&a, b, g);
 }
@@ -164,9 +168,10 @@ static void expect_all(th_miss *m, const char *what, const float *got, const dou
 static void test_one(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar,
                      const attn_shape *s, float magnitude, int specials) {
     char ctx[200];
-    snprintf(ctx, sizeof ctx, "attention[%s] b=%lld t=%lld h=%lld kv=%lld d=%lld mag=%g%s",
+    snprintf(ctx, sizeof ctx, "attention[%s] b=%lld t=%lld h=%lld kv=%lld d=%lld mag=%g%s%s",
              k->name, (long long)s->b, (long long)s->t, (long long)s->h, (long long)s->hkv,
-             (long long)s->d, magnitude, specials ? " nan/inf" : "");
+             (long long)s->d, magnitude, specials ? " nan/inf" : "",
+             s->starts ? " kv_start" : "");
     th_set_stage("%s", ctx);
     const int64_t nq = q_size(s), nkv = kv_size(s), nl = s->b * s->h * s->t;
     float *q = th_rand_f32(nq, 1, -magnitude, magnitude);
@@ -278,6 +283,34 @@ static void test_rope(const ggmlopt_kernel_table *k, int64_t d, int64_t pos0, in
     th_report(&m, ctx);
 }
 
+/* First keys per query: sliding windows (1, 5, 32, 33 keys) and packed documents
+ * (random runs, single tokens among them), forward and backward. */
+static void test_ranged(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar) {
+    static const int64_t T[] = {7, 70, 130};
+    static const int64_t W[] = {1, 5, 32, 33};
+    for (size_t ti = 0; ti < sizeof T / sizeof T[0]; ++ti) {
+        const int64_t b = 2, t = T[ti];
+        int32_t *starts = (int32_t *)th_alloc(4, b * t, 0);
+        for (size_t wi = 0; wi < sizeof W / sizeof W[0]; ++wi) {
+            for (int64_t r = 0; r < b; ++r)
+                for (int64_t i = 0; i < t; ++i)
+                    starts[r * t + i] = (int32_t)(i - W[wi] + 1 > 0 ? i - W[wi] + 1 : 0);
+            const attn_shape s = {b, t, 4, 2, 16, starts};
+            test_one(k, scalar, &s, 1.0f, 0);
+        }
+        for (int64_t r = 0; r < b; ++r) {   /* documents: a new one with probability 1/9 */
+            int32_t start = 0;
+            for (int64_t i = 0; i < t; ++i) {
+                if (i > 0 && th_randint(0, 9) == 0) start = (int32_t)i;
+                starts[r * t + i] = start;
+            }
+        }
+        const attn_shape docs = {b, t, 4, 1, 9, starts};
+        test_one(k, scalar, &docs, 1.0f, 0);
+        th_release_all();
+    }
+}
+
 void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar) {
     static const int64_t T[] = {1, 2, 7, 31, 33, 70, 130};
     static const int64_t D[] = {1, 3, 8, 9, 16, 17, 64};
@@ -285,18 +318,19 @@ void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_
     for (size_t ti = 0; ti < sizeof T / sizeof T[0]; ++ti)
         for (size_t di = 0; di < sizeof D / sizeof D[0]; ++di) {
             const attn_shape s = {ti % 2 ? 2 : 1, T[ti], 4, di % 3 == 0 ? 1 : di % 3 == 1 ? 2 : 4,
-                                  D[di]};
+                                  D[di], NULL};
             test_one(k, scalar, &s, 1.0f, 0);
             th_release_all();
         }
-    const attn_shape wide = {1, 40, 2, 1, 256}, big = {1, 300, 2, 2, 32};
+    const attn_shape wide = {1, 40, 2, 1, 256, NULL}, big = {1, 300, 2, 2, 32, NULL};
     test_one(k, scalar, &wide, 1.0f, 0);
     test_one(k, scalar, &big, 1.0f, 0);
     th_release_all();
-    const attn_shape mid = {2, 45, 2, 1, 16};
+    const attn_shape mid = {2, 45, 2, 1, 16, NULL};
     test_one(k, scalar, &mid, 30.0f, 0); /* scores up to a few thousand */
     test_one(k, scalar, &mid, 1.0f, 1);
     th_release_all();
+    test_ranged(k, scalar);
     static const int64_t RD[] = {2, 6, 8, 16, 18, 34, 64, 128};
     for (size_t i = 0; i < sizeof RD / sizeof RD[0]; ++i)
         for (int inverse = 0; inverse <= 1; ++inverse) {
@@ -311,7 +345,7 @@ void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_
 void test_attention_public(void) {
     th_set_stage("attention public api");
     th_seed(0xa77f);
-    const attn_shape s = {3, 150, 4, 2, 24};
+    const attn_shape s = {3, 150, 4, 2, 24, NULL};
     const int64_t nq = q_size(&s), nkv = kv_size(&s), nl = s.b * s.h * s.t;
     float *q = th_rand_f32(nq, 0, -1.0f, 1.0f), *kk = th_rand_f32(nkv, 0, -1.0f, 1.0f);
     float *v = th_rand_f32(nkv, 0, -1.0f, 1.0f), *dout = th_rand_f32(nq, 0, -1.0f, 1.0f);
@@ -346,5 +380,14 @@ void test_attention_public(void) {
     th_check(ggmlopt_attention_forward_f32(1, 1, 1, 1, 300, q, 300, kk, 300, v, 300, res[0][0],
                                            300, res[0][1]) == -1,
              "attention public api: head_dim 300 accepted");
+    /* first keys out of [0, i], or decreasing: refused before any work */
+    static const int32_t late[4] = {0, 0, 3, 3}, back[4] = {0, 1, 0, 1};
+    th_check(ggmlopt_attention_forward_ranged_f32(1, 4, 1, 1, 8, q, 8, kk, 8, v, 8, res[0][0],
+                                                  8, res[0][1], late) == -1,
+             "attention public api: a first key after its query accepted");
+    th_check(ggmlopt_attention_backward_ranged_f32(1, 4, 1, 1, 8, q, 8, kk, 8, v, 8, res[0][0],
+                                                   8, res[0][1], dout, res[0][2], res[0][3],
+                                                   res[0][4], back) == -1,
+             "attention public api: decreasing first keys accepted");
     th_release_all();
 }

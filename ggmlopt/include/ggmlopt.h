@@ -341,6 +341,24 @@ int ggmlopt_attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads,
                                    const float *v, int64_t v_stride, const float *out,
                                    int64_t out_stride, const float *lse, const float *dout,
                                    float *dq, float *dk, float *dv);
+/* The two above with a first key per query row: kv_start NULL (plain causal),
+ * or (batch, seq) int32, query i of item b seeing keys kv_start[b*seq + i] .. i
+ * (each in [0, i], non-decreasing along an item; -1 otherwise): documents
+ * packed into one window (each row's document start) or a sliding window
+ * (max(0, i - window + 1)).  The work follows the keys seen. */
+int ggmlopt_attention_forward_ranged_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                         int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                         int64_t q_stride, const float *k, int64_t k_stride,
+                                         const float *v, int64_t v_stride, float *out,
+                                         int64_t out_stride, float *lse,
+                                         const int32_t *kv_start);
+int ggmlopt_attention_backward_ranged_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                          int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                          int64_t q_stride, const float *k, int64_t k_stride,
+                                          const float *v, int64_t v_stride, const float *out,
+                                          int64_t out_stride, const float *lse,
+                                          const float *dout, float *dq, float *dk, float *dv,
+                                          const int32_t *kv_start);
 /* Rotary position embedding (Hugging Face's Llama, rotate_half): nrows rows
  * of n_heads heads of head_dim (even) floats, row r at position
  * pos0 + r % seq; with c = cos[p, :], s = sin[p, :] ((positions, head_dim/2)
