@@ -28,6 +28,7 @@ from ..lora import refuse_adapters
 from ..models import (
     Llama,
     LlamaConfig,
+    MistralConfig,
     Qwen2,
     Qwen2Config,
     Qwen3,
@@ -250,6 +251,15 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
         if key.startswith(_RESERVED_PREFIXES):
             raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
     arch = arch_of(model)
+    if isinstance(cfg, MistralConfig):   # llama.cpp runs a Mistral as its llama architecture
+        if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
+            raise ValueError(f"model: llama.cpp's llama architecture (a Mistral's GGUF) has no "
+                             f"sliding window; this Mistral attends over {cfg.sliding_window} "
+                             f"keys of {cfg.max_seq_len} (save_hf keeps it)")
+        if cfg.head_dim != cfg.dim // cfg.n_heads:
+            raise ValueError(f"model: a Mistral with head_dim {cfg.head_dim} other than dim // "
+                             f"n_heads = {cfg.dim // cfg.n_heads} is not written to GGUF yet "
+                             "(save_hf keeps it)")
     if isinstance(cfg, SmolLM3Config) and cfg.no_rope_layers != default_rope_layers(
             cfg.n_layers, 4):
         raise ValueError(f"model: llama.cpp's smollm3 skips RoPE on every fourth layer only; "

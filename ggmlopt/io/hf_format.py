@@ -25,6 +25,8 @@ from ..models import (
     GPT2Config,
     Llama,
     LlamaConfig,
+    Mistral,
+    MistralConfig,
     Qwen2,
     Qwen2Config,
     Qwen3,
@@ -66,6 +68,11 @@ def _llama_family_config(cfg) -> dict[str, Any]:
 
 def _hf_config(model) -> dict[str, Any]:
     cfg = model.config
+    if isinstance(model, Mistral):
+        return {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                **_llama_family_config(cfg), "head_dim": cfg.head_dim,
+                "sliding_window": cfg.sliding_window,
+                "bos_token_id": None, "eos_token_id": None}   # not MistralConfig's 1 and 2
     if isinstance(model, SmolLM3):
         return {"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3",
                 **_llama_family_config(cfg), "no_rope_layers": list(cfg.no_rope_layers),
@@ -175,6 +182,9 @@ _QWEN2_KEYS = (_LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) |
 }
 # Qwen3's: Qwen2's, with attention_bias (which must be False) and no pretraining_tp
 _QWEN3_KEYS = _QWEN2_KEYS | {"attention_bias"}
+# Mistral's: Llama's without the biases and pretraining_tp, with its sliding window
+_MISTRAL_KEYS = (_LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) | {
+    "sliding_window"}
 # SmolLM3's: Llama's (no pretraining_tp) with its NoPE layers and the sliding window's keys
 _SMOLLM3_KEYS = (_LLAMA_KEYS - {"pretraining_tp"}) | {
     "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window",
@@ -234,6 +244,15 @@ def _qwen3_from_hf(hf: dict[str, Any], where: str) -> Qwen3:
     fields = _llama_fields(hf, where, head_dim_given=True)
     fields.setdefault("max_seq_len", 40960)
     return Qwen3(Qwen3Config(**fields, head_dim=hf.get("head_dim")))
+
+
+def _mistral_from_hf(hf: dict[str, Any], where: str) -> Mistral:
+    _check_keys(hf, _MISTRAL_KEYS, "mistral")
+    fields = _llama_fields(hf, where, head_dim_given=True)
+    fields.setdefault("max_seq_len", 131072)
+    # MistralConfig's default window is 4096: a config without the key has it
+    window = hf.get("sliding_window", 4096)
+    return Mistral(MistralConfig(**fields, head_dim=hf.get("head_dim"), sliding_window=window))
 
 
 def _smollm3_from_hf(hf: dict[str, Any], where: str) -> SmolLM3:
@@ -324,7 +343,8 @@ def _gpt2_from_hf(hf: dict[str, Any], where: str) -> GPT2:
 
 def _model_from_config(hf: dict[str, Any], where: str):
     kind = hf.get("model_type")
-    readers = {"llama": _llama_from_hf, "qwen2": _qwen2_from_hf, "qwen3": _qwen3_from_hf,
+    readers = {"llama": _llama_from_hf, "mistral": _mistral_from_hf, "qwen2": _qwen2_from_hf,
+               "qwen3": _qwen3_from_hf,
                "smollm3": _smollm3_from_hf, "gpt2": _gpt2_from_hf}
     if kind not in readers:
         raise ValueError(f"{where}: model_type {kind!r} is not supported ({', '.join(readers)})")

@@ -73,10 +73,11 @@ def blas_threads_for_rows(rows):
             c.set_num_threads(n)
 
 
-def attend_cached(q, cache_k, cache_v, pos):
+def attend_cached(q, cache_k, cache_v, pos, window=None):
     """Causal attention of new queries q (batch, t, n_heads, head_dim), at
     positions pos .. pos+t-1, over the cached keys and values of positions
-    0 .. pos+t-1 (grouped-query: query head h reads kv head h // group).
+    0 .. pos+t-1 (grouped-query: query head h reads kv head h // group); with
+    window, query i sees the keys i - window + 1 .. i only.
     Returns (batch, t, n_heads * head_dim) float32.  Generation's step: t is
     small, so the scores (t x pos+t per head) are plain NumPy."""
     b, t, n_heads, hd = q.shape
@@ -86,7 +87,10 @@ def attend_cached(q, cache_k, cache_v, pos):
     values = cache_v[:, :pos + t]
     qg = q.reshape(b, t, n_kv, group, hd)
     scores = np.einsum("btkgd,blkd->bkgtl", qg, keys) * np.float32(1.0 / np.sqrt(hd))
-    visible = np.arange(pos + t)[None, :] <= (pos + np.arange(t))[:, None]   # (t, L)
+    key_pos, query_pos = np.arange(pos + t)[None, :], (pos + np.arange(t))[:, None]
+    visible = key_pos <= query_pos   # (t, L)
+    if window is not None:
+        visible &= key_pos > query_pos - window
     scores = np.where(visible, scores, -np.inf)
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)

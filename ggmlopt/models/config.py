@@ -135,6 +135,11 @@ class LlamaConfig:
         (a SmolLM3 skips every fourth)."""
         return True
 
+    def sliding_window_of(self, layer: int) -> int | None:
+        """The sliding window of layer's attention (None: every earlier key, a
+        Llama's; Mistral's is its config's sliding_window)."""
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class GPT2Config:

@@ -35,7 +35,8 @@ class LlamaDecoderLayer(PreNormBlock):
                                              rope_scaling=config.rope_scaling,
                                              bias=config.qkv_bias, out_bias=False, init=init,
                                              rng=rng, head_dim=config.head_dim,
-                                             qk_norm=config.qk_norm, norm_eps=config.norm_eps)
+                                             qk_norm=config.qk_norm, norm_eps=config.norm_eps,
+                                             sliding_window=config.sliding_window_of(layer))
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = SwiGLU(config.dim, config.ffn_dim, init=init, rng=rng)
 
@@ -56,7 +57,7 @@ class LlamaDecoderLayer(PreNormBlock):
             attn.rotary.rotate(k, pos, out=k)
         cache_k[:, pos:pos + t] = k
         cache_v[:, pos:pos + t] = v
-        o = attend_cached(q, cache_k, cache_v, pos)
+        o = attend_cached(q, cache_k, cache_v, pos, attn.sliding_window)
         h = x + attn.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, d)
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
 

@@ -170,7 +170,7 @@ class RotaryEmbedding(Module):
 class CausalSelfAttention(Module):
     """CausalSelfAttention(dim, n_heads, n_kv_heads=None, *, rope=True,
     rope_base=10000.0, rope_scaling=None, bias=False, out_bias=None, init=None, rng=None,
-    head_dim=None, qk_norm=False, norm_eps=1e-6)
+    head_dim=None, qk_norm=False, norm_eps=1e-6, sliding_window=None)
 
     Hugging Face's LlamaAttention: x (batch, T, dim) float32 ->
     o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x))), causal,
@@ -184,7 +184,9 @@ class CausalSelfAttention(Module):
     gives it (Qwen3: n_heads * head_dim may differ from dim).  qk_norm: an
     RMSNorm over each head of q and of k (``q_norm``, ``k_norm``, weights
     (head_dim,), eps norm_eps) before the rotary embedding, as Qwen3 and
-    Gemma 3 have.
+    Gemma 3 have.  sliding_window: None, or W >= 1: query i attends to keys
+    i - W + 1 .. i only (Mistral's, Hugging Face's sliding_window), at
+    O(T x W) work in the fused kernel.
 
     ``forward(x, pos=0)``: token t at position pos + t (for cached generation
     later); returns a buffer the layer reuses, ``layer(x)`` a copy the caller
@@ -197,8 +199,10 @@ class CausalSelfAttention(Module):
 
     def __init__(self, dim, n_heads, n_kv_heads=None, *, rope=True, rope_base=10000.0,
                  rope_scaling=None, bias=False, out_bias=None, init=None, rng=None,
-                 head_dim=None, qk_norm=False, norm_eps=1e-6):
+                 head_dim=None, qk_norm=False, norm_eps=1e-6, sliding_window=None):
         dim = _positive_int(dim, "dim")
+        if sliding_window is not None:
+            sliding_window = _positive_int(sliding_window, "sliding_window")
         n_heads = _positive_int(n_heads, "n_heads")
         n_kv_heads = n_heads if n_kv_heads is None else _positive_int(n_kv_heads, "n_kv_heads")
         if head_dim is None:
@@ -226,8 +230,16 @@ class CausalSelfAttention(Module):
         self.q_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
         self._rotary = RotaryEmbedding(head_dim, rope_base, rope_scaling) if rope else None
+        self.sliding_window = sliding_window
         self._saved = None
         self._o = None
+
+    def _kv_start(self, b, t):
+        """The kernels' first key per query: None (all earlier keys) unless a
+        sliding window leaves some out at this length."""
+        if self.sliding_window is None or self.sliding_window >= t:
+            return None
+        return ka.window_starts(b, t, self.sliding_window)
 
     def project_qk(self, rows, shape_q, shape_kv):
         """(q, k) of rows (batch * T, dim): the projections, per-head norms when
@@ -263,8 +275,9 @@ class CausalSelfAttention(Module):
             self._lse = np.empty((b, self.n_heads, t), dtype=np.float32)
             self._grads = tuple(np.empty(s, dtype=np.float32) for s in (shape_q, shape_kv, shape_kv))
             self._dx = np.empty((b * t, self.dim), dtype=np.float32)
-        o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse)
-        self._saved = (q, k, v, o, lse, pos)
+        starts = self._kv_start(b, t)
+        o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse, kv_start=starts)
+        self._saved = (q, k, v, o, lse, pos, starts)
         y = self.o_proj.forward(o.reshape(b * t, -1))
         return y.reshape(b, t, self.dim)
 
@@ -274,7 +287,7 @@ class CausalSelfAttention(Module):
         (a buffer this layer reuses), or None when needs_input_grad is False."""
         if self._saved is None:
             raise RuntimeError("backward: call forward first")
-        q, k, v, o, lse, pos = self._saved
+        q, k, v, o, lse, pos, starts = self._saved
         b, t = q.shape[:2]
         g = _as_sequence(grad_out, self.dim, "grad_out")
         if g.shape[:2] != (b, t):
@@ -287,7 +300,7 @@ class CausalSelfAttention(Module):
         if not need_qkv:
             return None
         do = np.ascontiguousarray(do, dtype=np.float32).reshape(o.shape)
-        dq, dk, dv = ka.attention_backward(q, k, v, o, lse, do, *self._grads)
+        dq, dk, dv = ka.attention_backward(q, k, v, o, lse, do, *self._grads, kv_start=starts)
         if self._rotary is not None:
             self._rotary.rotate(dq, pos, out=dq, inverse=True)
             self._rotary.rotate(dk, pos, out=dk, inverse=True)
@@ -311,6 +324,8 @@ class CausalSelfAttention(Module):
         rope = "" if self._rotary is None else f", rope_base={self._rotary.base}"
         extra = "" if self.head_dim * self.n_heads == self.dim else f", head_dim={self.head_dim}"
         extra += ", qk_norm=True" if self.q_norm is not None else ""
+        if self.sliding_window is not None:
+            extra += f", sliding_window={self.sliding_window}"
         return (f"CausalSelfAttention(dim={self.dim}, n_heads={self.n_heads}, "
                 f"n_kv_heads={self.n_kv_heads}, rope={self._rotary is not None}{rope}, "
                 f"bias={self.q_proj.bias is not None}{extra})")
