@@ -4,11 +4,10 @@ the masked softmax on every SIMD path and awkward sizes; packed documents equal
 each document run alone; bad starts refused before anything is written."""
 import numpy as np
 import pytest
+from test_kernels_attention import assert_close, random_qkv
 
 from ggmlopt import kernels
 from ggmlopt import kernels_attention as ka
-
-from test_kernels_attention import assert_close, random_qkv
 
 
 def masked_reference(q, k, v, dout, starts):

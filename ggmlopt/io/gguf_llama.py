@@ -29,6 +29,7 @@ from ..models import (
     Llama,
     LlamaConfig,
     MistralConfig,
+    Phi3,
     Qwen2,
     Qwen2Config,
     Qwen3,
@@ -65,7 +66,12 @@ LLAMA_FAMILY = frozenset(_ARCHS)
 
 
 def arch_of(model) -> str:
-    """llama.cpp's general.architecture for a Llama-family model."""
+    """llama.cpp's general.architecture for a Llama-family model (ValueError for
+    a family whose llama.cpp layout is not written yet)."""
+    if isinstance(model, Phi3):
+        raise ValueError("model: a Phi-3's GGUF (llama.cpp's phi3, its fused tensors) is not "  # noqa: TRY004
+                         "written yet; save_hf keeps it, and llama.cpp's convert_hf_to_gguf.py "
+                         "turns that into a GGUF")
     if isinstance(model, Qwen3):
         return QWEN3_ARCH
     if isinstance(model, SmolLM3):

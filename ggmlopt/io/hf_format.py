@@ -27,6 +27,8 @@ from ..models import (
     LlamaConfig,
     Mistral,
     MistralConfig,
+    Phi3,
+    Phi3Config,
     Qwen2,
     Qwen2Config,
     Qwen3,
@@ -68,6 +70,13 @@ def _llama_family_config(cfg) -> dict[str, Any]:
 
 def _hf_config(model) -> dict[str, Any]:
     cfg = model.config
+    if isinstance(model, Phi3):
+        return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+                **_llama_family_config(cfg), "sliding_window": cfg.sliding_window,
+                "original_max_position_embeddings": cfg.original_max_seq_len,
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
+                # Phi3Config's defaults are Phi-3-mini's ids (32000 ...)
+                "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
     if isinstance(model, Mistral):
         return {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
                 **_llama_family_config(cfg), "head_dim": cfg.head_dim,
@@ -185,6 +194,10 @@ _QWEN3_KEYS = _QWEN2_KEYS | {"attention_bias"}
 # Mistral's: Llama's without the biases and pretraining_tp, with its sliding window
 _MISTRAL_KEYS = (_LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) | {
     "sliding_window"}
+# Phi-3's: Mistral's with its dropouts (warned about when not zero) and the LongRoPE
+# context (kept; LongRoPE itself is refused by the rope reader)
+_PHI3_KEYS = _MISTRAL_KEYS | {"resid_pdrop", "embd_pdrop", "original_max_position_embeddings",
+                              "partial_rotary_factor"}
 # SmolLM3's: Llama's (no pretraining_tp) with its NoPE layers and the sliding window's keys
 _SMOLLM3_KEYS = (_LLAMA_KEYS - {"pretraining_tp"}) | {
     "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window",
@@ -253,6 +266,19 @@ def _mistral_from_hf(hf: dict[str, Any], where: str) -> Mistral:
     # MistralConfig's default window is 4096: a config without the key has it
     window = hf.get("sliding_window", 4096)
     return Mistral(MistralConfig(**fields, head_dim=hf.get("head_dim"), sliding_window=window))
+
+
+def _phi3_from_hf(hf: dict[str, Any], where: str) -> Phi3:
+    _check_keys(hf, _PHI3_KEYS, "phi3")
+    if hf.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"partial_rotary_factor: only 1.0 (RoPE over the whole head) is "
+                         f"supported, got {hf['partial_rotary_factor']}")
+    _no_dropout(hf, ("resid_pdrop", "embd_pdrop"), where)
+    fields = _llama_fields(hf, where)
+    fields.setdefault("max_seq_len", 4096)
+    return Phi3(Phi3Config(**fields, sliding_window=hf.get("sliding_window"),
+                           original_max_seq_len=hf.get("original_max_position_embeddings",
+                                                       4096)))
 
 
 def _smollm3_from_hf(hf: dict[str, Any], where: str) -> SmolLM3:
@@ -343,7 +369,8 @@ def _gpt2_from_hf(hf: dict[str, Any], where: str) -> GPT2:
 
 def _model_from_config(hf: dict[str, Any], where: str):
     kind = hf.get("model_type")
-    readers = {"llama": _llama_from_hf, "mistral": _mistral_from_hf, "qwen2": _qwen2_from_hf,
+    readers = {"llama": _llama_from_hf, "mistral": _mistral_from_hf, "phi3": _phi3_from_hf,
+               "qwen2": _qwen2_from_hf,
                "qwen3": _qwen3_from_hf,
                "smollm3": _smollm3_from_hf, "gpt2": _gpt2_from_hf}
     if kind not in readers:

@@ -1,5 +1,5 @@
-"""Decoder-only language models: Llama, Mistral, Qwen2, Qwen3, SmolLM3 and GPT2, and
-their configurations.
+"""Decoder-only language models: Llama, Mistral, Phi-3, Qwen2, Qwen3, SmolLM3 and GPT2,
+and their configurations.
 
 The models' parameter names are those of Hugging Face's checkpoints; their
 Linear weights keep ggmlopt's (in, out) layout, the transpose of torch's.
@@ -9,10 +9,11 @@ from .config import GPT2Config, LlamaConfig, llama_ffn_dim
 from .gpt2 import GPT2
 from .llama import Llama
 from .mistral import Mistral, MistralConfig
+from .phi3 import Phi3, Phi3Config
 from .qwen2 import Qwen2, Qwen2Config
 from .qwen3 import Qwen3, Qwen3Config
 from .smollm3 import SmolLM3, SmolLM3Config
 
 __all__ = ["GPT2", "CausalLM", "GPT2Config", "KVCache", "Llama", "LlamaConfig", "Mistral",
-           "MistralConfig", "Qwen2",
+           "MistralConfig", "Phi3", "Phi3Config", "Qwen2",
            "Qwen2Config", "Qwen3", "Qwen3Config", "SmolLM3", "SmolLM3Config", "llama_ffn_dim"]

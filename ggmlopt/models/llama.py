@@ -6,6 +6,8 @@ parameter names without the ``model.`` prefix.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..nn.attention import CausalSelfAttention
@@ -81,6 +83,10 @@ class Llama(CausalLM):
     (ggmlopt.generate).
     """
 
+    # the block of each layer, made as layer_class(config, rng, layer): a family
+    # with other blocks (Phi-3's fused projections) names its own
+    layer_class: Callable[..., PreNormBlock] = LlamaDecoderLayer
+
     def __init__(self, config: LlamaConfig, *, seed: int = 0):
         if not isinstance(config, LlamaConfig):
             raise TypeError(f"config: expected a LlamaConfig, got {type(config).__name__}")
@@ -88,7 +94,7 @@ class Llama(CausalLM):
         rng = np.random.default_rng(seed)
         init = normal_init(INIT_STD)
         self.embed_tokens = Embedding(config.vocab_size, config.dim, init=init, rng=rng)
-        self.layers = [LlamaDecoderLayer(config, rng, i) for i in range(config.n_layers)]
+        self.layers = [self.layer_class(config, rng, i) for i in range(config.n_layers)]
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = (None if config.tie_embeddings else
                         Linear(config.dim, config.vocab_size, bias=False, init=init, rng=rng))

@@ -1,0 +1,193 @@
+"""Phi-3: Hugging Face's Phi3ForCausalLM as its delta from Llama.
+
+A Llama whose q, k and v projections are one matrix (``self_attn.qkv_proj``,
+output rows q | k | v) and whose gate and up projections are one
+(``mlp.gate_up_proj``, output gate | up), optionally over a sliding window of
+keys (``sliding_window``: Phi-3-mini-4k's 2047).  The fused weights are
+Hugging Face's parameters: one product where Llama takes three (or two), and
+the names a LoRA adapter or a PEFT checkpoint of Phi-3 uses.  Partial rotary
+embeddings (``partial_rotary_factor`` below 1) and LongRoPE (the 128k models)
+are refused by the checkpoint reader.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .. import kernels_attention as ka
+from .. import kernels_glu
+from ..nn.attention import RotaryEmbedding, _as_sequence, _position
+from ..nn.linear import Linear
+from ..nn.module import Module
+from ..nn.norm import RMSNorm
+from ._causal_lm import PreNormBlock, attend_cached, normal_init
+from .llama import INIT_STD, Llama
+from .mistral import MistralConfig
+
+__all__ = ["Phi3", "Phi3Attention", "Phi3Config", "Phi3MLP"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Phi3Config(MistralConfig):
+    """Phi3Config(vocab_size, dim, n_layers, n_heads, n_kv_heads=None, ffn_dim=None,
+    max_seq_len=4096, norm_eps=1e-5, rope_base=10000.0, tie_embeddings=False,
+    rope_scaling=None, qkv_bias=False, head_dim=None, sliding_window=None,
+    original_max_seq_len=4096): MistralConfig's fields (a window, a head width)
+    with Phi-3's defaults (Hugging Face's Phi3Config) and its
+    original_max_position_embeddings (kept for the checkpoint: it matters only
+    to LongRoPE, which is not implemented)."""
+
+    max_seq_len: int = 4096
+    norm_eps: float = 1e-5
+    original_max_seq_len: int = 4096
+
+
+class Phi3Attention(Module):
+    """Phi-3's attention: qkv_proj (dim, (n_heads + 2 n_kv_heads) head_dim), its
+    output rows q | k | v, RoPE on q and k, the fused causal kernel (over a
+    sliding window when given), o_proj (n_heads head_dim, dim).  forward(x, pos)
+    returns a buffer the layer reuses; backward adds into the parameters'
+    gradients and returns d loss / d x (None when needs_input_grad is False)."""
+
+    def __init__(self, config: Phi3Config, rng, init):
+        self.dim, self.n_heads = config.dim, config.n_heads
+        self.n_kv_heads, self.head_dim = config.n_kv_heads, config.head_dim
+        assert self.n_kv_heads is not None and self.head_dim is not None
+        self.q_width = self.n_heads * self.head_dim
+        self.kv_width = self.n_kv_heads * self.head_dim
+        self.qkv_proj = Linear(self.dim, self.q_width + 2 * self.kv_width, bias=False,
+                               init=init, rng=rng)
+        self.o_proj = Linear(self.q_width, self.dim, bias=False, init=init, rng=rng)
+        self.rotary = RotaryEmbedding(self.head_dim, config.rope_base, config.rope_scaling)
+        self.sliding_window = config.sliding_window
+        self._saved = None
+
+    def split_qkv(self, rows, b, t, pos):
+        """(q, k, v) of rows (b * t, dim): contiguous (b, t, heads, head_dim)
+        copies of the fused product's parts, q and k rotated for positions pos.."""
+        qkv = self.qkv_proj.forward(rows)
+        q = np.ascontiguousarray(qkv[:, :self.q_width]).reshape(b, t, self.n_heads, -1)
+        k = np.ascontiguousarray(qkv[:, self.q_width:self.q_width + self.kv_width])
+        k = k.reshape(b, t, self.n_kv_heads, -1)
+        v = np.ascontiguousarray(qkv[:, self.q_width + self.kv_width:])
+        self.rotary.rotate(q, pos, out=q)
+        self.rotary.rotate(k, pos, out=k)
+        return q, k, v.reshape(b, t, self.n_kv_heads, -1)
+
+    def forward(self, x, pos=0):
+        """x: float32 (batch, T, dim) -> (batch, T, dim); token t at position pos + t."""
+        x = _as_sequence(x, self.dim, "x")
+        pos = _position(pos)
+        b, t, _ = x.shape
+        q, k, v = self.split_qkv(x.reshape(b * t, self.dim), b, t, pos)
+        starts = None if self.sliding_window is None or self.sliding_window >= t else \
+            ka.window_starts(b, t, self.sliding_window)
+        o, lse = ka.attention_forward(q, k, v, kv_start=starts)
+        self._saved = (q, k, v, o, lse, pos, starts)
+        return self.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, self.dim)
+
+    def backward(self, grad_out):
+        """grad_out (batch, T, dim) like the last output -> d loss / d x."""
+        if self._saved is None:
+            raise RuntimeError("backward: call forward first")
+        q, k, v, o, lse, pos, starts = self._saved
+        b, t = q.shape[:2]
+        g = _as_sequence(grad_out, self.dim, "grad_out")
+        if g.shape[:2] != (b, t):
+            raise ValueError(f"grad_out: expected shape {(b, t, self.dim)} like the last "
+                             f"output, got {g.shape}")
+        do = self.o_proj.backward(g.reshape(b * t, self.dim))
+        do = np.ascontiguousarray(do, dtype=np.float32).reshape(o.shape)
+        dq, dk, dv = ka.attention_backward(q, k, v, o, lse, do, kv_start=starts)
+        self.rotary.rotate(dq, pos, out=dq, inverse=True)
+        self.rotary.rotate(dk, pos, out=dk, inverse=True)
+        dqkv = np.concatenate([dq.reshape(b * t, -1), dk.reshape(b * t, -1),
+                               dv.reshape(b * t, -1)], axis=1)
+        self.qkv_proj.needs_input_grad = self.needs_input_grad
+        dx = self.qkv_proj.backward(dqkv)
+        return None if dx is None else dx.reshape(b, t, self.dim)
+
+    def __call__(self, x, pos=0):
+        """forward(x, pos), copied into an array the caller owns."""
+        return np.array(self.forward(x, pos), copy=True)
+
+
+class Phi3MLP(Module):
+    """Phi-3's MLP: gate_up_proj (dim, 2 hidden), its output gate | up,
+    y = down_proj(silu(gate) * up)."""
+
+    def __init__(self, dim, hidden, rng, init):
+        self.dim, self.hidden = dim, hidden
+        self.gate_up_proj = Linear(dim, 2 * hidden, bias=False, init=init, rng=rng)
+        self.down_proj = Linear(hidden, dim, bias=False, init=init, rng=rng)
+        self._shape = None
+
+    def forward(self, x):
+        """x: float32 (..., dim) -> (..., dim)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        gu = self.gate_up_proj.forward(x.reshape(-1, self.dim))
+        self._g = np.ascontiguousarray(gu[:, :self.hidden])
+        self._u = np.ascontiguousarray(gu[:, self.hidden:])
+        h = kernels_glu.swiglu(self._g, self._u)
+        self._shape = x.shape
+        return self.down_proj.forward(h).reshape(x.shape)
+
+    def backward(self, grad_out):
+        """grad_out like the last output -> d loss / d x."""
+        if self._shape is None:
+            raise RuntimeError("backward: call forward first")
+        g = np.ascontiguousarray(grad_out, dtype=np.float32).reshape(-1, self.dim)
+        dh = self.down_proj.backward(g)
+        dgate, dup = kernels_glu.swiglu_backward(self._g, self._u, dh)
+        self.gate_up_proj.needs_input_grad = self.needs_input_grad
+        dx = self.gate_up_proj.backward(np.concatenate([dgate, dup], axis=1))
+        return None if dx is None else dx.reshape(self._shape)
+
+    def __call__(self, x):
+        """forward(x), copied into an array the caller owns."""
+        return np.array(self.forward(x), copy=True)
+
+
+class Phi3DecoderLayer(PreNormBlock):
+    """Llama's pre-norm block over Phi3Attention and Phi3MLP."""
+
+    def __init__(self, config: Phi3Config, rng, layer: int = 0):
+        init = normal_init(INIT_STD)
+        assert config.ffn_dim is not None
+        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.self_attn = Phi3Attention(config, rng, init)
+        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.mlp = Phi3MLP(config.dim, config.ffn_dim, rng, init)
+
+    def _parts(self):
+        return self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp
+
+    def decode(self, x, cache_k, cache_v, pos):
+        """forward for t new positions at pos.., reading and extending the cache."""
+        attn = self.self_attn
+        b, t, d = x.shape
+        rows = self.input_layernorm.forward(x).reshape(b * t, d)
+        q, k, v = attn.split_qkv(rows, b, t, pos)
+        cache_k[:, pos:pos + t] = k
+        cache_v[:, pos:pos + t] = v
+        o = attend_cached(q, cache_k, cache_v, pos, attn.sliding_window)
+        h = x + attn.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, d)
+        return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
+
+
+class Phi3(Llama):
+    """Phi3(config, *, seed=0): a Phi-3 language model (config a Phi3Config).
+    Parameters as Hugging Face's Phi3ForCausalLM names them (without
+    ``model.``): Llama's, with ``layers.{i}.self_attn.qkv_proj.weight`` for q, k
+    and v and ``layers.{i}.mlp.gate_up_proj.weight`` for gate and up."""
+
+    layer_class = Phi3DecoderLayer
+
+    def __init__(self, config: Phi3Config, *, seed: int = 0):
+        if not isinstance(config, Phi3Config):
+            raise TypeError(f"config: expected a Phi3Config, got {type(config).__name__}")
+        super().__init__(config, seed=seed)
+
+    def __repr__(self):
+        return f"Phi3({self.config})"

@@ -1,0 +1,186 @@
+"""Phi-3: a Llama whose q, k, v projections are one matrix (qkv_proj) and whose
+gate and up projections are one (gate_up_proj), optionally over a sliding
+window.  Logits and every gradient equal transformers' Phi3ForCausalLM (eager
+attention), the checkpoints go both ways, generation with the cache equals a
+full recompute, LoRA adapts the fused projections, and what is not implemented
+is refused."""
+import json
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt import lora
+from ggmlopt.models import Llama, LlamaConfig, Phi3, Phi3Config
+
+CONFIGS = {
+    "gqa-window-6": Phi3Config(vocab_size=67, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                               ffn_dim=48, max_seq_len=256, sliding_window=6),
+    "no-window": Phi3Config(vocab_size=67, dim=32, n_layers=1, n_heads=2, ffn_dim=40,
+                            max_seq_len=256),
+}
+
+
+def randomised(model, seed):
+    rng = np.random.default_rng(seed)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 1:
+            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    return model
+
+
+def test_phi3_fuses_the_projections():
+    model = Phi3(CONFIGS["gqa-window-6"], seed=0)
+    params = dict(model.named_parameters())
+    assert params["layers.0.self_attn.qkv_proj.weight"].shape == (32, 32 + 2 * 16)
+    assert params["layers.0.mlp.gate_up_proj.weight"].shape == (32, 96)
+    assert not any(n.endswith(("q_proj.weight", "gate_proj.weight")) for n in params)
+    assert isinstance(model, Llama)
+    with pytest.raises(TypeError, match="Phi3Config"):
+        Phi3(LlamaConfig(vocab_size=8, dim=8, n_layers=1, n_heads=2))
+
+
+def fused_equals_llama(model):
+    """A Llama with the Phi-3's weights split into q/k/v and gate/up."""
+    cfg = model.config
+    twin = Llama(LlamaConfig(vocab_size=cfg.vocab_size, dim=cfg.dim, n_layers=cfg.n_layers,
+                             n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, ffn_dim=cfg.ffn_dim,
+                             max_seq_len=cfg.max_seq_len, norm_eps=cfg.norm_eps,
+                             rope_base=cfg.rope_base))
+    src = dict(model.named_parameters())
+    q, kv, f = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.ffn_dim
+    for name, p in twin.named_parameters():
+        if ".self_attn." in name and name.split(".")[3] in ("q_proj", "k_proj", "v_proj"):
+            w = src[name.rsplit(".", 2)[0] + ".qkv_proj.weight"].data
+            part = {"q_proj": w[:, :q], "k_proj": w[:, q:q + kv], "v_proj": w[:, q + kv:]}
+            p.data[...] = part[name.split(".")[3]]
+        elif name.endswith(("gate_proj.weight", "up_proj.weight")):
+            w = src[name.rsplit(".", 2)[0] + ".gate_up_proj.weight"].data
+            p.data[...] = w[:, :f] if "gate" in name else w[:, f:]
+        else:
+            p.data[...] = src[name].data
+    return twin
+
+
+def test_without_a_window_it_computes_the_llama_of_its_split_weights():
+    model = randomised(Phi3(CONFIGS["no-window"], seed=3), 3)
+    tokens = np.random.default_rng(1).integers(0, 67, (2, 9))
+    want = fused_equals_llama(model)(tokens)
+    np.testing.assert_allclose(model(tokens), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+@pytest.mark.parametrize("T", [1, 7, 64, 129])
+def test_logits_and_gradients_equal_transformers(tmp_path, kind, T):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf, save_hf
+    model = randomised(Phi3(CONFIGS[kind], seed=1), T)
+    save_hf(model, tmp_path)
+    hf, info = transformers.Phi3ForCausalLM.from_pretrained(
+        tmp_path, output_loading_info=True, attn_implementation="eager")
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert hf.config.sliding_window == model.config.sliding_window
+    rng = np.random.default_rng(T)
+    tokens = rng.integers(0, 67, (2, T))
+    logits = hf(torch.tensor(tokens)).logits
+    want = logits.detach().numpy()
+    got = model.forward(tokens)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+    g = rng.normal(size=want.shape).astype(np.float32)
+    (logits * torch.tensor(g)).sum().backward()
+    model.zero_grad()
+    model.backward(g)
+    ours = dict(model.named_parameters())
+    overall = max(float(np.abs(p.grad.numpy()).max()) for _, p in hf.named_parameters())
+    seen = 0
+    for name, p in hf.named_parameters():
+        mine = ours.get(name.removeprefix("model."))
+        if mine is None:
+            continue
+        seen += 1
+        theirs = p.grad.numpy()
+        grad = mine.grad.T if mine.grad.ndim == 2 and "embed" not in name else mine.grad
+        scale = max(np.abs(theirs).max(), 1e-3 * overall)   # q, k at T = 1: rounding noise
+        np.testing.assert_allclose(grad, theirs, rtol=0, atol=1e-4 * scale, err_msg=name)
+    assert seen == len(ours)
+    back = load_hf(tmp_path)
+    assert type(back) is Phi3 and back.config == model.config
+
+
+def test_load_hf_reads_what_save_pretrained_writes(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from ggmlopt.io import load_hf
+    torch.manual_seed(0)
+    cfg = transformers.Phi3Config(vocab_size=67, hidden_size=32, intermediate_size=40,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, max_position_embeddings=64,
+                                  original_max_position_embeddings=64, sliding_window=9,
+                                  pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    hf = transformers.Phi3ForCausalLM(cfg)
+    hf.config._attn_implementation = "eager"
+    hf.eval()
+    hf.save_pretrained(tmp_path)
+    model = load_hf(tmp_path)
+    assert isinstance(model, Phi3) and model.config.sliding_window == 9
+    tokens = np.random.default_rng(0).integers(0, 67, (2, 23))
+    with torch.no_grad():
+        want = hf(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(model(tokens), want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+def test_generation_with_the_cache_equals_a_full_recompute():
+    model = randomised(Phi3(CONFIGS["gqa-window-6"], seed=2), 2)
+    prompt = np.array([3, 14, 15, 9, 2, 6, 5])
+    out = go.generate(model, prompt, max_new_tokens=8, temperature=0.0, stop_ids=())
+    seq = prompt[None, :]
+    for _ in range(8):
+        nxt = int(np.argmax(model(seq)[0, -1]))
+        seq = np.concatenate([seq, [[nxt]]], axis=1)
+    np.testing.assert_array_equal(out, seq[0, 7:])
+
+
+def test_lora_adapts_the_fused_projections_and_checkpointing_keeps_the_bits():
+    import copy
+    plain = randomised(Phi3(CONFIGS["gqa-window-6"], seed=4), 4)
+    lora.apply(plain, rank=2, targets="all-linear", seed=1)
+    names = {n for n, _ in lora.named_adapters(plain)}
+    assert "layers.0.self_attn.qkv_proj" in names and "layers.1.mlp.gate_up_proj" in names
+    for _, layer in lora.named_adapters(plain):
+        layer.lora_b.data[...] = 0.01
+    checkpointed = copy.deepcopy(plain)
+    checkpointed.gradient_checkpointing_enable()
+    trained = []
+    for model in (plain, checkpointed):
+        ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32, seed=1)
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            tokens = rng.integers(0, 67, (2, 13)).astype(np.int32)
+            ctx.alloc(True)
+            ctx.eval(None, inputs=tokens[:, :-1].copy(), labels=tokens[:, 1:].copy())
+        trained.append({n: p.data.copy() for n, p in model.named_parameters()})
+    assert not np.all(trained[0]["layers.0.self_attn.qkv_proj.lora_b"] == 0.01)
+    for n in trained[0]:
+        np.testing.assert_array_equal(trained[0][n], trained[1][n], err_msg=n)
+
+
+def test_what_is_not_implemented_is_refused(tmp_path):
+    pytest.importorskip("safetensors")
+    pytest.importorskip("gguf")
+    from ggmlopt.io import load_hf, save_gguf, save_hf
+    from ggmlopt.text import ByteTokenizer
+    model = Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2), seed=0)
+    save_hf(model, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    for edit, match in [({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+                        ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4,
+                                           "long_factor": [1.0] * 4}}, "rope_scaling"),
+                        ({"attention_bias": False}, r"keys \['attention_bias'\]")]:
+        (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+        with pytest.raises(ValueError, match=match):
+            load_hf(tmp_path)
+    with pytest.raises(ValueError, match="Phi-3"):
+        save_gguf(model, tmp_path / "p.gguf", tokenizer=ByteTokenizer())
+    assert not (tmp_path / "p.gguf").exists()
