@@ -31,8 +31,9 @@ def parser() -> argparse.ArgumentParser:
                                 description="Fine-tune a language model (LoRA by default).")
     p.add_argument("-m", "--model", required=True,
                    help="a GGUF file, or a Hugging Face directory (config.json, safetensors)")
-    p.add_argument("--tokenizer", help="a GGUF file holding the tokenizer of a Hugging Face "
-                   "model (llama.cpp's vocabulary files, or the model's own GGUF)")
+    p.add_argument("--tokenizer", help="a GGUF file holding the tokenizer (llama.cpp's "
+                   "vocabulary files, or the model's own GGUF); a Hugging Face directory's "
+                   "own tokenizer.json is the default there")
     data = p.add_mutually_exclusive_group(required=True)
     data.add_argument("--data", help="training data, JSON Lines: {'messages': [...]}, "
                       "{'prompt', 'completion'} or {'text'}")
@@ -113,9 +114,11 @@ def _problems(args) -> list[str]:
         bad.append("--out or --merge-out: say where the result goes")
     if not os.path.exists(args.model):
         bad.append(f"--model: no such file or directory {args.model!r}")
-    elif os.path.isdir(args.model) and not args.tokenizer:
-        bad.append("--tokenizer: a Hugging Face directory needs a GGUF file holding its "
-                   "tokenizer (llama.cpp's vocabulary files, or the model's own GGUF)")
+    elif (os.path.isdir(args.model) and not args.tokenizer
+          and not os.path.isfile(os.path.join(args.model, "tokenizer.json"))):
+        bad.append("--tokenizer: the Hugging Face directory has no tokenizer.json; give a GGUF "
+                   "file holding its tokenizer (llama.cpp's vocabulary files, or the model's "
+                   "own GGUF)")
     for name in ("data", "file", "tokenizer"):
         path = getattr(args, name)
         if path and not os.path.isfile(path):
@@ -132,7 +135,11 @@ def _problems(args) -> list[str]:
 def _load(args):
     from .io import load_gguf, load_gguf_tokenizer, load_hf
     if os.path.isdir(args.model):
-        return load_hf(args.model), load_gguf_tokenizer(args.tokenizer)
+        model = load_hf(args.model, keep_types=args.keep_types)
+        if args.tokenizer:
+            return model, load_gguf_tokenizer(args.tokenizer)
+        from .hf_tokenizer import load_hf_tokenizer
+        return model, load_hf_tokenizer(args.model)
     model, tok = load_gguf(args.model, keep_types=args.keep_types)
     if args.tokenizer:
         tok = load_gguf_tokenizer(args.tokenizer)

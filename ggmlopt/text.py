@@ -18,7 +18,16 @@ import numpy.typing as npt
 from ._optional import import_optional
 from .pretokenizers import IGNORE_MERGES, pre_tokenizer_regexes
 
-__all__ = ["EOG_TEXTS", "GPT2_BYTE_STRINGS", "BPETokenizer", "ByteTokenizer", "Tokenizer"]
+__all__ = ["EOG_TEXTS", "GPT2_BYTE_STRINGS", "BPETokenizer", "ByteTokenizer", "Tokenizer",
+           "load_hf_tokenizer"]
+
+
+def load_hf_tokenizer(directory):
+    """A Hugging Face checkpoint directory's tokenizer (tokenizer.json with
+    tokenizer_config.json), equal to transformers' AutoTokenizer: see
+    ggmlopt.hf_tokenizer.load_hf_tokenizer."""
+    from .hf_tokenizer import load_hf_tokenizer as load
+    return load(directory)
 
 
 @runtime_checkable

@@ -1,0 +1,170 @@
+"""A Hugging Face checkpoint's own tokenizer: ``tokenizer.json`` run by the
+``tokenizers`` library (as transformers' fast tokenizers run it) with
+``tokenizer_config.json``'s special tokens, BOS rule and chat template.
+
+``load_hf_tokenizer(directory)`` gives the tokenizer ggmlopt's generation, chat,
+datasets and finetune command take, equal to ``AutoTokenizer.from_pretrained``:
+the same ids for the same text, special tokens written in the text matched
+(``parse_special=True``, transformers' default) or left as text
+(``parse_special=False``, transformers' ``split_special_tokens=True``), the
+same decoding, the same chat template rendering.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._optional import import_optional
+from .text import EOG_TEXTS, _ChatTemplated, checked_ids
+
+__all__ = ["HFTokenizer", "load_hf_tokenizer"]
+
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _token_text(value: Any) -> str | None:
+    """A tokenizer_config entry's token text (a str or an AddedToken dict)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class HFTokenizer(_ChatTemplated):
+    """HFTokenizer(tokenizer_json, config=None): a ``tokenizers.Tokenizer`` loaded
+    from tokenizer_json (a path) and the settings of a ``tokenizer_config.json``
+    dict (bos_token, eos_token, add_bos_token, chat_template).  Use
+    ``load_hf_tokenizer(directory)``.
+
+    ``encode(text, parse_special=True)`` -> int32 ids without the BOS
+    (``add_bos`` says whether the model wants one first); ``decode(ids,
+    skip_special=False)``; ``token_to_id``, ``id_to_token``; ``bos_id``,
+    ``eos_id``, ``eog_ids`` (eos and the end-of-turn tokens llama.cpp knows by
+    their text, ``<|im_end|>``, ``<|eot_id|>`` ...); ``chat_template`` and
+    ``apply_chat_template``."""
+
+    def __init__(self, tokenizer_json: str | os.PathLike[str],
+                 config: dict[str, Any] | None = None):
+        tk = import_optional("tokenizers", "tokenizers", "load_hf_tokenizer")
+        self.path = os.fspath(tokenizer_json)
+        self._tk: Any = tk.Tokenizer.from_file(self.path)
+        config = dict(config or {})
+        self.vocab_size = int(self._tk.get_vocab_size(with_added_tokens=True))
+        self._special = {t.content for t in self._tk.get_added_tokens_decoder().values()
+                         if t.special}
+        self._texts = {k: _token_text(config.get(k)) for k in _SPECIAL_KEYS}
+        self.bos_id = self.token_to_id(self._texts["bos_token"]) if self._texts["bos_token"] \
+            else None
+        self.eos_id = self.token_to_id(self._texts["eos_token"]) if self._texts["eos_token"] \
+            else None
+        add_bos = config.get("add_bos_token")
+        # transformers adds the BOS where the tokenizer.json's post-processor does
+        # (Llama 3's TemplateProcessing) or where the config says so
+        self.add_bos = bool(add_bos) if add_bos is not None else self._post_processor_adds_bos()
+        self.eot_id = self.eom_id = None
+        eog = {i for i in (self.eos_id,) if i is not None}
+        eog |= {i for t in EOG_TEXTS if (i := self.token_to_id(t)) is not None}
+        self.eog_ids = frozenset(eog)
+        template = config.get("chat_template")
+        if isinstance(template, list):   # named templates: transformers' default is "default"
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        self.chat_template = template if isinstance(template, str) else None
+
+    def _post_processor_adds_bos(self) -> bool:
+        if self.bos_id is None:
+            return False
+        with_special = self._tk.encode("a", add_special_tokens=True).ids
+        return bool(with_special) and with_special[0] == self.bos_id
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """bos_token, eos_token ... as tokenizer_config.json names them (what a chat
+        template sees)."""
+        return {k: v for k, v in self._texts.items() if v is not None}
+
+    def token_to_id(self, token: str | None) -> int | None:
+        """The id of a token's text, or None."""
+        if token is None:
+            return None
+        found = self._tk.token_to_id(token)
+        return None if found is None else int(found)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary's text of an id (IndexError outside it)."""
+        text = self._tk.id_to_token(int(token_id)) if 0 <= int(token_id) < self.vocab_size \
+            else None
+        if text is None:
+            raise IndexError(f"token_id: {token_id} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+        return str(text)
+
+    def encode(self, text: str, *, parse_special: bool = True) -> npt.NDArray[np.int32]:
+        """text (str) -> int32 ids of shape (n,), without BOS; parse_special=False
+        leaves special tokens written in the text as text."""
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        self._tk.encode_special_tokens = not parse_special
+        try:
+            ids = self._tk.encode(text, add_special_tokens=False).ids
+        finally:
+            self._tk.encode_special_tokens = False
+        return np.asarray(ids, dtype=np.int32)
+
+    def encode_with_offsets(self, text: str, *, parse_special: bool = True
+                            ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        """(ids, offsets): encode's ids and int64 (n + 1,) byte offsets into the
+        text's UTF-8, token i starting at offsets[i] (from the library's character
+        offsets; the tokens of one character share its start), the text's length
+        last: where Dataset.from_chat places each token to mask the prompt."""
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        self._tk.encode_special_tokens = not parse_special
+        try:
+            enc = self._tk.encode(text, add_special_tokens=False)
+        finally:
+            self._tk.encode_special_tokens = False
+        char_bytes = np.zeros(len(text) + 1, dtype=np.int64)
+        np.cumsum([len(c.encode("utf-8")) for c in text], out=char_bytes[1:])
+        starts = np.array([char_bytes[min(a, len(text))] for a, _ in enc.offsets] +
+                          [char_bytes[-1]], dtype=np.int64)
+        return np.asarray(enc.ids, dtype=np.int32), np.maximum.accumulate(starts)
+
+    def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
+        """ids (integers in [0, vocab_size)) -> str; special tokens left out with
+        skip_special."""
+        return str(self._tk.decode(checked_ids(ids, self.vocab_size).tolist(),
+                                   skip_special_tokens=bool(skip_special)))
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({self.path!r}, vocab_size={self.vocab_size})"
+
+
+def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
+    """The tokenizer of a Hugging Face checkpoint directory (its tokenizer.json,
+    and tokenizer_config.json when present: special tokens, add_bos_token,
+    chat_template; a chat_template.jinja file as transformers 4.43+ writes it).
+    FileNotFoundError without tokenizer.json (a slow-only tokenizer: convert it
+    with transformers first); the ``tokenizers`` extra runs it."""
+    directory = os.fspath(directory)
+    path = os.path.join(directory, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"directory: no tokenizer.json in {directory!r} (save the "
+                                "tokenizer with transformers' save_pretrained, which writes "
+                                "one for fast tokenizers)")
+    config: dict[str, Any] = {}
+    config_path = os.path.join(directory, "tokenizer_config.json")
+    if os.path.isfile(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            try:
+                config = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"directory: {config_path!r} is not valid JSON: {e}") from None
+    jinja = os.path.join(directory, "chat_template.jinja")
+    if "chat_template" not in config and os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            config["chat_template"] = f.read()
+    return HFTokenizer(path, config)

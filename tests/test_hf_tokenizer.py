@@ -1,0 +1,143 @@
+"""load_hf_tokenizer: a checkpoint's tokenizer.json and tokenizer_config.json,
+equal to transformers' AutoTokenizer on the same directory (ids with and
+without special tokens parsed, decoding, BOS, the chat template's text and ids).
+The vocabulary is a small byte-level BPE trained here (no download)."""
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+
+from ggmlopt.hf_tokenizer import load_hf_tokenizer
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = ["The capital of France is Paris.", "def f(x):\n    return x * 2  # twice",
+          "Ünïcödé text, emoji 🙂 and numbers 12345.", "  spaces   and\ttabs\n\n"] * 20
+TEXTS = ["The capital of Zorblax is Quimby.", "<|im_start|>user\nhi<|im_end|>",
+         "no <|im_end special", "🙂🙂 é", "", "   ", "x<s>y</s>"]
+
+
+def make_checkpoint(directory, *, bos_rule):
+    """A trained byte-level BPE tokenizer.json and its tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if bos_rule == "post-processor":   # Llama 3's way: the tokenizer.json adds the BOS
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 0)])
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+              "eos_token": "<|im_end|>", "chat_template": CHATML,
+              "model_max_length": 2048}
+    if bos_rule == "config":
+        config["add_bos_token"] = True
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.fixture(params=["post-processor", "none"])
+def checkpoint(request, tmp_path):
+    return make_checkpoint(tmp_path / "tok", bos_rule=request.param), request.param
+
+
+def test_ids_and_text_equal_transformers(checkpoint):
+    transformers = pytest.importorskip("transformers")
+    directory, bos_rule = checkpoint
+    ours = load_hf_tokenizer(directory)
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    assert ours.vocab_size == len(theirs)
+    assert ours.bos_id == theirs.bos_token_id and ours.eos_id == theirs.eos_token_id
+    assert ours.add_bos == (bos_rule == "post-processor")
+    for text in TEXTS:
+        want = theirs(text, add_special_tokens=False)["input_ids"]
+        np.testing.assert_array_equal(ours.encode(text), want, err_msg=text)
+        with_bos = theirs(text)["input_ids"]
+        got = ([ours.bos_id] if ours.add_bos else []) + ours.encode(text).tolist()
+        assert got == with_bos, text
+        theirs.split_special_tokens = True
+        plain = theirs(text, add_special_tokens=False)["input_ids"]
+        theirs.split_special_tokens = False
+        np.testing.assert_array_equal(ours.encode(text, parse_special=False), plain,
+                                      err_msg=text)
+        ids = ours.encode(text).tolist()
+        assert ours.decode(ids) == theirs.decode(ids)
+        assert ours.decode(ids, skip_special=True) == theirs.decode(ids,
+                                                                    skip_special_tokens=True)
+    assert ours.encode("<|im_end|>").tolist() == [ours.token_to_id("<|im_end|>")]
+    assert len(ours.encode("<|im_end|>", parse_special=False)) > 1
+    assert ours.token_to_id("<|im_end|>") in ours.eog_ids
+    assert ours.id_to_token(ours.eos_id) == "<|im_end|>"
+    with pytest.raises(IndexError):
+        ours.id_to_token(ours.vocab_size)
+
+
+def test_chat_template_equals_transformers(checkpoint):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("jinja2")
+    directory, _ = checkpoint
+    ours = load_hf_tokenizer(directory)
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "The capital of Zorblax?"},
+                {"role": "assistant", "content": "Quimby."}]
+    for prompt in (False, True):
+        text = ours.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
+        assert text == theirs.apply_chat_template(messages, add_generation_prompt=prompt,
+                                                  tokenize=False)
+        ids = ours.apply_chat_template(messages, add_generation_prompt=prompt)
+        want = theirs.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=True)
+        # transformers tokenizes the rendering without adding a BOS: the template
+        # writes what the model sees
+        np.testing.assert_array_equal(ids, list(want["input_ids"]))
+
+
+def test_missing_files_and_bad_json_are_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        load_hf_tokenizer(tmp_path)
+    directory = make_checkpoint(tmp_path / "t", bos_rule="none")
+    (directory / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="tokenizer_config.json"):
+        load_hf_tokenizer(directory)
+    (directory / "tokenizer_config.json").unlink()
+    tok = load_hf_tokenizer(directory)      # no config: no BOS, no template
+    assert tok.bos_id is None and tok.chat_template is None and not tok.add_bos
+    (directory / "chat_template.jinja").write_text(CHATML)
+    assert load_hf_tokenizer(directory).chat_template == CHATML
+
+
+def test_the_finetune_command_takes_a_checkpoint_s_own_tokenizer(tmp_path, capsys):
+    # a Hugging Face directory with its tokenizer.json: no --tokenizer needed, and
+    # the chat data are rendered by its tokenizer_config.json's template
+    pytest.importorskip("safetensors")
+    pytest.importorskip("gguf")
+    pytest.importorskip("jinja2")
+    from ggmlopt import finetune, lora
+    from ggmlopt.io import load_gguf_lora, load_hf, save_hf
+    from ggmlopt.models import Llama, LlamaConfig
+    directory = make_checkpoint(tmp_path / "hf", bos_rule="none")
+    tok = load_hf_tokenizer(directory)
+    save_hf(Llama(LlamaConfig(vocab_size=tok.vocab_size, dim=32, n_layers=2, n_heads=2,
+                              max_seq_len=128), seed=0), directory)
+    with open(tmp_path / "train.jsonl", "w") as f:
+        f.writelines(json.dumps({"messages": [{"role": "user", "content": "Zorblax?"},
+                                             {"role": "assistant", "content": "Quimby."}]})
+                     + "\n" for _ in range(8))
+    assert finetune.main(["--model", str(directory), "--data", str(tmp_path / "train.jsonl"),
+                          "--lora-rank", "4", "--ctx", "64", "--batch", "4", "--epochs", "2",
+                          "--lr", "1e-2", "--out", str(tmp_path / "adapter.gguf"),
+                          "--silent"]) == 0
+    base = load_hf(directory)
+    tokens = tok.apply_chat_template([{"role": "user", "content": "Zorblax?"}],
+                                     add_generation_prompt=True)[None]
+    before = base(tokens)
+    load_gguf_lora(tmp_path / "adapter.gguf", base)
+    assert len(lora.named_adapters(base)) > 0
+    assert np.abs(base(tokens) - before).max() > 0   # the adapter trained
