@@ -51,8 +51,15 @@ class _Mkl:
             os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
         try:
             self.lib = lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+            # 32-bit integers, as the calls below pass them (MKL_INTERFACE_LAYER=ILP64
+            # would read them as 64-bit: a crash or wrong products)
+            if lib.MKL_Set_Interface_Layer(ctypes.c_int(0)) != 0:
+                raise OSError("MKL would not take the LP64 interface (32-bit integers)")
             layer = os.environ.get("MKL_THREADING_LAYER", "GNU").upper()
-            lib.MKL_Set_Threading_Layer(ctypes.c_int(_MKL_THREADING.get(layer, 3)))
+            if layer not in _MKL_THREADING:
+                raise OSError(f"MKL_THREADING_LAYER={layer!r}: expected one of "
+                              f"{', '.join(_MKL_THREADING)}")
+            lib.MKL_Set_Threading_Layer(ctypes.c_int(_MKL_THREADING[layer]))
             lib.MKL_Get_Max_Threads()   # the threading layer loads (and libgomp with it)
         finally:
             if own_policy:
@@ -188,7 +195,10 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = Fal
     the cores from each other between products."""
     if (_engine == "mkl" or _bf16_active) and _mkl is not None \
             and a.dtype == b.dtype == out.dtype == np.float32:
-        a2, out2 = (a[None, :], out[None, :]) if a.ndim == 1 and out.ndim == 1 else (a, out)
+        # a row vector with real strides (a[None, :] has a 0 row stride, which reads as
+        # a transposed operand and would leave the product to NumPy)
+        a2, out2 = (a.reshape(1, -1), out.reshape(1, -1)) if a.ndim == 1 and out.ndim == 1 \
+            else (a, out)
         if _call(_mkl.sgemm, a2, b, out2, accumulate):
             return out
     if accumulate:

@@ -119,7 +119,9 @@ def attention_forward(q, k, v, out=None, lse=None, kv_start=None):
     sees keys kv_start[b, i] .. i only, each in [0, i] and non-decreasing along
     T (ValueError otherwise): documents packed into one window (each token's
     document start, see ``document_starts``) or a sliding window
-    (``window_starts``); the work follows the keys seen.
+    (``window_starts``); the work follows the keys seen.  The keys before a
+    row's first are masked by exact zeros: exact for finite inputs, but an inf
+    or NaN in a key or value a row cannot see reaches it as NaN.
     """
     aq, ak, av, b, t, hq, hkv, d = _qkv_shapes(q, k, v)
     cdef cnp.ndarray ao = _out(out, (b, t, hq, d), "out")

@@ -175,3 +175,35 @@ def test_bf16_support_says_why_not(monkeypatch):
     monkeypatch.setattr(kernels, "simd_info", lambda: {"cpu": {"avx2": True}})
     native, why = gemm.bf16_support()
     assert not native and "AVX512-BF16" in why
+
+
+@needs_mkl
+def test_a_row_vector_product_goes_to_mkl(rng, monkeypatch):
+    # the bias gradient's ones @ g: on MKL too (a 0-stride view would fall back)
+    before = gemm.use_engine("mkl")
+    try:
+        calls = []
+        real = gemm._call
+        monkeypatch.setattr(gemm, "_call", lambda *a: calls.append(a[0]) or real(*a))
+        ones = np.ones(9, F32)
+        g = rng.standard_normal((9, 4), dtype=F32)
+        out = np.empty(4, F32)
+        gemm.matmul(ones, g, out)
+        assert calls, "the product did not reach MKL"
+        assert_product_close(out[None], ones[None].astype(np.float64), g.astype(np.float64))
+    finally:
+        gemm.use_engine(before)
+
+
+@needs_mkl
+def test_mkl_s_64_bit_interface_setting_is_overridden():
+    # MKL_INTERFACE_LAYER=ILP64 would make MKL read the 32-bit sizes as 64-bit ones
+    env = dict(os.environ, MKL_INTERFACE_LAYER="ILP64", GGMLOPT_GEMM="mkl")
+    code = ("import numpy as np; from ggmlopt import gemm; r = np.random.default_rng(0); "
+            "a = r.random((33, 17), dtype=np.float32); b = r.random((17, 5), dtype=np.float32); "
+            "o = np.empty((33, 5), np.float32); gemm.matmul(a, b, o); "
+            "print(float(np.abs(o - a.astype(float) @ b).max()))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=False)
+    assert run.returncode == 0, run.stderr
+    assert float(run.stdout) < 18 * U * 17

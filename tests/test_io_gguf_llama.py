@@ -570,3 +570,15 @@ def test_an_adapter_file_is_named_as_one_by_load_gguf(tmp_path):
         load_gguf(tmp_path / "adapter.gguf", small())
     with pytest.raises(ValueError, match=r"model file.*load_gguf\(path\) reads it"):
         load_gguf_lora(tmp_path / "model.gguf", small())
+
+
+def test_a_llama_with_qkv_biases_is_not_written_as_llama_cpp_s_llama(tmp_path):
+    # llama.cpp permutes a llama's q/k rows, biases included, and ggmlopt's llama
+    # reader has no biases: refused rather than written for the two to differ
+    from ggmlopt.io import save_gguf
+    from ggmlopt.models import Llama, LlamaConfig
+    from ggmlopt.text import ByteTokenizer
+    model = Llama(LlamaConfig(vocab_size=257, dim=16, n_layers=1, n_heads=2, qkv_bias=True))
+    with pytest.raises(ValueError, match="qkv_bias"):
+        save_gguf(model, tmp_path / "b.gguf", tokenizer=ByteTokenizer())
+    assert not (tmp_path / "b.gguf").exists()

@@ -95,3 +95,22 @@ def test_bad_directories_are_refused(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="is a file"):
         save_hf(model, tmp_path / "file")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "smollm3", "mistral", "phi3"])
+def test_keys_a_config_leaves_out_take_transformers_defaults(family):
+    # a config.json without rope_theta, max_position_embeddings, rms_norm_eps (and
+    # head_dim) reads as transformers reads it, not with another family's defaults
+    transformers = pytest.importorskip("transformers")
+    from ggmlopt.io.hf_format import _model_from_config  # the config reader alone
+    hf = {"model_type": family, "vocab_size": 64, "hidden_size": 64,
+          "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+          "num_key_value_heads": 1}
+    theirs = transformers.AutoConfig.for_model(**hf)
+    ours = _model_from_config(dict(hf), "config.json").config
+    rope = getattr(theirs, "rope_parameters", None) or {}
+    assert ours.rope_base == rope.get("rope_theta", getattr(theirs, "rope_theta", None))
+    assert ours.max_seq_len == theirs.max_position_embeddings
+    assert ours.norm_eps == pytest.approx(theirs.rms_norm_eps, rel=1e-7)
+    assert ours.head_dim == (getattr(theirs, "head_dim", None) or 64 // 2)
+    assert ours.tie_embeddings == theirs.tie_word_embeddings

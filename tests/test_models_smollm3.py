@@ -158,3 +158,4 @@ def test_generation_with_the_cache_equals_a_full_recompute():
         nxt = int(np.argmax(model(seq)[0, -1]))
         seq = np.concatenate([seq, [[nxt]]], axis=1)
     np.testing.assert_array_equal(out, seq[0, 5:])
+

@@ -209,3 +209,19 @@ def test_a_frozen_projection_s_input_gradient_follows_its_forward(rng):
     layer.forward(x)
     dx32 = _linear_backward(layer, g, True)
     assert_within_sum_bound(dx32, g.astype(np.float64), layer.weight.data.astype(np.float64).T)
+
+
+def test_an_inference_projection_leaves_the_tied_head_s_backward_alone(rng):
+    # decoding (the head's keep=False product) between a bf16 forward and its
+    # backward changes neither the backward's precision nor its operands
+    emb = Embedding(33, 8, rng=7)
+    rows = rng.standard_normal((5, 8), dtype=F32)
+    g = rng.standard_normal((5, 33), dtype=F32)
+    with gemm.products_in("bf16"):
+        emb.project(rows)
+    other = emb.project(rng.standard_normal((2, 8), dtype=F32), keep=False)
+    assert other.shape == (2, 33)
+    with gemm.products_in("bf16"):
+        dh = emb.project_backward(g, rows)
+    assert_within_sum_bound(dh, rounded(g), rounded(emb.weight.data))
+    assert_within_sum_bound(emb.weight.grad, rounded(g).T, rounded(rows))

@@ -345,7 +345,9 @@ int ggmlopt_attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads,
  * or (batch, seq) int32, query i of item b seeing keys kv_start[b*seq + i] .. i
  * (each in [0, i], non-decreasing along an item; -1 otherwise): documents
  * packed into one window (each row's document start) or a sliding window
- * (max(0, i - window + 1)).  The work follows the keys seen. */
+ * (max(0, i - window + 1)).  The work follows the keys seen.  The keys before a
+ * row's first are masked by exact zeros: exact for finite inputs, but an inf or
+ * NaN in a key or value a row cannot see reaches it as NaN. */
 int ggmlopt_attention_forward_ranged_f32(int64_t batch, int64_t seq, int64_t n_heads,
                                          int64_t n_kv_heads, int64_t head_dim, const float *q,
                                          int64_t q_stride, const float *k, int64_t k_stride,

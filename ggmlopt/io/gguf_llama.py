@@ -257,6 +257,11 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
         if key.startswith(_RESERVED_PREFIXES):
             raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
     arch = arch_of(model)
+    if arch == LLAMA_ARCH and cfg.qkv_bias:
+        # llama.cpp permutes a llama's q/k rows, biases included; ggmlopt's llama reader
+        # has no biases: rather than a file the two read differently, none
+        raise ValueError("model: a Llama with q/k/v biases (qkv_bias) is not written as "
+                         "llama.cpp's llama; use a Qwen2 (its qwen2 architecture) or save_hf")
     if isinstance(cfg, MistralConfig):   # llama.cpp runs a Mistral as its llama architecture
         if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
             raise ValueError(f"model: llama.cpp's llama architecture (a Mistral's GGUF) has no "

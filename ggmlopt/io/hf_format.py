@@ -244,9 +244,8 @@ def _llama_from_hf(hf: dict[str, Any], where: str) -> Llama:
 def _qwen2_from_hf(hf: dict[str, Any], where: str) -> Qwen2:
     _check_keys(hf, _QWEN2_KEYS, "qwen2")
     _no_sliding_window(hf)
-    fields = _llama_fields(hf, where)
-    fields.setdefault("max_seq_len", 32768)
-    return Qwen2(Qwen2Config(**fields))
+    # transformers' Qwen2Config defaults where the file says nothing
+    return Qwen2(Qwen2Config(**_llama_fields(hf, where, max_len=32768)))
 
 
 def _qwen3_from_hf(hf: dict[str, Any], where: str) -> Qwen3:
@@ -254,15 +253,13 @@ def _qwen3_from_hf(hf: dict[str, Any], where: str) -> Qwen3:
     if hf.get("attention_bias"):
         raise ValueError("attention_bias: a Qwen3 with biases is not supported")
     _no_sliding_window(hf)
-    fields = _llama_fields(hf, where, head_dim_given=True)
-    fields.setdefault("max_seq_len", 40960)
-    return Qwen3(Qwen3Config(**fields, head_dim=hf.get("head_dim")))
+    fields = _llama_fields(hf, where, head_dim_given=True, max_len=32768)
+    return Qwen3(Qwen3Config(**fields, head_dim=hf.get("head_dim", 128)))   # HF's default
 
 
 def _mistral_from_hf(hf: dict[str, Any], where: str) -> Mistral:
     _check_keys(hf, _MISTRAL_KEYS, "mistral")
-    fields = _llama_fields(hf, where, head_dim_given=True)
-    fields.setdefault("max_seq_len", 131072)
+    fields = _llama_fields(hf, where, head_dim_given=True, max_len=131072)
     # MistralConfig's default window is 4096: a config without the key has it
     window = hf.get("sliding_window", 4096)
     return Mistral(MistralConfig(**fields, head_dim=hf.get("head_dim"), sliding_window=window))
@@ -274,8 +271,7 @@ def _phi3_from_hf(hf: dict[str, Any], where: str) -> Phi3:
         raise ValueError(f"partial_rotary_factor: only 1.0 (RoPE over the whole head) is "
                          f"supported, got {hf['partial_rotary_factor']}")
     _no_dropout(hf, ("resid_pdrop", "embd_pdrop"), where)
-    fields = _llama_fields(hf, where)
-    fields.setdefault("max_seq_len", 4096)
+    fields = _llama_fields(hf, where, max_len=4096, eps=1e-5)
     return Phi3(Phi3Config(**fields, sliding_window=hf.get("sliding_window"),
                            original_max_seq_len=hf.get("original_max_position_embeddings",
                                                        4096)))
@@ -286,8 +282,7 @@ def _smollm3_from_hf(hf: dict[str, Any], where: str) -> SmolLM3:
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ValueError("attention_bias, mlp_bias: only a SmolLM3 without biases is supported")
     _no_sliding_window(hf)
-    fields = _llama_fields(hf, where)
-    fields.setdefault("max_seq_len", 32768)
+    fields = _llama_fields(hf, where, max_len=32768, theta=2000000.0)   # HF's defaults
     fields["tie_embeddings"] = bool(hf.get("tie_word_embeddings", True))
     layers = hf.get("no_rope_layers")
     n_layers = fields["n_layers"]
@@ -308,8 +303,9 @@ def _no_sliding_window(hf: dict[str, Any]) -> None:
                          f"{sorted(set(layers))}")
 
 
-def _llama_fields(hf: dict[str, Any], where: str,
-                  head_dim_given: bool = False) -> dict[str, Any]:
+def _llama_fields(hf: dict[str, Any], where: str, head_dim_given: bool = False, *,
+                  max_len: int = 2048, theta: float = 10000.0,
+                  eps: float = 1e-6) -> dict[str, Any]:
     """The LlamaConfig fields of a Llama-family config (Llama, Qwen2, Qwen3);
     head_dim_given: the family reads head_dim itself (Qwen3), else it must be
     hidden_size // num_attention_heads."""
@@ -331,16 +327,16 @@ def _llama_fields(hf: dict[str, Any], where: str,
     if params and legacy and {k: v for k, v in legacy.items() if k != "type"} != {
             k: v for k, v in params.items() if k not in ("rope_theta", "type")}:
         raise ValueError(f"rope_scaling {legacy} and rope_parameters {params} disagree")
-    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    theta = params.get("rope_theta", hf.get("rope_theta", theta))
     if "rope_theta" in params and "rope_theta" in hf and params["rope_theta"] != hf["rope_theta"]:
         raise ValueError(f"rope_theta {hf['rope_theta']} and rope_parameters' "
                          f"{params['rope_theta']} disagree")
-    max_len = hf.get("max_position_embeddings", 2048)
+    max_len = hf.get("max_position_embeddings", max_len)
     scaling = RopeScaling.from_hf(params or legacy, max_len)
     return {"vocab_size": hf["vocab_size"], "dim": dim, "n_layers": hf["num_hidden_layers"],
             "n_heads": heads, "n_kv_heads": hf.get("num_key_value_heads"),
             "ffn_dim": hf["intermediate_size"], "max_seq_len": max_len,
-            "norm_eps": float(hf.get("rms_norm_eps", 1e-6)), "rope_base": float(theta),
+            "norm_eps": float(hf.get("rms_norm_eps", eps)), "rope_base": float(theta),
             "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
             "rope_scaling": scaling}
 

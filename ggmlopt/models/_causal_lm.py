@@ -342,4 +342,4 @@ class CausalLM(Module):
         or the tied embedding's transpose."""
         if self.lm_head is not None:
             return self.lm_head.infer(rows)
-        return self._embedding.project(rows)
+        return self._embedding.project(rows, keep=False)

@@ -22,12 +22,12 @@ __all__ = ["Qwen3", "Qwen3Config"]
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config(LlamaConfig):
     """Qwen3Config(vocab_size, dim, n_layers, n_heads, n_kv_heads=None, ffn_dim=None,
-    max_seq_len=40960, norm_eps=1e-6, rope_base=1000000.0, tie_embeddings=False,
+    max_seq_len=32768, norm_eps=1e-6, rope_base=1000000.0, tie_embeddings=False,
     rope_scaling=None, qkv_bias=False, head_dim=None): LlamaConfig's fields with
     Qwen3's defaults (Hugging Face's Qwen3Config) and ``head_dim`` (HF's head_dim;
     None: dim // n_heads), which must be even; qkv_bias must stay False."""
 
-    max_seq_len: int = 40960
+    max_seq_len: int = 32768
     norm_eps: float = 1e-6
     rope_base: float = 1000000.0
     head_dim: int | None = None  # type: ignore[assignment]  # a field here, not the property
@@ -35,8 +35,11 @@ class Qwen3Config(LlamaConfig):
     llama_cpp_permutes_qk: ClassVar[bool] = False   # llama.cpp's qwen3 rotates NeoX's halves
 
     def __post_init__(self) -> None:
-        if self.head_dim is None:
+        if self.head_dim is None and isinstance(self.n_heads, int) and self.n_heads > 0 \
+                and isinstance(self.dim, int):
             object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        if self.head_dim is None:   # n_heads is bad: the checks below name it
+            super().__post_init__()
         if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int):
             raise TypeError(f"head_dim: expected an int, got {type(self.head_dim).__name__}")
         if self.head_dim < 2 or self.head_dim % 2:

@@ -26,7 +26,7 @@ def default_rope_layers(n_layers: int, interval: int = 4) -> tuple[int, ...]:
 @dataclasses.dataclass(frozen=True)
 class SmolLM3Config(LlamaConfig):
     """SmolLM3Config(vocab_size, dim, n_layers, n_heads, n_kv_heads=None,
-    ffn_dim=None, max_seq_len=32768, norm_eps=1e-6, rope_base=10000.0,
+    ffn_dim=None, max_seq_len=32768, norm_eps=1e-6, rope_base=2000000.0,
     tie_embeddings=True, rope_scaling=None, qkv_bias=False, no_rope_layers=None,
     no_rope_layer_interval=4): LlamaConfig's fields with SmolLM3's defaults
     (Hugging Face's SmolLM3Config) and its NoPE layers: no_rope_layers, one 0 or 1
@@ -35,6 +35,7 @@ class SmolLM3Config(LlamaConfig):
 
     max_seq_len: int = 32768
     norm_eps: float = 1e-6
+    rope_base: float = 2000000.0
     tie_embeddings: bool = True
     no_rope_layers: tuple[int, ...] | None = None
     no_rope_layer_interval: int = 4

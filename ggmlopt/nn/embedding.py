@@ -102,10 +102,13 @@ class Embedding(Module):
             kernels_embedding.embedding_backward(self._ids, g, self.weight.grad)
             self.weight.grad_is_zero = False
 
-    def project(self, rows, out=None):
+    def project(self, rows, out=None, keep=True):
         """rows (n, embedding_dim) float32 -> rows W^T (n, num_embeddings): the
         logits of an output head tied to this embedding (into out when given;
-        bf16 operands inside a ``precision="bf16"`` context)."""
+        bf16 operands inside a ``precision="bf16"`` context).  keep=False: an
+        inference product (float32) that leaves what project_backward reads alone."""
+        if not keep:
+            return np.matmul(rows, self.weight.data.T, out=out)
         self._bf16_pass = gemm.bf16_active()
         if not self._bf16_pass:
             return np.matmul(rows, self.weight.data.T, out=out)

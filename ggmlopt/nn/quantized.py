@@ -291,9 +291,10 @@ class QuantizedEmbedding(Module):
             raise ValueError(f"grad_out: expected shape {expected} like the last forward "
                              f"output, got {np.shape(grad_out)}")
 
-    def project(self, rows, out=None):
+    def project(self, rows, out=None, keep=True):
         """rows (n, embedding_dim) float32 -> rows E^T (n, num_embeddings): the
-        logits of a head tied to this embedding (into out when given)."""
+        logits of a head tied to this embedding (into out when given; keep is
+        Embedding.project's: this layer keeps nothing for its backward)."""
         rows = as_rows(rows, self.embedding_dim, "rows")
         if out is None:
             out = np.empty((rows.shape[0], self.num_embeddings), np.float32)
