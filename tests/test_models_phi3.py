@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from hf_oracle import assert_cache_equals_recompute, assert_equals_transformers, randomised
 
 import ggmlopt as go
 from ggmlopt import lora
@@ -20,13 +21,6 @@ CONFIGS = {
                             max_seq_len=256),
 }
 
-
-def randomised(model, seed):
-    rng = np.random.default_rng(seed)
-    for _, p in model.named_parameters():
-        if p.data.ndim == 1:
-            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
-    return model
 
 
 def test_phi3_fuses_the_projections():
@@ -72,39 +66,10 @@ def test_without_a_window_it_computes_the_llama_of_its_split_weights():
 @pytest.mark.parametrize("kind", list(CONFIGS))
 @pytest.mark.parametrize("T", [1, 7, 64, 129])
 def test_logits_and_gradients_equal_transformers(tmp_path, kind, T):
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("safetensors")
-    from ggmlopt.io import load_hf, save_hf
+    from ggmlopt.io import load_hf
     model = randomised(Phi3(CONFIGS[kind], seed=1), T)
-    save_hf(model, tmp_path)
-    hf, info = transformers.Phi3ForCausalLM.from_pretrained(
-        tmp_path, output_loading_info=True, attn_implementation="eager")
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    hf = assert_equals_transformers(model, "Phi3ForCausalLM", tmp_path, T, eager=True)
     assert hf.config.sliding_window == model.config.sliding_window
-    rng = np.random.default_rng(T)
-    tokens = rng.integers(0, 67, (2, T))
-    logits = hf(torch.tensor(tokens)).logits
-    want = logits.detach().numpy()
-    got = model.forward(tokens)
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
-    g = rng.normal(size=want.shape).astype(np.float32)
-    (logits * torch.tensor(g)).sum().backward()
-    model.zero_grad()
-    model.backward(g)
-    ours = dict(model.named_parameters())
-    overall = max(float(np.abs(p.grad.numpy()).max()) for _, p in hf.named_parameters())
-    seen = 0
-    for name, p in hf.named_parameters():
-        mine = ours.get(name.removeprefix("model."))
-        if mine is None:
-            continue
-        seen += 1
-        theirs = p.grad.numpy()
-        grad = mine.grad.T if mine.grad.ndim == 2 and "embed" not in name else mine.grad
-        scale = max(np.abs(theirs).max(), 1e-3 * overall)   # q, k at T = 1: rounding noise
-        np.testing.assert_allclose(grad, theirs, rtol=0, atol=1e-4 * scale, err_msg=name)
-    assert seen == len(ours)
     back = load_hf(tmp_path)
     assert type(back) is Phi3 and back.config == model.config
 
@@ -133,13 +98,7 @@ def test_load_hf_reads_what_save_pretrained_writes(tmp_path):
 
 def test_generation_with_the_cache_equals_a_full_recompute():
     model = randomised(Phi3(CONFIGS["gqa-window-6"], seed=2), 2)
-    prompt = np.array([3, 14, 15, 9, 2, 6, 5])
-    out = go.generate(model, prompt, max_new_tokens=8, temperature=0.0, stop_ids=())
-    seq = prompt[None, :]
-    for _ in range(8):
-        nxt = int(np.argmax(model(seq)[0, -1]))
-        seq = np.concatenate([seq, [[nxt]]], axis=1)
-    np.testing.assert_array_equal(out, seq[0, 7:])
+    assert_cache_equals_recompute(model, [3, 14, 15, 9, 2, 6, 5], 8)
 
 
 def test_lora_adapts_the_fused_projections_and_checkpointing_keeps_the_bits():

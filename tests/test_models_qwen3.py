@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from hf_oracle import assert_cache_equals_recompute, assert_equals_transformers, randomised
 
 from ggmlopt.models import Llama, LlamaConfig, Qwen3, Qwen3Config
 
@@ -21,14 +22,6 @@ CONFIGS = {
                         max_seq_len=256, tie_embeddings=True),
 }
 
-
-def randomised(model, seed):
-    """The norms' weights away from ones, so that q_norm and k_norm count."""
-    rng = np.random.default_rng(seed)
-    for name, p in model.named_parameters():
-        if p.data.ndim == 1:
-            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
-    return model
 
 
 def test_qwen3_is_llama_with_head_norms():
@@ -56,42 +49,13 @@ def test_qwen3_is_llama_with_head_norms():
 @pytest.mark.parametrize("kind", list(CONFIGS))
 @pytest.mark.parametrize("T", [1, 7, 64, 129])
 def test_logits_and_gradients_equal_transformers(tmp_path, kind, T):
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("safetensors")
-    from ggmlopt.io import load_hf, save_hf
+    from ggmlopt.io import load_hf
     model = randomised(Qwen3(CONFIGS[kind], seed=1), T)
-    save_hf(model, tmp_path)
-    hf, info = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    rng = np.random.default_rng(T)
-    tokens = rng.integers(0, 67, (2, T))
-    logits = hf(torch.tensor(tokens)).logits
-    want = logits.detach().numpy()
-    got = model.forward(tokens)
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
-    g = rng.normal(size=want.shape).astype(np.float32)
-    (logits * torch.tensor(g)).sum().backward()
-    model.zero_grad()
-    model.backward(g)
-    ours = dict(model.named_parameters())
-    overall = max(float(np.abs(p.grad.numpy()).max()) for _, p in hf.named_parameters())
-    seen = 0
-    for name, p in hf.named_parameters():
-        mine = ours.get(name.removeprefix("model."))
-        if mine is None:
-            continue
-        seen += 1
-        theirs = p.grad.numpy()
-        grad = mine.grad.T if mine.grad.ndim == 2 and "embed" not in name else mine.grad
-        # q and k (and their norms) get no gradient at T = 1 (one score per softmax):
-        # only float32 rounding noise, far below the model's gradients, shows there
-        scale = max(np.abs(theirs).max(), 1e-3 * overall)
-        np.testing.assert_allclose(grad, theirs, rtol=0, atol=1e-4 * scale, err_msg=name)
-    assert seen == len(ours)
+    assert_equals_transformers(model, "Qwen3ForCausalLM", tmp_path, T)
     back = load_hf(tmp_path)
     assert type(back) is Qwen3 and back.config == model.config
-    np.testing.assert_array_equal(back.forward(tokens), got)
+    tokens = np.random.default_rng(T).integers(0, 67, (2, T))
+    np.testing.assert_array_equal(back.forward(tokens), model.forward(tokens))
 
 
 def test_load_hf_reads_what_save_pretrained_writes(tmp_path):
@@ -133,15 +97,8 @@ def test_what_is_not_implemented_is_refused(tmp_path):
 
 
 def test_generation_with_the_cache_equals_a_full_recompute():
-    import ggmlopt as go
     model = randomised(Qwen3(CONFIGS["gqa-wide-heads"], seed=2), 2)
-    prompt = np.array([3, 14, 15, 9, 2])
-    out = go.generate(model, prompt, max_new_tokens=6, temperature=0.0, stop_ids=())
-    seq = prompt[None, :]
-    for _ in range(6):    # greedy by full forward passes, no cache
-        nxt = int(np.argmax(model(seq)[0, -1]))
-        seq = np.concatenate([seq, [[nxt]]], axis=1)
-    np.testing.assert_array_equal(out, seq[0, 5:])
+    assert_cache_equals_recompute(model, [3, 14, 15, 9, 2], 6)
 
 
 def test_training_steps_move_the_head_norms_and_checkpointing_keeps_the_bits():

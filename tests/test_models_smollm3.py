@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from hf_oracle import assert_cache_equals_recompute, assert_equals_transformers, randomised
 
 from ggmlopt.models import Llama, LlamaConfig, SmolLM3, SmolLM3Config
 
@@ -19,13 +20,6 @@ CONFIGS = {
                                      no_rope_layers=(0, 1, 0)),
 }
 
-
-def randomised(model, seed):
-    rng = np.random.default_rng(seed)
-    for _, p in model.named_parameters():
-        if p.data.ndim == 1:
-            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
-    return model
 
 
 def test_smollm3_is_a_llama_without_rope_on_some_layers():
@@ -53,39 +47,10 @@ def test_smollm3_is_a_llama_without_rope_on_some_layers():
 @pytest.mark.parametrize("kind", list(CONFIGS))
 @pytest.mark.parametrize("T", [1, 7, 64, 129])
 def test_logits_and_gradients_equal_transformers(tmp_path, kind, T):
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("safetensors")
-    from ggmlopt.io import load_hf, save_hf
+    from ggmlopt.io import load_hf
     model = randomised(SmolLM3(CONFIGS[kind], seed=1), T)
-    save_hf(model, tmp_path)
-    hf, info = transformers.SmolLM3ForCausalLM.from_pretrained(tmp_path,
-                                                               output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    hf = assert_equals_transformers(model, "SmolLM3ForCausalLM", tmp_path, T)
     assert list(hf.config.no_rope_layers) == list(model.config.no_rope_layers)
-    rng = np.random.default_rng(T)
-    tokens = rng.integers(0, 67, (2, T))
-    logits = hf(torch.tensor(tokens)).logits
-    want = logits.detach().numpy()
-    got = model.forward(tokens)
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
-    g = rng.normal(size=want.shape).astype(np.float32)
-    (logits * torch.tensor(g)).sum().backward()
-    model.zero_grad()
-    model.backward(g)
-    ours = dict(model.named_parameters())
-    overall = max(float(np.abs(p.grad.numpy()).max()) for _, p in hf.named_parameters())
-    seen = 0
-    for name, p in hf.named_parameters():
-        mine = ours.get(name.removeprefix("model."))
-        if mine is None:
-            continue
-        seen += 1
-        theirs = p.grad.numpy()
-        grad = mine.grad.T if mine.grad.ndim == 2 and "embed" not in name else mine.grad
-        scale = max(np.abs(theirs).max(), 1e-3 * overall)   # q, k at T = 1: rounding noise
-        np.testing.assert_allclose(grad, theirs, rtol=0, atol=1e-4 * scale, err_msg=name)
-    assert seen == len(ours)
     back = load_hf(tmp_path)
     assert type(back) is SmolLM3 and back.config == model.config
 
@@ -149,13 +114,5 @@ def test_gguf_comes_back_bit_for_bit(tmp_path):
 
 
 def test_generation_with_the_cache_equals_a_full_recompute():
-    import ggmlopt as go
     model = randomised(SmolLM3(CONFIGS["default-pattern"], seed=2), 2)
-    prompt = np.array([3, 14, 15, 9, 2])
-    out = go.generate(model, prompt, max_new_tokens=6, temperature=0.0, stop_ids=())
-    seq = prompt[None, :]
-    for _ in range(6):
-        nxt = int(np.argmax(model(seq)[0, -1]))
-        seq = np.concatenate([seq, [[nxt]]], axis=1)
-    np.testing.assert_array_equal(out, seq[0, 5:])
-
+    assert_cache_equals_recompute(model, [3, 14, 15, 9, 2], 6)
