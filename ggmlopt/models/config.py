@@ -109,6 +109,15 @@ class LlamaConfig:
                             f"{type(self.tie_embeddings).__name__}")
         if not self.explicit_head_dim:
             _heads(self.dim, self.n_heads)
+        else:   # a subclass's head_dim field (Qwen3, Mistral): None means dim // n_heads
+            if self.head_dim is None:
+                object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+            if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int):
+                raise TypeError(f"head_dim: expected an int, got "
+                                f"{type(self.head_dim).__name__}")
+            if self.head_dim < 2 or self.head_dim % 2:
+                raise ValueError(f"head_dim: expected an even int >= 2 (rotary embeddings "
+                                 f"rotate pairs of features), got {self.head_dim}")
         n_kv_heads = self.n_kv_heads
         assert n_kv_heads is not None  # filled in above
         if self.n_heads % n_kv_heads != 0:

@@ -36,16 +36,6 @@ class MistralConfig(LlamaConfig):
     explicit_head_dim: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        if self.head_dim is None and isinstance(self.n_heads, int) and self.n_heads > 0 \
-                and isinstance(self.dim, int):
-            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
-        if self.head_dim is None:   # n_heads is bad: the checks below name it
-            super().__post_init__()
-        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int):
-            raise TypeError(f"head_dim: expected an int, got {type(self.head_dim).__name__}")
-        if self.head_dim < 2 or self.head_dim % 2:
-            raise ValueError(f"head_dim: expected an even int >= 2 (rotary embeddings rotate "
-                             f"pairs of features), got {self.head_dim}")
         window = self.sliding_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int)
                                    or window < 1):
