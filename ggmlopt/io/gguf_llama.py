@@ -57,11 +57,10 @@ QWEN2_ARCH = "qwen2"
 QWEN3_ARCH = "qwen3"
 SMOLLM3_ARCH = "smollm3"
 # llama.cpp's architectures of the Llama family: general.architecture -> (model class,
-# its config class, whether q/k rows are permuted to llama.cpp's rotary pairs: llama.cpp
-# runs qwen2 with NeoX's rotation, Hugging Face's halves, so convert_hf_to_gguf keeps
-# its rows as they are)
-_ARCHS = {LLAMA_ARCH: (Llama, LlamaConfig, True), QWEN2_ARCH: (Qwen2, Qwen2Config, False),
-          QWEN3_ARCH: (Qwen3, Qwen3Config, False), SMOLLM3_ARCH: (SmolLM3, SmolLM3Config, True)}
+# its config class); whether llama.cpp permutes the q/k rows is the config's
+# llama_cpp_permutes_qk
+_ARCHS = {LLAMA_ARCH: (Llama, LlamaConfig), QWEN2_ARCH: (Qwen2, Qwen2Config),
+          QWEN3_ARCH: (Qwen3, Qwen3Config), SMOLLM3_ARCH: (SmolLM3, SmolLM3Config)}
 LLAMA_FAMILY = frozenset(_ARCHS)
 
 
