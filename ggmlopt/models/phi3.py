@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import kernels_attention as ka
 from .. import kernels_glu
-from ..nn.attention import RotaryEmbedding, _as_sequence, _position
+from ..nn.attention import RotaryEmbedding, _as_sequence, _position, window_kv_start
 from ..nn.linear import Linear
 from ..nn.module import Module
 from ..nn.norm import RMSNorm
@@ -81,8 +81,7 @@ class Phi3Attention(Module):
         pos = _position(pos)
         b, t, _ = x.shape
         q, k, v = self.split_qkv(x.reshape(b * t, self.dim), b, t, pos)
-        starts = None if self.sliding_window is None or self.sliding_window >= t else \
-            ka.window_starts(b, t, self.sliding_window)
+        starts = window_kv_start(self.sliding_window, b, t)
         o, lse = ka.attention_forward(q, k, v, kv_start=starts)
         self._saved = (q, k, v, o, lse, pos, starts)
         return self.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, self.dim)

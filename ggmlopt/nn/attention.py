@@ -54,6 +54,14 @@ def _any_trains(layer):
     return any(_trains(p) for p in layer.parameters())
 
 
+def window_kv_start(window, b, t):
+    """The attention kernels' first key per query for a sliding window over
+    (b, t) tokens: None (every earlier key) unless the window leaves some out."""
+    if window is None or window >= t:
+        return None
+    return ka.window_starts(b, t, window)
+
+
 def _linear_backward(layer, grad, need_input):
     """layer.backward(grad) with its input gradient only when need_input; a
     plain Linear whose parameters are all frozen computes no parameter gradient
@@ -234,12 +242,6 @@ class CausalSelfAttention(Module):
         self._saved = None
         self._o = None
 
-    def _kv_start(self, b, t):
-        """The kernels' first key per query: None (all earlier keys) unless a
-        sliding window leaves some out at this length."""
-        if self.sliding_window is None or self.sliding_window >= t:
-            return None
-        return ka.window_starts(b, t, self.sliding_window)
 
     def project_qk(self, rows, shape_q, shape_kv):
         """(q, k) of rows (batch * T, dim): the projections, per-head norms when
@@ -275,7 +277,7 @@ class CausalSelfAttention(Module):
             self._lse = np.empty((b, self.n_heads, t), dtype=np.float32)
             self._grads = tuple(np.empty(s, dtype=np.float32) for s in (shape_q, shape_kv, shape_kv))
             self._dx = np.empty((b * t, self.dim), dtype=np.float32)
-        starts = self._kv_start(b, t)
+        starts = window_kv_start(self.sliding_window, b, t)
         o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse, kv_start=starts)
         self._saved = (q, k, v, o, lse, pos, starts)
         y = self.o_proj.forward(o.reshape(b * t, -1))
