@@ -333,7 +333,7 @@ cdef class Dataset:
 
     @classmethod
     def from_chat(cls, conversations, tokenizer, n_ctx, *, train_on="assistant",
-                  too_long="error", **template_kwargs):
+                  too_long="error", packing=False, **template_kwargs):
         """Token windows of conversations for supervised fine-tuning.
 
         conversations: an iterable of conversations, each a list of messages
@@ -346,20 +346,30 @@ cdef class Dataset:
         "last" (the last one), "all".  too_long: a conversation of more than
         n_ctx + 1 tokens is an "error" (ValueError naming it), "drop"ped or
         "truncate"d, the last two with a UserWarning giving the count.
+        packing: False (one conversation a datapoint) or True: several
+        conversations a window, the fullest windows first (best-fit
+        decreasing), each conversation's first token stored as -1 - id so the
+        language models attend within it and restart its positions
+        (ggmlopt.nn.positions; ``split_documents`` reads ids, positions and
+        document starts back): the loss and gradients are those of the
+        conversations alone, with far fewer padded positions.
         template_kwargs: further template variables.  See ggmlopt.instruct.
         """
         from ggmlopt.instruct import chat_windows
         x, y = chat_windows(conversations, tokenizer, n_ctx, train_on=train_on,
-                            too_long=too_long, **template_kwargs)
+                            too_long=too_long, packing=packing, **template_kwargs)
         return cls.from_arrays(x, y)
 
     @classmethod
-    def from_completions(cls, pairs, tokenizer, n_ctx, *, too_long="error", add_eos=True):
+    def from_completions(cls, pairs, tokenizer, n_ctx, *, too_long="error", add_eos=True,
+                         packing=False):
         """Token windows of (prompt, completion) pairs (tuples or dicts with
         ``prompt`` and ``completion``), the loss on the completion only (and its
-        eos, appended unless add_eos is False); otherwise as from_chat."""
+        eos, appended unless add_eos is False); otherwise (packing too) as
+        from_chat."""
         from ggmlopt.instruct import completion_windows
-        x, y = completion_windows(pairs, tokenizer, n_ctx, too_long=too_long, add_eos=add_eos)
+        x, y = completion_windows(pairs, tokenizer, n_ctx, too_long=too_long, add_eos=add_eos,
+                                  packing=packing)
         return cls.from_arrays(x, y)
 
     # ---- views and properties ---------------------------------------------------

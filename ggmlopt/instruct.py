@@ -22,9 +22,10 @@ import numpy as np
 
 from ._args import int_arg
 from .chat_template import check_messages
+from .nn.positions import mark_document_starts
 
-__all__ = ["TOO_LONG", "TRAIN_ON", "chat_windows", "completion_windows", "read_jsonl",
-           "token_offsets"]
+__all__ = ["TOO_LONG", "TRAIN_ON", "chat_windows", "completion_windows", "pack_examples",
+           "read_jsonl", "token_offsets"]
 
 TRAIN_ON = ("assistant", "last", "all")
 TOO_LONG = ("error", "drop", "truncate")
@@ -87,9 +88,10 @@ def _assistant_spans(template, messages, train_on, kwargs) -> tuple[str, list[tu
 
 
 def _windows(examples: list[tuple[np.ndarray, np.ndarray]], n_ctx: int, pad_id: int,
-             too_long: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+             too_long: str, what: str, packing: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, labels) int32 (n, n_ctx) from (ids, trained mask) examples: inputs
-    ids[:-1], labels ids[1:] where the next token is trained on, -1 elsewhere."""
+    ids[:-1], labels ids[1:] where the next token is trained on, -1 elsewhere;
+    one example a row, or several with packing (see pack_examples)."""
     kept: list[tuple[np.ndarray, np.ndarray]] = []
     long = []
     for k, (ids, mask) in enumerate(examples):
@@ -110,26 +112,66 @@ def _windows(examples: list[tuple[np.ndarray, np.ndarray]], n_ctx: int, pad_id: 
                       f"+ 1 = {n_ctx + 1} tokens and were "
                       f"{'dropped' if too_long == 'drop' else 'cut to that length'}",
                       UserWarning, stacklevel=4)
-    x = np.full((len(kept), n_ctx), pad_id, np.int32)
-    y = np.full((len(kept), n_ctx), -1, np.int32)
-    for r, (ids, mask) in enumerate(kept):
-        n = ids.size - 1
-        x[r, :n] = ids[:-1]
-        y[r, :n] = np.where(mask[1:], ids[1:], -1)
-    trained = (y >= 0).any(axis=1)
-    if not trained.all():
+    pairs = [(ids[:-1].astype(np.int32), np.where(mask[1:], ids[1:], -1).astype(np.int32))
+             for ids, mask in kept]
+    trained = [bool((y >= 0).any()) for _, y in pairs]
+    if not all(trained):
         # a cut can leave an example's trained turns beyond n_ctx: it would teach nothing
-        warnings.warn(f"{what}: {int((~trained).sum())} examples have no trained token within "
+        warnings.warn(f"{what}: {trained.count(False)} examples have no trained token within "
                       f"n_ctx = {n_ctx} and were left out", UserWarning, stacklevel=4)
-        x, y = x[trained], y[trained]
-    if not x.shape[0]:
+        pairs = [p for p, t in zip(pairs, trained) if t]
+    if not pairs:
         raise ValueError(f"{what}: no example left to train on")
+    rows = pack_examples([x.size for x, _ in pairs], n_ctx) if packing else \
+        [[k] for k in range(len(pairs))]
+    x = np.full((len(rows), n_ctx), pad_id, np.int32)
+    y = np.full((len(rows), n_ctx), -1, np.int32)
+    starts = np.zeros((len(rows), n_ctx), bool)
+    for r, members in enumerate(rows):
+        at = 0
+        for k in members:
+            inputs, labels = pairs[k]
+            x[r, at:at + inputs.size] = inputs
+            y[r, at:at + inputs.size] = labels
+            starts[r, at] = True
+            at += inputs.size
+        if packing and at < n_ctx:
+            starts[r, at] = True   # the padding is a document of its own
+    if packing:
+        x = mark_document_starts(x, starts)
     return x, y
 
 
-def _common_args(tokenizer, n_ctx, too_long):
+def pack_examples(lengths: Sequence[int], n_ctx: int) -> list[list[int]]:
+    """Which examples share a window: best-fit decreasing (the longest first,
+    each into the fullest window it still fits, TRL's "bfd"), every length <=
+    n_ctx.  Returns the windows' example indices, each in the examples' order."""
+    import bisect
+    order = sorted(range(len(lengths)), key=lambda k: (-lengths[k], k))
+    free: list[tuple[int, int]] = []     # (room left, window), sorted
+    windows: list[list[int]] = []
+    for k in order:
+        n = int(lengths[k])
+        if not 0 < n <= n_ctx:
+            raise ValueError(f"lengths[{k}]: expected 1 .. n_ctx={n_ctx} tokens, got {n}")
+        i = bisect.bisect_left(free, (n, -1))
+        if i == len(free):
+            windows.append([k])
+            room, w = n_ctx - n, len(windows) - 1
+        else:
+            room, w = free.pop(i)
+            windows[w].append(k)
+            room -= n
+        if room:
+            bisect.insort(free, (room, w))
+    return [sorted(w) for w in windows]
+
+
+def _common_args(tokenizer, n_ctx, too_long, packing):
     if not callable(getattr(tokenizer, "encode", None)):
         raise TypeError(f"tokenizer: expected a ggmlopt tokenizer, got {type(tokenizer).__name__}")
+    if not isinstance(packing, bool):
+        raise TypeError(f"packing: expected a bool, got {type(packing).__name__}")
     n_ctx = int_arg(n_ctx, "n_ctx", 1)
     if too_long not in TOO_LONG:
         raise ValueError(f"too_long: expected one of {TOO_LONG}, got {too_long!r}")
@@ -138,12 +180,14 @@ def _common_args(tokenizer, n_ctx, too_long):
 
 
 def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: str = "assistant",
-                 too_long: str = "error", **template_kwargs: Any
+                 too_long: str = "error", packing: bool = False, **template_kwargs: Any
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, labels) int32 (n, n_ctx) of conversations (lists of messages, or
     dicts with ``messages``), labels on the trained turns: train_on "assistant"
-    (every assistant turn), "last" (the last one) or "all" (every token)."""
-    n_ctx, pad = _common_args(tokenizer, n_ctx, too_long)
+    (every assistant turn), "last" (the last one) or "all" (every token).
+    packing: several conversations a window, marked as ggmlopt.nn.positions
+    says."""
+    n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     if train_on not in TRAIN_ON:
         raise ValueError(f"train_on: expected one of {TRAIN_ON}, got {train_on!r}")
     template = tokenizer.compiled_chat_template()
@@ -171,17 +215,18 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
         examples.append((ids, _spans_to_mask(offsets, byte_spans)))
     if not examples:
         raise ValueError("conversations: expected at least one conversation")
-    return _windows(examples, n_ctx, pad, too_long, "conversations")
+    return _windows(examples, n_ctx, pad, too_long, "conversations", packing)
 
 
 def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str = "error",
-                       add_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                       add_eos: bool = True, packing: bool = False
+                       ) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, labels) int32 (n, n_ctx) of (prompt, completion) pairs (tuples, or
     dicts with ``prompt`` and ``completion``): prompt and completion tokenized
     apart and joined (TRL's way), the loss on the completion only, which ends
     with the tokenizer's eos (unless add_eos is False or it already does); BOS
-    first when the tokenizer's add_bos says so."""
-    n_ctx, pad = _common_args(tokenizer, n_ctx, too_long)
+    first when the tokenizer's add_bos says so.  packing: as chat_windows'."""
+    n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     examples = []
     for k, pair in enumerate(pairs):
         if isinstance(pair, Mapping):
@@ -207,7 +252,7 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
         examples.append((ids, mask))
     if not examples:
         raise ValueError("pairs: expected at least one (prompt, completion) pair")
-    return _windows(examples, n_ctx, pad, too_long, "pairs")
+    return _windows(examples, n_ctx, pad, too_long, "pairs", packing)
 
 
 # ---- JSONL files as TRL and MLX-LM write them ----------------------------------------

@@ -32,6 +32,7 @@ def attention_forward_qkv(
     n_kv_heads: int | None = ...,
     out: npt.NDArray[np.float32] | None = ...,
     lse: npt.NDArray[np.float32] | None = ...,
+    kv_start: npt.NDArray[np.int32] | None = ...,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 def attention_backward_qkv(
     qkv: npt.NDArray[np.float32],
@@ -41,6 +42,7 @@ def attention_backward_qkv(
     grad_out: npt.NDArray[np.float32],
     n_kv_heads: int | None = ...,
     dqkv: npt.NDArray[np.float32] | None = ...,
+    kv_start: npt.NDArray[np.int32] | None = ...,
 ) -> npt.NDArray[np.float32]: ...
 def rope(
     x: npt.NDArray[np.float32],

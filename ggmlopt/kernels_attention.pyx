@@ -273,25 +273,27 @@ cdef tuple _fused_heads(object n_heads, object n_kv_heads):
     return hq, hkv
 
 
-def attention_forward_qkv(qkv, n_heads, n_kv_heads=None, out=None, lse=None):
+def attention_forward_qkv(qkv, n_heads, n_kv_heads=None, out=None, lse=None, kv_start=None):
     """attention_forward on fused rows: qkv float32 (batch, T, (n_heads + 2 *
     n_kv_heads) * head_dim), each row q | k | v (GPT-2's c_attn output, read in
     place).  n_kv_heads defaults to n_heads.  Returns (out (batch, T, n_heads,
-    head_dim), lse (batch, n_heads, T))."""
+    head_dim), lse (batch, n_heads, T)).  kv_start: as attention_forward's."""
     hq, hkv = _fused_heads(n_heads, n_kv_heads)
     cdef cnp.ndarray a = _array(qkv, "qkv", np.float32, False)
     b, t, d = _fused_shape(a, hq, hkv)
     cdef cnp.ndarray ao = _out(out, (b, t, hq, d), "out")
     cdef cnp.ndarray al = _out(lse, (b, hq, t), "lse")
+    starts = _starts(kv_start, b, t)
     _outputs_apart([("qkv", a)], [("out", ao), ("lse", al)])
     cdef int64_t w = (hq + 2 * hkv) * d
-    _forward(b, t, hq, hkv, d, a, w, a, w, a, w, ao, al)
+    _forward(b, t, hq, hkv, d, a, w, a, w, a, w, ao, al, starts)
     return ao, al
 
 
-def attention_backward_qkv(qkv, n_heads, out, lse, grad_out, n_kv_heads=None, dqkv=None):
+def attention_backward_qkv(qkv, n_heads, out, lse, grad_out, n_kv_heads=None, dqkv=None,
+                           kv_start=None):
     """attention_backward on fused rows: returns dqkv, float32 like qkv, each
-    row dq | dk | dv (written, not added to)."""
+    row dq | dk | dv (written, not added to).  kv_start: the forward's."""
     hq, hkv = _fused_heads(n_heads, n_kv_heads)
     cdef cnp.ndarray a = _array(qkv, "qkv", np.float32, False)
     b, t, d = _fused_shape(a, hq, hkv)
@@ -307,8 +309,9 @@ def attention_backward_qkv(qkv, n_heads, out, lse, grad_out, n_kv_heads=None, dq
         raise ValueError(f"grad_out: expected shape {oshape}, got {(<object>ag).shape}")
     cdef cnp.ndarray ad = _out(dqkv, (<object>a).shape, "dqkv")
     _outputs_apart([("qkv", a), ("out", ao), ("lse", al), ("grad_out", ag)], [("dqkv", ad)])
+    starts = _starts(kv_start, b, t)
     cdef int64_t w = (hq + 2 * hkv) * d
-    _backward(b, t, hq, hkv, d, a, w, a, w, a, w, ao, al, ag, ad, ad, ad)
+    _backward(b, t, hq, hkv, d, a, w, a, w, a, w, ao, al, ag, ad, ad, ad, starts)
     return ad
 
 

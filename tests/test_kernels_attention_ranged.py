@@ -100,6 +100,25 @@ def test_packed_documents_equal_each_document_alone(rng):
                                        atol=1e-5 * max(np.abs(want).max(), 1e-30))
 
 
+def test_fused_rows_take_the_same_first_keys(simd_path, rng):
+    """attention_{forward,backward}_qkv (GPT-2's fused rows) with kv_start give
+    the bits of the separate-array kernels with it."""
+    b, t, h, d = 2, 37, 3, 8
+    q, k, v, dout = random_qkv(rng, b, t, h, h, d)
+    qkv = np.ascontiguousarray(np.concatenate([a.reshape(b, t, -1) for a in (q, k, v)], -1))
+    starts = ka.document_starts(random_documents(rng, b, t))
+    out, lse = ka.attention_forward(q, k, v, kv_start=starts)
+    fo, fl = ka.attention_forward_qkv(qkv, h, kv_start=starts)
+    np.testing.assert_array_equal(fo, out)
+    np.testing.assert_array_equal(fl, lse)
+    dq, dk, dv = ka.attention_backward(q, k, v, out, lse, dout, kv_start=starts)
+    dqkv = ka.attention_backward_qkv(qkv, h, fo, fl, dout, kv_start=starts)
+    np.testing.assert_array_equal(dqkv, np.concatenate([g.reshape(b, t, -1)
+                                                        for g in (dq, dk, dv)], -1))
+    with pytest.raises(ValueError, match="kv_start"):
+        ka.attention_forward_qkv(qkv, h, kv_start=starts[:, :-1])
+
+
 def test_one_and_two_threads_bit_identical(restore_threads, rng):
     q, k, v, dout = random_qkv(rng, 2, 200, 4, 2, 32)
     starts = ka.document_starts(random_documents(rng, 2, 200))

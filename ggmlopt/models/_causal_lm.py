@@ -11,6 +11,7 @@ from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..nn.module import Module, grads_ready
 from ..nn.parameter import Parameter
+from ..nn.positions import split_documents
 from ..nn.recompute import checkpointed_backward, checkpointed_forward
 
 __all__ = ["CausalLM", "KVCache", "PreNormBlock", "normal_init"]
@@ -165,8 +166,9 @@ class CausalLM(Module):
         """Key/value heads per layer (the cache's width)."""
         raise NotImplementedError
 
-    def _hidden(self, tokens: np.ndarray) -> np.ndarray:
-        """int32 (batch, T) -> the final hidden states float32 (batch, T, dim)."""
+    def _hidden(self, tokens: np.ndarray, pos=0) -> np.ndarray:
+        """int32 (batch, T) -> the final hidden states float32 (batch, T, dim);
+        pos: 0, or the DocumentPositions of packed documents."""
         raise NotImplementedError
 
     def _hidden_backward(self, dh: np.ndarray) -> None:
@@ -197,17 +199,17 @@ class CausalLM(Module):
         """Whether gradient_checkpointing_enable() is on."""
         return self._checkpointing
 
-    def _blocks_forward(self, blocks, h):
+    def _blocks_forward(self, blocks, h, pos=0):
         """h through the decoder blocks in order (checkpointed while training
-        with checkpointing on)."""
+        with checkpointing on); pos as the blocks' forward takes it."""
         if not (self._checkpointing and self.training):
             self._saved_blocks = None
             for block in blocks:
-                h = block.forward(h)
+                h = block.forward(h, pos)
             return h
         saved = []
         for block in blocks:
-            h, s = checkpointed_forward(block, h)
+            h, s = checkpointed_forward(block, h, pos)
             saved.append(s)
         self._saved_blocks = saved
         return h
@@ -225,9 +227,11 @@ class CausalLM(Module):
         self._saved_blocks = None
         return g
 
-    def _tokens(self, tokens):
+    def _tokens(self, tokens, packed=False):
         """tokens as a C-contiguous int32 (batch, T) array, T <= max_seq_len;
-        every id checked against the vocabulary before any work."""
+        every id checked against the vocabulary before any work.  packed: also
+        read the marks of packed documents (ggmlopt.nn.positions), returning
+        (ids, DocumentPositions or None)."""
         if not isinstance(tokens, np.ndarray):
             tokens = np.asarray(tokens)
         if tokens.dtype.kind not in "iu":
@@ -238,6 +242,9 @@ class CausalLM(Module):
         if tokens.shape[1] > cfg.max_seq_len:
             raise ValueError(f"tokens: T={tokens.shape[1]} positions, more than the model's "
                              f"max_seq_len={cfg.max_seq_len}")
+        if packed:
+            ids, pos = split_documents(tokens)
+            return self._tokens(ids), pos
         if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
             bad = np.flatnonzero(((tokens < 0) | (tokens >= cfg.vocab_size)).reshape(-1))[0]
             where = tuple(int(i) for i in np.unravel_index(bad, tokens.shape))
@@ -251,9 +258,13 @@ class CausalLM(Module):
 
     def forward(self, tokens):
         """tokens: integer (batch, T) -> float32 logits (batch, T, vocab_size), a
-        buffer the model reuses; ``model(tokens)`` returns a copy."""
-        tokens = self._tokens(tokens)
-        h = self._hidden(tokens)
+        buffer the model reuses; ``model(tokens)`` returns a copy.  Windows of
+        packed documents (each document's first token stored as -1 - id, as
+        ``Dataset.from_chat(..., packing=True)`` makes them) attend within each
+        document and restart its positions: each document's logits are those
+        it has alone."""
+        tokens, pos = self._tokens(tokens, packed=True)
+        h = self._hidden(tokens, 0 if pos is None else pos)
         b, t, d = h.shape
         rows = h.reshape(b * t, d)
         if self.lm_head is not None:

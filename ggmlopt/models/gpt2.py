@@ -15,6 +15,7 @@ from ..nn.embedding import Embedding
 from ..nn.mlp import GPT2MLP
 from ..nn.module import grads_ready
 from ..nn.norm import LayerNorm
+from ..nn.positions import DocumentPositions
 from ._causal_lm import CausalLM, PreNormBlock, attend_cached, normal_init
 from .config import GPT2Config
 
@@ -98,12 +99,16 @@ class GPT2(CausalLM):
         b, t = tokens.shape
         if self._x is None or self._x.shape[:2] != (b, t):
             self._x = np.empty((b, t, self.config.dim), np.float32)
-        np.add(self.wte.forward(tokens), self.wpe.forward(np.arange(pos, pos + t)), out=self._x)
+        # packed documents: each token's position in its own document
+        positions = pos.positions if isinstance(pos, DocumentPositions) else \
+            np.arange(pos, pos + t)
+        self._positions = positions
+        np.add(self.wte.forward(tokens), self.wpe.forward(positions), out=self._x)
         return self._x
 
-    def _hidden(self, tokens):
-        h = self._embed(tokens, 0)
-        return self.ln_f.forward(self._blocks_forward(self.h, h))
+    def _hidden(self, tokens, pos=0):
+        h = self._embed(tokens, pos)
+        return self.ln_f.forward(self._blocks_forward(self.h, h, pos))
 
     def _hidden_backward(self, dh):
         g = self.ln_f.backward(dh)
@@ -111,7 +116,8 @@ class GPT2(CausalLM):
         g = self._blocks_backward(self.h, g)
         self.wte.backward(g)
         grads_ready(self.wte)
-        self.wpe.backward(g.sum(axis=0))   # every sequence's position t adds into row t
+        # every sequence's position t adds into row t (packed: each token's own position)
+        self.wpe.backward(g if self._positions.ndim == 2 else g.sum(axis=0))
         grads_ready(self.wpe)
 
     def _decode_hidden(self, tokens, cache):

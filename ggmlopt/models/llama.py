@@ -106,9 +106,9 @@ class Llama(CausalLM):
     def _kv_heads(self):
         return self.config.n_kv_heads
 
-    def _hidden(self, tokens):
+    def _hidden(self, tokens, pos=0):
         h = self.embed_tokens.forward(tokens)
-        return self.norm.forward(self._blocks_forward(self.layers, h))
+        return self.norm.forward(self._blocks_forward(self.layers, h, pos))
 
     def _hidden_backward(self, dh):
         g = self.norm.backward(dh)

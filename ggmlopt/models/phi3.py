@@ -76,12 +76,13 @@ class Phi3Attention(Module):
         return q, k, v.reshape(b, t, self.n_kv_heads, -1)
 
     def forward(self, x, pos=0):
-        """x: float32 (batch, T, dim) -> (batch, T, dim); token t at position pos + t."""
+        """x: float32 (batch, T, dim) -> (batch, T, dim); token t at position pos + t
+        (or as a DocumentPositions places it, see CausalSelfAttention)."""
         x = _as_sequence(x, self.dim, "x")
-        pos = _position(pos)
+        pos = _position(pos, x.shape[:2])
         b, t, _ = x.shape
         q, k, v = self.split_qkv(x.reshape(b * t, self.dim), b, t, pos)
-        starts = window_kv_start(self.sliding_window, b, t)
+        starts = window_kv_start(self.sliding_window, b, t, pos)
         o, lse = ka.attention_forward(q, k, v, kv_start=starts)
         self._saved = (q, k, v, o, lse, pos, starts)
         return self.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, self.dim)

@@ -9,6 +9,7 @@ from .. import kernels_attention as ka
 from .linear import Linear
 from .module import Module
 from .norm import RMSNorm
+from .positions import DocumentPositions
 from .rope_scaling import RopeScaling, rope_inv_freq, rope_tables
 
 __all__ = ["CausalSelfAttention", "GPT2Attention", "RotaryEmbedding"]
@@ -22,9 +23,16 @@ def _positive_int(value, name):
     return int(value)
 
 
-def _position(pos):
+def _position(pos, shape=None):
+    """pos as an int >= 0 (the first token's position), or the DocumentPositions
+    of packed documents, whose (batch, T) must match shape when given."""
+    if isinstance(pos, DocumentPositions):
+        if shape is not None and pos.shape != tuple(shape):
+            raise ValueError(f"pos: DocumentPositions of shape {pos.shape} for tokens of "
+                             f"shape {tuple(shape)}")
+        return pos
     if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)):
-        raise TypeError(f"pos: expected an int, got {type(pos).__name__}")
+        raise TypeError(f"pos: expected an int or DocumentPositions, got {type(pos).__name__}")
     if pos < 0:
         raise ValueError(f"pos: expected >= 0, got {pos}")
     return int(pos)
@@ -54,12 +62,15 @@ def _any_trains(layer):
     return any(_trains(p) for p in layer.parameters())
 
 
-def window_kv_start(window, b, t):
-    """The attention kernels' first key per query for a sliding window over
-    (b, t) tokens: None (every earlier key) unless the window leaves some out."""
+def window_kv_start(window, b, t, pos=0):
+    """The attention kernels' first key per query over (b, t) tokens: None
+    (every earlier key) unless a sliding window leaves some out or pos, the
+    DocumentPositions of packed documents, starts a query's document later."""
+    starts = pos.starts if isinstance(pos, DocumentPositions) else None
     if window is None or window >= t:
-        return None
-    return ka.window_starts(b, t, window)
+        return starts
+    windowed = ka.window_starts(b, t, window)
+    return windowed if starts is None else np.maximum(windowed, starts)
 
 
 def _linear_backward(layer, grad, need_input):
@@ -130,16 +141,33 @@ class RotaryEmbedding(Module):
 
     def rotate(self, x, pos=0, *, out=None, inverse=False):
         """x: float32 (batch, T, heads, head_dim) C-contiguous -> out (new, or
-        the given array; may be x), rotated for positions pos..pos+T-1 (by the
-        opposite angles when inverse)."""
-        pos = _position(pos)
+        the given array; may be x), rotated for positions pos..pos+T-1, or for
+        each token's position in its document when pos is a DocumentPositions
+        (by the opposite angles when inverse)."""
         if not isinstance(x, np.ndarray) or x.ndim != 4:
             raise ValueError("x: expected an array (batch, T, heads, head_dim), got "
                              f"{getattr(x, 'shape', type(x).__name__)}")
+        pos = _position(pos, x.shape[:2])
         if x.shape[3] != self.head_dim:
             raise ValueError(f"x: expected head_dim {self.head_dim}, got shape {x.shape}")
+        if isinstance(pos, DocumentPositions):
+            return self._rotate_documents(x, pos.positions, out, inverse)
         cos, sin = self.tables(pos + x.shape[1])
         return ka.rope(x, cos, sin, pos, out, inverse=inverse)
+
+    def _rotate_documents(self, x, positions, out, inverse):
+        """rotate, each row by the table rows of its tokens' positions (the same
+        table values a document alone is rotated by)."""
+        cos, sin = self.tables(x.shape[1])
+        if out is None:
+            out = np.empty(x.shape, dtype=np.float32)
+        in_place = out is x
+        for r in range(x.shape[0]):
+            rows = positions[r]
+            xr = x[r:r + 1]
+            ka.rope(xr, np.ascontiguousarray(cos[rows]), np.ascontiguousarray(sin[rows]), 0,
+                    xr if in_place else out[r:r + 1], inverse=inverse)
+        return out
 
     def forward(self, x, pos=0):
         """x: float32 (batch, T, heads, head_dim) -> the same shape (a buffer this
@@ -149,7 +177,7 @@ class RotaryEmbedding(Module):
             self._out = np.empty(x.shape, dtype=np.float32)
             self._grad_in = np.empty(x.shape, dtype=np.float32)
         self.rotate(x, pos, out=self._out)
-        self._pos = _position(pos)
+        self._pos = pos
         return self._out
 
     def backward(self, grad_out):
@@ -260,9 +288,11 @@ class CausalSelfAttention(Module):
 
     def forward(self, x, pos=0):
         """x: float32 (batch, T, dim) -> (batch, T, dim) (a buffer this layer
-        reuses); token t is at position pos + t."""
+        reuses); token t is at position pos + t, or, with pos a
+        DocumentPositions (packed documents), at its position in its document,
+        attending to its own document's earlier tokens only."""
         x = _as_sequence(x, self.dim, "x")
-        pos = _position(pos)
+        pos = _position(pos, x.shape[:2])
         b, t, _ = x.shape
         x2 = x.reshape(b * t, self.dim)
         shape_q = (b, t, self.n_heads, self.head_dim)
@@ -277,7 +307,7 @@ class CausalSelfAttention(Module):
             self._lse = np.empty((b, self.n_heads, t), dtype=np.float32)
             self._grads = tuple(np.empty(s, dtype=np.float32) for s in (shape_q, shape_kv, shape_kv))
             self._dx = np.empty((b * t, self.dim), dtype=np.float32)
-        starts = window_kv_start(self.sliding_window, b, t)
+        starts = window_kv_start(self.sliding_window, b, t, pos)
         o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse, kv_start=starts)
         self._saved = (q, k, v, o, lse, pos, starts)
         y = self.o_proj.forward(o.reshape(b * t, -1))
@@ -364,9 +394,10 @@ class GPT2Attention(Module):
     def forward(self, x, pos=0):
         """x: float32 (batch, T, dim) -> (batch, T, dim) (a buffer this layer
         reuses).  pos is accepted for the interface CausalSelfAttention shares
-        (GPT-2's positions are learned outside attention)."""
+        (GPT-2's positions are learned outside attention); a DocumentPositions
+        keeps each token's attention inside its document."""
         x = _as_sequence(x, self.dim, "x")
-        _position(pos)
+        pos = _position(pos, x.shape[:2])
         b, t, _ = x.shape
         qkv = np.ascontiguousarray(self.c_attn.forward(x.reshape(b * t, self.dim)))
         qkv = qkv.reshape(b, t, 3 * self.dim)
@@ -375,8 +406,10 @@ class GPT2Attention(Module):
             self._o = np.empty(shape_o, dtype=np.float32)
             self._lse = np.empty((b, self.n_heads, t), dtype=np.float32)
             self._dqkv = np.empty((b, t, 3 * self.dim), dtype=np.float32)
-        o, lse = ka.attention_forward_qkv(qkv, self.n_heads, out=self._o, lse=self._lse)
-        self._saved = (qkv, o, lse)
+        starts = window_kv_start(None, b, t, pos)
+        o, lse = ka.attention_forward_qkv(qkv, self.n_heads, out=self._o, lse=self._lse,
+                                          kv_start=starts)
+        self._saved = (qkv, o, lse, starts)
         y = self.c_proj.forward(o.reshape(b * t, self.dim))
         return y.reshape(b, t, self.dim)
 
@@ -386,7 +419,7 @@ class GPT2Attention(Module):
         trainable parameters' .grad."""
         if self._saved is None:
             raise RuntimeError("backward: call forward first")
-        qkv, o, lse = self._saved
+        qkv, o, lse, starts = self._saved
         b, t = o.shape[:2]
         g = _as_sequence(grad_out, self.dim, "grad_out")
         if g.shape[:2] != (b, t):
@@ -398,7 +431,8 @@ class GPT2Attention(Module):
         if not need_qkv:
             return None
         do = np.ascontiguousarray(do, dtype=np.float32).reshape(o.shape)
-        dqkv = ka.attention_backward_qkv(qkv, self.n_heads, o, lse, do, dqkv=self._dqkv)
+        dqkv = ka.attention_backward_qkv(qkv, self.n_heads, o, lse, do, dqkv=self._dqkv,
+                                         kv_start=starts)
         dx = _linear_backward(self.c_attn, dqkv.reshape(b * t, 3 * self.dim), need_input)
         return dx.reshape(b, t, self.dim) if need_input else None
 
