@@ -43,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
                    help="chat data: the turns the loss counts")
     p.add_argument("--too-long", choices=("error", "drop", "truncate"), default="error",
                    help="what to do with an example longer than the window")
+    p.add_argument("--packing", action="store_true",
+                   help="chat and completion data: several examples a window, each "
+                        "attending to itself only (the same loss, far less padding)")
     p.add_argument("--full", action="store_true", help="train every weight, not LoRA")
     p.add_argument("--keep-types", action="store_true",
                    help="keep the GGUF's weights in their types (Q8_0, Q4_K, ...), read in "
@@ -100,6 +103,9 @@ def _problems(args) -> list[str]:
         bad.append(f"--max-steps: expected >= 1, got {args.max_steps}")
     if args.warmup < 0:
         bad.append(f"--warmup: expected >= 0, got {args.warmup}")
+    if args.packing and args.file:
+        bad.append("--packing: packs chat and completion examples (--data); a raw text file "
+                   "is cut into whole windows already")
     if args.resume and not args.checkpoint:
         bad.append("--resume: needs --checkpoint FILE")
     if args.full and args.keep_types:
@@ -169,16 +175,21 @@ def _dataset(args, tok):
                 raise SystemExit(f"finetune: {args.data} holds chats, but the tokenizer has no "
                                  "chat template (tokenizer.chat_template)")
             ds = go.Dataset.from_chat(examples, tok, args.ctx, train_on=args.train_on,
-                                      too_long=args.too_long)
+                                      too_long=args.too_long, packing=args.packing)
         elif "prompt" in first:
-            ds = go.Dataset.from_completions(examples, tok, args.ctx, too_long=args.too_long)
+            ds = go.Dataset.from_completions(examples, tok, args.ctx, too_long=args.too_long,
+                                             packing=args.packing)
         else:
+            if args.packing:
+                raise ValueError(f"--packing: packs chat and completion examples; {args.data} "
+                                 "holds text, which is cut into whole windows already")
             eos = [] if tok.eos_id is None else [tok.eos_id]
             ids = np.concatenate([np.concatenate([tok.encode(e["text"]), eos])
                                   for e in examples]).astype(np.int32)
             ds = go.Dataset.from_tokens(ids, args.ctx)
         x, y = np.asarray(ds.data), np.asarray(ds.labels)
-        what = f"{x.shape[0]} examples from {args.data}"
+        what = (f"{len(examples)} examples from {args.data} packed into {x.shape[0]} windows"
+                if args.packing else f"{x.shape[0]} examples from {args.data}")
     rest = x.shape[0] % args.batch
     if rest:
         # rows with every label masked change no gradient: the loss is the mean over
