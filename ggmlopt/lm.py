@@ -323,8 +323,8 @@ def generate(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
                        dtype=np.int32)
 
 
-def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int = 256,
-         **sampling: Any) -> str:
+def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int = 256, *,
+         template_kwargs: dict[str, Any] | None = None, **sampling: Any) -> str:
     """The model's reply to a conversation, as text.
 
     messages: a list of dicts with ``role`` and ``content``.  They are rendered
@@ -333,11 +333,16 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int = 256,
     the reply is generated until one of the tokenizer's end-of-generation ids
     (``eog_ids``) or max_new_tokens, and decoded without its special tokens.
     sampling: generate's options (temperature, top_k, top_p, min_p,
-    repetition_penalty, seed, stop_ids).  A BOS is put first when the tokenizer
-    says so (add_bos) and the template did not write one.
+    repetition_penalty, seed, stop_ids).  template_kwargs: further template
+    variables, as transformers' apply_chat_template takes them (Qwen3's
+    ``enable_thinking``).  A BOS is put first when the tokenizer says so
+    (add_bos) and the template did not write one.
     """
-    ids = np.asarray(tokenizer.apply_chat_template(messages, add_generation_prompt=True),
-                     np.int32)
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        raise TypeError(f"template_kwargs: expected a dict or None, got "
+                        f"{type(template_kwargs).__name__}")
+    ids = np.asarray(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                   **(template_kwargs or {})), np.int32)
     bos = getattr(tokenizer, "bos_id", None)
     if getattr(tokenizer, "add_bos", False) and bos is not None and (ids.size == 0
                                                                       or ids[0] != bos):

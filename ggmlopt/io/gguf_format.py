@@ -72,7 +72,7 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
     "mnist-cnn" for ggml's MNIST models as ggml's mnist-eval loads them (the
     model must have exactly that model's parameters).  A ggmlopt.models.Llama
     with arch None (or "llama") is written as llama.cpp loads it, with its
-    tokenizer (required: a ByteTokenizer or BPETokenizer; see
+    tokenizer (required: a ByteTokenizer, BPETokenizer or SPMTokenizer; see
     ggmlopt.io.gguf_llama.save_llama_gguf).
     metadata: optional dict of extra keys (str -> bool, int, float or str),
     stored as GGUF key-values (int64 / float64 / string).

@@ -104,7 +104,9 @@ def _gguf():
 # ---- writing ----
 
 def _tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
-    """The tokenizer.ggml.* values for tokenizer (ByteTokenizer or BPETokenizer)."""
+    """The tokenizer.ggml.* values for tokenizer (ByteTokenizer, BPETokenizer or
+    SPMTokenizer)."""
+    from ..spm import SPMTokenizer
     from ..text import BPETokenizer
     if isinstance(tokenizer, ByteTokenizer):
         tokens = byte_vocabulary()
@@ -122,9 +124,17 @@ def _tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
         if not keys["merges"]:
             raise ValueError("tokenizer: a gpt2-type vocabulary needs at least one merge "
                              "(llama.cpp refuses one without)")
+    elif isinstance(tokenizer, SPMTokenizer):
+        # llama.cpp's llama-type (SentencePiece) vocabulary: pieces with scores, no merges
+        tokens = list(tokenizer.tokens)
+        keys = {"model": "llama", "pre": "default", "tokens": tokens,
+                "types": list(tokenizer.token_types), "scores": list(tokenizer.scores),
+                "bos": tokenizer.bos_id, "eos": tokenizer.eos_id, "unk": tokenizer.unk_id,
+                "add_bos": tokenizer.add_bos, "add_space_prefix": tokenizer.add_space_prefix,
+                "eot": tokenizer.eot_id, "eom": tokenizer.eom_id}
     else:
-        raise TypeError(f"tokenizer: expected a ggmlopt.text.ByteTokenizer or BPETokenizer, "
-                        f"got {type(tokenizer).__name__}")
+        raise TypeError(f"tokenizer: expected a ggmlopt.text.ByteTokenizer, BPETokenizer or "
+                        f"SPMTokenizer, got {type(tokenizer).__name__}")
     if len(tokens) != vocab_size:
         raise ValueError(f"tokenizer: it has {len(tokens)} tokens but the model's vocab_size is "
                          f"{vocab_size}; llama.cpp needs them equal")
@@ -226,7 +236,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     """Write a ggmlopt.models.Llama (or Qwen2: llama.cpp's qwen2 architecture, with
     its q/k/v biases and rows as they are) to path as llama.cpp's GGUF (atomically).
 
-    tokenizer: the ByteTokenizer or BPETokenizer the model was trained with
+    tokenizer: the ByteTokenizer, BPETokenizer or SPMTokenizer the model was trained with
     (its token count must be the model's vocab_size).  dtype: np.float32 or
     np.float16 for the matrices (the token embedding and the Linear weights),
     or a block type as llama-quantize names it ("q8_0", "q4_0", "q4_1",
@@ -315,9 +325,15 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.add_tokenizer_pre(tok["pre"])
             writer.add_token_list(tok["tokens"])
             writer.add_token_types(tok["types"])
-            writer.add_token_merges(tok["merges"])
-            writer.add_bos_token_id(tok["bos"])
-            writer.add_eos_token_id(tok["eos"])
+            if "merges" in tok:
+                writer.add_token_merges(tok["merges"])
+            if "scores" in tok:
+                writer.add_token_scores(tok["scores"])
+                writer.add_add_space_prefix(tok["add_space_prefix"])
+            for which, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
+                               ("unk", writer.add_unk_token_id)):
+                if tok.get(which) is not None:
+                    add(tok[which])
             writer.add_add_bos_token(tok["add_bos"])
             writer.add_add_eos_token(False)
             for which in ("eot", "eom"):

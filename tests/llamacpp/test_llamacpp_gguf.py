@@ -14,6 +14,7 @@ skip without it and are not part of the default run: ``pytest -q tests/llamacpp`
 """
 import ctypes
 import math
+import os
 import warnings
 
 import numpy as np
@@ -259,6 +260,31 @@ def test_bpe_tokenizer_equals_llama_cpp(tmp_path):
         ids = llm.tokenize(text.encode(), add_bos=False, special=False)
         assert ids == back.encode(text).tolist() == bpe.encode(text).tolist()
     assert llm.tokenize(b" the", add_bos=False, special=False) == [3]
+
+
+def test_sentencepiece_tokenizer_is_written_as_llama_cpp_reads_it(tmp_path):
+    """An SPMTokenizer (llama.cpp's Llama 2 vocabulary) written by save_gguf: read
+    back equal, and llama.cpp's own tokenization of the file equals it."""
+    src = os.environ.get("GGMLOPT_LLAMA_CPP_SRC")
+    if not src:
+        pytest.skip("GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
+    from ggmlopt.io import load_gguf_tokenizer
+    from ggmlopt.spm import SPMTokenizer
+    spm = load_gguf_tokenizer(os.path.join(src, "models", "ggml-vocab-llama-spm.gguf"))
+    model = Llama(LlamaConfig(vocab_size=spm.vocab_size, dim=16, n_layers=1, n_heads=2,
+                              ffn_dim=16, max_seq_len=64), seed=0)
+    path = tmp_path / "spm.gguf"
+    save_gguf(model, path, tokenizer=spm)
+    _, back = load_gguf(path)
+    assert isinstance(back, SPMTokenizer)
+    assert (back.tokens, back.scores, back.token_types) == (spm.tokens, spm.scores,
+                                                            spm.token_types)
+    assert (back.bos_id, back.eos_id, back.unk_id, back.add_bos, back.add_space_prefix) == \
+        (spm.bos_id, spm.eos_id, spm.unk_id, spm.add_bos, spm.add_space_prefix)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in ["Hello world, ça va? 123", " leading space", TEXT]:
+        ids = llm.tokenize(text.encode(), add_bos=False, special=False)
+        assert ids == back.encode(text).tolist() == spm.encode(text).tolist()
 
 
 # ---- the other architectures of the family ----------------------------------------------
