@@ -53,13 +53,14 @@ class FitLoop:
             if done > 0:  # resumed inside the epoch: its shuffle and first steps are done
                 self.result_train._set_totals(train_totals, ctx)
             elif plan.shuffle_train:
-                self.dataset.shuffle(ctx.rng, plan.idata_split)
+                self.dataset.shuffle(ctx.rng, plan.shuffle_extent)
             self.result_val.reset()
             if not silent:
                 sys.stderr.write(f"fit: epoch {ep:04d}/{plan.nepoch:04d}:\n")
             t0 = time_us()
             waited = 0.0 if self.dist is None else self.dist.exchange_wait_total
-            if done == 0 and plan.pauses(ep, 0) == [plan.steps_per_epoch]:
+            if done == 0 and plan.pauses(ep, 0) == [plan.steps_per_epoch] \
+                    and plan.ndata_used == plan.ndata:   # epoch() runs every datapoint
                 epoch(self.ctx, self.dataset, self.result_train, self.result_val,
                       plan.idata_split, self.callback, self.callback)
             else:

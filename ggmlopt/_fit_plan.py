@@ -56,7 +56,9 @@ def _check_split(ndata: int, nbatch_logical: int, val_split: float, idata_split:
 class FitPlan:
     """The numbers fit trains by (all counts per process).
 
-    ndata: datapoints of the dataset.  nbatch_logical, nbatch_physical: this
+    ndata: datapoints of the dataset (with drop_last, the last ndata %
+    nbatch_logical of each epoch's order are left out: ndata_used train and
+    validate).  nbatch_logical, nbatch_physical: this
     process's datapoints per optimizer step and per eval.  opt_period: physical
     batches per optimizer step over every rank (the context's).  nbatches:
     physical batches in the dataset; ibatch_split: the first validating one;
@@ -79,6 +81,20 @@ class FitPlan:
     checkpoint_every: int | None = None
 
     @property
+    def ndata_used(self) -> int:
+        """The datapoints an epoch trains and validates on: whole logical batches."""
+        return self.nbatches * self.nbatch_physical
+
+    @property
+    def shuffle_extent(self) -> int:
+        """The datapoints each epoch's shuffle permutes: the training part, or the
+        whole dataset when nothing validates and drop_last leaves some out (so
+        each epoch leaves out others, as a shuffled DataLoader with drop_last)."""
+        if not self.validates and self.ndata_used < self.ndata:
+            return self.ndata
+        return self.idata_split
+
+    @property
     def idata_split(self) -> int:
         """The datapoints that train each epoch (the rest validate)."""
         return self.ibatch_split * self.nbatch_physical
@@ -95,8 +111,9 @@ class FitPlan:
 
     @property
     def shuffle_train(self) -> bool:
-        """Whether each epoch shuffles its training part (nbatch_logical < idata_split)."""
-        return self.nbatch_logical < self.idata_split
+        """Whether each epoch shuffles its training part (nbatch_logical <
+        shuffle_extent: ggml's idata_split)."""
+        return self.nbatch_logical < self.shuffle_extent
 
     @property
     def validates(self) -> bool:
@@ -142,7 +159,8 @@ class FitPlan:
     def from_args(cls, dataset: Any, nepoch: Any, nbatch_logical: Any, nbatch_physical: Any,
                   val_split: Any, comm: Any = None, dataset_is_part: Any = False,
                   max_steps: Any = None, eval_every: Any = None,
-                  checkpoint_every: Any = None, checkpoint: Any = None) -> FitPlan:
+                  checkpoint_every: Any = None, checkpoint: Any = None,
+                  drop_last: Any = False) -> FitPlan:
         """fit's arguments checked and turned into a plan; raises ValueError or
         TypeError naming the argument.  Warns (UserWarning) when val_split rounds
         to a validation part more than half a logical batch off (see fit)."""
@@ -159,10 +177,18 @@ class FitPlan:
         data = getattr(dataset, "data", None)
         if not isinstance(data, np.ndarray) or data.ndim != 2:
             raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"drop_last: expected a bool, got {type(drop_last).__name__}")
         ndata = data.shape[0]
-        if ndata % nbatch_logical != 0:
+        rest = ndata % nbatch_logical
+        if rest and not drop_last:
             raise ValueError(f"nbatch_logical: ndata={ndata} is not a multiple of "
+                             f"nbatch_logical={nbatch_logical}; pass drop_last=True to leave "
+                             f"{rest} datapoints out of each epoch, or pad the dataset")
+        if ndata - rest == 0:
+            raise ValueError(f"nbatch_logical: ndata={ndata} makes no logical batch of "
                              f"nbatch_logical={nbatch_logical}")
+        ndata_used = ndata - rest
         if nbatch_logical % nbatch_physical != 0:
             raise ValueError(f"nbatch_physical: nbatch_logical={nbatch_logical} is not a "
                              f"multiple of nbatch_physical={nbatch_physical}")
@@ -188,11 +214,12 @@ class FitPlan:
                                  f"multiple of {nranks} x nbatch_physical = "
                                  f"{nranks * nbatch_physical}; got "
                                  f"nbatch_logical={nbatch_logical}")
-        nbatches_logical = ndata // nbatch_logical
+        nbatches_logical = ndata_used // nbatch_logical
         # train <-> val split index (physical batches), in float32 as ggml computes it
         ibatch_split = int(np.float32(np.float32(1) - np.float32(val_split))
                            * np.float32(nbatches_logical)) * batches_per_step
-        _check_split(ndata, nbatch_logical, float(val_split), ibatch_split * nbatch_physical)
+        _check_split(ndata_used, nbatch_logical, float(val_split),
+                     ibatch_split * nbatch_physical)
         steps_per_epoch = ibatch_split // batches_per_step
 
         if nepoch is None:
@@ -209,13 +236,13 @@ class FitPlan:
                                  f"{total_steps}; raise nepoch or pass nepoch=None")
             total_steps = max_steps
             nepoch = -(-max_steps // steps_per_epoch)
-        if eval_every is not None and ibatch_split == ndata // nbatch_physical:
+        if eval_every is not None and ibatch_split == ndata_used // nbatch_physical:
             raise ValueError(f"eval_every: evaluates on the held-out part, but val_split="
                              f"{val_split} holds out nothing; pass val_split > 0")
         if checkpoint_every is not None and checkpoint is None:
             raise ValueError("checkpoint_every: needs checkpoint=path to write to")
         return cls(ndata=ndata, nbatch_logical=nbatch_logical, nbatch_physical=nbatch_physical,
-                   opt_period=opt_period, nbatches=ndata // nbatch_physical,
+                   opt_period=opt_period, nbatches=ndata_used // nbatch_physical,
                    ibatch_split=ibatch_split, steps_per_epoch=steps_per_epoch, nepoch=nepoch,
                    total_steps=total_steps, eval_every=eval_every,
                    checkpoint_every=checkpoint_every)

@@ -58,12 +58,17 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         shard_optimizer: bool = False, dataset_is_part: bool = False,
         bucket_cap_mb: float | None = 25.0, max_steps: int | None = None,
         eval_every: int | None = None, checkpoint_every: int | None = None,
-        precision: str = "f32") -> History:
+        precision: str = "f32", drop_last: bool = False) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
     nbatch_physical (default nbatch_logical); ndata must be a multiple of
-    nbatch_logical and nbatch_logical of nbatch_physical.  The last val_split
+    nbatch_logical (ggml's rule) unless drop_last is True, and nbatch_logical
+    of nbatch_physical.  drop_last=True (torch's DataLoader name): the last
+    ndata % nbatch_logical datapoints of the shuffled order sit each epoch out
+    (without a validation part each epoch's shuffle covers every datapoint, so
+    each epoch leaves out others; with one, the same ones stay out); the
+    History's ndata_train + ndata_val say how many were used.  The last val_split
     (0 <= val_split < 1) of the data validates, rounded to whole logical
     batches as ggml rounds it: floor((1 - val_split) * nbatches_logical) logical
     batches train (in float32) and the rest validate, so a split is never
@@ -147,7 +152,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
 
     plan = FitPlan.from_args(dataset, nepoch, nbatch_logical, nbatch_physical, val_split, comm,
                              dataset_is_part, max_steps, eval_every, checkpoint_every,
-                             checkpoint)
+                             checkpoint, drop_last)
     if comm is not None:
         silent = silent or comm.Get_rank() != 0  # rank 0 alone prints
     plan.check_schedule(get_opt_pars, optimizer)
@@ -192,7 +197,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
             ctx._dist.parts = dataset_is_part
 
         history = History(val_split=float(val_split), ndata_train=plan.idata_split,
-                          ndata_val=plan.ndata - plan.idata_split)
+                          ndata_val=plan.ndata_used - plan.idata_split)
         loop = FitLoop(plan, ctx, dataset, history, ckpt, None if silent else progress_bar)
         if pending is not None:
             ctx.load_state_dict(pending.ctx_sd)
