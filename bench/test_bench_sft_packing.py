@@ -60,9 +60,9 @@ def test_bench_packed_against_padded_epochs(threads):
     assert lab_packed == lab_padded   # the same trained tokens
     med, all_times = interleaved_medians({"padded": padded, "packed": packed}, repeats=3)
     tokens = sum(len(p) + len(c) + 1 for p, c in examples()) - N_EXAMPLES
-    lines = [f"SFT epoch, {N_EXAMPLES} examples ({tokens} tokens, {lab_padded} trained) in "
-             f"windows of {N_CTX}, stories15M shape, 2 threads (ggmlopt "
-             f"{kernels.simd_info()['active']}, GEMM {gemm.engine()})"]
+    lines = [(f"SFT epoch, {N_EXAMPLES} examples ({tokens} tokens, {lab_padded} trained) in "
+              f"windows of {N_CTX}, stories15M shape, 2 threads (ggmlopt "
+              f"{kernels.simd_info()['active']}, GEMM {gemm.engine()})")]
     for name, n in (("padded", n_padded), ("packed", n_packed)):
         lines.append(f"{name:7s} {n:3d} windows ({tokens / (n * N_CTX):.0%} of positions are "
                      f"tokens) {med[name]:.2f} s/epoch, {lab_padded / med[name]:.0f} trained "

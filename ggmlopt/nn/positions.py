@@ -49,7 +49,8 @@ class DocumentPositions:
     @property
     def shape(self) -> tuple[int, int]:
         """(batch, T)."""
-        return self.positions.shape  # type: ignore[return-value]
+        b, t = self.positions.shape
+        return b, t
 
     def __repr__(self):
         return f"DocumentPositions(shape={self.shape}, documents={int((self.positions == 0).sum())})"
