@@ -134,6 +134,8 @@ def _nonfinite_cause(x, y, out) -> str:
     """Why a loss is not finite, for its error message: a NaN in the inputs may come
     from an inf there (inf - inf), so the inputs and labels are named first."""
     for what, a in (("inputs", x), ("labels", y), ("model's outputs", out)):
+        if a is None:
+            continue
         found = first_nonfinite(a)
         if found is not None:
             return f": the {what} hold {found[1]} in row {found[0]} of the batch"
@@ -366,6 +368,7 @@ class OptContext:
         self._build_type = self._built   # of the last alloc; ggml starts at the built type
         self._eval_ready = False
         self.outputs: np.ndarray | None = None
+        self._fused_pred: np.ndarray | None = None
         self.loss: np.float32 | None = None
         self.pred: np.ndarray | None = None
         self.ncorrect: int | None = None
@@ -742,45 +745,18 @@ class OptContext:
             result._check(batch, self._per_datapoint, self._opt_period)
         step = self._opt_step_params() if bt == BuildType.OPT else None
 
-        with gemm.products_in(self._precision):
-            out = self._check_outputs(self.model.forward(x), batch)
-        by_class = y is not None and y.dtype == np.int32
-        if y is not None and not by_class and y.shape != out.shape:
-            raise ValueError(f"labels: expected shape {out.shape} like the model's outputs, "
-                             f"got {y.shape}")
-        if by_class and y.size * out.shape[-1] != out.size:
-            raise ValueError(f"labels: expected class indices of shape {out.shape[:-1]} (one per "
-                             f"row of the model's outputs {out.shape}), got {y.shape}")
-        bufs = self._batch_buffers
-        if bufs is None or bufs[0] != batch or bufs[1].shape != out.shape:
-            self._make_batch_buffers(out.shape)
-            bufs = self._batch_buffers
-        assert bufs is not None
-        _, grad, pred, label_arg = bufs
         backward = bt != BuildType.FORWARD
-        loss = self._loss(out, y, grad if backward else None)
-        if not math.isfinite(loss):
-            raise FloatingPointError(
-                f"eval: the loss is {float(loss)} (iteration {self.iter}, physical batch "
-                f"{self.opt_i + 1}/{self._opt_period} of the logical batch)"
-                f"{_nonfinite_cause(x, y, out)}; not training on")
-        ncorrect = nlabelled = None
-        if self._loss_type == LossType.CROSS_ENTROPY:
-            rows = out.reshape(-1, out.shape[-1])
-            kernels.argmax_rows(rows, out=pred)
-            if by_class:  # a masked position (-1) never equals a prediction
-                labelled = y.reshape(-1)
-                ncorrect = kernels.count_equal(pred, labelled)
-                nlabelled = labelled.size - int(np.count_nonzero(labelled < 0))
-                if nlabelled == 0 and bt != BuildType.FORWARD:
-                    warnings.warn(f"eval: physical batch {self.opt_i + 1}/{self._opt_period} of "
-                                  f"logical batch {self.iter} has no labelled position (every "
-                                  "label is -1): it adds nothing to the gradient",
-                                  UserWarning, stacklevel=2)
-            else:
-                kernels.argmax_rows(y.reshape(rows.shape), out=label_arg)
-                ncorrect = kernels.count_equal(pred, label_arg)
-                nlabelled = pred.size
+        if self._fuses_head(x, y):
+            out, grad = None, None   # backward(None): the head's gradient is in place
+            loss, pred, ncorrect, nlabelled = self._fused_head_loss(x, y, backward)
+        else:
+            out, grad, loss, pred, ncorrect, nlabelled = self._outputs_and_loss(
+                x, y, batch, backward)
+        if ncorrect is not None and nlabelled == 0 and bt != BuildType.FORWARD:
+            warnings.warn(f"eval: physical batch {self.opt_i + 1}/{self._opt_period} of "
+                          f"logical batch {self.iter} has no labelled position (every "
+                          "label is -1): it adds nothing to the gradient",
+                          UserWarning, stacklevel=2)
 
         if backward:
             arena = self.arena
@@ -864,6 +840,78 @@ class OptContext:
                                            clip_grad_norm, comm=comm,
                                            shard_optimizer=shard_optimizer,
                                            bucket_cap_mb=bucket_cap_mb)
+
+    def _fuses_head(self, x, y) -> bool:
+        """Whether this eval runs the model's fused head and loss: a language
+        model (fused_cross_entropy, fused_head on) trained or evaluated with
+        cross-entropy on next-token labels shaped like its tokens."""
+        return (self._loss_type == LossType.CROSS_ENTROPY and y is not None
+                and y.dtype == np.int32 and x.dtype == np.int32 and y.shape == x.shape
+                and bool(getattr(self.model, "fused_head", False))
+                and callable(getattr(self.model, "fused_cross_entropy", None)))
+
+    def _fused_head_loss(self, x, y, backward):
+        """(loss, pred, ncorrect, nlabelled) of the model's fused head and loss:
+        no logits are kept (ctx.outputs is None), the masked positions'
+        predictions are -1; the head's gradient is in place when backward."""
+        rows = x.size
+        if self._fused_pred is None or self._fused_pred.shape[0] != rows:
+            self._fused_pred = np.empty(rows, dtype=np.int32)
+        pred = self._fused_pred
+        period = self._opt_period
+        inv_period = F32(1) / F32(period)
+        with gemm.products_in(self._precision):
+            loss = F32(self.model.fused_cross_entropy(x, y, grad_scale=inv_period,
+                                                      backward=backward, pred=pred))
+        if period > 1:
+            loss = F32(loss * inv_period)
+        if not math.isfinite(loss):
+            raise FloatingPointError(
+                f"eval: the loss is {float(loss)} (iteration {self.iter}, physical batch "
+                f"{self.opt_i + 1}/{self._opt_period} of the logical batch)"
+                f"{_nonfinite_cause(x, y, None)}; not training on")
+        labels = y.reshape(-1)
+        labelled = labels >= 0   # a masked position's prediction is -1, as its label
+        ncorrect = int(np.count_nonzero((pred == labels) & labelled))
+        return loss, pred, ncorrect, int(np.count_nonzero(labelled))
+
+    def _outputs_and_loss(self, x, y, batch, backward):
+        """(outputs, d loss / d outputs or None, loss, pred, ncorrect, nlabelled)
+        of model.forward and the loss on its outputs."""
+        with gemm.products_in(self._precision):
+            out = self._check_outputs(self.model.forward(x), batch)
+        by_class = y is not None and y.dtype == np.int32
+        if y is not None and not by_class and y.shape != out.shape:
+            raise ValueError(f"labels: expected shape {out.shape} like the model's outputs, "
+                             f"got {y.shape}")
+        if by_class and y.size * out.shape[-1] != out.size:
+            raise ValueError(f"labels: expected class indices of shape {out.shape[:-1]} (one per "
+                             f"row of the model's outputs {out.shape}), got {y.shape}")
+        bufs = self._batch_buffers
+        if bufs is None or bufs[0] != batch or bufs[1].shape != out.shape:
+            self._make_batch_buffers(out.shape)
+            bufs = self._batch_buffers
+        assert bufs is not None
+        _, grad, pred, label_arg = bufs
+        loss = self._loss(out, y, grad if backward else None)
+        if not math.isfinite(loss):
+            raise FloatingPointError(
+                f"eval: the loss is {float(loss)} (iteration {self.iter}, physical batch "
+                f"{self.opt_i + 1}/{self._opt_period} of the logical batch)"
+                f"{_nonfinite_cause(x, y, out)}; not training on")
+        ncorrect = nlabelled = None
+        if self._loss_type == LossType.CROSS_ENTROPY:
+            rows = out.reshape(-1, out.shape[-1])
+            kernels.argmax_rows(rows, out=pred)
+            if by_class:  # a masked position (-1) never equals a prediction
+                labelled = y.reshape(-1)
+                ncorrect = kernels.count_equal(pred, labelled)
+                nlabelled = labelled.size - int(np.count_nonzero(labelled < 0))
+            else:
+                kernels.argmax_rows(y.reshape(rows.shape), out=label_arg)
+                ncorrect = kernels.count_equal(pred, label_arg)
+                nlabelled = pred.size
+        return out, grad if backward else None, loss, pred, ncorrect, nlabelled
 
     def _loss(self, out, labels, grad):
         """The float32 loss as ggml computes it; grad (if given) receives d loss / d out."""

@@ -26,8 +26,9 @@ import sys
 
 import numpy as np
 
-__all__ = ["ENGINES", "PRECISIONS", "bf16_active", "bf16_support", "check_precision", "engine",
-           "matmul", "matmul_bf16", "mkl_library", "products_in", "use_engine"]
+__all__ = ["ENGINES", "PRECISIONS", "accumulates_in_place", "bf16_active", "bf16_support",
+           "check_precision", "engine", "matmul", "matmul_bf16", "mkl_library", "products_in",
+           "use_engine"]
 
 ENGINES = ("numpy", "mkl")
 
@@ -85,6 +86,40 @@ def _find_mkl():
 
 _mkl: _Mkl | None = None
 _mkl_error: str | None = None
+
+
+def _numpy_cblas_sgemm():
+    """The cblas_sgemm of the OpenBLAS NumPy's wheels bundle (already loaded with
+    NumPy: the same library and threads), typed for its integer width; None when
+    NumPy links another BLAS.  It accumulates (beta = 1) where np.matmul cannot
+    without a temporary the size of the result."""
+    folder = os.path.dirname(os.path.dirname(np.__file__))
+    paths = sorted(glob.glob(os.path.join(folder, "numpy.libs", "libscipy_openblas*"))
+                   + glob.glob(os.path.join(folder, "numpy", ".dylibs", "libscipy_openblas*")))
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+        except OSError:
+            continue
+        for name, dim in (("scipy_cblas_sgemm64_", ctypes.c_int64),
+                          ("scipy_cblas_sgemm", ctypes.c_int)):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_int] * 3 + [dim] * 3 + [
+                    ctypes.c_float, ctypes.c_void_p, dim, ctypes.c_void_p, dim, ctypes.c_float,
+                    ctypes.c_void_p, dim]
+                fn.restype = None
+                return fn
+    return None
+
+
+_numpy_sgemm = _numpy_cblas_sgemm()
+
+
+def accumulates_in_place() -> bool:
+    """Whether matmul(..., accumulate=True) adds into out without a temporary (MKL,
+    or the CBLAS of NumPy's own OpenBLAS)."""
+    return (_engine == "mkl" and _mkl is not None) or _numpy_sgemm is not None
 
 
 def _load_mkl():
@@ -202,6 +237,10 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = Fal
         if _call(_mkl.sgemm, a2, b, out2, accumulate):
             return out
     if accumulate:
+        if _numpy_sgemm is not None and a.ndim == b.ndim == out.ndim == 2 \
+                and a.dtype == b.dtype == out.dtype == np.float32 \
+                and _call(_numpy_sgemm, a, b, out, True):
+            return out
         out += a @ b
         return out
     return np.matmul(a, b, out=out)

@@ -72,6 +72,26 @@ def test_float32_product_accumulates(engine, rng, m, k, n):
     assert_product_close(out, a.astype(np.float64), b.astype(np.float64), base.astype(np.float64))
 
 
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+def test_accumulating_needs_no_temporary_where_the_blas_adds_in_place(engine, rng, ta, tb):
+    """NumPy's bundled OpenBLAS (or MKL) adds into out (beta = 1): no array the
+    size of out is made, and the sum is right (a gradient accumulated over a
+    vocabulary-sized matrix would otherwise cost a second copy of it)."""
+    import tracemalloc
+    if not gemm.accumulates_in_place():
+        pytest.skip("NumPy links a BLAS whose CBLAS ggmlopt does not find")
+    m, k, n = 300, 7, 500
+    a, b = operand(rng, m, k, ta), operand(rng, k, n, tb)
+    base = rng.standard_normal((m, n), dtype=F32)
+    out = base.copy()
+    tracemalloc.start()
+    gemm.matmul(a, b, out, accumulate=True)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < out.nbytes // 4
+    assert_product_close(out, a.astype(np.float64), b.astype(np.float64), base.astype(np.float64))
+
+
 def test_float32_product_into_rows_of_a_wider_array(engine, rng):
     # out with a row stride (a column block of a wider matrix) and empty inner length
     a, b = rng.standard_normal((9, 11), dtype=F32), rng.standard_normal((11, 6), dtype=F32)

@@ -13,6 +13,7 @@ from ..nn.module import Module, grads_ready
 from ..nn.parameter import Parameter
 from ..nn.positions import split_documents
 from ..nn.recompute import checkpointed_backward, checkpointed_forward
+from ._fused_head import head_loss
 
 __all__ = ["CausalLM", "KVCache", "PreNormBlock", "normal_init"]
 
@@ -264,6 +265,7 @@ class CausalLM(Module):
         document and restart its positions: each document's logits are those
         it has alone."""
         tokens, pos = self._tokens(tokens, packed=True)
+        self._head_loss = None
         h = self._hidden(tokens, 0 if pos is None else pos)
         b, t, d = h.shape
         rows = h.reshape(b * t, d)
@@ -276,8 +278,51 @@ class CausalLM(Module):
         self._rows, self._b, self._t = rows, b, t
         return logits.reshape(b, t, self.config.vocab_size)
 
+    # ---- the head and its loss fused, chunk by chunk (ggmlopt.models._fused_head) -----
+
+    # an OptContext training this model with cross-entropy on next-token labels runs
+    # fused_cross_entropy instead of forward + loss + backward(grad_logits); set False
+    # on a model (or its class) for the full logits in ctx.outputs
+    fused_head = True
+
+    def fused_cross_entropy(self, tokens, labels, *, grad_scale=1.0, backward=True,
+                            pred=None):
+        """The forward pass and the masked cross-entropy of next-token labels
+        (int32 (batch, T), -1: masked) with the output head run chunk by chunk:
+        the (batch * T, vocab_size) logits never exist whole, and the masked
+        positions cost no head product.  Returns the float32 loss, the mean over
+        the labelled positions (0 when none is; NaN, with nothing changed, when
+        not finite), as kernels.cross_entropy(logits, labels, ignore_index=-1)
+        of the full logits gives it.  backward: the head's parameters get their
+        gradient (times grad_scale) now, and ``backward(None)`` then runs the
+        rest of the model.  pred: int32 (batch * T,) receiving each labelled
+        position's argmax and -1 on the masked ones."""
+        tokens, pos = self._tokens(tokens, packed=True)
+        labels = np.asarray(labels)
+        if labels.dtype != np.int32 or labels.shape != tokens.shape:
+            raise ValueError(f"labels: expected int32 next-token labels of shape "
+                             f"{tokens.shape} like tokens, got {labels.dtype} {labels.shape}")
+        h = self._hidden(tokens, 0 if pos is None else pos)
+        b, t, d = h.shape
+        loss, self._head_loss = head_loss(self, h.reshape(b * t, d), labels.reshape(-1),
+                                          grad_scale=grad_scale, backward=backward, pred=pred)
+        self._rows, self._b, self._t = None, b, t
+        return np.float32(loss)
+
     def backward(self, grad_logits):
-        """grad_logits: float32 (batch, T, vocab_size) like the last output."""
+        """grad_logits: float32 (batch, T, vocab_size) like the last output; or
+        None after fused_cross_entropy(backward=True), whose head gradient is in
+        place: the rest of the model's backward."""
+        if grad_logits is None:
+            fused = getattr(self, "_head_loss", None)
+            if fused is None or fused.grad_rows is None:
+                raise RuntimeError("backward(None): call fused_cross_entropy(backward=True) "
+                                   "first")
+            self._head_loss = None
+            if self.lm_head is not None:
+                grads_ready(self.lm_head)  # the gradient-ready hook: the head is done
+            self._hidden_backward(fused.grad_rows.reshape(self._b, self._t, -1))
+            return
         rows = getattr(self, "_rows", None)
         if rows is None:
             raise RuntimeError("backward: call forward first")

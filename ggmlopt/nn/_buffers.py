@@ -5,6 +5,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import gemm
+
 if TYPE_CHECKING:
     from .parameter import Parameter
 
@@ -59,6 +61,20 @@ def trains(param: Parameter | None) -> bool:
     """Whether a layer computes param's gradient: it exists and is not frozen
     (``requires_grad`` False; parameters without the attribute train)."""
     return param is not None and getattr(param, "requires_grad", True)
+
+
+def add_product(param: Parameter, a: np.ndarray, b: np.ndarray, scratch_owner, key) -> None:
+    """param.grad += a @ b (written when the gradient is known to be zero): added
+    by the BLAS in place where the engine can (gemm.accumulates_in_place), with
+    no temporary the size of the gradient; else through add_into's scratch."""
+    if not getattr(param, "requires_grad", True):
+        return
+    if param.grad_is_zero or not gemm.accumulates_in_place():
+        add_into(param, lambda out: gemm.matmul(a, b, out), scratch_owner, key)
+        return
+    grad = param.grad
+    assert grad is not None
+    gemm.matmul(a, b, grad, accumulate=True)
 
 
 def add_into(param: Parameter, compute, scratch_owner, key):

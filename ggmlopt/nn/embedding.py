@@ -5,6 +5,7 @@ import numpy as np
 
 from .. import gemm, kernels_embedding
 from ._bf16 import add_product_bf16, bf16_copy
+from ._buffers import add_product
 from ._lm_args import check_size, trains
 from .init import initializing
 from .module import Module
@@ -54,6 +55,7 @@ class Embedding(Module):
         self._shape = None
         self._ids = None
         self._have_ids = False
+        self._scratch = {}   # add_product's, where the BLAS cannot accumulate in place
 
     def _check_ids(self, ids):
         if not isinstance(ids, np.ndarray):
@@ -129,12 +131,7 @@ class Embedding(Module):
             add_product_bf16(w, g16.T, self._h16)
             return dh
         dh = g @ w.data
-        if trains(w):
-            if w.grad_is_zero:
-                np.matmul(g.T, rows, out=w.grad)
-            else:
-                w.grad += g.T @ rows
-            w.grad_is_zero = False
+        add_product(w, g.T, rows, self, "weight")
         return dh
 
     def __repr__(self):

@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import gemm, kernels
 from ._bf16 import add_product_bf16, bf16_copy
-from ._buffers import add_into, as_rows, rows2d, trains
+from ._buffers import add_into, add_product, as_rows, rows2d, trains
 from .init import initializing, kaiming_uniform
 from .module import Module
 from .parameter import Parameter
@@ -184,7 +184,7 @@ class Linear(Module):
         """Add x^T g into weight.grad and the column sums of g into bias.grad."""
         x = rows2d(self._x)
         if self.weight is not None:   # None: an adapter over a QuantizedLinear
-                add_into(self.weight, lambda out: gemm.matmul(x.T, g, out), self, "weight")
+                add_product(self.weight, x.T, g, self, "weight")
         if self.bias is not None:
             ones = self._ones
             add_into(self.bias, lambda out: gemm.matmul(ones, g, out), self, "bias")

@@ -1,0 +1,145 @@
+"""The output head and the cross-entropy of a language model in training, chunk by
+chunk of rows, so the (rows, vocab) logits and their gradient never exist whole.
+
+For each chunk of labelled rows: the chunk's logits through the head (its own
+Linear, or the tied embedding), their masked cross-entropy and its gradient
+(one kernel), the predictions, then the head's backward on that gradient: the
+head's weight gradient gets the chunk's share and the rows' gradient is kept.
+Rows labelled -1 cost no head product at all: in supervised fine-tuning most
+positions are the prompt.  Two chunk buffers of at most CHUNK_BYTES each
+(logits, gradient) are the head's whole working memory at any vocabulary and
+length.
+
+The loss is the mean over the labelled rows, scaled as OptContext scales it,
+equal to the unfused kernel's on the whole logits up to float32 rounding.  An
+OptContext raises on a non-finite loss before any gradient changes; here the
+head's gradient changes chunk by chunk, so a head that trains is first shown
+to give finite logits (finite hidden rows and weights whose norms cannot
+overflow a product); failing that, a first pass computes the loss alone.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import kernels
+from ..nn._buffers import trains
+from ..nn.embedding import Embedding
+from ..nn.linear import Linear
+
+__all__ = ["CHUNK_BYTES", "HeadLoss", "head_loss"]
+
+CHUNK_BYTES = 32 << 20
+# a product of norms below this cannot overflow float32 (max 3.4e38) in a dot product
+_SAFE_PRODUCT = 1e37
+
+
+class HeadLoss:
+    """What a fused head pass leaves for the model's backward: d loss / d
+    hidden rows (rows, dim), zero on the unlabelled rows (None without backward)."""
+
+    __slots__ = ("grad_rows",)
+
+    def __init__(self, grad_rows):
+        self.grad_rows = grad_rows
+
+
+def _head_trains(model) -> bool:
+    head = model.lm_head if model.lm_head is not None else model._embedding
+    return any(trains(p) for p in head.parameters())
+
+
+def _max_norm(a: np.ndarray, axis: int) -> float:
+    """The largest L2 norm along axis (in float64, chunked: no full temporary)."""
+    best = 0.0
+    n = a.shape[1 - axis]
+    step = max(1, (4 << 20) // max(1, a.shape[axis] * 4))
+    for s in range(0, n, step):
+        part = a[:, s:s + step] if axis == 0 else a[s:s + step]
+        sq = np.einsum("ij,ij->j" if axis == 0 else "ij,ij->i", part, part, dtype=np.float64)
+        best = max(best, float(sq.max(initial=0.0)))
+    return math.sqrt(best)
+
+
+def _finite_by_bound(model, rows: np.ndarray) -> bool:
+    """Whether every logit of rows through a head that trains is surely finite:
+    Cauchy-Schwarz on the rows' and the weight's norms (a plain Linear head or a
+    tied float embedding; any other head that trains is not shown finite)."""
+    head = model.lm_head
+    if head is None:
+        if type(model._embedding) is not Embedding:
+            return False
+        w, axis, bias = model._embedding.weight.data, 1, None
+    elif type(head) is Linear:
+        w, axis, bias = head.weight.data, 0, head.bias
+    else:
+        return False
+    bound = _max_norm(rows, 1) * _max_norm(w, axis)
+    if bias is not None:
+        bound += float(np.abs(bias.data).max(initial=0.0))
+    return math.isfinite(bound) and bound < _SAFE_PRODUCT
+
+
+def head_loss(model, hidden_rows: np.ndarray, labels: np.ndarray, *, grad_scale: float,
+              backward: bool, pred: np.ndarray | None) -> tuple[float, HeadLoss]:
+    """(loss, HeadLoss) of hidden_rows (rows, dim) and labels (rows,) int32 (-1:
+    masked) through model's head: the float32 mean over the labelled rows (0
+    when none is; NaN, with nothing changed, when it is not finite); with
+    backward the head's parameters get their gradient (times grad_scale) and
+    HeadLoss the rows' gradient.  pred (rows,) int32: each labelled row's
+    argmax, -1 on the masked rows."""
+    labelled = np.flatnonzero(labels >= 0)
+    n = labelled.size
+    if pred is not None:
+        pred.fill(-1)
+    grad_rows = np.zeros(hidden_rows.shape, np.float32) if backward else None
+    result = HeadLoss(grad_rows)
+    if n == 0:
+        return 0.0, result
+    h = np.ascontiguousarray(hidden_rows[labelled])
+    y = np.ascontiguousarray(labels[labelled])
+    if not np.isfinite(h).all():
+        return float("nan"), result
+    if backward and _head_trains(model) and not _finite_by_bound(model, h):
+        # the gradient changes chunk by chunk: know the loss is finite first
+        loss = _chunks(model, h, y, labelled, grad_scale)
+        if not math.isfinite(loss):
+            return loss, result
+    return _chunks(model, h, y, labelled, grad_scale, grad_rows, pred), result
+
+
+def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> float:
+    """The chunk loop over the labelled rows h (n, dim): the loss, the
+    predictions into pred, and with grad_rows (rows, dim) the head's backward
+    into its parameters and the rows' gradient."""
+    vocab = model.config.vocab_size
+    n = h.shape[0]
+    step = max(1, CHUNK_BYTES // (4 * vocab))
+    with_grads = grad_rows is not None
+    gbuf = np.empty((min(step, n), vocab), np.float32) if with_grads else None
+    lbuf = np.empty((min(step, n), vocab), np.float32) if model.lm_head is None else None
+    total = 0.0
+    for s in range(0, n, step):
+        hc, yc = h[s:s + step], y[s:s + step]
+        m = hc.shape[0]
+        if model.lm_head is not None:
+            logits = model.lm_head.forward(hc)
+        else:
+            logits = model._embedding.project(hc, out=lbuf[:m])
+        g = gbuf[:m] if with_grads else None
+        # the chunk's mean times m / n: its share of the mean over every labelled row
+        part = float(kernels.cross_entropy(logits, yc, g, grad_scale=grad_scale * m / n))
+        if not math.isfinite(part):
+            return part
+        total += part * m
+        if pred is not None:
+            pred[labelled[s:s + m]] = kernels.argmax_rows(logits)
+        if with_grads:
+            if model.lm_head is not None:
+                model.lm_head.needs_input_grad = True
+                dh = model.lm_head.backward(g)
+            else:
+                dh = model._embedding.project_backward(g, hc)
+            grad_rows[labelled[s:s + m]] = dh
+    return float(np.float32(total / n))

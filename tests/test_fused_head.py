@@ -1,0 +1,160 @@
+"""The language models' fused, chunked head and cross-entropy in an OptContext:
+the loss, every gradient, the accuracy and the Result statistics those of the
+full logits; the masked positions cost no head product; the full logits never
+exist; a non-finite loss still changes nothing."""
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt import lora
+from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig, _fused_head
+
+V = 211
+LLAMA = {"vocab_size": V, "dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+         "ffn_dim": 48, "max_seq_len": 64}
+MODELS = {
+    "llama": lambda: Llama(LlamaConfig(**LLAMA), seed=1),
+    "llama-tied": lambda: Llama(LlamaConfig(**LLAMA, tie_embeddings=True), seed=2),
+    "gpt2": lambda: GPT2(GPT2Config(vocab_size=V, dim=32, n_layers=2, n_heads=4,
+                                    max_seq_len=64), seed=3),
+    "llama-lora": lambda: _lora(Llama(LlamaConfig(**LLAMA), seed=4), ()),
+    "llama-lora-on-the-head": lambda: _lora(Llama(LlamaConfig(**LLAMA), seed=5),
+                                            ("q_proj", "v_proj", "lm_head")),
+    "llama-tied-lora": lambda: _lora(Llama(LlamaConfig(**LLAMA, tie_embeddings=True),
+                                           seed=6), ()),
+}
+
+
+def _lora(model, targets):
+    lora.apply(model, rank=4, seed=0, **({"targets": targets} if targets else {}))
+    for _, layer in lora.named_adapters(model):     # B = 0 would test nothing
+        layer.lora_b.data[...] = np.random.default_rng(1).normal(0, 0.1, layer.lora_b.shape)
+    return model
+
+
+def _batch(seed, b=3, t=29, masked=0.6):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, V, (b, t)).astype(np.int32)
+    y = rng.integers(0, V, (b, t)).astype(np.int32)
+    y[rng.random((b, t)) < masked] = -1
+    return x, y
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 5 rows, so every case runs several and a ragged last one."""
+    monkeypatch.setattr(_fused_head, "CHUNK_BYTES", 5 * 4 * V)
+
+
+def _run(model, fused, batches, opt_period=1):
+    """Loss, the gradients of the step, predictions and Result statistics."""
+    model.fused_head = fused
+    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32,
+                        opt_period=opt_period)
+    res = go.Result()
+    losses, preds = [], []
+    for x, y in batches:
+        ctx.alloc(True)
+        ctx.eval(res, inputs=x, labels=y)
+        losses.append(float(ctx.loss))
+        preds.append(ctx.pred.copy())
+    grads = [ctx.grad_acc(p).copy() for p in ctx.parameters()]
+    return losses, grads, preds, (res.loss(), res.accuracy(), res.nlabelled), ctx
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("opt_period", [1, 2])
+def test_fused_head_equals_the_full_logits(name, opt_period, small_chunks):
+    batches = [_batch(s) for s in range(opt_period)]
+    fused = _run(MODELS[name](), True, batches, opt_period)
+    full = _run(MODELS[name](), False, batches, opt_period)
+    assert fused[4].outputs is None and full[4].outputs.shape == (3, 29, V)
+    np.testing.assert_allclose(fused[0], full[0], rtol=1e-6)
+    scale = max(np.abs(g).max() for g in full[1])
+    for a, b in zip(fused[1], full[1]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * scale)
+    for (x, y), pf, pu in zip(batches, fused[2], full[2]):
+        lab = y.reshape(-1) >= 0
+        np.testing.assert_array_equal(pf[lab], pu[lab])
+        assert (pf[~lab] == -1).all()      # masked positions get no logits, no prediction
+    (lf, uf), (af, auf), nf = fused[3]
+    (lu, uu), (au, auu), nu = full[3]
+    assert nf == nu and af == au and auf == auu
+    np.testing.assert_allclose(lf, lu, rtol=1e-6)
+    # the uncertainty is a spread of the per-eval losses: their rounding, absolutely
+    np.testing.assert_allclose(uf, uu, rtol=0, atol=1e-5 * lu)   # (nan with one eval)
+
+
+def test_masked_positions_cost_no_head_product(small_chunks):
+    model = MODELS["llama"]()
+    rows = []
+    forward = model.lm_head.forward
+    model.lm_head.forward = lambda h: rows.append(h.shape[0]) or forward(h)
+    x, y = _batch(7)
+    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32)
+    ctx.alloc(True)
+    ctx.eval(None, inputs=x, labels=y)
+    assert sum(rows) == int((y >= 0).sum()) and max(rows) == 5
+
+
+def test_the_full_logits_never_exist():
+    """A 32000-token vocabulary at 4 x 256 positions: 125 MiB of logits (and as
+    much of their gradient) unfused; the fused step's peak stays far below."""
+    vocab, b, t = 32000, 4, 256
+    model = Llama(LlamaConfig(vocab_size=vocab, dim=16, n_layers=1, n_heads=2, ffn_dim=16,
+                              max_seq_len=t, tie_embeddings=True), seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, vocab, (b, t)).astype(np.int32)
+    y = rng.integers(0, vocab, (b, t)).astype(np.int32)
+    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32)
+    full_logits = b * t * vocab * 4
+    peaks = []
+    for _ in range(2):   # the second step: every lasting buffer exists already
+        tracemalloc.start()
+        ctx.alloc(True)
+        ctx.eval(None, inputs=x, labels=y)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[-1] < 2 * _fused_head.CHUNK_BYTES + full_logits // 8
+    assert 2 * _fused_head.CHUNK_BYTES <= 64 << 20    # the head's bound at any vocabulary
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-tied", "llama-lora-on-the-head"])
+def test_a_non_finite_head_changes_nothing(name):
+    model = MODELS[name]()
+    x, y = _batch(3)
+    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32,
+                        opt_period=2)
+    ctx.alloc(True)
+    ctx.eval(None, inputs=x, labels=y)     # a first micro-batch: gradients accumulated
+    head = model.embed_tokens.weight if model.lm_head is None else \
+        (model.lm_head.base.weight if hasattr(model.lm_head, "base") else model.lm_head.weight)
+    head.data[3, 5] = np.inf if name != "llama-tied" else np.nan
+    before = [ctx.grad_acc(p).copy() for p in ctx.parameters()]
+    weights = [p.data.copy() for p in ctx.parameters()]
+    ctx.alloc(True)
+    with pytest.raises(FloatingPointError, match="the loss is"):
+        ctx.eval(None, inputs=x, labels=y)
+    for p, g, w in zip(ctx.parameters(), before, weights):
+        np.testing.assert_array_equal(ctx.grad_acc(p), g)
+        np.testing.assert_array_equal(p.data, w)
+
+
+def test_fit_trains_the_same_fused_or_not():
+    x, y = _batch(11, b=8)
+    runs = []
+    for fused in (True, False):
+        ds = go.Dataset.from_arrays(x, y)   # its own: fit shuffles it
+        model = MODELS["llama-tied"]()
+        model.fused_head = fused
+        hist = go.fit(model, ds, "cross_entropy", nepoch=3, nbatch_logical=4, silent=True,
+                      seed=0)
+        runs.append((hist, [p.data.copy() for p in model.parameters()]))
+    (h0, w0), (h1, w1) = runs
+    np.testing.assert_allclose([e.train_loss for e in h0], [e.train_loss for e in h1],
+                               rtol=1e-5)
+    assert [e.train_accuracy for e in h0] == [e.train_accuracy for e in h1]
+    for a, b in zip(w0, w1):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
