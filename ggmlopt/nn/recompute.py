@@ -28,9 +28,9 @@ def release_buffers(block) -> None:
         for key, value in list(state.items()):
             if not key.startswith("_") or key in kept:
                 continue
+            # a tuple holding any array (a layer's saved tensors with their positions)
             if isinstance(value, np.ndarray) or (
-                    isinstance(value, tuple) and value
-                    and all(isinstance(v, np.ndarray) for v in value)):
+                    isinstance(value, tuple) and any(isinstance(v, np.ndarray) for v in value)):
                 state[key] = None
         # the markers the layers compare to rebuild their buffers
         if "_shape" in state:
