@@ -5,7 +5,11 @@ in a fresh process (ru_maxrss), as a multiple of the model's float32 weights.
     python bench/memory_peaks.py --small    # a quick run on a stories15M-sized model
 
 Cases: ``build`` (Llama(config)), ``generate`` (build, then 16 greedy tokens),
-``load_gguf`` (a float32 GGUF written beforehand, read back), ``evaluate``.
+``load_gguf`` (a float32 GGUF written beforehand, read back), ``evaluate``;
+training (two AdamW steps, the peak beside ``memory_report``'s estimate):
+``train-256`` (full fine-tune, 1 x 256), ``train-2048-ckpt`` (1 x 2048 with
+activation checkpointing), and with ``--large`` ``lora-1b-ckpt`` (LoRA q/k/v/o
+rank 8 over a Llama-3.2-1B-shaped float32 model, 1 x 1024, checkpointing).
 """
 from __future__ import annotations
 
@@ -19,6 +23,11 @@ import tempfile
 
 SMOLLM2_135M = {"vocab_size": 49152, "dim": 576, "n_layers": 30, "n_heads": 9, "n_kv_heads": 3,
                 "ffn_dim": 1536, "max_seq_len": 2048, "tie_embeddings": True}
+LLAMA_3_2_1B = {"vocab_size": 128256, "dim": 2048, "n_layers": 16, "n_heads": 32,
+                "n_kv_heads": 8, "ffn_dim": 8192, "max_seq_len": 2048, "tie_embeddings": True,
+                "rope_base": 500000.0}
+TRAIN = {"train-256": (256, False, False), "train-2048-ckpt": (2048, True, False),
+         "lora-1b-ckpt": (1024, True, True)}
 SMALL = {"vocab_size": 32000, "dim": 288, "n_layers": 6, "n_heads": 6, "ffn_dim": 768,
          "max_seq_len": 256, "tie_embeddings": True}
 
@@ -28,6 +37,8 @@ def _case(name: str, cfg: dict, path: str) -> dict:
 
     import ggmlopt as go
     from ggmlopt.models import Llama, LlamaConfig
+    if name in TRAIN:
+        return _train_case(name, cfg)
     if name == "load_gguf":
         from ggmlopt.io import load_gguf
         model, _ = load_gguf(path)
@@ -44,9 +55,38 @@ def _case(name: str, cfg: dict, path: str) -> dict:
             "ratio": peak / weights}
 
 
+def _train_case(name: str, cfg: dict) -> dict:
+    import numpy as np
+
+    import ggmlopt as go
+    from ggmlopt import lora
+    from ggmlopt.models import Llama, LlamaConfig
+    t, checkpointing, adapters = TRAIN[name]
+    if adapters:
+        cfg = LLAMA_3_2_1B
+    model = Llama(LlamaConfig(**{**cfg, "max_seq_len": max(t, cfg["max_seq_len"])}), seed=0)
+    if adapters:
+        lora.apply(model, rank=8, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    report = go.memory_report(model, 1, t)
+    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32)
+    tokens = np.random.default_rng(0).integers(0, cfg["vocab_size"], (1, t + 1))
+    tokens = tokens.astype(np.int32)
+    for _ in range(2):
+        ctx.alloc(True)
+        ctx.eval(None, inputs=tokens[:, :-1], labels=tokens[:, 1:])
+    weights = sum(p.data.nbytes for p in model.parameters())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"case": name, "weights_mib": weights / 2**20, "peak_mib": peak / 2**20,
+            "ratio": peak / weights, "estimate_mib": report.total / 2**20}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--large", action="store_true",
+                    help="also the LoRA case over a Llama-3.2-1B shape (about 6 GiB)")
     ap.add_argument("--case")
     ap.add_argument("--cfg")
     ap.add_argument("--path")
@@ -64,13 +104,17 @@ def main() -> None:
             "cfg = json.loads(sys.argv[1]); cfg['vocab_size'] = 257; "
             "save_gguf(Llama(LlamaConfig(**cfg)), sys.argv[2], tokenizer=ByteTokenizer())"),
             json.dumps(cfg), path], check=True)
-        for case in ("build", "generate", "evaluate", "load_gguf"):
+        cases = ["build", "generate", "evaluate", "load_gguf", "train-256", "train-2048-ckpt"]
+        for case in cases + (["lora-1b-ckpt"] if args.large else []):
             out = subprocess.run([sys.executable, __file__, "--case", case, "--cfg",
                                   json.dumps(cfg), "--path", path], check=True,
                                  capture_output=True, text=True).stdout
             r = json.loads(out)
-            print(f"{r['case']:10s} weights {r['weights_mib']:7.1f} MiB  peak "
-                  f"{r['peak_mib']:7.1f} MiB  {r['ratio']:.2f}x")
+            estimate = (f"  memory_report {r['estimate_mib']:7.1f} MiB "
+                        f"({r['estimate_mib'] / r['peak_mib'] - 1:+.1%})"
+                        if "estimate_mib" in r else "")
+            print(f"{r['case']:16s} weights {r['weights_mib']:7.1f} MiB  peak "
+                  f"{r['peak_mib']:7.1f} MiB  {r['ratio']:.2f}x{estimate}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from .dataset import Dataset
 from .inference import evaluate, predict
 from .kernels import get_num_threads, set_num_threads, simd_info
 from .lm import chat, generate
+from .memory_estimate import MemoryReport, memory_report
 from .optim_params import (
     AdamWParams,
     BuildType,
@@ -58,6 +59,7 @@ __all__ = [
                            "EvalStats",
                            "History",
                            "LossType",
+                           "MemoryReport",
                            "OptContext",
                            "OptimizerParams",
                            "OptimizerType",
@@ -81,6 +83,7 @@ __all__ = [
                            "io",
                            "lm",
                            "lora",
+                           "memory_report",
                            "models",
                            "nn",
                            "predict",

@@ -156,6 +156,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     if comm is not None:
         silent = silent or comm.Get_rank() != 0  # rank 0 alone prints
     plan.check_schedule(get_opt_pars, optimizer)
+    _check_memory(model, dataset, plan, optimizer, silent)
     data = dataset.data
     ckpt = None
     if checkpoint is not None:
@@ -223,6 +224,25 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         sys.stderr.write(f"fit: training took {format_hms(time_us() - t_start_us)}\n")
         sys.stderr.flush()
     return history
+
+
+def _check_memory(model, dataset, plan, optimizer, silent):
+    """For a language model: the memory estimate of its training (printed unless
+    silent), and MemoryError naming the ways out, before anything is allocated,
+    when the machine cannot hold it."""
+    from .memory_estimate import check_fits, memory_report
+    from .models import CausalLM
+    if not isinstance(model, CausalLM) or dataset.data.shape[1] > model.config.max_seq_len:
+        return   # the context's own checks speak for a window the model cannot take
+    labels = getattr(dataset, "labels", None)
+    share = 1.0 if labels is None or labels.dtype != np.int32 else \
+        float(np.count_nonzero(labels >= 0)) / max(1, labels.size)
+    report = memory_report(model, plan.nbatch_physical, dataset.data.shape[1],
+                           optimizer="sgd" if optimizer == OptimizerType.SGD else "adamw",
+                           labelled=share)
+    if not silent:
+        sys.stderr.write(f"fit: {report}\n")
+    check_fits(report)
 
 
 def _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer):

@@ -117,8 +117,9 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
     n = h.shape[0]
     step = max(1, CHUNK_BYTES // (4 * vocab))
     with_grads = grad_rows is not None
-    gbuf = np.empty((min(step, n), vocab), np.float32) if with_grads else None
-    lbuf = np.empty((min(step, n), vocab), np.float32) if model.lm_head is None else None
+    rows = min(step, n)
+    gbuf = np.empty((rows if with_grads else 0, vocab), np.float32)
+    lbuf = np.empty((rows if model.lm_head is None else 0, vocab), np.float32)
     total = 0.0
     for s in range(0, n, step):
         hc, yc = h[s:s + step], y[s:s + step]

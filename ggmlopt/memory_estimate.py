@@ -1,0 +1,235 @@
+"""How much memory training a language model will take, before anything is
+allocated: ``memory_report(model, batch_size, n_ctx)``.
+
+The parts, in bytes:
+
+- weights: every float parameter's data, and the bytes of the layers kept in a
+  file's types (a quantized base read in place);
+- gradients: one float32 per trainable element (frozen ones have none);
+- optimizer state: AdamW's two moments per trainable element (SGD: none);
+- activations: what the layers keep between their forward and backward
+  passes and the buffers their backward writes, per token, from the buffers
+  ggmlopt's layers allocate (each layer's output and input gradient, the
+  attention's outputs and gradients, the MLP's intermediates); with
+  activation checkpointing each block's input plus one block's buffers;
+- head: the fused head's two chunk buffers (logits and their gradient, at most
+  ``ggmlopt.models._fused_head.CHUNK_BYTES`` each) and the hidden rows it reads
+  and writes;
+- runtime: the interpreter, NumPy and the BLAS's thread buffers (a constant).
+
+The total is the peak, not the sum of the parts: the head's buffers live only
+between the forward and the backward pass, so with checkpointing (where the
+blocks then hold only their inputs) the peak holds the larger of the head and
+one block's buffers.
+
+The figures follow ggmlopt's own buffers, so they are what a step holds at
+its peak: the estimate is checked against the measured peak RSS of whole runs
+(bench/memory_peaks.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from ._args import int_arg
+
+__all__ = ["MemoryReport", "available_memory", "memory_report"]
+
+F32 = 4
+# the interpreter, NumPy, ggmlopt's modules and OpenBLAS's per-thread buffers, measured
+# as the peak RSS of a training step less its arrays (bench/memory_peaks.py)
+RUNTIME_BYTES = 80 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """Bytes of each part of a training step's peak (see ggmlopt.memory_estimate)."""
+
+    weights: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    head: int
+    runtime: int
+    total: int
+    """The estimated peak resident memory of training, in bytes."""
+    batch_size: int
+    n_ctx: int
+    checkpointing: bool
+
+    def __str__(self) -> str:
+        rows = [("weights", self.weights), ("gradients", self.gradients),
+                ("optimizer state", self.optimizer_state),
+                ("activations" + (" (checkpointed)" if self.checkpointing else ""),
+                 self.activations),
+                ("head (fused, chunked)", self.head), ("runtime", self.runtime),
+                ("total (the peak)", self.total)]
+        head = f"memory for training at batch {self.batch_size} x {self.n_ctx} tokens:"
+        return "\n".join([head] + [f"  {name:28s} {_mib(n):>10}" for name, n in rows])
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def available_memory() -> int | None:
+    """Bytes the system can still give this process (Linux's MemAvailable), or
+    None where it is not known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def resident_memory() -> int | None:
+    """This process's resident memory now, in bytes (Linux), or None."""
+    try:
+        with open(f"/proc/{os.getpid()}/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# ---- activations: ggmlopt's buffers per token ---------------------------------------------
+
+def _floats_per_token(module) -> int:
+    """Float32 values module and its sub-modules hold per token of a training step
+    (forward outputs kept for the backward pass, and backward buffers)."""
+    from .lora import LoRALinear
+    from .models._causal_lm import PreNormBlock
+    from .models.phi3 import Phi3Attention, Phi3MLP
+    from .nn.activation import GELU
+    from .nn.attention import CausalSelfAttention, GPT2Attention
+    from .nn.linear import Linear
+    from .nn.mlp import GPT2MLP, SwiGLU
+    from .nn.norm import LayerNorm, RMSNorm
+    from .nn.quantized import QuantizedLinear
+
+    if isinstance(module, LoRALinear):
+        # the output and input gradient, the adapter's path (rank wide) and its input
+        # gradient; the base is read through, no buffer of its own
+        return module.out_features + 2 * module.in_features + 3 * module.rank
+    if isinstance(module, (Linear, QuantizedLinear)):
+        return module.out_features + module.in_features
+    if isinstance(module, (RMSNorm, LayerNorm)):
+        return 2 * module.dim + 2
+    if isinstance(module, GELU):
+        return 0   # sized by the caller (GPT2MLP)
+    if isinstance(module, CausalSelfAttention):
+        q, kv = module.n_heads * module.head_dim, module.n_kv_heads * module.head_dim
+        own = 2 * q + 2 * kv + module.dim + module.n_heads   # o, dq|dk|dv, dx, lse
+        if module.q_norm is not None:   # one row per head of each token
+            own += (module.n_heads + module.n_kv_heads) * (2 * module.head_dim + 2)
+        return own + sum(_floats_per_token(p) for p in (module.q_proj, module.k_proj,
+                                                        module.v_proj, module.o_proj))
+    if isinstance(module, Phi3Attention):
+        q, kv = module.q_width, module.kv_width
+        # q, k, v copies, o, their gradients, the fused gradient, lse
+        own = 2 * (q + 2 * kv) + q + (q + 2 * kv) + module.n_heads
+        return own + _floats_per_token(module.qkv_proj) + _floats_per_token(module.o_proj)
+    if isinstance(module, GPT2Attention):
+        own = module.dim + module.n_heads + 3 * module.dim   # o, lse, dqkv
+        return own + _floats_per_token(module.c_attn) + _floats_per_token(module.c_proj)
+    if isinstance(module, SwiGLU):
+        return 3 * module.hidden + module.dim + sum(
+            _floats_per_token(p) for p in (module.gate_proj, module.up_proj, module.down_proj))
+    if isinstance(module, Phi3MLP):
+        # gate and up copies, their product, the gradients and their concatenation
+        return 6 * module.hidden + _floats_per_token(module.gate_up_proj) + \
+            _floats_per_token(module.down_proj)
+    if isinstance(module, GPT2MLP):
+        return 2 * module.hidden + module.dim + _floats_per_token(module.c_fc) + \
+            _floats_per_token(module.c_proj)
+    if isinstance(module, PreNormBlock):
+        dim = module._parts()[0].dim
+        return 4 * dim + sum(_floats_per_token(p) for p in module._parts())
+    return 0
+
+
+def _parameter_bytes(model) -> tuple[int, int]:
+    """(bytes of every weight, float elements that train)."""
+    from .nn.module import modules
+    from .nn.quantized import QuantizedEmbedding, QuantizedLinear
+    weights = trainable = 0
+    for _, p in model.named_parameters():
+        weights += p.data.nbytes
+        if getattr(p, "requires_grad", True):
+            trainable += p.data.size
+    for m in modules(model):
+        if isinstance(m, (QuantizedLinear, QuantizedEmbedding)):
+            weights += int(m.nbytes)
+    return weights, trainable
+
+
+def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: str = "adamw",
+                  checkpointing: bool | None = None, labelled: float = 1.0) -> MemoryReport:
+    """The memory training model (a ggmlopt language model) takes at its peak:
+    batch_size windows of n_ctx tokens a physical batch, AdamW (optimizer
+    "adamw") or SGD ("sgd") over the parameters that train now (after
+    lora.apply: the adapters), activation checkpointing as the model has it
+    (or as checkpointing says).  labelled: the share of positions with a label
+    (the fused head skips the others).  Returns a MemoryReport (bytes per part,
+    ``total``; ``print(report)`` shows a table)."""
+    from .models._causal_lm import CausalLM
+    from .models._fused_head import CHUNK_BYTES
+    if not isinstance(model, CausalLM):
+        raise TypeError(f"model: expected a ggmlopt language model (ggmlopt.models), got "
+                        f"{type(model).__name__}")
+    lm: Any = model   # a family's: config, layers (GPT-2: h)
+    batch_size = int_arg(batch_size, "batch_size", 1)
+    n_ctx = int_arg(n_ctx, "n_ctx", 1)
+    if n_ctx > lm.config.max_seq_len:
+        raise ValueError(f"n_ctx: {n_ctx} is more than the model's max_seq_len "
+                         f"{lm.config.max_seq_len}")
+    if optimizer not in ("adamw", "sgd"):
+        raise ValueError(f"optimizer: expected 'adamw' or 'sgd', got {optimizer!r}")
+    if isinstance(labelled, bool) or not isinstance(labelled, (int, float)) \
+            or not 0.0 <= labelled <= 1.0:
+        raise ValueError(f"labelled: expected a share in [0, 1], got {labelled!r}")
+    if checkpointing is None:
+        checkpointing = lm.is_gradient_checkpointing
+    weights, trainable = _parameter_bytes(lm)
+    tokens = batch_size * n_ctx
+    dim = lm.config.dim
+    blocks = list(lm.layers if hasattr(lm, "layers") else lm.h)
+    per_block = [_floats_per_token(b) for b in blocks]
+    # the embedding's output, the final norm, the hidden rows' gradient
+    outside = (dim + 2 * dim + 2 + dim) * tokens * F32
+    rows = max(1, round(labelled * tokens))
+    chunk = min(CHUNK_BYTES, rows * lm.config.vocab_size * F32)
+    head = 2 * chunk + 2 * rows * dim * F32
+    if checkpointing:   # every block's input kept; one block's buffers, or the head's
+        one_block = max(per_block, default=0) * tokens * F32
+        activations = len(blocks) * dim * tokens * F32 + one_block + outside
+        transient = len(blocks) * dim * tokens * F32 + outside + max(one_block, head)
+    else:
+        activations = sum(per_block) * tokens * F32 + outside
+        transient = activations + head
+    gradients = trainable * F32
+    state = 2 * trainable * F32 if optimizer == "adamw" else 0
+    return MemoryReport(weights=weights, gradients=gradients, optimizer_state=state,
+                        activations=activations, head=head, runtime=RUNTIME_BYTES,
+                        total=weights + gradients + state + RUNTIME_BYTES + transient,
+                        batch_size=batch_size, n_ctx=n_ctx, checkpointing=bool(checkpointing))
+
+
+def check_fits(report: MemoryReport) -> None:
+    """MemoryError, naming the ways out, when report's total exceeds what this
+    process holds now plus what the system can still give it."""
+    free, held = available_memory(), resident_memory()
+    if free is None or held is None or report.total <= free + held:
+        return
+    raise MemoryError(
+        f"training needs about {_mib(report.total)} (weights {_mib(report.weights)}, "
+        f"gradients {_mib(report.gradients)}, optimizer state "
+        f"{_mib(report.optimizer_state)}, activations {_mib(report.activations)}), more than "
+        f"the {_mib(free + held)} this machine has for it; train LoRA adapters "
+        "(ggmlopt.lora.apply), turn on activation checkpointing "
+        "(model.gradient_checkpointing_enable()), use a smaller physical batch "
+        "(nbatch_physical) or shorter windows, or keep a GGUF base in its types "
+        "(load_gguf(path, keep_types=True))")

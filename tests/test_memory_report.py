@@ -1,0 +1,110 @@
+"""memory_report: the parts of a training step's memory, within 15% of the peak
+RSS a fresh process measures; fit prints it and refuses, before allocating
+anything, a run the machine cannot hold."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt import lora, memory_estimate
+from ggmlopt.models import Llama, LlamaConfig
+
+SMALL = {"vocab_size": 300, "dim": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2,
+         "ffn_dim": 48, "max_seq_len": 128}
+
+
+def test_the_parts_add_up_and_follow_what_trains():
+    model = Llama(LlamaConfig(**SMALL), seed=0)
+    n = sum(p.data.size for p in model.parameters())
+    full = go.memory_report(model, 2, 64)
+    assert full.weights == 4 * n and full.gradients == 4 * n
+    assert full.optimizer_state == 8 * n
+    assert full.total == (full.weights + full.gradients + full.optimizer_state
+                          + full.activations + full.head + full.runtime)
+    # with checkpointing the head's buffers and one block's are not live together
+    ck = go.memory_report(model, 2, 64, checkpointing=True)
+    assert ck.total < (ck.weights + ck.gradients + ck.optimizer_state + ck.activations
+                       + ck.head + ck.runtime)
+    assert go.memory_report(model, 2, 64, optimizer="sgd").optimizer_state == 0
+    assert go.memory_report(model, 4, 64).activations == 2 * full.activations
+    ckpt = go.memory_report(model, 2, 64, checkpointing=True)
+    assert ckpt.activations < full.activations and ckpt.checkpointing
+    # the fused head reads labelled rows only
+    assert go.memory_report(model, 2, 64, labelled=0.25).head < full.head
+    lora.apply(model, rank=4)
+    adapters = sum(p.data.size for p in model.parameters() if p.requires_grad)
+    tuned = go.memory_report(model, 2, 64)
+    assert tuned.gradients == 4 * adapters and tuned.optimizer_state == 8 * adapters
+    assert "total" in str(tuned) and "MiB" in str(tuned)
+    for bad, kind in (({"batch_size": 0}, ValueError), ({"n_ctx": 129}, ValueError),
+                      ({"optimizer": "adam"}, ValueError), ({"labelled": 2.0}, ValueError)):
+        with pytest.raises(kind):
+            go.memory_report(model, **{"batch_size": 2, "n_ctx": 64, **bad})
+    with pytest.raises(TypeError, match="language model"):
+        go.memory_report(go.nn.Linear(3, 4), 1, 8)
+
+
+PEAK = """
+import json, resource, sys
+import numpy as np
+import ggmlopt as go
+from ggmlopt import lora
+from ggmlopt.models import Llama, LlamaConfig
+cfg, b, t, how = json.loads(sys.argv[1])
+model = Llama(LlamaConfig(**cfg), seed=0)
+if how == "lora":
+    lora.apply(model, rank=8, targets="all-linear")
+if how == "checkpointing":
+    model.gradient_checkpointing_enable()
+report = go.memory_report(model, b, t)
+ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32)
+tokens = np.random.default_rng(0).integers(0, cfg["vocab_size"], (b, t + 1)).astype(np.int32)
+for _ in range(2):
+    ctx.alloc(True)
+    ctx.eval(None, inputs=tokens[:, :-1], labels=tokens[:, 1:])
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps([report.total, peak]))
+"""
+MEDIUM = {"vocab_size": 16000, "dim": 384, "n_layers": 6, "n_heads": 6, "n_kv_heads": 2,
+          "ffn_dim": 1024, "max_seq_len": 1024, "tie_embeddings": True}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB: Linux")
+@pytest.mark.parametrize("b,t,how", [(2, 256, "full"), (1, 1024, "checkpointing"),
+                                     (2, 512, "lora")])
+def test_the_estimate_is_within_15_percent_of_the_measured_peak(b, t, how):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", PEAK, json.dumps([MEDIUM, b, t, how])],
+                         capture_output=True, text=True, cwd=root, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"}).stdout
+    estimate, peak = json.loads(out.strip().splitlines()[-1])
+    assert abs(estimate - peak) <= 0.15 * peak, (estimate / 2**20, peak / 2**20)
+
+
+def _windows(n=4, t=32, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, SMALL["vocab_size"], (n, t)).astype(np.int32)
+    return go.Dataset.from_arrays(x, np.roll(x, -1, axis=1))
+
+
+def test_fit_prints_the_estimate(capsys):
+    go.fit(Llama(LlamaConfig(**SMALL), seed=0), _windows(), "cross_entropy",
+           nbatch_logical=2, silent=False)
+    assert "memory for training at batch 2 x 32 tokens" in capsys.readouterr().err
+
+
+def test_fit_refuses_what_the_machine_cannot_hold_before_allocating(monkeypatch):
+    model = Llama(LlamaConfig(**SMALL), seed=0)
+    weights = [p.data.copy() for p in model.parameters()]
+    monkeypatch.setattr(memory_estimate, "available_memory", lambda: 1 << 20)
+    monkeypatch.setattr(memory_estimate, "resident_memory", lambda: 1 << 20)
+    with pytest.raises(MemoryError, match=r"lora.apply.*gradient_checkpointing_enable.*"
+                                          r"nbatch_physical.*keep_types=True"):
+        go.fit(model, _windows(), "cross_entropy", nbatch_logical=2, silent=True)
+    for p, w in zip(model.parameters(), weights):
+        np.testing.assert_array_equal(p.data, w)
+        assert p._grad is None   # no gradient was made
