@@ -127,9 +127,7 @@ def test_lora_adapts_the_fused_projections_and_checkpointing_keeps_the_bits():
 
 def test_what_is_not_implemented_is_refused(tmp_path):
     pytest.importorskip("safetensors")
-    pytest.importorskip("gguf")
-    from ggmlopt.io import load_hf, save_gguf, save_hf
-    from ggmlopt.text import ByteTokenizer
+    from ggmlopt.io import load_hf, save_hf
     model = Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2), seed=0)
     save_hf(model, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -140,6 +138,32 @@ def test_what_is_not_implemented_is_refused(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
         with pytest.raises(ValueError, match=match):
             load_hf(tmp_path)
-    with pytest.raises(ValueError, match="Phi-3"):
-        save_gguf(model, tmp_path / "p.gguf", tokenizer=ByteTokenizer())
-    assert not (tmp_path / "p.gguf").exists()
+
+
+
+def test_a_gguf_round_trip_keeps_the_fused_weights_and_the_window(tmp_path):
+    """llama.cpp's phi3 layout (attn_qkv, ffn_up = gate | up, no q/k permutation),
+    read back bit for bit, the window in phi3.attention.sliding_window (which
+    llama.cpp ignores: saving warns when it is active)."""
+    pytest.importorskip("gguf")
+    from ggmlopt.io import load_gguf, save_gguf
+    from ggmlopt.io.gguf_reader import GgufFile
+    from ggmlopt.text import ByteTokenizer
+    for window in (None, 6):
+        model = Phi3(Phi3Config(vocab_size=257, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                ffn_dim=40, max_seq_len=64, sliding_window=window,
+                                original_max_seq_len=32), seed=2)
+        path = tmp_path / f"phi3-{window}.gguf"
+        if window is None:
+            save_gguf(model, path, tokenizer=ByteTokenizer())
+        else:
+            with pytest.warns(UserWarning, match="llama.cpp's phi3 ignores the sliding window"):
+                save_gguf(model, path, tokenizer=ByteTokenizer())
+        f = GgufFile(str(path))
+        assert f.fields["general.architecture"] == "phi3"
+        assert "blk.0.attn_qkv.weight" in f.tensors and "blk.1.ffn_up.weight" in f.tensors
+        assert "blk.0.attn_q.weight" not in f.tensors
+        back, _ = load_gguf(path)
+        assert isinstance(back, Phi3) and back.config == model.config
+        for (name, p), (_, q) in zip(model.named_parameters(), back.named_parameters()):
+            np.testing.assert_array_equal(p.data, q.data, err_msg=name)

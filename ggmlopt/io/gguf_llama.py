@@ -30,6 +30,7 @@ from ..models import (
     LlamaConfig,
     MistralConfig,
     Phi3,
+    Phi3Config,
     Qwen2,
     Qwen2Config,
     Qwen3,
@@ -56,21 +57,20 @@ LLAMA_ARCH = "llama"
 QWEN2_ARCH = "qwen2"
 QWEN3_ARCH = "qwen3"
 SMOLLM3_ARCH = "smollm3"
+PHI3_ARCH = "phi3"
 # llama.cpp's architectures of the Llama family: general.architecture -> (model class,
 # its config class); whether llama.cpp permutes the q/k rows is the config's
 # llama_cpp_permutes_qk
 _ARCHS = {LLAMA_ARCH: (Llama, LlamaConfig), QWEN2_ARCH: (Qwen2, Qwen2Config),
-          QWEN3_ARCH: (Qwen3, Qwen3Config), SMOLLM3_ARCH: (SmolLM3, SmolLM3Config)}
+          QWEN3_ARCH: (Qwen3, Qwen3Config), SMOLLM3_ARCH: (SmolLM3, SmolLM3Config),
+          PHI3_ARCH: (Phi3, Phi3Config)}
 LLAMA_FAMILY = frozenset(_ARCHS)
 
 
 def arch_of(model) -> str:
-    """llama.cpp's general.architecture for a Llama-family model (ValueError for
-    a family whose llama.cpp layout is not written yet)."""
+    """llama.cpp's general.architecture for a Llama-family model."""
     if isinstance(model, Phi3):
-        raise ValueError("model: a Phi-3's GGUF (llama.cpp's phi3, its fused tensors) is not "  # noqa: TRY004
-                         "written yet; save_hf keeps it, and llama.cpp's convert_hf_to_gguf.py "
-                         "turns that into a GGUF")
+        return PHI3_ARCH
     if isinstance(model, Qwen3):
         return QWEN3_ARCH
     if isinstance(model, SmolLM3):
@@ -82,7 +82,7 @@ _EOT = "<|endoftext|>"
 _TOKEN_NORMAL, _TOKEN_CONTROL = 1, 3  # llama.cpp's LLAMA_TOKEN_TYPE_NORMAL / _CONTROL
 # keys save_llama_gguf writes; metadata may not set them
 _RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "qwen2.", "qwen3.",
-                      "smollm3.",
+                      "smollm3.", "phi3.",
                       "tokenizer.",
                       "GGUF.")
 
@@ -271,7 +271,13 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
         # has no biases: rather than a file the two read differently, none
         raise ValueError("model: a Llama with q/k/v biases (qkv_bias) is not written as "
                          "llama.cpp's llama; use a Qwen2 (its qwen2 architecture) or save_hf")
-    if isinstance(cfg, MistralConfig):   # llama.cpp runs a Mistral as its llama architecture
+    if isinstance(cfg, Phi3Config):
+        if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
+            warnings.warn(f"model: llama.cpp's phi3 ignores the sliding window (it attends to "
+                          f"every key): beyond {cfg.sliding_window} tokens its logits differ "
+                          "from this model's; the window is written for readers that keep it",
+                          UserWarning, stacklevel=3)
+    elif isinstance(cfg, MistralConfig):   # llama.cpp runs a Mistral as its llama architecture
         if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
             raise ValueError(f"model: llama.cpp's llama architecture (a Mistral's GGUF) has no "
                              f"sliding window; this Mistral attends over {cfg.sliding_window} "
@@ -321,6 +327,11 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
                     writer.add_float32(key, value)
             writer.add_key_length(cfg.head_dim)
             writer.add_value_length(cfg.head_dim)
+            if isinstance(cfg, Phi3Config):   # as convert_hf_to_gguf writes a Phi-3's
+                writer.add_uint32(f"{arch}.rope.scaling.original_context_length",
+                                  cfg.original_max_seq_len)
+                if cfg.sliding_window is not None:
+                    writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
             writer.add_tokenizer_model(tok["model"])
             writer.add_tokenizer_pre(tok["pre"])
             writer.add_token_list(tok["tokens"])
@@ -390,6 +401,9 @@ _ARCH_KEYS = frozenset({
     "rope.dimension_count", "vocab_size", "expert_count", "expert_used_count",
     "rope.scaling.type", "rope.scaling.factor",
 })
+# what convert_hf_to_gguf writes for a Phi-3 besides (its window, LongRoPE's original
+# context, which only LongRoPE reads: its rope_factors tensors are refused)
+_PHI3_KEYS = frozenset({"attention.sliding_window", "rope.scaling.original_context_length"})
 
 
 def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
@@ -407,8 +421,9 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
                              "not supported")
         return value
 
+    known = _ARCH_KEYS | (_PHI3_KEYS if arch == PHI3_ARCH else frozenset())
     unknown = sorted(k for k in fields if k.startswith(arch + ".")
-                     and k[len(arch) + 1:] not in _ARCH_KEYS)
+                     and k[len(arch) + 1:] not in known)
     if unknown:
         # a key that changes the model and is dropped gives another model without a word
         raise ValueError(f"{where}: keys {unknown} are not implemented by ggmlopt's {arch}; "
@@ -454,6 +469,11 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
                          "or token_embd.weight)")
     config_class = _ARCHS[arch][1]
     given: dict[str, Any] = {"head_dim": head_dim} if head_dim_given else {}
+    if arch == PHI3_ARCH:
+        window = key("attention.sliding_window", 0, required=False)
+        given["sliding_window"] = int(window) if window else None
+        given["original_max_seq_len"] = key("rope.scaling.original_context_length",
+                                            key("context_length"), required=False)
     try:
         return config_class(
             vocab_size=vocab, dim=dim, n_layers=key("block_count"), n_heads=n_heads,
@@ -632,16 +652,22 @@ def _parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
     biases = config.qkv_bias   # Qwen2's, after each weight as Linear names them
     norms = [("self_attn.q_norm.weight", (config.head_dim,)),
              ("self_attn.k_norm.weight", (config.head_dim,))] if config.qk_norm else []
-    layer: list[tuple[str, tuple[int, ...]]] = [
-        ("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, q)),
-        *([("self_attn.q_proj.bias", (q,))] if biases else []),
-        ("self_attn.k_proj.weight", (d, kv)),
-        *([("self_attn.k_proj.bias", (kv,))] if biases else []),
-        ("self_attn.v_proj.weight", (d, kv)),
-        *([("self_attn.v_proj.bias", (kv,))] if biases else []),
-        ("self_attn.o_proj.weight", (q, d)), *norms, ("post_attention_layernorm.weight", (d,)),
-        ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
-        ("mlp.down_proj.weight", (f, d))]
+    if isinstance(config, Phi3Config):   # q | k | v and gate | up fused
+        layer: list[tuple[str, tuple[int, ...]]] = [
+            ("input_layernorm.weight", (d,)), ("self_attn.qkv_proj.weight", (d, q + 2 * kv)),
+            ("self_attn.o_proj.weight", (q, d)), ("post_attention_layernorm.weight", (d,)),
+            ("mlp.gate_up_proj.weight", (d, 2 * f)), ("mlp.down_proj.weight", (f, d))]
+    else:
+        layer = [
+            ("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, q)),
+            *([("self_attn.q_proj.bias", (q,))] if biases else []),
+            ("self_attn.k_proj.weight", (d, kv)),
+            *([("self_attn.k_proj.bias", (kv,))] if biases else []),
+            ("self_attn.v_proj.weight", (d, kv)),
+            *([("self_attn.v_proj.bias", (kv,))] if biases else []),
+            ("self_attn.o_proj.weight", (q, d)), *norms, ("post_attention_layernorm.weight", (d,)),
+            ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
+            ("mlp.down_proj.weight", (f, d))]
     shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (v, d))]
     for i in range(config.n_layers):
         shapes += [(f"layers.{i}.{name}", shape) for name, shape in layer]

@@ -199,8 +199,8 @@ def _check_header(fields, path, arch):
     return alpha
 
 
-def _pairs(tensors: dict[str, np.ndarray],
-           path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _pairs(tensors: dict[str, np.ndarray], path: str,
+           arch: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{module name: (lora_a (rank, in), lora_b (out, rank))} from the file's
     tensors, in the file's order."""
     halves: dict[str, dict[str, np.ndarray]] = {}
@@ -216,7 +216,7 @@ def _pairs(tensors: dict[str, np.ndarray],
                              "(<weight>.lora_a / .lora_b)")
         base = tname[:-len(suffix)]
         try:
-            weight = hf_name(base)
+            weight = hf_name(base, arch)
         except KeyError:
             raise ValueError(f"path: {path!r} adapts {base!r}, not a weight of a Llama") \
                 from None
@@ -262,8 +262,9 @@ def load_gguf_lora(path, model, *, dropout=0.0
     config = _llama_config(model)
     path = input_path(path)
     gguf = _gguf()
-    alpha, tensors = _read(path, gguf, arch_of(model))
-    pairs = _pairs(tensors, path)
+    arch = arch_of(model)
+    alpha, tensors = _read(path, gguf, arch)
+    pairs = _pairs(tensors, path, arch)
     linears = {name: (parent, key, layer) for name, parent, key, layer in _adaptable(model)}
     existing = {name for name, (_, _, layer) in linears.items() if isinstance(layer, ADAPTERS)}
     if existing and existing != set(pairs):

@@ -41,12 +41,20 @@ _LAYER_NAMES = {
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
+# Phi-3's fused projections (llama.cpp's phi3 architecture): one tensor for q | k | v,
+# one for gate | up
+_PHI3_NAMES = {
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+}
 _GLOBAL_NAMES = {
     "embed_tokens.weight": "token_embd.weight",
     "norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
 _LAYER_NAMES_BACK = {v: k for k, v in _LAYER_NAMES.items()}
+# ffn_up is a phi3's gate | up: its reverse mapping is that architecture's
+_PHI3_NAMES_BACK = {**_LAYER_NAMES_BACK, **{v: k for k, v in _PHI3_NAMES.items()}}
 _GLOBAL_NAMES_BACK = {v: k for k, v in _GLOBAL_NAMES.items()}
 _HF_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 _GGUF_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
@@ -59,19 +67,24 @@ def gguf_name(name: str) -> str:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     match = _HF_LAYER.fullmatch(name)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"blk.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    if match:
+        suffix = match.group(2)
+        gguf = _LAYER_NAMES.get(suffix) or _PHI3_NAMES.get(suffix)
+        if gguf is not None:
+            return f"blk.{match.group(1)}.{gguf}"
     raise KeyError(f"{name!r} is not a parameter name of a Llama")
 
 
-def hf_name(name: str) -> str:
+def hf_name(name: str, arch: str = "llama") -> str:
     """The Llama parameter name of a llama.cpp tensor name (the inverse of
-    gguf_name); KeyError for a tensor a Llama does not have."""
+    gguf_name) in architecture arch ("phi3": its fused attn_qkv and ffn_up);
+    KeyError for a tensor a Llama does not have."""
     if name in _GLOBAL_NAMES_BACK:
         return _GLOBAL_NAMES_BACK[name]
+    back = _PHI3_NAMES_BACK if arch == "phi3" else _LAYER_NAMES_BACK
     match = _GGUF_LAYER.fullmatch(name)
-    if match and match.group(2) in _LAYER_NAMES_BACK:
-        return f"layers.{match.group(1)}.{_LAYER_NAMES_BACK[match.group(2)]}"
+    if match and match.group(2) in back:
+        return f"layers.{match.group(1)}.{back[match.group(2)]}"
     raise KeyError(f"{name!r} is not a tensor name of a llama-architecture GGUF")
 
 

@@ -12,6 +12,7 @@ are refused by the checkpoint reader.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 
@@ -41,6 +42,7 @@ class Phi3Config(MistralConfig):
     max_seq_len: int = 4096
     norm_eps: float = 1e-5
     original_max_seq_len: int = 4096
+    llama_cpp_permutes_qk: ClassVar[bool] = False   # llama.cpp's phi3 rotates NeoX's halves
 
 
 class Phi3Attention(Module):

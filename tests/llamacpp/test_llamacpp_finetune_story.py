@@ -20,6 +20,8 @@ from ggmlopt.models import (
     LlamaConfig,
     Mistral,
     MistralConfig,
+    Phi3,
+    Phi3Config,
     Qwen2,
     Qwen2Config,
     Qwen3,
@@ -55,6 +57,9 @@ FAMILIES = {
     "smollm3": (lambda v: SmolLM3(SmolLM3Config(vocab_size=v, tie_embeddings=True,
                                                 **{**SHAPE, "n_layers": 4}), seed=0),
                 "llama-bpe", "meta-llama-Llama-3.2-3B-Instruct", {}),
+    # fused q | k | v and gate | up; Phi-3's own SentencePiece vocabulary
+    "phi3": (lambda v: Phi3(Phi3Config(vocab_size=v, **SHAPE), seed=0),
+             "phi-3", "microsoft-Phi-3.5-mini-instruct", {}),
     # a SentencePiece vocabulary (Llama 2's, as Mistral 7B's first releases)
     "mistral": (lambda v: Mistral(MistralConfig(vocab_size=v, **SHAPE), seed=0),
                 "llama-spm", "mistralai-Mistral-Nemo-Instruct-2407", {}),

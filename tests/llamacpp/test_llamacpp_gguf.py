@@ -330,6 +330,23 @@ def test_a_smollm3_file_gives_llama_cpp_our_logits(tmp_path):
     assert relative_error(our_logits(model, ids), want) < 1e-4
 
 
+def test_a_phi3_file_gives_llama_cpp_our_logits(tmp_path):
+    # llama.cpp's phi3: fused attn_qkv and ffn_up (gate | up), NeoX rotation
+    from ggmlopt.models import Phi3, Phi3Config
+    model = Phi3(Phi3Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                            ffn_dim=96, max_seq_len=N_CTX), seed=0)
+    rng = np.random.default_rng(6)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 2:
+            p.data *= 8.0
+        else:
+            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    save_gguf(model, tmp_path / "phi3.gguf", tokenizer=ByteTokenizer())
+    ids = ByteTokenizer().encode(TEXT)[:N_CTX]
+    want = llama_cpp_logits(open_llama(tmp_path / "phi3.gguf"), ids)
+    assert relative_error(our_logits(model, ids), want) < 1e-4
+
+
 def test_a_qwen2_file_gives_llama_cpp_our_logits(tmp_path):
     from ggmlopt.models import Qwen2, Qwen2Config
     model = Qwen2(Qwen2Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
