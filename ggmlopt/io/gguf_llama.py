@@ -43,10 +43,11 @@ from ..nn.init import skip_init
 from ..nn.module import get_submodule, set_submodule
 from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
 from ..nn.rope_scaling import RopeScaling
-from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
+from ..text import ByteTokenizer
 from ._files import atomic_output, input_path, output_path
 from ._gguf_common import dtype_arg, metadata_items, refuse_adapter_file, stored
 from ._gguf_length import gguf_truncation
+from ._gguf_tokenizer import BYTE_MERGES, BYTE_PRE, add_tokenizer, byte_vocabulary, tokenizer_keys
 from .gguf_reader import GgufFile
 from .llama_names import gguf_name, permute_qk, unpermute_qk
 
@@ -76,24 +77,13 @@ def arch_of(model) -> str:
     if isinstance(model, SmolLM3):
         return SMOLLM3_ARCH
     return QWEN2_ARCH if isinstance(model, Qwen2) else LLAMA_ARCH
-BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pre-tokenizer
-_BYTE_PRE = "gpt-2"
-_EOT = "<|endoftext|>"
-_TOKEN_NORMAL, _TOKEN_CONTROL = 1, 3  # llama.cpp's LLAMA_TOKEN_TYPE_NORMAL / _CONTROL
+
+
 # keys save_llama_gguf writes; metadata may not set them
 _RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "qwen2.", "qwen3.",
                       "smollm3.", "phi3.",
                       "tokenizer.",
                       "GGUF.")
-
-
-_BYTE_STRINGS = GPT2_BYTE_STRINGS
-
-
-def byte_vocabulary() -> list[str]:
-    """ByteTokenizer's tokens as a byte-level BPE vocabulary stores them: 257 str,
-    GPT-2's byte-to-unicode string of bytes 0..255, then ``<|endoftext|>``."""
-    return [*_BYTE_STRINGS, _EOT]
 
 
 def _gguf():
@@ -102,44 +92,6 @@ def _gguf():
 
 
 # ---- writing ----
-
-def _tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
-    """The tokenizer.ggml.* values for tokenizer (ByteTokenizer, BPETokenizer or
-    SPMTokenizer)."""
-    from ..spm import SPMTokenizer
-    from ..text import BPETokenizer
-    if isinstance(tokenizer, ByteTokenizer):
-        tokens = byte_vocabulary()
-        keys: dict[str, Any] = {
-            "model": "gpt2", "pre": _BYTE_PRE, "tokens": tokens,
-            "types": [_TOKEN_NORMAL] * 256 + [_TOKEN_CONTROL], "merges": list(BYTE_MERGES),
-            "bos": tokenizer.eos_id, "eos": tokenizer.eos_id, "add_bos": False}
-    elif isinstance(tokenizer, BPETokenizer):
-        tokens = list(tokenizer.tokens)
-        keys = {"model": "gpt2", "pre": tokenizer.pre, "tokens": tokens,
-                "types": list(tokenizer.token_types), "merges": list(tokenizer.merges),
-                "bos": tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id,
-                "eos": tokenizer.eos_id, "add_bos": tokenizer.add_bos,
-                "eot": tokenizer.eot_id, "eom": tokenizer.eom_id}
-        if not keys["merges"]:
-            raise ValueError("tokenizer: a gpt2-type vocabulary needs at least one merge "
-                             "(llama.cpp refuses one without)")
-    elif isinstance(tokenizer, SPMTokenizer):
-        # llama.cpp's llama-type (SentencePiece) vocabulary: pieces with scores, no merges
-        tokens = list(tokenizer.tokens)
-        keys = {"model": "llama", "pre": "default", "tokens": tokens,
-                "types": list(tokenizer.token_types), "scores": list(tokenizer.scores),
-                "bos": tokenizer.bos_id, "eos": tokenizer.eos_id, "unk": tokenizer.unk_id,
-                "add_bos": tokenizer.add_bos, "add_space_prefix": tokenizer.add_space_prefix,
-                "eot": tokenizer.eot_id, "eom": tokenizer.eom_id}
-    else:
-        raise TypeError(f"tokenizer: expected a ggmlopt.text.ByteTokenizer, BPETokenizer or "
-                        f"SPMTokenizer, got {type(tokenizer).__name__}")
-    if len(tokens) != vocab_size:
-        raise ValueError(f"tokenizer: it has {len(tokens)} tokens but the model's vocab_size is "
-                         f"{vocab_size}; llama.cpp needs them equal")
-    return keys
-
 
 def _kv_heads(config: LlamaConfig) -> int:
     n = config.n_kv_heads
@@ -259,7 +211,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     dtype = _save_dtype_arg(dtype)
     path = output_path(path)
     cfg = model.config
-    tok = _tokenizer_keys(tokenizer, cfg.vocab_size)
+    tok = tokenizer_keys(tokenizer, cfg.vocab_size)
     gguf = _gguf()
     items = metadata_items(metadata, gguf)
     for key, _, _ in items:
@@ -332,26 +284,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
                                   cfg.original_max_seq_len)
                 if cfg.sliding_window is not None:
                     writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
-            writer.add_tokenizer_model(tok["model"])
-            writer.add_tokenizer_pre(tok["pre"])
-            writer.add_token_list(tok["tokens"])
-            writer.add_token_types(tok["types"])
-            if "merges" in tok:
-                writer.add_token_merges(tok["merges"])
-            if "scores" in tok:
-                writer.add_token_scores(tok["scores"])
-                writer.add_add_space_prefix(tok["add_space_prefix"])
-            for which, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
-                               ("unk", writer.add_unk_token_id)):
-                if tok.get(which) is not None:
-                    add(tok[which])
-            writer.add_add_bos_token(tok["add_bos"])
-            writer.add_add_eos_token(False)
-            for which in ("eot", "eom"):
-                if tok.get(which) is not None:
-                    writer.add_uint32(f"tokenizer.ggml.{which}_token_id", tok[which])
-            if getattr(tokenizer, "chat_template", None):
-                writer.add_string("tokenizer.chat_template", tokenizer.chat_template)
+            add_tokenizer(writer, tok, tokenizer)
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
             for tensor_name, array, raw_dtype in arrays:
@@ -681,7 +614,7 @@ def _is_byte_vocabulary(fields: dict[str, Any]) -> bool:
     return (fields.get("tokenizer.ggml.model") == "gpt2"
             and fields.get("tokenizer.ggml.tokens") == byte_vocabulary()
             and fields.get("tokenizer.ggml.merges") == list(BYTE_MERGES)
-            and fields.get("tokenizer.ggml.pre") == _BYTE_PRE
+            and fields.get("tokenizer.ggml.pre") == BYTE_PRE
             and not fields.get("tokenizer.ggml.add_bos_token", False))
 
 

@@ -1,0 +1,83 @@
+"""A tokenizer as llama.cpp's GGUF keys hold it (tokenizer.ggml.*): what every
+architecture's writer (gguf_llama, gguf_gpt2) puts in its file."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
+
+__all__ = ["BYTE_MERGES", "BYTE_PRE", "add_tokenizer", "byte_vocabulary", "tokenizer_keys"]
+
+BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pre-tokenizer
+BYTE_PRE = "gpt-2"
+_EOT = "<|endoftext|>"
+TOKEN_NORMAL, TOKEN_CONTROL = 1, 3  # llama.cpp's LLAMA_TOKEN_TYPE_NORMAL / _CONTROL
+
+
+def byte_vocabulary() -> list[str]:
+    """ByteTokenizer's tokens as a byte-level BPE vocabulary stores them: 257 str,
+    GPT-2's byte-to-unicode string of bytes 0..255, then ``<|endoftext|>``."""
+    return [*GPT2_BYTE_STRINGS, _EOT]
+
+
+def tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
+    """The tokenizer.ggml.* values for tokenizer (ByteTokenizer, BPETokenizer or
+    SPMTokenizer)."""
+    from ..spm import SPMTokenizer
+    from ..text import BPETokenizer
+    if isinstance(tokenizer, ByteTokenizer):
+        tokens = byte_vocabulary()
+        keys: dict[str, Any] = {
+            "model": "gpt2", "pre": BYTE_PRE, "tokens": tokens,
+            "types": [TOKEN_NORMAL] * 256 + [TOKEN_CONTROL], "merges": list(BYTE_MERGES),
+            "bos": tokenizer.eos_id, "eos": tokenizer.eos_id, "add_bos": False}
+    elif isinstance(tokenizer, BPETokenizer):
+        tokens = list(tokenizer.tokens)
+        keys = {"model": "gpt2", "pre": tokenizer.pre, "tokens": tokens,
+                "types": list(tokenizer.token_types), "merges": list(tokenizer.merges),
+                "bos": tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id,
+                "eos": tokenizer.eos_id, "add_bos": tokenizer.add_bos,
+                "eot": tokenizer.eot_id, "eom": tokenizer.eom_id}
+        if not keys["merges"]:
+            raise ValueError("tokenizer: a gpt2-type vocabulary needs at least one merge "
+                             "(llama.cpp refuses one without)")
+    elif isinstance(tokenizer, SPMTokenizer):
+        # llama.cpp's llama-type (SentencePiece) vocabulary: pieces with scores, no merges
+        tokens = list(tokenizer.tokens)
+        keys = {"model": "llama", "pre": "default", "tokens": tokens,
+                "types": list(tokenizer.token_types), "scores": list(tokenizer.scores),
+                "bos": tokenizer.bos_id, "eos": tokenizer.eos_id, "unk": tokenizer.unk_id,
+                "add_bos": tokenizer.add_bos, "add_space_prefix": tokenizer.add_space_prefix,
+                "eot": tokenizer.eot_id, "eom": tokenizer.eom_id}
+    else:
+        raise TypeError(f"tokenizer: expected a ggmlopt.text.ByteTokenizer, BPETokenizer or "
+                        f"SPMTokenizer, got {type(tokenizer).__name__}")
+    if len(tokens) != vocab_size:
+        raise ValueError(f"tokenizer: it has {len(tokens)} tokens but the model's vocab_size is "
+                         f"{vocab_size}; llama.cpp needs them equal")
+    return keys
+
+
+def add_tokenizer(writer, tok: dict[str, Any], tokenizer) -> None:
+    """Write tokenizer_keys' tok (and the tokenizer's chat template) with a
+    gguf-py GGUFWriter."""
+    writer.add_tokenizer_model(tok["model"])
+    writer.add_tokenizer_pre(tok["pre"])
+    writer.add_token_list(tok["tokens"])
+    writer.add_token_types(tok["types"])
+    if "merges" in tok:
+        writer.add_token_merges(tok["merges"])
+    if "scores" in tok:
+        writer.add_token_scores(tok["scores"])
+        writer.add_add_space_prefix(tok["add_space_prefix"])
+    for which, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
+                       ("unk", writer.add_unk_token_id)):
+        if tok.get(which) is not None:
+            add(tok[which])
+    writer.add_add_bos_token(tok["add_bos"])
+    writer.add_add_eos_token(False)
+    for which in ("eot", "eom"):
+        if tok.get(which) is not None:
+            writer.add_uint32(f"tokenizer.ggml.{which}_token_id", tok[which])
+    if getattr(tokenizer, "chat_template", None):
+        writer.add_string("tokenizer.chat_template", tokenizer.chat_template)
