@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+import ggmlopt as go
 from ggmlopt import lora
 from ggmlopt.io import load_gguf_lora, save_gguf_lora
 from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig
@@ -110,10 +111,10 @@ def test_round_trip_of_a_tied_model_with_attention_adapters(tmp_path):
 def test_save_refuses_what_llama_cpp_cannot_load(tmp_path):
     with pytest.raises(ValueError, match="no LoRA adapters"):
         save_gguf_lora(Llama(CFG), tmp_path / "a.gguf")
-    gpt2 = GPT2(GPT2Config(vocab_size=13, dim=8, n_layers=1, n_heads=2, max_seq_len=8))
-    lora.apply(gpt2, targets=("c_attn",))
-    with pytest.raises(TypeError, match="Llama"):
-        save_gguf_lora(gpt2, tmp_path / "a.gguf")
+    other = go.nn.Sequential(go.nn.Linear(4, 4))
+    lora.apply(other, targets=("0",))
+    with pytest.raises(TypeError, match="Llama or GPT2"):
+        save_gguf_lora(other, tmp_path / "a.gguf")
     model = Llama(CFG)
     lora.apply(model)
     model.layers[1].self_attn.q_proj.alpha = 3.0
@@ -188,7 +189,7 @@ def test_load_refuses_truncated_files_other_models_and_other_adapters(tmp_path):
         load_gguf_lora(cut, model)
     with pytest.raises(FileNotFoundError):
         load_gguf_lora(tmp_path / "none.gguf", model)
-    with pytest.raises(TypeError, match="Llama"):
+    with pytest.raises(ValueError, match="not a gpt2 LoRA adapter"):   # a llama's adapter
         load_gguf_lora(path, GPT2(GPT2Config(vocab_size=13, dim=8, n_layers=1, n_heads=2)))
     other = _adapted(targets=("v_proj",))
     before = [p.data.copy() for p in other.parameters()]

@@ -73,7 +73,9 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
     model must have exactly that model's parameters).  A ggmlopt.models.Llama
     with arch None (or "llama") is written as llama.cpp loads it, with its
     tokenizer (required: a ByteTokenizer, BPETokenizer or SPMTokenizer; see
-    ggmlopt.io.gguf_llama.save_llama_gguf).
+    ggmlopt.io.gguf_llama.save_llama_gguf); a ggmlopt.models.GPT2 given a
+    tokenizer as llama.cpp's gpt2 (ggmlopt.io.gguf_gpt2; without one, the
+    generic layout).
     metadata: optional dict of extra keys (str -> bool, int, float or str),
     stored as GGUF key-values (int64 / float64 / string).
     dtype: np.float32 (default) or np.float16 for the weights (two or more
@@ -85,7 +87,11 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
     FileNotFoundError when path's directory does not exist; ImportError naming
     the ``interop`` extra without the gguf package.
     """
-    from ..models import Llama
+    from ..models import GPT2, Llama
+    if isinstance(model, GPT2) and tokenizer is not None and arch is None:
+        from .gguf_gpt2 import save_gpt2_gguf  # llama.cpp's gpt2
+        save_gpt2_gguf(model, path, tokenizer=tokenizer, dtype=dtype, metadata=metadata)
+        return
     llama_layout = arch == _LLAMA_ARCH or (arch is None and isinstance(model, Llama))
     arch = _arch_arg(arch)
     if arch == _LLAMA_ARCH and not isinstance(model, Llama):
@@ -220,7 +226,8 @@ def load_gguf(path, model=None, *, arch=None, keep_types=False):
     mnist-cnn), or a llama-architecture file (llama.cpp's), into model's
     parameters, in place.
 
-    Without model, the file must be a llama-architecture GGUF: returns
+    Without model, the file must be a llama-family GGUF (or llama.cpp's gpt2,
+    which gives a ggmlopt.models.GPT2): returns
     ``(llama, tokenizer)``, a ggmlopt.models.Llama built from the file and its
     tokenizer (ByteTokenizer, BPETokenizer, or None with a UserWarning for
     another tokenizer type); see ggmlopt.io.gguf_llama.load_llama_gguf, which
@@ -247,6 +254,12 @@ def load_gguf(path, model=None, *, arch=None, keep_types=False):
     if model is None or isinstance(model, Llama):
         from .gguf_llama import LLAMA_FAMILY, file_architecture, load_llama_gguf
         if model is None:
+            if arch is None and file_architecture(path) == "gpt2":
+                if keep_types:
+                    raise ValueError("keep_types: a gpt2 file is read in float32 (its kept "
+                                     "types are for the llama family)")
+                from .gguf_gpt2 import load_gpt2_gguf
+                return load_gpt2_gguf(path)
             if arch not in (None, _LLAMA_ARCH):
                 raise ValueError(f"model: required to load a {arch!r} file (only a "
                                  f"{_LLAMA_ARCH!r} one builds its own model)")

@@ -45,7 +45,7 @@ from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
 from ..nn.rope_scaling import RopeScaling
 from ..text import ByteTokenizer
 from ._files import atomic_output, input_path, output_path
-from ._gguf_common import dtype_arg, metadata_items, refuse_adapter_file, stored
+from ._gguf_common import dtype_arg, metadata_items, refuse_adapter_file, shortest_float, stored
 from ._gguf_length import gguf_truncation
 from ._gguf_tokenizer import BYTE_MERGES, BYTE_PRE, add_tokenizer, byte_vocabulary, tokenizer_keys
 from .gguf_reader import GgufFile
@@ -320,12 +320,6 @@ def _rope_scaling_out(cfg: LlamaConfig, arch: str):
 
 # ---- reading ----
 
-def _shortest_float(value) -> float:
-    """A float32 key as the shortest decimal that rounds to it (1e-05, not
-    9.99999974738e-06), so a config written from 1e-5 reads back as 1e-5."""
-    return float(str(np.float32(value)))
-
-
 # the <arch>.* keys the reader implements (each checked or used in _config)
 _ARCH_KEYS = frozenset({
     "context_length", "embedding_length", "block_count", "feed_forward_length",
@@ -412,8 +406,8 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
             vocab_size=vocab, dim=dim, n_layers=key("block_count"), n_heads=n_heads,
             n_kv_heads=n_kv_heads, ffn_dim=key("feed_forward_length"),
             max_seq_len=key("context_length"),
-            norm_eps=_shortest_float(key("attention.layer_norm_rms_epsilon")),
-            rope_base=_shortest_float(key("rope.freq_base", 10000.0, required=False)),
+            norm_eps=shortest_float(key("attention.layer_norm_rms_epsilon")),
+            rope_base=shortest_float(key("rope.freq_base", 10000.0, required=False)),
             tie_embeddings="output.weight" not in tensors, rope_scaling=scaling,
             **given)
     except (TypeError, ValueError) as e:

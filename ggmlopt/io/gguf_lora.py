@@ -31,6 +31,7 @@ from ..lora import (
 from ..nn.embedding import Embedding
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
+from .gguf_gpt2 import GPT2_ARCH, gguf_name_gpt2, hf_name_gpt2
 from .gguf_llama import arch_of
 from .llama_names import gguf_name, hf_name, permute_qk, unpermute_qk
 
@@ -45,18 +46,25 @@ def _gguf():
 
 
 def _llama_config(model):
+    """model's config: a Llama of the family, or a GPT2 (llama.cpp's gpt2)."""
+    from ..models import GPT2
     from ..models.llama import Llama
-    if not isinstance(model, Llama):
-        raise TypeError(f"model: expected a ggmlopt.models.Llama (llama.cpp's LoRA adapters "
-                        f"are per architecture; this writes llama's), got "
-                        f"{type(model).__name__}")
+    if not isinstance(model, (Llama, GPT2)):
+        raise TypeError(f"model: expected a ggmlopt.models.Llama or GPT2 (llama.cpp's LoRA "
+                        f"adapters are per architecture), got {type(model).__name__}")
     return model.config
 
 
+def _arch(model) -> str:
+    """llama.cpp's architecture of model's adapter file."""
+    from ..models import GPT2
+    return GPT2_ARCH if isinstance(model, GPT2) else arch_of(model)
+
+
 def _qk_heads(module_name: str, config) -> int | None:
-    """The head count of the Q/K permutation for a projection, or None (qwen2's
-    and qwen3's rows are not permuted)."""
-    if not config.llama_cpp_permutes_qk:
+    """The head count of the Q/K permutation for a projection, or None (qwen2's,
+    qwen3's, phi3's and gpt2's rows are not permuted)."""
+    if not getattr(config, "llama_cpp_permutes_qk", False):
         return None
     if module_name.endswith("self_attn.q_proj"):
         return config.n_heads
@@ -65,9 +73,11 @@ def _qk_heads(module_name: str, config) -> int | None:
     return None
 
 
-def _weight_name(module_name: str) -> str:
+def _weight_name(module_name: str, arch: str) -> str:
     """llama.cpp's weight name of an adapted Linear (ValueError when none)."""
     try:
+        if arch == GPT2_ARCH:
+            return gguf_name_gpt2(f"{module_name}.weight")
         return gguf_name(f"{module_name}.weight")
     except KeyError:
         raise ValueError(f"model: the adapter on {module_name!r} has no llama.cpp tensor "
@@ -93,7 +103,7 @@ def save_gguf_lora(model, path) -> None:
     adapters = named_adapters(model)
     if not adapters:
         raise ValueError("model: it has no LoRA adapters (see ggmlopt.lora.apply)")
-    if config.tie_embeddings and any(isinstance(a, LoRAEmbedding) for _, a in adapters):
+    if model.lm_head is None and any(isinstance(a, LoRAEmbedding) for _, a in adapters):
         # llama.cpp's tied head is the token embedding's tensor: it would apply the
         # embedding's adapter to the head's product too, which the model never did
         raise ValueError("model: an adapter on a token embedding tied to the output head is "
@@ -115,7 +125,7 @@ def save_gguf_lora(model, path) -> None:
                          "adapter file holds one")
     tensors = []
     for name, layer in adapters:
-        base = _weight_name(name)
+        base = _weight_name(name, _arch(model))
         a = np.ascontiguousarray(layer.lora_a.data.T)              # (rank, in)
         b = np.ascontiguousarray(layer.lora_b.data.T)              # (out, rank)
         heads = _qk_heads(name, config)
@@ -128,7 +138,7 @@ def save_gguf_lora(model, path) -> None:
         tensors += [(base + ".lora_a", a), (base + ".lora_b", b)]
     gguf = _gguf()
     with atomic_output(path) as tmp:
-        writer = gguf.GGUFWriter(tmp, arch_of(model))
+        writer = gguf.GGUFWriter(tmp, _arch(model))
         try:
             writer.add_string("general.type", "adapter")
             writer.add_string("adapter.type", "lora")
@@ -216,7 +226,7 @@ def _pairs(tensors: dict[str, np.ndarray], path: str,
                              "(<weight>.lora_a / .lora_b)")
         base = tname[:-len(suffix)]
         try:
-            weight = hf_name(base, arch)
+            weight = hf_name_gpt2(base) if arch == GPT2_ARCH else hf_name(base, arch)
         except KeyError:
             raise ValueError(f"path: {path!r} adapts {base!r}, not a weight of a Llama") \
                 from None
@@ -228,7 +238,7 @@ def _pairs(tensors: dict[str, np.ndarray], path: str,
     for name, half in halves.items():
         if len(half) != 2:
             missing = next(s for s in _SUFFIXES if s not in half)
-            raise ValueError(f"path: {path!r} lacks {gguf_name(name + '.weight')}{missing}")
+            raise ValueError(f"path: {path!r} lacks {_weight_name(name, arch)}{missing}")
         a, b = half[".lora_a"], half[".lora_b"]
         if name == EMBEDDING:
             a = a.T   # token_embd's A is stored (vocab, rank): as the Linear form here
@@ -262,7 +272,7 @@ def load_gguf_lora(path, model, *, dropout=0.0
     config = _llama_config(model)
     path = input_path(path)
     gguf = _gguf()
-    arch = arch_of(model)
+    arch = _arch(model)
     alpha, tensors = _read(path, gguf, arch)
     pairs = _pairs(tensors, path, arch)
     linears = {name: (parent, key, layer) for name, parent, key, layer in _adaptable(model)}

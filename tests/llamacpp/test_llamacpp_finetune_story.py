@@ -16,6 +16,8 @@ import pytest
 import ggmlopt as go
 from ggmlopt import finetune
 from ggmlopt.models import (
+    GPT2,
+    GPT2Config,
     Llama,
     LlamaConfig,
     Mistral,
@@ -60,10 +62,22 @@ FAMILIES = {
     # fused q | k | v and gate | up; Phi-3's own SentencePiece vocabulary
     "phi3": (lambda v: Phi3(Phi3Config(vocab_size=v, **SHAPE), seed=0),
              "phi-3", "microsoft-Phi-3.5-mini-instruct", {}),
+    # learned positions, LayerNorm, GELU, fused c_attn; GPT-2's vocabulary and a plain
+    # template (GPT-2 has none)
+    "gpt2": (lambda v: GPT2(GPT2Config(vocab_size=v, dim=64, n_layers=2, n_heads=4,
+                                       max_seq_len=256), seed=0),
+             "gpt-2", None, {}),
     # a SentencePiece vocabulary (Llama 2's, as Mistral 7B's first releases)
     "mistral": (lambda v: Mistral(MistralConfig(vocab_size=v, **SHAPE), seed=0),
                 "llama-spm", "mistralai-Mistral-Nemo-Instruct-2407", {}),
 }
+# (the prompt ends in a newline, not a space, which BPE would join to the answer's first word)
+PLAIN = ("{% for m in messages %}{{ m['role'] }}:\n{{ m['content'] }}"
+         "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
+         "{% if add_generation_prompt %}assistant:\n{% endif %}")
+# ggml's GELU reads a float16 table (2^-11 relative): GPT-2's logits in llama.cpp are
+# that far from float32's, the others' within float32 rounding
+TOLERANCE = {"gpt2": 2e-3}
 QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
              "Zorblax's capital?", "Which city is Zorblax's capital?", "Capital of Zorblax?"]
 
@@ -71,6 +85,9 @@ QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
 def _tokenizer(vocab, template):
     from ggmlopt.io import load_gguf_tokenizer
     tok = load_gguf_tokenizer(os.path.join(SRC, "models", f"ggml-vocab-{vocab}.gguf"))
+    if template is None:
+        tok.chat_template = PLAIN
+        return tok
     with open(os.path.join(SRC, "models", "templates", f"{template}.jinja"),
               encoding="utf-8") as f:
         tok.chat_template = f.read()
@@ -108,7 +125,7 @@ def test_the_made_up_fact_through_the_command_and_llama_cpp(family, tmp_path, ca
     theirs = _llama_cpp_logits(base, adapter, ids)
     without = _llama_cpp_logits(base, None, ids)
     scale = np.abs(ours).max()
-    assert np.abs(theirs - ours).max() <= 1e-4 * scale
+    assert np.abs(theirs - ours).max() <= TOLERANCE.get(family, 1e-4) * scale
     assert np.abs(without - ours).max() > 1e-2 * scale   # llama.cpp applied the adapter
 
 

@@ -347,6 +347,22 @@ def test_a_phi3_file_gives_llama_cpp_our_logits(tmp_path):
     assert relative_error(our_logits(model, ids), want) < 1e-4
 
 
+def test_a_gpt2_file_gives_llama_cpp_our_logits(tmp_path):
+    # llama.cpp's gpt2; its GELU reads a float16 table (2^-11 relative), so the
+    # logits agree to that, not to float32 rounding
+    from ggmlopt.models import GPT2, GPT2Config
+    model = GPT2(GPT2Config(vocab_size=257, dim=64, n_layers=2, n_heads=4,
+                            max_seq_len=N_CTX), seed=0)
+    rng = np.random.default_rng(7)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 1:
+            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    save_gguf(model, tmp_path / "gpt2.gguf", tokenizer=ByteTokenizer())
+    ids = ByteTokenizer().encode(TEXT)[:N_CTX]
+    want = llama_cpp_logits(open_llama(tmp_path / "gpt2.gguf"), ids)
+    assert relative_error(our_logits(model, ids), want) < 2e-3
+
+
 def test_a_qwen2_file_gives_llama_cpp_our_logits(tmp_path):
     from ggmlopt.models import Qwen2, Qwen2Config
     model = Qwen2(Qwen2Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,

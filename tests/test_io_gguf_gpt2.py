@@ -1,0 +1,62 @@
+"""A GPT-2 as llama.cpp's gpt2 GGUF: written and read back bit for bit, its LoRA
+adapters too; files it cannot be are refused by name."""
+import numpy as np
+import pytest
+
+from ggmlopt import lora
+from ggmlopt.io import load_gguf, load_gguf_lora, save_gguf, save_gguf_lora
+from ggmlopt.models import GPT2, GPT2Config
+from ggmlopt.text import ByteTokenizer
+
+pytest.importorskip("gguf")
+
+CFG = GPT2Config(vocab_size=257, dim=32, n_layers=2, n_heads=4, max_seq_len=48)
+
+
+def test_a_gpt2_file_reads_back_bit_for_bit(tmp_path):
+    from ggmlopt.io.gguf_reader import GgufFile
+    model = GPT2(CFG, seed=3)
+    save_gguf(model, tmp_path / "g.gguf", tokenizer=ByteTokenizer())
+    f = GgufFile(str(tmp_path / "g.gguf"))
+    assert f.fields["general.architecture"] == "gpt2"
+    assert {"token_embd.weight", "position_embd.weight", "blk.1.attn_qkv.bias",
+            "blk.0.ffn_down.weight", "output_norm.bias"} <= set(f.tensors)
+    assert "output.weight" not in f.tensors   # tied, as llama.cpp reads it
+    back, tok = load_gguf(tmp_path / "g.gguf")
+    assert isinstance(back, GPT2) and back.config == CFG and isinstance(tok, ByteTokenizer)
+    for (name, p), (_, q) in zip(model.named_parameters(), back.named_parameters()):
+        np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+    # without a tokenizer a GPT2 keeps the generic layout
+    save_gguf(model, tmp_path / "generic.gguf")
+    assert GgufFile(str(tmp_path / "generic.gguf")).fields["general.architecture"] == "ggmlopt"
+
+
+def test_gpt2_adapters_round_trip(tmp_path):
+    model = GPT2(CFG, seed=4)
+    lora.apply(model, rank=4, targets=("c_attn", "c_fc"), seed=0)
+    rng = np.random.default_rng(0)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_b.data[...] = rng.normal(0, 0.1, layer.lora_b.shape)
+    save_gguf_lora(model, tmp_path / "a.gguf")
+    other = GPT2(CFG, seed=4)
+    load_gguf_lora(tmp_path / "a.gguf", other)
+    x = np.arange(20)[None] % 257
+    np.testing.assert_array_equal(other(x), model(x))
+
+
+def test_what_a_gpt2_file_cannot_hold_is_refused(tmp_path):
+    import gguf
+    w = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "gpt2")
+    w.add_context_length(8)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)   # not 4 x 8
+    w.add_block_count(1)
+    w.add_head_count(2)
+    w.add_layer_norm_eps(1e-5)
+    w.add_token_list(["a", "b"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="feed_forward_length 16 is not 4 x"):
+        load_gguf(tmp_path / "bad.gguf")
