@@ -841,6 +841,15 @@ class OptContext:
                                            shard_optimizer=shard_optimizer,
                                            bucket_cap_mb=bucket_cap_mb)
 
+    def _refuse_nonfinite(self, loss, x, y, out) -> None:
+        """FloatingPointError for a NaN or infinite loss (before any gradient or
+        parameter changes), naming where the non-finite value is."""
+        if not math.isfinite(loss):
+            raise FloatingPointError(
+                f"eval: the loss is {float(loss)} (iteration {self.iter}, physical batch "
+                f"{self.opt_i + 1}/{self._opt_period} of the logical batch)"
+                f"{_nonfinite_cause(x, y, out)}; not training on")
+
     def _fuses_head(self, x, y) -> bool:
         """Whether this eval runs the model's fused head and loss: a language
         model (fused_cross_entropy, fused_head on) trained or evaluated with
@@ -865,11 +874,7 @@ class OptContext:
                                                       backward=backward, pred=pred))
         if period > 1:
             loss = F32(loss * inv_period)
-        if not math.isfinite(loss):
-            raise FloatingPointError(
-                f"eval: the loss is {float(loss)} (iteration {self.iter}, physical batch "
-                f"{self.opt_i + 1}/{self._opt_period} of the logical batch)"
-                f"{_nonfinite_cause(x, y, None)}; not training on")
+        self._refuse_nonfinite(loss, x, y, None)
         labels = y.reshape(-1)
         labelled = labels >= 0   # a masked position's prediction is -1, as its label
         ncorrect = int(np.count_nonzero((pred == labels) & labelled))
@@ -894,11 +899,7 @@ class OptContext:
         assert bufs is not None
         _, grad, pred, label_arg = bufs
         loss = self._loss(out, y, grad if backward else None)
-        if not math.isfinite(loss):
-            raise FloatingPointError(
-                f"eval: the loss is {float(loss)} (iteration {self.iter}, physical batch "
-                f"{self.opt_i + 1}/{self._opt_period} of the logical batch)"
-                f"{_nonfinite_cause(x, y, out)}; not training on")
+        self._refuse_nonfinite(loss, x, y, out)
         ncorrect = nlabelled = None
         if self._loss_type == LossType.CROSS_ENTROPY:
             rows = out.reshape(-1, out.shape[-1])
