@@ -102,6 +102,7 @@ def _floats_per_token(module) -> int:
     (forward outputs kept for the backward pass, and backward buffers)."""
     from .lora import LoRALinear
     from .models._causal_lm import PreNormBlock
+    from .models.gemma3 import GeGLU, Gemma3DecoderLayer
     from .models.phi3 import Phi3Attention, Phi3MLP
     from .nn.activation import GELU
     from .nn.attention import CausalSelfAttention, GPT2Attention
@@ -145,6 +146,13 @@ def _floats_per_token(module) -> int:
     if isinstance(module, GPT2MLP):
         return 2 * module.hidden + module.dim + _floats_per_token(module.c_fc) + \
             _floats_per_token(module.c_proj)
+    if isinstance(module, Gemma3DecoderLayer):
+        parts = (module.input_layernorm, module.self_attn, module.post_attention_layernorm,
+                 module.pre_feedforward_layernorm, module.mlp, module.post_feedforward_layernorm)
+        return 4 * module.input_layernorm.dim + sum(_floats_per_token(p) for p in parts)
+    if isinstance(module, GeGLU):   # the activation, its product, the gradients
+        return 5 * module.hidden + _floats_per_token(module.gate_proj) + \
+            _floats_per_token(module.up_proj) + _floats_per_token(module.down_proj)
     if isinstance(module, PreNormBlock):
         dim = module._parts()[0].dim
         return 4 * dim + sum(_floats_per_token(p) for p in module._parts())

@@ -81,8 +81,8 @@ def test_bad_directories_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_hf(tmp_path / "empty")
     cfg = json.loads((tmp_path / "ok" / "config.json").read_text())
-    (tmp_path / "ok" / "config.json").write_text(json.dumps({**cfg, "model_type": "gemma3_text"}))
-    with pytest.raises(ValueError, match="model_type .gemma3_text. is not supported"):
+    (tmp_path / "ok" / "config.json").write_text(json.dumps({**cfg, "model_type": "falcon"}))
+    with pytest.raises(ValueError, match="model_type .falcon. is not supported"):
         load_hf(tmp_path / "ok")
     (tmp_path / "ok" / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 50}))
     with pytest.raises(ValueError, match=r"mlp.gate_proj.weight' has shape \(48, 32\)"):

@@ -26,6 +26,7 @@ import numpy as np
 from .. import kernels_quant
 from ..lora import refuse_adapters
 from ..models import (
+    Gemma3,
     Llama,
     LlamaConfig,
     MistralConfig,
@@ -69,7 +70,13 @@ LLAMA_FAMILY = frozenset(_ARCHS)
 
 
 def arch_of(model) -> str:
-    """llama.cpp's general.architecture for a Llama-family model."""
+    """llama.cpp's general.architecture for a Llama-family model (ValueError for a
+    family whose llama.cpp layout is not written yet)."""
+    if isinstance(model, Gemma3):
+        # as a llama it would lose its four norms and its local layers
+        raise ValueError("model: a Gemma 3's GGUF (llama.cpp's gemma3: its norms stored as 1 + "  # noqa: TRY004
+                         "weight, local and global layers) is not written yet; save_hf keeps "
+                         "it, and llama.cpp's convert_hf_to_gguf.py turns that into a GGUF")
     if isinstance(model, Phi3):
         return PHI3_ARCH
     if isinstance(model, Qwen3):

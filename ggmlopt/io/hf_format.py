@@ -22,6 +22,8 @@ from .._optional import import_optional
 from ..lora import refuse_adapters
 from ..models import (
     GPT2,
+    Gemma3,
+    Gemma3Config,
     GPT2Config,
     Llama,
     LlamaConfig,
@@ -70,6 +72,24 @@ def _llama_family_config(cfg) -> dict[str, Any]:
 
 def _hf_config(model) -> dict[str, Any]:
     cfg = model.config
+    if isinstance(model, Gemma3):
+        family = _llama_family_config(cfg)
+        del family["hidden_act"], family["rope_scaling"], family["rope_theta"]
+        full = {"rope_type": "default", "rope_theta": cfg.rope_base} if cfg.rope_scaling is None \
+            else {**cfg.rope_scaling.to_hf(), "rope_theta": cfg.rope_base}
+        return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                **family, "head_dim": cfg.head_dim, "hidden_activation": "gelu_pytorch_tanh",
+                # transformers' field is an int (256 in every release)
+                "query_pre_attn_scalar": int(cfg.query_pre_attn_scalar)
+                if float(cfg.query_pre_attn_scalar).is_integer() else cfg.query_pre_attn_scalar,
+                "sliding_window": cfg.sliding_window,
+                "layer_types": ["sliding_attention" if s else "full_attention"
+                                for s in cfg.sliding_layers],
+                "rope_parameters": {"full_attention": full, "sliding_attention": {
+                    "rope_type": "default", "rope_theta": cfg.rope_local_base}},
+                "final_logit_softcapping": None, "attn_logit_softcapping": None,
+                "attention_bias": False, "attention_dropout": 0.0,
+                "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
     if isinstance(model, Phi3):
         return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
                 **_llama_family_config(cfg), "sliding_window": cfg.sliding_window,
@@ -203,6 +223,13 @@ _SMOLLM3_KEYS = (_LLAMA_KEYS - {"pretraining_tp"}) | {
     "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window",
     "layer_types",
 }
+# Gemma 3's text config (model_type gemma3_text)
+_GEMMA3_KEYS = (_LLAMA_KEYS - {"hidden_act", "mlp_bias", "pretraining_tp"}) | {
+    "hidden_activation", "query_pre_attn_scalar", "sliding_window", "sliding_window_pattern",
+    "_sliding_window_pattern",
+    "layer_types", "rope_local_base_freq", "final_logit_softcapping", "attn_logit_softcapping",
+    "use_bidirectional_attention", "cache_implementation",
+}
 _GPT2_KEYS = frozenset({
     "vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner",
     "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon",
@@ -293,6 +320,55 @@ def _smollm3_from_hf(hf: dict[str, Any], where: str) -> SmolLM3:
                                  no_rope_layer_interval=hf.get("no_rope_layer_interval", 4)))
 
 
+def _gemma3_from_hf(hf: dict[str, Any], where: str) -> Gemma3:
+    _check_keys(hf, _GEMMA3_KEYS, "gemma3_text")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if hf.get(key) is not None:
+            raise ValueError(f"{key}: soft-capping (Gemma 2's) is not implemented, got "
+                             f"{hf[key]}")
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention: only causal attention is supported")
+    if hf.get("attention_bias"):
+        raise ValueError("attention_bias: a Gemma 3 with biases is not supported")
+    act = hf.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"hidden_activation: only gelu_pytorch_tanh is supported, got {act!r}")
+    _no_dropout(hf, ("attention_dropout",), where)
+    n_layers = hf["num_hidden_layers"]
+    max_len = hf.get("max_position_embeddings", 131072)
+    # transformers 5: rope_parameters per layer type; 4.x: rope_theta, rope_local_base_freq
+    # and rope_scaling (the global layers')
+    params = hf.get("rope_parameters") or {}
+    full = dict(params.get("full_attention") or {})
+    local = dict(params.get("sliding_attention") or {})
+    theta = full.pop("rope_theta", hf.get("rope_theta", 1000000.0))
+    local_theta = local.pop("rope_theta", hf.get("rope_local_base_freq", 10000.0))
+    if local.get("rope_type", "default") != "default" or len(set(local) - {"rope_type"}):
+        raise ValueError(f"rope_parameters: the local layers' RoPE must be plain, got {local}")
+    legacy = hf.get("rope_scaling") or {}
+    if full and legacy and {k: v for k, v in legacy.items() if k != "type"} != full:
+        raise ValueError(f"rope_scaling {legacy} and rope_parameters {full} disagree")
+    scaling = RopeScaling.from_hf(full or legacy, max_len)
+    types = hf.get("layer_types")
+    if types is None:
+        pattern = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                 for i in range(n_layers)]
+    if any(t not in ("sliding_attention", "full_attention") for t in types):
+        raise ValueError(f"layer_types: expected sliding_attention or full_attention, got "
+                         f"{sorted(set(types))}")
+    return Gemma3(Gemma3Config(
+        vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=n_layers,
+        n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads"),
+        ffn_dim=hf["intermediate_size"], max_seq_len=max_len,
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_base=float(theta),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)), rope_scaling=scaling,
+        head_dim=hf.get("head_dim", 256),
+        query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+        sliding_window=hf.get("sliding_window", 4096), rope_local_base=float(local_theta),
+        sliding_layers=tuple(t == "sliding_attention" for t in types)))
+
+
 def _no_sliding_window(hf: dict[str, Any]) -> None:
     """Refuse sliding-window attention (Qwen2's and Qwen3's configs carry its keys)."""
     if hf.get("use_sliding_window"):
@@ -366,6 +442,7 @@ def _gpt2_from_hf(hf: dict[str, Any], where: str) -> GPT2:
 def _model_from_config(hf: dict[str, Any], where: str):
     kind = hf.get("model_type")
     readers = {"llama": _llama_from_hf, "mistral": _mistral_from_hf, "phi3": _phi3_from_hf,
+               "gemma3_text": _gemma3_from_hf,
                "qwen2": _qwen2_from_hf,
                "qwen3": _qwen3_from_hf,
                "smollm3": _smollm3_from_hf, "gpt2": _gpt2_from_hf}

@@ -6,6 +6,7 @@ Linear weights keep ggmlopt's (in, out) layout, the transpose of torch's.
 """
 from ._causal_lm import CausalLM, KVCache
 from .config import GPT2Config, LlamaConfig, llama_ffn_dim
+from .gemma3 import Gemma3, Gemma3Config
 from .gpt2 import GPT2
 from .llama import Llama
 from .mistral import Mistral, MistralConfig
@@ -14,6 +15,6 @@ from .qwen2 import Qwen2, Qwen2Config
 from .qwen3 import Qwen3, Qwen3Config
 from .smollm3 import SmolLM3, SmolLM3Config
 
-__all__ = ["GPT2", "CausalLM", "GPT2Config", "KVCache", "Llama", "LlamaConfig", "Mistral",
+__all__ = ["GPT2", "CausalLM", "GPT2Config", "Gemma3", "Gemma3Config", "KVCache", "Llama", "LlamaConfig", "Mistral",
            "MistralConfig", "Phi3", "Phi3Config", "Qwen2",
            "Qwen2Config", "Qwen3", "Qwen3Config", "SmolLM3", "SmolLM3Config", "llama_ffn_dim"]

@@ -14,7 +14,7 @@ from ..nn.attention import CausalSelfAttention
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..nn.mlp import SwiGLU
-from ..nn.module import grads_ready
+from ..nn.module import Module, grads_ready
 from ..nn.norm import RMSNorm
 from ._causal_lm import CausalLM, PreNormBlock, attend_cached, normal_init
 from .config import LlamaConfig
@@ -85,7 +85,7 @@ class Llama(CausalLM):
 
     # the block of each layer, made as layer_class(config, rng, layer): a family
     # with other blocks (Phi-3's fused projections) names its own
-    layer_class: Callable[..., PreNormBlock] = LlamaDecoderLayer
+    layer_class: Callable[..., Module] = LlamaDecoderLayer
 
     def __init__(self, config: LlamaConfig, *, seed: int = 0):
         if not isinstance(config, LlamaConfig):

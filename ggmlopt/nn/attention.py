@@ -222,7 +222,9 @@ class CausalSelfAttention(Module):
     (head_dim,), eps norm_eps) before the rotary embedding, as Qwen3 and
     Gemma 3 have.  sliding_window: None, or W >= 1: query i attends to keys
     i - W + 1 .. i only (Mistral's, Hugging Face's sliding_window), at
-    O(T x W) work in the fused kernel.
+    O(T x W) work in the fused kernel.  norm_class: the per-head norm's class
+    (RMSNorm; Gemma's keeps 1 + weight).  query_pre_attn_scalar: None (scores
+    scaled by 1/sqrt(head_dim)) or Gemma's s: scaled by 1/sqrt(s).
 
     ``forward(x, pos=0)``: token t at position pos + t (for cached generation
     later); returns a buffer the layer reuses, ``layer(x)`` a copy the caller
@@ -235,7 +237,8 @@ class CausalSelfAttention(Module):
 
     def __init__(self, dim, n_heads, n_kv_heads=None, *, rope=True, rope_base=10000.0,
                  rope_scaling=None, bias=False, out_bias=None, init=None, rng=None,
-                 head_dim=None, qk_norm=False, norm_eps=1e-6, sliding_window=None):
+                 head_dim=None, qk_norm=False, norm_eps=1e-6, sliding_window=None,
+                 norm_class=None, query_pre_attn_scalar=None):
         dim = _positive_int(dim, "dim")
         if sliding_window is not None:
             sliding_window = _positive_int(sliding_window, "sliding_window")
@@ -263,8 +266,20 @@ class CausalSelfAttention(Module):
         # out_bias None: as the others (Llama's attention_bias); Qwen2 has q, k, v only
         self.o_proj = Linear(q_width, dim, bias if out_bias is None else bool(out_bias),
                              init=init, rng=gen)
-        self.q_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
+        norm = RMSNorm if norm_class is None else norm_class
+        self.q_norm = norm(head_dim, norm_eps) if qk_norm else None
+        self.k_norm = norm(head_dim, norm_eps) if qk_norm else None
+        # the scores' scale is query_pre_attn_scalar ** -0.5 (Gemma's); the kernels scale by
+        # head_dim ** -0.5, so q is multiplied by the ratio after its rotation
+        self.query_scale = None
+        if query_pre_attn_scalar is not None:
+            if isinstance(query_pre_attn_scalar, bool) or not isinstance(
+                    query_pre_attn_scalar, (int, float, np.number)) \
+                    or not query_pre_attn_scalar > 0:
+                raise ValueError(f"query_pre_attn_scalar: expected a number > 0, got "
+                                 f"{query_pre_attn_scalar!r}")
+            ratio = float(np.sqrt(head_dim / float(query_pre_attn_scalar)))
+            self.query_scale = None if ratio == 1.0 else np.float32(ratio)
         self._rotary = RotaryEmbedding(head_dim, rope_base, rope_scaling) if rope else None
         self.sliding_window = sliding_window
         self._saved = None
@@ -302,6 +317,8 @@ class CausalSelfAttention(Module):
         if self._rotary is not None:  # in place: the projections never read their outputs back
             self._rotary.rotate(q, pos, out=q)
             self._rotary.rotate(k, pos, out=k)
+        if self.query_scale is not None:
+            np.multiply(q, self.query_scale, out=q)
         if self._o is None or self._o.shape != shape_q:
             self._o = np.empty(shape_q, dtype=np.float32)
             self._lse = np.empty((b, self.n_heads, t), dtype=np.float32)
@@ -333,6 +350,8 @@ class CausalSelfAttention(Module):
             return None
         do = np.ascontiguousarray(do, dtype=np.float32).reshape(o.shape)
         dq, dk, dv = ka.attention_backward(q, k, v, o, lse, do, *self._grads, kv_start=starts)
+        if self.query_scale is not None:
+            np.multiply(dq, self.query_scale, out=dq)
         if self._rotary is not None:
             self._rotary.rotate(dq, pos, out=dq, inverse=True)
             self._rotary.rotate(dk, pos, out=dk, inverse=True)

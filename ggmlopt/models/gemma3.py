@@ -1,0 +1,288 @@
+"""Gemma 3 (text): Hugging Face's Gemma3ForCausalLM as its delta from Llama.
+
+From transformers' ``modeling_gemma3.py``:
+
+- RMSNorm computing ``x / rms(x) * (1 + weight)`` (the weight starts at zero);
+- four norms per block: ``h = x + post_attention_layernorm(attn(input_layernorm(x)))``,
+  ``y = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``;
+- GeGLU: ``down_proj(gelu_tanh(gate_proj(x)) * up_proj(x))``;
+- token embeddings scaled by ``sqrt(hidden_size)`` (as a float32 here);
+- per-head ``q_norm`` / ``k_norm`` (Gemma's RMSNorm) before RoPE, an explicit
+  ``head_dim``, the scores scaled by ``query_pre_attn_scalar ** -0.5``;
+- local layers (``sliding_attention``: a sliding window, RoPE base
+  ``rope_local_base_freq``) and global ones (``full_attention``: every key, base
+  ``rope_theta`` and the config's rope scaling), five local to one global by
+  default (``layer_types``);
+- tied embeddings.  Final-logit and attention-logit soft-capping (Gemma 2's; None
+  in every Gemma 3 config) are refused by the checkpoint reader.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import numpy as np
+
+from ..nn.activation import GELU
+from ..nn.attention import CausalSelfAttention
+from ..nn.linear import Linear
+from ..nn.module import Module, grads_ready
+from ..nn.norm import RMSNorm
+from ._causal_lm import attend_cached, normal_init
+from .config import LlamaConfig
+from .llama import INIT_STD, Llama
+
+__all__ = ["GeGLU", "Gemma3", "Gemma3Config", "Gemma3DecoderLayer", "GemmaRMSNorm"]
+
+
+class GemmaRMSNorm(RMSNorm):
+    """GemmaRMSNorm(dim, eps=1e-6): y = x / sqrt(mean(x^2) + eps) * (1 + weight),
+    weight a Parameter (dim,) of zeros (Gemma's norm, computed in float32)."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__(dim, eps)
+        self.weight.data[...] = 0.0
+
+    def forward(self, x):
+        """x: float32 (..., dim) -> (..., dim)."""
+        return self._with_scale(lambda: super(GemmaRMSNorm, self).forward(x))
+
+    def backward(self, grad_out):
+        """d loss / d x; weight.grad gets d loss / d (1 + weight), the same."""
+        return self._with_scale(lambda: super(GemmaRMSNorm, self).backward(grad_out))
+
+    def _with_scale(self, run):
+        """run() with weight.data read as 1 + weight (the kernels take the scale)."""
+        w = self.weight
+        stored = w.data
+        scale = getattr(self, "_scale_buf", None)
+        if scale is None or scale.shape != stored.shape:
+            scale = self._scale_buf = np.empty_like(stored)
+        np.add(stored, np.float32(1.0), out=scale)
+        w.data = scale
+        try:
+            return run()
+        finally:
+            w.data = stored
+
+    def __repr__(self):
+        return f"GemmaRMSNorm({self.dim}, eps={self.eps})"
+
+
+class GeGLU(Module):
+    """GeGLU(dim, hidden): down_proj(gelu_tanh(gate_proj(x)) * up_proj(x)),
+    Gemma's MLP; Linear weights (in, out)."""
+
+    def __init__(self, dim, hidden, *, init=None, rng=None):
+        self.dim, self.hidden = int(dim), int(hidden)
+        self.gate_proj = Linear(self.dim, self.hidden, bias=False, init=init, rng=rng)
+        self.up_proj = Linear(self.dim, self.hidden, bias=False, init=init, rng=rng)
+        self.down_proj = Linear(self.hidden, self.dim, bias=False, init=init, rng=rng)
+        self.act = GELU(approximate="tanh")
+        self._shape = None
+
+    def forward(self, x):
+        """x: float32 (..., dim) -> (..., dim)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        rows = x.reshape(-1, self.dim)
+        g = self.gate_proj.forward(rows)
+        self._u = self.up_proj.forward(rows)
+        self._a = self.act.forward(g)
+        if self._shape != x.shape:
+            self._h = np.empty(g.shape, np.float32)
+            self._shape = x.shape
+        np.multiply(self._a, self._u, out=self._h)
+        return self.down_proj.forward(self._h).reshape(x.shape)
+
+    def backward(self, grad_out):
+        """grad_out like the last output -> d loss / d x (None when
+        needs_input_grad is False)."""
+        if self._shape is None:
+            raise RuntimeError("backward: call forward first")
+        g = np.ascontiguousarray(grad_out, dtype=np.float32).reshape(-1, self.dim)
+        dh = self.down_proj.backward(g)
+        du = dh * self._a
+        dgate = self.act.backward(dh * self._u)
+        self.gate_proj.needs_input_grad = self.needs_input_grad
+        self.up_proj.needs_input_grad = self.needs_input_grad
+        dx = self.gate_proj.backward(dgate)
+        dx_up = self.up_proj.backward(du)
+        if dx is None:
+            return None
+        return (dx + dx_up).reshape(self._shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gemma3Config(LlamaConfig):
+    """Gemma3Config(vocab_size, dim, n_layers, n_heads, n_kv_heads=None,
+    ffn_dim=None, max_seq_len=131072, norm_eps=1e-6, rope_base=1000000.0,
+    tie_embeddings=True, rope_scaling=None, qkv_bias=False, head_dim=256,
+    query_pre_attn_scalar=256.0, sliding_window=4096, rope_local_base=10000.0,
+    sliding_layers=None): Hugging Face's Gemma3TextConfig as LlamaConfig's
+    fields (rope_base, rope_scaling: the global layers') and Gemma's own.
+    sliding_layers: a tuple of bools, True where a layer is local
+    (``layer_types``); None: five local to one global (HF's default pattern,
+    layer i global when (i + 1) % 6 == 0)."""
+
+    max_seq_len: int = 131072
+    norm_eps: float = 1e-6
+    rope_base: float = 1000000.0
+    tie_embeddings: bool = True
+    head_dim: int | None = 256  # type: ignore[assignment]  # a field here, not the property
+    query_pre_attn_scalar: float = 256.0
+    sliding_window: int | None = 4096
+    rope_local_base: float = 10000.0
+    sliding_layers: tuple[bool, ...] | None = None
+    explicit_head_dim: ClassVar[bool] = True
+    llama_cpp_permutes_qk: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.qkv_bias:
+            raise ValueError("qkv_bias: a Gemma 3 has no biases on its projections")
+        if not self.tie_embeddings:
+            raise ValueError("tie_embeddings: a Gemma 3's head is its token embedding")
+        if self.sliding_layers is None:
+            object.__setattr__(self, "sliding_layers", tuple(
+                bool((i + 1) % 6) for i in range(self.n_layers)))
+        layers = tuple(bool(v) for v in self.sliding_layers)   # type: ignore[union-attr]
+        if len(layers) != self.n_layers:
+            raise ValueError(f"sliding_layers: expected {self.n_layers} flags (one per layer), "
+                             f"got {len(layers)}")
+        object.__setattr__(self, "sliding_layers", layers)
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window: expected >= 1 or None, got {self.sliding_window}")
+        if not self.query_pre_attn_scalar > 0:
+            raise ValueError(f"query_pre_attn_scalar: expected > 0, got "
+                             f"{self.query_pre_attn_scalar}")
+        if not (math.isfinite(self.rope_local_base) and self.rope_local_base > 1):
+            raise ValueError(f"rope_local_base: expected a finite number > 1, got "
+                             f"{self.rope_local_base}")
+
+    @property
+    def qk_norm(self) -> bool:
+        """Each head normalises its q and k: True for every Gemma 3."""
+        return True
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer attends over the sliding window (a local layer)."""
+        assert self.sliding_layers is not None
+        return self.sliding_layers[layer]
+
+    def sliding_window_of(self, layer: int) -> int | None:
+        return self.sliding_window if self.is_sliding(layer) else None
+
+
+class Gemma3DecoderLayer(Module):
+    """Gemma 3's block with its four norms (see ggmlopt.models.gemma3)."""
+
+    _shape = None
+
+    def __init__(self, config: Gemma3Config, rng, layer: int = 0):
+        init = normal_init(INIT_STD)
+        local = config.is_sliding(layer)
+        d, eps = config.dim, config.norm_eps
+        self.input_layernorm = GemmaRMSNorm(d, eps)
+        self.self_attn = CausalSelfAttention(
+            d, config.n_heads, config.n_kv_heads,
+            rope_base=config.rope_local_base if local else config.rope_base,
+            rope_scaling=None if local else config.rope_scaling, bias=False, out_bias=False,
+            init=init, rng=rng, head_dim=config.head_dim, qk_norm=True, norm_eps=eps,
+            sliding_window=config.sliding_window_of(layer), norm_class=GemmaRMSNorm,
+            query_pre_attn_scalar=config.query_pre_attn_scalar)
+        self.post_attention_layernorm = GemmaRMSNorm(d, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(d, eps)
+        self.mlp = GeGLU(d, config.ffn_dim, init=init, rng=rng)
+        self.post_feedforward_layernorm = GemmaRMSNorm(d, eps)
+
+    def forward(self, x, pos=0):
+        """x: float32 (batch, T, dim) -> (batch, T, dim), a buffer the block reuses."""
+        if x.shape != self._shape:
+            self._h, self._y, self._dh, self._dx = (np.empty(x.shape, np.float32)
+                                                    for _ in range(4))
+            self._shape = x.shape
+        a = self.self_attn.forward(self.input_layernorm.forward(x), pos)
+        np.add(x, self.post_attention_layernorm.forward(a), out=self._h)
+        m = self.mlp.forward(self.pre_feedforward_layernorm.forward(self._h))
+        return np.add(self._h, self.post_feedforward_layernorm.forward(m), out=self._y)
+
+    def backward(self, grad_out):
+        """grad_out (batch, T, dim) -> d loss / d x, a buffer the block reuses."""
+        g = self.post_feedforward_layernorm.backward(grad_out)
+        grads_ready(self.post_feedforward_layernorm)
+        g = self.mlp.backward(g)
+        grads_ready(self.mlp)
+        np.add(grad_out, self.pre_feedforward_layernorm.backward(g), out=self._dh)
+        grads_ready(self.pre_feedforward_layernorm)
+        g = self.post_attention_layernorm.backward(self._dh)
+        grads_ready(self.post_attention_layernorm)
+        g = self.self_attn.backward(g)
+        grads_ready(self.self_attn)
+        np.add(self._dh, self.input_layernorm.backward(g), out=self._dx)
+        grads_ready(self.input_layernorm)
+        return self._dx
+
+    def decode(self, x, cache_k, cache_v, pos):
+        """forward for t new positions at pos.., reading and extending the cache."""
+        attn = self.self_attn
+        b, t, d = x.shape
+        rows = self.input_layernorm.forward(x).reshape(b * t, d)
+        q, k = attn.project_qk(rows, (b, t, attn.n_heads, attn.head_dim),
+                               (b, t, attn.n_kv_heads, attn.head_dim))
+        q, k = q.copy(), k.copy()
+        v = attn.v_proj.forward(rows).reshape(b, t, attn.n_kv_heads, attn.head_dim)
+        attn.rotary.rotate(q, pos, out=q)
+        attn.rotary.rotate(k, pos, out=k)
+        if attn.query_scale is not None:
+            q *= attn.query_scale
+        cache_k[:, pos:pos + t] = k
+        cache_v[:, pos:pos + t] = v
+        o = attend_cached(q, cache_k, cache_v, pos, attn.sliding_window)
+        a = attn.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, d)
+        h = x + self.post_attention_layernorm.forward(a)
+        m = self.mlp.forward(self.pre_feedforward_layernorm.forward(h))
+        return h + self.post_feedforward_layernorm.forward(m)
+
+
+class Gemma3(Llama):
+    """Gemma3(config, *, seed=0): a Gemma 3 text model (config a Gemma3Config).
+    Parameters as Hugging Face's Gemma3ForCausalLM names them (without
+    ``model.``): Llama's with ``layers.{i}.pre_feedforward_layernorm``,
+    ``post_feedforward_layernorm`` and the attention's ``q_norm`` / ``k_norm``;
+    the norms' weights are Gemma's (the scale is 1 + weight)."""
+
+    layer_class = Gemma3DecoderLayer
+
+    def __init__(self, config: Gemma3Config, *, seed: int = 0):
+        if not isinstance(config, Gemma3Config):
+            raise TypeError(f"config: expected a Gemma3Config, got {type(config).__name__}")
+        super().__init__(config, seed=seed)
+        self.norm = GemmaRMSNorm(config.dim, config.norm_eps)
+        # HF's embed_scale: sqrt(hidden_size) as a float32
+        self._embed_scale = np.float32(math.sqrt(config.dim))
+
+    def _embed(self, tokens):
+        h = self.embed_tokens.forward(tokens)
+        np.multiply(h, self._embed_scale, out=h)
+        return h
+
+    def _hidden(self, tokens, pos=0):
+        return self.norm.forward(self._blocks_forward(self.layers, self._embed(tokens), pos))
+
+    def _hidden_backward(self, dh):
+        g = self.norm.backward(dh)
+        grads_ready(self.norm)
+        g = self._blocks_backward(self.layers, g)
+        self.embed_tokens.backward(g * self._embed_scale)
+        grads_ready(self.embed_tokens)
+
+    def _decode_hidden(self, tokens, cache):
+        pos = cache.length
+        h = np.array(self._embed(tokens), copy=True)
+        for layer, k, v in zip(self.layers, cache.k, cache.v):
+            h = layer.decode(h, k, v, pos)
+        return self.norm.forward(h)
+
+    def __repr__(self):
+        return f"Gemma3({self.config})"
