@@ -121,11 +121,11 @@ def test_what_is_not_implemented_is_refused(tmp_path):
     pytest.importorskip("gguf")
     from ggmlopt.io import load_hf, save_gguf, save_hf
     from ggmlopt.text import ByteTokenizer
-    # never a llama-architecture file without Gemma's norms and local layers
-    with pytest.raises(ValueError, match="Gemma 3's GGUF"):
+    # llama.cpp's gemma3 scales the scores by head_dim ** -0.5: another scalar is refused
+    with pytest.raises(ValueError, match="query_pre_attn_scalar"):
         save_gguf(Gemma3(Gemma3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2,
-                                      head_dim=8), seed=0), tmp_path / "g.gguf",
-                  tokenizer=ByteTokenizer())
+                                      head_dim=8, query_pre_attn_scalar=20.0), seed=0),
+                  tmp_path / "g.gguf", tokenizer=ByteTokenizer())
     assert not (tmp_path / "g.gguf").exists()
     save_hf(Gemma3(CONFIGS["scaled-global"], seed=0), tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())

@@ -27,6 +27,7 @@ from .. import kernels_quant
 from ..lora import refuse_adapters
 from ..models import (
     Gemma3,
+    Gemma3Config,
     Llama,
     LlamaConfig,
     MistralConfig,
@@ -60,23 +61,20 @@ QWEN2_ARCH = "qwen2"
 QWEN3_ARCH = "qwen3"
 SMOLLM3_ARCH = "smollm3"
 PHI3_ARCH = "phi3"
+GEMMA3_ARCH = "gemma3"
 # llama.cpp's architectures of the Llama family: general.architecture -> (model class,
 # its config class); whether llama.cpp permutes the q/k rows is the config's
 # llama_cpp_permutes_qk
 _ARCHS = {LLAMA_ARCH: (Llama, LlamaConfig), QWEN2_ARCH: (Qwen2, Qwen2Config),
           QWEN3_ARCH: (Qwen3, Qwen3Config), SMOLLM3_ARCH: (SmolLM3, SmolLM3Config),
-          PHI3_ARCH: (Phi3, Phi3Config)}
+          PHI3_ARCH: (Phi3, Phi3Config), GEMMA3_ARCH: (Gemma3, Gemma3Config)}
 LLAMA_FAMILY = frozenset(_ARCHS)
 
 
 def arch_of(model) -> str:
-    """llama.cpp's general.architecture for a Llama-family model (ValueError for a
-    family whose llama.cpp layout is not written yet)."""
+    """llama.cpp's general.architecture for a Llama-family model."""
     if isinstance(model, Gemma3):
-        # as a llama it would lose its four norms and its local layers
-        raise ValueError("model: a Gemma 3's GGUF (llama.cpp's gemma3: its norms stored as 1 + "  # noqa: TRY004
-                         "weight, local and global layers) is not written yet; save_hf keeps "
-                         "it, and llama.cpp's convert_hf_to_gguf.py turns that into a GGUF")
+        return GEMMA3_ARCH
     if isinstance(model, Phi3):
         return PHI3_ARCH
     if isinstance(model, Qwen3):
@@ -88,7 +86,7 @@ def arch_of(model) -> str:
 
 # keys save_llama_gguf writes; metadata may not set them
 _RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "qwen2.", "qwen3.",
-                      "smollm3.", "phi3.",
+                      "smollm3.", "phi3.", "gemma3.",
                       "tokenizer.",
                       "GGUF.")
 
@@ -159,6 +157,7 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
     written as they are."""
     gguf = _gguf()
     params = dict(model.named_parameters())
+    arch = arch_of(model)
     out = []
     for name, _ in _parameter_shapes(model.config):
         p = params.get(name)
@@ -172,9 +171,12 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
                 rows = np.ascontiguousarray(rows[permute_qk(np.arange(rows.shape[0]), heads)])
             t = gguf.GGMLQuantizationType[layer.qtype]
             raw = None if layer.qtype in ("F32", "F16") else t
-            out.append((gguf_name(name), rows.view(np.uint8) if raw is not None else rows, raw))
+            out.append((gguf_name(name, arch), rows.view(np.uint8) if raw is not None else rows,
+                        raw))
             continue
         data = p.data
+        if arch == GEMMA3_ARCH and data.ndim == 1:   # llama.cpp's gemma3 stores 1 + weight
+            data = data + np.float32(1.0)
         if data.ndim == 2 and name != "embed_tokens.weight":
             data = _linear_weight(name, data, model.config)
         data = np.ascontiguousarray(data, dtype=np.float32)
@@ -183,9 +185,9 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
                                                 and model.lm_head is None)
             qtype = _HEAD_TYPE.get(dtype, dtype) if head else dtype
             array, raw = _quantized_rows(gguf, name, data, qtype)
-            out.append((gguf_name(name), array, raw))
+            out.append((gguf_name(name, arch), array, raw))
         else:
-            out.append((gguf_name(name), stored(name, data, np.dtype(np.float32)
+            out.append((gguf_name(name, arch), stored(name, data, np.dtype(np.float32)
                                                 if isinstance(dtype, str) else dtype), None))
     return out
 
@@ -230,6 +232,8 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
         # has no biases: rather than a file the two read differently, none
         raise ValueError("model: a Llama with q/k/v biases (qkv_bias) is not written as "
                          "llama.cpp's llama; use a Qwen2 (its qwen2 architecture) or save_hf")
+    if isinstance(cfg, Gemma3Config):
+        _check_gemma3_for_llama_cpp(cfg)
     if isinstance(cfg, Phi3Config):
         if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
             warnings.warn(f"model: llama.cpp's phi3 ignores the sliding window (it attends to "
@@ -286,6 +290,12 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
                     writer.add_float32(key, value)
             writer.add_key_length(cfg.head_dim)
             writer.add_value_length(cfg.head_dim)
+            if isinstance(cfg, Gemma3Config):
+                if cfg.sliding_window is not None:
+                    writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
+                    writer.add_array(f"{arch}.attention.sliding_window_pattern",
+                                     [bool(v) for v in cfg.sliding_layers or ()])
+                writer.add_float32(f"{arch}.rope.freq_base_swa", cfg.rope_local_base)
             if isinstance(cfg, Phi3Config):   # as convert_hf_to_gguf writes a Phi-3's
                 writer.add_uint32(f"{arch}.rope.scaling.original_context_length",
                                   cfg.original_max_seq_len)
@@ -301,6 +311,23 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.write_tensors_to_file()
         finally:
             writer.close()
+
+
+def _check_gemma3_for_llama_cpp(cfg) -> None:
+    """ValueError for a Gemma 3 llama.cpp's gemma3 would compute otherwise."""
+    scalar = cfg.dim // cfg.n_heads if cfg.n_layers == 62 else cfg.head_dim
+    if cfg.query_pre_attn_scalar != scalar:
+        raise ValueError(f"model: llama.cpp's gemma3 scales the scores by {scalar} ** -0.5 "
+                         f"(head_dim, or dim / heads at 62 layers); this Gemma 3's "
+                         f"query_pre_attn_scalar is {cfg.query_pre_attn_scalar} (save_hf keeps it)")
+    if cfg.sliding_window is None and any(cfg.sliding_layers) \
+            and cfg.rope_local_base != cfg.rope_base:
+        raise ValueError("model: without a window llama.cpp's gemma3 treats every layer as "
+                         "global (one RoPE base); this Gemma 3's local layers have their own "
+                         "(save_hf keeps it)")
+    if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type != "linear":
+        raise ValueError(f"model: llama.cpp's gemma3 takes linear rope scaling only, got "
+                         f"{cfg.rope_scaling.rope_type!r} (save_hf keeps it)")
 
 
 def _rope_scaling_out(cfg: LlamaConfig, arch: str):
@@ -338,6 +365,10 @@ _ARCH_KEYS = frozenset({
 # what convert_hf_to_gguf writes for a Phi-3 besides (its window, LongRoPE's original
 # context, which only LongRoPE reads: its rope_factors tensors are refused)
 _PHI3_KEYS = frozenset({"attention.sliding_window", "rope.scaling.original_context_length"})
+# a Gemma 3's window, which layers slide (a bool a layer, or every n-th global) and the
+# local layers' RoPE base; soft-capping is refused unless zero
+_GEMMA3_KEYS = frozenset({"attention.sliding_window", "attention.sliding_window_pattern",
+                          "rope.freq_base_swa", "final_logit_softcapping"})
 
 
 def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
@@ -355,7 +386,7 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
                              "not supported")
         return value
 
-    known = _ARCH_KEYS | (_PHI3_KEYS if arch == PHI3_ARCH else frozenset())
+    known = _ARCH_KEYS | {PHI3_ARCH: _PHI3_KEYS, GEMMA3_ARCH: _GEMMA3_KEYS}.get(arch, frozenset())
     unknown = sorted(k for k in fields if k.startswith(arch + ".")
                      and k[len(arch) + 1:] not in known)
     if unknown:
@@ -403,6 +434,8 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
                          "or token_embd.weight)")
     config_class = _ARCHS[arch][1]
     given: dict[str, Any] = {"head_dim": head_dim} if head_dim_given else {}
+    if arch == GEMMA3_ARCH:
+        given.update(_gemma3_fields(fields, key, head_dim, where))
     if arch == PHI3_ARCH:
         window = key("attention.sliding_window", 0, required=False)
         given["sliding_window"] = int(window) if window else None
@@ -419,6 +452,31 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
             **given)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: the keys describe no valid Llama: {e}") from None
+
+
+def _gemma3_fields(fields, key, head_dim, where) -> dict[str, Any]:
+    """A gemma3 file's window, local layers, local RoPE base and attention scale
+    (llama.cpp scales by head_dim ** -0.5, by (dim / heads) ** -0.5 at 62 layers)."""
+    if key("final_logit_softcapping", 0.0, required=False):
+        raise ValueError(f"{where}: final-logit soft-capping is not implemented")
+    n_layers = key("block_count")
+    window = key("attention.sliding_window", 0, required=False)
+    pattern = fields.get("gemma3.attention.sliding_window_pattern", 6)
+    if not window:
+        sliding: tuple[bool, ...] = (False,) * n_layers
+    elif isinstance(pattern, list):
+        if len(pattern) != n_layers:
+            raise ValueError(f"{where}: gemma3.attention.sliding_window_pattern has "
+                             f"{len(pattern)} entries for {n_layers} layers")
+        sliding = tuple(bool(v) for v in pattern)
+    else:   # llama.cpp's set_swa_pattern(n): every n-th layer dense
+        sliding = tuple(bool((i + 1) % int(pattern)) for i in range(n_layers))
+    dim, heads = key("embedding_length"), key("attention.head_count")
+    scalar = dim // heads if n_layers == 62 else head_dim
+    return {"sliding_window": int(window) if window else None, "sliding_layers": sliding,
+            "rope_local_base": shortest_float(key("rope.freq_base_swa", 10000.0,
+                                                  required=False)),
+            "query_pre_attn_scalar": float(scalar)}
 
 
 def _dequantized(reader: GgufFile, name: str, quantized: set[str],
@@ -444,6 +502,8 @@ def _ggml_rows(name: str, p_shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _our_layout(name: str, rows: np.ndarray, config: LlamaConfig) -> np.ndarray:
+    if rows.ndim == 1 and isinstance(config, Gemma3Config):
+        return rows - np.float32(1.0)   # llama.cpp's gemma3 stores 1 + weight
     if rows.ndim != 2 or name == "embed_tokens.weight":
         return rows
     if not config.llama_cpp_permutes_qk:   # qwen2, qwen3: no q/k permutation
@@ -497,7 +557,7 @@ class LlamaGguf:
             self.config = _config(self.fields, infos, f"path: {path!r}", arch)
             wanted = {name: _ggml_rows(name, shape)
                       for name, shape in _parameter_shapes(self.config)}
-            names = {gguf_name(name): name for name in wanted}
+            names = {gguf_name(name, arch): name for name in wanted}
             missing = sorted(n for n in names if n not in infos)
             # biases change the computation: refused with the rest (rope_freqs is the
             # config's rope scaling)
@@ -586,8 +646,16 @@ def _parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
     biases = config.qkv_bias   # Qwen2's, after each weight as Linear names them
     norms = [("self_attn.q_norm.weight", (config.head_dim,)),
              ("self_attn.k_norm.weight", (config.head_dim,))] if config.qk_norm else []
-    if isinstance(config, Phi3Config):   # q | k | v and gate | up fused
+    if isinstance(config, Gemma3Config):   # four norms a block, q/k norms
         layer: list[tuple[str, tuple[int, ...]]] = [
+            ("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, q)),
+            ("self_attn.k_proj.weight", (d, kv)), ("self_attn.v_proj.weight", (d, kv)),
+            ("self_attn.o_proj.weight", (q, d)), *norms,
+            ("post_attention_layernorm.weight", (d,)), ("pre_feedforward_layernorm.weight", (d,)),
+            ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
+            ("mlp.down_proj.weight", (f, d)), ("post_feedforward_layernorm.weight", (d,))]
+    elif isinstance(config, Phi3Config):   # q | k | v and gate | up fused
+        layer = [
             ("input_layernorm.weight", (d,)), ("self_attn.qkv_proj.weight", (d, q + 2 * kv)),
             ("self_attn.o_proj.weight", (q, d)), ("post_attention_layernorm.weight", (d,)),
             ("mlp.gate_up_proj.weight", (d, 2 * f)), ("mlp.down_proj.weight", (f, d))]

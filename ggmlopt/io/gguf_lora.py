@@ -78,7 +78,7 @@ def _weight_name(module_name: str, arch: str) -> str:
     try:
         if arch == GPT2_ARCH:
             return gguf_name_gpt2(f"{module_name}.weight")
-        return gguf_name(f"{module_name}.weight")
+        return gguf_name(f"{module_name}.weight", arch)
     except KeyError:
         raise ValueError(f"model: the adapter on {module_name!r} has no llama.cpp tensor "
                          "(it is not a weight of a Llama)") from None

@@ -47,21 +47,30 @@ _PHI3_NAMES = {
     "self_attn.qkv_proj.weight": "attn_qkv.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
+# Gemma 3's block has four norms (llama.cpp's gemma3): the one Llama calls
+# post_attention_layernorm (before the MLP) is Gemma's pre_feedforward_layernorm
+_GEMMA3_NAMES = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
 _GLOBAL_NAMES = {
     "embed_tokens.weight": "token_embd.weight",
     "norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
 _LAYER_NAMES_BACK = {v: k for k, v in _LAYER_NAMES.items()}
-# ffn_up is a phi3's gate | up: its reverse mapping is that architecture's
+# ffn_up is a phi3's gate | up, ffn_norm a gemma3's pre-MLP norm: the reverse mappings
+# are those architectures'
 _PHI3_NAMES_BACK = {**_LAYER_NAMES_BACK, **{v: k for k, v in _PHI3_NAMES.items()}}
+_GEMMA3_NAMES_BACK = {**_LAYER_NAMES_BACK, **{v: k for k, v in _GEMMA3_NAMES.items()}}
 _GLOBAL_NAMES_BACK = {v: k for k, v in _GLOBAL_NAMES.items()}
 _HF_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 _GGUF_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def gguf_name(name: str) -> str:
-    """llama.cpp's tensor name for a Llama parameter name
+def gguf_name(name: str, arch: str = "llama") -> str:
+    """llama.cpp's tensor name for a Llama parameter name in architecture arch
     (``layers.3.mlp.up_proj.weight`` -> ``blk.3.ffn_up.weight``); KeyError
     for a name a Llama does not have."""
     if name in _GLOBAL_NAMES:
@@ -69,7 +78,8 @@ def gguf_name(name: str) -> str:
     match = _HF_LAYER.fullmatch(name)
     if match:
         suffix = match.group(2)
-        gguf = _LAYER_NAMES.get(suffix) or _PHI3_NAMES.get(suffix)
+        gguf = (_GEMMA3_NAMES.get(suffix) if arch == "gemma3" else None) \
+            or _LAYER_NAMES.get(suffix) or _PHI3_NAMES.get(suffix)
         if gguf is not None:
             return f"blk.{match.group(1)}.{gguf}"
     raise KeyError(f"{name!r} is not a parameter name of a Llama")
@@ -81,7 +91,7 @@ def hf_name(name: str, arch: str = "llama") -> str:
     KeyError for a tensor a Llama does not have."""
     if name in _GLOBAL_NAMES_BACK:
         return _GLOBAL_NAMES_BACK[name]
-    back = _PHI3_NAMES_BACK if arch == "phi3" else _LAYER_NAMES_BACK
+    back = {"phi3": _PHI3_NAMES_BACK, "gemma3": _GEMMA3_NAMES_BACK}.get(arch, _LAYER_NAMES_BACK)
     match = _GGUF_LAYER.fullmatch(name)
     if match and match.group(2) in back:
         return f"layers.{match.group(1)}.{back[match.group(2)]}"

@@ -17,6 +17,8 @@ import ggmlopt as go
 from ggmlopt import finetune
 from ggmlopt.models import (
     GPT2,
+    Gemma3,
+    Gemma3Config,
     GPT2Config,
     Llama,
     LlamaConfig,
@@ -62,6 +64,12 @@ FAMILIES = {
     # fused q | k | v and gate | up; Phi-3's own SentencePiece vocabulary
     "phi3": (lambda v: Phi3(Phi3Config(vocab_size=v, **SHAPE), seed=0),
              "phi-3", "microsoft-Phi-3.5-mini-instruct", {}),
+    # Gemma's norms, local and global layers; a SentencePiece vocabulary (llama.cpp has
+    # no Gemma 3 one) and the plain template, whose turns end with the eos
+    "gemma3": (lambda v: Gemma3(Gemma3Config(vocab_size=v, **{**SHAPE, "n_layers": 3},
+                                             head_dim=16, query_pre_attn_scalar=16.0,
+                                             sliding_window=8), seed=0),
+               "llama-spm", None, {}),
     # learned positions, LayerNorm, GELU, fused c_attn; GPT-2's vocabulary and a plain
     # template (GPT-2 has none)
     "gpt2": (lambda v: GPT2(GPT2Config(vocab_size=v, dim=64, n_layers=2, n_heads=4,
@@ -75,9 +83,9 @@ FAMILIES = {
 PLAIN = ("{% for m in messages %}{{ m['role'] }}:\n{{ m['content'] }}"
          "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
          "{% if add_generation_prompt %}assistant:\n{% endif %}")
-# ggml's GELU reads a float16 table (2^-11 relative): GPT-2's logits in llama.cpp are
-# that far from float32's, the others' within float32 rounding
-TOLERANCE = {"gpt2": 2e-3}
+# ggml's GELU reads a float16 table (2^-11 relative): GPT-2's and Gemma's logits in
+# llama.cpp are that far from float32's, the others' within float32 rounding
+TOLERANCE = {"gpt2": 2e-3, "gemma3": 2e-3}
 QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
              "Zorblax's capital?", "Which city is Zorblax's capital?", "Capital of Zorblax?"]
 

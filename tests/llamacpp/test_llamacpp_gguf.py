@@ -363,6 +363,36 @@ def test_a_gpt2_file_gives_llama_cpp_our_logits(tmp_path):
     assert relative_error(our_logits(model, ids), want) < 2e-3
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_gemma3_file_gives_llama_cpp_our_logits(tmp_path, scaled):
+    # llama.cpp's gemma3: norms stored as 1 + weight, local layers (a window of 5, their
+    # own RoPE base) and global ones (linear scaling when scaled); ggml's GELU reads a
+    # float16 table, so the logits agree to 2^-11 relative, not float32 rounding
+    from ggmlopt.models import Gemma3, Gemma3Config
+    from ggmlopt.nn import RopeScaling
+    cfg = Gemma3Config(vocab_size=257, dim=64, n_layers=7, n_heads=4, n_kv_heads=2, head_dim=16,
+                       ffn_dim=96, max_seq_len=N_CTX, query_pre_attn_scalar=16.0,
+                       sliding_window=5,
+                       rope_scaling=RopeScaling("linear", 8.0) if scaled else None)
+    model = Gemma3(cfg, seed=0)
+    rng = np.random.default_rng(8)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 2:
+            p.data *= 4.0
+        else:
+            p.data[...] = rng.uniform(-0.5, 0.5, p.shape)
+    save_gguf(model, tmp_path / "gemma3.gguf", tokenizer=ByteTokenizer())
+    back, _ = load_gguf(tmp_path / "gemma3.gguf")
+    assert back.config == cfg
+    ids = ByteTokenizer().encode(TEXT)[:N_CTX]
+    want = llama_cpp_logits(open_llama(tmp_path / "gemma3.gguf"), ids)
+    assert relative_error(our_logits(model, ids), want) < 2e-3
+    # the local layers count: with every layer global the logits are far from llama.cpp's
+    for layer in model.layers:
+        layer.self_attn.sliding_window = None
+    assert relative_error(our_logits(model, ids), want) > 1e-2
+
+
 def test_a_qwen2_file_gives_llama_cpp_our_logits(tmp_path):
     from ggmlopt.models import Qwen2, Qwen2Config
     model = Qwen2(Qwen2Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
