@@ -12,7 +12,7 @@ import numpy as np
 from .._dtypes import dtype_or_ggml_name
 from .._optional import import_optional
 
-__all__ = ["dtype_arg", "gguf_module", "metadata_items", "refuse_adapter_file", "shortest_float",
+__all__ = ["dtype_arg", "gguf_module", "metadata_items", "model_file_items", "refuse_adapter_file", "shortest_float",
            "stored"]
 
 _F16_MAX = float(np.finfo(np.float16).max)
@@ -90,3 +90,18 @@ def shortest_float(value) -> float:
     """A float32 key as the shortest decimal that rounds to it (1e-05, not
     9.99999974738e-06), so a config written from 1e-5 reads back as 1e-5."""
     return float(str(np.float32(value)))
+
+
+def model_file_items(model, name, metadata, reserved: tuple[str, ...]):
+    """The checks a model file's writer makes before anything else (no adapters
+    left unmerged, a str general.name) and the metadata key-values, none of them
+    under a reserved prefix (keys the writer sets itself)."""
+    from ..lora import refuse_adapters
+    refuse_adapters(model, "save_gguf")
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str, got {type(name).__name__}")
+    items = metadata_items(metadata, gguf_module())
+    for key, _, _ in items:
+        if key.startswith(reserved):
+            raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
+    return items

@@ -16,14 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from ..lora import refuse_adapters
 from ..models import GPT2, GPT2Config
 from ..nn.init import skip_init
 from ._files import atomic_output, input_path, output_path
 from ._gguf_common import (
     dtype_arg,
     gguf_module,
-    metadata_items,
+    model_file_items,
     refuse_adapter_file,
     shortest_float,
     stored,
@@ -84,18 +83,12 @@ def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     tokenizer of another size or a weight beyond float16's range."""
     if not isinstance(model, GPT2):
         raise TypeError(f"model: expected a ggmlopt.models.GPT2, got {type(model).__name__}")
-    refuse_adapters(model, "save_gguf")
-    if not isinstance(name, str):
-        raise TypeError(f"name: expected a str, got {type(name).__name__}")
+    items = model_file_items(model, name, metadata, _RESERVED)
     dtype = dtype_arg(dtype)
     path = output_path(path)
     cfg = model.config
     tok = tokenizer_keys(tokenizer, cfg.vocab_size)
     gguf = gguf_module()
-    items = metadata_items(metadata, gguf)
-    for key, _, _ in items:
-        if key.startswith(_RESERVED):
-            raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
     arrays = []
     for pname, p in model.named_parameters():
         data = p.data

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from .. import kernels_quant
-from ..lora import refuse_adapters
 from ..models import (
     Gemma3,
     Gemma3Config,
@@ -47,7 +46,13 @@ from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
 from ..nn.rope_scaling import RopeScaling
 from ..text import ByteTokenizer
 from ._files import atomic_output, input_path, output_path
-from ._gguf_common import dtype_arg, metadata_items, refuse_adapter_file, shortest_float, stored
+from ._gguf_common import (
+    dtype_arg,
+    model_file_items,
+    refuse_adapter_file,
+    shortest_float,
+    stored,
+)
 from ._gguf_length import gguf_truncation
 from ._gguf_tokenizer import BYTE_MERGES, BYTE_PRE, add_tokenizer, byte_vocabulary, tokenizer_keys
 from .gguf_reader import GgufFile
@@ -214,18 +219,12 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     """
     if not isinstance(model, Llama):
         raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
-    refuse_adapters(model, "save_gguf")
-    if not isinstance(name, str):
-        raise TypeError(f"name: expected a str, got {type(name).__name__}")
+    items = model_file_items(model, name, metadata, _RESERVED_PREFIXES)
     dtype = _save_dtype_arg(dtype)
     path = output_path(path)
     cfg = model.config
     tok = tokenizer_keys(tokenizer, cfg.vocab_size)
     gguf = _gguf()
-    items = metadata_items(metadata, gguf)
-    for key, _, _ in items:
-        if key.startswith(_RESERVED_PREFIXES):
-            raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
     arch = arch_of(model)
     if arch == LLAMA_ARCH and cfg.qkv_bias:
         # llama.cpp permutes a llama's q/k rows, biases included; ggmlopt's llama reader

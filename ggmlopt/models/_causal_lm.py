@@ -15,7 +15,7 @@ from ..nn.positions import split_documents
 from ..nn.recompute import checkpointed_backward, checkpointed_forward
 from ._fused_head import head_loss
 
-__all__ = ["CausalLM", "KVCache", "PreNormBlock", "normal_init"]
+__all__ = ["CausalLM", "KVCache", "PreNormBlock", "cached_self_attention", "normal_init"]
 
 
 def normal_init(std):
@@ -99,6 +99,26 @@ def attend_cached(q, cache_k, cache_v, pos, window=None):
     p /= p.sum(axis=-1, keepdims=True)
     out = np.einsum("bkgtl,blkd->btkgd", p.astype(np.float32), values)
     return np.ascontiguousarray(out, dtype=np.float32).reshape(b, t, n_heads * hd)
+
+
+def cached_self_attention(attn, rows, b, t, pos, cache_k, cache_v):
+    """A CausalSelfAttention's output (batch, t, dim) for t new positions at pos..
+    of normalised rows (batch * t, dim): q, k (per-head norms, RoPE, Gemma's
+    query scale) and v of the rows, k and v appended to the cache, attention
+    over every cached position (or its window)."""
+    q, k = attn.project_qk(rows, (b, t, attn.n_heads, attn.head_dim),
+                           (b, t, attn.n_kv_heads, attn.head_dim))
+    q, k = q.copy(), k.copy()
+    v = attn.v_proj.forward(rows).reshape(b, t, attn.n_kv_heads, attn.head_dim)
+    if attn.rotary is not None:   # a SmolLM3's no-RoPE layers have none
+        attn.rotary.rotate(q, pos, out=q)
+        attn.rotary.rotate(k, pos, out=k)
+    if attn.query_scale is not None:
+        q *= attn.query_scale
+    cache_k[:, pos:pos + t] = k
+    cache_v[:, pos:pos + t] = v
+    o = attend_cached(q, cache_k, cache_v, pos, attn.sliding_window)
+    return attn.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, -1)
 
 
 class PreNormBlock(Module):

@@ -29,7 +29,7 @@ from ..nn.attention import CausalSelfAttention
 from ..nn.linear import Linear
 from ..nn.module import Module, grads_ready
 from ..nn.norm import RMSNorm
-from ._causal_lm import attend_cached, normal_init
+from ._causal_lm import cached_self_attention, normal_init
 from .config import LlamaConfig
 from .llama import INIT_STD, Llama
 
@@ -225,21 +225,9 @@ class Gemma3DecoderLayer(Module):
 
     def decode(self, x, cache_k, cache_v, pos):
         """forward for t new positions at pos.., reading and extending the cache."""
-        attn = self.self_attn
         b, t, d = x.shape
         rows = self.input_layernorm.forward(x).reshape(b * t, d)
-        q, k = attn.project_qk(rows, (b, t, attn.n_heads, attn.head_dim),
-                               (b, t, attn.n_kv_heads, attn.head_dim))
-        q, k = q.copy(), k.copy()
-        v = attn.v_proj.forward(rows).reshape(b, t, attn.n_kv_heads, attn.head_dim)
-        attn.rotary.rotate(q, pos, out=q)
-        attn.rotary.rotate(k, pos, out=k)
-        if attn.query_scale is not None:
-            q *= attn.query_scale
-        cache_k[:, pos:pos + t] = k
-        cache_v[:, pos:pos + t] = v
-        o = attend_cached(q, cache_k, cache_v, pos, attn.sliding_window)
-        a = attn.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, d)
+        a = cached_self_attention(self.self_attn, rows, b, t, pos, cache_k, cache_v)
         h = x + self.post_attention_layernorm.forward(a)
         m = self.mlp.forward(self.pre_feedforward_layernorm.forward(h))
         return h + self.post_feedforward_layernorm.forward(m)

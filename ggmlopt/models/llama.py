@@ -16,7 +16,7 @@ from ..nn.linear import Linear
 from ..nn.mlp import SwiGLU
 from ..nn.module import Module, grads_ready
 from ..nn.norm import RMSNorm
-from ._causal_lm import CausalLM, PreNormBlock, attend_cached, normal_init
+from ._causal_lm import CausalLM, PreNormBlock, cached_self_attention, normal_init
 from .config import LlamaConfig
 
 __all__ = ["Llama", "LlamaDecoderLayer"]
@@ -47,20 +47,9 @@ class LlamaDecoderLayer(PreNormBlock):
 
     def decode(self, x, cache_k, cache_v, pos):
         """forward for t new positions at pos.., reading and extending the cache."""
-        attn = self.self_attn
         b, t, d = x.shape
         rows = self.input_layernorm.forward(x).reshape(b * t, d)
-        q, k = attn.project_qk(rows, (b, t, attn.n_heads, attn.head_dim),
-                               (b, t, attn.n_kv_heads, attn.head_dim))
-        q, k = q.copy(), k.copy()
-        v = attn.v_proj.forward(rows).reshape(b, t, attn.n_kv_heads, attn.head_dim)
-        if attn.rotary is not None:   # a SmolLM3's no-RoPE layers have none
-            attn.rotary.rotate(q, pos, out=q)
-            attn.rotary.rotate(k, pos, out=k)
-        cache_k[:, pos:pos + t] = k
-        cache_v[:, pos:pos + t] = v
-        o = attend_cached(q, cache_k, cache_v, pos, attn.sliding_window)
-        h = x + attn.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, d)
+        h = x + cached_self_attention(self.self_attn, rows, b, t, pos, cache_k, cache_v)
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
 
 

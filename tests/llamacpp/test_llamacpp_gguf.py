@@ -61,6 +61,17 @@ def llama_cpp_logits(llm, ids):
     return np.array(llm.scores[:len(ids)], dtype=np.float64)
 
 
+def spread(model, seed, gain=8.0):
+    """model's matrices scaled by gain and its vectors (norms) drawn from
+    U(0.5, 1.5): logits of some size, and norms that count."""
+    rng = np.random.default_rng(seed)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 2:
+            p.data *= gain
+        else:
+            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+
+
 def our_logits(model, ids):
     return model.forward(np.asarray(ids, np.int32)[None])[0].astype(np.float64)
 
@@ -297,12 +308,7 @@ def test_a_qwen3_file_gives_llama_cpp_our_logits(tmp_path, head_dim, tied):
     model = Qwen3(Qwen3Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
                               head_dim=head_dim, ffn_dim=96, max_seq_len=N_CTX,
                               tie_embeddings=tied), seed=0)
-    rng = np.random.default_rng(4)
-    for _, p in model.named_parameters():
-        if p.data.ndim == 2:
-            p.data *= 8.0
-        else:
-            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    spread(model, 4)
     save_gguf(model, tmp_path / "qwen3.gguf", tokenizer=ByteTokenizer())
     ids = ByteTokenizer().encode(TEXT)[:N_CTX]
     want = llama_cpp_logits(open_llama(tmp_path / "qwen3.gguf"), ids)
@@ -318,12 +324,7 @@ def test_a_smollm3_file_gives_llama_cpp_our_logits(tmp_path):
     from ggmlopt.models import SmolLM3, SmolLM3Config
     model = SmolLM3(SmolLM3Config(vocab_size=257, dim=64, n_layers=4, n_heads=4, n_kv_heads=2,
                                   ffn_dim=96, max_seq_len=N_CTX), seed=0)
-    rng = np.random.default_rng(5)
-    for _, p in model.named_parameters():
-        if p.data.ndim == 2:
-            p.data *= 8.0
-        else:
-            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    spread(model, 5)
     save_gguf(model, tmp_path / "smollm3.gguf", tokenizer=ByteTokenizer())
     ids = ByteTokenizer().encode(TEXT)[:N_CTX]
     want = llama_cpp_logits(open_llama(tmp_path / "smollm3.gguf"), ids)
@@ -335,12 +336,7 @@ def test_a_phi3_file_gives_llama_cpp_our_logits(tmp_path):
     from ggmlopt.models import Phi3, Phi3Config
     model = Phi3(Phi3Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
                             ffn_dim=96, max_seq_len=N_CTX), seed=0)
-    rng = np.random.default_rng(6)
-    for _, p in model.named_parameters():
-        if p.data.ndim == 2:
-            p.data *= 8.0
-        else:
-            p.data[...] = rng.uniform(0.5, 1.5, p.shape)
+    spread(model, 6)
     save_gguf(model, tmp_path / "phi3.gguf", tokenizer=ByteTokenizer())
     ids = ByteTokenizer().encode(TEXT)[:N_CTX]
     want = llama_cpp_logits(open_llama(tmp_path / "phi3.gguf"), ids)
