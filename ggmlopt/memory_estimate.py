@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 from ._args import int_arg
 
@@ -57,6 +57,19 @@ class MemoryReport:
     batch_size: int
     n_ctx: int
     checkpointing: bool
+
+    PARTS: ClassVar[tuple[str, ...]] = ("weights", "gradients", "optimizer_state", "activations", "head", "runtime",
+             "total")
+
+    def to_dict(self) -> dict[str, int]:
+        """{part: bytes} of PARTS (weights ... runtime, and total)."""
+        return {k: getattr(self, k) for k in self.PARTS}
+
+    def __getitem__(self, part: str) -> int:
+        """report["weights"] ... report["total"]: the bytes of a part."""
+        if part not in self.PARTS:
+            raise KeyError(f"{part!r}: expected one of {', '.join(self.PARTS)}")
+        return getattr(self, part)
 
     def __str__(self) -> str:
         rows = [("weights", self.weights), ("gradients", self.gradients),

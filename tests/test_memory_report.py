@@ -30,6 +30,9 @@ def test_the_parts_add_up_and_follow_what_trains():
     assert ck.total < (ck.weights + ck.gradients + ck.optimizer_state + ck.activations
                        + ck.head + ck.runtime)
     assert go.memory_report(model, 2, 64, optimizer="sgd").optimizer_state == 0
+    assert full["total"] == full.total and full.to_dict()["head"] == full.head
+    with pytest.raises(KeyError, match="expected one of"):
+        full["logits"]
     assert go.memory_report(model, 4, 64).activations == 2 * full.activations
     ckpt = go.memory_report(model, 2, 64, checkpointing=True)
     assert ckpt.activations < full.activations and ckpt.checkpointing
