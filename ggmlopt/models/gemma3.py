@@ -117,10 +117,12 @@ class GeGLU(Module):
 class Gemma3Config(LlamaConfig):
     """Gemma3Config(vocab_size, dim, n_layers, n_heads, n_kv_heads=None,
     ffn_dim=None, max_seq_len=131072, norm_eps=1e-6, rope_base=1000000.0,
-    tie_embeddings=True, rope_scaling=None, qkv_bias=False, head_dim=256,
+    tie_embeddings=True, rope_scaling=None, qkv_bias=False, head_dim=None,
     query_pre_attn_scalar=256.0, sliding_window=4096, rope_local_base=10000.0,
     sliding_layers=None): Hugging Face's Gemma3TextConfig as LlamaConfig's
-    fields (rope_base, rope_scaling: the global layers') and Gemma's own.
+    fields (rope_base, rope_scaling: the global layers') and Gemma's own;
+    head_dim None is dim // n_heads (Hugging Face's default, 256, is read from
+    a checkpoint's config).
     sliding_layers: a tuple of bools, True where a layer is local
     (``layer_types``); None: five local to one global (HF's default pattern,
     layer i global when (i + 1) % 6 == 0)."""
@@ -129,7 +131,7 @@ class Gemma3Config(LlamaConfig):
     norm_eps: float = 1e-6
     rope_base: float = 1000000.0
     tie_embeddings: bool = True
-    head_dim: int | None = 256  # type: ignore[assignment]  # a field here, not the property
+    head_dim: int | None = None  # type: ignore[assignment]  # a field here, not the property
     query_pre_attn_scalar: float = 256.0
     sliding_window: int | None = 4096
     rope_local_base: float = 10000.0
