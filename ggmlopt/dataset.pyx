@@ -396,6 +396,30 @@ cdef class Dataset:
         return _KIND_DTYPES[self._label_kind] if self.ne_label > 0 else None
 
     @property
+    def document_ids(self):
+        """For token windows (int32 data): int32 (ndata, ne_datapoint), the index
+        of each token's document within its window (all 0 unless the windows
+        were packed: ``from_chat(..., packing=True)``); None for other data."""
+        if self._data_kind != STORAGE_I32:
+            return None
+        from ggmlopt.nn.positions import document_ids
+        return document_ids(self._data_view)
+
+    @property
+    def positions(self):
+        """For token windows (int32 data): int32 (ndata, ne_datapoint), each
+        token's position within its document (where RoPE and learned positions
+        restart in packed windows); None for other data."""
+        if self._data_kind != STORAGE_I32:
+            return None
+        from ggmlopt.nn.positions import split_documents
+        _, pos = split_documents(self._data_view)
+        if pos is None:
+            return np.ascontiguousarray(np.broadcast_to(
+                np.arange(self.ne_datapoint, dtype=np.int32), (self.ndata, self.ne_datapoint)))
+        return pos.positions
+
+    @property
     def class_labels(self):
         """Whether the labels are class indices: int32 storage with ne_label == 1
         (what from_arrays makes of integer labels of shape (ndata,))."""

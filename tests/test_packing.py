@@ -241,6 +241,12 @@ def test_from_chat_packs_every_conversation_once_with_its_own_labels():
             else:   # the padded tail: eos, masked
                 assert (ids[r, cols] == tok.eos_id).all() and cols[-1] == 255
     assert sorted(got) == want
+    # the dataset says it: each token's document and its position there
+    np.testing.assert_array_equal(packed.document_ids, docs)
+    np.testing.assert_array_equal(packed.positions, pos.positions)
+    np.testing.assert_array_equal(plain.positions[3], np.arange(256))
+    assert not plain.document_ids.any()
+    assert go.Dataset.from_arrays(np.ones((2, 3), np.float32)).positions is None
     comp = go.Dataset.from_completions([("a", "b"), ("cc", "dd")], tok, 16, packing=True)
     assert comp.ndata == 1 and document_ids(np.asarray(comp.data))[0].max() == 2
     with pytest.raises(TypeError, match="packing: expected a bool"):
