@@ -62,7 +62,10 @@ def test_gemma3_parts():
 def test_logits_and_gradients_equal_transformers(tmp_path, kind, T):
     from ggmlopt.io import load_hf
     model = randomised(Gemma3(CONFIGS[kind], seed=1), T)
-    assert_equals_transformers(model, "Gemma3ForCausalLM", tmp_path, T, eager=True)
+    # at T = 1 q and k get no gradient (one score a softmax): float32 noise stands for it,
+    # which Gemma's q/k norms (a scale of 1 + w, up to 2.5 here) and query scale amplify
+    assert_equals_transformers(model, "Gemma3ForCausalLM", tmp_path, T, eager=True,
+                               noise_floor=1e-2)
     back = load_hf(tmp_path)
     assert type(back) is Gemma3 and back.config == model.config
     tokens = np.random.default_rng(T).integers(0, 67, (2, T))
@@ -106,8 +109,11 @@ def test_cache_packing_and_checkpointing():
     la, ga, _ = _loss_and_grads(model, xa, ya)
     assert abs(lp - la) <= 1e-6 * abs(la)
     scale = max(np.abs(g).max() for g in ga.values())
+    # packed and alone sum in other orders; the rounding compounds block by block (seven
+    # here, and the embedding's gradient is scaled by sqrt(dim)): 1e-6 of scale a block
+    depth = model.config.n_layers
     for k in ga:
-        np.testing.assert_allclose(gp[k], ga[k], rtol=0, atol=1e-6 * scale, err_msg=k)
+        np.testing.assert_allclose(gp[k], ga[k], rtol=0, atol=1e-6 * scale * depth, err_msg=k)
     # activation checkpointing: the same gradients, bit for bit
     model.train()
     model.gradient_checkpointing_enable()
