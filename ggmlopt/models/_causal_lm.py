@@ -285,7 +285,7 @@ class CausalLM(Module):
         document and restart its positions: each document's logits are those
         it has alone."""
         tokens, pos = self._tokens(tokens, packed=True)
-        self._head_loss = None
+        self._head_grad_rows = None
         h = self._hidden(tokens, 0 if pos is None else pos)
         b, t, d = h.shape
         rows = h.reshape(b * t, d)
@@ -324,8 +324,9 @@ class CausalLM(Module):
                              f"{tokens.shape} like tokens, got {labels.dtype} {labels.shape}")
         h = self._hidden(tokens, 0 if pos is None else pos)
         b, t, d = h.shape
-        loss, self._head_loss = head_loss(self, h.reshape(b * t, d), labels.reshape(-1),
-                                          grad_scale=grad_scale, backward=backward, pred=pred)
+        loss, self._head_grad_rows = head_loss(self, h.reshape(b * t, d), labels.reshape(-1),
+                                               grad_scale=grad_scale, backward=backward,
+                                               pred=pred)
         self._rows, self._b, self._t = None, b, t
         return np.float32(loss)
 
@@ -334,14 +335,14 @@ class CausalLM(Module):
         None after fused_cross_entropy(backward=True), whose head gradient is in
         place: the rest of the model's backward."""
         if grad_logits is None:
-            fused = getattr(self, "_head_loss", None)
-            if fused is None or fused.grad_rows is None:
+            grad_rows = getattr(self, "_head_grad_rows", None)
+            if grad_rows is None:
                 raise RuntimeError("backward(None): call fused_cross_entropy(backward=True) "
                                    "first")
-            self._head_loss = None
+            self._head_grad_rows = None
             if self.lm_head is not None:
                 grads_ready(self.lm_head)  # the gradient-ready hook: the head is done
-            self._hidden_backward(fused.grad_rows.reshape(self._b, self._t, -1))
+            self._hidden_backward(grad_rows.reshape(self._b, self._t, -1))
             return
         rows = getattr(self, "_rows", None)
         if rows is None:

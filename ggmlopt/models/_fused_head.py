@@ -28,21 +28,11 @@ from ..nn._buffers import trains
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 
-__all__ = ["CHUNK_BYTES", "HeadLoss", "head_loss"]
+__all__ = ["CHUNK_BYTES", "head_loss"]
 
 CHUNK_BYTES = 32 << 20
 # a product of norms below this cannot overflow float32 (max 3.4e38) in a dot product
 _SAFE_PRODUCT = 1e37
-
-
-class HeadLoss:
-    """What a fused head pass leaves for the model's backward: d loss / d
-    hidden rows (rows, dim), zero on the unlabelled rows (None without backward)."""
-
-    __slots__ = ("grad_rows",)
-
-    def __init__(self, grad_rows):
-        self.grad_rows = grad_rows
 
 
 def _head_trains(model) -> bool:
@@ -82,31 +72,31 @@ def _finite_by_bound(model, rows: np.ndarray) -> bool:
 
 
 def head_loss(model, hidden_rows: np.ndarray, labels: np.ndarray, *, grad_scale: float,
-              backward: bool, pred: np.ndarray | None) -> tuple[float, HeadLoss]:
-    """(loss, HeadLoss) of hidden_rows (rows, dim) and labels (rows,) int32 (-1:
+              backward: bool, pred: np.ndarray | None) -> tuple[float, np.ndarray | None]:
+    """(loss, grad_rows) of hidden_rows (rows, dim) and labels (rows,) int32 (-1:
     masked) through model's head: the float32 mean over the labelled rows (0
     when none is; NaN, with nothing changed, when it is not finite); with
     backward the head's parameters get their gradient (times grad_scale) and
-    HeadLoss the rows' gradient.  pred (rows,) int32: each labelled row's
-    argmax, -1 on the masked rows."""
+    grad_rows is d loss / d hidden_rows (zero on the masked rows; None without
+    backward).  pred (rows,) int32: each labelled row's argmax, -1 on the
+    masked rows."""
     labelled = np.flatnonzero(labels >= 0)
     n = labelled.size
     if pred is not None:
         pred.fill(-1)
     grad_rows = np.zeros(hidden_rows.shape, np.float32) if backward else None
-    result = HeadLoss(grad_rows)
     if n == 0:
-        return 0.0, result
+        return 0.0, grad_rows
     h = np.ascontiguousarray(hidden_rows[labelled])
     y = np.ascontiguousarray(labels[labelled])
     if not np.isfinite(h).all():
-        return float("nan"), result
+        return float("nan"), grad_rows
     if backward and _head_trains(model) and not _finite_by_bound(model, h):
         # the gradient changes chunk by chunk: know the loss is finite first
         loss = _chunks(model, h, y, labelled, grad_scale)
         if not math.isfinite(loss):
-            return loss, result
-    return _chunks(model, h, y, labelled, grad_scale, grad_rows, pred), result
+            return loss, grad_rows
+    return _chunks(model, h, y, labelled, grad_scale, grad_rows, pred), grad_rows
 
 
 def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> float:
