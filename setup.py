@@ -30,7 +30,8 @@ BASE_CFLAGS = ["-O3", "-fno-math-errno", "-std=c11"] if os.name != "nt" else ["/
 if os.name != "nt" and not os.environ.get("GGMLOPT_DEBUG"):
     BASE_CFLAGS.append("-g0")
 
-KERNEL_SOURCES = ["csrc/dispatch.c", "csrc/threadpool.c", "csrc/kernels_scalar.c"]
+KERNEL_SOURCES = ["csrc/dispatch.c", "csrc/threadpool.c", "csrc/kernels_scalar.c",
+                  "csrc/quantize_k.c"]
 # Sources compiled apart with their own ISA flags: {source: extra flags}.
 ISA_SOURCES = {}
 if IS_X86_64:

@@ -13,6 +13,7 @@
 
 #include "ggmlopt.h"
 #include "kernel_table.h"
+#include "quantize_k.h"
 #include "threadpool.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -1411,5 +1412,27 @@ int ggmlopt_dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t n
     if (n <= 0 || ncols == 0) return 0;
     quant_gather_args a = {type, ncols, row_bytes, ids, src, dst};
     run_items(n, ncols, dequantize_gather_block, &a);
+    return 0;
+}
+
+typedef struct {
+    int type;
+    int64_t ncols;
+    const float *src;
+    uint8_t *dst;
+} quantize_k_args;
+
+static double quantize_k_block(const void *p, int64_t b, int64_t e) {
+    const quantize_k_args *a = (const quantize_k_args *)p;
+    go_quantize_k_rows(a->type, b, e, a->ncols, a->src, a->dst);
+    return 0.0;
+}
+int ggmlopt_quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
+                              uint8_t *dst) {
+    if (go_quantize_k_block_bytes(type) == 0 || ncols < 0 || ncols % 256 != 0) return -1;
+    if (nrows <= 0 || ncols == 0) return 0;
+    quantize_k_args a = {type, ncols, src, dst};
+    /* the scale searches make a value cost about a hundred flops */
+    run_items(nrows, ncols * 100, quantize_k_block, &a);
     return 0;
 }

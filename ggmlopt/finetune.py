@@ -76,9 +76,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="the LoRA adapter as llama.cpp loads it (GGUF)")
     p.add_argument("--merge-out", help="the merged model (GGUF) for llama.cpp")
-    p.add_argument("--out-type", choices=("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1",
-                                          "q4_0"), default="f16",
-                   help="the merged model's weight type")
+    p.add_argument("--out-type", choices=("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m",
+                                          "q5_k_s", "q5_k", "q5_1", "q5_0", "q4_k_m", "q4_k_s",
+                                          "q4_k", "q4_1", "q4_0"), default="f16",
+                   help="the merged model's file type, as llama-quantize names them")
     p.add_argument("--plot", help="the loss curves as an image (matplotlib)")
     p.add_argument("--silent", action="store_true", help="no progress bars")
     return p

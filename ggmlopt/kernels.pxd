@@ -168,3 +168,5 @@ cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, i
                           int64_t y_stride) noexcept nogil
 cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
                            const uint8_t *src, float *dst) noexcept nogil
+cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
+                           uint8_t *dst) noexcept nogil

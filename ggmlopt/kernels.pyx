@@ -1680,6 +1680,8 @@ cdef extern from "ggmlopt.h" nogil:
     int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
                                  int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                                  int64_t y_stride)
+    int ggmlopt_quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
+                                  uint8_t *dst)
 
 
 cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil:
@@ -1700,3 +1702,8 @@ cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, i
 cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
                            const uint8_t *src, float *dst) noexcept nogil:
     return ggmlopt_dequantize_gather(type, n, ids, ncols, src, dst)
+
+
+cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
+                           uint8_t *dst) noexcept nogil:
+    return ggmlopt_quantize_rows_f32(type, nrows, ncols, src, dst)

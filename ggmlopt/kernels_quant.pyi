@@ -2,6 +2,7 @@ import numpy as np
 import numpy.typing as npt
 
 QTYPES: dict[str, int]
+QUANTIZE_TYPES: tuple[str, ...]
 
 def row_bytes(qtype: str | int, ncols: int) -> int: ...
 def dequantize(qtype: str | int, raw: npt.NDArray[np.generic], ncols: int, start: int = ...,
@@ -11,3 +12,5 @@ def matmul(x: npt.NDArray[np.float32], qtype: str | int, raw: npt.NDArray[np.gen
            out: npt.NDArray[np.float32] | None = ...) -> npt.NDArray[np.float32]: ...
 def gather(ids: npt.NDArray[np.int32], qtype: str | int, raw: npt.NDArray[np.generic],
            ncols: int, out: npt.NDArray[np.float32] | None = ...) -> npt.NDArray[np.float32]: ...
+def quantize(rows: npt.NDArray[np.float32], qtype: str | int,
+             out: npt.NDArray[np.uint8] | None = ...) -> npt.NDArray[np.uint8]: ...

@@ -4,6 +4,9 @@ weight matrix stored as a GGUF file stores it (bit-identical to ggml and to
 gguf-py's ``dequantize``), and multiply float32 rows by such a matrix without
 widening it.
 
+``quantize`` goes the other way for the K types (Q4_K, Q5_K, Q6_K), with
+the bytes llama-quantize writes.
+
 A matrix is ``raw``: a C-contiguous array of nrows rows, each row the bytes of
 ncols values of the type (``row_bytes(qtype, ncols)``; the uint8 view
 ``GgufFile.raw`` gives, or float16 / uint16 words for F16 / BF16), read-only
@@ -50,6 +53,11 @@ cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, i
                           int64_t nout, const uint8_t *w, float *y,
                           int64_t y_stride) noexcept nogil:
     return _k.quant_matmul_f32(type, nx, ncols, x, x_stride, nout, w, y, y_stride)
+
+
+cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
+                           uint8_t *dst) noexcept nogil:
+    return _k.quantize_rows_f32(type, nrows, ncols, src, dst)
 
 
 cdef int _qtype(object qtype) except -1:
@@ -191,4 +199,44 @@ def gather(ids, qtype, raw, ncols, out=None):
     cdef int64_t count = ai.size
     with nogil:
         _k.dequantize_gather(t, count, pi, n, src, dst)
+    return ao
+
+
+# the types quantize writes (the legacy ones come from gguf-py's quantizers)
+QUANTIZE_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+
+
+def quantize(rows, qtype, out=None):
+    """float32 rows (nrows, ncols) as qtype's blocks: a uint8 array (nrows,
+    row_bytes(qtype, ncols)), into out when given.  qtype: Q4_K, Q5_K or Q6_K;
+    ncols a multiple of 256.  The bytes are ggml's quantize_row_q*_K_ref's,
+    which llama-quantize writes for a model without an importance matrix; the
+    same whatever the threads.  ValueError for a non-finite value (ggml's
+    reference has no meaning for one) or another type."""
+    cdef int t = _qtype(qtype)
+    if _NAMES[t] not in QUANTIZE_TYPES:
+        raise ValueError(f"qtype: quantize writes {', '.join(QUANTIZE_TYPES)}; got "
+                         f"{_NAMES[t]} (gguf.quants.quantize writes the 32-value types)")
+    cdef cnp.ndarray a = _array(rows, "rows", np.float32, False)
+    if a.ndim != 2:
+        raise ValueError(f"rows: expected a 2-D array (rows, values), got shape "
+                         f"{(<object>a).shape}")
+    cdef int64_t nrows = a.shape[0], ncols = a.shape[1]
+    if _k.quant_row_bytes(t, ncols) < 0:
+        raise ValueError(f"rows: {_NAMES[t]} rows hold whole blocks of 256 values; got rows "
+                         f"of {ncols}")
+    cdef int64_t nbytes = _k.quant_row_bytes(t, ncols)
+    if not np.isfinite(a).all():
+        raise ValueError("rows: every value must be finite to be quantized")
+    shape = (int(nrows), int(nbytes))
+    if out is None:
+        out = np.empty(shape, np.uint8)
+    cdef cnp.ndarray ao = _array(out, "out", np.uint8, True)
+    if (<object>ao).shape != shape:
+        raise ValueError(f"out: expected shape {shape}, got {(<object>ao).shape}")
+    _outputs_apart([("rows", a)], [("out", ao)])
+    cdef const float *src = _f32(a)
+    cdef uint8_t *dst = <uint8_t *>cnp.PyArray_DATA(ao)
+    with nogil:
+        _k.quantize_rows_f32(t, nrows, ncols, src, dst)
     return ao

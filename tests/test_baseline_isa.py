@@ -105,12 +105,14 @@ def wide_instructions(disassembly):
 
 def test_setup_py_compiles_every_baseline_source_checked_here():
     _, sources, isa = setup_py_flags()
-    assert sorted(sources) == ["csrc/dispatch.c", "csrc/kernels_scalar.c", "csrc/threadpool.c"]
+    assert sorted(sources) == ["csrc/dispatch.c", "csrc/kernels_scalar.c", "csrc/quantize_k.c",
+                               "csrc/threadpool.c"]
     assert list(isa) == ["csrc/kernels_avx2.c", "csrc/kernels_avx512.c"]
 
 
 @pytest.mark.parametrize(
-    "source", ["csrc/dispatch.c", "csrc/kernels_scalar.c", "csrc/threadpool.c"]
+    "source", ["csrc/dispatch.c", "csrc/kernels_scalar.c", "csrc/quantize_k.c",
+               "csrc/threadpool.c"]
 )
 def test_baseline_object_holds_no_avx(source, tmp_path):
     wide = wide_instructions(compile_and_disassemble(source, [], tmp_path))

@@ -174,3 +174,108 @@ def test_bad_input_names_the_argument():
     out = np.zeros((1, 2), np.float32)
     kq.matmul(np.ones((1, 32), np.float32), "Q4_0", raw, out=out)
     np.testing.assert_allclose(out, reference("Q4_0", raw).sum(axis=1)[None], rtol=1e-5)
+
+
+# ---- quantize: float32 rows to the K types ------------------------------------
+# (bit-identity with ggml's own quantizer is checked in tests/llamacpp, where
+# llama.cpp's library is at hand; here, what the bytes must satisfy)
+
+def _sub_block_grids(qtype, raw):
+    """Per value: (step, offset, nmax) of its sub-block's grid as the block's
+    stored scales define it, value = step * level - offset, level in 0..nmax."""
+    nrows = raw.shape[0]
+    b = raw.reshape(nrows, -1, BLOCKS[qtype][1])
+    if qtype == "Q6_K":
+        d = b[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+        sc = b[..., 192:208].view(np.int8).astype(np.float32)
+        step = np.repeat(d[..., None] * sc, 16, axis=-1)
+        return step.reshape(nrows, -1), 32 * step.reshape(nrows, -1), 63
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = b[..., 4:16].astype(np.int32)
+    sc = np.empty(q.shape[:-1] + (8,), np.int32)
+    m = np.empty_like(sc)
+    sc[..., :4], m[..., :4] = q[..., 0:4] & 63, q[..., 4:8] & 63
+    sc[..., 4:] = (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)
+    m[..., 4:] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    step = np.repeat(d[..., None] * sc, 32, axis=-1).reshape(nrows, -1)
+    offset = np.repeat(dmin[..., None] * m, 32, axis=-1).reshape(nrows, -1)
+    return step, offset, 15 if qtype == "Q4_K" else 31
+
+
+K_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("qtype", K_TYPES)
+def test_quantize_puts_each_value_on_the_nearest_point_of_its_sub_block_grid(qtype):
+    """ggml's quantizers end by rounding every value to the grid its block's
+    stored (rounded) scales define: the dequantized value is the grid point
+    nearest to it.  A wrong packing of levels or scales breaks this."""
+    rng = np.random.default_rng(3)
+    rows = (rng.standard_normal((6, 768)) * rng.uniform(0.01, 3, (6, 1))).astype(np.float32)
+    rows[1, :256] = np.abs(rows[1, :256])   # a block with a positive minimum (min 0)
+    rows[2, 256:300] = 0                     # a sub-block of zeros
+    raw = kq.quantize(rows, qtype)
+    assert raw.shape == (6, kq.row_bytes(qtype, 768)) and raw.dtype == np.uint8
+    got = kq.dequantize(qtype, raw, 768).astype(np.float64)
+    step, offset, nmax = (a.astype(np.float64) if isinstance(a, np.ndarray) else a
+                          for a in _sub_block_grids(qtype, raw))
+    live = step != 0
+    level = np.round((got + offset) / np.where(live, step, 1))
+    assert ((level >= 0) & (level <= nmax))[live].all()
+    x = rows.astype(np.float64)
+    err = np.abs(got - x)
+    slack = 4 * 2.0 ** -24 * (np.abs(x) + np.abs(offset))
+    for neighbour in (level - 1, level + 1):
+        inside = live & (neighbour >= 0) & (neighbour <= nmax)
+        alt = np.abs(neighbour * step - offset - x)
+        assert (err <= alt + slack)[inside].all()
+
+
+@pytest.mark.parametrize("qtype,bits", [("Q4_K", 4), ("Q5_K", 5), ("Q6_K", 6)])
+def test_quantize_error_shrinks_with_the_bits(qtype, bits):
+    """On Gaussian rows the root-mean-square error stays below one level of a
+    uniform grid over +-3 sigma (6 sigma / 2^bits), the scale of what b bits
+    can resolve."""
+    rng = np.random.default_rng(4)
+    rows = rng.standard_normal((16, 1024)).astype(np.float32)
+    got = kq.dequantize(qtype, kq.quantize(rows, qtype), 1024)
+    rms = float(np.sqrt(np.mean((got.astype(np.float64) - rows) ** 2)))
+    assert rms < 6 / 2 ** bits
+
+
+def test_quantize_zeros_and_threads(restore_threads):
+    import ggmlopt
+    zeros = np.zeros((3, 256), np.float32)
+    for qtype in K_TYPES:
+        np.testing.assert_array_equal(kq.dequantize(qtype, kq.quantize(zeros, qtype), 256),
+                                      zeros)
+    rows = np.random.default_rng(5).standard_normal((301, 512)).astype(np.float32)
+    ggmlopt.set_num_threads(1)
+    one = kq.quantize(rows, "Q4_K")
+    ggmlopt.set_num_threads(2)
+    np.testing.assert_array_equal(kq.quantize(rows, "Q4_K"), one)
+    out = np.empty_like(one)
+    assert kq.quantize(rows, "Q4_K", out=out) is out
+    np.testing.assert_array_equal(out, one)
+    assert kq.quantize(np.zeros((0, 256), np.float32), "Q6_K").shape == (0, 210)
+
+
+def test_quantize_refuses_bad_input_before_writing():
+    rows = np.ones((2, 256), np.float32)
+    with pytest.raises(ValueError, match="qtype: quantize writes Q4_K, Q5_K, Q6_K; got Q8_0"):
+        kq.quantize(rows, "Q8_0")
+    with pytest.raises(ValueError, match="rows: Q4_K rows hold whole blocks of 256.*320"):
+        kq.quantize(np.ones((2, 320), np.float32), "Q4_K")
+    with pytest.raises(TypeError, match="rows: expected dtype float32"):
+        kq.quantize(rows.astype(np.float64), "Q4_K")
+    with pytest.raises(ValueError, match="rows: expected a 2-D"):
+        kq.quantize(rows.reshape(-1), "Q4_K")
+    out = np.full((2, 144), 7, np.uint8)
+    bad = rows.copy()
+    bad[1, 9] = np.nan
+    with pytest.raises(ValueError, match="rows: every value must be finite"):
+        kq.quantize(bad, "Q4_K", out=out)
+    assert (out == 7).all()
+    with pytest.raises(ValueError, match="out: expected shape"):
+        kq.quantize(rows, "Q4_K", out=np.empty((2, 143), np.uint8))

@@ -23,6 +23,7 @@ build_harness() {
         "csrc/dispatch.c:"
         "csrc/threadpool.c:"
         "csrc/kernels_scalar.c:"
+        "csrc/quantize_k.c:"
         "csrc/tests/harness.c:"
         "csrc/tests/test_public_api.c:"
         "csrc/tests/test_kernels.c:"

@@ -540,3 +540,99 @@ void test_quant_public(void) {
     public_empty();
     public_errors();
 }
+
+/* ---- quantization to the K types (quantize_k.c) ------------------------------
+ * The bytes' equality with ggml's own quantizer is checked against llama.cpp's
+ * library in tests/llamacpp; here, what any correct output satisfies: ggml's
+ * reference ends by rounding each value to the grid its block's stored scales
+ * define, so every decoded value is the grid point nearest to its input (its
+ * neighbours on the grid are no closer), the bytes stop at the row's end, and
+ * the threads do not change them. */
+
+/* value i's grid: y = step * level - offset, level in 0..nmax */
+static void k_grid(int type, const uint8_t *block, int i, double *step, double *offset,
+                   int *nmax) {
+    uint16_t h;
+    if (type == 14) {   /* Q6_K: ql[128] qh[64] scales[16] d */
+        memcpy(&h, block + 208, 2);
+        *step = th_f16_to_double(h) * (int8_t)block[192 + i / 16];
+        *offset = 32 * *step;
+        *nmax = 63;
+        return;
+    }
+    const uint8_t *q = block + 4;
+    const int j = i / 32;
+    int sc, m;
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+    uint16_t hm;
+    memcpy(&h, block, 2);
+    memcpy(&hm, block + 2, 2);
+    *step = th_f16_to_double(h) * sc;
+    *offset = th_f16_to_double(hm) * m;
+    *nmax = type == 12 ? 15 : 31;
+}
+
+static void quantize_type(int type, const char *name) {
+    const int64_t nrows = 5, ncols = 768, bytes = ggmlopt_quant_row_bytes(type, ncols);
+    const int64_t block_bytes = bytes / (ncols / 256);
+    float *x = th_alloc(4, nrows * ncols, 1);
+    for (int64_t r = 0; r < nrows; ++r) {
+        const float scale = (float)pow(10.0, (double)th_uniform(-3.0f, 2.0f));
+        for (int64_t c = 0; c < ncols; ++c) x[r * ncols + c] = th_uniform(-1.0f, 1.0f) * scale;
+    }
+    for (int64_t c = 0; c < 256; ++c) x[ncols + c] = fabsf(x[ncols + c]);   /* min 0 */
+    for (int64_t c = 300; c < 340; ++c) x[2 * ncols + c] = 0.0f;            /* zeros */
+    uint8_t *q1 = th_alloc(1, nrows * bytes, 0), *q2 = th_alloc(1, nrows * bytes, 3);
+    float *y = th_alloc(4, nrows * ncols, 0);
+    ggmlopt_set_num_threads(1);
+    th_check(ggmlopt_quantize_rows_f32(type, nrows, ncols, x, q1) == 0, "%s quantize", name);
+    ggmlopt_set_num_threads(2);
+    th_check(ggmlopt_quantize_rows_f32(type, nrows, ncols, x, q2) == 0, "%s quantize", name);
+    th_check(memcmp(q1, q2, (size_t)(nrows * bytes)) == 0, "%s: 1 and 2 threads differ", name);
+    ggmlopt_dequantize_rows(type, 0, nrows, ncols, q1, y, ncols);
+    int64_t bad = -1;
+    for (int64_t i = 0; i < nrows * ncols && bad < 0; ++i) {
+        const int64_t r = i / ncols, c = i % ncols;
+        double step, offset;
+        int nmax;
+        k_grid(type, q1 + r * bytes + (c / 256) * block_bytes, (int)(c % 256), &step, &offset,
+               &nmax);
+        if (step == 0.0) continue;
+        const double got = y[i], want = x[i], err = fabs(got - want);
+        const double level = nearbyint((got + offset) / step);
+        const double slack = 4.0 * U32 * (fabs(want) + fabs(offset));
+        if (level < 0 || level > nmax) bad = i;
+        for (int d = -1; d <= 1 && bad < 0; d += 2) {
+            const double alt = level + d;
+            if (alt >= 0 && alt <= nmax && err > fabs(alt * step - offset - want) + slack) bad = i;
+        }
+    }
+    th_check(bad < 0, "%s: value %lld is not on the grid point nearest to it", name,
+             (long long)bad);
+}
+
+void test_quantize_k(void) {
+    const int threads_before = ggmlopt_get_num_threads();
+    th_seed(0x51ab);
+    quantize_type(12, "Q4_K");
+    quantize_type(13, "Q5_K");
+    quantize_type(14, "Q6_K");
+    ggmlopt_set_num_threads(threads_before);
+    /* refused: another type, a width that is not whole super-blocks; nothing written */
+    float x[320] = {0};
+    uint8_t dst[400];
+    memset(dst, 0x5a, sizeof dst);
+    th_check(ggmlopt_quantize_rows_f32(8, 1, 256, x, dst) == -1, "quantize refuses Q8_0");
+    th_check(ggmlopt_quantize_rows_f32(12, 1, 320, x, dst) == -1, "quantize refuses 320 values");
+    th_check(ggmlopt_quantize_rows_f32(12, 0, 256, x, dst) == 0, "quantize of no rows");
+    int untouched = 1;
+    for (size_t i = 0; i < sizeof dst; ++i) untouched &= dst[i] == 0x5a;
+    th_check(untouched, "refused quantize calls write nothing");
+    th_release_all();
+}

@@ -397,6 +397,15 @@ int ggmlopt_dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t n
 int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
                              int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                              int64_t y_stride);
+/* nrows rows of ncols float32 values (src, rows of ncols) quantized to type
+ * Q4_K (12), Q5_K (13) or Q6_K (14) into dst (rows of
+ * ggmlopt_quant_row_bytes(type, ncols)), byte for byte as ggml's
+ * quantize_row_q*_K_ref (llama-quantize without an importance matrix).  The
+ * values must be finite (nothing is checked here).  Threaded over rows; the
+ * bytes do not depend on the threads.  Returns 0, or -1 for another type or a
+ * width that is not a whole number of 256-value blocks. */
+int ggmlopt_quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
+                              uint8_t *dst);
 
 #ifdef __cplusplus
 }

@@ -55,6 +55,8 @@ from ._gguf_common import (
 )
 from ._gguf_length import gguf_truncation
 from ._gguf_tokenizer import BYTE_MERGES, BYTE_PRE, add_tokenizer, byte_vocabulary, tokenizer_keys
+from ._quant_mix import FILE_TYPES, file_type_name, tensor_type
+from .gguf_metadata import GgufMetadata
 from .gguf_reader import GgufFile
 from .llama_names import gguf_name, permute_qk, unpermute_qk
 
@@ -122,36 +124,28 @@ def _linear_weight(name: str, weight: np.ndarray, config: LlamaConfig) -> np.nda
     return rows
 
 
-# the block types save_gguf quantizes float32 matrices to (gguf-py's quantizers,
-# ggml's rounding), with llama.cpp's file type of each
-_SAVE_QUANT = {"bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0",
-               "q4_1": "MOSTLY_Q4_1", "q5_0": "MOSTLY_Q5_0", "q5_1": "MOSTLY_Q5_1"}
-# the output head keeps 8 bits when the rest takes 4 or 5 (llama-quantize keeps
-# output.weight at a higher precision than the layers, as it does with Q6_K)
-_HEAD_TYPE = {"q4_0": "q8_0", "q4_1": "q8_0", "q5_0": "q8_0", "q5_1": "q8_0"}
-
-
 def _save_dtype_arg(dtype):
-    """np.float32 or np.float16, or a block-type name of _SAVE_QUANT."""
-    if isinstance(dtype, str) and dtype.strip().lower() in _SAVE_QUANT:
-        return dtype.strip().lower()
+    """np.float32 or np.float16, or a file type llama-quantize names
+    (_quant_mix.FILE_TYPES, its aliases q4_k and q5_k included)."""
+    if isinstance(dtype, str) and file_type_name(dtype) is not None:
+        return file_type_name(dtype)
     try:
         return dtype_arg(dtype)
     except TypeError:
         raise TypeError(f"dtype: expected float32 or float16 (np.float32, 'f32', np.float16 "
-                        f"or 'f16') or a block type ({', '.join(_SAVE_QUANT)}, as llama.cpp "
-                        f"names them), got {dtype!r}") from None
+                        f"or 'f16') or a file type as llama-quantize names it "
+                        f"({', '.join(FILE_TYPES)}, q4_k, q5_k), got {dtype!r}") from None
 
 
-def _quantized_rows(gguf, name: str, rows: np.ndarray, qtype: str):
-    """(array, raw_dtype) of float32 rows in block type qtype; float16 when a
-    row is not a whole number of blocks (as llama-quantize falls back)."""
-    t = gguf.GGMLQuantizationType[qtype.upper()]
-    block = gguf.GGML_QUANT_SIZES[t][0]
-    if rows.shape[-1] % block:
-        warnings.warn(f"dtype: {name} rows of {rows.shape[-1]} values are not whole {qtype} "
-                      f"blocks of {block}; written as f16", UserWarning, stacklevel=4)
-        return stored(name, rows, np.dtype(np.float16)), None
+def _quantized_rows(gguf, rows: np.ndarray, qtype: str):
+    """(array, raw ggml type) of float32 rows in block type qtype (F16 as a
+    float16 array): the K types through ggmlopt's port of ggml's reference
+    quantizers, the 32-value ones through gguf-py's."""
+    if qtype == "F16":
+        return rows.astype(np.float16), None
+    t = gguf.GGMLQuantizationType[qtype]
+    if qtype in kernels_quant.QUANTIZE_TYPES:
+        return kernels_quant.quantize(rows, qtype), t
     return gguf.quants.quantize(rows, t), t
 
 
@@ -164,6 +158,7 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
     params = dict(model.named_parameters())
     arch = arch_of(model)
     out = []
+    fallbacks: list[str] = []
     for name, _ in _parameter_shapes(model.config):
         p = params.get(name)
         if p is None:   # a weight kept as its file stored it
@@ -186,39 +181,65 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
             data = _linear_weight(name, data, model.config)
         data = np.ascontiguousarray(data, dtype=np.float32)
         if isinstance(dtype, str) and data.ndim == 2:
-            head = name == "lm_head.weight" or (name == "embed_tokens.weight"
-                                                and model.lm_head is None)
-            qtype = _HEAD_TYPE.get(dtype, dtype) if head else dtype
-            array, raw = _quantized_rows(gguf, name, data, qtype)
-            out.append((gguf_name(name, arch), array, raw))
+            tensor = gguf_name(name, arch)
+            if not np.isfinite(data).all():
+                raise ValueError(f"model: {name} holds a non-finite value; it cannot be "
+                                 f"quantized to {dtype}")
+            qtype, preferred = tensor_type(dtype, tensor, data.shape[1], model.config.n_layers,
+                                           tied=model.lm_head is None)
+            head = tensor == "output.weight" or (tensor == "token_embd.weight"
+                                                  and model.lm_head is None)
+            # (a head too narrow for Q6_K keeps 8 bits, its usual place in small models)
+            if qtype != preferred and not (head and qtype == "Q8_0"):
+                fallbacks.append(f"{tensor} {preferred} -> {qtype}")
+            array, raw = _quantized_rows(gguf, data, qtype)
+            out.append((tensor, array, raw))
         else:
             out.append((gguf_name(name, arch), stored(name, data, np.dtype(np.float32)
                                                 if isinstance(dtype, str) else dtype), None))
+    if fallbacks:
+        warnings.warn(f"dtype: {len(fallbacks)} matrices' rows are not whole blocks of "
+                      f"the types {dtype} gives them; as llama-quantize does, they fall back "
+                      f"to a smaller block or f16: {', '.join(fallbacks[:6])}"
+                      f"{', ...' if len(fallbacks) > 6 else ''}", UserWarning, stacklevel=4)
     return out
 
 
 def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
-                    name: str = "ggmlopt-llama") -> None:
+                    name: str | None = None) -> None:
     """Write a ggmlopt.models.Llama (or Qwen2: llama.cpp's qwen2 architecture, with
     its q/k/v biases and rows as they are) to path as llama.cpp's GGUF (atomically).
 
     tokenizer: the ByteTokenizer, BPETokenizer or SPMTokenizer the model was trained with
     (its token count must be the model's vocab_size).  dtype: np.float32 or
     np.float16 for the matrices (the token embedding and the Linear weights),
-    or a block type as llama-quantize names it ("q8_0", "q4_0", "q4_1",
-    "q5_0", "q5_1", "bf16"), quantized with ggml's rounding (the output head
-    at q8_0 under a 4- or 5-bit type; a matrix whose rows are not whole blocks
-    in f16, with a warning); the RMSNorm weights stay float32 as llama.cpp
+    or a file type as llama-quantize names it ("q8_0", "q4_0", "q4_1", "q5_0",
+    "q5_1", "q4_k_s", "q4_k_m" or "q4_k", "q5_k_s", "q5_k_m" or "q5_k",
+    "q6_k", "bf16"): each matrix gets the block type llama-quantize gives it
+    under that file type (the head Q6_K, half of the value and down
+    projections Q6_K under the _M mixes, a smaller block or f16 for rows that
+    are not whole blocks, with a warning; ggmlopt.io._quant_mix), quantized to
+    the bytes llama-quantize writes; the norm weights stay float32 as llama.cpp
     wants.  Weights a model keeps in their file's types (``load_gguf(...,
     keep_types=True)``) are written as they are, whatever dtype says.  metadata: extra
     keys (str -> bool, int, float or str) other than general.architecture,
-    general.file_type, llama.* and tokenizer.*.  name: general.name.
+    general.file_type, llama.* and tokenizer.*.  name: general.name (None:
+    the source file's, else "ggmlopt-llama").
+
+    A model read by load_gguf carries its file's own key-values
+    (``model.gguf_metadata``: general.* such as the license and base model,
+    and, when the tokenizer written has the file's vocabulary, the
+    tokenizer.* keys this writer does not set itself, e.g. the padding id):
+    they are written back unless metadata or the writer sets the same key.
 
     Raises TypeError for another model or tokenizer; ValueError for a
     tokenizer whose size is not vocab_size or a weight beyond float16's range.
     """
     if not isinstance(model, Llama):
         raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
+    carried = getattr(model, "gguf_metadata", None)
+    if name is None:
+        name = str(carried.get("general.name", "ggmlopt-llama")) if carried else "ggmlopt-llama"
     items = model_file_items(model, name, metadata, _RESERVED_PREFIXES)
     dtype = _save_dtype_arg(dtype)
     path = output_path(path)
@@ -262,7 +283,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
         # the file's type is its weights' most common one, as llama-quantize labels it
         file_type = getattr(gguf.LlamaFileType, "MOSTLY_" + max(set(kept), key=kept.count))
     elif isinstance(dtype, str):
-        file_type = getattr(gguf.LlamaFileType, _SAVE_QUANT[dtype])
+        file_type = getattr(gguf.LlamaFileType, FILE_TYPES[dtype][0])
     else:
         file_type = (gguf.LlamaFileType.ALL_F32 if dtype == np.float32
                      else gguf.LlamaFileType.MOSTLY_F16)
@@ -303,6 +324,10 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             add_tokenizer(writer, tok, tokenizer)
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
+            if any(raw is not None for _, _, raw in arrays):
+                writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+            if isinstance(carried, GgufMetadata):
+                carried.add_to(writer, tok["tokens"])
             for tensor_name, array, raw_dtype in arrays:
                 writer.add_tensor(tensor_name, array, raw_dtype=raw_dtype)
             writer.write_header_to_file()
@@ -544,6 +569,7 @@ class LlamaGguf:
         try:
             reader = GgufFile(path)
             self.fields = reader.fields
+            self.metadata = GgufMetadata.from_file(reader)
             refuse_adapter_file(self.fields, path)
             arch = self.fields.get("general.architecture")
             if arch not in _ARCHS:
@@ -807,6 +833,8 @@ def load_llama_gguf(path, model=None, *, keep_types=False):
         if tokenizer is not None:
             # generate stops at these by default (llama.cpp's end-of-generation set)
             built.eog_ids = frozenset(tokenizer.eog_ids)
+        # what the file says about itself goes back into the files written from it
+        built.gguf_metadata = read.metadata
         if not keep_types:
             _warn_quantized(read, path)
         return built, tokenizer

@@ -42,6 +42,7 @@ class TensorInfo(NamedTuple):
 
 class GgufFile:
     """GgufFile(path): ``fields`` ({key: str, int, float, bool or list}),
+    ``field_types`` ({key: (GGUF value type, item type of an array or None)}),
     ``tensors`` ({name: TensorInfo}, in the file's order), ``raw(name)`` (a
     read-only NumPy view of a tensor's bytes: shape ne reversed for plain
     types, (rows, bytes per row) uint8 for block types).  ValueError for a file
@@ -99,9 +100,12 @@ class GgufFile:
             return out, pos
 
         fields: dict[str, Any] = {}
+        field_types: dict[str, tuple[int, int | None]] = {}
         for _ in range(nkv):
             key, pos = string(pos)
             vtype = u32.unpack_from(buf, pos)[0]
+            item = u32.unpack_from(buf, pos + 4)[0] if vtype == _ARRAY else None
+            field_types[key] = (vtype, item)
             fields[key], pos = value(vtype, pos + 4)
         sizes = {int(k): v for k, v in gguf.GGML_QUANT_SIZES.items()}
         names = {int(t): t.name for t in gguf.GGMLQuantizationType}
@@ -127,6 +131,7 @@ class GgufFile:
             alignment = 32
         self.data_start = -(-pos // alignment) * alignment
         self.fields = fields
+        self.field_types = field_types
         self.tensors = {t.name: t for t in infos}
         self._order = order
         for t in infos:

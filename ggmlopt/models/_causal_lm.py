@@ -3,6 +3,8 @@ embedding or its own Linear), the key/value cache of generation."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -175,6 +177,9 @@ class CausalLM(Module):
     # the token ids that end a generation (ggmlopt.generate's default stop_ids): set
     # from the tokenizer by load_gguf; empty for a model built from a config
     eog_ids: frozenset[int] = frozenset()
+    # what the GGUF file a model was read from says about itself (general.*, the
+    # tokenizer's keys; ggmlopt.io.gguf_metadata.GgufMetadata): save_gguf writes it back
+    gguf_metadata: Mapping[str, Any] | None = None
 
     # ---- what a model defines ---------------------------------------------------------
 

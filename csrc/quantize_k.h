@@ -1,0 +1,19 @@
+/* ggml's K block types from float32 rows (quantize_k.c): the bytes
+ * llama-quantize writes without an importance matrix. */
+#ifndef GGMLOPT_QUANTIZE_K_H
+#define GGMLOPT_QUANTIZE_K_H
+
+#include <stdint.h>
+
+/* ggml's type numbers */
+enum { GO_QK_Q4_K = 12, GO_QK_Q5_K = 13, GO_QK_Q6_K = 14 };
+
+/* bytes of one 256-value block of type, or 0 for a type quantize_k.c does not write */
+int64_t go_quantize_k_block_bytes(int type);
+
+/* rows [r0, r1) of src (rows of ncols floats, ncols a multiple of 256) into
+ * dst (rows of ncols / 256 blocks); type must be one of the three above */
+void go_quantize_k_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const float *src,
+                        uint8_t *dst);
+
+#endif

@@ -1,0 +1,155 @@
+"""save_gguf's quantized file types as llama-quantize makes them: each matrix
+gets the block type llama-quantize's rules give it (the K mixes' Q6_K head and
+value/down projections, the fall-backs for rows that are not whole blocks),
+quantized to bytes ggmlopt's own kernels decode to the grid they chose; and a
+model read from a GGUF writes back what its file said about itself.  The
+bytes against llama-quantize's own: tests/llamacpp/test_llamacpp_quantize.py."""
+import warnings
+
+import numpy as np
+import pytest
+
+from ggmlopt import kernels_quant as kq
+from ggmlopt.io import load_gguf, save_gguf
+from ggmlopt.io._quant_mix import tensor_type
+from ggmlopt.io.gguf_llama import save_llama_gguf
+from ggmlopt.io.gguf_reader import GgufFile
+from ggmlopt.models import Llama, LlamaConfig
+from ggmlopt.text import ByteTokenizer
+
+gguf = pytest.importorskip("gguf")
+TOK = ByteTokenizer()
+
+
+def llama(dim=256, n_layers=8, tie=False, seed=0):
+    cfg = LlamaConfig(vocab_size=TOK.vocab_size, dim=dim, n_layers=n_layers, n_heads=4,
+                      n_kv_heads=2, ffn_dim=256, max_seq_len=32, tie_embeddings=tie)
+    return Llama(cfg, seed=seed)
+
+
+def types_of(path):
+    return {name: t.type_name for name, t in GgufFile(str(path)).tensors.items()}
+
+
+# llama.cpp's use_more_bits over 8 layers: the first and last eighth and every third between
+MORE_BITS_OF_8 = {0, 3, 6, 7}
+
+
+@pytest.mark.parametrize("dtype,base,more", [("q4_k_m", "Q4_K", "Q6_K"), ("q4_k", "Q4_K", "Q6_K"),
+                                             ("q5_k_m", "Q5_K", "Q6_K"), ("q6_k", "Q6_K", "Q6_K")])
+def test_k_mixes_give_each_matrix_llama_quantizes_type(tmp_path, dtype, base, more):
+    path = tmp_path / "m.gguf"
+    save_gguf(llama(), path, tokenizer=TOK, dtype=dtype)
+    types = types_of(path)
+    assert types["output.weight"] == "Q6_K"
+    assert types["token_embd.weight"] == base
+    assert types["output_norm.weight"] == "F32"
+    for i in range(8):
+        for proj in ("attn_v", "ffn_down"):
+            want = more if i in MORE_BITS_OF_8 else base
+            assert types[f"blk.{i}.{proj}.weight"] == want, (i, proj)
+        for proj in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
+            assert types[f"blk.{i}.{proj}.weight"] == base
+    want_ftype = {"q4_k_m": 15, "q4_k": 15, "q5_k_m": 17, "q6_k": 18}[dtype]
+    f = GgufFile(str(path))
+    assert f.fields["general.file_type"] == want_ftype
+    assert f.fields["general.quantization_version"] == gguf.GGML_QUANT_VERSION
+
+
+def test_q4_k_s_and_a_tied_head(tmp_path):
+    path = tmp_path / "s.gguf"
+    save_gguf(llama(tie=True), path, tokenizer=TOK, dtype="q4_k_s")
+    types = types_of(path)
+    assert "output.weight" not in types
+    assert types["token_embd.weight"] == "Q6_K"   # the tied embedding is the head
+    assert [types[f"blk.{i}.attn_v.weight"] for i in range(8)] == ["Q5_K"] * 4 + ["Q4_K"] * 4
+    assert [types[f"blk.{i}.ffn_down.weight"] for i in range(8)] == ["Q5_K"] + ["Q4_K"] * 7
+
+
+def test_rows_that_are_not_whole_blocks_fall_back_with_a_warning(tmp_path):
+    """dim 96: no 256-value super-block fits a row, so Q4_K falls back to Q5_0 and
+    Q6_K to Q8_0, as llama-quantize does; a 48-value row fits no block: F16."""
+    path = tmp_path / "f.gguf"
+    with pytest.warns(UserWarning, match="fall back.*blk.0.attn_q.weight Q4_K -> Q5_0"):
+        save_gguf(llama(dim=96, n_layers=2), path, tokenizer=TOK, dtype="q4_k_m")
+    types = types_of(path)
+    assert types["blk.0.attn_q.weight"] == "Q5_0"
+    assert types["blk.0.attn_v.weight"] == "Q5_0"
+    assert types["blk.1.attn_v.weight"] == "Q8_0"   # the last layer's Q6_K -> Q8_0
+    assert types["output.weight"] == "Q8_0"
+    assert tensor_type("q4_k_m", "blk.0.ffn_up.weight", 48, 2, False) == ("F16", "Q4_K")
+    assert tensor_type("q4_0", "output.weight", 256, 2, False) == ("Q6_K", "Q6_K")
+    assert tensor_type("q8_0", "output.weight", 256, 2, False) == ("Q8_0", "Q8_0")
+    assert tensor_type("bf16", "output.weight", 100, 2, False) == ("BF16", "BF16")
+
+
+def test_the_written_blocks_are_the_quantized_weights(tmp_path):
+    model = llama(n_layers=2)
+    path = tmp_path / "q.gguf"
+    save_gguf(model, path, tokenizer=TOK, dtype="q4_k_m")
+    f = GgufFile(str(path))
+    w = np.ascontiguousarray(model.layers[1].mlp.up_proj.weight.data.T)
+    np.testing.assert_array_equal(f.raw("blk.1.ffn_up.weight"), kq.quantize(w, "Q4_K"))
+    kept, _ = load_gguf(path, keep_types=True)
+    layer = kept.layers[1].mlp.up_proj
+    assert layer.qtype == "Q4_K"
+    np.testing.assert_array_equal(layer.dequantize(), kq.dequantize("Q4_K", kq.quantize(w, "Q4_K"),
+                                                                    256).T)
+
+
+def test_a_non_finite_weight_is_refused_before_writing(tmp_path):
+    model = llama(n_layers=2)
+    model.layers[0].self_attn.q_proj.weight.data[3, 4] = np.inf
+    with pytest.raises(ValueError, match="q_proj.weight holds a non-finite value"):
+        save_gguf(model, tmp_path / "x.gguf", tokenizer=TOK, dtype="q4_k")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_a_model_read_from_a_gguf_writes_back_what_its_file_said(tmp_path):
+    src = tmp_path / "src.gguf"
+    save_llama_gguf(llama(n_layers=2), src, tokenizer=TOK, name="Tiny Base",
+              metadata={"general.license": "apache-2.0", "general.author": "someone",
+                        "general.base_model.count": 1})
+    # a tokenizer key this writer does not set itself, as convert_hf_to_gguf writes one
+    _add_keys(src, tmp_path / "src2.gguf", {"tokenizer.ggml.padding_token_id": (256, "UINT32")})
+    model, tok = load_gguf(tmp_path / "src2.gguf")
+    assert model.gguf_metadata["general.license"] == "apache-2.0"
+    assert "general.architecture" not in model.gguf_metadata
+    out = tmp_path / "out.gguf"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save_gguf(model, out, tokenizer=tok, dtype="q8_0", metadata={"general.author": "me"})
+    f = GgufFile(str(out))
+    assert f.fields["general.name"] == "Tiny Base"
+    assert f.fields["general.license"] == "apache-2.0"
+    assert f.fields["general.base_model.count"] == 1
+    assert f.fields["general.author"] == "me"            # what the caller says wins
+    assert f.fields["tokenizer.ggml.padding_token_id"] == 256
+    assert f.field_types["tokenizer.ggml.padding_token_id"][0] == 4   # still a uint32
+    assert f.fields["general.file_type"] == 7            # the new file's own type
+    # written with another vocabulary, the source's tokenizer keys stay behind
+    writer = gguf.GGUFWriter(str(tmp_path / "other.gguf"), "llama")
+    added = model.gguf_metadata.add_to(writer, ["a", "b"])
+    assert "general.license" in added and "tokenizer.ggml.padding_token_id" not in added
+    writer.close()
+
+
+def _add_keys(src, dst, keys):
+    """A copy of the GGUF src with extra key-values {key: (value, GGUF type name)}."""
+    reader = gguf.GGUFReader(str(src))
+    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), vtype, sub)
+    for key, (value, tname) in keys.items():
+        writer.add_key_value(key, value, gguf.GGUFValueType[tname])
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())),
+                          raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
