@@ -60,3 +60,15 @@ def test_what_a_gpt2_file_cannot_hold_is_refused(tmp_path):
     w.close()
     with pytest.raises(ValueError, match="feed_forward_length 16 is not 4 x"):
         load_gguf(tmp_path / "bad.gguf")
+
+
+def test_a_gpt2_read_from_a_gguf_writes_back_what_its_file_said(tmp_path):
+    from ggmlopt.io.gguf_gpt2 import save_gpt2_gguf
+    from ggmlopt.io.gguf_reader import GgufFile
+    save_gpt2_gguf(GPT2(CFG, seed=5), tmp_path / "src.gguf", tokenizer=ByteTokenizer(),
+                   name="Tiny GPT", metadata={"general.license": "mit"})
+    model, tok = load_gguf(tmp_path / "src.gguf")
+    assert model.gguf_metadata["general.license"] == "mit"
+    save_gguf(model, tmp_path / "out.gguf", tokenizer=tok)
+    f = GgufFile(str(tmp_path / "out.gguf"))
+    assert f.fields["general.name"] == "Tiny GPT" and f.fields["general.license"] == "mit"

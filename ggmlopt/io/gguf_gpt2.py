@@ -29,6 +29,7 @@ from ._gguf_common import (
 )
 from ._gguf_length import gguf_truncation
 from ._gguf_tokenizer import add_tokenizer, tokenizer_keys
+from .gguf_metadata import GgufMetadata
 from .gguf_reader import GgufFile
 
 __all__ = ["GPT2_ARCH", "gguf_name_gpt2", "hf_name_gpt2", "load_gpt2_gguf", "save_gpt2_gguf"]
@@ -73,16 +74,22 @@ def hf_name_gpt2(name: str) -> str:
 
 
 def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
-                   name: str = "ggmlopt-gpt2") -> None:
+                   name: str | None = None) -> None:
     """Write a ggmlopt.models.GPT2 to path as llama.cpp's gpt2 GGUF
     (atomically), with its tokenizer (ByteTokenizer, BPETokenizer or
     SPMTokenizer; its token count must be vocab_size).  dtype: float32 or
     float16 for the matrices (norms and biases stay float32).  metadata: extra
     keys other than general.architecture, general.file_type, gpt2.* and
     tokenizer.*.  TypeError for another model or tokenizer; ValueError for a
-    tokenizer of another size or a weight beyond float16's range."""
+    tokenizer of another size or a weight beyond float16's range.  A model
+    read from a GGUF writes back its file's own key-values (as
+    save_llama_gguf); name: general.name (None: the source file's, else
+    "ggmlopt-gpt2")."""
     if not isinstance(model, GPT2):
         raise TypeError(f"model: expected a ggmlopt.models.GPT2, got {type(model).__name__}")
+    carried = getattr(model, "gguf_metadata", None)
+    if name is None:
+        name = str(carried.get("general.name", "ggmlopt-gpt2")) if carried else "ggmlopt-gpt2"
     items = model_file_items(model, name, metadata, _RESERVED)
     dtype = dtype_arg(dtype)
     path = output_path(path)
@@ -113,6 +120,8 @@ def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             add_tokenizer(writer, tok, tokenizer)
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
+            if isinstance(carried, GgufMetadata):
+                carried.add_to(writer, tok["tokens"])
             for tname, array in arrays:
                 writer.add_tensor(tname, array)
             writer.write_header_to_file()
@@ -204,4 +213,5 @@ def load_gpt2_gguf(path) -> tuple[GPT2, Any]:
         arrays[pname] = rows if rows.ndim == 1 or pname in _EMBEDDINGS else rows.T
     for pname, data in arrays.items():   # every tensor checked before any is written
         params[pname].data[...] = data
+    model.gguf_metadata = GgufMetadata.from_file(reader)
     return model, tokenizer_from_fields(fields, path)
