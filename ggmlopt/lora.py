@@ -40,11 +40,12 @@ from .nn.embedding import Embedding
 from .nn.linear import Linear
 from .nn.module import Module, named_modules, named_parameters
 from .nn.parameter import Parameter
-from .nn.quantized import QuantizedLinear, quantized_layers
+from .nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
 
 __all__ = [
     "ALL_LINEAR",
     "DEFAULT_TARGETS",
+    "EMBEDDINGS",
     "LoRALinear",
     "apply",
     "freeze_all_but_adapters",
@@ -183,24 +184,27 @@ class LoRAEmbedding(Embedding):
     """LoRAEmbedding(base, rank, alpha, *, rng=None): an Embedding with a low-rank
     adapter, PEFT's ``lora.Embedding``: row ids of W + (alpha / rank) * A[ids] B.
 
-    base: the Embedding to wrap; its ``weight`` (vocab, dim) becomes this layer's
-    own and is frozen.  lora_a: Parameter (vocab, rank), zeros; lora_b:
-    Parameter (rank, dim), N(0, 1) from rng (PEFT's init for embeddings, so the
-    wrapped model starts equal to the base).  PEFT applies no dropout to an
-    embedding's adapter, and neither does this.  A tied output head keeps reading
-    the base weight, as in PEFT.  backward adds into A's rows of the ids (in the
-    order of the ids, as Embedding does) and into B; it returns None.
+    base: the Embedding or QuantizedEmbedding to wrap.  An Embedding's ``weight``
+    (vocab, dim) becomes this layer's own and is frozen; a QuantizedEmbedding's
+    stays in its type (``weight`` is None; QLoRA), its rows dequantized as they
+    are gathered.  lora_a: Parameter (vocab, rank), zeros; lora_b: Parameter
+    (rank, dim), N(0, 1) from rng (PEFT's init for embeddings, so the wrapped
+    model starts equal to the base).  PEFT applies no dropout to an embedding's
+    adapter, and neither does this.  A tied output head keeps reading the base
+    weight, as in PEFT.  backward adds into A's rows of the ids (in the order of
+    the ids, as Embedding does) and into B; it returns None.
     """
 
     def __init__(self, base, rank, alpha, *, rng=None):
-        if not isinstance(base, Embedding) or isinstance(base, LoRAEmbedding):
-            raise TypeError(f"base: expected an Embedding without an adapter, got "
-                            f"{type(base).__name__}")
+        if not isinstance(base, (Embedding, QuantizedEmbedding)) or \
+                isinstance(base, LoRAEmbedding):
+            raise TypeError(f"base: expected an Embedding or QuantizedEmbedding without an "
+                            f"adapter, got {type(base).__name__}")
         rank = _rank_arg(rank)
         alpha = _alpha_arg(alpha)
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
-        self.weight = base.weight
+        self.weight = getattr(base, "weight", None)   # None over a QuantizedEmbedding
         self.lora_a = Parameter(np.zeros((self.num_embeddings, rank), np.float32),
                                 name="lora_a")
         self.lora_b = Parameter(gen.standard_normal((rank, self.embedding_dim)),
@@ -208,15 +212,21 @@ class LoRAEmbedding(Embedding):
         self.rank, self.alpha = rank, alpha
         self.scaling = alpha / rank
         self._base = base
-        self._base_trains = (self.weight.requires_grad,)
-        self.weight.requires_grad = False
+        self._base_trains = (None if self.weight is None else self.weight.requires_grad,)
+        if self.weight is not None:
+            self.weight.requires_grad = False
         self._shape = None
         self._ids = None
         self._have_ids = False
+        self._scratch = {}
 
     def forward(self, ids):
         """ids: integers (...) -> float32 (..., dim), a buffer this layer reuses."""
-        out = super().forward(ids)
+        if self.weight is None:   # the quantized base gathers (and checks) the ids
+            out = self._base.forward(ids)
+            self._ids, self._shape, self._have_ids = self._base._ids, self._base._shape, True
+        else:
+            out = super().forward(ids)
         self._rows = kernels_embedding.embedding(self._ids, self.lora_a.data)   # A[ids]
         delta = (self._rows.reshape(-1, self.rank) @ self.lora_b.data) * np.float32(self.scaling)
         np.add(out, delta.reshape(out.shape), out=out)
@@ -225,7 +235,12 @@ class LoRAEmbedding(Embedding):
     def backward(self, grad_out):
         """grad_out like the last forward output: adds into lora_a.grad (the rows
         of the ids) and lora_b.grad; returns None (ids have no gradient)."""
-        super().backward(grad_out)
+        if self.weight is None:
+            if not self._have_ids:
+                raise RuntimeError("backward: call forward first")
+            self._base.backward(grad_out)   # checks the shape; a kept weight has no gradient
+        else:
+            super().backward(grad_out)
         g = np.ascontiguousarray(grad_out, np.float32).reshape(-1, self.embedding_dim)
         g = g * np.float32(self.scaling)
         if self.lora_b.requires_grad:
@@ -237,10 +252,23 @@ class LoRAEmbedding(Embedding):
             kernels_embedding.embedding_backward(self._ids, rows, self.lora_a.grad)
             self.lora_a.grad_is_zero = False
 
+    def project(self, rows, out=None, keep=True):
+        """A tied head reads the base weight (PEFT's tied embedding adapter)."""
+        if self.weight is None:
+            return self._base.project(rows, out=out, keep=keep)
+        return super().project(rows, out=out, keep=keep)
+
+    def project_backward(self, g, rows):
+        if self.weight is None:
+            return self._base.project_backward(g, rows)
+        return super().project_backward(g, rows)
+
     def merged_weight(self) -> np.ndarray:
-        """W + scaling * A B as a new float32 (vocab, dim) array (summed in float64)."""
+        """W + scaling * A B as a new float32 (vocab, dim) array (summed in float64;
+        a quantized W dequantized first)."""
         delta = self.lora_a.data.astype(np.float64) @ self.lora_b.data.astype(np.float64)
-        return (self.weight.data.astype(np.float64) + self.scaling * delta).astype(np.float32)
+        w = self._base.dequantize() if self.weight is None else self.weight.data
+        return (w.astype(np.float64) + self.scaling * delta).astype(np.float32)
 
     def __repr__(self):
         return (f"LoRAEmbedding({self.num_embeddings}, {self.embedding_dim}, rank={self.rank}, "
@@ -312,10 +340,15 @@ def _linears(model):
     return _layers(model, (Linear, QuantizedLinear))
 
 
+# the layers an adapter wraps, float32 or kept in their file's types
+EMBEDDINGS = (Embedding, QuantizedEmbedding)
+ADAPTABLE = (Linear, QuantizedLinear, Embedding, QuantizedEmbedding)
+
+
 def _adaptable(model):
-    """_layers of the kinds an adapter wraps: Linear (float32 or quantized) and
-    Embedding."""
-    return _layers(model, (Linear, QuantizedLinear, Embedding))
+    """_layers of the kinds an adapter wraps: Linear and Embedding, float32 or
+    quantized."""
+    return _layers(model, ADAPTABLE)
 
 
 ADAPTERS = (LoRALinear, LoRAEmbedding)
@@ -482,7 +515,7 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
     linears = _linears(model)
-    embeddings = [e for e in _layers(model, (Embedding,)) if _matches(e[0], targets)
+    embeddings = [e for e in _layers(model, EMBEDDINGS) if _matches(e[0], targets)
                   and not all_linear]
     adapted = [name for name, layer in named_adapters(model)]
     if adapted:
@@ -507,14 +540,15 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
                              f"(its parameters are named like {params[0][0]!r})")
     chosen_weights = {id(p) for *_, layer in chosen
                       for p in (getattr(layer, "weight", None), layer.bias)
-                      if p is not None} | {id(layer.weight) for *_, layer in embeddings}
+                      if p is not None} | {id(layer.weight) for *_, layer in embeddings
+                                           if getattr(layer, "weight", None) is not None}
     _frozen_by_apply.pop(id(model), None)   # a stale entry of a model that had this id
     gen = np.random.default_rng(int(seed))
     # in the order of the parameter names (an embedding's first), one generator
     targets_found = chosen + embeddings
-    in_tree = _layers(model, (Linear, QuantizedLinear, Embedding), sort=False)
+    in_tree = _layers(model, ADAPTABLE, sort=False)
     for _, parent, key, layer in sorted(targets_found, key=_order_in(model, in_tree)):
-        adapter = LoRAEmbedding(layer, rank, alpha, rng=gen) if isinstance(layer, Embedding) \
+        adapter = LoRAEmbedding(layer, rank, alpha, rng=gen) if isinstance(layer, EMBEDDINGS) \
             else LoRALinear(layer, rank, alpha, dropout=dropout, rng=gen)
         _replace(parent, key, adapter)
     freeze_all_but_adapters(model, trainable, skip=chosen_weights)
@@ -550,6 +584,16 @@ def _merged_linear(layer: LoRALinear) -> Linear:
     return merged
 
 
+def _merged_embedding(layer: LoRAEmbedding) -> Embedding:
+    """A float32 Embedding of layer's merged weight (its quantized base
+    dequantized), trainable as an Embedding's weight is unless apply froze the
+    model's other parameters."""
+    with init.skip_init():
+        merged = Embedding(layer.num_embeddings, layer.embedding_dim)
+    merged.weight.data[...] = layer.merged_weight()
+    return merged
+
+
 # the parameters apply froze beside the adapted weights, per model, so that merge
 # gives their trainability back (keyed by id: a model need not be weak-referable;
 # merge and a new apply replace the entry)
@@ -574,8 +618,9 @@ def merge(model):
                       "the base weight): the merged model's logits differ", UserWarning,
                       stacklevel=2)
     for parent, key, layer in adapters:
-        if layer.weight is None:   # over a QuantizedLinear: a float32 Linear comes back
-            _replace(parent, key, _merged_linear(layer))
+        if layer.weight is None:   # over a quantized base: a float32 layer comes back
+            _replace(parent, key, _merged_embedding(layer) if isinstance(layer, LoRAEmbedding)
+                     else _merged_linear(layer))
             continue
         layer.weight.data[...] = layer.merged_weight()
         base = layer._base

@@ -293,3 +293,46 @@ def test_load_hf_keep_types_reads_bfloat16(tmp_path):
     got = kept(ids)
     # the same bfloat16 values, multiplied in float32 by both
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_an_embedding_adapter_over_a_kept_embedding(tmp_path):
+    """embed_tokens as a target over a QuantizedEmbedding: the adapter's rows
+    are added to the dequantized rows, its gradients equal those over the
+    widened embedding, it round-trips through a GGUF adapter, and merge gives a
+    float32 Embedding of the merged weight."""
+    path = tmp_path / "m.gguf"
+    save_gguf(tiny_llama(tie=False), path, tokenizer=ByteTokenizer(), dtype="q8_0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        widened, _ = load_gguf(path)
+    kept, _ = load_gguf(path, keep_types=True)
+    assert isinstance(kept.embed_tokens, QuantizedEmbedding)
+    for m in (widened, kept):
+        lora.apply(m, rank=4, targets=("embed_tokens", "q_proj"), seed=3)
+        m.embed_tokens.lora_a.data[...] = np.random.default_rng(4).standard_normal(
+            m.embed_tokens.lora_a.data.shape) * 0.1
+    assert lora.trainable_parameters(kept) == lora.trainable_parameters(widened)
+    assert kept.embed_tokens.weight is None
+    ids = np.random.default_rng(2).integers(0, 257, (2, 24))
+    grads, outs = [], []
+    for m in (widened, kept):
+        logits = m.forward(ids)
+        outs.append(logits.copy())
+        m.backward(np.ascontiguousarray(logits * np.float32(0.01)))
+        grads.append({n: p.grad.copy() for n, p in m.named_parameters() if p.requires_grad})
+    np.testing.assert_allclose(outs[1], outs[0], rtol=0, atol=1e-5 * np.abs(outs[0]).max())
+    assert {"embed_tokens.lora_a", "embed_tokens.lora_b"} <= grads[1].keys()
+    for name in grads[0]:
+        a, b = grads[0][name], grads[1][name]
+        assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max() + 1e-12, name
+    adapter = tmp_path / "adapter.gguf"
+    go.io.save_gguf_lora(kept, adapter)
+    again, _ = load_gguf(path, keep_types=True)
+    go.io.load_gguf_lora(adapter, again)
+    np.testing.assert_array_equal(again.embed_tokens.lora_a.data, kept.embed_tokens.lora_a.data)
+    np.testing.assert_allclose(again(ids), kept(ids), rtol=0, atol=1e-6 * np.abs(outs[1]).max())
+    merged_w = kept.embed_tokens.merged_weight()
+    lora.merge(kept)
+    assert type(kept.embed_tokens).__name__ == "Embedding"
+    np.testing.assert_array_equal(kept.embed_tokens.weight.data, merged_w)
+    np.testing.assert_allclose(kept(ids), outs[1], rtol=0, atol=1e-5 * np.abs(outs[1]).max())

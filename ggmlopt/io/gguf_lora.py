@@ -20,6 +20,7 @@ import numpy as np
 from .._optional import import_optional
 from ..lora import (
     ADAPTERS,
+    EMBEDDINGS,
     LoRAEmbedding,
     LoRALinear,
     _adaptable,
@@ -28,7 +29,6 @@ from ..lora import (
     named_adapters,
     other_trainable,
 )
-from ..nn.embedding import Embedding
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
 from .gguf_gpt2 import GPT2_ARCH, gguf_name_gpt2, hf_name_gpt2
@@ -288,7 +288,7 @@ def load_gguf_lora(path, model, *, dropout=0.0
         layer = linears[name][2]
         rank = a.shape[0]
         n_in, n_out = (layer.num_embeddings, layer.embedding_dim) \
-            if isinstance(layer, Embedding) else (layer.in_features, layer.out_features)
+            if isinstance(layer, EMBEDDINGS) else (layer.in_features, layer.out_features)
         if a.shape[1] != n_in or b.shape[0] != n_out:
             raise ValueError(f"path: {path!r}: {name}'s adapter is lora_a {a.shape}, lora_b "
                              f"{b.shape}; the model's layer needs (rank, {n_in}) and "
@@ -302,7 +302,7 @@ def load_gguf_lora(path, model, *, dropout=0.0
     for name, (a, b, rank) in values.items():
         parent, key, layer = linears[name]
         if not existing:
-            layer = LoRAEmbedding(layer, rank, alpha) if isinstance(layer, Embedding) \
+            layer = LoRAEmbedding(layer, rank, alpha) if isinstance(layer, EMBEDDINGS) \
                 else LoRALinear(layer, rank, alpha, dropout=dropout)
             _replace(parent, key, layer)
         elif layer.alpha != alpha:

@@ -161,3 +161,30 @@ def test_quantized_files_of_save_gguf_load_in_llama_cpp(tmp_path, dtype):
     theirs = _logits(_llama_cpp(path), ids)
     err = _relative(kept(ids[None])[0], theirs)
     assert err <= 2 * _eight_bit_error(model, ids)
+
+
+def test_llama_cpp_applies_an_embedding_adapter_over_a_kept_embedding(f32_file, tmp_path):
+    """embed_tokens adapted over a Q8_0 token embedding kept in its type (an
+    untied head: llama.cpp would add a tied embedding's adapter to the head):
+    llama.cpp applies the adapter to the quantized file within its 8-bit
+    activations' error, exactly so over the float32 file of the same weights."""
+    model, f32 = f32_file
+    path = tmp_path / "q8.gguf"
+    _quantize(f32, path, "LLAMA_FTYPE_MOSTLY_Q8_0")
+    kept, _ = load_gguf(path, keep_types=True)
+    lora.apply(kept, rank=4, alpha=8.0, targets=("embed_tokens", "q_proj", "down_proj"), seed=2)
+    rng = np.random.default_rng(5)
+    for _, layer in lora.named_adapters(kept):
+        for p in (layer.lora_a, layer.lora_b):
+            p.data[...] = rng.normal(0, 0.05, p.shape)
+    adapter = tmp_path / "adapter.gguf"
+    save_gguf_lora(kept, adapter)
+    ids = np.array(TOK.encode(TEXT)[:64])
+    ours = kept(ids[None])[0].astype(np.float64)
+    theirs = _logits(_llama_cpp(path, adapter), ids)
+    assert _relative(ours, theirs) <= 2 * _eight_bit_error(model, ids)
+    assert _relative(theirs, _logits(_llama_cpp(path), ids)) > 5 * _relative(ours, theirs)
+    widened = tmp_path / "widened.gguf"
+    save_gguf(model_of(path), widened, tokenizer=TOK)
+    exact = _logits(_llama_cpp(widened, adapter), ids)
+    assert np.abs(exact - ours).max() <= 1e-4 * np.abs(ours).max()
