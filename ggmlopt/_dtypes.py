@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["GGML_FLOAT_NAMES", "GGML_QUANT_NAMES", "dtype_or_ggml_name"]
+__all__ = ["GGML_FLOAT_NAMES", "GGML_QUANT_NAMES", "dtype_or_ggml_name", "shortest_float"]
 
 # llama.cpp's names of the plain types (ggml_type_name, llama-quantize's arguments)
 GGML_FLOAT_NAMES: dict[str, np.dtype] = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
@@ -32,3 +32,9 @@ def dtype_or_ggml_name(value, name: str) -> np.dtype | str:
         raise TypeError(f"{name}: expected a NumPy dtype or one of llama.cpp's type names "
                         f"({', '.join(GGML_FLOAT_NAMES)}, {', '.join(GGML_QUANT_NAMES)}), "
                         f"got {value!r}") from None
+
+
+def shortest_float(value) -> float:
+    """A float32 value (a GGUF key) as the shortest decimal that rounds to it
+    (1e-05, not 9.99999974738e-06), so a config written from 1e-5 reads back as 1e-5."""
+    return float(str(np.float32(value)))

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .._dtypes import dtype_or_ggml_name
+from .._dtypes import dtype_or_ggml_name, shortest_float
 from .._optional import import_optional
 
 __all__ = ["dtype_arg", "gguf_module", "metadata_items", "model_file_items", "refuse_adapter_file", "shortest_float",
@@ -84,12 +84,6 @@ def refuse_adapter_file(fields, path: str) -> None:
                          f"adapter.type {fields.get('adapter.type')!r}), not a model: "
                          "ggmlopt.io.load_gguf_lora(path, model) puts it on its base model; "
                          "load_gguf reads model files")
-
-
-def shortest_float(value) -> float:
-    """A float32 key as the shortest decimal that rounds to it (1e-05, not
-    9.99999974738e-06), so a config written from 1e-5 reads back as 1e-5."""
-    return float(str(np.float32(value)))
 
 
 def model_file_items(model, name, metadata, reserved: tuple[str, ...]):

@@ -64,6 +64,16 @@ def _mnist_tensors(tensors: list[TorchTensor], arch: str) -> list[GgmlTensor]:
     return list(specs)
 
 
+def _file_layout(model) -> str | None:
+    """The io module that writes model's llama.cpp file ("llama": gguf_llama,
+    "gpt2": gguf_gpt2), from its family; None for a model of no family."""
+    from ..models.registry import family_of
+    try:
+        return family_of(model).gguf_layout
+    except TypeError:
+        return None
+
+
 def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
               tokenizer=None) -> None:
     """Write model's parameters to path as a GGUF file (atomically).
@@ -89,14 +99,14 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
     FileNotFoundError when path's directory does not exist; ImportError naming
     the ``interop`` extra without the gguf package.
     """
-    from ..models import GPT2, Llama
-    if isinstance(model, GPT2) and tokenizer is not None and arch is None:
+    layout = _file_layout(model)
+    if layout == "gpt2" and tokenizer is not None and arch is None:
         from .gguf_gpt2 import save_gpt2_gguf  # llama.cpp's gpt2
         save_gpt2_gguf(model, path, tokenizer=tokenizer, dtype=dtype, metadata=metadata)
         return
-    llama_layout = arch == _LLAMA_ARCH or (arch is None and isinstance(model, Llama))
+    llama_layout = arch == _LLAMA_ARCH or (arch is None and layout == "llama")
     arch = _arch_arg(arch)
-    if arch == _LLAMA_ARCH and not isinstance(model, Llama):
+    if arch == _LLAMA_ARCH and layout != "llama":
         raise ValueError(f"arch: expected None, {GENERIC_ARCH!r} or one of {sorted(MNIST_ARCHS)} "
                          f"for a {type(model).__name__} ({_LLAMA_ARCH!r} is for a "
                          "ggmlopt.models.Llama)")
@@ -252,11 +262,12 @@ def load_gguf(path, model=None, *, arch=None, keep_types=False):
     if arch is not None:
         arch = _arch_arg(arch)
     path = input_path(path)
-    from ..models import Llama
-    if model is None or isinstance(model, Llama):
+    if model is None or _file_layout(model) == "llama":
+        from ..models.registry import family_for_gguf
         from .gguf_llama import LLAMA_FAMILY, file_architecture, load_llama_gguf
         if model is None:
-            if arch is None and file_architecture(path) == "gpt2":
+            family = family_for_gguf(file_architecture(path)) if arch is None else None
+            if family is not None and family.gguf_layout == "gpt2":
                 if keep_types:
                     raise ValueError("keep_types: a gpt2 file is read in float32 (its kept "
                                      "types are for the llama family)")

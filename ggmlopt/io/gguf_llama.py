@@ -8,6 +8,12 @@ output is tied to the token embedding, and the tokenizer as a ``gpt2``-type
 vocabulary.  The reader takes any llama-architecture GGUF (F32, F16, BF16 or
 a quantized type gguf-py dequantizes) back to a ggmlopt.models.Llama.
 
+The other families of the Llama layout (Qwen2, Qwen3, SmolLM3, Phi-3, Gemma 3:
+llama.cpp's qwen2, qwen3, ... architectures) go through the same code: what
+differs (their extra keys, tensor names, norm offsets, what llama.cpp cannot
+hold) is each family's own, in ggmlopt.models.<family> (its ``FAMILY``), found
+through ggmlopt.models.registry; this module names no family.
+
 ByteTokenizer's vocabulary: token i < 256 is byte i written as GPT-2's
 byte-to-unicode string (what a byte-level BPE vocabulary stores), token 256
 ``<|endoftext|>``.  llama.cpp wants merges for a ``gpt2`` vocabulary and
@@ -24,22 +30,9 @@ from typing import Any
 import numpy as np
 
 from .. import kernels_quant
-from ..models import (
-    Gemma3,
-    Gemma3Config,
-    Llama,
-    LlamaConfig,
-    MistralConfig,
-    Phi3,
-    Phi3Config,
-    Qwen2,
-    Qwen2Config,
-    Qwen3,
-    Qwen3Config,
-    SmolLM3,
-    SmolLM3Config,
-)
-from ..models.smollm3 import default_rope_layers
+from ..models import Llama, LlamaConfig
+from ..models.llama import llama_parameter_shapes
+from ..models.registry import family_for_gguf, family_of, gguf_archs
 from ..nn.init import skip_init
 from ..nn.module import get_submodule, set_submodule
 from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
@@ -60,42 +53,25 @@ from .gguf_metadata import GgufMetadata
 from .gguf_reader import GgufFile
 from .llama_names import gguf_name, permute_qk, unpermute_qk
 
-__all__ = ["BYTE_MERGES", "LLAMA_ARCH", "LLAMA_FAMILY", "QWEN2_ARCH", "LlamaGguf", "arch_of", "byte_vocabulary", "file_architecture",
+__all__ = ["BYTE_MERGES", "LLAMA_ARCH", "LLAMA_FAMILY", "LlamaGguf", "arch_of", "byte_vocabulary", "file_architecture",
            "load_gguf_tokenizer", "load_llama_gguf", "save_llama_gguf", "tokenizer_from_fields"]
 
 LLAMA_ARCH = "llama"
-QWEN2_ARCH = "qwen2"
-QWEN3_ARCH = "qwen3"
-SMOLLM3_ARCH = "smollm3"
-PHI3_ARCH = "phi3"
-GEMMA3_ARCH = "gemma3"
-# llama.cpp's architectures of the Llama family: general.architecture -> (model class,
-# its config class); whether llama.cpp permutes the q/k rows is the config's
-# llama_cpp_permutes_qk
-_ARCHS = {LLAMA_ARCH: (Llama, LlamaConfig), QWEN2_ARCH: (Qwen2, Qwen2Config),
-          QWEN3_ARCH: (Qwen3, Qwen3Config), SMOLLM3_ARCH: (SmolLM3, SmolLM3Config),
-          PHI3_ARCH: (Phi3, Phi3Config), GEMMA3_ARCH: (Gemma3, Gemma3Config)}
-LLAMA_FAMILY = frozenset(_ARCHS)
+# llama.cpp's architectures this module writes and reads (the registry's families of
+# the llama layout: llama, qwen2, qwen3, smollm3, phi3, gemma3)
+LLAMA_FAMILY = gguf_archs("llama")
 
 
 def arch_of(model) -> str:
     """llama.cpp's general.architecture for a Llama-family model."""
-    if isinstance(model, Gemma3):
-        return GEMMA3_ARCH
-    if isinstance(model, Phi3):
-        return PHI3_ARCH
-    if isinstance(model, Qwen3):
-        return QWEN3_ARCH
-    if isinstance(model, SmolLM3):
-        return SMOLLM3_ARCH
-    return QWEN2_ARCH if isinstance(model, Qwen2) else LLAMA_ARCH
+    arch = family_of(model).gguf_arch
+    assert arch is not None
+    return arch
 
 
 # keys save_llama_gguf writes; metadata may not set them
-_RESERVED_PREFIXES = ("general.architecture", "general.file_type", "llama.", "qwen2.", "qwen3.",
-                      "smollm3.", "phi3.", "gemma3.",
-                      "tokenizer.",
-                      "GGUF.")
+_RESERVED_PREFIXES = ("general.architecture", "general.file_type",
+                      *sorted(f"{arch}." for arch in LLAMA_FAMILY), "tokenizer.", "GGUF.")
 
 
 def _gguf():
@@ -157,6 +133,7 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
     gguf = _gguf()
     params = dict(model.named_parameters())
     arch = arch_of(model)
+    offset = family_of(model).gguf_norm_offset
     out = []
     fallbacks: list[str] = []
     for name, _ in _parameter_shapes(model.config):
@@ -175,8 +152,8 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
                         raw))
             continue
         data = p.data
-        if arch == GEMMA3_ARCH and data.ndim == 1:   # llama.cpp's gemma3 stores 1 + weight
-            data = data + np.float32(1.0)
+        if offset and data.ndim == 1:   # llama.cpp's gemma3 stores 1 + weight
+            data = data + np.float32(offset)
         if data.ndim == 2 and name != "embed_tokens.weight":
             data = _linear_weight(name, data, model.config)
         data = np.ascontiguousarray(data, dtype=np.float32)
@@ -237,6 +214,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     """
     if not isinstance(model, Llama):
         raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
+    family = family_of(model)
     carried = getattr(model, "gguf_metadata", None)
     if name is None:
         name = str(carried.get("general.name", "ggmlopt-llama")) if carried else "ggmlopt-llama"
@@ -247,33 +225,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     tok = tokenizer_keys(tokenizer, cfg.vocab_size)
     gguf = _gguf()
     arch = arch_of(model)
-    if arch == LLAMA_ARCH and cfg.qkv_bias:
-        # llama.cpp permutes a llama's q/k rows, biases included; ggmlopt's llama reader
-        # has no biases: rather than a file the two read differently, none
-        raise ValueError("model: a Llama with q/k/v biases (qkv_bias) is not written as "
-                         "llama.cpp's llama; use a Qwen2 (its qwen2 architecture) or save_hf")
-    if isinstance(cfg, Gemma3Config):
-        _check_gemma3_for_llama_cpp(cfg)
-    if isinstance(cfg, Phi3Config):
-        if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
-            warnings.warn(f"model: llama.cpp's phi3 ignores the sliding window (it attends to "
-                          f"every key): beyond {cfg.sliding_window} tokens its logits differ "
-                          "from this model's; the window is written for readers that keep it",
-                          UserWarning, stacklevel=3)
-    elif isinstance(cfg, MistralConfig):   # llama.cpp runs a Mistral as its llama architecture
-        if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
-            raise ValueError(f"model: llama.cpp's llama architecture (a Mistral's GGUF) has no "
-                             f"sliding window; this Mistral attends over {cfg.sliding_window} "
-                             f"keys of {cfg.max_seq_len} (save_hf keeps it)")
-        if cfg.head_dim != cfg.dim // cfg.n_heads:
-            raise ValueError(f"model: a Mistral with head_dim {cfg.head_dim} other than dim // "
-                             f"n_heads = {cfg.dim // cfg.n_heads} is not written to GGUF yet "
-                             "(save_hf keeps it)")
-    if isinstance(cfg, SmolLM3Config) and cfg.no_rope_layers != default_rope_layers(
-            cfg.n_layers, 4):
-        raise ValueError(f"model: llama.cpp's smollm3 skips RoPE on every fourth layer only; "
-                         f"this SmolLM3's no_rope_layers {list(cfg.no_rope_layers or ())} "
-                         "differ (save_hf keeps them)")
+    family.gguf_check(cfg)   # what llama.cpp's architecture cannot hold: refused (or warned)
     arrays = _gguf_arrays(model, dtype)
     rope_keys, rope_freqs = _rope_scaling_out(cfg, arch)
     if rope_freqs is not None:
@@ -310,17 +262,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
                     writer.add_float32(key, value)
             writer.add_key_length(cfg.head_dim)
             writer.add_value_length(cfg.head_dim)
-            if isinstance(cfg, Gemma3Config):
-                if cfg.sliding_window is not None:
-                    writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
-                    writer.add_array(f"{arch}.attention.sliding_window_pattern",
-                                     [bool(v) for v in cfg.sliding_layers or ()])
-                writer.add_float32(f"{arch}.rope.freq_base_swa", cfg.rope_local_base)
-            if isinstance(cfg, Phi3Config):   # as convert_hf_to_gguf writes a Phi-3's
-                writer.add_uint32(f"{arch}.rope.scaling.original_context_length",
-                                  cfg.original_max_seq_len)
-                if cfg.sliding_window is not None:
-                    writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
+            family.gguf_write(writer, cfg, arch)   # the family's own keys
             add_tokenizer(writer, tok, tokenizer)
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
@@ -335,23 +277,6 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.write_tensors_to_file()
         finally:
             writer.close()
-
-
-def _check_gemma3_for_llama_cpp(cfg) -> None:
-    """ValueError for a Gemma 3 llama.cpp's gemma3 would compute otherwise."""
-    scalar = cfg.dim // cfg.n_heads if cfg.n_layers == 62 else cfg.head_dim
-    if cfg.query_pre_attn_scalar != scalar:
-        raise ValueError(f"model: llama.cpp's gemma3 scales the scores by {scalar} ** -0.5 "
-                         f"(head_dim, or dim / heads at 62 layers); this Gemma 3's "
-                         f"query_pre_attn_scalar is {cfg.query_pre_attn_scalar} (save_hf keeps it)")
-    if cfg.sliding_window is None and any(cfg.sliding_layers) \
-            and cfg.rope_local_base != cfg.rope_base:
-        raise ValueError("model: without a window llama.cpp's gemma3 treats every layer as "
-                         "global (one RoPE base); this Gemma 3's local layers have their own "
-                         "(save_hf keeps it)")
-    if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type != "linear":
-        raise ValueError(f"model: llama.cpp's gemma3 takes linear rope scaling only, got "
-                         f"{cfg.rope_scaling.rope_type!r} (save_hf keeps it)")
 
 
 def _rope_scaling_out(cfg: LlamaConfig, arch: str):
@@ -386,18 +311,9 @@ _ARCH_KEYS = frozenset({
     "rope.dimension_count", "vocab_size", "expert_count", "expert_used_count",
     "rope.scaling.type", "rope.scaling.factor",
 })
-# what convert_hf_to_gguf writes for a Phi-3 besides (its window, LongRoPE's original
-# context, which only LongRoPE reads: its rope_factors tensors are refused)
-_PHI3_KEYS = frozenset({"attention.sliding_window", "rope.scaling.original_context_length"})
-# a Gemma 3's window, which layers slide (a bool a layer, or every n-th global) and the
-# local layers' RoPE base; soft-capping is refused unless zero
-_GEMMA3_KEYS = frozenset({"attention.sliding_window", "attention.sliding_window_pattern",
-                          "rope.freq_base_swa", "final_logit_softcapping"})
-
-
 def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
             arch: str = LLAMA_ARCH) -> LlamaConfig:
-    """The config (LlamaConfig, or Qwen2Config for qwen2) a Llama-family file's
+    """The config (its family's config class) a Llama-layout file's
     keys (and its tensors) describe."""
     def key(name, default=None, required=True):
         value = fields.get(f"{arch}.{name}", default)
@@ -410,7 +326,9 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
                              "not supported")
         return value
 
-    known = _ARCH_KEYS | {PHI3_ARCH: _PHI3_KEYS, GEMMA3_ARCH: _GEMMA3_KEYS}.get(arch, frozenset())
+    family = family_for_gguf(arch)
+    assert family is not None
+    known = _ARCH_KEYS | family.gguf_keys
     unknown = sorted(k for k in fields if k.startswith(arch + ".")
                      and k[len(arch) + 1:] not in known)
     if unknown:
@@ -423,7 +341,7 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
     n_kv_heads = key("attention.head_count_kv", n_heads)
     head_dim = dim // n_heads if isinstance(dim, int) and isinstance(n_heads, int) and n_heads \
         else None
-    head_dim_given = _ARCHS[arch][1].explicit_head_dim
+    head_dim_given = bool(getattr(family.config_class, "explicit_head_dim", False))
     if head_dim_given:   # qwen3: the head width is the file's key_length
         head_dim = key("attention.key_length", head_dim, required=False)
     for name in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
@@ -456,15 +374,9 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
     if vocab is None:
         raise ValueError(f"{where}: no vocabulary size ({arch}.vocab_size, tokenizer.ggml.tokens "
                          "or token_embd.weight)")
-    config_class = _ARCHS[arch][1]
+    config_class = family.config_class
     given: dict[str, Any] = {"head_dim": head_dim} if head_dim_given else {}
-    if arch == GEMMA3_ARCH:
-        given.update(_gemma3_fields(fields, key, head_dim, where))
-    if arch == PHI3_ARCH:
-        window = key("attention.sliding_window", 0, required=False)
-        given["sliding_window"] = int(window) if window else None
-        given["original_max_seq_len"] = key("rope.scaling.original_context_length",
-                                            key("context_length"), required=False)
+    given.update(family.gguf_fields(fields, key, head_dim, where))
     try:
         return config_class(
             vocab_size=vocab, dim=dim, n_layers=key("block_count"), n_heads=n_heads,
@@ -476,31 +388,6 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
             **given)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: the keys describe no valid Llama: {e}") from None
-
-
-def _gemma3_fields(fields, key, head_dim, where) -> dict[str, Any]:
-    """A gemma3 file's window, local layers, local RoPE base and attention scale
-    (llama.cpp scales by head_dim ** -0.5, by (dim / heads) ** -0.5 at 62 layers)."""
-    if key("final_logit_softcapping", 0.0, required=False):
-        raise ValueError(f"{where}: final-logit soft-capping is not implemented")
-    n_layers = key("block_count")
-    window = key("attention.sliding_window", 0, required=False)
-    pattern = fields.get("gemma3.attention.sliding_window_pattern", 6)
-    if not window:
-        sliding: tuple[bool, ...] = (False,) * n_layers
-    elif isinstance(pattern, list):
-        if len(pattern) != n_layers:
-            raise ValueError(f"{where}: gemma3.attention.sliding_window_pattern has "
-                             f"{len(pattern)} entries for {n_layers} layers")
-        sliding = tuple(bool(v) for v in pattern)
-    else:   # llama.cpp's set_swa_pattern(n): every n-th layer dense
-        sliding = tuple(bool((i + 1) % int(pattern)) for i in range(n_layers))
-    dim, heads = key("embedding_length"), key("attention.head_count")
-    scalar = dim // heads if n_layers == 62 else head_dim
-    return {"sliding_window": int(window) if window else None, "sliding_layers": sliding,
-            "rope_local_base": shortest_float(key("rope.freq_base_swa", 10000.0,
-                                                  required=False)),
-            "query_pre_attn_scalar": float(scalar)}
 
 
 def _dequantized(reader: GgufFile, name: str, quantized: set[str],
@@ -526,8 +413,9 @@ def _ggml_rows(name: str, p_shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _our_layout(name: str, rows: np.ndarray, config: LlamaConfig) -> np.ndarray:
-    if rows.ndim == 1 and isinstance(config, Gemma3Config):
-        return rows - np.float32(1.0)   # llama.cpp's gemma3 stores 1 + weight
+    offset = family_of(config).gguf_norm_offset
+    if rows.ndim == 1 and offset:
+        return rows - np.float32(offset)   # llama.cpp's gemma3 stores 1 + weight
     if rows.ndim != 2 or name == "embed_tokens.weight":
         return rows
     if not config.llama_cpp_permutes_qk:   # qwen2, qwen3: no q/k permutation
@@ -572,10 +460,10 @@ class LlamaGguf:
             self.metadata = GgufMetadata.from_file(reader)
             refuse_adapter_file(self.fields, path)
             arch = self.fields.get("general.architecture")
-            if arch not in _ARCHS:
+            if arch not in LLAMA_FAMILY:
                 raise ValueError(f"path: {path!r} holds a {arch!r} model, not a 'llama' one "
                                  f"(nor another architecture of its family ggmlopt reads: "
-                                 f"{', '.join(sorted(set(_ARCHS) - {LLAMA_ARCH}))}); "
+                                 f"{', '.join(sorted(LLAMA_FAMILY - {LLAMA_ARCH}))}); "
                                  "load_gguf(path, model) loads other files into a model")
             self.arch = arch
             infos = {name: (t.ne, reader) for name, t in reader.tensors.items()}
@@ -661,47 +549,9 @@ def _keep_types(read: LlamaGguf, model) -> list[str]:
 
 
 def _parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of every parameter of Llama(config), in named_parameters'
-    order, without building one."""
-    d, v = config.dim, config.vocab_size
-    f = config.ffn_dim
-    assert f is not None  # LlamaConfig fills it in
-    kv = _kv_heads(config) * config.head_dim
-    q = config.n_heads * config.head_dim   # d, but for a Qwen3 with its own head_dim
-    biases = config.qkv_bias   # Qwen2's, after each weight as Linear names them
-    norms = [("self_attn.q_norm.weight", (config.head_dim,)),
-             ("self_attn.k_norm.weight", (config.head_dim,))] if config.qk_norm else []
-    if isinstance(config, Gemma3Config):   # four norms a block, q/k norms
-        layer: list[tuple[str, tuple[int, ...]]] = [
-            ("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, q)),
-            ("self_attn.k_proj.weight", (d, kv)), ("self_attn.v_proj.weight", (d, kv)),
-            ("self_attn.o_proj.weight", (q, d)), *norms,
-            ("post_attention_layernorm.weight", (d,)), ("pre_feedforward_layernorm.weight", (d,)),
-            ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
-            ("mlp.down_proj.weight", (f, d)), ("post_feedforward_layernorm.weight", (d,))]
-    elif isinstance(config, Phi3Config):   # q | k | v and gate | up fused
-        layer = [
-            ("input_layernorm.weight", (d,)), ("self_attn.qkv_proj.weight", (d, q + 2 * kv)),
-            ("self_attn.o_proj.weight", (q, d)), ("post_attention_layernorm.weight", (d,)),
-            ("mlp.gate_up_proj.weight", (d, 2 * f)), ("mlp.down_proj.weight", (f, d))]
-    else:
-        layer = [
-            ("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, q)),
-            *([("self_attn.q_proj.bias", (q,))] if biases else []),
-            ("self_attn.k_proj.weight", (d, kv)),
-            *([("self_attn.k_proj.bias", (kv,))] if biases else []),
-            ("self_attn.v_proj.weight", (d, kv)),
-            *([("self_attn.v_proj.bias", (kv,))] if biases else []),
-            ("self_attn.o_proj.weight", (q, d)), *norms, ("post_attention_layernorm.weight", (d,)),
-            ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
-            ("mlp.down_proj.weight", (f, d))]
-    shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (v, d))]
-    for i in range(config.n_layers):
-        shapes += [(f"layers.{i}.{name}", shape) for name, shape in layer]
-    shapes.append(("norm.weight", (d,)))
-    if not config.tie_embeddings:
-        shapes.append(("lm_head.weight", (d, v)))
-    return shapes
+    """(name, shape) of every parameter of the config's model, in
+    named_parameters' order, without building one."""
+    return (family_of(config).parameter_shapes or llama_parameter_shapes)(config)
 
 
 def _is_byte_vocabulary(fields: dict[str, Any]) -> bool:
@@ -820,14 +670,14 @@ def load_llama_gguf(path, model=None, *, keep_types=False):
         tokenizer = tokenizer_from_fields(read.fields, path)
         if keep_types:
             with skip_init():   # the weight matrices are replaced, never written
-                built = _ARCHS[read.arch][0](read.config)
+                built = family_of(read.config).model_class(read.config)
             widened = _keep_types(read, built)
             if widened:
                 warnings.warn(f"{path}: keep_types: tensors of type {', '.join(widened)} were "
                               "dequantized to float32 (ggmlopt's kernels do not read them)",
                               UserWarning, stacklevel=2)
         else:
-            built = _ARCHS[read.arch][0](read.config)
+            built = family_of(read.config).model_class(read.config)
         for name, p in built.named_parameters():
             p.data[...] = read.array(name)   # one tensor in memory twice at a time
         if tokenizer is not None:

@@ -29,10 +29,10 @@ from ..lora import (
     named_adapters,
     other_trainable,
 )
+from ..models.registry import family_of
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
 from .gguf_gpt2 import GPT2_ARCH, gguf_name_gpt2, hf_name_gpt2
-from .gguf_llama import arch_of
 from .llama_names import gguf_name, hf_name, permute_qk, unpermute_qk
 
 __all__ = ["load_gguf_lora", "save_gguf_lora"]
@@ -46,10 +46,12 @@ def _gguf():
 
 
 def _llama_config(model):
-    """model's config: a Llama of the family, or a GPT2 (llama.cpp's gpt2)."""
-    from ..models import GPT2
-    from ..models.llama import Llama
-    if not isinstance(model, (Llama, GPT2)):
+    """model's config: a model of a family llama.cpp has an architecture for."""
+    try:
+        family = family_of(model)
+    except TypeError:
+        family = None
+    if family is None or family.gguf_arch is None:
         raise TypeError(f"model: expected a ggmlopt.models.Llama or GPT2 (llama.cpp's LoRA "
                         f"adapters are per architecture), got {type(model).__name__}")
     return model.config
@@ -57,8 +59,9 @@ def _llama_config(model):
 
 def _arch(model) -> str:
     """llama.cpp's architecture of model's adapter file."""
-    from ..models import GPT2
-    return GPT2_ARCH if isinstance(model, GPT2) else arch_of(model)
+    arch = family_of(model).gguf_arch
+    assert arch is not None
+    return arch
 
 
 def _qk_heads(module_name: str, config) -> int | None:

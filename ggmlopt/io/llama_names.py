@@ -20,6 +20,8 @@ import re
 
 import numpy as np
 
+from ..models.registry import family_for_gguf
+
 __all__ = ["gguf_name", "hf_name", "permute_qk", "unpermute_qk"]
 
 # Hugging Face suffix (after "layers.N.") -> llama.cpp suffix (after "blk.N.")
@@ -41,32 +43,22 @@ _LAYER_NAMES = {
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
-# Phi-3's fused projections (llama.cpp's phi3 architecture): one tensor for q | k | v,
-# one for gate | up
-_PHI3_NAMES = {
-    "self_attn.qkv_proj.weight": "attn_qkv.weight",
-    "mlp.gate_up_proj.weight": "ffn_up.weight",
-}
-# Gemma 3's block has four norms (llama.cpp's gemma3): the one Llama calls
-# post_attention_layernorm (before the MLP) is Gemma's pre_feedforward_layernorm
-_GEMMA3_NAMES = {
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-}
 _GLOBAL_NAMES = {
     "embed_tokens.weight": "token_embd.weight",
     "norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
 _LAYER_NAMES_BACK = {v: k for k, v in _LAYER_NAMES.items()}
-# ffn_up is a phi3's gate | up, ffn_norm a gemma3's pre-MLP norm: the reverse mappings
-# are those architectures'
-_PHI3_NAMES_BACK = {**_LAYER_NAMES_BACK, **{v: k for k, v in _PHI3_NAMES.items()}}
-_GEMMA3_NAMES_BACK = {**_LAYER_NAMES_BACK, **{v: k for k, v in _GEMMA3_NAMES.items()}}
 _GLOBAL_NAMES_BACK = {v: k for k, v in _GLOBAL_NAMES.items()}
 _HF_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 _GGUF_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def _family_names(arch: str) -> dict[str, str]:
+    """The family's own Hugging Face -> llama.cpp suffixes (Phi-3's fused
+    projections, Gemma 3's four norms), beyond the llama layout's."""
+    family = family_for_gguf(arch)
+    return dict(family.gguf_names) if family is not None else {}
 
 
 def gguf_name(name: str, arch: str = "llama") -> str:
@@ -78,8 +70,7 @@ def gguf_name(name: str, arch: str = "llama") -> str:
     match = _HF_LAYER.fullmatch(name)
     if match:
         suffix = match.group(2)
-        gguf = (_GEMMA3_NAMES.get(suffix) if arch == "gemma3" else None) \
-            or _LAYER_NAMES.get(suffix) or _PHI3_NAMES.get(suffix)
+        gguf = _family_names(arch).get(suffix) or _LAYER_NAMES.get(suffix)
         if gguf is not None:
             return f"blk.{match.group(1)}.{gguf}"
     raise KeyError(f"{name!r} is not a parameter name of a Llama")
@@ -91,7 +82,7 @@ def hf_name(name: str, arch: str = "llama") -> str:
     KeyError for a tensor a Llama does not have."""
     if name in _GLOBAL_NAMES_BACK:
         return _GLOBAL_NAMES_BACK[name]
-    back = {"phi3": _PHI3_NAMES_BACK, "gemma3": _GEMMA3_NAMES_BACK}.get(arch, _LAYER_NAMES_BACK)
+    back = {**_LAYER_NAMES_BACK, **{v: k for k, v in _family_names(arch).items()}}
     match = _GGUF_LAYER.fullmatch(name)
     if match and match.group(2) in back:
         return f"layers.{match.group(1)}.{back[match.group(2)]}"

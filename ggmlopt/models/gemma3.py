@@ -20,20 +20,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
+from .._dtypes import shortest_float
 from ..nn.activation import GELU
 from ..nn.attention import CausalSelfAttention
 from ..nn.linear import Linear
 from ..nn.module import Module, grads_ready
 from ..nn.norm import RMSNorm
+from ..nn.rope_scaling import RopeScaling
 from ._causal_lm import cached_self_attention, normal_init
+from ._hf_config import LLAMA_KEYS, check_keys, llama_hf_config, no_dropout
 from .config import LlamaConfig
-from .llama import INIT_STD, Llama
+from .family import Family
+from .llama import INIT_STD, Llama, with_layers
 
-__all__ = ["GeGLU", "Gemma3", "Gemma3Config", "Gemma3DecoderLayer", "GemmaRMSNorm"]
+__all__ = ["FAMILY", "GeGLU", "Gemma3", "Gemma3Config", "Gemma3DecoderLayer", "GemmaRMSNorm"]
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -276,3 +281,162 @@ class Gemma3(Llama):
 
     def __repr__(self):
         return f"Gemma3({self.config})"
+
+
+# ---- the family: its Hugging Face config and llama.cpp's gemma3 architecture ---------
+
+# Gemma 3's text config.json (model_type gemma3_text)
+_HF_KEYS = (LLAMA_KEYS - {"hidden_act", "mlp_bias", "pretraining_tp"}) | {
+    "hidden_activation", "query_pre_attn_scalar", "sliding_window", "sliding_window_pattern",
+    "_sliding_window_pattern",
+    "layer_types", "rope_local_base_freq", "final_logit_softcapping", "attn_logit_softcapping",
+    "use_bidirectional_attention", "cache_implementation",
+}
+
+
+def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
+    check_keys(hf, _HF_KEYS, "gemma3_text")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if hf.get(key) is not None:
+            raise ValueError(f"{key}: soft-capping (Gemma 2's) is not implemented, got "
+                             f"{hf[key]}")
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention: only causal attention is supported")
+    if hf.get("attention_bias"):
+        raise ValueError("attention_bias: a Gemma 3 with biases is not supported")
+    act = hf.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"hidden_activation: only gelu_pytorch_tanh is supported, got {act!r}")
+    no_dropout(hf, ("attention_dropout",), where)
+    n_layers = hf["num_hidden_layers"]
+    max_len = hf.get("max_position_embeddings", 131072)
+    # transformers 5: rope_parameters per layer type; 4.x: rope_theta, rope_local_base_freq
+    # and rope_scaling (the global layers')
+    params = hf.get("rope_parameters") or {}
+    full = dict(params.get("full_attention") or {})
+    local = dict(params.get("sliding_attention") or {})
+    theta = full.pop("rope_theta", hf.get("rope_theta", 1000000.0))
+    local_theta = local.pop("rope_theta", hf.get("rope_local_base_freq", 10000.0))
+    if local.get("rope_type", "default") != "default" or len(set(local) - {"rope_type"}):
+        raise ValueError(f"rope_parameters: the local layers' RoPE must be plain, got {local}")
+    legacy = hf.get("rope_scaling") or {}
+    if full and legacy and {k: v for k, v in legacy.items() if k != "type"} != full:
+        raise ValueError(f"rope_scaling {legacy} and rope_parameters {full} disagree")
+    scaling = RopeScaling.from_hf(full or legacy, max_len)
+    types = hf.get("layer_types")
+    if types is None:
+        pattern = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                 for i in range(n_layers)]
+    if any(t not in ("sliding_attention", "full_attention") for t in types):
+        raise ValueError(f"layer_types: expected sliding_attention or full_attention, got "
+                         f"{sorted(set(types))}")
+    return Gemma3Config(
+        vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=n_layers,
+        n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads"),
+        ffn_dim=hf["intermediate_size"], max_seq_len=max_len,
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_base=float(theta),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)), rope_scaling=scaling,
+        head_dim=hf.get("head_dim", 256),
+        query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+        sliding_window=hf.get("sliding_window", 4096), rope_local_base=float(local_theta),
+        sliding_layers=tuple(t == "sliding_attention" for t in types))
+
+
+def _to_hf(cfg: Gemma3Config) -> dict[str, Any]:
+    family = llama_hf_config(cfg)
+    del family["hidden_act"], family["rope_scaling"], family["rope_theta"]
+    full = {"rope_type": "default", "rope_theta": cfg.rope_base} if cfg.rope_scaling is None \
+        else {**cfg.rope_scaling.to_hf(), "rope_theta": cfg.rope_base}
+    return {**family, "head_dim": cfg.head_dim, "hidden_activation": "gelu_pytorch_tanh",
+            # transformers' field is an int (256 in every release)
+            "query_pre_attn_scalar": int(cfg.query_pre_attn_scalar)
+            if float(cfg.query_pre_attn_scalar).is_integer() else cfg.query_pre_attn_scalar,
+            "sliding_window": cfg.sliding_window,
+            "layer_types": ["sliding_attention" if s else "full_attention"
+                            for s in cfg.sliding_layers or ()],
+            "rope_parameters": {"full_attention": full, "sliding_attention": {
+                "rope_type": "default", "rope_theta": cfg.rope_local_base}},
+            "final_logit_softcapping": None, "attn_logit_softcapping": None,
+            "attention_bias": False, "attention_dropout": 0.0,
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+def _gguf_fields(fields, key, head_dim, where) -> dict[str, Any]:
+    """A gemma3 file's window, local layers, local RoPE base and attention scale
+    (llama.cpp scales by head_dim ** -0.5, by (dim / heads) ** -0.5 at 62 layers)."""
+    if key("final_logit_softcapping", 0.0, required=False):
+        raise ValueError(f"{where}: final-logit soft-capping is not implemented")
+    n_layers = key("block_count")
+    window = key("attention.sliding_window", 0, required=False)
+    pattern = fields.get("gemma3.attention.sliding_window_pattern", 6)
+    if not window:
+        sliding: tuple[bool, ...] = (False,) * n_layers
+    elif isinstance(pattern, list):
+        if len(pattern) != n_layers:
+            raise ValueError(f"{where}: gemma3.attention.sliding_window_pattern has "
+                             f"{len(pattern)} entries for {n_layers} layers")
+        sliding = tuple(bool(v) for v in pattern)
+    else:   # llama.cpp's set_swa_pattern(n): every n-th layer dense
+        sliding = tuple(bool((i + 1) % int(pattern)) for i in range(n_layers))
+    dim, heads = key("embedding_length"), key("attention.head_count")
+    scalar = dim // heads if n_layers == 62 else head_dim
+    return {"sliding_window": int(window) if window else None, "sliding_layers": sliding,
+            "rope_local_base": shortest_float(key("rope.freq_base_swa", 10000.0,
+                                                  required=False)),
+            "query_pre_attn_scalar": float(scalar)}
+
+
+def _gguf_write(writer, cfg: Gemma3Config, arch: str) -> None:
+    if cfg.sliding_window is not None:
+        writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
+        writer.add_array(f"{arch}.attention.sliding_window_pattern",
+                         [bool(v) for v in cfg.sliding_layers or ()])
+    writer.add_float32(f"{arch}.rope.freq_base_swa", cfg.rope_local_base)
+
+
+def _gguf_check(cfg: Gemma3Config) -> None:
+    """ValueError for a Gemma 3 llama.cpp's gemma3 would compute otherwise."""
+    scalar = cfg.dim // cfg.n_heads if cfg.n_layers == 62 else cfg.head_dim
+    if cfg.query_pre_attn_scalar != scalar:
+        raise ValueError(f"model: llama.cpp's gemma3 scales the scores by {scalar} ** -0.5 "
+                         f"(head_dim, or dim / heads at 62 layers); this Gemma 3's "
+                         f"query_pre_attn_scalar is {cfg.query_pre_attn_scalar} (save_hf keeps it)")
+    if cfg.sliding_window is None and any(cfg.sliding_layers or ()) \
+            and cfg.rope_local_base != cfg.rope_base:
+        raise ValueError("model: without a window llama.cpp's gemma3 treats every layer as "
+                         "global (one RoPE base); this Gemma 3's local layers have their own "
+                         "(save_hf keeps it)")
+    if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type != "linear":
+        raise ValueError(f"model: llama.cpp's gemma3 takes linear rope scaling only, got "
+                         f"{cfg.rope_scaling.rope_type!r} (save_hf keeps it)")
+
+
+def _parameter_shapes(config: Gemma3Config) -> list[tuple[str, tuple[int, ...]]]:
+    d, f, hd = config.dim, config.ffn_dim, config.head_dim
+    assert f is not None and config.n_kv_heads is not None and hd is not None
+    kv, q = config.n_kv_heads * hd, config.n_heads * hd
+    return with_layers(config, [
+        ("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, q)),
+        ("self_attn.k_proj.weight", (d, kv)), ("self_attn.v_proj.weight", (d, kv)),
+        ("self_attn.o_proj.weight", (q, d)), ("self_attn.q_norm.weight", (hd,)),
+        ("self_attn.k_norm.weight", (hd,)),
+        ("post_attention_layernorm.weight", (d,)), ("pre_feedforward_layernorm.weight", (d,)),
+        ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
+        ("mlp.down_proj.weight", (f, d)), ("post_feedforward_layernorm.weight", (d,))])
+
+
+# llama.cpp's gemma3: norm weights stored as 1 + w, four norms a block (the one Llama
+# calls post_attention_layernorm, before the MLP, is Gemma's pre_feedforward_layernorm),
+# its window, which layers are local and their RoPE base
+FAMILY = Family("gemma3", Gemma3, Gemma3Config, hf_model_type="gemma3_text",
+                hf_architecture="Gemma3ForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
+                gguf_arch="gemma3",
+                gguf_keys=frozenset({"attention.sliding_window",
+                                     "attention.sliding_window_pattern", "rope.freq_base_swa",
+                                     "final_logit_softcapping"}),
+                gguf_fields=_gguf_fields, gguf_write=_gguf_write, gguf_check=_gguf_check,
+                gguf_names={"post_attention_layernorm.weight": "post_attention_norm.weight",
+                            "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                            "post_feedforward_layernorm.weight": "post_ffw_norm.weight"},
+                gguf_norm_offset=1.0, parameter_shapes=_parameter_shapes)

@@ -7,6 +7,8 @@ parameter names without the ``transformer.`` prefix.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -17,9 +19,11 @@ from ..nn.module import grads_ready
 from ..nn.norm import LayerNorm
 from ..nn.positions import DocumentPositions
 from ._causal_lm import CausalLM, PreNormBlock, attend_cached, normal_init
+from ._hf_config import check_keys, no_dropout
 from .config import GPT2Config
+from .family import Family
 
-__all__ = ["GPT2", "GPT2Block"]
+__all__ = ["FAMILY", "GPT2", "GPT2Block"]
 
 INIT_STD = 0.02  # Hugging Face's initializer_range
 
@@ -129,3 +133,54 @@ class GPT2(CausalLM):
 
     def __repr__(self):
         return f"GPT2({self.config})"
+
+
+# ---- the family: its Hugging Face config; llama.cpp's gpt2 (ggmlopt.io.gguf_gpt2) ----
+
+_HF_KEYS = frozenset({
+    "vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner",
+    "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "n_special", "predict_special_tokens",
+})
+
+
+def _from_hf(hf: Mapping[str, Any], where: str) -> GPT2Config:
+    check_keys(hf, _HF_KEYS, "gpt2")
+    dim = hf["n_embd"]
+    if hf.get("n_inner") not in (None, 4 * dim):
+        raise ValueError(f"n_inner: only 4 * n_embd is supported, got {hf['n_inner']}")
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"activation_function: only GELU's tanh form is supported, got "
+                         f"{hf['activation_function']!r}")
+    if not hf.get("scale_attn_weights", True) or hf.get("scale_attn_by_inverse_layer_idx"):
+        raise ValueError("scale_attn_weights, scale_attn_by_inverse_layer_idx: only GPT-2's "
+                         "1/sqrt(head_dim) scaling is supported")
+    if not hf.get("tie_word_embeddings", True):
+        raise ValueError("tie_word_embeddings: GPT-2's head is tied to its token embedding")
+    n_ctx = hf.get("n_ctx")
+    if n_ctx is not None and n_ctx != hf.get("n_positions", 1024):
+        raise ValueError(f"n_ctx: {n_ctx} differs from n_positions {hf.get('n_positions')}")
+    no_dropout(hf, ("resid_pdrop", "embd_pdrop", "attn_pdrop"), where)
+    return GPT2Config(vocab_size=hf["vocab_size"], dim=dim, n_layers=hf["n_layer"],
+                      n_heads=hf["n_head"], max_seq_len=hf.get("n_positions", 1024),
+                      norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
+
+
+def _to_hf(cfg: GPT2Config) -> dict[str, Any]:
+    return {
+        "vocab_size": cfg.vocab_size, "n_embd": cfg.dim, "n_layer": cfg.n_layers,
+        "n_head": cfg.n_heads, "n_positions": cfg.max_seq_len, "n_ctx": cfg.max_seq_len,
+        "n_inner": None, "layer_norm_epsilon": cfg.norm_eps, "activation_function": "gelu_new",
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": 0.02,
+        "tie_word_embeddings": True, "torch_dtype": "float32", "use_cache": True,
+    }
+
+
+# Hugging Face's GPT2LMHeadModel keeps its Conv1D weights (in, out), as ggmlopt does;
+# llama.cpp's gpt2 has a writer of its own
+FAMILY = Family("gpt2", GPT2, GPT2Config, hf_model_type="gpt2",
+                hf_architecture="GPT2LMHeadModel", from_hf=_from_hf, to_hf=_to_hf,
+                hf_prefix="transformer.", hf_transposed=False, gguf_arch="gpt2",
+                gguf_layout="gpt2")

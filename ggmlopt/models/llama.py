@@ -6,7 +6,8 @@ parameter names without the ``model.`` prefix.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -17,9 +18,11 @@ from ..nn.mlp import SwiGLU
 from ..nn.module import Module, grads_ready
 from ..nn.norm import RMSNorm
 from ._causal_lm import CausalLM, PreNormBlock, cached_self_attention, normal_init
+from ._hf_config import LLAMA_KEYS, check_keys, llama_fields, llama_hf_config
 from .config import LlamaConfig
+from .family import Family
 
-__all__ = ["Llama", "LlamaDecoderLayer"]
+__all__ = ["FAMILY", "Llama", "LlamaDecoderLayer", "llama_parameter_shapes"]
 
 INIT_STD = 0.02  # Hugging Face's initializer_range
 
@@ -115,3 +118,70 @@ class Llama(CausalLM):
 
     def __repr__(self):
         return f"Llama({self.config})"
+
+
+# ---- the family: its Hugging Face config and llama.cpp's llama architecture ----------
+
+def llama_parameter_shapes(config: LlamaConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter of a Llama-layout model of config, in
+    named_parameters' order, without building one (Qwen2's q/k/v biases and
+    Qwen3's q/k norms follow the config's qkv_bias and qk_norm)."""
+    d, f = config.dim, config.ffn_dim
+    assert f is not None  # LlamaConfig fills it in
+    n_kv = config.n_kv_heads
+    assert n_kv is not None
+    kv = n_kv * config.head_dim
+    q = config.n_heads * config.head_dim   # d, but for a Qwen3 with its own head_dim
+    biases = config.qkv_bias   # Qwen2's, after each weight as Linear names them
+    norms = [("self_attn.q_norm.weight", (config.head_dim,)),
+             ("self_attn.k_norm.weight", (config.head_dim,))] if config.qk_norm else []
+    layer = [
+        ("input_layernorm.weight", (d,)), ("self_attn.q_proj.weight", (d, q)),
+        *([("self_attn.q_proj.bias", (q,))] if biases else []),
+        ("self_attn.k_proj.weight", (d, kv)),
+        *([("self_attn.k_proj.bias", (kv,))] if biases else []),
+        ("self_attn.v_proj.weight", (d, kv)),
+        *([("self_attn.v_proj.bias", (kv,))] if biases else []),
+        ("self_attn.o_proj.weight", (q, d)), *norms, ("post_attention_layernorm.weight", (d,)),
+        ("mlp.gate_proj.weight", (d, f)), ("mlp.up_proj.weight", (d, f)),
+        ("mlp.down_proj.weight", (f, d))]
+    return with_layers(config, layer)
+
+
+def with_layers(config: LlamaConfig, layer: list[tuple[str, tuple[int, ...]]]
+                ) -> list[tuple[str, tuple[int, ...]]]:
+    """The whole model's (name, shape) list around one layer's: the token
+    embedding, the layers, the final norm and an untied head."""
+    d, v = config.dim, config.vocab_size
+    shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens.weight", (v, d))]
+    for i in range(config.n_layers):
+        shapes += [(f"layers.{i}.{name}", shape) for name, shape in layer]
+    shapes.append(("norm.weight", (d,)))
+    if not config.tie_embeddings:
+        shapes.append(("lm_head.weight", (d, v)))
+    return shapes
+
+
+def _from_hf(hf: Mapping[str, Any], where: str) -> LlamaConfig:
+    check_keys(hf, LLAMA_KEYS, "llama")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ValueError("attention_bias, mlp_bias: only a Llama without biases is supported")
+    return LlamaConfig(**llama_fields(hf, where))
+
+
+def _to_hf(cfg: LlamaConfig) -> dict[str, Any]:
+    return {**llama_hf_config(cfg), "head_dim": cfg.head_dim, "attention_bias": False,
+            "mlp_bias": False}
+
+
+def _gguf_check(cfg: LlamaConfig) -> None:
+    if cfg.qkv_bias:
+        # llama.cpp permutes a llama's q/k rows, biases included; ggmlopt's llama reader
+        # has no biases: rather than a file the two read differently, none
+        raise ValueError("model: a Llama with q/k/v biases (qkv_bias) is not written as "
+                         "llama.cpp's llama; use a Qwen2 (its qwen2 architecture) or save_hf")
+
+
+FAMILY = Family("llama", Llama, LlamaConfig, hf_model_type="llama",
+                hf_architecture="LlamaForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
+                gguf_arch="llama", gguf_check=_gguf_check)

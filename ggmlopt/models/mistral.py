@@ -11,12 +11,15 @@ backward, at O(T x W) work.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
+from ._hf_config import LLAMA_KEYS, check_keys, llama_fields, llama_hf_config
 from .config import LlamaConfig
+from .family import Family
 from .llama import Llama
 
-__all__ = ["Mistral", "MistralConfig"]
+__all__ = ["FAMILY", "Mistral", "MistralConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,3 +66,40 @@ class Mistral(Llama):
 
     def __repr__(self):
         return f"Mistral({self.config})"
+
+
+# ---- the family: a Mistral is llama.cpp's llama when it has no active window ---------
+
+# Mistral's config.json: Llama's keys without the biases and pretraining_tp, with its window
+_HF_KEYS = (LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) | {"sliding_window"}
+
+
+def _from_hf(hf: Mapping[str, Any], where: str) -> MistralConfig:
+    check_keys(hf, _HF_KEYS, "mistral")
+    fields = llama_fields(hf, where, head_dim_given=True, max_len=131072)
+    # MistralConfig's default window is 4096: a config without the key has it
+    window = hf.get("sliding_window", 4096)
+    return MistralConfig(**fields, head_dim=hf.get("head_dim"), sliding_window=window)
+
+
+def _to_hf(cfg: MistralConfig) -> dict[str, Any]:
+    return {**llama_hf_config(cfg), "head_dim": cfg.head_dim,
+            "sliding_window": cfg.sliding_window,
+            "bos_token_id": None, "eos_token_id": None}   # not MistralConfig's 1 and 2
+
+
+def _gguf_check(cfg: MistralConfig) -> None:
+    if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
+        raise ValueError(f"model: llama.cpp's llama architecture (a Mistral's GGUF) has no "
+                         f"sliding window; this Mistral attends over {cfg.sliding_window} "
+                         f"keys of {cfg.max_seq_len} (save_hf keeps it)")
+    if cfg.head_dim != cfg.dim // cfg.n_heads:
+        raise ValueError(f"model: a Mistral with head_dim {cfg.head_dim} other than dim // "
+                         f"n_heads = {cfg.dim // cfg.n_heads} is not written to GGUF yet "
+                         "(save_hf keeps it)")
+
+
+# llama.cpp runs a Mistral as its llama architecture: such a file reads back as a Llama
+FAMILY = Family("mistral", Mistral, MistralConfig, hf_model_type="mistral",
+                hf_architecture="MistralForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
+                gguf_arch="llama", gguf_check=_gguf_check)

@@ -12,7 +12,9 @@ are refused by the checkpoint reader.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+import warnings
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -23,10 +25,12 @@ from ..nn.linear import Linear
 from ..nn.module import Module
 from ..nn.norm import RMSNorm
 from ._causal_lm import PreNormBlock, attend_cached, normal_init
-from .llama import INIT_STD, Llama
+from ._hf_config import LLAMA_KEYS, check_keys, llama_fields, llama_hf_config, no_dropout
+from .family import Family
+from .llama import INIT_STD, Llama, with_layers
 from .mistral import MistralConfig
 
-__all__ = ["Phi3", "Phi3Attention", "Phi3Config", "Phi3MLP"]
+__all__ = ["FAMILY", "Phi3", "Phi3Attention", "Phi3Config", "Phi3MLP"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,3 +197,76 @@ class Phi3(Llama):
 
     def __repr__(self):
         return f"Phi3({self.config})"
+
+
+# ---- the family: its Hugging Face config and llama.cpp's phi3 architecture -----------
+
+# Phi-3's config.json: Mistral's keys with its dropouts (warned about when not zero) and
+# the LongRoPE context (kept; LongRoPE itself is refused by the rope reader)
+_HF_KEYS = (LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) | {
+    "sliding_window", "resid_pdrop", "embd_pdrop", "original_max_position_embeddings",
+    "partial_rotary_factor"}
+
+
+def _from_hf(hf: Mapping[str, Any], where: str) -> Phi3Config:
+    check_keys(hf, _HF_KEYS, "phi3")
+    if hf.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"partial_rotary_factor: only 1.0 (RoPE over the whole head) is "
+                         f"supported, got {hf['partial_rotary_factor']}")
+    no_dropout(hf, ("resid_pdrop", "embd_pdrop"), where)
+    fields = llama_fields(hf, where, max_len=4096, eps=1e-5)
+    return Phi3Config(**fields, sliding_window=hf.get("sliding_window"),
+                      original_max_seq_len=hf.get("original_max_position_embeddings", 4096))
+
+
+def _to_hf(cfg: Phi3Config) -> dict[str, Any]:
+    return {**llama_hf_config(cfg), "sliding_window": cfg.sliding_window,
+            "original_max_position_embeddings": cfg.original_max_seq_len,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
+            # Phi3Config's defaults are Phi-3-mini's ids (32000 ...)
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+def _gguf_fields(fields, key, head_dim, where) -> dict[str, Any]:
+    """The window and LongRoPE's original context, as convert_hf_to_gguf writes them."""
+    window = key("attention.sliding_window", 0, required=False)
+    return {"sliding_window": int(window) if window else None,
+            "original_max_seq_len": key("rope.scaling.original_context_length",
+                                        key("context_length"), required=False)}
+
+
+def _gguf_write(writer, cfg: Phi3Config, arch: str) -> None:
+    writer.add_uint32(f"{arch}.rope.scaling.original_context_length", cfg.original_max_seq_len)
+    if cfg.sliding_window is not None:
+        writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
+
+
+def _gguf_check(cfg: Phi3Config) -> None:
+    if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
+        warnings.warn(f"model: llama.cpp's phi3 ignores the sliding window (it attends to "
+                      f"every key): beyond {cfg.sliding_window} tokens its logits differ "
+                      "from this model's; the window is written for readers that keep it",
+                      UserWarning, stacklevel=4)
+
+
+def _parameter_shapes(config: Phi3Config) -> list[tuple[str, tuple[int, ...]]]:
+    d, f, hd = config.dim, config.ffn_dim, config.head_dim
+    assert f is not None and config.n_kv_heads is not None and hd is not None
+    kv, q = config.n_kv_heads * hd, config.n_heads * hd
+    return with_layers(config, [
+        ("input_layernorm.weight", (d,)), ("self_attn.qkv_proj.weight", (d, q + 2 * kv)),
+        ("self_attn.o_proj.weight", (q, d)), ("post_attention_layernorm.weight", (d,)),
+        ("mlp.gate_up_proj.weight", (d, 2 * f)), ("mlp.down_proj.weight", (f, d))])
+
+
+# llama.cpp's phi3: q | k | v in attn_qkv, gate | up in ffn_up; the window key (which it
+# ignores) and LongRoPE's original context beside its llama keys
+FAMILY = Family("phi3", Phi3, Phi3Config, hf_model_type="phi3",
+                hf_architecture="Phi3ForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
+                gguf_arch="phi3",
+                gguf_keys=frozenset({"attention.sliding_window",
+                                     "rope.scaling.original_context_length"}),
+                gguf_fields=_gguf_fields, gguf_write=_gguf_write, gguf_check=_gguf_check,
+                gguf_names={"self_attn.qkv_proj.weight": "attn_qkv.weight",
+                            "mlp.gate_up_proj.weight": "ffn_up.weight"},
+                parameter_shapes=_parameter_shapes)

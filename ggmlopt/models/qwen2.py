@@ -9,12 +9,15 @@ Qwen2.5 config, is refused by the checkpoint reader.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
+from ._hf_config import LLAMA_KEYS, check_keys, llama_fields, llama_hf_config, no_sliding_window
 from .config import LlamaConfig
+from .family import Family
 from .llama import Llama
 
-__all__ = ["Qwen2", "Qwen2Config"]
+__all__ = ["FAMILY", "Qwen2", "Qwen2Config"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,3 +49,28 @@ class Qwen2(Llama):
         if not isinstance(config, Qwen2Config):
             raise TypeError(f"config: expected a Qwen2Config, got {type(config).__name__}")
         super().__init__(config, seed=seed)
+
+
+# ---- the family: its Hugging Face config and llama.cpp's qwen2 architecture ----------
+
+# Qwen2's config.json: Llama's keys but the biases (fixed: q, k, v), plus its sliding
+# window (refused when used) and the layer types it implies
+HF_KEYS = (LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) | {
+    "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
+}
+
+
+def _from_hf(hf: Mapping[str, Any], where: str) -> Qwen2Config:
+    check_keys(hf, HF_KEYS, "qwen2")
+    no_sliding_window(hf)
+    # transformers' Qwen2Config defaults where the file says nothing
+    return Qwen2Config(**llama_fields(hf, where, max_len=32768))
+
+
+def _to_hf(cfg: Qwen2Config) -> dict[str, Any]:
+    return {**llama_hf_config(cfg), "use_sliding_window": False}
+
+
+FAMILY = Family("qwen2", Qwen2, Qwen2Config, hf_model_type="qwen2",
+                hf_architecture="Qwen2ForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
+                gguf_arch="qwen2")

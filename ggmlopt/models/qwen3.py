@@ -11,12 +11,16 @@ checkpoint reader.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
+from ._hf_config import check_keys, llama_fields, llama_hf_config, no_sliding_window
 from .config import LlamaConfig
+from .family import Family
 from .llama import Llama
+from .qwen2 import HF_KEYS as QWEN2_HF_KEYS
 
-__all__ = ["Qwen3", "Qwen3Config"]
+__all__ = ["FAMILY", "Qwen3", "Qwen3Config"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,3 +64,28 @@ class Qwen3(Llama):
 
     def __repr__(self):
         return f"Qwen3({self.config})"
+
+
+# ---- the family: its Hugging Face config and llama.cpp's qwen3 architecture ----------
+
+# Qwen3's config.json: Qwen2's keys, with attention_bias (which must be False)
+_HF_KEYS = QWEN2_HF_KEYS | {"attention_bias"}
+
+
+def _from_hf(hf: Mapping[str, Any], where: str) -> Qwen3Config:
+    check_keys(hf, _HF_KEYS, "qwen3")
+    if hf.get("attention_bias"):
+        raise ValueError("attention_bias: a Qwen3 with biases is not supported")
+    no_sliding_window(hf)
+    fields = llama_fields(hf, where, head_dim_given=True, max_len=32768)
+    return Qwen3Config(**fields, head_dim=hf.get("head_dim", 128))   # HF's default
+
+
+def _to_hf(cfg: Qwen3Config) -> dict[str, Any]:
+    return {**llama_hf_config(cfg), "head_dim": cfg.head_dim, "attention_bias": False,
+            "use_sliding_window": False}
+
+
+FAMILY = Family("qwen3", Qwen3, Qwen3Config, hf_model_type="qwen3",
+                hf_architecture="Qwen3ForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
+                gguf_arch="qwen3")

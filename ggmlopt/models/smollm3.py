@@ -11,11 +11,15 @@ interval of 4, so only that pattern goes to a GGUF.  Sliding windows
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
+from ._hf_config import LLAMA_KEYS, check_keys, llama_fields, llama_hf_config, no_sliding_window
 from .config import LlamaConfig
+from .family import Family
 from .llama import Llama
 
-__all__ = ["SmolLM3", "SmolLM3Config", "default_rope_layers"]
+__all__ = ["FAMILY", "SmolLM3", "SmolLM3Config", "default_rope_layers"]
 
 
 def default_rope_layers(n_layers: int, interval: int = 4) -> tuple[int, ...]:
@@ -81,3 +85,48 @@ class SmolLM3(Llama):
 
     def __repr__(self):
         return f"SmolLM3({self.config})"
+
+
+# ---- the family: its Hugging Face config and llama.cpp's smollm3 architecture --------
+
+# SmolLM3's config.json: Llama's keys (no pretraining_tp) with its NoPE layers and the
+# sliding window's keys (refused when used)
+_HF_KEYS = (LLAMA_KEYS - {"pretraining_tp"}) | {
+    "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window",
+    "layer_types",
+}
+
+
+def _from_hf(hf: Mapping[str, Any], where: str) -> SmolLM3Config:
+    check_keys(hf, _HF_KEYS, "smollm3")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ValueError("attention_bias, mlp_bias: only a SmolLM3 without biases is supported")
+    no_sliding_window(hf)
+    fields = llama_fields(hf, where, max_len=32768, theta=2000000.0)   # HF's defaults
+    fields["tie_embeddings"] = bool(hf.get("tie_word_embeddings", True))
+    layers = hf.get("no_rope_layers")
+    n_layers = fields["n_layers"]
+    if layers is not None and len(layers) > n_layers:   # HF: "at least" one per layer
+        layers = layers[:n_layers]
+    return SmolLM3Config(**fields, no_rope_layers=None if layers is None else tuple(layers),
+                         no_rope_layer_interval=hf.get("no_rope_layer_interval", 4))
+
+
+def _to_hf(cfg: SmolLM3Config) -> dict[str, Any]:
+    return {**llama_hf_config(cfg), "no_rope_layers": list(cfg.no_rope_layers or ()),
+            "no_rope_layer_interval": cfg.no_rope_layer_interval,
+            "use_sliding_window": False, "attention_bias": False, "mlp_bias": False,
+            # SmolLM3Config's defaults are the 3B's ids (128004 ...): not this vocabulary's
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
+
+def _gguf_check(cfg: SmolLM3Config) -> None:
+    if cfg.no_rope_layers != default_rope_layers(cfg.n_layers, 4):
+        raise ValueError(f"model: llama.cpp's smollm3 skips RoPE on every fourth layer only; "
+                         f"this SmolLM3's no_rope_layers {list(cfg.no_rope_layers or ())} "
+                         "differ (save_hf keeps them)")
+
+
+FAMILY = Family("smollm3", SmolLM3, SmolLM3Config, hf_model_type="smollm3",
+                hf_architecture="SmolLM3ForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
+                gguf_arch="smollm3", gguf_check=_gguf_check)
