@@ -54,12 +54,19 @@ def _tensor_map(model) -> list[tuple[str, Any, bool]]:
             for name, p in model.named_parameters()]
 
 
-def save_hf(model, directory) -> None:
+def save_hf(model, directory, *, tokenizer=None) -> None:
     """Write model (a model of one of ggmlopt.models' families: Llama, Qwen2,
     GPT2, ...) to directory as a Hugging Face checkpoint: config.json and
     model.safetensors (float32), each atomically.  The directory is created
     when missing.  transformers' from_pretrained then loads it with no missing
-    or unexpected keys."""
+    or unexpected keys.
+
+    tokenizer (a ByteTokenizer, a BPETokenizer, or load_hf_tokenizer's): also
+    tokenizer.json, tokenizer_config.json (its special tokens and chat
+    template) and generation_config.json (BOS and end-of-generation ids), so
+    that transformers' AutoTokenizer encodes as the tokenizer does
+    (ggmlopt.io.hf_tokenizer_files); ValueError when it has more tokens than
+    the model's vocab_size, TypeError for a SentencePiece vocabulary."""
     family_of(model)   # TypeError for another model
     refuse_adapters(model, "save_hf")
     refuse_quantized(model, "save_hf")
@@ -67,7 +74,13 @@ def save_hf(model, directory) -> None:
     directory = os.fspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ValueError(f"directory: {directory!r} is a file")
+    tokenizer_files = _tokenizer_files(tokenizer, model.config) if tokenizer is not None \
+        else {}   # made (and checked) before anything is written
     os.makedirs(directory, exist_ok=True)
+    for name, text in tokenizer_files.items():
+        with atomic_output(os.path.join(directory, name)) as tmp, \
+                open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
     tensors = {name: np.ascontiguousarray(p.data.T if t else p.data, dtype=np.float32)
                for name, p, t in _tensor_map(model)}
     with atomic_output(os.path.join(directory, WEIGHTS)) as tmp:
@@ -75,6 +88,20 @@ def save_hf(model, directory) -> None:
     with atomic_output(os.path.join(directory, CONFIG)) as tmp, open(tmp, "w") as f:
         json.dump(_hf_config(model), f, indent=2)
         f.write("\n")
+
+
+def _tokenizer_files(tokenizer, config) -> dict[str, str]:
+    """{file name: text} of a tokenizer's Hugging Face files."""
+    from . import hf_tokenizer_files as files
+    size = getattr(tokenizer, "vocab_size", None)
+    if not isinstance(size, int) or size > config.vocab_size:
+        # (a model's embedding may have rows past the tokenizer's ids: Qwen's are padded)
+        raise ValueError(f"tokenizer: it has {size} tokens, more than the model's "
+                         f"vocab_size {config.vocab_size}")
+    return {"tokenizer.json": files.tokenizer_json(tokenizer),
+            "tokenizer_config.json": files.dumps(files.tokenizer_config(
+                tokenizer, config.max_seq_len)),
+            "generation_config.json": files.dumps(files.generation_config(tokenizer))}
 
 
 def _read_config(directory: str) -> dict[str, Any]:

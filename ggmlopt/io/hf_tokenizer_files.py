@@ -1,0 +1,137 @@
+"""A tokenizer as a Hugging Face checkpoint holds it: ``tokenizer.json`` (run by
+the ``tokenizers`` library, as transformers' fast tokenizers run it),
+``tokenizer_config.json`` (the special tokens, the chat template) and
+``generation_config.json`` (the ids generation starts and stops at), written by
+``save_hf(model, directory, tokenizer=...)`` so that ``AutoTokenizer`` loads the
+tokenizer the model was trained with and encodes as ggmlopt does.
+
+- A tokenizer read from a checkpoint (``load_hf_tokenizer``) writes its own
+  tokenizer.json back.
+- A byte-level BPE vocabulary (``BPETokenizer``: a GGUF's gpt2-type one) is its
+  ``tokenizers`` model (vocabulary, merges, llama.cpp's pre-tokenizer regexes,
+  Llama 3's ignore_merges) with its control tokens as special added tokens and
+  its user-defined ones as plain added tokens (both matched whole in text, as
+  llama.cpp's parse_special does), and a post-processor that puts the BOS first
+  where the vocabulary says so.
+- ``ByteTokenizer``: a BPE of its 256 byte tokens and no merges.
+SentencePiece vocabularies (``SPMTokenizer``) are refused by name: their merges
+by score have no exact tokenizer.json form written here yet.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .._optional import import_optional
+
+__all__ = ["generation_config", "tokenizer_config", "tokenizer_json"]
+
+_CONTROL, _USER_DEFINED = 3, 4   # llama.cpp's token types
+
+
+def _tokenizers():
+    return import_optional("tokenizers", "tokenizers", "save_hf(..., tokenizer=...)")
+
+
+def _byte_level(tk, vocab: dict[str, int], merges: list[tuple[str, str]],
+                regexes: tuple[str, ...] = (), ignore_merges: bool = False):
+    tok = tk.Tokenizer(tk.models.BPE(vocab, merges, ignore_merges=ignore_merges))
+    tok.pre_tokenizer = tk.pre_tokenizers.Sequence([
+        *(tk.pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in regexes),
+        tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = tk.decoders.ByteLevel()
+    return tok
+
+
+def _with_bos(tk, tok, text: str, bos_id: int) -> None:
+    tok.post_processor = tk.processors.TemplateProcessing(
+        single=f"{text} $A", pair=f"{text} $A {text} $B", special_tokens=[(text, bos_id)])
+
+
+def tokenizer_json(tokenizer) -> str:
+    """tokenizer.json's text for a ggmlopt tokenizer (see the module's docstring);
+    TypeError for a tokenizer it has no form for."""
+    from ..hf_tokenizer import HFTokenizer
+    from ..pretokenizers import IGNORE_MERGES, pre_tokenizer_regexes
+    from ..spm import SPMTokenizer
+    from ..text import GPT2_BYTE_STRINGS, BPETokenizer, ByteTokenizer
+    if isinstance(tokenizer, HFTokenizer):
+        with open(tokenizer.path, encoding="utf-8") as f:
+            return f.read()
+    tk = _tokenizers()
+    if isinstance(tokenizer, ByteTokenizer):
+        vocab = {s: i for i, s in enumerate(GPT2_BYTE_STRINGS)}
+        vocab[tokenizer.eos_text] = tokenizer.eos_id
+        tok = _byte_level(tk, vocab, [])
+        tok.add_special_tokens([tk.AddedToken(tokenizer.eos_text, normalized=False,
+                                              special=True)])
+        return str(tok.to_str())
+    if isinstance(tokenizer, BPETokenizer):
+        regexes = pre_tokenizer_regexes(tokenizer.pre) or pre_tokenizer_regexes("gpt-2") or ()
+        vocab = {t: i for i, t in enumerate(tokenizer.tokens)}
+        merges = []
+        for m in tokenizer.merges:
+            left, _, right = m.partition(" ")
+            if left + right in vocab:   # (as BPETokenizer leaves out one that never applies)
+                merges.append((left, right))
+        tok = _byte_level(tk, vocab, merges, regexes, tokenizer.pre in IGNORE_MERGES)
+        types = tokenizer.token_types
+        tok.add_special_tokens([tk.AddedToken(tokenizer.tokens[i], normalized=False,
+                                              special=True)
+                                for i, t in enumerate(types) if t == _CONTROL])
+        tok.add_tokens([tk.AddedToken(tokenizer.tokens[i], normalized=False, special=False)
+                        for i, t in enumerate(types) if t == _USER_DEFINED])
+        if tokenizer.add_bos and tokenizer.bos_id is not None:
+            _with_bos(tk, tok, tokenizer.tokens[tokenizer.bos_id], tokenizer.bos_id)
+        return str(tok.to_str())
+    if isinstance(tokenizer, SPMTokenizer):
+        raise TypeError("tokenizer: a SentencePiece vocabulary (SPMTokenizer) is not written as "
+                        "a tokenizer.json yet; save the model without it, or with the "
+                        "checkpoint's own (ggmlopt.text.load_hf_tokenizer)")
+    raise TypeError(f"tokenizer: expected a ggmlopt tokenizer (ByteTokenizer, BPETokenizer, "
+                    f"load_hf_tokenizer's), got {type(tokenizer).__name__}")
+
+
+def _special_text(tokenizer, token_id: int | None) -> str | None:
+    if token_id is None:
+        return None
+    return str(tokenizer.id_to_token(token_id)) if hasattr(tokenizer, "id_to_token") else \
+        getattr(tokenizer, "eos_text", None)
+
+
+def tokenizer_config(tokenizer, max_len: int) -> dict[str, Any]:
+    """tokenizer_config.json: the special tokens' texts, whether a BOS comes
+    first, the chat template and the context length."""
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                              "model_max_length": int(max_len),
+                              "clean_up_tokenization_spaces": False,
+                              "add_bos_token": bool(getattr(tokenizer, "add_bos", False)),
+                              "add_eos_token": False}
+    for key, token_id in (("bos_token", getattr(tokenizer, "bos_id", None)),
+                          ("eos_token", getattr(tokenizer, "eos_id", None))):
+        text = _special_text(tokenizer, token_id)
+        if text is not None:
+            config[key] = text
+    if getattr(tokenizer, "chat_template", None):
+        config["chat_template"] = tokenizer.chat_template
+    return config
+
+
+def generation_config(tokenizer) -> dict[str, Any]:
+    """generation_config.json: the BOS and the ids generation stops at (the
+    tokenizer's end-of-generation set, llama.cpp's EOG ids)."""
+    config: dict[str, Any] = {"_from_model_config": False}
+    bos = getattr(tokenizer, "bos_id", None)
+    if bos is not None:
+        config["bos_token_id"] = int(bos)
+    eos = getattr(tokenizer, "eos_id", None)
+    eog = sorted(int(i) for i in getattr(tokenizer, "eog_ids", ()))
+    if eos is not None and int(eos) not in eog:
+        eog.insert(0, int(eos))
+    if eog:
+        config["eos_token_id"] = eog[0] if len(eog) == 1 else eog
+    return config
+
+
+def dumps(config: dict[str, Any]) -> str:
+    return json.dumps(config, indent=2, ensure_ascii=False) + "\n"
