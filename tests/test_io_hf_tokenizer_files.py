@@ -88,15 +88,12 @@ def test_a_bpe_vocabulary_with_a_bos_and_control_tokens(tmp_path):
 
 
 def test_refusals_write_nothing(tmp_path):
-    from ggmlopt.spm import SPMTokenizer
     tok = _tiny_bpe()
     with pytest.raises(ValueError, match="tokenizer: it has 266 tokens, more than the model's "
                                          "vocab_size 257"):
         save_hf(_model(257), tmp_path / "a", tokenizer=tok)
-    spm = SPMTokenizer(["<unk>", "<s>", "</s>", "▁a"], [0.0, 0.0, 0.0, -1.0], [2, 3, 3, 1],
-                       bos_id=1, eos_id=2, unk_id=0)
-    with pytest.raises(TypeError, match="SentencePiece"):
-        save_hf(_model(4), tmp_path / "b", tokenizer=spm)
+    with pytest.raises(TypeError, match="tokenizer: expected a ggmlopt tokenizer"):
+        save_hf(_model(257), tmp_path / "b", tokenizer="gpt2")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
@@ -106,14 +103,14 @@ VOCABS = sorted(glob.glob(os.path.join(SRC, "models", "ggml-vocab-*.gguf"))) if 
 
 @pytest.mark.skipif(not VOCABS, reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
 @pytest.mark.parametrize("path", VOCABS, ids=lambda p: os.path.basename(p)[len("ggml-vocab-"):-5])
-def test_every_bpe_vocabulary_of_llama_cpp_round_trips(tmp_path, path):
+def test_every_vocabulary_of_llama_cpp_round_trips(tmp_path, path):
     pytest.importorskip("gguf")
     pytest.importorskip("transformers")
     from ggmlopt.io import load_gguf_tokenizer
     from ggmlopt.io.gguf_reader import GgufFile
-    if GgufFile(path).fields.get("tokenizer.ggml.model") != "gpt2" \
+    if GgufFile(path).fields.get("tokenizer.ggml.model") not in ("gpt2", "llama") \
             or not os.path.isfile(path + ".inp"):
-        pytest.skip("not a BPE vocabulary with test vectors")
+        pytest.skip("not a BPE or SentencePiece vocabulary with test vectors")
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -124,6 +121,8 @@ def test_every_bpe_vocabulary_of_llama_cpp_round_trips(tmp_path, path):
     with open(path + ".inp", encoding="utf-8") as f:
         texts = f.read().split("\n__ggml_vocab_test__\n")
     bos = [tok.bos_id] if tok.add_bos else []
+    texts += ["<s>[INST] hi [/INST]</s>", "<|user|>\nhello<|end|>\n<|assistant|>",
+              "x<|im_start|>y", "  two spaces first"]
     wrong = [t for t in texts
              if auto(t, add_special_tokens=True)["input_ids"] != bos + tok.encode(t).tolist()]
     assert not wrong, f"{len(wrong)} of {len(texts)} texts differ, e.g. {wrong[0]!r}"

@@ -93,12 +93,13 @@ def save_hf(model, directory, *, tokenizer=None) -> None:
 def _tokenizer_files(tokenizer, config) -> dict[str, str]:
     """{file name: text} of a tokenizer's Hugging Face files."""
     from . import hf_tokenizer_files as files
+    text = files.tokenizer_json(tokenizer)   # TypeError for what is no tokenizer
     size = getattr(tokenizer, "vocab_size", None)
     if not isinstance(size, int) or size > config.vocab_size:
         # (a model's embedding may have rows past the tokenizer's ids: Qwen's are padded)
         raise ValueError(f"tokenizer: it has {size} tokens, more than the model's "
                          f"vocab_size {config.vocab_size}")
-    return {"tokenizer.json": files.tokenizer_json(tokenizer),
+    return {"tokenizer.json": text,
             "tokenizer_config.json": files.dumps(files.tokenizer_config(
                 tokenizer, config.max_seq_len)),
             "generation_config.json": files.dumps(files.generation_config(tokenizer))}
