@@ -71,13 +71,76 @@ class SPMTokenizer(Vocabulary):
             byte = self._ids.get(f"<0x{b:02X}>")
             self._byte_ids[b] = byte if byte is not None else self._ids.get(chr(b))
         self._index_special()
+        self._fast: object = False   # the tokenizers engine, made on the first encode
 
     # ---- text to ids ---------------------------------------------------------------------
 
     def encode(self, text: str, *, parse_special: bool = True) -> npt.NDArray[np.int32]:
         """text (str) -> int32 ids (n,), without BOS; special tokens written in the
-        text become their ids (control ones only with parse_special)."""
-        return self.encode_with_offsets(text, parse_special=parse_special)[0]
+        text become their ids (control ones only with parse_special).  Run by the
+        ``tokenizers`` library when it is installed (hf_tokenizer(): the same ids,
+        checked against this class's own algorithm, which runs otherwise and in
+        encode_with_offsets)."""
+        fast = self._fast_tokenizer()
+        if fast is None:
+            return self.encode_with_offsets(text, parse_special=parse_special)[0]
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        fast.encode_special_tokens = not parse_special
+        try:
+            ids = fast.encode(text, add_special_tokens=False).ids
+        finally:
+            fast.encode_special_tokens = False
+        return np.asarray(ids, dtype=np.int32)
+
+    def _fast_tokenizer(self):
+        """hf_tokenizer() made once, or None without the tokenizers library."""
+        if self._fast is False:
+            try:
+                self._fast = self.hf_tokenizer()
+            except ImportError:
+                self._fast = None
+        return self._fast
+
+    def hf_tokenizer(self):
+        """This vocabulary as a ``tokenizers.Tokenizer`` (transformers' form of a
+        Llama SentencePiece tokenizer): BPE over the pieces with merges ordered by
+        the joined piece's score, highest first (llama.cpp's merge order), byte
+        fallback, spaces as U+2581 with llama.cpp's space prefix before every run
+        of text that starts the input or follows a special token (a normalizer,
+        which runs on each run between added tokens), control tokens special,
+        user-defined ones plain added tokens.  ImportError naming the
+        ``tokenizers`` extra without the library."""
+        from ._optional import import_optional
+        tk = import_optional("tokenizers", "tokenizers", "SPMTokenizer.hf_tokenizer")
+        vocab = dict(self._ids)   # (a piece written twice: its first id, as encode reads it)
+        unk = self.tokens[self.unk_id] if self.unk_id is not None else None
+        tok = tk.Tokenizer(tk.models.BPE(vocab, self._merges(), unk_token=unk, fuse_unk=True,
+                                         byte_fallback=True))
+        prefix = [tk.normalizers.Prepend(SPACE)] if self.add_space_prefix else []
+        tok.normalizer = tk.normalizers.Sequence([*prefix, tk.normalizers.Replace(" ", SPACE)])
+        steps = [tk.decoders.Replace(SPACE, " "), tk.decoders.ByteFallback(), tk.decoders.Fuse()]
+        if self.add_space_prefix:
+            steps.append(tk.decoders.Strip(content=" ", left=1))
+        tok.decoder = tk.decoders.Sequence(steps)
+        tok.add_special_tokens([tk.AddedToken(self.tokens[i], normalized=False, special=True)
+                                for i in self._control])
+        tok.add_tokens([tk.AddedToken(self.tokens[i], normalized=False, special=False)
+                        for i in self._user])
+        return tok
+
+    def _merges(self) -> list[tuple[str, str]]:
+        """Every split of every piece into two pieces, ordered by the joined
+        piece's score (highest first; then shorter left, shorter right), as
+        transformers' generate_merges orders them with the vocabulary's scores."""
+        found = []
+        for piece, i in self._ids.items():
+            local = [(piece[:k], piece[k:]) for k in range(1, len(piece))
+                     if piece[:k] in self._ids and piece[k:] in self._ids]
+            local.sort(key=lambda lr: (self._ids[lr[0]], self._ids[lr[1]]))
+            found += [(left, right, self.scores[i]) for left, right in local]
+        found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+        return [(left, right) for left, right, _ in found]
 
     def encode_with_offsets(self, text: str, *, parse_special: bool = True
                             ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:

@@ -316,6 +316,14 @@ class BPETokenizer(Vocabulary):
             tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         self._tk.decoder = tk.decoders.ByteLevel()
         self._index_special()
+        # the special tokens matched in the library, in one call over the whole text
+        # (leftmost, longest first, as the partition above): control tokens as special
+        # ones, which encode_special_tokens leaves as text (parse_special=False), and
+        # user-defined ones, always matched, as llama.cpp does
+        self._tk.add_special_tokens([tk.AddedToken(self.tokens[i], normalized=False,
+                                                   special=True) for i in self._control])
+        self._tk.add_tokens([tk.AddedToken(self.tokens[i], normalized=False, special=False)
+                             for i in self._user])
         self.chat_template = chat_template
         self._byte_values = {c: b for b, c in enumerate(GPT2_BYTE_STRINGS)}
 
@@ -341,19 +349,12 @@ class BPETokenizer(Vocabulary):
         written in the text become their ids (see the class docstring)."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        splitter = self._splitters[bool(parse_special)]
-        if splitter is None:
-            return self._encode_plain(text)
-        ids: list[int] = []
-        for i, piece in enumerate(splitter.split(text)):
-            if i % 2:                       # a special token's text: its id
-                ids.append(self._ids[piece])
-            elif piece:
-                ids.extend(self._encode_plain(piece).tolist())
+        self._tk.encode_special_tokens = not parse_special
+        try:
+            ids = self._tk.encode(text, add_special_tokens=False).ids
+        finally:
+            self._tk.encode_special_tokens = False
         return np.asarray(ids, dtype=np.int32)
-
-    def _encode_plain(self, text: str) -> npt.NDArray[np.int32]:
-        return np.asarray(self._tk.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
     def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
         """ids (integers in [0, vocab_size), shape (n,)) -> str; control tokens

@@ -86,54 +86,12 @@ def tokenizer_json(tokenizer) -> str:
             _with_bos(tk, tok, tokenizer.tokens[tokenizer.bos_id], tokenizer.bos_id)
         return str(tok.to_str())
     if isinstance(tokenizer, SPMTokenizer):
-        return _sentencepiece(tk, tokenizer)
+        tok = tokenizer.hf_tokenizer()
+        if tokenizer.add_bos and tokenizer.bos_id is not None:
+            _with_bos(tk, tok, tokenizer.tokens[tokenizer.bos_id], tokenizer.bos_id)
+        return str(tok.to_str())
     raise TypeError(f"tokenizer: expected a ggmlopt tokenizer (ByteTokenizer, BPETokenizer, "
                     f"load_hf_tokenizer's), got {type(tokenizer).__name__}")
-
-
-def _sentencepiece_merges(tokenizer) -> list[tuple[str, str]]:
-    """llama.cpp's SentencePiece merging (the adjacent pair whose joined piece
-    scores highest goes first) as BPE merges: every split of every normal piece
-    into two pieces, ordered by the joined piece's score, highest first
-    (transformers' generate_merges with the vocabulary's scores)."""
-    ids = {t: i for i, t in enumerate(tokenizer.tokens) if tokenizer.token_types[i] == 1}
-    found = []
-    for piece, i in ids.items():
-        score = tokenizer.scores[i]
-        local = [(piece[:k], piece[k:]) for k in range(1, len(piece))
-                 if piece[:k] in ids and piece[k:] in ids]
-        local.sort(key=lambda lr: (ids[lr[0]], ids[lr[1]]))
-        found += [(left, right, score) for left, right in local]
-    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
-    return [(left, right) for left, right, _ in found]
-
-
-def _sentencepiece(tk, tokenizer) -> str:
-    """A llama.cpp SentencePiece (llama-type) vocabulary as transformers' Llama
-    tokenizers hold one: BPE over the pieces with byte fallback, spaces as
-    U+2581 and llama.cpp's add_space_prefix (a space before every run of text
-    that starts the input or follows a special token: transformers' "legacy"
-    Llama normalizer), control tokens special."""
-    vocab = {t: i for i, t in enumerate(tokenizer.tokens)}
-    unk = tokenizer.tokens[tokenizer.unk_id] if tokenizer.unk_id is not None else None
-    tok = tk.Tokenizer(tk.models.BPE(vocab, _sentencepiece_merges(tokenizer), unk_token=unk,
-                                     fuse_unk=True, byte_fallback=True))
-    # llama.cpp prefixes a space to every run of text that starts the input or follows
-    # a special token, as a normalizer does (it runs on each run between added tokens)
-    steps_in = [tk.normalizers.Prepend("\u2581")] if tokenizer.add_space_prefix else []
-    tok.normalizer = tk.normalizers.Sequence([*steps_in, tk.normalizers.Replace(" ", "\u2581")])
-    steps = [tk.decoders.Replace("\u2581", " "), tk.decoders.ByteFallback(), tk.decoders.Fuse()]
-    if tokenizer.add_space_prefix:
-        steps.append(tk.decoders.Strip(content=" ", left=1))
-    tok.decoder = tk.decoders.Sequence(steps)
-    types = tokenizer.token_types
-    tok.add_special_tokens([tk.AddedToken(tokenizer.tokens[i], normalized=False, special=True)
-                            for i, t in enumerate(types) if t == _CONTROL])
-    tok.add_tokens([tk.AddedToken(tokenizer.tokens[i], normalized=False, special=False)
-                    for i, t in enumerate(types) if t == _USER_DEFINED])
-    if tokenizer.add_bos and tokenizer.bos_id is not None:
-        _with_bos(tk, tok, tokenizer.tokens[tokenizer.bos_id], tokenizer.bos_id)
-    return str(tok.to_str())
 
 
 def _special_text(tokenizer, token_id: int | None) -> str | None:
