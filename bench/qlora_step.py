@@ -6,6 +6,9 @@ Q4_K_M, each case in a fresh process.
     python bench/qlora_step.py            # SmolLM2-135M's shape, 1 x 256, 2 threads
     python bench/qlora_step.py --small    # a quick run on a stories15M-sized model
     python bench/qlora_step.py --decode   # greedy decoding, tokens/s, beside llama.cpp
+    python bench/qlora_step.py --llama-1b --tokens 512 [--checkpointing]
+                                          # Llama-3.2-1B's shape and vocabulary, Q4_K_M
+                                          # written by save_gguf: QLoRA's peak memory
 
 Each case loads the GGUF (``keep_types=True`` for the quantized ones), applies
 LoRA, and times one OptContext step (forward, backward, AdamW) over 1 x 256
@@ -24,6 +27,10 @@ import time
 
 SMOLLM2_135M = {"vocab_size": 49152, "dim": 576, "n_layers": 30, "n_heads": 9, "n_kv_heads": 3,
                 "ffn_dim": 1536, "max_seq_len": 2048, "tie_embeddings": True}
+# Llama 3.2 1B's shape, its 128,256-token vocabulary included (tied head)
+LLAMA_3_2_1B = {"vocab_size": 128256, "dim": 2048, "n_layers": 16, "n_heads": 32,
+                "n_kv_heads": 8, "ffn_dim": 8192, "max_seq_len": 2048, "tie_embeddings": True,
+                "rope_base": 500000.0}
 SMALL = {"vocab_size": 32000, "dim": 288, "n_layers": 6, "n_heads": 6, "ffn_dim": 768,
          "max_seq_len": 256, "tie_embeddings": True}
 T = 256
@@ -92,6 +99,31 @@ def _decode(path: str, keep: bool, n: int = 64) -> dict:
     return row
 
 
+def _padded_vocabulary(size: int):
+    """A byte-level vocabulary of size tokens (the 257 of ByteTokenizer's GGUF
+    form, then placeholders): a file of a real model's vocabulary size."""
+    from ggmlopt.io._gguf_tokenizer import BYTE_MERGES, byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    tokens = byte_vocabulary()
+    tokens += [f"<pad{i}>" for i in range(size - len(tokens))]
+    return BPETokenizer(tokens, list(BYTE_MERGES), eos_id=256)
+
+
+def _large_file(cfg: dict, folder: str) -> dict[str, str]:
+    """The model of cfg with its own vocabulary size, written as Q4_K_M by
+    save_gguf (llama-quantize's mix and bytes) without a float32 file."""
+    import warnings
+
+    from ggmlopt.io import save_gguf
+    from ggmlopt.models import Llama, LlamaConfig
+    model = Llama(LlamaConfig(**cfg), seed=0)
+    path = os.path.join(folder, "q4_k_m.gguf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save_gguf(model, path, tokenizer=_padded_vocabulary(cfg["vocab_size"]), dtype="q4_k_m")
+    return {"q4_k_m": path}
+
+
 def _files(cfg: dict, folder: str) -> dict[str, str]:
     import warnings
 
@@ -130,20 +162,26 @@ def main() -> None:
     ap.add_argument("--decode", action="store_true")
     ap.add_argument("--checkpointing", action="store_true",
                     help="activation checkpointing on (model.gradient_checkpointing_enable)")
+    ap.add_argument("--llama-1b", action="store_true",
+                    help="Llama-3.2-1B's shape and vocabulary, Q4_K_M only (peak memory)")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens of the batch of one")
     ap.add_argument("--case", nargs=2, metavar=("PATH", "KEEP"))
     args = ap.parse_args()
+    global T
+    T = args.tokens
     if args.case:
         run = _decode(args.case[0], args.case[1] == "1") if args.decode else \
             _case(args.case[0], args.case[1] == "1", args.steps, args.checkpointing)
         print(json.dumps(run))
         return
-    cfg = SMALL if args.small else SMOLLM2_135M
+    cfg = SMALL if args.small else LLAMA_3_2_1B if args.llama_1b else SMOLLM2_135M
     with tempfile.TemporaryDirectory() as folder:
-        files = _files(cfg, folder)
+        files = _large_file(cfg, folder) if args.llama_1b else _files(cfg, folder)
         rows = []
         for name, path in files.items():
             keep = name != "f32"
             out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps),
+                                  "--tokens", str(T),
                                   *(["--decode"] if args.decode else []),
                                   *(["--checkpointing"] if args.checkpointing else []),
                                   "--case", path, "1" if keep else "0"],
@@ -159,7 +197,7 @@ def main() -> None:
             print(f"{r['case']:8} {r['ggmlopt_tok_s']:14.1f} {theirs:16.1f} "
                   f"{r['ggmlopt_tok_s'] / theirs:6.2f}")
         return
-    base = rows[0]["step_s"]
+    base = rows[0]["step_s"] if not args.llama_1b else float("nan")
     print(f"{'base':8} {'file MiB':>9} {'step s':>8} {'x f32 LoRA':>11} {'peak MiB':>9}")
     for r in rows:
         print(f"{r['case']:8} {r['file_mib']:9.0f} {r['step_s']:8.3f} "

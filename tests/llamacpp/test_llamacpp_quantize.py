@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+from test_llamacpp_qlora import _quantize  # llama_model_quantize on a file
 
 from ggmlopt import kernels_quant as kq
 from ggmlopt.io import load_gguf, save_gguf
@@ -78,14 +79,6 @@ def _model(dim=256, n_layers=8, tie=False):
     return model
 
 
-def _llama_quantize(src, dst, ftype):
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, ftype)
-    params.nthread = 2
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
-                                          ctypes.byref(params)) == 0
-
-
 CASES = [("q4_k_m", "LLAMA_FTYPE_MOSTLY_Q4_K_M", 256, False),
          ("q4_k_s", "LLAMA_FTYPE_MOSTLY_Q4_K_S", 256, True),
          ("q5_k_m", "LLAMA_FTYPE_MOSTLY_Q5_K_M", 256, False),
@@ -102,7 +95,7 @@ def test_save_gguf_writes_what_llama_quantize_writes(tmp_path, dtype, ftype, dim
     model = _model(dim=dim, tie=tie)
     f32, theirs, ours = tmp_path / "f32.gguf", tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
     save_gguf(model, f32, tokenizer=TOK)
-    _llama_quantize(f32, theirs, ftype)
+    _quantize(f32, theirs, ftype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # the fall-backs' warning
         save_gguf(model, ours, tokenizer=TOK, dtype=dtype)
