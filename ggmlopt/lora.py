@@ -139,9 +139,12 @@ class LoRALinear(Linear):
         """x W + b + scaling * (x A) B as a new float32 array (no dropout: not
         training), keeping nothing for a backward pass."""
         y = self._base.infer(x)
-        x2 = np.asarray(x, np.float32).reshape(-1, self.in_features)
-        delta = (x2 @ self.lora_a.data) * np.float32(self.scaling) @ self.lora_b.data
-        return y + delta.reshape(y.shape)
+        x2 = np.ascontiguousarray(x, np.float32).reshape(-1, self.in_features)
+        # forward's products and order: t = scaling * (x A), then y += t B in the GEMM
+        t = gemm.matmul(x2, self.lora_a.data, np.empty((x2.shape[0], self.rank), np.float32))
+        np.multiply(t, np.float32(self.scaling), out=t)
+        gemm.matmul(t, self.lora_b.data, y.reshape(-1, self.out_features), accumulate=True)
+        return y
 
     def backward(self, grad_out):
         """grad_out: float32 of the last forward output's shape (..., out_features).
