@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ._optional import import_optional
-from .text import EOG_TEXTS, _ChatTemplated, checked_ids
+from .text import EOG_TEXTS, _ChatTemplated, _FlagLock, checked_ids
 
 __all__ = ["HFTokenizer", "load_hf_tokenizer"]
 
@@ -33,7 +34,7 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class HFTokenizer(_ChatTemplated):
+class HFTokenizer(_FlagLock, _ChatTemplated):
     """HFTokenizer(tokenizer_json, config=None): a ``tokenizers.Tokenizer`` loaded
     from tokenizer_json (a path) and the settings of a ``tokenizer_config.json``
     dict (bos_token, eos_token, add_bos_token, chat_template).  Use
@@ -51,6 +52,7 @@ class HFTokenizer(_ChatTemplated):
         tk = import_optional("tokenizers", "tokenizers", "load_hf_tokenizer")
         self.path = os.fspath(tokenizer_json)
         self._tk: Any = tk.Tokenizer.from_file(self.path)
+        self._flag_lock = threading.Lock()
         config = dict(config or {})
         self.vocab_size = int(self._tk.get_vocab_size(with_added_tokens=True))
         self._special = {t.content for t in self._tk.get_added_tokens_decoder().values()
@@ -107,11 +109,12 @@ class HFTokenizer(_ChatTemplated):
         leaves special tokens written in the text as text."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        self._tk.encode_special_tokens = not parse_special
-        try:
-            ids = self._tk.encode(text, add_special_tokens=False).ids
-        finally:
-            self._tk.encode_special_tokens = False
+        with self._flag_lock:   # the library's flag is the tokenizer's, not the call's
+            self._tk.encode_special_tokens = not parse_special
+            try:
+                ids = self._tk.encode(text, add_special_tokens=False).ids
+            finally:
+                self._tk.encode_special_tokens = False
         return np.asarray(ids, dtype=np.int32)
 
     def encode_with_offsets(self, text: str, *, parse_special: bool = True
@@ -122,11 +125,12 @@ class HFTokenizer(_ChatTemplated):
         last: where Dataset.from_chat places each token to mask the prompt."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        self._tk.encode_special_tokens = not parse_special
-        try:
-            enc = self._tk.encode(text, add_special_tokens=False)
-        finally:
-            self._tk.encode_special_tokens = False
+        with self._flag_lock:
+            self._tk.encode_special_tokens = not parse_special
+            try:
+                enc = self._tk.encode(text, add_special_tokens=False)
+            finally:
+                self._tk.encode_special_tokens = False
         char_bytes = np.zeros(len(text) + 1, dtype=np.int64)
         np.cumsum([len(c.encode("utf-8")) for c in text], out=char_bytes[1:])
         starts = np.array([char_bytes[min(a, len(text))] for a, _ in enc.offsets] +

@@ -227,7 +227,9 @@ class LoRAEmbedding(Embedding):
         """ids: integers (...) -> float32 (..., dim), a buffer this layer reuses."""
         if self.weight is None:   # the quantized base gathers (and checks) the ids
             out = self._base.forward(ids)
-            self._ids, self._shape, self._have_ids = self._base._ids, self._base._shape, True
+            # a copy: the caller may refill its ids before backward scatters by them
+            self._ids = np.array(self._base._ids, dtype=np.int32, copy=True)
+            self._shape, self._have_ids = self._base._shape, True
         else:
             out = super().forward(ids)
         self._rows = kernels_embedding.embedding(self._ids, self.lora_a.data)   # A[ids]

@@ -12,6 +12,7 @@ its bytes (``<0xXX>``).  llama.cpp's test vectors are the oracle.
 from __future__ import annotations
 
 import heapq
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -72,6 +73,7 @@ class SPMTokenizer(Vocabulary):
             self._byte_ids[b] = byte if byte is not None else self._ids.get(chr(b))
         self._index_special()
         self._fast: object = False   # the tokenizers engine, made on the first encode
+        self._flag_lock = threading.Lock()
 
     # ---- text to ids ---------------------------------------------------------------------
 
@@ -86,20 +88,26 @@ class SPMTokenizer(Vocabulary):
             return self.encode_with_offsets(text, parse_special=parse_special)[0]
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        fast.encode_special_tokens = not parse_special
-        try:
-            ids = fast.encode(text, add_special_tokens=False).ids
-        finally:
-            fast.encode_special_tokens = False
+        with self._flag_lock:   # the library's flag is the tokenizer's, not the call's
+            fast.encode_special_tokens = not parse_special
+            try:
+                ids = fast.encode(text, add_special_tokens=False).ids
+            finally:
+                fast.encode_special_tokens = False
         return np.asarray(ids, dtype=np.int32)
 
     def _fast_tokenizer(self):
-        """hf_tokenizer() made once, or None without the tokenizers library."""
+        """hf_tokenizer() made once, or None: without the tokenizers library, or
+        for a vocabulary whose byte fallback is not the 256 ``<0xXX>`` pieces
+        (the library falls back to those only; llama.cpp also to a piece that is
+        the character itself)."""
         if self._fast is False:
-            try:
-                self._fast = self.hf_tokenizer()
-            except ImportError:
-                self._fast = None
+            self._fast = None
+            if all(f"<0x{b:02X}>" in self._ids for b in range(256)):
+                try:
+                    self._fast = self.hf_tokenizer()
+                except ImportError:
+                    pass
         return self._fast
 
     def hf_tokenizer(self):
@@ -131,8 +139,9 @@ class SPMTokenizer(Vocabulary):
 
     def _merges(self) -> list[tuple[str, str]]:
         """Every split of every piece into two pieces, ordered by the joined
-        piece's score (highest first; then shorter left, shorter right), as
-        transformers' generate_merges orders them with the vocabulary's scores."""
+        piece's score (highest first; among equal scores the longer left piece,
+        then the longer right one, first), as transformers' generate_merges
+        orders them with the vocabulary's scores."""
         found = []
         for piece, i in self._ids.items():
             local = [(piece[:k], piece[k:]) for k in range(1, len(piece))

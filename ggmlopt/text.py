@@ -8,6 +8,7 @@ and no files: each UTF-8 byte is a token, so any text round-trips.
 from __future__ import annotations
 
 import re
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -198,7 +199,24 @@ def checked_ids(ids: npt.ArrayLike, vocab_size: int) -> np.ndarray:
     return arr
 
 
-class Vocabulary(_ChatTemplated):
+class _FlagLock:
+    """A lock around the tokenizers library's encode_special_tokens flag, which
+    belongs to the tokenizer, not to the call; left out when the tokenizer is
+    copied or pickled (a lock is neither) and made anew."""
+
+    _flag_lock: threading.Lock
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_flag_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._flag_lock = threading.Lock()
+
+
+class Vocabulary(_FlagLock, _ChatTemplated):
     """What the vocabulary tokenizers (BPETokenizer, ggmlopt.spm.SPMTokenizer)
     share: ``tokens`` with llama.cpp's ``token_types``, the special tokens matched
     whole in text, the end-of-generation ids, the lookups."""
@@ -324,6 +342,7 @@ class BPETokenizer(Vocabulary):
                                                    special=True) for i in self._control])
         self._tk.add_tokens([tk.AddedToken(self.tokens[i], normalized=False, special=False)
                              for i in self._user])
+        self._flag_lock = threading.Lock()
         self.chat_template = chat_template
         self._byte_values = {c: b for b, c in enumerate(GPT2_BYTE_STRINGS)}
 
@@ -349,11 +368,12 @@ class BPETokenizer(Vocabulary):
         written in the text become their ids (see the class docstring)."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        self._tk.encode_special_tokens = not parse_special
-        try:
-            ids = self._tk.encode(text, add_special_tokens=False).ids
-        finally:
-            self._tk.encode_special_tokens = False
+        with self._flag_lock:   # the library's flag is the tokenizer's, not the call's
+            self._tk.encode_special_tokens = not parse_special
+            try:
+                ids = self._tk.encode(text, add_special_tokens=False).ids
+            finally:
+                self._tk.encode_special_tokens = False
         return np.asarray(ids, dtype=np.int32)
 
     def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:

@@ -153,3 +153,34 @@ def _add_keys(src, dst, keys):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def test_a_70b_gives_its_value_projections_more_bits():
+    """llama-quantize's LLM_TYPE_70B rule: a llama of 80 layers with grouped
+    heads (or a qwen2 of 80) has its Q4_K value projections at Q5_K."""
+    from ggmlopt.io._quant_mix import is_70b
+    assert is_70b("llama", 80, 64, 8) and is_70b("qwen2", 80, 64, 8)
+    assert not is_70b("llama", 80, 64, 64) and not is_70b("llama", 32, 32, 8)
+    name = "blk.11.attn_v.weight"   # not one of use_more_bits' layers of 80
+    assert tensor_type("q4_k_m", name, 8192, 80, False, is_70b=True) == ("Q5_K", "Q5_K")
+    assert tensor_type("q4_k_m", name, 8192, 80, False) == ("Q4_K", "Q4_K")
+    assert tensor_type("q4_k_s", "blk.5.attn_v.weight", 8192, 80, False, True)[0] == "Q5_K"
+    assert tensor_type("q4_k_m", "blk.11.attn_q.weight", 8192, 80, False, True)[0] == "Q4_K"
+
+
+def test_an_f16_fall_back_refuses_values_beyond_float16(tmp_path):
+    cfg = LlamaConfig(vocab_size=TOK.vocab_size, dim=48, n_layers=1, n_heads=4, ffn_dim=48,
+                      max_seq_len=16)
+    model = Llama(cfg, seed=0)
+    model.layers[0].mlp.up_proj.weight.data[2, 3] = 1e5   # rows of 48: f16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="beyond float16's range"):
+            save_gguf(model, tmp_path / "x.gguf", tokenizer=TOK, dtype="q4_0")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_quantization_version_is_the_writers(tmp_path):
+    with pytest.raises(ValueError, match="general.quantization_version.*reserved"):
+        save_gguf(llama(n_layers=1), tmp_path / "x.gguf", tokenizer=TOK, dtype="q8_0",
+                  metadata={"general.quantization_version": 7})

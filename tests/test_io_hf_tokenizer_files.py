@@ -126,3 +126,4 @@ def test_every_vocabulary_of_llama_cpp_round_trips(tmp_path, path):
     wrong = [t for t in texts
              if auto(t, add_special_tokens=True)["input_ids"] != bos + tok.encode(t).tolist()]
     assert not wrong, f"{len(wrong)} of {len(texts)} texts differ, e.g. {wrong[0]!r}"
+

@@ -336,3 +336,22 @@ def test_an_embedding_adapter_over_a_kept_embedding(tmp_path):
     assert type(kept.embed_tokens).__name__ == "Embedding"
     np.testing.assert_array_equal(kept.embed_tokens.weight.data, merged_w)
     np.testing.assert_allclose(kept(ids), outs[1], rtol=0, atol=1e-5 * np.abs(outs[1]).max())
+
+
+def test_an_embedding_adapter_keeps_its_own_copy_of_the_ids(tmp_path):
+    """The caller may refill its ids array between forward and backward: the
+    adapter's gradient scatters by the ids of the forward."""
+    path = tmp_path / "m.gguf"
+    save_gguf(tiny_llama(tie=False), path, tokenizer=ByteTokenizer(), dtype="q8_0")
+    grads = []
+    for refill in (False, True):
+        kept, _ = load_gguf(path, keep_types=True)
+        lora.apply(kept, rank=2, targets=("embed_tokens",), seed=0)
+        ids = np.arange(24, dtype=np.int32).reshape(2, 12)
+        logits = kept.forward(ids)
+        if refill:
+            ids[...] = 200
+        kept.backward(np.ascontiguousarray(logits * np.float32(0.01)))
+        grads.append(kept.embed_tokens.lora_a.grad.copy())
+    np.testing.assert_array_equal(grads[1], grads[0])
+    assert np.abs(grads[0][:24]).max() > 0

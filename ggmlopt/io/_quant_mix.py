@@ -54,7 +54,7 @@ def _more_bits(i_layer: int, n_layers: int) -> bool:
 
 
 def _mixed_type(ftype: str, default: str, name: str, ncols: int, n_layers: int,
-                tied: bool) -> str:
+                tied: bool, is_70b: bool) -> str:
     """The type llama-quantize's rules pick for one quantizable tensor, before
     the shape's fallback."""
     layer_match = _LAYER.match(name)
@@ -66,11 +66,15 @@ def _mixed_type(ftype: str, default: str, name: str, ncols: int, n_layers: int,
     if name == "token_embd.weight":
         return default
     if "attn_v.weight" in name or "attn_qkv.weight" in name:
+        chosen = default
         if ftype in ("q4_k_m", "q5_k_m") and _more_bits(layer, n_layers):
-            return "Q6_K"
-        if ftype == "q4_k_s" and layer < 4:
-            return "Q5_K"
-        return default
+            chosen = "Q6_K"
+        elif ftype == "q4_k_s" and layer < 4:
+            chosen = "Q5_K"
+        # a 70B's value projection is 8x narrower than its query: more bits cost little
+        if is_70b and chosen == "Q4_K":
+            chosen = "Q5_K"
+        return chosen
     if "ffn_down" in name:
         if ftype in ("q4_k_m", "q5_k_m") and _more_bits(layer, n_layers):
             return "Q6_K"
@@ -79,16 +83,24 @@ def _mixed_type(ftype: str, default: str, name: str, ncols: int, n_layers: int,
     return default
 
 
-def tensor_type(ftype: str, name: str, ncols: int, n_layers: int,
-                tied: bool) -> tuple[str, str]:
+def is_70b(arch: str, n_layers: int, n_heads: int, n_kv_heads: int) -> bool:
+    """Whether llama.cpp types the model LLM_TYPE_70B (its llama with 80 layers and
+    grouped heads, its qwen2 with 80 layers), for which llama-quantize gives the
+    value projections more bits."""
+    return n_layers == 80 and ((arch == "llama" and n_heads != n_kv_heads) or arch == "qwen2")
+
+
+def tensor_type(ftype: str, name: str, ncols: int, n_layers: int, tied: bool,
+                is_70b: bool = False) -> tuple[str, str]:
     """(the block type, the type the rules chose before the shape's fallback)
     of a 2-D tensor called name with rows of ncols values in a file of type
     ftype (a FILE_TYPES key), in a model of n_layers blocks whose head is the
-    token embedding when tied.  Types by llama.cpp's names ("Q4_K", "F16")."""
+    token embedding when tied (is_70b: see is_70b).  Types by llama.cpp's names
+    ("Q4_K", "F16")."""
     default = FILE_TYPES[ftype][1]
     if default == "BF16":   # llama-quantize's float types apply to every matrix
         return default, default
-    chosen = preferred = _mixed_type(ftype, default, name, ncols, n_layers, tied)
+    chosen = preferred = _mixed_type(ftype, default, name, ncols, n_layers, tied, is_70b)
     if ncols % _BLOCK[chosen]:
         chosen = _FALLBACK.get(chosen, chosen)
         if ncols % _BLOCK[chosen]:

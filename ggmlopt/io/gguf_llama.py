@@ -48,7 +48,7 @@ from ._gguf_common import (
 )
 from ._gguf_length import gguf_truncation
 from ._gguf_tokenizer import BYTE_MERGES, BYTE_PRE, add_tokenizer, byte_vocabulary, tokenizer_keys
-from ._quant_mix import FILE_TYPES, file_type_name, tensor_type
+from ._quant_mix import FILE_TYPES, file_type_name, is_70b, tensor_type
 from .gguf_metadata import GgufMetadata
 from .gguf_reader import GgufFile
 from .llama_names import gguf_name, permute_qk, unpermute_qk
@@ -70,7 +70,7 @@ def arch_of(model) -> str:
 
 
 # keys save_llama_gguf writes; metadata may not set them
-_RESERVED_PREFIXES = ("general.architecture", "general.file_type",
+_RESERVED_PREFIXES = ("general.architecture", "general.file_type", "general.quantization_version",
                       *sorted(f"{arch}." for arch in LLAMA_FAMILY), "tokenizer.", "GGUF.")
 
 
@@ -113,12 +113,12 @@ def _save_dtype_arg(dtype):
                         f"({', '.join(FILE_TYPES)}, q4_k, q5_k), got {dtype!r}") from None
 
 
-def _quantized_rows(gguf, rows: np.ndarray, qtype: str):
+def _quantized_rows(gguf, name: str, rows: np.ndarray, qtype: str):
     """(array, raw ggml type) of float32 rows in block type qtype (F16 as a
     float16 array): the K types through ggmlopt's port of ggml's reference
     quantizers, the 32-value ones through gguf-py's."""
     if qtype == "F16":
-        return rows.astype(np.float16), None
+        return stored(name, rows, np.dtype(np.float16)), None   # (beyond float16: ValueError)
     t = gguf.GGMLQuantizationType[qtype]
     if qtype in kernels_quant.QUANTIZE_TYPES:
         return kernels_quant.quantize(rows, qtype), t
@@ -134,6 +134,8 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
     params = dict(model.named_parameters())
     arch = arch_of(model)
     offset = family_of(model).gguf_norm_offset
+    cfg = model.config
+    seventy_b = is_70b(arch, cfg.n_layers, cfg.n_heads, _kv_heads(cfg))
     out = []
     fallbacks: list[str] = []
     for name, _ in _parameter_shapes(model.config):
@@ -163,13 +165,13 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
                 raise ValueError(f"model: {name} holds a non-finite value; it cannot be "
                                  f"quantized to {dtype}")
             qtype, preferred = tensor_type(dtype, tensor, data.shape[1], model.config.n_layers,
-                                           tied=model.lm_head is None)
+                                           tied=model.lm_head is None, is_70b=seventy_b)
             head = tensor == "output.weight" or (tensor == "token_embd.weight"
                                                   and model.lm_head is None)
             # (a head too narrow for Q6_K keeps 8 bits, its usual place in small models)
             if qtype != preferred and not (head and qtype == "Q8_0"):
                 fallbacks.append(f"{tensor} {preferred} -> {qtype}")
-            array, raw = _quantized_rows(gguf, data, qtype)
+            array, raw = _quantized_rows(gguf, name, data, qtype)
             out.append((tensor, array, raw))
         else:
             out.append((gguf_name(name, arch), stored(name, data, np.dtype(np.float32)

@@ -61,12 +61,14 @@ def save_hf(model, directory, *, tokenizer=None) -> None:
     when missing.  transformers' from_pretrained then loads it with no missing
     or unexpected keys.
 
-    tokenizer (a ByteTokenizer, a BPETokenizer, or load_hf_tokenizer's): also
+    tokenizer (a ByteTokenizer, BPETokenizer, SPMTokenizer, or
+    load_hf_tokenizer's): also
     tokenizer.json, tokenizer_config.json (its special tokens and chat
     template) and generation_config.json (BOS and end-of-generation ids), so
     that transformers' AutoTokenizer encodes as the tokenizer does
     (ggmlopt.io.hf_tokenizer_files); ValueError when it has more tokens than
-    the model's vocab_size, TypeError for a SentencePiece vocabulary."""
+    the model's vocab_size, TypeError for what is no ggmlopt tokenizer.
+    Everything is checked before any file is written."""
     family_of(model)   # TypeError for another model
     refuse_adapters(model, "save_hf")
     refuse_quantized(model, "save_hf")
@@ -95,7 +97,7 @@ def _tokenizer_files(tokenizer, config) -> dict[str, str]:
     from . import hf_tokenizer_files as files
     text = files.tokenizer_json(tokenizer)   # TypeError for what is no tokenizer
     size = getattr(tokenizer, "vocab_size", None)
-    if not isinstance(size, int) or size > config.vocab_size:
+    if size > config.vocab_size:
         # (a model's embedding may have rows past the tokenizer's ids: Qwen's are padded)
         raise ValueError(f"tokenizer: it has {size} tokens, more than the model's "
                          f"vocab_size {config.vocab_size}")

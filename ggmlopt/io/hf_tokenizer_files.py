@@ -91,7 +91,7 @@ def tokenizer_json(tokenizer) -> str:
             _with_bos(tk, tok, tokenizer.tokens[tokenizer.bos_id], tokenizer.bos_id)
         return str(tok.to_str())
     raise TypeError(f"tokenizer: expected a ggmlopt tokenizer (ByteTokenizer, BPETokenizer, "
-                    f"load_hf_tokenizer's), got {type(tokenizer).__name__}")
+                    f"SPMTokenizer, load_hf_tokenizer's), got {type(tokenizer).__name__}")
 
 
 def _special_text(tokenizer, token_id: int | None) -> str | None:
