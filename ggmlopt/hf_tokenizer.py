@@ -109,12 +109,7 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         leaves special tokens written in the text as text."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        with self._flag_lock:   # the library's flag is the tokenizer's, not the call's
-            self._tk.encode_special_tokens = not parse_special
-            try:
-                ids = self._tk.encode(text, add_special_tokens=False).ids
-            finally:
-                self._tk.encode_special_tokens = False
+        ids = self._library_encode(self._tk, text, parse_special).ids
         return np.asarray(ids, dtype=np.int32)
 
     def encode_with_offsets(self, text: str, *, parse_special: bool = True
@@ -125,12 +120,7 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         last: where Dataset.from_chat places each token to mask the prompt."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        with self._flag_lock:
-            self._tk.encode_special_tokens = not parse_special
-            try:
-                enc = self._tk.encode(text, add_special_tokens=False)
-            finally:
-                self._tk.encode_special_tokens = False
+        enc = self._library_encode(self._tk, text, parse_special)
         char_bytes = np.zeros(len(text) + 1, dtype=np.int64)
         np.cumsum([len(c.encode("utf-8")) for c in text], out=char_bytes[1:])
         starts = np.array([char_bytes[min(a, len(text))] for a, _ in enc.offsets] +

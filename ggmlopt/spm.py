@@ -88,13 +88,7 @@ class SPMTokenizer(Vocabulary):
             return self.encode_with_offsets(text, parse_special=parse_special)[0]
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        with self._flag_lock:   # the library's flag is the tokenizer's, not the call's
-            fast.encode_special_tokens = not parse_special
-            try:
-                ids = fast.encode(text, add_special_tokens=False).ids
-            finally:
-                fast.encode_special_tokens = False
-        return np.asarray(ids, dtype=np.int32)
+        return np.asarray(self._library_encode(fast, text, parse_special).ids, dtype=np.int32)
 
     def _fast_tokenizer(self):
         """hf_tokenizer() made once, or None: without the tokenizers library, or

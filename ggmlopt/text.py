@@ -215,6 +215,16 @@ class _FlagLock:
         self.__dict__.update(state)
         self._flag_lock = threading.Lock()
 
+    def _library_encode(self, tk: Any, text: str, parse_special: bool) -> Any:
+        """tk.encode(text) (a tokenizers.Tokenizer, no special tokens added) with
+        special tokens in the text matched only with parse_special."""
+        with self._flag_lock:
+            tk.encode_special_tokens = not parse_special
+            try:
+                return tk.encode(text, add_special_tokens=False)
+            finally:
+                tk.encode_special_tokens = False
+
 
 class Vocabulary(_FlagLock, _ChatTemplated):
     """What the vocabulary tokenizers (BPETokenizer, ggmlopt.spm.SPMTokenizer)
@@ -368,12 +378,7 @@ class BPETokenizer(Vocabulary):
         written in the text become their ids (see the class docstring)."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        with self._flag_lock:   # the library's flag is the tokenizer's, not the call's
-            self._tk.encode_special_tokens = not parse_special
-            try:
-                ids = self._tk.encode(text, add_special_tokens=False).ids
-            finally:
-                self._tk.encode_special_tokens = False
+        ids = self._library_encode(self._tk, text, parse_special).ids
         return np.asarray(ids, dtype=np.int32)
 
     def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
