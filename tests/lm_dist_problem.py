@@ -8,14 +8,42 @@ import os
 import numpy as np
 
 import ggmlopt as go
-from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig
+from ggmlopt.models import (
+    GPT2,
+    Gemma3,
+    Gemma3Config,
+    GPT2Config,
+    Llama,
+    LlamaConfig,
+    Mistral,
+    MistralConfig,
+    Phi3,
+    Phi3Config,
+    Qwen2,
+    Qwen2Config,
+    Qwen3,
+    Qwen3Config,
+    SmolLM3,
+    SmolLM3Config,
+)
 
 VOCAB, N_CTX = 37, 8
+_GQA = {"vocab_size": VOCAB, "dim": 16, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+        "max_seq_len": N_CTX}
 CONFIGS = {
-    "llama": (Llama, LlamaConfig(vocab_size=VOCAB, dim=16, n_layers=2, n_heads=4, n_kv_heads=2,
-                                 max_seq_len=N_CTX)),
+    "llama": (Llama, LlamaConfig(**_GQA)),
     "gpt2": (GPT2, GPT2Config(vocab_size=VOCAB, dim=16, n_layers=2, n_heads=2,
                               max_seq_len=N_CTX)),
+    # the other families, each with what sets it apart: biases, q/k norms and a head
+    # width of its own, a window, fused projections, a layer without RoPE, Gemma's block
+    "qwen2": (Qwen2, Qwen2Config(**_GQA, tie_embeddings=True)),
+    "qwen3": (Qwen3, Qwen3Config(**_GQA, head_dim=6)),
+    "mistral": (Mistral, MistralConfig(**_GQA, sliding_window=3)),
+    "phi3": (Phi3, Phi3Config(**_GQA, sliding_window=5)),
+    "smollm3": (SmolLM3, SmolLM3Config(**{**_GQA, "n_layers": 4})),
+    "gemma3": (Gemma3, Gemma3Config(**{**_GQA, "n_layers": 3}, head_dim=4, sliding_window=3,
+                                    query_pre_attn_scalar=4.0,
+                                    sliding_layers=(True, False, True))),
 }
 # 4 physical batches of 6 windows per logical batch: 2 per rank on 2 ranks, 1 on 4
 # (3 ranks take logical batches of 36: logical_batch(3))
@@ -49,8 +77,8 @@ def params(model):
 
 
 def zero_gradient_entries(kind):
-    """Where params(model) holds GPT-2's key biases (the middle third of each
-    ``attn.c_attn.bias``).  Softmax is blind to a shift of a query's scores, so
+    """Where params(model) holds the key biases (the middle third of GPT-2's
+    ``attn.c_attn.bias``, Qwen2's ``k_proj.bias``).  Softmax is blind to a shift of a query's scores, so
     their gradient is zero and what reaches them is float rounding, which AdamW
     scales up to ~lr per step whatever its size: over ranks it is summed in
     another order, so these entries differ from one process's by rounding noise
@@ -63,6 +91,8 @@ def zero_gradient_entries(kind):
         if name.endswith("attn.c_attn.bias"):
             dim = p.data.size // 3
             m[dim:2 * dim] = True
+        elif name.endswith("k_proj.bias"):   # Qwen2's key biases
+            m[:] = True
         mask.append(m)
     return np.concatenate(mask)
 

@@ -259,7 +259,7 @@ def test_evaluate_holds_every_prediction_on_each_rank():
 
 # ---- language models over the ranks ----------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", list(lm.CONFIGS))
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_lm_equals_one_process(kind, nranks):
     logical = lm.logical_batch(nranks)
