@@ -170,7 +170,7 @@ def test_pred_holds_every_datapoint_in_dataset_order(tmp_path, nranks):
 
 
 @pytest.mark.parametrize(("nranks", "kind"), [(2, "llama"), (3, "llama"), (2, "gpt2"),
-                                              (4, "llama")])
+                                              (4, "llama"), (2, "qwen2"), (3, "gemma3")])
 def test_lm_equals_one_process(tmp_path, nranks, kind):
     import lm_dist_problem as lm
     ref, ref_hist = lm.fit_lm(None, kind, nbatch_logical=lm.logical_batch(nranks))
