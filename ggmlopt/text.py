@@ -356,6 +356,12 @@ class BPETokenizer(Vocabulary):
         self.chat_template = chat_template
         self._byte_values = {c: b for b, c in enumerate(GPT2_BYTE_STRINGS)}
 
+    def hf_tokenizer(self) -> Any:
+        """A copy of the ``tokenizers.Tokenizer`` this vocabulary encodes with (BPE,
+        llama.cpp's pre-tokenizer regexes, its control tokens as special added
+        tokens, its user-defined ones as plain added tokens): its tokenizer.json."""
+        return type(self._tk).from_str(self._tk.to_str())
+
     @property
     def special_tokens_map(self) -> dict[str, str]:
         named = {"bos_token": self.bos_id, "eos_token": self.eos_id}

@@ -27,21 +27,8 @@ from .._optional import import_optional
 
 __all__ = ["generation_config", "tokenizer_config", "tokenizer_json"]
 
-_CONTROL, _USER_DEFINED = 3, 4   # llama.cpp's token types
-
-
 def _tokenizers():
     return import_optional("tokenizers", "tokenizers", "save_hf(..., tokenizer=...)")
-
-
-def _byte_level(tk, vocab: dict[str, int], merges: list[tuple[str, str]],
-                regexes: tuple[str, ...] = (), ignore_merges: bool = False):
-    tok = tk.Tokenizer(tk.models.BPE(vocab, merges, ignore_merges=ignore_merges))
-    tok.pre_tokenizer = tk.pre_tokenizers.Sequence([
-        *(tk.pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in regexes),
-        tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = tk.decoders.ByteLevel()
-    return tok
 
 
 def _with_bos(tk, tok, text: str, bos_id: int) -> None:
@@ -53,7 +40,6 @@ def tokenizer_json(tokenizer) -> str:
     """tokenizer.json's text for a ggmlopt tokenizer (see the module's docstring);
     TypeError for a tokenizer it has no form for."""
     from ..hf_tokenizer import HFTokenizer
-    from ..pretokenizers import IGNORE_MERGES, pre_tokenizer_regexes
     from ..spm import SPMTokenizer
     from ..text import GPT2_BYTE_STRINGS, BPETokenizer, ByteTokenizer
     if isinstance(tokenizer, HFTokenizer):
@@ -63,30 +49,15 @@ def tokenizer_json(tokenizer) -> str:
     if isinstance(tokenizer, ByteTokenizer):
         vocab = {s: i for i, s in enumerate(GPT2_BYTE_STRINGS)}
         vocab[tokenizer.eos_text] = tokenizer.eos_id
-        tok = _byte_level(tk, vocab, [])
+        tok = tk.Tokenizer(tk.models.BPE(vocab, []))   # a byte a token: no merges
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                        use_regex=False)
+        tok.decoder = tk.decoders.ByteLevel()
         tok.add_special_tokens([tk.AddedToken(tokenizer.eos_text, normalized=False,
                                               special=True)])
         return str(tok.to_str())
-    if isinstance(tokenizer, BPETokenizer):
-        regexes = pre_tokenizer_regexes(tokenizer.pre) or pre_tokenizer_regexes("gpt-2") or ()
-        vocab = {t: i for i, t in enumerate(tokenizer.tokens)}
-        merges = []
-        for m in tokenizer.merges:
-            left, _, right = m.partition(" ")
-            if left + right in vocab:   # (as BPETokenizer leaves out one that never applies)
-                merges.append((left, right))
-        tok = _byte_level(tk, vocab, merges, regexes, tokenizer.pre in IGNORE_MERGES)
-        types = tokenizer.token_types
-        tok.add_special_tokens([tk.AddedToken(tokenizer.tokens[i], normalized=False,
-                                              special=True)
-                                for i, t in enumerate(types) if t == _CONTROL])
-        tok.add_tokens([tk.AddedToken(tokenizer.tokens[i], normalized=False, special=False)
-                        for i, t in enumerate(types) if t == _USER_DEFINED])
-        if tokenizer.add_bos and tokenizer.bos_id is not None:
-            _with_bos(tk, tok, tokenizer.tokens[tokenizer.bos_id], tokenizer.bos_id)
-        return str(tok.to_str())
-    if isinstance(tokenizer, SPMTokenizer):
-        tok = tokenizer.hf_tokenizer()
+    if isinstance(tokenizer, (BPETokenizer, SPMTokenizer)):
+        tok = tokenizer.hf_tokenizer()   # the library's form of what encode runs
         if tokenizer.add_bos and tokenizer.bos_id is not None:
             _with_bos(tk, tok, tokenizer.tokens[tokenizer.bos_id], tokenizer.bos_id)
         return str(tok.to_str())
