@@ -24,6 +24,7 @@ from . import (
     lora,
     models,
     nn,
+    optimizers,
     schedules,
     testing,
     text,
@@ -45,6 +46,7 @@ from .optim_params import (
     constant_optimizer_params,
     default_optimizer_params,
 )
+from .optimizers import Optimizer
 from .progress import progress_bar
 from .result import Result
 from .training import EpochStats, EvalStats, History, epoch, fit
@@ -61,6 +63,7 @@ __all__ = [
                            "LossType",
                            "MemoryReport",
                            "OptContext",
+                           "Optimizer",
                            "OptimizerParams",
                            "OptimizerType",
                            "Result",
@@ -86,6 +89,7 @@ __all__ = [
                            "memory_report",
                            "models",
                            "nn",
+                           "optimizers",
                            "predict",
                            "progress_bar",
                            "schedules",

@@ -20,7 +20,9 @@ cdef class ParamArena:
     cdef float *_v        # AdamW second moment (NULL without momenta)
     cdef readonly int64_t size         # parameter elements
     cdef readonly int64_t section      # floats per section (size rounded up to 16)
-    cdef readonly bint momenta
+    cdef readonly bint momenta         # holds optimizer state (AdamW: m and v)
+    cdef readonly tuple state_names    # the optimizer's state sections, in order
+    cdef readonly int64_t nstate       # len(state_names)
 
     cdef void zero_grads_c(self) noexcept nogil
     cdef void zero_momenta_c(self) noexcept nogil

@@ -1,11 +1,13 @@
 # cython: language_level=3
-"""ParamArena: every parameter of a model, its gradients and AdamW momenta in one
-aligned block, updated by one kernel call per optimizer step.
+"""ParamArena: every parameter of a model, its gradients and its optimizer's state
+(AdamW's momenta) in one aligned block, updated by one kernel call per optimizer
+step.
 
 Layout: consecutive sections of ``section`` floats (``size``, or
 ``min_section`` when larger, rounded up to 16, so each section starts on a
-64-byte line): weights, gradients, then (for AdamW) the first and second
-moments.  Backward passes add into the gradients, so they
+64-byte line): weights, gradients, then the optimizer's state arrays in the
+order it names them (AdamW: the first and second moments, 'm' and 'v'; see
+ggmlopt.optimizers).  Backward passes add into the gradients, so they
 accumulate over the physical batches of a logical batch in place (ggml's
 grad_accs) until the context zeroes them.
 
@@ -24,34 +26,48 @@ from ggmlopt.kernels cimport adamw_step_f32, fill_f32, scale_f32, sgd_step_f32, 
 
 cnp.import_array()
 
-_SECTIONS = ("weights", "grads", "m", "v")
+_ADAMW_STATE = ("m", "v")
 
 
 cdef class ParamArena:
-    """ParamArena(size, momenta=False, min_section=0)
+    """ParamArena(size, momenta=False, min_section=0, state=None)
 
-    size: parameter elements (>= 1).  momenta: keep AdamW's m and v.
-    min_section: floats per section at least (ggmlopt.distributed pads the
-    sections so that P equal shards cover them); the padding stays zero.
-    All sections start zeroed.
+    size: parameter elements (>= 1).  momenta: keep AdamW's m and v (the same
+    as state=('m', 'v')).  state: the names of the optimizer's state sections
+    (a tuple of distinct str, none of them 'weights' or 'grads'), each as large
+    as the weights.  min_section: floats per section at least
+    (ggmlopt.distributed pads the sections so that P equal shards cover them);
+    the padding stays zero.  All sections start zeroed.
     """
 
-    def __cinit__(self, int64_t size, bint momenta=False, int64_t min_section=0):
+    def __cinit__(self, int64_t size, bint momenta=False, int64_t min_section=0,
+                  state=None):
         if size < 1:
             raise ValueError(f"size: expected at least 1 parameter element, got {size}")
         if min_section < 0:
             raise ValueError(f"min_section: expected >= 0, got {min_section}")
+        if state is None:
+            state = _ADAMW_STATE if momenta else ()
+        if not isinstance(state, tuple) or not all(isinstance(n, str) and n for n in state):
+            raise TypeError(f"state: expected a tuple of section names (str), got {state!r}")
+        if len(set(state)) != len(state) or {"weights", "grads"} & set(state):
+            raise ValueError(f"state: expected distinct names other than 'weights' and "
+                             f"'grads', got {state!r}")
+        if momenta and state != _ADAMW_STATE:
+            raise ValueError(f"momenta: AdamW's state is ('m', 'v'), got state={state!r}")
         self.size = size
         self.section = (max(size, min_section) + 15) // 16 * 16
-        self.momenta = momenta
-        cdef int64_t nsections = 2 + (2 if momenta else 0)
+        self.state_names = state
+        self.nstate = len(state)
+        self.momenta = len(state) > 0
+        cdef int64_t nsections = 2 + len(state)
         self._buf = AlignedBuffer(nsections * self.section * sizeof(float))
         cdef float *base = <float *>self._buf.data
         self._w = base
         self._g = base + self.section
         self._m = NULL
         self._v = NULL
-        if momenta:
+        if state == _ADAMW_STATE:
             self._m = self._g + self.section
             self._v = self._m + self.section
 
@@ -61,9 +77,10 @@ cdef class ParamArena:
         fill_f32(self.size, 0.0, self._g)
 
     cdef void zero_momenta_c(self) noexcept nogil:
-        if self._m != NULL:
-            fill_f32(self.size, 0.0, self._m)
-            fill_f32(self.size, 0.0, self._v)
+        # every state section: they follow the gradients, back to back
+        cdef int64_t k
+        for k in range(self.nstate):
+            fill_f32(self.size, 0.0, self._g + (k + 1) * self.section)
 
     cdef void adamw_step_c(self, const float *params) noexcept nogil:
         adamw_step_f32(self.size, self._w, self._g, self._m, self._v, params)
@@ -82,24 +99,23 @@ cdef class ParamArena:
     # ---- Python level -----------------------------------------------------------
 
     cdef int64_t _offset(self, str which) except -1:
-        cdef float *p
+        cdef int64_t k
         if which == "weights":
-            p = self._w
+            k = 0
         elif which == "grads":
-            p = self._g
-        elif which == "m":
-            p = self._m
-        elif which == "v":
-            p = self._v
-        else:
-            raise ValueError(f"which: expected one of {_SECTIONS}, got {which!r}")
-        if p == NULL:
+            k = 1
+        elif which in self.state_names:
+            k = 2 + self.state_names.index(which)
+        elif which in ("m", "v"):
             raise ValueError(f"which: this arena has no {which!r} section")
-        return (<char *>p) - self._buf.data
+        else:
+            raise ValueError(f"which: expected one of "
+                             f"{('weights', 'grads') + self.state_names}, got {which!r}")
+        return k * self.section * sizeof(float)
 
     def view(self, str which, int64_t start, tuple shape):
         """A writable float32 view of `shape` starting at element `start` of the
-        section `which` ('weights', 'grads', 'm', 'v'); it keeps the
+        section `which` ('weights', 'grads', or one of state_names); it keeps the
         arena's memory alive."""
         cdef int64_t count = 1
         for d in shape:
@@ -125,7 +141,7 @@ cdef class ParamArena:
             self.zero_grads_c()
 
     def zero_momenta(self):
-        """Zero AdamW's m and v (nothing without them)."""
+        """Zero the optimizer's state (AdamW's m and v; nothing without state)."""
         with nogil:
             self.zero_momenta_c()
 

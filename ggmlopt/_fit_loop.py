@@ -15,7 +15,7 @@ import sys
 from dataclasses import astuple
 
 from ._blas_threads import blas_threads_for_training, current_blas_threads
-from .epoch_loop import epoch, epoch_plan, eval_batch
+from .epoch_loop import epoch, epoch_plan, plan_batches, run_batches
 from .history import EpochStats, EvalStats
 from .progress import time_us
 from .result import Result
@@ -125,54 +125,33 @@ class FitLoop:
 
     def _train(self, done, stop, end, t_start):
         """Train steps done+1 .. stop of the epoch (end: its last step, for the bar)."""
-        plan, ctx, dataset = self.plan, self.ctx, self.dataset
+        plan = self.plan
         per = plan.batches_per_step
-        if self.dist is not None:
-            self._dist_part(done * per, (stop - done) * per, True, self.result_train,
-                            done * plan.opt_period, end * plan.opt_period, t_start)
-            return
-        with blas_threads_for_training(ctx.model) as ctx._blas_threads:
-            for ibatch in range(done * per, stop * per):
-                eval_batch(ctx, dataset, self.result_train, ibatch, True, "train",
-                            plan.nbatches)
-                if self.callback is not None:
-                    self.callback(True, ctx, dataset, self.result_train, ibatch + 1, end * per,
-                                  t_start)
+        self._run_batches(True, done * per, stop * per, self.result_train, self.callback,
+                          done * plan.opt_period, end * plan.opt_period, t_start)
 
     def _validate(self, result, callback):
         """The held-out batches into result (as epoch's second loop)."""
-        plan, ctx, dataset = self.plan, self.ctx, self.dataset
-        if self.dist is not None:
-            self._dist_part(plan.ibatch_split, plan.nbatches - plan.ibatch_split, False,
-                            result, 0, 0, 0, callback)
+        self._run_batches(False, self.plan.ibatch_split, self.plan.nbatches, result, callback,
+                          0, None, None)
+
+    def _run_batches(self, train, first, stop, result, callback, shown_before, shown_max,
+                     t_start):
+        """The dataset's physical batches [first, stop) through epoch_loop's one loop
+        (over the ranks: this rank's share, after the ranks agreed on the window)."""
+        ctx, dataset = self.ctx, self.dataset
+        batches = plan_batches(ctx, train, first, stop, self.plan.nbatches, shown_before,
+                               shown_max)
+        if self.dist is None:
+            with blas_threads_for_training(ctx.model) as ctx._blas_threads:
+                run_batches(ctx, dataset, result, batches, callback, t_start)
             return
-        nval = plan.nbatches - plan.ibatch_split
-        with blas_threads_for_training(ctx.model) as ctx._blas_threads:
-            t_start = time_us()
-            for ibatch in range(plan.ibatch_split, plan.nbatches):
-                eval_batch(ctx, dataset, result, ibatch, False, "validation", plan.nbatches)
-                if callback is not None:
-                    callback(False, ctx, dataset, result, ibatch + 1 - plan.ibatch_split, nval,
-                             t_start)
+        n = stop - first
 
-    def _dist_part(self, first, n, train, result, shown_before, shown_max, t_start,
-                   callback_eval=None):
-        """n physical batches from first over the ranks: ggmlopt.distributed's epoch
-        on a window of the dataset (training, or validation when not train)."""
-        plan, ctx = self.plan, self.ctx
-
-        def window(c, d, rt, re, idata_split):
-            epoch_plan(c, d, rt, re, -1)  # the argument checks of a whole epoch
+        def check():
+            epoch_plan(ctx, dataset, None, None, -1)   # the argument checks of a whole epoch
             return n, (n if train else 0)
 
-        def shifted(c, d, r, ibatch, backward, phase, nbatches):
-            eval_batch(c, d, r, ibatch + first, backward, phase, plan.nbatches)
-
-        callback_train = None
-        if train and self.callback is not None:
-            def callback_train(t, c, d, r, ibatch, ibatch_max, t0):
-                self.callback(t, c, d, r, ibatch + shown_before, shown_max, t_start)
-
         ctx._blas_threads = current_blas_threads()
-        self.dist.epoch(window, shifted, ctx, self.dataset, result if train else None,
-                        None if train else result, -1, callback_train, callback_eval)
+        self.dist.begin_epoch(ctx, dataset, -1, check)
+        run_batches(ctx, dataset, result, batches, callback, t_start)

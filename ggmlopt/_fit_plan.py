@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ._args import int_arg
-from .optim_params import OptimizerParams, OptimizerType, validate_optimizer_params
+from .optim_params import OptimizerParams
+from .optimizers import Optimizer
 from .schedules import Schedule
 
 __all__ = ["FitPlan"]
@@ -248,7 +249,7 @@ class FitPlan:
                    checkpoint_every=checkpoint_every)
 
     def check_schedule(self, get_opt_pars: Callable[[Any], OptimizerParams],
-                       optimizer: OptimizerType) -> None:
+                       optimizer: Optimizer) -> None:
         """Run a ggmlopt.schedules schedule at the fit's last epoch (or step), so one
         too short for the fit fails before training instead of in the middle."""
         if not isinstance(get_opt_pars, Schedule) or self.nepoch == 0:
@@ -258,7 +259,7 @@ class FitPlan:
         if t_last < 1:
             return
         try:
-            validate_optimizer_params(get_opt_pars(t_last), optimizer)
+            optimizer.hyperparameters(get_opt_pars(t_last))
         except (ValueError, TypeError) as e:
             what = (f"step {t_last} (nepoch={self.nepoch} x {self.steps_per_epoch} optimizer "
                     f"steps" + (f", max_steps={self.total_steps})"

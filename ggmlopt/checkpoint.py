@@ -7,6 +7,9 @@
     format_version    int    FORMAT_VERSION
     loss_type, optimizer, build_type      int    the LossType / OptimizerType /
                                                  BuildType values the context was made with
+                                                 (optimizer -1: one defined outside ggmlopt,
+                                                 named by optimizer_name)
+    optimizer_name    str    only for optimizer -1: its ``Optimizer.name``
     opt_period        int
     batch_size, ne_datapoint              int    -1 when None (dynamic mode)
     class_labels      int    1 when the static labels are class indices, else 0
@@ -20,11 +23,12 @@
                       of the logical batch so far: ctx.grad_acc)
     grad_is_zero      int8 (nparams,), 1 where a layer may overwrite the gradient
                       instead of adding into it (Parameter.grad_is_zero), else 0
-    adamw_m.i, adamw_v.i   float32, AdamW's moments (only for AdamW contexts built for OPT)
-    adamw.alpha, adamw.beta1, adamw.beta2, adamw.eps, adamw.wd   float (AdamW)
-    sgd.alpha, sgd.wd                                            float (SGD)
-                      the active optimizer's parameters used by the last step
-                      (float32 values), NaN before the first step
+    <name>_<state>.i  float32, the optimizer's state arrays (contexts built for
+                      OPT): adamw_m.i and adamw_v.i, AdamW's moments; SGD has none
+    <name>.<hyper-parameter>   float, the optimizer's hyper-parameters used by
+                      the last step (float32 values), NaN before the first step:
+                      adamw.alpha, adamw.beta1, adamw.beta2, adamw.eps, adamw.wd
+                      (AdamW) or sgd.alpha, sgd.wd (SGD); see ggmlopt.optimizers
     rng_state         str    ctx.rng's ``bit_generator.state`` (dataset shuffles and the
                              model's random draws, e.g. Dropout masks), as JSON
     rank_rng_states   str    only with comm: every rank's ``ctx.model_rng`` state, a
@@ -73,14 +77,12 @@ from . import rank_rng
 from ._atomic import atomic_output
 from ._rng_state import checked_rng_state, rng_state_from_json, rng_state_to_json
 from .optim_params import (
-    AdamWParams,
     BuildType,
     LossType,
     OptimizerParams,
     OptimizerType,
-    SGDParams,
-    validate_optimizer_params,
 )
+from .optimizers import Optimizer, optimizer_arg
 
 if TYPE_CHECKING:
     from .context import OptContext
@@ -93,10 +95,8 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "FitProgress", "context_
 FORMAT = "ggmlopt.OptContext"
 FORMAT_VERSION = 1
 
-_OPT_PAR_NAMES = {
-    OptimizerType.ADAMW: ("adamw.alpha", "adamw.beta1", "adamw.beta2", "adamw.eps", "adamw.wd"),
-    OptimizerType.SGD: ("sgd.alpha", "sgd.wd"),
-}
+# the "optimizer" entry of an optimizer defined outside ggmlopt (optimizer_name names it)
+_OTHER_OPTIMIZER = -1
 _SETTING_KEYS = ("format_version", "loss_type", "optimizer", "build_type", "opt_period",
                  "batch_size", "ne_datapoint", "iter", "opt_i", "build_type_last", "nparams")
 _FIT_INT_KEYS = ("fit.epoch", "fit.ndata", "fit.nbatch_logical", "fit.nbatch_physical",
@@ -114,8 +114,7 @@ _OPTIONAL_KEYS = ("class_labels", "trainable")
 _FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.seed")
 _INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_KEYS
                       + ("fit.step",))
-_FLOAT_KEYS = frozenset(_OPT_PAR_NAMES[OptimizerType.ADAMW] + _OPT_PAR_NAMES[OptimizerType.SGD])
-_STR_KEYS = frozenset(("format", "rng_state"))
+_STR_KEYS = frozenset(("format", "rng_state", "optimizer_name"))
 # strings a state may hold or lack: the ranks' own generators (ggmlopt.rank_rng)
 _OPTIONAL_STR_KEYS = ("rank_rng_states",)
 # the fields of training.EpochStats (10 before blas_threads, 11 before exchange_wait_s)
@@ -201,7 +200,20 @@ def _check_format(sd):
 
 # ---- what a context's state looks like ---------------------------------------------------
 
-_SECTION_WORDS = {"grad": "the gradient", "adamw_m": "the AdamW m", "adamw_v": "the AdamW v"}
+def _optimizer_label(optimizer: Optimizer) -> str:
+    """ggml's name of a built-in optimizer (ADAMW), a user's optimizer's name."""
+    kind = optimizer.optimizer_type
+    return kind.name if kind is not None else optimizer.name
+
+
+def _saved_optimizer(sd: Mapping[str, Any]) -> str:
+    """The label (as _optimizer_label) of the optimizer a state was saved with."""
+    if _get_int(sd, "optimizer") == _OTHER_OPTIMIZER:
+        if "optimizer_name" not in sd:
+            raise ValueError("state_dict['optimizer_name']: missing (optimizer=-1 is an "
+                             "optimizer defined outside ggmlopt, named by optimizer_name)")
+        return _get_str(sd, "optimizer_name")
+    return _get_enum(sd, "optimizer", OptimizerType).name
 
 
 class _Layout:
@@ -216,27 +228,35 @@ class _Layout:
         self.names = list(names) if names is not None else \
             [f"parameters()[{i}]" for i in range(len(self.trainable))]
         self.loss_type = LossType(loss_type)
-        self.optimizer = OptimizerType(optimizer)
+        self.optimizer = optimizer_arg(optimizer)
         self.build_type = BuildType(build_type)
         self.opt_period = opt_period
         self.shapes = [tuple(s) for s in shapes]
-        # as OptContext builds its arena
-        self.momenta = self.build_type == BuildType.OPT and self.optimizer == OptimizerType.ADAMW
+        # as OptContext builds its arena: the optimizer's state when it steps
+        self.state = self.optimizer.state_names if self.build_type == BuildType.OPT else ()
         self.bit_generator_type = bit_generator_type
 
     @classmethod
     def of(cls, ctx):
-        shapes = [g.shape for g in ctx._grads]
-        lay = cls(ctx.loss_type, ctx.optimizer_type, ctx.build_type, ctx.opt_period, shapes,
-                  type(ctx.rng.bit_generator), ctx._trainable_mask,
-                  parameter_names(ctx.model, ctx._model_params))
-        lay.momenta = bool(ctx.arena.momenta) or _sharded_moments(ctx)
+        shapes = [p.data.shape for p in ctx.parameters()]
+        lay = cls(ctx.loss_type, ctx.optimizer, ctx.build_type, ctx.opt_period, shapes,
+                  type(ctx.rng.bit_generator), ctx.trainable_mask,
+                  parameter_names(ctx.model, ctx.model_parameters))
         return lay
 
+    @property
+    def hyper_keys(self):
+        """The entries of the optimizer's hyper-parameters ('adamw.alpha', ...)."""
+        opt = self.optimizer
+        return tuple(f"{opt.name}.{h}" for h in opt.hyperparameter_names)
+
+    def state_sections(self):
+        """{'adamw_m': 'm', ...}: the state's entry prefixes and the arena's
+        section names of the optimizer's state."""
+        return {f"{self.optimizer.name}_{s}": s for s in self.state}
+
     def array_keys(self):
-        sections = ["param", "grad"]
-        if self.momenta:
-            sections += ["adamw_m", "adamw_v"]
+        sections = ["param", "grad", *self.state_sections()]
         return [(f"{s}.{i}", shape) for s in sections for i, shape in enumerate(self.shapes)]
 
     def describe(self, key):
@@ -246,11 +266,19 @@ class _Layout:
         section, i = key.rsplit(".", 1)
         names = [n for n, t in zip(self.names, self.trainable) if t]
         name = f"parameter {names[int(i)] if int(i) < len(names) else i}"
-        return name if section == "param" else f"{_SECTION_WORDS[section]} of {name}"
+        if section == "param":
+            return name
+        if section == "grad":
+            return f"the gradient of {name}"
+        state = self.state_sections()[section]
+        return f"the {type(self.optimizer).__name__} {state} of {name}"
 
     def keys(self):
-        return (set(_SETTING_KEYS) | _STR_KEYS | {"grad_is_zero"} | set(_OPT_PAR_NAMES[self.optimizer])
-                | {k for k, _ in self.array_keys()})
+        keys = (set(_SETTING_KEYS) | (_STR_KEYS - {"optimizer_name"}) | {"grad_is_zero"}
+                | set(self.hyper_keys) | {k for k, _ in self.array_keys()})
+        if self.optimizer.optimizer_type is None:
+            keys.add("optimizer_name")
+        return keys
 
 
 def _check_split(sd, layout):
@@ -297,13 +325,17 @@ def _validate(sd, layout):
     without changing anything."""
     _check_format(sd)
     # the settings first: "another optimizer" says more than the names it changes
-    for key, want in (("loss_type", layout.loss_type), ("optimizer", layout.optimizer),
-                      ("build_type", layout.build_type)):
+    for key, want in (("loss_type", layout.loss_type), ("build_type", layout.build_type)):
         if key in sd:
             got = _get_enum(sd, key, type(want))
             if got != want:
                 raise ValueError(f"state_dict[{key!r}]: the state is for {got.name}, this "
                                  f"context uses {want.name}")
+    if "optimizer" in sd:
+        saved, mine = _saved_optimizer(sd), _optimizer_label(layout.optimizer)
+        if saved != mine:
+            raise ValueError(f"state_dict['optimizer']: the state is for {saved}, this "
+                             f"context uses {mine}")
     if "opt_period" in sd:
         opt_period = _get_int(sd, "opt_period")
         if opt_period != layout.opt_period:
@@ -347,17 +379,12 @@ def _validate(sd, layout):
         raise ValueError(f"state_dict['build_type_last']: {last.name} is beyond the build "
                          f"type {layout.build_type.name}")
 
-    names = _OPT_PAR_NAMES[layout.optimizer]
-    values = [_get_float(sd, k) for k in names]
+    values = [_get_float(sd, k) for k in layout.hyper_keys]
     if all(math.isnan(v) for v in values):
         in_force = None
     else:
-        if layout.optimizer == OptimizerType.ADAMW:
-            pars = OptimizerParams(adamw=AdamWParams(*values))
-        else:
-            pars = OptimizerParams(sgd=SGDParams(*values))
         try:
-            in_force = validate_optimizer_params(pars, layout.optimizer)
+            in_force = tuple(layout.optimizer.restore_hyperparameters(values))
         except ValueError as e:
             raise ValueError(f"state_dict: optimizer parameters in force: {e}") from None
 
@@ -385,7 +412,7 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "loss_type": int(ctx.loss_type),
-        "optimizer": int(ctx.optimizer_type),
+        "optimizer": _OTHER_OPTIMIZER if ctx.optimizer_type is None else int(ctx.optimizer_type),
         "build_type": int(ctx.build_type),
         "opt_period": int(ctx.opt_period),
         "batch_size": -1 if ctx.batch_size is None else int(ctx.batch_size),
@@ -396,43 +423,43 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
         "nparams": len(lay.shapes),
         "class_labels": int(getattr(ctx, "class_labels", False)),
     }
-    in_force = ctx._opt_pars_in_force
-    for j, name in enumerate(_OPT_PAR_NAMES[lay.optimizer]):
+    if ctx.optimizer_type is None:
+        sd["optimizer_name"] = ctx.optimizer.name
+    in_force = ctx.opt_pars_in_force
+    for j, name in enumerate(lay.hyper_keys):
         sd[name] = float("nan") if in_force is None else float(in_force[j])
-    moments = None
-    if _sharded_moments(ctx):  # many processes: the moments are gathered from every rank
-        moments = ctx._dist.gather_moments(ctx.arena.size)
+    sharded = None
+    dist = ctx.distributed
+    if _sharded_state(ctx):  # many processes: the state is gathered from every rank
+        sharded = dist.gather_state(ctx.arena.size)
     for key, _ in lay.array_keys():
-        sd[key] = _section_view(ctx, key, moments).copy()
+        sd[key] = _section_view(ctx, lay, key, sharded).copy()
     # whether a layer overwrites or adds into a gradient decides the sign of its zeros
-    sd["grad_is_zero"] = np.array([getattr(p, "grad_is_zero", False) for p in ctx._params],
-                                  dtype=np.int8)
+    sd["grad_is_zero"] = np.array([getattr(p, "grad_is_zero", False)
+                                   for p in ctx.parameters()], dtype=np.int8)
     sd["rng_state"] = rng_state_to_json(ctx.rng.bit_generator)
-    if getattr(ctx, "_dist", None) is not None:  # many processes: every rank's own stream
-        sd["rank_rng_states"] = rank_rng.gather_states(ctx._dist, ctx.model_rng)
+    if dist is not None:  # many processes: every rank's own stream
+        sd["rank_rng_states"] = rank_rng.gather_states(dist, ctx.model_rng)
     sd["trainable"] = np.array(lay.trainable, dtype=np.int8)
     return sd
 
 
-_SECTION_OF = {"param": "weights", "grad": "grads", "adamw_m": "m", "adamw_v": "v"}
+def _sharded_state(ctx):
+    """Whether ctx's optimizer state is sharded over ranks (ggmlopt.distributed)."""
+    dist = ctx.distributed
+    return dist is not None and dist.sharded_state
 
 
-def _sharded_moments(ctx):
-    """Whether ctx's AdamW moments are sharded over ranks (ggmlopt.distributed)."""
-    dist = getattr(ctx, "_dist", None)
-    return dist is not None and dist.m is not None
-
-
-def _section_view(ctx, key, moments=None):
-    """The part of key (e.g. "grad.3") in ctx's arena, or in moments (full
-    'm' and 'v' arrays standing in for sharded ones)."""
+def _section_view(ctx, layout, key, sharded=None):
+    """The part of key (e.g. "grad.3") in ctx's arena, or in sharded (the full
+    state arrays standing in for a sharded state)."""
     section, i = key.split(".")
     i = int(i)
-    shapes = [g.shape for g in ctx._grads]
+    shapes = layout.shapes
     offset = sum(math.prod(s) for s in shapes[:i])  # parameters sit back to back
-    which = _SECTION_OF[section]
-    if moments is not None and which in moments:
-        return moments[which][offset:offset + math.prod(shapes[i])].reshape(shapes[i])
+    which = {"param": "weights", "grad": "grads", **layout.state_sections()}[section]
+    if sharded is not None and which in sharded:
+        return sharded[which][offset:offset + math.prod(shapes[i])].reshape(shapes[i])
     return ctx.arena.view(which, offset, shapes[i])
 
 
@@ -443,26 +470,24 @@ def load_context_state_dict(ctx: OptContext, sd: Mapping[str, Any]) -> None:
                            "call eval() first")
     lay = _Layout.of(ctx)
     (it, opt_i, last), in_force, rng_state = _validate(sd, lay)
+    dist = ctx.distributed
     rank_states = None
-    if getattr(ctx, "_dist", None) is not None and "rank_rng_states" in sd:
+    if dist is not None and "rank_rng_states" in sd:
         rank_states = rank_rng.parse_states(_get_str(sd, "rank_rng_states"),
                                             lay.bit_generator_type)
     # from here on nothing can fail
-    moments = None
-    if _sharded_moments(ctx):  # many processes: each rank keeps its shard of the moments
-        moments = {s: np.empty(ctx.arena.size, np.float32) for s in ("m", "v")}
+    sharded = None
+    if _sharded_state(ctx):  # many processes: each rank keeps its shard of the state
+        sharded = {s: np.empty(ctx.arena.size, np.float32) for s in lay.state}
     for key, _ in lay.array_keys():
-        np.copyto(_section_view(ctx, key, moments), sd[key])
-    if moments is not None:
-        ctx._dist.set_moments(moments)
-    ctx.iter = it
-    ctx.opt_i = opt_i
-    ctx._build_type = last
-    ctx._opt_pars_in_force = in_force
+        np.copyto(_section_view(ctx, lay, key, sharded), sd[key])
+    if sharded is not None:
+        dist.set_state(sharded)
+    ctx._restore_counters(it, opt_i, last, in_force)
     ctx.rng.bit_generator.state = rng_state
-    if getattr(ctx, "_dist", None) is not None:  # many processes: each rank's own stream
+    if dist is not None:  # many processes: each rank's own stream
         rank_rng.restore(ctx, rank_states)
-    for p, flag in zip(ctx._params, sd["grad_is_zero"]):
+    for p, flag in zip(ctx.parameters(), sd["grad_is_zero"]):
         if hasattr(p, "grad_is_zero"):
             p.grad_is_zero = bool(flag)
 
@@ -479,8 +504,10 @@ def split_fit_entries(sd: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any,
                  get_opt_pars: Callable[[Any], OptimizerParams], get_opt_pars_ud: Any,
-                 clip_grad_norm: float | None, **dist: Any) -> OptContext:
-    """OptContext.load: a context for model with the checkpoint's settings and state."""
+                 clip_grad_norm: float | None, optimizer: Any = None, **dist: Any) -> OptContext:
+    """OptContext.load: a context for model with the checkpoint's settings and state
+    (optimizer: None, or the optimizer the checkpoint was saved with; needed for
+    one defined outside ggmlopt)."""
     sd = load_state(path)
     ctx_sd, _ = split_fit_entries(sd)
     try:
@@ -490,7 +517,17 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
         if missing or "rng_state" not in ctx_sd:
             raise ValueError(f"state_dict: missing {missing or ['rng_state']}")
         loss_type = _get_enum(ctx_sd, "loss_type", LossType)
-        optimizer = _get_enum(ctx_sd, "optimizer", OptimizerType)
+        saved_optimizer = _saved_optimizer(ctx_sd)
+        if optimizer is None:
+            if _get_int(ctx_sd, "optimizer") == _OTHER_OPTIMIZER:
+                raise ValueError(f"optimizer: the checkpoint was saved with the optimizer "
+                                 f"{saved_optimizer!r}, defined outside ggmlopt; pass it "
+                                 f"(OptContext.load(..., optimizer=...))")
+            optimizer = OptimizerType[saved_optimizer]
+        optimizer = optimizer_arg(optimizer)
+        if _optimizer_label(optimizer) != saved_optimizer:
+            raise ValueError(f"optimizer: the checkpoint was saved with {saved_optimizer}, "
+                             f"not {_optimizer_label(optimizer)}")
         build_type = _get_enum(ctx_sd, "build_type", BuildType)
         if settings["opt_period"] < 1:
             raise ValueError(f"state_dict['opt_period']: expected >= 1, got "
@@ -590,7 +627,7 @@ def _scalar(key, arr):
         return arr
     if key in _INT_KEYS and arr.dtype.kind in "iu":
         return int(arr)
-    if key in _FLOAT_KEYS and arr.dtype.kind == "f":
+    if arr.dtype.kind == "f" and not key.startswith("fit."):  # hyper-parameters
         return float(arr)
     if key in _STR_KEYS and arr.dtype.kind == "U":
         return str(arr)
@@ -802,8 +839,8 @@ class FitCheckpoint:
         if eval_rows:
             sd["fit.evals"] = np.array(eval_rows, dtype=np.float64).reshape(
                 len(eval_rows), EVAL_COLUMNS)
-        if getattr(ctx, "_dist", None) is not None:  # many processes: rank 0 writes
-            ctx._dist.save(self.path, sd, save_state)
+        if ctx.distributed is not None:  # many processes: rank 0 writes
+            ctx.distributed.save(self.path, sd, save_state)
         else:
             save_state(self.path, sd)
 

@@ -33,11 +33,11 @@ from .optim_params import (
     OptimizerParams,
     OptimizerType,
     default_optimizer_params,
-    validate_optimizer_params,
 )
+from .optimizers import Optimizer, optimizer_arg
 from .result import Result
 
-__all__ = ["OptContext", "checks_before_taking"]
+__all__ = ["GradientExchange", "OptContext", "checks_before_taking"]
 
 F32 = np.float32
 # a check fit runs on the built context before it takes the model's parameters
@@ -142,6 +142,28 @@ def _nonfinite_cause(x, y, out) -> str:
     return ""
 
 
+class GradientExchange:
+    """The seam between a context and the processes it trains with: what the
+    eval that steps needs to exchange, and when.  This one is a single
+    process's: nothing to exchange.  ggmlopt.distributed.Distributed is the
+    other (comm=...): it reads the context through its public attributes
+    (arena, parameters(), optimizer, iter, clip_grad_norm, evals_per_step)."""
+
+    def backward(self, ctx: OptContext, grad: np.ndarray | None) -> None:
+        """The backward pass of the eval that ends a logical batch (an exchange
+        may start as gradients become final)."""
+        ctx.model.backward(grad)
+
+    def step(self, ctx: OptContext, hyper: tuple[np.float32, ...]) -> bool:
+        """Before the optimizer step: make the arena's gradients the sum over the
+        processes.  True when it also clipped and stepped (a sharded optimizer),
+        False to let the context clip and step."""
+        return False
+
+
+_ONE_PROCESS = GradientExchange()
+
+
 class OptContext:
     """OptContext(model, batch_size=None, ne_datapoint=None, loss_type=LossType.MEAN,
     build_type=BuildType.OPT, opt_period=1, optimizer=OptimizerType.ADAMW,
@@ -185,8 +207,11 @@ class OptContext:
 
     build_type: the furthest an eval may go (FORWARD, GRAD or OPT).  opt_period:
     physical batches per optimizer step (gradient accumulation).
+    optimizer: OptimizerType.ADAMW or SGD (or their names), or any
+    ggmlopt.optimizers.Optimizer (one class: its hyper-parameters, its state in
+    the arena, its step; see ggmlopt.optimizers).
     get_opt_pars(get_opt_pars_ud) -> OptimizerParams is called at every optimizer
-    step; a get_opt_pars whose ``unit`` attribute is "step" (a per-step
+    step (the optimizer reads its hyper-parameters from what it returns); a get_opt_pars whose ``unit`` attribute is "step" (a per-step
     ggmlopt.schedules schedule) receives the context itself instead.
     seed: int or numpy Generator for ``rng`` (dataset shuffles, and the random
     numbers of the model's layers: Dropout); None uses a fixed default seed, so
@@ -231,7 +256,7 @@ class OptContext:
     def __init__(self, model: Any, batch_size: int | None = None,
                  ne_datapoint: int | None = None, loss_type: LossType | int | str = LossType.MEAN,
                  build_type: BuildType | int | str = BuildType.OPT, opt_period: int = 1,
-                 optimizer: OptimizerType | int | str = OptimizerType.ADAMW,
+                 optimizer: OptimizerType | int | str | Optimizer = OptimizerType.ADAMW,
                  get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
                  get_opt_pars_ud: Any = None, seed: int | np.random.Generator | None = None,
                  clip_grad_norm: float | None = None, comm: Any = None,
@@ -249,8 +274,10 @@ class OptContext:
             OptContext._init(self, *args, _before_taking=before_taking)
         else:  # many processes: ggmlopt.distributed wraps the construction
             from .distributed import Distributed
-            Distributed(comm, shard_optimizer, bucket_cap_mb).init_context(
-                self, OptContext._init, args, before_taking)
+            self._dist = Distributed(comm, shard_optimizer, bucket_cap_mb)
+            self._dist.init_context(
+                self, lambda check: OptContext._init(self, *args, _before_taking=check),
+                before_taking)
 
     def _init(self, model: Any, batch_size: Any, ne_datapoint: Any, loss_type: Any,
               build_type: Any, opt_period: Any, optimizer: Any, get_opt_pars: Any,
@@ -263,7 +290,7 @@ class OptContext:
                                 "model needs parameters(), forward(x) and backward(grad_out)")
         self._loss_type = enum_arg(loss_type, LossType, "loss_type")
         self._built = enum_arg(build_type, BuildType, "build_type")
-        self._optimizer = enum_arg(optimizer, OptimizerType, "optimizer")
+        self._optimizer = optimizer_arg(optimizer)
         self._opt_period = int_arg(opt_period, "opt_period", 1)
         if not callable(get_opt_pars):
             raise TypeError(f"get_opt_pars: expected a callable, got {type(get_opt_pars).__name__}")
@@ -364,7 +391,10 @@ class OptContext:
 
         self.iter = 1
         self.opt_i = 0
-        self._evals_per_step = self._opt_period  # on this rank (ggmlopt.distributed)
+        self._exchange = self._dist if self._dist is not None else _ONE_PROCESS
+        # on this process: over comm's ranks, its share (ggmlopt.distributed agreed on it)
+        self._evals_per_step = (self._opt_period if self._dist is None
+                                else self._dist.evals_per_step)
         self._build_type = self._built   # of the last alloc; ggml starts at the built type
         self._eval_ready = False
         self.outputs: np.ndarray | None = None
@@ -408,12 +438,13 @@ class OptContext:
         """params (the trainable ones) into one arena; .data and .grad re-pointed
         at its views."""
         size = sum(p.data.size for p in params)
-        momenta = self._built == BuildType.OPT and self._optimizer == OptimizerType.ADAMW
+        # the optimizer's state (AdamW's moments) beside them, for a context that steps
+        state = self._optimizer.state_names if self._built == BuildType.OPT else ()
         min_section = 0
-        if self._dist is not None:  # many processes: sharded moments live in self._dist
-            momenta, min_section = self._dist.arena_layout(size, momenta)
+        if self._dist is not None:  # many processes: a sharded state lives in self._dist
+            state, min_section = self._dist.arena_layout(size, state)
         # a forward-only context of a frozen model holds nothing: one padding element
-        arena = ParamArena(max(size, 1), momenta, min_section)
+        arena = ParamArena(max(size, 1), False, min_section, state)
         start = 0
         for p in params:
             shape = p.data.shape
@@ -429,6 +460,9 @@ class OptContext:
         self._grads = [p.grad for p in params]
         self._flagged = [p for p in params if hasattr(p, "grad_is_zero")]
         self.arena = arena
+        # what the optimizer steps: flat views of the whole arena
+        self._step_arrays = (arena.flat("weights"), arena.flat("grads"),
+                             {name: arena.flat(name) for name in arena.state_names})
         self._zero_grads()
 
     def _zero_grads(self):
@@ -544,8 +578,14 @@ class OptContext:
         self._clip_grad_norm = check_max_norm(value)
 
     @property
-    def optimizer_type(self) -> OptimizerType:
-        """The OptimizerType (ADAMW or SGD) of the optimizer steps."""
+    def optimizer_type(self) -> OptimizerType | None:
+        """The OptimizerType (ADAMW or SGD) of the optimizer steps; None for an
+        optimizer defined outside ggml's two (see ``optimizer``)."""
+        return self._optimizer.optimizer_type
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The optimizer of the steps (ggmlopt.optimizers: AdamW, SGD or a user's)."""
         return self._optimizer
 
     @property
@@ -562,6 +602,45 @@ class OptContext:
         """The parameters this context trains, in arena order (frozen ones,
         ``requires_grad=False``, are not among them)."""
         return list(self._params)
+
+    @property
+    def model_parameters(self) -> list[Any]:
+        """Every parameter of the model (model.parameters() without repeats),
+        trainable or frozen, in the model's order."""
+        return list(self._model_params)
+
+    def frozen_parameters(self) -> list[Any]:
+        """The model's frozen parameters (``requires_grad=False``): outside the
+        arena, never changed by this context."""
+        return list(self._frozen)
+
+    @property
+    def trainable_mask(self) -> tuple[bool, ...]:
+        """Per parameter of ``model_parameters``: whether it trains."""
+        return self._trainable_mask
+
+    @property
+    def distributed(self) -> Any:
+        """The ggmlopt.distributed.Distributed of a context over comm, else None."""
+        return self._dist
+
+    @property
+    def evals_per_step(self) -> int:
+        """Physical batches this process evaluates per optimizer step: opt_period,
+        or its share of it over comm's ranks."""
+        return self._evals_per_step
+
+    @property
+    def opt_pars_in_force(self) -> tuple[np.float32, ...] | None:
+        """The optimizer's hyper-parameters of the last step (None before one)."""
+        return self._opt_pars_in_force
+
+    def _restore_counters(self, iteration, opt_i, build_type_last, opt_pars_in_force):
+        """ggml's counters and the last step's hyper-parameters, from a checkpoint."""
+        self.iter = iteration
+        self.opt_i = opt_i
+        self._build_type = build_type_last
+        self._opt_pars_in_force = opt_pars_in_force
 
     def grad_acc(self, param: Any) -> np.ndarray:
         """The gradient accumulator of param (a float32 view of its shape in the
@@ -650,8 +729,8 @@ class OptContext:
         self._zero_grads()
         if optimizer:
             self.arena.zero_momenta()
-            if self._dist is not None:  # sharded moments
-                self._dist.zero_moments()
+            if self._dist is not None:  # a sharded state
+                self._dist.zero_state()
             self.iter = 1
 
     def _batch(self, inputs, labels):
@@ -715,11 +794,7 @@ class OptContext:
         """The validated optimizer parameters of this step (before anything changes)."""
         # per-step schedules read ctx.iter, so they receive the context itself
         ud = self if getattr(self.get_opt_pars, "unit", None) == "step" else self.get_opt_pars_ud
-        pars = validate_optimizer_params(self.get_opt_pars(ud), self._optimizer)
-        if self._optimizer == OptimizerType.ADAMW:
-            _, beta1, beta2, _, _ = pars
-            return pars + kernels.adamw_bias_corrections(beta1, beta2, self.iter)
-        return pars
+        return tuple(self._optimizer.hyperparameters(self.get_opt_pars(ud)))
 
     def eval(self, result: Result | None = None, inputs: npt.ArrayLike | None = None,
              labels: npt.ArrayLike | None = None) -> None:
@@ -759,26 +834,21 @@ class OptContext:
                           UserWarning, stacklevel=2)
 
         if backward:
-            arena = self.arena
             with gemm.products_in(self._precision):
-                if step is not None and self._dist is not None:
-                    # many processes: the gradient exchange starts during the backward pass
-                    self._dist.backward(self, grad)
+                if step is not None:   # the eval that steps: its exchange may start here
+                    self._exchange.backward(self, grad)
                 else:
                     self.model.backward(grad)
             if step is not None:
-                # many processes: ggmlopt.distributed sums the gradients over the ranks;
-                # with a sharded optimizer it also clips and steps (stepped is True)
-                stepped = self._dist is not None and self._dist.step(self, step)
+                # the gradients summed over the processes; with a sharded optimizer the
+                # exchange also clips and steps (stepped is True)
+                stepped = self._exchange.step(self, step)
                 if self._clip_grad_norm is not None and not stepped:
-                    self.grad_norm = arena.clip_grad_norm(self._clip_grad_norm)
-                self._opt_pars_in_force = step[:5]  # without the bias corrections
-                if stepped:
-                    pass
-                elif self._optimizer == OptimizerType.ADAMW:
-                    arena.adamw_step(*step)
-                else:
-                    arena.sgd_step(*step)
+                    self.grad_norm = self.arena.clip_grad_norm(self._clip_grad_norm)
+                self._opt_pars_in_force = step
+                if not stepped:
+                    weights, grads, state = self._step_arrays
+                    self._optimizer.step(weights, grads, state, step, self.iter)
                 self.iter += 1
         self.opt_i = (self.opt_i + 1) % self._evals_per_step
         self._eval_ready = False
@@ -823,21 +893,23 @@ class OptContext:
              get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
              get_opt_pars_ud: Any = None, clip_grad_norm: float | None = None,
              comm: Any = None, shard_optimizer: bool = False,
-             bucket_cap_mb: float | None = 25.0) -> OptContext:
+             bucket_cap_mb: float | None = 25.0, optimizer: Any = None) -> OptContext:
         """A context for model, built with the settings saved in the checkpoint at
         path and holding its state.  model's parameters must have the saved shapes
         (checked before the model is touched).  comm, shard_optimizer,
         bucket_cap_mb: as for the constructor (every rank reads path; a checkpoint
-        of any number of ranks; the bucket size is not part of a checkpoint)."""
+        of any number of ranks; the bucket size is not part of a checkpoint).
+        optimizer: None (the checkpoint's AdamW or SGD), or the Optimizer it was
+        saved with, which one defined outside ggmlopt needs (ggmlopt.optimizers)."""
         from ._buckets import check_bucket_cap_mb
         check_bucket_cap_mb(bucket_cap_mb)  # before the file is read, as the constructor
         if comm is None and shard_optimizer is False:
             return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
-                                           clip_grad_norm)
+                                           clip_grad_norm, optimizer)
         from .distributed import Distributed  # many processes: a failing rank stops all
         with Distributed(comm, shard_optimizer, bucket_cap_mb).reporting("OptContext.load"):
             return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
-                                           clip_grad_norm, comm=comm,
+                                           clip_grad_norm, optimizer, comm=comm,
                                            shard_optimizer=shard_optimizer,
                                            bucket_cap_mb=bucket_cap_mb)
 
@@ -945,7 +1017,13 @@ class OptContext:
                 if self._batch_size is not None else "dynamic")
         return (f"OptContext({mode}, loss_type={self._loss_type.name}, build_type="
                 f"{self._built.name}, opt_period={self._opt_period}, optimizer="
-                f"{self._optimizer.name}, iter={self.iter}, parameters="
+                f"{_optimizer_repr(self._optimizer)}, iter={self.iter}, parameters="
                 f"{sum(g.size for g in self._grads)}"
                 + (f", frozen={sum(p.data.size for p in self._frozen)}" if self._frozen else "")
                 + ")")
+
+
+def _optimizer_repr(optimizer: Optimizer) -> str:
+    """ADAMW / SGD as ggml names them; a user's optimizer as its repr."""
+    kind = optimizer.optimizer_type
+    return kind.name if kind is not None else repr(optimizer)

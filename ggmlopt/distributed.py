@@ -112,7 +112,8 @@ import numpy as np
 
 from . import _global_pred, kernels
 from ._buckets import DEFAULT_BUCKET_CAP_MB, GradientBuckets, check_bucket_cap_mb
-from .optim_params import BuildType, OptimizerType
+from .batch_plan import BatchPlan
+from .optim_params import BuildType
 from .result import Result
 
 __all__ = ["Distributed", "RankFailed", "auto_rank_threads", "local_ranks",
@@ -128,7 +129,8 @@ class RankFailed(RuntimeError):
 
 
 class Distributed:
-    """The collectives of one context over comm (see the module docstring).
+    """The collectives of one context over comm (see the module docstring); the
+    context's GradientExchange (ggmlopt.context) over many processes.
 
     comm: an mpi4py communicator or an object with its buffer methods.
     shard_optimizer: shard the optimizer state over the ranks.
@@ -161,7 +163,8 @@ class Distributed:
         # filled by attach()
         self.evals_per_step = None
         self.chunk = self.lo = self.n = 0
-        self.m = self.v = self.g = None
+        self.g = None      # sharded: this rank's shard of the summed gradient
+        self.state = {}    # sharded: this rank's shard of each optimizer state array
         # per optimizer step: seconds of exchange not hidden behind the backward pass
         # (bench/; exchange_times: its former name)
         self.exchange_wait_times = collections.deque(maxlen=4096)
@@ -268,20 +271,24 @@ class Distributed:
 
     # ---- the context ----------------------------------------------------------------
 
-    def arena_layout(self, size, momenta):
-        """(momenta, min_section) of the arena for size parameter elements:
-        sharded, the moments live here, one shard per rank, and the sections are
-        padded so that P shards of ``chunk`` floats cover them."""
+    def arena_layout(self, size, state):
+        """(state, min_section) of the arena for size parameter elements and the
+        optimizer's state arrays named in state: sharded, the state lives here,
+        one shard per rank (the arena keeps none), and the sections are padded
+        so that P shards of ``chunk`` floats cover them."""
         self.chunk = -(-size // (self.size * _SHARD_ALIGN)) * _SHARD_ALIGN
         self.lo = min(size, self.rank * self.chunk)
         self.n = min(size, self.lo + self.chunk) - self.lo
         if not self.shard:
-            return momenta, 0
+            return state, 0
         self.g = np.zeros(self.chunk, np.float32)
-        if momenta:
-            self.m = np.zeros(self.chunk, np.float32)
-            self.v = np.zeros(self.chunk, np.float32)
-        return False, self.chunk * self.size
+        self.state = {name: np.zeros(self.chunk, np.float32) for name in state}
+        return (), self.chunk * self.size
+
+    @property
+    def sharded_state(self):
+        """Whether this rank keeps only its shard of the optimizer's state."""
+        return bool(self.state)
 
     def check_opt_period(self, opt_period):
         """Raise unless opt_period physical batches split evenly over the ranks."""
@@ -291,10 +298,12 @@ class Distributed:
                              f"opt_period must be a multiple of {self.size}; got {opt_period}")
         return opt_period // self.size
 
-    def init_context(self, ctx, init, args, before_taking):
+    def init_context(self, ctx, build, before_taking):
         """OptContext(..., comm=...): every rank checks its arguments, all agree,
-        then each takes its model's parameters and rank 0's values are broadcast."""
-        ctx._dist = self
+        then each takes its model's parameters and rank 0's values are broadcast.
+        build(check): the construction, calling check(ctx) once the arguments are
+        checked and before the model's parameters are taken; before_taking: the
+        caller's own such check (or None)."""
 
         def agreed(c):
             # only an optimizer step is shared; other contexts evaluate their own batches
@@ -309,11 +318,10 @@ class Distributed:
                 auto_rank_threads(self.comm)
 
         try:
-            init(ctx, *args, _before_taking=agreed)
+            build(agreed)
         except BaseException as e:
             self.report(e, "OptContext")
             raise
-        ctx._evals_per_step = self.evals_per_step
         self.broadcast_state(ctx)
         if self._overlap and ctx.build_type == BuildType.OPT:
             # the buckets' own communicator: a failing rank's report on comm never meets
@@ -323,12 +331,11 @@ class Distributed:
             self._overlap = False
 
     def broadcast_state(self, ctx):
-        """Rank 0's parameters (and unsharded AdamW moments) to every rank."""
+        """Rank 0's parameters (and unsharded optimizer state) to every rank."""
         arena = ctx.arena
         self._bcast(arena.flat("weights"))
-        if arena.momenta:
-            self._bcast(arena.flat("m"))
-            self._bcast(arena.flat("v"))
+        for name in arena.state_names:
+            self._bcast(arena.flat(name))
 
     # ---- the exchange overlapped with the backward pass ---------------------------------
 
@@ -344,7 +351,7 @@ class Distributed:
             sharded = self.shard
             total = self.chunk * self.size if sharded else ctx.arena.size
             elems = max(1, int(self.bucket_cap_mb * (1 << 20)) // 4)
-            self._buckets = GradientBuckets(ctx.model, ctx._params, total, elems)
+            self._buckets = GradientBuckets(ctx.model, ctx.parameters(), total, elems)
         buckets = self._buckets
         buckets.reset()
         self._requests = []
@@ -456,15 +463,9 @@ class Distributed:
             if norm > ctx.clip_grad_norm:  # clipping.py's rule over the whole gradient
                 kernels.scale(g[:n], np.float32(ctx.clip_grad_norm / (norm + 1e-6)))
             ctx.grad_norm = norm
-        if n > 0:
-            w = arena.view("weights", self.lo, (n,))
-            if ctx.optimizer_type == OptimizerType.ADAMW:
-                alpha, beta1, beta2, eps, wd, beta1h, beta2h = pars
-                kernels.adamw_step(w, g[:n], self.m[:n], self.v[:n], alpha=alpha, beta1=beta1,
-                                   beta2=beta2, eps=eps, wd=wd, beta1h=beta1h, beta2h=beta2h)
-            else:
-                alpha, wd = pars
-                kernels.sgd_step(w, g[:n], alpha=alpha, wd=wd)
+        if n > 0:  # the optimizer over this rank's shard
+            ctx.optimizer.step(arena.view("weights", self.lo, (n,)), g[:n],
+                               {name: a[:n] for name, a in self.state.items()}, pars, ctx.iter)
         t0 = time.perf_counter()
         self._allgather_in_place(arena.padded("weights"))
         self._wait += time.perf_counter() - t0
@@ -479,26 +480,25 @@ class Distributed:
         self.exchange_sync_times.append(self._sync)
         self._wait = self._sync = 0.0
 
-    def zero_moments(self):
-        """Zero this rank's AdamW moments (its shard of them when sharded)."""
-        if self.m is not None:
-            self.m[...] = 0
-            self.v[...] = 0
+    def zero_state(self):
+        """Zero this rank's shard of the optimizer's state (sharded)."""
+        for shard in self.state.values():
+            shard[...] = 0
 
-    def gather_moments(self, size):
-        """Sharded: the full AdamW moments (new arrays of size floats), gathered
-        from every rank's shard (a collective)."""
+    def gather_state(self, size):
+        """Sharded: the full optimizer state arrays {name: new array of size
+        floats}, gathered from every rank's shard (a collective)."""
         out = {}
-        for name, shard in (("m", self.m), ("v", self.v)):
+        for name, shard in self.state.items():
             full = np.empty(self.chunk * self.size, np.float32)
             self._allgather(shard, full)
             out[name] = full[:size]
         return out
 
-    def set_moments(self, full):
-        """Sharded: this rank's shard of the full moments {'m': ..., 'v': ...}."""
-        self.m[:self.n] = full["m"][self.lo:self.lo + self.n]
-        self.v[:self.n] = full["v"][self.lo:self.lo + self.n]
+    def set_state(self, full):
+        """Sharded: this rank's shard of the full state arrays {name: array}."""
+        for name, shard in self.state.items():
+            shard[:self.n] = full[name][self.lo:self.lo + self.n]
 
     def load_state_dict(self, ctx, sd, load):
         """ctx.load_state_dict on every rank, agreed, then rank 0's values win."""
@@ -517,18 +517,16 @@ class Distributed:
             if self.rank == 0:
                 save_state(path, sd)
 
-    # ---- epochs -----------------------------------------------------------------------
+    # ---- epochs: this rank's share of the batches (ggmlopt.epoch_loop) -----------------
 
-    def epoch(self, plan, eval_batch, ctx, dataset, result_train, result_eval, idata_split,
-              callback_train, callback_eval):
-        """training.epoch over the ranks (see the module docstring).  plan: the
-        argument checks, returning (nbatches, ibatch_split); eval_batch:
-        epoch_loop.eval_batch."""
+    def begin_epoch(self, ctx, dataset, idata_split, check):
+        """Before a run over an epoch's batches: check() (the argument checks,
+        returning (nbatches, ibatch_split)) on every rank, the rules of several
+        ranks, and the ranks' agreement on the batches, the step and the
+        dataset's order.  Returns check()'s (nbatches, ibatch_split)."""
         with self.agreement("epoch") as pact:
-            nbatches, ibatch_split = plan(ctx, dataset, result_train, result_eval, idata_split)
-            period = ctx.opt_period
-            per = self.evals_per_step
-            local = per if self.parts else period  # physical batches of a logical batch here
+            nbatches, ibatch_split = check()
+            local = self._local_period(ctx)
             if ibatch_split % local != 0:
                 raise ValueError(f"idata_split: with several ranks it must end a logical "
                                  f"batch ({local} x {ctx.batch_size} datapoints), got "
@@ -543,50 +541,20 @@ class Distributed:
             perm = np.ascontiguousarray(dataset.permutation)
             pact.token = (f"{nbatches}/{ibatch_split}/{ctx.iter}/"
                           f"{hashlib.blake2b(perm.tobytes(), digest_size=8).hexdigest()}")
+        return nbatches, ibatch_split
 
-        from .progress import time_us
-        nsteps = ibatch_split // local
-        ntrain = nsteps * period  # physical batches over all ranks
-        train = result_train if result_train is not None else Result()
-        shown = Result()
-        base = train._totals()
-        pred_start = train._npred
-        t_start = time_us()
-        try:
-            for j in range(nsteps):
-                first = j * per if self.parts else j * period + self.rank * per
-                for k in range(per):
-                    eval_batch(ctx, dataset, train, first + k, True, "train", nbatches)
-                self.sum_results(train, base, shown, ctx)
-                if callback_train is not None:
-                    callback_train(True, ctx, dataset, shown, (j + 1) * period, ntrain,
-                                   t_start)
-        except BaseException as e:
-            self.report(e, "training")
-            raise
-        if nsteps > 0:
-            train._set_totals(shown._totals(), ctx)
+    def _local_period(self, ctx):
+        """Physical batches of this rank's dataset per logical batch."""
+        return ctx.evals_per_step if self.parts else ctx.opt_period
 
-        val = result_eval if result_eval is not None else Result()
-        base = val._totals()
-        val_pred_start = val._npred
-        t_start = time_us()
-        mine = (range(ibatch_split, nbatches) if self.parts
-                else range(ibatch_split + self.rank, nbatches, self.size))
-        nval = (nbatches - ibatch_split) * (self.size if self.parts else 1)
-        with self.agreement("validation"):
-            for i in mine:
-                eval_batch(ctx, dataset, val, i, False, "validation", nbatches)
-        # every rank got here (agreed): every rank's predictions, in the dataset's order
-        rows = _global_pred.rows_per_batch(ctx)
-        _global_pred.gather_training(self, train, pred_start, nsteps, per, rows)
-        if nval:
-            self.sum_results(val, base, val, ctx)
-            _global_pred.gather_validation(self, val, val_pred_start, len(mine),
-                                           nbatches - ibatch_split, self.parts, rows)
-        with self.agreement("after validation"):
-            if callback_eval is not None and nval:
-                callback_eval(False, ctx, dataset, val, nval, nval, t_start)
+    def batch_plan(self, ctx, train, first, stop, nbatches, shown_before=0, shown_max=None):
+        """This rank's share of the dataset's batches [first, stop) (see the
+        module docstring), as a ggmlopt.epoch_loop.BatchPlan: training, a group
+        of evals_per_step batches per logical batch, the statistics summed over
+        the ranks after each; validation, one group (round robin, or this part's
+        batches), summed and shown once at the end."""
+        plan = _RankTraining if train else _RankValidation
+        return plan(self, ctx, first, stop, nbatches, shown_before, shown_max)
 
     def sum_results(self, local, base, out, ctx):
         """out := base + the sum over ranks of (local - base): the statistics of
@@ -613,12 +581,13 @@ def _frozen_token(ctx):
     """The frozen parameters of ctx's model, for the ranks to compare: which
     positions are frozen and a hash of their values ("" when none is).  No rank
     trains them, so they must start equal: they are not broadcast."""
-    if not ctx._frozen:
+    frozen = ctx.frozen_parameters()
+    if not frozen:
         return ""
     digest = hashlib.blake2b(digest_size=8)
-    for p in ctx._frozen:
+    for p in frozen:
         digest.update(np.ascontiguousarray(p.data).tobytes())
-    mask = "".join("t" if t else "f" for t in ctx._trainable_mask)
+    mask = "".join("t" if t else "f" for t in ctx.trainable_mask)
     return f"frozen {mask[:64]} {digest.hexdigest()}"
 
 
@@ -626,12 +595,88 @@ class _Pact:
     token = ""
 
 
+class _RankTraining(BatchPlan):
+    """This rank's training batches of the dataset's [first, stop): logical batch
+    j is the physical batches from first + j * local, rank r evaluating the r-th
+    run of per of them (its own part's first per with dataset_is_part); after
+    each logical batch the statistics are summed over the ranks."""
+
+    def __init__(self, dist, ctx, first, stop, nbatches, shown_before, shown_max):
+        per, period, local = ctx.evals_per_step, ctx.opt_period, dist._local_period(ctx)
+        self.dist, self.per = dist, per
+        self.nsteps = (stop - first) // local
+        super().__init__(True, first, first, nbatches, shown_before,
+                         self.nsteps * period if shown_max is None else shown_max)
+        start = first + (0 if dist.parts else dist.rank * per)
+        self.groups = [tuple(range(start + j * local, start + j * local + per))
+                       for j in range(self.nsteps)]
+        self.shown_per_group = period
+
+    def guard(self):
+        # an agreement at the end: a rank that failed in its last step (its
+        # callback, say) stops the others before they gather the predictions
+        return self.dist.agreement("training")
+
+    def begin(self, result):
+        result = result if result is not None else Result()
+        self.base, self.pred_start, self.shown = result._totals(), result._npred, Result()
+        return result
+
+    def after_group(self, result, ctx):
+        self.dist.sum_results(result, self.base, self.shown, ctx)
+        return self.shown
+
+    def finish(self, result, ctx, dataset, callback, t_start):
+        if self.nsteps > 0:
+            result._set_totals(self.shown._totals(), ctx)
+        # every rank's predictions, in the dataset's order
+        _global_pred.gather_training(self.dist, result, self.pred_start, self.nsteps, self.per,
+                                     _global_pred.rows_per_batch(ctx))
+
+
+class _RankValidation(BatchPlan):
+    """This rank's validation batches of [first, stop): round robin over the
+    ranks (this part's own batches with dataset_is_part), in one group; the
+    statistics are summed and shown once, at the end."""
+
+    def __init__(self, dist, ctx, first, stop, nbatches, shown_before, shown_max):
+        self.dist, self.first, self.stop = dist, first, stop
+        self.mine = tuple(range(first, stop) if dist.parts
+                          else range(first + dist.rank, stop, dist.size))
+        self.nval = (stop - first) * (dist.size if dist.parts else 1)
+        super().__init__(False, first, first, nbatches, 0, self.nval)
+        self.groups = [self.mine]
+
+    def guard(self):
+        return self.dist.agreement("validation")
+
+    def begin(self, result):
+        result = result if result is not None else Result()
+        self.base, self.pred_start = result._totals(), result._npred
+        return result
+
+    def after_group(self, result, ctx):
+        return None   # shown once, summed, in finish
+
+    def finish(self, result, ctx, dataset, callback, t_start):
+        dist = self.dist
+        # every rank got here (agreed): the sums and predictions of the whole dataset
+        if self.nval:
+            dist.sum_results(result, self.base, result, ctx)
+            _global_pred.gather_validation(dist, result, self.pred_start, len(self.mine),
+                                           self.stop - self.first, dist.parts,
+                                           _global_pred.rows_per_batch(ctx))
+        with dist.agreement("after validation"):
+            if callback is not None and self.nval:
+                callback(False, ctx, dataset, result, self.nval, self.nval, t_start)
+
+
 def optimizer_state_nbytes(ctx):
     """Bytes of optimizer state (AdamW's m and v) this rank holds for ctx."""
-    dist = getattr(ctx, "_dist", None)
+    dist = ctx.distributed
     if dist is not None and dist.shard:
-        return 0 if dist.m is None else dist.m.nbytes + dist.v.nbytes
-    return 2 * ctx.arena.section * 4 if ctx.arena.momenta else 0
+        return sum(a.nbytes for a in dist.state.values())
+    return ctx.arena.nstate * ctx.arena.section * 4
 
 
 def local_ranks(comm):

@@ -4,11 +4,11 @@ fit shares."""
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
 
 import numpy as np
 
 from ._blas_threads import blas_threads_for_training, current_blas_threads
+from .batch_plan import BatchPlan, EpochCallback
 from .context import OptContext, first_nonfinite
 from .dataset import Dataset
 from .optim_params import (
@@ -18,11 +18,8 @@ from .optim_params import (
 from .progress import time_us
 from .result import Result
 
-__all__ = ["EpochCallback", "check_dataset", "epoch", "epoch_plan", "eval_batch", "label_form"]
-
-#: callback(train, ctx, dataset, result, ibatch, ibatch_max, t_start_us), as progress_bar
-EpochCallback = Callable[[bool, OptContext, Dataset, "Result | None", int, int, int], None]
-
+__all__ = ["BatchPlan", "EpochCallback", "check_dataset", "epoch", "epoch_plan", "eval_batch",
+           "label_form", "plan_batches", "run_batches"]
 
 def check_dataset(ctx: OptContext, dataset: Dataset, trains: bool = True) -> int:
     data = getattr(dataset, "data", None)
@@ -174,6 +171,35 @@ def epoch_plan(ctx, dataset, result_train, result_eval, idata_split):
     return nbatches, idata_split // batch
 
 
+def run_batches(ctx: OptContext, dataset: Dataset, result: Result | None, plan: BatchPlan,
+                callback: EpochCallback | None, t_start: int | None = None) -> None:
+    """The loop over an epoch's batches that epoch, fit and the ranks share:
+    plan's groups of batches into result, the callback after each group
+    (t_start: the progress bar's start, default now)."""
+    t_start = time_us() if t_start is None else t_start
+    with plan.guard():
+        result = plan.begin(result)
+        for g, group in enumerate(plan.groups):
+            for ibatch in group:
+                eval_batch(ctx, dataset, result, ibatch, plan.train, plan.phase, plan.nbatches)
+            shown = plan.after_group(result, ctx)
+            if callback is not None and shown is not None:
+                callback(plan.train, ctx, dataset, shown,
+                         plan.shown_before + (g + 1) * plan.shown_per_group, plan.shown_max,
+                         t_start)
+    plan.finish(result, ctx, dataset, callback, t_start)
+
+
+def plan_batches(ctx: OptContext, train: bool, first: int, stop: int, nbatches: int,
+                 shown_before: int = 0, shown_max: int | None = None) -> BatchPlan:
+    """The BatchPlan of the dataset's batches [first, stop) on this process: all
+    of them, or over comm's ranks this rank's share (see BatchPlan)."""
+    dist = ctx.distributed
+    if dist is None:
+        return BatchPlan(train, first, stop, nbatches, shown_before, shown_max)
+    return dist.batch_plan(ctx, train, first, stop, nbatches, shown_before, shown_max)
+
+
 def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
           result_eval: Result | None = None, idata_split: int = -1,
           callback_train: EpochCallback | None = None,
@@ -190,13 +216,16 @@ def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
     the callbacks then run after every optimizer step and once after the
     validation, with statistics summed over the ranks, and both Results end
     holding the numbers of the whole dataset."""
-    dist = getattr(ctx, "_dist", None)
-    if dist is not None:  # many processes: each rank its part of the batches
+    dist = ctx.distributed if isinstance(ctx, OptContext) else None
+    if dist is not None:  # many processes: the ranks agree on the epoch first
         ctx._blas_threads = current_blas_threads()  # as set_rank_threads left them
-        return dist.epoch(epoch_plan, eval_batch, ctx, dataset, result_train, result_eval,
-                          idata_split, callback_train, callback_eval)
+        nbatches, ibatch_split = dist.begin_epoch(
+            ctx, dataset, idata_split,
+            lambda: epoch_plan(ctx, dataset, result_train, result_eval, idata_split))
+        _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, callback_eval,
+                       ibatch_split, nbatches)
+        return
     nbatches, ibatch_split = epoch_plan(ctx, dataset, result_train, result_eval, idata_split)
-
     with blas_threads_for_training(ctx.model) as ctx._blas_threads:
         _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, callback_eval,
                        ibatch_split, nbatches)
@@ -204,18 +233,8 @@ def epoch(ctx: OptContext, dataset: Dataset, result_train: Result | None = None,
 
 def _epoch_batches(ctx, dataset, result_train, result_eval, callback_train, callback_eval,
                    ibatch_split, nbatches):
-    ibatch = 0
-    t_loop_start = time_us()
-    while ibatch < ibatch_split:
-        eval_batch(ctx, dataset, result_train, ibatch, True, "train", nbatches)
-        if callback_train is not None:
-            callback_train(True, ctx, dataset, result_train, ibatch + 1, ibatch_split,
-                           t_loop_start)
-        ibatch += 1
-    t_loop_start = time_us()
-    while ibatch < nbatches:
-        eval_batch(ctx, dataset, result_eval, ibatch, False, "validation", nbatches)
-        if callback_eval is not None:
-            callback_eval(False, ctx, dataset, result_eval, ibatch + 1 - ibatch_split,
-                          nbatches - ibatch_split, t_loop_start)
-        ibatch += 1
+    """The training batches, then the validation batches (ggml_opt_epoch's two loops)."""
+    run_batches(ctx, dataset, result_train, plan_batches(ctx, True, 0, ibatch_split, nbatches),
+                callback_train)
+    run_batches(ctx, dataset, result_eval,
+                plan_batches(ctx, False, ibatch_split, nbatches, nbatches), callback_eval)

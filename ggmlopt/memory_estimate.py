@@ -33,6 +33,7 @@ import os
 from typing import Any, ClassVar
 
 from ._args import int_arg
+from .optimizers import Optimizer
 
 __all__ = ["MemoryReport", "available_memory", "memory_report"]
 
@@ -187,11 +188,12 @@ def _parameter_bytes(model) -> tuple[int, int]:
     return weights, trainable
 
 
-def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: str = "adamw",
+def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw",
                   checkpointing: bool | None = None, labelled: float = 1.0) -> MemoryReport:
     """The memory training model (a ggmlopt language model) takes at its peak:
     batch_size windows of n_ctx tokens a physical batch, AdamW (optimizer
-    "adamw") or SGD ("sgd") over the parameters that train now (after
+    "adamw") or SGD ("sgd"), or any ggmlopt.optimizers.Optimizer (its
+    state_names: one array per name) over the parameters that train now (after
     lora.apply: the adapters), activation checkpointing as the model has it
     (or as checkpointing says).  labelled: the share of positions with a label
     (the fused head skips the others).  Returns a MemoryReport (bytes per part,
@@ -207,8 +209,13 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: str = "adamw
     if n_ctx > lm.config.max_seq_len:
         raise ValueError(f"n_ctx: {n_ctx} is more than the model's max_seq_len "
                          f"{lm.config.max_seq_len}")
-    if optimizer not in ("adamw", "sgd"):
-        raise ValueError(f"optimizer: expected 'adamw' or 'sgd', got {optimizer!r}")
+    if isinstance(optimizer, Optimizer):
+        nstate = len(optimizer.state_names)
+    elif optimizer in ("adamw", "sgd"):
+        nstate = 2 if optimizer == "adamw" else 0
+    else:
+        raise ValueError(f"optimizer: expected 'adamw', 'sgd' or a ggmlopt.optimizers."
+                         f"Optimizer, got {optimizer!r}")
     if isinstance(labelled, bool) or not isinstance(labelled, (int, float)) \
             or not 0.0 <= labelled <= 1.0:
         raise ValueError(f"labelled: expected a share in [0, 1], got {labelled!r}")
@@ -232,7 +239,7 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: str = "adamw
         activations = sum(per_block) * tokens * F32 + outside
         transient = activations + head
     gradients = trainable * F32
-    state = 2 * trainable * F32 if optimizer == "adamw" else 0
+    state = nstate * trainable * F32
     return MemoryReport(weights=weights, gradients=gradients, optimizer_state=state,
                         activations=activations, head=head, runtime=RUNTIME_BYTES,
                         total=weights + gradients + state + RUNTIME_BYTES + transient,

@@ -80,7 +80,7 @@ def parse_states(text: str, bit_generator_type: type) -> list[dict[str, Any]]:
 def restore(ctx: Any, states: list[dict[str, Any]] | None) -> None:
     """Set ctx.model_rng after ctx.rng was loaded: this rank's saved state when
     states (parse_states) has one per rank, else a stream derived afresh."""
-    dist = ctx._dist
+    dist = ctx.distributed
     if states is not None and len(states) == dist.size:
         ctx.model_rng.bit_generator.state = states[dist.rank]
     else:

@@ -28,6 +28,7 @@ from .optim_params import (
     OptimizerType,
     default_optimizer_params,
 )
+from .optimizers import Optimizer, optimizer_arg
 from .progress import format_hms, progress_bar, time_us
 
 __all__ = ["EpochCallback", "EpochStats", "EvalStats", "History", "epoch", "fit"]
@@ -51,7 +52,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
         nepoch: int | None = 1, nbatch_logical: int = 1, nbatch_physical: int | None = None,
         val_split: float = 0.0, silent: bool = False,
-        optimizer: OptimizerType | int | str = OptimizerType.ADAMW,
+        optimizer: OptimizerType | int | str | Optimizer = OptimizerType.ADAMW,
         seed: int | np.random.Generator | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
         resume: bool = False, clip_grad_norm: float | None = None, *, comm: Any = None,
@@ -148,7 +149,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         raise ValueError("resume: needs checkpoint=path to resume from")
     t_start_us = time_us()
     loss_type = enum_arg(loss_type, LossType, "loss_type")
-    optimizer = enum_arg(optimizer, OptimizerType, "optimizer")
+    optimizer = optimizer_arg(optimizer)
 
     plan = FitPlan.from_args(dataset, nepoch, nbatch_logical, nbatch_physical, val_split, comm,
                              dataset_is_part, max_steps, eval_every, checkpoint_every,
@@ -238,7 +239,7 @@ def _check_memory(model, dataset, plan, optimizer, silent):
     share = 1.0 if labels is None or labels.dtype != np.int32 else \
         float(np.count_nonzero(labels >= 0)) / max(1, labels.size)
     report = memory_report(model, plan.nbatch_physical, dataset.data.shape[1],
-                           optimizer="sgd" if optimizer == OptimizerType.SGD else "adamw",
+                           optimizer=optimizer,
                            labelled=share)
     if not silent:
         sys.stderr.write(f"fit: {report}\n")
