@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ._bpe_words import WordEncoder
 from .text import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_USER_DEFINED, Vocabulary, checked_ids
 
 __all__ = ["SPMTokenizer"]
@@ -73,6 +74,7 @@ class SPMTokenizer(Vocabulary):
             self._byte_ids[b] = byte if byte is not None else self._ids.get(chr(b))
         self._index_special()
         self._fast: object = False   # the tokenizers engine, made on the first encode
+        self._words: WordEncoder | None = None   # long texts a word at a time (with _fast)
         self._flag_lock = threading.Lock()
 
     # ---- text to ids ---------------------------------------------------------------------
@@ -88,7 +90,30 @@ class SPMTokenizer(Vocabulary):
             return self.encode_with_offsets(text, parse_special=parse_special)[0]
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        return np.asarray(self._library_encode(fast, text, parse_special).ids, dtype=np.int32)
+        if self._words is None:
+            return np.asarray(self._library_encode(fast, text, parse_special).ids,
+                              dtype=np.int32)
+        return np.asarray(self._encode_words(text, parse_special), dtype=np.int32)
+
+    def _encode_words(self, text: str, parse_special: bool) -> list[int]:
+        """encode's ids a word at a time, as the library encodes the whole text:
+        the special tokens written in it cut it, each plain part gets the space
+        prefix and U+2581 for its spaces (the library's normalizer), then its
+        words (a run of U+2581 and the text up to the next one: no piece of the
+        vocabulary crosses into a space from a letter, so no merge crosses
+        them) go through the WordEncoder."""
+        words = self._words
+        assert words is not None   # encode's check
+        splitter = self._splitters[bool(parse_special)]
+        pieces = [text] if splitter is None else splitter.split(text)
+        prefix = SPACE if self.add_space_prefix else ""
+        ids: list[int] = []
+        for i, piece in enumerate(pieces):
+            if i % 2:   # split() alternates plain text and a special token's text
+                ids.append(self._ids[piece])
+            elif piece:
+                ids += words.encode(prefix + piece.replace(" ", SPACE))
+        return ids
 
     def _fast_tokenizer(self):
         """hf_tokenizer() made once, or None: without the tokenizers library, or
@@ -102,7 +127,18 @@ class SPMTokenizer(Vocabulary):
                     self._fast = self.hf_tokenizer()
                 except ImportError:
                     pass
+                else:
+                    self._words = self._word_encoder(self._fast)
         return self._fast
+
+    def _word_encoder(self, fast):
+        """A WordEncoder over fast's BPE (no normalizer, no added tokens), or None
+        without the regex package or when a piece of the vocabulary holds a space
+        after another character (a merge could then cross words)."""
+        if any(SPACE in t.lstrip(SPACE) for t in self.tokens):
+            return None
+        words = type(fast)(fast.model)
+        return WordEncoder.make([f"{SPACE}*[^{SPACE}]+|{SPACE}+"], words)
 
     def hf_tokenizer(self):
         """This vocabulary as a ``tokenizers.Tokenizer`` (transformers' form of a

@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from ._bpe_words import WordEncoder
 from ._optional import import_optional
 from .pretokenizers import IGNORE_MERGES, pre_tokenizer_regexes
 
@@ -337,8 +338,8 @@ class BPETokenizer(Vocabulary):
             # (ByteTokenizer's GGUF vocabulary has one, which never applies) is left out
             if left + right in vocab:
                 pairs.append((left, right))
-        self._tk: Any = tk.Tokenizer(tk.models.BPE(vocab, pairs,
-                                                   ignore_merges=self.pre in IGNORE_MERGES))
+        ignore_merges = self.pre in IGNORE_MERGES
+        self._tk: Any = tk.Tokenizer(tk.models.BPE(vocab, pairs, ignore_merges=ignore_merges))
         self._tk.pre_tokenizer = tk.pre_tokenizers.Sequence([
             *(tk.pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in regexes),
             tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -353,6 +354,14 @@ class BPETokenizer(Vocabulary):
         self._tk.add_tokens([tk.AddedToken(self.tokens[i], normalized=False, special=False)
                              for i in self._user])
         self._flag_lock = threading.Lock()
+        # long texts word by word (ggmlopt._bpe_words), where the regex package is
+        # installed: one word's BPE, nothing else, in the library
+        word_tk = tk.Tokenizer(tk.models.BPE(vocab, pairs, ignore_merges=ignore_merges))
+        word_tk.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                            use_regex=False)
+        # (a pre-tokenizer of more patterns is one more pass in Python over every
+        # piece per pattern: the library's own splitting is as fast there)
+        self._words = WordEncoder.make(regexes, word_tk) if len(regexes) <= 2 else None
         self.chat_template = chat_template
         self._byte_values = {c: b for b, c in enumerate(GPT2_BYTE_STRINGS)}
 
@@ -384,8 +393,29 @@ class BPETokenizer(Vocabulary):
         written in the text become their ids (see the class docstring)."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        ids = self._library_encode(self._tk, text, parse_special).ids
+        if self._words is None:
+            ids = self._library_encode(self._tk, text, parse_special).ids
+        else:
+            ids = self._encode_words(text, parse_special)
         return np.asarray(ids, dtype=np.int32)
+
+    def _encode_words(self, text: str, parse_special: bool) -> list[int]:
+        """encode's ids word by word: the special tokens written in the text cut
+        it first (as the library's added tokens do), each plain part goes
+        through the WordEncoder."""
+        words = self._words
+        assert words is not None   # encode's check
+        splitter = self._splitters[bool(parse_special)]
+        if splitter is None:
+            return words.encode(text)
+        ids: list[int] = []
+        # split() alternates plain text and a special token's text
+        for i, piece in enumerate(splitter.split(text)):
+            if i % 2:
+                ids.append(self._ids[piece])
+            elif piece:
+                ids += words.encode(piece)
+        return ids
 
     def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
         """ids (integers in [0, vocab_size), shape (n,)) -> str; control tokens

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import ggmlopt as go
@@ -75,7 +74,7 @@ def _fit(comm=None, **fit_kwargs):
 @pytest.fixture
 def progress_calls(monkeypatch):
     """The (rank, train, ibatch, ibatch_max) of every call of fit's progress bar."""
-    import ggmlopt.training as training
+    from ggmlopt import training
     seen = []
 
     def record(train, ctx, dataset, result, ibatch, ibatch_max, t_start):

@@ -1,0 +1,122 @@
+"""Encoding a word at a time (ggmlopt._bpe_words): the pre-tokenizer's regexes by
+the regex package, each distinct word merged once by the tokenizers library and
+cached, gives the library's ids for the whole text: on every vocabulary llama.cpp
+ships (GGMLOPT_LLAMA_CPP_SRC), and on a small vocabulary built here, with special
+tokens in the text either way, a cold and a warm cache, a cache that overflows,
+and threads encoding at once."""
+import os
+import random
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("regex")
+
+from ggmlopt import _bpe_words
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, TESTS)
+from test_tokenizer_vectors import SRC, VOCABS, _samples, _tokenizer
+
+
+def _library_ids(tok, text, parse_special):
+    """The ids of the whole text through the tokenizers library alone."""
+    lib = tok._fast_tokenizer() if tok.pre == "spm" else tok._tk
+    return tok._library_encode(lib, text, parse_special).ids
+
+
+def _texts(path):
+    out = _samples(path, 300, 7)
+    with open(os.path.join(SRC, "README.md"), encoding="utf-8") as f:
+        out.append(f.read())   # one long text of many words
+    out += ["", " ", "  two  spaces ", "\n\n x", "<s>x</s> y", " <s> ", "\u2581x", "\u2581\u2581 \u2581"]
+    return out
+
+
+@pytest.mark.parametrize("path", VOCABS, ids=lambda p: os.path.basename(p)[len("ggml-vocab-"):-5])
+def test_word_by_word_equals_the_library_on_the_whole_text(path):
+    tok = _tokenizer(path)
+    if tok._fast_tokenizer() is None if tok.pre == "spm" else False:
+        pytest.skip("no library path for this vocabulary")
+    if getattr(tok, "_words", None) is None:
+        pytest.skip(f"pre-tokenizer {tok.pre!r}: encoded by the library alone")
+    texts = _texts(path)
+    for parse in (True, False):
+        for cache in ("cold", "warm"):
+            if cache == "cold":
+                tok._words._cache.clear()
+            wrong = [t for t in texts
+                     if tok.encode(t, parse_special=parse).tolist() != _library_ids(tok, t, parse)]
+            assert not wrong, (f"parse_special={parse}, {cache} cache: {len(wrong)} of "
+                               f"{len(texts)} texts differ, e.g. {wrong[0][:80]!r}")
+
+
+def _small_bpe():
+    """A byte-level BPE with a few merges and special tokens, llama-bpe's regex."""
+    from ggmlopt.io.gguf_llama import byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    vocab = byte_vocabulary()
+    merges = ["h e", "l l", "he ll", "Ġ w", "Ġw o", "o r", "Ġwo r"]
+    vocab += ["he", "ll", "hell", "Ġw", "Ġwo", "or", "Ġwor", "<|im_start|>", "<|im_end|>",
+              "<tool>"]
+    types = [1] * (len(vocab) - 3) + [3, 3, 4]
+    return BPETokenizer(vocab, merges, token_types=types, pre="llama-bpe")
+
+
+def _random_texts(count, seed):
+    rng = random.Random(seed)
+    alphabet = list("hello world HELLO 0123456789 .,;'s're\n\t  éß中文🙂") + [
+        "<|im_start|>", "<|im_end|>", "<tool>", "<|im_", "tool>"]
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 400)))
+            for _ in range(count)]
+
+
+def test_a_small_vocabulary_word_by_word():
+    tok = _small_bpe()
+    assert tok._words is not None
+    for parse in (True, False):
+        for text in _random_texts(200, int(parse)):
+            assert tok.encode(text, parse_special=parse).tolist() == \
+                tok._library_encode(tok._tk, text, parse).ids, repr(text)
+
+
+def test_an_overflowing_cache_starts_afresh(monkeypatch):
+    tok = _small_bpe()
+    texts = _random_texts(40, 3)
+    want = [tok._library_encode(tok._tk, t, True).ids for t in texts]
+    monkeypatch.setattr(_bpe_words, "CACHE_WORDS", 16)
+    got = [tok.encode(t).tolist() for t in texts]
+    assert got == want
+    assert len(tok._words._cache) <= max(16, max(len(set(tok._words.words(t))) for t in texts))
+
+
+def test_threads_encoding_at_once_get_their_own_ids(monkeypatch):
+    tok = _small_bpe()
+    monkeypatch.setattr(_bpe_words, "CACHE_WORDS", 64)   # caches replaced while others read
+    texts = _random_texts(64, 5)
+    want = [tok._library_encode(tok._tk, t, True).ids for t in texts]
+    got = [None] * len(texts)
+
+    def work(k):
+        for i in range(k, len(texts), 4):
+            got[i] = tok.encode(texts[i]).tolist()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+
+
+def test_without_the_regex_package_the_library_encodes(monkeypatch):
+    with_words = _small_bpe()
+    monkeypatch.setitem(sys.modules, "regex", None)
+    tok = _small_bpe()
+    assert tok._words is None and with_words._words is not None
+    text = "<|im_start|>hello world<|im_end|> or <tool>x"
+    np.testing.assert_array_equal(tok.encode(text), with_words.encode(text))
+    assert tok.encode(text).tolist() == tok._library_encode(tok._tk, text, True).ids
