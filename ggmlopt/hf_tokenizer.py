@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._bpe_words import WordEncoder
 from ._optional import import_optional
-from .text import EOG_TEXTS, _ChatTemplated, _FlagLock, checked_ids
+from .pretokenizers import PRE_TOKENIZERS
+from .text import EOG_TEXTS, _ChatTemplated, _FlagLock, _splitter, checked_ids
 
 __all__ = ["HFTokenizer", "load_hf_tokenizer"]
 
@@ -70,6 +72,7 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         eog = {i for i in (self.eos_id,) if i is not None}
         eog |= {i for t in EOG_TEXTS if (i := self.token_to_id(t)) is not None}
         self.eog_ids = frozenset(eog)
+        self._words = _word_path(self._tk)
         template = config.get("chat_template")
         if isinstance(template, list):   # named templates: transformers' default is "default"
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
@@ -109,7 +112,10 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         leaves special tokens written in the text as text."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        ids = self._library_encode(self._tk, text, parse_special).ids
+        if self._words is None:
+            ids = self._library_encode(self._tk, text, parse_special).ids
+        else:
+            ids = self._words.encode(text, parse_special)
         return np.asarray(ids, dtype=np.int32)
 
     def encode_with_offsets(self, text: str, *, parse_special: bool = True
@@ -162,3 +168,77 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
         with open(jinja, encoding="utf-8") as f:
             config["chat_template"] = f.read()
     return HFTokenizer(path, config)
+
+
+class _WordPath:
+    """A byte-level BPE tokenizer.json encoded a word at a time (ggmlopt._bpe_words):
+    its added tokens cut the text (the special ones only with parse_special),
+    each plain part goes through the WordEncoder."""
+
+    def __init__(self, words: WordEncoder, added: list[dict[str, Any]]) -> None:
+        self.words = words
+        self.ids = {t["content"]: int(t["id"]) for t in added}
+        plain = [t["content"] for t in added if not t["special"]]
+        every = [t["content"] for t in added]
+        self.splitters = {True: _splitter(every), False: _splitter(plain)}
+
+    def encode(self, text: str, parse_special: bool) -> list[int]:
+        splitter = self.splitters[bool(parse_special)]
+        if splitter is None:
+            return self.words.encode(text)
+        ids: list[int] = []
+        for i, piece in enumerate(splitter.split(text)):
+            if i % 2:   # split() alternates plain text and an added token's text
+                ids.append(self.ids[piece])
+            elif piece:
+                ids += self.words.encode(piece)
+        return ids
+
+
+def _word_path(tk: Any) -> _WordPath | None:
+    """The word-at-a-time path of a tokenizer.json the library would run as a
+    byte-level BPE with no normalizer and a pre-tokenizer of one or two regexes
+    (Llama 3's, Qwen's, GPT-2's, SmolLM's kind), or None: any other pipeline (a
+    normalizer, SentencePiece's, added tokens that strip spaces or match whole
+    words only) stays with the library."""
+    spec = json.loads(tk.to_str())
+    model = spec.get("model") or {}
+    if spec.get("normalizer") is not None or model.get("type") != "BPE" or any(
+            model.get(k) for k in ("dropout", "continuing_subword_prefix",
+                                   "end_of_word_suffix")):
+        return None
+    regexes = _split_regexes(spec.get("pre_tokenizer"))
+    added = spec.get("added_tokens") or []
+    if regexes is None or any(t.get(k) for t in added
+                              for k in ("lstrip", "rstrip", "single_word")):
+        return None
+    if len({bool(t.get("normalized")) for t in added}) > 1:
+        return None   # two passes of matching in the library: keep its order
+    types = import_optional("tokenizers", "tokenizers", "load_hf_tokenizer")
+    words_tk = types.Tokenizer(tk.model)
+    words_tk.pre_tokenizer = types.pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                            use_regex=False)
+    words = WordEncoder.make(regexes, words_tk)
+    return None if words is None else _WordPath(words, added)
+
+
+def _split_regexes(pre: Any) -> list[str] | None:
+    """The regexes of a ByteLevel pre-tokenizer (GPT-2's own with use_regex), or of
+    at most two isolating Splits before a regex-free ByteLevel; else None."""
+    steps = pre.get("pretokenizers", []) if isinstance(pre, dict) and \
+        pre.get("type") == "Sequence" else [pre]
+    if not steps or not all(isinstance(p, dict) for p in steps):
+        return None
+    *splits, last = steps
+    if last.get("type") != "ByteLevel" or last.get("add_prefix_space"):
+        return None
+    regexes = []
+    for step in splits:
+        pattern = step.get("pattern") or {}
+        if step.get("type") != "Split" or step.get("behavior") != "Isolated" \
+                or step.get("invert") or "Regex" not in pattern:
+            return None
+        regexes.append(pattern["Regex"])
+    if last.get("use_regex", True):
+        regexes.append(PRE_TOKENIZERS["gpt-2"][0])
+    return regexes if 1 <= len(regexes) <= 2 else None

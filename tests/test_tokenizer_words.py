@@ -120,3 +120,40 @@ def test_without_the_regex_package_the_library_encodes(monkeypatch):
     text = "<|im_start|>hello world<|im_end|> or <tool>x"
     np.testing.assert_array_equal(tok.encode(text), with_words.encode(text))
     assert tok.encode(text).tolist() == tok._library_encode(tok._tk, text, True).ids
+
+
+@pytest.mark.parametrize("path", VOCABS, ids=lambda p: os.path.basename(p)[len("ggml-vocab-"):-5])
+def test_a_tokenizer_json_word_by_word_equals_the_library(tmp_path, path):
+    """load_hf_tokenizer of the tokenizer.json save_hf writes for each of llama.cpp's
+    vocabularies: where the pipeline is a byte-level BPE of one or two regexes it
+    encodes word by word, with the library's ids."""
+    from ggmlopt.hf_tokenizer import load_hf_tokenizer
+    from ggmlopt.io import save_hf
+    from ggmlopt.models import Llama, LlamaConfig
+    tok = _tokenizer(path)
+    save_hf(Llama(LlamaConfig(vocab_size=tok.vocab_size, dim=8, n_layers=1, n_heads=1,
+                              max_seq_len=8)), tmp_path, tokenizer=tok)
+    hf = load_hf_tokenizer(tmp_path)
+    if tok.pre == "spm" or getattr(tok, "_words", None) is None:
+        assert hf._words is None   # SentencePiece's pipeline, or three regexes: the library
+        return
+    assert hf._words is not None
+    texts = _texts(path)
+    for parse in (True, False):
+        wrong = [t for t in texts if hf.encode(t, parse_special=parse).tolist()
+                 != hf._library_encode(hf._tk, t, parse).ids]
+        assert not wrong, f"parse_special={parse}: {len(wrong)} texts differ, e.g. {wrong[0][:80]!r}"
+
+
+def test_a_trained_gpt2_style_tokenizer_json(tmp_path):
+    """The library's own ByteLevel pre-tokenizer (GPT-2's regex inside it) and added
+    tokens special or not."""
+    from test_hf_tokenizer import make_checkpoint
+
+    from ggmlopt.hf_tokenizer import load_hf_tokenizer
+    hf = load_hf_tokenizer(make_checkpoint(tmp_path / "tok", bos_rule="none"))
+    assert hf._words is not None
+    for parse in (True, False):
+        for text in _random_texts(100, 11) + ["<s>x</s>", "<|im_start|>user\nhi<|im_end|>"]:
+            assert hf.encode(text, parse_special=parse).tolist() == \
+                hf._library_encode(hf._tk, text, parse).ids, repr(text)
