@@ -126,6 +126,29 @@ static inline __m512 go_vexp_nonpos(__m512 x) {
 static inline __m512 go_vload_u8(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
+static inline __m512 go_vload_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+/* 16 bytes' low and high nibbles into lo[16] and hi[16] */
+static inline void go_nibbles16(const uint8_t *src, uint8_t *lo, uint8_t *hi) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)src), m = _mm_set1_epi8(15);
+    _mm_storeu_si128((__m128i *)lo, _mm_and_si128(v, m));
+    _mm_storeu_si128((__m128i *)hi, _mm_and_si128(_mm_srli_epi16(v, 4), m));
+}
+/* out[j] = (src[j] >> shift) & mask for 16 bytes (shift < 8: a 16-bit lane's
+ * shift leaves each byte's own bits in its low bits) */
+static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)src);
+    const __m128i s = _mm_srl_epi16(v, _mm_cvtsi32_si128(shift));
+    _mm_storeu_si128((__m128i *)out, _mm_and_si128(s, _mm_set1_epi8((char)mask)));
+}
+/* lanes (float)((x >> (j0 + lane)) & 1) */
+static inline __m512 go_vbits(uint32_t x, int j0) {
+    const __m512i lanes = _mm512_add_epi32(_mm512_set1_epi32(j0), _mm512_setr_epi32(
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m512i b = _mm512_srlv_epi32(_mm512_set1_epi32((int)x), lanes);
+    return _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(1)));
+}
 static inline __m512 go_vload_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }

@@ -118,6 +118,29 @@ static inline float32x4_t go_vload_u8(const uint8_t *p) {
     const uint16x8_t w = vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(four)));
     return vcvtq_f32_u32(vmovl_u16(vget_low_u16(w)));
 }
+static inline float32x4_t go_vload_i8(const int8_t *p) {
+    int32_t four;
+    memcpy(&four, p, 4); /* exactly 4 bytes: never reads past the array */
+    const int16x8_t w = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(four)));
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
+}
+/* 16 bytes' low and high nibbles into lo[16] and hi[16] */
+static inline void go_nibbles16(const uint8_t *src, uint8_t *lo, uint8_t *hi) {
+    const uint8x16_t v = vld1q_u8(src);
+    vst1q_u8(lo, vandq_u8(v, vdupq_n_u8(15)));
+    vst1q_u8(hi, vshrq_n_u8(v, 4));
+}
+/* out[j] = (src[j] >> shift) & mask for 16 bytes */
+static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
+    const uint8x16_t v = vshlq_u8(vld1q_u8(src), vdupq_n_s8((int8_t)-shift));
+    vst1q_u8(out, vandq_u8(v, vdupq_n_u8(mask)));
+}
+/* lanes (float)((x >> (j0 + lane)) & 1) */
+static inline float32x4_t go_vbits(uint32_t x, int j0) {
+    const int32_t shifts[4] = {-j0, -j0 - 1, -j0 - 2, -j0 - 3};
+    const uint32x4_t b = vshlq_u32(vdupq_n_u32(x), vld1q_s32(shifts));
+    return vcvtq_f32_u32(vandq_u32(b, vdupq_n_u32(1)));
+}
 static inline float32x4_t go_vload_f16(const uint16_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
 }

@@ -44,6 +44,17 @@ typedef double go_dacc;
 #define go_vgather(p, idx) ((p)[(idx)[0]])
 
 #define go_vload_u8(p) ((float)*(p))
+#define go_vload_i8(p) ((float)*(p))
+static inline void go_nibbles16(const uint8_t *src, uint8_t *lo, uint8_t *hi) {
+    for (int j = 0; j < 16; ++j) {
+        lo[j] = src[j] & 15;
+        hi[j] = src[j] >> 4;
+    }
+}
+static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
+    for (int j = 0; j < 16; ++j) out[j] = (uint8_t)((src[j] >> shift) & mask);
+}
+#define go_vbits(x, j0) ((float)(((x) >> (j0)) & 1u))
 #define go_vload_f16(p) go_f16_to_f32(*(p))
 #define go_vstore_bf16(p, v) (*(p) = go_f32_to_bf16(v))
 
