@@ -131,20 +131,7 @@ static inline __m256 go_vload_u8(const uint8_t *p) {
 static inline __m256 go_vload_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
-/* 16 bytes' low and high nibbles into lo[16] and hi[16] (one vector each: a
- * later vector load of them is forwarded from the store) */
-static inline void go_nibbles16(const uint8_t *src, uint8_t *lo, uint8_t *hi) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)src), m = _mm_set1_epi8(15);
-    _mm_storeu_si128((__m128i *)lo, _mm_and_si128(v, m));
-    _mm_storeu_si128((__m128i *)hi, _mm_and_si128(_mm_srli_epi16(v, 4), m));
-}
-/* out[j] = (src[j] >> shift) & mask for 16 bytes (shift < 8: a 16-bit lane's
- * shift leaves each byte's own bits in its low bits) */
-static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)src);
-    const __m128i s = _mm_srl_epi16(v, _mm_cvtsi32_si128(shift));
-    _mm_storeu_si128((__m128i *)out, _mm_and_si128(s, _mm_set1_epi8((char)mask)));
-}
+#include "simd/x86_bytes.h"
 /* lanes (float)((x >> (j0 + lane)) & 1) */
 static inline __m256 go_vbits(uint32_t x, int j0) {
     const __m256i lanes = _mm256_add_epi32(_mm256_set1_epi32(j0),

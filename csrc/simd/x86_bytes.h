@@ -1,0 +1,24 @@
+/* Byte unpacking for the GGUF block decoders on x86-64 (SSE2, in every x86-64
+ * CPU): shared by the AVX2 and AVX-512 mappings, which include it. */
+#ifndef GGMLOPT_SIMD_X86_BYTES_H
+#define GGMLOPT_SIMD_X86_BYTES_H
+
+#include <emmintrin.h>
+#include <stdint.h>
+
+/* 16 bytes' low and high nibbles into lo[16] and hi[16] (one vector each: a
+ * later vector load of them is forwarded from the store) */
+static inline void go_nibbles16(const uint8_t *src, uint8_t *lo, uint8_t *hi) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)src), m = _mm_set1_epi8(15);
+    _mm_storeu_si128((__m128i *)lo, _mm_and_si128(v, m));
+    _mm_storeu_si128((__m128i *)hi, _mm_and_si128(_mm_srli_epi16(v, 4), m));
+}
+/* out[j] = (src[j] >> shift) & mask for 16 bytes (shift < 8: a 16-bit lane's
+ * shift leaves each byte's own bits in its low bits) */
+static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)src);
+    const __m128i s = _mm_srl_epi16(v, _mm_cvtsi32_si128(shift));
+    _mm_storeu_si128((__m128i *)out, _mm_and_si128(s, _mm_set1_epi8((char)mask)));
+}
+
+#endif
