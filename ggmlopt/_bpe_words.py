@@ -55,12 +55,19 @@ class WordEncoder:
         """text cut by every pattern in turn, matches and gaps both kept."""
         pieces = [text]
         for pattern in self._patterns:
-            if len(pieces) == 1:
-                found = pattern.findall(text)   # (the group is the whole match)
-                if sum(map(len, found)) == len(text):   # no text between matches
-                    pieces = [w for w in found if w]
-                    continue
-            split = pattern.split
+            # the matches alone (the group is the whole match) when they cover every
+            # piece: no text between them to keep (a one-character piece is itself)
+            findall = pattern.findall
+            found: list[str] = []
+            for piece in pieces:
+                if len(piece) == 1:
+                    found.append(piece)
+                else:
+                    found += findall(piece)
+            if sum(map(len, found)) == len(text):
+                pieces = [w for w in found if w]
+                continue
+            split = pattern.split   # matches and the text between them
             pieces = [w for piece in pieces for w in split(piece) if w]
         return pieces
 

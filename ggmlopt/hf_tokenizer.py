@@ -197,7 +197,7 @@ class _WordPath:
 
 def _word_path(tk: Any) -> _WordPath | None:
     """The word-at-a-time path of a tokenizer.json the library would run as a
-    byte-level BPE with no normalizer and a pre-tokenizer of one or two regexes
+    byte-level BPE with no normalizer and a pre-tokenizer of one to three regexes
     (Llama 3's, Qwen's, GPT-2's, SmolLM's kind), or None: any other pipeline (a
     normalizer, SentencePiece's, added tokens that strip spaces or match whole
     words only) stays with the library."""
@@ -223,8 +223,8 @@ def _word_path(tk: Any) -> _WordPath | None:
 
 
 def _split_regexes(pre: Any) -> list[str] | None:
-    """The regexes of a ByteLevel pre-tokenizer (GPT-2's own with use_regex), or of
-    at most two isolating Splits before a regex-free ByteLevel; else None."""
+    """The regexes of a ByteLevel pre-tokenizer (GPT-2's own with use_regex) after
+    isolating Splits, at most three in all; else None."""
     steps = pre.get("pretokenizers", []) if isinstance(pre, dict) and \
         pre.get("type") == "Sequence" else [pre]
     if not steps or not all(isinstance(p, dict) for p in steps):
@@ -241,4 +241,4 @@ def _split_regexes(pre: Any) -> list[str] | None:
         regexes.append(pattern["Regex"])
     if last.get("use_regex", True):
         regexes.append(PRE_TOKENIZERS["gpt-2"][0])
-    return regexes if 1 <= len(regexes) <= 2 else None
+    return regexes if 1 <= len(regexes) <= 3 else None

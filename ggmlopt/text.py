@@ -359,9 +359,9 @@ class BPETokenizer(Vocabulary):
         word_tk = tk.Tokenizer(tk.models.BPE(vocab, pairs, ignore_merges=ignore_merges))
         word_tk.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                             use_regex=False)
-        # (a pre-tokenizer of more patterns is one more pass in Python over every
-        # piece per pattern: the library's own splitting is as fast there)
-        self._words = WordEncoder.make(regexes, word_tk) if len(regexes) <= 2 else None
+        # (each pattern is one more pass in Python over the pieces: past three, as
+        # deepseek's five or six, the library's own splitting is as fast)
+        self._words = WordEncoder.make(regexes, word_tk) if len(regexes) <= 3 else None
         self.chat_template = chat_template
         self._byte_values = {c: b for b, c in enumerate(GPT2_BYTE_STRINGS)}
 

@@ -125,7 +125,7 @@ def test_without_the_regex_package_the_library_encodes(monkeypatch):
 @pytest.mark.parametrize("path", VOCABS, ids=lambda p: os.path.basename(p)[len("ggml-vocab-"):-5])
 def test_a_tokenizer_json_word_by_word_equals_the_library(tmp_path, path):
     """load_hf_tokenizer of the tokenizer.json save_hf writes for each of llama.cpp's
-    vocabularies: where the pipeline is a byte-level BPE of one or two regexes it
+    vocabularies: where the pipeline is a byte-level BPE of one to three regexes it
     encodes word by word, with the library's ids."""
     from ggmlopt.hf_tokenizer import load_hf_tokenizer
     from ggmlopt.io import save_hf
