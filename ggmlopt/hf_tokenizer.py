@@ -26,6 +26,8 @@ from .text import EOG_TEXTS, _ChatTemplated, _FlagLock, _splitter, checked_ids
 
 __all__ = ["HFTokenizer", "load_hf_tokenizer"]
 
+SPACE = "\u2581"   # SentencePiece's visible space
+
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -171,12 +173,15 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
 
 
 class _WordPath:
-    """A byte-level BPE tokenizer.json encoded a word at a time (ggmlopt._bpe_words):
-    its added tokens cut the text (the special ones only with parse_special),
-    each plain part goes through the WordEncoder."""
+    """A tokenizer.json encoded a word at a time (ggmlopt._bpe_words): its added
+    tokens cut the text (the special ones only with parse_special), each plain
+    part, normalized as the library would (prefix: SentencePiece's space prefix,
+    and spaces as U+2581, when metaspace), goes through the WordEncoder."""
 
-    def __init__(self, words: WordEncoder, added: list[dict[str, Any]]) -> None:
+    def __init__(self, words: WordEncoder, added: list[dict[str, Any]], *,
+                 metaspace: bool = False, prefix: str = "") -> None:
         self.words = words
+        self.metaspace, self.prefix = metaspace, prefix
         self.ids = {t["content"]: int(t["id"]) for t in added}
         plain = [t["content"] for t in added if not t["special"]]
         every = [t["content"] for t in added]
@@ -184,42 +189,70 @@ class _WordPath:
 
     def encode(self, text: str, parse_special: bool) -> list[int]:
         splitter = self.splitters[bool(parse_special)]
-        if splitter is None:
-            return self.words.encode(text)
+        pieces = [text] if splitter is None else splitter.split(text)
         ids: list[int] = []
-        for i, piece in enumerate(splitter.split(text)):
+        for i, piece in enumerate(pieces):
             if i % 2:   # split() alternates plain text and an added token's text
                 ids.append(self.ids[piece])
             elif piece:
+                if self.metaspace:
+                    piece = self.prefix + piece.replace(" ", SPACE)
                 ids += self.words.encode(piece)
         return ids
 
 
 def _word_path(tk: Any) -> _WordPath | None:
-    """The word-at-a-time path of a tokenizer.json the library would run as a
-    byte-level BPE with no normalizer and a pre-tokenizer of one to three regexes
-    (Llama 3's, Qwen's, GPT-2's, SmolLM's kind), or None: any other pipeline (a
-    normalizer, SentencePiece's, added tokens that strip spaces or match whole
-    words only) stays with the library."""
+    """The word-at-a-time path of a tokenizer.json the library would run as
+    BPE with plain added tokens (none stripping spaces or matching whole words
+    only) and either no normalizer and a byte-level pre-tokenizer of one to three
+    regexes (Llama 3's, Qwen's, GPT-2's, SmolLM's kind), or SentencePiece's
+    normalizer (the space prefix, spaces as U+2581) and no pre-tokenizer (Llama
+    2's, Mistral's, Phi-3's); None for any other pipeline, which stays with the
+    library."""
     spec = json.loads(tk.to_str())
     model = spec.get("model") or {}
-    if spec.get("normalizer") is not None or model.get("type") != "BPE" or any(
-            model.get(k) for k in ("dropout", "continuing_subword_prefix",
-                                   "end_of_word_suffix")):
-        return None
-    regexes = _split_regexes(spec.get("pre_tokenizer"))
     added = spec.get("added_tokens") or []
-    if regexes is None or any(t.get(k) for t in added
-                              for k in ("lstrip", "rstrip", "single_word")):
+    if model.get("type") != "BPE" or any(model.get(k) for k in (
+            "dropout", "continuing_subword_prefix", "end_of_word_suffix")) or any(
+            t.get(k) for t in added for k in ("lstrip", "rstrip", "single_word")):
         return None
     if len({bool(t.get("normalized")) for t in added}) > 1:
         return None   # two passes of matching in the library: keep its order
     types = import_optional("tokenizers", "tokenizers", "load_hf_tokenizer")
-    words_tk = types.Tokenizer(tk.model)
-    words_tk.pre_tokenizer = types.pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                            use_regex=False)
-    words = WordEncoder.make(regexes, words_tk)
-    return None if words is None else _WordPath(words, added)
+    words_tk = types.Tokenizer(tk.model)   # the model alone: one word's merges
+    if spec.get("normalizer") is None:
+        regexes = _split_regexes(spec.get("pre_tokenizer"))
+        if regexes is None:
+            return None
+        words_tk.pre_tokenizer = types.pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                use_regex=False)
+        words = WordEncoder.make(regexes, words_tk)
+        return None if words is None else _WordPath(words, added)
+    prefix = _metaspace_prefix(spec.get("normalizer"))
+    if prefix is None or spec.get("pre_tokenizer") is not None or any(
+            SPACE in t.lstrip(SPACE) for t in tk.get_vocab(with_added_tokens=False)):
+        return None   # (a piece with a space after a letter: merges could cross words)
+    words = WordEncoder.make([f"{SPACE}*[^{SPACE}]+|{SPACE}+"], words_tk)
+    return None if words is None else _WordPath(words, added, metaspace=True, prefix=prefix)
+
+
+def _metaspace_prefix(normalizer: Any) -> str | None:
+    """SentencePiece's normalizer as tokenizer.json writes it: Replace(" ", U+2581)
+    after an optional Prepend(U+2581); the prefix ("" without it), else None."""
+    steps = normalizer.get("normalizers", []) if isinstance(normalizer, dict) and \
+        normalizer.get("type") == "Sequence" else [normalizer]
+    if not steps or not all(isinstance(n, dict) for n in steps):
+        return None
+    *first, last = steps
+    if last.get("type") != "Replace" or last.get("pattern") != {"String": " "} \
+            or last.get("content") != SPACE:
+        return None
+    if not first:
+        return ""
+    if len(first) == 1 and first[0].get("type") == "Prepend" and \
+            first[0].get("prepend") == SPACE:
+        return SPACE
+    return None
 
 
 def _split_regexes(pre: Any) -> list[str] | None:

@@ -125,7 +125,8 @@ def test_without_the_regex_package_the_library_encodes(monkeypatch):
 @pytest.mark.parametrize("path", VOCABS, ids=lambda p: os.path.basename(p)[len("ggml-vocab-"):-5])
 def test_a_tokenizer_json_word_by_word_equals_the_library(tmp_path, path):
     """load_hf_tokenizer of the tokenizer.json save_hf writes for each of llama.cpp's
-    vocabularies: where the pipeline is a byte-level BPE of one to three regexes it
+    vocabularies: where the pipeline is a byte-level BPE of one to three regexes, or
+    SentencePiece's (the space prefix and U+2581 for spaces, no pre-tokenizer), it
     encodes word by word, with the library's ids."""
     from ggmlopt.hf_tokenizer import load_hf_tokenizer
     from ggmlopt.io import save_hf
@@ -134,8 +135,10 @@ def test_a_tokenizer_json_word_by_word_equals_the_library(tmp_path, path):
     save_hf(Llama(LlamaConfig(vocab_size=tok.vocab_size, dim=8, n_layers=1, n_heads=1,
                               max_seq_len=8)), tmp_path, tokenizer=tok)
     hf = load_hf_tokenizer(tmp_path)
-    if tok.pre == "spm" or getattr(tok, "_words", None) is None:
-        assert hf._words is None   # SentencePiece's pipeline, or three regexes: the library
+    if tok.pre == "spm":
+        tok._fast_tokenizer()   # (made on the first encode)
+    if getattr(tok, "_words", None) is None:
+        assert hf._words is None   # deepseek's five or six regexes: the library
         return
     assert hf._words is not None
     texts = _texts(path)
@@ -157,3 +160,41 @@ def test_a_trained_gpt2_style_tokenizer_json(tmp_path):
         for text in _random_texts(100, 11) + ["<s>x</s>", "<|im_start|>user\nhi<|im_end|>"]:
             assert hf.encode(text, parse_special=parse).tolist() == \
                 hf._library_encode(hf._tk, text, parse).ids, repr(text)
+
+
+def _small_spm_json(tmp_path, *, prefix=True, normalizer=None):
+    """A small SentencePiece vocabulary's tokenizer.json, as SPMTokenizer.hf_tokenizer
+    builds it (or with another normalizer), loaded by load_hf_tokenizer."""
+    import tokenizers
+    from test_text_tokenizer import _spm
+
+    from ggmlopt.hf_tokenizer import load_hf_tokenizer
+    tk = _spm().hf_tokenizer()
+    if not prefix:
+        tk.normalizer = tokenizers.normalizers.Replace(" ", "\u2581")
+    if normalizer is not None:
+        tk.normalizer = normalizer
+    tk.save(str(tmp_path / "tokenizer.json"))
+    return load_hf_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_a_sentencepiece_tokenizer_json_word_by_word(tmp_path, prefix):
+    hf = _small_spm_json(tmp_path, prefix=prefix)
+    assert hf._words is not None and hf._words.prefix == ("\u2581" if prefix else "")
+    rng = random.Random(2)
+    alphabet = list("hello world  é\n🙂") + ["<s>", "</s>", "<|im_end|>", "<unk>", "\u2581"]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 80)))
+             for _ in range(300)] + ["", " ", "<s></s>", "hello  hello <|im_end|>hello"]
+    for parse in (True, False):
+        for text in texts:
+            assert hf.encode(text, parse_special=parse).tolist() == \
+                hf._library_encode(hf._tk, text, parse).ids, repr(text)
+
+
+def test_another_normalizer_stays_with_the_library(tmp_path):
+    import tokenizers
+    hf = _small_spm_json(tmp_path, normalizer=tokenizers.normalizers.Sequence([
+        tokenizers.normalizers.Lowercase(), tokenizers.normalizers.Replace(" ", "\u2581")]))
+    assert hf._words is None
+    assert hf.encode("Hello hello").tolist() == hf._library_encode(hf._tk, "Hello hello", True).ids
