@@ -21,6 +21,7 @@ from .result import Result
 __all__ = ["BatchPlan", "EpochCallback", "check_dataset", "epoch", "epoch_plan", "eval_batch",
            "label_form", "plan_batches", "run_batches"]
 
+
 def check_dataset(ctx: OptContext, dataset: Dataset, trains: bool = True) -> int:
     data = getattr(dataset, "data", None)
     if not isinstance(data, np.ndarray) or not callable(getattr(dataset, "get_batch", None)):
