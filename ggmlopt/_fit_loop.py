@@ -40,7 +40,7 @@ class FitLoop:
         self.silent = callback is None
         self.callback = callback
         self.result_train, self.result_val = Result(), Result()
-        self.dist = getattr(ctx, "_dist", None)
+        self.dist = ctx.distributed
 
     def run(self, first_epoch=1, first_step=0, train_totals=None):
         """Epochs first_epoch .. plan.nepoch, the first from its step first_step

@@ -196,7 +196,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                              inputs_dtype=inputs_dtype, bucket_cap_mb=bucket_cap_mb,
                              precision=precision)
         if comm is not None:
-            ctx._dist.parts = dataset_is_part
+            ctx.distributed.parts = dataset_is_part
 
         history = History(val_split=float(val_split), ndata_train=plan.idata_split,
                           ndata_val=plan.ndata_used - plan.idata_split)
