@@ -15,15 +15,24 @@ both on llama.cpp's tokenizer vectors and a megabyte of mixed text).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["WordEncoder"]
 
 #: distinct words kept; past it the cache starts afresh (a bound on its memory)
 CACHE_WORDS = 1 << 18
+
+
+@functools.cache
+def _byte_level_table() -> dict[int, str]:
+    """GPT-2's byte-to-unicode map as a str.translate table over a word's bytes
+    read as Latin-1 (one character per byte)."""
+    from .text import GPT2_BYTE_STRINGS  # (text imports this module: not at the top)
+    return dict(enumerate(GPT2_BYTE_STRINGS))
 
 
 class WordEncoder:
@@ -33,15 +42,21 @@ class WordEncoder:
     BPE on it: no splitting, no added tokens).  None when the ``regex`` package
     is not installed (the tokenizers library then does the whole encode)."""
 
-    def __init__(self, patterns: Sequence[Any], word_tokenizer: Any) -> None:
+    def __init__(self, patterns: Sequence[Any], word_tokenizer: Any,
+                 whole_words: Mapping[str, int] | None = None) -> None:
         # each pattern in one capturing group: its split() alternates the text
         # between matches and the matches, in C
         self._patterns = list(patterns)
         self._tk = word_tokenizer
         self._cache: dict[str, list[int]] = {}
+        self._whole = whole_words
 
     @classmethod
-    def make(cls, regexes: Sequence[str], word_tokenizer: Any) -> WordEncoder | None:
+    def make(cls, regexes: Sequence[str], word_tokenizer: Any,
+             whole_words: Mapping[str, int] | None = None) -> WordEncoder | None:
+        """whole_words: for a BPE that looks a word up whole before any merge
+        (ignore_merges, Llama 3's), its byte-level vocabulary {token: id}: a new
+        word found there is that token without a call into the library."""
         try:
             regex = importlib.import_module("regex")   # the tokenizers extra
         except ImportError:
@@ -49,7 +64,7 @@ class WordEncoder:
         patterns = [regex.compile(f"({r})") for r in regexes]
         if any(p.groups != 1 for p in patterns):   # a pattern with groups of its own
             return None
-        return cls(patterns, word_tokenizer)
+        return cls(patterns, word_tokenizer, whole_words)
 
     def words(self, text: str) -> list[str]:
         """text cut by every pattern in turn, matches and gaps both kept."""
@@ -84,6 +99,16 @@ class WordEncoder:
             # a new dict, not clear(): another thread may be reading the old one
             cache = self._cache = {}
             new = list(dict.fromkeys(words))
+        if self._whole is not None:   # words that are a token, as the library finds them
+            whole, table = self._whole, _byte_level_table()
+            rest = []
+            for word in new:
+                found = whole.get(word.encode("utf-8").decode("latin-1").translate(table))
+                if found is None:
+                    rest.append(word)
+                else:
+                    cache[word] = [found]
+            new = rest
         for word, enc in zip(new, self._tk.encode_batch(new, add_special_tokens=False)):
             cache[word] = enc.ids
         return list(itertools.chain.from_iterable(map(cache.__getitem__, words)))

@@ -226,7 +226,8 @@ def _word_path(tk: Any) -> _WordPath | None:
             return None
         words_tk.pre_tokenizer = types.pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                                 use_regex=False)
-        words = WordEncoder.make(regexes, words_tk)
+        whole = tk.get_vocab(with_added_tokens=False) if model.get("ignore_merges") else None
+        words = WordEncoder.make(regexes, words_tk, whole)
         return None if words is None else _WordPath(words, added)
     prefix = _metaspace_prefix(spec.get("normalizer"))
     if prefix is None or spec.get("pre_tokenizer") is not None or any(

@@ -361,7 +361,8 @@ class BPETokenizer(Vocabulary):
                                                             use_regex=False)
         # (each pattern is one more pass in Python over the pieces: past three, as
         # deepseek's five or six, the library's own splitting is as fast)
-        self._words = WordEncoder.make(regexes, word_tk) if len(regexes) <= 3 else None
+        self._words = WordEncoder.make(regexes, word_tk, vocab if ignore_merges else None) \
+            if len(regexes) <= 3 else None
         self.chat_template = chat_template
         self._byte_values = {c: b for b, c in enumerate(GPT2_BYTE_STRINGS)}
 
