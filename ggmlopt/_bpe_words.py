@@ -21,6 +21,8 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .pretokenizers import word_patterns
+
 __all__ = ["WordEncoder"]
 
 #: distinct words kept; past it the cache starts afresh (a bound on its memory)
@@ -61,7 +63,7 @@ class WordEncoder:
             regex = importlib.import_module("regex")   # the tokenizers extra
         except ImportError:
             return None
-        patterns = [regex.compile(f"({r})") for r in regexes]
+        patterns = [regex.compile(f"({r})") for r in word_patterns(tuple(regexes))]
         if any(p.groups != 1 for p in patterns):   # a pattern with groups of its own
             return None
         return cls(patterns, word_tokenizer, whole_words)

@@ -8,7 +8,7 @@ names the vocabularies whose words are looked up whole before any merge (Llama
 """
 from __future__ import annotations
 
-__all__ = ["IGNORE_MERGES", "PRE_TOKENIZERS", "pre_tokenizer_regexes"]
+__all__ = ["IGNORE_MERGES", "PRE_TOKENIZERS", "pre_tokenizer_regexes", "word_patterns"]
 
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -68,3 +68,18 @@ IGNORE_MERGES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon
 def pre_tokenizer_regexes(name: str) -> tuple[str, ...] | None:
     """The regexes of llama.cpp's pre-tokenizer name, or None for one not here."""
     return PRE_TOKENIZERS.get(name)
+
+
+# starcoder's two patterns as one: its \p{N} isolates every digit, so GPT-2's pattern
+# then runs on digit-free pieces, whose ends (a digit, or the text's end) are what its
+# lookahead (?!\S) sees; here a digit is its own word and the lookahead lets a digit
+# end a run of spaces, which gives the same words in one pass over the text
+_STARCODER_ONE_PASS = (r"\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+"
+                       r"|\s+(?!(?!\p{N})\S)|\s+")
+_ONE_PASS = {_STARCODER: (_STARCODER_ONE_PASS,)}
+
+
+def word_patterns(regexes: tuple[str, ...]) -> tuple[str, ...]:
+    """regexes (a pre-tokenizer's, applied in turn) as the fewest patterns that cut
+    a text into the same words (ggmlopt._bpe_words runs each as one pass)."""
+    return _ONE_PASS.get(tuple(regexes), tuple(regexes))

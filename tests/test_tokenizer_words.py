@@ -198,3 +198,21 @@ def test_another_normalizer_stays_with_the_library(tmp_path):
         tokenizers.normalizers.Lowercase(), tokenizers.normalizers.Replace(" ", "\u2581")]))
     assert hf._words is None
     assert hf.encode("Hello hello").tolist() == hf._library_encode(hf._tk, "Hello hello", True).ids
+
+
+def test_starcoders_two_patterns_in_one_pass_cut_the_same_words():
+    """word_patterns' one pattern for starcoder's (\\p{N}, then GPT-2's) against the
+    two applied in turn, on random texts dense in digits, spaces and their mixes."""
+    from ggmlopt._bpe_words import WordEncoder
+    from ggmlopt.pretokenizers import PRE_TOKENIZERS, word_patterns
+    two = PRE_TOKENIZERS["starcoder"]
+    assert len(word_patterns(two)) == 1
+    import regex
+    sequential = WordEncoder([regex.compile(f"({r})") for r in two], None)   # as given
+    one = WordEncoder.make(two, None)
+    assert len(one._patterns) == 1 and len(sequential._patterns) == 2
+    rng = random.Random(4)
+    alphabet = list("  \t\n\r ab'sreXY0123456789٣.,;:!?()[]-_中é🙂\u00a0\u2003")
+    for _ in range(20000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+        assert one.words(text) == sequential.words(text), repr(text)
