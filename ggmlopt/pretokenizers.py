@@ -76,7 +76,7 @@ def pre_tokenizer_regexes(name: str) -> tuple[str, ...] | None:
 # end a run of spaces, which gives the same words in one pass over the text
 _STARCODER_ONE_PASS = (r"\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+"
                        r"|\s+(?!(?!\p{N})\S)|\s+")
-_ONE_PASS = {_STARCODER: (_STARCODER_ONE_PASS,)}
+_ONE_PASS: dict[tuple[str, ...], tuple[str, ...]] = {_STARCODER: (_STARCODER_ONE_PASS,)}
 
 
 def word_patterns(regexes: tuple[str, ...]) -> tuple[str, ...]:
