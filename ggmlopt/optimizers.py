@@ -68,8 +68,25 @@ class Optimizer:
         """The hyper-parameters of this step, float32, one per
         hyperparameter_names, from what get_opt_pars returned (usually an
         OptimizerParams); raise TypeError or ValueError naming the bad one.
-        Called before the step's forward pass, so a bad value changes nothing."""
-        raise NotImplementedError(f"{type(self).__name__}.hyperparameters")
+        Called before the step's forward pass, so a bad value changes nothing.
+
+        By default the object's own attributes of those names (an optimizer
+        whose settings are fixed when it is made, ``Lion(alpha=1e-4)``); one
+        that follows get_opt_pars (and so the schedules) overrides it."""
+        missing = [n for n in self.hyperparameter_names if not hasattr(self, n)]
+        if missing:
+            raise NotImplementedError(
+                f"{type(self).__name__}: define hyperparameters(opt_pars), or attributes "
+                f"{missing} holding the hyper-parameters")
+        values = []
+        for name in self.hyperparameter_names:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+                    or not np.isfinite(value):
+                raise ValueError(f"{self.name}.{name}: expected a finite real number, got "
+                                 f"{value!r}")
+            values.append(np.float32(value))
+        return tuple(values)
 
     def restore_hyperparameters(self, values: Sequence[float]) -> tuple[np.float32, ...]:
         """The hyper-parameters a checkpoint holds for the last step, checked

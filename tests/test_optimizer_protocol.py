@@ -221,3 +221,42 @@ def test_a_declaration_that_cannot_make_a_checkpoint_is_refused(attr, value, mat
         _ctx(model, 1.5)
     # refused before the context took the parameters: the model keeps its arrays
     assert all(p.data is w for p, w in zip(model.parameters(), weights))
+
+
+class Lion(go.Optimizer):
+    """Lion (Chen et al. 2023) with its settings fixed when made: the base class
+    reads the hyper-parameters from the attributes of their names."""
+
+    name = "lion"
+    hyperparameter_names = ("alpha", "beta1", "beta2")
+    state_names = ("m",)
+
+    def __init__(self, alpha=1e-3, beta1=0.9, beta2=0.99):
+        self.alpha, self.beta1, self.beta2 = alpha, beta1, beta2
+
+    def step(self, weights, grads, state, hyper, iteration):
+        alpha, beta1, beta2 = hyper
+        m = state["m"]
+        weights -= alpha * np.sign(beta1 * m + (np.float32(1) - beta1) * grads)
+        m *= beta2
+        m += (np.float32(1) - beta2) * grads
+
+
+def test_hyperparameters_from_the_optimizers_own_settings(tmp_path):
+    straight, _ = _fit(4, Lion(alpha=0.01))
+    path = str(tmp_path / "lion.npz")
+    _fit(2, Lion(alpha=0.01), path)
+    resumed, _ = _fit(4, Lion(alpha=0.01), path, resume=True)
+    np.testing.assert_array_equal(resumed, straight)
+    sd = go.checkpoint.load_state(path)
+    assert sd["lion.alpha"] == pytest.approx(0.01) and sd["lion.beta2"] == pytest.approx(0.99)
+    model, _ = make_problem(0)
+    with pytest.raises(ValueError, match="lion.alpha"):
+        ctx = _ctx(model, Lion(alpha=float("nan")))
+        _steps(ctx, make_problem(0)[1], 1)
+
+    class Unsure(Lion):
+        hyperparameter_names = ("alpha", "gamma")
+
+    with pytest.raises(NotImplementedError, match="gamma"):
+        _steps(_ctx(make_problem(0)[0], Unsure()), make_problem(0)[1], 1)
