@@ -15,7 +15,6 @@ both on llama.cpp's tokenizer vectors and a megabyte of mixed text).
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import itertools
 from collections.abc import Mapping, Sequence
@@ -29,12 +28,18 @@ __all__ = ["WordEncoder"]
 CACHE_WORDS = 1 << 18
 
 
-@functools.cache
+_BYTE_LEVEL: dict[int, str] | None = None
+
+
 def _byte_level_table() -> dict[int, str]:
     """GPT-2's byte-to-unicode map as a str.translate table over a word's bytes
-    read as Latin-1 (one character per byte)."""
-    from .text import GPT2_BYTE_STRINGS  # (text imports this module: not at the top)
-    return dict(enumerate(GPT2_BYTE_STRINGS))
+    read as Latin-1 (one character per byte), made whole on first use."""
+    global _BYTE_LEVEL
+    table = _BYTE_LEVEL
+    if table is None:
+        from .text import GPT2_BYTE_STRINGS  # (text imports this module: not at the top)
+        table = _BYTE_LEVEL = dict(enumerate(GPT2_BYTE_STRINGS))
+    return table
 
 
 class WordEncoder:
