@@ -2,7 +2,7 @@
 second, on llama.cpp's vocabularies (GGMLOPT_LLAMA_CPP_SRC: llama.cpp's source,
 as llama-cpp-python's sdist holds it).
 
-    GGMLOPT_LLAMA_CPP_SRC=... python bench/tokenize_speed.py [--mb 4]
+    GGMLOPT_LLAMA_CPP_SRC=... python bench/tokenize_speed.py [--mb 4] [vocab ...]
 
 The text: every Markdown file of llama.cpp's source tree, concatenated without
 repeats (prose, code, tables, several languages), cut to --mb megabytes.  Each
@@ -21,7 +21,7 @@ import statistics
 import time
 import warnings
 
-VOCABS = ["llama-bpe", "qwen2", "gpt-2", "llama-spm", "phi-3"]
+VOCABS = ["llama-bpe", "qwen2", "gpt-2", "llama-spm", "phi-3", "gemma-4"]
 
 
 def corpus(src: str, megabytes: float) -> str:
@@ -47,6 +47,8 @@ def timed(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=4.0)
+    parser.add_argument("vocabs", nargs="*", default=VOCABS,
+                        help=f"vocabularies (default: {' '.join(VOCABS)})")
     args = parser.parse_args()
     src = os.environ.get("GGMLOPT_LLAMA_CPP_SRC")
     if not src:
@@ -59,7 +61,7 @@ def main() -> None:
         import llama_cpp
     except ImportError:
         llama_cpp = None
-    for name in VOCABS:
+    for name in args.vocabs:
         path = os.path.join(src, "models", f"ggml-vocab-{name}.gguf")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from ._bpe_words import WordEncoder
 from ._optional import import_optional
+from .metaspace_bpe import LINES, joined_before_space, word_pattern
 from .pretokenizers import PRE_TOKENIZERS
 from .text import EOG_TEXTS, _ChatTemplated, _FlagLock, _splitter, checked_ids
 
@@ -207,8 +208,8 @@ def _word_path(tk: Any) -> _WordPath | None:
     only) and either no normalizer and a byte-level pre-tokenizer of one to three
     regexes (Llama 3's, Qwen's, GPT-2's, SmolLM's kind), or SentencePiece's
     normalizer (the space prefix, spaces as U+2581) and no pre-tokenizer (Llama
-    2's, Mistral's, Phi-3's); None for any other pipeline, which stays with the
-    library."""
+    2's, Mistral's, Phi-3's) or one that isolates lines (Gemma 4's); None for any
+    other pipeline, which stays with the library."""
     spec = json.loads(tk.to_str())
     model = spec.get("model") or {}
     added = spec.get("added_tokens") or []
@@ -230,11 +231,21 @@ def _word_path(tk: Any) -> _WordPath | None:
         words = WordEncoder.make(regexes, words_tk, whole)
         return None if words is None else _WordPath(words, added)
     prefix = _metaspace_prefix(spec.get("normalizer"))
-    if prefix is None or spec.get("pre_tokenizer") is not None or any(
-            SPACE in t.lstrip(SPACE) for t in tk.get_vocab(with_added_tokens=False)):
-        return None   # (a piece with a space after a letter: merges could cross words)
-    words = WordEncoder.make([f"{SPACE}*[^{SPACE}]+|{SPACE}+"], words_tk)
+    pre = spec.get("pre_tokenizer")
+    if prefix is None or pre is not None and not _splits_lines(pre):
+        return None
+    # cut before runs of spaces, except after a character some piece joins to a space
+    # (no merge crosses such a cut); lines first where the pipeline splits them
+    joined = joined_before_space(tk.get_vocab(with_added_tokens=False))
+    patterns = ([] if pre is None else [LINES]) + [word_pattern(joined)]
+    words = WordEncoder.make(patterns, words_tk)
     return None if words is None else _WordPath(words, added, metaspace=True, prefix=prefix)
+
+
+def _splits_lines(pre: dict[str, Any]) -> bool:
+    """Whether a pre-tokenizer is Gemma 4's: lines and runs of newlines isolated."""
+    return pre.get("type") == "Split" and pre.get("behavior") == "Isolated" \
+        and not pre.get("invert") and (pre.get("pattern") or {}).get("Regex") == LINES
 
 
 def _metaspace_prefix(normalizer: Any) -> str | None:

@@ -296,6 +296,9 @@ class BPETokenizer(Vocabulary):
     ``<|eot_id|>``, ``<end_of_turn>`` ...).
     """
 
+    #: tokenizer.ggml.model of the vocabulary in a GGUF file
+    gguf_model = "gpt2"
+
     def __init__(self, tokens: Sequence[str], merges: Sequence[str], *,
                  token_types: Sequence[int] | None = None, eos_id: int | None = None,
                  bos_id: int | None = None, add_bos: bool = False, pre: str = "gpt-2",
@@ -320,13 +323,6 @@ class BPETokenizer(Vocabulary):
         self.eom_id = None if eom_id is None else int(eom_id)
         self.add_bos = bool(add_bos)
         self.pre = str(pre)
-        regexes = pre_tokenizer_regexes(self.pre)
-        if regexes is None:
-            warnings.warn(f"pre: llama.cpp's pre-tokenizer {self.pre!r} is not reproduced; "
-                          "GPT-2's is used, so some texts may tokenize differently",
-                          UserWarning, stacklevel=2)
-            regexes = pre_tokenizer_regexes("gpt-2")
-            assert regexes is not None
         vocab = {t: i for i, t in enumerate(self.tokens)}
         self._ids = vocab
         pairs = []
@@ -338,12 +334,8 @@ class BPETokenizer(Vocabulary):
             # (ByteTokenizer's GGUF vocabulary has one, which never applies) is left out
             if left + right in vocab:
                 pairs.append((left, right))
-        ignore_merges = self.pre in IGNORE_MERGES
-        self._tk: Any = tk.Tokenizer(tk.models.BPE(vocab, pairs, ignore_merges=ignore_merges))
-        self._tk.pre_tokenizer = tk.pre_tokenizers.Sequence([
-            *(tk.pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in regexes),
-            tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        self._tk.decoder = tk.decoders.ByteLevel()
+        self._tk: Any
+        self._tk, self._words = self._pipelines(tk, vocab, pairs)
         self._index_special()
         # the special tokens matched in the library, in one call over the whole text
         # (leftmost, longest first, as the partition above): control tokens as special
@@ -354,6 +346,27 @@ class BPETokenizer(Vocabulary):
         self._tk.add_tokens([tk.AddedToken(self.tokens[i], normalized=False, special=False)
                              for i in self._user])
         self._flag_lock = threading.Lock()
+        self.chat_template = chat_template
+        self._byte_values = {c: b for b, c in enumerate(GPT2_BYTE_STRINGS)}
+
+    def _pipelines(self, tk: Any, vocab: dict[str, int],
+                   pairs: list[tuple[str, str]]) -> tuple[Any, WordEncoder | None]:
+        """(the library's tokenizer for whole texts, without added tokens yet; the
+        WordEncoder for long texts, or None): byte-level BPE behind llama.cpp's
+        pre-tokenizer regexes."""
+        regexes = pre_tokenizer_regexes(self.pre)
+        if regexes is None:
+            warnings.warn(f"pre: llama.cpp's pre-tokenizer {self.pre!r} is not reproduced; "
+                          "GPT-2's is used, so some texts may tokenize differently",
+                          UserWarning, stacklevel=3)
+            regexes = pre_tokenizer_regexes("gpt-2")
+            assert regexes is not None
+        ignore_merges = self.pre in IGNORE_MERGES
+        whole = tk.Tokenizer(tk.models.BPE(vocab, pairs, ignore_merges=ignore_merges))
+        whole.pre_tokenizer = tk.pre_tokenizers.Sequence([
+            *(tk.pre_tokenizers.Split(tk.Regex(r), behavior="isolated") for r in regexes),
+            tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        whole.decoder = tk.decoders.ByteLevel()
         # long texts word by word (ggmlopt._bpe_words), where the regex package is
         # installed: one word's BPE, nothing else, in the library
         word_tk = tk.Tokenizer(tk.models.BPE(vocab, pairs, ignore_merges=ignore_merges))
@@ -361,10 +374,9 @@ class BPETokenizer(Vocabulary):
                                                             use_regex=False)
         # (each pattern is one more pass in Python over the pieces: past three, as
         # deepseek's five or six, the library's own splitting is as fast)
-        self._words = WordEncoder.make(regexes, word_tk, vocab if ignore_merges else None) \
+        words = WordEncoder.make(regexes, word_tk, vocab if ignore_merges else None) \
             if len(regexes) <= 3 else None
-        self.chat_template = chat_template
-        self._byte_values = {c: b for b, c in enumerate(GPT2_BYTE_STRINGS)}
+        return whole, words
 
     def hf_tokenizer(self) -> Any:
         """A copy of the ``tokenizers.Tokenizer`` this vocabulary encodes with (BPE,

@@ -108,7 +108,7 @@ def test_every_vocabulary_of_llama_cpp_round_trips(tmp_path, path):
     pytest.importorskip("transformers")
     from ggmlopt.io import load_gguf_tokenizer
     from ggmlopt.io.gguf_reader import GgufFile
-    if GgufFile(path).fields.get("tokenizer.ggml.model") not in ("gpt2", "llama") \
+    if GgufFile(path).fields.get("tokenizer.ggml.model") not in ("gpt2", "llama", "gemma4") \
             or not os.path.isfile(path + ".inp"):
         pytest.skip("not a BPE or SentencePiece vocabulary with test vectors")
     import warnings

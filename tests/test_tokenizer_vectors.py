@@ -31,10 +31,10 @@ def _tokenizer(path):
     from ggmlopt.io import load_gguf_tokenizer
     from ggmlopt.io.gguf_reader import GgufFile
     kind = GgufFile(path).fields.get("tokenizer.ggml.model")
-    if kind not in ("gpt2", "llama"):
+    if kind not in ("gpt2", "llama", "gemma4"):
         pytest.skip(f"{os.path.basename(path)}: a {kind!r} vocabulary, a type ggmlopt does not "
-                    "read yet (it reads gpt2 and llama)")
-    if kind == "gpt2":
+                    "read yet (it reads gpt2, llama and gemma4)")
+    if kind in ("gpt2", "gemma4"):
         pytest.importorskip("tokenizers")
     return load_gguf_tokenizer(path)
 

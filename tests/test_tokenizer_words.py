@@ -32,7 +32,8 @@ def _texts(path):
     out = _samples(path, 300, 7)
     with open(os.path.join(SRC, "README.md"), encoding="utf-8") as f:
         out.append(f.read())   # one long text of many words
-    out += ["", " ", "  two  spaces ", "\n\n x", "<s>x</s> y", " <s> ", "\u2581x", "\u2581\u2581 \u2581"]
+    out += ["", " ", "  two  spaces ", "\n\n x", "<s>x</s> y", " <s> ", "\u2581x", "\u2581\u2581 \u2581",
+            "<b>x</b> <i> </i>", ">\u2581</", ">  \u2581</"]
     return out
 
 

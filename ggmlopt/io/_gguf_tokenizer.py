@@ -33,13 +33,14 @@ def tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
             "bos": tokenizer.eos_id, "eos": tokenizer.eos_id, "add_bos": False}
     elif isinstance(tokenizer, BPETokenizer):
         tokens = list(tokenizer.tokens)
-        keys = {"model": "gpt2", "pre": tokenizer.pre, "tokens": tokens,
+        keys = {"model": tokenizer.gguf_model, "pre": tokenizer.pre, "tokens": tokens,
                 "types": list(tokenizer.token_types), "merges": list(tokenizer.merges),
                 "bos": tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id,
                 "eos": tokenizer.eos_id, "add_bos": tokenizer.add_bos,
                 "eot": tokenizer.eot_id, "eom": tokenizer.eom_id}
         if not keys["merges"]:
-            raise ValueError("tokenizer: a gpt2-type vocabulary needs at least one merge "
+            raise ValueError(f"tokenizer: a {tokenizer.gguf_model}-type vocabulary needs at "
+                             "least one merge "
                              "(llama.cpp refuses one without)")
     elif isinstance(tokenizer, SPMTokenizer):
         # llama.cpp's llama-type (SentencePiece) vocabulary: pieces with scores, no merges

@@ -589,6 +589,22 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
                             eot_id=fields.get("tokenizer.ggml.eot_token_id"),
                             eom_id=fields.get("tokenizer.ggml.eom_token_id"),
                             chat_template=template)
+    if kind == "gemma4":
+        from ..metaspace_bpe import MetaspaceBPETokenizer
+        tokens = fields.get("tokenizer.ggml.tokens")
+        merges = fields.get("tokenizer.ggml.merges")
+        if not isinstance(tokens, list) or not isinstance(merges, list):
+            raise ValueError(f"{where}: a gemma4 tokenizer without tokenizer.ggml.tokens or "
+                             "tokenizer.ggml.merges")
+        # llama.cpp puts BOS first for this type whatever add_bos_token says
+        return MetaspaceBPETokenizer(tokens, merges,
+                                     token_types=fields.get("tokenizer.ggml.token_type"),
+                                     eos_id=fields.get("tokenizer.ggml.eos_token_id"),
+                                     bos_id=fields.get("tokenizer.ggml.bos_token_id"),
+                                     add_bos=True,
+                                     eot_id=fields.get("tokenizer.ggml.eot_token_id"),
+                                     eom_id=fields.get("tokenizer.ggml.eom_token_id"),
+                                     chat_template=template)
     if kind == "llama":
         from ..spm import SPMTokenizer
         tokens, scores = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.scores")
@@ -609,8 +625,9 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
                             eot_id=fields.get("tokenizer.ggml.eot_token_id"),
                             eom_id=fields.get("tokenizer.ggml.eom_token_id"),
                             chat_template=template)
-    warnings.warn(f"{where}: tokenizer type {kind!r} is not read by ggmlopt (gpt2-type BPE "
-                  "and llama-type SentencePiece vocabularies are); the tokenizer is None, "
+    warnings.warn(f"{where}: tokenizer type {kind!r} is not read by ggmlopt (gpt2-type BPE, "
+                  "llama-type SentencePiece and gemma4-type vocabularies are); the tokenizer "
+                  "is None, "
                   "give token ids directly", UserWarning, stacklevel=3)
     return None
 

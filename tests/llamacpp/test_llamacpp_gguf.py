@@ -298,6 +298,35 @@ def test_sentencepiece_tokenizer_is_written_as_llama_cpp_reads_it(tmp_path):
         assert ids == back.encode(text).tolist() == spm.encode(text).tolist()
 
 
+def test_gemma4_vocabulary_is_written_as_llama_cpp_reads_it(tmp_path):
+    """A MetaspaceBPETokenizer (llama.cpp's Gemma 4 vocabulary) written by save_gguf:
+    read back equal, and llama.cpp's tokenization of the file equals it, special
+    tokens parsed and not, spaces before '</' (a token joins them) included."""
+    src = os.environ.get("GGMLOPT_LLAMA_CPP_SRC")
+    if not src:
+        pytest.skip("GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
+    from ggmlopt.io import load_gguf_tokenizer
+    from ggmlopt.metaspace_bpe import MetaspaceBPETokenizer
+    g4 = load_gguf_tokenizer(os.path.join(src, "models", "ggml-vocab-gemma-4.gguf"))
+    model = Llama(LlamaConfig(vocab_size=g4.vocab_size, dim=16, n_layers=1, n_heads=2,
+                              ffn_dim=16, max_seq_len=64), seed=0)
+    path = tmp_path / "g4.gguf"
+    save_gguf(model, path, tokenizer=g4)
+    _, back = load_gguf(path)
+    assert isinstance(back, MetaspaceBPETokenizer)
+    assert (back.tokens, back.merges, back.token_types) == (g4.tokens, g4.merges,
+                                                            g4.token_types)
+    assert (back.bos_id, back.eos_id, back.add_bos) == (g4.bos_id, g4.eos_id, True)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    texts = ["Hello world, ça va? 123", " leading  spaces\n\n\nthree lines", TEXT,
+             "<b>x</b> <i> </i>\u2581</", "<|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n"]
+    for text in texts:
+        for special in (False, True):
+            ids = llm.tokenize(text.encode(), add_bos=False, special=special)
+            assert ids == back.encode(text, parse_special=special).tolist(), (text, special)
+    assert llm.tokenize(b"hi", add_bos=True, special=False)[0] == g4.bos_id
+
+
 # ---- the other architectures of the family ----------------------------------------------
 
 @pytest.mark.parametrize("head_dim,tied", [(16, True), (24, False)])
