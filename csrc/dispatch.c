@@ -646,25 +646,49 @@ void ggmlopt_leaky_relu_backward_f32(int64_t n, const float *x, const float *g, 
 
 /* ---- cross-entropy against class indices ------------------------------------ */
 
-typedef struct { int64_t ncols; const float *x; const int32_t *c; float *grad; float scale; } ce_index_args;
+typedef struct {
+    int64_t ncols; const float *x; const int32_t *c; float *grad; float scale; int32_t *pred;
+} ce_index_args;
+/* Rows from which a row's argmax and its loss run one after the other (the row
+ * still in cache for the second); narrower rows take the block's argmax first,
+ * keeping the loss kernel's rows-at-once path. */
+#define GO_CE_ROWWISE_ARGMAX_MIN 1024
 static double ce_index_block(const void *p, int64_t b, int64_t e) {
     const ce_index_args *a = (const ce_index_args *)p;
-    return kernels()->cross_entropy_index_rows_f32(e - b, a->ncols, a->x + b * a->ncols, a->c + b,
-                                                   a->grad ? a->grad + b * a->ncols : NULL,
+    const int64_t n = a->ncols;
+    if (a->pred && n >= GO_CE_ROWWISE_ARGMAX_MIN) {
+        double total = 0.0;
+        for (int64_t r = b; r < e; ++r) {
+            kernels()->argmax_rows_f32(1, n, a->x + r * n, a->pred + r);
+            total += kernels()->cross_entropy_index_rows_f32(1, n, a->x + r * n, a->c + r,
+                                                             a->grad ? a->grad + r * n : NULL,
+                                                             a->scale);
+        }
+        return total;
+    }
+    if (a->pred) kernels()->argmax_rows_f32(e - b, n, a->x + b * n, a->pred + b);
+    return kernels()->cross_entropy_index_rows_f32(e - b, n, a->x + b * n, a->c + b,
+                                                   a->grad ? a->grad + b * n : NULL,
                                                    a->scale);
 }
-double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
-                                       const int32_t *classes, float *grad, float grad_scale) {
+double ggmlopt_cross_entropy_index_argmax_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                              const int32_t *classes, float *grad,
+                                              float grad_scale, int32_t *pred) {
     if (nrows <= 0) return 0.0;
     /* the mean over the labelled rows: masked ones (class < 0) count for nothing */
     int64_t labelled = 0;
     for (int64_t r = 0; r < nrows; ++r) labelled += classes[r] >= 0;
     const int64_t denom = labelled > 0 ? labelled : 1;
-    ce_index_args a = {ncols, logits, classes, grad, grad_scale / (float)denom};
+    ce_index_args a = {ncols, logits, classes, grad, grad_scale / (float)denom, pred};
     /* the blocks of the one-hot path, so both sum the same rows in the same order */
     const double total = run_blocks(nrows, rows_for(ncols, 1024), rows_for(ncols, 4096),
                                     ce_index_block, &a);
     return total / (double)denom;
+}
+double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                       const int32_t *classes, float *grad, float grad_scale) {
+    return ggmlopt_cross_entropy_index_argmax_f32(nrows, ncols, logits, classes, grad,
+                                                  grad_scale, NULL);
 }
 
 /* ---- direct stride-1 convolution ------------------------------------------- */

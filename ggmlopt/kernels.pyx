@@ -44,6 +44,9 @@ cdef extern from "ggmlopt.h" nogil:
     double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
                                            const int32_t *classes, float *grad,
                                            float grad_scale)
+    double ggmlopt_cross_entropy_index_argmax_f32(int64_t nrows, int64_t ncols,
+                                                  const float *logits, const int32_t *classes,
+                                                  float *grad, float grad_scale, int32_t *pred)
     void ggmlopt_convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale)
     void ggmlopt_convert_f16_f32(int64_t n, const uint16_t *src, float *dst, float scale)
     void ggmlopt_convert_f32_bf16(int64_t n, const float *src, uint16_t *dst)
@@ -573,7 +576,7 @@ cdef _check_classes(cnp.ndarray ac, int64_t ncols, bint masked):
                          f"class indices in [0, {ncols}){also} (one per column of logits)")
 
 
-def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=None):
+def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=None, pred=None):
     """Mean over rows of -sum(labels * log_softmax(logits)) for 2-D float32
     (rows, classes) logits.  When grad is given it receives
     (softmax(logits) - labels) * grad_scale / rows (the gradient of the loss
@@ -585,7 +588,10 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=Non
     for a class out of range, before anything is written).
     ignore_index: None, or -1 with class indices: rows labelled -1 are masked
     (torch's ignore_index): no loss, a zero gradient, and the mean and the
-    gradient's 1/rows over the labelled rows only (loss 0 when none is)."""
+    gradient's 1/rows over the labelled rows only (loss 0 when none is).
+    pred: None, or an int32 array of rows elements (class indices only) that
+    receives each row's argmax as argmax_rows gives it (masked rows included),
+    read in the same pass as the loss."""
     if ignore_index is not None and (isinstance(ignore_index, bool) or ignore_index != -1):
         raise ValueError(f"ignore_index: expected None or -1, got {ignore_index!r}")
     cdef cnp.ndarray ax = _array(logits, "logits", np.float32, False)
@@ -617,6 +623,20 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=Non
             raise ValueError(f"grad: expected {ax.size} elements like logits, got {agr.size}")
         _no_overlap([("grad", agr), ("logits", ax), ("labels", al)])
         pgrad = _f32(agr)
+    cdef cnp.ndarray apr = None
+    cdef int32_t *ppred = NULL
+    if pred is not None:
+        if not by_class:
+            raise ValueError("pred: only with int32 class indices as labels")
+        if ncols > 2**31 - 1:
+            raise ValueError(f"logits: rows of {ncols} columns do not fit an int32 index")
+        apr = _array(pred, "pred", np.int32, True)
+        if apr.size != nrows:
+            raise ValueError(f"pred: expected {nrows} elements (one per row of logits), "
+                             f"got {apr.size}")
+        _no_overlap([("pred", apr), ("logits", ax), ("labels", al)]
+                    + ([("grad", agr)] if agr is not None else []))
+        ppred = <int32_t *>cnp.PyArray_DATA(apr)
     if by_class:
         _check_classes(al, ncols, ignore_index is not None)
     elif ignore_index is not None:
@@ -631,7 +651,8 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=Non
         _p1 = _f32(al)
     with nogil:
         if by_class:
-            loss = ggmlopt_cross_entropy_index_f32(nrows, ncols, _p0, _pc, pgrad, scale_)
+            loss = ggmlopt_cross_entropy_index_argmax_f32(nrows, ncols, _p0, _pc, pgrad, scale_,
+                                                          ppred)
         else:
             loss = ggmlopt_cross_entropy_f32(nrows, ncols, _p0, _p1, pgrad, scale_)
     return loss

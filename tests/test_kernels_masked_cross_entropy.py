@@ -98,3 +98,40 @@ def test_without_ignore_index_minus_one_is_out_of_range():
                               ignore_index=-100)
     with pytest.raises(ValueError, match="ignore_index: only for int32 class indices"):
         kernels.cross_entropy(np.zeros((2, 3), F32), np.zeros((2, 3), F32), ignore_index=-1)
+
+
+@pytest.mark.parametrize("rows,classes", SHAPES + [(40, 1500), (300, 33)],
+                         ids=[f"{r}x{c}" for r, c in SHAPES + [(40, 1500), (300, 33)]])
+def test_predictions_read_in_the_same_pass(simd_path, rng, rows, classes):
+    """pred= gives argmax_rows' index for every row (masked ones too; ties to the
+    last maximal index), and the loss and gradient bits are those without it."""
+    logits, cls = _masked_problem(rng, rows, classes)
+    # ties: a row whose maximum appears twice, one of all-equal values
+    logits[0, :] = 1.0
+    if classes > 2:
+        logits[-1, 1] = logits[-1, classes - 1] = logits[-1].max() + 1.0
+    grad, grad_plain = np.empty_like(logits), np.empty_like(logits)
+    pred = np.full(rows, -7, np.int32)
+    loss = kernels.cross_entropy(logits, cls, grad, grad_scale=0.5, ignore_index=-1, pred=pred)
+    plain = kernels.cross_entropy(logits, cls, grad_plain, grad_scale=0.5, ignore_index=-1)
+    np.testing.assert_array_equal(pred, kernels.argmax_rows(logits))
+    np.testing.assert_array_equal(pred, classes - 1 - np.argmax(logits[:, ::-1], axis=1))
+    assert loss == plain
+    np.testing.assert_array_equal(grad, grad_plain)
+    # without a gradient too
+    pred2 = np.empty(rows, np.int32)
+    assert kernels.cross_entropy(logits, cls, None, ignore_index=-1, pred=pred2) == \
+        kernels.cross_entropy(logits, cls, None, ignore_index=-1)
+    np.testing.assert_array_equal(pred2, pred)
+
+
+def test_predictions_refused_where_they_do_not_fit(rng):
+    logits, cls = _masked_problem(rng, 5, 7)
+    pred = np.full(5, -7, np.int32)
+    with pytest.raises(ValueError, match="pred: only with int32 class indices"):
+        kernels.cross_entropy(logits, np.eye(7, dtype=F32)[:5], pred=pred)
+    with pytest.raises(ValueError, match="pred: expected 5 elements"):
+        kernels.cross_entropy(logits, cls, ignore_index=-1, pred=np.empty(4, np.int32))
+    with pytest.raises(TypeError, match="pred"):
+        kernels.cross_entropy(logits, cls, ignore_index=-1, pred=np.empty(5, np.int64))
+    assert (pred == -7).all()

@@ -102,6 +102,26 @@ def test_tied_head_projects_with_rounded_operands(rng):
     assert_within_sum_bound(emb.weight.grad, g64.T, r64)
 
 
+def test_a_weight_held_fixed_is_rounded_once_and_anew_after(rng):
+    """An output head called chunk by chunk in one pass rounds its weight once
+    (weight_fixed); the next pass rounds it again."""
+    from ggmlopt.nn._bf16 import weight_fixed
+    layer, emb = Linear(12, 9, bias=False, rng=3), Embedding(9, 12, rng=4)
+    x = rng.standard_normal((5, 12), dtype=F32)
+    with gemm.products_in("bf16"):
+        with weight_fixed(layer), weight_fixed(emb):
+            a, ea = layer.forward(x).copy(), emb.project(x).copy()
+            layer.weight.data *= 2   # (nothing changes a head's weight within a pass)
+            emb.weight.data *= 2
+            b, eb = layer.forward(x).copy(), emb.project(x).copy()
+        np.testing.assert_array_equal(a, b)   # the first product's copy, reused
+        np.testing.assert_array_equal(ea, eb)
+        c, ec = layer.forward(x).copy(), emb.project(x).copy()   # rounded anew
+    assert_within_sum_bound(c, rounded(x), rounded(layer.weight.data))
+    assert_within_sum_bound(ec, rounded(x), rounded(emb.weight.data).T)
+    assert not np.array_equal(a, c)
+
+
 def test_lora_base_product_is_bf16_and_the_adapter_float32(rng):
     model = Llama(LlamaConfig(vocab_size=50, dim=16, n_layers=1, n_heads=2, ffn_dim=24,
                               max_seq_len=8), seed=0)

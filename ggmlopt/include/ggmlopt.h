@@ -93,6 +93,12 @@ double ggmlopt_squared_error_f32(int64_t n, const float *out, const float *label
  * without a (nrows, ncols) label array. */
 double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
                                        const int32_t *classes, float *grad, float grad_scale);
+/* The same, also writing each row's argmax (ggmlopt_argmax_rows_f32's, ties to the
+ * last maximal index) into pred (nrows,) when pred is not NULL: one pass over the
+ * logits where two calls would read them twice. */
+double ggmlopt_cross_entropy_index_argmax_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                              const int32_t *classes, float *grad,
+                                              float grad_scale, int32_t *pred);
 
 /* ---- datasets ------------------------------------------------------------- */
 

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from .. import kernels
+from ..nn._bf16 import weight_fixed
 from ..nn._buffers import trains
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
@@ -41,15 +42,19 @@ def _head_trains(model) -> bool:
 
 
 def _max_norm(a: np.ndarray, axis: int) -> float:
-    """The largest L2 norm along axis (in float64, chunked: no full temporary)."""
+    """An upper bound on the largest L2 norm along axis: float32 sums of squares
+    (chunked: no full temporary) are within n u of the exact ones, n the length
+    summed, so (1 + 2 n u) covers the rounding; a square that overflows gives inf
+    (then no bound, and the caller takes the safe path)."""
     best = 0.0
     n = a.shape[1 - axis]
     step = max(1, (4 << 20) // max(1, a.shape[axis] * 4))
-    for s in range(0, n, step):
-        part = a[:, s:s + step] if axis == 0 else a[s:s + step]
-        sq = np.einsum("ij,ij->j" if axis == 0 else "ij,ij->i", part, part, dtype=np.float64)
-        best = max(best, float(sq.max(initial=0.0)))
-    return math.sqrt(best)
+    with np.errstate(over="ignore"):
+        for s in range(0, n, step):
+            part = a[:, s:s + step] if axis == 0 else a[s:s + step]
+            sq = np.einsum("ij,ij->j" if axis == 0 else "ij,ij->i", part, part)
+            best = max(best, float(sq.max(initial=0.0)))
+    return math.sqrt(best * (1.0 + 2.0 * a.shape[axis] * 2.0 ** -24))
 
 
 def _finite_by_bound(model, rows: np.ndarray) -> bool:
@@ -96,7 +101,9 @@ def head_loss(model, hidden_rows: np.ndarray, labels: np.ndarray, *, grad_scale:
         loss = _chunks(model, h, y, labelled, grad_scale)
         if not math.isfinite(loss):
             return loss, grad_rows
-    return _chunks(model, h, y, labelled, grad_scale, grad_rows, pred), grad_rows
+    # the head's weight is the same for every chunk: its bf16 copy is made once
+    with weight_fixed(model.lm_head if model.lm_head is not None else model._embedding):
+        return _chunks(model, h, y, labelled, grad_scale, grad_rows, pred), grad_rows
 
 
 def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> float:
@@ -110,6 +117,7 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
     rows = min(step, n)
     gbuf = np.empty((rows if with_grads else 0, vocab), np.float32)
     lbuf = np.empty((rows if model.lm_head is None else 0, vocab), np.float32)
+    pbuf = np.empty(rows if pred is not None else 0, np.int32)
     total = 0.0
     for s in range(0, n, step):
         hc, yc = h[s:s + step], y[s:s + step]
@@ -120,12 +128,15 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
             logits = model._embedding.project(hc, out=lbuf[:m])
         g = gbuf[:m] if with_grads else None
         # the chunk's mean times m / n: its share of the mean over every labelled row
-        part = float(kernels.cross_entropy(logits, yc, g, grad_scale=grad_scale * m / n))
+        # (the predictions read in the loss's pass over the logits)
+        pc = pbuf[:m] if pred is not None else None
+        part = float(kernels.cross_entropy(logits, yc, g, grad_scale=grad_scale * m / n,
+                                           pred=pc))
         if not math.isfinite(part):
             return part
         total += part * m
         if pred is not None:
-            pred[labelled[s:s + m]] = kernels.argmax_rows(logits)
+            pred[labelled[s:s + m]] = pc
         if with_grads:
             if model.lm_head is not None:
                 model.lm_head.needs_input_grad = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import gemm, kernels_embedding
-from ._bf16 import add_product_bf16, bf16_copy
+from ._bf16 import add_product_bf16, bf16_copy, bf16_weight
 from ._buffers import add_product
 from ._lm_args import check_size, trains
 from .init import initializing
@@ -117,7 +117,7 @@ class Embedding(Module):
         if out is None:
             out = np.empty((rows.shape[0], self.num_embeddings), dtype=np.float32)
         return gemm.matmul_bf16(bf16_copy(self, "_h16", rows),
-                                bf16_copy(self, "_w16", self.weight.data).T, out)
+                                bf16_weight(self, self.weight.data).T, out)
 
     def project_backward(self, g, rows):
         """The tied head's backward for the logits' gradient g (n, num_embeddings)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import gemm, kernels
-from ._bf16 import add_product_bf16, bf16_copy
+from ._bf16 import add_product_bf16, bf16_copy, bf16_weight
 from ._buffers import add_into, add_product, as_rows, rows2d, trains
 from .init import initializing, kaiming_uniform
 from .module import Module
@@ -87,7 +87,7 @@ class Linear(Module):
         self._bf16_pass = gemm.bf16_active()
         if self._bf16_pass:
             gemm.matmul_bf16(bf16_copy(self, "_x16", rows2d(self._x)),
-                             bf16_copy(self, "_w16", self.weight.data), out2)
+                             bf16_weight(self, self.weight.data), out2)
         else:
             gemm.matmul(rows2d(self._x), self.weight.data, out2)
         if self.bias is not None:
@@ -114,7 +114,7 @@ class Linear(Module):
         self._bf16_pass = gemm.bf16_active()
         if self._bf16_pass:
             return gemm.matmul_bf16(bf16_copy(self, "_px16", x2),
-                                    bf16_copy(self, "_w16", self.weight.data), out2)
+                                    bf16_weight(self, self.weight.data), out2)
         return gemm.matmul(x2, self.weight.data, out2)
 
     def product_transposed(self, g, out):
