@@ -970,12 +970,13 @@ class OptContext:
             bufs = self._batch_buffers
         assert bufs is not None
         _, grad, pred, label_arg = bufs
-        loss = self._loss(out, y, grad if backward else None)
+        loss = self._loss(out, y, grad if backward else None, pred)
         self._refuse_nonfinite(loss, x, y, out)
         ncorrect = nlabelled = None
         if self._loss_type == LossType.CROSS_ENTROPY:
             rows = out.reshape(-1, out.shape[-1])
-            kernels.argmax_rows(rows, out=pred)
+            if not by_class:   # (class indices: the loss's pass wrote the predictions)
+                kernels.argmax_rows(rows, out=pred)
             if by_class:  # a masked position (-1) never equals a prediction
                 labelled = y.reshape(-1)
                 ncorrect = kernels.count_equal(pred, labelled)
@@ -986,8 +987,9 @@ class OptContext:
                 nlabelled = pred.size
         return out, grad if backward else None, loss, pred, ncorrect, nlabelled
 
-    def _loss(self, out, labels, grad):
-        """The float32 loss as ggml computes it; grad (if given) receives d loss / d out."""
+    def _loss(self, out, labels, grad, pred=None):
+        """The float32 loss as ggml computes it; grad (if given) receives d loss / d out;
+        pred (if given) each row's argmax, with cross-entropy on class indices."""
         lt = self._loss_type
         period = self._opt_period
         if lt == LossType.SUM:
@@ -1002,7 +1004,7 @@ class OptContext:
             loss = F32(kernels.cross_entropy(
                 out.reshape(-1, n), labels.reshape(-1) if by_class else labels.reshape(-1, n),
                 None if grad is None else grad.reshape(-1, n), grad_scale=inv_period,
-                ignore_index=-1 if by_class else None))
+                ignore_index=-1 if by_class else None, pred=pred if by_class else None))
             return F32(loss * inv_period) if period > 1 else loss
         scale = F32(1) / F32(period * out.size)
         if lt == LossType.MEAN:
