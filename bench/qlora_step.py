@@ -72,7 +72,6 @@ def _case(path: str, keep: bool, steps: int, checkpointing: bool = False) -> dic
 def _decode(path: str, keep: bool, n: int = 64) -> dict:
     """Greedy decoding of n tokens after a 16-token prompt, batch 1, 2 threads:
     ggmlopt (keep_types) and, when installed, llama.cpp on the same file."""
-    import numpy as np
 
     import ggmlopt as go
     from ggmlopt.io import load_gguf
@@ -85,18 +84,45 @@ def _decode(path: str, keep: bool, n: int = 64) -> dict:
     ours = n / (time.perf_counter() - t0)
     row = {"ggmlopt_tok_s": ours, "peak_mib": _peak_mib()}
     try:
-        import llama_cpp
+        import llama_cpp  # noqa: F401
     except ImportError:
         return row
+    # llama.cpp in a process of its own: its AMX matrix products crash on some
+    # Sapphire Rapids machines (ggml-org/llama.cpp#20824, a SIGSEGV in
+    # ggml_backend_amx_mul_mat); then it runs again without its extra buffer types
+    # (AMX and the repacked layouts), and the row says so
+    for extra in (True, False):
+        done = subprocess.run([sys.executable, __file__, "--llama-cpp-case", path,
+                               "1" if extra else "0", str(n)],
+                              check=False, capture_output=True, text=True)
+        if done.returncode == 0:
+            row["llama_cpp_tok_s"] = float(done.stdout.strip().splitlines()[-1])
+            row["llama_cpp_extra_bufts"] = extra
+            break
+    return row
+
+
+def _llama_cpp_decode(path: str, extra_bufts: bool, n: int) -> float:
+    """llama.cpp's greedy decoding of n tokens after _decode's prompt, tokens/s."""
+    import llama_cpp
+    import llama_cpp.llama
+    import numpy as np
+    if not extra_bufts:
+        default = llama_cpp.llama_model_default_params
+
+        def without_extra_bufts():
+            params = default()
+            params.use_extra_bufts = False
+            return params
+        llama_cpp.llama.llama_cpp.llama_model_default_params = without_extra_bufts
     llm = llama_cpp.Llama(model_path=path, n_ctx=128, n_threads=2, verbose=False)
     llm.reset()
-    llm.eval(prompt)
+    llm.eval(list(range(1, 17)))
     t0 = time.perf_counter()
     for _ in range(n):
         token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
         llm.eval([token])
-    row["llama_cpp_tok_s"] = n / (time.perf_counter() - t0)
-    return row
+    return n / (time.perf_counter() - t0)
 
 
 def _padded_vocabulary(size: int):
@@ -166,7 +192,12 @@ def main() -> None:
                     help="Llama-3.2-1B's shape and vocabulary, Q4_K_M only (peak memory)")
     ap.add_argument("--tokens", type=int, default=256, help="tokens of the batch of one")
     ap.add_argument("--case", nargs=2, metavar=("PATH", "KEEP"))
+    ap.add_argument("--llama-cpp-case", nargs=3, metavar=("PATH", "EXTRA_BUFTS", "N"))
     args = ap.parse_args()
+    if args.llama_cpp_case:
+        path, extra, n = args.llama_cpp_case
+        print(_llama_cpp_decode(path, extra == "1", int(n)))
+        return
     global T
     T = args.tokens
     if args.case:
@@ -194,8 +225,10 @@ def main() -> None:
         print(f"{'base':8} {'ggmlopt tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>6}")
         for r in rows:
             theirs = r.get("llama_cpp_tok_s", float("nan"))
+            note = "" if r.get("llama_cpp_extra_bufts", True) else \
+                "  (llama.cpp without AMX/repacked buffers: it crashed with them)"
             print(f"{r['case']:8} {r['ggmlopt_tok_s']:14.1f} {theirs:16.1f} "
-                  f"{r['ggmlopt_tok_s'] / theirs:6.2f}")
+                  f"{r['ggmlopt_tok_s'] / theirs:6.2f}{note}")
         return
     base = rows[0]["step_s"] if not args.llama_1b else float("nan")
     print(f"{'base':8} {'file MiB':>9} {'step s':>8} {'x f32 LoRA':>11} {'peak MiB':>9}")
