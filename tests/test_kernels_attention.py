@@ -55,7 +55,10 @@ SHAPES = [(b, t, h, hkv, d)
           for t in (1, 7, 64, 129)
           for d in (8, 16, 64)] + [
     (1, 33, 2, 2, 3), (1, 40, 2, 1, 20), (1, 17, 2, 2, 256), (1, 300, 1, 1, 33),
-    (2, 130, 3, 1, 128)]
+    (2, 130, 3, 1, 128),
+    # widths whose last columns are two or three vectors of 8 or 16 lanes (stories15M's
+    # 48, Phi-2's 80): the accumulations' narrow tails
+    (2, 70, 2, 1, 24), (1, 37, 2, 1, 48), (1, 29, 2, 2, 56), (1, 45, 3, 1, 80)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-t{}-h{}-kv{}-d{}".format(*s))

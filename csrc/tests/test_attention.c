@@ -326,6 +326,14 @@ void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_
     test_one(k, scalar, &wide, 1.0f, 0);
     test_one(k, scalar, &big, 1.0f, 0);
     th_release_all();
+    /* widths whose last columns are two or three vectors of 4, 8 or 16 lanes
+     * (stories15M's 48, Phi-2's 80): the accumulations' narrow tails */
+    static const int64_t TAIL_D[] = {12, 24, 48, 56, 80};
+    for (size_t di = 0; di < sizeof TAIL_D / sizeof TAIL_D[0]; ++di) {
+        const attn_shape s = {2, 37, 4, di % 2 ? 2 : 1, TAIL_D[di], NULL};
+        test_one(k, scalar, &s, 1.0f, 0);
+        th_release_all();
+    }
     const attn_shape mid = {2, 45, 2, 1, 16, NULL};
     test_one(k, scalar, &mid, 30.0f, 0); /* scores up to a few thousand */
     test_one(k, scalar, &mid, 1.0f, 1);
