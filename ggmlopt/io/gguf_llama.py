@@ -567,44 +567,32 @@ def _is_byte_vocabulary(fields: dict[str, Any]) -> bool:
 def tokenizer_from_fields(fields: dict[str, Any], where: str):
     """The tokenizer a GGUF's tokenizer.ggml.* keys describe: a ByteTokenizer for
     save_gguf's byte vocabulary, a BPETokenizer (the ``tokenizers`` extra) for
-    another gpt2-type one, None with a UserWarning for any other type."""
+    another gpt2-type one, a MetaspaceBPETokenizer for a gemma4-type one, an
+    SPMTokenizer for a llama-type one, None with a UserWarning for any other."""
     kind = fields.get("tokenizer.ggml.model")
     template = fields.get("tokenizer.chat_template")
     template = template if isinstance(template, str) and template else None
     if kind == "gpt2" and _is_byte_vocabulary(fields):
         return ByteTokenizer(chat_template=template)
-    if kind == "gpt2":
+    if kind in ("gpt2", "gemma4"):
+        from ..metaspace_bpe import MetaspaceBPETokenizer
         from ..text import BPETokenizer
         tokens = fields.get("tokenizer.ggml.tokens")
         merges = fields.get("tokenizer.ggml.merges")
         if not isinstance(tokens, list) or not isinstance(merges, list):
-            raise ValueError(f"{where}: a gpt2 tokenizer without tokenizer.ggml.tokens or "
+            raise ValueError(f"{where}: a {kind} tokenizer without tokenizer.ggml.tokens or "
                              "tokenizer.ggml.merges")
-        types = fields.get("tokenizer.ggml.token_type")
-        return BPETokenizer(tokens, merges, token_types=types,
-                            eos_id=fields.get("tokenizer.ggml.eos_token_id"),
-                            bos_id=fields.get("tokenizer.ggml.bos_token_id"),
+        common = {"token_types": fields.get("tokenizer.ggml.token_type"),
+                  "eos_id": fields.get("tokenizer.ggml.eos_token_id"),
+                  "bos_id": fields.get("tokenizer.ggml.bos_token_id"),
+                  "eot_id": fields.get("tokenizer.ggml.eot_token_id"),
+                  "eom_id": fields.get("tokenizer.ggml.eom_token_id"),
+                  "chat_template": template}
+        if kind == "gemma4":   # llama.cpp puts BOS first for it whatever add_bos_token says
+            return MetaspaceBPETokenizer(tokens, merges, add_bos=True, **common)
+        return BPETokenizer(tokens, merges,
                             add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
-                            pre=fields.get("tokenizer.ggml.pre", "default"),
-                            eot_id=fields.get("tokenizer.ggml.eot_token_id"),
-                            eom_id=fields.get("tokenizer.ggml.eom_token_id"),
-                            chat_template=template)
-    if kind == "gemma4":
-        from ..metaspace_bpe import MetaspaceBPETokenizer
-        tokens = fields.get("tokenizer.ggml.tokens")
-        merges = fields.get("tokenizer.ggml.merges")
-        if not isinstance(tokens, list) or not isinstance(merges, list):
-            raise ValueError(f"{where}: a gemma4 tokenizer without tokenizer.ggml.tokens or "
-                             "tokenizer.ggml.merges")
-        # llama.cpp puts BOS first for this type whatever add_bos_token says
-        return MetaspaceBPETokenizer(tokens, merges,
-                                     token_types=fields.get("tokenizer.ggml.token_type"),
-                                     eos_id=fields.get("tokenizer.ggml.eos_token_id"),
-                                     bos_id=fields.get("tokenizer.ggml.bos_token_id"),
-                                     add_bos=True,
-                                     eot_id=fields.get("tokenizer.ggml.eot_token_id"),
-                                     eom_id=fields.get("tokenizer.ggml.eom_token_id"),
-                                     chat_template=template)
+                            pre=fields.get("tokenizer.ggml.pre", "default"), **common)
     if kind == "llama":
         from ..spm import SPMTokenizer
         tokens, scores = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.scores")

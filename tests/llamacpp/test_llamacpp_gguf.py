@@ -273,20 +273,28 @@ def test_bpe_tokenizer_equals_llama_cpp(tmp_path):
     assert llm.tokenize(b" the", add_bos=False, special=False) == [3]
 
 
-def test_sentencepiece_tokenizer_is_written_as_llama_cpp_reads_it(tmp_path):
-    """An SPMTokenizer (llama.cpp's Llama 2 vocabulary) written by save_gguf: read
-    back equal, and llama.cpp's own tokenization of the file equals it."""
+def _vocabulary_written_and_read(tmp_path, name):
+    """llama.cpp's vocabulary ggml-vocab-<name>.gguf as load_gguf_tokenizer reads it,
+    written by save_gguf with a small model of its size and read back by load_gguf:
+    (the tokenizer, the one read back, the file's path)."""
     src = os.environ.get("GGMLOPT_LLAMA_CPP_SRC")
     if not src:
         pytest.skip("GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
     from ggmlopt.io import load_gguf_tokenizer
-    from ggmlopt.spm import SPMTokenizer
-    spm = load_gguf_tokenizer(os.path.join(src, "models", "ggml-vocab-llama-spm.gguf"))
-    model = Llama(LlamaConfig(vocab_size=spm.vocab_size, dim=16, n_layers=1, n_heads=2,
+    tok = load_gguf_tokenizer(os.path.join(src, "models", f"ggml-vocab-{name}.gguf"))
+    model = Llama(LlamaConfig(vocab_size=tok.vocab_size, dim=16, n_layers=1, n_heads=2,
                               ffn_dim=16, max_seq_len=64), seed=0)
-    path = tmp_path / "spm.gguf"
-    save_gguf(model, path, tokenizer=spm)
+    path = tmp_path / f"{name}.gguf"
+    save_gguf(model, path, tokenizer=tok)
     _, back = load_gguf(path)
+    return tok, back, path
+
+
+def test_sentencepiece_tokenizer_is_written_as_llama_cpp_reads_it(tmp_path):
+    """An SPMTokenizer (llama.cpp's Llama 2 vocabulary) written by save_gguf: read
+    back equal, and llama.cpp's own tokenization of the file equals it."""
+    from ggmlopt.spm import SPMTokenizer
+    spm, back, path = _vocabulary_written_and_read(tmp_path, "llama-spm")
     assert isinstance(back, SPMTokenizer)
     assert (back.tokens, back.scores, back.token_types) == (spm.tokens, spm.scores,
                                                             spm.token_types)
@@ -302,17 +310,8 @@ def test_gemma4_vocabulary_is_written_as_llama_cpp_reads_it(tmp_path):
     """A MetaspaceBPETokenizer (llama.cpp's Gemma 4 vocabulary) written by save_gguf:
     read back equal, and llama.cpp's tokenization of the file equals it, special
     tokens parsed and not, spaces before '</' (a token joins them) included."""
-    src = os.environ.get("GGMLOPT_LLAMA_CPP_SRC")
-    if not src:
-        pytest.skip("GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
-    from ggmlopt.io import load_gguf_tokenizer
     from ggmlopt.metaspace_bpe import MetaspaceBPETokenizer
-    g4 = load_gguf_tokenizer(os.path.join(src, "models", "ggml-vocab-gemma-4.gguf"))
-    model = Llama(LlamaConfig(vocab_size=g4.vocab_size, dim=16, n_layers=1, n_heads=2,
-                              ffn_dim=16, max_seq_len=64), seed=0)
-    path = tmp_path / "g4.gguf"
-    save_gguf(model, path, tokenizer=g4)
-    _, back = load_gguf(path)
+    g4, back, path = _vocabulary_written_and_read(tmp_path, "gemma-4")
     assert isinstance(back, MetaspaceBPETokenizer)
     assert (back.tokens, back.merges, back.token_types) == (g4.tokens, g4.merges,
                                                             g4.token_types)
