@@ -582,12 +582,13 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
         if not isinstance(tokens, list) or not isinstance(merges, list):
             raise ValueError(f"{where}: a {kind} tokenizer without tokenizer.ggml.tokens or "
                              "tokenizer.ggml.merges")
-        common = {"token_types": fields.get("tokenizer.ggml.token_type"),
-                  "eos_id": fields.get("tokenizer.ggml.eos_token_id"),
-                  "bos_id": fields.get("tokenizer.ggml.bos_token_id"),
-                  "eot_id": fields.get("tokenizer.ggml.eot_token_id"),
-                  "eom_id": fields.get("tokenizer.ggml.eom_token_id"),
-                  "chat_template": template}
+        common: dict[str, Any] = {
+            "token_types": fields.get("tokenizer.ggml.token_type"),
+            "eos_id": fields.get("tokenizer.ggml.eos_token_id"),
+            "bos_id": fields.get("tokenizer.ggml.bos_token_id"),
+            "eot_id": fields.get("tokenizer.ggml.eot_token_id"),
+            "eom_id": fields.get("tokenizer.ggml.eom_token_id"),
+            "chat_template": template}
         if kind == "gemma4":   # llama.cpp puts BOS first for it whatever add_bos_token says
             return MetaspaceBPETokenizer(tokens, merges, add_bos=True, **common)
         return BPETokenizer(tokens, merges,
