@@ -116,6 +116,9 @@ class WordEncoder:
                 else:
                     cache[word] = [found]
             new = rest
-        for word, enc in zip(new, self._tk.encode_batch(new, add_special_tokens=False)):
+        # (encode_batch_fast, tokenizers >= 0.20: the same ids without offsets, in a
+        # third of the time for many short words)
+        encode = getattr(self._tk, "encode_batch_fast", None) or self._tk.encode_batch
+        for word, enc in zip(new, encode(new, add_special_tokens=False)):
             cache[word] = enc.ids
         return list(itertools.chain.from_iterable(map(cache.__getitem__, words)))
