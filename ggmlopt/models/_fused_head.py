@@ -36,9 +36,13 @@ CHUNK_BYTES = 32 << 20
 _SAFE_PRODUCT = 1e37
 
 
+def _head(model):
+    """The layer that makes the logits: the model's own head, or the tied embedding."""
+    return model.lm_head if model.lm_head is not None else model._embedding
+
+
 def _head_trains(model) -> bool:
-    head = model.lm_head if model.lm_head is not None else model._embedding
-    return any(trains(p) for p in head.parameters())
+    return any(trains(p) for p in _head(model).parameters())
 
 
 def _max_norm(a: np.ndarray, axis: int) -> float:
@@ -102,7 +106,7 @@ def head_loss(model, hidden_rows: np.ndarray, labels: np.ndarray, *, grad_scale:
         if not math.isfinite(loss):
             return loss, grad_rows
     # the head's weight is the same for every chunk: its bf16 copy is made once
-    with weight_fixed(model.lm_head if model.lm_head is not None else model._embedding):
+    with weight_fixed(_head(model)):
         return _chunks(model, h, y, labelled, grad_scale, grad_rows, pred), grad_rows
 
 
