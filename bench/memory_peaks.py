@@ -6,10 +6,13 @@ in a fresh process (VmHWM), as a multiple of the model's float32 weights.
 
 Cases: ``build`` (Llama(config)), ``generate`` (build, then 16 greedy tokens),
 ``load_gguf`` (a float32 GGUF written beforehand, read back), ``evaluate``;
-training (two AdamW steps, the peak beside ``memory_report``'s estimate):
-``train-256`` (full fine-tune, 1 x 256), ``train-2048-ckpt`` (1 x 2048 with
-activation checkpointing), and with ``--large`` ``lora-1b-ckpt`` (LoRA q/k/v/o
-rank 8 over a Llama-3.2-1B-shaped float32 model, 1 x 1024, checkpointing).
+training (three AdamW steps, the peak beside ``memory_report``'s estimate and
+the median time of the steps after the first): ``train-256`` (full
+fine-tune, 1 x 256), ``train-256-inbwd`` (the same with the optimizer step in
+the backward pass, ``optimizer_in_backward=True``), ``train-256-inbwd-ckpt``
+(and activation checkpointing), ``train-2048-ckpt`` (1 x 2048 with
+checkpointing), and with ``--large`` ``lora-1b-ckpt`` (LoRA q/k/v/o rank 8 over
+a Llama-3.2-1B-shaped float32 model, 1 x 1024, checkpointing).
 """
 from __future__ import annotations
 
@@ -26,8 +29,10 @@ SMOLLM2_135M = {"vocab_size": 49152, "dim": 576, "n_layers": 30, "n_heads": 9, "
 LLAMA_3_2_1B = {"vocab_size": 128256, "dim": 2048, "n_layers": 16, "n_heads": 32,
                 "n_kv_heads": 8, "ffn_dim": 8192, "max_seq_len": 2048, "tie_embeddings": True,
                 "rope_base": 500000.0}
-TRAIN = {"train-256": (256, False, False), "train-2048-ckpt": (2048, True, False),
-         "lora-1b-ckpt": (1024, True, True)}
+# name: (tokens, checkpointing, LoRA adapters, optimizer in the backward pass)
+TRAIN = {"train-256": (256, False, False, False), "train-256-inbwd": (256, False, False, True),
+         "train-256-inbwd-ckpt": (256, True, False, True),
+         "train-2048-ckpt": (2048, True, False, False), "lora-1b-ckpt": (1024, True, True, False)}
 SMALL = {"vocab_size": 32000, "dim": 288, "n_layers": 6, "n_heads": 6, "ffn_dim": 768,
          "max_seq_len": 256, "tie_embeddings": True}
 
@@ -67,12 +72,15 @@ def _case(name: str, cfg: dict, path: str) -> dict:
 
 
 def _train_case(name: str, cfg: dict) -> dict:
+    import statistics
+    import time
+
     import numpy as np
 
     import ggmlopt as go
     from ggmlopt import lora
     from ggmlopt.models import Llama, LlamaConfig
-    t, checkpointing, adapters = TRAIN[name]
+    t, checkpointing, adapters, in_backward = TRAIN[name]
     if adapters:
         cfg = LLAMA_3_2_1B
     model = Llama(LlamaConfig(**{**cfg, "max_seq_len": max(t, cfg["max_seq_len"])}), seed=0)
@@ -80,17 +88,22 @@ def _train_case(name: str, cfg: dict) -> dict:
         lora.apply(model, rank=8, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
     if checkpointing:
         model.gradient_checkpointing_enable()
-    report = go.memory_report(model, 1, t)
-    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32)
+    report = go.memory_report(model, 1, t, optimizer_in_backward=in_backward)
+    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32,
+                        optimizer_in_backward=in_backward)
     tokens = np.random.default_rng(0).integers(0, cfg["vocab_size"], (1, t + 1))
     tokens = tokens.astype(np.int32)
-    for _ in range(2):
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
         ctx.alloc(True)
         ctx.eval(None, inputs=tokens[:, :-1], labels=tokens[:, 1:])
+        times.append(time.perf_counter() - start)
     weights = sum(p.data.nbytes for p in model.parameters())
     peak = _peak_bytes()
     return {"case": name, "weights_mib": weights / 2**20, "peak_mib": peak / 2**20,
-            "ratio": peak / weights, "estimate_mib": report.total / 2**20}
+            "ratio": peak / weights, "estimate_mib": report.total / 2**20,
+            "step_s": statistics.median(times[1:])}
 
 
 def main() -> None:
@@ -98,6 +111,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--large", action="store_true",
                     help="also the LoRA case over a Llama-3.2-1B shape (about 6 GiB)")
+    ap.add_argument("--cases", help="comma-separated cases to run (default: all)")
     ap.add_argument("--case")
     ap.add_argument("--cfg")
     ap.add_argument("--path")
@@ -115,7 +129,10 @@ def main() -> None:
             "cfg = json.loads(sys.argv[1]); cfg['vocab_size'] = 257; "
             "save_gguf(Llama(LlamaConfig(**cfg)), sys.argv[2], tokenizer=ByteTokenizer())"),
             json.dumps(cfg), path], check=True)
-        cases = ["build", "generate", "evaluate", "load_gguf", "train-256", "train-2048-ckpt"]
+        cases = ["build", "generate", "evaluate", "load_gguf", "train-256", "train-256-inbwd",
+                 "train-256-inbwd-ckpt", "train-2048-ckpt"]
+        if args.cases:
+            cases = args.cases.split(",")
         for case in cases + (["lora-1b-ckpt"] if args.large else []):
             out = subprocess.run([sys.executable, __file__, "--case", case, "--cfg",
                                   json.dumps(cfg), "--path", path], check=True,
@@ -124,8 +141,9 @@ def main() -> None:
             estimate = (f"  memory_report {r['estimate_mib']:7.1f} MiB "
                         f"({r['estimate_mib'] / r['peak_mib'] - 1:+.1%})"
                         if "estimate_mib" in r else "")
-            print(f"{r['case']:16s} weights {r['weights_mib']:7.1f} MiB  peak "
-                  f"{r['peak_mib']:7.1f} MiB  {r['ratio']:.2f}x{estimate}")
+            step = f"  step {r['step_s']:.2f} s" if "step_s" in r else ""
+            print(f"{r['case']:20s} weights {r['weights_mib']:7.1f} MiB  peak "
+                  f"{r['peak_mib']:7.1f} MiB  {r['ratio']:.2f}x{estimate}{step}")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,14 @@ from ggmlopt._memory cimport AlignedBuffer
 cdef class ParamArena:
     cdef AlignedBuffer _buf
     cdef float *_w        # parameters
-    cdef float *_g        # gradients, accumulated over a logical batch
+    cdef float *_g        # gradients, accumulated over a logical batch (NULL without)
+    cdef float *_state    # the optimizer's first state section
     cdef float *_m        # AdamW first moment (NULL without momenta)
     cdef float *_v        # AdamW second moment (NULL without momenta)
     cdef readonly int64_t size         # parameter elements
     cdef readonly int64_t section      # floats per section (size rounded up to 16)
     cdef readonly bint momenta         # holds optimizer state (AdamW: m and v)
+    cdef readonly bint has_grads       # has a gradient section
     cdef readonly tuple state_names    # the optimizer's state sections, in order
     cdef readonly int64_t nstate       # len(state_names)
 

@@ -14,6 +14,11 @@ grad_accs) until the context zeroes them.
 Parameters sit back to back inside each section, so one parameter is
 the same element range in every section.  The padding at the end of a section is
 never touched by a kernel.
+
+An arena built with ``grads=False`` has no gradient section (the weights are
+followed by the optimizer's state): a context that steps each parameter as
+soon as its gradient is final (``optimizer_in_backward``) lends gradients from
+a small pool instead of keeping one for every parameter.
 """
 import numpy as np
 
@@ -30,18 +35,19 @@ _ADAMW_STATE = ("m", "v")
 
 
 cdef class ParamArena:
-    """ParamArena(size, momenta=False, min_section=0, state=None)
+    """ParamArena(size, momenta=False, min_section=0, state=None, grads=True)
 
     size: parameter elements (>= 1).  momenta: keep AdamW's m and v (the same
     as state=('m', 'v')).  state: the names of the optimizer's state sections
     (a tuple of distinct str, none of them 'weights' or 'grads'), each as large
     as the weights.  min_section: floats per section at least
     (ggmlopt.distributed pads the sections so that P equal shards cover them);
-    the padding stays zero.  All sections start zeroed.
+    the padding stays zero.  grads: keep a gradient section (False: none; the
+    gradient methods then raise RuntimeError).  All sections start zeroed.
     """
 
     def __cinit__(self, int64_t size, bint momenta=False, int64_t min_section=0,
-                  state=None):
+                  state=None, bint grads=True):
         if size < 1:
             raise ValueError(f"size: expected at least 1 parameter element, got {size}")
         if min_section < 0:
@@ -60,37 +66,48 @@ cdef class ParamArena:
         self.state_names = state
         self.nstate = len(state)
         self.momenta = len(state) > 0
-        cdef int64_t nsections = 2 + len(state)
+        self.has_grads = grads
+        cdef int64_t nsections = 1 + (1 if grads else 0) + len(state)
         self._buf = AlignedBuffer(nsections * self.section * sizeof(float))
         cdef float *base = <float *>self._buf.data
         self._w = base
-        self._g = base + self.section
+        self._g = base + self.section if grads else NULL
+        self._state = base + (2 if grads else 1) * self.section
         self._m = NULL
         self._v = NULL
         if state == _ADAMW_STATE:
-            self._m = self._g + self.section
+            self._m = self._state
             self._v = self._m + self.section
 
     # ---- C level ----------------------------------------------------------------
 
     cdef void zero_grads_c(self) noexcept nogil:
-        fill_f32(self.size, 0.0, self._g)
+        if self._g != NULL:
+            fill_f32(self.size, 0.0, self._g)
 
     cdef void zero_momenta_c(self) noexcept nogil:
-        # every state section: they follow the gradients, back to back
+        # every state section: back to back after the weights and gradients
         cdef int64_t k
         for k in range(self.nstate):
-            fill_f32(self.size, 0.0, self._g + (k + 1) * self.section)
+            fill_f32(self.size, 0.0, self._state + k * self.section)
 
+    # without a gradient section the gradient methods do nothing (C callers check
+    # has_grads; the Python methods raise)
     cdef void adamw_step_c(self, const float *params) noexcept nogil:
+        if self._g == NULL or self._m == NULL:
+            return
         adamw_step_f32(self.size, self._w, self._g, self._m, self._v, params)
 
     cdef void sgd_step_c(self, float alpha, float wd) noexcept nogil:
+        if self._g == NULL:
+            return
         sgd_step_f32(self.size, self._w, self._g, alpha, wd)
 
     cdef double clip_grad_norm_c(self, double max_norm) noexcept nogil:
         # torch.nn.utils.clip_grad_norm_'s rule: one sum-of-squares pass over the
         # whole gradient section, then one scale when the global norm is too large
+        if self._g == NULL:
+            return 0.0
         cdef double norm = sqrt(sumsq_f32(self.size, self._g))
         if norm > max_norm:
             scale_f32(self.size, <float>(max_norm / (norm + 1e-6)), self._g)
@@ -100,12 +117,16 @@ cdef class ParamArena:
 
     cdef int64_t _offset(self, str which) except -1:
         cdef int64_t k
+        cdef int64_t first_state = 2 if self.has_grads else 1
         if which == "weights":
             k = 0
-        elif which == "grads":
+        elif which == "grads" and self.has_grads:
             k = 1
+        elif which == "grads":
+            raise ValueError("which: this arena has no gradient section (built with "
+                             "grads=False)")
         elif which in self.state_names:
-            k = 2 + self.state_names.index(which)
+            k = first_state + self.state_names.index(which)
         elif which in ("m", "v"):
             raise ValueError(f"which: this arena has no {which!r} section")
         else:
@@ -135,6 +156,11 @@ cdef class ParamArena:
         `section` elements (collectives over equal shards of the arena)."""
         return self._buf.view(np.float32, (self.section,), self._offset(which))
 
+    def _need_grads(self, str what):
+        if not self.has_grads:
+            raise RuntimeError(f"{what}: this arena has no gradient section (built with "
+                               "grads=False)")
+
     def zero_grads(self):
         """Zero the per-batch gradient."""
         with nogil:
@@ -151,6 +177,7 @@ cdef class ParamArena:
         the formula."""
         if self._m == NULL:
             raise RuntimeError("adamw_step: this arena was built without AdamW momenta")
+        self._need_grads("adamw_step")
         cdef float params[7]
         params[0] = alpha
         params[1] = beta1
@@ -164,12 +191,14 @@ cdef class ParamArena:
 
     def sgd_step(self, float alpha, float wd):
         """w = w*(1 - alpha*wd) - alpha*g over every parameter."""
+        self._need_grads("sgd_step")
         with nogil:
             self.sgd_step_c(alpha, wd)
 
     def grad_sumsq(self):
         """Sum of squares of all gradients (double)."""
         cdef double s
+        self._need_grads("grad_sumsq")
         with nogil:
             s = sumsq_f32(self.size, self._g)
         return s
@@ -179,6 +208,7 @@ cdef class ParamArena:
         norm = sqrt(sum(g^2)) > max_norm, g *= max_norm / (norm + 1e-6).
         Returns the norm before clipping (float)."""
         cdef double norm
+        self._need_grads("clip_grad_norm")
         with nogil:
             norm = self.clip_grad_norm_c(max_norm)
         return norm

@@ -20,7 +20,9 @@
     nparams           int
     param.i           float32, the parameter's shape
     grad.i            float32, the gradient (accumulated over the physical batches
-                      of the logical batch so far: ctx.grad_acc)
+                      of the logical batch so far: ctx.grad_acc; zeros from a
+                      context with optimizer_in_backward, which keeps none and
+                      ignores these on load)
     grad_is_zero      int8 (nparams,), 1 where a layer may overwrite the gradient
                       instead of adding into it (Parameter.grad_is_zero), else 0
     <name>_<state>.i  float32, the optimizer's state arrays (contexts built for
@@ -432,8 +434,13 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
     dist = ctx.distributed
     if _sharded_state(ctx):  # many processes: the state is gathered from every rank
         sharded = dist.gather_state(ctx.arena.size)
-    for key, _ in lay.array_keys():
-        sd[key] = _section_view(ctx, lay, key, sharded).copy()
+    for key, shape in lay.array_keys():
+        if key.startswith("grad.") and not ctx.arena.has_grads:
+            # optimizer_in_backward keeps no gradient between steps: zeros, as the
+            # next step's alloc would make them
+            sd[key] = np.zeros(shape, np.float32)
+        else:
+            sd[key] = _section_view(ctx, lay, key, sharded).copy()
     # whether a layer overwrites or adds into a gradient decides the sign of its zeros
     sd["grad_is_zero"] = np.array([getattr(p, "grad_is_zero", False)
                                    for p in ctx.parameters()], dtype=np.int8)
@@ -480,6 +487,8 @@ def load_context_state_dict(ctx: OptContext, sd: Mapping[str, Any]) -> None:
     if _sharded_state(ctx):  # many processes: each rank keeps its shard of the state
         sharded = {s: np.empty(ctx.arena.size, np.float32) for s in lay.state}
     for key, _ in lay.array_keys():
+        if key.startswith("grad.") and not ctx.arena.has_grads:
+            continue   # optimizer_in_backward: the next step starts from zero anyway
         np.copyto(_section_view(ctx, lay, key, sharded), sd[key])
     if sharded is not None:
         dist.set_state(sharded)

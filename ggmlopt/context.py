@@ -36,6 +36,7 @@ from .optim_params import (
 )
 from .optimizers import Optimizer, optimizer_arg
 from .result import Result
+from .step_in_backward import StepInBackward
 
 __all__ = ["GradientExchange", "OptContext", "checks_before_taking"]
 
@@ -246,6 +247,13 @@ class OptContext:
     None: one exchange of every gradient after the backward pass.  The sums are
     the same bits either way (see ggmlopt.distributed).
 
+    optimizer_in_backward: True steps each parameter during the backward pass,
+    as soon as its gradient is final, and lends gradients from a small pool
+    instead of keeping one for every parameter (a full fine-tune's memory falls
+    by about the size of the weights); the same numbers, bit for bit.  Needs
+    opt_period=1, no clip_grad_norm, no comm; ``grad_acc`` is then refused.  See
+    ggmlopt.step_in_backward.
+
     Checkpoints: ``state_dict()`` / ``load_state_dict(sd)``, ``save(path)`` /
     ``OptContext.load(path, model)`` (see ggmlopt.checkpoint).
     """
@@ -262,8 +270,17 @@ class OptContext:
                  clip_grad_norm: float | None = None, comm: Any = None,
                  shard_optimizer: bool = False, *, class_labels: bool = False,
                  inputs_dtype: npt.DTypeLike | None = None,
-                 bucket_cap_mb: float | None = 25.0, precision: str = "f32") -> None:
+                 bucket_cap_mb: float | None = 25.0, precision: str = "f32",
+                 optimizer_in_backward: bool = False) -> None:
         self._precision = _checked_precision(precision)
+        if not isinstance(optimizer_in_backward, (bool, np.bool_)):
+            raise TypeError(f"optimizer_in_backward: expected a bool, got "
+                            f"{type(optimizer_in_backward).__name__}")
+        if optimizer_in_backward and (comm is not None or shard_optimizer):
+            raise ValueError("optimizer_in_backward: not with comm (the ranks sum every "
+                             "gradient before any step); build the context without one of them")
+        self._wants_step_in_backward = bool(optimizer_in_backward)
+        self._in_backward: StepInBackward | None = None
         args = (model, batch_size, ne_datapoint, loss_type, build_type, opt_period, optimizer,
                 get_opt_pars, get_opt_pars_ud, seed, clip_grad_norm, class_labels, inputs_dtype)
         before_taking = _BEFORE_TAKING.get()
@@ -334,6 +351,8 @@ class OptContext:
                              f"context with build_type=FORWARD")
         if self._built != BuildType.FORWARD:
             refuse_full_finetune_of_quantized(model)
+        if self._wants_step_in_backward:
+            self._check_step_in_backward(trainable, clip_grad_norm)
         # the frozen/trainable split, over model.parameters() (distributed and the
         # checkpoints compare it)
         self._model_params = params
@@ -434,39 +453,64 @@ class OptContext:
                              f"{len(params)} with no elements)")
         return params
 
+    def _check_step_in_backward(self, trainable, clip_grad_norm):
+        """ValueError unless optimizer_in_backward can run here (see
+        ggmlopt.step_in_backward for why each one is refused)."""
+        if self._built != BuildType.OPT:
+            raise ValueError(f"optimizer_in_backward: the context steps no optimizer "
+                             f"(build_type={self._built.name}); build it for OPT")
+        if self._opt_period != 1:
+            raise ValueError(f"optimizer_in_backward: needs opt_period=1 (each step's "
+                             f"gradient is one physical batch's), got {self._opt_period}; "
+                             "accumulate with a larger physical batch instead")
+        if clip_grad_norm is not None:
+            raise ValueError("optimizer_in_backward: not with clip_grad_norm (the global "
+                             "norm needs every gradient before any step)")
+        odd = [type(p).__name__ for p in trainable if not isinstance(p, Parameter)]
+        if odd:
+            raise TypeError(f"optimizer_in_backward: every trainable parameter must be a "
+                            f"ggmlopt.nn.Parameter (its gradient is lent while the backward "
+                            f"pass needs it), got {odd[0]}")
+
     def _build_arena(self, params):
         """params (the trainable ones) into one arena; .data and .grad re-pointed
-        at its views."""
+        at its views (with optimizer_in_backward the arena keeps no gradients:
+        they are lent, ggmlopt.step_in_backward)."""
         size = sum(p.data.size for p in params)
         # the optimizer's state (AdamW's moments) beside them, for a context that steps
         state = self._optimizer.state_names if self._built == BuildType.OPT else ()
         min_section = 0
         if self._dist is not None:  # many processes: a sharded state lives in self._dist
             state, min_section = self._dist.arena_layout(size, state)
+        lent = self._wants_step_in_backward
         # a forward-only context of a frozen model holds nothing: one padding element
-        arena = ParamArena(max(size, 1), False, min_section, state)
+        arena = ParamArena(max(size, 1), False, min_section, state, not lent)
         start = 0
         for p in params:
             shape = p.data.shape
             w = arena.view("weights", start, shape)
             w[...] = p.data
-            grad = arena.view("grads", start, shape)
+            grad = None if lent else arena.view("grads", start, shape)
             if isinstance(p, Parameter):
                 p._set_storage(w, grad)
             else:
                 p.data = w
                 p.grad = grad
             start += w.size
-        self._grads = [p.grad for p in params]
+        self._grads = [p.grad for p in params] if not lent else []
         self._flagged = [p for p in params if hasattr(p, "grad_is_zero")]
         self.arena = arena
+        if lent:
+            self._in_backward = StepInBackward(self.model, params, arena, self._optimizer)
         # what the optimizer steps: flat views of the whole arena
-        self._step_arrays = (arena.flat("weights"), arena.flat("grads"),
+        self._step_arrays = (arena.flat("weights"), None if lent else arena.flat("grads"),
                              {name: arena.flat(name) for name in arena.state_names})
         self._zero_grads()
 
     def _zero_grads(self):
         """Zero every gradient (one kernel call) and tell the layers so."""
+        if self._in_backward is not None:   # lent gradients: back to the pool
+            self._in_backward.release()
         self.arena.zero_grads()
         for p in self._flagged:
             p.grad_is_zero = True
@@ -646,7 +690,12 @@ class OptContext:
         """The gradient accumulator of param (a float32 view of its shape in the
         arena): the gradient summed over the physical batches of the logical batch
         so far; after an optimizer step it still holds the sum the step used.
-        With opt_period 1 it is the gradient of the last batch."""
+        With opt_period 1 it is the gradient of the last batch.  A context with
+        optimizer_in_backward keeps none (RuntimeError)."""
+        if self._in_backward is not None:
+            raise RuntimeError("grad_acc: this context steps each parameter in the backward "
+                               "pass (optimizer_in_backward=True) and keeps no gradient after "
+                               "its step; build it without to read gradients")
         i = self._index.get(id(param))
         if i is None:
             if id(param) in self._frozen_ids:
@@ -709,7 +758,7 @@ class OptContext:
                                    "this context was built, which has no gradient or "
                                    "optimizer memory for it: set it back, or build a new "
                                    "context")
-        for p, grad in zip(self._params, self._grads):
+        for p, grad in zip(self._params, self._grads):   # none when lent
             if p.grad is not grad:
                 p.grad = grad
                 if hasattr(p, "grad_is_zero"):
@@ -835,11 +884,17 @@ class OptContext:
 
         if backward:
             with gemm.products_in(self._precision):
-                if step is not None:   # the eval that steps: its exchange may start here
+                if step is not None and self._in_backward is not None:
+                    # each parameter stepped as its gradient becomes final
+                    self._in_backward.backward(grad, step, self.iter)
+                elif step is not None:   # the eval that steps: its exchange may start here
                     self._exchange.backward(self, grad)
                 else:
                     self.model.backward(grad)
-            if step is not None:
+            if step is not None and self._in_backward is not None:
+                self._opt_pars_in_force = step
+                self.iter += 1
+            elif step is not None:
                 # the gradients summed over the processes; with a sharded optimizer the
                 # exchange also clips and steps (stepped is True)
                 stepped = self._exchange.step(self, step)
@@ -893,19 +948,23 @@ class OptContext:
              get_opt_pars: Callable[[Any], OptimizerParams] = default_optimizer_params,
              get_opt_pars_ud: Any = None, clip_grad_norm: float | None = None,
              comm: Any = None, shard_optimizer: bool = False,
-             bucket_cap_mb: float | None = 25.0, optimizer: Any = None) -> OptContext:
+             bucket_cap_mb: float | None = 25.0, optimizer: Any = None,
+             optimizer_in_backward: bool = False) -> OptContext:
         """A context for model, built with the settings saved in the checkpoint at
         path and holding its state.  model's parameters must have the saved shapes
         (checked before the model is touched).  comm, shard_optimizer,
         bucket_cap_mb: as for the constructor (every rank reads path; a checkpoint
         of any number of ranks; the bucket size is not part of a checkpoint).
         optimizer: None (the checkpoint's AdamW or SGD), or the Optimizer it was
-        saved with, which one defined outside ggmlopt needs (ggmlopt.optimizers)."""
+        saved with, which one defined outside ggmlopt needs (ggmlopt.optimizers).
+        optimizer_in_backward: as for the constructor (not part of a checkpoint:
+        either way resumes the same trajectory)."""
         from ._buckets import check_bucket_cap_mb
         check_bucket_cap_mb(bucket_cap_mb)  # before the file is read, as the constructor
         if comm is None and shard_optimizer is False:
             return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
-                                           clip_grad_norm, optimizer)
+                                           clip_grad_norm, optimizer,
+                                           optimizer_in_backward=optimizer_in_backward)
         from .distributed import Distributed  # many processes: a failing rank stops all
         with Distributed(comm, shard_optimizer, bucket_cap_mb).reporting("OptContext.load"):
             return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,

@@ -58,6 +58,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute each block in the backward pass: far less memory for "
                         "long windows, the same gradients")
+    p.add_argument("--optimizer-in-backward", action="store_true",
+                   help="step each weight in the backward pass as soon as its gradient is "
+                        "final: a full fine-tune holds one block's gradients, not all; the "
+                        "same result (needs --micro-batch equal to --batch)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("-lr", "--lr", type=float, default=1e-4, help="learning rate (AdamW alpha)")
@@ -94,6 +98,9 @@ def _problems(args) -> list[str]:
     if args.micro_batch is not None and (args.micro_batch < 1 or args.batch % args.micro_batch):
         bad.append(f"--micro-batch: expected a divisor of --batch {args.batch}, got "
                    f"{args.micro_batch}")
+    if args.optimizer_in_backward and args.micro_batch not in (None, args.batch):
+        bad.append(f"--optimizer-in-backward: steps once per physical batch; expected "
+                   f"--micro-batch {args.batch} (or none), got {args.micro_batch}")
     if not args.lr > 0:
         bad.append(f"--lr: expected > 0, got {args.lr}")
     if not 0 <= args.weight_decay <= 1:
@@ -260,7 +267,8 @@ def main(argv=None) -> int:
                      nbatch_logical=args.batch, nbatch_physical=args.micro_batch,
                      val_split=args.val_split, silent=args.silent,
                      optimizer=args.optimizer, seed=args.seed, checkpoint=args.checkpoint,
-                     resume=args.resume, max_steps=args.max_steps, eval_every=args.eval_every)
+                     resume=args.resume, max_steps=args.max_steps, eval_every=args.eval_every,
+                     optimizer_in_backward=args.optimizer_in_backward)
     if not args.silent and len(history):
         print(f"finetune: train loss {history[-1].train_loss:.4f}", file=out)
     from .io import save_gguf, save_gguf_lora

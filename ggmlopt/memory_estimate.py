@@ -5,7 +5,10 @@ The parts, in bytes:
 
 - weights: every float parameter's data, and the bytes of the layers kept in a
   file's types (a quantized base read in place);
-- gradients: one float32 per trainable element (frozen ones have none);
+- gradients: one float32 per trainable element (frozen ones have none); with
+  ``optimizer_in_backward`` the pool of lent gradients instead: the largest
+  block's, the largest other part's, and those of the parameters held in two
+  places (a tied embedding), which live through the whole backward pass;
 - optimizer state: AdamW's two moments per trainable element (SGD: none);
 - activations: what the layers keep between their forward and backward
   passes and the buffers their backward writes, per token, from the buffers
@@ -188,16 +191,43 @@ def _parameter_bytes(model) -> tuple[int, int]:
     return weights, trainable
 
 
+def _lent_gradient_bytes(model, blocks) -> int:
+    """The gradient pool of optimizer_in_backward at its fullest (see
+    ggmlopt.step_in_backward): parameters held in two places (a tied
+    embedding) for the whole pass, plus the larger of one block's and one
+    other part's (the head, the embedding), whose buffers the next borrower of
+    the same size reuses."""
+    from ._buckets import _holdings
+    from .nn.module import named_parameters
+
+    def trainable_bytes(module, shared):
+        return sum(p.data.nbytes for _, p in named_parameters(module)
+                   if getattr(p, "requires_grad", True) and id(p) not in shared)
+
+    held = _holdings(model)
+    trainable = [p for _, p in named_parameters(model) if getattr(p, "requires_grad", True)]
+    shared = {id(p) for p in trainable if held.get(id(p)) != 1}
+    in_blocks = {id(p) for b in blocks for _, p in named_parameters(b)}
+    largest_block = max((trainable_bytes(b, shared) for b in blocks), default=0)
+    largest_other = max((p.data.nbytes for p in trainable
+                         if id(p) not in shared and id(p) not in in_blocks), default=0)
+    return sum(p.data.nbytes for p in trainable if id(p) in shared) + \
+        largest_block + largest_other
+
+
 def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw",
-                  checkpointing: bool | None = None, labelled: float = 1.0) -> MemoryReport:
+                  checkpointing: bool | None = None, labelled: float = 1.0,
+                  optimizer_in_backward: bool = False) -> MemoryReport:
     """The memory training model (a ggmlopt language model) takes at its peak:
     batch_size windows of n_ctx tokens a physical batch, AdamW (optimizer
     "adamw") or SGD ("sgd"), or any ggmlopt.optimizers.Optimizer (its
     state_names: one array per name) over the parameters that train now (after
     lora.apply: the adapters), activation checkpointing as the model has it
     (or as checkpointing says).  labelled: the share of positions with a label
-    (the fused head skips the others).  Returns a MemoryReport (bytes per part,
-    ``total``; ``print(report)`` shows a table)."""
+    (the fused head skips the others).  optimizer_in_backward: the context
+    steps in the backward pass and lends gradients (OptContext's argument).
+    Returns a MemoryReport (bytes per part, ``total``; ``print(report)`` shows
+    a table)."""
     from .models._causal_lm import CausalLM
     from .models._fused_head import CHUNK_BYTES
     if not isinstance(model, CausalLM):
@@ -238,7 +268,11 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     else:
         activations = sum(per_block) * tokens * F32 + outside
         transient = activations + head
-    gradients = trainable * F32
+    if not isinstance(optimizer_in_backward, bool):
+        raise TypeError(f"optimizer_in_backward: expected a bool, got "
+                        f"{type(optimizer_in_backward).__name__}")
+    gradients = (_lent_gradient_bytes(lm, blocks) if optimizer_in_backward
+                 else trainable * F32)
     state = nstate * trainable * F32
     return MemoryReport(weights=weights, gradients=gradients, optimizer_state=state,
                         activations=activations, head=head, runtime=RUNTIME_BYTES,

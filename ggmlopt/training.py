@@ -59,7 +59,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         shard_optimizer: bool = False, dataset_is_part: bool = False,
         bucket_cap_mb: float | None = 25.0, max_steps: int | None = None,
         eval_every: int | None = None, checkpoint_every: int | None = None,
-        precision: str = "f32", drop_last: bool = False) -> History:
+        precision: str = "f32", drop_last: bool = False,
+        optimizer_in_backward: bool = False) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
@@ -141,6 +142,11 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     precision: "f32" (default) or "bf16": the layers' matrix products in bf16
     with float32 sums, weights, gradients and optimizer state, where the CPU
     multiplies bf16 natively (see OptContext; elsewhere a warning and float32).
+    optimizer_in_backward: True steps each parameter in the backward pass as soon
+    as its gradient is final, with gradients lent from a small pool (a full
+    fine-tune holds about one block's gradients instead of every parameter's):
+    the same numbers, bit for bit; needs nbatch_physical == nbatch_logical, no
+    clip_grad_norm and no comm (see OptContext, ggmlopt.step_in_backward).
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -157,7 +163,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     if comm is not None:
         silent = silent or comm.Get_rank() != 0  # rank 0 alone prints
     plan.check_schedule(get_opt_pars, optimizer)
-    _check_memory(model, dataset, plan, optimizer, silent)
+    _check_memory(model, dataset, plan, optimizer, silent, optimizer_in_backward)
     data = dataset.data
     ckpt = None
     if checkpoint is not None:
@@ -194,7 +200,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                              clip_grad_norm=clip_grad_norm, comm=comm,
                              shard_optimizer=shard_optimizer, class_labels=class_labels,
                              inputs_dtype=inputs_dtype, bucket_cap_mb=bucket_cap_mb,
-                             precision=precision)
+                             precision=precision,
+                             optimizer_in_backward=optimizer_in_backward)
         if comm is not None:
             ctx.distributed.parts = dataset_is_part
 
@@ -227,7 +234,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     return history
 
 
-def _check_memory(model, dataset, plan, optimizer, silent):
+def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False):
     """For a language model: the memory estimate of its training (printed unless
     silent), and MemoryError naming the ways out, before anything is allocated,
     when the machine cannot hold it."""
@@ -239,8 +246,8 @@ def _check_memory(model, dataset, plan, optimizer, silent):
     share = 1.0 if labels is None or labels.dtype != np.int32 else \
         float(np.count_nonzero(labels >= 0)) / max(1, labels.size)
     report = memory_report(model, plan.nbatch_physical, dataset.data.shape[1],
-                           optimizer=optimizer,
-                           labelled=share)
+                           optimizer=optimizer, labelled=share,
+                           optimizer_in_backward=bool(in_backward))
     if not silent:
         sys.stderr.write(f"fit: {report}\n")
     check_fits(report)

@@ -48,6 +48,22 @@ def test_the_made_up_fact_through_the_command(files, capsys):
     assert reply == "Quimby."
 
 
+def test_the_optimizer_in_the_backward_pass_gives_the_same_model(files):
+    from ggmlopt.io import load_gguf
+    outs = []
+    for extra in ([], ["--optimizer-in-backward"]):
+        out = files / f"tuned{len(extra)}.gguf"
+        assert finetune.main(["-m", str(files / "base.gguf"), "--data",
+                              str(files / "train.jsonl"), "--full", "-c", "96", "-b", "4",
+                              "-lr", "3e-3", "--epochs", "2", "--merge-out", str(out),
+                              "--out-type", "f32", "--silent"] + extra) == 0
+        outs.append([p.data for p in load_gguf(out)[0].parameters()])
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)
+    base = [p.data for p in load_gguf(files / "base.gguf")[0].parameters()]
+    assert any(not np.array_equal(a, b) for a, b in zip(base, outs[1]))   # it trained
+
+
 def test_a_lora_run_writes_an_adapter_over_the_unchanged_base(files, capsys):
     from ggmlopt import lora
     from ggmlopt.io import load_gguf, load_gguf_lora
@@ -106,6 +122,8 @@ def test_a_raw_text_file_trains_as_llama_finetune_does(files):
     (["-c", "0"], "--ctx: expected >= 1"),
     (["-b", "6", "-ub", "4"], "--micro-batch: expected a divisor of --batch 6"),
     (["-lr", "0"], "--lr: expected > 0"),
+    (["-b", "4", "-ub", "2", "--optimizer-in-backward"],
+     "--optimizer-in-backward: steps once per physical batch"),
     (["--resume"], "--resume: needs --checkpoint"),
     (["--full"], "--out: writes a LoRA adapter"),
     (["--full", "--keep-types"], "--keep-types: a kept (quantized) base trains through LoRA"),

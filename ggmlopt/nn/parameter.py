@@ -1,6 +1,8 @@
 """Parameter: a float32 array of a model, its gradient, and whether it trains."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 __all__ = ["Parameter"]
@@ -35,7 +37,7 @@ class Parameter:
     to run once the split it was built with has changed.
     """
 
-    __slots__ = ("_data", "_grad", "_requires_grad", "grad_is_zero", "name")
+    __slots__ = ("_data", "_grad", "_lender", "_requires_grad", "grad_is_zero", "name")
     _grad: np.ndarray | None
 
     # how many times any parameter's requires_grad changed: an OptContext compares
@@ -51,6 +53,9 @@ class Parameter:
         self._data = np.array(arr, dtype=np.float32, order="C", copy=True)
         self._requires_grad = bool(requires_grad)
         self._grad = None   # made on first use (the grad property)
+        # what makes it instead of np.zeros: an OptContext that steps each parameter
+        # in the backward pass lends gradients from a pool (ggmlopt.step_in_backward)
+        self._lender = None
         self.name = name
         self.grad_is_zero = True
 
@@ -91,19 +96,25 @@ class Parameter:
         """The gradient (see the class docstring): zeros of data's shape, made on
         first use, or None while frozen."""
         if self._grad is None and self._requires_grad:
-            # np.zeros maps fresh zero pages: memory is committed only where written
-            self._grad = np.zeros(self._data.shape, np.float32)
+            if self._lender is not None:
+                self._grad = self._lender(self)
+            else:
+                # np.zeros maps fresh zero pages: memory is committed only where written
+                self._grad = np.zeros(self._data.shape, np.float32)
         return self._grad
 
     @grad.setter
     def grad(self, value: np.ndarray | None) -> None:
         self._grad = value
 
-    def _set_storage(self, data: np.ndarray, grad: np.ndarray | None) -> None:
+    def _set_storage(self, data: np.ndarray, grad: np.ndarray | None,
+                     lender: Callable[[Parameter], np.ndarray] | None = None) -> None:
         """Re-point data and grad at other memory of the same shape and dtype, as
-        an OptContext does with its arena's views (no checks: internal)."""
+        an OptContext does with its arena's views; lender, when given, makes the
+        gradient on its first use after grad is None (no checks: internal)."""
         self._data = data
         self._grad = grad
+        self._lender = lender
 
     @property
     def requires_grad(self) -> bool:
