@@ -118,7 +118,6 @@ class LoRALinear(Linear):
         self._t = np.empty((rows, self.rank), np.float32)      # scaling * dropout(x) A
         self._t_rows = np.empty((self.rank, rows), np.float32)  # _t transposed
         self._u = np.empty((rows, self.rank), np.float32)      # scaling * grad B^T
-        self._grad_lora_in = np.empty((rows, self.in_features), np.float32)
 
     def forward(self, x):
         """x: (..., in_features) -> (..., out_features) float32 (a buffer this
@@ -165,10 +164,11 @@ class LoRALinear(Linear):
         self._add_dense_grads(g)  # the frozen weight's product is skipped
         if not self.needs_input_grad:
             return None
-        self._base.product_transposed(g, self._grad_in2)
-        lora_in = gemm.matmul(u, self.lora_a.data.T, self._grad_lora_in)
-        np.add(self._grad_in2, self.lora_dropout.backward(lora_in), out=self._grad_in2)
-        return self._grad_in
+        grad_in, grad_in2 = self._input_grad()
+        self._base.product_transposed(g, grad_in2)
+        lora_in = gemm.matmul(u, self.lora_a.data.T, np.empty_like(grad_in2))
+        np.add(grad_in2, self.lora_dropout.backward(lora_in), out=grad_in2)
+        return grad_in
 
     def merged_weight(self) -> np.ndarray:
         """W + scaling * A B as a new float32 (in, out) array (summed in float64;

@@ -11,10 +11,11 @@ The parts, in bytes:
   places (a tied embedding), which live through the whole backward pass;
 - optimizer state: AdamW's two moments per trainable element (SGD: none);
 - activations: what the layers keep between their forward and backward
-  passes and the buffers their backward writes, per token, from the buffers
-  ggmlopt's layers allocate (each layer's output and input gradient, the
-  attention's outputs and gradients, the MLP's intermediates); with
-  activation checkpointing each block's input plus one block's buffers;
+  passes, per token, from the buffers ggmlopt's layers allocate (each layer's
+  output, the attention's outputs, the MLP's intermediates); with activation
+  checkpointing each block's input plus one block's buffers.  The input
+  gradients a backward pass makes are dropped block by block: the peak holds
+  one block's of them (or the head's buffers, the larger);
 - head: the fused head's two chunk buffers (logits and their gradient, at most
   ``ggmlopt.models._fused_head.CHUNK_BYTES`` each) and the hidden rows it reads
   and writes;
@@ -114,9 +115,12 @@ def resident_memory() -> int | None:
 
 # ---- activations: ggmlopt's buffers per token ---------------------------------------------
 
-def _floats_per_token(module) -> int:
-    """Float32 values module and its sub-modules hold per token of a training step
-    (forward outputs kept for the backward pass, and backward buffers)."""
+def _floats_per_token(module) -> tuple[int, int]:
+    """Float32 values module and its sub-modules hold per token of a training
+    step: (kept, backward): the forward's outputs kept for the backward pass
+    (and buffers a layer keeps between steps), and the buffers its backward
+    pass makes and drops (the input gradients: Linear, the norms, the
+    attention, SwiGLU and the blocks make them per call)."""
     from .lora import LoRALinear
     from .models._causal_lm import PreNormBlock
     from .models.gemma3 import GeGLU, Gemma3DecoderLayer
@@ -128,52 +132,57 @@ def _floats_per_token(module) -> int:
     from .nn.norm import LayerNorm, RMSNorm
     from .nn.quantized import QuantizedLinear
 
+    def total(*parts):
+        return (sum(k for k, _ in parts), sum(b for _, b in parts))
+
+    def sub(*modules):
+        return total(*(_floats_per_token(m) for m in modules))
+
     if isinstance(module, LoRALinear):
-        # the output and input gradient, the adapter's path (rank wide) and its input
-        # gradient; the base is read through, no buffer of its own
-        return module.out_features + 2 * module.in_features + 3 * module.rank
+        # the output and the adapter's path (rank wide: t, its transpose, u); the
+        # input gradient and the adapter's share of it in the backward pass
+        return (module.out_features + 3 * module.rank, 2 * module.in_features)
     if isinstance(module, (Linear, QuantizedLinear)):
-        return module.out_features + module.in_features
+        return (module.out_features, module.in_features)
     if isinstance(module, (RMSNorm, LayerNorm)):
-        return 2 * module.dim + 2
+        return (module.dim + 2, module.dim)
     if isinstance(module, GELU):
-        return 0   # sized by the caller (GPT2MLP)
+        return (0, 0)   # sized by the caller (GPT2MLP)
     if isinstance(module, CausalSelfAttention):
         q, kv = module.n_heads * module.head_dim, module.n_kv_heads * module.head_dim
-        own = 2 * q + 2 * kv + module.dim + module.n_heads   # o, dq|dk|dv, dx, lse
+        own = (q + module.n_heads, q + 2 * kv + module.dim)   # o, lse; dq, dk, dv, dx
         if module.q_norm is not None:   # one row per head of each token
-            own += (module.n_heads + module.n_kv_heads) * (2 * module.head_dim + 2)
-        return own + sum(_floats_per_token(p) for p in (module.q_proj, module.k_proj,
-                                                        module.v_proj, module.o_proj))
+            heads = module.n_heads + module.n_kv_heads
+            own = total(own, (heads * (module.head_dim + 2), heads * module.head_dim))
+        return total(own, sub(module.q_proj, module.k_proj, module.v_proj, module.o_proj))
     if isinstance(module, Phi3Attention):
         q, kv = module.q_width, module.kv_width
-        # q, k, v copies, o, their gradients, the fused gradient, lse
-        own = 2 * (q + 2 * kv) + q + (q + 2 * kv) + module.n_heads
-        return own + _floats_per_token(module.qkv_proj) + _floats_per_token(module.o_proj)
+        # q, k, v copies, o, their gradients, the fused gradient, lse: all kept
+        own = (2 * (q + 2 * kv) + q + (q + 2 * kv) + module.n_heads, 0)
+        return total(own, sub(module.qkv_proj, module.o_proj))
     if isinstance(module, GPT2Attention):
-        own = module.dim + module.n_heads + 3 * module.dim   # o, lse, dqkv
-        return own + _floats_per_token(module.c_attn) + _floats_per_token(module.c_proj)
-    if isinstance(module, SwiGLU):
-        return 3 * module.hidden + module.dim + sum(
-            _floats_per_token(p) for p in (module.gate_proj, module.up_proj, module.down_proj))
+        own = (module.dim + module.n_heads + 3 * module.dim, 0)   # o, lse, dqkv (kept)
+        return total(own, sub(module.c_attn, module.c_proj))
+    if isinstance(module, SwiGLU):   # the product kept; both gradients and dx made
+        return total((module.hidden, 2 * module.hidden + module.dim),
+                     sub(module.gate_proj, module.up_proj, module.down_proj))
     if isinstance(module, Phi3MLP):
         # gate and up copies, their product, the gradients and their concatenation
-        return 6 * module.hidden + _floats_per_token(module.gate_up_proj) + \
-            _floats_per_token(module.down_proj)
+        return total((6 * module.hidden, 0), sub(module.gate_up_proj, module.down_proj))
     if isinstance(module, GPT2MLP):
-        return 2 * module.hidden + module.dim + _floats_per_token(module.c_fc) + \
-            _floats_per_token(module.c_proj)
+        return total((2 * module.hidden + module.dim, 0), sub(module.c_fc, module.c_proj))
     if isinstance(module, Gemma3DecoderLayer):
         parts = (module.input_layernorm, module.self_attn, module.post_attention_layernorm,
                  module.pre_feedforward_layernorm, module.mlp, module.post_feedforward_layernorm)
-        return 4 * module.input_layernorm.dim + sum(_floats_per_token(p) for p in parts)
-    if isinstance(module, GeGLU):   # the activation, its product, the gradients
-        return 5 * module.hidden + _floats_per_token(module.gate_proj) + \
-            _floats_per_token(module.up_proj) + _floats_per_token(module.down_proj)
+        dim = module.input_layernorm.dim
+        return total((2 * dim, 2 * dim), sub(*parts))   # h, y kept; dh, dx made
+    if isinstance(module, GeGLU):   # the activation (and its kept gradient), the product
+        return total((3 * module.hidden, 2 * module.hidden),
+                     sub(module.gate_proj, module.up_proj, module.down_proj))
     if isinstance(module, PreNormBlock):
         dim = module._parts()[0].dim
-        return 4 * dim + sum(_floats_per_token(p) for p in module._parts())
-    return 0
+        return total((2 * dim, 2 * dim), sub(*module._parts()))   # h, y kept; dh, dx made
+    return (0, 0)
 
 
 def _parameter_bytes(model) -> tuple[int, int]:
@@ -261,13 +270,15 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     rows = max(1, round(labelled * tokens))
     chunk = min(CHUNK_BYTES, rows * lm.config.vocab_size * F32)
     head = 2 * chunk + 2 * rows * dim * F32
+    # one block's backward buffers: made and dropped block by block
+    backward = max((b for _, b in per_block), default=0) * tokens * F32
     if checkpointing:   # every block's input kept; one block's buffers, or the head's
-        one_block = max(per_block, default=0) * tokens * F32
+        one_block = max((k + b for k, b in per_block), default=0) * tokens * F32
         activations = len(blocks) * dim * tokens * F32 + one_block + outside
         transient = len(blocks) * dim * tokens * F32 + outside + max(one_block, head)
     else:
-        activations = sum(per_block) * tokens * F32 + outside
-        transient = activations + head
+        activations = sum(k for k, _ in per_block) * tokens * F32 + outside
+        transient = activations + max(head, backward)
     if not isinstance(optimizer_in_backward, bool):
         raise TypeError(f"optimizer_in_backward: expected a bool, got "
                         f"{type(optimizer_in_backward).__name__}")

@@ -156,25 +156,29 @@ class PreNormBlock(Module):
     def forward(self, x, pos=0):
         """x: float32 (batch, T, dim) -> (batch, T, dim), a buffer the block reuses."""
         if x.shape != self._shape:
-            self._h, self._y, self._dh, self._dx = (np.empty(x.shape, np.float32)
-                                                    for _ in range(4))
+            self._h, self._y = np.empty(x.shape, np.float32), np.empty(x.shape, np.float32)
             self._shape = x.shape
         norm1, attn, norm2, mlp = self._parts()
         np.add(x, attn.forward(norm1.forward(x), pos), out=self._h)
         return np.add(self._h, mlp.forward(norm2.forward(self._h)), out=self._y)
 
     def backward(self, grad_out):
-        """grad_out (batch, T, dim) -> d loss / d x, a buffer the block reuses."""
+        """grad_out (batch, T, dim) -> d loss / d x, a new array (the sub-layers'
+        input gradients are theirs to make: the sums go into them)."""
         norm1, attn, norm2, mlp = self._parts()
         gm = mlp.backward(grad_out)
         grads_ready(mlp)  # the gradient-ready hook: each sub-layer once it is done
-        np.add(grad_out, norm2.backward(gm), out=self._dh)
+        dh = norm2.backward(gm)
+        del gm
+        dh = np.add(grad_out, dh, out=dh)
         grads_ready(norm2)
-        ga = attn.backward(self._dh)
+        ga = attn.backward(dh)
         grads_ready(attn)
-        np.add(self._dh, norm1.backward(ga), out=self._dx)
+        dx = norm1.backward(ga)
+        del ga
+        dx = np.add(dh, dx, out=dx)
         grads_ready(norm1)
-        return self._dx
+        return dx
 
 
 class CausalLM(Module):

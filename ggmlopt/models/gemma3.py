@@ -206,8 +206,7 @@ class Gemma3DecoderLayer(Module):
     def forward(self, x, pos=0):
         """x: float32 (batch, T, dim) -> (batch, T, dim), a buffer the block reuses."""
         if x.shape != self._shape:
-            self._h, self._y, self._dh, self._dx = (np.empty(x.shape, np.float32)
-                                                    for _ in range(4))
+            self._h, self._y = np.empty(x.shape, np.float32), np.empty(x.shape, np.float32)
             self._shape = x.shape
         a = self.self_attn.forward(self.input_layernorm.forward(x), pos)
         np.add(x, self.post_attention_layernorm.forward(a), out=self._h)
@@ -215,20 +214,23 @@ class Gemma3DecoderLayer(Module):
         return np.add(self._h, self.post_feedforward_layernorm.forward(m), out=self._y)
 
     def backward(self, grad_out):
-        """grad_out (batch, T, dim) -> d loss / d x, a buffer the block reuses."""
+        """grad_out (batch, T, dim) -> d loss / d x, a new array (the sums go
+        into the norms' new input gradients)."""
         g = self.post_feedforward_layernorm.backward(grad_out)
         grads_ready(self.post_feedforward_layernorm)
         g = self.mlp.backward(g)
         grads_ready(self.mlp)
-        np.add(grad_out, self.pre_feedforward_layernorm.backward(g), out=self._dh)
+        dh = self.pre_feedforward_layernorm.backward(g)
+        dh = np.add(grad_out, dh, out=dh)
         grads_ready(self.pre_feedforward_layernorm)
-        g = self.post_attention_layernorm.backward(self._dh)
+        g = self.post_attention_layernorm.backward(dh)
         grads_ready(self.post_attention_layernorm)
         g = self.self_attn.backward(g)
         grads_ready(self.self_attn)
-        np.add(self._dh, self.input_layernorm.backward(g), out=self._dx)
+        dx = self.input_layernorm.backward(g)
+        dx = np.add(dh, dx, out=dx)
         grads_ready(self.input_layernorm)
-        return self._dx
+        return dx
 
     def decode(self, x, cache_k, cache_v, pos):
         """forward for t new positions at pos.., reading and extending the cache."""

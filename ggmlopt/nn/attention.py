@@ -322,8 +322,6 @@ class CausalSelfAttention(Module):
         if self._o is None or self._o.shape != shape_q:
             self._o = np.empty(shape_q, dtype=np.float32)
             self._lse = np.empty((b, self.n_heads, t), dtype=np.float32)
-            self._grads = tuple(np.empty(s, dtype=np.float32) for s in (shape_q, shape_kv, shape_kv))
-            self._dx = np.empty((b * t, self.dim), dtype=np.float32)
         starts = window_kv_start(self.sliding_window, b, t, pos)
         o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse, kv_start=starts)
         self._saved = (q, k, v, o, lse, pos, starts)
@@ -333,7 +331,7 @@ class CausalSelfAttention(Module):
     def backward(self, grad_out):
         """grad_out: float32 (batch, T, dim) like the last output.  Adds into
         every trainable parameter's .grad; returns d loss / d x (batch, T, dim)
-        (a buffer this layer reuses), or None when needs_input_grad is False."""
+        (a new array), or None when needs_input_grad is False."""
         if self._saved is None:
             raise RuntimeError("backward: call forward first")
         q, k, v, o, lse, pos, starts = self._saved
@@ -349,7 +347,11 @@ class CausalSelfAttention(Module):
         if not need_qkv:
             return None
         do = np.ascontiguousarray(do, dtype=np.float32).reshape(o.shape)
-        dq, dk, dv = ka.attention_backward(q, k, v, o, lse, do, *self._grads, kv_start=starts)
+        # the backward buffers are made here and not kept (as Linear's input gradient)
+        dq, dk, dv = ka.attention_backward(q, k, v, o, lse, do, np.empty(q.shape, np.float32),
+                                           np.empty(k.shape, np.float32),
+                                           np.empty(v.shape, np.float32), kv_start=starts)
+        del do
         if self.query_scale is not None:
             np.multiply(dq, self.query_scale, out=dq)
         if self._rotary is not None:
@@ -357,14 +359,13 @@ class CausalSelfAttention(Module):
             self._rotary.rotate(dk, pos, out=dk, inverse=True)
         if self.q_norm is not None:
             dq, dk = self.q_norm.backward(dq), self.k_norm.backward(dk)
-        dx = self._dx
-        for i, (layer, grad) in enumerate(zip(projections, (dq, dk, dv))):
+        dx = None
+        for layer, grad in zip(projections, (dq, dk, dv)):
             part = _linear_backward(layer, grad.reshape(b * t, -1), need_input)
             if need_input:
-                if i == 0:
-                    np.copyto(dx, part.reshape(dx.shape))
-                else:
-                    np.add(dx, part.reshape(dx.shape), out=dx)
+                part = part.reshape(b * t, self.dim)
+                # the first part is the projection's own new array: the sum goes there
+                dx = part if dx is None else np.add(dx, part, out=dx)
         return dx.reshape(b, t, self.dim) if need_input else None
 
     def __call__(self, x, pos=0):

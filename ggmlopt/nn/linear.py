@@ -72,10 +72,8 @@ class Linear(Module):
         lead = shape[:-1]
         rows = int(np.prod(lead, dtype=np.int64))
         self._out = np.empty((*lead, self.out_features), dtype=np.float32)
-        self._grad_in = np.empty(shape, dtype=np.float32)
-        # 2-D views of both (the buffers are contiguous): the BLAS calls' operands
+        # its 2-D view (the buffer is contiguous): the BLAS calls' operand
         self._out2 = self._out.reshape(rows, self.out_features)
-        self._grad_in2 = self._grad_in.reshape(rows, self.in_features)
         self._ones = np.ones(rows, dtype=np.float32)  # bias gradient as one gemv
         self._shape = shape
 
@@ -152,8 +150,18 @@ class Linear(Module):
         self._add_dense_grads(g)
         if not self.needs_input_grad:
             return None
-        gemm.matmul(g, self.weight.data.T, self._grad_in2)
-        return self._grad_in
+        grad_in, grad_in2 = self._input_grad()
+        gemm.matmul(g, self.weight.data.T, grad_in2)
+        return grad_in
+
+    def _input_grad(self):
+        """(a new array of the last input's shape for d loss / d x, its 2-D
+        (rows, in_features) view).  Made per backward call and not kept: a layer
+        holds no backward buffer between steps, so a model's activation memory is
+        what its forward passes keep (the allocator hands the same memory to the
+        next layer's backward)."""
+        grad_in = np.empty(self._shape, np.float32)
+        return grad_in, grad_in.reshape(-1, self.in_features)
 
     def _backward_bf16(self, g):
         """backward with the forward's bf16 operands and g rounded to bf16."""
@@ -164,8 +172,9 @@ class Linear(Module):
             add_into(self.bias, lambda out: gemm.matmul(ones, g, out), self, "bias")
         if not self.needs_input_grad:
             return None
-        gemm.matmul_bf16(g16, self._w16.T, self._grad_in2)
-        return self._grad_in
+        grad_in, grad_in2 = self._input_grad()
+        gemm.matmul_bf16(g16, self._w16.T, grad_in2)
+        return grad_in
 
     def _grad_rows(self, grad_out):
         """grad_out checked against the last forward output, as float32 rows

@@ -58,9 +58,6 @@ class SwiGLU(Module):
         rows = x2.shape[0]
         if rows != self._rows:
             self._h = np.empty((rows, self.hidden), dtype=np.float32)
-            self._dg = np.empty((rows, self.hidden), dtype=np.float32)
-            self._du = np.empty((rows, self.hidden), dtype=np.float32)
-            self._grad_in = np.empty((rows, self.dim), dtype=np.float32)
             self._rows = rows
         self._g = self.gate_proj.forward(x2)
         self._u = self.up_proj.forward(x2)
@@ -75,16 +72,20 @@ class SwiGLU(Module):
             raise RuntimeError("backward: call forward first")
         g = _grad_rows(grad_out, self._shape)
         dh = self.down_proj.backward(g)
-        kernels_glu.swiglu_backward(self._g, self._u, dh, grad_gate=self._dg, grad_up=self._du)
+        # the backward buffers are made here and not kept (as Linear's input gradient)
+        dg, du = np.empty(dh.shape, np.float32), np.empty(dh.shape, np.float32)
+        kernels_glu.swiglu_backward(self._g, self._u, dh, grad_gate=dg, grad_up=du)
+        del dh
         need = self.needs_input_grad
         self.gate_proj.needs_input_grad = need
         self.up_proj.needs_input_grad = need
-        dx_gate = self.gate_proj.backward(self._dg)
-        dx_up = self.up_proj.backward(self._du)
+        dx_gate = self.gate_proj.backward(dg)
+        del dg
+        dx_up = self.up_proj.backward(du)
         if not need:
             return None
-        np.add(dx_gate, dx_up, out=self._grad_in)
-        return self._grad_in.reshape(self._shape)
+        np.add(dx_gate, dx_up, out=dx_gate)
+        return dx_gate.reshape(self._shape)
 
     def __repr__(self):
         return f"SwiGLU(dim={self.dim}, hidden={self.hidden})"

@@ -114,7 +114,11 @@ class Module:
     output is a buffer of its own that its backward never reads (Linear), so a
     caller may overwrite it in place (Residual adds its input into it); False
     (the default) otherwise.  ``module(x)`` (``__call__``) returns a new array the
-    caller owns: ``a = m(x1); b = m(x2)`` never changes ``a``.
+    caller owns: ``a = m(x1); b = m(x2)`` never changes ``a``.  ``backward``
+    of Linear, the norms, the attention, SwiGLU and the decoder blocks returns
+    a new array and keeps no backward buffer: between steps a model holds only
+    what its forward passes keep (the input gradients of one block at a time
+    exist during the backward pass).
     """
 
     needs_input_grad = True

@@ -26,7 +26,6 @@ class _RowNorm(Module):
         if x.shape != self._shape:
             nrows = x.size // self.dim
             self._out = np.empty(x.shape, dtype=np.float32)
-            self._grad_in = np.empty(x.shape, dtype=np.float32)
             self._mean = np.empty(nrows, dtype=np.float32)
             self._rstd = np.empty(nrows, dtype=np.float32)
             self._work = np.empty(kernels_norm.norm_backward_workspace(nrows, self.dim),
@@ -44,6 +43,11 @@ class _RowNorm(Module):
             raise ValueError(f"grad_out: expected shape {self._shape} like the last forward "
                              f"output, got {grad_out.shape}")
         return np.ascontiguousarray(grad_out, dtype=np.float32)
+
+    def _input_grad(self):
+        """A new array for d loss / d x, made per backward call and not kept (a
+        layer holds no backward buffer between steps)."""
+        return np.empty(self._shape, np.float32) if self.needs_input_grad else None
 
     @staticmethod
     def _grad_of(param):
@@ -82,7 +86,7 @@ class RMSNorm(_RowNorm):
         """grad_out: (..., dim) like the last forward output -> d loss / d x."""
         g = self._grad_out(grad_out)
         return kernels_norm.rmsnorm_backward(
-            self._x, self.weight.data, self._rstd, g, self._grad_in,
+            self._x, self.weight.data, self._rstd, g, self._input_grad(),
             grad_weight=self._grad_of(self.weight), input_grad=self.needs_input_grad,
             workspace=self._work)
 
@@ -124,7 +128,7 @@ class LayerNorm(_RowNorm):
         """grad_out: (..., dim) like the last forward output -> d loss / d x."""
         g = self._grad_out(grad_out)
         return kernels_norm.layernorm_backward(
-            self._x, self.weight.data, self._mean, self._rstd, g, self._grad_in,
+            self._x, self.weight.data, self._mean, self._rstd, g, self._input_grad(),
             grad_weight=self._grad_of(self.weight),
             grad_bias=self._grad_of(self.bias) if self.bias is not None else None,
             input_grad=self.needs_input_grad, workspace=self._work)

@@ -183,8 +183,6 @@ class QuantizedLinear(Module):
             rows = int(np.prod(shape[:-1], dtype=np.int64))
             self._out = np.empty((*shape[:-1], self.out_features), np.float32)
             self._out2 = self._out.reshape(rows, self.out_features)
-            self._grad_in = np.empty(shape, np.float32)
-            self._grad_in2 = self._grad_in.reshape(rows, self.in_features)
             self._ones = np.ones(rows, np.float32)
             self._shape = shape
         self._x = x
@@ -219,8 +217,10 @@ class QuantizedLinear(Module):
             add_into(self.bias, lambda out: gemm.matmul(ones, g, out), self, "bias")
         if not self.needs_input_grad:
             return None
-        self.product_transposed(g, self._grad_in2)
-        return self._grad_in
+        # a new array per call, not kept (as Linear's input gradient)
+        grad_in = np.empty(self._shape, np.float32)
+        self.product_transposed(g, grad_in.reshape(-1, self.in_features))
+        return grad_in
 
     def __repr__(self):
         return (f"QuantizedLinear(in_features={self.in_features}, "
