@@ -114,16 +114,17 @@ class LoRALinear(Linear):
 
     def _buffers(self, shape):
         super()._buffers(shape)
-        rows = self._out2.shape[0]
+        rows = self._ones.shape[0]
         self._t = np.empty((rows, self.rank), np.float32)      # scaling * dropout(x) A
         self._t_rows = np.empty((self.rank, rows), np.float32)  # _t transposed
         self._u = np.empty((rows, self.rank), np.float32)      # scaling * grad B^T
 
-    def forward(self, x):
+    def forward(self, x, out=None):
         """x: (..., in_features) -> (..., out_features) float32 (a buffer this
         layer reuses: the next forward overwrites it); ``layer(x)`` returns a copy
-        the caller owns."""
-        out2 = self._out2_for(x)
+        the caller owns.  out: as Linear.forward's (written and returned, no
+        output buffer kept)."""
+        out2 = self._out2_for(x, out)
         x2 = rows2d(self._x)
         self._base.product(x2, out2)
         if self.bias is not None:
@@ -132,7 +133,7 @@ class LoRALinear(Linear):
         gemm.matmul(self._xd, self.lora_a.data, self._t)
         np.multiply(self._t, np.float32(self.scaling), out=self._t)
         gemm.matmul(self._t, self.lora_b.data, out2, accumulate=True)
-        return self._out
+        return self._out if out is None else out
 
     def infer(self, x):
         """x W + b + scaling * (x A) B as a new float32 array (no dropout: not

@@ -138,6 +138,10 @@ def _floats_per_token(module) -> tuple[int, int]:
     def sub(*modules):
         return total(*(_floats_per_token(m) for m in modules))
 
+    def output_not_kept(layer):   # a projection its parent calls with out=
+        kept, backward = _floats_per_token(layer)
+        return (kept - layer.out_features, backward)
+
     if isinstance(module, LoRALinear):
         # the output and the adapter's path (rank wide: t, its transpose, u); the
         # input gradient and the adapter's share of it in the backward pass
@@ -154,7 +158,8 @@ def _floats_per_token(module) -> tuple[int, int]:
         if module.q_norm is not None:   # one row per head of each token
             heads = module.n_heads + module.n_kv_heads
             own = total(own, (heads * (module.head_dim + 2), heads * module.head_dim))
-        return total(own, sub(module.q_proj, module.k_proj, module.v_proj, module.o_proj))
+        return total(own, sub(module.q_proj, module.k_proj, module.v_proj),
+                     output_not_kept(module.o_proj))
     if isinstance(module, Phi3Attention):
         q, kv = module.q_width, module.kv_width
         # q, k, v copies, o, their gradients, the fused gradient, lse: all kept
@@ -165,7 +170,7 @@ def _floats_per_token(module) -> tuple[int, int]:
         return total(own, sub(module.c_attn, module.c_proj))
     if isinstance(module, SwiGLU):   # the product kept; both gradients and dx made
         return total((module.hidden, 2 * module.hidden + module.dim),
-                     sub(module.gate_proj, module.up_proj, module.down_proj))
+                     sub(module.gate_proj, module.up_proj), output_not_kept(module.down_proj))
     if isinstance(module, Phi3MLP):
         # gate and up copies, their product, the gradients and their concatenation
         return total((6 * module.hidden, 0), sub(module.gate_up_proj, module.down_proj))
@@ -238,7 +243,7 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     Returns a MemoryReport (bytes per part, ``total``; ``print(report)`` shows
     a table)."""
     from .models._causal_lm import CausalLM
-    from .models._fused_head import CHUNK_BYTES
+    from .models._fused_head import chunk_rows
     if not isinstance(model, CausalLM):
         raise TypeError(f"model: expected a ggmlopt language model (ggmlopt.models), got "
                         f"{type(model).__name__}")
@@ -268,7 +273,7 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     # the embedding's output, the final norm, the hidden rows' gradient
     outside = (dim + 2 * dim + 2 + dim) * tokens * F32
     rows = max(1, round(labelled * tokens))
-    chunk = min(CHUNK_BYTES, rows * lm.config.vocab_size * F32)
+    chunk = chunk_rows(rows, lm.config.vocab_size) * lm.config.vocab_size * F32
     head = 2 * chunk + 2 * rows * dim * F32
     # one block's backward buffers: made and dropped block by block
     backward = max((b for _, b in per_block), default=0) * tokens * F32

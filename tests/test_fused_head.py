@@ -91,7 +91,7 @@ def test_masked_positions_cost_no_head_product(small_chunks):
     model = MODELS["llama"]()
     rows = []
     forward = model.lm_head.forward
-    model.lm_head.forward = lambda h: rows.append(h.shape[0]) or forward(h)
+    model.lm_head.forward = lambda h, out=None: rows.append(h.shape[0]) or forward(h, out=out)
     x, y = _batch(7)
     ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32)
     ctx.alloc(True)

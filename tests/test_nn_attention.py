@@ -207,7 +207,10 @@ def test_forward_buffer_and_call_copy(rng):
     b = layer(x2)
     assert not np.array_equal(a, b)
     np.testing.assert_array_equal(a, layer(x1))
-    assert np.shares_memory(layer.forward(x1), layer.forward(x2))  # a reused buffer
+    # a new array per pass (the caller reads it at once: no layer keeps a dead copy)
+    first = layer.forward(x1)
+    assert not np.shares_memory(first, layer.forward(x2))
+    assert not np.shares_memory(first, layer.o_proj.forward(x1.reshape(4, 32)))
 
 
 class _Frozen(Parameter):

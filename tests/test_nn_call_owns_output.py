@@ -94,6 +94,11 @@ def test_call_returns_an_array_the_caller_owns(case, batch):
     assert a.shape[0] == batch
 
 
+# forward returns a new array: the last projection writes it and keeps no output
+# buffer (a decoder block's residual sum reads it at once)
+NEW_ARRAY = {"CausalSelfAttention", "SwiGLU"}
+
+
 @pytest.mark.parametrize("case", sorted(LAYER_CASES))
 def test_forward_may_reuse_its_buffer(case):
     """What the docstrings promise: forward's result is the layer's (a reused buffer
@@ -103,7 +108,10 @@ def test_forward_may_reuse_its_buffer(case):
     x = draw(case, np.random.default_rng(0), (2, *shape))
     out1 = layer.forward(x)
     out2 = layer.forward(x)
-    assert out1 is out2 or np.shares_memory(out1, out2) or np.shares_memory(out1, x)
+    if case in NEW_ARRAY:
+        assert not np.shares_memory(out1, out2) and not np.shares_memory(out1, x)
+    else:
+        assert out1 is out2 or np.shares_memory(out1, out2) or np.shares_memory(out1, x)
 
 
 @pytest.mark.parametrize("name", layer_classes())
@@ -113,7 +121,8 @@ def test_forward_docstring_documents_buffer_reuse(name):
     cls = getattr(nn, name)
     doc = " ".join(((inspect.getdoc(cls.forward) or "") + " " + (cls.__doc__ or "")).split())
     assert "caller owns" in doc, f"{name}: say that layer(x) returns a copy the caller owns"
-    assert "reuse" in doc or "view of x" in doc or "x itself" in doc, \
+    assert "reuse" in doc or "view of x" in doc or "x itself" in doc or (
+        name in NEW_ARRAY and "new array" in doc), \
         f"{name}.forward: say which buffer it returns"
 
 

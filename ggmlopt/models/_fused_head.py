@@ -29,7 +29,7 @@ from ..nn._buffers import trains
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 
-__all__ = ["CHUNK_BYTES", "head_loss"]
+__all__ = ["CHUNK_BYTES", "chunk_rows", "head_loss"]
 
 CHUNK_BYTES = 32 << 20
 # a product of norms below this cannot overflow float32 (max 3.4e38) in a dot product
@@ -110,24 +110,34 @@ def head_loss(model, hidden_rows: np.ndarray, labels: np.ndarray, *, grad_scale:
         return _chunks(model, h, y, labelled, grad_scale, grad_rows, pred), grad_rows
 
 
+def chunk_rows(n: int, vocab: int) -> int:
+    """Rows per chunk of n labelled rows: as few chunks as CHUNK_BYTES of logits
+    allow (each chunk's products pack the head's whole weight again), their rows
+    shared out evenly (256 rows of a 49152 vocabulary: two chunks of 128, 24 MiB
+    each, not 170 and 86 in 32 MiB buffers)."""
+    most = max(1, CHUNK_BYTES // (4 * vocab))
+    chunks = max(1, -(-n // most))
+    return max(1, -(-n // chunks))
+
+
 def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> float:
     """The chunk loop over the labelled rows h (n, dim): the loss, the
     predictions into pred, and with grad_rows (rows, dim) the head's backward
     into its parameters and the rows' gradient."""
     vocab = model.config.vocab_size
     n = h.shape[0]
-    step = max(1, CHUNK_BYTES // (4 * vocab))
+    step = chunk_rows(n, vocab)
     with_grads = grad_rows is not None
     rows = min(step, n)
     gbuf = np.empty((rows if with_grads else 0, vocab), np.float32)
-    lbuf = np.empty((rows if model.lm_head is None else 0, vocab), np.float32)
+    lbuf = np.empty((rows, vocab), np.float32)   # the logits: no layer keeps them
     pbuf = np.empty(rows if pred is not None else 0, np.int32)
     total = 0.0
     for s in range(0, n, step):
         hc, yc = h[s:s + step], y[s:s + step]
         m = hc.shape[0]
         if model.lm_head is not None:
-            logits = model.lm_head.forward(hc)
+            logits = model.lm_head.forward(hc, out=lbuf[:m])
         else:
             logits = model._embedding.project(hc, out=lbuf[:m])
         g = gbuf[:m] if with_grads else None

@@ -57,6 +57,23 @@ def as_real_batch(x, name: str) -> np.ndarray:
     return x if x.dtype == np.float32 else x.astype(np.float32)
 
 
+def output_array(out, shape: tuple, inputs=()) -> np.ndarray:
+    """out checked as a layer's ``out=`` argument: a writable C-contiguous float32
+    ndarray of shape that shares no memory with inputs (the arrays the layer
+    reads while writing out; None entries skipped)."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != np.float32:
+        raise TypeError(f"out: expected float32, got {out.dtype}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"out: expected shape {tuple(shape)}, got {out.shape}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out: expected a writable C-contiguous array")
+    if any(a is not None and np.may_share_memory(out, a) for a in inputs):
+        raise ValueError("out: shares memory with an array the layer reads")
+    return out
+
+
 def trains(param: Parameter | None) -> bool:
     """Whether a layer computes param's gradient: it exists and is not frozen
     (``requires_grad`` False; parameters without the attribute train)."""

@@ -227,7 +227,8 @@ class CausalSelfAttention(Module):
     scaled by 1/sqrt(head_dim)) or Gemma's s: scaled by 1/sqrt(s).
 
     ``forward(x, pos=0)``: token t at position pos + t (for cached generation
-    later); returns a buffer the layer reuses, ``layer(x)`` a copy the caller
+    later); returns a new array (o_proj writes it and keeps no output buffer:
+    a block's residual sum reads it at once), ``layer(x)`` a copy the caller
     owns.
     ``backward(grad)`` adds into the parameters' .grad (frozen ones,
     ``requires_grad`` False, get none) and returns d loss / d x, or None when
@@ -302,8 +303,8 @@ class CausalSelfAttention(Module):
         return self._rotary
 
     def forward(self, x, pos=0):
-        """x: float32 (batch, T, dim) -> (batch, T, dim) (a buffer this layer
-        reuses); token t is at position pos + t, or, with pos a
+        """x: float32 (batch, T, dim) -> (batch, T, dim) (a new array); token t
+        is at position pos + t, or, with pos a
         DocumentPositions (packed documents), at its position in its document,
         attending to its own document's earlier tokens only."""
         x = _as_sequence(x, self.dim, "x")
@@ -325,7 +326,9 @@ class CausalSelfAttention(Module):
         starts = window_kv_start(self.sliding_window, b, t, pos)
         o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse, kv_start=starts)
         self._saved = (q, k, v, o, lse, pos, starts)
-        y = self.o_proj.forward(o.reshape(b * t, -1))
+        # a new array: the caller (a block's residual sum) reads it at once, so no
+        # projection keeps a dead copy between steps
+        y = self.o_proj.forward(o.reshape(b * t, -1), out=np.empty((b * t, self.dim), np.float32))
         return y.reshape(b, t, self.dim)
 
     def backward(self, grad_out):

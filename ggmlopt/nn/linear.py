@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import gemm, kernels
 from ._bf16 import add_product_bf16, bf16_copy, bf16_weight
-from ._buffers import add_into, add_product, as_rows, rows2d, trains
+from ._buffers import add_into, add_product, as_rows, output_array, rows2d, trains
 from .init import initializing, kaiming_uniform
 from .module import Module
 from .parameter import Parameter
@@ -71,17 +71,21 @@ class Linear(Module):
     def _buffers(self, shape):
         lead = shape[:-1]
         rows = int(np.prod(lead, dtype=np.int64))
-        self._out = np.empty((*lead, self.out_features), dtype=np.float32)
-        # its 2-D view (the buffer is contiguous): the BLAS calls' operand
-        self._out2 = self._out.reshape(rows, self.out_features)
+        # the output buffer comes with the first forward that writes into it
+        # (a caller that passes out= never makes the layer keep one)
+        self._out = self._out2 = None
+        self._out_shape = (*lead, self.out_features)
         self._ones = np.ones(rows, dtype=np.float32)  # bias gradient as one gemv
         self._shape = shape
 
-    def forward(self, x):
+    def forward(self, x, out=None):
         """x: (..., in_features) -> (..., out_features) float32 (a buffer this
         layer reuses: the next forward overwrites it); ``layer(x)`` returns a copy
-        the caller owns."""
-        out2 = self._out2_for(x)
+        the caller owns.  out: None, or a float32 C-contiguous array of the
+        output's shape to write into and return instead; the layer then keeps no
+        output buffer (a caller that consumes the output at once, as the
+        residual sums of a decoder block, holds no dead copy between steps)."""
+        out2 = self._out2_for(x, out)
         self._bf16_pass = gemm.bf16_active()
         if self._bf16_pass:
             gemm.matmul_bf16(bf16_copy(self, "_x16", rows2d(self._x)),
@@ -90,7 +94,7 @@ class Linear(Module):
             gemm.matmul(rows2d(self._x), self.weight.data, out2)
         if self.bias is not None:
             kernels.add_bias_rows(out2, self.bias.data)
-        return self._out
+        return self._out if out is None else out
 
     def infer(self, x):
         """x (..., in_features) -> x @ weight + bias as a new float32 array,
@@ -122,14 +126,25 @@ class Linear(Module):
             return gemm.matmul_bf16(bf16_copy(self, "_pg16", g), self._w16.T, out)
         return gemm.matmul(g, self.weight.data.T, out)
 
-    def _out2_for(self, x):
+    def _out2_for(self, x, out=None):
         """Check x (..., in_features) (a single row (in,) is one row), keep it for
         the backward pass (as float32 rows), size the buffers for it and return
-        the 2-D view (rows, out_features) of the output buffer."""
+        the 2-D view (rows, out_features) of out (checked), or of the layer's
+        own output buffer when out is None."""
         x, shape = self._input(x)
+        want = (*shape[:-1], self.out_features)
+        if out is not None:
+            out = output_array(out, want, (x, self.weight.data if self.weight is not None
+                                           else None))
         if shape != self._shape:
             self._buffers(shape)
         self._x = x
+        if out is not None:
+            return out.reshape(-1, self.out_features)
+        if self._out is None:
+            self._out = np.empty(want, dtype=np.float32)
+            # its 2-D view (the buffer is contiguous): the BLAS calls' operand
+            self._out2 = self._out.reshape(-1, self.out_features)
         return self._out2
 
     def _input(self, x):
@@ -181,7 +196,7 @@ class Linear(Module):
         (rows, out_features)."""
         if self._x is None:
             raise RuntimeError("backward: call forward first")
-        want = self._out.shape
+        want = self._out_shape
         if not isinstance(grad_out, np.ndarray):
             grad_out = np.asarray(grad_out)
         if grad_out.ndim < 1 or grad_out.shape[-1] != self.out_features:

@@ -36,9 +36,10 @@ class SwiGLU(Module):
     and name; the product silu(g) * u and both its gradients are one kernel pass
     each way (kernels_glu).
 
-    ``forward`` returns a buffer the layer reuses; ``module(x)`` a copy the
-    caller owns.  ``backward`` adds into the three weights' gradients and returns
-    d loss / d x, or None when needs_input_grad is False.
+    ``forward`` returns a new array (down_proj writes it and keeps no output
+    buffer); ``module(x)`` a copy the caller owns.  ``backward`` adds into the
+    three weights' gradients and returns d loss / d x, or None when
+    needs_input_grad is False.
     """
 
     def __init__(self, dim, hidden, *, init=None, rng=None):
@@ -62,7 +63,9 @@ class SwiGLU(Module):
         self._g = self.gate_proj.forward(x2)
         self._u = self.up_proj.forward(x2)
         kernels_glu.swiglu(self._g, self._u, out=self._h)
-        y = self.down_proj.forward(self._h)
+        # a new array: the caller (a block's residual sum) reads it at once, so the
+        # projection keeps no dead copy between steps
+        y = self.down_proj.forward(self._h, out=np.empty((rows, self.dim), np.float32))
         self._shape = x.shape
         return y.reshape(x.shape)
 

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from .. import gemm, kernels, kernels_quant
-from ._buffers import add_into, as_rows, rows2d
+from ._buffers import add_into, as_rows, output_array, rows2d
 from .module import Module
 from .parameter import Parameter
 
@@ -175,21 +175,30 @@ class QuantizedLinear(Module):
         """out (rows, in) = g (rows, out) W^T: the input gradient's product."""
         return rows_times(g, self.qtype, self.qweight, self.in_features, out)
 
-    def forward(self, x):
+    def forward(self, x, out=None):
         """x: (..., in_features) -> (..., out_features) float32 (a buffer this
-        layer reuses); ``layer(x)`` returns a copy the caller owns."""
+        layer reuses); ``layer(x)`` returns a copy the caller owns.  out: as
+        Linear.forward's (written and returned, no output buffer kept)."""
         x, shape = self._input(x)
+        want = (*shape[:-1], self.out_features)
+        if out is not None:
+            out = output_array(out, want, (x,))
         if shape != self._shape:
             rows = int(np.prod(shape[:-1], dtype=np.int64))
-            self._out = np.empty((*shape[:-1], self.out_features), np.float32)
-            self._out2 = self._out.reshape(rows, self.out_features)
+            self._out = None   # made by the first forward without out=
+            self._out_shape = want
             self._ones = np.ones(rows, np.float32)
             self._shape = shape
         self._x = x
-        self.product(rows2d(x), self._out2)
+        if out is None:
+            if self._out is None:
+                self._out = np.empty(want, np.float32)
+            out = self._out
+        out2 = out.reshape(-1, self.out_features)
+        self.product(rows2d(x), out2)
         if self.bias is not None:
-            kernels.add_bias_rows(self._out2, self.bias.data)
-        return self._out
+            kernels.add_bias_rows(out2, self.bias.data)
+        return out
 
     def infer(self, x):
         """x W + b as a new float32 array, keeping nothing for a backward pass."""
@@ -206,7 +215,7 @@ class QuantizedLinear(Module):
         needs_input_grad is False); the weight gets no gradient."""
         if self._x is None:
             raise RuntimeError("backward: call forward first")
-        want = self._out.shape
+        want = self._out_shape
         grad_out = np.asarray(grad_out)
         if grad_out.shape != want:
             raise ValueError(f"grad_out: expected shape {want} like the last forward output, "
