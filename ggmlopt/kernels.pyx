@@ -580,7 +580,9 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=Non
     """Mean over rows of -sum(labels * log_softmax(logits)) for 2-D float32
     (rows, classes) logits.  When grad is given it receives
     (softmax(logits) - labels) * grad_scale / rows (the gradient of the loss
-    times grad_scale).
+    times grad_scale).  With class indices, grad may be logits itself: the
+    gradient is written over the logits (each row read before it is written;
+    the same loss and bits as into another array).
 
     labels: float32 (rows, classes) probabilities (one-hot or soft), or int32
     class indices of shape (rows,) or (rows, 1), each in [0, classes): the same
@@ -617,11 +619,17 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=Non
     cdef float scale_ = _finite_float(grad_scale, "grad_scale")
     cdef cnp.ndarray agr = None
     cdef float *pgrad = NULL
+    cdef bint in_place = False
     if grad is not None:
         agr = _array(grad, "grad", np.float32, True)
         if agr.size != ax.size:
             raise ValueError(f"grad: expected {ax.size} elements like logits, got {agr.size}")
-        _no_overlap([("grad", agr), ("logits", ax), ("labels", al)])
+        in_place = by_class and cnp.PyArray_DATA(agr) == cnp.PyArray_DATA(ax)
+        if in_place:
+            # each row's logits are read before its gradient is written
+            _no_overlap([("grad", agr), ("labels", al)])
+        else:
+            _no_overlap([("grad", agr), ("logits", ax), ("labels", al)])
         pgrad = _f32(agr)
     cdef cnp.ndarray apr = None
     cdef int32_t *ppred = NULL
@@ -635,7 +643,7 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=Non
             raise ValueError(f"pred: expected {nrows} elements (one per row of logits), "
                              f"got {apr.size}")
         _no_overlap([("pred", apr), ("logits", ax), ("labels", al)]
-                    + ([("grad", agr)] if agr is not None else []))
+                    + ([("grad", agr)] if agr is not None and not in_place else []))
         ppred = <int32_t *>cnp.PyArray_DATA(apr)
     if by_class:
         _check_classes(al, ncols, ignore_index is not None)
@@ -667,6 +675,7 @@ def squared_error(out, labels, grad=None, grad_scale=1.0):
     cdef float scale_ = _finite_float(grad_scale, "grad_scale")
     cdef cnp.ndarray agr = None
     cdef float *pgrad = NULL
+    cdef bint in_place = False
     if grad is not None:
         agr = _array(grad, "grad", np.float32, True)
         _same_size(ao, "out", agr, "grad")

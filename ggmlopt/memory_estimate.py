@@ -16,8 +16,8 @@ The parts, in bytes:
   checkpointing each block's input plus one block's buffers.  The input
   gradients a backward pass makes are dropped block by block: the peak holds
   one block's of them (or the head's buffers, the larger);
-- head: the fused head's two chunk buffers (logits and their gradient, at most
-  ``ggmlopt.models._fused_head.CHUNK_BYTES`` each) and the hidden rows it reads
+- head: the fused head's chunk buffer (the logits, then their gradient over
+  them, at most ``ggmlopt.models._fused_head.CHUNK_BYTES``) and the hidden rows it reads
   and writes;
 - runtime: the interpreter, NumPy and the BLAS's thread buffers (a constant).
 
@@ -132,11 +132,15 @@ def _floats_per_token(module) -> tuple[int, int]:
     from .nn.norm import LayerNorm, RMSNorm
     from .nn.quantized import QuantizedLinear
 
-    def total(*parts):
-        return (sum(k for k, _ in parts), sum(b for _, b in parts))
+    def seq(own, *children):
+        """own buffers plus sub-layers run one after another: every kept array
+        stays; of the backward buffers, a sub-layer's are dropped when it returns,
+        so the largest sub-layer's peak adds to the parent's own."""
+        return (own[0] + sum(k for k, _ in children),
+                own[1] + max((b for _, b in children), default=0))
 
     def sub(*modules):
-        return total(*(_floats_per_token(m) for m in modules))
+        return [_floats_per_token(m) for m in modules]
 
     def output_not_kept(layer):   # a projection its parent calls with out=
         kept, backward = _floats_per_token(layer)
@@ -157,36 +161,36 @@ def _floats_per_token(module) -> tuple[int, int]:
         own = (q + module.n_heads, q + 2 * kv + module.dim)   # o, lse; dq, dk, dv, dx
         if module.q_norm is not None:   # one row per head of each token
             heads = module.n_heads + module.n_kv_heads
-            own = total(own, (heads * (module.head_dim + 2), heads * module.head_dim))
-        return total(own, sub(module.q_proj, module.k_proj, module.v_proj),
-                     output_not_kept(module.o_proj))
+            own = (own[0] + heads * (module.head_dim + 2), own[1] + heads * module.head_dim)
+        return seq(own, *sub(module.q_proj, module.k_proj, module.v_proj),
+                   output_not_kept(module.o_proj))
     if isinstance(module, Phi3Attention):
         q, kv = module.q_width, module.kv_width
         # q, k, v copies, o, their gradients, the fused gradient, lse: all kept
         own = (2 * (q + 2 * kv) + q + (q + 2 * kv) + module.n_heads, 0)
-        return total(own, sub(module.qkv_proj, module.o_proj))
+        return seq(own, *sub(module.qkv_proj, module.o_proj))
     if isinstance(module, GPT2Attention):
         own = (module.dim + module.n_heads + 3 * module.dim, 0)   # o, lse, dqkv (kept)
-        return total(own, sub(module.c_attn, module.c_proj))
+        return seq(own, *sub(module.c_attn, module.c_proj))
     if isinstance(module, SwiGLU):   # the product kept; both gradients and dx made
-        return total((module.hidden, 2 * module.hidden + module.dim),
-                     sub(module.gate_proj, module.up_proj), output_not_kept(module.down_proj))
+        return seq((module.hidden, 2 * module.hidden + module.dim),
+                   *sub(module.gate_proj, module.up_proj), output_not_kept(module.down_proj))
     if isinstance(module, Phi3MLP):
         # gate and up copies, their product, the gradients and their concatenation
-        return total((6 * module.hidden, 0), sub(module.gate_up_proj, module.down_proj))
+        return seq((6 * module.hidden, 0), *sub(module.gate_up_proj, module.down_proj))
     if isinstance(module, GPT2MLP):
-        return total((2 * module.hidden + module.dim, 0), sub(module.c_fc, module.c_proj))
+        return seq((2 * module.hidden + module.dim, 0), *sub(module.c_fc, module.c_proj))
     if isinstance(module, Gemma3DecoderLayer):
         parts = (module.input_layernorm, module.self_attn, module.post_attention_layernorm,
                  module.pre_feedforward_layernorm, module.mlp, module.post_feedforward_layernorm)
         dim = module.input_layernorm.dim
-        return total((2 * dim, 2 * dim), sub(*parts))   # h, y kept; dh, dx made
+        return seq((2 * dim, 2 * dim), *sub(*parts))   # h, y kept; dh, dx made
     if isinstance(module, GeGLU):   # the activation (and its kept gradient), the product
-        return total((3 * module.hidden, 2 * module.hidden),
-                     sub(module.gate_proj, module.up_proj, module.down_proj))
+        return seq((3 * module.hidden, 2 * module.hidden),
+                   *sub(module.gate_proj, module.up_proj, module.down_proj))
     if isinstance(module, PreNormBlock):
         dim = module._parts()[0].dim
-        return total((2 * dim, 2 * dim), sub(*module._parts()))   # h, y kept; dh, dx made
+        return seq((2 * dim, 2 * dim), *sub(*module._parts()))   # h, y kept; dh, dx made
     return (0, 0)
 
 
@@ -274,7 +278,7 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     outside = (dim + 2 * dim + 2 + dim) * tokens * F32
     rows = max(1, round(labelled * tokens))
     chunk = chunk_rows(rows, lm.config.vocab_size) * lm.config.vocab_size * F32
-    head = 2 * chunk + 2 * rows * dim * F32
+    head = chunk + 2 * rows * dim * F32   # the logits, their gradient over them
     # one block's backward buffers: made and dropped block by block
     backward = max((b for _, b in per_block), default=0) * tokens * F32
     if checkpointing:   # every block's input kept; one block's buffers, or the head's

@@ -135,3 +135,32 @@ def test_predictions_refused_where_they_do_not_fit(rng):
     with pytest.raises(TypeError, match="pred"):
         kernels.cross_entropy(logits, cls, ignore_index=-1, pred=np.empty(5, np.int64))
     assert (pred == -7).all()
+
+
+@pytest.mark.parametrize("rows,classes", SHAPES, ids=[f"{r}x{c}" for r, c in SHAPES])
+@pytest.mark.parametrize("with_pred", [False, True])
+def test_the_gradient_may_overwrite_the_logits(simd_path, rng, rows, classes, with_pred):
+    """grad=logits (the fused head's one chunk buffer): the loss, the gradient and
+    the predictions are the bits of the computation into another array."""
+    logits, cls = _masked_problem(rng, rows, classes)
+    grad = np.empty_like(logits)
+    pred = np.empty(rows, np.int32) if with_pred else None
+    loss = kernels.cross_entropy(logits, cls, grad, 0.7, ignore_index=-1, pred=pred)
+    in_place = logits.copy()
+    pred2 = np.empty(rows, np.int32) if with_pred else None
+    loss2 = kernels.cross_entropy(in_place, cls, in_place, 0.7, ignore_index=-1, pred=pred2)
+    assert loss2 == loss
+    np.testing.assert_array_equal(in_place, grad)
+    if with_pred:
+        np.testing.assert_array_equal(pred2, pred)
+
+
+def test_a_gradient_overlapping_the_logits_elsewhere_is_refused(rng):
+    logits, cls = _masked_problem(rng, 6, 10)
+    buf = np.concatenate([logits.ravel(), np.zeros(10, F32)])
+    shifted = buf[10:].reshape(6, 10)   # one row later than the logits
+    with pytest.raises(ValueError, match="overlap"):
+        kernels.cross_entropy(buf[:60].reshape(6, 10), cls, shifted, ignore_index=-1)
+    onehot = np.eye(10, dtype=F32)[np.maximum(cls, 0)]
+    with pytest.raises(ValueError, match="overlap"):   # in place: class indices only
+        kernels.cross_entropy(logits, onehot, logits)

@@ -436,6 +436,12 @@ static void test_cross_entropy_index(const ggmlopt_kernel_table *k, int64_t ncol
             th_expect_bits(&ref, "logits (an input, changed)", i, x[i], x0[i]);
             th_expect(&cross, "grad vs scalar", i, g[i], gs_[i], RTOL_PATHS * gs + 1e-37);
         }
+        /* in place: the gradient written over the logits, the same loss and bits */
+        float *xg = th_dup(x, 4, n);
+        const double loss_in_place = k->cross_entropy_index_rows_f32(rows, ncols, xg, c, xg, gs);
+        th_check(loss_in_place == loss, "%s rows=%lld: loss in place = %.17g, apart %.17g", ctx,
+                 (long long)rows, loss_in_place, loss);
+        for (int64_t i = 0; i < n; ++i) th_expect_bits(&ref, "grad in place", i, xg[i], g[i]);
         report(k, &ref, &cross, ctx);
     }
 }

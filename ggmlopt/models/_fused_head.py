@@ -6,9 +6,9 @@ Linear, or the tied embedding), their masked cross-entropy and its gradient
 (one kernel), the predictions, then the head's backward on that gradient: the
 head's weight gradient gets the chunk's share and the rows' gradient is kept.
 Rows labelled -1 cost no head product at all: in supervised fine-tuning most
-positions are the prompt.  Two chunk buffers of at most CHUNK_BYTES each
-(logits, gradient) are the head's whole working memory at any vocabulary and
-length.
+positions are the prompt.  One chunk buffer of at most CHUNK_BYTES (the
+logits, then their gradient written over them) is the head's whole working
+memory at any vocabulary and length.
 
 The loss is the mean over the labelled rows, scaled as OptContext scales it,
 equal to the unfused kernel's on the whole logits up to float32 rounding.  An
@@ -129,8 +129,9 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
     step = chunk_rows(n, vocab)
     with_grads = grad_rows is not None
     rows = min(step, n)
-    gbuf = np.empty((rows if with_grads else 0, vocab), np.float32)
-    lbuf = np.empty((rows, vocab), np.float32)   # the logits: no layer keeps them
+    # the logits, then their gradient written over them (the backward reads the
+    # rows and the weight, never the logits): one chunk buffer, no layer keeps it
+    lbuf = np.empty((rows, vocab), np.float32)
     pbuf = np.empty(rows if pred is not None else 0, np.int32)
     total = 0.0
     for s in range(0, n, step):
@@ -140,7 +141,7 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
             logits = model.lm_head.forward(hc, out=lbuf[:m])
         else:
             logits = model._embedding.project(hc, out=lbuf[:m])
-        g = gbuf[:m] if with_grads else None
+        g = logits if with_grads else None
         # the chunk's mean times m / n: its share of the mean over every labelled row
         # (the predictions read in the loss's pass over the logits)
         pc = pbuf[:m] if pred is not None else None
