@@ -21,7 +21,7 @@ import statistics
 import time
 import warnings
 
-VOCABS = ["llama-bpe", "qwen2", "gpt-2", "llama-spm", "phi-3", "gemma-4"]
+VOCABS = ["llama-bpe", "qwen2", "gpt-2", "llama-spm", "phi-3", "gemma-4", "bert-bge"]
 
 
 def corpus(src: str, megabytes: float) -> str:

@@ -568,7 +568,8 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
     """The tokenizer a GGUF's tokenizer.ggml.* keys describe: a ByteTokenizer for
     save_gguf's byte vocabulary, a BPETokenizer (the ``tokenizers`` extra) for
     another gpt2-type one, a MetaspaceBPETokenizer for a gemma4-type one, an
-    SPMTokenizer for a llama-type one, None with a UserWarning for any other."""
+    SPMTokenizer for a llama-type one, a WordPieceTokenizer for a bert-type one,
+    None with a UserWarning for any other."""
     kind = fields.get("tokenizer.ggml.model")
     template = fields.get("tokenizer.chat_template")
     template = template if isinstance(template, str) and template else None
@@ -614,8 +615,25 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
                             eot_id=fields.get("tokenizer.ggml.eot_token_id"),
                             eom_id=fields.get("tokenizer.ggml.eom_token_id"),
                             chat_template=template)
+    if kind == "bert":
+        from ..wordpiece import WordPieceTokenizer
+        tokens, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")
+        unk = fields.get("tokenizer.ggml.unknown_token_id")
+        if not isinstance(tokens, list) or not isinstance(types, list) or unk is None:
+            raise ValueError(f"{where}: a bert (WordPiece) tokenizer without "
+                             "tokenizer.ggml.tokens, .token_type or .unknown_token_id")
+        # llama.cpp's defaults without the keys: lowercase (not for the 'whitespace'
+        # pre-tokenizer), and strip accents as lowercase says
+        lowercase = bool(fields.get("tokenizer.ggml.normalizer.lowercase",
+                                    fields.get("tokenizer.ggml.pre") != "whitespace"))
+        return WordPieceTokenizer(
+            tokens, types, unk_id=unk, cls_id=fields.get("tokenizer.ggml.cls_token_id"),
+            sep_id=fields.get("tokenizer.ggml.seperator_token_id"), lowercase=lowercase,
+            strip_accents=bool(fields.get("tokenizer.ggml.normalizer.strip_accents", lowercase)),
+            chat_template=template)
     warnings.warn(f"{where}: tokenizer type {kind!r} is not read by ggmlopt (gpt2-type BPE, "
-                  "llama-type SentencePiece and gemma4-type vocabularies are); the tokenizer "
+                  "llama-type SentencePiece, gemma4-type and bert-type (WordPiece) vocabularies "
+                  "are); the tokenizer "
                   "is None, "
                   "give token ids directly", UserWarning, stacklevel=3)
     return None

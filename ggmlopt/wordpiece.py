@@ -1,0 +1,245 @@
+"""WordPiece vocabularies as llama.cpp tokenizes them (its ``bert`` type, WPM:
+BERT, BGE and the other encoders a GGUF may carry), with no dependency beyond
+the standard library.
+
+``encode`` follows llama-vocab.cpp's ``llm_tokenizer_wpm_session``: the text is
+cut into words at whitespace, dropping NUL, U+FFFD and control characters;
+each punctuation character, each ASCII symbol and each CJK ideograph is a word
+of its own; with the vocabulary's ``lowercase`` option letters are lowercased
+(``strip_accents``, on by default with it, also maps each character to the first
+of its canonical decomposition, as llama.cpp's NFD table does, and drops
+combining marks).  Each word, with U+2581 in front (the GGUF stores a
+word's first piece so, and its continuations bare: BERT's ``##``), is taken
+greedily as the longest vocabulary piece at each position; a word with a
+position no piece starts leaves only the unknown token.  llama.cpp's test
+vectors (``ggml-vocab-bert-bge.gguf``) are the oracle.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import unicodedata
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from .text import TOKEN_CONTROL, TOKEN_USER_DEFINED, Vocabulary, checked_ids
+
+__all__ = ["WordPieceTokenizer"]
+
+SPACE = "\u2581"   # the GGUF's mark of a word's first piece
+# llama.cpp's whitespace (unicode_set_whitespace), not Python's str.isspace
+_WHITESPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+                         0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
+# the CJK ideograph blocks llama.cpp (and Hugging Face's BertPreTokenizer) cut alone
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+        (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+_WORD_CACHE = 1 << 16   # words remembered with their ids (natural text repeats them)
+
+
+class _CharacterMap(dict):
+    """str.translate's table for one set of normalizer options, each character's
+    entry made on its first use (see WordPieceTokenizer.words)."""
+
+    def __init__(self, lowercase: bool, strip_accents: bool) -> None:
+        super().__init__()
+        self.lowercase, self.strip_accents = lowercase, strip_accents
+
+    def __missing__(self, cp: int) -> str | None:
+        ch = chr(cp)
+        if self.strip_accents:
+            ch = _first_of_nfd(ch)
+        cp2 = ord(ch)
+        cat = unicodedata.category(ch)
+        if cp2 in _WHITESPACE:
+            out: str | None = " "
+        elif cp2 == 0 or cp2 == 0xFFFD or (cat[0] == "C" and cat != "Cn") \
+                or (self.strip_accents and cat[0] == "M"):
+            out = None   # dropped, inside a word
+        else:
+            s = _lower(ch) if self.lowercase else ch
+            out = f" {s} " if _alone(ch, cp2, cat) else s
+        self[cp] = out
+        return out
+
+
+@functools.lru_cache(maxsize=4)
+def _table(lowercase: bool, strip_accents: bool) -> _CharacterMap:
+    return _CharacterMap(lowercase, strip_accents)
+
+
+def _alone(ch: str, cp: int, category: str) -> bool:
+    """Whether a character is a word by itself: punctuation, an ASCII symbol, a
+    CJK ideograph."""
+    return category[0] == "P" or (cp < 0x7F and category[0] == "S") or any(
+        lo <= cp <= hi for lo, hi in _CJK)
+
+
+@functools.lru_cache(maxsize=4096)
+def _first_of_nfd(ch: str) -> str:
+    """The first character of ch's canonical decomposition: llama.cpp's NFD maps
+    each character to that one (so an accented letter loses its accent, a Hangul
+    syllable keeps its leading consonant)."""
+    return unicodedata.normalize("NFD", ch)[0]
+
+
+def _lower(ch: str) -> str:
+    """Unicode's simple lowercase mapping (one character), as llama.cpp's table:
+    Python's str.lower gives the full mapping, two characters for U+0130."""
+    low = ch.lower()
+    return low if len(low) == 1 else low[0]
+
+
+class WordPieceTokenizer(Vocabulary):
+    """WordPieceTokenizer(tokens, token_types, *, unk_id, cls_id=None, sep_id=None,
+    lowercase=False, strip_accents=None, chat_template=None)
+
+    tokens: the pieces, a word's first piece with U+2581 in front (llama.cpp's
+    conversion of BERT's vocabulary); token_types: llama.cpp's types (1 normal,
+    3 control, 4 user-defined); unk_id: the unknown token; cls_id, sep_id:
+    what an encoder puts around a text (``bos_id`` and ``eos_id`` are the
+    same; ``add_bos`` is True, as llama.cpp adds CLS ... SEP with special
+    tokens).  lowercase, strip_accents: the vocabulary's normalizer options
+    (llama.cpp's ``tokenizer.ggml.normalizer.*`` keys; strip_accents None
+    follows lowercase).  ``encode(text, parse_special=True)`` -> int32 ids
+    without CLS and SEP; ``decode(ids, skip_special=False)``.
+    """
+
+    def __init__(self, tokens: Sequence[str], token_types: Sequence[int], *, unk_id: int,
+                 cls_id: int | None = None, sep_id: int | None = None,
+                 lowercase: bool = False, strip_accents: bool | None = None,
+                 chat_template: str | None = None):
+        self.tokens = [str(t) for t in tokens]
+        n = len(self.tokens)
+        self.token_types = [int(t) for t in token_types]
+        if len(self.token_types) != n:
+            raise ValueError(f"token_types: expected {n} values (one per token), got "
+                             f"{len(self.token_types)}")
+        for name, value in (("unk_id", unk_id), ("cls_id", cls_id), ("sep_id", sep_id)):
+            if value is not None and not 0 <= int(value) < n:
+                raise IndexError(f"{name}: {value} is outside the vocabulary [0, {n})")
+        self.vocab_size = n
+        self.unk_id = int(unk_id)
+        self.bos_id = self.cls_id = None if cls_id is None else int(cls_id)
+        self.eos_id = self.sep_id = None if sep_id is None else int(sep_id)
+        self.eot_id = self.eom_id = None
+        self.add_bos = True
+        self.lowercase = bool(lowercase)
+        self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
+        self.chat_template = chat_template
+        self.pre = "bert"
+        self._ids: dict[str, int] = {}
+        for i, t in enumerate(self.tokens):
+            self._ids.setdefault(t, i)
+        self._longest = max((len(t) for t in self.tokens), default=0)
+        self._index_special()
+        self._words: dict[str, list[int]] = {}
+        self._flag_lock = threading.Lock()
+
+    # ---- text to ids ---------------------------------------------------------------------
+
+    def encode(self, text: str, *, parse_special: bool = True) -> npt.NDArray[np.int32]:
+        """text (str) -> int32 ids (n,), without CLS and SEP; special tokens written
+        in the text become their ids (control ones only with parse_special)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        splitter = self._splitters[bool(parse_special)]
+        pieces = [text] if splitter is None else splitter.split(text)
+        ids: list[int] = []
+        for i, piece in enumerate(pieces):
+            if i % 2:   # split() alternates plain text and a special token's text
+                ids.append(self._ids[piece])
+            elif piece:
+                for word in self.words(piece):
+                    ids += self._word_ids(word)
+        return np.asarray(ids, dtype=np.int32)
+
+    def words(self, text: str) -> list[str]:
+        """text cut into the words the pieces are looked up in (llama.cpp's WPM
+        preprocess, see the module docstring): one pass of str.translate maps
+        every character (dropped, lowercased, whitespace to a space, a word of
+        its own to itself between spaces), then str.split."""
+        return text.translate(_table(self.lowercase, self.strip_accents)).split()
+
+    def _word_ids(self, word: str) -> list[int]:
+        """The longest pieces, left to right, of U+2581 + word; [unk_id] when a
+        position starts no piece."""
+        got = self._words.get(word)
+        if got is not None:
+            return got
+        text = SPACE + word
+        ids, ok, i, n = [], True, 0, len(text)
+        while i < n:
+            for j in range(min(n, i + self._longest), i, -1):
+                found = self._ids.get(text[i:j])
+                if found is not None:
+                    ids.append(found)
+                    i = j
+                    break
+            else:
+                ok = False
+                break
+        got = ids if ok and ids else [self.unk_id]
+        if len(self._words) < _WORD_CACHE:
+            self._words[word] = got
+        return got
+
+    # ---- ids to text ---------------------------------------------------------------------
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token_id stands for in text (U+2581 as a space; a control
+        token's own text)."""
+        text = self.tokens[token_id]
+        if self.token_types[token_id] in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+            return text.encode("utf-8")
+        return text.replace(SPACE, " ").encode("utf-8")
+
+    def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
+        """ids -> str as llama.cpp's detokenizer gives it for this vocabulary: the
+        pieces joined (U+2581 as a space, so the text starts with one), control
+        tokens left out with skip_special, then its clean-up of spaces before
+        ``? ! . ,``, around a lone apostrophe and before ``'s 'm 're 've``.  The
+        words' normalization (case, accents, whitespace) does not come back."""
+        arr = checked_ids(ids, self.vocab_size)
+        text = "".join(self.token_bytes(i).decode("utf-8", "replace") for i in arr.tolist()
+                       if not (skip_special and self.token_types[i] == TOKEN_CONTROL))
+        return _clean_spaces(text)
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        named = {"cls_token": self.cls_id, "sep_token": self.sep_id, "unk_token": self.unk_id}
+        return {k: self.tokens[i] for k, i in named.items() if i is not None}
+
+    def __repr__(self) -> str:
+        return f"WordPieceTokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase})"
+
+
+def _clean_spaces(text: str) -> str:
+    """llama.cpp's clean_spaces passes over a detokenized text (llama-vocab.cpp's
+    detokenize), character for character."""
+    out = list(text[:1])
+    for i in range(1, len(text)):   # " ?", " !", " .", " ,"
+        if text[i - 1] == " " and text[i] in "?!.,":
+            out.pop()
+        out.append(text[i])
+    buf = list(out)
+    out, i = buf[:1], 1
+    while i < len(buf):   # " ' " -> "'"; the dropped space reads as NUL afterwards
+        if buf[i] == "'" and i + 1 < len(buf) and buf[i - 1] == " " and buf[i + 1] == " ":
+            out.pop()
+            out.append("'")
+            buf[i + 1] = "\0"
+            i += 2
+            continue
+        out.append(buf[i])
+        i += 1
+    text = "".join(out)
+    out = list(text[:1])
+    for i in range(1, len(text)):   # " 's", " 'm", " 're", " 've"
+        if text[i - 1] == " " and text[i] == "'" and i + 1 < len(text):
+            nxt = text[i + 1:i + 3]
+            if nxt[:1] in ("s", "m") or (len(nxt) == 2 and nxt in ("re", "ve")):
+                out.pop()
+        out.append(text[i])
+    return "".join(out)
