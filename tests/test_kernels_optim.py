@@ -137,3 +137,4 @@ def test_a_step_gives_the_same_bits_over_any_slices(simd_path, rng, kind):
         step(*(a[lo:hi] for a in pieces))
     for a, b in zip(whole, pieces):
         np.testing.assert_array_equal(a, b)
+
