@@ -23,7 +23,7 @@ from ._bpe_words import WordEncoder
 from ._optional import import_optional
 from .metaspace_bpe import LINES, joined_before_space, word_pattern
 from .pretokenizers import PRE_TOKENIZERS
-from .text import EOG_TEXTS, _ChatTemplated, _FlagLock, _splitter, checked_ids
+from .text import EOG_TEXTS, _ChatTemplated, _FlagLock, _splitter, checked_ids, ids_around_special
 
 __all__ = ["HFTokenizer", "load_hf_tokenizer"]
 
@@ -189,17 +189,12 @@ class _WordPath:
         self.splitters = {True: _splitter(every), False: _splitter(plain)}
 
     def encode(self, text: str, parse_special: bool) -> list[int]:
-        splitter = self.splitters[bool(parse_special)]
-        pieces = [text] if splitter is None else splitter.split(text)
-        ids: list[int] = []
-        for i, piece in enumerate(pieces):
-            if i % 2:   # split() alternates plain text and an added token's text
-                ids.append(self.ids[piece])
-            elif piece:
-                if self.metaspace:
-                    piece = self.prefix + piece.replace(" ", SPACE)
-                ids += self.words.encode(piece)
-        return ids
+        def plain(piece: str) -> list[int]:
+            if self.metaspace:
+                piece = self.prefix + piece.replace(" ", SPACE)
+            return self.words.encode(piece)
+
+        return ids_around_special(text, self.splitters[bool(parse_special)], self.ids, plain)
 
 
 def _word_path(tk: Any) -> _WordPath | None:

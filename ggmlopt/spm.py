@@ -19,7 +19,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bpe_words import WordEncoder
-from .text import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_USER_DEFINED, Vocabulary, checked_ids
+from .text import (
+    TOKEN_BYTE,
+    TOKEN_CONTROL,
+    TOKEN_USER_DEFINED,
+    Vocabulary,
+    checked_ids,
+    ids_around_special,
+)
 
 __all__ = ["SPMTokenizer"]
 
@@ -104,16 +111,9 @@ class SPMTokenizer(Vocabulary):
         them) go through the WordEncoder."""
         words = self._words
         assert words is not None   # encode's check
-        splitter = self._splitters[bool(parse_special)]
-        pieces = [text] if splitter is None else splitter.split(text)
         prefix = SPACE if self.add_space_prefix else ""
-        ids: list[int] = []
-        for i, piece in enumerate(pieces):
-            if i % 2:   # split() alternates plain text and a special token's text
-                ids.append(self._ids[piece])
-            elif piece:
-                ids += words.encode(prefix + piece.replace(" ", SPACE))
-        return ids
+        return ids_around_special(text, self._splitters[bool(parse_special)], self._ids,
+                                  lambda piece: words.encode(prefix + piece.replace(" ", SPACE)))
 
     def _fast_tokenizer(self):
         """hf_tokenizer() made once, or None: without the tokenizers library, or

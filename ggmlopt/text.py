@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -418,17 +418,8 @@ class BPETokenizer(Vocabulary):
         through the WordEncoder."""
         words = self._words
         assert words is not None   # encode's check
-        splitter = self._splitters[bool(parse_special)]
-        if splitter is None:
-            return words.encode(text)
-        ids: list[int] = []
-        # split() alternates plain text and a special token's text
-        for i, piece in enumerate(splitter.split(text)):
-            if i % 2:
-                ids.append(self._ids[piece])
-            elif piece:
-                ids += words.encode(piece)
-        return ids
+        return ids_around_special(text, self._splitters[bool(parse_special)], self._ids,
+                                  words.encode)
 
     def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
         """ids (integers in [0, vocab_size), shape (n,)) -> str; control tokens
@@ -455,6 +446,22 @@ class BPETokenizer(Vocabulary):
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size}, pre={self.pre!r})"
+
+
+def ids_around_special(text: str, splitter, special_ids: dict[str, int],
+                       plain: Callable[[str], list[int]]) -> list[int]:
+    """The ids of text cut at the special tokens written in it (splitter, from
+    _splitter, or None for none): a special token's text as its id, each
+    non-empty plain part through plain(part)."""
+    if splitter is None:
+        return plain(text) if text else []
+    ids: list[int] = []
+    for i, piece in enumerate(splitter.split(text)):
+        if i % 2:   # split() alternates plain text and a special token's text
+            ids.append(special_ids[piece])
+        elif piece:
+            ids += plain(piece)
+    return ids
 
 
 def _splitter(texts: list[str]):

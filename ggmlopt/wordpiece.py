@@ -16,7 +16,6 @@ vectors (``ggml-vocab-bert-bge.gguf``) are the oracle.
 """
 from __future__ import annotations
 
-import functools
 import threading
 import unicodedata
 from collections.abc import Sequence
@@ -24,7 +23,13 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from .text import TOKEN_CONTROL, TOKEN_USER_DEFINED, Vocabulary, checked_ids
+from .text import (
+    TOKEN_CONTROL,
+    TOKEN_USER_DEFINED,
+    Vocabulary,
+    checked_ids,
+    ids_around_special,
+)
 
 __all__ = ["WordPieceTokenizer"]
 
@@ -64,9 +69,15 @@ class _CharacterMap(dict):
         return out
 
 
-@functools.lru_cache(maxsize=4)
+_TABLES: dict[tuple[bool, bool], _CharacterMap] = {}
+
+
 def _table(lowercase: bool, strip_accents: bool) -> _CharacterMap:
-    return _CharacterMap(lowercase, strip_accents)
+    """The character map of one set of options, shared by the tokenizers using it."""
+    table = _TABLES.get((lowercase, strip_accents))
+    if table is None:
+        table = _TABLES[lowercase, strip_accents] = _CharacterMap(lowercase, strip_accents)
+    return table
 
 
 def _alone(ch: str, cp: int, category: str) -> bool:
@@ -76,7 +87,6 @@ def _alone(ch: str, cp: int, category: str) -> bool:
         lo <= cp <= hi for lo, hi in _CJK)
 
 
-@functools.lru_cache(maxsize=4096)
 def _first_of_nfd(ch: str) -> str:
     """The first character of ch's canonical decomposition: llama.cpp's NFD maps
     each character to that one (so an accented letter loses its accent, a Hangul
@@ -134,7 +144,7 @@ class WordPieceTokenizer(Vocabulary):
             self._ids.setdefault(t, i)
         self._longest = max((len(t) for t in self.tokens), default=0)
         self._index_special()
-        self._words: dict[str, list[int]] = {}
+        self._word_cache: dict[str, list[int]] = {}
         self._flag_lock = threading.Lock()
 
     # ---- text to ids ---------------------------------------------------------------------
@@ -144,16 +154,15 @@ class WordPieceTokenizer(Vocabulary):
         in the text become their ids (control ones only with parse_special)."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        splitter = self._splitters[bool(parse_special)]
-        pieces = [text] if splitter is None else splitter.split(text)
-        ids: list[int] = []
-        for i, piece in enumerate(pieces):
-            if i % 2:   # split() alternates plain text and a special token's text
-                ids.append(self._ids[piece])
-            elif piece:
-                for word in self.words(piece):
-                    ids += self._word_ids(word)
+        ids = ids_around_special(text, self._splitters[bool(parse_special)], self._ids,
+                                 self._plain_ids)
         return np.asarray(ids, dtype=np.int32)
+
+    def _plain_ids(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for word in self.words(text):
+            ids += self._word_ids(word)
+        return ids
 
     def words(self, text: str) -> list[str]:
         """text cut into the words the pieces are looked up in (llama.cpp's WPM
@@ -165,7 +174,7 @@ class WordPieceTokenizer(Vocabulary):
     def _word_ids(self, word: str) -> list[int]:
         """The longest pieces, left to right, of U+2581 + word; [unk_id] when a
         position starts no piece."""
-        got = self._words.get(word)
+        got = self._word_cache.get(word)
         if got is not None:
             return got
         text = SPACE + word
@@ -181,8 +190,8 @@ class WordPieceTokenizer(Vocabulary):
                 ok = False
                 break
         got = ids if ok and ids else [self.unk_id]
-        if len(self._words) < _WORD_CACHE:
-            self._words[word] = got
+        if len(self._word_cache) < _WORD_CACHE:
+            self._word_cache[word] = got
         return got
 
     # ---- ids to text ---------------------------------------------------------------------
