@@ -312,6 +312,8 @@ def check_fits(report: MemoryReport) -> None:
         f"{_mib(report.optimizer_state)}, activations {_mib(report.activations)}), more than "
         f"the {_mib(free + held)} this machine has for it; train LoRA adapters "
         "(ggmlopt.lora.apply), turn on activation checkpointing "
-        "(model.gradient_checkpointing_enable()), use a smaller physical batch "
+        "(model.gradient_checkpointing_enable()), step the optimizer in the backward "
+        "pass (optimizer_in_backward=True: no gradient for every weight at once), use a "
+        "smaller physical batch "
         "(nbatch_physical) or shorter windows, or keep a GGUF base in its types "
         "(load_gguf(path, keep_types=True))")

@@ -117,6 +117,7 @@ def test_fit_refuses_what_the_machine_cannot_hold_before_allocating(monkeypatch)
     monkeypatch.setattr(memory_estimate, "available_memory", lambda: 1 << 20)
     monkeypatch.setattr(memory_estimate, "resident_memory", lambda: 1 << 20)
     with pytest.raises(MemoryError, match=r"lora.apply.*gradient_checkpointing_enable.*"
+                                          r"optimizer_in_backward=True.*"
                                           r"nbatch_physical.*keep_types=True"):
         go.fit(model, _windows(), "cross_entropy", nbatch_logical=2, silent=True)
     for p, w in zip(model.parameters(), weights):
