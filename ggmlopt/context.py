@@ -619,7 +619,12 @@ class OptContext:
 
     @clip_grad_norm.setter
     def clip_grad_norm(self, value: float | None) -> None:
-        self._clip_grad_norm = check_max_norm(value)
+        value = check_max_norm(value)
+        if value is not None and self._in_backward is not None:
+            raise ValueError("clip_grad_norm: this context steps each parameter in the "
+                             "backward pass (optimizer_in_backward=True); a global norm needs "
+                             "every gradient before any step")
+        self._clip_grad_norm = value
 
     @property
     def optimizer_type(self) -> OptimizerType | None:
@@ -970,7 +975,8 @@ class OptContext:
             return checkpoint.load_context(cls, path, model, get_opt_pars, get_opt_pars_ud,
                                            clip_grad_norm, optimizer, comm=comm,
                                            shard_optimizer=shard_optimizer,
-                                           bucket_cap_mb=bucket_cap_mb)
+                                           bucket_cap_mb=bucket_cap_mb,
+                                           optimizer_in_backward=optimizer_in_backward)
 
     def _refuse_nonfinite(self, loss, x, y, out) -> None:
         """FloatingPointError for a NaN or infinite loss (before any gradient or

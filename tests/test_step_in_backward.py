@@ -206,6 +206,10 @@ def test_the_flag_must_be_a_bool_and_grad_acc_is_refused():
         ctx.grad_acc(model.norm.weight)
     with pytest.raises(TypeError, match="optimizer_in_backward"):
         go.memory_report(model, 1, 8, optimizer_in_backward="yes")
+    with pytest.raises(ValueError, match="optimizer_in_backward"):   # never silently off
+        ctx.clip_grad_norm = 1.0
+    assert ctx.clip_grad_norm is None
+    ctx.clip_grad_norm = None
 
 
 def test_parameters_that_cannot_be_lent_a_gradient_are_refused():
