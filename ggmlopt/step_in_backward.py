@@ -27,6 +27,7 @@ inside the backward pass leaves the parameters announced before it stepped.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,21 @@ class GradientPool:
         return sum(g.nbytes for free in self._free.values() for g in free)
 
 
+class _Lender:
+    """What a parameter asks for a gradient: the pool while its context lives (a
+    weak reference, so a model outliving its context does not keep the pool's
+    memory), plain zeros after."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: GradientPool) -> None:
+        self._pool = weakref.ref(pool)
+
+    def __call__(self, param: Parameter) -> np.ndarray:
+        pool = self._pool()
+        return pool.lend(param) if pool is not None else np.zeros(param.shape, np.float32)
+
+
 class StepInBackward:
     """StepInBackward(model, params, arena, optimizer): steps params (the
     context's trainable parameters, in arena order, each a Parameter) during
@@ -87,8 +103,9 @@ class StepInBackward:
             self._weights.append(arena.view("weights", start, (n,)))
             self._state.append({s: arena.view(s, start, (n,)) for s in arena.state_names})
             start += n
+        lender = _Lender(self.pool)
         for p in params:
-            p._set_storage(p.data, None, self.pool.lend)
+            p._set_storage(p.data, None, lender)
             p.grad_is_zero = True
         self._done = bytearray(len(params))
         self._hyper: tuple[np.float32, ...] = ()

@@ -244,3 +244,19 @@ def test_a_new_context_without_it_takes_the_gradients_back():
     train(ctx, 1)
     assert all(p._lender is None for p in model.parameters())
     assert np.shares_memory(ctx.grad_acc(model.norm.weight), ctx.arena.flat("grads"))
+
+
+def test_the_pool_goes_with_its_context():
+    """A model that outlives the context keeps no pool: its gradients are plain
+    zeros when asked for again."""
+    import gc
+    import weakref
+    model = llama()
+    ctx = context(model, True)
+    train(ctx, 1)
+    pool = weakref.ref(ctx._in_backward.pool)
+    del ctx
+    gc.collect()
+    assert pool() is None
+    g = model.norm.weight.grad
+    assert g.shape == model.norm.weight.shape and not g.any()
