@@ -41,6 +41,7 @@ _WHITESPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x
 _CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
         (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
 _WORD_CACHE = 1 << 16   # words remembered with their ids (natural text repeats them)
+_MAPPED_CHARACTERS = 1 << 16   # characters remembered by a normalizer's map
 
 
 class _CharacterMap(dict):
@@ -65,7 +66,8 @@ class _CharacterMap(dict):
         else:
             s = _lower(ch) if self.lowercase else ch
             out = f" {s} " if _alone(ch, cp2, cat) else s
-        self[cp] = out
+        if len(self) < _MAPPED_CHARACTERS:   # a bound on its memory: past it, computed again
+            self[cp] = out
         return out
 
 
