@@ -22,7 +22,7 @@ from collections import Counter
 
 from .nn.module import _children, _direct_parameters, modules
 
-__all__ = ["DEFAULT_BUCKET_CAP_MB", "GradientBuckets", "check_bucket_cap_mb"]
+__all__ = ["DEFAULT_BUCKET_CAP_MB", "FinalParameters", "GradientBuckets", "check_bucket_cap_mb"]
 
 DEFAULT_BUCKET_CAP_MB = 25.0  # PyTorch DDP's default bucket_cap_mb
 _MIB = 1 << 20
@@ -62,6 +62,30 @@ def _holdings(model) -> Counter:
     return counts
 
 
+class FinalParameters:
+    """FinalParameters(model, params): which of params (indices into the list)
+    have their final gradients once a module of model is announced by the
+    gradient-ready hook (see the module docstring: only parameters held at
+    exactly one place of the tree; the others are final when the backward pass
+    has returned).  Shared by the ranks' buckets and the optimizer step in the
+    backward pass (ggmlopt.step_in_backward)."""
+
+    def __init__(self, model, params) -> None:
+        held = _holdings(model)
+        self._index = {id(p): i for i, p in enumerate(params) if held.get(id(p)) == 1}
+        self._after: dict[int, list[int]] = {}
+
+    def after(self, module) -> list[int]:
+        """Indices of the parameters whose gradients are final once module is
+        announced (computed once per module)."""
+        got = self._after.get(id(module))
+        if got is None:
+            found = {self._index[id(p)] for m in modules(module) if hasattr(m, "__dict__")
+                     for _, p in _direct_parameters(m) if id(p) in self._index}
+            got = self._after[id(module)] = sorted(found)
+        return got
+
+
 class GradientBuckets:
     """GradientBuckets(model, params, total, bucket_elems): the buckets of one
     context's gradient section and the state of one exchanging backward pass.
@@ -78,8 +102,7 @@ class GradientBuckets:
         nb = max(1, -(-total // bucket_elems))
         self.bounds = [(max(0, total - (k + 1) * bucket_elems), total - k * bucket_elems)
                        for k in range(nb)]
-        held = _holdings(model)
-        self._index = {id(p): i for i, p in enumerate(params) if held.get(id(p)) == 1}
+        self._final = FinalParameters(model, params)
         self._spans = []  # per parameter: the buckets it overlaps, (first, last + 1)
         pending = [0] * nb
         offset = 0
@@ -95,7 +118,6 @@ class GradientBuckets:
                 pending[k] += 1
             offset += n
         self._pending_at_start = pending
-        self._final_after: dict[int, list[int]] = {}
         self.reset()
 
     def reset(self):
@@ -106,19 +128,8 @@ class GradientBuckets:
 
     def final_after(self, module):
         """Indices of the parameters whose gradients are final once module is
-        announced (computed once per module)."""
-        got = self._final_after.get(id(module))
-        if got is None:
-            found = set()
-            for m in modules(module):
-                if hasattr(m, "__dict__"):
-                    for _, p in _direct_parameters(m):
-                        i = self._index.get(id(p))
-                        if i is not None:
-                            found.add(i)
-            got = sorted(found)
-            self._final_after[id(module)] = got
-        return got
+        announced (FinalParameters.after)."""
+        return self._final.after(module)
 
     def announce(self, indices):
         """Parameters (indices) have their final gradients; returns the buckets

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from ._buckets import _holdings
-from .nn.module import _direct_parameters, modules, on_grads_ready
+from ._buckets import FinalParameters
+from .nn.module import on_grads_ready
 from .nn.parameter import Parameter
 
 __all__ = ["GradientPool", "StepInBackward"]
@@ -92,10 +92,7 @@ class StepInBackward:
         self._params = params
         self._optimizer = optimizer
         self.pool = GradientPool()
-        held = _holdings(model)
-        # parameters the hook can place: held at exactly one place of the tree
-        self._index = {id(p): i for i, p in enumerate(params) if held.get(id(p)) == 1}
-        self._final_after: dict[int, list[int]] = {}
+        self._final = FinalParameters(model, params)
         self._weights, self._state = [], []
         start = 0
         for p in params:
@@ -131,12 +128,7 @@ class StepInBackward:
             p.grad_is_zero = True
 
     def _announced(self, module: object) -> None:
-        got = self._final_after.get(id(module))
-        if got is None:
-            found = {self._index[id(p)] for m in modules(module) if hasattr(m, "__dict__")
-                     for _, p in _direct_parameters(m) if id(p) in self._index}
-            got = self._final_after[id(module)] = sorted(found)
-        self._step(got)
+        self._step(self._final.after(module))
 
     def _step(self, indices) -> None:
         done, params, pool = self._done, self._params, self.pool
