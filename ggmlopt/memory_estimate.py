@@ -212,9 +212,9 @@ def _parameter_bytes(model) -> tuple[int, int]:
 def _lent_gradient_bytes(model, blocks) -> int:
     """The gradient pool of optimizer_in_backward at its fullest (see
     ggmlopt.step_in_backward): parameters held in two places (a tied
-    embedding) for the whole pass, plus the larger of one block's and one
-    other part's (the head, the embedding), whose buffers the next borrower of
-    the same size reuses."""
+    embedding) for the whole pass, plus the largest block's and the largest
+    other part's (an untied head, the embedding): the pool keeps buffers by
+    size, so the other blocks and parts reuse them."""
     from ._buckets import _holdings
     from .nn.module import named_parameters
 

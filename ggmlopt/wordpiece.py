@@ -65,7 +65,7 @@ class _CharacterMap(dict):
             out = None   # dropped, inside a word
         else:
             s = _lower(ch) if self.lowercase else ch
-            out = f" {s} " if _alone(ch, cp2, cat) else s
+            out = f" {s} " if _alone(cp2, cat) else s
         if len(self) < _MAPPED_CHARACTERS:   # a bound on its memory: past it, computed again
             self[cp] = out
         return out
@@ -82,7 +82,7 @@ def _table(lowercase: bool, strip_accents: bool) -> _CharacterMap:
     return table
 
 
-def _alone(ch: str, cp: int, category: str) -> bool:
+def _alone(cp: int, category: str) -> bool:
     """Whether a character is a word by itself: punctuation, an ASCII symbol, a
     CJK ideograph."""
     return category[0] == "P" or (cp < 0x7F and category[0] == "S") or any(

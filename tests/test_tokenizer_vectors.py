@@ -120,6 +120,9 @@ def test_wordpiece_equals_llama_cpp_on_texts_of_every_kind():
                                        not skip_special)
         return buf.raw[:n].decode("utf-8", "replace")
 
+    # with its special tokens llama.cpp puts CLS and SEP around a text: the ids read
+    assert llm.tokenize(b"Hello there", add_bos=True, special=False) == \
+        [tok.cls_id, *tok.encode("Hello there").tolist(), tok.sep_id]
     for special in (False, True):
         for text in _samples(path, 700, 3 + special):
             want = llm.tokenize(text.encode(), add_bos=False, special=special)

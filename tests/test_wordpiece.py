@@ -95,7 +95,8 @@ def test_read_from_a_gguf_as_llama_cpp_reads_it(tmp_path):
         w.add_token_list(TOKENS)
         w.add_token_types(TYPES)
         w.add_unk_token_id(1)
-        w.add_uint32("tokenizer.ggml.cls_token_id", 2)
+        w.add_uint32("tokenizer.ggml.cls_token_id", 0)   # llama.cpp ignores it ...
+        w.add_bos_token_id(2)                            # ... and takes CLS from here
         w.add_uint32("tokenizer.ggml.seperator_token_id", 3)   # llama.cpp's spelling
         for key, value in keys.items():
             w.add_bool(f"tokenizer.ggml.normalizer.{key}", value)

@@ -618,17 +618,27 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
     if kind == "bert":
         from ..wordpiece import WordPieceTokenizer
         tokens, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")
-        unk = fields.get("tokenizer.ggml.unknown_token_id")
-        if not isinstance(tokens, list) or not isinstance(types, list) or unk is None:
+        if not isinstance(tokens, list) or not isinstance(types, list):
             raise ValueError(f"{where}: a bert (WordPiece) tokenizer without "
-                             "tokenizer.ggml.tokens, .token_type or .unknown_token_id")
+                             "tokenizer.ggml.tokens or .token_type")
+
+        def special(key, default):
+            # llama.cpp's WPM ids: the key, else BERT's own id where the vocabulary has it
+            # (it reads bos_token_id for CLS and ignores cls_token_id)
+            value = fields.get(f"tokenizer.ggml.{key}")
+            return value if value is not None else (default if default < len(tokens) else None)
+
+        unk = special("unknown_token_id", 100)
+        if unk is None:
+            raise ValueError(f"{where}: a bert (WordPiece) tokenizer without "
+                             "tokenizer.ggml.unknown_token_id (and fewer than 101 tokens)")
         # llama.cpp's defaults without the keys: lowercase (not for the 'whitespace'
         # pre-tokenizer), and strip accents as lowercase says
         lowercase = bool(fields.get("tokenizer.ggml.normalizer.lowercase",
                                     fields.get("tokenizer.ggml.pre") != "whitespace"))
         return WordPieceTokenizer(
-            tokens, types, unk_id=unk, cls_id=fields.get("tokenizer.ggml.cls_token_id"),
-            sep_id=fields.get("tokenizer.ggml.seperator_token_id"), lowercase=lowercase,
+            tokens, types, unk_id=unk, cls_id=special("bos_token_id", 101),
+            sep_id=special("seperator_token_id", 102), lowercase=lowercase,
             strip_accents=bool(fields.get("tokenizer.ggml.normalizer.strip_accents", lowercase)),
             chat_template=template)
     warnings.warn(f"{where}: tokenizer type {kind!r} is not read by ggmlopt (gpt2-type BPE, "
