@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .pretokenizers import word_patterns
+from .pretokenizers import PIECE_END, staged_patterns, word_patterns
 
 __all__ = ["WordEncoder"]
 
@@ -50,10 +51,14 @@ class WordEncoder:
     is not installed (the tokenizers library then does the whole encode)."""
 
     def __init__(self, patterns: Sequence[Any], word_tokenizer: Any,
-                 whole_words: Mapping[str, int] | None = None) -> None:
+                 whole_words: Mapping[str, int] | None = None,
+                 staged: Sequence[Any] | None = None) -> None:
         # each pattern in one capturing group: its split() alternates the text
         # between matches and the matches, in C
         self._patterns = list(patterns)
+        # the same cuts run over the whole text, the pieces joined by PIECE_END
+        # (pretokenizers.staged_patterns), or None
+        self._staged = None if staged is None else list(staged)
         self._tk = word_tokenizer
         self._cache: dict[str, list[int]] = {}
         self._whole = whole_words
@@ -71,10 +76,20 @@ class WordEncoder:
         patterns = [regex.compile(f"({r})") for r in word_patterns(tuple(regexes))]
         if any(p.groups != 1 for p in patterns):   # a pattern with groups of its own
             return None
-        return cls(patterns, word_tokenizer, whole_words)
+        steps = staged_patterns(tuple(regexes))
+        staged = None if steps is None else [
+            (re if engine == "re" else regex).compile(f"({r})") for engine, r in steps]
+        return cls(patterns, word_tokenizer, whole_words, staged)
 
     def words(self, text: str) -> list[str]:
         """text cut by every pattern in turn, matches and gaps both kept."""
+        if self._staged is not None and PIECE_END not in text:
+            # each step cuts every piece in one call: split() alternates gaps and
+            # matches, and the join marks every cut for the next step and the last
+            joined = text
+            for pattern in self._staged:
+                joined = PIECE_END.join(pattern.split(joined))
+            return list(filter(None, joined.split(PIECE_END)))
         pieces = [text]
         for pattern in self._patterns:
             # the matches alone (the group is the whole match) when they cover every

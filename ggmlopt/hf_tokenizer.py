@@ -22,7 +22,7 @@ import numpy.typing as npt
 from ._bpe_words import WordEncoder
 from ._optional import import_optional
 from .metaspace_bpe import LINES, joined_before_space, word_pattern
-from .pretokenizers import PRE_TOKENIZERS
+from .pretokenizers import PRE_TOKENIZERS, staged_patterns
 from .text import EOG_TEXTS, _ChatTemplated, _FlagLock, _splitter, checked_ids, ids_around_special
 
 __all__ = ["HFTokenizer", "load_hf_tokenizer"]
@@ -201,7 +201,7 @@ def _word_path(tk: Any) -> _WordPath | None:
     """The word-at-a-time path of a tokenizer.json the library would run as
     BPE with plain added tokens (none stripping spaces or matching whole words
     only) and either no normalizer and a byte-level pre-tokenizer of one to three
-    regexes (Llama 3's, Qwen's, GPT-2's, SmolLM's kind), or SentencePiece's
+    regexes (Llama 3's, Qwen's, GPT-2's, SmolLM's kind) or deepseek's, or SentencePiece's
     normalizer (the space prefix, spaces as U+2581) and no pre-tokenizer (Llama
     2's, Mistral's, Phi-3's) or one that isolates lines (Gemma 4's); None for any
     other pipeline, which stays with the library."""
@@ -264,7 +264,8 @@ def _metaspace_prefix(normalizer: Any) -> str | None:
 
 def _split_regexes(pre: Any) -> list[str] | None:
     """The regexes of a ByteLevel pre-tokenizer (GPT-2's own with use_regex) after
-    isolating Splits, at most three in all; else None."""
+    isolating Splits, at most three in all or a sequence that
+    pretokenizers.staged_patterns knows; else None."""
     steps = pre.get("pretokenizers", []) if isinstance(pre, dict) and \
         pre.get("type") == "Sequence" else [pre]
     if not steps or not all(isinstance(p, dict) for p in steps):
@@ -281,4 +282,8 @@ def _split_regexes(pre: Any) -> list[str] | None:
         regexes.append(pattern["Regex"])
     if last.get("use_regex", True):
         regexes.append(PRE_TOKENIZERS["gpt-2"][0])
-    return regexes if 1 <= len(regexes) <= 3 else None
+    # past three, each more is one more pass over the pieces, unless the sequence has
+    # a form that cuts all pieces at once (deepseek's five and six)
+    if len(regexes) > 3 and staged_patterns(tuple(regexes)) is None:
+        return None
+    return regexes or None

@@ -372,10 +372,7 @@ class BPETokenizer(Vocabulary):
         word_tk = tk.Tokenizer(tk.models.BPE(vocab, pairs, ignore_merges=ignore_merges))
         word_tk.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                             use_regex=False)
-        # (each pattern is one more pass in Python over the pieces: past three, as
-        # deepseek's five or six, the library's own splitting is as fast)
-        words = WordEncoder.make(regexes, word_tk, vocab if ignore_merges else None) \
-            if len(regexes) <= 3 else None
+        words = WordEncoder.make(regexes, word_tk, vocab if ignore_merges else None)
         return whole, words
 
     def hf_tokenizer(self) -> Any:

@@ -143,7 +143,7 @@ def test_a_tokenizer_json_word_by_word_equals_the_library(tmp_path, path):
     if tok.pre == "spm":
         tok._fast_tokenizer()   # (made on the first encode)
     if getattr(tok, "_words", None) is None:
-        assert hf._words is None   # deepseek's five or six regexes: the library
+        assert hf._words is None   # a pipeline the library runs alone
         return
     assert hf._words is not None
     texts = _texts(path)
@@ -221,3 +221,54 @@ def test_starcoders_two_patterns_in_one_pass_cut_the_same_words():
     for _ in range(20000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
         assert one.words(text) == sequential.words(text), repr(text)
+
+
+def _sequential_and_fast(name):
+    import regex
+
+    from ggmlopt._bpe_words import WordEncoder
+    from ggmlopt.pretokenizers import PRE_TOKENIZERS
+    given = PRE_TOKENIZERS[name]
+    return WordEncoder([regex.compile(f"({r})") for r in given], None), \
+        WordEncoder.make(given, None)
+
+
+# characters of every class these pre-tokenizers tell apart: ASCII and fullwidth letters
+# and symbols, letters outside ASCII, CJK and Hangul, CJK punctuation and numbers,
+# digits of other scripts, every kind of white space (U+3000 is both white space and
+# CJK punctuation; U+001C is white space to re but not to regex), lines' ends
+_MIXED = (list("  \t\n\r ab'sreXY0123456789٣١.,;:!?()[]-_$+<=>^~|`@#%&*©€中文、。“”①Ⅻ←〇가Ａｚé"
+               "À\u3000\u2003🙂\u00a0\u001c\u0085\u000b") + ["\u3000a", " \n", "'s", "1234"])
+
+
+@pytest.mark.parametrize("name", ["falcon", "deepseek-llm", "deepseek-coder"])
+def test_fast_cuts_equal_the_patterns_in_turn(name):
+    """falcon's one pattern, deepseek's steps over the joined pieces: the words of
+    the regexes applied piece by piece, on random texts of every class they split."""
+    sequential, fast = _sequential_and_fast(name)
+    assert len(fast._patterns) == 1 or fast._staged is not None
+    rng = random.Random(5)
+    for _ in range(20000):
+        text = "".join(rng.choice(_MIXED) for _ in range(rng.randrange(0, 40)))
+        assert fast.words(text) == sequential.words(text), repr(text)
+
+
+def test_a_text_holding_the_piece_mark_is_cut_piece_by_piece():
+    from ggmlopt.pretokenizers import PIECE_END
+    sequential, fast = _sequential_and_fast("deepseek-llm")
+    for text in (f"ab{PIECE_END}cd", f" x {PIECE_END} 12\n", PIECE_END, f"中{PIECE_END}\u3000 "):
+        assert fast.words(text) == sequential.words(text)
+        assert "".join(fast.words(text)) == text
+
+
+def test_the_white_space_class_given_to_re_is_the_regex_packages():
+    import re
+
+    import regex
+
+    from ggmlopt.pretokenizers import _WHITE_SPACE
+    ours, theirs = re.compile(_WHITE_SPACE), regex.compile(r"\s")
+    differ = [hex(c) for c in range(0x110000)
+              if 0xD800 > c or c > 0xDFFF
+              if bool(ours.match(chr(c))) != bool(theirs.match(chr(c)))]
+    assert not differ
