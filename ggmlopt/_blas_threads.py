@@ -35,7 +35,8 @@ import time
 from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
 
 __all__ = ["blas_config", "blas_threads_for_training", "blas_threads_setting",
-           "choose_blas_threads", "current_blas_threads", "work_split"]
+           "choose_blas_threads", "current_blas_threads", "others_running_recently",
+           "work_split"]
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 # variables that force OpenBLAS's kernel choice (an older kernel is slower)
@@ -86,6 +87,21 @@ def _others_running(samples=3, interval=0.002):
         others = max(runnable - _own_running_threads(), 0)
         least = others if least is None else min(least, others)
     return least
+
+
+_recent_sample = (float("-inf"), None)   # (time.monotonic() of the sample, its count)
+
+
+def others_running_recently(max_age=1.0):
+    """_others_running(), sampled again only when the last sample is older than
+    max_age seconds: cheap enough for every decoding step."""
+    global _recent_sample
+    now = time.monotonic()
+    taken, count = _recent_sample
+    if now - taken > max_age:
+        count = _others_running()
+        _recent_sample = (now, count)
+    return count
 
 
 def choose_blas_threads(current, cpus, others_running, kernel_bound=False):

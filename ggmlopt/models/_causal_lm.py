@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from .._blas_threads import _blas, blas_threads_setting
+from .._blas_threads import (
+    _blas,
+    _usable_cpus,
+    blas_threads_setting,
+    choose_blas_threads,
+    current_blas_threads,
+    others_running_recently,
+)
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..nn.module import Module, grads_ready
@@ -48,24 +55,31 @@ class KVCache:
 
 
 # decode's products have at most this many rows: matrix-vector products, bound by
-# memory, where waking OpenBLAS's workers costs more than a second thread brings
-# (the stories15M head, 1 x 288 x 32000, on a loaded 2-core EPYC: 2 ms with one
-# BLAS thread, 28 ms with two)
+# memory.  On idle cores a second BLAS thread doubles their bandwidth (a 2-core
+# Sapphire Rapids Xeon: a float32 SmolLM2-135M-shaped token 34.8 -> 24.5 ms); on
+# cores other processes keep busy, waking OpenBLAS's workers costs more than the
+# thread brings (the stories15M head, 1 x 288 x 32000, on a loaded 2-core EPYC:
+# 2 ms with one BLAS thread, 28 ms with two)
 FEW_ROWS = 32
 
 
 @contextlib.contextmanager
 def blas_threads_for_rows(rows):
-    """Within the block BLAS runs on one thread when the products have few rows
-    (rows <= FEW_ROWS) and GGMLOPT_BLAS_THREADS is unset or auto; exactly the
-    asked number when it is a number; untouched with keep (or an
-    OPENBLAS_NUM_THREADS-like variable set).  The previous counts come back after."""
+    """Within the block, when the products have few rows (rows <= FEW_ROWS) and
+    GGMLOPT_BLAS_THREADS is unset or auto, BLAS runs on the cores other processes
+    leave idle (one when they are all busy; sampled at most once a second); with a
+    number, exactly that many threads; untouched with keep (or an
+    OPENBLAS_NUM_THREADS-like variable set) and for more rows.  The previous counts
+    come back after."""
     try:
         setting = blas_threads_setting()
     except ValueError:
         setting = "keep"  # training reports a bad value; generation runs as configured
-    want = setting if isinstance(setting, int) else 1 if setting == "auto" and \
-        rows <= FEW_ROWS else None
+    want = setting if isinstance(setting, int) else None
+    if setting == "auto" and rows <= FEW_ROWS:
+        current = current_blas_threads()
+        if current is not None:
+            want = choose_blas_threads(current, _usable_cpus(), others_running_recently())
     libs = _blas().lib_controllers if want is not None else []
     before = [c.num_threads for c in libs]
     for c in libs:
