@@ -6,6 +6,7 @@ Q4_K_M, each case in a fresh process.
     python bench/qlora_step.py            # SmolLM2-135M's shape, 1 x 256, 2 threads
     python bench/qlora_step.py --small    # a quick run on a stories15M-sized model
     python bench/qlora_step.py --decode   # greedy decoding, tokens/s, beside llama.cpp
+                                          # (float32 activations, and rounded to Q8_0)
     python bench/qlora_step.py --llama-1b --tokens 512 [--checkpointing]
                                           # Llama-3.2-1B's shape and vocabulary, Q4_K_M
                                           # written by save_gguf: QLoRA's peak memory
@@ -75,14 +76,21 @@ def _decode(path: str, keep: bool, n: int = 64) -> dict:
 
     import ggmlopt as go
     from ggmlopt.io import load_gguf
+    from ggmlopt.nn.quantized import set_activations
     go.set_num_threads(2)
     model, _ = load_gguf(path, keep_types=keep)
     prompt = list(range(1, 17))
-    go.generate(model, prompt, 4, temperature=0)   # warm-up
-    t0 = time.perf_counter()
-    go.generate(model, prompt, n, temperature=0)
-    ours = n / (time.perf_counter() - t0)
-    row = {"ggmlopt_tok_s": ours, "peak_mib": _peak_mib()}
+    row = {}
+    # the float32 activations (the default), then rounded to Q8_0 as llama.cpp
+    # multiplies Q8_0 and Q4_0 weights (where the file has such layers)
+    for activations in ("f32", "q8_0"):
+        if set_activations(model, activations) == 0 and activations != "f32":
+            continue
+        go.generate(model, prompt, 4, temperature=0)   # warm-up
+        t0 = time.perf_counter()
+        go.generate(model, prompt, n, temperature=0)
+        row[f"ggmlopt_{activations}_tok_s"] = n / (time.perf_counter() - t0)
+    row["peak_mib"] = _peak_mib()
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
@@ -222,13 +230,15 @@ def main() -> None:
             row.update(case=name, file_mib=os.path.getsize(path) / 2**20)
             rows.append(row)
     if args.decode:
-        print(f"{'base':8} {'ggmlopt tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>6}")
+        print(f"{'base':8} {'ggmlopt tok/s':>14} {'(q8_0 act.)':>12} {'llama.cpp tok/s':>16} "
+              f"{'ratio':>6} {'(q8_0)':>7}")
         for r in rows:
             theirs = r.get("llama_cpp_tok_s", float("nan"))
+            ours, q8 = r["ggmlopt_f32_tok_s"], r.get("ggmlopt_q8_0_tok_s", float("nan"))
             note = "" if r.get("llama_cpp_extra_bufts", True) else \
                 "  (llama.cpp without AMX/repacked buffers: it crashed with them)"
-            print(f"{r['case']:8} {r['ggmlopt_tok_s']:14.1f} {theirs:16.1f} "
-                  f"{r['ggmlopt_tok_s'] / theirs:6.2f}{note}")
+            print(f"{r['case']:8} {ours:14.1f} {q8:12.1f} {theirs:16.1f} "
+                  f"{ours / theirs:6.2f} {q8 / theirs:7.2f}{note}")
         return
     base = rows[0]["step_s"] if not args.llama_1b else float("nan")
     print(f"{'base':8} {'file MiB':>9} {'step s':>8} {'x f32 LoRA':>11} {'peak MiB':>9}")

@@ -143,6 +143,7 @@ int ggmlopt_simd_select(const char *name) {
 }
 
 void ggmlopt_set_num_threads(int n) { go_pool_set_threads(n); }
+int64_t ggmlopt_set_pool_linger_ns(int64_t ns) { return go_pool_set_linger_ns(ns); }
 int ggmlopt_get_num_threads(void) { return go_pool_threads(); }
 
 /* ---- blocks on threads ---------------------------------------------------- */
@@ -1392,6 +1393,17 @@ int ggmlopt_dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, con
     return 0;
 }
 
+/* The weight rows of a product of few input rows, in blocks of some 32K
+ * weights (times the input rows) and on the pool from some 256K: a block's
+ * claim is a round trip of a shared counter between cores, worth a few rows
+ * of a fast kernel (smaller blocks left a second thread idle on SmolLM2's
+ * 576 x 1536 products); a whole multiple of 16 rows keeps threads off each
+ * other's output cache lines. */
+static void run_weight_rows(int64_t nout, int64_t row_work, go_block_fn fn, const void *args) {
+    if (row_work < 1) row_work = 1;
+    run_blocks(nout, rows_for(row_work, 32768), rows_for(row_work, 262144), fn, args);
+}
+
 static double quant_matmul_block(const void *p, int64_t b, int64_t e) {
     const quant_args *a = (const quant_args *)p;
     kernels()->quant_matmul_rows(a->type, a->nx, a->ncols, a->x, a->x_stride, a->src,
@@ -1410,7 +1422,47 @@ int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x
         return 0;
     }
     quant_args a = {type, nx, ncols, row_bytes, x_stride, y_stride, 0, 0, w, x, y};
-    run_items(nout, ncols * (nx < GO_QMM_ROWS ? nx : GO_QMM_ROWS), quant_matmul_block, &a);
+    run_weight_rows(nout, ncols * (nx < GO_QMM_ROWS ? nx : GO_QMM_ROWS), quant_matmul_block, &a);
+    return 0;
+}
+
+typedef struct {
+    int type;
+    int64_t ncols, row_bytes;
+    const int8_t *xqs;
+    const float *xd;
+    const uint8_t *w;
+    float *y;
+} quant_q8_args;
+
+static double quant_dot_q8_block(const void *p, int64_t b, int64_t e) {
+    const quant_q8_args *a = (const quant_q8_args *)p;
+    kernels()->quant_dot_q8_rows(a->type, a->ncols, a->xqs, a->xd, a->w, a->row_bytes, b, e,
+                                 a->y);
+    return 0.0;
+}
+void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) {
+    go_quantize_q8_0_row(x, n, qs, scales);
+}
+int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
+                            int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
+                            int64_t y_stride, int8_t *xqs, float *xd) {
+    const int64_t row_bytes = ggmlopt_quant_row_bytes(type, ncols);
+    if (row_bytes < 0) return -1;
+    if (type != GO_QTYPE_Q8_0 && type != GO_QTYPE_Q4_0) return -2;
+    if (nx <= 0 || nout <= 0) return 0;
+    for (int64_t i = 0; i < nx; ++i) {
+        float *yi = y + i * y_stride;
+        if (ncols == 0) {
+            for (int64_t j = 0; j < nout; ++j) yi[j] = 0.0f;
+            continue;
+        }
+        /* the row's quants once, in this thread: every weight row reads them */
+        go_quantize_q8_0_row(x + i * x_stride, ncols, xqs, xd);
+        memset(xqs + ncols, 0, 32);
+        quant_q8_args a = {type, ncols, row_bytes, xqs, xd, w, yi};
+        run_weight_rows(nout, ncols, quant_dot_q8_block, &a);
+    }
     return 0;
 }
 

@@ -20,6 +20,7 @@
 
 #include "quantize_k.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -364,4 +365,27 @@ void go_quantize_k_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const f
     for (int64_t r = r0; r < r1; ++r)
         for (int64_t i = 0; i < nb; ++i)
             block(src + r * ncols + i * QK_K, dst + (r * nb + i) * block_bytes);
+}
+
+/* ggml's quantize_row_q8_0_ref for activations: per 32 values d = amax / 127,
+ * each quant round(x * (1 / d)), and the scale as the f16 the block stores
+ * (what llama.cpp's integer dot products multiply by).  A block holding a
+ * non-finite value gets a NaN scale and zero quants: its products are NaN, as
+ * the float product's would be non-finite, and no NaN is converted to an
+ * integer. */
+void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) {
+    for (int64_t i = 0; i < n / 32; ++i) {
+        const float *v = x + i * 32;
+        float amax = 0.0f;
+        int finite = 1;
+        for (int j = 0; j < 32; ++j) {
+            const float a = fabsf(v[j]);
+            if (!(a <= FLT_MAX)) finite = 0;
+            else if (a > amax) amax = a;
+        }
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        scales[i] = finite ? f16_to_f32(f32_to_f16(d)) : NAN;
+        for (int j = 0; j < 32; ++j) qs[i * 32 + j] = finite ? (int8_t)roundf(v[j] * id) : 0;
+    }
 }

@@ -1,5 +1,6 @@
 /* ggml's K block types from float32 rows (quantize_k.c): the bytes
- * llama-quantize writes without an importance matrix. */
+ * llama-quantize writes without an importance matrix; and activations as
+ * Q8_0 blocks, as llama.cpp rounds them for its integer dot products. */
 #ifndef GGMLOPT_QUANTIZE_K_H
 #define GGMLOPT_QUANTIZE_K_H
 
@@ -15,5 +16,9 @@ int64_t go_quantize_k_block_bytes(int type);
  * dst (rows of ncols / 256 blocks); type must be one of the three above */
 void go_quantize_k_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const float *src,
                         uint8_t *dst);
+
+/* n floats (a multiple of 32) as Q8_0 blocks: the int8 quants into qs (n of
+ * them) and each block's scale, the f16 it stores as a float, into scales */
+void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales);
 
 #endif

@@ -6,11 +6,20 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #define GO_POOL_MAX_THREADS 64
-/* polls (a pause instruction each, tens of nanoseconds) before a worker sleeps */
+/* polls (a pause instruction each, 10 ns on a Sapphire Rapids Xeon) before a
+ * worker starts yielding */
 #define GO_POOL_SPIN 1024
+/* then, while a linger is set (go_pool_set_linger_ns), it polls between
+ * sched_yield() calls, which hand the core to any other runnable thread (a
+ * BLAS's workers), for that long before it sleeps: decoding calls the pool
+ * every few tens of microseconds with Python in between, and a sleeping
+ * worker's wake-up took 20-30 us of a 30-50 us product in a VM; in training
+ * the same yielding cost the BLAS's threads 5% of a step, so it is off there */
+static _Atomic int64_t linger_ns = 0;
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -48,6 +57,12 @@ static struct {
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 static void run_claims(go_job *job) {
     int b;
     while ((b = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed)) < job->nblocks) {
@@ -67,6 +82,14 @@ static void *worker_main(void *arg) {
         while ((gen = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen &&
                spins++ < GO_POOL_SPIN) {
             go_cpu_relax();
+        }
+        const int64_t linger = atomic_load_explicit(&linger_ns, memory_order_relaxed);
+        if (gen == seen && linger > 0) {
+            const int64_t until = now_ns() + linger;
+            while ((gen = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen &&
+                   now_ns() < until) {
+                sched_yield();
+            }
         }
         if (gen == seen) {
             pthread_mutex_lock(&pool.mu);
@@ -121,6 +144,10 @@ static void pool_init(void) {
     if (ncpu > GO_POOL_MAX_THREADS) ncpu = GO_POOL_MAX_THREADS;
     pool.nthreads = (int)ncpu;
     pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+int64_t go_pool_set_linger_ns(int64_t ns) {
+    return atomic_exchange(&linger_ns, ns > 0 ? ns : 0);
 }
 
 int go_pool_threads(void) {

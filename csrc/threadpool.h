@@ -3,9 +3,12 @@
  * never waits for a worker the scheduler has not run yet: on a busy machine it
  * simply does more of the blocks itself.  Workers poll briefly after a job and
  * then sleep on a condition variable, so they cost nothing while BLAS or Python
- * runs. */
+ * runs; a caller that calls every few microseconds (decoding) sets a linger,
+ * during which they poll longer, yielding their cores. */
 #ifndef GGMLOPT_THREADPOOL_H
 #define GGMLOPT_THREADPOOL_H
+
+#include <stdint.h>
 
 typedef void (*go_pool_block_fn)(void *ctx, int block);
 
@@ -15,5 +18,8 @@ typedef void (*go_pool_block_fn)(void *ctx, int block);
 void go_pool_for(int nblocks, go_pool_block_fn fn, void *ctx);
 int go_pool_threads(void);
 void go_pool_set_threads(int n);
+/* how long an idle worker keeps polling (yielding its core) before it sleeps;
+ * 0, the default, sleeps after a few microseconds.  Returns the previous. */
+int64_t go_pool_set_linger_ns(int64_t ns);
 
 #endif

@@ -7,7 +7,7 @@
 # Each forwards to the function of the same name with a ggmlopt_ prefix in
 # ggmlopt.h (see ggmlopt.get_include()), which documents the formulas.  They
 # take raw pointers, check nothing, never allocate and never need the GIL.
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
 
 cdef void adamw_step_f32(int64_t n, float *w, const float *g, float *m, float *v,
                          const float *params) noexcept nogil
@@ -166,6 +166,10 @@ cdef int dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const 
 cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
                           int64_t nout, const uint8_t *w, float *y,
                           int64_t y_stride) noexcept nogil
+cdef int quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                         int64_t nout, const uint8_t *w, float *y, int64_t y_stride,
+                         int8_t *xqs, float *xd) noexcept nogil
+cdef void quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) noexcept nogil
 cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
                            const uint8_t *src, float *dst) noexcept nogil
 cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,

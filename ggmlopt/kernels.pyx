@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
 
 from ggmlopt._kernel_args cimport as_array as _array
 from ggmlopt._kernel_args cimport f32_ptr as _f32
@@ -113,6 +113,7 @@ cdef extern from "ggmlopt.h" nogil:
     const char *ggmlopt_simd_active()
     const char *ggmlopt_cpu_features()
     void ggmlopt_set_num_threads(int n)
+    int64_t ggmlopt_set_pool_linger_ns(int64_t ns)
     int ggmlopt_get_num_threads()
     void ggmlopt_tanh_f32(int64_t n, const float *x, float *y)
     void ggmlopt_tanh_backward_f32(int64_t n, const float *y, const float *g, float *out)
@@ -1524,6 +1525,19 @@ def get_num_threads():
     return ggmlopt_get_num_threads()
 
 
+def set_pool_linger(seconds):
+    """How long an idle kernel thread keeps polling for the next call (yielding
+    its core to any other runnable thread) before it sleeps, in seconds; 0,
+    the default, sleeps after some 10 microseconds.  Decoding, which calls
+    small kernels every few tens of microseconds with Python in between, sets
+    it for its steps.  Returns the previous value."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float, np.integer, np.floating)):
+        raise TypeError(f"seconds: expected a number, got {type(seconds).__name__}")
+    if not 0 <= seconds <= 1:
+        raise ValueError(f"seconds: expected 0 <= seconds <= 1, got {seconds}")
+    return ggmlopt_set_pool_linger_ns(int(round(float(seconds) * 1e9))) / 1e9
+
+
 _MAX_THREADS = 64  # the thread pool's limit
 
 
@@ -1712,6 +1726,10 @@ cdef extern from "ggmlopt.h" nogil:
                                  int64_t y_stride)
     int ggmlopt_quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
                                   uint8_t *dst)
+    void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales)
+    int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
+                                int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
+                                int64_t y_stride, int8_t *xqs, float *xd)
 
 
 cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil:
@@ -1727,6 +1745,16 @@ cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, i
                           int64_t nout, const uint8_t *w, float *y,
                           int64_t y_stride) noexcept nogil:
     return ggmlopt_quant_matmul_f32(type, nx, ncols, x, x_stride, nout, w, y, y_stride)
+
+
+cdef int quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                         int64_t nout, const uint8_t *w, float *y, int64_t y_stride,
+                         int8_t *xqs, float *xd) noexcept nogil:
+    return ggmlopt_quant_matmul_q8(type, nx, ncols, x, x_stride, nout, w, y, y_stride, xqs, xd)
+
+
+cdef void quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) noexcept nogil:
+    ggmlopt_quantize_q8_0_row(x, n, qs, scales)
 
 
 cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,

@@ -18,7 +18,7 @@ touched; the work then runs without the GIL.  The C-level forms are in
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 
 from ggmlopt.kernels_embedding cimport check_ids as _check_ids
 
@@ -33,6 +33,8 @@ cnp.import_array()
 QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
           "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
 _NAMES = {v: k for k, v in QTYPES.items()}
+# the weight types matmul(..., activations="q8_0") multiplies in integers
+Q8_ACTIVATION_TYPES = ("Q4_0", "Q8_0")
 
 
 cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil:
@@ -58,6 +60,12 @@ cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, i
 cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
                            uint8_t *dst) noexcept nogil:
     return _k.quantize_rows_f32(type, nrows, ncols, src, dst)
+
+
+cdef int quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                         int64_t nout, const uint8_t *w, float *y, int64_t y_stride,
+                         int8_t *xqs, float *xd) noexcept nogil:
+    return _k.quant_matmul_q8(type, nx, ncols, x, x_stride, nout, w, y, y_stride, xqs, xd)
 
 
 cdef int _qtype(object qtype) except -1:
@@ -154,12 +162,21 @@ def dequantize(qtype, raw, ncols, start=0, stop=None, out=None):
     return ao
 
 
-def matmul(x, qtype, raw, out=None):
+def matmul(x, qtype, raw, out=None, activations="f32"):
     """x (n, ncols) float32 times the transpose of raw's nout rows of ncols
     values: out (n, nout) float32, out[i, j] = dot(x row i, weight row j) (the
     product of a Linear whose (in, out) weight is raw's transpose).  Each
     weight row is dequantized a chunk at a time, never whole; meant for few
-    rows of x (decoding), where the weight's bytes bound the time."""
+    rows of x (decoding), where the weight's bytes bound the time.
+
+    activations="q8_0", for a weight of a type in Q8_ACTIVATION_TYPES (Q8_0,
+    Q4_0): each row of x is first rounded to Q8_0 blocks and each block's dot
+    taken in integers, as llama.cpp multiplies these types; the result is off
+    the float product by that rounding of x (at most half of 1/127 of each
+    block's largest value, per value).  Weights of other types multiply the
+    float32 rows either way."""
+    if activations not in ("f32", "q8_0"):
+        raise ValueError(f"activations: expected 'f32' or 'q8_0', got {activations!r}")
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
     if ax.ndim != 2:
         raise ValueError(f"x: expected shape (rows, ncols), got {(<object>ax).shape}")
@@ -176,9 +193,43 @@ def matmul(x, qtype, raw, out=None):
     cdef const uint8_t *w = <const uint8_t *>cnp.PyArray_DATA(a)
     cdef const float *px = _f32(ax)
     cdef float *py = _f32(ao)
+    cdef cnp.ndarray xqs, xd
+    cdef int8_t *pq
+    cdef float *pd
+    if activations == "q8_0" and _NAMES[t] in Q8_ACTIVATION_TYPES:
+        # one row's quants (and 32 more for an odd last block) and scales: the C
+        # side never allocates
+        xqs = np.empty(ncols + 32, np.int8)
+        xd = np.empty(max(ncols // 32, 1), np.float32)
+        pq = <int8_t *>cnp.PyArray_DATA(xqs)
+        pd = <float *>cnp.PyArray_DATA(xd)
+        with nogil:
+            _k.quant_matmul_q8(t, nx, ncols, px, ncols, nout, w, py, nout, pq, pd)
+        return ao
     with nogil:
         _k.quant_matmul_f32(t, nx, ncols, px, ncols, nout, w, py, nout)
     return ao
+
+
+def quantize_q8_0_activations(x):
+    """x (n, ncols) float32 rounded as matmul(..., activations="q8_0") rounds it:
+    (quants int8 (n, ncols), scales float32 (n, ncols // 32)); ncols a multiple
+    of 32.  Value j of row i stands for quants[i, j] * scales[i, j // 32]."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    if ax.ndim != 2 or ax.shape[1] % 32:
+        raise ValueError(f"x: expected shape (rows, a multiple of 32), got "
+                         f"{(<object>ax).shape}")
+    cdef int64_t nx = ax.shape[0], ncols = ax.shape[1], i
+    quants = np.empty((nx, ncols), np.int8)
+    scales = np.empty((nx, ncols // 32), np.float32)
+    cdef int8_t[:, ::1] q = quants
+    cdef float[:, ::1] d = scales
+    cdef const float *px = _f32(ax)
+    if nx and ncols:
+        with nogil:
+            for i in range(nx):
+                _k.quantize_q8_0_row(px + i * ncols, ncols, &q[i, 0], &d[i, 0])
+    return quants, scales
 
 
 def gather(ids, qtype, raw, ncols, out=None):

@@ -132,6 +132,7 @@ static inline __m256 go_vload_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 #include "simd/x86_bytes.h"
+#include "simd/x86_int8.h"
 /* lanes (float)((x >> (j0 + lane)) & 1) */
 static inline __m256 go_vbits(uint32_t x, int j0) {
     const __m256i lanes = _mm256_add_epi32(_mm256_set1_epi32(j0),

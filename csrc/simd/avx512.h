@@ -130,6 +130,7 @@ static inline __m512 go_vload_i8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 #include "simd/x86_bytes.h"
+#include "simd/x86_int8.h"
 /* lanes (float)((x >> (j0 + lane)) & 1) */
 static inline __m512 go_vbits(uint32_t x, int j0) {
     const __m512i lanes = _mm512_add_epi32(_mm512_set1_epi32(j0), _mm512_setr_epi32(

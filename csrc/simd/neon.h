@@ -130,6 +130,41 @@ static inline void go_nibbles16(const uint8_t *src, uint8_t *lo, uint8_t *hi) {
     vst1q_u8(lo, vandq_u8(v, vdupq_n_u8(15)));
     vst1q_u8(hi, vshrq_n_u8(v, 4));
 }
+/* the sums a row's Q8_0 / Q4_0 blocks go into (kernels/quant.inc's
+ * quant_dot_q8_rows) */
+typedef float32x4_t go_vq;
+#define go_vq_zero() vdupq_n_f32(0.0f)
+#define go_vq_reduce(v) vaddvq_f32(v)
+
+/* lanes summing to dot(a, b) over 32 int8 pairs: int16 products (at most
+ * 128 * 128) added pairwise into int32, exact */
+static inline float32x4_t go_dot_i8x32(int8x16_t a0, int8x16_t a1, const int8_t *b) {
+    const int8x16_t b0 = vld1q_s8(b), b1 = vld1q_s8(b + 16);
+    int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(a0), vget_low_s8(b0)));
+    s = vpadalq_s16(s, vmull_s8(vget_high_s8(a0), vget_high_s8(b0)));
+    s = vpadalq_s16(s, vmull_s8(vget_low_s8(a1), vget_low_s8(b1)));
+    s = vpadalq_s16(s, vmull_s8(vget_high_s8(a1), vget_high_s8(b1)));
+    return vcvtq_f32_s32(s);
+}
+/* acc plus sa * dot(wa, x[0:32]) + sb * dot(wb, x[32:64]) for two Q8_0
+ * blocks' quants, and for two Q4_0 blocks' nibbles (see the scalar path) */
+static inline float32x4_t go_dot_q8_pair(const int8_t *wa, const int8_t *wb, const int8_t *x,
+                                         float sa, float sb, float32x4_t acc) {
+    acc = vfmaq_f32(acc, go_dot_i8x32(vld1q_s8(wa), vld1q_s8(wa + 16), x), vdupq_n_f32(sa));
+    return vfmaq_f32(acc, go_dot_i8x32(vld1q_s8(wb), vld1q_s8(wb + 16), x + 32),
+                     vdupq_n_f32(sb));
+}
+static inline float32x4_t go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const int8_t *x,
+                                         float sa, float sb, float32x4_t acc) {
+    const int8x16_t eight = vdupq_n_s8(8);
+    const uint8x16_t va = vld1q_u8(na), vb = vld1q_u8(nb);
+    const int8x16_t alo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(va, vdupq_n_u8(15))), eight);
+    const int8x16_t ahi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(va, 4)), eight);
+    const int8x16_t blo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(vb, vdupq_n_u8(15))), eight);
+    const int8x16_t bhi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(vb, 4)), eight);
+    acc = vfmaq_f32(acc, go_dot_i8x32(alo, ahi, x), vdupq_n_f32(sa));
+    return vfmaq_f32(acc, go_dot_i8x32(blo, bhi, x + 32), vdupq_n_f32(sb));
+}
 /* out[j] = (src[j] >> shift) & mask for 16 bytes */
 static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
     const uint8x16_t v = vshlq_u8(vld1q_u8(src), vdupq_n_s8((int8_t)-shift));

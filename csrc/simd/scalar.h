@@ -51,6 +51,34 @@ static inline void go_nibbles16(const uint8_t *src, uint8_t *lo, uint8_t *hi) {
         hi[j] = src[j] >> 4;
     }
 }
+/* the sums a row's Q8_0 / Q4_0 blocks go into (kernels/quant.inc's
+ * quant_dot_q8_rows) */
+typedef float go_vq;
+#define go_vq_zero() 0.0f
+#define go_vq_reduce(v) (v)
+
+/* acc plus sa * dot(wa, x[0:32]) + sb * dot(wb, x[32:64]): two Q8_0 blocks'
+ * int8 quants against 64 int8 activations (within [-127, 127]), each block's
+ * integer dot exact; and the same for two Q4_0 blocks' 16 bytes of nibbles
+ * (low nibbles the first 16 values, each nibble minus 8) */
+static inline float go_dot_q8_pair(const int8_t *wa, const int8_t *wb, const int8_t *x,
+                                   float sa, float sb, float acc) {
+    int32_t a = 0, b = 0;
+    for (int i = 0; i < 32; ++i) {
+        a += (int32_t)wa[i] * x[i];
+        b += (int32_t)wb[i] * x[32 + i];
+    }
+    return (float)b * sb + ((float)a * sa + acc);
+}
+static inline float go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const int8_t *x,
+                                   float sa, float sb, float acc) {
+    int32_t a = 0, b = 0;
+    for (int i = 0; i < 16; ++i) {
+        a += ((na[i] & 15) - 8) * x[i] + ((na[i] >> 4) - 8) * x[16 + i];
+        b += ((nb[i] & 15) - 8) * x[32 + i] + ((nb[i] >> 4) - 8) * x[48 + i];
+    }
+    return (float)b * sb + ((float)a * sa + acc);
+}
 static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
     for (int j = 0; j < 16; ++j) out[j] = (uint8_t)((src[j] >> shift) & mask);
 }

@@ -320,6 +320,63 @@ static float *check_matmul(const ggmlopt_kernel_table *k, const qtype *t, const 
     return y;
 }
 
+/* quant_dot_q8_rows of table k for a Q8_0 or Q4_0 weight: x rounded to Q8_0
+ * (the public, portable ggmlopt_quantize_q8_0_row; its bytes are checked
+ * against gguf-py in tests/test_kernels_quant_q8.py), the 32 quants past the
+ * row random (an odd last block reads them unscaled), weight rows [2, 9) of 11
+ * within float32 rounding of the float64 product of the decoded weights and
+ * the rounded x: each block's integer dot and scale product are exact, the
+ * accumulation takes nblocks / 2 + 8 roundings at most; rows outside untouched.
+ * Another type returns 0 and writes nothing. */
+static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t ncols,
+                         const char *ctx) {
+    const int64_t nout = 11, nb = ncols / 32, rb = row_bytes_of(t, ncols);
+    const uint8_t *w = rand_rows(t, nout, ncols, 0, 3);
+    const float *x = th_rand_f32(ncols, 1, -2.0f, 2.0f);
+    int8_t *xq = th_alloc(1, ncols + 32, 1);
+    float *xd = th_alloc(4, nb, 0);
+    ggmlopt_quantize_q8_0_row(x, ncols, xq, xd);
+    for (int i = 0; i < 32; ++i) xq[ncols + i] = (int8_t)(th_next() >> 56);
+    float *wf = th_alloc(4, ncols, 0);
+    float *y = sentinel_f32(nout);
+    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, w, rb, 2, 9, y);
+    th_check(rc == 1, "%s: return code %d", ctx, rc);
+    const double m = (double)(nb / 2 + 8), g = m * U32 / (1.0 - m * U32);
+    th_miss miss = TH_MISS_INIT;
+    for (int64_t j = 0; j < nout; ++j) {
+        if (j < 2 || j >= 9) {
+            th_expect_bits(&miss, "y outside the rows (written)", j, y[j], bits_f32(SENTINEL_BITS));
+            continue;
+        }
+        ref_row(t, w + j * rb, ncols, wf);
+        double s = 0.0, a = 0.0;
+        for (int64_t i = 0; i < ncols; ++i) {
+            const double p = (double)wf[i] * ((double)xq[i] * xd[i / 32]);
+            s += p;
+            a += fabs(p);
+        }
+        th_expect(&miss, "y", j, y[j], s, g * a + U32 * fabs(s));
+    }
+    th_report(&miss, ctx);
+}
+
+static void check_q8_dot_refuses(const ggmlopt_kernel_table *k, const qtype *t) {
+    const int64_t ncols = t->ncols[0];
+    const uint8_t *w = rand_rows(t, 2, ncols, 0, 0);
+    int8_t *xq = th_alloc(1, ncols + 32, 0);
+    float *xd = th_alloc(4, ncols / 32 + 1, 0);
+    memset(xq, 0, (size_t)(ncols + 32));
+    for (int64_t i = 0; i <= ncols / 32; ++i) xd[i] = 1.0f;
+    float *y = sentinel_f32(2);
+    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, w, row_bytes_of(t, ncols), 0, 2, y);
+    th_miss m = TH_MISS_INIT;
+    for (int j = 0; j < 2; ++j) th_expect_bits(&m, "y of a refused type", j, y[j], bits_f32(SENTINEL_BITS));
+    char ctx[96];
+    snprintf(ctx, sizeof ctx, "quant_dot_q8_rows[%s] %s (refused: %d)", k->name, t->name, rc);
+    th_report(&m, ctx);
+    th_check(rc == 0, "%s", ctx);
+}
+
 /* ---- one dispatch table --------------------------------------------------------- */
 
 void test_quant_kernels(const ggmlopt_kernel_table *k) {
@@ -354,6 +411,16 @@ void test_quant_kernels(const ggmlopt_kernel_table *k) {
                          k->name, t->name, (long long)c.nx, (long long)c.ncols);
                 check_matmul(k, t, &c, 2, 9, ctx);
             }
+        }
+        if (t->type == 2 || t->type == 8) {
+            static const int64_t widths[] = {32, 64, 96, 160, 608};
+            for (int wi = 0; wi < 5; ++wi) {
+                snprintf(ctx, sizeof ctx, "quant_dot_q8_rows[%s] %s ncols=%lld rows [2, 9) of 11",
+                         k->name, t->name, (long long)widths[wi]);
+                check_q8_dot(k, t, widths[wi], ctx);
+            }
+        } else if (t->block >= 32) {
+            check_q8_dot_refuses(k, t);
         }
         th_release_all();
     }
@@ -467,6 +534,52 @@ static void public_empty(void) {
 }
 
 /* Unknown types and widths that are not whole blocks: -1, nothing written. */
+/* ggmlopt_quant_matmul_q8 on every path and 1 and 2 threads: each output the
+ * table kernel's on the row's rounding, the same bits for any split; -2 and
+ * nothing written for a type without integer products, -1 for a bad width */
+static void public_q8(const char **paths, int npaths) {
+    th_set_stage("quantized public API, Q8_0 activations");
+    for (int ti = 0; ti < NTYPES; ++ti) {
+        const qtype *t = &TYPES[ti];
+        if (t->block < 32) continue;
+        const int64_t ncols = t->ncols[2], nout = 300, nx = 2;
+        const uint8_t *w = rand_rows(t, nout, ncols, 0, 1);
+        const float *x = th_rand_f32(nx * (ncols + 5), 0, -1.0f, 1.0f);
+        int8_t *xq = th_alloc(1, ncols + 32, 0);
+        float *xd = th_alloc(4, ncols / 32, 0);
+        const int q8 = t->type == 2 || t->type == 8;
+        float *first = NULL;
+        for (int p = 0; p < npaths; ++p) {
+            if (!select_path(paths[p])) continue;
+            for (int threads = 1; threads <= 2; ++threads) {
+                ggmlopt_set_num_threads(threads);
+                float *y = sentinel_f32(nx * (nout + 3));
+                const int rc = ggmlopt_quant_matmul_q8(t->type, nx, ncols, x, ncols + 5, nout, w,
+                                                       y, nout + 3, xq, xd);
+                char ctx[128];
+                snprintf(ctx, sizeof ctx, "ggmlopt_quant_matmul_q8 %s [%s, %d threads]", t->name,
+                         paths[p], threads);
+                th_check(rc == (q8 ? 0 : -2), "%s: return code %d", ctx, rc);
+                th_miss m = TH_MISS_INIT;
+                for (int64_t i = 0; i < nx * (nout + 3); ++i) {
+                    const int pad = i % (nout + 3) >= nout;
+                    if (!q8 || pad) {
+                        th_expect_bits(&m, "y not to be written", i, y[i], bits_f32(SENTINEL_BITS));
+                    } else if (first && threads == 2) {
+                        th_expect_bits(&m, "2 threads vs 1", i, y[i], first[i]);
+                    }
+                }
+                th_report(&m, ctx);
+                if (threads == 1) first = y;
+            }
+            first = NULL;
+        }
+        th_check(ggmlopt_quant_matmul_q8(t->type, 1, ncols + 1, x, ncols, 1, w, xd, 1, xq, xd) == -1,
+                 "ggmlopt_quant_matmul_q8 %s: a width of part of a block not refused", t->name);
+        th_release_all();
+    }
+}
+
 static void public_errors(void) {
     th_set_stage("quantized public API, errors");
     /* ggml types these kernels do not read (removed Q4_2/Q4_3, Q8_1, Q2_K, Q3_K,
@@ -535,6 +648,7 @@ void test_quant_public(void) {
         public_type(&TYPES[ti], paths, npaths);
         th_release_all();
     }
+    public_q8(paths, npaths);
     ggmlopt_simd_select(NULL);
     ggmlopt_set_num_threads(threads_before);
     public_empty();

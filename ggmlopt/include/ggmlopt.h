@@ -230,6 +230,11 @@ const char *ggmlopt_cpu_features(void);
 
 /* Threads for large calls (1 = the calling thread only).  n < 1 is clamped to 1. */
 void ggmlopt_set_num_threads(int n);
+/* How long (ns) an idle kernel thread keeps polling for the next call, yielding
+ * its core to other runnable threads, before it sleeps: for callers that call
+ * small kernels every few microseconds (decoding); 0 (the default) sleeps
+ * after some 10 us.  Returns the previous value. */
+int64_t ggmlopt_set_pool_linger_ns(int64_t ns);
 int ggmlopt_get_num_threads(void);
 
 /* ---- activations ------------------------------------------------------------ */
@@ -403,6 +408,20 @@ int ggmlopt_dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t n
 int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
                              int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                              int64_t y_stride);
+/* y as ggmlopt_quant_matmul_f32 for a Q8_0 (8) or Q4_0 (2) weight, each x row
+ * first rounded to Q8_0 blocks (ggml's quantize_row_q8_0_ref) and each block's
+ * dot taken in integers, as llama.cpp multiplies these types: the result
+ * differs from the float product by that rounding of x.  xqs and xd: scratch
+ * of ncols + 32 int8 and ncols / 32 floats.  Returns 0, -1 as
+ * ggmlopt_dequantize_rows, -2 for another type. */
+/* n floats (a multiple of 32) rounded to Q8_0 blocks as ggml's
+ * quantize_row_q8_0_ref rounds them: the int8 quants into qs (n of them) and
+ * each block's scale (the f16 it stores, as a float) into scales; a block
+ * holding a non-finite value gets zero quants and a NaN scale. */
+void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales);
+int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
+                            int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
+                            int64_t y_stride, int8_t *xqs, float *xd);
 /* nrows rows of ncols float32 values (src, rows of ncols) quantized to type
  * Q4_K (12), Q5_K (13) or Q6_K (14) into dst (rows of
  * ggmlopt_quant_row_bytes(type, ncols)), byte for byte as ggml's

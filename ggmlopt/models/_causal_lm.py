@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import kernels
 from .._blas_threads import (
     _blas,
     _usable_cpus,
@@ -89,6 +90,26 @@ def blas_threads_for_rows(rows):
     finally:
         for c, n in zip(libs, before):
             c.set_num_threads(n)
+
+
+# how long the kernel threads poll for the next call during a decode step with
+# few rows (kernels.set_pool_linger): a token's products come every few tens of
+# microseconds, and waking a sleeping thread took 20-30 us of each
+DECODE_LINGER_S = 0.002
+
+
+@contextlib.contextmanager
+def pool_lingering(rows):
+    """Within the block, with few rows (rows <= FEW_ROWS), the kernel threads
+    keep polling between calls (DECODE_LINGER_S); the previous setting after."""
+    if rows > FEW_ROWS:
+        yield
+        return
+    before = kernels.set_pool_linger(DECODE_LINGER_S)
+    try:
+        yield
+    finally:
+        kernels.set_pool_linger(before)
 
 
 def attend_cached(q, cache_k, cache_v, pos, window=None):
@@ -430,7 +451,7 @@ class CausalLM(Module):
         if cache.length + t > cache.max_len:
             raise ValueError(f"tokens: {t} more positions after {cache.length} exceed the "
                              f"cache's max_len={cache.max_len}")
-        with blas_threads_for_rows(b * t):
+        with blas_threads_for_rows(b * t), pool_lingering(b * t):
             h = self._decode_hidden(tokens, cache)
             logits = self._head(h.reshape(b * t, -1))
         cache.length += t

@@ -16,11 +16,12 @@ import numpy as np
 
 from .. import gemm, kernels, kernels_quant
 from ._buffers import add_into, as_rows, output_array, rows2d
-from .module import Module
+from .module import Module, modules
 from .parameter import Parameter
 
-__all__ = ["QuantizedEmbedding", "QuantizedLinear", "is_quantized", "quantized_layers",
-           "refuse_full_finetune_of_quantized", "refuse_quantized"]
+__all__ = ["ACTIVATIONS", "QuantizedEmbedding", "QuantizedLinear", "is_quantized",
+           "quantized_layers", "refuse_full_finetune_of_quantized", "refuse_quantized",
+           "set_activations"]
 
 # dequantized values a panel holds (4 MiB): the BLAS's working set stays in cache
 PANEL_FLOATS = 1 << 20
@@ -51,11 +52,12 @@ def _panels(qtype, qweight, ncols):
         yield r0, r1, kernels_quant.dequantize(qtype, qweight, ncols, r0, r1, out=buf[:r1 - r0])
 
 
-def rows_times_transpose(x2, qtype, qweight, out):
+def rows_times_transpose(x2, qtype, qweight, out, activations="f32"):
     """out (n, nrows) = x2 (n, ncols) times the transpose of qweight's rows
-    (a Linear's x W with W = rows^T; the tied head's h E^T)."""
+    (a Linear's x W with W = rows^T; the tied head's h E^T); activations: as
+    kernels_quant.matmul's, for products of few rows (more go through panels)."""
     if x2.shape[0] <= FEW_ROWS:
-        return kernels_quant.matmul(x2, qtype, qweight, out=out)
+        return kernels_quant.matmul(x2, qtype, qweight, out=out, activations=activations)
     for r0, r1, panel in _panels(qtype, qweight, x2.shape[1]):
         gemm.matmul(x2, panel.T, out[:, r0:r1])
     return out
@@ -72,6 +74,34 @@ def rows_times(g, qtype, qweight, ncols, out):
     if first:
         out.fill(0.0)
     return out
+
+
+ACTIVATIONS = ("f32", "q8_0")
+
+
+def _activations(layer) -> str:
+    """What layer's product of few rows multiplies now: its setting, except
+    float32 while training (the backward pass multiplies float32 gradients)."""
+    return "f32" if layer.training else layer.activations
+
+
+def set_activations(model, activations) -> int:
+    """Sets how every QuantizedLinear and QuantizedEmbedding under model (model
+    included) multiplies products of few rows (decoding) outside training:
+    "f32" (the default: the float32 activations, the same numbers as a
+    product of many rows) or "q8_0" (each row first rounded to Q8_0 blocks and
+    multiplied in integers, as llama.cpp multiplies Q8_0 and Q4_0 weights:
+    faster, and off by that rounding of the activations; weights of other
+    types keep float32).  Returns how many layers multiply in integers now."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations: expected one of {', '.join(ACTIVATIONS)}, got "
+                         f"{activations!r}")
+    count = 0
+    for m in modules(model):
+        if isinstance(m, (QuantizedLinear, QuantizedEmbedding)):
+            m.activations = activations
+            count += activations == "q8_0" and m.qtype in kernels_quant.Q8_ACTIVATION_TYPES
+    return count
 
 
 def _qtype_arg(qtype) -> str:
@@ -127,6 +157,8 @@ class QuantizedLinear(Module):
     """
 
     output_is_scratch = True  # backward reads the input, never the output
+    #: products of few rows outside training: "f32" or "q8_0" (set_activations)
+    activations = "f32"
 
     def __init__(self, qweight, qtype, in_features, out_features, bias=None):
         self.in_features = _size_arg(in_features, "in_features")
@@ -168,7 +200,7 @@ class QuantizedLinear(Module):
     def product(self, x2, out2):
         """out2 (rows, out) = x2 (rows, in) W, both float32 C-contiguous: the seam
         an adapter computes its base through."""
-        rows_times_transpose(x2, self.qtype, self.qweight, out2)
+        rows_times_transpose(x2, self.qtype, self.qweight, out2, _activations(self))
         return out2
 
     def product_transposed(self, g, out):
@@ -248,6 +280,9 @@ class QuantizedEmbedding(Module):
     rows E^T and ``project_backward(g, rows)`` the hidden rows' gradient g E.
     """
 
+    #: the tied head's products of few rows outside training (set_activations)
+    activations = "f32"
+
     def __init__(self, qweight, qtype, num_embeddings, embedding_dim):
         self.num_embeddings = _size_arg(num_embeddings, "num_embeddings")
         self.embedding_dim = _size_arg(embedding_dim, "embedding_dim")
@@ -307,7 +342,7 @@ class QuantizedEmbedding(Module):
         rows = as_rows(rows, self.embedding_dim, "rows")
         if out is None:
             out = np.empty((rows.shape[0], self.num_embeddings), np.float32)
-        return rows_times_transpose(rows, self.qtype, self.qweight, out)
+        return rows_times_transpose(rows, self.qtype, self.qweight, out, _activations(self))
 
     def project_backward(self, g, rows):
         """The tied head's backward: g (n, num_embeddings) -> g E (n, dim); the

@@ -1,0 +1,201 @@
+"""Products of few rows with the activations rounded to Q8_0 blocks, as llama.cpp
+multiplies Q8_0 and Q4_0 weights (kernels_quant.matmul(..., activations="q8_0")):
+the rounding byte for byte gguf-py's (ggml's quantize_row_q8_0_ref), the product
+within float32 rounding of a float64 product of the rounded activations and the
+decoded weights on every SIMD path, the same bits on any number of threads;
+QuantizedLinear and QuantizedEmbedding multiply so when set_activations says so,
+outside training only; decoding's kernel threads linger only while it runs."""
+import numpy as np
+import pytest
+
+import ggmlopt
+from ggmlopt import kernels
+from ggmlopt import kernels_quant as kq
+from ggmlopt.nn.quantized import QuantizedEmbedding, QuantizedLinear, set_activations
+
+gguf = pytest.importorskip("gguf")
+T = gguf.GGMLQuantizationType
+U = 2.0 ** -24
+
+
+def gguf_q8_0(x):
+    """gguf-py's Q8_0 blocks of x's rows: (quants int8, scales as float32)."""
+    raw = gguf.quants.quantize(x, T.Q8_0).reshape(x.shape[0], -1, 34)
+    scales = raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    quants = raw[..., 2:].view(np.int8).reshape(x.shape)
+    return quants, scales
+
+
+def awkward_activations(rng, nx, ncols):
+    """Rows mixing scales over many orders of magnitude, a block of zeros, a
+    block of one nonzero value, values on rounding ties."""
+    x = (rng.standard_normal((nx, ncols)) * np.exp(rng.uniform(-8, 8, (nx, 1)))).astype(np.float32)
+    if ncols >= 64:
+        x[0, :32] = 0.0
+        x[-1, 32:64] = 0.0
+        x[-1, 40] = -3.0
+    if ncols >= 96:   # 127 * (k + 0.5) / 127 of the block's largest: ties of round()
+        x[0, 64:96] = (np.arange(32) - 15.5) / 15.5 * 2.0
+    return x
+
+
+@pytest.mark.parametrize("nx,ncols", [(1, 32), (3, 96), (2, 608), (5, 1536)])
+def test_the_rounding_is_gguf_pys(nx, ncols):
+    rng = np.random.default_rng(ncols + nx)
+    x = awkward_activations(rng, nx, ncols)
+    quants, scales = kq.quantize_q8_0_activations(x)
+    want_q, want_s = gguf_q8_0(x)
+    np.testing.assert_array_equal(quants, want_q)
+    np.testing.assert_array_equal(scales.view(np.uint32), want_s.view(np.uint32))
+    assert np.abs(quants.astype(np.int32)).max() <= 127
+
+
+def test_a_non_finite_value_makes_its_block_nan_and_nothing_else():
+    x = np.ones((2, 96), np.float32)
+    x[0, 40] = np.inf
+    x[1, 70] = np.nan
+    quants, scales = kq.quantize_q8_0_activations(x)
+    assert np.isnan(scales[0, 1]) and np.isnan(scales[1, 2])
+    assert (quants[0, 32:64] == 0).all() and (quants[1, 64:96] == 0).all()
+    assert np.isfinite(scales[0, [0, 2]]).all() and np.isfinite(scales[1, :2]).all()
+    w = gguf.quants.quantize(np.ones((3, 96), np.float32), T.Q8_0)
+    y = kq.matmul(x, "Q8_0", w, activations="q8_0")
+    assert np.isnan(y).all()
+
+
+def random_weight(qtype, nout, ncols, rng):
+    return gguf.quants.quantize((rng.standard_normal((nout, ncols)) * 0.05).astype(np.float32),
+                                T[qtype])
+
+
+def q8_product_and_bound(x, qtype, raw):
+    """The float64 product of the rounded activations and the decoded weights,
+    and its float32 bound: every block's integer dot is exact and its scale
+    product (two f16 values) exact in float32, so only the accumulation rounds:
+    within gamma_m sum |w x| over the blocks' m = nblocks + 8 steps (two sums of
+    pairs of blocks, the lanes' sum, the final rounding)."""
+    quants, scales = kq.quantize_q8_0_activations(x)
+    xr = quants.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=1)
+    w = np.asarray(gguf.quants.dequantize(raw, T[qtype]), np.float64)
+    exact = xr @ w.T
+    m = x.shape[1] // 32 + 8
+    return exact, m * U / (1 - m * U) * (np.abs(xr) @ np.abs(w).T) + U * np.abs(exact)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("nx,nblocks,nout", [(1, 1, 1), (1, 2, 13), (3, 3, 7), (4, 5, 40),
+                                             (11, 19, 13), (1, 48, 600)])
+def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path, qtype, nx,
+                                                                       nblocks, nout):
+    rng = np.random.default_rng(nblocks * 7 + nout)
+    ncols = 32 * nblocks
+    raw = random_weight(qtype, nout, ncols, rng)
+    x = awkward_activations(rng, nx, ncols)
+    got = kq.matmul(x, qtype, raw, activations="q8_0")
+    exact, bound = q8_product_and_bound(x, qtype, raw)
+    assert got.shape == (nx, nout) and got.dtype == np.float32
+    assert (np.abs(got - exact) <= bound).all()
+    # and off the float32 product by the activations' rounding: at most half a
+    # quantum (the block's scale) per value
+    w = np.asarray(gguf.quants.dequantize(raw, T[qtype]), np.float64)
+    _, scales = kq.quantize_q8_0_activations(x)
+    half = np.repeat(scales.astype(np.float64), 32, axis=1) / 2
+    float_product = x.astype(np.float64) @ w.T
+    assert (np.abs(got - float_product) <= half @ np.abs(w).T + 2 * bound).all()
+
+
+def test_an_input_off_the_vector_alignment(simd_path):
+    rng = np.random.default_rng(8)
+    raw = random_weight("Q4_0", 9, 96, rng)
+    flat = np.empty(3 * 96 + 1, np.float32)
+    x = flat[1:].reshape(3, 96)   # C-contiguous, 4 bytes past an aligned start
+    x[...] = rng.standard_normal((3, 96))
+    out = np.full((3, 9), np.nan, np.float32)
+    got = kq.matmul(x, "Q4_0", raw, out=out, activations="q8_0")
+    assert got is out
+    exact, bound = q8_product_and_bound(np.ascontiguousarray(x), "Q4_0", raw)
+    assert (np.abs(got - exact) <= bound).all()
+
+
+def test_the_same_bits_on_any_number_of_threads(restore_threads):
+    rng = np.random.default_rng(9)
+    for qtype in ("Q8_0", "Q4_0"):
+        raw = random_weight(qtype, 1536, 576, rng)
+        x = rng.standard_normal((2, 576)).astype(np.float32)
+        ggmlopt.set_num_threads(1)
+        one = kq.matmul(x, qtype, raw, activations="q8_0")
+        ggmlopt.set_num_threads(2)
+        np.testing.assert_array_equal(kq.matmul(x, qtype, raw, activations="q8_0"), one)
+
+
+def test_other_types_multiply_the_float32_activations():
+    rng = np.random.default_rng(4)
+    raw = kq.quantize(rng.standard_normal((5, 256)).astype(np.float32), "Q6_K")
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    np.testing.assert_array_equal(kq.matmul(x, "Q6_K", raw, activations="q8_0"),
+                                  kq.matmul(x, "Q6_K", raw))
+    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q8_0")
+
+
+def test_bad_arguments():
+    raw = gguf.quants.quantize(np.ones((2, 32), np.float32), T.Q8_0)
+    with pytest.raises(ValueError, match="activations"):
+        kq.matmul(np.ones((1, 32), np.float32), "Q8_0", raw, activations="q4_0")
+    with pytest.raises(ValueError, match="x"):
+        kq.quantize_q8_0_activations(np.ones((1, 33), np.float32))
+    with pytest.raises(TypeError, match="x"):
+        kq.quantize_q8_0_activations(np.ones((1, 32), np.float64))
+    quants, scales = kq.quantize_q8_0_activations(np.ones((0, 64), np.float32))
+    assert quants.shape == (0, 64) and scales.shape == (0, 2)
+
+
+def test_layers_multiply_so_when_set_and_not_training():
+    rng = np.random.default_rng(6)
+    raw = random_weight("Q4_0", 40, 96, rng)
+    emb_raw = random_weight("Q8_0", 50, 96, rng)
+    layer = QuantizedLinear(raw, "Q4_0", 96, 40)
+    emb = QuantizedEmbedding(emb_raw, "Q8_0", 50, 96)
+    q6 = QuantizedLinear(kq.quantize(np.ones((3, 256), np.float32), "Q6_K"), "Q6_K", 256, 3)
+    x = rng.standard_normal((1, 96)).astype(np.float32)
+    exact = layer(x)
+    many = rng.standard_normal((9, 96)).astype(np.float32)
+    exact_many = layer(many)
+    assert layer.activations == "f32" and emb.activations == "f32"
+    model = ggmlopt.nn.Sequential(layer, emb, q6)
+    assert set_activations(model, "q8_0") == 2   # the Q6_K layer keeps float32
+    assert layer.activations == emb.activations == q6.activations == "q8_0"
+    np.testing.assert_array_equal(layer(x), kq.matmul(x, "Q4_0", raw, activations="q8_0"))
+    np.testing.assert_array_equal(emb.project(x),
+                                  kq.matmul(x, "Q8_0", emb_raw, activations="q8_0"))
+    assert not np.array_equal(layer(x), exact)
+    layer.training = True   # a training eval multiplies what its backward pass does
+    np.testing.assert_array_equal(layer(x), exact)
+    layer.training = False
+    # many rows go through panels of float32 weights whatever the setting
+    np.testing.assert_array_equal(layer(many), exact_many)
+    assert set_activations(model, "f32") == 0
+    np.testing.assert_array_equal(layer(x), exact)
+    with pytest.raises(ValueError, match="activations"):
+        set_activations(model, "int8")
+    assert layer.activations == "f32"
+
+
+def test_decoding_lingers_the_kernel_threads_only_while_it_runs():
+    from ggmlopt.models import Llama, LlamaConfig
+    assert kernels.set_pool_linger(0) == 0.0
+    seen = []
+    model = Llama(LlamaConfig(vocab_size=33, dim=32, n_layers=1, n_heads=2, max_seq_len=16))
+    original = model._decode_hidden
+
+    def spy(tokens, cache):
+        seen.append(kernels.set_pool_linger(0.5))
+        kernels.set_pool_linger(seen[-1])
+        return original(tokens, cache)
+    model._decode_hidden = spy
+    ggmlopt.generate(model, [1, 2, 3], 3, temperature=0)
+    assert seen and all(s > 0 for s in seen)
+    assert kernels.set_pool_linger(0) == 0.0
+    with pytest.raises(ValueError, match="seconds"):
+        kernels.set_pool_linger(2)
+    with pytest.raises(TypeError, match="seconds"):
+        kernels.set_pool_linger("1")
