@@ -1352,6 +1352,24 @@ static double rope_block(const void *p, int64_t b, int64_t e) {
     kernels()->rope_f32((const go_rope_args *)p, b, e);
     return 0.0;
 }
+int ggmlopt_attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads,
+                                 int64_t head_dim, int64_t length, const float *q,
+                                 const float *k, const float *v, int64_t kv_item_stride,
+                                 float *out, float *scores, float scale) {
+    if (batch < 0 || n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads != 0 ||
+        head_dim < 1 || length < 1)
+        return -1;
+    /* a step's heads are a few thousand multiply-adds each: one thread, no wake-ups */
+    for (int64_t b = 0; b < batch; ++b) {
+        const go_attn_decode_args a = {n_heads, n_kv_heads, head_dim, length,
+                                       n_kv_heads * head_dim, q + b * n_heads * head_dim,
+                                       k + b * kv_item_stride, v + b * kv_item_stride,
+                                       out + b * n_heads * head_dim, scores, scale};
+        kernels()->attention_decode_f32(&a, 0, n_heads);
+    }
+    return 0;
+}
+
 void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
                       int64_t head_dim, const float *x, int64_t x_stride, float *y,
                       int64_t y_stride, const float *cos, const float *sin, int inverse) {

@@ -63,6 +63,18 @@ typedef struct {
     const int32_t *kv_start;
 } go_attn_args;
 
+/* One new query per head (a decode step) over `length` cached keys and values:
+ * q (n_heads, head_dim); key and value l of kv head g at k + l * kv_stride +
+ * g * head_dim (and v likewise); query head h reads kv head h / (n_heads /
+ * n_kv_heads); scores: scratch of n_heads * length floats; out (n_heads,
+ * head_dim). */
+typedef struct {
+    int64_t n_heads, n_kv_heads, head_dim, length, kv_stride;
+    const float *q, *k, *v;
+    float *out, *scores;
+    float scale;
+} go_attn_decode_args;
+
 /* keys per tile (forward, backward), query rows per backward block, the widest head */
 #define GO_ATTN_BK 32
 #define GO_ATTN_BK_BWD 64
@@ -229,6 +241,7 @@ typedef struct ggmlopt_kernel_table {
                                   int64_t i1);
     void (*attention_backward_f32)(const go_attn_args *a, int64_t b, int64_t g);
     void (*rope_f32)(const go_rope_args *a, int64_t r0, int64_t r1);
+    void (*attention_decode_f32)(const go_attn_decode_args *a, int64_t h0, int64_t h1);
     /* GGUF block types (kernels/quant.inc): rows [r0, r1) dequantized, and the
      * product of nx float rows with weight rows [j0, j1) */
     void (*dequantize_rows)(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,

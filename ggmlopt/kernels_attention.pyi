@@ -56,3 +56,10 @@ def rope(
 def rope_table(
     head_dim: int, n_positions: int, base: float = ...
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def attention_decode(
+    q: npt.NDArray[np.float32],
+    cache_k: npt.NDArray[np.float32],
+    cache_v: npt.NDArray[np.float32],
+    length: int,
+    out: npt.NDArray[np.float32] | None = ...,
+) -> npt.NDArray[np.float32]: ...

@@ -21,6 +21,7 @@ from ggmlopt.kernels cimport attention_backward_f32 as _attention_backward
 from ggmlopt.kernels cimport attention_backward_ranged_f32 as _attention_backward_ranged
 from ggmlopt.kernels cimport attention_forward_f32 as _attention_forward
 from ggmlopt.kernels cimport attention_forward_ranged_f32 as _attention_forward_ranged
+from ggmlopt.kernels cimport attention_decode_f32 as _attention_decode
 from ggmlopt.kernels cimport rope_f32 as _rope
 
 cnp.import_array()
@@ -49,6 +50,13 @@ cdef void rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads, in
                    const float *x, int64_t x_stride, float *y, int64_t y_stride,
                    const float *cos, const float *sin, int inverse) noexcept nogil:
     _rope(nrows, seq, pos0, n_heads, head_dim, x, x_stride, y, y_stride, cos, sin, inverse)
+
+cdef int attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                                int64_t length, const float *q, const float *k, const float *v,
+                                int64_t kv_item_stride, float *out, float *scores,
+                                float scale) noexcept nogil:
+    return _attention_decode(batch, n_heads, n_kv_heads, head_dim, length, q, k, v,
+                             kv_item_stride, out, scores, scale)
 
 
 # ---- Python entry points -------------------------------------------------------
@@ -374,3 +382,47 @@ def rope_table(head_dim, n_positions, base=10000.0):
     angles = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]
     angles64 = angles.astype(np.float64)
     return np.cos(angles64).astype(np.float32), np.sin(angles64).astype(np.float32)
+
+
+def attention_decode(q, cache_k, cache_v, length, out=None):
+    """One decode step's attention over a key/value cache: q float32 (batch,
+    n_heads, head_dim), one new query per head; cache_k, cache_v float32
+    (batch, max_len, n_kv_heads, head_dim), of which positions 0 .. length-1
+    are read (the new one's key and value among them); query head h reads kv
+    head h // (n_heads // n_kv_heads).  out (batch, n_heads * head_dim) =
+    softmax(q . k_l / sqrt(head_dim)) weighting v_l, into out when given.
+    Returns out."""
+    cdef cnp.ndarray aq = _array(q, "q", np.float32, False)
+    cdef cnp.ndarray ak = _array(cache_k, "cache_k", np.float32, False)
+    cdef cnp.ndarray av = _array(cache_v, "cache_v", np.float32, False)
+    if aq.ndim != 3:
+        raise ValueError(f"q: expected shape (batch, n_heads, head_dim), got {(<object>aq).shape}")
+    b, nh, d = (<object>aq).shape
+    if ak.ndim != 4 or (<object>ak).shape[0] != b or (<object>ak).shape[3] != d:
+        raise ValueError(f"cache_k: expected shape ({b}, max_len, n_kv_heads, {d}), got "
+                         f"{(<object>ak).shape}")
+    if (<object>av).shape != (<object>ak).shape:
+        raise ValueError(f"cache_v: expected the shape of cache_k {(<object>ak).shape}, got "
+                         f"{(<object>av).shape}")
+    max_len, nkv = (<object>ak).shape[1], (<object>ak).shape[2]
+    if nkv < 1 or nh % nkv != 0:
+        raise ValueError(f"q: {nh} heads are not a multiple of the cache's {nkv} kv heads")
+    if d < 1:
+        raise ValueError("q: expected head_dim >= 1")
+    cdef int64_t n = _count(length, "length", 1)
+    if n > max_len:
+        raise ValueError(f"length: expected at most the cache's max_len={max_len}, got {n}")
+    cdef cnp.ndarray ao = _out(out, (b, nh * d), "out")
+    _outputs_apart([("q", aq), ("cache_k", ak), ("cache_v", av)], [("out", ao)])
+    cdef cnp.ndarray scores = np.empty(max(nh * n, 1), np.float32)
+    cdef int64_t bb = b, h = nh, hk = nkv, hd = d, item = max_len * nkv * d
+    cdef float scale = 1.0 / np.sqrt(np.float32(d))
+    cdef const float *pq = _f32(aq)
+    cdef const float *pk = _f32(ak)
+    cdef const float *pv = _f32(av)
+    cdef float *po = _f32(ao)
+    cdef float *ps = <float *>cnp.PyArray_DATA(scores)
+    if b:
+        with nogil:
+            _attention_decode(bb, h, hk, hd, n, pq, pk, pv, item, po, ps, scale)
+    return ao

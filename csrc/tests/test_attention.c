@@ -283,6 +283,51 @@ static void test_rope(const ggmlopt_kernel_table *k, int64_t d, int64_t pos0, in
     th_report(&m, ctx);
 }
 
+/* attention_decode_f32: heads [1, nh) of one step over `length` cached
+ * positions (the rest of the cache NaN: never read), within float32 rounding of
+ * a float64 softmax-weighted sum; head 0's output untouched. */
+#define U (1.0 / 16777216.0)
+static void test_decode(const ggmlopt_kernel_table *k, int64_t nh, int64_t nkv, int64_t d,
+                        int64_t length) {
+    char ctx[160];
+    snprintf(ctx, sizeof ctx, "attention_decode_f32[%s] heads %lld/%lld d=%lld length=%lld",
+             k->name, (long long)nh, (long long)nkv, (long long)d, (long long)length);
+    th_set_stage("%s", ctx);
+    const int64_t max_len = length + 3, stride = nkv * d;
+    const float *q = th_rand_f32(nh * d, 1, -2.0f, 2.0f);
+    float *kc = th_rand_f32(max_len * stride, 2, -1.0f, 1.0f);
+    float *vc = th_rand_f32(max_len * stride, 3, -1.0f, 1.0f);
+    for (int64_t i = length * stride; i < max_len * stride; ++i) kc[i] = vc[i] = NAN;
+    float *out = th_alloc(4, nh * d, 0), *scores = th_alloc(4, nh * length, 1);
+    for (int64_t i = 0; i < d; ++i) out[i] = 7.0f;
+    const go_attn_decode_args a = {nh, nkv, d, length, stride, q, kc, vc, out, scores,
+                                   (float)(1.0 / sqrt((double)d))};
+    k->attention_decode_f32(&a, 1, nh);
+    th_miss m = TH_MISS_INIT;
+    for (int64_t i = 0; i < d; ++i) th_expect_bits(&m, "head 0 (not asked)", i, out[i], 7.0f);
+    double *p = th_alloc(8, length, 0);
+    for (int64_t h = 1; h < nh; ++h) {
+        const int64_t g = h / (nh / nkv);
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t l = 0; l < length; ++l) {
+            double dot = 0.0;
+            for (int64_t i = 0; i < d; ++i) dot += (double)q[h * d + i] * kc[l * stride + g * d + i];
+            p[l] = dot / sqrt((double)d);
+            if (p[l] > mx) mx = p[l];
+        }
+        for (int64_t l = 0; l < length; ++l) sum += (p[l] = exp(p[l] - mx));
+        /* scores within (d + 8) u of 2 sqrt(d), weights within twice that and
+         * (length + 8) u, values at most 1 */
+        const double tol = 2.0 * (double)(d + 8) * U * 2.0 * sqrt((double)d) + 3.0 * (double)(length + 8) * U;
+        for (int64_t i = 0; i < d; ++i) {
+            double o = 0.0;
+            for (int64_t l = 0; l < length; ++l) o += p[l] * vc[l * stride + g * d + i];
+            th_expect(&m, "out", h * d + i, out[h * d + i], o / sum, tol);
+        }
+    }
+    th_report(&m, ctx);
+}
+
 /* First keys per query: sliding windows (1, 5, 32, 33 keys) and packed documents
  * (random runs, single tokens among them), forward and backward. */
 static void test_ranged(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar) {
@@ -339,6 +384,12 @@ void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_
     test_one(k, scalar, &mid, 1.0f, 1);
     th_release_all();
     test_ranged(k, scalar);
+    static const int64_t DD[][4] = {{9, 3, 64, 80}, {4, 4, 17, 1}, {8, 2, 7, 33},
+                                    {2, 1, 128, 130}, {3, 1, 1, 5}};
+    for (size_t i = 0; i < sizeof DD / sizeof DD[0]; ++i) {
+        test_decode(k, DD[i][0], DD[i][1], DD[i][2], DD[i][3]);
+        th_release_all();
+    }
     static const int64_t RD[] = {2, 6, 8, 16, 18, 34, 64, 128};
     for (size_t i = 0; i < sizeof RD / sizeof RD[0]; ++i)
         for (int inverse = 0; inverse <= 1; ++inverse) {

@@ -378,6 +378,17 @@ int ggmlopt_attention_backward_ranged_f32(int64_t batch, int64_t seq, int64_t n_
  * tables) and x1, x2 the halves of each head:
  *     y1 = x1 * c - x2 * s,   y2 = x2 * c + x1 * s.
  * inverse != 0 rotates by the opposite angle (the backward pass).  y may be x. */
+/* One decode step's attention: for each of batch items, query head h of q
+ * (batch, n_heads, head_dim) over the first `length` positions of the item's
+ * cached keys and values (position l of kv head g at k + b * kv_item_stride +
+ * l * n_kv_heads * head_dim + g * head_dim; v likewise), kv head h / (n_heads /
+ * n_kv_heads): softmax(q . k_l * scale) weighting v_l, into out (batch,
+ * n_heads, head_dim).  scores: scratch of n_heads * length floats.  Returns 0,
+ * or -1 for a size that is not positive or heads not a multiple of kv heads. */
+int ggmlopt_attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads,
+                                 int64_t head_dim, int64_t length, const float *q,
+                                 const float *k, const float *v, int64_t kv_item_stride,
+                                 float *out, float *scores, float scale);
 void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
                       int64_t head_dim, const float *x, int64_t x_stride, float *y,
                       int64_t y_stride, const float *cos, const float *sin, int inverse);

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import kernels
+from .. import kernels, kernels_attention
 from .._blas_threads import (
     _blas,
     _usable_cpus,
@@ -124,8 +124,9 @@ def attend_cached(q, cache_k, cache_v, pos, window=None):
     group = n_heads // n_kv
     keys = cache_k[:, :pos + t]                       # (b, L, kv, hd)
     values = cache_v[:, :pos + t]
-    if t == 1 and (window is None or window > pos):
-        return _attend_one(q, keys, values)
+    if t == 1 and (window is None or window > pos):   # a decode step: one fused kernel
+        return kernels_attention.attention_decode(
+            q.reshape(b, n_heads, hd), cache_k, cache_v, pos + 1).reshape(b, 1, n_heads * hd)
     qg = q.reshape(b, t, n_kv, group, hd)
     scores = np.einsum("btkgd,blkd->bkgtl", qg, keys) * np.float32(1.0 / np.sqrt(hd))
     key_pos, query_pos = np.arange(pos + t)[None, :], (pos + np.arange(t))[:, None]
@@ -138,22 +139,6 @@ def attend_cached(q, cache_k, cache_v, pos, window=None):
     p /= p.sum(axis=-1, keepdims=True)
     out = np.einsum("bkgtl,blkd->btkgd", p.astype(np.float32), values)
     return np.ascontiguousarray(out, dtype=np.float32).reshape(b, t, n_heads * hd)
-
-
-def _attend_one(q, keys, values):
-    """attend_cached for one new position that sees every cached one (a decode
-    step): batched products per kv head, no mask (about a dozen fewer NumPy calls
-    a layer than the general case)."""
-    b, _, n_heads, hd = q.shape
-    n_kv = keys.shape[2]
-    qg = q.reshape(b, n_kv, n_heads // n_kv, hd)                  # (b, kv, g, hd)
-    scores = np.matmul(qg, keys.transpose(0, 2, 3, 1))            # (b, kv, g, L)
-    scores *= np.float32(1.0 / np.sqrt(hd))
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    out = np.matmul(scores, values.transpose(0, 2, 1, 3))         # (b, kv, g, hd)
-    return out.reshape(b, 1, n_heads * hd)
 
 
 def cached_self_attention(attn, rows, b, t, pos, cache_k, cache_v):
