@@ -1448,26 +1448,27 @@ typedef struct {
     int type;
     int64_t ncols, row_bytes;
     const int8_t *xqs;
-    const float *xd;
+    const float *xd, *xsum;
     const uint8_t *w;
     float *y;
 } quant_q8_args;
 
 static double quant_dot_q8_block(const void *p, int64_t b, int64_t e) {
     const quant_q8_args *a = (const quant_q8_args *)p;
-    kernels()->quant_dot_q8_rows(a->type, a->ncols, a->xqs, a->xd, a->w, a->row_bytes, b, e,
-                                 a->y);
+    kernels()->quant_dot_q8_rows(a->type, a->ncols, a->xqs, a->xd, a->xsum, a->w, a->row_bytes,
+                                 b, e, a->y);
     return 0.0;
 }
-void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) {
-    go_quantize_q8_0_row(x, n, qs, scales);
+void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales,
+                               float *sums) {
+    go_quantize_q8_0_row(x, n, qs, scales, sums);
 }
 int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
                             int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
-                            int64_t y_stride, int8_t *xqs, float *xd) {
+                            int64_t y_stride, int8_t *xqs, float *xd, float *xsum) {
     const int64_t row_bytes = ggmlopt_quant_row_bytes(type, ncols);
     if (row_bytes < 0) return -1;
-    if (type != GO_QTYPE_Q8_0 && type != GO_QTYPE_Q4_0) return -2;
+    if (type != GO_QTYPE_Q8_0 && type != GO_QTYPE_Q4_0 && type != GO_QTYPE_Q4_K) return -2;
     if (nx <= 0 || nout <= 0) return 0;
     for (int64_t i = 0; i < nx; ++i) {
         float *yi = y + i * y_stride;
@@ -1476,9 +1477,9 @@ int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
             continue;
         }
         /* the row's quants once, in this thread: every weight row reads them */
-        go_quantize_q8_0_row(x + i * x_stride, ncols, xqs, xd);
+        go_quantize_q8_0_row(x + i * x_stride, ncols, xqs, xd, xsum);
         memset(xqs + ncols, 0, 32);
-        quant_q8_args a = {type, ncols, row_bytes, xqs, xd, w, yi};
+        quant_q8_args a = {type, ncols, row_bytes, xqs, xd, xsum, w, yi};
         run_weight_rows(nout, ncols, quant_dot_q8_block, &a);
     }
     return 0;

@@ -373,7 +373,7 @@ void go_quantize_k_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const f
  * non-finite value gets a NaN scale and zero quants: its products are NaN, as
  * the float product's would be non-finite, and no NaN is converted to an
  * integer. */
-void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) {
+void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales, float *sums) {
     for (int64_t i = 0; i < n / 32; ++i) {
         const float *v = x + i * 32;
         float amax = 0.0f;
@@ -386,6 +386,11 @@ void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) 
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         scales[i] = finite ? f16_to_f32(f32_to_f16(d)) : NAN;
-        for (int j = 0; j < 32; ++j) qs[i * 32 + j] = finite ? (int8_t)roundf(v[j] * id) : 0;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; ++j) {
+            qs[i * 32 + j] = finite ? (int8_t)roundf(v[j] * id) : 0;
+            sum += qs[i * 32 + j];
+        }
+        if (sums) sums[i] = (float)sum;
     }
 }

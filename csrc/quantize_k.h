@@ -18,7 +18,8 @@ void go_quantize_k_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const f
                         uint8_t *dst);
 
 /* n floats (a multiple of 32) as Q8_0 blocks: the int8 quants into qs (n of
- * them) and each block's scale, the f16 it stores as a float, into scales */
-void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales);
+ * them), each block's scale, the f16 it stores as a float, into scales and,
+ * unless sums is NULL, the sum of its quants into sums */
+void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales, float *sums);
 
 #endif

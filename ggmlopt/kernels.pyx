@@ -1738,10 +1738,11 @@ cdef extern from "ggmlopt.h" nogil:
                                  int64_t y_stride)
     int ggmlopt_quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
                                   uint8_t *dst)
-    void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales)
+    void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales,
+                                   float *sums)
     int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
                                 int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
-                                int64_t y_stride, int8_t *xqs, float *xd)
+                                int64_t y_stride, int8_t *xqs, float *xd, float *xsum)
 
 
 cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil:
@@ -1761,12 +1762,12 @@ cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, i
 
 cdef int quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
                          int64_t nout, const uint8_t *w, float *y, int64_t y_stride,
-                         int8_t *xqs, float *xd) noexcept nogil:
-    return ggmlopt_quant_matmul_q8(type, nx, ncols, x, x_stride, nout, w, y, y_stride, xqs, xd)
+                         int8_t *xqs, float *xd, float *xsum) noexcept nogil:
+    return ggmlopt_quant_matmul_q8(type, nx, ncols, x, x_stride, nout, w, y, y_stride, xqs, xd, xsum)
 
 
 cdef void quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) noexcept nogil:
-    ggmlopt_quantize_q8_0_row(x, n, qs, scales)
+    ggmlopt_quantize_q8_0_row(x, n, qs, scales, NULL)
 
 
 cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,

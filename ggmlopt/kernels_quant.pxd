@@ -10,7 +10,7 @@ cdef int quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x, i
                           int64_t y_stride) noexcept nogil
 cdef int quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
                          int64_t nout, const uint8_t *w, float *y, int64_t y_stride,
-                         int8_t *xqs, float *xd) noexcept nogil
+                         int8_t *xqs, float *xd, float *xsum) noexcept nogil
 cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
                            const uint8_t *src, float *dst) noexcept nogil
 cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,

@@ -34,7 +34,7 @@ QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0"
           "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
 _NAMES = {v: k for k, v in QTYPES.items()}
 # the weight types matmul(..., activations="q8_0") multiplies in integers
-Q8_ACTIVATION_TYPES = ("Q4_0", "Q8_0")
+Q8_ACTIVATION_TYPES = ("Q4_0", "Q8_0", "Q4_K")
 
 
 cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil:
@@ -64,8 +64,8 @@ cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *
 
 cdef int quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
                          int64_t nout, const uint8_t *w, float *y, int64_t y_stride,
-                         int8_t *xqs, float *xd) noexcept nogil:
-    return _k.quant_matmul_q8(type, nx, ncols, x, x_stride, nout, w, y, y_stride, xqs, xd)
+                         int8_t *xqs, float *xd, float *xsum) noexcept nogil:
+    return _k.quant_matmul_q8(type, nx, ncols, x, x_stride, nout, w, y, y_stride, xqs, xd, xsum)
 
 
 cdef int _qtype(object qtype) except -1:
@@ -170,10 +170,11 @@ def matmul(x, qtype, raw, out=None, activations="f32"):
     rows of x (decoding), where the weight's bytes bound the time.
 
     activations="q8_0", for a weight of a type in Q8_ACTIVATION_TYPES (Q8_0,
-    Q4_0): each row of x is first rounded to Q8_0 blocks and each block's dot
-    taken in integers, as llama.cpp multiplies these types; the result is off
-    the float product by that rounding of x (at most half of 1/127 of each
-    block's largest value, per value).  Weights of other types multiply the
+    Q4_0, Q4_K): each row of x is first rounded to Q8_0 blocks and each block's dot
+    taken in integers, as llama.cpp multiplies these types (for Q4_K it rounds
+    x in blocks of 256, Q8_K: the 32-value blocks here round finer); the
+    result is off the float product by that rounding of x (at most half of
+    1/127 of each block's largest value, per value).  Weights of other types multiply the
     float32 rows either way."""
     if activations not in ("f32", "q8_0"):
         raise ValueError(f"activations: expected 'f32' or 'q8_0', got {activations!r}")
@@ -197,14 +198,15 @@ def matmul(x, qtype, raw, out=None, activations="f32"):
     cdef int8_t *pq
     cdef float *pd
     if activations == "q8_0" and _NAMES[t] in Q8_ACTIVATION_TYPES:
-        # one row's quants (and 32 more for an odd last block) and scales: the C
-        # side never allocates
+        # one row's quants (and 32 more for an odd last block), scales and sums of
+        # quants: the C side never allocates
         xqs = np.empty(ncols + 32, np.int8)
-        xd = np.empty(max(ncols // 32, 1), np.float32)
+        xd = np.empty(2 * max(ncols // 32, 1), np.float32)
         pq = <int8_t *>cnp.PyArray_DATA(xqs)
         pd = <float *>cnp.PyArray_DATA(xd)
         with nogil:
-            _k.quant_matmul_q8(t, nx, ncols, px, ncols, nout, w, py, nout, pq, pd)
+            _k.quant_matmul_q8(t, nx, ncols, px, ncols, nout, w, py, nout, pq, pd,
+                               pd + max(ncols // 32, 1))
         return ao
     with nogil:
         _k.quant_matmul_f32(t, nx, ncols, px, ncols, nout, w, py, nout)

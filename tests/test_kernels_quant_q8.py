@@ -1,5 +1,5 @@
 """Products of few rows with the activations rounded to Q8_0 blocks, as llama.cpp
-multiplies Q8_0 and Q4_0 weights (kernels_quant.matmul(..., activations="q8_0")):
+multiplies Q8_0, Q4_0 and Q4_K weights (kernels_quant.matmul(..., activations="q8_0")):
 the rounding byte for byte gguf-py's (ggml's quantize_row_q8_0_ref), the product
 within float32 rounding of a float64 product of the rounded activations and the
 decoded weights on every SIMD path, the same bits on any number of threads;
@@ -64,8 +64,18 @@ def test_a_non_finite_value_makes_its_block_nan_and_nothing_else():
 
 
 def random_weight(qtype, nout, ncols, rng):
-    return gguf.quants.quantize((rng.standard_normal((nout, ncols)) * 0.05).astype(np.float32),
-                                T[qtype])
+    w = (rng.standard_normal((nout, ncols)) * 0.05).astype(np.float32)
+    return kq.quantize(w, qtype) if qtype == "Q4_K" else gguf.quants.quantize(w, T[qtype])
+
+
+def q4_k_mins(raw, ncols):
+    """A Q4_K weight's value is d * sc * q - dmin * m: the second part of each
+    value, (nout, ncols), which the kernel sums apart from the first."""
+    blocks = raw.reshape(-1, 144)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float64)
+    _, m = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    mins = np.repeat(dmin * m.astype(np.float64), 32, axis=1)
+    return mins.reshape(raw.shape[0], ncols)
 
 
 def q8_product_and_bound(x, qtype, raw):
@@ -79,14 +89,19 @@ def q8_product_and_bound(x, qtype, raw):
     w = np.asarray(gguf.quants.dequantize(raw, T[qtype]), np.float64)
     exact = xr @ w.T
     m = x.shape[1] // 32 + 8
-    return exact, m * U / (1 - m * U) * (np.abs(xr) @ np.abs(w).T) + U * np.abs(exact)
+    # Q4_K: its two parts are summed apart (a value's may cancel), each scale
+    # product rounds once
+    mag = np.abs(w) + (2 * np.abs(q4_k_mins(raw, x.shape[1])) if qtype == "Q4_K" else 0)
+    return exact, (m + 1) * U / (1 - (m + 1) * U) * (np.abs(xr) @ mag.T) + U * np.abs(exact)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
 @pytest.mark.parametrize("nx,nblocks,nout", [(1, 1, 1), (1, 2, 13), (3, 3, 7), (4, 5, 40),
                                              (11, 19, 13), (1, 48, 600)])
 def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path, qtype, nx,
                                                                        nblocks, nout):
+    if qtype == "Q4_K":   # super-blocks of 256 values
+        nblocks *= 8
     rng = np.random.default_rng(nblocks * 7 + nout)
     ncols = 32 * nblocks
     raw = random_weight(qtype, nout, ncols, rng)
@@ -102,6 +117,7 @@ def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path
     half = np.repeat(scales.astype(np.float64), 32, axis=1) / 2
     float_product = x.astype(np.float64) @ w.T
     assert (np.abs(got - float_product) <= half @ np.abs(w).T + 2 * bound).all()
+    assert qtype in kq.Q8_ACTIVATION_TYPES
 
 
 def test_an_input_off_the_vector_alignment(simd_path):
@@ -119,9 +135,9 @@ def test_an_input_off_the_vector_alignment(simd_path):
 
 def test_the_same_bits_on_any_number_of_threads(restore_threads):
     rng = np.random.default_rng(9)
-    for qtype in ("Q8_0", "Q4_0"):
-        raw = random_weight(qtype, 1536, 576, rng)
-        x = rng.standard_normal((2, 576)).astype(np.float32)
+    for qtype in ("Q8_0", "Q4_0", "Q4_K"):
+        raw = random_weight(qtype, 1536, 768, rng)
+        x = rng.standard_normal((2, 768)).astype(np.float32)
         ggmlopt.set_num_threads(1)
         one = kq.matmul(x, qtype, raw, activations="q8_0")
         ggmlopt.set_num_threads(2)
@@ -134,7 +150,7 @@ def test_other_types_multiply_the_float32_activations():
     x = rng.standard_normal((1, 256)).astype(np.float32)
     np.testing.assert_array_equal(kq.matmul(x, "Q6_K", raw, activations="q8_0"),
                                   kq.matmul(x, "Q6_K", raw))
-    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q8_0")
+    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q8_0", "Q4_K")
 
 
 def test_bad_arguments():

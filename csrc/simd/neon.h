@@ -165,6 +165,18 @@ static inline float32x4_t go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, c
     acc = vfmaq_f32(acc, go_dot_i8x32(alo, ahi, x), vdupq_n_f32(sa));
     return vfmaq_f32(acc, go_dot_i8x32(blo, bhi, x + 32), vdupq_n_f32(sb));
 }
+/* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
+ * nibbles of q[0:32], x[32:64]) (a Q4_K super-block's two sub-blocks) */
+static inline float32x4_t go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_lo,
+                                          float s_hi, float32x4_t acc) {
+    const uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16), m = vdupq_n_u8(15);
+    const int8x16_t lo0 = vreinterpretq_s8_u8(vandq_u8(q0, m));
+    const int8x16_t lo1 = vreinterpretq_s8_u8(vandq_u8(q1, m));
+    const int8x16_t hi0 = vreinterpretq_s8_u8(vshrq_n_u8(q0, 4));
+    const int8x16_t hi1 = vreinterpretq_s8_u8(vshrq_n_u8(q1, 4));
+    acc = vfmaq_f32(acc, go_dot_i8x32(lo0, lo1, x), vdupq_n_f32(s_lo));
+    return vfmaq_f32(acc, go_dot_i8x32(hi0, hi1, x + 32), vdupq_n_f32(s_hi));
+}
 /* out[j] = (src[j] >> shift) & mask for 16 bytes */
 static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
     const uint8x16_t v = vshlq_u8(vld1q_u8(src), vdupq_n_s8((int8_t)-shift));

@@ -79,6 +79,17 @@ static inline float go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const i
     }
     return (float)b * sb + ((float)a * sa + acc);
 }
+/* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
+ * nibbles of q[0:32], x[32:64]) (a Q4_K super-block's two sub-blocks) */
+static inline float go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_lo, float s_hi,
+                                    float acc) {
+    int32_t a = 0, b = 0;
+    for (int i = 0; i < 32; ++i) {
+        a += (q[i] & 15) * x[i];
+        b += (q[i] >> 4) * x[32 + i];
+    }
+    return (float)b * s_hi + ((float)a * s_lo + acc);
+}
 static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
     for (int j = 0; j < 16; ++j) out[j] = (uint8_t)((src[j] >> shift) & mask);
 }

@@ -56,4 +56,20 @@ static inline go_vq go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const i
     return _mm256_fmadd_ps(go_dot_i8x32(go_q4_0_quants(nb), xb), _mm256_set1_ps(sb), acc);
 }
 
+/* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
+ * nibbles of q[0:32], x[32:64]): a Q4_K super-block's 32 bytes of two
+ * sub-blocks, each nibble 0..15 (unsigned, so maddubs takes it as it is) */
+static inline go_vq go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_lo, float s_hi,
+                                    go_vq acc) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)q), m = _mm256_set1_epi8(15);
+    const __m256i lo = _mm256_and_si256(raw, m), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m);
+    const __m256i one = _mm256_set1_epi16(1);
+    const __m256i plo = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), one);
+    const __m256i phi = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), one);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_set1_ps(s_lo), acc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_set1_ps(s_hi), acc);
+}
+
 #endif

@@ -320,13 +320,15 @@ static float *check_matmul(const ggmlopt_kernel_table *k, const qtype *t, const 
     return y;
 }
 
-/* quant_dot_q8_rows of table k for a Q8_0 or Q4_0 weight: x rounded to Q8_0
+/* quant_dot_q8_rows of table k for a Q8_0, Q4_0 or Q4_K weight: x rounded to Q8_0
  * (the public, portable ggmlopt_quantize_q8_0_row; its bytes are checked
  * against gguf-py in tests/test_kernels_quant_q8.py), the 32 quants past the
  * row random (an odd last block reads them unscaled), weight rows [2, 9) of 11
  * within float32 rounding of the float64 product of the decoded weights and
- * the rounded x: each block's integer dot and scale product are exact, the
- * accumulation takes nblocks / 2 + 8 roundings at most; rows outside untouched.
+ * the rounded x: each block's integer dot is exact, its scale product rounds
+ * once at most, the accumulation takes nblocks / 2 + 8 roundings at most (a
+ * Q4_K value's two parts, d sc q and dmin m, summed apart: the bound takes
+ * both); rows outside untouched.
  * Another type returns 0 and writes nothing. */
 static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t ncols,
                          const char *ctx) {
@@ -334,14 +336,20 @@ static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t 
     const uint8_t *w = rand_rows(t, nout, ncols, 0, 3);
     const float *x = th_rand_f32(ncols, 1, -2.0f, 2.0f);
     int8_t *xq = th_alloc(1, ncols + 32, 1);
-    float *xd = th_alloc(4, nb, 0);
-    ggmlopt_quantize_q8_0_row(x, ncols, xq, xd);
+    float *xd = th_alloc(4, nb, 0), *xs = th_alloc(4, nb, 1);
+    ggmlopt_quantize_q8_0_row(x, ncols, xq, xd, xs);
     for (int i = 0; i < 32; ++i) xq[ncols + i] = (int8_t)(th_next() >> 56);
     float *wf = th_alloc(4, ncols, 0);
     float *y = sentinel_f32(nout);
-    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, w, rb, 2, 9, y);
+    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, xs, w, rb, 2, 9, y);
     th_check(rc == 1, "%s: return code %d", ctx, rc);
-    const double m = (double)(nb / 2 + 8), g = m * U32 / (1.0 - m * U32);
+    for (int64_t b = 0; b < nb; ++b) {   /* the sums of quants, exact */
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) sum += xq[b * 32 + i];
+        th_check(xs[b] == (float)sum, "%s: block %lld's sum %g, want %d", ctx, (long long)b,
+                 (double)xs[b], sum);
+    }
+    const double m = (double)(nb / 2 + 9), g = m * U32 / (1.0 - m * U32);
     th_miss miss = TH_MISS_INIT;
     for (int64_t j = 0; j < nout; ++j) {
         if (j < 2 || j >= 9) {
@@ -351,9 +359,15 @@ static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t 
         ref_row(t, w + j * rb, ncols, wf);
         double s = 0.0, a = 0.0;
         for (int64_t i = 0; i < ncols; ++i) {
-            const double p = (double)wf[i] * ((double)xq[i] * xd[i / 32]);
+            const double xi = (double)xq[i] * xd[i / 32], p = (double)wf[i] * xi;
             s += p;
             a += fabs(p);
+            if (t->type == 12) {   /* Q4_K: dmin * m of value i's sub-block */
+                const uint8_t *blk = w + j * rb + (i / 256) * 144;
+                int sc[8], mn[8];
+                k_scales_mins(blk + 4, sc, mn);
+                a += 2.0 * fabs(f16_at(blk + 2)) * mn[(i % 256) / 32] * fabs(xi);
+            }
         }
         th_expect(&miss, "y", j, y[j], s, g * a + U32 * fabs(s));
     }
@@ -368,7 +382,8 @@ static void check_q8_dot_refuses(const ggmlopt_kernel_table *k, const qtype *t) 
     memset(xq, 0, (size_t)(ncols + 32));
     for (int64_t i = 0; i <= ncols / 32; ++i) xd[i] = 1.0f;
     float *y = sentinel_f32(2);
-    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, w, row_bytes_of(t, ncols), 0, 2, y);
+    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, xd, w, row_bytes_of(t, ncols), 0,
+                                        2, y);
     th_miss m = TH_MISS_INIT;
     for (int j = 0; j < 2; ++j) th_expect_bits(&m, "y of a refused type", j, y[j], bits_f32(SENTINEL_BITS));
     char ctx[96];
@@ -412,14 +427,14 @@ void test_quant_kernels(const ggmlopt_kernel_table *k) {
                 check_matmul(k, t, &c, 2, 9, ctx);
             }
         }
-        if (t->type == 2 || t->type == 8) {
-            static const int64_t widths[] = {32, 64, 96, 160, 608};
-            for (int wi = 0; wi < 5; ++wi) {
+        if (t->type == 2 || t->type == 8 || t->type == 12) {
+            static const int64_t widths[] = {32, 64, 96, 160, 608, 256, 512, 768, 1280, 2560};
+            for (int wi = t->type == 12 ? 5 : 0; wi < (t->type == 12 ? 10 : 5); ++wi) {
                 snprintf(ctx, sizeof ctx, "quant_dot_q8_rows[%s] %s ncols=%lld rows [2, 9) of 11",
                          k->name, t->name, (long long)widths[wi]);
                 check_q8_dot(k, t, widths[wi], ctx);
             }
-        } else if (t->block >= 32) {
+        } else if (t->block >= 32) {   /* the types without integer products */
             check_q8_dot_refuses(k, t);
         }
         th_release_all();
@@ -546,8 +561,8 @@ static void public_q8(const char **paths, int npaths) {
         const uint8_t *w = rand_rows(t, nout, ncols, 0, 1);
         const float *x = th_rand_f32(nx * (ncols + 5), 0, -1.0f, 1.0f);
         int8_t *xq = th_alloc(1, ncols + 32, 0);
-        float *xd = th_alloc(4, ncols / 32, 0);
-        const int q8 = t->type == 2 || t->type == 8;
+        float *xd = th_alloc(4, ncols / 32, 0), *xs = th_alloc(4, ncols / 32, 0);
+        const int q8 = t->type == 2 || t->type == 8 || t->type == 12;
         float *first = NULL;
         for (int p = 0; p < npaths; ++p) {
             if (!select_path(paths[p])) continue;
@@ -555,7 +570,7 @@ static void public_q8(const char **paths, int npaths) {
                 ggmlopt_set_num_threads(threads);
                 float *y = sentinel_f32(nx * (nout + 3));
                 const int rc = ggmlopt_quant_matmul_q8(t->type, nx, ncols, x, ncols + 5, nout, w,
-                                                       y, nout + 3, xq, xd);
+                                                       y, nout + 3, xq, xd, xs);
                 char ctx[128];
                 snprintf(ctx, sizeof ctx, "ggmlopt_quant_matmul_q8 %s [%s, %d threads]", t->name,
                          paths[p], threads);
@@ -574,7 +589,8 @@ static void public_q8(const char **paths, int npaths) {
             }
             first = NULL;
         }
-        th_check(ggmlopt_quant_matmul_q8(t->type, 1, ncols + 1, x, ncols, 1, w, xd, 1, xq, xd) == -1,
+        th_check(ggmlopt_quant_matmul_q8(t->type, 1, ncols + 1, x, ncols, 1, w, xd, 1, xq, xd, xs) ==
+                     -1,
                  "ggmlopt_quant_matmul_q8 %s: a width of part of a block not refused", t->name);
         th_release_all();
     }

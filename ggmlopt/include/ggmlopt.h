@@ -419,20 +419,22 @@ int ggmlopt_dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t n
 int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
                              int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                              int64_t y_stride);
-/* y as ggmlopt_quant_matmul_f32 for a Q8_0 (8) or Q4_0 (2) weight, each x row
+/* y as ggmlopt_quant_matmul_f32 for a Q8_0 (8), Q4_0 (2) or Q4_K (12) weight, each x row
  * first rounded to Q8_0 blocks (ggml's quantize_row_q8_0_ref) and each block's
  * dot taken in integers, as llama.cpp multiplies these types: the result
- * differs from the float product by that rounding of x.  xqs and xd: scratch
- * of ncols + 32 int8 and ncols / 32 floats.  Returns 0, -1 as
+ * differs from the float product by that rounding of x.  xqs, xd and xsum:
+ * scratch of ncols + 32 int8 and ncols / 32 floats each.  Returns 0, -1 as
  * ggmlopt_dequantize_rows, -2 for another type. */
 /* n floats (a multiple of 32) rounded to Q8_0 blocks as ggml's
  * quantize_row_q8_0_ref rounds them: the int8 quants into qs (n of them) and
- * each block's scale (the f16 it stores, as a float) into scales; a block
- * holding a non-finite value gets zero quants and a NaN scale. */
-void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales);
+ * each block's scale (the f16 it stores, as a float) into scales and, unless
+ * sums is NULL, the sum of its quants into sums; a block holding a
+ * non-finite value gets zero quants and a NaN scale. */
+void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales,
+                               float *sums);
 int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
                             int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
-                            int64_t y_stride, int8_t *xqs, float *xd);
+                            int64_t y_stride, int8_t *xqs, float *xd, float *xsum);
 /* nrows rows of ncols float32 values (src, rows of ncols) quantized to type
  * Q4_K (12), Q5_K (13) or Q6_K (14) into dst (rows of
  * ggmlopt_quant_row_bytes(type, ncols)), byte for byte as ggml's
