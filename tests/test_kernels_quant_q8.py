@@ -1,5 +1,5 @@
 """Products of few rows with the activations rounded to Q8_0 blocks, as llama.cpp
-multiplies Q8_0, Q4_0 and Q4_K weights (kernels_quant.matmul(..., activations="q8_0")):
+multiplies Q8_0, Q4_0, Q5_0 and Q4_K weights (kernels_quant.matmul(..., activations="q8_0")):
 the rounding byte for byte gguf-py's (ggml's quantize_row_q8_0_ref), the product
 within float32 rounding of a float64 product of the rounded activations and the
 decoded weights on every SIMD path, the same bits on any number of threads;
@@ -95,7 +95,7 @@ def q8_product_and_bound(x, qtype, raw):
     return exact, (m + 1) * U / (1 - (m + 1) * U) * (np.abs(xr) @ mag.T) + U * np.abs(exact)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_K"])
 @pytest.mark.parametrize("nx,nblocks,nout", [(1, 1, 1), (1, 2, 13), (3, 3, 7), (4, 5, 40),
                                              (11, 19, 13), (1, 48, 600)])
 def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path, qtype, nx,
@@ -135,7 +135,7 @@ def test_an_input_off_the_vector_alignment(simd_path):
 
 def test_the_same_bits_on_any_number_of_threads(restore_threads):
     rng = np.random.default_rng(9)
-    for qtype in ("Q8_0", "Q4_0", "Q4_K"):
+    for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K"):
         raw = random_weight(qtype, 1536, 768, rng)
         x = rng.standard_normal((2, 768)).astype(np.float32)
         ggmlopt.set_num_threads(1)
@@ -150,7 +150,7 @@ def test_other_types_multiply_the_float32_activations():
     x = rng.standard_normal((1, 256)).astype(np.float32)
     np.testing.assert_array_equal(kq.matmul(x, "Q6_K", raw, activations="q8_0"),
                                   kq.matmul(x, "Q6_K", raw))
-    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q8_0", "Q4_K")
+    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q5_0", "Q8_0", "Q4_K")
 
 
 def test_bad_arguments():

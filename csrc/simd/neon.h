@@ -167,6 +167,32 @@ static inline float32x4_t go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, c
 }
 /* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
  * nibbles of q[0:32], x[32:64]) (a Q4_K super-block's two sub-blocks) */
+/* a Q5_0 block's quants (nibble | fifth bit << 4, minus 16; low nibbles
+ * first) as two vectors, from its 4 bytes of fifth bits on */
+static inline void go_q5_0_quants(const uint8_t *blk, int8x16_t *lo, int8x16_t *hi) {
+    uint32_t bits;
+    memcpy(&bits, blk, 4);
+    static const uint8_t one_bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t sel = vld1q_u8(one_bit);
+    const uint8x8_t b = vreinterpret_u8_u32(vdup_n_u32(bits));
+    /* byte j of the first vector: bit j (bytes 0-1 of the word), of the second bit 16 + j */
+    const uint8x16_t w0 = vcombine_u8(vdup_lane_u8(b, 0), vdup_lane_u8(b, 1));
+    const uint8x16_t w1 = vcombine_u8(vdup_lane_u8(b, 2), vdup_lane_u8(b, 3));
+    const uint8x16_t h0 = vandq_u8(vtstq_u8(w0, sel), vdupq_n_u8(16));
+    const uint8x16_t h1 = vandq_u8(vtstq_u8(w1, sel), vdupq_n_u8(16));
+    const uint8x16_t q = vld1q_u8(blk + 4);
+    *lo = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, vdupq_n_u8(15)), h0)), vdupq_n_s8(16));
+    *hi = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), h1)), vdupq_n_s8(16));
+}
+/* acc plus sa * dot(a's quants, x[0:32]) + sb * dot(b's, x[32:64]) for two Q5_0 blocks */
+static inline float32x4_t go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int8_t *x,
+                                         float sa, float sb, float32x4_t acc) {
+    int8x16_t lo, hi;
+    go_q5_0_quants(a, &lo, &hi);
+    acc = vfmaq_f32(acc, go_dot_i8x32(lo, hi, x), vdupq_n_f32(sa));
+    go_q5_0_quants(b, &lo, &hi);
+    return vfmaq_f32(acc, go_dot_i8x32(lo, hi, x + 32), vdupq_n_f32(sb));
+}
 static inline float32x4_t go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_lo,
                                           float s_hi, float32x4_t acc) {
     const uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16), m = vdupq_n_u8(15);

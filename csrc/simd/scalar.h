@@ -81,6 +81,24 @@ static inline float go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const i
 }
 /* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
  * nibbles of q[0:32], x[32:64]) (a Q4_K super-block's two sub-blocks) */
+/* acc plus sa * dot(a's quants, x[0:32]) + sb * dot(b's, x[32:64]) for two
+ * Q5_0 blocks, each from its 4 bytes of fifth bits on (value j: nibble |
+ * bit j << 4, minus 16; low nibbles the first 16) */
+static inline int32_t go_q5_0_dot_scalar(const uint8_t *blk, const int8_t *x) {
+    const uint32_t bits = (uint32_t)blk[0] | (uint32_t)blk[1] << 8 | (uint32_t)blk[2] << 16 |
+                          (uint32_t)blk[3] << 24;
+    int32_t s = 0;
+    for (int i = 0; i < 16; ++i) {
+        s += ((int)((blk[4 + i] & 15) | ((bits >> i) & 1) << 4) - 16) * x[i];
+        s += ((int)((blk[4 + i] >> 4) | ((bits >> (i + 16)) & 1) << 4) - 16) * x[16 + i];
+    }
+    return s;
+}
+static inline float go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int8_t *x, float sa,
+                                   float sb, float acc) {
+    const int32_t da = go_q5_0_dot_scalar(a, x), db = go_q5_0_dot_scalar(b, x + 32);
+    return (float)db * sb + ((float)da * sa + acc);
+}
 static inline float go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_lo, float s_hi,
                                     float acc) {
     int32_t a = 0, b = 0;

@@ -10,6 +10,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 /* the sums a row's blocks go into */
 typedef __m256 go_vq;
@@ -70,6 +71,34 @@ static inline go_vq go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_l
         _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), one);
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_set1_ps(s_lo), acc);
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_set1_ps(s_hi), acc);
+}
+
+/* a Q5_0 block's 32 quants (nibble | fifth bit << 4, minus 16; low nibbles
+ * first) from its 4 bytes of fifth bits and 16 of nibbles: bit j of the 32
+ * becomes byte j (each byte of the word spread over 8 bytes, or-ed with all
+ * bits but its own, equal to 0xff where that bit is set) */
+static inline __m256i go_q5_0_quants(const uint8_t *qh_qs) {
+    uint32_t bits;
+    memcpy(&bits, qh_qs, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i set = _mm256_cmpeq_epi8(
+        _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(qh_qs + 4));
+    const __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw),
+                                       _mm256_set1_epi8(15));
+    return _mm256_sub_epi8(_mm256_or_si256(u, _mm256_and_si256(set, _mm256_set1_epi8(16))),
+                           _mm256_set1_epi8(16));
+}
+/* acc plus sa * dot(a's quants, x[0:32]) + sb * dot(b's, x[32:64]) for two
+ * Q5_0 blocks (each from its fifth bits on) */
+static inline go_vq go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int8_t *x, float sa,
+                                   float sb, go_vq acc) {
+    const __m256i xa = _mm256_loadu_si256((const __m256i *)x);
+    const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
+    acc = _mm256_fmadd_ps(go_dot_i8x32(go_q5_0_quants(a), xa), _mm256_set1_ps(sa), acc);
+    return _mm256_fmadd_ps(go_dot_i8x32(go_q5_0_quants(b), xb), _mm256_set1_ps(sb), acc);
 }
 
 #endif
