@@ -250,7 +250,7 @@ typedef struct ggmlopt_kernel_table {
                               int64_t x_stride, const uint8_t *w, int64_t row_bytes, int64_t j0,
                               int64_t j1, float *y, int64_t y_stride);
     /* dot(x rounded to Q8_0 blocks, weight rows [j0, j1)) of a Q8_0, Q4_0,
-     * Q5_0 or Q4_K weight (0 returned for another type) */
+     * Q5_0, Q4_K or Q6_K weight (0 returned for another type) */
     int (*quant_dot_q8_rows)(int type, int64_t ncols, const int8_t *xqs, const float *xd,
                              const float *xsum, const uint8_t *w, int64_t row_bytes, int64_t j0,
                              int64_t j1, float *y);

@@ -1,5 +1,5 @@
 """Products of few rows with the activations rounded to Q8_0 blocks, as llama.cpp
-multiplies Q8_0, Q4_0, Q5_0 and Q4_K weights (kernels_quant.matmul(..., activations="q8_0")):
+multiplies Q8_0, Q4_0, Q5_0, Q4_K and Q6_K weights (kernels_quant.matmul(..., activations="q8_0")):
 the rounding byte for byte gguf-py's (ggml's quantize_row_q8_0_ref), the product
 within float32 rounding of a float64 product of the rounded activations and the
 decoded weights on every SIMD path, the same bits on any number of threads;
@@ -65,7 +65,7 @@ def test_a_non_finite_value_makes_its_block_nan_and_nothing_else():
 
 def random_weight(qtype, nout, ncols, rng):
     w = (rng.standard_normal((nout, ncols)) * 0.05).astype(np.float32)
-    return kq.quantize(w, qtype) if qtype == "Q4_K" else gguf.quants.quantize(w, T[qtype])
+    return kq.quantize(w, qtype) if qtype.endswith("_K") else gguf.quants.quantize(w, T[qtype])
 
 
 def q4_k_mins(raw, ncols):
@@ -95,12 +95,12 @@ def q8_product_and_bound(x, qtype, raw):
     return exact, (m + 1) * U / (1 - (m + 1) * U) * (np.abs(xr) @ mag.T) + U * np.abs(exact)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K"])
 @pytest.mark.parametrize("nx,nblocks,nout", [(1, 1, 1), (1, 2, 13), (3, 3, 7), (4, 5, 40),
                                              (11, 19, 13), (1, 48, 600)])
 def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path, qtype, nx,
                                                                        nblocks, nout):
-    if qtype == "Q4_K":   # super-blocks of 256 values
+    if qtype in ("Q4_K", "Q6_K"):   # super-blocks of 256 values
         nblocks *= 8
     rng = np.random.default_rng(nblocks * 7 + nout)
     ncols = 32 * nblocks
@@ -135,7 +135,7 @@ def test_an_input_off_the_vector_alignment(simd_path):
 
 def test_the_same_bits_on_any_number_of_threads(restore_threads):
     rng = np.random.default_rng(9)
-    for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K"):
+    for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K"):
         raw = random_weight(qtype, 1536, 768, rng)
         x = rng.standard_normal((2, 768)).astype(np.float32)
         ggmlopt.set_num_threads(1)
@@ -146,11 +146,11 @@ def test_the_same_bits_on_any_number_of_threads(restore_threads):
 
 def test_other_types_multiply_the_float32_activations():
     rng = np.random.default_rng(4)
-    raw = kq.quantize(rng.standard_normal((5, 256)).astype(np.float32), "Q6_K")
+    raw = kq.quantize(rng.standard_normal((5, 256)).astype(np.float32), "Q5_K")
     x = rng.standard_normal((1, 256)).astype(np.float32)
-    np.testing.assert_array_equal(kq.matmul(x, "Q6_K", raw, activations="q8_0"),
-                                  kq.matmul(x, "Q6_K", raw))
-    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q5_0", "Q8_0", "Q4_K")
+    np.testing.assert_array_equal(kq.matmul(x, "Q5_K", raw, activations="q8_0"),
+                                  kq.matmul(x, "Q5_K", raw))
+    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
 
 def test_bad_arguments():
@@ -171,15 +171,15 @@ def test_layers_multiply_so_when_set_and_not_training():
     emb_raw = random_weight("Q8_0", 50, 96, rng)
     layer = QuantizedLinear(raw, "Q4_0", 96, 40)
     emb = QuantizedEmbedding(emb_raw, "Q8_0", 50, 96)
-    q6 = QuantizedLinear(kq.quantize(np.ones((3, 256), np.float32), "Q6_K"), "Q6_K", 256, 3)
+    q5k = QuantizedLinear(kq.quantize(np.ones((3, 256), np.float32), "Q5_K"), "Q5_K", 256, 3)
     x = rng.standard_normal((1, 96)).astype(np.float32)
     exact = layer(x)
     many = rng.standard_normal((9, 96)).astype(np.float32)
     exact_many = layer(many)
     assert layer.activations == "f32" and emb.activations == "f32"
-    model = ggmlopt.nn.Sequential(layer, emb, q6)
-    assert set_activations(model, "q8_0") == 2   # the Q6_K layer keeps float32
-    assert layer.activations == emb.activations == q6.activations == "q8_0"
+    model = ggmlopt.nn.Sequential(layer, emb, q5k)
+    assert set_activations(model, "q8_0") == 2   # the Q5_K layer keeps float32
+    assert layer.activations == emb.activations == q5k.activations == "q8_0"
     np.testing.assert_array_equal(layer(x), kq.matmul(x, "Q4_0", raw, activations="q8_0"))
     np.testing.assert_array_equal(emb.project(x),
                                   kq.matmul(x, "Q8_0", emb_raw, activations="q8_0"))

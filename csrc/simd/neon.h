@@ -193,6 +193,27 @@ static inline float32x4_t go_dot_q5_pair(const uint8_t *a, const uint8_t *b, con
     go_q5_0_quants(b, &lo, &hi);
     return vfmaq_f32(acc, go_dot_i8x32(lo, hi, x + 32), vdupq_n_f32(sb));
 }
+/* acc plus s0 * dot(q[0:16], x[0:16]) + s1 * dot(q[16:32], x[16:32]) for 32
+ * values of a Q6_K super-block: q = ((ql >> lshift) & 15 | ((qh >> hshift) & 3)
+ * << 4) - 32 */
+static inline float32x4_t go_dot_q6k_32(const uint8_t *ql, int lshift, const uint8_t *qh,
+                                        int hshift, const int8_t *x, float s0, float s1,
+                                        float32x4_t acc) {
+    const int8x16_t ls = vdupq_n_s8((int8_t)-lshift), hs = vdupq_n_s8((int8_t)-hshift);
+    int8x16_t q[2];
+    for (int k = 0; k < 2; ++k) {
+        const uint8x16_t l = vandq_u8(vshlq_u8(vld1q_u8(ql + 16 * k), ls), vdupq_n_u8(15));
+        const uint8x16_t h = vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * k), hs), vdupq_n_u8(3));
+        q[k] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(h, 4))), vdupq_n_s8(32));
+    }
+    const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
+    int32x4_t a = vpaddlq_s16(vmull_s8(vget_low_s8(q[0]), vget_low_s8(x0)));
+    a = vpadalq_s16(a, vmull_s8(vget_high_s8(q[0]), vget_high_s8(x0)));
+    int32x4_t b = vpaddlq_s16(vmull_s8(vget_low_s8(q[1]), vget_low_s8(x1)));
+    b = vpadalq_s16(b, vmull_s8(vget_high_s8(q[1]), vget_high_s8(x1)));
+    acc = vfmaq_f32(acc, vcvtq_f32_s32(a), vdupq_n_f32(s0));
+    return vfmaq_f32(acc, vcvtq_f32_s32(b), vdupq_n_f32(s1));
+}
 static inline float32x4_t go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_lo,
                                           float s_hi, float32x4_t acc) {
     const uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16), m = vdupq_n_u8(15);

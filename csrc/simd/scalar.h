@@ -99,6 +99,19 @@ static inline float go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int
     const int32_t da = go_q5_0_dot_scalar(a, x), db = go_q5_0_dot_scalar(b, x + 32);
     return (float)db * sb + ((float)da * sa + acc);
 }
+/* acc plus s0 * dot(q[0:16], x[0:16]) + s1 * dot(q[16:32], x[16:32]) for 32
+ * values of a Q6_K super-block: q = ((ql >> lshift) & 15 | ((qh >> hshift) & 3)
+ * << 4) - 32 */
+static inline float go_dot_q6k_32(const uint8_t *ql, int lshift, const uint8_t *qh, int hshift,
+                                  const int8_t *x, float s0, float s1, float acc) {
+    int32_t a = 0, b = 0;
+    for (int i = 0; i < 16; ++i) {
+        a += ((int)(((ql[i] >> lshift) & 15) | ((qh[i] >> hshift) & 3) << 4) - 32) * x[i];
+        b += ((int)(((ql[16 + i] >> lshift) & 15) | ((qh[16 + i] >> hshift) & 3) << 4) - 32) *
+             x[16 + i];
+    }
+    return (float)b * s1 + ((float)a * s0 + acc);
+}
 static inline float go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_lo, float s_hi,
                                     float acc) {
     int32_t a = 0, b = 0;

@@ -101,4 +101,21 @@ static inline go_vq go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int
     return _mm256_fmadd_ps(go_dot_i8x32(go_q5_0_quants(b), xb), _mm256_set1_ps(sb), acc);
 }
 
+/* acc plus s0 * dot(q[0:16], x[0:16]) + s1 * dot(q[16:32], x[16:32]) for 32
+ * values of a Q6_K super-block: q = ((ql >> lshift) & 15 | ((qh >> hshift) & 3)
+ * << 4) - 32 over 32 bytes of each; lanes 0-3 of the sums hold bytes 0-15 */
+static inline go_vq go_dot_q6k_32(const uint8_t *ql, int lshift, const uint8_t *qh, int hshift,
+                                  const int8_t *x, float s0, float s1, go_vq acc) {
+    const __m256i l = _mm256_and_si256(
+        _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)ql), _mm_cvtsi32_si128(lshift)),
+        _mm256_set1_epi8(15));
+    const __m256i h = _mm256_and_si256(
+        _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), _mm_cvtsi32_si128(hshift)),
+        _mm256_set1_epi8(3));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(h, 4)),
+                                      _mm256_set1_epi8(32));
+    const __m256 s = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+    return _mm256_fmadd_ps(go_dot_i8x32(q, _mm256_loadu_si256((const __m256i *)x)), s, acc);
+}
+
 #endif

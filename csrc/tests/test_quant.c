@@ -320,7 +320,7 @@ static float *check_matmul(const ggmlopt_kernel_table *k, const qtype *t, const 
     return y;
 }
 
-/* quant_dot_q8_rows of table k for a Q8_0, Q4_0, Q5_0 or Q4_K weight: x rounded to Q8_0
+/* quant_dot_q8_rows of table k for a Q8_0, Q4_0, Q5_0, Q4_K or Q6_K weight: x rounded to Q8_0
  * (the public, portable ggmlopt_quantize_q8_0_row; its bytes are checked
  * against gguf-py in tests/test_kernels_quant_q8.py), the 32 quants past the
  * row random (an odd last block reads them unscaled), weight rows [2, 9) of 11
@@ -427,9 +427,10 @@ void test_quant_kernels(const ggmlopt_kernel_table *k) {
                 check_matmul(k, t, &c, 2, 9, ctx);
             }
         }
-        if (t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12) {
+        if (t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 || t->type == 14) {
             static const int64_t widths[] = {32, 64, 96, 160, 608, 256, 512, 768, 1280, 2560};
-            for (int wi = t->type == 12 ? 5 : 0; wi < (t->type == 12 ? 10 : 5); ++wi) {
+            const int k_type = t->block == 256;
+            for (int wi = k_type ? 5 : 0; wi < (k_type ? 10 : 5); ++wi) {
                 snprintf(ctx, sizeof ctx, "quant_dot_q8_rows[%s] %s ncols=%lld rows [2, 9) of 11",
                          k->name, t->name, (long long)widths[wi]);
                 check_q8_dot(k, t, widths[wi], ctx);
@@ -562,7 +563,7 @@ static void public_q8(const char **paths, int npaths) {
         const float *x = th_rand_f32(nx * (ncols + 5), 0, -1.0f, 1.0f);
         int8_t *xq = th_alloc(1, ncols + 32, 0);
         float *xd = th_alloc(4, ncols / 32, 0), *xs = th_alloc(4, ncols / 32, 0);
-        const int q8 = t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12;
+        const int q8 = t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 || t->type == 14;
         float *first = NULL;
         for (int p = 0; p < npaths; ++p) {
             if (!select_path(paths[p])) continue;
