@@ -159,10 +159,10 @@ cdef int attention_backward_ranged_f32(int64_t batch, int64_t seq, int64_t n_hea
 cdef void rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads, int64_t head_dim,
                    const float *x, int64_t x_stride, float *y, int64_t y_stride,
                    const float *cos, const float *sin, int inverse) noexcept nogil
-cdef int attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                                int64_t length, const float *q, const float *k, const float *v,
-                                int64_t kv_item_stride, float *out, float *scores,
-                                float scale) noexcept nogil
+cdef int attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads,
+                              int64_t head_dim, int64_t length, const float *q, const float *k,
+                              const float *v, int64_t kv_item_stride, float *out, float *scores,
+                              float scale) noexcept nogil
 # GGUF block types (see ggmlopt.h; wrapped in kernels_quant)
 cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil
 cdef int dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,

@@ -25,7 +25,7 @@ cdef int attention_backward_f32(int64_t batch, int64_t seq, int64_t n_heads, int
 cdef void rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads, int64_t head_dim,
                    const float *x, int64_t x_stride, float *y, int64_t y_stride,
                    const float *cos, const float *sin, int inverse) noexcept nogil
-cdef int attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                                int64_t length, const float *q, const float *k, const float *v,
-                                int64_t kv_item_stride, float *out, float *scores,
-                                float scale) noexcept nogil
+cdef int attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads,
+                              int64_t head_dim, int64_t length, const float *q, const float *k,
+                              const float *v, int64_t kv_item_stride, float *out, float *scores,
+                              float scale) noexcept nogil

@@ -51,10 +51,10 @@ cdef void rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads, in
                    const float *cos, const float *sin, int inverse) noexcept nogil:
     _rope(nrows, seq, pos0, n_heads, head_dim, x, x_stride, y, y_stride, cos, sin, inverse)
 
-cdef int attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                                int64_t length, const float *q, const float *k, const float *v,
-                                int64_t kv_item_stride, float *out, float *scores,
-                                float scale) noexcept nogil:
+cdef int attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads,
+                              int64_t head_dim, int64_t length, const float *q, const float *k,
+                              const float *v, int64_t kv_item_stride, float *out, float *scores,
+                              float scale) noexcept nogil:
     return _attention_decode(batch, n_heads, n_kv_heads, head_dim, length, q, k, v,
                              kv_item_stride, out, scores, scale)
 
