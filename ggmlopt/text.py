@@ -462,9 +462,45 @@ def ids_around_special(text: str, splitter, special_ids: dict[str, int],
 
 
 def _splitter(texts: list[str]):
-    """A regex whose split() alternates plain text and one of texts (longest
-    first, as llama.cpp's partition tries them), or None for no texts."""
+    """A regex whose split() alternates plain text and one of texts (the longest
+    that matches where one does, as llama.cpp's partition tries them), or None
+    for no texts."""
     texts = sorted({t for t in texts if t}, key=lambda t: (-len(t), t))
     if not texts:
         return None
-    return re.compile("(" + "|".join(re.escape(t) for t in texts) + ")")
+    if len(texts[0]) > _TRIE_DEPTH:
+        return re.compile("(" + "|".join(re.escape(t) for t in texts) + ")")
+    return re.compile("(" + _trie_pattern(texts) + ")")
+
+
+# the longest text _splitter factors into a trie (its groups nest one a character)
+_TRIE_DEPTH = 256
+
+
+def _trie_pattern(texts: list[str]) -> str:
+    """texts (non-empty) as one pattern of their shared prefixes, a character at a
+    time: at each point the alternatives start with different characters and a
+    text that ends there is an optional rest (greedy, so the longest text that
+    matches wins, as with the longest-first alternation), so the engine tries
+    one branch per character instead of every text at every position (2,000
+    special tokens of deepseek's took 29 ms a megabyte that way)."""
+    end = ""   # a node's key for "a text ends here" (a character is never empty)
+    trie: dict[str, dict] = {}
+    for t in texts:
+        node = trie
+        for ch in t:
+            node = node.setdefault(ch, {})
+        node[end] = {}
+
+    def rest(node: dict[str, dict]) -> str:
+        alternatives = [re.escape(ch) + rest(child) for ch, child in sorted(node.items())
+                        if ch != end]
+        if not alternatives:
+            return ""
+        body = alternatives[0] if len(alternatives) == 1 else "(?:" + "|".join(alternatives) + ")"
+        if end in node:
+            return body + "?" if len(alternatives) == 1 and len(body) == 1 else \
+                "(?:" + body + ")?"
+        return body
+
+    return rest(trie)

@@ -272,3 +272,45 @@ def test_the_white_space_class_given_to_re_is_the_regex_packages():
               if 0xD800 > c or c > 0xDFFF
               if bool(ours.match(chr(c))) != bool(theirs.match(chr(c)))]
     assert not differ
+
+
+def _longest_first(texts):
+    import re
+    texts = sorted({t for t in texts if t}, key=lambda t: (-len(t), t))
+    return re.compile("(" + "|".join(re.escape(t) for t in texts) + ")")
+
+
+@pytest.mark.parametrize("texts", [
+    ["<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|im", "<"],
+    [" " * k for k in range(2, 25)] + ["\t", "\t\t\n"],
+    [f"[PAD{100000 + i}]" for i in range(300)] + ["<｜begin▁of▁sentence｜>", "[PAD1"],
+    ["a", "ab", "abc", "abd", "b", "bcd", "x.y", "x*y", "\\", "(", ")"],
+], ids=["chat", "space-runs", "pads", "prefixes"])
+def test_the_special_token_splitter_cuts_as_the_longest_first_alternation(texts):
+    """_splitter's trie of shared prefixes against the plain alternation, longest
+    text first: the same parts on random texts dense in the tokens and their
+    prefixes (overlaps, a token inside another, runs of spaces)."""
+    from ggmlopt.text import _splitter, _trie_pattern
+    trie, plain = _splitter(texts), _longest_first(texts)
+    assert trie.pattern == "(" + _trie_pattern(sorted(set(texts), key=lambda t: (-len(t), t))) + ")"
+    rng = random.Random(len(texts))
+    pieces = texts + [t[:k] for t in texts for k in range(1, len(t))] + list(" \n<|>[]ab0")
+    for _ in range(5000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 14)))
+        assert trie.split(text) == plain.split(text), repr(text)
+
+
+@pytest.mark.parametrize("path", VOCABS, ids=lambda p: os.path.basename(p)[len("ggml-vocab-"):-5])
+def test_every_vocabularys_special_splitter_cuts_as_the_alternation(path):
+    tok = _tokenizer(path)
+    texts = [tok.tokens[i] for i in getattr(tok, "_control", []) + getattr(tok, "_user", [])]
+    if not [t for t in texts if t]:
+        pytest.skip("no special tokens")
+    from ggmlopt.text import _splitter
+    trie, plain = _splitter(texts), _longest_first(texts)
+    sample = _texts(path)
+    rng = random.Random(3)
+    sample += ["".join(rng.choice(texts + [" ", "x", "<", "["]) for _ in range(20))
+               for _ in range(300)]
+    for text in sample:
+        assert trie.split(text) == plain.split(text), repr(text[:80])
