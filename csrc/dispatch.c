@@ -1468,9 +1468,7 @@ int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
                             int64_t y_stride, int8_t *xqs, float *xd, float *xsum) {
     const int64_t row_bytes = ggmlopt_quant_row_bytes(type, ncols);
     if (row_bytes < 0) return -1;
-    if (type != GO_QTYPE_Q8_0 && type != GO_QTYPE_Q4_0 && type != GO_QTYPE_Q5_0 &&
-        type != GO_QTYPE_Q4_K && type != GO_QTYPE_Q6_K)
-        return -2;
+    if (!go_qtype_has_q8_dot(type)) return -2;
     if (nx <= 0 || nout <= 0) return 0;
     for (int64_t i = 0; i < nx; ++i) {
         float *yi = y + i * y_stride;

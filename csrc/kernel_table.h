@@ -112,6 +112,11 @@ enum {
     GO_QTYPE_Q5_0 = 6, GO_QTYPE_Q5_1 = 7, GO_QTYPE_Q8_0 = 8, GO_QTYPE_Q4_K = 12,
     GO_QTYPE_Q5_K = 13, GO_QTYPE_Q6_K = 14, GO_QTYPE_BF16 = 30
 };
+/* the weight types quant_dot_q8_rows multiplies by activations rounded to Q8_0 */
+static inline int go_qtype_has_q8_dot(int type) {
+    return type == GO_QTYPE_Q8_0 || type == GO_QTYPE_Q4_0 || type == GO_QTYPE_Q5_0 ||
+           type == GO_QTYPE_Q4_K || type == GO_QTYPE_Q6_K;
+}
 static inline int64_t go_qtype_block(int type) {
     switch (type) {
     case GO_QTYPE_F32: case GO_QTYPE_F16: case GO_QTYPE_BF16: return 1;

@@ -170,12 +170,12 @@ def matmul(x, qtype, raw, out=None, activations="f32"):
     rows of x (decoding), where the weight's bytes bound the time.
 
     activations="q8_0", for a weight of a type in Q8_ACTIVATION_TYPES (Q8_0,
-    Q4_0, Q5_0, Q4_K, Q6_K): each row of x is first rounded to Q8_0 blocks and each block's dot
-    taken in integers, as llama.cpp multiplies these types (for the K types it
-    rounds x in blocks of 256, Q8_K: the 32-value blocks here round finer); the
-    result is off the float product by that rounding of x (at most half of
-    1/127 of each block's largest value, per value).  Weights of other types multiply the
-    float32 rows either way."""
+    Q4_0, Q5_0, Q4_K, Q6_K): each row of x is first rounded to Q8_0 blocks and
+    each block's dot taken in integers, as llama.cpp multiplies these types
+    (for the K types it rounds x in blocks of 256, Q8_K: the 32-value blocks
+    here round finer); the result is off the float product by that rounding of
+    x (at most half of 1/127 of each block's largest value, per value).
+    Weights of other types multiply the float32 rows either way."""
     if activations not in ("f32", "q8_0"):
         raise ValueError(f"activations: expected 'f32' or 'q8_0', got {activations!r}")
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)

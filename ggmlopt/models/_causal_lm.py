@@ -121,12 +121,12 @@ def attend_cached(q, cache_k, cache_v, pos, window=None):
     small, so the scores (t x pos+t per head) are plain NumPy."""
     b, t, n_heads, hd = q.shape
     n_kv = cache_k.shape[2]
-    group = n_heads // n_kv
-    keys = cache_k[:, :pos + t]                       # (b, L, kv, hd)
-    values = cache_v[:, :pos + t]
     if t == 1 and (window is None or window > pos):   # a decode step: one fused kernel
         return kernels_attention.attention_decode(
             q.reshape(b, n_heads, hd), cache_k, cache_v, pos + 1).reshape(b, 1, n_heads * hd)
+    group = n_heads // n_kv
+    keys = cache_k[:, :pos + t]                       # (b, L, kv, hd)
+    values = cache_v[:, :pos + t]
     qg = q.reshape(b, t, n_kv, group, hd)
     scores = np.einsum("btkgd,blkd->bkgtl", qg, keys) * np.float32(1.0 / np.sqrt(hd))
     key_pos, query_pos = np.arange(pos + t)[None, :], (pos + np.arange(t))[:, None]
