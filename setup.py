@@ -31,7 +31,7 @@ if os.name != "nt" and not os.environ.get("GGMLOPT_DEBUG"):
     BASE_CFLAGS.append("-g0")
 
 KERNEL_SOURCES = ["csrc/dispatch.c", "csrc/threadpool.c", "csrc/kernels_scalar.c",
-                  "csrc/quantize_k.c"]
+                  "csrc/quantize_k.c", "csrc/decode_block.c"]
 # Sources compiled apart with their own ISA flags: {source: extra flags}.
 ISA_SOURCES = {}
 if IS_X86_64:

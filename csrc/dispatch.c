@@ -1485,6 +1485,76 @@ int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
     return 0;
 }
 
+/* Several products of the same rows x, one pool job over all their weight
+ * rows (a decode step's q, k and v; gate and up): global row r of the job is
+ * row r - first of the product whose rows [first, first + nout) hold it. */
+typedef struct {
+    int n, q8;
+    const ggmlopt_qproduct *p;
+    const int64_t *first, *row_bytes;
+    int64_t nx, ncols, x_stride;
+    const float *x;
+    const int8_t *xqs;   /* row i's quants at xqs + i * (ncols + 32) */
+    const float *xd, *xsum;
+} quant_many_args;
+
+static double quant_many_block(const void *pa, int64_t b, int64_t e) {
+    const quant_many_args *a = (const quant_many_args *)pa;
+    const int64_t nb = a->ncols / 32;
+    for (int m = 0; m < a->n && b < e; ++m) {
+        const ggmlopt_qproduct *p = &a->p[m];
+        const int64_t lo = a->first[m], hi = lo + p->nout;
+        if (b >= hi) continue;
+        const int64_t j0 = b - lo, j1 = (e < hi ? e : hi) - lo;
+        if (a->q8 && go_qtype_has_q8_dot(p->type)) {
+            for (int64_t i = 0; i < a->nx; ++i)
+                kernels()->quant_dot_q8_rows(p->type, a->ncols, a->xqs + i * (a->ncols + 32),
+                                             a->xd + i * nb, a->xsum + i * nb, p->w,
+                                             a->row_bytes[m], j0, j1, p->y + i * p->y_stride);
+        } else {
+            kernels()->quant_matmul_rows(p->type, a->nx, a->ncols, a->x, a->x_stride, p->w,
+                                         a->row_bytes[m], j0, j1, p->y, p->y_stride);
+        }
+        b = lo + j1;
+    }
+    return 0.0;
+}
+int ggmlopt_quant_matmul_many(int n, const ggmlopt_qproduct *products, int64_t nx,
+                              int64_t ncols, const float *x, int64_t x_stride, int q8,
+                              int8_t *xqs, float *xd, float *xsum) {
+    int64_t first[GGMLOPT_QPRODUCTS_MAX], row_bytes[GGMLOPT_QPRODUCTS_MAX], total = 0;
+    int any_q8 = 0;
+    if (n < 0 || n > GGMLOPT_QPRODUCTS_MAX) return -3;
+    for (int m = 0; m < n; ++m) {
+        row_bytes[m] = ggmlopt_quant_row_bytes(products[m].type, ncols);
+        if (row_bytes[m] < 0) return -1;
+        first[m] = total;
+        total += products[m].nout > 0 ? products[m].nout : 0;
+        any_q8 |= q8 && go_qtype_has_q8_dot(products[m].type);
+    }
+    if (nx <= 0 || total == 0) return 0;
+    if (ncols == 0) {
+        for (int m = 0; m < n; ++m)
+            for (int64_t i = 0; i < nx; ++i)
+                for (int64_t j = 0; j < products[m].nout; ++j)
+                    products[m].y[i * products[m].y_stride + j] = 0.0f;
+        return 0;
+    }
+    if (any_q8) {
+        /* every row's quants once, in this thread: every weight row reads them */
+        const int64_t nb = ncols / 32;
+        for (int64_t i = 0; i < nx; ++i) {
+            go_quantize_q8_0_row(x + i * x_stride, ncols, xqs + i * (ncols + 32), xd + i * nb,
+                                 xsum + i * nb);
+            memset(xqs + i * (ncols + 32) + ncols, 0, 32);
+        }
+    }
+    quant_many_args a = {n, any_q8, products, first, row_bytes, nx, ncols, x_stride, x,
+                         xqs, xd, xsum};
+    run_weight_rows(total, ncols * (nx < GO_QMM_ROWS ? nx : GO_QMM_ROWS), quant_many_block, &a);
+    return 0;
+}
+
 typedef struct {
     int type;
     int64_t ncols, row_bytes;

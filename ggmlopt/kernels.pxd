@@ -174,6 +174,38 @@ cdef int quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x, in
                          int64_t nout, const uint8_t *w, float *y, int64_t y_stride,
                          int8_t *xqs, float *xd, float *xsum) noexcept nogil
 cdef void quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) noexcept nogil
+cdef extern from "ggmlopt.h" nogil:
+    ctypedef struct ggmlopt_qproduct:
+        int type
+        int64_t nout
+        const uint8_t *w
+        float *y
+        int64_t y_stride
+    enum: GGMLOPT_QPRODUCTS_MAX
+    ctypedef struct ggmlopt_block_weight:
+        int type
+        int64_t nout
+        const uint8_t *w
+        const float *bias
+    ctypedef struct ggmlopt_llama_block:
+        int64_t dim, n_heads, n_kv_heads, head_dim, ffn_dim
+        float eps
+        const float *attn_norm
+        const float *ffn_norm
+        const float *q_norm
+        const float *k_norm
+        ggmlopt_block_weight q, k, v, o, gate, up, down
+        int64_t window
+        int q8
+cdef int quant_matmul_many(int n, const ggmlopt_qproduct *products, int64_t nx, int64_t ncols,
+                           const float *x, int64_t x_stride, int q8, int8_t *xqs, float *xd,
+                           float *xsum) noexcept nogil
+# one decode step of a Llama-layout block (see ggmlopt.h; wrapped in kernels_decode)
+cdef int64_t decode_block_work_size(const ggmlopt_llama_block *blk, int64_t batch,
+                                    int64_t max_len) noexcept nogil
+cdef int decode_block_f32(const ggmlopt_llama_block *blk, int64_t batch, int64_t pos, float *x,
+                          float *cache_k, float *cache_v, int64_t max_len, const float *cos,
+                          const float *sin, void *work) noexcept nogil
 cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
                            const uint8_t *src, float *dst) noexcept nogil
 cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,

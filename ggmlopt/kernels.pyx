@@ -1770,6 +1770,35 @@ cdef void quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales
     ggmlopt_quantize_q8_0_row(x, n, qs, scales, NULL)
 
 
+cdef extern from "ggmlopt.h" nogil:
+    int ggmlopt_quant_matmul_many(int n, const ggmlopt_qproduct *products, int64_t nx,
+                                  int64_t ncols, const float *x, int64_t x_stride, int q8,
+                                  int8_t *xqs, float *xd, float *xsum)
+    int64_t ggmlopt_decode_block_work_size(const ggmlopt_llama_block *blk, int64_t batch,
+                                           int64_t max_len)
+    int ggmlopt_decode_block_f32(const ggmlopt_llama_block *blk, int64_t batch, int64_t pos,
+                                 float *x, float *cache_k, float *cache_v, int64_t max_len,
+                                 const float *cos, const float *sin, void *work)
+
+
+cdef int quant_matmul_many(int n, const ggmlopt_qproduct *products, int64_t nx, int64_t ncols,
+                           const float *x, int64_t x_stride, int q8, int8_t *xqs, float *xd,
+                           float *xsum) noexcept nogil:
+    return ggmlopt_quant_matmul_many(n, products, nx, ncols, x, x_stride, q8, xqs, xd, xsum)
+
+
+cdef int64_t decode_block_work_size(const ggmlopt_llama_block *blk, int64_t batch,
+                                    int64_t max_len) noexcept nogil:
+    return ggmlopt_decode_block_work_size(blk, batch, max_len)
+
+
+cdef int decode_block_f32(const ggmlopt_llama_block *blk, int64_t batch, int64_t pos, float *x,
+                          float *cache_k, float *cache_v, int64_t max_len, const float *cos,
+                          const float *sin, void *work) noexcept nogil:
+    return ggmlopt_decode_block_f32(blk, batch, pos, x, cache_k, cache_v, max_len, cos, sin,
+                                    work)
+
+
 cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncols,
                            const uint8_t *src, float *dst) noexcept nogil:
     return ggmlopt_dequantize_gather(type, n, ids, ncols, src, dst)

@@ -62,4 +62,5 @@ def attention_decode(
     cache_v: npt.NDArray[np.float32],
     length: int,
     out: npt.NDArray[np.float32] | None = ...,
+    start: int = ...,
 ) -> npt.NDArray[np.float32]: ...

@@ -384,14 +384,14 @@ def rope_table(head_dim, n_positions, base=10000.0):
     return np.cos(angles64).astype(np.float32), np.sin(angles64).astype(np.float32)
 
 
-def attention_decode(q, cache_k, cache_v, length, out=None):
+def attention_decode(q, cache_k, cache_v, length, out=None, start=0):
     """One decode step's attention over a key/value cache: q float32 (batch,
     n_heads, head_dim), one new query per head; cache_k, cache_v float32
     (batch, max_len, n_kv_heads, head_dim), of which positions 0 .. length-1
-    are read (the new one's key and value among them); query head h reads kv
-    head h // (n_heads // n_kv_heads).  out (batch, n_heads * head_dim) =
-    softmax(q . k_l / sqrt(head_dim)) weighting v_l, into out when given.
-    Returns out."""
+    are read (the new one's key and value among them), or positions start ..
+    length-1 (a sliding window); query head h reads kv head h // (n_heads //
+    n_kv_heads).  out (batch, n_heads * head_dim) = softmax(q . k_l /
+    sqrt(head_dim)) weighting v_l, into out when given.  Returns out."""
     cdef cnp.ndarray aq = _array(q, "q", np.float32, False)
     cdef cnp.ndarray ak = _array(cache_k, "cache_k", np.float32, False)
     cdef cnp.ndarray av = _array(cache_v, "cache_v", np.float32, False)
@@ -412,17 +412,20 @@ def attention_decode(q, cache_k, cache_v, length, out=None):
     cdef int64_t n = _count(length, "length", 1)
     if n > max_len:
         raise ValueError(f"length: expected at most the cache's max_len={max_len}, got {n}")
+    cdef int64_t first = _count(start, "start", 0)
+    if first >= n:
+        raise ValueError(f"start: expected a position before length={n}, got {first}")
     cdef cnp.ndarray ao = _out(out, (b, nh * d), "out")
     _outputs_apart([("q", aq), ("cache_k", ak), ("cache_v", av)], [("out", ao)])
     cdef cnp.ndarray scores = np.empty(max(nh * n, 1), np.float32)
     cdef int64_t bb = b, h = nh, hk = nkv, hd = d, item = max_len * nkv * d
     cdef float scale = 1.0 / np.sqrt(np.float32(d))
     cdef const float *pq = _f32(aq)
-    cdef const float *pk = _f32(ak)
-    cdef const float *pv = _f32(av)
+    cdef const float *pk = _f32(ak) + first * hk * hd
+    cdef const float *pv = _f32(av) + first * hk * hd
     cdef float *po = _f32(ao)
     cdef float *ps = <float *>cnp.PyArray_DATA(scores)
     if b:
         with nogil:
-            _attention_decode(bb, h, hk, hd, n, pq, pk, pv, item, po, ps, scale)
+            _attention_decode(bb, h, hk, hd, n - first, pq, pk, pv, item, po, ps, scale)
     return ao

@@ -1,3 +1,5 @@
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -12,6 +14,9 @@ def dequantize(qtype: str | int, raw: npt.NDArray[np.generic], ncols: int, start
 def matmul(x: npt.NDArray[np.float32], qtype: str | int, raw: npt.NDArray[np.generic],
            out: npt.NDArray[np.float32] | None = ...,
            activations: str = ...) -> npt.NDArray[np.float32]: ...
+def matmul_many(x: npt.NDArray[np.float32],
+                weights: Sequence[tuple[str | int, npt.NDArray[np.generic]]],
+                activations: str = ...) -> list[npt.NDArray[np.float32]]: ...
 def quantize_q8_0_activations(
         x: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]: ...
 def gather(ids: npt.NDArray[np.int32], qtype: str | int, raw: npt.NDArray[np.generic],

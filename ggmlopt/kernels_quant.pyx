@@ -213,6 +213,53 @@ def matmul(x, qtype, raw, out=None, activations="f32"):
     return ao
 
 
+def matmul_many(x, weights, activations="f32"):
+    """The products of the same rows x (n, ncols) float32 by several weights,
+    ``weights`` a sequence of (qtype, raw) (at most 8), as one threaded job
+    over all their rows (a decode step's q, k and v): a list of float32 arrays
+    (n, rows of raw), each the same bits as matmul(x, qtype, raw,
+    activations=activations) alone."""
+    if activations not in ("f32", "q8_0"):
+        raise ValueError(f"activations: expected 'f32' or 'q8_0', got {activations!r}")
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    if ax.ndim != 2:
+        raise ValueError(f"x: expected shape (rows, ncols), got {(<object>ax).shape}")
+    weights = list(weights)
+    if not 1 <= len(weights) <= _k.GGMLOPT_QPRODUCTS_MAX:
+        raise ValueError(f"weights: expected 1 to {_k.GGMLOPT_QPRODUCTS_MAX} (qtype, raw) "
+                         f"pairs, got {len(weights)}")
+    cdef int64_t nx = ax.shape[0], ncols = ax.shape[1]
+    cdef _k.ggmlopt_qproduct p[8]
+    cdef int n = len(weights), m, q8 = 0
+    raws, outs = [], []
+    for m in range(n):
+        pair = weights[m]
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError(f"weights[{m}]: expected a (qtype, raw) pair, got "
+                            f"{type(pair).__name__}")
+        t = _qtype(pair[0])
+        if _k.quant_row_bytes(t, ncols) < 0:
+            raise ValueError(f"x: rows of {ncols} values are not whole {_NAMES[t]} blocks of "
+                             f"{_block(t)} values (weights[{m}])")
+        a = _raw(pair[1], t, ncols, f"weights[{m}]")
+        raws.append(a)
+        outs.append(np.empty((int(nx), int(a.shape[0])), np.float32))
+        q8 |= activations == "q8_0" and _NAMES[t] in Q8_ACTIVATION_TYPES
+        p[m].type = t
+        p[m].nout = a.shape[0]
+        p[m].w = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>a)
+        p[m].y = _f32(<cnp.ndarray>outs[m])
+        p[m].y_stride = a.shape[0]
+    cdef cnp.ndarray xqs = np.empty(max(nx * (ncols + 32), 1), np.int8)
+    cdef cnp.ndarray xd = np.empty(max(2 * nx * (ncols // 32), 1), np.float32)
+    cdef int8_t *pq = <int8_t *>cnp.PyArray_DATA(xqs)
+    cdef float *pd = <float *>cnp.PyArray_DATA(xd)
+    cdef const float *px = _f32(ax)
+    with nogil:
+        _k.quant_matmul_many(n, p, nx, ncols, px, ncols, q8, pq, pd, pd + nx * (ncols // 32))
+    return outs
+
+
 def quantize_q8_0_activations(x):
     """x (n, ncols) float32 rounded as matmul(..., activations="q8_0") rounds it:
     (quants int8 (n, ncols), scales float32 (n, ncols // 32)); ncols a multiple

@@ -85,3 +85,26 @@ def test_into_out_and_errors():
         ka.attention_decode(q.astype(np.float64), ck, ck, 2)
     with pytest.raises(ValueError, match="out"):
         ka.attention_decode(q, ck, ck, 2, out=np.empty((1, 31), np.float32))
+
+
+@pytest.mark.parametrize("b,max_len,start,length", [(1, 30, 25, 30), (2, 40, 7, 19),
+                                                    (3, 12, 11, 12), (1, 9, 0, 9)])
+def test_a_window_reads_only_its_positions(simd_path, b, max_len, start, length):
+    """start: positions start .. length-1 only (a sliding window), as a cache
+    holding just those; the positions outside are NaN and never read."""
+    rng = np.random.default_rng(start * 7 + length)
+    q = rng.standard_normal((b, 6, 20)).astype(np.float32)
+    ck = np.full((b, max_len, 2, 20), np.nan, np.float32)
+    cv = np.full((b, max_len, 2, 20), np.nan, np.float32)
+    ck[:, start:length] = rng.standard_normal((b, length - start, 2, 20))
+    cv[:, start:length] = rng.standard_normal((b, length - start, 2, 20))
+    got = ka.attention_decode(q, ck, cv, length, start=start)
+    want, bound = reference(q, ck[:, start:], cv[:, start:], length - start)
+    assert (np.abs(got - want) <= bound).all()
+    alone = ka.attention_decode(q, np.ascontiguousarray(ck[:, start:length]),
+                                np.ascontiguousarray(cv[:, start:length]), length - start)
+    np.testing.assert_array_equal(got, alone)
+    with pytest.raises(ValueError, match="start: expected a position before length"):
+        ka.attention_decode(q, ck, cv, length, start=length)
+    with pytest.raises(ValueError, match="start"):
+        ka.attention_decode(q, ck, cv, length, start=-1)

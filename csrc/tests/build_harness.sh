@@ -24,6 +24,7 @@ build_harness() {
         "csrc/threadpool.c:"
         "csrc/kernels_scalar.c:"
         "csrc/quantize_k.c:"
+        "csrc/decode_block.c:"
         "csrc/tests/harness.c:"
         "csrc/tests/test_public_api.c:"
         "csrc/tests/test_kernels.c:"
@@ -33,6 +34,7 @@ build_harness() {
         "csrc/tests/test_lm_layers.c:"
         "csrc/tests/test_attention.c:"
         "csrc/tests/test_quant.c:"
+        "csrc/tests/test_decode_block.c:"
     )
     case "$machine" in
         x86_64*) units+=("csrc/kernels_avx2.c:-mavx2 -mfma -mf16c"

@@ -31,6 +31,7 @@ void test_attention_public(void);
 /* test_quant.c */
 void test_quant_kernels(const ggmlopt_kernel_table *k);
 void test_quant_public(void);
+void test_decode_block_public(void);
 void test_quantize_k(void);
 
 static const ggmlopt_kernel_table *const SCALAR = &ggmlopt_kernels_scalar;
@@ -734,6 +735,7 @@ int main(int argc, char **argv) {
     test_attention_public();
     test_quant_public();
     test_quantize_k();
+    test_decode_block_public();
 
     printf("%d passed, %d failed\n", th_passed, th_failed);
     return th_failed ? 1 : 0;

@@ -436,6 +436,69 @@ void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *sca
 int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
                             int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                             int64_t y_stride, int8_t *xqs, float *xd, float *xsum);
+/* One product of ggmlopt_quant_matmul_many: y (nx rows of y_stride) = x times
+ * the transpose of w (nout rows of ncols values of type `type`). */
+typedef struct {
+    int type;
+    int64_t nout;
+    const uint8_t *w;
+    float *y;
+    int64_t y_stride;
+} ggmlopt_qproduct;
+#define GGMLOPT_QPRODUCTS_MAX 8
+/* The n (at most GGMLOPT_QPRODUCTS_MAX) products of the same rows x (nx, ncols;
+ * rows of x_stride) as one threaded job over all their weight rows: each y the
+ * same bits as ggmlopt_quant_matmul_q8 (q8 != 0, for a type it multiplies in
+ * integers) or ggmlopt_quant_matmul_f32 gives it alone.  With q8, xqs is
+ * scratch of nx * (ncols + 32) int8, xd and xsum of nx * ncols / 32 floats
+ * each (else they may be NULL).  Returns 0, -1 for a type or width
+ * ggmlopt_quant_row_bytes refuses, -3 for n out of range. */
+int ggmlopt_quant_matmul_many(int n, const ggmlopt_qproduct *products, int64_t nx,
+                              int64_t ncols, const float *x, int64_t x_stride, int q8,
+                              int8_t *xqs, float *xd, float *xsum);
+
+/* ---- a decode step of a Llama-layout block ------------------------------------ */
+
+/* A frozen weight of the block: nout rows of the block's input width in type
+ * `type` (as ggmlopt_quant_matmul_f32 reads them), and a bias (nout) or NULL. */
+typedef struct {
+    int type;
+    int64_t nout;
+    const uint8_t *w;
+    const float *bias;
+} ggmlopt_block_weight;
+
+/* Llama's pre-norm block (Mistral's, Qwen2's, Qwen3's, SmolLM's):
+ *     h = x + o(attention(rope(qnorm(q(n1))), rope(knorm(k(n1))), v(n1))), n1 = rmsnorm(x)
+ *     y = h + down(silu(gate(n2)) * up(n2)),                                n2 = rmsnorm(h)
+ * with grouped-query heads (query head h reads kv head h / (n_heads / n_kv_heads)). */
+typedef struct {
+    int64_t dim, n_heads, n_kv_heads, head_dim, ffn_dim;
+    float eps;                          /* every RMSNorm's */
+    const float *attn_norm, *ffn_norm;  /* (dim) */
+    const float *q_norm, *k_norm;       /* (head_dim): per-head RMSNorms, or both NULL */
+    ggmlopt_block_weight q, k, v, o, gate, up, down;
+    int64_t window;                     /* a query sees this many positions; 0: all */
+    int q8;                             /* activations rounded to Q8_0 (see quant_matmul_q8) */
+} ggmlopt_llama_block;
+
+/* Bytes of the work area ggmlopt_decode_block_f32 needs for batch rows over a
+ * cache of max_len positions; -1 for a block whose sizes do not fit together
+ * (heads not a multiple of kv heads, a weight's nout or type wrong). */
+int64_t ggmlopt_decode_block_work_size(const ggmlopt_llama_block *blk, int64_t batch,
+                                       int64_t max_len);
+/* One decode step of blk for batch sequences, each's new token at position
+ * pos: x (batch, dim) is the block's input and becomes its output; the new
+ * keys and values go to position pos of cache_k and cache_v (batch, max_len,
+ * n_kv_heads, head_dim), and the attention reads positions 0 .. pos (the last
+ * `window` of them).  cos, sin: the rotary tables ((> pos, head_dim / 2),
+ * ggmlopt_rope_f32's), or NULL for a block without RoPE.  work: 64-byte
+ * aligned, ggmlopt_decode_block_work_size bytes.  The same kernels in the same
+ * order as the layers one by one, so the same bits.  Returns 0, -1 as the
+ * work size, -2 for pos outside the cache. */
+int ggmlopt_decode_block_f32(const ggmlopt_llama_block *blk, int64_t batch, int64_t pos,
+                             float *x, float *cache_k, float *cache_v, int64_t max_len,
+                             const float *cos, const float *sin, void *work);
 /* nrows rows of ncols float32 values (src, rows of ncols) quantized to type
  * Q4_K (12), Q5_K (13) or Q6_K (14) into dst (rows of
  * ggmlopt_quant_row_bytes(type, ncols)), byte for byte as ggml's

@@ -117,13 +117,15 @@ def attend_cached(q, cache_k, cache_v, pos, window=None):
     positions pos .. pos+t-1, over the cached keys and values of positions
     0 .. pos+t-1 (grouped-query: query head h reads kv head h // group); with
     window, query i sees the keys i - window + 1 .. i only.
-    Returns (batch, t, n_heads * head_dim) float32.  Generation's step: t is
-    small, so the scores (t x pos+t per head) are plain NumPy."""
+    Returns (batch, t, n_heads * head_dim) float32.  A decode step (t = 1) is
+    one fused kernel; a few tokens' scores (t x pos+t per head) are plain NumPy."""
     b, t, n_heads, hd = q.shape
     n_kv = cache_k.shape[2]
-    if t == 1 and (window is None or window > pos):   # a decode step: one fused kernel
+    if t == 1:
+        first = 0 if window is None else max(0, pos + 1 - window)
         return kernels_attention.attention_decode(
-            q.reshape(b, n_heads, hd), cache_k, cache_v, pos + 1).reshape(b, 1, n_heads * hd)
+            q.reshape(b, n_heads, hd), cache_k, cache_v, pos + 1,
+            start=first).reshape(b, 1, n_heads * hd)
     group = n_heads // n_kv
     keys = cache_k[:, :pos + t]                       # (b, L, kv, hd)
     values = cache_v[:, :pos + t]

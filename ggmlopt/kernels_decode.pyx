@@ -1,0 +1,225 @@
+# cython: language_level=3
+"""A decode step of a Llama-layout block in one C call (ggmlopt.h's
+``ggmlopt_decode_block_f32``): the kernels a LlamaDecoderLayer's ``decode``
+calls one by one (norms, the q/k/v products, RoPE, the cache's new row,
+attention, the output product, the MLP), for one new token of each of a few
+sequences, over frozen weights kept in their file's types.  Decoding a small
+model is a few hundred calls a token of a few microseconds each: in one C call
+a block pays none of the interpreter's round trips, and its q, k and v (and
+its gate and up) are one threaded product.
+
+``LlamaBlockStep`` holds one block's weights (checked once, kept alive while it
+lives); ``step`` runs a token.  The C-level form is ``kernels.decode_block_f32``.
+"""
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int64_t, uint8_t
+
+from ggmlopt cimport kernels as _k
+from ggmlopt._kernel_args cimport as_array as _array
+from ggmlopt._kernel_args cimport f32_ptr as _f32
+
+from ggmlopt import kernels_quant
+
+cnp.import_array()
+
+_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def _vector(a, n, name):
+    """a as a C-contiguous float32 array of n values (kept by the caller)."""
+    cdef cnp.ndarray v = _array(a, name, np.float32, False)
+    if (<object>v).shape != (n,):
+        raise ValueError(f"{name}: expected shape ({n},), got {(<object>v).shape}")
+    return v
+
+
+cdef class LlamaBlockStep:
+    """LlamaBlockStep(projections, attn_norm, ffn_norm, *, n_heads, n_kv_heads,
+    eps, q_norm=None, k_norm=None, window=None, activations="f32")
+
+    One Llama-layout block's frozen weights for decode steps.  projections: a
+    mapping of "q", "k", "v", "o", "gate", "up", "down" to (qtype, raw, bias):
+    raw the C-contiguous rows of the weight's transpose in qtype (a
+    QuantizedLinear's ``qweight``), bias None or float32 (rows,).  attn_norm,
+    ffn_norm: the two RMSNorms' weights (dim,); q_norm, k_norm: the per-head
+    RMSNorms' (head_dim,), or None; eps: every norm's.  window: None, or a
+    sliding window of that many positions.  activations: "f32", or "q8_0" (the
+    types with integer products multiply activations rounded to Q8_0, as
+    kernels_quant.matmul's).  ValueError or TypeError naming the argument when
+    the shapes do not fit one block.
+    """
+
+    cdef _k.ggmlopt_llama_block blk
+    cdef object kept      # the arrays blk points into
+    cdef object work      # the step's work area, made for (batch, max_len)
+    cdef object work_for
+    cdef readonly int64_t dim, n_heads, n_kv_heads, head_dim, ffn_dim
+
+    def __init__(self, projections, attn_norm, ffn_norm, *, n_heads, n_kv_heads, eps,
+                 q_norm=None, k_norm=None, window=None, activations="f32"):
+        if activations not in ("f32", "q8_0"):
+            raise ValueError(f"activations: expected 'f32' or 'q8_0', got {activations!r}")
+        for name, v in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads: n_heads {n_heads} is not a multiple of {n_kv_heads}")
+        if window is not None and (isinstance(window, bool) or
+                                   not isinstance(window, (int, np.integer)) or window < 1):
+            raise ValueError(f"window: expected None or an int >= 1, got {window!r}")
+        missing = [p for p in _PROJECTIONS if p not in projections]
+        if missing:
+            raise ValueError(f"projections: expected {', '.join(_PROJECTIONS)}; missing "
+                             f"{', '.join(missing)}")
+        an = _array(attn_norm, "attn_norm", np.float32, False)
+        if an.ndim != 1:
+            raise ValueError(f"attn_norm: expected shape (dim,), got {(<object>an).shape}")
+        dim = an.shape[0]
+        rows = {p: _raw_rows(projections[p], p) for p in _PROJECTIONS}
+        nq, kv, ffn = rows["q"], rows["k"], rows["gate"]
+        if nq % n_heads or kv != nq // n_heads * n_kv_heads:
+            raise ValueError(f"projections: q's {nq} and k's {kv} rows are not {n_heads} and "
+                             f"{n_kv_heads} heads of one width")
+        hd = nq // n_heads
+        want = {"q": (nq, dim), "k": (kv, dim), "v": (kv, dim), "o": (dim, nq),
+                "gate": (ffn, dim), "up": (ffn, dim), "down": (dim, ffn)}
+        kept = [an, _vector(ffn_norm, dim, "ffn_norm")]
+        cdef _k.ggmlopt_block_weight *w
+        cdef _k.ggmlopt_block_weight *ws[7]
+        ws[:] = [&self.blk.q, &self.blk.k, &self.blk.v, &self.blk.o, &self.blk.gate,
+                 &self.blk.up, &self.blk.down]
+        for i, p in enumerate(_PROJECTIONS):
+            qtype, raw, bias = projections[p]
+            nout, ncols = want[p]
+            try:
+                kernels_quant.row_bytes(qtype, ncols)
+            except ValueError as e:
+                raise ValueError(f"projections[{p!r}]: {e}") from None
+            a = _checked_raw(qtype, raw, nout, ncols, p)
+            w = ws[i]
+            w.type = kernels_quant.QTYPES[qtype.upper()] if isinstance(qtype, str) else int(qtype)
+            w.nout = nout
+            w.w = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>a)
+            w.bias = NULL
+            kept.append(a)
+            if bias is not None:
+                b = _vector(bias, nout, f"projections[{p!r}] bias")
+                w.bias = _f32(<cnp.ndarray>b)
+                kept.append(b)
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("q_norm, k_norm: expected both or neither")
+        self.blk.q_norm = self.blk.k_norm = NULL
+        if q_norm is not None:
+            qn, kn = _vector(q_norm, hd, "q_norm"), _vector(k_norm, hd, "k_norm")
+            self.blk.q_norm, self.blk.k_norm = _f32(<cnp.ndarray>qn), _f32(<cnp.ndarray>kn)
+            kept += [qn, kn]
+        self.blk.attn_norm = _f32(<cnp.ndarray>kept[0])
+        self.blk.ffn_norm = _f32(<cnp.ndarray>kept[1])
+        self.blk.dim, self.blk.n_heads, self.blk.n_kv_heads = dim, n_heads, n_kv_heads
+        self.blk.head_dim, self.blk.ffn_dim = hd, ffn
+        self.blk.eps = eps
+        self.blk.window = 0 if window is None else window
+        self.blk.q8 = activations == "q8_0"
+        if _k.decode_block_work_size(&self.blk, 1, 1) < 0:
+            raise ValueError("projections: the weights do not make one block (head_dim must "
+                             "be even)")
+        self.kept = kept
+        self.dim, self.n_heads, self.n_kv_heads, self.head_dim, self.ffn_dim = \
+            dim, n_heads, n_kv_heads, hd, ffn
+        self.work = None
+        self.work_for = None
+
+    def step(self, x, cache_k, cache_v, pos, cos=None, sin=None):
+        """The block's decode step, in place: x float32 (batch, dim) C-contiguous,
+        the new token of each sequence, becomes the block's output; its key and
+        value go to position pos of cache_k and cache_v (batch, max_len,
+        n_kv_heads, head_dim) float32 C-contiguous, and the attention reads
+        positions 0 .. pos.  cos, sin: the rotary tables (at least pos + 1 rows
+        of head_dim // 2; RotaryEmbedding.tables), or None for no RoPE.
+        Returns x."""
+        cdef cnp.ndarray ax = _array(x, "x", np.float32, True)
+        cdef cnp.ndarray ak = _array(cache_k, "cache_k", np.float32, True)
+        cdef cnp.ndarray av = _array(cache_v, "cache_v", np.float32, True)
+        if ax.ndim != 2 or ax.shape[1] != self.dim:
+            raise ValueError(f"x: expected shape (batch, {self.dim}), got {(<object>ax).shape}")
+        cdef int64_t batch = ax.shape[0]
+        if (ak.ndim != 4 or ak.shape[0] != batch or ak.shape[2] != self.n_kv_heads
+                or ak.shape[3] != self.head_dim):
+            raise ValueError(f"cache_k: expected shape ({batch}, max_len, {self.n_kv_heads}, "
+                             f"{self.head_dim}), got {(<object>ak).shape}")
+        if (<object>av).shape != (<object>ak).shape:
+            raise ValueError(f"cache_v: expected the shape of cache_k {(<object>ak).shape}, got "
+                             f"{(<object>av).shape}")
+        cdef int64_t max_len = ak.shape[1]
+        if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)):
+            raise TypeError(f"pos: expected an int, got {type(pos).__name__}")
+        if not 0 <= pos < max_len:
+            raise ValueError(f"pos: expected 0 <= pos < max_len={max_len}, got {pos}")
+        cdef const float *pc = NULL
+        cdef const float *ps = NULL
+        cdef cnp.ndarray ac, as_
+        if (cos is None) != (sin is None):
+            raise ValueError("cos, sin: expected both or neither")
+        if cos is not None:
+            ac = _array(cos, "cos", np.float32, False)
+            as_ = _array(sin, "sin", np.float32, False)
+            if (ac.ndim != 2 or ac.shape[0] <= pos or ac.shape[1] != self.head_dim // 2
+                    or (<object>as_).shape != (<object>ac).shape):
+                raise ValueError(f"cos, sin: expected equal shapes (> {pos}, "
+                                 f"{self.head_dim // 2}), got {(<object>ac).shape} and {(<object>as_).shape}")
+            pc, ps = _f32(ac), _f32(as_)
+        _apart(ax, ak, av)
+        if self.work_for != (batch, max_len):
+            size = _k.decode_block_work_size(&self.blk, batch, max_len)
+            buf = np.empty(size + 64, np.uint8)
+            start = (-buf.ctypes.data) % 64
+            self.work = buf[start:start + size]
+            self.work_for = (batch, max_len)
+        cdef void *work = cnp.PyArray_DATA(<cnp.ndarray>self.work)
+        cdef int64_t p = pos
+        cdef float *px = _f32(ax)
+        cdef float *pk = _f32(ak)
+        cdef float *pv = _f32(av)
+        with nogil:
+            _k.decode_block_f32(&self.blk, batch, p, px, pk, pv, max_len, pc, ps, work)
+        return ax
+
+
+cdef _apart(cnp.ndarray x, cnp.ndarray k, cnp.ndarray v):
+    """ValueError when x, cache_k and cache_v share memory (each is written)."""
+    cdef list named = [("x", x), ("cache_k", k), ("cache_v", v)]
+    cdef char *a0
+    cdef char *b0
+    for i in range(3):
+        for j in range(i + 1, 3):
+            a0 = <char *>cnp.PyArray_DATA(<cnp.ndarray>named[i][1])
+            b0 = <char *>cnp.PyArray_DATA(<cnp.ndarray>named[j][1])
+            if a0 < b0 + cnp.PyArray_NBYTES(<cnp.ndarray>named[j][1]) and \
+                    b0 < a0 + cnp.PyArray_NBYTES(<cnp.ndarray>named[i][1]):
+                raise ValueError(f"{named[i][0]} and {named[j][0]} overlap in memory; they "
+                                 f"must be distinct arrays")
+
+
+def _raw_rows(entry, name):
+    """The row count of a projection's (qtype, raw, bias) entry."""
+    if not isinstance(entry, tuple) or len(entry) != 3:
+        raise TypeError(f"projections[{name!r}]: expected (qtype, raw, bias), got "
+                        f"{type(entry).__name__}")
+    raw = entry[1]
+    if not isinstance(raw, np.ndarray) or raw.ndim != 2:
+        raise ValueError(f"projections[{name!r}]: expected raw rows as a 2-D numpy array, got "
+                         f"{getattr(raw, 'shape', type(raw).__name__)}")
+    return raw.shape[0]
+
+
+def _checked_raw(qtype, raw, nout, ncols, name):
+    """raw checked as nout C-contiguous rows of ncols values of qtype."""
+    want = kernels_quant.row_bytes(qtype, ncols)
+    if raw.shape[0] != nout or raw.shape[1] * raw.itemsize != want or \
+            not raw.flags.c_contiguous:
+        raise ValueError(f"projections[{name!r}]: expected {nout} C-contiguous rows of {want} "
+                         f"bytes ({ncols} {qtype} values), got shape {raw.shape} of "
+                         f"{raw.dtype}")
+    return raw

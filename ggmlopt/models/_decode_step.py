@@ -1,0 +1,106 @@
+"""A Llama-layout block's decode step in one C call (kernels_decode.LlamaBlockStep)
+when its parts are the ones that call reads: RMSNorms, a CausalSelfAttention
+without Gemma's query scale, a SwiGLU, and seven QuantizedLinear projections (a
+base kept in its file's types, ``load_gguf(..., keep_types=True)``) multiplying
+their activations one way.  Any other block (float32 Linear weights, LoRA
+adapters, other norms) decodes layer by layer as before; both give the same
+bits.
+
+The step object is made once per block and kept beside it (not on it: a model
+pickles and copies without it); it is made again whenever a part it read has
+changed (an adapter applied, a norm's weight replaced, set_activations)."""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ..kernels_decode import LlamaBlockStep
+from ..nn.attention import CausalSelfAttention, RotaryEmbedding
+from ..nn.mlp import SwiGLU
+from ..nn.norm import RMSNorm
+from ..nn.quantized import FEW_ROWS, QuantizedLinear, _activations
+
+# block -> (the parts the step read, the step)
+_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _projections(attn, mlp):
+    return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+            mlp.down_proj)
+
+
+def _parts_read(block):
+    """Everything a step of block reads, as a tuple compared by identity, or
+    None when block's parts are not the ones a step takes."""
+    norm1, attn, norm2, mlp = block._parts()
+    if (type(norm1) is not RMSNorm or type(norm2) is not RMSNorm or type(mlp) is not SwiGLU
+            or type(attn) is not CausalSelfAttention or attn.query_scale is not None):
+        return None
+    if attn.rotary is not None and type(attn.rotary) is not RotaryEmbedding:
+        return None
+    norms = [norm1, norm2]
+    if attn.q_norm is not None:
+        norms += [attn.q_norm, attn.k_norm]
+        if type(attn.q_norm) is not RMSNorm or type(attn.k_norm) is not RMSNorm:
+            return None
+    if any(n.eps != norm1.eps for n in norms):
+        return None
+    projections = _projections(attn, mlp)
+    if any(type(p) is not QuantizedLinear for p in projections):
+        return None
+    activations = {_activations(p) for p in projections}
+    if len(activations) != 1:
+        return None
+    parts = [*norms, *(n.weight.data for n in norms), norm1.eps, attn.rotary,
+             attn.sliding_window, *activations]
+    for p in projections:
+        parts += [p, p.qweight, p.qtype, p.bias, None if p.bias is None else p.bias.data]
+    return tuple(parts)
+
+
+def _same(a, b):
+    """Whether two _parts_read tuples name the same objects (and equal values)."""
+    return len(a) == len(b) and all(
+        x is y or (isinstance(x, (str, int, float)) and type(x) is type(y) and x == y)
+        for x, y in zip(a, b))
+
+
+def block_step(block) -> LlamaBlockStep | None:
+    """The LlamaBlockStep of block's parts as they are now, or None when they
+    are not the ones it takes."""
+    parts = _parts_read(block)
+    if parts is None:
+        return None
+    kept = _steps.get(block)
+    if kept is not None and _same(kept[0], parts):
+        return kept[1]
+    norm1, attn, norm2, mlp = block._parts()
+    names = ("q", "k", "v", "o", "gate", "up", "down")
+    projections = {name: (p.qtype, p.qweight, None if p.bias is None else p.bias.data)
+                   for name, p in zip(names, _projections(attn, mlp))}
+    q_norm = None if attn.q_norm is None else attn.q_norm.weight.data
+    k_norm = None if attn.k_norm is None else attn.k_norm.weight.data
+    step = LlamaBlockStep(projections, norm1.weight.data, norm2.weight.data,
+                          n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, eps=norm1.eps,
+                          q_norm=q_norm, k_norm=k_norm, window=attn.sliding_window,
+                          activations=_activations(attn.q_proj))
+    _steps[block] = (parts, step)
+    return step
+
+
+def decode_in_one_call(block, x, cache_k, cache_v, pos):
+    """block.decode's result for x (batch, 1, dim), batch <= FEW_ROWS (the
+    products of more rows go through panels and BLAS), in one
+    C call, or None when block's parts are not the ones it takes."""
+    b, t, d = x.shape
+    if t != 1 or b > FEW_ROWS:
+        return None
+    step = block_step(block)
+    if step is None:
+        return None
+    rotary = block._parts()[1].rotary
+    cos, sin = (None, None) if rotary is None else rotary.tables(pos + 1)
+    y = np.array(x, dtype=np.float32, copy=True).reshape(b, d)
+    step.step(y, cache_k, cache_v, pos, cos, sin)
+    return y.reshape(b, 1, d)
