@@ -11,7 +11,7 @@ import pytest
 import ggmlopt
 from ggmlopt import kernels
 from ggmlopt import kernels_quant as kq
-from ggmlopt.nn.quantized import QuantizedEmbedding, QuantizedLinear, set_activations
+from ggmlopt.nn.quantized import FEW_ROWS, QuantizedEmbedding, QuantizedLinear, set_activations
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
@@ -174,7 +174,7 @@ def test_layers_multiply_so_when_set_and_not_training():
     q5k = QuantizedLinear(kq.quantize(np.ones((3, 256), np.float32), "Q5_K"), "Q5_K", 256, 3)
     x = rng.standard_normal((1, 96)).astype(np.float32)
     exact = layer(x)
-    many = rng.standard_normal((9, 96)).astype(np.float32)
+    many = rng.standard_normal((FEW_ROWS + 1, 96)).astype(np.float32)
     exact_many = layer(many)
     assert layer.activations == "f32" and emb.activations == "f32"
     model = ggmlopt.nn.Sequential(layer, emb, q5k)
