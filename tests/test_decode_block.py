@@ -2,7 +2,7 @@
 taken by LlamaDecoderLayer.decode over a base kept in its file's types): the same
 bits as the layers called one by one, for every family with that block (Llama,
 Qwen2's biases, Qwen3's q/k norms, Mistral's window, SmolLM3's layers without
-RoPE), both activation settings, one and several sequences, every SIMD path;
+RoPE, Phi-3's fused projections), both activation settings, one and several sequences, every SIMD path;
 within float32 rounding of a float64 block; the layer-by-layer path wherever the
 parts are others (float32 weights, adapters); the products of one input by
 several weights (kernels_quant.matmul_many) the same bits as one by one."""
@@ -15,9 +15,21 @@ import pytest
 from ggmlopt import kernels_quant as kq
 from ggmlopt import lora
 from ggmlopt.kernels_decode import LlamaBlockStep
-from ggmlopt.models import (Llama, LlamaConfig, Mistral, MistralConfig, Qwen2, Qwen2Config,
-                            Qwen3, Qwen3Config, SmolLM3, SmolLM3Config)
-from ggmlopt.models import _decode_step
+from ggmlopt.models import (
+    Llama,
+    LlamaConfig,
+    Mistral,
+    MistralConfig,
+    Phi3,
+    Phi3Config,
+    Qwen2,
+    Qwen2Config,
+    Qwen3,
+    Qwen3Config,
+    SmolLM3,
+    SmolLM3Config,
+    _decode_step,
+)
 from ggmlopt.nn import Linear, QuantizedLinear
 from ggmlopt.nn.quantized import set_activations
 
@@ -25,16 +37,18 @@ gguf = pytest.importorskip("gguf")
 U = 2.0 ** -24
 # a Q4_K_M file's mix over one block: K types, 32-value types, one without integer products
 MIX = {"q_proj": "Q4_K", "k_proj": "Q8_0", "v_proj": "Q6_K", "o_proj": "Q4_0",
-       "gate_proj": "Q4_K", "up_proj": "F16", "down_proj": "Q6_K"}
+       "gate_proj": "Q4_K", "up_proj": "F16", "down_proj": "Q6_K",
+       "qkv_proj": "Q8_0", "gate_up_proj": "Q4_K"}   # Phi-3's fused ones
 
-SHAPE = dict(vocab_size=97, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512,
-             max_seq_len=64)
+SHAPE = {"vocab_size": 97, "dim": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+         "ffn_dim": 512, "max_seq_len": 64}
 FAMILIES = {
     "llama": lambda: Llama(LlamaConfig(**SHAPE), seed=1),
     "qwen2-biases": lambda: Qwen2(Qwen2Config(**SHAPE), seed=2),
     "qwen3-qk-norms": lambda: Qwen3(Qwen3Config(**SHAPE), seed=3),
     "mistral-window-3": lambda: Mistral(MistralConfig(**SHAPE, sliding_window=3), seed=4),
     "smollm3-nope": lambda: SmolLM3(SmolLM3Config(**dict(SHAPE, n_layers=4)), seed=5),
+    "phi3-fused": lambda: Phi3(Phi3Config(**SHAPE, sliding_window=5), seed=6),
 }
 
 
@@ -63,7 +77,8 @@ def keep_types(model):
                 if hasattr(part, name):
                     setattr(part, name, quantized(getattr(part, name), qtype, rng))
         for norm in (layer.input_layernorm, layer.post_attention_layernorm,
-                     layer.self_attn.q_norm, layer.self_attn.k_norm):
+                     getattr(layer.self_attn, "q_norm", None),
+                     getattr(layer.self_attn, "k_norm", None)):
             if norm is not None:
                 norm.weight.data[...] = rng.uniform(0.5, 1.5, norm.weight.data.shape)
     return model
@@ -116,7 +131,8 @@ def reference_block(layer, x, cache_k, cache_v, pos):
     is far from reached: the rows' mean squares are O(1))."""
     attn, mlp = layer.self_attn, layer.mlp
     w = {n: getattr(attn if n.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else mlp,
-                    n).dequantize().astype(np.float64) for n in MIX}
+                    n).dequantize().astype(np.float64) for n in MIX if "_proj" in n
+         and n not in ("qkv_proj", "gate_up_proj")}
     x = x.astype(np.float64)
 
     def norm(v, weight, eps):
@@ -128,7 +144,7 @@ def reference_block(layer, x, cache_k, cache_v, pos):
     hd, nh, nkv = attn.head_dim, attn.n_heads, attn.n_kv_heads
     q, k, v = q.reshape(nh, hd), k.reshape(nkv, hd), v.reshape(nkv, hd)
     cos, sin = (a[pos].astype(np.float64) for a in attn.rotary.tables(pos + 1))
-    rot = lambda t: np.concatenate([t[:, :hd // 2] * cos - t[:, hd // 2:] * sin,  # noqa: E731
+    rot = lambda t: np.concatenate([t[:, :hd // 2] * cos - t[:, hd // 2:] * sin,
                                     t[:, hd // 2:] * cos + t[:, :hd // 2] * sin], axis=1)
     q, k = rot(q), rot(k)
     keys = np.concatenate([cache_k[:pos].astype(np.float64), k[None]], axis=0)

@@ -1,8 +1,10 @@
 """A Llama-layout block's decode step in one C call (kernels_decode.LlamaBlockStep)
-when its parts are the ones that call reads: RMSNorms, a CausalSelfAttention
-without Gemma's query scale, a SwiGLU, and seven QuantizedLinear projections (a
-base kept in its file's types, ``load_gguf(..., keep_types=True)``) multiplying
-their activations one way.  Any other block (float32 Linear weights, LoRA
+when its parts are the ones that call reads: RMSNorms, attention without Gemma's
+query scale, a SwiGLU, and q, k, v, o, gate, up and down projections all in
+QuantizedLinear layers (a base kept in its file's types, ``load_gguf(...,
+keep_types=True)``), multiplying their activations one way.  A block names the
+weight rows of each (``step_projections``): Llama's seven layers, or Phi-3's
+fused q|k|v and gate|up cut into row ranges.  Any other block (float32 Linear weights, LoRA
 adapters, other norms) decodes layer by layer as before; both give the same
 bits.
 
@@ -16,8 +18,7 @@ import weakref
 import numpy as np
 
 from ..kernels_decode import LlamaBlockStep
-from ..nn.attention import CausalSelfAttention, RotaryEmbedding
-from ..nn.mlp import SwiGLU
+from ..nn.attention import RotaryEmbedding
 from ..nn.norm import RMSNorm
 from ..nn.quantized import FEW_ROWS, QuantizedLinear, _activations
 
@@ -25,37 +26,34 @@ from ..nn.quantized import FEW_ROWS, QuantizedLinear, _activations
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _projections(attn, mlp):
-    return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
-            mlp.down_proj)
-
-
 def _parts_read(block):
     """Everything a step of block reads, as a tuple compared by identity, or
     None when block's parts are not the ones a step takes."""
-    norm1, attn, norm2, mlp = block._parts()
-    if (type(norm1) is not RMSNorm or type(norm2) is not RMSNorm or type(mlp) is not SwiGLU
-            or type(attn) is not CausalSelfAttention or attn.query_scale is not None):
+    norm1, attn, norm2, _ = block._parts()
+    if (type(norm1) is not RMSNorm or type(norm2) is not RMSNorm
+            or getattr(attn, "query_scale", None) is not None):
         return None
     if attn.rotary is not None and type(attn.rotary) is not RotaryEmbedding:
         return None
     norms = [norm1, norm2]
-    if attn.q_norm is not None:
-        norms += [attn.q_norm, attn.k_norm]
-        if type(attn.q_norm) is not RMSNorm or type(attn.k_norm) is not RMSNorm:
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    if q_norm is not None:
+        norms += [q_norm, k_norm]
+        if type(q_norm) is not RMSNorm or type(k_norm) is not RMSNorm:
             return None
     if any(n.eps != norm1.eps for n in norms):
         return None
-    projections = _projections(attn, mlp)
-    if any(type(p) is not QuantizedLinear for p in projections):
+    rows = block.step_projections()
+    if rows is None or any(type(p) is not QuantizedLinear for p, _, _ in rows):
         return None
-    activations = {_activations(p) for p in projections}
+    activations = {_activations(p) for p, _, _ in rows}
     if len(activations) != 1:
         return None
     parts = [*norms, *(n.weight.data for n in norms), norm1.eps, attn.rotary,
              attn.sliding_window, *activations]
-    for p in projections:
-        parts += [p, p.qweight, p.qtype, p.bias, None if p.bias is None else p.bias.data]
+    for p, first, count in rows:
+        parts += [p, p.qweight, p.qtype, p.bias, None if p.bias is None else p.bias.data,
+                  first, count]
     return tuple(parts)
 
 
@@ -75,16 +73,19 @@ def block_step(block) -> LlamaBlockStep | None:
     kept = _steps.get(block)
     if kept is not None and _same(kept[0], parts):
         return kept[1]
-    norm1, attn, norm2, mlp = block._parts()
+    norm1, attn, norm2, _ = block._parts()
     names = ("q", "k", "v", "o", "gate", "up", "down")
-    projections = {name: (p.qtype, p.qweight, None if p.bias is None else p.bias.data)
-                   for name, p in zip(names, _projections(attn, mlp))}
-    q_norm = None if attn.q_norm is None else attn.q_norm.weight.data
-    k_norm = None if attn.k_norm is None else attn.k_norm.weight.data
+    projections = {}
+    for name, (p, first, count) in zip(names, block.step_projections()):
+        bias = None if p.bias is None else p.bias.data[first:first + count]
+        projections[name] = (p.qtype, p.qweight[first:first + count], bias)
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    q_norm = None if q_norm is None else q_norm.weight.data
+    k_norm = None if k_norm is None else k_norm.weight.data
     step = LlamaBlockStep(projections, norm1.weight.data, norm2.weight.data,
                           n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, eps=norm1.eps,
                           q_norm=q_norm, k_norm=k_norm, window=attn.sliding_window,
-                          activations=_activations(attn.q_proj))
+                          activations=_activations(block.step_projections()[0][0]))
     _steps[block] = (parts, step)
     return step
 

@@ -49,6 +49,17 @@ class LlamaDecoderLayer(PreNormBlock):
     def _parts(self):
         return self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp
 
+    def step_projections(self):
+        """(layer, first row, rows) of the q, k, v, o, gate, up and down weights,
+        for a decode step in one call (models._decode_step); None when the
+        attention or the MLP is another kind (a subclass's)."""
+        attn, mlp = self.self_attn, self.mlp
+        if type(attn) is not CausalSelfAttention or type(mlp) is not SwiGLU:
+            return None
+        return [(p, 0, p.out_features) for p in (attn.q_proj, attn.k_proj, attn.v_proj,
+                                                   attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                                                   mlp.down_proj)]
+
     def decode(self, x, cache_k, cache_v, pos):
         """forward for t new positions at pos.., reading and extending the cache."""
         y = decode_in_one_call(self, x, cache_k, cache_v, pos)

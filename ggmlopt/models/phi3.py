@@ -25,6 +25,7 @@ from ..nn.linear import Linear
 from ..nn.module import Module
 from ..nn.norm import RMSNorm
 from ._causal_lm import PreNormBlock, attend_cached, normal_init
+from ._decode_step import decode_in_one_call
 from ._hf_config import LLAMA_KEYS, check_keys, llama_fields, llama_hf_config, no_dropout
 from .family import Family
 from .llama import INIT_STD, Llama, with_layers
@@ -169,8 +170,21 @@ class Phi3DecoderLayer(PreNormBlock):
     def _parts(self):
         return self.input_layernorm, self.self_attn, self.post_attention_layernorm, self.mlp
 
+    def step_projections(self):
+        """LlamaDecoderLayer.step_projections: q, k and v are row ranges of
+        qkv_proj, gate and up of gate_up_proj."""
+        attn, mlp = self.self_attn, self.mlp
+        qkv, gate_up = attn.qkv_proj, mlp.gate_up_proj
+        nq, kv, hidden = attn.q_width, attn.kv_width, mlp.hidden
+        return [(qkv, 0, nq), (qkv, nq, kv), (qkv, nq + kv, kv),
+                (attn.o_proj, 0, attn.o_proj.out_features), (gate_up, 0, hidden),
+                (gate_up, hidden, hidden), (mlp.down_proj, 0, mlp.down_proj.out_features)]
+
     def decode(self, x, cache_k, cache_v, pos):
         """forward for t new positions at pos.., reading and extending the cache."""
+        y = decode_in_one_call(self, x, cache_k, cache_v, pos)
+        if y is not None:   # a base kept in its file's types: the whole block in C
+            return y
         attn = self.self_attn
         b, t, d = x.shape
         rows = self.input_layernorm.forward(x).reshape(b * t, d)
