@@ -32,6 +32,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 WIDE_REGISTER = r"%[yz]mm\d"
+BASELINE_SOURCES = ["csrc/decode_block.c", "csrc/dispatch.c", "csrc/kernels_scalar.c",
+                    "csrc/quantize_k.c", "csrc/threadpool.c"]
 
 
 def setup_py_flags():
@@ -105,15 +107,11 @@ def wide_instructions(disassembly):
 
 def test_setup_py_compiles_every_baseline_source_checked_here():
     _, sources, isa = setup_py_flags()
-    assert sorted(sources) == ["csrc/dispatch.c", "csrc/kernels_scalar.c", "csrc/quantize_k.c",
-                               "csrc/threadpool.c"]
+    assert sorted(sources) == BASELINE_SOURCES
     assert list(isa) == ["csrc/kernels_avx2.c", "csrc/kernels_avx512.c"]
 
 
-@pytest.mark.parametrize(
-    "source", ["csrc/dispatch.c", "csrc/kernels_scalar.c", "csrc/quantize_k.c",
-               "csrc/threadpool.c"]
-)
+@pytest.mark.parametrize("source", BASELINE_SOURCES)
 def test_baseline_object_holds_no_avx(source, tmp_path):
     wide = wide_instructions(compile_and_disassemble(source, [], tmp_path))
     assert not wide, f"{source} compiled with baseline flags uses AVX: {wide[:10]}"
