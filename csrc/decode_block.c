@@ -17,10 +17,16 @@
 
 /* the work area's parts, each rounded up to whole cache lines */
 typedef struct {
-    float *normed, *q, *attended, *out, *gate, *up, *rstd, *scores, *xd, *xsum;
+    float *normed, *q, *attended, *out, *gate, *up, *rstd, *scores, *xd, *xsum, *lora_t;
     int8_t *xqs;
     int64_t bytes;
 } block_work;
+
+static const ggmlopt_block_weight *weight_of(const ggmlopt_llama_block *blk, int m) {
+    const ggmlopt_block_weight *ws[7] = {&blk->q, &blk->k, &blk->v, &blk->o,
+                                         &blk->gate, &blk->up, &blk->down};
+    return ws[m];
+}
 
 static int64_t lines(int64_t bytes) { return (bytes + 63) & ~(int64_t)63; }
 
@@ -34,12 +40,16 @@ static block_work work_layout(const ggmlopt_llama_block *blk, int64_t batch, int
                               char *base) {
     const int64_t nq = blk->n_heads * blk->head_dim;
     const int64_t widest = max3(blk->dim, nq, blk->ffn_dim);   /* a product's input */
+    int64_t rank = 0;   /* the largest adapter's */
+    for (int m = 0; m < 7; ++m)
+        if (weight_of(blk, m)->lora_a != NULL && weight_of(blk, m)->rank > rank)
+            rank = weight_of(blk, m)->rank;
     const int64_t sizes[] = {
         batch * blk->dim * 4, batch * nq * 4, batch * nq * 4, batch * blk->dim * 4,
         batch * blk->ffn_dim * 4, batch * blk->ffn_dim * 4,
         batch * (blk->n_heads > blk->n_kv_heads ? blk->n_heads : blk->n_kv_heads) * 4,
         blk->n_heads * max_len * 4, batch * (widest / 32 + 1) * 4, batch * (widest / 32 + 1) * 4,
-        batch * (widest + 32),
+        rank * 4, batch * (widest + 32),
     };
     void *parts[sizeof sizes / sizeof sizes[0]];
     int64_t at = 0;
@@ -48,11 +58,14 @@ static block_work work_layout(const ggmlopt_llama_block *blk, int64_t batch, int
         at += lines(sizes[i]);
     }
     block_work w = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6],
-                    parts[7], parts[8], parts[9], parts[10], at};
+                    parts[7], parts[8], parts[9], parts[10], parts[11], at};
     return w;
 }
 
 static int weight_ok(const ggmlopt_block_weight *w, int64_t nout, int64_t ncols) {
+    if (w->lora_a != NULL &&
+        (w->lora_b == NULL || w->rank < 1 || w->lora_b_stride < nout || !isfinite(w->lora_scale)))
+        return 0;
     return w->w != NULL && w->nout == nout && ggmlopt_quant_row_bytes(w->type, ncols) >= 0;
 }
 
@@ -80,7 +93,31 @@ static void add_bias(const float *bias, int64_t batch, int64_t n, float *y, int6
     for (int64_t b = 0; b < batch; ++b) ggmlopt_add_bias_rows_f32(1, n, y + b * y_stride, bias);
 }
 
-/* the products of one input (batch, ncols) by up to three weights, biases after */
+/* y (batch rows of y_stride) += scale * (x A) B of w's adapter, if any: two
+ * products of rank columns, small beside the weight's, in plain float sums */
+static void add_adapter(const ggmlopt_block_weight *w, int64_t batch, int64_t ncols,
+                        const float *x, float *y, int64_t y_stride, float *t) {
+    if (w->lora_a == NULL) return;
+    const int64_t r = w->rank;
+    for (int64_t b = 0; b < batch; ++b) {
+        const float *xb = x + b * ncols;
+        for (int64_t k = 0; k < r; ++k) t[k] = 0.0f;
+        for (int64_t i = 0; i < ncols; ++i) {
+            const float xi = xb[i];
+            const float *a = w->lora_a + i * r;
+            for (int64_t k = 0; k < r; ++k) t[k] += xi * a[k];
+        }
+        float *yb = y + b * y_stride;
+        for (int64_t k = 0; k < r; ++k) {
+            const float tk = t[k] * w->lora_scale;
+            const float *bk = w->lora_b + k * w->lora_b_stride;
+            for (int64_t j = 0; j < w->nout; ++j) yb[j] += tk * bk[j];
+        }
+    }
+}
+
+/* the products of one input (batch, ncols) by up to three weights, biases and
+ * adapters after */
 static void products(const ggmlopt_llama_block *blk, int n, const ggmlopt_block_weight *const *w,
                      float *const *y, const int64_t *y_stride, int64_t batch, int64_t ncols,
                      const float *x, const block_work *work) {
@@ -94,7 +131,10 @@ static void products(const ggmlopt_llama_block *blk, int n, const ggmlopt_block_
     }
     ggmlopt_quant_matmul_many(n, p, batch, ncols, x, ncols, blk->q8, work->xqs, work->xd,
                               work->xsum);
-    for (int m = 0; m < n; ++m) add_bias(w[m]->bias, batch, w[m]->nout, y[m], y_stride[m]);
+    for (int m = 0; m < n; ++m) {
+        add_bias(w[m]->bias, batch, w[m]->nout, y[m], y_stride[m]);
+        add_adapter(w[m], batch, ncols, x, y[m], y_stride[m], work->lora_t);
+    }
 }
 
 int ggmlopt_decode_block_f32(const ggmlopt_llama_block *blk, int64_t batch, int64_t pos,

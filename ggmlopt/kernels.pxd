@@ -187,6 +187,10 @@ cdef extern from "ggmlopt.h" nogil:
         int64_t nout
         const uint8_t *w
         const float *bias
+        const float *lora_a
+        const float *lora_b
+        int64_t rank, lora_b_stride
+        float lora_scale
     ctypedef struct ggmlopt_llama_block:
         int64_t dim, n_heads, n_kv_heads, head_dim, ffn_dim
         float eps

@@ -78,6 +78,8 @@ cdef class LlamaBlockStep:
             raise ValueError(f"attn_norm: expected shape (dim,), got {(<object>an).shape}")
         dim = an.shape[0]
         rows = {p: _raw_rows(projections[p], p) for p in _PROJECTIONS}
+        adapters = {p: projections[p][3] if len(projections[p]) == 4 else None
+                    for p in _PROJECTIONS}
         nq, kv, ffn = rows["q"], rows["k"], rows["gate"]
         if nq % n_heads or kv != nq // n_heads * n_kv_heads:
             raise ValueError(f"projections: q's {nq} and k's {kv} rows are not {n_heads} and "
@@ -91,7 +93,7 @@ cdef class LlamaBlockStep:
         ws[:] = [&self.blk.q, &self.blk.k, &self.blk.v, &self.blk.o, &self.blk.gate,
                  &self.blk.up, &self.blk.down]
         for i, p in enumerate(_PROJECTIONS):
-            qtype, raw, bias = projections[p]
+            qtype, raw, bias = projections[p][:3]
             nout, ncols = want[p]
             try:
                 kernels_quant.row_bytes(qtype, ncols)
@@ -103,11 +105,20 @@ cdef class LlamaBlockStep:
             w.nout = nout
             w.w = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>a)
             w.bias = NULL
+            w.lora_a = w.lora_b = NULL
+            w.rank = w.lora_b_stride = 0
+            w.lora_scale = 0.0
             kept.append(a)
             if bias is not None:
                 b = _vector(bias, nout, f"projections[{p!r}] bias")
                 w.bias = _f32(<cnp.ndarray>b)
                 kept.append(b)
+            if adapters[p] is not None:
+                la, lb, scale = _adapter(adapters[p], ncols, nout, p)
+                w.lora_a, w.lora_b = _f32(<cnp.ndarray>la), _f32(<cnp.ndarray>lb)
+                w.rank, w.lora_b_stride = la.shape[1], lb.strides[0] // 4
+                w.lora_scale = scale
+                kept += [la, lb]
         if (q_norm is None) != (k_norm is None):
             raise ValueError("q_norm, k_norm: expected both or neither")
         self.blk.q_norm = self.blk.k_norm = NULL
@@ -203,10 +214,10 @@ cdef _apart(cnp.ndarray x, cnp.ndarray k, cnp.ndarray v):
 
 
 def _raw_rows(entry, name):
-    """The row count of a projection's (qtype, raw, bias) entry."""
-    if not isinstance(entry, tuple) or len(entry) != 3:
-        raise TypeError(f"projections[{name!r}]: expected (qtype, raw, bias), got "
-                        f"{type(entry).__name__}")
+    """The row count of a projection's (qtype, raw, bias[, adapter]) entry."""
+    if not isinstance(entry, tuple) or len(entry) not in (3, 4):
+        raise TypeError(f"projections[{name!r}]: expected (qtype, raw, bias) or (qtype, raw, "
+                        f"bias, (lora_a, lora_b, scale)), got {type(entry).__name__}")
     raw = entry[1]
     if not isinstance(raw, np.ndarray) or raw.ndim != 2:
         raise ValueError(f"projections[{name!r}]: expected raw rows as a 2-D numpy array, got "
@@ -223,3 +234,28 @@ def _checked_raw(qtype, raw, nout, ncols, name):
                          f"bytes ({ncols} {qtype} values), got shape {raw.shape} of "
                          f"{raw.dtype}")
     return raw
+
+
+def _adapter(adapter, ncols, nout, name):
+    """(lora_a, lora_b, scale) checked: A float32 (ncols, rank) C-contiguous, B
+    float32 (rank, nout) with contiguous rows (a column range of a wider B
+    will do), scale a finite number."""
+    if not isinstance(adapter, tuple) or len(adapter) != 3:
+        raise TypeError(f"projections[{name!r}]: expected an adapter (lora_a, lora_b, scale), "
+                        f"got {type(adapter).__name__}")
+    la = <object>_array(adapter[0], f"projections[{name!r}] lora_a", np.float32, False)
+    lb = adapter[1]
+    if not isinstance(lb, np.ndarray) or lb.dtype != np.float32:
+        raise TypeError(f"projections[{name!r}] lora_b: expected a float32 array")
+    if la.ndim != 2 or la.shape[0] != ncols or la.shape[1] < 1:
+        raise ValueError(f"projections[{name!r}] lora_a: expected shape ({ncols}, rank), got "
+                         f"{la.shape}")
+    if lb.shape != (la.shape[1], nout) or lb.strides[1] != 4 or lb.strides[0] % 4 or \
+            lb.strides[0] < 4 * nout:
+        raise ValueError(f"projections[{name!r}] lora_b: expected shape ({la.shape[1]}, {nout}) "
+                         f"with contiguous rows, got {lb.shape}, strides {lb.strides}")
+    scale = float(adapter[2])
+    if not np.isfinite(scale):
+        raise ValueError(f"projections[{name!r}]: the adapter's scale must be finite, got "
+                         f"{scale}")
+    return la, lb, scale

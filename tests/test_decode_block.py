@@ -121,6 +121,14 @@ def test_a_step_gives_the_bits_of_the_layers_one_by_one(simd_path, family, activ
         assert (a[:, 10:] == 0).all()   # positions past the last token never written
 
 
+def effective_weight(layer):
+    """A kept projection's float64 (in, out) weight, its adapter's s A B added."""
+    if isinstance(layer, QuantizedLinear):
+        return layer.dequantize().astype(np.float64)
+    return effective_weight(layer._base) + layer.scaling * (
+        layer.lora_a.data.astype(np.float64) @ layer.lora_b.data.astype(np.float64))
+
+
 def reference_block(layer, x, cache_k, cache_v, pos):
     """float64 LlamaDecoderLayer step over the dequantized weights (a fresh
     cache row at pos), and a bound on a float32 step's error: each product's
@@ -129,10 +137,10 @@ def reference_block(layer, x, cache_k, cache_v, pos):
     through the later products' magnitudes; 16 covers those few roundings per
     value and their amplification by the norms' rescaling (rstd <= 1/sqrt(eps)
     is far from reached: the rows' mean squares are O(1))."""
-    attn, mlp = layer.self_attn, layer.mlp
-    w = {n: getattr(attn if n.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else mlp,
-                    n).dequantize().astype(np.float64) for n in MIX if "_proj" in n
-         and n not in ("qkv_proj", "gate_up_proj")}
+    attn = layer.self_attn
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    w = {n: effective_weight(p)[:, first:first + count]
+         for n, (p, first, count) in zip(names, layer.step_projections())}
     x = x.astype(np.float64)
 
     def norm(v, weight, eps):
@@ -166,18 +174,27 @@ def reference_block(layer, x, cache_k, cache_v, pos):
     return y, 16 * n * U * mag.max()
 
 
-def test_a_step_within_float32_of_a_float64_block(simd_path):
-    model = keep_types(FAMILIES["llama"]())
+@pytest.mark.parametrize("family", ["llama", "phi3-fused"])
+@pytest.mark.parametrize("adapters", [False, True])
+def test_a_step_within_float32_of_a_float64_block(simd_path, family, adapters):
+    """Over the kept weights, and with LoRA adapters on every projection (for
+    Phi-3 its fused q|k|v and gate|up: B's columns cut as the weight's rows)."""
+    model = keep_types(FAMILIES[family]())
+    if adapters:
+        lora.apply(model, rank=5, targets="all-linear", seed=0)
+        rng = np.random.default_rng(1)
+        for _, a in lora.named_adapters(model):   # an adapter that changes the block
+            a.lora_b.data[...] = rng.uniform(-0.05, 0.05, a.lora_b.data.shape)
     layer = model.layers[0]
     rng = np.random.default_rng(3)
     cache = model.make_cache(1, 16)
-    pos = 9
+    pos = 4   # inside Phi-3's window of 5
     for c in (cache.k[0], cache.v[0]):
         c[:, :pos] = rng.standard_normal(c[:, :pos].shape)
     x = rng.standard_normal((1, 1, 256)).astype(np.float32)
     want, bound = reference_block(layer, x[0, 0], cache.k[0][0], cache.v[0][0], pos)
     got = layer.decode(x, cache.k[0], cache.v[0], pos)
-    assert layer in _decode_step._steps
+    assert layer in _decode_step._steps and _decode_step.block_step(layer) is not None
     assert np.abs(got[0, 0] - want).max() <= bound
 
 
@@ -185,17 +202,11 @@ def test_other_parts_decode_layer_by_layer(monkeypatch):
     plain = FAMILIES["llama"]()   # float32 Linear weights
     decode_tokens(plain, 1, 2, False, monkeypatch)
     assert taken(plain) == 0
-    adapted = keep_types(FAMILIES["llama"]())
-    decode_tokens(adapted, 1, 2, False, monkeypatch)
-    assert taken(adapted) == 2
-    lora.apply(adapted, rank=4, targets=("q_proj", "v_proj"), seed=0)
-    for _, a in lora.named_adapters(adapted):
-        a.lora_b.data[...] = 0.1   # an adapter that changes the logits
-    fast, _ = decode_tokens(adapted, 1, 2, False, monkeypatch)
-    slow, _ = decode_tokens(adapted, 1, 2, True, monkeypatch)
-    for a, b in zip(fast, slow):
-        np.testing.assert_array_equal(a, b)
-    assert all(_decode_step.block_step(layer) is None for layer in adapted.layers)
+    dropping = keep_types(FAMILIES["llama"]())
+    lora.apply(dropping, rank=4, dropout=0.1, seed=0)
+    assert all(_decode_step.block_step(layer) is not None for layer in dropping.layers)
+    dropping.train()   # an adapter dropping out: the layers' own way
+    assert all(_decode_step.block_step(layer) is None for layer in dropping.layers)
     mixed = keep_types(FAMILIES["llama"]())
     mixed.layers[1].mlp.gate_proj.activations = "q8_0"   # one projection unlike the others
     assert _decode_step.block_step(mixed.layers[1]) is None
@@ -313,3 +324,22 @@ def test_matmul_many_errors():
         kq.matmul_many(x, [("Q8_0", raw), ("Q4_K", raw)])
     with pytest.raises(ValueError, match="activations"):
         kq.matmul_many(x, [("Q8_0", raw)], activations="q4")
+
+
+def test_a_step_reads_the_adapters_in_place(monkeypatch):
+    """An optimizer steps the adapters' arrays in place: a step made before
+    reads the new values (the same bits as one made after)."""
+    model = keep_types(FAMILIES["qwen2-biases"]())
+    lora.apply(model, rank=4, targets="all-linear", seed=0)
+    before, _ = decode_tokens(model, 2, 2, False, monkeypatch)
+    steps = [_decode_step.block_step(layer) for layer in model.layers]
+    assert all(s is not None for s in steps)
+    rng = np.random.default_rng(5)
+    for _, a in lora.named_adapters(model):
+        a.lora_b.data[...] = rng.uniform(-0.05, 0.05, a.lora_b.data.shape)
+    after, _ = decode_tokens(model, 2, 2, False, monkeypatch)
+    assert [_decode_step.block_step(layer) for layer in model.layers] == steps
+    fresh, _ = decode_tokens(copy.deepcopy(model), 2, 2, False, monkeypatch)
+    assert not np.array_equal(before[-1], after[-1])
+    for a, b in zip(after, fresh):
+        np.testing.assert_array_equal(a, b)

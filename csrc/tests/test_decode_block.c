@@ -3,7 +3,8 @@
  * products of one input by several weights in one job it runs on
  * (ggmlopt_quant_matmul_many): each the same bits as the public kernels called
  * one by one, as the layers call them (each of those is checked against a
- * float64 reference in its own test), on every path this CPU runs and on 1 and
+ * float64 reference in its own test; a LoRA adapter's two small products in
+ * the float sums the header gives), on every path this CPU runs and on 1 and
  * 2 threads; the cache rows after the new one, and everything past each
  * output, never written; the refused calls write nothing.
  */
@@ -152,7 +153,28 @@ typedef struct {
     float *cos, *sin;
 } block_case;
 
-static void make_block(block_case *c, int q8, int qk_norm, int64_t window, int rope) {
+/* y += scale * (x A) B, the sums in the order the header gives: x A's sums over
+ * the input in order, then each of the rank terms added into y in order */
+static void ref_adapter(const ggmlopt_block_weight *w, int64_t batch, int64_t ncols,
+                        const float *x, float *y, int64_t y_stride) {
+    if (w->lora_a == NULL) return;
+    for (int64_t b = 0; b < batch; ++b) {
+        float t[16];
+        for (int64_t k = 0; k < w->rank; ++k) {
+            t[k] = 0.0f;
+            for (int64_t i = 0; i < ncols; ++i)
+                t[k] += x[b * ncols + i] * w->lora_a[i * w->rank + k];
+        }
+        for (int64_t k = 0; k < w->rank; ++k) {
+            const float tk = t[k] * w->lora_scale;
+            for (int64_t j = 0; j < w->nout; ++j)
+                y[b * y_stride + j] += tk * w->lora_b[k * w->lora_b_stride + j];
+        }
+    }
+}
+
+static void make_block(block_case *c, int q8, int qk_norm, int64_t window, int rope,
+                       int adapters) {
     ggmlopt_llama_block *b = &c->blk;
     memset(b, 0, sizeof *b);
     b->dim = 256;
@@ -177,6 +199,13 @@ static void make_block(block_case *c, int q8, int qk_norm, int64_t window, int r
         ws[m]->nout = nouts[m];
         ws[m]->w = weight(types[m], nouts[m], ins[m], 0.08f);
         ws[m]->bias = m < 3 ? th_rand_f32(nouts[m], 0, -0.1f, 0.1f) : NULL;   /* Qwen2's */
+        if (adapters && m != 1 && m != 4) {   /* all but k and gate; B a column range */
+            ws[m]->rank = 1 + m;
+            ws[m]->lora_b_stride = nouts[m] + 5;
+            ws[m]->lora_a = th_rand_f32(ins[m] * ws[m]->rank, 0, -0.1f, 0.1f);
+            ws[m]->lora_b = th_rand_f32(ws[m]->rank * ws[m]->lora_b_stride, 1, -0.1f, 0.1f);
+            ws[m]->lora_scale = 1.5f;
+        }
     }
     b->window = window;
     b->q8 = q8;
@@ -209,8 +238,11 @@ static void step_call_by_call(const block_case *c, float *x, float *ck, float *c
     one_product(b->k.type, b->q8, B, dim, n1, kv, b->k.w, k, kv);
     one_product(b->v.type, b->q8, B, dim, n1, kv, b->v.w, v, kv);
     ggmlopt_add_bias_rows_f32(B, nq, q, b->q.bias);
+    ref_adapter(&b->q, B, dim, n1, q, nq);
     ggmlopt_add_bias_rows_f32(B, kv, k, b->k.bias);
+    ref_adapter(&b->k, B, dim, n1, k, kv);
     ggmlopt_add_bias_rows_f32(B, kv, v, b->v.bias);
+    ref_adapter(&b->v, B, dim, n1, v, kv);
     if (b->q_norm) {
         ggmlopt_rmsnorm_f32(B * b->n_heads, hd, q, b->q_norm, b->eps, q, rstd);
         ggmlopt_rmsnorm_f32(B * b->n_kv_heads, hd, k, b->k_norm, b->eps, k, rstd);
@@ -229,22 +261,26 @@ static void step_call_by_call(const block_case *c, float *x, float *ck, float *c
                                  ck + first * kv, cv + first * kv, item, att, scores,
                                  1.0f / sqrtf((float)hd));
     one_product(b->o.type, b->q8, B, nq, att, dim, b->o.w, o, dim);
+    ref_adapter(&b->o, B, nq, att, o, dim);
     for (int64_t i = 0; i < B * dim; ++i) x[i] = x[i] + o[i];
     ggmlopt_rmsnorm_f32(B, dim, x, b->ffn_norm, b->eps, n1, rstd);
     one_product(b->gate.type, b->q8, B, dim, n1, ffn, b->gate.w, g, ffn);
+    ref_adapter(&b->gate, B, dim, n1, g, ffn);
     one_product(b->up.type, b->q8, B, dim, n1, ffn, b->up.w, u, ffn);
+    ref_adapter(&b->up, B, dim, n1, u, ffn);
     ggmlopt_swiglu_f32(B * ffn, g, u, g);
     one_product(b->down.type, b->q8, B, ffn, g, dim, b->down.w, o, dim);
+    ref_adapter(&b->down, B, ffn, g, o, dim);
     for (int64_t i = 0; i < B * dim; ++i) x[i] = x[i] + o[i];
 }
 
 static void one_block(const char *path, int threads, int q8, int qk_norm, int64_t window,
-                      int rope, int64_t batch) {
+                      int rope, int64_t batch, int adapters) {
     block_case c;
     c.batch = batch;
     c.max_len = 9;
     c.pos = 6;
-    make_block(&c, q8, qk_norm, window, rope);
+    make_block(&c, q8, qk_norm, window, rope, adapters);
     const ggmlopt_llama_block *b = &c.blk;
     const int64_t kv = b->n_kv_heads * b->head_dim, item = c.max_len * kv;
     float *x = th_rand_f32(batch * b->dim, 1, -2.0f, 2.0f);
@@ -259,8 +295,8 @@ static void one_block(const char *path, int threads, int q8, int qk_norm, int64_
     const int64_t bytes = ggmlopt_decode_block_work_size(b, batch, c.max_len);
     char ctx[160];
     snprintf(ctx, sizeof ctx, "decode_block q8=%d qk_norm=%d window=%lld rope=%d batch=%lld "
-             "[%s, %d threads]", q8, qk_norm, (long long)window, rope, (long long)batch, path,
-             threads);
+             "adapters=%d [%s, %d threads]", q8, qk_norm, (long long)window, rope,
+             (long long)batch, adapters, path, threads);
     th_check(bytes > 0, "%s: work size %lld", ctx, (long long)bytes);
     void *work = th_alloc(64, (bytes + 63) / 64, 0);
     const int rc = ggmlopt_decode_block_f32(b, batch, c.pos, x, ck, cv, c.max_len,
@@ -286,7 +322,7 @@ static void block_refused(void) {
     c.batch = 1;
     c.max_len = 4;
     c.pos = 0;
-    make_block(&c, 0, 0, 0, 1);
+    make_block(&c, 0, 0, 0, 1, 0);
     const ggmlopt_llama_block good = c.blk;
     float *x = th_rand_f32(good.dim, 0, -1.0f, 1.0f), *x0 = th_dup(x, 4, good.dim);
     const int64_t item = c.max_len * good.n_kv_heads * good.head_dim;
@@ -295,8 +331,8 @@ static void block_refused(void) {
     th_check(ggmlopt_decode_block_f32(&good, 1, 4, x, ck, cv, 4, c.cos, c.sin, work) == -2 &&
                  ggmlopt_decode_block_f32(&good, 1, -1, x, ck, cv, 4, c.cos, c.sin, work) == -2,
              "decode_block: a position outside the cache not refused");
-    ggmlopt_llama_block bad[8];
-    for (int i = 0; i < 8; ++i) bad[i] = good;
+    ggmlopt_llama_block bad[10];
+    for (int i = 0; i < 10; ++i) bad[i] = good;
     bad[0].n_kv_heads = 3;             /* heads not a multiple of kv heads */
     bad[1].k.nout = 64;                /* k's rows are not the kv heads' width */
     bad[2].down.type = 99;             /* no type */
@@ -305,7 +341,13 @@ static void block_refused(void) {
     bad[5].ffn_norm = NULL;
     bad[6].gate.w = NULL;
     bad[7].window = -1;
-    for (int i = 0; i < 8; ++i) {
+    bad[8].v.lora_a = good.attn_norm;   /* an adapter without B */
+    bad[8].v.rank = 1;
+    bad[9].o.lora_a = bad[9].o.lora_b = good.attn_norm;   /* B's rows narrower than o's */
+    bad[9].o.rank = 1;
+    bad[9].o.lora_b_stride = good.dim - 1;
+    bad[9].o.lora_scale = 1.0f;
+    for (int i = 0; i < 10; ++i) {
         th_check(ggmlopt_decode_block_work_size(&bad[i], 1, 4) == -1,
                  "decode_block_work_size: bad block %d not refused", i);
         th_check(ggmlopt_decode_block_f32(&bad[i], 1, 0, x, ck, cv, 4, c.cos, c.sin, work) == -1,
@@ -330,10 +372,11 @@ void test_decode_block_public(void) {
             ggmlopt_set_num_threads(threads);
             many_products(path, threads);
             for (int q8 = 0; q8 <= 1; ++q8) {
-                one_block(path, threads, q8, 0, 0, 1, 1);
-                one_block(path, threads, q8, 1, 0, 1, 3);     /* Qwen3's q/k norms, a batch */
-                one_block(path, threads, q8, 0, 4, 1, 2);     /* a window shorter than pos */
-                one_block(path, threads, q8, 0, 0, 0, 1);     /* SmolLM3's layers without RoPE */
+                one_block(path, threads, q8, 0, 0, 1, 1, 0);
+                one_block(path, threads, q8, 1, 0, 1, 3, 0);  /* Qwen3's q/k norms, a batch */
+                one_block(path, threads, q8, 0, 4, 1, 2, 0);  /* a window shorter than pos */
+                one_block(path, threads, q8, 0, 0, 0, 1, 0);  /* SmolLM3's layers without RoPE */
+                one_block(path, threads, q8, 0, 0, 1, 2, 1);  /* LoRA adapters */
             }
             th_release_all();
         }

@@ -459,13 +459,19 @@ int ggmlopt_quant_matmul_many(int n, const ggmlopt_qproduct *products, int64_t n
 
 /* ---- a decode step of a Llama-layout block ------------------------------------ */
 
-/* A frozen weight of the block: nout rows of the block's input width in type
- * `type` (as ggmlopt_quant_matmul_f32 reads them), and a bias (nout) or NULL. */
+/* A frozen weight of the block: nout rows of the block's input width ncols in
+ * type `type` (as ggmlopt_quant_matmul_f32 reads them), a bias (nout) or NULL,
+ * and a LoRA adapter or none (lora_a NULL): y += lora_scale * (x A) B, A
+ * (ncols, rank) float32 rows of rank, B (rank, nout) rows of lora_b_stride
+ * floats (>= nout: a column range of a fused projection's B). */
 typedef struct {
     int type;
     int64_t nout;
     const uint8_t *w;
     const float *bias;
+    const float *lora_a, *lora_b;
+    int64_t rank, lora_b_stride;
+    float lora_scale;
 } ggmlopt_block_weight;
 
 /* Llama's pre-norm block (Mistral's, Qwen2's, Qwen3's, SmolLM's):
@@ -494,8 +500,9 @@ int64_t ggmlopt_decode_block_work_size(const ggmlopt_llama_block *blk, int64_t b
  * `window` of them).  cos, sin: the rotary tables ((> pos, head_dim / 2),
  * ggmlopt_rope_f32's), or NULL for a block without RoPE.  work: 64-byte
  * aligned, ggmlopt_decode_block_work_size bytes.  The same kernels in the same
- * order as the layers one by one, so the same bits.  Returns 0, -1 as the
- * work size, -2 for pos outside the cache. */
+ * order as the layers one by one, so the same bits (an adapter's two small
+ * products are float32 sums of their own).  Returns 0, -1 as the work size,
+ * -2 for pos outside the cache. */
 int ggmlopt_decode_block_f32(const ggmlopt_llama_block *blk, int64_t batch, int64_t pos,
                              float *x, float *cache_k, float *cache_v, int64_t max_len,
                              const float *cos, const float *sin, void *work);

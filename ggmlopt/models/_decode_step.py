@@ -1,16 +1,17 @@
 """A Llama-layout block's decode step in one C call (kernels_decode.LlamaBlockStep)
 when its parts are the ones that call reads: RMSNorms, attention without Gemma's
-query scale, a SwiGLU, and q, k, v, o, gate, up and down projections all in
-QuantizedLinear layers (a base kept in its file's types, ``load_gguf(...,
-keep_types=True)``), multiplying their activations one way.  A block names the
-weight rows of each (``step_projections``): Llama's seven layers, or Phi-3's
-fused q|k|v and gate|up cut into row ranges.  Any other block (float32 Linear weights, LoRA
-adapters, other norms) decodes layer by layer as before; both give the same
-bits.
+query scale, a SwiGLU, and q, k, v, o, gate, up and down weights all kept in their
+file's types (QuantizedLinear layers, ``load_gguf(..., keep_types=True)``), bare or
+under LoRA adapters, multiplying their activations one way.  A block names the
+weight rows of each (``step_projections``): Llama's seven layers, or Phi-3's fused
+q|k|v and gate|up cut into row ranges.  Any other block (float32 Linear weights,
+other norms) decodes layer by layer as before.  Without adapters both ways give the
+same bits; an adapter's two small products are the C call's own float32 sums.
 
 The step object is made once per block and kept beside it (not on it: a model
 pickles and copies without it); it is made again whenever a part it read has
-changed (an adapter applied, a norm's weight replaced, set_activations)."""
+changed (an adapter applied, a norm's weight replaced, set_activations).  It reads
+every weight in place, so an optimizer's steps on the adapters count at once."""
 from __future__ import annotations
 
 import weakref
@@ -18,6 +19,7 @@ import weakref
 import numpy as np
 
 from ..kernels_decode import LlamaBlockStep
+from ..lora import LoRALinear
 from ..nn.attention import RotaryEmbedding
 from ..nn.norm import RMSNorm
 from ..nn.quantized import FEW_ROWS, QuantizedLinear, _activations
@@ -44,17 +46,34 @@ def _parts_read(block):
     if any(n.eps != norm1.eps for n in norms):
         return None
     rows = block.step_projections()
-    if rows is None or any(type(p) is not QuantizedLinear for p, _, _ in rows):
+    if rows is None:
         return None
-    activations = {_activations(p) for p, _, _ in rows}
+    kept = [_kept_weight(p) for p, _, _ in rows]
+    if any(k is None for k in kept):
+        return None
+    activations = {_activations(base) for base, _ in kept}
     if len(activations) != 1:
         return None
     parts = [*norms, *(n.weight.data for n in norms), norm1.eps, attn.rotary,
              attn.sliding_window, *activations]
-    for p, first, count in rows:
-        parts += [p, p.qweight, p.qtype, p.bias, None if p.bias is None else p.bias.data,
+    for (p, first, count), (base, adapter) in zip(rows, kept):
+        parts += [p, base.qweight, base.qtype, p.bias, None if p.bias is None else p.bias.data,
                   first, count]
+        if adapter is not None:
+            parts += [adapter.lora_a.data, adapter.lora_b.data, adapter.scaling]
     return tuple(parts)
+
+
+def _kept_weight(layer):
+    """(QuantizedLinear, its LoRALinear or None) of a projection a step takes:
+    a weight kept in its file's type, bare or under an adapter that is not
+    dropping out (not training); None for any other layer."""
+    if type(layer) is QuantizedLinear:
+        return layer, None
+    if (type(layer) is LoRALinear and type(layer._base) is QuantizedLinear
+            and not (layer.training and layer.lora_dropout.p > 0)):
+        return layer._base, layer
+    return None
 
 
 def _same(a, b):
@@ -76,16 +95,22 @@ def block_step(block) -> LlamaBlockStep | None:
     norm1, attn, norm2, _ = block._parts()
     names = ("q", "k", "v", "o", "gate", "up", "down")
     projections = {}
-    for name, (p, first, count) in zip(names, block.step_projections()):
+    rows = block.step_projections()
+    for name, (p, first, count) in zip(names, rows):
+        base, adapter = _kept_weight(p)
         bias = None if p.bias is None else p.bias.data[first:first + count]
-        projections[name] = (p.qtype, p.qweight[first:first + count], bias)
+        projections[name] = (base.qtype, base.qweight[first:first + count], bias)
+        if adapter is not None:   # B's columns of the range (a fused projection's part)
+            projections[name] += ((adapter.lora_a.data,
+                                   adapter.lora_b.data[:, first:first + count],
+                                   np.float32(adapter.scaling)),)
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
     q_norm = None if q_norm is None else q_norm.weight.data
     k_norm = None if k_norm is None else k_norm.weight.data
     step = LlamaBlockStep(projections, norm1.weight.data, norm2.weight.data,
                           n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, eps=norm1.eps,
                           q_norm=q_norm, k_norm=k_norm, window=attn.sliding_window,
-                          activations=_activations(block.step_projections()[0][0]))
+                          activations=_activations(_kept_weight(rows[0][0])[0]))
     _steps[block] = (parts, step)
     return step
 
