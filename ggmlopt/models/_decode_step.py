@@ -94,16 +94,15 @@ def block_step(block) -> LlamaBlockStep | None:
         return kept[1]
     norm1, attn, norm2, _ = block._parts()
     names = ("q", "k", "v", "o", "gate", "up", "down")
-    projections = {}
+    projections: dict[str, tuple] = {}
     rows = block.step_projections()
     for name, (p, first, count) in zip(names, rows):
         base, adapter = _kept_weight(p)
         bias = None if p.bias is None else p.bias.data[first:first + count]
-        projections[name] = (base.qtype, base.qweight[first:first + count], bias)
-        if adapter is not None:   # B's columns of the range (a fused projection's part)
-            projections[name] += ((adapter.lora_a.data,
-                                   adapter.lora_b.data[:, first:first + count],
-                                   np.float32(adapter.scaling)),)
+        lora = None if adapter is None else (   # B's columns of the range (a fused part's)
+            adapter.lora_a.data, adapter.lora_b.data[:, first:first + count],
+            np.float32(adapter.scaling))
+        projections[name] = (base.qtype, base.qweight[first:first + count], bias, lora)
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
     q_norm = None if q_norm is None else q_norm.weight.data
     k_norm = None if k_norm is None else k_norm.weight.data
