@@ -40,9 +40,13 @@ cdef class LlamaBlockStep:
     eps, q_norm=None, k_norm=None, window=None, activations="f32")
 
     One Llama-layout block's frozen weights for decode steps.  projections: a
-    mapping of "q", "k", "v", "o", "gate", "up", "down" to (qtype, raw, bias):
-    raw the C-contiguous rows of the weight's transpose in qtype (a
-    QuantizedLinear's ``qweight``), bias None or float32 (rows,).  attn_norm,
+    mapping of "q", "k", "v", "o", "gate", "up", "down" to (qtype, raw, bias)
+    or (qtype, raw, bias, adapter): raw the C-contiguous rows of the weight's
+    transpose in qtype (a QuantizedLinear's ``qweight``), bias None or float32
+    (rows,), adapter None or a LoRA adapter (lora_a, lora_b, scale) adding
+    scale * (x lora_a) lora_b (a LoRALinear's lora_a (in, rank) and lora_b
+    (rank, out) data, read in place: an optimizer's steps on them count; B may
+    be a column range of a wider array).  attn_norm,
     ffn_norm: the two RMSNorms' weights (dim,); q_norm, k_norm: the per-head
     RMSNorms' (head_dim,), or None; eps: every norm's.  window: None, or a
     sliding window of that many positions.  activations: "f32", or "q8_0" (the
