@@ -38,7 +38,7 @@ from .nn._buffers import add_into, rows2d
 from .nn.dropout import Dropout
 from .nn.embedding import Embedding
 from .nn.linear import Linear
-from .nn.module import Module, named_modules, named_parameters
+from .nn.module import Module, named_modules, named_parameters, set_training
 from .nn.parameter import Parameter
 from .nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
 
@@ -111,6 +111,13 @@ class LoRALinear(Linear):
         self._shape = None
         self._x = None
         self._scratch = {}
+
+    def train(self, mode: bool = True):
+        """Module.train, the wrapped base layer included (a kept weight's
+        products of few rows read its training flag: float32 while training)."""
+        super().train(mode)
+        set_training(self._base, mode)
+        return self
 
     def _buffers(self, shape):
         super()._buffers(shape)
@@ -223,6 +230,14 @@ class LoRAEmbedding(Embedding):
         self._ids = None
         self._have_ids = False
         self._scratch = {}
+
+    def train(self, mode: bool = True):
+        """Module.train, the wrapped base layer included (a kept weight's
+        products of few rows read its training flag: float32 while training)."""
+        super().train(mode)
+        set_training(self._base, mode)
+        return self
+
 
     def forward(self, ids):
         """ids: integers (...) -> float32 (..., dim), a buffer this layer reuses."""

@@ -215,3 +215,28 @@ def test_decoding_lingers_the_kernel_threads_only_while_it_runs():
         kernels.set_pool_linger(2)
     with pytest.raises(TypeError, match="seconds"):
         kernels.set_pool_linger("1")
+
+
+def test_an_adapters_base_follows_set_activations_and_training():
+    """A LoRA adapter's base layer is not a sub-module (its weight keeps the
+    adapter's name): set_activations reaches it through the adapter, and so
+    does train(), so a training step's few rows still multiply float32."""
+    from ggmlopt import lora
+    rng = np.random.default_rng(8)
+    raw = random_weight("Q4_0", 40, 96, rng)
+    model = ggmlopt.nn.Sequential(QuantizedLinear(raw, "Q4_0", 96, 40))
+    lora.apply(model, rank=2, targets="all-linear", seed=0)
+    adapter = next(m for _, m in lora.named_adapters(model))
+    base = adapter._base
+    assert set_activations(model, "q8_0") == 1 and base.activations == "q8_0"
+    x = rng.standard_normal((2, 96)).astype(np.float32)
+    q8 = kq.matmul(x, "Q4_0", raw, activations="q8_0")
+    f32 = kq.matmul(x, "Q4_0", raw)
+    assert not np.array_equal(q8, f32)
+    np.testing.assert_array_equal(adapter.infer(x), q8)   # lora_b is zero: the base alone
+    model.train()
+    assert base.training
+    np.testing.assert_array_equal(adapter.forward(x), f32)
+    model.eval()
+    assert not base.training
+    np.testing.assert_array_equal(adapter.forward(x), q8)

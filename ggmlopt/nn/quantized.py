@@ -102,9 +102,11 @@ def set_activations(model, activations) -> int:
                          f"{activations!r}")
     count = 0
     for m in modules(model):
-        if isinstance(m, (QuantizedLinear, QuantizedEmbedding)):
-            m.activations = activations
-            count += activations == "q8_0" and m.qtype in kernels_quant.Q8_ACTIVATION_TYPES
+        # a LoRA adapter's base layer is its own (not a sub-module): reached through it
+        for layer in (m, getattr(m, "_base", None)):
+            if isinstance(layer, (QuantizedLinear, QuantizedEmbedding)):
+                layer.activations = activations
+                count += activations == "q8_0" and layer.qtype in kernels_quant.Q8_ACTIVATION_TYPES
     return count
 
 
