@@ -6,7 +6,8 @@ Q4_K_M, each case in a fresh process.
     python bench/qlora_step.py            # SmolLM2-135M's shape, 1 x 256, 2 threads
     python bench/qlora_step.py --small    # a quick run on a stories15M-sized model
     python bench/qlora_step.py --decode   # greedy decoding, tokens/s, beside llama.cpp
-                                          # (float32 activations, and rounded to Q8_0)
+                                          # (float32 activations, rounded to Q8_0, and
+                                          # with rank-8 LoRA adapters on q/k/v/o)
     python bench/qlora_step.py --llama-1b --tokens 512 [--checkpointing]
                                           # Llama-3.2-1B's shape and vocabulary, Q4_K_M
                                           # written by save_gguf: QLoRA's peak memory
@@ -95,6 +96,18 @@ def _decode(path: str, keep: bool, n: int = 64) -> dict:
         t0 = time.perf_counter()
         assert sum(1 for _ in tokens) == n
         row[f"ggmlopt_{activations}_tok_s"] = n / (time.perf_counter() - t0)
+    if keep:   # after fine-tuning: rank-8 adapters on q, k, v, o over the kept base
+        from ggmlopt import lora
+        lora.apply(model, rank=8)
+        for _, adapter in lora.named_adapters(model):
+            adapter.lora_b.data[...] = 0.01
+        set_activations(model, "q8_0")
+        go.generate(model, prompt, 4, temperature=0)
+        tokens = stream(model, prompt, n + 1, temperature=0)
+        next(tokens)
+        t0 = time.perf_counter()
+        assert sum(1 for _ in tokens) == n
+        row["ggmlopt_lora_tok_s"] = n / (time.perf_counter() - t0)
     row["peak_mib"] = _peak_mib()
     try:
         import llama_cpp  # noqa: F401
@@ -235,14 +248,15 @@ def main() -> None:
             row.update(case=name, file_mib=os.path.getsize(path) / 2**20)
             rows.append(row)
     if args.decode:
-        print(f"{'base':8} {'ggmlopt tok/s':>14} {'(q8_0 act.)':>12} {'llama.cpp tok/s':>16} "
-              f"{'ratio':>6} {'(q8_0)':>7}")
+        print(f"{'base':8} {'ggmlopt tok/s':>14} {'(q8_0 act.)':>12} {'(+LoRA)':>8} "
+              f"{'llama.cpp tok/s':>16} {'ratio':>6} {'(q8_0)':>7}")
         for r in rows:
             theirs = r.get("llama_cpp_tok_s", float("nan"))
             ours, q8 = r["ggmlopt_f32_tok_s"], r.get("ggmlopt_q8_0_tok_s", float("nan"))
+            with_lora = r.get("ggmlopt_lora_tok_s", float("nan"))
             note = "" if r.get("llama_cpp_extra_bufts", True) else \
                 "  (llama.cpp without AMX/repacked buffers: it crashed with them)"
-            print(f"{r['case']:8} {ours:14.1f} {q8:12.1f} {theirs:16.1f} "
+            print(f"{r['case']:8} {ours:14.1f} {q8:12.1f} {with_lora:8.1f} {theirs:16.1f} "
                   f"{ours / theirs:6.2f} {q8 / theirs:7.2f}{note}")
         return
     base = rows[0]["step_s"] if not args.llama_1b else float("nan")

@@ -93,24 +93,39 @@ static void add_bias(const float *bias, int64_t batch, int64_t n, float *y, int6
     for (int64_t b = 0; b < batch; ++b) ggmlopt_add_bias_rows_f32(1, n, y + b * y_stride, bias);
 }
 
+/* t[0..n) = x A[:, k0..k0+n) for n <= 8 columns of A (ncols, rank): eight sums
+ * in registers, each over the input in order */
+static void adapter_columns(const float *restrict x, int64_t ncols, const float *restrict a,
+                            int64_t rank, int64_t k0, int64_t n, float *restrict t) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (n == 8) {
+        for (int64_t i = 0; i < ncols; ++i) {
+            const float xi = x[i];
+            const float *ai = a + i * rank + k0;
+            for (int k = 0; k < 8; ++k) acc[k] += xi * ai[k];
+        }
+    } else {
+        for (int64_t i = 0; i < ncols; ++i)
+            for (int64_t k = 0; k < n; ++k) acc[k] += x[i] * a[i * rank + k0 + k];
+    }
+    for (int64_t k = 0; k < n; ++k) t[k] = acc[k];
+}
+
 /* y (batch rows of y_stride) += scale * (x A) B of w's adapter, if any: two
- * products of rank columns, small beside the weight's, in plain float sums */
+ * products of rank columns, small beside the weight's, in float sums (x A's
+ * over the input in order, then B's rows added into y one after another) */
 static void add_adapter(const ggmlopt_block_weight *w, int64_t batch, int64_t ncols,
                         const float *x, float *y, int64_t y_stride, float *t) {
     if (w->lora_a == NULL) return;
     const int64_t r = w->rank;
     for (int64_t b = 0; b < batch; ++b) {
-        const float *xb = x + b * ncols;
-        for (int64_t k = 0; k < r; ++k) t[k] = 0.0f;
-        for (int64_t i = 0; i < ncols; ++i) {
-            const float xi = xb[i];
-            const float *a = w->lora_a + i * r;
-            for (int64_t k = 0; k < r; ++k) t[k] += xi * a[k];
-        }
-        float *yb = y + b * y_stride;
+        for (int64_t k0 = 0; k0 < r; k0 += 8)
+            adapter_columns(x + b * ncols, ncols, w->lora_a, r, k0, r - k0 < 8 ? r - k0 : 8,
+                            t + k0);
+        float *restrict yb = y + b * y_stride;
         for (int64_t k = 0; k < r; ++k) {
             const float tk = t[k] * w->lora_scale;
-            const float *bk = w->lora_b + k * w->lora_b_stride;
+            const float *restrict bk = w->lora_b + k * w->lora_b_stride;
             for (int64_t j = 0; j < w->nout; ++j) yb[j] += tk * bk[j];
         }
     }

@@ -200,7 +200,8 @@ static void make_block(block_case *c, int q8, int qk_norm, int64_t window, int r
         ws[m]->w = weight(types[m], nouts[m], ins[m], 0.08f);
         ws[m]->bias = m < 3 ? th_rand_f32(nouts[m], 0, -0.1f, 0.1f) : NULL;   /* Qwen2's */
         if (adapters && m != 1 && m != 4) {   /* all but k and gate; B a column range */
-            ws[m]->rank = 1 + m;
+            static const int64_t ranks[7] = {8, 0, 11, 1, 0, 16, 5};   /* whole eights, and not */
+            ws[m]->rank = ranks[m];
             ws[m]->lora_b_stride = nouts[m] + 5;
             ws[m]->lora_a = th_rand_f32(ins[m] * ws[m]->rank, 0, -0.1f, 0.1f);
             ws[m]->lora_b = th_rand_f32(ws[m]->rank * ws[m]->lora_b_stride, 1, -0.1f, 0.1f);
