@@ -229,6 +229,11 @@ static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, ui
     const uint8x16_t v = vshlq_u8(vld1q_u8(src), vdupq_n_s8((int8_t)-shift));
     vst1q_u8(out, vandq_u8(v, vdupq_n_u8(mask)));
 }
+/* out[j] = lo[j] + 16 hi[j] - off for 16 bytes (hi[j] < 16; see simd/x86_bytes.h) */
+static inline void go_merge16(const uint8_t *lo, const uint8_t *hi, int8_t off, int8_t *out) {
+    const uint8x16_t v = vorrq_u8(vld1q_u8(lo), vshlq_n_u8(vld1q_u8(hi), 4));
+    vst1q_s8(out, vreinterpretq_s8_u8(vsubq_u8(v, vdupq_n_u8((uint8_t)off))));
+}
 /* lanes (float)((x >> (j0 + lane)) & 1) */
 static inline float32x4_t go_vbits(uint32_t x, int j0) {
     const int32_t shifts[4] = {-j0, -j0 - 1, -j0 - 2, -j0 - 3};

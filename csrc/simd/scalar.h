@@ -124,6 +124,10 @@ static inline float go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_l
 static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
     for (int j = 0; j < 16; ++j) out[j] = (uint8_t)((src[j] >> shift) & mask);
 }
+/* out[j] = lo[j] + 16 hi[j] - off for 16 bytes (hi[j] < 16; see simd/x86_bytes.h) */
+static inline void go_merge16(const uint8_t *lo, const uint8_t *hi, int8_t off, int8_t *out) {
+    for (int j = 0; j < 16; ++j) out[j] = (int8_t)(lo[j] + 16 * hi[j] - off);
+}
 #define go_vbits(x, j0) ((float)(((x) >> (j0)) & 1u))
 #define go_vload_f16(p) go_f16_to_f32(*(p))
 #define go_vstore_bf16(p, v) (*(p) = go_f32_to_bf16(v))

@@ -21,4 +21,12 @@ static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, ui
     _mm_storeu_si128((__m128i *)out, _mm_and_si128(s, _mm_set1_epi8((char)mask)));
 }
 
+/* out[j] = lo[j] + 16 hi[j] - off for 16 bytes (hi[j] < 16): a value's bits
+ * merged before its one conversion to float (Q5_K, Q6_K) */
+static inline void go_merge16(const uint8_t *lo, const uint8_t *hi, int8_t off, int8_t *out) {
+    const __m128i h = _mm_slli_epi16(_mm_loadu_si128((const __m128i *)hi), 4);
+    const __m128i v = _mm_or_si128(_mm_loadu_si128((const __m128i *)lo), h);
+    _mm_storeu_si128((__m128i *)out, _mm_sub_epi8(v, _mm_set1_epi8(off)));
+}
+
 #endif
