@@ -72,7 +72,7 @@ static int weight_ok(const ggmlopt_block_weight *w, int64_t nout, int64_t ncols)
 int64_t ggmlopt_decode_block_work_size(const ggmlopt_llama_block *blk, int64_t batch,
                                        int64_t max_len) {
     if (blk->dim < 1 || blk->n_heads < 1 || blk->n_kv_heads < 1 || blk->head_dim < 1 ||
-        blk->head_dim % 2 != 0 || blk->ffn_dim < 1 || blk->n_heads % blk->n_kv_heads != 0 ||
+        blk->ffn_dim < 1 || blk->n_heads % blk->n_kv_heads != 0 ||
         batch < 0 || max_len < 1 || blk->window < 0 || !(blk->eps >= 0.0f) ||
         blk->attn_norm == NULL || blk->ffn_norm == NULL ||
         (blk->q_norm == NULL) != (blk->k_norm == NULL))

@@ -138,8 +138,7 @@ cdef class LlamaBlockStep:
         self.blk.window = 0 if window is None else window
         self.blk.q8 = activations == "q8_0"
         if _k.decode_block_work_size(&self.blk, 1, 1) < 0:
-            raise ValueError("projections: the weights do not make one block (head_dim must "
-                             "be even)")
+            raise ValueError("projections: the weights do not make one block")
         self.kept = kept
         self.dim, self.n_heads, self.n_kv_heads, self.head_dim, self.ffn_dim = \
             dim, n_heads, n_kv_heads, hd, ffn
@@ -180,10 +179,12 @@ cdef class LlamaBlockStep:
         if cos is not None:
             ac = _array(cos, "cos", np.float32, False)
             as_ = _array(sin, "sin", np.float32, False)
-            if (ac.ndim != 2 or ac.shape[0] <= pos or ac.shape[1] != self.head_dim // 2
+            if (self.head_dim % 2 or ac.ndim != 2 or ac.shape[0] <= pos
+                    or ac.shape[1] != self.head_dim // 2
                     or (<object>as_).shape != (<object>ac).shape):
                 raise ValueError(f"cos, sin: expected equal shapes (> {pos}, "
-                                 f"{self.head_dim // 2}), got {(<object>ac).shape} and {(<object>as_).shape}")
+                                 f"{self.head_dim // 2}) for an even head_dim, got "
+                                 f"{(<object>ac).shape} and {(<object>as_).shape}")
             pc, ps = _f32(ac), _f32(as_)
         _apart(ax, ak, av)
         if self.work_for != (batch, max_len):

@@ -337,7 +337,7 @@ static void block_refused(void) {
     bad[0].n_kv_heads = 3;             /* heads not a multiple of kv heads */
     bad[1].k.nout = 64;                /* k's rows are not the kv heads' width */
     bad[2].down.type = 99;             /* no type */
-    bad[3].head_dim = 63;              /* RoPE halves */
+    bad[3].ffn_dim = 0;                /* no MLP width */
     bad[4].q_norm = good.attn_norm;    /* one per-head norm without the other */
     bad[5].ffn_norm = NULL;
     bad[6].gate.w = NULL;

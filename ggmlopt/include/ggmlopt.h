@@ -498,7 +498,7 @@ int64_t ggmlopt_decode_block_work_size(const ggmlopt_llama_block *blk, int64_t b
  * keys and values go to position pos of cache_k and cache_v (batch, max_len,
  * n_kv_heads, head_dim), and the attention reads positions 0 .. pos (the last
  * `window` of them).  cos, sin: the rotary tables ((> pos, head_dim / 2),
- * ggmlopt_rope_f32's), or NULL for a block without RoPE.  work: 64-byte
+ * ggmlopt_rope_f32's; head_dim even), or NULL for a block without RoPE.  work: 64-byte
  * aligned, ggmlopt_decode_block_work_size bytes.  The same kernels in the same
  * order as the layers one by one, so the same bits (an adapter's two small
  * products are float32 sums of their own).  Returns 0, -1 as the work size,
