@@ -343,4 +343,3 @@ def test_a_step_reads_the_adapters_in_place(monkeypatch):
     assert not np.array_equal(before[-1], after[-1])
     for a, b in zip(after, fresh):
         np.testing.assert_array_equal(a, b)
-
