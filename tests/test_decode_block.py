@@ -2,10 +2,11 @@
 taken by LlamaDecoderLayer.decode over a base kept in its file's types): the same
 bits as the layers called one by one, for every family with that block (Llama,
 Qwen2's biases, Qwen3's q/k norms, Mistral's window, SmolLM3's layers without
-RoPE, Phi-3's fused projections), both activation settings, one and several sequences, every SIMD path;
-within float32 rounding of a float64 block; the layer-by-layer path wherever the
-parts are others (float32 weights, adapters); the products of one input by
-several weights (kernels_quant.matmul_many) the same bits as one by one."""
+RoPE, Phi-3's fused projections), both activation settings, one and several
+sequences, every SIMD path; within float32 rounding of a float64 block, LoRA
+adapters included; the layer-by-layer path wherever the parts are others (float32
+weights, an adapter dropping out); the products of one input by several weights
+(kernels_quant.matmul_many) the same bits as one by one."""
 import copy
 import pickle
 
@@ -13,23 +14,9 @@ import numpy as np
 import pytest
 
 from ggmlopt import kernels_quant as kq
-from ggmlopt import lora
+from ggmlopt import lora, models
 from ggmlopt.kernels_decode import LlamaBlockStep
-from ggmlopt.models import (
-    Llama,
-    LlamaConfig,
-    Mistral,
-    MistralConfig,
-    Phi3,
-    Phi3Config,
-    Qwen2,
-    Qwen2Config,
-    Qwen3,
-    Qwen3Config,
-    SmolLM3,
-    SmolLM3Config,
-    _decode_step,
-)
+from ggmlopt.models import _decode_step
 from ggmlopt.nn import Linear, QuantizedLinear
 from ggmlopt.nn.quantized import set_activations
 
@@ -43,12 +30,14 @@ MIX = {"q_proj": "Q4_K", "k_proj": "Q8_0", "v_proj": "Q6_K", "o_proj": "Q4_0",
 SHAPE = {"vocab_size": 97, "dim": 256, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
          "ffn_dim": 512, "max_seq_len": 64}
 FAMILIES = {
-    "llama": lambda: Llama(LlamaConfig(**SHAPE), seed=1),
-    "qwen2-biases": lambda: Qwen2(Qwen2Config(**SHAPE), seed=2),
-    "qwen3-qk-norms": lambda: Qwen3(Qwen3Config(**SHAPE), seed=3),
-    "mistral-window-3": lambda: Mistral(MistralConfig(**SHAPE, sliding_window=3), seed=4),
-    "smollm3-nope": lambda: SmolLM3(SmolLM3Config(**dict(SHAPE, n_layers=4)), seed=5),
-    "phi3-fused": lambda: Phi3(Phi3Config(**SHAPE, sliding_window=5), seed=6),
+    "llama": lambda: models.Llama(models.LlamaConfig(**SHAPE), seed=1),
+    "qwen2-biases": lambda: models.Qwen2(models.Qwen2Config(**SHAPE), seed=2),
+    "qwen3-qk-norms": lambda: models.Qwen3(models.Qwen3Config(**SHAPE), seed=3),
+    "mistral-window-3": lambda: models.Mistral(models.MistralConfig(**SHAPE, sliding_window=3),
+                                               seed=4),
+    "smollm3-nope": lambda: models.SmolLM3(models.SmolLM3Config(**dict(SHAPE, n_layers=4)),
+                                           seed=5),
+    "phi3-fused": lambda: models.Phi3(models.Phi3Config(**SHAPE, sliding_window=5), seed=6),
 }
 
 
