@@ -238,7 +238,8 @@ def block_step_args(model):
         ("q", "k", "v", "o", "gate", "up", "down"),
         (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
          mlp.down_proj))}
-    return projections, layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data
+    norms = layer.input_layernorm, layer.post_attention_layernorm
+    return projections, norms[0].weight.data, norms[1].weight.data
 
 
 def test_bad_input_is_refused_and_changes_nothing():
