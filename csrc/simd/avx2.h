@@ -140,6 +140,8 @@ static inline __m256 go_vbits(uint32_t x, int j0) {
     const __m256i b = _mm256_srlv_epi32(_mm256_set1_epi32((int)x), lanes);
     return _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(1)));
 }
+/* v + 16 in the lanes whose bit (j0 + lane) of x is set */
+#define go_vadd16_bits(v, x, j0) go_vfma(go_vbits((x), (j0)), go_vset1(16.0f), (v))
 static inline __m256 go_vload_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }

@@ -131,12 +131,9 @@ static inline __m512 go_vload_i8(const int8_t *p) {
 }
 #include "simd/x86_bytes.h"
 #include "simd/x86_int8.h"
-/* lanes (float)((x >> (j0 + lane)) & 1) */
-static inline __m512 go_vbits(uint32_t x, int j0) {
-    const __m512i lanes = _mm512_add_epi32(_mm512_set1_epi32(j0), _mm512_setr_epi32(
-        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    const __m512i b = _mm512_srlv_epi32(_mm512_set1_epi32((int)x), lanes);
-    return _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(1)));
+/* v + 16 in the lanes whose bit (j0 + lane) of x is set: one masked add */
+static inline __m512 go_vadd16_bits(__m512 v, uint32_t x, int j0) {
+    return _mm512_mask_add_ps(v, (__mmask16)(x >> j0), v, _mm512_set1_ps(16.0f));
 }
 static inline __m512 go_vload_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));

@@ -240,6 +240,8 @@ static inline float32x4_t go_vbits(uint32_t x, int j0) {
     const uint32x4_t b = vshlq_u32(vdupq_n_u32(x), vld1q_s32(shifts));
     return vcvtq_f32_u32(vandq_u32(b, vdupq_n_u32(1)));
 }
+/* v + 16 in the lanes whose bit (j0 + lane) of x is set */
+#define go_vadd16_bits(v, x, j0) go_vfma(go_vbits((x), (j0)), go_vset1(16.0f), (v))
 static inline float32x4_t go_vload_f16(const uint16_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
 }

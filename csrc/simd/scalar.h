@@ -129,6 +129,8 @@ static inline void go_merge16(const uint8_t *lo, const uint8_t *hi, int8_t off, 
     for (int j = 0; j < 16; ++j) out[j] = (int8_t)(lo[j] + 16 * hi[j] - off);
 }
 #define go_vbits(x, j0) ((float)(((x) >> (j0)) & 1u))
+/* v + 16 in the lanes whose bit (j0 + lane) of x is set */
+#define go_vadd16_bits(v, x, j0) go_vfma(go_vbits((x), (j0)), go_vset1(16.0f), (v))
 #define go_vload_f16(p) go_f16_to_f32(*(p))
 #define go_vstore_bf16(p, v) (*(p) = go_f32_to_bf16(v))
 
