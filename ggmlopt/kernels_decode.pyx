@@ -19,6 +19,7 @@ from libc.stdint cimport int64_t, uint8_t
 from ggmlopt cimport kernels as _k
 from ggmlopt._kernel_args cimport as_array as _array
 from ggmlopt._kernel_args cimport f32_ptr as _f32
+from ggmlopt._kernel_args cimport no_overlap as _no_overlap
 
 from ggmlopt import kernels_quant
 
@@ -99,10 +100,6 @@ cdef class LlamaBlockStep:
         for i, p in enumerate(_PROJECTIONS):
             qtype, raw, bias = projections[p][:3]
             nout, ncols = want[p]
-            try:
-                kernels_quant.row_bytes(qtype, ncols)
-            except ValueError as e:
-                raise ValueError(f"projections[{p!r}]: {e}") from None
             a = _checked_raw(qtype, raw, nout, ncols, p)
             w = ws[i]
             w.type = kernels_quant.QTYPES[qtype.upper()] if isinstance(qtype, str) else int(qtype)
@@ -186,7 +183,7 @@ cdef class LlamaBlockStep:
                                  f"{self.head_dim // 2}) for an even head_dim, got "
                                  f"{(<object>ac).shape} and {(<object>as_).shape}")
             pc, ps = _f32(ac), _f32(as_)
-        _apart(ax, ak, av)
+        _no_overlap([("x", ax), ("cache_k", ak), ("cache_v", av)])
         if self.work_for != (batch, max_len):
             size = _k.decode_block_work_size(&self.blk, batch, max_len)
             buf = np.empty(size + 64, np.uint8)
@@ -203,21 +200,6 @@ cdef class LlamaBlockStep:
         return ax
 
 
-cdef _apart(cnp.ndarray x, cnp.ndarray k, cnp.ndarray v):
-    """ValueError when x, cache_k and cache_v share memory (each is written)."""
-    cdef list named = [("x", x), ("cache_k", k), ("cache_v", v)]
-    cdef char *a0
-    cdef char *b0
-    for i in range(3):
-        for j in range(i + 1, 3):
-            a0 = <char *>cnp.PyArray_DATA(<cnp.ndarray>named[i][1])
-            b0 = <char *>cnp.PyArray_DATA(<cnp.ndarray>named[j][1])
-            if a0 < b0 + cnp.PyArray_NBYTES(<cnp.ndarray>named[j][1]) and \
-                    b0 < a0 + cnp.PyArray_NBYTES(<cnp.ndarray>named[i][1]):
-                raise ValueError(f"{named[i][0]} and {named[j][0]} overlap in memory; they "
-                                 f"must be distinct arrays")
-
-
 def _raw_rows(entry, name):
     """The row count of a projection's (qtype, raw, bias[, adapter]) entry."""
     if not isinstance(entry, tuple) or len(entry) not in (3, 4):
@@ -232,7 +214,10 @@ def _raw_rows(entry, name):
 
 def _checked_raw(qtype, raw, nout, ncols, name):
     """raw checked as nout C-contiguous rows of ncols values of qtype."""
-    want = kernels_quant.row_bytes(qtype, ncols)
+    try:
+        want = kernels_quant.row_bytes(qtype, ncols)
+    except ValueError as e:
+        raise ValueError(f"projections[{name!r}]: {e}") from None
     if raw.shape[0] != nout or raw.shape[1] * raw.itemsize != want or \
             not raw.flags.c_contiguous:
         raise ValueError(f"projections[{name!r}]: expected {nout} C-contiguous rows of {want} "

@@ -29,6 +29,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +61,20 @@ __all__ = [
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-class LoRALinear(Linear):
+class _AdapterTraining:
+    """train() of an adapter layer: its base layer (``_base``, not a sub-module:
+    its weight keeps the adapter's name) follows, so a kept weight's products
+    of few rows see the training flag (float32 while training)."""
+
+    _base: Any
+
+    def train(self, mode: bool = True):
+        super().train(mode)  # type: ignore[misc]
+        set_training(self._base, mode)
+        return self
+
+
+class LoRALinear(_AdapterTraining, Linear):
     """LoRALinear(base, rank, alpha, *, dropout=0.0, rng=None): a Linear with a
     low-rank adapter, y = x W (+ b) + (alpha / rank) * dropout(x) A B.
 
@@ -111,13 +125,6 @@ class LoRALinear(Linear):
         self._shape = None
         self._x = None
         self._scratch = {}
-
-    def train(self, mode: bool = True):
-        """Module.train, the wrapped base layer included (a kept weight's
-        products of few rows read its training flag: float32 while training)."""
-        super().train(mode)
-        set_training(self._base, mode)
-        return self
 
     def _buffers(self, shape):
         super()._buffers(shape)
@@ -191,7 +198,7 @@ class LoRALinear(Linear):
                 f"dropout={self.lora_dropout.p})")
 
 
-class LoRAEmbedding(Embedding):
+class LoRAEmbedding(_AdapterTraining, Embedding):
     """LoRAEmbedding(base, rank, alpha, *, rng=None): an Embedding with a low-rank
     adapter, PEFT's ``lora.Embedding``: row ids of W + (alpha / rank) * A[ids] B.
 
@@ -230,14 +237,6 @@ class LoRAEmbedding(Embedding):
         self._ids = None
         self._have_ids = False
         self._scratch = {}
-
-    def train(self, mode: bool = True):
-        """Module.train, the wrapped base layer included (a kept weight's
-        products of few rows read its training flag: float32 while training)."""
-        super().train(mode)
-        set_training(self._base, mode)
-        return self
-
 
     def forward(self, ids):
         """ids: integers (...) -> float32 (..., dim), a buffer this layer reuses."""
