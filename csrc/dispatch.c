@@ -7,8 +7,10 @@
  * threads.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ggmlopt.h"
@@ -1599,5 +1601,119 @@ int ggmlopt_quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const floa
     quantize_k_args a = {type, ncols, src, dst};
     /* the scale searches make a value cost about a hundred flops */
     run_items(nrows, ncols * 100, quantize_k_block, &a);
+    return 0;
+}
+
+/* ---- float32 products (the GEMM engine "native") ---------------------------- */
+
+/* below this many multiply-adds a product runs on the calling thread */
+#define GO_GEMM_PARALLEL_MIN (1 << 20)
+
+/* The packed panels' scratch, kept between calls: a fresh allocation of this
+ * size is a fresh mapping often enough that its page faults cost a tenth of a
+ * product.  A call that finds it taken (another thread's product) allocates
+ * its own. */
+static struct {
+    pthread_mutex_t mu;
+    float *buf;
+    int64_t floats;
+    int busy;
+} gemm_cache = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void gemm_scratch_free(void) {
+    free(gemm_cache.buf);
+    gemm_cache.buf = NULL;
+    gemm_cache.floats = 0;
+}
+
+static float *gemm_scratch(int64_t floats, int *cached) {
+    float *buf = NULL;
+    pthread_mutex_lock(&gemm_cache.mu);
+    if (!gemm_cache.busy) {
+        static int registered = 0;
+        if (!registered) registered = atexit(gemm_scratch_free) == 0;
+        if (gemm_cache.floats < floats) {
+            free(gemm_cache.buf);
+            gemm_cache.buf = (float *)malloc((size_t)floats * sizeof(float));
+            gemm_cache.floats = gemm_cache.buf ? floats : 0;
+        }
+        if (gemm_cache.buf) {
+            gemm_cache.busy = 1;
+            buf = gemm_cache.buf;
+            *cached = 1;
+        }
+    }
+    pthread_mutex_unlock(&gemm_cache.mu);
+    if (!buf) {
+        buf = (float *)malloc((size_t)floats * sizeof(float));
+        *cached = 0;
+    }
+    return buf;
+}
+
+static void gemm_scratch_done(float *buf, int cached) {
+    if (!cached) {
+        free(buf);
+        return;
+    }
+    pthread_mutex_lock(&gemm_cache.mu);
+    gemm_cache.busy = 0;
+    pthread_mutex_unlock(&gemm_cache.mu);
+}
+
+typedef struct {
+    go_gemm_args g;
+    int64_t col_groups, rows_per, cols_per, work_floats;
+    float *work;
+} gemm_job;
+
+static void gemm_item(void *p, int it) {
+    const gemm_job *job = (const gemm_job *)p;
+    const int64_t r0 = (it / job->col_groups) * job->rows_per;
+    const int64_t j0 = (it % job->col_groups) * job->cols_per;
+    const int64_t r1 = r0 + job->rows_per < job->g.m ? r0 + job->rows_per : job->g.m;
+    const int64_t j1 = j0 + job->cols_per < job->g.n ? j0 + job->cols_per : job->g.n;
+    if (r0 < r1 && j0 < j1)
+        kernels()->sgemm_block_f32(&job->g, r0, r1, j0, j1, job->work + it * job->work_floats);
+}
+
+int ggmlopt_sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_row,
+                      int64_t a_col, const float *b, int64_t b_row, int64_t b_col, float *c,
+                      int64_t ldc, int accumulate) {
+    if (m < 0 || n < 0 || k < 0 || ldc < n || a_row < 0 || a_col < 0 || b_row < 0 || b_col < 0)
+        return -1;
+    if (a_col != 1 && a_row != 1) return -1;
+    if (m == 0 || n == 0) return 0;
+    if (k == 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
+        return 0;
+    }
+    const ggmlopt_kernel_table *kt = kernels();
+    const int64_t nr = kt->sgemm_panel_cols(), mr = kt->sgemm_tile_rows();
+    const int64_t panels = (n + nr - 1) / nr, tiles = (m + mr - 1) / mr;
+    const double madds = (double)m * (double)n * (double)k;
+    const int64_t threads = madds < GO_GEMM_PARALLEL_MIN ? 1 : go_pool_threads();
+    /* the columns split evenly among the threads (each block packs its own
+     * panels), or, with fewer panels than threads, the rows too */
+    int64_t col_groups = panels < threads ? panels : threads;
+    int64_t row_groups = panels < threads ? (threads < tiles ? threads : tiles) : 1;
+    gemm_job job;
+    job.cols_per = (panels + col_groups - 1) / col_groups * nr;
+    job.col_groups = (n + job.cols_per - 1) / job.cols_per;
+    job.rows_per = (tiles + row_groups - 1) / row_groups * mr;
+    row_groups = (m + job.rows_per - 1) / job.rows_per;
+    const int64_t block_cols = job.cols_per < GO_GEMM_NC ? job.cols_per : GO_GEMM_NC;
+    job.work_floats = block_cols * go_gemm_kc(k);
+    const int64_t items = row_groups * job.col_groups;
+    int cached = 0;
+    job.work = gemm_scratch(items * job.work_floats, &cached);
+    if (!job.work) return -2;
+    job.g = (go_gemm_args){m, n, k, a, a_row, a_col, b, b_row, b_col, c, ldc, accumulate != 0};
+    if (items > 1)
+        go_pool_for((int)items, gemm_item, &job);
+    else
+        gemm_item(&job, 0);
+    gemm_scratch_done(job.work, cached);
     return 0;
 }

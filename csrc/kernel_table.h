@@ -146,6 +146,32 @@ static inline int64_t go_qtype_size(int type) {
 #define GO_QMM_CHUNK 512
 #define GO_QMM_ROWS 8
 
+/* A float32 product C = A B (+ C with accumulate) for kernels/gemm.inc:
+ * A[i, p] = a[i * a_row + p * a_col] (a_col == 1, or a_row == 1: a transposed
+ * view), B[p, j] = b[p * b_row + j * b_col] (any layout), C rows of ldc. */
+typedef struct {
+    int64_t m, n, k;
+    const float *a;
+    int64_t a_row, a_col;
+    const float *b;
+    int64_t b_row, b_col;
+    float *c;
+    int64_t ldc;
+    int accumulate;
+} go_gemm_args;
+
+/* columns of C per packed block (a multiple of every path's panel width) and
+ * the longest k chunk; a block's scratch is at most their product in floats */
+#define GO_GEMM_NC 256
+#define GO_GEMM_KC_MAX 768
+/* k chunks as even as the limit allows: they fix each value's sum order, so
+ * they depend on k alone */
+static inline int64_t go_gemm_kc(int64_t k) {
+    if (k <= GO_GEMM_KC_MAX) return k;
+    const int64_t chunks = (k + GO_GEMM_KC_MAX - 1) / GO_GEMM_KC_MAX;
+    return (k + chunks - 1) / chunks;
+}
+
 typedef struct ggmlopt_kernel_table {
     const char *name;
     void (*adamw_step_f32)(int64_t n, float *w, const float *g, float *m, float *v,
@@ -259,6 +285,13 @@ typedef struct ggmlopt_kernel_table {
     int (*quant_dot_q8_rows)(int type, int64_t ncols, const int8_t *xqs, const float *xd,
                              const float *xsum, const uint8_t *w, int64_t row_bytes, int64_t j0,
                              int64_t j1, float *y);
+    /* float32 products (kernels/gemm.inc): C rows [r0, r1) x columns [j0, j1)
+     * with scratch of GO_GEMM_NC * go_gemm_kc(k) floats; the packed panels'
+     * width and the micro-tile's rows */
+    void (*sgemm_block_f32)(const go_gemm_args *g, int64_t r0, int64_t r1, int64_t j0,
+                            int64_t j1, float *work);
+    int (*sgemm_panel_cols)(void);
+    int (*sgemm_tile_rows)(void);
 } ggmlopt_kernel_table;
 
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;

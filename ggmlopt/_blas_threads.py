@@ -12,7 +12,8 @@ the cores not busy with other processes and, unless told otherwise, lets BLAS us
 at most that many threads (at least one), restoring its setting afterwards.
 
 A model whose own kernels do most of the work (the direct convolutions of a
-small CNN, on the kernel pool's threads) gets one BLAS thread in auto mode: its
+small CNN, or every Linear under the native GEMM engine, on the kernel pool's
+threads) gets one BLAS thread in auto mode: its
 products are then small, and an idle OpenBLAS worker busy-waits for the next one
 on a core the kernel pool needs.  On 2 free cores an epoch of mnist-cnn took
 1.85 s with 2 BLAS threads and 1.23 s with one (mnist-fc, all BLAS: 0.46 s with
@@ -117,9 +118,10 @@ def choose_blas_threads(current, cpus, others_running, kernel_bound=False):
 
 def work_split(model):
     """(BLAS, kernel pool) multiply-adds per datapoint of the forward pass, from
-    the layers whose cost is known: Linear (BLAS) and Conv2d after a forward
-    (the kernel pool on its direct kernels, else BLAS); other layers count
-    nothing."""
+    the layers whose cost is known: Linear (BLAS; the kernel pool under the
+    native GEMM engine) and Conv2d after a forward (the kernel pool on its
+    direct kernels, else BLAS); other layers count nothing."""
+    from . import gemm
     from .nn.conv import Conv2d
     from .nn.linear import Linear
     from .nn.module import modules
@@ -127,7 +129,10 @@ def work_split(model):
     blas = pool = 0
     for m in modules(model):
         if isinstance(m, Linear):
-            blas += m.in_features * m.out_features
+            if gemm.engine() == "native":
+                pool += m.in_features * m.out_features
+            else:
+                blas += m.in_features * m.out_features
         elif isinstance(m, Conv2d) and m._out_shape is not None:
             madds = m.weight.data.size * m._out_shape[2] * m._out_shape[3]
             if m._direct:

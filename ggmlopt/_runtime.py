@@ -38,8 +38,10 @@ def _print_gemm(file: TextIO) -> None:
 
     name = gemm.engine()
     source = ("set by GGMLOPT_GEMM" if os.environ.get("GGMLOPT_GEMM")
-              else "the default; GGMLOPT_GEMM=mkl for MKL")
-    where = f" ({gemm.mkl_library()})" if name == "mkl" else " (NumPy's BLAS, above)"
+              else "the default; GGMLOPT_GEMM=mkl for MKL, =native for ggmlopt's own")
+    where = {"mkl": f" ({gemm.mkl_library()})",
+             "native": " (ggmlopt's own kernels, the active SIMD path and kernel threads)"
+             }.get(name, " (NumPy's BLAS, above)")
     print(f"  GEMM engine         : {name}{where} [{source}]", file=file)
     native, why = gemm.bf16_support()
     print(f"  bf16 products       : {'yes: ' if native else 'no: '}{why}", file=file)

@@ -1,14 +1,17 @@
 """The matrix products' engine: which BLAS multiplies, chosen at run time.
 
 ``numpy`` (the default, always there): NumPy's own BLAS (OpenBLAS in its wheels)
-through ``np.matmul``.  ``mkl``: Intel MKL from the ``mkl`` package
+through ``np.matmul``.  ``native``: ggmlopt's own products over its SIMD paths
+and kernel threads (``ggmlopt.kernels_gemm``; each value one chain of FMAs in
+order, so the same bits on any number of threads; products under 16 rows or 16
+columns, and layouts it cannot take, go to NumPy).  ``mkl``: Intel MKL from the ``mkl`` package
 (``pip install ggmlopt[mkl]``), called through its CBLAS entry points.  MKL also
 brings the bfloat16 products (``cblas_gemm_bf16bf16f32``: bf16 operands, float32
 accumulation and result; AMX tiles on Intel since Sapphire Rapids, AVX512-BF16
 on Cooper Lake and AMD Zen 4/5) that ``precision="bf16"`` uses; NumPy's OpenBLAS
 is built without them.
 
-``GGMLOPT_GEMM=numpy|mkl`` picks the float32 engine (read at import;
+``GGMLOPT_GEMM=numpy|mkl|native`` picks the float32 engine (read at import;
 ``use_engine`` changes it later); ``show_config()`` reports it.  The bf16
 products go to MKL whichever engine multiplies float32.
 
@@ -30,7 +33,7 @@ __all__ = ["ENGINES", "PRECISIONS", "accumulates_in_place", "bf16_active", "bf16
            "check_precision", "engine", "matmul", "matmul_bf16", "mkl_library", "products_in",
            "use_engine"]
 
-ENGINES = ("numpy", "mkl")
+ENGINES = ("numpy", "mkl", "native")
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _MKL_THREADING = {"INTEL": 0, "SEQUENTIAL": 1, "TBB": 2, "GNU": 3}
@@ -118,8 +121,19 @@ _numpy_sgemm = _numpy_cblas_sgemm()
 
 def accumulates_in_place() -> bool:
     """Whether matmul(..., accumulate=True) adds into out without a temporary (MKL,
-    or the CBLAS of NumPy's own OpenBLAS)."""
-    return (_engine == "mkl" and _mkl is not None) or _numpy_sgemm is not None
+    the native engine, or the CBLAS of NumPy's own OpenBLAS)."""
+    return (_engine == "mkl" and _mkl is not None) or _engine == "native" \
+        or _numpy_sgemm is not None
+
+
+_NATIVE_MIN = 16
+
+
+def _native_sgemm(a, b, out, accumulate):
+    """ggmlopt.kernels_gemm.try_sgemm (False: NumPy takes the product)."""
+    from .kernels_gemm import try_sgemm
+
+    return try_sgemm(a, b, out, accumulate)
 
 
 def _load_mkl():
@@ -155,7 +169,7 @@ _engine = "numpy"
 
 
 def use_engine(name: str | None = None) -> str:
-    """Multiply float32 with engine ``name`` ('numpy' or 'mkl'; None: what
+    """Multiply float32 with engine ``name`` ('numpy', 'mkl' or 'native'; None: what
     GGMLOPT_GEMM says, else numpy) and return the previous engine's name.
     ImportError when MKL is asked for and not installed."""
     global _engine
@@ -236,6 +250,12 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = Fal
             else (a, out)
         if _call(_mkl.sgemm, a2, b, out2, accumulate):
             return out
+    # the native products' tiles are 16+ rows by 16+ columns: thinner products (a
+    # decode step's row, an adapter's rank-8 side) run faster in the BLAS
+    if _engine == "native" and not _bf16_active and a.ndim == 2 and b.ndim == 2 \
+            and a.shape[0] >= _NATIVE_MIN and b.shape[1] >= _NATIVE_MIN \
+            and _native_sgemm(a, b, out, accumulate):
+        return out
     if accumulate:
         if _numpy_sgemm is not None and a.ndim == b.ndim == out.ndim == 2 \
                 and a.dtype == b.dtype == out.dtype == np.float32 \

@@ -214,3 +214,6 @@ cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncol
                            const uint8_t *src, float *dst) noexcept nogil
 cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
                            uint8_t *dst) noexcept nogil
+cdef int sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_row, int64_t a_col,
+                   const float *b, int64_t b_row, int64_t b_col, float *c, int64_t ldc,
+                   int accumulate) noexcept nogil

@@ -1807,3 +1807,14 @@ cdef int dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t ncol
 cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
                            uint8_t *dst) noexcept nogil:
     return ggmlopt_quantize_rows_f32(type, nrows, ncols, src, dst)
+
+
+cdef extern from "ggmlopt.h" nogil:
+    int ggmlopt_sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_row,
+                          int64_t a_col, const float *b, int64_t b_row, int64_t b_col, float *c,
+                          int64_t ldc, int accumulate)
+
+cdef int sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_row, int64_t a_col,
+                   const float *b, int64_t b_row, int64_t b_col, float *c, int64_t ldc,
+                   int accumulate) noexcept nogil:
+    return ggmlopt_sgemm_f32(m, n, k, a, a_row, a_col, b, b_row, b_col, c, ldc, accumulate)

@@ -42,6 +42,17 @@ def test_work_split_counts_blas_and_kernel_pool_layers():
     assert _blas_threads.work_split(wide) == (64 * 3 * 9 * 25, 0)
 
 
+def test_work_split_under_the_native_gemm_engine():
+    from ggmlopt import gemm
+    from ggmlopt.examples.mnist import mnist_fc
+
+    previous = gemm.use_engine("native")
+    try:  # the products run on the kernel pool: one BLAS thread in auto mode
+        assert _blas_threads.work_split(mnist_fc(0)) == (0, 784 * 500 + 500 * 10)
+    finally:
+        gemm.use_engine(previous)
+
+
 @pytest.mark.parametrize("env,want", [
     ({}, "auto"), ({"GGMLOPT_BLAS_THREADS": "auto"}, "auto"),
     ({"GGMLOPT_BLAS_THREADS": " KEEP "}, "keep"), ({"GGMLOPT_BLAS_THREADS": "3"}, 3),

@@ -35,6 +35,7 @@ build_harness() {
         "csrc/tests/test_attention.c:"
         "csrc/tests/test_quant.c:"
         "csrc/tests/test_decode_block.c:"
+        "csrc/tests/test_gemm.c:"
     )
     case "$machine" in
         x86_64*) units+=("csrc/kernels_avx2.c:-mavx2 -mfma -mf16c"

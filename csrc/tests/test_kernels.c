@@ -32,6 +32,8 @@ void test_attention_public(void);
 void test_quant_kernels(const ggmlopt_kernel_table *k);
 void test_quant_public(void);
 void test_decode_block_public(void);
+void test_gemm_kernels(const ggmlopt_kernel_table *k);
+void test_gemm_public(void);
 void test_quantize_k(void);
 
 static const ggmlopt_kernel_table *const SCALAR = &ggmlopt_kernels_scalar;
@@ -704,6 +706,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
     test_lm_layers(k, SCALAR);
     test_attention_kernels(k, SCALAR);
     test_quant_kernels(k);
+    test_gemm_kernels(k);
 }
 
 int main(int argc, char **argv) {
@@ -736,6 +739,7 @@ int main(int argc, char **argv) {
     test_quant_public();
     test_quantize_k();
     test_decode_block_public();
+    test_gemm_public();
 
     printf("%d passed, %d failed\n", th_passed, th_failed);
     return th_failed ? 1 : 0;

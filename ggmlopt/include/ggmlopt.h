@@ -516,6 +516,21 @@ int ggmlopt_decode_block_f32(const ggmlopt_llama_block *blk, int64_t batch, int6
 int ggmlopt_quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *src,
                               uint8_t *dst);
 
+/* ---- float32 products -------------------------------------------------------- */
+
+/* C (m, n; rows of ldc >= n floats) = A B, or C += A B with accumulate != 0,
+ * A[i, p] = a[i * a_row + p * a_col] (a_col == 1, or a_row == 1 for a
+ * transposed view), B[p, j] = b[p * b_row + j * b_col] (any non-negative
+ * strides).  C must not overlap A or B.  Each value is one chain of float32
+ * FMAs over p in order (C's old value first with accumulate), in chunks that
+ * depend on k alone: the same bits on any number of threads.  Threaded over
+ * column (or row) blocks.  Returns 0; -1 for a negative size or stride, ldc <
+ * n, or an A with neither stride 1; -2 when its scratch (about 0.5 MiB a
+ * block) cannot be allocated (C untouched). */
+int ggmlopt_sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_row,
+                      int64_t a_col, const float *b, int64_t b_row, int64_t b_col, float *c,
+                      int64_t ldc, int accumulate);
+
 #ifdef __cplusplus
 }
 #endif

@@ -109,13 +109,13 @@ class Embedding(Module):
         logits of an output head tied to this embedding (into out when given;
         bf16 operands inside a ``precision="bf16"`` context).  keep=False: an
         inference product (float32) that leaves what project_backward reads alone."""
-        if not keep:
-            return np.matmul(rows, self.weight.data.T, out=out)
-        self._bf16_pass = gemm.bf16_active()
-        if not self._bf16_pass:
-            return np.matmul(rows, self.weight.data.T, out=out)
         if out is None:
             out = np.empty((rows.shape[0], self.num_embeddings), dtype=np.float32)
+        if not keep:
+            return gemm.matmul(rows, self.weight.data.T, out)
+        self._bf16_pass = gemm.bf16_active()
+        if not self._bf16_pass:
+            return gemm.matmul(rows, self.weight.data.T, out)
         return gemm.matmul_bf16(bf16_copy(self, "_h16", rows),
                                 bf16_weight(self, self.weight.data).T, out)
 
@@ -130,7 +130,7 @@ class Embedding(Module):
                                   np.empty((g.shape[0], self.embedding_dim), np.float32))
             add_product_bf16(w, g16.T, self._h16)
             return dh
-        dh = g @ w.data
+        dh = gemm.matmul(g, w.data, np.empty((g.shape[0], self.embedding_dim), np.float32))
         add_product(w, g.T, rows, self, "weight")
         return dh
 

@@ -1,0 +1,8 @@
+import numpy as np
+import numpy.typing as npt
+from typing_extensions import TypeAlias
+
+F32: TypeAlias = npt.NDArray[np.float32]
+
+def sgemm(a: F32, b: F32, out: F32, accumulate: bool = ...) -> F32: ...
+def try_sgemm(a: F32, b: F32, out: F32, accumulate: bool = ...) -> bool: ...
