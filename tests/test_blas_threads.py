@@ -13,6 +13,17 @@ import ggmlopt as go
 from ggmlopt import _blas_threads
 
 
+@pytest.fixture(autouse=True)
+def numpy_engine():
+    """These tests count Linear layers as BLAS work: NumPy's engine, whatever
+    GGMLOPT_GEMM says (the native engine's case has its own test)."""
+    from ggmlopt import gemm
+
+    previous = gemm.use_engine("numpy")
+    yield
+    gemm.use_engine(previous)
+
+
 def blas_threads():
     info = threadpoolctl.threadpool_info()
     return max((i["num_threads"] for i in info if i["user_api"] == "blas"), default=None)
