@@ -26,6 +26,7 @@ import ctypes.util
 import glob
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -121,12 +122,15 @@ _numpy_sgemm = _numpy_cblas_sgemm()
 
 def accumulates_in_place() -> bool:
     """Whether matmul(..., accumulate=True) adds into out without a temporary (MKL,
-    or the CBLAS of NumPy's own OpenBLAS, which also takes the products too thin
-    for the native engine)."""
+    the native engine, or the CBLAS of NumPy's own OpenBLAS, which also takes the
+    products of too few rows for the native engine)."""
     return (_engine == "mkl" and _mkl is not None) or _numpy_sgemm is not None
 
 
-_NATIVE_MIN = 16
+# the native engine takes products of at least this many rows, of any width (an
+# adapter's rank-8 side through its one-vector tiles); thinner ones (a decode
+# step's few rows) run faster in the BLAS, whose packing they do not repay
+_NATIVE_MIN_ROWS = 8
 
 
 def _native_sgemm(a, b, out, accumulate):
@@ -250,10 +254,8 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = Fal
             else (a, out)
         if _call(_mkl.sgemm, a2, b, out2, accumulate):
             return out
-    # the native products' tiles are 16+ rows by 16+ columns: thinner products (a
-    # decode step's row, an adapter's rank-8 side) run faster in the BLAS
     if _engine == "native" and not _bf16_active and a.ndim == 2 and b.ndim == 2 \
-            and a.shape[0] >= _NATIVE_MIN and b.shape[1] >= _NATIVE_MIN \
+            and a.shape[0] >= _NATIVE_MIN_ROWS \
             and _native_sgemm(a, b, out, accumulate):
         return out
     if accumulate:
@@ -311,20 +313,55 @@ def bf16_active() -> bool:
     return _bf16_active
 
 
+# how long the kernel threads poll for the next call while the native engine
+# multiplies a training pass (kernels.set_pool_linger): its products come a few
+# hundred microseconds apart, and waking a sleeping thread took 20-30 us of each
+# (a LoRA step 0.665 -> 0.632 s); no BLAS thread spins beside them then, as it
+# would under the numpy engine (there the linger cost a step 5%)
+NATIVE_TRAINING_LINGER_S = 0.002
+# passes inside products_in under the native engine, and the linger before the
+# first of them: ranks run as threads of one process enter and leave in any order
+_lingering = {"passes": 0, "before": 0.0}
+_lingering_lock = threading.Lock()
+
+
+def _native_passes(delta: int) -> None:
+    """One more (delta 1) or one fewer (-1) native training pass: the first
+    sets the kernel threads' linger, the last puts the setting before back."""
+    from . import kernels
+
+    with _lingering_lock:
+        if delta > 0 and _lingering["passes"] == 0:
+            _lingering["before"] = kernels.set_pool_linger(NATIVE_TRAINING_LINGER_S)
+        _lingering["passes"] += delta
+        if delta < 0 and _lingering["passes"] == 0:
+            kernels.set_pool_linger(_lingering["before"])
+
+
 class products_in:
     """``with products_in('bf16'):`` the layers' forward and backward products
     take bf16 operands (float32 master weights and gradients stay); 'f32' leaves
-    them in float32.  Not re-entrant across threads: one training context runs
-    at a time in a process."""
+    them in float32, and under the native engine keeps the kernel threads
+    polling between its products (NATIVE_TRAINING_LINGER_S, set by the first
+    pass that enters and put back by the last that leaves, from any thread).
+    The bf16 switch is not re-entrant across threads: one bf16 training context
+    runs at a time in a process."""
 
     def __init__(self, precision: str) -> None:
         self._bf16 = precision == "bf16"
         self._before = False
+        self._lingers = False
 
     def __enter__(self) -> None:
         global _bf16_active
         self._before, _bf16_active = _bf16_active, self._bf16
+        self._lingers = _engine == "native" and not self._bf16
+        if self._lingers:
+            _native_passes(1)
 
     def __exit__(self, *exc: object) -> None:
         global _bf16_active
         _bf16_active = self._before
+        if self._lingers:
+            _native_passes(-1)
+            self._lingers = False

@@ -14,7 +14,9 @@ from ggmlopt import gemm, kernels, kernels_gemm
 
 EPS32 = 2.0 ** -24
 SHAPES = [(1, 1, 1), (1, 7, 5), (5, 1, 9), (2, 3, 1), (13, 17, 31), (15, 16, 33), (29, 65, 47),
-          (37, 1100, 70), (100, 48, 257), (256, 576, 192)]
+          (37, 1100, 70), (100, 48, 257), (256, 576, 192),
+          # no wider than a vector: an adapter's rank side (one-vector tiles)
+          (61, 300, 8), (576, 256, 8), (45, 1600, 4), (59, 40, 16), (30, 17, 1)]
 
 
 def operands(rng, m, k, n, a_t, b_t):
@@ -139,10 +141,49 @@ def test_the_engine_routes_products_to_it(simd_path):
         want = np.empty((33, 45), np.float32)
         kernels_gemm.sgemm(a, b, want)
         assert np.array_equal(got, want)
-        # a row vector and an output it cannot take go to NumPy, still right
+        # a rank-8 side of 8+ rows is native's too (one-vector tiles)
+        thin = gemm.matmul(a, b[:, :8], np.empty((33, 8), np.float32))
+        want_thin = np.empty((33, 8), np.float32)
+        kernels_gemm.sgemm(a, b[:, :8], want_thin)
+        assert np.array_equal(thin, want_thin)
+        # a row vector, fewer rows than a tile's worth and an output it cannot
+        # take go to NumPy, still right
+        check(gemm.matmul(a[:7], b, np.empty((7, 45), np.float32)), a[:7], b)
         row = gemm.matmul(a[0], b, np.empty(45, np.float32))
         check(row[None, :], a[:1], b)
         strided = np.empty((45, 33), np.float32).T
         check(gemm.matmul(a, b, strided), a, b)
     finally:
         gemm.use_engine(previous)
+
+
+def test_native_training_passes_linger_the_kernel_threads_only_inside():
+    """Under the native engine a context's forward and backward keep the kernel
+    threads polling between products (gemm.NATIVE_TRAINING_LINGER_S); the
+    setting before comes back after, and the numpy engine leaves it alone."""
+    import ggmlopt as go
+    from ggmlopt.models import Llama, LlamaConfig
+
+    model = Llama(LlamaConfig(vocab_size=33, dim=32, n_layers=1, n_heads=2, max_seq_len=16))
+    x = np.arange(16, dtype=np.int32).reshape(2, 8) % 33
+    seen = []
+    forward = model._blocks_forward
+
+    def spy(blocks, h, pos=0):
+        seen.append(kernels.set_pool_linger(0.5))
+        kernels.set_pool_linger(seen[-1])
+        return forward(blocks, h, pos)
+    model._blocks_forward = spy
+    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32)
+    assert kernels.set_pool_linger(0) == 0.0
+    previous = gemm.use_engine("native")
+    try:
+        ctx.alloc(True)
+        ctx.eval(None, inputs=x, labels=(x + 1) % 33)
+        gemm.use_engine("numpy")
+        ctx.alloc(True)
+        ctx.eval(None, inputs=x, labels=(x + 1) % 33)
+    finally:
+        gemm.use_engine(previous)
+    assert seen == [gemm.NATIVE_TRAINING_LINGER_S, 0.0]
+    assert kernels.set_pool_linger(0) == 0.0

@@ -68,6 +68,10 @@ static const gemm_case CASES[] = {
     {1, 1, 1, 0, 0, 0},    {1, 5, 7, 0, 1, 0},    {5, 9, 1, 1, 0, 0},    {3, 1, 2, 1, 1, 3},
     {13, 31, 17, 0, 0, 1}, {15, 33, 16, 0, 1, 0}, {16, 32, 64, 1, 0, 5}, {29, 47, 65, 1, 1, 0},
     {14, 64, 9, 0, 0, 0},  {43, 70, 800, 0, 1, 2}, {30, 257, 30, 1, 0, 0}, {7, 20, 1537, 0, 0, 0},
+    /* no wider than a vector (an adapter's rank side): the one-vector tiles, full
+     * and every remainder, over A's two layouts and k chunks */
+    {61, 8, 300, 0, 0, 0}, {87, 8, 256, 1, 0, 1},  {59, 16, 40, 0, 1, 3}, {33, 3, 9, 1, 1, 0},
+    {45, 4, 1600, 0, 0, 2}, {30, 1, 17, 0, 1, 0},
 };
 #define NCASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 
