@@ -24,7 +24,7 @@ import time
 import numpy as np
 import pytest
 
-from ggmlopt import kernels
+from ggmlopt import gemm, kernels
 
 sys.path.insert(0, os.path.dirname(__file__))
 import lm_models
@@ -48,6 +48,21 @@ def interleaved_medians(runners, repeats=REPEATS):
     return {name: float(np.median(ts)) for name, ts in times.items()}, times
 
 
+def on_engine(run, engine):
+    """run on the GEMM engine `engine` (ggmlopt.gemm), the engine before put
+    back after each call: two engines' steps in the same interleaved rounds."""
+    from ggmlopt import gemm
+
+    def wrapped():
+        before = gemm.use_engine(engine)
+        try:
+            run()
+        finally:
+            gemm.use_engine(before)
+
+    return wrapped
+
+
 def peak_memory(side):
     """(peak RSS MiB, RSS before the model MiB) of side's steps in a fresh process."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -64,7 +79,12 @@ def test_bench_stories15m_training_step(threads):
     model = lm_models.ggmlopt_model()
     go_step, _ = lm_models.ggmlopt_step(model)
     torch_step, adamw_kind = lm_models.torch_step(model)
-    med, all_times = interleaved_medians({"ggmlopt": go_step, "torch": torch_step})
+    runners = {"ggmlopt": go_step, "torch": torch_step}
+    if gemm.engine() != "native":
+        # ggmlopt's own products (GGMLOPT_GEMM=native) in the same rounds
+        runners["ggmlopt native"] = on_engine(lm_models.ggmlopt_step(lm_models.ggmlopt_model())[0],
+                                              "native")
+    med, all_times = interleaved_medians(runners)
     t_go, t_torch = med["ggmlopt"], med["torch"]
     mem_go, base_go = peak_memory("ggmlopt")
     mem_torch, base_torch = peak_memory("torch")
@@ -77,11 +97,16 @@ def test_bench_stories15m_training_step(threads):
         f"(all: {', '.join(f'{t:.2f}' for t in all_times['ggmlopt'])})"),
         (f"torch:   {t_torch:.3f} s/step  {TOKENS / t_torch:,.0f} tokens/s  "
         f"(all: {', '.join(f'{t:.2f}' for t in all_times['torch'])})"),
-        f"ggmlopt/torch = {t_go / t_torch:.2f} (target <= 0.8)",
+        f"ggmlopt/torch = {t_go / t_torch:.2f} (target <= 0.8; GEMM engine {gemm.engine()})",
         (f"peak RSS: ggmlopt {mem_go:.0f} MiB (process before the model {base_go:.0f}), "
         f"torch {mem_torch:.0f} MiB (before the model {base_torch:.0f}); "
         f"ggmlopt/torch = {mem_go / mem_torch:.2f} (target <= 1)"),
     ]
+    if "ggmlopt native" in med:
+        t_native = med["ggmlopt native"]
+        lines.append(f"ggmlopt native: {t_native:.3f} s/step (all: "
+                     f"{', '.join(f'{t:.2f}' for t in all_times['ggmlopt native'])}); "
+                     f"/torch = {t_native / t_torch:.2f}")
     print("\n" + "\n".join(lines))
     if STRICT:
         assert t_go <= 0.8 * t_torch

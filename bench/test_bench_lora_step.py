@@ -3,10 +3,12 @@
 q/k/v/o at rank 8 over the frozen float32 base, batch 1 x 256, 2 threads each,
 the steps interleaved so that a change of machine load hits every side.
 
-Sides: ggmlopt (OptContext, AdamW over the adapters) in float32 and, where the
-CPU multiplies bf16 natively, with precision="bf16"; transformers'
-LlamaForCausalLM + peft.get_peft_model (torch.optim.AdamW over the adapters) in
-float32 and under torch.autocast(bfloat16).  The weights are the same (ggmlopt's,
+Sides: ggmlopt (OptContext, AdamW over the adapters) in float32 on the GEMM
+engine in force and, when that is not native, on ggmlopt's own products too
+(GGMLOPT_GEMM=native), and, where the CPU multiplies bf16 natively, with
+precision="bf16"; transformers' LlamaForCausalLM + peft.get_peft_model
+(torch.optim.AdamW over the adapters) in float32 and under
+torch.autocast(bfloat16).  The weights are the same (ggmlopt's,
 through save_hf and from_pretrained).
 
 Run: python -m pytest -q -s bench/test_bench_lora_step.py
@@ -24,7 +26,7 @@ from ggmlopt import gemm, kernels, lora
 from ggmlopt.models import Llama, LlamaConfig
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_bench_lm_step import REPEATS, STRICT, interleaved_medians
+from test_bench_lm_step import REPEATS, STRICT, interleaved_medians, on_engine
 
 SHAPE = {"vocab_size": 49152, "dim": 576, "n_layers": 30, "n_heads": 9, "n_kv_heads": 3,
          "ffn_dim": 1536, "max_seq_len": 2048, "tie_embeddings": True}
@@ -88,6 +90,10 @@ def test_bench_lora_step_against_peft(threads, tmp_path):
     save_hf(base, tmp_path / "hf")
     steps = {"ggmlopt f32": ggmlopt_lora_step(base, "f32"),
              "peft f32": peft_step(tmp_path / "hf", False)}
+    if gemm.engine() != "native":
+        # ggmlopt's own products beside the engine in force, in the same rounds
+        steps["ggmlopt f32 native"] = on_engine(ggmlopt_lora_step(Llama(cfg, seed=0), "f32"),
+                                                "native")
     native, why = gemm.bf16_support()
     if native:
         steps["ggmlopt bf16"] = ggmlopt_lora_step(Llama(cfg, seed=0), "bf16")
@@ -102,6 +108,9 @@ def test_bench_lora_step_against_peft(threads, tmp_path):
                      f"(all: {', '.join(f'{x:.2f}' for x in all_times[name])})")
     lines.append(f"ggmlopt f32 / peft f32 = {med['ggmlopt f32'] / med['peft f32']:.2f} "
                  "(target <= 0.6)")
+    if "ggmlopt f32 native" in med:
+        lines.append(f"ggmlopt f32 native / peft f32 = "
+                     f"{med['ggmlopt f32 native'] / med['peft f32']:.2f}")
     if native:
         lines.append(f"ggmlopt bf16 / peft bf16 = {med['ggmlopt bf16'] / med['peft bf16']:.2f}; "
                      f"ggmlopt bf16 / peft f32 = {med['ggmlopt bf16'] / med['peft f32']:.2f}")
