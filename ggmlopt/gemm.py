@@ -121,9 +121,9 @@ _numpy_sgemm = _numpy_cblas_sgemm()
 
 
 def accumulates_in_place() -> bool:
-    """Whether matmul(..., accumulate=True) adds into out without a temporary (MKL,
-    the native engine, or the CBLAS of NumPy's own OpenBLAS, which also takes the
-    products of too few rows for the native engine)."""
+    """Whether matmul(..., accumulate=True) adds into out without a temporary
+    whatever the shape (MKL, or the CBLAS of NumPy's own OpenBLAS, which also
+    takes the products of too few rows for the native engine)."""
     return (_engine == "mkl" and _mkl is not None) or _numpy_sgemm is not None
 
 

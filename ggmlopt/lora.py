@@ -89,7 +89,7 @@ class LoRALinear(_AdapterTraining, Linear):
     context's rng as any Dropout does.  scaling = alpha / rank.
 
     forward(x): x (..., in) float32 -> (..., out), the buffer this layer reuses;
-    the adapter adds two thin BLAS products (x A, then (x A) B).  backward adds
+    the adapter adds two thin products (x A, then (x A) B).  backward adds
     into the gradients of A and B (and of W, b only if made trainable again) and
     returns the input gradient of both paths; a frozen W costs no weight GEMM.
     """
