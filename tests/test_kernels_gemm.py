@@ -16,7 +16,9 @@ EPS32 = 2.0 ** -24
 SHAPES = [(1, 1, 1), (1, 7, 5), (5, 1, 9), (2, 3, 1), (13, 17, 31), (15, 16, 33), (29, 65, 47),
           (37, 1100, 70), (100, 48, 257), (256, 576, 192),
           # no wider than a vector: an adapter's rank side (one-vector tiles)
-          (61, 300, 8), (576, 256, 8), (45, 1600, 4), (59, 40, 16), (30, 17, 1)]
+          (61, 300, 8), (576, 256, 8), (45, 1600, 4), (59, 40, 16), (30, 17, 1),
+          # A's rows 64 KB apart (a head's input gradient over a vocabulary of 49152)
+          (20, 16384, 24)]
 
 
 def operands(rng, m, k, n, a_t, b_t):

@@ -72,6 +72,8 @@ static const gemm_case CASES[] = {
      * and every remainder, over A's two layouts and k chunks */
     {61, 8, 300, 0, 0, 0}, {87, 8, 256, 1, 0, 1},  {59, 16, 40, 0, 1, 3}, {33, 3, 9, 1, 1, 0},
     {45, 4, 1600, 0, 0, 2}, {30, 1, 17, 0, 1, 0},
+    /* A's rows 64 KB apart: a tile's rows copied out of their shared cache sets */
+    {20, 40, 16380, 0, 0, 4}, {29, 33, 16384, 0, 1, 0},
     /* several column blocks, cut into even whole panels */
     {20, 600, 50, 0, 1, 0}, {17, 530, 33, 1, 0, 1},
 };
