@@ -51,8 +51,6 @@ def interleaved_medians(runners, repeats=REPEATS):
 def on_engine(run, engine):
     """run on the GEMM engine `engine` (ggmlopt.gemm), the engine before put
     back after each call: two engines' steps in the same interleaved rounds."""
-    from ggmlopt import gemm
-
     def wrapped():
         before = gemm.use_engine(engine)
         try:
@@ -118,8 +116,6 @@ def test_bench_stories15m_bf16_step(threads):
     (and float32) step, all four interleaved; the same weights.  Targets (issue
     30): <= 0.7x torch's bf16 step and <= 0.5x ggmlopt's float32 step."""
     torch = pytest.importorskip("torch")
-    from ggmlopt import gemm
-
     native, why = gemm.bf16_support()
     if not native:
         pytest.skip(f"precision='bf16' runs float32 here: {why}")
