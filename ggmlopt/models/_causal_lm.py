@@ -17,6 +17,7 @@ from .._blas_threads import (
     current_blas_threads,
     others_running_recently,
 )
+from ..nn._buffers import empty
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..nn.module import Module, grads_ready
@@ -178,7 +179,7 @@ class PreNormBlock(Module):
     def forward(self, x, pos=0):
         """x: float32 (batch, T, dim) -> (batch, T, dim), a buffer the block reuses."""
         if x.shape != self._shape:
-            self._h, self._y = np.empty(x.shape, np.float32), np.empty(x.shape, np.float32)
+            self._h, self._y = empty(x.shape, np.float32), empty(x.shape, np.float32)
             self._shape = x.shape
         norm1, attn, norm2, mlp = self._parts()
         np.add(x, attn.forward(norm1.forward(x), pos), out=self._h)
@@ -342,7 +343,7 @@ class CausalLM(Module):
             logits = self.lm_head.forward(rows)
         else:
             if getattr(self, "_logits", None) is None or self._logits.shape[0] != b * t:
-                self._logits = np.empty((b * t, self.config.vocab_size), np.float32)
+                self._logits = empty((b * t, self.config.vocab_size), np.float32)
             logits = self._embedding.project(rows, out=self._logits)
         self._rows, self._b, self._t = rows, b, t
         return logits.reshape(b, t, self.config.vocab_size)

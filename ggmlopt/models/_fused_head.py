@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import kernels
 from ..nn._bf16 import weight_fixed
-from ..nn._buffers import trains
+from ..nn._buffers import empty, trains
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 
@@ -134,8 +134,8 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
     rows = min(step, n)
     # the logits, then their gradient written over them (the backward reads the
     # rows and the weight, never the logits): one chunk buffer, no layer keeps it
-    lbuf = np.empty((rows, vocab), np.float32)
-    pbuf = np.empty(rows if pred is not None else 0, np.int32)
+    lbuf = empty((rows, vocab), np.float32)
+    pbuf = empty(rows if pred is not None else 0, np.int32)
     total = 0.0
     for s in range(0, n, step):
         hc, yc = h[s:s + step], y[s:s + step]

@@ -10,6 +10,20 @@ from .. import gemm
 if TYPE_CHECKING:
     from .parameter import Parameter
 
+def empty(shape, dtype=np.float32) -> np.ndarray:
+    """np.empty(shape, dtype) starting on a 64-byte boundary.  NumPy's buffers
+    start 16 bytes into a cache line, so every AVX-512 load of a kernel that
+    walks one (attention, norms, SwiGLU) straddles two lines: a SmolLM2-shaped
+    layer's attention backward takes 1.24 ms on such buffers, 1.05 on aligned
+    ones.  A view into a slightly larger byte buffer."""
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + nbytes].view(dtype).reshape(shape)
+
+
 def as_batch(x, ncols: int, name: str) -> np.ndarray:
     """x as a 2-D float32 array (batch, ncols); copies only when dtype differs."""
     if not isinstance(x, np.ndarray):

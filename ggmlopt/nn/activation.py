@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
+from ._buffers import empty
 from .module import Module
 
 __all__ = ["GELU", "LeakyReLU", "ReLU", "SiLU", "Sigmoid", "Tanh"]
@@ -25,8 +26,8 @@ class ReLU(Module):
         owns."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape != self._shape:
-            self._out = np.empty(x.shape, dtype=np.float32)
-            self._grad_in = np.empty(x.shape, dtype=np.float32)
+            self._out = empty(x.shape, dtype=np.float32)
+            self._grad_in = empty(x.shape, dtype=np.float32)
             self._shape = x.shape
         return kernels.relu(x, out=self._out)
 
@@ -81,8 +82,8 @@ class _Elementwise(Module):
             raise TypeError(f"x: expected real numbers, got dtype {x.dtype}")
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.shape != self._shape:
-            self._out = np.empty(x.shape, dtype=np.float32)
-            self._grad_in = np.empty(x.shape, dtype=np.float32)
+            self._out = empty(x.shape, dtype=np.float32)
+            self._grad_in = empty(x.shape, dtype=np.float32)
             self._shape = x.shape
         self._forward_kernel(x, self._out)
         self._saved = self._out if self._backward_from_output else x

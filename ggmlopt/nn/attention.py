@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels_attention as ka
+from ._buffers import empty
 from .linear import Linear
 from .module import Module
 from .norm import RMSNorm
@@ -80,7 +81,7 @@ def _linear_backward(layer, grad, need_input):
     if type(layer) is Linear and not _any_trains(layer):
         if not need_input:
             return None
-        out = np.empty((grad.shape[0], layer.in_features), dtype=np.float32)
+        out = empty((grad.shape[0], layer.in_features), dtype=np.float32)
         return layer.product_transposed(grad, out)   # in bf16 when its forward was
     layer.needs_input_grad = need_input
     return layer.backward(grad)
@@ -160,7 +161,7 @@ class RotaryEmbedding(Module):
         table values a document alone is rotated by)."""
         cos, sin = self.tables(x.shape[1])
         if out is None:
-            out = np.empty(x.shape, dtype=np.float32)
+            out = empty(x.shape, dtype=np.float32)
         in_place = out is x
         for r in range(x.shape[0]):
             rows = positions[r]
@@ -174,8 +175,8 @@ class RotaryEmbedding(Module):
         layer reuses)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self._out is None or self._out.shape != x.shape:
-            self._out = np.empty(x.shape, dtype=np.float32)
-            self._grad_in = np.empty(x.shape, dtype=np.float32)
+            self._out = empty(x.shape, dtype=np.float32)
+            self._grad_in = empty(x.shape, dtype=np.float32)
         self.rotate(x, pos, out=self._out)
         self._pos = pos
         return self._out
@@ -321,14 +322,14 @@ class CausalSelfAttention(Module):
         if self.query_scale is not None:
             np.multiply(q, self.query_scale, out=q)
         if self._o is None or self._o.shape != shape_q:
-            self._o = np.empty(shape_q, dtype=np.float32)
-            self._lse = np.empty((b, self.n_heads, t), dtype=np.float32)
+            self._o = empty(shape_q, dtype=np.float32)
+            self._lse = empty((b, self.n_heads, t), dtype=np.float32)
         starts = window_kv_start(self.sliding_window, b, t, pos)
         o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse, kv_start=starts)
         self._saved = (q, k, v, o, lse, pos, starts)
         # a new array: the caller (a block's residual sum) reads it at once, so no
         # projection keeps a dead copy between steps
-        y = self.o_proj.forward(o.reshape(b * t, -1), out=np.empty((b * t, self.dim), np.float32))
+        y = self.o_proj.forward(o.reshape(b * t, -1), out=empty((b * t, self.dim), np.float32))
         return y.reshape(b, t, self.dim)
 
     def backward(self, grad_out):
@@ -351,9 +352,9 @@ class CausalSelfAttention(Module):
             return None
         do = np.ascontiguousarray(do, dtype=np.float32).reshape(o.shape)
         # the backward buffers are made here and not kept (as Linear's input gradient)
-        dq, dk, dv = ka.attention_backward(q, k, v, o, lse, do, np.empty(q.shape, np.float32),
-                                           np.empty(k.shape, np.float32),
-                                           np.empty(v.shape, np.float32), kv_start=starts)
+        dq, dk, dv = ka.attention_backward(q, k, v, o, lse, do, empty(q.shape, np.float32),
+                                           empty(k.shape, np.float32),
+                                           empty(v.shape, np.float32), kv_start=starts)
         del do
         if self.query_scale is not None:
             np.multiply(dq, self.query_scale, out=dq)
@@ -426,9 +427,9 @@ class GPT2Attention(Module):
         qkv = qkv.reshape(b, t, 3 * self.dim)
         shape_o = (b, t, self.n_heads, self.head_dim)
         if self._o is None or self._o.shape != shape_o:
-            self._o = np.empty(shape_o, dtype=np.float32)
-            self._lse = np.empty((b, self.n_heads, t), dtype=np.float32)
-            self._dqkv = np.empty((b, t, 3 * self.dim), dtype=np.float32)
+            self._o = empty(shape_o, dtype=np.float32)
+            self._lse = empty((b, self.n_heads, t), dtype=np.float32)
+            self._dqkv = empty((b, t, 3 * self.dim), dtype=np.float32)
         starts = window_kv_start(None, b, t, pos)
         o, lse = ka.attention_forward_qkv(qkv, self.n_heads, out=self._o, lse=self._lse,
                                           kv_start=starts)

@@ -5,7 +5,7 @@ import numbers
 
 import numpy as np
 
-from ._buffers import as_real_batch
+from ._buffers import as_real_batch, empty
 from .module import Module
 
 __all__ = ["Dropout"]
@@ -68,10 +68,10 @@ class Dropout(Module):
         if not self._active:
             return x
         if self._mask is None or self._mask.shape != x.shape:
-            self._mask = np.empty(x.shape, dtype=np.float32)
-            self._keep = np.empty(x.shape, dtype=bool)
-            self._out = np.empty(x.shape, dtype=np.float32)
-            self._grad_in = np.empty(x.shape, dtype=np.float32)
+            self._mask = empty(x.shape, dtype=np.float32)
+            self._keep = empty(x.shape, dtype=bool)
+            self._out = empty(x.shape, dtype=np.float32)
+            self._grad_in = empty(x.shape, dtype=np.float32)
         mask = self._mask
         self._rng.random(out=mask, dtype=np.float32)
         np.greater_equal(mask, np.float32(self.p), out=self._keep)

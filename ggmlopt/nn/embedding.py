@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import gemm, kernels_embedding
 from ._bf16 import add_product_bf16, bf16_copy, bf16_weight
-from ._buffers import add_product
+from ._buffers import add_product, empty
 from ._lm_args import check_size, trains
 from .init import initializing
 from .module import Module
@@ -77,8 +77,8 @@ class Embedding(Module):
         caller owns."""
         ids = self._check_ids(ids)
         if ids.shape != self._shape:
-            self._out = np.empty(ids.shape + (self.embedding_dim,), dtype=np.float32)
-            self._ids = np.empty(ids.shape, dtype=np.int32)
+            self._out = empty(ids.shape + (self.embedding_dim,), dtype=np.float32)
+            self._ids = empty(ids.shape, dtype=np.int32)
             self._shape = ids.shape
         # a copy of the ids: the caller may reuse its array before backward
         np.copyto(self._ids, ids, casting="unsafe")
@@ -110,7 +110,7 @@ class Embedding(Module):
         bf16 operands inside a ``precision="bf16"`` context).  keep=False: an
         inference product (float32) that leaves what project_backward reads alone."""
         if out is None:
-            out = np.empty((rows.shape[0], self.num_embeddings), dtype=np.float32)
+            out = empty((rows.shape[0], self.num_embeddings), dtype=np.float32)
         if not keep:
             return gemm.matmul(rows, self.weight.data.T, out)
         self._bf16_pass = gemm.bf16_active()
@@ -127,10 +127,10 @@ class Embedding(Module):
         if self._bf16_pass and self._w16 is not None and self._h16 is not None:
             g16 = bf16_copy(self, "_g16", g)
             dh = gemm.matmul_bf16(g16, self._w16,
-                                  np.empty((g.shape[0], self.embedding_dim), np.float32))
+                                  empty((g.shape[0], self.embedding_dim), np.float32))
             add_product_bf16(w, g16.T, self._h16)
             return dh
-        dh = gemm.matmul(g, w.data, np.empty((g.shape[0], self.embedding_dim), np.float32))
+        dh = gemm.matmul(g, w.data, empty((g.shape[0], self.embedding_dim), np.float32))
         add_product(w, g.T, rows, self, "weight")
         return dh
 

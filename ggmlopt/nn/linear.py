@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import gemm, kernels
 from ._bf16 import add_product_bf16, bf16_copy, bf16_weight
-from ._buffers import add_into, add_product, as_rows, output_array, rows2d, trains
+from ._buffers import add_into, add_product, as_rows, empty, output_array, rows2d, trains
 from .init import initializing, kaiming_uniform
 from .module import Module
 from .parameter import Parameter
@@ -105,7 +105,7 @@ class Linear(Module):
         x2 = rows2d(x)
         # the product forward takes (the same engine, so the same bits)
         y = gemm.matmul(x2, self.weight.data,
-                        np.empty((x2.shape[0], self.out_features), np.float32))
+                        empty((x2.shape[0], self.out_features), np.float32))
         if self.bias is not None:
             y += self.bias.data
         return y.reshape(*shape[:-1], self.out_features)
@@ -142,7 +142,7 @@ class Linear(Module):
         if out is not None:
             return out.reshape(-1, self.out_features)
         if self._out is None:
-            self._out = np.empty(want, dtype=np.float32)
+            self._out = empty(want, dtype=np.float32)
             # its 2-D view (the buffer is contiguous): the BLAS calls' operand
             self._out2 = self._out.reshape(-1, self.out_features)
         return self._out2
@@ -175,7 +175,7 @@ class Linear(Module):
         holds no backward buffer between steps, so a model's activation memory is
         what its forward passes keep (the allocator hands the same memory to the
         next layer's backward)."""
-        grad_in = np.empty(self._shape, np.float32)
+        grad_in = empty(self._shape, np.float32)
         return grad_in, grad_in.reshape(-1, self.in_features)
 
     def _backward_bf16(self, g):

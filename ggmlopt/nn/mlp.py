@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels_glu
+from ._buffers import empty
 from ._lm_args import as_rows, check_size
 from .activation import GELU
 from .linear import Linear
@@ -58,14 +59,14 @@ class SwiGLU(Module):
         x2 = x.reshape(-1, self.dim)
         rows = x2.shape[0]
         if rows != self._rows:
-            self._h = np.empty((rows, self.hidden), dtype=np.float32)
+            self._h = empty((rows, self.hidden), dtype=np.float32)
             self._rows = rows
         self._g = self.gate_proj.forward(x2)
         self._u = self.up_proj.forward(x2)
         kernels_glu.swiglu(self._g, self._u, out=self._h)
         # a new array: the caller (a block's residual sum) reads it at once, so the
         # projection keeps no dead copy between steps
-        y = self.down_proj.forward(self._h, out=np.empty((rows, self.dim), np.float32))
+        y = self.down_proj.forward(self._h, out=empty((rows, self.dim), np.float32))
         self._shape = x.shape
         return y.reshape(x.shape)
 
@@ -76,7 +77,7 @@ class SwiGLU(Module):
         g = _grad_rows(grad_out, self._shape)
         dh = self.down_proj.backward(g)
         # the backward buffers are made here and not kept (as Linear's input gradient)
-        dg, du = np.empty(dh.shape, np.float32), np.empty(dh.shape, np.float32)
+        dg, du = empty(dh.shape, np.float32), empty(dh.shape, np.float32)
         kernels_glu.swiglu_backward(self._g, self._u, dh, grad_gate=dg, grad_up=du)
         del dh
         need = self.needs_input_grad

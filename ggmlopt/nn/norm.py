@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels_norm
+from ._buffers import empty
 from ._lm_args import as_rows, check_eps, check_size, trains
 from .module import Module
 from .parameter import Parameter
@@ -25,10 +26,10 @@ class _RowNorm(Module):
     def _buffers(self, x):
         if x.shape != self._shape:
             nrows = x.size // self.dim
-            self._out = np.empty(x.shape, dtype=np.float32)
-            self._mean = np.empty(nrows, dtype=np.float32)
-            self._rstd = np.empty(nrows, dtype=np.float32)
-            self._work = np.empty(kernels_norm.norm_backward_workspace(nrows, self.dim),
+            self._out = empty(x.shape, dtype=np.float32)
+            self._mean = empty(nrows, dtype=np.float32)
+            self._rstd = empty(nrows, dtype=np.float32)
+            self._work = empty(kernels_norm.norm_backward_workspace(nrows, self.dim),
                                   dtype=np.float32)
             self._shape = x.shape
 
@@ -47,7 +48,7 @@ class _RowNorm(Module):
     def _input_grad(self):
         """A new array for d loss / d x, made per backward call and not kept (a
         layer holds no backward buffer between steps)."""
-        return np.empty(self._shape, np.float32) if self.needs_input_grad else None
+        return empty(self._shape, np.float32) if self.needs_input_grad else None
 
     @staticmethod
     def _grad_of(param):

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from .. import gemm, kernels, kernels_quant
-from ._buffers import add_into, as_rows, output_array, rows2d
+from ._buffers import add_into, as_rows, empty, output_array, rows2d
 from .module import Module, modules
 from .parameter import Parameter
 
@@ -41,7 +41,7 @@ def _panel_buffer(n: int) -> np.ndarray:
     layer (one layer's panel is dead once its product is done)."""
     buf = getattr(_scratch, "panel", None)
     if buf is None or buf.size < n:
-        buf = np.empty(n, np.float32)
+        buf = empty(n, np.float32)
         _scratch.panel = buf
     return buf[:n]
 
@@ -230,7 +230,7 @@ class QuantizedLinear(Module):
         self._x = x
         if out is None:
             if self._out is None:
-                self._out = np.empty(want, np.float32)
+                self._out = empty(want, np.float32)
             out = self._out
         out2 = out.reshape(-1, self.out_features)
         self.product(rows2d(x), out2)
@@ -242,7 +242,7 @@ class QuantizedLinear(Module):
         """x W + b as a new float32 array, keeping nothing for a backward pass."""
         x, shape = self._input(x)
         x2 = rows2d(x)
-        y = np.empty((x2.shape[0], self.out_features), np.float32)
+        y = empty((x2.shape[0], self.out_features), np.float32)
         self.product(x2, y)
         if self.bias is not None:
             y += self.bias.data
@@ -265,7 +265,7 @@ class QuantizedLinear(Module):
         if not self.needs_input_grad:
             return None
         # a new array per call, not kept (as Linear's input gradient)
-        grad_in = np.empty(self._shape, np.float32)
+        grad_in = empty(self._shape, np.float32)
         self.product_transposed(g, grad_in.reshape(-1, self.in_features))
         return grad_in
 
@@ -320,7 +320,7 @@ class QuantizedEmbedding(Module):
         if ids.dtype.kind not in "iu":
             raise TypeError(f"ids: expected integer token ids, got dtype {ids.dtype}")
         if ids.shape != self._shape:
-            self._out = np.empty(ids.shape + (self.embedding_dim,), np.float32)
+            self._out = empty(ids.shape + (self.embedding_dim,), np.float32)
             self._shape = ids.shape
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_embeddings):
             flat = int(np.flatnonzero(((ids < 0) | (ids >= self.num_embeddings)).reshape(-1))[0])
@@ -347,13 +347,13 @@ class QuantizedEmbedding(Module):
         Embedding.project's: this layer keeps nothing for its backward)."""
         rows = as_rows(rows, self.embedding_dim, "rows")
         if out is None:
-            out = np.empty((rows.shape[0], self.num_embeddings), np.float32)
+            out = empty((rows.shape[0], self.num_embeddings), np.float32)
         return rows_times_transpose(rows, self.qtype, self.qweight, out, _activations(self))
 
     def project_backward(self, g, rows):
         """The tied head's backward: g (n, num_embeddings) -> g E (n, dim); the
         frozen weight gets no gradient (rows unused)."""
-        out = np.empty((g.shape[0], self.embedding_dim), np.float32)
+        out = empty((g.shape[0], self.embedding_dim), np.float32)
         return rows_times(np.ascontiguousarray(g, np.float32), self.qtype, self.qweight,
                           self.embedding_dim, out)
 

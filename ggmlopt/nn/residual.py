@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._buffers import as_real_batch
+from ._buffers import as_real_batch, empty
 from .module import Module, grads_ready
 
 __all__ = ["Residual"]
@@ -74,7 +74,7 @@ class Residual(Module):
         if getattr(self.fn, "output_is_scratch", False) and not np.shares_memory(x, y):
             return np.add(y, x, out=y)
         if self._own is None or self._own.shape != x.shape:
-            self._own = np.empty(x.shape, dtype=np.float32)
+            self._own = empty(x.shape, dtype=np.float32)
         return np.add(x, y, out=self._own)
 
     def backward(self, grad_out):
@@ -97,7 +97,7 @@ class Residual(Module):
                 and gx.flags.writeable and not np.shares_memory(gx, g):
             return np.add(gx, g, out=gx)
         if self._own_grad is None or self._own_grad.shape != g.shape:
-            self._own_grad = np.empty(g.shape, dtype=np.float32)
+            self._own_grad = empty(g.shape, dtype=np.float32)
         return np.add(g, gx, out=self._own_grad)
 
     def __repr__(self):
