@@ -99,7 +99,7 @@ def head_loss(model, hidden_rows: np.ndarray, labels: np.ndarray, *, grad_scale:
     grad_rows = np.zeros(hidden_rows.shape, np.float32) if backward else None
     if n == 0:
         return 0.0, grad_rows
-    h = np.ascontiguousarray(hidden_rows[labelled])
+    h = np.take(hidden_rows, labelled, axis=0, out=empty((n,) + hidden_rows.shape[1:]))
     y = np.ascontiguousarray(labels[labelled])
     if not np.isfinite(h).all():
         return float("nan"), grad_rows
