@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from .. import kernels
-from ._buffers import add_into, trains
+from ._buffers import add_into, empty, trains
 from ._images import as_grad, as_images
 from .module import Module
 from .parameter import Parameter
@@ -120,7 +120,7 @@ class Conv2d(Module):
         chunk = max(1, min(n, _CHUNK_BYTES // (4 * rows * oh * ow)))
         # allocate everything before replacing anything: a MemoryError leaves the
         # layer as it was
-        out = np.empty((n, self.out_channels, oh, ow), dtype=np.float32)
+        out = empty((n, self.out_channels, oh, ow), dtype=np.float32)
         self._out, self._chunk, self._rows = out, chunk, rows
         self._cols, self._dcols = [], []  # scratch per thread, made on first use
         self._grad_in = None  # the backward buffers come with the first backward
@@ -131,11 +131,11 @@ class Conv2d(Module):
         n = self._shape[0]
         p = self._out_shape[2] * self._out_shape[3]
         rows = self._rows
-        self._grad_in = np.empty(self._shape, dtype=np.float32)
+        self._grad_in = empty(self._shape, dtype=np.float32)
         if self._direct:
             return
-        self._dw_images = np.empty((n, self.out_channels, rows), dtype=np.float32)
-        self._db_images = np.empty((n, self.out_channels), dtype=np.float32)
+        self._dw_images = empty((n, self.out_channels, rows), dtype=np.float32)
+        self._db_images = empty((n, self.out_channels), dtype=np.float32)
         self._ones_plane = np.ones(p, dtype=np.float32)
         self._ones_batch = np.ones(n, dtype=np.float32)
 
@@ -144,11 +144,11 @@ class Conv2d(Module):
         thread's group of chunks."""
         shape = (self._chunk, self._rows, self._out_shape[2] * self._out_shape[3])
         while len(self._cols) <= group:
-            self._cols.append(np.empty(shape, dtype=np.float32))
+            self._cols.append(empty(shape, dtype=np.float32))
         if not backward:
             return self._cols[group], None
         while len(self._dcols) <= group:
-            self._dcols.append(np.empty(shape, dtype=np.float32))
+            self._dcols.append(empty(shape, dtype=np.float32))
         return self._cols[group], self._dcols[group]
 
     def _run_chunks(self, step, backward):
@@ -186,7 +186,7 @@ class Conv2d(Module):
         """The direct kernels' scratch, sized again when the thread count grows."""
         threads = kernels.get_num_threads()
         if self._work is None or threads > self._work_threads:
-            self._work = np.empty(kernels.conv2d_direct_workspace(
+            self._work = empty(kernels.conv2d_direct_workspace(
                 self._shape, self.out_channels, self.kernel_size, self.padding, threads),
                 dtype=np.float32)
             self._work_threads = threads
@@ -348,7 +348,7 @@ class Conv2d(Module):
         the gradient, or thrown away for a frozen parameter)."""
         scratch = self._scratch.get(key)
         if scratch is None or scratch.shape != shape:
-            scratch = np.empty(shape, dtype=np.float32)
+            scratch = empty(shape, dtype=np.float32)
             self._scratch[key] = scratch
         return scratch
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
+from ._buffers import empty
 from ._images import as_grad, as_images
 from .module import Module
 
@@ -72,9 +73,9 @@ class MaxPool2d(_Pool2d):
                              f"window ({kh}, {kw})")
         if shape != self._shape:
             out_shape = self._output_shape(shape)
-            out = np.empty(out_shape, dtype=np.float32)
-            idx = np.empty(out_shape, dtype=np.int32)
-            grad_in = np.empty(shape, dtype=np.float32)
+            out = empty(out_shape, dtype=np.float32)
+            idx = empty(out_shape, dtype=np.int32)
+            grad_in = empty(shape, dtype=np.float32)
             self._out, self._idx, self._grad_in = out, idx, grad_in
             self._shape, self._out_shape = tuple(shape), out_shape
 
@@ -137,8 +138,8 @@ class AvgPool2d(_Pool2d):
         x = self._check_input(x)
         if x.shape != self._shape:
             out_shape = self._output_shape(x.shape)
-            out = np.empty(out_shape, dtype=np.float32)
-            grad_in = np.empty(x.shape, dtype=np.float32)
+            out = empty(out_shape, dtype=np.float32)
+            grad_in = empty(x.shape, dtype=np.float32)
             self._out, self._grad_in = out, grad_in
             self._shape, self._out_shape = x.shape, out_shape
         kernels.avgpool2d(x, self.kernel_size, self.stride, out=self._out)
