@@ -1212,6 +1212,27 @@ void ggmlopt_swiglu_backward_f32(int64_t n, const float *gate, const float *up,
     run_blocks(n, GO_ACT_BLOCK_MIN, GO_ACT_PARALLEL_MIN, swiglu_backward_block, &a);
 }
 
+/* Scratch for the kernels on 64-byte boundaries: they load it a vector at a
+ * time, and malloc's 16-byte alignment split every AVX-512 load across two cache
+ * lines (the GEMM's packed panels: a 256 x 576 x 576 product on one core,
+ * 155 -> 164-174 GFLOP/s). */
+static float *alloc_floats64(int64_t floats) {
+    const size_t bytes = ((size_t)floats * sizeof(float) + 63) / 64 * 64;
+#if defined(_WIN32)
+    return (float *)_aligned_malloc(bytes, 64);
+#else
+    return (float *)aligned_alloc(64, bytes);
+#endif
+}
+
+static void free_floats64(float *buf) {
+#if defined(_WIN32)
+    _aligned_free(buf);
+#else
+    free(buf);
+#endif
+}
+
 /* ---- causal attention and rotary embedding ----------------------------------- */
 
 /* multiply-adds below which the threads are not woken */
@@ -1244,6 +1265,71 @@ static void attn_forward_item(void *p, int it) {
 static void attn_backward_item(void *p, int it) {
     const attn_job *job = (const attn_job *)p;
     kernels()->attention_backward_f32(&job->a, it / job->a.n_kv_heads, it % job->a.n_kv_heads);
+}
+
+/* Fewer (batch, kv head) items than the threads can share evenly (batch 1 of a
+ * model with 2 to 8 kv heads): the backward in waves of key tiles.  First each
+ * (item, tile) of the wave computes its tile's dk and dv and stores its ds
+ * blocks, then each (item, query head, query block) adds those blocks into its
+ * dq rows: the additions attention_backward_f32 makes, in its order, so the
+ * same bits on any number of threads.  A wave's store is bounded. */
+#define GO_ATTN_SPLIT_STORE_BYTES ((int64_t)32 << 20)
+#define GO_ATTN_DS_BLOCK (GO_ATTN_BQ_BWD * GO_ATTN_BK_BWD)
+
+typedef struct {
+    const go_attn_args *a;
+    float *dss;
+    int64_t nib, tiles, j_from, i_from;
+} attn_wave;
+
+/* (tile, item), the tiles with more query rows after them first */
+static void attn_keys_item(void *p, int it) {
+    const attn_wave *w = (const attn_wave *)p;
+    const int64_t items = w->a->batch * w->a->n_kv_heads, group = w->a->n_heads / w->a->n_kv_heads;
+    const int64_t t = it / items, bg = it % items;
+    float *dss = w->dss + (bg * w->tiles + t) * group * w->nib * GO_ATTN_DS_BLOCK;
+    kernels()->attention_backward_keys_f32(w->a, bg / w->a->n_kv_heads, bg % w->a->n_kv_heads,
+                                           w->j_from + t * GO_ATTN_BK_BWD, dss, w->nib);
+}
+
+/* (item, query head, query block), the blocks with more tiles before them first */
+static void attn_dq_item(void *p, int it) {
+    const attn_wave *w = (const attn_wave *)p;
+    const go_attn_args *a = w->a;
+    const int64_t blocks = w->nib - w->i_from, group = a->n_heads / a->n_kv_heads;
+    const int64_t mi = w->nib - 1 - it % blocks, bh = it / blocks;
+    const int64_t b = bh / a->n_heads, h = bh % a->n_heads;
+    const float *dss =
+        w->dss + (b * a->n_kv_heads + h / group) * w->tiles * group * w->nib * GO_ATTN_DS_BLOCK;
+    kernels()->attention_backward_dq_f32(a, b, h, mi * GO_ATTN_BQ_BWD, w->j_from,
+                                         w->j_from + w->tiles * GO_ATTN_BK_BWD, dss, w->nib,
+                                         w->j_from == 0);
+}
+
+/* 1 when it ran the backward in waves, 0 when the (batch, kv head) items suit
+ * the threads (or one thread, one key tile, or no memory for a wave) */
+static int attn_backward_split(attn_job *job, int64_t items, int64_t madds) {
+    const go_attn_args *a = &job->a;
+    const int64_t threads = go_pool_threads();
+    const int64_t tiles = (a->seq + GO_ATTN_BK_BWD - 1) / GO_ATTN_BK_BWD;
+    if (threads < 2 || tiles < 2 || madds < GO_ATTN_PARALLEL_MIN) return 0;
+    if (items >= threads && (items % threads == 0 || items >= 2 * threads)) return 0;
+    const int64_t nib = (a->seq + GO_ATTN_BQ_BWD - 1) / GO_ATTN_BQ_BWD;
+    const int64_t tile_bytes = a->batch * a->n_heads * nib * GO_ATTN_DS_BLOCK * (int64_t)sizeof(float);
+    int64_t wave = (2 * threads + items - 1) / items;
+    if (wave > tiles) wave = tiles;
+    if (wave * tile_bytes > GO_ATTN_SPLIT_STORE_BYTES) wave = GO_ATTN_SPLIT_STORE_BYTES / tile_bytes;
+    if (wave < 1) return 0;
+    float *dss = alloc_floats64(wave * tile_bytes / (int64_t)sizeof(float));
+    if (!dss) return 0;
+    for (int64_t t0 = 0; t0 < tiles; t0 += wave) {
+        attn_wave w = {a, dss, nib, tiles - t0 < wave ? tiles - t0 : wave, t0 * GO_ATTN_BK_BWD,
+                       t0 * GO_ATTN_BK_BWD / GO_ATTN_BQ_BWD};
+        go_pool_for((int)(w.tiles * items), attn_keys_item, &w);
+        go_pool_for((int)(a->batch * a->n_heads * (nib - w.i_from)), attn_dq_item, &w);
+    }
+    free_floats64(dss);
+    return 1;
 }
 
 static void attn_run(int64_t nitems, int64_t madds, go_pool_block_fn fn, attn_job *job) {
@@ -1348,8 +1434,9 @@ int ggmlopt_attention_backward_ranged_f32(int64_t batch, int64_t seq, int64_t n_
     job.a.dq = dq;
     job.a.dk = dk;
     job.a.dv = dv;
-    attn_run(batch * n_kv_heads, 3 * batch * n_heads * seq * seq * head_dim, attn_backward_item,
-             &job);
+    const int64_t items = batch * n_kv_heads, madds = 3 * batch * n_heads * seq * seq * head_dim;
+    if (!attn_backward_split(&job, items, madds))
+        attn_run(items, madds, attn_backward_item, &job);
     return 0;
 }
 
@@ -1623,29 +1710,8 @@ static struct {
     int busy;
 } gemm_cache = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-/* The scratch on 64-byte boundaries: the tiles load the packed panels a
- * vector at a time, and malloc's 16-byte alignment split every AVX-512 load
- * across two cache lines (a 256 x 576 x 576 product on one core, 155 -> 164-174
- * GFLOP/s). */
-static float *gemm_alloc(int64_t floats) {
-    const size_t bytes = ((size_t)floats * sizeof(float) + 63) / 64 * 64;
-#if defined(_WIN32)
-    return (float *)_aligned_malloc(bytes, 64);
-#else
-    return (float *)aligned_alloc(64, bytes);
-#endif
-}
-
-static void gemm_free(float *buf) {
-#if defined(_WIN32)
-    _aligned_free(buf);
-#else
-    free(buf);
-#endif
-}
-
 static void gemm_scratch_free(void) {
-    gemm_free(gemm_cache.buf);
+    free_floats64(gemm_cache.buf);
     gemm_cache.buf = NULL;
     gemm_cache.floats = 0;
 }
@@ -1657,8 +1723,8 @@ static float *gemm_scratch(int64_t floats, int *cached) {
         static int registered = 0;
         if (!registered) registered = atexit(gemm_scratch_free) == 0;
         if (gemm_cache.floats < floats) {
-            gemm_free(gemm_cache.buf);
-            gemm_cache.buf = gemm_alloc(floats);
+            free_floats64(gemm_cache.buf);
+            gemm_cache.buf = alloc_floats64(floats);
             gemm_cache.floats = gemm_cache.buf ? floats : 0;
         }
         if (gemm_cache.buf) {
@@ -1669,7 +1735,7 @@ static float *gemm_scratch(int64_t floats, int *cached) {
     }
     pthread_mutex_unlock(&gemm_cache.mu);
     if (!buf) {
-        buf = gemm_alloc(floats);
+        buf = alloc_floats64(floats);
         *cached = 0;
     }
     return buf;
@@ -1677,7 +1743,7 @@ static float *gemm_scratch(int64_t floats, int *cached) {
 
 static void gemm_scratch_done(float *buf, int cached) {
     if (!cached) {
-        gemm_free(buf);
+        free_floats64(buf);
         return;
     }
     pthread_mutex_lock(&gemm_cache.mu);

@@ -271,6 +271,13 @@ typedef struct ggmlopt_kernel_table {
     void (*attention_forward_f32)(const go_attn_args *a, int64_t b, int64_t h, int64_t i0,
                                   int64_t i1);
     void (*attention_backward_f32)(const go_attn_args *a, int64_t b, int64_t g);
+    /* the same cut for more threads than (batch, kv head) items: one key tile
+     * of (b, g) storing its ds blocks, then a query block's dq from them */
+    void (*attention_backward_keys_f32)(const go_attn_args *a, int64_t b, int64_t g, int64_t j0,
+                                        float *dss, int64_t nib);
+    void (*attention_backward_dq_f32)(const go_attn_args *a, int64_t b, int64_t h, int64_t i0,
+                                      int64_t j_from, int64_t j_to, const float *dss,
+                                      int64_t nib, int zero);
     void (*rope_f32)(const go_rope_args *a, int64_t r0, int64_t r1);
     void (*attention_decode_f32)(const go_attn_decode_args *a, int64_t h0, int64_t h1);
     /* GGUF block types (kernels/quant.inc): rows [r0, r1) dequantized, and the

@@ -276,3 +276,37 @@ def test_rope_bad_arguments(rng):
         ka.rope_table(7, 4)
     with pytest.raises(ValueError, match="base"):
         ka.rope_table(8, 4, base=1.0)
+
+
+# Fewer (batch, kv head) items than the threads share evenly: the backward runs in
+# waves of key tiles (their ds stored, then each query block's dq), with the same
+# additions in the same order as one item per (batch, kv head): the same bits.
+SPLIT_SHAPES = [(1, 300, 9, 3, 64), (1, 130, 4, 1, 16), (1, 257, 2, 2, 8), (2, 200, 6, 1, 24),
+                (1, 65, 3, 1, 33)]
+
+
+@pytest.mark.parametrize("shape", SPLIT_SHAPES)
+@pytest.mark.parametrize("packed", [False, True])
+def test_backward_in_waves_bit_identical_on_any_threads(shape, packed, restore_threads, rng):
+    from test_kernels_attention_ranged import masked_reference
+    q, k, v, dout = random_qkv(rng, *shape)
+    b, t = shape[:2]
+    starts = None
+    if packed:   # documents of uneven lengths packed into each window
+        cuts = np.sort(rng.choice(np.arange(1, t), size=min(3, t - 1), replace=False))
+        starts = np.zeros((b, t), np.int32)
+        for c in cuts:
+            starts[:, c:] = c
+    kernels.set_num_threads(1)
+    out, lse = ka.attention_forward(q, k, v, kv_start=starts)
+    want = ka.attention_backward(q, k, v, out, lse, dout, kv_start=starts)
+    for n in (2, 3, 4, 7):
+        kernels.set_num_threads(n)
+        got = ka.attention_backward(q, k, v, out, lse, dout, kv_start=starts)
+        for name, g, w in zip(("dq", "dk", "dv"), got, want):
+            assert np.array_equal(g, w), f"{name} on {n} threads"
+    _, _, rdq, rdk, rdv = masked_reference(q, k, v, dout, starts if packed else
+                                           np.zeros((b, t), np.int32))
+    scale = max(np.abs(rdq).max(), np.abs(rdk).max(), np.abs(rdv).max())
+    for name, g, r in zip(("dq", "dk", "dv"), got, (rdq, rdk, rdv)):
+        assert_close(g, r, scale, 1e-5, name)

@@ -450,3 +450,48 @@ void test_attention_public(void) {
              "attention public api: decreasing first keys accepted");
     th_release_all();
 }
+
+/* Batch 1 of a grouped-query model: fewer (batch, kv head) items than 3 or 4
+ * threads share evenly, so the backward runs in waves of key tiles (ds stored,
+ * then each query block's dq); 1, 2, 3 and 4 threads give the same bits, with
+ * documents packed into the window too. */
+void test_attention_public_waves(void) {
+    th_set_stage("attention backward in waves");
+    th_seed(0x3a7e);
+    const attn_shape s = {1, 301, 6, 3, 40, NULL};
+    const int64_t nq = q_size(&s), nkv = kv_size(&s), nl = s.b * s.h * s.t;
+    float *q = th_rand_f32(nq, 0, -1.0f, 1.0f), *kk = th_rand_f32(nkv, 0, -1.0f, 1.0f);
+    float *v = th_rand_f32(nkv, 0, -1.0f, 1.0f), *dout = th_rand_f32(nq, 0, -1.0f, 1.0f);
+    int32_t *starts = (int32_t *)th_alloc(4, s.t, 0);
+    for (int64_t i = 0; i < s.t; ++i) starts[i] = i < 70 ? 0 : i < 200 ? 70 : 200;
+    const int before = ggmlopt_get_num_threads();
+    for (int packed = 0; packed <= 1; ++packed) {
+        const int32_t *first = packed ? starts : NULL;
+        float *out = th_alloc(4, nq, 0), *lse = th_alloc(4, nl, 0);
+        float *res[4][3];
+        ggmlopt_set_num_threads(1);
+        int rc = ggmlopt_attention_forward_ranged_f32(s.b, s.t, s.h, s.hkv, s.d, q, s.h * s.d, kk,
+                                                      s.hkv * s.d, v, s.hkv * s.d, out, s.h * s.d,
+                                                      lse, first);
+        for (int t = 0; t < 4; ++t) {
+            ggmlopt_set_num_threads(t + 1);
+            res[t][0] = th_alloc(4, nq, 0);
+            res[t][1] = th_alloc(4, nkv, 0);
+            res[t][2] = th_alloc(4, nkv, 0);
+            rc |= ggmlopt_attention_backward_ranged_f32(
+                s.b, s.t, s.h, s.hkv, s.d, q, s.h * s.d, kk, s.hkv * s.d, v, s.hkv * s.d, out,
+                s.h * s.d, lse, dout, res[t][0], res[t][1], res[t][2], first);
+        }
+        th_check(rc == 0, "attention backward in waves: return code %d", rc);
+        const int64_t sizes[3] = {nq, nkv, nkv};
+        th_miss m = TH_MISS_INIT;
+        for (int t = 1; t < 4; ++t)
+            for (int a = 0; a < 3; ++a)
+                for (int64_t i = 0; i < sizes[a]; ++i)
+                    th_expect_bits(&m, packed ? "packed, threads vs 1" : "threads vs 1", i,
+                                   res[t][a][i], res[0][a][i]);
+        th_report(&m, packed ? "attention backward in waves, packed" : "attention backward in waves");
+    }
+    ggmlopt_set_num_threads(before);
+    th_release_all();
+}

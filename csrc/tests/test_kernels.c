@@ -28,6 +28,7 @@ void test_lm_layers_public(void);
 /* test_attention.c */
 void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar);
 void test_attention_public(void);
+void test_attention_public_waves(void);
 /* test_quant.c */
 void test_quant_kernels(const ggmlopt_kernel_table *k);
 void test_quant_public(void);
@@ -736,6 +737,7 @@ int main(int argc, char **argv) {
     test_activations_public(big);
     test_lm_layers_public();
     test_attention_public();
+    test_attention_public_waves();
     test_quant_public();
     test_quantize_k();
     test_decode_block_public();
