@@ -399,6 +399,14 @@ void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_
         }
 }
 
+/* q, k, v and the output gradient of shape s, uniform in [-1, 1) */
+static void random_inputs(const attn_shape *s, float **q, float **k, float **v, float **dout) {
+    *q = th_rand_f32(q_size(s), 0, -1.0f, 1.0f);
+    *k = th_rand_f32(kv_size(s), 0, -1.0f, 1.0f);
+    *v = th_rand_f32(kv_size(s), 0, -1.0f, 1.0f);
+    *dout = th_rand_f32(q_size(s), 0, -1.0f, 1.0f);
+}
+
 /* The public functions: threads split (batch, head) items; 1 and 2 threads
  * give the same bits. */
 void test_attention_public(void) {
@@ -406,8 +414,8 @@ void test_attention_public(void) {
     th_seed(0xa77f);
     const attn_shape s = {3, 150, 4, 2, 24, NULL};
     const int64_t nq = q_size(&s), nkv = kv_size(&s), nl = s.b * s.h * s.t;
-    float *q = th_rand_f32(nq, 0, -1.0f, 1.0f), *kk = th_rand_f32(nkv, 0, -1.0f, 1.0f);
-    float *v = th_rand_f32(nkv, 0, -1.0f, 1.0f), *dout = th_rand_f32(nq, 0, -1.0f, 1.0f);
+    float *q, *kk, *v, *dout;
+    random_inputs(&s, &q, &kk, &v, &dout);
     float *res[2][5];
     const int before = ggmlopt_get_num_threads();
     for (int t = 0; t < 2; ++t) {
@@ -460,8 +468,8 @@ void test_attention_public_waves(void) {
     th_seed(0x3a7e);
     const attn_shape s = {1, 301, 6, 3, 40, NULL};
     const int64_t nq = q_size(&s), nkv = kv_size(&s), nl = s.b * s.h * s.t;
-    float *q = th_rand_f32(nq, 0, -1.0f, 1.0f), *kk = th_rand_f32(nkv, 0, -1.0f, 1.0f);
-    float *v = th_rand_f32(nkv, 0, -1.0f, 1.0f), *dout = th_rand_f32(nq, 0, -1.0f, 1.0f);
+    float *q, *kk, *v, *dout;
+    random_inputs(&s, &q, &kk, &v, &dout);
     int32_t *starts = (int32_t *)th_alloc(4, s.t, 0);
     for (int64_t i = 0; i < s.t; ++i) starts[i] = i < 70 ? 0 : i < 200 ? 70 : 200;
     const int before = ggmlopt_get_num_threads();
