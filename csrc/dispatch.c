@@ -1285,7 +1285,8 @@ typedef struct {
 /* (tile, item), the tiles with more query rows after them first */
 static void attn_keys_item(void *p, int it) {
     const attn_wave *w = (const attn_wave *)p;
-    const int64_t items = w->a->batch * w->a->n_kv_heads, group = w->a->n_heads / w->a->n_kv_heads;
+    const int64_t items = w->a->batch * w->a->n_kv_heads;
+    const int64_t group = w->a->n_heads / w->a->n_kv_heads;
     const int64_t t = it / items, bg = it % items;
     float *dss = w->dss + (bg * w->tiles + t) * group * w->nib * GO_ATTN_DS_BLOCK;
     kernels()->attention_backward_keys_f32(w->a, bg / w->a->n_kv_heads, bg % w->a->n_kv_heads,
@@ -1315,10 +1316,12 @@ static int attn_backward_split(attn_job *job, int64_t items, int64_t madds) {
     if (threads < 2 || tiles < 2 || madds < GO_ATTN_PARALLEL_MIN) return 0;
     if (items >= threads && (items % threads == 0 || items >= 2 * threads)) return 0;
     const int64_t nib = (a->seq + GO_ATTN_BQ_BWD - 1) / GO_ATTN_BQ_BWD;
-    const int64_t tile_bytes = a->batch * a->n_heads * nib * GO_ATTN_DS_BLOCK * (int64_t)sizeof(float);
+    const int64_t tile_bytes =
+        a->batch * a->n_heads * nib * GO_ATTN_DS_BLOCK * (int64_t)sizeof(float);
     int64_t wave = (2 * threads + items - 1) / items;
     if (wave > tiles) wave = tiles;
-    if (wave * tile_bytes > GO_ATTN_SPLIT_STORE_BYTES) wave = GO_ATTN_SPLIT_STORE_BYTES / tile_bytes;
+    if (wave * tile_bytes > GO_ATTN_SPLIT_STORE_BYTES)
+        wave = GO_ATTN_SPLIT_STORE_BYTES / tile_bytes;
     if (wave < 1) return 0;
     float *dss = alloc_floats64(wave * tile_bytes / (int64_t)sizeof(float));
     if (!dss) return 0;

@@ -498,7 +498,8 @@ void test_attention_public_waves(void) {
                 for (int64_t i = 0; i < sizes[a]; ++i)
                     th_expect_bits(&m, packed ? "packed, threads vs 1" : "threads vs 1", i,
                                    res[t][a][i], res[0][a][i]);
-        th_report(&m, packed ? "attention backward in waves, packed" : "attention backward in waves");
+        th_report(&m, packed ? "attention backward in waves, packed"
+                             : "attention backward in waves");
     }
     ggmlopt_set_num_threads(before);
     th_release_all();
