@@ -471,10 +471,14 @@ def _trainable_arg(trainable) -> tuple[str, ...]:
 
 
 def _kept_trainable(name: str, trainable) -> bool:
-    """PEFT's modules_to_save rule on a parameter's dotted name: its module's
-    name (or its own) equals an entry or ends with "." + the entry."""
-    module = name.rpartition(".")[0]
-    return _matches(name, trainable) or (bool(module) and _matches(module, trainable))
+    """PEFT's modules_to_save rule on a parameter's dotted name: its own name or
+    the name of a module above it (its layer, ``mlp``, ``layers.0``...) equals
+    an entry or ends with "." + the entry."""
+    while name:
+        if _matches(name, trainable):
+            return True
+        name = name.rpartition(".")[0]
+    return False
 
 
 def trainable_parameters(model) -> tuple[int, int]:
@@ -522,7 +526,9 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     A matrices are drawn from ``numpy.random.default_rng(seed)`` in the order of
     the model's parameters.  trainable: names of modules or parameters that keep
     training beside the adapters (PEFT's ``modules_to_save``), matched as targets
-    are: ``("lm_head", "norm")`` keeps the head and the final norm trainable.
+    are: ``("lm_head", "norm")`` keeps the head and the final norm trainable;
+    a module's name (``mlp``, ``layers.0``) keeps every parameter under it.  A
+    name may not cover a layer that targets adapt.
 
     Afterwards only the adapters (and what trainable names) train: every other
     parameter is frozen (``requires_grad=False``: no gradient, no optimizer
@@ -533,15 +539,16 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     shows what trains.  Returns the list of named_adapters(model).
 
     Raises ValueError when no Linear matches (the message lists the Linear
-    names the model has), when a trainable name matches no parameter, when the
-    model already has adapters (merge first), for rank < 1 or a bad alpha or
-    dropout; TypeError for arguments of the wrong type.  On an error the model
-    is unchanged.
+    names the model has), when a trainable name matches no parameter or covers
+    a layer that targets adapt, when the model already has adapters (merge
+    first), for rank < 1 or a bad alpha or dropout; TypeError for arguments of
+    the wrong type.  On an error the model is unchanged.
     """
     rank = _rank_arg(rank)
     alpha = _alpha_arg(alpha)
     dropout = _dropout_arg(dropout)
-    all_linear = targets == ALL_LINEAR
+    # PEFT takes its shortcut in any case ("ALL-LINEAR")
+    all_linear = isinstance(targets, str) and targets.lower() == ALL_LINEAR
     targets = _targets_arg(targets)
     trainable = _trainable_arg(trainable)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -566,10 +573,19 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
                          f"its {len(linears)} Linear layers are named {short} (e.g. "
                          f"{linears[0][0]})")
     params = named_parameters(model)
+    to_adapt = [name for name, *_ in chosen + embeddings]
     for t in trainable:
         if not any(_kept_trainable(name, (t,)) for name, _ in params):
             raise ValueError(f"trainable: {t!r} names no module or parameter of the model "
                              f"(its parameters are named like {params[0][0]!r})")
+        # a layer is adapted or trained whole, never both (PEFT refuses it too): the
+        # adapter would freeze the weight the name asked to train
+        both = [name for name in to_adapt if _kept_trainable(name, (t,))]
+        if both:
+            raise ValueError(f"trainable: {t!r} covers {both[0]}"
+                             f"{f' (and {len(both) - 1} more)' if len(both) > 1 else ''}, "
+                             f"which targets adapt; a layer either gets an adapter (targets) "
+                             f"or trains whole (trainable), not both")
     chosen_weights = {id(p) for *_, layer in chosen
                       for p in (getattr(layer, "weight", None), layer.bias)
                       if p is not None} | {id(layer.weight) for *_, layer in embeddings

@@ -464,6 +464,42 @@ def test_apply_freezes_all_but_the_adapters_and_the_named_trainable():
         lora.apply(Llama(CFG), trainable=(3,))
 
 
+def test_trainable_names_a_module_and_everything_under_it():
+    # PEFT's modules_to_save=["mlp"]: every weight under each block's mlp trains
+    model = Llama(CFG, seed=1)
+    lora.apply(model, rank=2, trainable=("mlp",))
+    kept = [n for n, p in model.named_parameters() if p.requires_grad and ".lora_" not in n]
+    assert kept == [f"layers.{i}.mlp.{p}.weight" for i in range(2)
+                    for p in ("gate_proj", "up_proj", "down_proj")]
+    model = Llama(CFG, seed=1)
+    lora.apply(model, rank=2, trainable=("layers.1.post_attention_layernorm",))
+    kept = [n for n, p in model.named_parameters() if p.requires_grad and ".lora_" not in n]
+    assert kept == ["layers.1.post_attention_layernorm.weight"]
+
+
+@pytest.mark.parametrize("targets, trainable", [(("q_proj",), ("q_proj",)),
+                                                (("q_proj",), ("self_attn",)),
+                                                ("all-linear", ("layers.0",))])
+def test_trainable_covering_an_adapted_layer_is_refused(targets, trainable):
+    # the adapter would freeze the weight trainable asked to train: refused, as PEFT
+    # refuses a module in both target_modules and modules_to_save
+    model = Llama(CFG, seed=1)
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    with pytest.raises(ValueError, match=f"trainable: '{trainable[0]}' covers layers.0"):
+        lora.apply(model, rank=2, targets=targets, trainable=trainable)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == before
+    assert not lora.named_adapters(model)
+
+
+def test_all_linear_in_any_case():
+    upper, lower = Llama(CFG, seed=1), Llama(CFG, seed=1)
+    lora.apply(upper, rank=2, targets="ALL-LINEAR")
+    lora.apply(lower, rank=2, targets="all-linear")
+    assert [n for n, _ in lora.named_adapters(upper)] == \
+        [n for n, _ in lora.named_adapters(lower)]
+    assert len(lora.named_adapters(upper)) == 2 * 7
+
+
 def test_merge_gives_back_what_apply_froze():
     model = Llama(CFG, seed=1)
     model.norm.weight.requires_grad = False     # frozen by the user before apply
