@@ -483,7 +483,10 @@ def _kept_trainable(name: str, trainable) -> bool:
 
 def trainable_parameters(model) -> tuple[int, int]:
     """(trainable, total) parameter counts of model, each parameter once (a tied
-    embedding counts once), adapters included: PEFT's get_nb_trainable_parameters."""
+    embedding counts once), adapters included: PEFT's get_nb_trainable_parameters.
+    With modules named in apply's ``trainable``, PEFT's total also counts the
+    frozen original it keeps beside each trained copy (modules_to_save); ggmlopt
+    trains the module itself and keeps no copy, so its total stays the model's."""
     trainable = total = 0
     for _, p in named_parameters(model):
         total += p.data.size
