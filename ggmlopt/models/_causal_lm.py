@@ -17,7 +17,7 @@ from .._blas_threads import (
     current_blas_threads,
     others_running_recently,
 )
-from ..nn._buffers import empty
+from ..nn._buffers import empty, trains
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..nn.module import Module, grads_ready
@@ -164,6 +164,28 @@ def cached_self_attention(attn, rows, b, t, pos, cache_k, cache_v):
     return attn.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, -1)
 
 
+def attention_input_grad(block, norm, attn, grad):
+    """The backward of a block's first branch, attn(norm(x)), from its output
+    gradient: d loss / d x through that branch, or None when the block's input
+    needs no gradient (the first block over a frozen embedding, as torch's
+    autograd skips it): then the attention makes no input-gradient products and
+    norm, if it trains, only adds into its weight's gradient.  The two layers'
+    needs_input_grad are put back after."""
+    need_x = bool(block.needs_input_grad)
+    saved = attn.needs_input_grad, norm.needs_input_grad
+    attn.needs_input_grad = need_x or any(trains(p) for p in norm.parameters())
+    norm.needs_input_grad = need_x
+    try:
+        ga = attn.backward(grad)
+        grads_ready(attn)
+        dx = None if ga is None else norm.backward(ga)
+        del ga
+        grads_ready(norm)
+    finally:
+        attn.needs_input_grad, norm.needs_input_grad = saved
+    return dx if need_x else None
+
+
 class PreNormBlock(Module):
     """The pre-norm block of Llama and GPT-2: h = x + attn(norm1(x)),
     y = h + mlp(norm2(h)), x and y (batch, T, dim).  Subclasses make the four
@@ -187,7 +209,8 @@ class PreNormBlock(Module):
 
     def backward(self, grad_out):
         """grad_out (batch, T, dim) -> d loss / d x, a new array (the sub-layers'
-        input gradients are theirs to make: the sums go into them)."""
+        input gradients are theirs to make: the sums go into them), or None
+        when needs_input_grad is False."""
         norm1, attn, norm2, mlp = self._parts()
         gm = mlp.backward(grad_out)
         grads_ready(mlp)  # the gradient-ready hook: each sub-layer once it is done
@@ -195,13 +218,8 @@ class PreNormBlock(Module):
         del gm
         dh = np.add(grad_out, dh, out=dh)
         grads_ready(norm2)
-        ga = attn.backward(dh)
-        grads_ready(attn)
-        dx = norm1.backward(ga)
-        del ga
-        dx = np.add(dh, dx, out=dx)
-        grads_ready(norm1)
-        return dx
+        dx = attention_input_grad(self, norm1, attn, dh)
+        return None if dx is None else np.add(dh, dx, out=dx)
 
 
 class CausalLM(Module):
@@ -288,15 +306,29 @@ class CausalLM(Module):
     def _blocks_backward(self, blocks, g):
         """The gradient g back through the blocks in reverse, each announced by
         the gradient-ready hook once done; returns the first block's input
-        gradient."""
+        gradient (None when no input layer trains)."""
         saved = getattr(self, "_saved_blocks", None)
+        input_trains = any(trains(p) for layer in self._input_layers()
+                           for p in layer.parameters())
         for i in reversed(range(len(blocks))):
             block = blocks[i]
-            g = block.backward(g) if saved is None else \
-                checkpointed_backward(block, saved[i], g)
+            # the first block's input gradient only feeds the input layers
+            before = block.needs_input_grad
+            block.needs_input_grad = bool(before) and (i > 0 or input_trains)
+            try:
+                g = block.backward(g) if saved is None else \
+                    checkpointed_backward(block, saved[i], g)
+            finally:
+                block.needs_input_grad = before
             grads_ready(block)
         self._saved_blocks = None
         return g
+
+    def _input_layers(self):
+        """The layers before the first block (the token embedding; GPT-2's
+        position embedding too): when none of their parameters trains, the
+        blocks' input gradient is not computed."""
+        return (self._embedding,)
 
     def _tokens(self, tokens, packed=False):
         """tokens as a C-contiguous int32 (batch, T) array, T <= max_seq_len;

@@ -32,7 +32,7 @@ from ..nn.linear import Linear
 from ..nn.module import Module, grads_ready
 from ..nn.norm import RMSNorm
 from ..nn.rope_scaling import RopeScaling
-from ._causal_lm import cached_self_attention, normal_init
+from ._causal_lm import attention_input_grad, cached_self_attention, normal_init
 from ._hf_config import LLAMA_KEYS, check_keys, llama_hf_config, no_dropout
 from .config import LlamaConfig
 from .family import Family
@@ -215,7 +215,8 @@ class Gemma3DecoderLayer(Module):
 
     def backward(self, grad_out):
         """grad_out (batch, T, dim) -> d loss / d x, a new array (the sums go
-        into the norms' new input gradients)."""
+        into the norms' new input gradients), or None when needs_input_grad is
+        False."""
         g = self.post_feedforward_layernorm.backward(grad_out)
         grads_ready(self.post_feedforward_layernorm)
         g = self.mlp.backward(g)
@@ -225,12 +226,8 @@ class Gemma3DecoderLayer(Module):
         grads_ready(self.pre_feedforward_layernorm)
         g = self.post_attention_layernorm.backward(dh)
         grads_ready(self.post_attention_layernorm)
-        g = self.self_attn.backward(g)
-        grads_ready(self.self_attn)
-        dx = self.input_layernorm.backward(g)
-        dx = np.add(dh, dx, out=dx)
-        grads_ready(self.input_layernorm)
-        return dx
+        dx = attention_input_grad(self, self.input_layernorm, self.self_attn, g)
+        return None if dx is None else np.add(dh, dx, out=dx)
 
     def decode(self, x, cache_k, cache_v, pos):
         """forward for t new positions at pos.., reading and extending the cache."""
@@ -271,7 +268,8 @@ class Gemma3(Llama):
         g = self.norm.backward(dh)
         grads_ready(self.norm)
         g = self._blocks_backward(self.layers, g)
-        self.embed_tokens.backward(g * self._embed_scale)
+        if g is not None:
+            self.embed_tokens.backward(g * self._embed_scale)
         grads_ready(self.embed_tokens)
 
     def _decode_hidden(self, tokens, cache):

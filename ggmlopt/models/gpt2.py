@@ -99,6 +99,9 @@ class GPT2(CausalLM):
     def _kv_heads(self):
         return self.config.n_heads
 
+    def _input_layers(self):
+        return (self.wte, self.wpe)
+
     def _embed(self, tokens, pos):
         b, t = tokens.shape
         if self._x is None or self._x.shape[:2] != (b, t):
@@ -118,10 +121,11 @@ class GPT2(CausalLM):
         g = self.ln_f.backward(dh)
         grads_ready(self.ln_f)  # the gradient-ready hook: each part once it is done
         g = self._blocks_backward(self.h, g)
-        self.wte.backward(g)
+        if g is not None:   # None: both embeddings are frozen
+            self.wte.backward(g)
+            # every sequence's position t adds into row t (packed: each token's own position)
+            self.wpe.backward(g if self._positions.ndim == 2 else g.sum(axis=0))
         grads_ready(self.wte)
-        # every sequence's position t adds into row t (packed: each token's own position)
-        self.wpe.backward(g if self._positions.ndim == 2 else g.sum(axis=0))
         grads_ready(self.wpe)
 
     def _decode_hidden(self, tokens, cache):

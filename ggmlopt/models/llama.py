@@ -121,7 +121,8 @@ class Llama(CausalLM):
         g = self.norm.backward(dh)
         grads_ready(self.norm)  # the gradient-ready hook: each part once it is done
         g = self._blocks_backward(self.layers, g)
-        self.embed_tokens.backward(g)
+        if g is not None:   # None: the embedding is frozen
+            self.embed_tokens.backward(g)
         grads_ready(self.embed_tokens)
 
     def _decode_hidden(self, tokens, cache):
