@@ -343,14 +343,16 @@ class OptContext:
 
         params = self._collect_parameters(model)
         trainable = [p for p in params if _trains(p)]
+        if self._built != BuildType.FORWARD:
+            # first: over a base kept in its file's types, the way out is lora.apply
+            # (or keep_types=False), even when nothing else trains either
+            refuse_full_finetune_of_quantized(model)
         if not trainable and self._built != BuildType.FORWARD:
             frozen = ", ".join(checkpoint.parameter_names(model, params)[:4])
             raise ValueError(f"model: it has no trainable parameter (every parameter is frozen, "
                              f"requires_grad=False: {frozen}{', ...' if len(params) > 4 else ''})"
                              f"; set requires_grad=True on the ones to train, or build the "
                              f"context with build_type=FORWARD")
-        if self._built != BuildType.FORWARD:
-            refuse_full_finetune_of_quantized(model)
         if self._wants_step_in_backward:
             self._check_step_in_backward(trainable, clip_grad_norm)
         # the frozen/trainable split, over model.parameters() (distributed and the

@@ -143,6 +143,11 @@ def test_a_full_finetune_of_a_kept_model_is_refused(quant_file):
     kept, _ = load_gguf(path, keep_types=True)
     with pytest.raises(ValueError, match=r"lora\.apply.*keep_types=False"):
         go.OptContext(kept, batch_size=2, ne_datapoint=16, loss_type="cross_entropy")
+    # the same way out when nothing trains at all (the norms frozen too)
+    for p in kept.parameters():
+        p.requires_grad = False
+    with pytest.raises(ValueError, match=r"lora\.apply.*keep_types=False"):
+        go.OptContext(kept, batch_size=2, ne_datapoint=16, loss_type="cross_entropy")
 
 
 @pytest.mark.parametrize("cls,cfg_cls", [(Llama, LlamaConfig), (Qwen2, Qwen2Config)])
