@@ -135,11 +135,12 @@ def test_a_model_read_from_a_gguf_writes_back_what_its_file_said(tmp_path):
 
 
 def _add_keys(src, dst, keys):
-    """A copy of the GGUF src with extra key-values {key: (value, GGUF type name)}."""
+    """A copy of the GGUF src with extra or other key-values {key: (value, GGUF
+    type name)}."""
     reader = gguf.GGUFReader(str(src))
     writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
     for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", *keys):
             continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
@@ -153,6 +154,62 @@ def _add_keys(src, dst, keys):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def test_add_eos_goes_back_as_the_file_had_it(tmp_path):
+    # llama.cpp appends EOS to every text of a file that says add_eos_token: a
+    # fine-tuned model written back must say it too
+    save_llama_gguf(llama(n_layers=2), tmp_path / "src.gguf", tokenizer=TOK)
+    for add_eos in (True, False):
+        src = tmp_path / f"eos{add_eos}.gguf"
+        _add_keys(tmp_path / "src.gguf", src, {"tokenizer.ggml.add_eos_token": (add_eos, "BOOL")})
+        model, tok = load_gguf(src)
+        save_gguf(model, tmp_path / "out.gguf", tokenizer=tok)
+        assert GgufFile(str(tmp_path / "out.gguf")).fields["tokenizer.ggml.add_eos_token"] \
+            is add_eos
+    # a model of no file says False (llama.cpp's default for these vocabularies)
+    save_gguf(llama(n_layers=2), tmp_path / "new.gguf", tokenizer=TOK)
+    assert GgufFile(str(tmp_path / "new.gguf")).fields["tokenizer.ggml.add_eos_token"] is False
+
+
+@pytest.mark.parametrize("pre, bos", [("llama-bpe", True), ("tekken", True), ("qwen2", False),
+                                      ("default", False)])
+def test_bos_without_the_key_is_llama_cpps_default_for_the_pre_tokenizer(pre, bos):
+    pytest.importorskip("tokenizers")
+    from ggmlopt.io.gguf_llama import tokenizer_from_fields
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+              "tokenizer.ggml.tokens": ["a", "b", "ab", "<s>"], "tokenizer.ggml.merges": ["a b"],
+              "tokenizer.ggml.token_type": [1, 1, 1, 3], "tokenizer.ggml.bos_token_id": 3,
+              "tokenizer.ggml.eos_token_id": 3}
+    assert tokenizer_from_fields(fields, "f").add_bos is bos
+    for said in (True, False):   # the key, when the file has it, decides
+        assert tokenizer_from_fields({**fields, "tokenizer.ggml.add_bos_token": said},
+                                     "f").add_bos is said
+
+
+@pytest.mark.parametrize("dtype", ["q4_k_m", "q4_k_s", "q5_k_m", "q8_0"])
+def test_a_kept_model_written_back_keeps_its_files_type(tmp_path, dtype):
+    from ggmlopt import lora
+    src = tmp_path / "src.gguf"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save_gguf(llama(n_layers=2), src, tokenizer=TOK, dtype=dtype)
+    label = GgufFile(str(src)).fields["general.file_type"]
+    kept, tok = load_gguf(src, keep_types=True)
+    # every matrix as the file had it: the file's own label (a mix, not its most
+    # common type), whatever dtype the call names
+    for asked in (np.float32, "q4_0"):
+        save_gguf(kept, tmp_path / "out.gguf", tokenizer=tok, dtype=asked)
+        assert GgufFile(str(tmp_path / "out.gguf")).fields["general.file_type"] == label
+        assert types_of(tmp_path / "out.gguf") == types_of(src)
+    # adapters merged into float32 weights, quantized as asked: the asked type's label
+    lora.apply(kept, rank=2)
+    lora.merge(kept)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save_gguf(kept, tmp_path / "merged.gguf", tokenizer=tok, dtype="q4_0")
+    assert GgufFile(str(tmp_path / "merged.gguf")).fields["general.file_type"] == \
+        gguf.LlamaFileType.MOSTLY_Q4_0
 
 
 def test_a_70b_gives_its_value_projections_more_bits():

@@ -6,12 +6,19 @@ from typing import Any
 
 from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
 
-__all__ = ["BYTE_MERGES", "BYTE_PRE", "add_tokenizer", "byte_vocabulary", "tokenizer_keys"]
+__all__ = ["BOS_BY_DEFAULT_PRE", "BYTE_MERGES", "BYTE_PRE", "add_tokenizer", "byte_vocabulary",
+           "tokenizer_keys"]
 
 BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pre-tokenizer
 BYTE_PRE = "gpt-2"
 _EOT = "<|endoftext|>"
 TOKEN_NORMAL, TOKEN_CONTROL = 1, 3  # llama.cpp's LLAMA_TOKEN_TYPE_NORMAL / _CONTROL
+# the gpt2-type pre-tokenizers after which llama.cpp puts BOS first when the file
+# has no tokenizer.ggml.add_bos_token (llama-vocab.cpp; every other one: no BOS)
+BOS_BY_DEFAULT_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+                                "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "tekken",
+                                "chameleon"})
+ADD_EOS_KEY = "tokenizer.ggml.add_eos_token"
 
 
 def byte_vocabulary() -> list[str]:
@@ -59,9 +66,11 @@ def tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
     return keys
 
 
-def add_tokenizer(writer, tok: dict[str, Any], tokenizer) -> None:
+def add_tokenizer(writer, tok: dict[str, Any], tokenizer, carried=None) -> None:
     """Write tokenizer_keys' tok (and the tokenizer's chat template) with a
-    gguf-py GGUFWriter."""
+    gguf-py GGUFWriter.  carried: the source file's GgufMetadata, whose
+    add_eos_token is kept when the vocabulary is the same (the tokenizers have
+    no such flag of their own; without it, False)."""
     writer.add_tokenizer_model(tok["model"])
     writer.add_tokenizer_pre(tok["pre"])
     writer.add_token_list(tok["tokens"])
@@ -76,7 +85,11 @@ def add_tokenizer(writer, tok: dict[str, Any], tokenizer) -> None:
         if tok.get(which) is not None:
             add(tok[which])
     writer.add_add_bos_token(tok["add_bos"])
-    writer.add_add_eos_token(False)
+    add_eos = False
+    if carried is not None and ADD_EOS_KEY in carried \
+            and carried.get("tokenizer.ggml.tokens") == tok["tokens"]:
+        add_eos = bool(carried[ADD_EOS_KEY])
+    writer.add_add_eos_token(add_eos)
     for which in ("eot", "eom"):
         if tok.get(which) is not None:
             writer.add_uint32(f"tokenizer.ggml.{which}_token_id", tok[which])

@@ -47,7 +47,14 @@ from ._gguf_common import (
     stored,
 )
 from ._gguf_length import gguf_truncation
-from ._gguf_tokenizer import BYTE_MERGES, BYTE_PRE, add_tokenizer, byte_vocabulary, tokenizer_keys
+from ._gguf_tokenizer import (
+    BOS_BY_DEFAULT_PRE,
+    BYTE_MERGES,
+    BYTE_PRE,
+    add_tokenizer,
+    byte_vocabulary,
+    tokenizer_keys,
+)
 from ._quant_mix import FILE_TYPES, file_type_name, is_70b, tensor_type
 from .gguf_metadata import GgufMetadata
 from .gguf_reader import GgufFile
@@ -232,15 +239,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     rope_keys, rope_freqs = _rope_scaling_out(cfg, arch)
     if rope_freqs is not None:
         arrays.append(("rope_freqs.weight", rope_freqs, None))
-    kept = [layer.qtype for _, layer in quantized_layers(model)]
-    if kept and hasattr(gguf.LlamaFileType, "MOSTLY_" + max(set(kept), key=kept.count)):
-        # the file's type is its weights' most common one, as llama-quantize labels it
-        file_type = getattr(gguf.LlamaFileType, "MOSTLY_" + max(set(kept), key=kept.count))
-    elif isinstance(dtype, str):
-        file_type = getattr(gguf.LlamaFileType, FILE_TYPES[dtype][0])
-    else:
-        file_type = (gguf.LlamaFileType.ALL_F32 if dtype == np.float32
-                     else gguf.LlamaFileType.MOSTLY_F16)
+    file_type = _file_type(gguf, model, dtype, carried, arrays)
 
     with atomic_output(path) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
@@ -265,7 +264,8 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.add_key_length(cfg.head_dim)
             writer.add_value_length(cfg.head_dim)
             family.gguf_write(writer, cfg, arch)   # the family's own keys
-            add_tokenizer(writer, tok, tokenizer)
+            add_tokenizer(writer, tok, tokenizer,
+                          carried if isinstance(carried, GgufMetadata) else None)
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
             if any(raw is not None for _, _, raw in arrays):
@@ -279,6 +279,29 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.write_tensors_to_file()
         finally:
             writer.close()
+
+
+def _file_type(gguf, model, dtype, carried, arrays):
+    """general.file_type as llama-quantize labels a file: when every weight
+    matrix is kept in its source file's types (written as it was), the
+    source's own label (llama.cpp names a mix, Q4_K_M, not its most common
+    type); else the file type dtype asks for; else, beside kept weights, their
+    most common type (a K type as its _M mix); else F32 or F16 by dtype."""
+    types = gguf.LlamaFileType
+    kept = [layer.qtype for _, layer in quantized_layers(model)]
+    from_float = any(p.data.ndim == 2 for _, p in model.named_parameters()) \
+        if kept else True
+    source = getattr(carried, "file_type", None)
+    if kept and not from_float and source in set(types):
+        return types(source)
+    if isinstance(dtype, str):
+        return getattr(types, FILE_TYPES[dtype][0])
+    if kept:
+        common = max(set(kept), key=kept.count)
+        common = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}.get(common, common)
+        if hasattr(types, "MOSTLY_" + common):
+            return getattr(types, "MOSTLY_" + common)
+    return types.ALL_F32 if dtype == np.float32 else types.MOSTLY_F16
 
 
 def _rope_scaling_out(cfg: LlamaConfig, arch: str):
@@ -592,9 +615,10 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
             "chat_template": template}
         if kind == "gemma4":   # llama.cpp puts BOS first for it whatever add_bos_token says
             return MetaspaceBPETokenizer(tokens, merges, add_bos=True, **common)
-        return BPETokenizer(tokens, merges,
-                            add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
-                            pre=fields.get("tokenizer.ggml.pre", "default"), **common)
+        pre = fields.get("tokenizer.ggml.pre", "default")
+        # without the key, llama.cpp's default for the pre-tokenizer (BOS for Llama 3's)
+        add_bos = fields.get("tokenizer.ggml.add_bos_token", pre in BOS_BY_DEFAULT_PRE)
+        return BPETokenizer(tokens, merges, add_bos=bool(add_bos), pre=pre, **common)
     if kind == "llama":
         from ..spm import SPMTokenizer
         tokens, scores = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.scores")

@@ -29,16 +29,22 @@ class GgufMetadata(Mapping[str, Any]):
     float, bool or list), each with its GGUF value type (``type_of``), as
     ``model.gguf_metadata`` holds them after ``load_gguf``."""
 
-    def __init__(self, values: Mapping[str, Any], types: Mapping[str, tuple[int, int | None]]):
+    def __init__(self, values: Mapping[str, Any], types: Mapping[str, tuple[int, int | None]],
+                 file_type: int | None = None):
         self._values = dict(values)
         self._types = {k: types[k] for k in self._values}
+        # the source's general.file_type (not carried: a writer labels what it
+        # writes, with this label when it writes the source's weights as they were)
+        self.file_type = file_type
 
     @classmethod
     def from_file(cls, file) -> GgufMetadata:
         """The carried keys of a GgufFile (ggmlopt.io.gguf_reader)."""
         keep = [k for k in file.fields
                 if k.startswith(("general.", "tokenizer.")) and k not in _NOT_CARRIED]
-        return cls({k: file.fields[k] for k in keep}, file.field_types)
+        file_type = file.fields.get("general.file_type")
+        return cls({k: file.fields[k] for k in keep}, file.field_types,
+                   file_type if isinstance(file_type, int) else None)
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
