@@ -94,9 +94,12 @@ def set_activations(model, activations) -> int:
     included) multiplies products of few rows (decoding) outside training:
     "f32" (the default: the float32 activations, the same numbers as a
     product of many rows) or "q8_0" (each row first rounded to Q8_0 blocks and
-    multiplied in integers, as llama.cpp multiplies Q8_0, Q4_0, Q5_0, Q4_K and Q6_K
-    weights (kernels_quant.Q8_ACTIVATION_TYPES): faster, and off by that
-    rounding of the activations; weights of other types keep float32).  Returns how many layers multiply in integers now."""
+    multiplied in integers, for Q8_0, Q4_0, Q5_0, Q4_K and Q6_K weights
+    (kernels_quant.Q8_ACTIVATION_TYPES): faster, and off by that rounding of
+    the activations; weights of other types keep float32).  llama.cpp rounds
+    the activations of Q8_0, Q4_0 and Q5_0 weights the same way, those of Q4_K
+    and Q6_K weights to 256-value Q8_K blocks: there the two differ by their
+    roundings.  Returns how many layers multiply in integers now."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations: expected one of {', '.join(ACTIVATIONS)}, got "
                          f"{activations!r}")
