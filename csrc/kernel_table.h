@@ -164,6 +164,9 @@ typedef struct {
  * the longest k chunk; a block's scratch is at most their product in floats */
 #define GO_GEMM_NC 256
 #define GO_GEMM_KC_MAX 768
+/* products of at most this many rows with B's rows contiguous read B in place
+ * (gemm.inc's thin product) */
+#define GO_GEMM_THIN 8
 /* k chunks as even as the limit allows: they fix each value's sum order, so
  * they depend on k alone */
 static inline int64_t go_gemm_kc(int64_t k) {

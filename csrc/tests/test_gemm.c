@@ -76,6 +76,10 @@ static const gemm_case CASES[] = {
     {20, 40, 16380, 0, 0, 4}, {29, 33, 16384, 0, 1, 0},
     /* several column blocks, cut into even whole panels */
     {20, 600, 50, 0, 1, 0}, {17, 530, 33, 1, 0, 1},
+    /* at most GO_GEMM_THIN rows, B's rows in place (every k % 4, column tails;
+     * a 20 x 20 product's row groups on several threads end in a thin one) */
+    {8, 70, 256, 0, 0, 0}, {5, 37, 13, 0, 0, 2}, {1, 50, 7, 1, 0, 0}, {8, 33, 9, 1, 0, 3},
+    {3, 100, 6, 0, 0, 1}, {7, 17, 1, 0, 0, 0}, {20, 20, 37, 0, 0, 0},
 };
 #define NCASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 
@@ -104,6 +108,39 @@ void test_gemm_kernels(const ggmlopt_kernel_table *k) {
                      k->name, (long long)c->m, (long long)c->n, (long long)c->k, c->a_t, c->b_t,
                      accumulate);
             check_product(c, &o, cm, ldc, old, accumulate, r0, r1, j0, j1, ctx);
+            th_release_all();
+        }
+    }
+}
+
+/* the thin product (blocks of at most GO_GEMM_THIN rows, B read in place) gives
+ * the bits of the tiles over the same rows: a product's row groups may be cut
+ * either way */
+void test_gemm_thin_bits(const ggmlopt_kernel_table *k) {
+    static const gemm_case thin[] = {{22, 70, 256, 0, 0, 0}, {19, 37, 13, 1, 0, 2},
+                                     {23, 100, 1030, 0, 0, 1}, {17, 33, 9, 1, 0, 0}};
+    char ctx[160];
+    for (int t = 0; t < (int)(sizeof thin / sizeof thin[0]); ++t) {
+        const gemm_case *c = &thin[t];
+        for (int accumulate = 0; accumulate <= 1; ++accumulate) {
+            gemm_operands o = make_operands(c, t % 4);
+            const int64_t ldc = c->n + c->pad;
+            float *whole = th_rand_f32(c->m * ldc, t % 4, -1.0f, 1.0f);
+            float *cut = th_dup(whole, 4, c->m * ldc);
+            float *work = th_alloc(4, GO_GEMM_NC * go_gemm_kc(c->k), 0);
+            go_gemm_args g = {c->m, c->n, c->k, o.a, o.a_row, o.a_col, o.b, o.b_row,
+                              o.b_col, whole, ldc, accumulate};
+            k->sgemm_block_f32(&g, 0, c->m, 0, c->n, work);   /* the tiles */
+            g.c = cut;
+            for (int64_t r = 0; r < c->m; r += GO_GEMM_THIN)  /* thin blocks */
+                k->sgemm_block_f32(&g, r, r + GO_GEMM_THIN < c->m ? r + GO_GEMM_THIN : c->m, 0,
+                                   c->n, work);
+            snprintf(ctx, sizeof ctx, "sgemm thin[%s] m=%lld n=%lld k=%lld acc=%d", k->name,
+                     (long long)c->m, (long long)c->n, (long long)c->k, accumulate);
+            th_miss same = TH_MISS_INIT;
+            for (int64_t i = 0; i < c->m * ldc; ++i)
+                th_expect_bits(&same, "thin against tiles", i, cut[i], whole[i]);
+            th_report(&same, ctx);
             th_release_all();
         }
     }

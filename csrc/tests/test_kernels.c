@@ -34,6 +34,7 @@ void test_quant_kernels(const ggmlopt_kernel_table *k);
 void test_quant_public(void);
 void test_decode_block_public(void);
 void test_gemm_kernels(const ggmlopt_kernel_table *k);
+void test_gemm_thin_bits(const ggmlopt_kernel_table *k);
 void test_gemm_public(void);
 void test_quantize_k(void);
 
@@ -708,6 +709,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
     test_attention_kernels(k, SCALAR);
     test_quant_kernels(k);
     test_gemm_kernels(k);
+    test_gemm_thin_bits(k);
 }
 
 int main(int argc, char **argv) {
