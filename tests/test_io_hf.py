@@ -114,3 +114,76 @@ def test_keys_a_config_leaves_out_take_transformers_defaults(family):
     assert ours.norm_eps == pytest.approx(theirs.rms_norm_eps, rel=1e-7)
     assert ours.head_dim == (getattr(theirs, "head_dim", None) or 64 // 2)
     assert ours.tie_embeddings == theirs.tie_word_embeddings
+
+
+def _rewrite_safetensors(path, tensors, dtype="F32"):
+    """Write {name: float32 array} as a safetensors file of dtype F32 or BF16 (the
+    bfloat16 bits rounded to nearest even, as torch rounds), without torch."""
+    header, chunks, at = {}, [], 0
+    for name, array in tensors.items():
+        array = np.ascontiguousarray(array, np.float32)
+        if dtype == "BF16":
+            bits = array.view(np.uint32).astype(np.uint64)
+            data = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
+        else:
+            data = array.astype("<f4").tobytes()
+        header[name] = {"dtype": dtype, "shape": list(array.shape),
+                        "data_offsets": [at, at + len(data)]}
+        chunks.append(data)
+        at += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(chunks))
+
+
+def _file_tensors(path):
+    st = pytest.importorskip("safetensors.numpy")
+    return st.load_file(str(path))
+
+
+def test_a_bfloat16_checkpoint_loads_widened_to_float32(tmp_path):
+    # most published checkpoints (SmolLM2, Llama 3, Qwen2.5) are stored in bfloat16
+    model = MODELS["llama"]()
+    save_hf(model, tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = _file_tensors(path)
+    _rewrite_safetensors(path, tensors, "BF16")
+    widened, kept = load_hf(tmp_path), load_hf(tmp_path, keep_types=True)
+    for name, p in widened.named_parameters():
+        assert p.data.dtype == np.float32
+    # each value is the float32 of its bfloat16 (a tenth of a percent off the source)
+    w = widened.layers[0].mlp.up_proj.weight.data
+    src = tensors["model.layers.0.mlp.up_proj.weight"].T
+    assert np.all(w.view(np.uint32) & 0xFFFF == 0)
+    np.testing.assert_allclose(w, src, rtol=2.0 ** -8, atol=0)
+    a, b = widened(TOKENS), kept(TOKENS)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(a).max())
+
+
+def test_a_tied_config_with_a_head_of_its_own_loads_that_head(tmp_path):
+    # transformers does not tie an lm_head.weight that differs from the embedding
+    model = MODELS["llama-tied"]()
+    save_hf(model, tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = _file_tensors(path)
+    embedding = tensors["model.embed_tokens.weight"]
+    head = np.random.default_rng(5).normal(0, 0.02, embedding.shape).astype(np.float32)
+    _rewrite_safetensors(path, {**tensors, "lm_head.weight": head})
+    with pytest.warns(UserWarning, match="not its token embedding; loaded untied"):
+        untied = load_hf(tmp_path)
+    assert not untied.config.tie_embeddings and untied.lm_head is not None
+    np.testing.assert_array_equal(untied.lm_head.weight.data, head.T)
+    np.testing.assert_array_equal(untied.embed_tokens.weight.data, embedding)
+    with pytest.warns(UserWarning, match="loaded untied"):
+        kept = load_hf(tmp_path, keep_types=True)
+    np.testing.assert_allclose(kept(TOKENS), untied(TOKENS), rtol=0,
+                               atol=1e-5 * np.abs(untied(TOKENS)).max())
+    # the same values as the embedding: tied, as written
+    _rewrite_safetensors(path, {**tensors, "lm_head.weight": embedding})
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tied = load_hf(tmp_path)
+    assert tied.config.tie_embeddings and tied.lm_head is None
+    np.testing.assert_array_equal(tied(TOKENS), model(TOKENS))

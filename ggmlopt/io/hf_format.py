@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -144,14 +145,6 @@ def _weight_files(directory: str) -> list[str]:
     return files
 
 
-def _read_tensors(directory: str) -> dict[str, np.ndarray]:
-    st = _safetensors()
-    tensors: dict[str, np.ndarray] = {}
-    for path in _weight_files(directory):
-        tensors.update(st.load_file(path))
-    return tensors
-
-
 # safetensors dtypes a mapped tensor is viewed as (bfloat16 as its raw 16-bit words)
 _MAPPED = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
 
@@ -173,18 +166,50 @@ def _mapped_tensors(directory: str) -> dict[str, tuple[str, np.ndarray]]:
             if name == "__metadata__":
                 continue
             dtype = info.get("dtype")
-            if dtype not in _MAPPED:
-                raise TypeError(f"{path}: tensor {name!r} has dtype {dtype}; expected floats")
+            if dtype not in _MAPPED:   # refused if the model reads it (_float_tensor)
+                out[name] = (dtype, None)
+                continue
             start, end = info["data_offsets"]
             view = raw[base + start:base + end].view(np.dtype(_MAPPED[dtype]).newbyteorder("<"))
             out[name] = (dtype, view.reshape(info["shape"]))
     return out
 
 
+def _float_tensor(tensors, name: str, where: str) -> tuple[str, np.ndarray]:
+    """(dtype, mapped view) of a tensor the model reads; TypeError when it is
+    not of a float type."""
+    dtype, array = tensors[name]
+    if array is None:
+        raise TypeError(f"{where}: tensor {name!r} has dtype {dtype}; expected floats "
+                        f"({', '.join(_MAPPED)})")
+    return dtype, array
+
+
 def _as_float32(dtype: str, array: np.ndarray) -> np.ndarray:
     if dtype == "BF16":
         return (array.astype(np.uint32) << 16).view(np.float32)
     return array.astype(np.float32)
+
+
+def _head_differs(model, tensors) -> bool:
+    """Whether a model built tied (tie_word_embeddings) meets a file whose own
+    lm_head.weight is not its token embedding: transformers then does not tie
+    them (its tie_weights: both present with different values), and the
+    file's head is the one that computes the logits."""
+    if not getattr(model.config, "tie_embeddings", False) or "lm_head.weight" not in tensors:
+        return False
+    embedding = model._embedding.weight
+    name = next(n for n, p, _ in _tensor_map(model) if p is embedding)
+    if name not in tensors:
+        return False   # _check_names says what is missing
+    (head_type, head), (emb_type, emb) = tensors["lm_head.weight"], tensors[name]
+    if head is None or emb is None:
+        return False   # refused when read
+    if head.shape != emb.shape:
+        return True
+    if head_type == emb_type:
+        return not np.array_equal(head, emb)
+    return not np.array_equal(_as_float32(head_type, head), _as_float32(emb_type, emb))
 
 
 def _check_names(model, expected, tensors, where: str) -> None:
@@ -202,17 +227,16 @@ def _check_names(model, expected, tensors, where: str) -> None:
                          f"describes: missing {missing}, unexpected {unexpected}")
 
 
-def _load_kept(directory: str, model, where: str):
+def _load_kept(tensors, model, where: str):
     """load_hf's keep_types=True: every Linear weight and the token embedding
     over the mapped file's rows (torch's (out, in) layout is the rows a
     QuantizedLinear reads), the rest widened to float32."""
-    tensors = _mapped_tensors(directory)
     expected = _tensor_map(model)
     ours = {id(p): name for name, p in model.named_parameters()}
     _check_names(model, expected, tensors, where)
     plan = []
     for name, p, transposed in expected:
-        dtype, array = tensors[name]
+        dtype, array = _float_tensor(tensors, name, where)
         shape = array.T.shape if transposed else array.shape
         if shape != p.data.shape:
             raise ValueError(f"{where}: tensor {name!r} has shape {array.shape}; expected "
@@ -242,8 +266,11 @@ def load_hf(directory, *, keep_types=False):
     (config.json and model.safetensors, or a sharded model.safetensors.index.json),
     as save_hf or transformers' save_pretrained write them.
 
-    Float16 tensors are widened to float32 (bfloat16 files need converting
-    first).  A tied output (tie_word_embeddings) may be absent from the file;
+    Float16 and bfloat16 tensors are widened to float32 (read from the
+    memory-mapped files).  A tied output (tie_word_embeddings) may be absent
+    from the file; a file whose own lm_head.weight differs from its token
+    embedding loads untied, with that head, as transformers loads it (with a
+    UserWarning);
     buffers Hugging Face keeps (rotary inv_freq, GPT-2's attention masks) are
     ignored.  Every tensor is checked (names, shapes) before the model is
     returned: ValueError names what is missing, unexpected or misshapen.
@@ -258,30 +285,34 @@ def load_hf(directory, *, keep_types=False):
         raise FileNotFoundError(f"directory: no such directory {directory!r}")
     if not isinstance(keep_types, (bool, np.bool_)):
         raise TypeError(f"keep_types: expected a bool, got {type(keep_types).__name__}")
+    config = _read_config(directory)
+    config_path, where = os.path.join(directory, CONFIG), os.path.join(directory, WEIGHTS)
+    tensors = _mapped_tensors(directory)
+
+    with skip_init():   # every parameter is read from the file
+        model = _model_from_config(config, config_path)
+    if _head_differs(model, tensors):
+        warnings.warn(f"{where}: tie_word_embeddings is true but the file's lm_head.weight "
+                      f"is not its token embedding; loaded untied, with the file's head, as "
+                      f"transformers loads it", UserWarning, stacklevel=2)
+        with skip_init():
+            model = _model_from_config({**config, "tie_word_embeddings": False}, config_path)
     if keep_types:
-        config = _read_config(directory)
-        with skip_init():   # the weight matrices are replaced, never written
-            model = _model_from_config(config, os.path.join(directory, CONFIG))
         if not family_of(model).hf_transposed:
             raise ValueError(f"keep_types: reads checkpoints of torch Linear weights "
                              f"({type(model).__name__}'s Conv1D weights are kept as float32: "
                              "load it with keep_types=False)")
-        return _load_kept(directory, model, os.path.join(directory, WEIGHTS))
-    model = _model_from_config(_read_config(directory), os.path.join(directory, CONFIG))
-    tensors = _read_tensors(directory)
-    where = os.path.join(directory, WEIGHTS)
+        return _load_kept(tensors, model, where)
     expected = _tensor_map(model)
     _check_names(model, expected, tensors, where)
     values = []
     for name, p, transposed in expected:
-        array = tensors[name]
-        if array.dtype.kind != "f":
-            raise TypeError(f"{where}: tensor {name!r} has dtype {array.dtype}; expected floats")
+        dtype, array = _float_tensor(tensors, name, where)
         array = array.T if transposed else array
         if array.shape != p.data.shape:
-            raise ValueError(f"{where}: tensor {name!r} has shape {tensors[name].shape}; "
+            raise ValueError(f"{where}: tensor {name!r} has shape {tensors[name][1].shape}; "
                              f"expected {p.data.shape[::-1] if transposed else p.data.shape}")
-        values.append((p, array))
-    for p, array in values:
-        p.data[...] = array
+        values.append((p, dtype, array))
+    for p, dtype, array in values:
+        p.data[...] = _as_float32(dtype, array)
     return model
