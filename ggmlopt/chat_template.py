@@ -66,7 +66,10 @@ class ChatTemplate:
         self.source = source
         self.special_tokens = dict(special_tokens or {})
         self._template: Any = None
-        self._spans: list[str] | None = None  # {% generation %} bodies while rendering
+        # while render_spans streams: each {% generation %} block's (start, text), and
+        # the characters written before the chunk being rendered
+        self._spans: list[tuple[int, str]] | None = None
+        self._streamed = 0
 
     @property
     def has_generation_markers(self) -> bool:
@@ -95,7 +98,9 @@ class ChatTemplate:
         def mark(ext, caller):
             text = caller()
             if owner._spans is not None:
-                owner._spans.append(text)   # placed in the output after rendering
+                # the output streamed so far ends where this block starts (transformers'
+                # AssistantTracker): its place, whatever text came before
+                owner._spans.append((owner._streamed, text))
             return text
 
         # made with type(): the class needs jinja2, imported only here
@@ -129,37 +134,47 @@ class ChatTemplate:
         with ``role`` and ``content`` (and whatever else the template reads);
         add_generation_prompt: end with the assistant's opening (for generation);
         kwargs: further template variables (``tools``, ``enable_thinking`` ...)."""
+        return "".join(self._stream(messages, add_generation_prompt, kwargs))
+
+    def _stream(self, messages, add_generation_prompt, kwargs):
+        """The rendered text's chunks as Jinja streams them (self._streamed
+        counts the characters before the one being rendered)."""
         messages = check_messages(messages)
         variables = {**self.special_tokens, **kwargs}
         variables.setdefault("tools", None)
         variables.setdefault("documents", None)
+        chunks = []
+        self._streamed = 0
         try:
-            return self._compiled().render(messages=messages,
-                                           add_generation_prompt=bool(add_generation_prompt),
-                                           **variables)
+            for chunk in self._compiled().generate(
+                    messages=messages, add_generation_prompt=bool(add_generation_prompt),
+                    **variables):
+                chunks.append(chunk)
+                self._streamed += len(chunk)
         except _jinja().exceptions.TemplateError as e:
             raise ValueError(f"messages: the chat template refuses them: {e}") from None
+        return chunks
 
     def render_spans(self, messages, add_generation_prompt: bool = False, **kwargs
                      ) -> tuple[str, list[tuple[int, int]]]:
-        """(text, [(start, end) character spans of the {% generation %} blocks]).
-        The template's output is rendered in one piece, so each block's place is
-        found by searching its text from the end of the previous one."""
+        """(text, [(start, end) character spans of the {% generation %} blocks]):
+        each block's place is where the output streamed so far ends when the
+        block is rendered, as transformers' assistant masks take it (an answer
+        whose text also appears earlier, in a user's message, is still the
+        answer's)."""
         self._spans = []
         try:
             text = self.render(messages, add_generation_prompt, **kwargs)
             blocks = self._spans
         finally:
             self._spans = None
-        spans, at = [], 0
-        for body in blocks:
-            start = text.find(body, at)
-            if start < 0:
-                raise ValueError("the chat template changes its {% generation %} blocks after "
-                                 "rendering them; their places cannot be told")
-            spans.append((start, start + len(body)))
-            at = start + len(body)
-        return text, spans
+        # a block rendered inside a macro or a {% set %} reaches the output later, or
+        # changed: its place cannot be told from the stream
+        if any(text[start:start + len(body)] != body for start, body in blocks):
+            raise ValueError("the chat template writes its {% generation %} blocks elsewhere "
+                             "than where it renders them (in a macro or a {% set %}); their "
+                             "places cannot be told")
+        return text, [(start, start + len(body)) for start, body in blocks]
 
     def __repr__(self) -> str:
         return f"ChatTemplate({len(self.source)} characters)"

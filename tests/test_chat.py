@@ -23,6 +23,10 @@ MARKED = ("{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant
           "{% else %}{{ m['content'] }}{% endif %}\n{% endfor %}"
           "{% if add_generation_prompt %}assistant: {% endif %}")
 UNMARKED = MARKED.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+# only the answer in the block (the form of transformers' docs, NeMo's Llama 3.1 template)
+MARKED_CONTENT = ("{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant' %}"
+                  "{% generation %}{{ m['content'] }}{% endgeneration %}{{ eos_token }}"
+                  "{% else %}{{ m['content'] }}{% endif %}\n{% endfor %}")
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],
@@ -30,6 +34,9 @@ CONVERSATIONS = [
      {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"},
      {"role": "assistant", "content": "6, é"}],
 ]
+# the answers' text also in the user's turns, before them
+ECHOED = [{"role": "user", "content": "Reply with OK"}, {"role": "assistant", "content": "OK"},
+          {"role": "user", "content": "Again, OK?"}, {"role": "assistant", "content": "OK"}]
 
 
 def test_chatml_renders_as_written():
@@ -68,12 +75,28 @@ def _transformers_render(source, messages, add_generation_prompt, **special):
     return rendered[0], [tuple(s) for s in spans[0]]
 
 
-@pytest.mark.parametrize("source", [CHATML, MARKED])
+def test_generation_spans_are_the_answers_not_earlier_copies_of_their_text():
+    t = ChatTemplate(MARKED_CONTENT, special_tokens={"eos_token": "</s>"})
+    text, spans = t.render_spans(ECHOED)
+    assert text.count("OK") == 4
+    answers = [i + len("assistant: ") for i in range(len(text))
+               if text.startswith("assistant: ", i)]
+    assert len(answers) == 2 and spans == [(a, a + 2) for a in answers]
+    # a block rendered in a macro reaches the output elsewhere: refused, not guessed
+    macro = ChatTemplate("{% macro turn(m) %}{{ m['role'] }}: {% generation %}"
+                         "{{ m['content'] }}{% endgeneration %}\n{% endmacro %}"
+                         "{% for m in messages %}{{ turn(m) }}{% endfor %}")
+    assert macro.render(ECHOED).startswith("user: Reply with OK")
+    with pytest.raises(ValueError, match="generation %} blocks elsewhere"):
+        macro.render_spans(ECHOED)
+
+
+@pytest.mark.parametrize("source", [CHATML, MARKED, MARKED_CONTENT])
 @pytest.mark.parametrize("gen", [False, True])
 def test_renderings_equal_transformers(source, gen):
     pytest.importorskip("transformers")
     special = {"eos_token": "</s>", "bos_token": "<s>"}
-    for messages in CONVERSATIONS:
+    for messages in [*CONVERSATIONS, ECHOED]:
         want, want_spans = _transformers_render(source, messages, gen, **special)
         t = ChatTemplate(source, special_tokens=special)
         assert t.render(messages, gen) == want
