@@ -225,7 +225,8 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
     dicts with ``prompt`` and ``completion``): prompt and completion tokenized
     apart and joined (TRL's way), the loss on the completion only, which ends
     with the tokenizer's eos (unless add_eos is False or it already does); BOS
-    first when the tokenizer's add_bos says so.  packing: as chat_windows'."""
+    first when the tokenizer's add_bos says so and the prompt does not start
+    with it.  packing: as chat_windows'."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     examples = []
     for k, pair in enumerate(pairs):
@@ -238,9 +239,12 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
                             f"'prompt' and 'completion', got {type(pair).__name__}")
         if not isinstance(prompt, str) or not isinstance(completion, str):
             raise TypeError(f"pairs[{k}]: prompt and completion must be str")
-        head = [tokenizer.bos_id] if getattr(tokenizer, "add_bos", False) and \
-            tokenizer.bos_id is not None else []
-        p = head + np.asarray(tokenizer.encode(prompt)).tolist()
+        p = np.asarray(tokenizer.encode(prompt)).tolist()
+        # BOS first unless the prompt already starts with it (rendered by a chat
+        # template that writes it, as the chat path checks too)
+        if getattr(tokenizer, "add_bos", False) and tokenizer.bos_id is not None \
+                and p[:1] != [tokenizer.bos_id]:
+            p = [tokenizer.bos_id] + p
         c = np.asarray(tokenizer.encode(completion)).tolist()
         if add_eos and tokenizer.eos_id is not None and (not c or c[-1] != tokenizer.eos_id):
             c.append(tokenizer.eos_id)

@@ -224,6 +224,24 @@ def test_completions_train_on_the_completion_and_its_eos():
         go.Dataset.from_completions([3], tok, 16)
 
 
+class _BosTokenizer(ByteTokenizer):
+    """ByteTokenizer whose id 256 ("<|endoftext|>") is also a BOS it adds."""
+    add_bos, bos_id = True, 256
+
+    def encode(self, text):
+        bos = "<|endoftext|>"
+        head = [self.bos_id] if text.startswith(bos) else []
+        return np.asarray(head + list(super().encode(text[len(bos) if head else 0:])), np.int32)
+
+
+def test_completions_put_one_bos_first():
+    tok = _BosTokenizer()
+    plain, rendered = ("Q:", " A"), ("<|endoftext|>Q:", " A")   # a template wrote BOS
+    x, _ = go.instruct.completion_windows([plain, rendered], tok, 8)
+    np.testing.assert_array_equal(x[0], x[1])
+    assert x[0][0] == tok.bos_id and x[0][1] != tok.bos_id
+
+
 def test_read_jsonl_reads_the_three_forms_and_names_the_bad_line(tmp_path):
     from ggmlopt.datasets import read_jsonl
     path = tmp_path / "chat.jsonl"
