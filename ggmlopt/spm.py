@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from ._bpe_words import WordEncoder
 from .text import (
+    _ISSPACE,
     TOKEN_BYTE,
     TOKEN_CONTROL,
     TOKEN_USER_DEFINED,
@@ -36,11 +37,13 @@ SPACE = "\u2581"   # SentencePiece's visible space
 class SPMTokenizer(Vocabulary):
     """SPMTokenizer(tokens, scores, token_types, *, bos_id=None, eos_id=None,
     unk_id=None, add_bos=True, add_space_prefix=True, eot_id=None, eom_id=None,
-    chat_template=None)
+    chat_template=None, rstrip_ids=())
 
     tokens: the pieces (str, U+2581 for a space); scores: one float each;
     token_types: llama.cpp's types (1 normal, 2 unknown, 3 control, 4
-    user-defined, 6 byte).  ``encode(text, parse_special=True)`` -> int32 ids
+    user-defined, 6 byte).  rstrip_ids: special tokens after which the text's
+    whitespace is dropped (llama.cpp's rstrip attribute, which it gives Phi-3's
+    special tokens; Hugging Face's ``rstrip`` added tokens).  ``encode(text, parse_special=True)`` -> int32 ids
     without BOS (prepend ``bos_id`` where ``add_bos`` says);
     ``decode(ids, skip_special=False)``; ``eog_ids``, ``token_to_id``,
     ``id_to_token``, ``apply_chat_template`` as BPETokenizer has them.
@@ -50,7 +53,8 @@ class SPMTokenizer(Vocabulary):
                  token_types: Sequence[int], *, bos_id: int | None = None,
                  eos_id: int | None = None, unk_id: int | None = None, add_bos: bool = True,
                  add_space_prefix: bool = True, eot_id: int | None = None,
-                 eom_id: int | None = None, chat_template: str | None = None):
+                 eom_id: int | None = None, chat_template: str | None = None,
+                 rstrip_ids: Iterable[int] = ()):
         self.tokens = [str(t) for t in tokens]
         n = len(self.tokens)
         self.scores = [float(s) for s in scores]
@@ -80,6 +84,10 @@ class SPMTokenizer(Vocabulary):
             byte = self._ids.get(f"<0x{b:02X}>")
             self._byte_ids[b] = byte if byte is not None else self._ids.get(chr(b))
         self._index_special()
+        self.rstrip_ids = frozenset(int(i) for i in rstrip_ids)
+        if any(not 0 <= i < n for i in self.rstrip_ids):
+            raise IndexError(f"rstrip_ids: expected ids in [0, {n}), got "
+                             f"{sorted(self.rstrip_ids)[:5]}")
         self._fast: object = False   # the tokenizers engine, made on the first encode
         self._words: WordEncoder | None = None   # long texts a word at a time (with _fast)
         self._flag_lock = threading.Lock()
@@ -113,7 +121,8 @@ class SPMTokenizer(Vocabulary):
         assert words is not None   # encode's check
         prefix = SPACE if self.add_space_prefix else ""
         return ids_around_special(text, self._splitters[bool(parse_special)], self._ids,
-                                  lambda piece: words.encode(prefix + piece.replace(" ", SPACE)))
+                                  lambda piece: words.encode(prefix + piece.replace(" ", SPACE)),
+                                  self.rstrip_ids)
 
     def _fast_tokenizer(self):
         """hf_tokenizer() made once, or None: without the tokenizers library, or
@@ -161,9 +170,11 @@ class SPMTokenizer(Vocabulary):
         if self.add_space_prefix:
             steps.append(tk.decoders.Strip(content=" ", left=1))
         tok.decoder = tk.decoders.Sequence(steps)
-        tok.add_special_tokens([tk.AddedToken(self.tokens[i], normalized=False, special=True)
+        tok.add_special_tokens([tk.AddedToken(self.tokens[i], normalized=False, special=True,
+                                              rstrip=i in self.rstrip_ids)
                                 for i in self._control])
-        tok.add_tokens([tk.AddedToken(self.tokens[i], normalized=False, special=False)
+        tok.add_tokens([tk.AddedToken(self.tokens[i], normalized=False, special=False,
+                                      rstrip=i in self.rstrip_ids)
                         for i in self._user])
         return tok
 
@@ -194,12 +205,21 @@ class SPMTokenizer(Vocabulary):
         ends: list[int] = []
         at = 0                # bytes of the text before this piece
         prev_special = True   # the start counts as after a special token
+        strip = False         # after a token with the rstrip attribute
         for i, piece in enumerate(pieces):
+            if strip and not i % 2:
+                # the whitespace is the special token's (as Hugging Face's offsets
+                # of an rstrip token cover it); ASCII: a byte a character
+                stripped = piece.lstrip(_ISSPACE)
+                at += len(piece) - len(stripped)
+                ends[-1] = at
+                piece = stripped
             size = len(piece.encode("utf-8"))
             if i % 2:
                 ids.append(self._ids[piece])
                 ends.append(at + size)
                 prev_special = True
+                strip = ids[-1] in self.rstrip_ids
             elif piece:
                 prefixed = self.add_space_prefix and prev_special
                 first = len(ids)
@@ -293,7 +313,7 @@ class SPMTokenizer(Vocabulary):
         data = bytearray()
         first = True
         for i in arr.tolist():
-            if skip_special and self.token_types[i] == TOKEN_CONTROL:
+            if skip_special and i in self._control_ids:
                 continue
             piece = self.token_bytes(i)
             if first and self.add_space_prefix and self.token_types[i] not in (

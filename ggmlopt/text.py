@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -177,10 +177,51 @@ GPT2_BYTE_STRINGS = _gpt2_byte_strings()
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = \
     1, 2, 3, 4, 5, 6
 # the texts llama.cpp's llama_vocab::load marks as end-of-generation (its EOG set also
-# holds the eos, eot and eom ids the file names)
+# holds the eos, eot and eom ids the file names); it makes each a control token
+# whatever type the file gives it
 EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
-                       "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
-                       "<|end_of_text|>", "<end_of_utterance>"})
+                       "<|flush|>", "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>",
+                       "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+                       "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+                       "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~["})
+# the whitespace llama.cpp strips beside a token with the rstrip attribute (C's isspace)
+_ISSPACE = " \t\n\v\f\r"
+
+
+def llama_cpp_special(types: Sequence[int], ids: dict[str, int], named: Iterable[int | None]
+                      ) -> tuple[set[int], set[int], set[int]]:
+    """(control, user-defined, end-of-generation) token ids as llama.cpp's
+    vocabulary loader leaves them (llama-vocab.cpp) from the file's types, its
+    text-to-id map and the eos/eot/eom ids it names: the end-of-generation texts
+    it knows become control tokens whatever their type; gpt-oss's channel
+    tokens are user-defined (always matched); with o200k_harmony's return and
+    call tokens, ``<|end|>`` is a user-defined token that ends nothing; beside
+    Gemma 4's ``<|tool_response>``, ``</s>`` is a normal token."""
+    def at(text):
+        return ids.get(text)
+
+    by_text = {i for t in EOG_TEXTS if (i := at(t)) is not None}
+    control = {i for i, k in enumerate(types) if k == TOKEN_CONTROL} | by_text
+    user = {i for i, k in enumerate(types) if k == TOKEN_USER_DEFINED} - by_text
+    eog = by_text | {i for i in named if i is not None}
+    for t in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
+        if (i := at(t)) is not None:
+            control.discard(i)
+            user.add(i)
+    texts = {t for t in ("<|return|>", "<|call|>", "<|calls|>", "<|flush|>", "<|end|>",
+                         "<|tool_response>", "<|plamo:eos|>", "</s>") if at(t) in eog}
+    if "<|end|>" in texts and ({"<|return|>", "<|call|>"} <= texts
+                               or {"<|calls|>", "<|flush|>"} <= texts):
+        end = ids["<|end|>"]
+        eog.discard(end)
+        control.discard(end)
+        user.add(end)
+    if "</s>" in texts and texts & {"<|tool_response>", "<|plamo:eos|>"}:
+        s = ids["</s>"]
+        eog.discard(s)
+        control.discard(s)
+        user.discard(s)
+    return control, user, eog
 
 
 def checked_ids(ids: npt.ArrayLike, vocab_size: int) -> np.ndarray:
@@ -243,15 +284,17 @@ class Vocabulary(_FlagLock, _ChatTemplated):
     def _index_special(self) -> None:
         # the tokens matched as a whole in text before the merges (llama.cpp's
         # special-token partition), longest first; parse_special=False matches only
-        # the user-defined ones, as llama.cpp does
-        self._control = [i for i, t in enumerate(self.token_types) if t == TOKEN_CONTROL]
-        self._user = [i for i, t in enumerate(self.token_types) if t == TOKEN_USER_DEFINED]
+        # the user-defined ones, as llama.cpp does.  The end-of-generation tokens
+        # llama.cpp knows by their text are control tokens whatever the file says
+        # (it overrides their type: "control-looking token")
+        control, user, eog = llama_cpp_special(self.token_types, self._ids,
+                                               (self.eos_id, self.eot_id, self.eom_id))
+        self._control, self._user = sorted(control), sorted(user)
+        self._control_ids = frozenset(control)
         self._splitters = {
             parse: _splitter([self.tokens[i] for i in (self._control + self._user if parse
                                                        else self._user)])
             for parse in (True, False)}
-        eog = {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
-        eog |= {self._ids[t] for t in EOG_TEXTS if t in self._ids}
         self.eog_ids = frozenset(eog)
 
     def token_to_id(self, token: str) -> int | None:
@@ -433,7 +476,7 @@ class BPETokenizer(Vocabulary):
                 if run:
                     pieces.append(str(self._tk.decode(run, skip_special_tokens=False)))
                     run = []
-                if not (skip_special and self.token_types[i] == TOKEN_CONTROL):
+                if not (skip_special and i in self._control_ids):
                     pieces.append(self.tokens[i])
             else:
                 run.append(i)
@@ -446,17 +489,24 @@ class BPETokenizer(Vocabulary):
 
 
 def ids_around_special(text: str, splitter, special_ids: dict[str, int],
-                       plain: Callable[[str], list[int]]) -> list[int]:
+                       plain: Callable[[str], list[int]],
+                       rstrip_ids: frozenset[int] = frozenset()) -> list[int]:
     """The ids of text cut at the special tokens written in it (splitter, from
     _splitter, or None for none): a special token's text as its id, each
-    non-empty plain part through plain(part)."""
+    non-empty plain part through plain(part); after a token of rstrip_ids the
+    next part loses its leading whitespace (llama.cpp's rstrip attribute)."""
     if splitter is None:
         return plain(text) if text else []
     ids: list[int] = []
+    strip = False
     for i, piece in enumerate(splitter.split(text)):
         if i % 2:   # split() alternates plain text and a special token's text
             ids.append(special_ids[piece])
-        elif piece:
+            strip = ids[-1] in rstrip_ids
+            continue
+        if strip:
+            piece = piece.lstrip(_ISSPACE)
+        if piece:
             ids += plain(piece)
     return ids
 

@@ -7,7 +7,7 @@ from typing import Any
 from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
 
 __all__ = ["BOS_BY_DEFAULT_PRE", "BYTE_MERGES", "BYTE_PRE", "add_tokenizer", "byte_vocabulary",
-           "tokenizer_keys"]
+           "rstrip_ids", "tokenizer_keys"]
 
 BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pre-tokenizer
 BYTE_PRE = "gpt-2"
@@ -19,6 +19,25 @@ BOS_BY_DEFAULT_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "f
                                 "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "tekken",
                                 "chameleon"})
 ADD_EOS_KEY = "tokenizer.ggml.add_eos_token"
+
+
+def rstrip_ids(name: object, tokens: list[str], types: list[int]) -> frozenset[int]:
+    """The tokens llama.cpp gives the rstrip attribute (whitespace after them
+    dropped when text is tokenized), by the file's general.name: a Phi-3's
+    special tokens (control, user-defined, unknown, and the end-of-generation
+    ones it makes control) and ``</s>``, but ``<unk>``, ``<s>`` and
+    ``<|endoftext|>`` (llama-vocab.cpp's Phi-3 rule); none for another model."""
+    from ..text import TOKEN_UNKNOWN, llama_cpp_special
+    lowered = str(name or "").lower()
+    if "phi-3" not in lowered and "phi3" not in lowered:
+        return frozenset()
+    ids: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        ids.setdefault(t, i)
+    control, user, _ = llama_cpp_special(types, ids, ())
+    special = control | user | {i for i, t in enumerate(types) if t == TOKEN_UNKNOWN}
+    special |= {ids["</s>"]} if "</s>" in ids else set()
+    return frozenset(i for i in special if tokens[i] not in ("<unk>", "<s>", "<|endoftext|>"))
 
 
 def byte_vocabulary() -> list[str]:

@@ -53,6 +53,7 @@ from ._gguf_tokenizer import (
     BYTE_PRE,
     add_tokenizer,
     byte_vocabulary,
+    rstrip_ids,
     tokenizer_keys,
 )
 from ._quant_mix import FILE_TYPES, file_type_name, is_70b, tensor_type
@@ -638,7 +639,8 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
                                                              True)),
                             eot_id=fields.get("tokenizer.ggml.eot_token_id"),
                             eom_id=fields.get("tokenizer.ggml.eom_token_id"),
-                            chat_template=template)
+                            chat_template=template,
+                            rstrip_ids=rstrip_ids(fields.get("general.name"), tokens, types))
     if kind == "bert":
         from ..wordpiece import WordPieceTokenizer
         tokens, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")

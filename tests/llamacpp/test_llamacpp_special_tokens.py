@@ -1,0 +1,54 @@
+"""Special tokens as llama.cpp tokenizes them, on every vocabulary llama.cpp ships
+(GGMLOPT_LLAMA_CPP_SRC): chat-formatted text with the vocabulary's own control
+and user-defined tokens and the end-of-generation texts llama.cpp makes control
+tokens whatever the file says ("</s>", "<|endoftext|>"...), whitespace around
+them (Phi-3's special tokens drop the whitespace after them), parsed as special
+and not: ggmlopt's ids are llama.cpp's."""
+import os
+import warnings
+
+import pytest
+
+from ggmlopt.text import EOG_TEXTS, TOKEN_CONTROL, TOKEN_USER_DEFINED
+
+llama_cpp = pytest.importorskip("llama_cpp")
+pytest.importorskip("tokenizers")
+SRC = os.environ.get("GGMLOPT_LLAMA_CPP_SRC")
+pytestmark = pytest.mark.skipif(not SRC, reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source, "
+                                "as llama-cpp-python's sdist holds it) is not set")
+MODELS = os.path.join(SRC or "", "models")
+# WordPiece (bert types) has no special-token partition of this kind in llama.cpp's tests
+VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "qwen35", "gemma-4", "command-r",
+          "deepseek-llm", "gpt-2", "starcoder", "falcon", "mpt"]
+
+
+def _specials(tok, most=6):
+    """A few of the vocabulary's control and user-defined tokens and every
+    end-of-generation text it holds."""
+    control = [t for t, k in zip(tok.tokens, tok.token_types) if k == TOKEN_CONTROL]
+    user = [t for t, k in zip(tok.tokens, tok.token_types) if k == TOKEN_USER_DEFINED]
+    eog = [t for t in sorted(EOG_TEXTS) if tok.token_to_id(t) is not None]
+    return [t for t in dict.fromkeys(control[:most] + user[:most] + eog) if t.strip()]
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_special_tokens_and_the_whitespace_beside_them(name):
+    from ggmlopt.io import load_gguf_tokenizer
+    path = os.path.join(MODELS, f"ggml-vocab-{name}.gguf")
+    if not os.path.isfile(path):
+        pytest.skip(f"{path} is not in this llama.cpp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = load_gguf_tokenizer(path)
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    specials = _specials(tok)
+    assert specials
+    texts = []
+    for i, s in enumerate(specials):
+        t = specials[(i + 1) % len(specials)]
+        texts += [f"{s}\nHi there{t}\n", f"a{s} b  {t}\t\nc", f"{s}{t}  x", f"x {s}"]
+    for text in texts:
+        for special in (True, False):
+            want = llm.tokenize(text.encode(), add_bos=False, special=special)
+            got = tok.encode(text, parse_special=special).tolist()
+            assert got == want, (name, text, special)
