@@ -149,11 +149,11 @@ def _weight_files(directory: str) -> list[str]:
 _MAPPED = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
 
 
-def _mapped_tensors(directory: str) -> dict[str, tuple[str, np.ndarray]]:
+def _mapped_tensors(directory: str) -> dict[str, tuple[str, np.ndarray | None]]:
     """{name: (safetensors dtype, read-only view of the memory-mapped file)}: the
     format is an 8-byte header length, a JSON header (dtype, shape, data_offsets
     of each tensor) and the data."""
-    out: dict[str, tuple[str, np.ndarray]] = {}
+    out: dict[str, tuple[str, np.ndarray | None]] = {}
     for path in _weight_files(directory):
         raw = np.memmap(path, np.uint8, "r")
         try:
