@@ -134,10 +134,19 @@ def test_what_is_not_implemented_is_refused(tmp_path):
     for edit, match in [({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
                         ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4,
                                            "long_factor": [1.0] * 4}}, "rope_scaling"),
-                        ({"attention_bias": False}, r"keys \['attention_bias'\]")]:
+                        # transformers reads a Phi-3's "yarn" as LongRoPE, refuses "linear"
+                        ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "LongRoPE"),
+                        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "LongRoPE")]:
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
         with pytest.raises(ValueError, match=match):
             load_hf(tmp_path)
+    # what published Phi-3 configs carry and transformers' Phi3 reads nowhere: loaded
+    real = {"auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                         "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+            "attention_bias": False}
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **real}))
+    tokens = np.arange(12).reshape(1, 12)
+    np.testing.assert_array_equal(load_hf(tmp_path)(tokens), model(tokens))
 
 
 

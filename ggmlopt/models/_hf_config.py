@@ -34,6 +34,9 @@ COMMON_KEYS = frozenset({
     # structure flags, checked to hold their harmless value in check_keys
     "add_cross_attention", "cross_attention_hidden_size", "pruned_heads",
     "tie_word_embeddings",
+    # the classes of a checkpoint's own code: transformers builds its native class of
+    # model_type unless trust_remote_code, and so does ggmlopt
+    "auto_map",
 })
 LLAMA_KEYS = frozenset({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",

@@ -216,8 +216,10 @@ class Phi3(Llama):
 # ---- the family: its Hugging Face config and llama.cpp's phi3 architecture -----------
 
 # Phi-3's config.json: Mistral's keys with its dropouts (warned about when not zero) and
-# the LongRoPE context (kept; LongRoPE itself is refused by the rope reader)
-_HF_KEYS = (LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) | {
+# the LongRoPE context (kept; LongRoPE itself is refused by the rope reader);
+# attention_bias, mlp_bias and pretraining_tp are read by no layer of transformers'
+# Phi3 (its projections have no bias: a file's bias tensors would be refused as unknown)
+_HF_KEYS = LLAMA_KEYS | {
     "sliding_window", "resid_pdrop", "embd_pdrop", "original_max_position_embeddings",
     "partial_rotary_factor"}
 
@@ -229,6 +231,12 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Phi3Config:
                          f"supported, got {hf['partial_rotary_factor']}")
     no_dropout(hf, ("resid_pdrop", "embd_pdrop"), where)
     fields = llama_fields(hf, where, max_len=4096, eps=1e-5)
+    if fields.get("rope_scaling") is not None:
+        # transformers' Phi3Config reads "yarn" as LongRoPE and refuses "linear": a Phi-3
+        # scales its rotary embedding with LongRoPE's factors only
+        raise ValueError(f"rope_scaling: a Phi-3 takes LongRoPE's scaling only (transformers "
+                         f"reads 'yarn' as LongRoPE and refuses the others), which ggmlopt "
+                         f"does not implement; got {hf.get('rope_scaling')!r}")
     return Phi3Config(**fields, sliding_window=hf.get("sliding_window"),
                       original_max_seq_len=hf.get("original_max_position_embeddings", 4096))
 
