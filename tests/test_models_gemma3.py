@@ -143,3 +143,18 @@ def test_what_is_not_implemented_is_refused(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
         with pytest.raises(ValueError, match=match):
             load_hf(tmp_path)
+
+
+def test_the_layer_pattern_of_a_config_without_layer_types_is_transformers(tmp_path):
+    # transformers reads sliding_window_pattern (default 6) and ignores its own
+    # _sliding_window_pattern copy
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf, save_hf
+    save_hf(Gemma3(CONFIGS["scaled-global"], seed=0), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["layer_types"]
+    n = cfg["num_hidden_layers"]
+    for edit, local in [({"_sliding_window_pattern": 2}, [(i + 1) % 6 != 0 for i in range(n)]),
+                        ({"sliding_window_pattern": 2}, [(i + 1) % 2 != 0 for i in range(n)])]:
+        (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+        assert list(load_hf(tmp_path).config.sliding_layers) == local

@@ -325,7 +325,9 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
     scaling = RopeScaling.from_hf(full or legacy, max_len)
     types = hf.get("layer_types")
     if types is None:
-        pattern = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
+        # transformers reads sliding_window_pattern alone (its own _sliding_window_pattern
+        # is a copy it keeps for old code, ignored when a config is read)
+        pattern = hf.get("sliding_window_pattern", 6)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
                  for i in range(n_layers)]
     if any(t not in ("sliding_attention", "full_attention") for t in types):
