@@ -200,8 +200,9 @@ def _dataset(args, tok):
                 if args.packing else f"{x.shape[0]} examples from {args.data}")
     rest = x.shape[0] % args.batch
     if rest:
-        # rows with every label masked change no gradient: the loss is the mean over
-        # the labelled positions of each physical batch
+        # rows with every label masked change no gradient within their physical batch
+        # (its loss is the mean over its labelled positions); a physical batch of them
+        # alone still counts in the logical batch's mean (ggml's loss), a smaller last step
         pad = args.batch - rest
         pad_id = tok.eos_id if tok.eos_id is not None else 0
         x = np.concatenate([x, np.full((pad, x.shape[1]), pad_id, np.int32)])
