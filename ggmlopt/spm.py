@@ -43,8 +43,9 @@ class SPMTokenizer(Vocabulary):
     token_types: llama.cpp's types (1 normal, 2 unknown, 3 control, 4
     user-defined, 6 byte).  rstrip_ids: special tokens after which the text's
     whitespace is dropped (llama.cpp's rstrip attribute, which it gives Phi-3's
-    special tokens; Hugging Face's ``rstrip`` added tokens).  ``encode(text, parse_special=True)`` -> int32 ids
-    without BOS (prepend ``bos_id`` where ``add_bos`` says);
+    special tokens; Hugging Face's ``rstrip`` added tokens).
+    ``encode(text, parse_special=True)`` -> int32 ids without BOS (prepend
+    ``bos_id`` where ``add_bos`` says);
     ``decode(ids, skip_special=False)``; ``eog_ids``, ``token_to_id``,
     ``id_to_token``, ``apply_chat_template`` as BPETokenizer has them.
     """
