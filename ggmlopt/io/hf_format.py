@@ -205,11 +205,8 @@ def _head_differs(model, tensors) -> bool:
     (head_type, head), (emb_type, emb) = tensors["lm_head.weight"], tensors[name]
     if head is None or emb is None:
         return False   # refused when read
-    if head.shape != emb.shape:
-        return True
-    if head_type == emb_type:
-        return not np.array_equal(head, emb)
-    return not np.array_equal(_as_float32(head_type, head), _as_float32(emb_type, emb))
+    return head.shape != emb.shape or \
+        not np.array_equal(_as_float32(head_type, head), _as_float32(emb_type, emb))
 
 
 def _check_names(model, expected, tensors, where: str) -> None:
