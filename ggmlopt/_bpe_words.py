@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._byte_level import GPT2_BYTE_STRINGS
 from .pretokenizers import PIECE_END, staged_patterns, word_patterns
 
 __all__ = ["WordEncoder"]
@@ -38,7 +39,6 @@ def _byte_level_table() -> dict[int, str]:
     global _BYTE_LEVEL
     table = _BYTE_LEVEL
     if table is None:
-        from .text import GPT2_BYTE_STRINGS  # (text imports this module: not at the top)
         table = _BYTE_LEVEL = dict(enumerate(GPT2_BYTE_STRINGS))
     return table
 

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bpe_words import WordEncoder
+from ._byte_level import GPT2_BYTE_STRINGS
 from ._optional import import_optional
 from .pretokenizers import IGNORE_MERGES, pre_tokenizer_regexes
 
@@ -153,25 +154,6 @@ class ByteTokenizer(_ChatTemplated):
     def __repr__(self) -> str:
         return "ByteTokenizer(vocab_size=257, eos_id=256)"
 
-
-def _gpt2_byte_strings() -> tuple[str, ...]:
-    """GPT-2's bytes_to_unicode: printable Latin-1 bytes as themselves, the others
-    as U+0100 onwards in byte order."""
-    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-            + list(range(ord("®"), ord("ÿ") + 1)))
-    table = {}
-    extra = 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return tuple(table[b] for b in range(256))
-
-
-# byte b of a byte-level BPE vocabulary's token text (a GGUF's gpt2-type tokens)
-GPT2_BYTE_STRINGS = _gpt2_byte_strings()
 
 # llama.cpp's token types (tokenizer.ggml.token_type, llama_token_type)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = \
