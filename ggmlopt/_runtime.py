@@ -37,8 +37,8 @@ def _print_gemm(file: TextIO) -> None:
     from . import gemm
 
     name = gemm.engine()
-    source = ("set by GGMLOPT_GEMM" if os.environ.get("GGMLOPT_GEMM")
-              else "the default; GGMLOPT_GEMM=mkl for MKL, =native for ggmlopt's own")
+    source = {"env": "set by GGMLOPT_GEMM", "call": "set by ggmlopt.gemm.use_engine"}.get(
+        gemm.engine_source(), "the default; GGMLOPT_GEMM=mkl for MKL, =native for ggmlopt's own")
     where = {"mkl": f" ({gemm.mkl_library()})",
              "native": " (ggmlopt's own kernels, the active SIMD path and kernel threads)"
              }.get(name, " (NumPy's BLAS, above)")

@@ -3,8 +3,8 @@
 ``numpy`` (the default, always there): NumPy's own BLAS (OpenBLAS in its wheels)
 through ``np.matmul``.  ``native``: ggmlopt's own products over its SIMD paths
 and kernel threads (``ggmlopt.kernels_gemm``; each value one chain of FMAs in
-order, so the same bits on any number of threads; products under 16 rows or 16
-columns, and layouts it cannot take, go to NumPy).  ``mkl``: Intel MKL from the ``mkl`` package
+order, so the same bits on any number of threads; products of fewer than 8 rows,
+and layouts it cannot take, go to NumPy).  ``mkl``: Intel MKL from the ``mkl`` package
 (``pip install ggmlopt[mkl]``), called through its CBLAS entry points.  MKL also
 brings the bfloat16 products (``cblas_gemm_bf16bf16f32``: bf16 operands, float32
 accumulation and result; AMX tiles on Intel since Sapphire Rapids, AVX512-BF16
@@ -31,7 +31,7 @@ import threading
 import numpy as np
 
 __all__ = ["ENGINES", "PRECISIONS", "accumulates_in_place", "bf16_active", "bf16_support",
-           "check_precision", "engine", "matmul", "matmul_bf16", "mkl_library", "products_in",
+           "check_precision", "engine", "engine_source", "matmul", "matmul_bf16", "mkl_library", "products_in",
            "use_engine"]
 
 ENGINES = ("numpy", "mkl", "native")
@@ -170,25 +170,36 @@ def _engine_from_env():
 
 
 _engine = "numpy"
+# where the engine came from: "default", "env" (GGMLOPT_GEMM) or "call" (use_engine(name))
+_engine_source = "default"
 
 
 def use_engine(name: str | None = None) -> str:
     """Multiply float32 with engine ``name`` ('numpy', 'mkl' or 'native'; None: what
     GGMLOPT_GEMM says, else numpy) and return the previous engine's name.
     ImportError when MKL is asked for and not installed."""
-    global _engine
-    name = _engine_from_env() if name is None else name
+    global _engine, _engine_source
+    source = "call"
+    if name is None:
+        source = "env" if os.environ.get("GGMLOPT_GEMM", "").strip() else "default"
+        name = _engine_from_env()
     if name not in ENGINES:
         raise ValueError(f"name: expected one of {', '.join(ENGINES)}, got {name!r}")
     if name == "mkl" and _load_mkl() is None:
         raise ImportError(f"GEMM engine 'mkl': {_mkl_error}")
-    previous, _engine = _engine, name
+    previous, _engine, _engine_source = _engine, name, source
     return previous
 
 
 def engine() -> str:
     """The engine that multiplies float32 now."""
     return _engine
+
+
+def engine_source() -> str:
+    """Where the engine in force was chosen: 'default', 'env' (GGMLOPT_GEMM) or
+    'call' (use_engine(name))."""
+    return _engine_source
 
 
 def bf16_support() -> tuple[bool, str]:
@@ -226,15 +237,15 @@ def _call(fn, a, b, out, accumulate):
     n = b.shape[1]
     if b.shape[0] != k or out.shape != (m, n):
         raise ValueError(f"out: shapes {a.shape} @ {b.shape} -> {out.shape} do not match")
-    la, lb, lc = _operand(a), _operand(b), _operand(out)
-    if la is None or lb is None or lc is None or lc[0]:
-        return False
     if m == 0 or n == 0:
         return True
     if k == 0:
         if not accumulate:
             out[...] = 0.0
         return True
+    la, lb, lc = _operand(a), _operand(b), _operand(out)
+    if la is None or lb is None or lc is None or lc[0]:
+        return False
     fn(_ROW_MAJOR, _TRANS if la[0] else _NO_TRANS, _TRANS if lb[0] else _NO_TRANS,
        m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1],
        1.0 if accumulate else 0.0, out.ctypes.data, lc[1])
@@ -245,7 +256,14 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = Fal
     """out = a @ b (float32, 2-D; a 1-D a is one row), or out += a @ b with
     ``accumulate``, on the active engine; returns out.  Inside a bf16 context
     the float32 products go to MKL too: one library's threads, not two taking
-    the cores from each other between products."""
+    the cores from each other between products.  An out that shares memory with
+    a or b gets the product of copies of them (the engines read the operands
+    while they write out), as np.matmul does."""
+    if isinstance(out, np.ndarray):
+        if isinstance(a, np.ndarray) and np.may_share_memory(out, a):
+            a = a.copy()
+        if isinstance(b, np.ndarray) and np.may_share_memory(out, b):
+            b = b.copy()
     if (_engine == "mkl" or _bf16_active) and _mkl is not None \
             and a.dtype == b.dtype == out.dtype == np.float32:
         # a row vector with real strides (a[None, :] has a 0 row stride, which reads as
@@ -290,8 +308,11 @@ def matmul_bf16(a16: np.ndarray, b16: np.ndarray, out: np.ndarray,
 # as GGMLOPT_SIMD does: an explicit request is never dropped silently
 try:
     use_engine(None)
-except ValueError as _err:
-    raise ImportError(str(_err)) from None
+except (ValueError, ImportError) as _err:
+    _msg = str(_err)
+    if not _msg.startswith("GGMLOPT_GEMM"):
+        _msg = f"GGMLOPT_GEMM={os.environ.get('GGMLOPT_GEMM', '').strip()}: {_msg}"
+    raise ImportError(_msg) from None
 
 
 # ---- the precision of the products in a training context -------------------------------
@@ -303,7 +324,10 @@ _bf16_active = False
 
 def check_precision(precision: object) -> str:
     """precision ('f32'/'float32' or 'bf16'/'bfloat16') as 'f32' or 'bf16'."""
-    if not isinstance(precision, str) or precision.lower() not in PRECISIONS:
+    if not isinstance(precision, str):
+        raise TypeError(f"precision: expected a str, 'f32' or 'bf16', got "
+                        f"{type(precision).__name__}")
+    if precision.lower() not in PRECISIONS:
         raise ValueError(f"precision: expected 'f32' or 'bf16', got {precision!r}")
     return PRECISIONS[precision.lower()]
 

@@ -64,8 +64,10 @@ cdef str _why_not(object a, object b, object out):
     if not (_stride(<cnp.ndarray>out, 0, &s0) and _stride(<cnp.ndarray>out, 1, &s1)) \
             or (s1 not in (0, 1)) or (out.shape[0] > 1 and s0 < out.shape[1]):
         return "Vout: expected rows of contiguous float32 values, apart from each other"
+    # an axis of stride 1, or of one element (stride 0 here); a broadcast axis
+    # (stride 0 over several elements) is neither
     if not (_stride(<cnp.ndarray>a, 0, &s0) and _stride(<cnp.ndarray>a, 1, &s1)) \
-            or not (s0 <= 1 or s1 <= 1):
+            or not (s0 == 1 or a.shape[0] <= 1 or s1 == 1 or a.shape[1] <= 1):
         return "Va: expected contiguous rows or columns (a row-major array or its transpose)"
     if not (_stride(<cnp.ndarray>b, 0, &s0) and _stride(<cnp.ndarray>b, 1, &s1)):
         return "Vb: expected non-negative strides of whole float32 elements"
@@ -85,10 +87,12 @@ cdef int _run(cnp.ndarray a, cnp.ndarray b, cnp.ndarray out, bint accumulate) ex
     _stride(b, 0, &br)
     _stride(b, 1, &bc)
     _stride(out, 0, &c0)
-    # one stride of a is 1 (_why_not); a length-1 axis (stride 0) reads as either
-    if ac == 0:
+    # one axis of a has stride 1 or one element (_why_not); the stride of a
+    # one-element axis (0 here) reads as 1, the kernel's contiguous axis; a
+    # broadcast axis keeps its 0
+    if ac != 1 and k <= 1:
         ac = 1
-    elif ac != 1 and ar == 0:
+    elif ac != 1 and m <= 1:
         ar = 1
     c1 = c0 if m > 1 else n
     cdef const float *pa = <const float *>cnp.PyArray_DATA(a)

@@ -186,9 +186,106 @@ def test_environment_variable_picks_the_engine():
 def test_precision_names():
     assert gemm.check_precision("bfloat16") == "bf16"
     assert gemm.check_precision("F32") == "f32"
-    for bad in ("fp16", 16, None):
-        with pytest.raises(ValueError, match="precision"):
+    with pytest.raises(ValueError, match="precision"):
+        gemm.check_precision("fp16")
+    for bad in (16, None, b"bf16", ["bf16"]):   # not a name at all: a bad type
+        with pytest.raises(TypeError, match="precision: expected a str"):
             gemm.check_precision(bad)
+
+
+ALL_ENGINES = ["numpy", "native", pytest.param("mkl", marks=needs_mkl)]
+
+
+@pytest.mark.parametrize("name", ALL_ENGINES)
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("which", ["a", "b", "b.T", "a shifted"])
+def test_out_sharing_memory_with_an_operand_gets_the_true_product(name, accumulate, which, rng):
+    """The engines read a and b while they write out: an out that is (or overlaps)
+    an operand gets the product of the operands as they were, as np.matmul gives."""
+    before = gemm.use_engine(name)
+    try:
+        n = 17
+        buf = rng.standard_normal((n + 1, n), dtype=F32)
+        a, b = buf[:n], rng.standard_normal((n, n), dtype=F32)
+        if which == "b.T":
+            b = rng.standard_normal((n, n), dtype=F32).T
+        out = {"a": a, "b": b, "b.T": b.T if which == "b.T" else None,
+               "a shifted": buf[1:]}[which]
+        if which == "b.T":
+            out = np.ascontiguousarray(b.T)   # rows of its own: then alias it
+            b = out.T
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        base = out.astype(np.float64) if accumulate else None
+        gemm.matmul(a, b, out, accumulate=accumulate)
+        assert_product_close(out, a64, b64, base)
+    finally:
+        gemm.use_engine(before)
+
+
+@pytest.mark.parametrize("m,k", [(16, 16), (33, 20), (16, 1), (1, 16), (9, 300)])
+def test_broadcast_operand_on_the_native_engine(m, k, rng):
+    """A broadcast a (stride 0 along an axis of several elements) is read as
+    the values it shows, by the engine and by kernels_gemm.sgemm."""
+    from ggmlopt.kernels_gemm import sgemm
+
+    before = gemm.use_engine("native")
+    try:
+        col = rng.standard_normal((m, 1), dtype=F32)
+        row = rng.standard_normal((1, k), dtype=F32)
+        b = rng.standard_normal((k, 9), dtype=F32)
+        for a in (np.broadcast_to(col, (m, k)), np.broadcast_to(row, (m, k))):
+            for run in (gemm.matmul, sgemm):
+                out = np.full((m, 9), np.nan, F32)
+                run(a, b, out)
+                assert_product_close(out, a.astype(np.float64), b.astype(np.float64))
+    finally:
+        gemm.use_engine(before)
+
+
+@needs_mkl
+@pytest.mark.parametrize("m,k,n", [(0, 4, 3), (3, 0, 4), (3, 4, 0)])
+def test_bf16_product_of_empty_operands(m, k, n):
+    """Empty operands (NumPy gives them zero strides) make an empty product, or
+    zeros when only the inner length is 0, as in float32."""
+    out = np.full((m, n), 7.0, F32)
+    gemm.matmul_bf16(np.zeros((m, k), np.uint16), np.zeros((k, n), np.uint16), out)
+    assert (out == 0).all()
+    out[...] = 7.0
+    gemm.matmul_bf16(np.zeros((m, k), np.uint16), np.zeros((k, n), np.uint16), out,
+                     accumulate=True)
+    assert (out == 7.0).all()
+
+
+def test_show_config_says_where_the_engine_came_from(capsys):
+    import ggmlopt
+
+    before = gemm.use_engine("native")
+    try:
+        ggmlopt.show_config()
+        line = next(x for x in capsys.readouterr().out.splitlines() if "GEMM engine" in x)
+        assert ": native" in line and "set by ggmlopt.gemm.use_engine" in line
+    finally:
+        gemm.use_engine(before)
+    env = dict(os.environ, GGMLOPT_GEMM="numpy")
+    code = ("import ggmlopt, ggmlopt.gemm as g; g.use_engine('native'); ggmlopt.show_config()")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True)
+    line = next(x for x in run.stdout.splitlines() if "GEMM engine" in x)
+    assert ": native" in line and "use_engine" in line and "set by GGMLOPT_GEMM" not in line
+
+
+def test_missing_mkl_named_by_the_variable():
+    """GGMLOPT_GEMM=mkl without MKL (hidden from the search) stops the import
+    with a message naming the variable and how to install MKL."""
+    code = ("import glob, ctypes.util\n"
+            "g, f = glob.glob, ctypes.util.find_library\n"
+            "glob.glob = lambda p, *a, **k: [] if 'mkl' in p else g(p, *a, **k)\n"
+            "ctypes.util.find_library = lambda n: None if 'mkl' in n else f(n)\n"
+            "import ggmlopt\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, GGMLOPT_GEMM="mkl"), check=False)
+    assert run.returncode != 0
+    assert "ImportError: GGMLOPT_GEMM=mkl" in run.stderr and "pip install" in run.stderr
 
 
 def test_bf16_support_says_why_not(monkeypatch):
