@@ -36,6 +36,10 @@
     rank_rng_states   str    only with comm: every rank's ``ctx.model_rng`` state, a
                              JSON list in rank order (see ggmlopt.rank_rng); optional
                              on load
+    precision         str    the precision the context was made with, "f32" or "bf16"
+                             (the one asked for: a machine without bf16 products runs
+                             float32); optional on load (older files lack it, meaning
+                             "f32")
     trainable         int8 (all the model's parameters,): 1 where a parameter trains,
                       0 where it is frozen (requires_grad=False); optional on load
                       (older files lack it, meaning every parameter trains)
@@ -47,7 +51,8 @@ different one raises ValueError naming the first parameter that differs.
 
 ``load_state_dict(sd)`` checks every name (none missing, none extra), every
 dtype (ints, floats, strings, float32 arrays) and shape, the format version and
-that the loss type, optimizer, build type and opt_period are the context's, then
+that the loss type, optimizer, build type, opt_period and precision are the
+context's, then
 copies into the context's own buffers (nothing is reallocated).  On any mismatch
 it raises (TypeError for a wrong type or dtype, ValueError for a wrong name,
 shape or value, RuntimeError between alloc and eval) before changing anything.
@@ -117,8 +122,9 @@ _FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.see
 _INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_KEYS
                       + ("fit.step",))
 _STR_KEYS = frozenset(("format", "rng_state", "optimizer_name"))
-# strings a state may hold or lack: the ranks' own generators (ggmlopt.rank_rng)
-_OPTIONAL_STR_KEYS = ("rank_rng_states",)
+# strings a state may hold or lack: the ranks' own generators (ggmlopt.rank_rng),
+# the precision (files written before bf16 lack it)
+_OPTIONAL_STR_KEYS = ("rank_rng_states", "precision")
 # the fields of training.EpochStats (10 before blas_threads, 11 before exchange_wait_s)
 HISTORY_COLUMNS = 12
 EVAL_COLUMNS = 7      # the fields of training.EvalStats
@@ -222,7 +228,7 @@ class _Layout:
     """What a context's state dict holds: its settings and parameter shapes."""
 
     def __init__(self, loss_type, optimizer, build_type, opt_period, shapes, bit_generator_type,
-                 trainable=None, names=None):
+                 trainable=None, names=None, precision="f32"):
         # trainable: the split over all the model's parameters (None: all train);
         # names: their dotted names, for the messages
         self.trainable = tuple(bool(t) for t in trainable) if trainable is not None else \
@@ -237,13 +243,14 @@ class _Layout:
         # as OptContext builds its arena: the optimizer's state when it steps
         self.state = self.optimizer.state_names if self.build_type == BuildType.OPT else ()
         self.bit_generator_type = bit_generator_type
+        self.precision = precision
 
     @classmethod
     def of(cls, ctx):
         shapes = [p.data.shape for p in ctx.parameters()]
         lay = cls(ctx.loss_type, ctx.optimizer, ctx.build_type, ctx.opt_period, shapes,
                   type(ctx.rng.bit_generator), ctx.trainable_mask,
-                  parameter_names(ctx.model, ctx.model_parameters))
+                  parameter_names(ctx.model, ctx.model_parameters), ctx._precision_asked)
         return lay
 
     @property
@@ -343,6 +350,13 @@ def _validate(sd, layout):
         if opt_period != layout.opt_period:
             raise ValueError(f"state_dict['opt_period']: the state is for opt_period="
                              f"{opt_period}, this context has {layout.opt_period}")
+    if "precision" in sd:
+        saved = _get_str(sd, "precision")
+        if saved != layout.precision:
+            raise ValueError(f"state_dict['precision']: the state is of a run with "
+                             f"precision={saved!r}, this context has "
+                             f"precision={layout.precision!r}; a resume goes on in the "
+                             "precision it started in")
     _check_split(sd, layout)
     if "nparams" in sd:
         nparams = _get_int(sd, "nparams")
@@ -448,6 +462,7 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
     if dist is not None:  # many processes: every rank's own stream
         sd["rank_rng_states"] = rank_rng.gather_states(dist, ctx.model_rng)
     sd["trainable"] = np.array(lay.trainable, dtype=np.int8)
+    sd["precision"] = lay.precision
     return sd
 
 
@@ -541,6 +556,10 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
         if settings["opt_period"] < 1:
             raise ValueError(f"state_dict['opt_period']: expected >= 1, got "
                              f"{settings['opt_period']}")
+        precision = _get_str(ctx_sd, "precision") if "precision" in ctx_sd else "f32"
+        if precision not in ("f32", "bf16"):
+            raise ValueError(f"state_dict['precision']: expected 'f32' or 'bf16', got "
+                             f"{precision!r}")
         bg_name = rng_state_from_json(_get_str(ctx_sd, "rng_state"))["bit_generator"]
         bg_type = getattr(np.random, bg_name, None)
         if not (isinstance(bg_type, type) and issubclass(bg_type, np.random.BitGenerator)):
@@ -554,7 +573,7 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
     names = parameter_names(model, params)
     try:
         _check_split(ctx_sd, _Layout(loss_type, optimizer, build_type, settings["opt_period"],
-                                     [], None, trainable, names))
+                                     [], None, trainable, names, precision))
     except (ValueError, TypeError) as e:
         raise type(e)(f"model or checkpoint {os.fspath(path)!r} do not match: {e}") from None
     shapes = [p.data.shape for p, t in zip(params, trainable) if t]
@@ -562,7 +581,7 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
         raise ValueError(f"model: it has {len(shapes)} parameters, the checkpoint "
                          f"{os.fspath(path)!r} {settings['nparams']}")
     lay = _Layout(loss_type, optimizer, build_type, settings["opt_period"], shapes, bg_type,
-                  trainable, names)
+                  trainable, names, precision)
     for i, shape in enumerate(shapes):
         saved = ctx_sd.get(f"param.{i}")
         if isinstance(saved, np.ndarray) and saved.shape != shape:
@@ -580,7 +599,7 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
               optimizer=optimizer, get_opt_pars=get_opt_pars, get_opt_pars_ud=get_opt_pars_ud,
               seed=np.random.Generator(bg_type()), clip_grad_norm=clip_grad_norm,
               class_labels=bool(_get_int(ctx_sd, "class_labels")) if "class_labels" in ctx_sd
-              else False, **dist)
+              else False, precision=precision, **dist)
     ctx.load_state_dict(ctx_sd)
     return ctx
 
@@ -638,7 +657,7 @@ def _scalar(key, arr):
         return int(arr)
     if arr.dtype.kind == "f" and not key.startswith("fit."):  # hyper-parameters
         return float(arr)
-    if key in _STR_KEYS and arr.dtype.kind == "U":
+    if (key in _STR_KEYS or key in _OPTIONAL_STR_KEYS) and arr.dtype.kind == "U":
         return str(arr)
     return arr
 

@@ -272,7 +272,10 @@ class OptContext:
                  inputs_dtype: npt.DTypeLike | None = None,
                  bucket_cap_mb: float | None = 25.0, precision: str = "f32",
                  optimizer_in_backward: bool = False) -> None:
-        self._precision = _checked_precision(precision)
+        # the precision asked for is the checkpoint's setting; the one that runs is
+        # float32 where this machine has no bf16 products
+        self._precision_asked = gemm.check_precision(precision)
+        self._precision = _checked_precision(self._precision_asked)
         if not isinstance(optimizer_in_backward, (bool, np.bool_)):
             raise TypeError(f"optimizer_in_backward: expected a bool, got "
                             f"{type(optimizer_in_backward).__name__}")

@@ -19,6 +19,7 @@ from .checkpoint import FitCheckpoint, fit_seed_id, parameter_names
 from .context import OptContext, checks_before_taking
 from .dataset import Dataset
 from .epoch_loop import EpochCallback, check_dataset, epoch, label_form
+from .gemm import check_precision
 from .history import EpochStats, EvalStats, History
 from .nn.module import set_training
 from .optim_params import (
@@ -156,6 +157,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     t_start_us = time_us()
     loss_type = enum_arg(loss_type, LossType, "loss_type")
     optimizer = optimizer_arg(optimizer)
+    precision = check_precision(precision)
 
     plan = FitPlan.from_args(dataset, nepoch, nbatch_logical, nbatch_physical, val_split, comm,
                              dataset_is_part, max_steps, eval_every, checkpoint_every,
@@ -182,7 +184,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     pending, resumed_from = None, ""
     if resume and ckpt is not None and ckpt.exists():
         resumed_from = ckpt.path
-        pending = _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer)
+        pending = _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer,
+                                   precision)
 
     # class-index labels take the class-index loss path (int32 label batches): one
     # per datapoint, or one per position (sequence labels, int32 (ndata, n_ctx))
@@ -253,7 +256,7 @@ def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False):
     check_fits(report)
 
 
-def _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer):
+def _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer, precision):
     """fit's checkpoint, checked whole against the model and this fit before the
     context takes the model (a FitProgress)."""
     params = OptContext._collect_parameters(model)
@@ -263,7 +266,8 @@ def _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer):
                      else type(np.random.default_rng(0).bit_generator))
     progress = ckpt.read(dataset, plan.nepoch, (loss_type, optimizer, BuildType.OPT,
                                                 plan.opt_period, shapes, bit_generator,
-                                                trainable, parameter_names(model, params)),
+                                                trainable, parameter_names(model, params),
+                                                precision),
                          plan.steps_per_epoch)
     trained = progress.epochs_done * plan.steps_per_epoch + progress.step
     if trained > plan.total_steps:
