@@ -98,7 +98,8 @@ def test_what_is_not_implemented_is_refused(tmp_path):
     model = Qwen2(Qwen2Config(vocab_size=257, dim=16, n_layers=1, n_heads=2), seed=0)
     save_hf(model, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    for edit, match in [({"use_sliding_window": True}, "use_sliding_window"),
+    for edit, match in [({"use_sliding_window": True, "sliding_window": 8,
+                          "max_window_layers": 0}, "use_sliding_window"),
                         ({"layer_types": ["sliding_attention"]}, "layer_types"),
                         ({"attention_bias": False}, r"keys \['attention_bias'\]")]:
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))

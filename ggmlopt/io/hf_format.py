@@ -191,12 +191,18 @@ def _as_float32(dtype: str, array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
 
+def _tied(model) -> bool:
+    """Whether model's output head is its token embedding (GPT-2's always is: its
+    config has no such field)."""
+    return bool(getattr(model.config, "tie_embeddings", True))
+
+
 def _head_differs(model, tensors) -> bool:
     """Whether a model built tied (tie_word_embeddings) meets a file whose own
     lm_head.weight is not its token embedding: transformers then does not tie
     them (its tie_weights: both present with different values), and the
     file's head is the one that computes the logits."""
-    if not getattr(model.config, "tie_embeddings", False) or "lm_head.weight" not in tensors:
+    if not _tied(model) or "lm_head.weight" not in tensors:
         return False
     embedding = model._embedding.weight
     name = next(n for n, p, _ in _tensor_map(model) if p is embedding)
@@ -215,7 +221,7 @@ def _check_names(model, expected, tensors, where: str) -> None:
     tied output aside)."""
     names = {name for name, _, _ in expected}
     ignored: tuple[str, ...] = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
-    if getattr(model.config, "tie_embeddings", True):   # (GPT-2's head is always tied)
+    if _tied(model):   # a tied head's copy in the file (_head_differs: the same values)
         ignored += ("lm_head.weight",)
     missing = sorted(names - set(tensors))
     unexpected = sorted(k for k in tensors if k not in names and not k.endswith(ignored))
@@ -289,11 +295,19 @@ def load_hf(directory, *, keep_types=False):
     with skip_init():   # every parameter is read from the file
         model = _model_from_config(config, config_path)
     if _head_differs(model, tensors):
+        try:
+            with skip_init():
+                untied = _model_from_config({**config, "tie_word_embeddings": False},
+                                            config_path)
+        except ValueError as e:   # a family whose head is always tied (GPT-2)
+            raise ValueError(f"{where}: the file's lm_head.weight is not its token embedding, "
+                             f"so transformers computes the logits with it, and "
+                             f"{type(model).__name__} has no head of its own ({e}); refusing "
+                             "rather than computing another model") from None
         warnings.warn(f"{where}: tie_word_embeddings is true but the file's lm_head.weight "
                       f"is not its token embedding; loaded untied, with the file's head, as "
                       f"transformers loads it", UserWarning, stacklevel=2)
-        with skip_init():
-            model = _model_from_config({**config, "tie_word_embeddings": False}, config_path)
+        model = untied
     if keep_types:
         if not family_of(model).hf_transposed:
             raise ValueError(f"keep_types: reads checkpoints of torch Linear weights "

@@ -37,12 +37,16 @@ COMMON_KEYS = frozenset({
     # the classes of a checkpoint's own code: transformers builds its native class of
     # model_type unless trust_remote_code, and so does ggmlopt
     "auto_map",
+    # bookkeeping that published configs carry and transformers never reads: the label
+    # count of 4.x configs (_num_labels, distilgpt2), a 4.x training flag, and
+    # nanotron's marker on SmolLM2's llama configs
+    "_num_labels", "gradient_checkpointing", "is_llama_config",
 })
 LLAMA_KEYS = frozenset({
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "hidden_act", "max_position_embeddings",
     "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "attention_bias",
-    "attention_dropout", "mlp_bias", "head_dim", "pretraining_tp",
+    "attention_dropout", "mlp_bias", "head_dim", "pretraining_tp", "rope_interleaved",
 })
 
 
@@ -70,11 +74,20 @@ def no_dropout(hf: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None
                       UserWarning, stacklevel=5)
 
 
-def no_sliding_window(hf: Mapping[str, Any]) -> None:
-    """Refuse sliding-window attention (Qwen2's and Qwen3's configs carry its keys)."""
-    if hf.get("use_sliding_window"):
-        raise ValueError("use_sliding_window: sliding-window attention is not supported")
+def no_sliding_window(hf: Mapping[str, Any], *, window_default: int | None = 4096,
+                      from_layer: bool = True) -> None:
+    """Refuse sliding-window attention on any layer, the layers laid out as
+    transformers lays them out: layer_types when the file has them, else, with
+    use_sliding_window and a window, sliding from layer max_window_layers on
+    (Qwen2, Qwen3; from_layer False: on some layer, SmolLM3).  window_default:
+    the family's sliding_window where the file has none."""
     layers = hf.get("layer_types")
+    if layers is None and hf.get("use_sliding_window") \
+            and hf.get("sliding_window", window_default) is not None:
+        first = hf.get("max_window_layers", 28) if from_layer else 0   # Qwen2Config's 28
+        if first < hf["num_hidden_layers"]:
+            raise ValueError(f"use_sliding_window: sliding-window attention (from layer "
+                             f"{first} on) is not supported")
     if layers is not None and any(t != "full_attention" for t in layers):
         raise ValueError(f"layer_types: only full_attention layers are supported, got "
                          f"{sorted(set(layers))}")
@@ -87,6 +100,11 @@ def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False
     family reads head_dim itself (Qwen3), else it must be hidden_size //
     num_attention_heads.  max_len, theta, eps: the family's transformers
     defaults where the file says nothing."""
+    if hf.get("rope_interleaved"):
+        # nanotron's flag (SmolLM2's configs carry it false): transformers never reads it
+        # and rotates halves; a true one describes another model than transformers runs
+        raise ValueError("rope_interleaved: an interleaved rotary embedding is not "
+                         "supported (transformers rotates halves)")
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act: only silu (Llama's SwiGLU) is supported, got {act!r}")

@@ -89,11 +89,12 @@ class SmolLM3(Llama):
 
 # ---- the family: its Hugging Face config and llama.cpp's smollm3 architecture --------
 
-# SmolLM3's config.json: Llama's keys (no pretraining_tp) with its NoPE layers and the
-# sliding window's keys (refused when used)
-_HF_KEYS = (LLAMA_KEYS - {"pretraining_tp"}) | {
+# SmolLM3's config.json: Llama's keys with its NoPE layers and the sliding window's keys
+# (refused when used); the 3B's file also carries pretraining_tp and max_window_layers,
+# which transformers' SmolLM3 never reads
+_HF_KEYS = LLAMA_KEYS | {
     "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window",
-    "layer_types",
+    "layer_types", "max_window_layers",
 }
 
 
@@ -101,7 +102,7 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> SmolLM3Config:
     check_keys(hf, _HF_KEYS, "smollm3")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ValueError("attention_bias, mlp_bias: only a SmolLM3 without biases is supported")
-    no_sliding_window(hf)
+    no_sliding_window(hf, window_default=None, from_layer=False)   # SmolLM3Config's None
     fields = llama_fields(hf, where, max_len=32768, theta=2000000.0)   # HF's defaults
     fields["tie_embeddings"] = bool(hf.get("tie_word_embeddings", True))
     layers = hf.get("no_rope_layers")

@@ -1,0 +1,118 @@
+"""Keys that published config.json files carry are read as transformers reads
+them: bookkeeping transformers never reads loads (the same model as without
+it), a window transformers applies on no layer loads, and what would compute
+another model than transformers' is refused, never dropped.
+
+- SmolLM3-3B's file: pretraining_tp and max_window_layers (SmolLM3 reads neither);
+- SmolLM2's llama files: nanotron's is_llama_config and rope_interleaved (false);
+- distilgpt2 and 4.x re-saves: _num_labels, gradient_checkpointing;
+- Qwen2/Qwen3: use_sliding_window with max_window_layers at or past the last
+  layer (transformers lays every layer out as full attention);
+- a GPT-2 file whose lm_head.weight differs from its token embedding
+  (transformers computes with that head; ggmlopt's GPT-2 has none).
+"""
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from ggmlopt.models import (
+    GPT2,
+    GPT2Config,
+    Llama,
+    LlamaConfig,
+    Qwen2,
+    Qwen2Config,
+    Qwen3,
+    Qwen3Config,
+    SmolLM3,
+    SmolLM3Config,
+)
+
+pytest.importorskip("safetensors")
+from ggmlopt.io import load_hf, save_hf
+
+TOKENS = np.random.default_rng(0).integers(0, 61, (1, 19))
+
+
+def saved(model, path):
+    save_hf(model, path)
+    return json.loads((path / "config.json").read_text())
+
+
+def logits_with(path, cfg, edit):
+    (path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # GPT-2's dropout rates
+        return np.asarray(load_hf(path).forward(TOKENS))
+
+
+CASES = {
+    "smollm3": (lambda: SmolLM3(SmolLM3Config(vocab_size=61, dim=16, n_layers=2, n_heads=2),
+                                seed=0), {"pretraining_tp": 2, "max_window_layers": 28}),
+    "llama": (lambda: Llama(LlamaConfig(vocab_size=61, dim=16, n_layers=2, n_heads=2), seed=0),
+              {"is_llama_config": True, "rope_interleaved": False}),
+    "gpt2": (lambda: GPT2(GPT2Config(vocab_size=61, dim=16, n_layers=2, n_heads=2,
+                                     max_seq_len=32), seed=0),
+             {"_num_labels": 1, "gradient_checkpointing": False}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_keys_transformers_never_reads_load_the_same_model(tmp_path, family):
+    make, keys = CASES[family]
+    cfg = saved(make(), tmp_path)
+    plain = logits_with(tmp_path, cfg, {})
+    np.testing.assert_array_equal(logits_with(tmp_path, cfg, keys), plain)
+
+
+def test_an_interleaved_rotary_embedding_is_refused(tmp_path):
+    cfg = saved(CASES["llama"][0](), tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_interleaved": True}))
+    with pytest.raises(ValueError, match="rope_interleaved"):
+        load_hf(tmp_path)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Qwen2(Qwen2Config(vocab_size=61, dim=16, n_layers=2, n_heads=2), seed=0),
+    lambda: Qwen3(Qwen3Config(vocab_size=61, dim=16, n_layers=2, n_heads=2, head_dim=8),
+                  seed=0)])
+def test_a_window_on_no_layer_loads_and_one_on_some_layer_is_refused(tmp_path, make):
+    cfg = saved(make(), tmp_path)
+    plain = logits_with(tmp_path, cfg, {})
+    for edit in ({"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
+                 {"use_sliding_window": True},   # Qwen2Config's max_window_layers: 28
+                 {"use_sliding_window": True, "sliding_window": None, "max_window_layers": 0}):
+        np.testing.assert_array_equal(logits_with(tmp_path, cfg, edit), plain)
+    for first in (0, 1):
+        (tmp_path / "config.json").write_text(json.dumps(
+            {**cfg, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": first}))
+        with pytest.raises(ValueError, match=f"from layer {first} on"):
+            load_hf(tmp_path)
+
+
+def test_smollm3_s_window_without_a_width_is_none(tmp_path):
+    cfg = saved(CASES["smollm3"][0](), tmp_path)
+    plain = logits_with(tmp_path, cfg, {})
+    np.testing.assert_array_equal(logits_with(tmp_path, cfg, {"use_sliding_window": True}),
+                                  plain)
+
+
+def test_gpt2_s_own_differing_head_is_refused_and_a_copy_of_the_embedding_loads(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    model = CASES["gpt2"][0]()
+    save_hf(model, tmp_path)
+    file = tmp_path / "model.safetensors"
+    tensors = load_file(file)
+    tensors["lm_head.weight"] = tensors["transformer.wte.weight"].copy()
+    save_file(tensors, file, metadata={"format": "pt"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        np.testing.assert_array_equal(np.asarray(load_hf(tmp_path).forward(TOKENS)),
+                                      np.asarray(model.forward(TOKENS)))
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] * 2
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="lm_head.weight is not its token embedding"):
+        load_hf(tmp_path)
