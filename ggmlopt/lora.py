@@ -406,20 +406,17 @@ def _layers(model, kinds, *, sort=True):
     if not sort:
         return unique
     # in the order of the model's parameter names (lm_head after the layers)
-    return sorted(unique, key=_order_in(model, unique))
+    return sorted(unique, key=_order_in(model))
 
 
-def _order_in(model, entries):
-    """A sort key of the _layers entries (in the module tree's order): the
-    position of the layer's weight among the model's parameters; a layer without
-    a weight Parameter (a QuantizedLinear) right after the entry before it."""
-    order = {id(p): i for i, (_, p) in enumerate(named_parameters(model))}
-    keys, last = {}, -1.0
-    for entry in entries:
-        weight = getattr(entry[3], "weight", None)
-        last = float(order[id(weight)]) if id(weight) in order else last + 1e-6
-        keys[id(entry[3])] = last
-    return lambda entry: keys[id(entry[3])]
+def _order_in(model):
+    """A sort key of the _layers entries: the layer's place in the module tree
+    walked depth first, parents before children (named_modules), which is the
+    order of the layers' weights among named_parameters whether or not a layer
+    holds its weight as a Parameter (a kept QuantizedLinear does not): the same
+    seed draws the same adapters over a kept base as over its float32 copy."""
+    place = {id(m): i for i, (_, m) in enumerate(named_modules(model))}
+    return lambda entry: place.get(id(entry[3]), len(place))
 
 
 def _replace(parent, key: str, new) -> None:
@@ -577,7 +574,17 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
                          f"{linears[0][0]})")
     params = named_parameters(model)
     to_adapt = [name for name, *_ in chosen + embeddings]
+    kept = [(name, layer) for name, layer in quantized_layers(model) if name not in to_adapt]
     for t in trainable:
+        # a layer kept in its file's type has no Parameter to train whole: naming it
+        # (or a block holding it) would train the rest and leave it frozen
+        covered = [(name, layer) for name, layer in kept if _kept_trainable(name, (t,))]
+        if covered:
+            name, layer = covered[0]
+            more = f" (and {len(covered) - 1} more)" if len(covered) > 1 else ""
+            raise ValueError(f"trainable: {t!r} covers {name}{more}, kept in its file's type "
+                             f"({layer.qtype}), which cannot train whole; give it an adapter "
+                             f"(targets) or load the model with keep_types=False")
         if not any(_kept_trainable(name, (t,)) for name, _ in params):
             raise ValueError(f"trainable: {t!r} names no module or parameter of the model "
                              f"(its parameters are named like {params[0][0]!r})")
@@ -597,8 +604,7 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     gen = np.random.default_rng(int(seed))
     # in the order of the parameter names (an embedding's first), one generator
     targets_found = chosen + embeddings
-    in_tree = _layers(model, ADAPTABLE, sort=False)
-    for _, parent, key, layer in sorted(targets_found, key=_order_in(model, in_tree)):
+    for _, parent, key, layer in sorted(targets_found, key=_order_in(model)):
         adapter = LoRAEmbedding(layer, rank, alpha, rng=gen) if isinstance(layer, EMBEDDINGS) \
             else LoRALinear(layer, rank, alpha, dropout=dropout, rng=gen)
         _replace(parent, key, adapter)

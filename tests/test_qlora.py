@@ -360,3 +360,41 @@ def test_an_embedding_adapter_keeps_its_own_copy_of_the_ids(tmp_path):
         grads.append(kept.embed_tokens.lora_a.grad.copy())
     np.testing.assert_array_equal(grads[1], grads[0])
     assert np.abs(grads[0][:24]).max() > 0
+
+
+def test_the_same_seed_draws_the_same_adapters_over_a_kept_base(tmp_path):
+    """apply draws A in the order of the model's parameter names, whether the
+    layers hold their weights as Parameters or keep them in the file's type:
+    an untied head (a top-level layer, listed after the blocks) included."""
+    path = tmp_path / "m.gguf"
+    save_gguf(tiny_llama(tie=False), path, tokenizer=ByteTokenizer(), dtype="q8_0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        widened, _ = load_gguf(path)
+    kept, _ = load_gguf(path, keep_types=True)
+    targets = ("embed_tokens", "q_proj", "v_proj", "lm_head")
+    drawn = [lora.apply(m, rank=4, targets=targets, seed=11) for m in (widened, kept)]
+    names = [[name for name, _ in d] for d in drawn]
+    assert names[0] == names[1] and names[0][0] == "embed_tokens" and names[0][-1] == "lm_head"
+    for (name, a), (_, b) in zip(*drawn):
+        np.testing.assert_array_equal(a.lora_a.data, b.lora_a.data, err_msg=name)
+        np.testing.assert_array_equal(a.lora_b.data, b.lora_b.data, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["lm_head", "embed_tokens", "layers.0", "mlp"])
+def test_a_kept_layer_cannot_train_whole(tmp_path, name):
+    """trainable= naming a kept layer, or a module holding one, is refused
+    (it has no Parameter to train: the rest would train and it would not),
+    before anything changes."""
+    path = tmp_path / "m.gguf"
+    save_gguf(tiny_llama(tie=False), path, tokenizer=ByteTokenizer(), dtype="q4_0")
+    kept, _ = load_gguf(path, keep_types=True)
+    before = [(n, p.requires_grad) for n, p in kept.named_parameters()]
+    with pytest.raises(ValueError, match=f"trainable: '{name}' covers .*kept in its file's "
+                                         r"type \((Q4_0|Q6_K|Q8_0)\).*keep_types=False"):
+        lora.apply(kept, rank=4, targets=("layers.1.self_attn.q_proj",), trainable=(name,))
+    assert [(n, p.requires_grad) for n, p in kept.named_parameters()] == before
+    assert lora.named_adapters(kept) == []
+    # a norm holds its weight as a Parameter: it trains whole
+    lora.apply(kept, rank=4, targets=("q_proj",), trainable=("norm",))
+    assert kept.norm.weight.requires_grad
