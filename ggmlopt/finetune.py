@@ -39,8 +39,8 @@ def parser() -> argparse.ArgumentParser:
                       "{'prompt', 'completion'} or {'text'}")
     data.add_argument("-f", "--file", help="a raw text file (llama-finetune's -f)")
     p.add_argument("-c", "--ctx", type=int, default=512, help="tokens per window (n_ctx)")
-    p.add_argument("--train-on", choices=("assistant", "last", "all"), default="assistant",
-                   help="chat data: the turns the loss counts")
+    p.add_argument("--train-on", choices=("assistant", "last", "all"), default=None,
+                   help="chat data: the turns the loss counts (default assistant)")
     p.add_argument("--too-long", choices=("error", "drop", "truncate"), default="error",
                    help="what to do with an example longer than the window")
     p.add_argument("--packing", action="store_true",
@@ -62,7 +62,8 @@ def parser() -> argparse.ArgumentParser:
                    help="step each weight in the backward pass as soon as its gradient is "
                         "final: a full fine-tune holds one block's gradients, not all; the "
                         "same result (needs --micro-batch equal to --batch)")
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=None,
+                   help="passes over the data (default 1, or as many as --max-steps needs)")
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("-lr", "--lr", type=float, default=1e-4, help="learning rate (AdamW alpha)")
     p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant")
@@ -93,7 +94,7 @@ def _problems(args) -> list[str]:
     """What is wrong with the arguments, before any file is read."""
     bad = []
     for name in ("ctx", "epochs", "batch", "lora_rank"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             bad.append(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
     if args.micro_batch is not None and (args.micro_batch < 1 or args.batch % args.micro_batch):
         bad.append(f"--micro-batch: expected a divisor of --batch {args.batch}, got "
@@ -111,6 +112,16 @@ def _problems(args) -> list[str]:
         bad.append(f"--max-steps: expected >= 1, got {args.max_steps}")
     if args.warmup < 0:
         bad.append(f"--warmup: expected >= 0, got {args.warmup}")
+    elif args.warmup and args.lr_schedule != "cosine":
+        bad.append(f"--warmup: warms up the cosine schedule; --lr-schedule is "
+                   f"{args.lr_schedule}")
+    if args.eval_every is not None and args.eval_every < 1:
+        bad.append(f"--eval-every: expected >= 1, got {args.eval_every}")
+    elif args.eval_every is not None and args.val_split == 0:
+        bad.append("--eval-every: evaluates the validation split; give -val-split too")
+    if args.train_on is not None and args.file:
+        bad.append("--train-on: chooses the turns of chat data (--data); a raw text file "
+                   "trains on every token")
     if args.packing and args.file:
         bad.append("--packing: packs chat and completion examples (--data); a raw text file "
                    "is cut into whole windows already")
@@ -137,12 +148,20 @@ def _problems(args) -> list[str]:
         path = getattr(args, name)
         if path and not os.path.isfile(path):
             bad.append(f"--{name}: no such file {path!r}")
+    written = {}
     for name in ("out", "merge_out", "checkpoint", "plot"):
         path = getattr(args, name)
         if path:
+            flag = f"--{name.replace('_', '-')}"
             folder = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(folder):
-                bad.append(f"--{name.replace('_', '-')}: no directory {folder!r} to write into")
+                bad.append(f"{flag}: no directory {folder!r} to write into")
+            elif os.path.isdir(path):
+                bad.append(f"{flag}: {path!r} is a directory; give a file name")
+            # two results into one file: the second would overwrite the first
+            other = written.setdefault(os.path.abspath(path), flag)
+            if other != flag:
+                bad.append(f"{flag}: {path!r} is also {other}'s file")
     return bad
 
 
@@ -168,11 +187,12 @@ def _dataset(args, tok):
     logical batches."""
     import ggmlopt as go
 
-    from .instruct import read_jsonl
+    from .instruct import document_ids, read_jsonl
     if args.file:
         with open(args.file, encoding="utf-8") as f:
-            ids = tok.encode(f.read())
-        ds = go.Dataset.from_tokens(np.asarray(ids), args.ctx)
+            # one document: BOS first where the vocabulary adds it, as llama-finetune
+            ids = document_ids(tok, f.read())
+        ds = go.Dataset.from_tokens(ids, args.ctx)
         x, y = np.asarray(ds.data), np.asarray(ds.labels)
         what = f"{x.shape[0]} windows of {args.ctx} tokens from {args.file}"
     else:
@@ -182,8 +202,12 @@ def _dataset(args, tok):
             if not getattr(tok, "chat_template", None):
                 raise SystemExit(f"finetune: {args.data} holds chats, but the tokenizer has no "
                                  "chat template (tokenizer.chat_template)")
-            ds = go.Dataset.from_chat(examples, tok, args.ctx, train_on=args.train_on,
+            ds = go.Dataset.from_chat(examples, tok, args.ctx,
+                                      train_on=args.train_on or "assistant",
                                       too_long=args.too_long, packing=args.packing)
+        elif args.train_on is not None:
+            raise ValueError(f"--train-on: chooses the turns of chat data; {args.data} holds "
+                             f"{'prompt/completion pairs' if 'prompt' in first else 'text'}")
         elif "prompt" in first:
             ds = go.Dataset.from_completions(examples, tok, args.ctx, too_long=args.too_long,
                                              packing=args.packing)
@@ -191,9 +215,7 @@ def _dataset(args, tok):
             if args.packing:
                 raise ValueError(f"--packing: packs chat and completion examples; {args.data} "
                                  "holds text, which is cut into whole windows already")
-            eos = [] if tok.eos_id is None else [tok.eos_id]
-            ids = np.concatenate([np.concatenate([tok.encode(e["text"]), eos])
-                                  for e in examples]).astype(np.int32)
+            ids = np.concatenate([document_ids(tok, e["text"], eos=True) for e in examples])
             ds = go.Dataset.from_tokens(ids, args.ctx)
         x, y = np.asarray(ds.data), np.asarray(ds.labels)
         what = (f"{len(examples)} examples from {args.data} packed into {x.shape[0]} windows"
@@ -217,7 +239,7 @@ def _optimizer(args, steps_per_epoch):
     from . import schedules
     base = go.OptimizerParams(go.AdamWParams(alpha=args.lr, wd=args.weight_decay),
                               go.SGDParams(alpha=args.lr, wd=args.weight_decay))
-    total = args.max_steps or max(1, args.epochs * steps_per_epoch)
+    total = args.max_steps or max(1, (args.epochs or 1) * steps_per_epoch)
     if args.lr_schedule == "cosine":
         if args.warmup:
             return schedules.WarmupCosine(min(args.warmup, total - 1) or 1, total, base=base,
@@ -243,7 +265,8 @@ def main(argv=None) -> int:
         model, tok = _load(args)
         train, what = _dataset(args, tok)
     except (ValueError, TypeError) as e:
-        p.error(str(e))
+        p.error(str(e).replace("pass too_long='drop' or 'truncate'",
+                               "pass --too-long drop or --too-long truncate"))
     if args.ctx > model.config.max_seq_len:
         p.error(f"--ctx: {args.ctx} is more than the model's max_seq_len "
                 f"{model.config.max_seq_len}")
@@ -254,7 +277,9 @@ def main(argv=None) -> int:
             lora.apply(model, rank=args.lora_rank, alpha=args.lora_alpha, targets=targets,
                        dropout=args.lora_dropout, seed=args.seed)
         except (ValueError, TypeError) as e:
-            p.error(f"--lora-targets: {e}")
+            option = {"rank": "--lora-rank", "alpha": "--lora-alpha",
+                      "dropout": "--lora-dropout"}.get(str(e).split(":")[0], "--lora-targets")
+            p.error(f"{option}: {e}")
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     out = sys.stdout
@@ -262,14 +287,21 @@ def main(argv=None) -> int:
         print(f"finetune: {what}", file=out)
         if not args.full:
             lora.print_trainable_parameters(model)
-    steps_per_epoch = int((1 - args.val_split) * (train.ndata // args.batch))
-    history = go.fit(model, train, "cross_entropy", _optimizer(args, steps_per_epoch),
-                     nepoch=None if args.max_steps else args.epochs,
-                     nbatch_logical=args.batch, nbatch_physical=args.micro_batch,
-                     val_split=args.val_split, silent=args.silent,
-                     optimizer=args.optimizer, seed=args.seed, checkpoint=args.checkpoint,
-                     resume=args.resume, max_steps=args.max_steps, eval_every=args.eval_every,
-                     optimizer_in_backward=args.optimizer_in_backward)
+    # the optimizer steps of an epoch as fit splits the data: the training part in
+    # logical batches, computed in float32 as ggml computes it
+    batches = np.float32(train.ndata // args.batch)
+    steps_per_epoch = int(np.float32(np.float32(1) - np.float32(args.val_split)) * batches)
+    nepoch = args.epochs if args.epochs is not None else None if args.max_steps else 1
+    try:
+        history = go.fit(model, train, "cross_entropy", _optimizer(args, steps_per_epoch),
+                         nepoch=nepoch, nbatch_logical=args.batch,
+                         nbatch_physical=args.micro_batch, val_split=args.val_split,
+                         silent=args.silent, optimizer=args.optimizer, seed=args.seed,
+                         checkpoint=args.checkpoint, resume=args.resume,
+                         max_steps=args.max_steps, eval_every=args.eval_every,
+                         optimizer_in_backward=args.optimizer_in_backward)
+    except (ValueError, TypeError) as e:   # (a checkpoint of another run, a split too small)
+        p.error(str(e))
     if not args.silent and len(history):
         print(f"finetune: train loss {history[-1].train_loss:.4f}", file=out)
     from .io import save_gguf, save_gguf_lora

@@ -24,8 +24,8 @@ from ._args import int_arg
 from .chat_template import check_messages
 from .nn.positions import mark_document_starts
 
-__all__ = ["TOO_LONG", "TRAIN_ON", "chat_windows", "completion_windows", "pack_examples",
-           "read_jsonl", "token_offsets"]
+__all__ = ["TOO_LONG", "TRAIN_ON", "chat_windows", "completion_windows", "document_ids",
+           "pack_examples", "read_jsonl", "token_offsets"]
 
 TRAIN_ON = ("assistant", "last", "all")
 TOO_LONG = ("error", "drop", "truncate")
@@ -167,6 +167,27 @@ def pack_examples(lengths: Sequence[int], n_ctx: int) -> list[list[int]]:
     return [sorted(w) for w in windows]
 
 
+def _wants_bos(tokenizer, ids) -> bool:
+    """Whether ids (a document's first tokens) need the tokenizer's BOS before
+    them: its add_bos says so (llama.cpp's tokenizer.ggml.add_bos_token, or the
+    Hugging Face tokenizer's) and they do not start with it already."""
+    bos = getattr(tokenizer, "bos_id", None)
+    return bool(getattr(tokenizer, "add_bos", False)) and bos is not None \
+        and (len(ids) == 0 or int(ids[0]) != bos)
+
+
+def document_ids(tokenizer, text: str, *, eos: bool = False) -> np.ndarray:
+    """text's ids as a document the model reads whole: BOS first when the
+    tokenizer's add_bos says so (as llama.cpp tokenizes a prompt, and
+    llama-finetune its text file), then eos after it when asked; int32."""
+    ids = np.asarray(tokenizer.encode(text), np.int32)
+    if _wants_bos(tokenizer, ids):
+        ids = np.concatenate([[tokenizer.bos_id], ids])
+    if eos and tokenizer.eos_id is not None:
+        ids = np.concatenate([ids, [tokenizer.eos_id]])
+    return ids.astype(np.int32)
+
+
 def _common_args(tokenizer, n_ctx, too_long, packing):
     if not callable(getattr(tokenizer, "encode", None)):
         raise TypeError(f"tokenizer: expected a ggmlopt tokenizer, got {type(tokenizer).__name__}")
@@ -198,10 +219,13 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
         try:
             messages = check_messages(conversation, f"conversations[{k}]")
             text, spans = _assistant_spans(template, messages, train_on, template_kwargs)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
+            # (a TypeError: the template met a content it cannot render, e.g. None)
             msg = str(e)
-            raise ValueError(msg if msg.startswith("conversations[")
-                             else f"conversations[{k}]: {msg}") from None
+            if isinstance(e, TypeError) and not msg.startswith("conversations["):
+                msg = f"the chat template failed on it ({msg}): is every 'content' a str?"
+            raise type(e)(msg if msg.startswith("conversations[")
+                          else f"conversations[{k}]: {msg}") from None
         if callable(getattr(tokenizer, "encode_with_offsets", None)):
             # SentencePiece: a space prefix the text does not hold
             ids, offsets = tokenizer.encode_with_offsets(text, parse_special=True)
@@ -212,7 +236,13 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
             raise ValueError(f"conversations[{k}]: the tokenizer's tokens do not spell the "
                              "rendered text byte for byte; its masks cannot be placed")
         byte_spans = [_byte_span(text, a, b) for a, b in spans]
-        examples.append((ids, _spans_to_mask(offsets, byte_spans)))
+        mask = _spans_to_mask(offsets, byte_spans)
+        # BOS first when the tokenizer's add_bos says so and the template did not
+        # write it: what ggmlopt.chat and llama.cpp feed the model at inference
+        if _wants_bos(tokenizer, ids):
+            ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)
+            mask = np.concatenate([[False], mask])
+        examples.append((ids, mask))
     if not examples:
         raise ValueError("conversations: expected at least one conversation")
     return _windows(examples, n_ctx, pad, too_long, "conversations", packing)
@@ -242,8 +272,7 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
         p = np.asarray(tokenizer.encode(prompt)).tolist()
         # BOS first unless the prompt already starts with it (rendered by a chat
         # template that writes it, as the chat path checks too)
-        if getattr(tokenizer, "add_bos", False) and tokenizer.bos_id is not None \
-                and p[:1] != [tokenizer.bos_id]:
+        if _wants_bos(tokenizer, p):
             p = [tokenizer.bos_id] + p
         c = np.asarray(tokenizer.encode(completion)).tolist()
         if add_eos and tokenizer.eos_id is not None and (not c or c[-1] != tokenizer.eos_id):
@@ -280,7 +309,15 @@ def read_jsonl(path) -> list[dict[str, Any]]:
     examples: list[dict[str, Any]] = []
     form = None
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+        lines = enumerate(f, 1)
+        while True:
+            try:
+                lineno, line = next(lines)
+            except StopIteration:
+                break
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start} of a "
+                                 "line after the last one read)") from None
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"

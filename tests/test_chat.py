@@ -242,6 +242,62 @@ def test_completions_put_one_bos_first():
     assert x[0][0] == tok.bos_id and x[0][1] != tok.bos_id
 
 
+class _BosChatTokenizer(ByteTokenizer):
+    """ByteTokenizer whose "<|endoftext|>" (256) is a BOS it adds, parsed in text."""
+    add_bos, bos_id = True, 256
+
+    def encode(self, text, *, parse_special=True):
+        return super().encode(text, parse_special=parse_special)
+
+
+PLAIN_CHAT = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}"
+              "{% endfor %}")
+
+
+def test_chats_put_one_bos_first():
+    """A vocabulary that adds BOS gets it once before each conversation, whether
+    the template writes it or not (as ggmlopt.chat and llama.cpp feed the model),
+    and it is never trained on."""
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    rows = []
+    for template in (PLAIN_CHAT, "<|endoftext|>" + PLAIN_CHAT):
+        tok = _BosChatTokenizer(chat_template=template)
+        x, y = go.instruct.chat_windows([chat], tok, 24)
+        assert x[0][0] == tok.bos_id and x[0][1] != tok.bos_id and y[0][0] == -1
+        assert tok.decode(y[0][y[0] >= 0]) == "assistant: yo\n"   # no generation prompt
+        rows.append((x, y))
+    np.testing.assert_array_equal(rows[0][0], rows[1][0])
+    np.testing.assert_array_equal(rows[0][1], rows[1][1])
+    # a vocabulary without BOS gets none
+    x, _ = go.instruct.chat_windows([chat], ByteTokenizer(chat_template=PLAIN_CHAT), 24)
+    assert x[0][0] == ord("u")
+
+
+def test_a_document_starts_with_one_bos_where_the_vocabulary_adds_it():
+    from ggmlopt.instruct import document_ids
+    tok = _BosChatTokenizer()
+    np.testing.assert_array_equal(document_ids(tok, "ab"), [256, 97, 98])
+    np.testing.assert_array_equal(document_ids(tok, "<|endoftext|>ab"), [256, 97, 98])
+    np.testing.assert_array_equal(document_ids(tok, "ab", eos=True), [256, 97, 98, 256])
+    np.testing.assert_array_equal(document_ids(ByteTokenizer(), "ab", eos=True), [97, 98, 256])
+
+
+def test_a_template_that_cannot_render_a_message_names_the_conversation():
+    tok = ByteTokenizer(chat_template=PLAIN_CHAT)
+    bad = [{"role": "user", "content": None}, {"role": "assistant", "content": "x"}]
+    ok = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]
+    with pytest.raises(TypeError, match=r"conversations\[1\]: the chat template failed on it"):
+        go.instruct.chat_windows([ok, bad], tok, 24)
+
+
+def test_read_jsonl_names_a_file_that_is_not_utf8(tmp_path):
+    from ggmlopt.datasets import read_jsonl
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match="latin1.jsonl: not UTF-8 text"):
+        read_jsonl(path)
+
+
 def test_read_jsonl_reads_the_three_forms_and_names_the_bad_line(tmp_path):
     from ggmlopt.datasets import read_jsonl
     path = tmp_path / "chat.jsonl"

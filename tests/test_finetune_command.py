@@ -130,6 +130,12 @@ def test_a_raw_text_file_trains_as_llama_finetune_does(files):
     (["--lora-targets", "nope"], "--lora-targets: targets: no Linear layer"),
     (["-c", "4096"], "--ctx: 4096 is more than the model's max_seq_len 128"),
     (["--out", "/no/such/dir/a.gguf"], "--out: no directory"),
+    (["--eval-every", "1"], "--eval-every: evaluates the validation split; give -val-split"),
+    (["--warmup", "5"], "--warmup: warms up the cosine schedule; --lr-schedule is constant"),
+    (["--lora-alpha", "0"], "--lora-alpha: alpha: expected a finite nonzero number"),
+    (["--lora-dropout", "1.5"], "--lora-dropout: dropout: expected a drop probability"),
+    (["--epochs", "1", "--max-steps", "50"], "max_steps"),
+    (["--out", "."], "--out: '.' is a directory"),
 ])
 def test_bad_arguments_are_refused_before_training(files, capsys, extra, match):
     argv = ["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
@@ -139,6 +145,53 @@ def test_bad_arguments_are_refused_before_training(files, capsys, extra, match):
     assert info.value.code == 2
     assert match in capsys.readouterr().err
     assert not (files / "a.gguf").exists()
+
+
+def test_two_results_into_one_file_are_refused(files, capsys):
+    out = str(files / "a.gguf")
+    with pytest.raises(SystemExit) as info:
+        finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+                       "--out", out, "--merge-out", out])
+    assert info.value.code == 2
+    assert "--merge-out: " in capsys.readouterr().err.split("error: ")[-1]
+    assert not (files / "a.gguf").exists()
+
+
+def test_options_of_another_kind_of_data_are_refused(files, capsys):
+    (files / "text.txt").write_text("the cat sat on the mat. " * 40)
+    (files / "pairs.jsonl").write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
+    for data, match in [(["-f", str(files / "text.txt")], "--train-on: chooses the turns"),
+                        (["--data", str(files / "pairs.jsonl")],
+                         "--train-on: chooses the turns of chat data")]:
+        with pytest.raises(SystemExit) as info:
+            finetune.main(["-m", str(files / "base.gguf"), "--out", str(files / "a.gguf"),
+                           "-c", "32", "--train-on", "last"] + data)
+        assert info.value.code == 2 and match in capsys.readouterr().err
+    assert not (files / "a.gguf").exists()
+
+
+def test_the_schedule_lasts_the_steps_fit_takes(files, monkeypatch):
+    """The command sizes its schedule with fit's own split (ggml's float32
+    arithmetic): -val-split 0.9 of 20 batches trains 2 steps an epoch in fit, where
+    float64 arithmetic gave 1 and the schedule ran out at the third step."""
+    seen = {}
+    real_fit = go.fit
+
+    def fit(model, dataset, loss, schedule, **kw):
+        seen["total"] = schedule.total
+        return real_fit(model, dataset, loss, schedule, **kw)
+
+    monkeypatch.setattr(go, "fit", fit)
+    with open(files / "twenty.jsonl", "w") as f:
+        f.writelines(json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                             {"role": "assistant", "content": "a"}]}) + "\n"
+                     for i in range(20))
+    for split, per_epoch in [("0.9", 2), ("0.6", 7)]:
+        assert finetune.main(["-m", str(files / "base.gguf"), "--data",
+                              str(files / "twenty.jsonl"), "-c", "64", "-b", "1",
+                              "-val-split", split, "--lr-schedule", "linear", "--epochs", "2",
+                              "--silent", "--out", str(files / "a.gguf")]) == 0
+        assert seen["total"] == 2 * per_epoch
 
 
 def test_bad_files_and_data_lines_are_named(files, capsys):
