@@ -128,7 +128,8 @@ _OPTIONAL_STR_KEYS = ("rank_rng_states", "precision")
 # the fields of training.EpochStats (10 before blas_threads, 11 before exchange_wait_s)
 HISTORY_COLUMNS = 12
 EVAL_COLUMNS = 7      # the fields of training.EvalStats
-TRAIN_TOTALS = 6      # Result._totals() of the epoch's training so far
+TRAIN_TOTALS = 7      # Result._totals() of the epoch's training so far (6 before the
+                      # batches without a labelled position were counted)
 
 
 # ---- the generator's state as JSON -------------------------------------------------------
@@ -724,7 +725,7 @@ class FitCheckpoint:
     plus ``fit.epoch`` (epochs completed), ``fit.permutation`` (the dataset's
     shard order, int64 (nshards,)), ``fit.history`` (float64 (epochs, 12), the
     EpochStats rows so far), inside an epoch ``fit.step`` (its optimizer steps
-    done) and ``fit.train_totals`` (float64 (6,), its training statistics so
+    done) and ``fit.train_totals`` (float64 (7,), its training statistics so
     far), with evaluations every N steps ``fit.evals`` (float64 (n, 7), the
     EvalStats rows), and the configuration that must not change between
     runs (``fit.ndata``, ``fit.nbatch_logical``, ``fit.nbatch_physical``,
@@ -823,8 +824,11 @@ class FitCheckpoint:
         if step > 0:
             if "fit.train_totals" not in fit_sd:
                 raise ValueError("fit.train_totals: missing for a checkpoint inside an epoch")
-            totals = tuple(_get_array(fit_sd, "fit.train_totals", np.float64,
-                                      (TRAIN_TOTALS,)).tolist())
+            totals = _get_array(fit_sd, "fit.train_totals", np.float64, None)
+            if totals.shape not in ((TRAIN_TOTALS,), (TRAIN_TOTALS - 1,)):
+                raise ValueError(f"fit.train_totals: expected shape ({TRAIN_TOTALS},), got "
+                                 f"{totals.shape}")
+            totals = tuple(totals.tolist())
         evals = np.zeros((0, EVAL_COLUMNS))
         if "fit.evals" in fit_sd:
             evals = _get_array(fit_sd, "fit.evals", np.float64, None)

@@ -15,7 +15,9 @@ class Result:
 
     Per eval: ndata grows by the batch, the float32 loss is kept, predictions
     appended (cross-entropy) and ncorrect added (or -1 forever once an eval
-    without it is seen).  One Result takes one batch size, one loss kind
+    without it is seen).  A batch of masked sequence labels without one labelled
+    position has no loss (its 0 stands for none): it counts its datapoints and
+    predictions, and stays out of the loss's mean and uncertainty.  One Result takes one batch size, one loss kind
     (per datapoint or not) and one opt_period; a smaller last batch (evaluate's
     tail) may end it, after which it takes no more evals.
 
@@ -28,6 +30,7 @@ class Result:
         "_nbatches",
         "_ncorrect",
         "_ndata",
+        "_nempty",
         "_nlabelled",
         "_npred",
         "_opt_period",
@@ -47,6 +50,7 @@ class Result:
         self._ndata = 0
         self._nlabelled = 0
         self._nbatches = 0
+        self._nempty = 0    # batches without a labelled position (no loss)
         self._sum = 0.0
         self._sum_sq = 0.0
         self._npred = 0
@@ -54,8 +58,9 @@ class Result:
         self._opt_period = -1
         self._per_datapoint = False
         self._batch = -1
-        # (batch, scaled loss) of a smaller last batch
-        self._tail: tuple[int, float] | None = None
+        # (batch, scaled loss) of a smaller last batch (loss None: it had no labelled
+        # position)
+        self._tail: tuple[int, float | None] | None = None
 
     @property
     def ndata(self) -> int:
@@ -105,13 +110,17 @@ class Result:
         # as ggml: float loss_scaled = loss*opt_period, and loss_scaled*loss_scaled,
         # both in float32, summed in double
         scaled = np.float32(loss) * np.float32(opt_period) if per_datapoint else np.float32(loss)
+        empty = nlabelled is not None and int(nlabelled) == 0
         if batch < self._batch:
-            self._tail = (batch, float(scaled))
+            self._tail = (batch, None if empty else float(scaled))
         self._ndata += batch
         self._nlabelled += batch if nlabelled is None else int(nlabelled)
         self._nbatches += 1
-        self._sum += float(scaled)
-        self._sum_sq += float(scaled * scaled)
+        if empty:
+            self._nempty += 1
+        else:
+            self._sum += float(scaled)
+            self._sum_sq += float(scaled * scaled)
         if pred is not None:
             n = self._npred + pred.shape[0]
             if n > self._pred.shape[0]:
@@ -132,16 +141,19 @@ class Result:
 
         With a smaller last batch the per-datapoint mean weighs each batch by its
         datapoints (the tail counts for what it holds); unc treats the batches
-        alike, as ggml's formula does."""
-        n = self._nbatches
+        alike, as ggml's formula does.  Batches without a labelled position
+        (masked sequence labels) have no loss and are left out."""
+        n = self._nbatches - self._nempty
         if n == 0:
             return 0.0, math.nan
         mean = self._sum / n
         value = mean if self._per_datapoint else self._sum
-        if self._tail is not None and self._per_datapoint:
+        if self._tail is not None and self._tail[1] is not None and self._per_datapoint:
             tail_batch, tail_loss = self._tail
             full = self._sum - tail_loss
-            value = (full * self._batch + tail_loss * tail_batch) / self._ndata
+            # the batches with a loss: every one full but the tail
+            value = (full * self._batch + tail_loss * tail_batch) / (
+                self._ndata - self._nempty * self._batch)
         if n < 2:
             return value, math.nan
         var = self._sum_sq / n - mean * mean  # without Bessel's correction
@@ -168,17 +180,20 @@ class Result:
     # ---- many processes (ggmlopt.distributed sums these over the ranks) ----------------
 
     def _totals(self):
-        """(ndata, nbatches, loss sum, loss sum of squares, ncorrect or -1, nlabelled)."""
+        """(ndata, nbatches, loss sum, loss sum of squares, ncorrect or -1, nlabelled,
+        batches without a labelled position)."""
         return (self._ndata, self._nbatches, self._sum, self._sum_sq, self._ncorrect,
-                self._nlabelled)
+                self._nlabelled, self._nempty)
 
     def _set_totals(self, totals, ctx):
         """Take totals (as _totals, summed over ranks) for evals of ctx's kind;
         a negative ncorrect means some eval had none."""
-        ndata, nbatches, total, total_sq, ncorrect, nlabelled = totals
+        # (six totals: a checkpoint written before the empty batches were counted)
+        ndata, nbatches, total, total_sq, ncorrect, nlabelled, nempty = (*totals, 0)[:7]
         self._ndata = round(float(ndata))
         self._nlabelled = round(float(nlabelled))
         self._nbatches = round(float(nbatches))
+        self._nempty = round(float(nempty))
         self._sum = float(total)
         self._sum_sq = float(total_sq)
         self._ncorrect = round(float(ncorrect)) if ncorrect >= 0 else -1

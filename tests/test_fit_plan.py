@@ -312,6 +312,26 @@ def test_a_bad_mid_epoch_entry_is_refused(tmp_path):
         fit(checkpoint=path, resume=True)
 
 
+def test_a_mid_epoch_checkpoint_of_six_totals_resumes_as_before(tmp_path):
+    """Files written before the batches without a labelled position were counted
+    hold six training totals: they resume as if that count were 0."""
+    path = tmp_path / "six.npz"
+    fit(checkpoint=path, max_steps=13)
+    sd = load_state(path)
+    assert sd["fit.train_totals"].shape == (7,) and sd["fit.train_totals"][6] == 0
+    _, _, want = fit(checkpoint=path, resume=True, nepoch=3)
+    fit(checkpoint=path, max_steps=13)
+    sd = load_state(path)
+    sd["fit.train_totals"] = sd["fit.train_totals"][:6]
+    go.checkpoint.save_state(path, sd)
+    _, _, got = fit(checkpoint=path, resume=True, nepoch=3)
+    assert [astuple(e)[:9] for e in got] == [astuple(e)[:9] for e in want]
+    sd["fit.train_totals"] = sd["fit.train_totals"][:5]
+    go.checkpoint.save_state(path, sd)
+    with pytest.raises(ValueError, match=r"fit.train_totals: expected shape \(7,\)"):
+        fit(checkpoint=path, resume=True, nepoch=3)
+
+
 def test_progress_output_names_the_evaluations(capsys):
     fit(eval_every=4, silent=False, nepoch=1)
     err = capsys.readouterr().err

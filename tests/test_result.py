@@ -128,3 +128,54 @@ def test_bigger_batch_is_an_error():
     add(r, 1.0, batch=2)
     with pytest.raises(ValueError, match="only a smaller last batch"):
         add(r, 1.0, batch=3)
+
+
+def add_labelled(res, loss, nlabelled, batch=2):
+    res._check(batch, True, 1)
+    res._add(batch, np.float32(loss), True, 1, None, None, nlabelled)
+
+
+def test_a_batch_without_a_labelled_position_has_no_loss():
+    """Masked sequence labels: a batch with every position masked (padding rows
+    filling a last logical batch) counts its datapoints, not a loss of 0."""
+    r = go.Result()
+    add_labelled(r, 2.0, 5)
+    add_labelled(r, 0.0, 0)
+    add_labelled(r, 4.0, 3)
+    assert r.ndata == 6 and r.nbatches == 3 and r.nlabelled == 8
+    loss, unc = r.loss()
+    assert loss == pytest.approx(3.0)
+    assert unc == pytest.approx(math.sqrt(1.0 / 1))   # two losses, var 1
+    only_empty = go.Result()
+    add_labelled(only_empty, 0.0, 0)
+    assert only_empty.loss()[0] == 0.0 and math.isnan(only_empty.loss()[1])
+    # a smaller last batch: the mean over the batches that have a loss
+    tail = go.Result()
+    add_labelled(tail, 2.0, 4, batch=4)
+    add_labelled(tail, 0.0, 0, batch=4)
+    add_labelled(tail, 5.0, 1, batch=1)
+    assert tail.loss()[0] == pytest.approx((4 * 2.0 + 1 * 5.0) / 5)
+    empty_tail = go.Result()
+    add_labelled(empty_tail, 2.0, 4, batch=4)
+    add_labelled(empty_tail, 0.0, 0, batch=1)
+    assert empty_tail.loss()[0] == pytest.approx(2.0)
+
+
+def test_masked_padding_rows_leave_the_reported_loss_alone():
+    """The loss evaluate (and fit) report for token windows is the same with
+    rows whose every label is masked added, one micro-batch each."""
+    from ggmlopt.models import Llama, LlamaConfig
+
+    model = Llama(LlamaConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, max_seq_len=16),
+                  seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 40, (3, 8)).astype(np.int32)
+    y = rng.integers(0, 40, (3, 8)).astype(np.int32)
+    padded_x = np.concatenate([x, np.zeros((2, 8), np.int32)])
+    padded_y = np.concatenate([y, np.full((2, 8), -1, np.int32)])
+    plain = go.evaluate(model, (x, y), "cross_entropy", batch_size=1)
+    padded = go.evaluate(model, (padded_x, padded_y), "cross_entropy", batch_size=1)
+    assert padded.ndata == 5 and padded.nlabelled == plain.nlabelled == 24
+    assert padded.loss()[0] == pytest.approx(plain.loss()[0], rel=1e-12)
+    assert padded.loss()[1] == pytest.approx(plain.loss()[1], rel=1e-12)
+    assert padded.accuracy() == plain.accuracy()
