@@ -148,7 +148,7 @@ def _problems(args) -> list[str]:
         path = getattr(args, name)
         if path and not os.path.isfile(path):
             bad.append(f"--{name}: no such file {path!r}")
-    written = {}
+    written: dict[str, str] = {}
     for name in ("out", "merge_out", "checkpoint", "plot"):
         path = getattr(args, name)
         if path:

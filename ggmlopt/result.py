@@ -148,8 +148,8 @@ class Result:
             return 0.0, math.nan
         mean = self._sum / n
         value = mean if self._per_datapoint else self._sum
-        if self._tail is not None and self._tail[1] is not None and self._per_datapoint:
-            tail_batch, tail_loss = self._tail
+        tail_batch, tail_loss = self._tail if self._tail is not None else (0, None)
+        if tail_loss is not None and self._per_datapoint:
             full = self._sum - tail_loss
             # the batches with a loss: every one full but the tail
             value = (full * self._batch + tail_loss * tail_batch) / (
