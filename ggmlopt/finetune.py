@@ -148,7 +148,12 @@ def _problems(args) -> list[str]:
         path = getattr(args, name)
         if path and not os.path.isfile(path):
             bad.append(f"--{name}: no such file {path!r}")
+    # an output over an input (or over another output) would destroy it
     written: dict[str, str] = {}
+    for name, flag in (("model", "--model"), ("data", "--data"), ("file", "-f"),
+                       ("tokenizer", "--tokenizer")):
+        if getattr(args, name):
+            written.setdefault(os.path.abspath(getattr(args, name)), flag)
     for name in ("out", "merge_out", "checkpoint", "plot"):
         path = getattr(args, name)
         if path:
@@ -189,9 +194,16 @@ def _dataset(args, tok):
 
     from .instruct import document_ids, read_jsonl
     if args.file:
-        with open(args.file, encoding="utf-8") as f:
-            # one document: BOS first where the vocabulary adds it, as llama-finetune
-            ids = document_ids(tok, f.read())
+        with open(args.file, "rb") as f:
+            raw = f.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = raw.count(b"\n", 0, e.start) + 1
+            raise ValueError(f"-f: {args.file}:{line}: not UTF-8 text ({e.reason} at byte "
+                             f"{e.start} of the file)") from None
+        # one document: BOS first where the vocabulary adds it, as llama-finetune
+        ids = document_ids(tok, text)
         ds = go.Dataset.from_tokens(ids, args.ctx)
         x, y = np.asarray(ds.data), np.asarray(ds.labels)
         what = f"{x.shape[0]} windows of {args.ctx} tokens from {args.file}"

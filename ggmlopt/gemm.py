@@ -179,10 +179,12 @@ def use_engine(name: str | None = None) -> str:
     GGMLOPT_GEMM says, else numpy) and return the previous engine's name.
     ImportError when MKL is asked for and not installed."""
     global _engine, _engine_source
-    source = "call"
     if name is None:
-        source = "env" if os.environ.get("GGMLOPT_GEMM", "").strip() else "default"
         name = _engine_from_env()
+    # the engine GGMLOPT_GEMM (or the default) names, set again (a test's restore), is
+    # still theirs
+    source = "call" if name != _engine_from_env() else \
+        "env" if os.environ.get("GGMLOPT_GEMM", "").strip() else "default"
     if name not in ENGINES:
         raise ValueError(f"name: expected one of {', '.join(ENGINES)}, got {name!r}")
     if name == "mkl" and _load_mkl() is None:

@@ -308,19 +308,16 @@ def read_jsonl(path) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"path: no such file {path!r}")
     examples: list[dict[str, Any]] = []
     form = None
-    with open(path, encoding="utf-8") as f:
-        lines = enumerate(f, 1)
-        while True:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
             try:
-                lineno, line = next(lines)
-            except StopIteration:
-                break
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start} of a "
-                                 "line after the last one read)") from None
+                raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start} of "
+                                 "the line)") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:

@@ -406,17 +406,24 @@ def _layers(model, kinds, *, sort=True):
     if not sort:
         return unique
     # in the order of the model's parameter names (lm_head after the layers)
-    return sorted(unique, key=_order_in(model))
+    return sorted(unique, key=_order_in(model, unique))
 
 
-def _order_in(model):
-    """A sort key of the _layers entries: the layer's place in the module tree
-    walked depth first, parents before children (named_modules), which is the
-    order of the layers' weights among named_parameters whether or not a layer
-    holds its weight as a Parameter (a kept QuantizedLinear does not): the same
-    seed draws the same adapters over a kept base as over its float32 copy."""
-    place = {id(m): i for i, (_, m) in enumerate(named_modules(model))}
-    return lambda entry: place.get(id(entry[3]), len(place))
+def _order_in(model, entries):
+    """A sort key of the _layers entries: the position of each layer's weight
+    among named_parameters; where some layer holds no weight Parameter (a kept
+    QuantizedLinear), the layer's place in the module tree walked depth first,
+    parents before children (named_modules), which is the same order for
+    ggmlopt's models: the same seed draws the same adapters over a kept base as
+    over its float32 copy."""
+    order = {id(p): i for i, (_, p) in enumerate(named_parameters(model))}
+    weights = [getattr(entry[3], "weight", None) for entry in entries]
+    if all(id(w) in order for w in weights):
+        keys = {id(e[3]): order[id(w)] for e, w in zip(entries, weights)}
+    else:
+        place = {id(m): i for i, (_, m) in enumerate(named_modules(model))}
+        keys = {id(e[3]): place.get(id(e[3]), len(place)) for e in entries}
+    return lambda entry: keys[id(entry[3])]
 
 
 def _replace(parent, key: str, new) -> None:
@@ -604,7 +611,7 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     gen = np.random.default_rng(int(seed))
     # in the order of the parameter names (an embedding's first), one generator
     targets_found = chosen + embeddings
-    for _, parent, key, layer in sorted(targets_found, key=_order_in(model)):
+    for _, parent, key, layer in sorted(targets_found, key=_order_in(model, targets_found)):
         adapter = LoRAEmbedding(layer, rank, alpha, rng=gen) if isinstance(layer, EMBEDDINGS) \
             else LoRALinear(layer, rank, alpha, dropout=dropout, rng=gen)
         _replace(parent, key, adapter)

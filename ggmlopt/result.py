@@ -145,7 +145,9 @@ class Result:
         (masked sequence labels) have no loss and are left out."""
         n = self._nbatches - self._nempty
         if n == 0:
-            return 0.0, math.nan
+            # no batch at all: ggml's (0, NaN); batches without a labelled position only:
+            # no loss
+            return (0.0 if self._nbatches == 0 else math.nan), math.nan
         mean = self._sum / n
         value = mean if self._per_datapoint else self._sum
         tail_batch, tail_loss = self._tail if self._tail is not None else (0, None)

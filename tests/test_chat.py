@@ -293,8 +293,9 @@ def test_a_template_that_cannot_render_a_message_names_the_conversation():
 def test_read_jsonl_names_a_file_that_is_not_utf8(tmp_path):
     from ggmlopt.datasets import read_jsonl
     path = tmp_path / "latin1.jsonl"
-    path.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
-    with pytest.raises(ValueError, match="latin1.jsonl: not UTF-8 text"):
+    path.write_bytes(b'{"text": "ok"}\n' * 5000 + b'{"text": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"latin1.jsonl:5001: not UTF-8 text \(invalid "
+                                         r"continuation byte at byte 13 of the line\)"):
         read_jsonl(path)
 
 

@@ -157,6 +157,29 @@ def test_two_results_into_one_file_are_refused(files, capsys):
     assert not (files / "a.gguf").exists()
 
 
+def test_an_output_over_an_input_is_refused(files, capsys):
+    model = files / "base.gguf"
+    before = model.read_bytes()
+    for argv, match in [(["--checkpoint", str(model)], "--checkpoint: "),
+                        (["--plot", str(files / "train.jsonl")], "--plot: ")]:
+        with pytest.raises(SystemExit) as info:
+            finetune.main(["-m", str(model), "--data", str(files / "train.jsonl"),
+                           "--out", str(files / "a.gguf")] + argv)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert match in err and ("is also --model's file" in err or "is also --data's" in err)
+    assert model.read_bytes() == before and not (files / "a.gguf").exists()
+
+
+def test_a_text_file_that_is_not_utf8_is_named(files, capsys):
+    (files / "bad.txt").write_bytes(b"fine text\nthen \xff there")
+    with pytest.raises(SystemExit) as info:
+        finetune.main(["-m", str(files / "base.gguf"), "-f", str(files / "bad.txt"),
+                       "--out", str(files / "a.gguf"), "-c", "8"])
+    assert info.value.code == 2
+    assert "bad.txt:2: not UTF-8 text" in capsys.readouterr().err
+
+
 def test_options_of_another_kind_of_data_are_refused(files, capsys):
     (files / "text.txt").write_text("the cat sat on the mat. " * 40)
     (files / "pairs.jsonl").write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")

@@ -272,6 +272,14 @@ def test_show_config_says_where_the_engine_came_from(capsys):
                          check=True)
     line = next(x for x in run.stdout.splitlines() if "GEMM engine" in x)
     assert ": native" in line and "use_engine" in line and "set by GGMLOPT_GEMM" not in line
+    # the variable's engine set again (a save and restore) is still the variable's
+    env = dict(os.environ, GGMLOPT_GEMM="native")
+    code = ("import ggmlopt, ggmlopt.gemm as g; g.use_engine(g.use_engine('numpy')); "
+            "ggmlopt.show_config()")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True)
+    line = next(x for x in run.stdout.splitlines() if "GEMM engine" in x)
+    assert ": native" in line and "set by GGMLOPT_GEMM" in line
 
 
 def test_missing_mkl_named_by_the_variable():

@@ -19,6 +19,8 @@ import pytest
 
 from ggmlopt.models import (
     GPT2,
+    Gemma3,
+    Gemma3Config,
     GPT2Config,
     Llama,
     LlamaConfig,
@@ -67,8 +69,12 @@ def test_keys_transformers_never_reads_load_the_same_model(tmp_path, family):
     np.testing.assert_array_equal(logits_with(tmp_path, cfg, keys), plain)
 
 
-def test_an_interleaved_rotary_embedding_is_refused(tmp_path):
-    cfg = saved(CASES["llama"][0](), tmp_path)
+@pytest.mark.parametrize("make", [
+    CASES["llama"][0],
+    lambda: Gemma3(Gemma3Config(vocab_size=61, dim=16, n_layers=2, n_heads=2, head_dim=8),
+                   seed=0)])
+def test_an_interleaved_rotary_embedding_is_refused(tmp_path, make):
+    cfg = saved(make(), tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_interleaved": True}))
     with pytest.raises(ValueError, match="rope_interleaved"):
         load_hf(tmp_path)
@@ -88,15 +94,22 @@ def test_a_window_on_no_layer_loads_and_one_on_some_layer_is_refused(tmp_path, m
     for first in (0, 1):
         (tmp_path / "config.json").write_text(json.dumps(
             {**cfg, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": first}))
-        with pytest.raises(ValueError, match=f"from layer {first} on"):
+        with pytest.raises(ValueError, match=f"on layers \\[{first}"):
             load_hf(tmp_path)
 
 
-def test_smollm3_s_window_without_a_width_is_none(tmp_path):
+def test_smollm3_s_window_slides_on_its_nope_layers_only(tmp_path):
+    """transformers' SmolLM3 slides a window on the layers without RoPE
+    (no_rope_layers 0); its default width is None."""
     cfg = saved(CASES["smollm3"][0](), tmp_path)
     plain = logits_with(tmp_path, cfg, {})
-    np.testing.assert_array_equal(logits_with(tmp_path, cfg, {"use_sliding_window": True}),
-                                  plain)
+    for edit in ({"use_sliding_window": True},
+                 {"use_sliding_window": True, "sliding_window": 8, "no_rope_layers": [1, 1]}):
+        np.testing.assert_array_equal(logits_with(tmp_path, cfg, edit), plain)
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**cfg, "use_sliding_window": True, "sliding_window": 8, "no_rope_layers": [1, 0]}))
+    with pytest.raises(ValueError, match=r"on layers \[1\]"):
+        load_hf(tmp_path)
 
 
 def test_gpt2_s_own_differing_head_is_refused_and_a_copy_of_the_embedding_loads(tmp_path):

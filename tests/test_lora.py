@@ -583,3 +583,26 @@ def test_apply_on_the_embedding_keeps_the_model_and_merges(tie):
     # "all-linear" leaves embeddings alone, as PEFT's shortcut does
     fresh = Llama(cfg, seed=1)
     assert "embed_tokens" not in [n for n, _ in lora.apply(fresh, targets="all-linear")]
+
+
+def test_a_model_s_own_parameter_order_decides_the_draws():
+    """A model object with its own named_parameters: A is drawn in that order
+    (here b's layer before a's), not in the attributes' order."""
+    from ggmlopt.nn import Linear
+
+    class Two:
+        def __init__(self):
+            self.a, self.b = Linear(8, 8, rng=0), Linear(8, 8, rng=1)
+
+        def named_parameters(self):
+            return [("b.weight", self.b.weight), ("b.bias", self.b.bias),
+                    ("a.weight", self.a.weight), ("a.bias", self.a.bias)]
+
+        def parameters(self):
+            return [p for _, p in self.named_parameters()]
+
+    model = Two()
+    lora.apply(model, rank=2, targets=("a", "b"), seed=3)
+    first = np.random.default_rng(3)
+    b_first = lora.LoRALinear(Linear(8, 8, rng=1), 2, 4, rng=first)
+    np.testing.assert_array_equal(model.b.lora_a.data, b_first.lora_a.data)

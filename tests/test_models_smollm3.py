@@ -82,8 +82,8 @@ def test_what_is_not_implemented_is_refused(tmp_path):
     from ggmlopt.text import ByteTokenizer
     save_hf(SmolLM3(SmolLM3Config(vocab_size=257, dim=16, n_layers=2, n_heads=2)), tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    for edit, match in [({"use_sliding_window": True, "sliding_window": 8},
-                         "use_sliding_window"),
+    for edit, match in [({"use_sliding_window": True, "sliding_window": 8,
+                          "no_rope_layers": [1, 0]}, "use_sliding_window"),
                         ({"attention_bias": True}, "attention_bias")]:
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
         with pytest.raises(ValueError, match=match):

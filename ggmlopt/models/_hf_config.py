@@ -5,7 +5,7 @@ it would compute another model than the checkpoint's)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..nn.rope_scaling import RopeScaling
@@ -58,6 +58,11 @@ def check_keys(hf: Mapping[str, Any], known: frozenset[str], kind: str) -> None:
         raise ValueError(f"keys {unknown} of a {kind!r} config are not implemented by "
                          f"ggmlopt; refusing the checkpoint rather than computing another "
                          "model than it describes")
+    if hf.get("rope_interleaved"):
+        # nanotron's flag (SmolLM2's configs carry it false): transformers never reads it
+        # and rotates halves; a true one describes another model than transformers runs
+        raise ValueError("rope_interleaved: an interleaved rotary embedding is not "
+                         "supported (transformers rotates halves)")
     if hf.get("quantization_config"):
         raise ValueError("quantization_config: quantized Hugging Face checkpoints are not read")
     if hf.get("add_cross_attention") or hf.get("pruned_heads"):
@@ -75,19 +80,24 @@ def no_dropout(hf: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None
 
 
 def no_sliding_window(hf: Mapping[str, Any], *, window_default: int | None = 4096,
-                      from_layer: bool = True) -> None:
+                      sliding: Sequence[bool] | None = None) -> None:
     """Refuse sliding-window attention on any layer, the layers laid out as
     transformers lays them out: layer_types when the file has them, else, with
-    use_sliding_window and a window, sliding from layer max_window_layers on
-    (Qwen2, Qwen3; from_layer False: on some layer, SmolLM3).  window_default:
-    the family's sliding_window where the file has none."""
+    use_sliding_window and a window, on the layers of sliding (the family's
+    rule: SmolLM3's NoPE layers), by default from layer max_window_layers on
+    (Qwen2, Qwen3).  window_default: the family's sliding_window where the
+    file has none."""
     layers = hf.get("layer_types")
     if layers is None and hf.get("use_sliding_window") \
             and hf.get("sliding_window", window_default) is not None:
-        first = hf.get("max_window_layers", 28) if from_layer else 0   # Qwen2Config's 28
-        if first < hf["num_hidden_layers"]:
-            raise ValueError(f"use_sliding_window: sliding-window attention (from layer "
-                             f"{first} on) is not supported")
+        n = hf["num_hidden_layers"]
+        if sliding is None:
+            first = hf.get("max_window_layers", 28)   # Qwen2Config's default
+            sliding = [i >= first for i in range(n)]
+        on = [i for i, s in enumerate(sliding[:n]) if s]
+        if on:
+            raise ValueError(f"use_sliding_window: sliding-window attention (on layers "
+                             f"{on[:4]}{' ...' if len(on) > 4 else ''}) is not supported")
     if layers is not None and any(t != "full_attention" for t in layers):
         raise ValueError(f"layer_types: only full_attention layers are supported, got "
                          f"{sorted(set(layers))}")
@@ -100,11 +110,6 @@ def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False
     family reads head_dim itself (Qwen3), else it must be hidden_size //
     num_attention_heads.  max_len, theta, eps: the family's transformers
     defaults where the file says nothing."""
-    if hf.get("rope_interleaved"):
-        # nanotron's flag (SmolLM2's configs carry it false): transformers never reads it
-        # and rotates halves; a true one describes another model than transformers runs
-        raise ValueError("rope_interleaved: an interleaved rotary embedding is not "
-                         "supported (transformers rotates halves)")
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act: only silu (Llama's SwiGLU) is supported, got {act!r}")

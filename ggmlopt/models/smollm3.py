@@ -102,7 +102,11 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> SmolLM3Config:
     check_keys(hf, _HF_KEYS, "smollm3")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ValueError("attention_bias, mlp_bias: only a SmolLM3 without biases is supported")
-    no_sliding_window(hf, window_default=None, from_layer=False)   # SmolLM3Config's None
+    # transformers' SmolLM3 slides its window on the NoPE layers only (no_rope_layers 0);
+    # SmolLM3Config's sliding_window is None
+    rope = hf.get("no_rope_layers") or default_rope_layers(
+        hf["num_hidden_layers"], hf.get("no_rope_layer_interval", 4))
+    no_sliding_window(hf, window_default=None, sliding=[not r for r in rope])
     fields = llama_fields(hf, where, max_len=32768, theta=2000000.0)   # HF's defaults
     fields["tie_embeddings"] = bool(hf.get("tie_word_embeddings", True))
     layers = hf.get("no_rope_layers")
