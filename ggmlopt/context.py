@@ -297,7 +297,7 @@ class OptContext:
             self._dist = Distributed(comm, shard_optimizer, bucket_cap_mb)
             self._dist.init_context(
                 self, lambda check: OptContext._init(self, *args, _before_taking=check),
-                before_taking)
+                before_taking, model, clip_grad_norm)
 
     def _init(self, model: Any, batch_size: Any, ne_datapoint: Any, loss_type: Any,
               build_type: Any, opt_period: Any, optimizer: Any, get_opt_pars: Any,

@@ -121,6 +121,8 @@ __all__ = ["Distributed", "RankFailed", "auto_rank_threads", "local_ranks",
 
 _COMM_METHODS = ("Get_rank", "Get_size", "Allreduce", "Bcast", "Reduce_scatter", "Allgather")
 _MSG = 256        # bytes of status per rank in an agreement
+_SAME_STEP = ("every rank must step with the same optimizer parameters (get_opt_pars: the "
+              "same learning rate and schedule)")
 _SHARD_ALIGN = 16  # floats: shards start on 64-byte lines, like the arena's sections
 
 
@@ -298,7 +300,7 @@ class Distributed:
                              f"opt_period must be a multiple of {self.size}; got {opt_period}")
         return opt_period // self.size
 
-    def init_context(self, ctx, build, before_taking):
+    def init_context(self, ctx, build, before_taking, model=None, clip_grad_norm=None):
         """OptContext(..., comm=...): every rank checks its arguments, all agree,
         then each takes its model's parameters and rank 0's values are broadcast.
         build(check): the construction, calling check(ctx) once the arguments are
@@ -311,9 +313,11 @@ class Distributed:
                                    if c.build_type == BuildType.OPT else c.opt_period)
             if before_taking is not None:
                 before_taking(c)
-            self.agree(None, "OptContext", _frozen_token(c),
-                       hint="every rank's model must freeze the same parameters, with the "
-                            "same values")
+            self.agree(None, "OptContext", _context_token(self, c, model, clip_grad_norm),
+                       hint="every rank must build the same context: the same model (its "
+                            "trainable shapes, its frozen and kept weights with the same "
+                            "values), optimizer, precision, clipping, shard_optimizer and "
+                            "bucket_cap_mb")
             if self._mpi is not None:  # agreed: ranks sharing a machine share its cores
                 auto_rank_threads(self.comm)
 
@@ -409,7 +413,7 @@ class Distributed:
             req = self._bucket_comm.Ireduce_scatter(send, recv, counts)
         self._requests.append(req)
 
-    def _finish_buckets(self, ctx, grads):
+    def _finish_buckets(self, ctx, grads, token=""):
         """Agree (a rank that failed in its backward pass says so here, and the
         buckets started are then left unfinished), start the buckets not started
         yet, then wait for every bucket.  Agreeing first keeps the agreement a
@@ -418,7 +422,7 @@ class Distributed:
         were never started are never waited for."""
         try:
             t0 = time.perf_counter()
-            self.agree(None, f"optimizer step {ctx.iter}")
+            self.agree(None, f"optimizer step {ctx.iter}", token, hint=_SAME_STEP)
             self._sync = time.perf_counter() - t0
             for k in self._buckets.rest():
                 self._start_bucket(grads, *self._buckets.bounds[k])
@@ -438,11 +442,14 @@ class Distributed:
         """
         arena = ctx.arena
         t0 = time.perf_counter()
+        # the step's hyper-parameters (a rank with another schedule or learning rate
+        # would step other parameters)
+        token = "pars " + " ".join(np.float32(h).tobytes().hex() for h in pars)
         if self._requests is not None:  # backward() started the buckets
-            self._finish_buckets(ctx, self._grads_in_flight)
+            self._finish_buckets(ctx, self._grads_in_flight, token)
             self._wait += time.perf_counter() - t0
         else:
-            self.agree(None, f"optimizer step {ctx.iter}")
+            self.agree(None, f"optimizer step {ctx.iter}", token, hint=_SAME_STEP)
             self._sync = time.perf_counter() - t0
             if not self.shard:
                 self._allreduce_sum(arena.flat("grads"))
@@ -577,18 +584,39 @@ def part_of_logical_batch(comm, dataset_is_part, nbatch_logical):
     return nbatch_logical // nranks
 
 
-def _frozen_token(ctx):
-    """The frozen parameters of ctx's model, for the ranks to compare: which
-    positions are frozen and a hash of their values ("" when none is).  No rank
-    trains them, so they must start equal: they are not broadcast."""
+def _frozen_token(ctx, model=None):
+    """The frozen parameters of ctx's model and the weights it keeps in a file's
+    types (QuantizedLinear, QuantizedEmbedding: not Parameters), for the ranks to
+    compare: which positions are frozen and a hash of their values ("" when none
+    is).  No rank trains them, so they must start equal: they are not broadcast."""
+    from .nn.quantized import quantized_layers
+
     frozen = ctx.frozen_parameters()
-    if not frozen:
+    kept = quantized_layers(model) if model is not None else []
+    if not frozen and not kept:
         return ""
     digest = hashlib.blake2b(digest_size=8)
     for p in frozen:
         digest.update(np.ascontiguousarray(p.data).tobytes())
+    for name, layer in kept:
+        digest.update(f"{name} {layer.qtype}".encode())
+        digest.update(memoryview(np.ascontiguousarray(layer.qweight)).cast("B"))
     mask = "".join("t" if t else "f" for t in ctx.trainable_mask)
-    return f"frozen {mask[:64]} {digest.hexdigest()}"
+    return f"frozen {mask[:48]} kept {len(kept)} {digest.hexdigest()}"
+
+
+def _context_token(dist, ctx, model, clip_grad_norm):
+    """What every rank's context must share, as one short text: the settings
+    that make the ranks' steps one step (optimizer, precision, clipping, the
+    exchange), the trainable parameters' shapes (an adapter of another rank
+    would size another arena) and the frozen and kept weights (_frozen_token)."""
+    # (before the context takes the model: its split of model.parameters())
+    trained = [p for p, t in zip(ctx.model_parameters, ctx.trainable_mask) if t]
+    shapes = hashlib.blake2b(repr([tuple(p.data.shape) for p in trained]).encode(),
+                             digest_size=4).hexdigest()
+    return (f"{ctx.optimizer.name} {ctx._precision_asked} clip={clip_grad_norm} "
+            f"shard={bool(dist.shard)} bucket={dist.bucket_cap_mb} shapes {shapes} "
+            f"{_frozen_token(ctx, model)}")
 
 
 class _Pact:

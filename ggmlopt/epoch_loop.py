@@ -38,7 +38,10 @@ def check_dataset(ctx: OptContext, dataset: Dataset, trains: bool = True) -> int
         raise ValueError(f"dataset: {ctx.loss_type.name} needs labels but the dataset has none")
     else:
         _check_label_form(ctx, dataset, labels)
-        if trains and labels.dtype == np.int32 and labels.size and labels.max() < 0:
+        # (over several ranks a rank's part of the data may be padding alone: the
+        # rule is one process's, where the dataset is all the data)
+        if trains and labels.dtype == np.int32 and labels.size and labels.max() < 0 \
+                and ctx.distributed is None:
             raise ValueError(f"dataset: every one of its {labels.size} labels is -1 (masked): "
                              "training on it would change nothing (a loss of 0 every step); "
                              "label the positions to learn (Dataset.from_tokens, or labels "

@@ -207,6 +207,15 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                              optimizer_in_backward=optimizer_in_backward)
         if comm is not None:
             ctx.distributed.parts = dataset_is_part
+            # every rank runs the same steps from the same point: a rank that stopped
+            # sooner, or resumed from elsewhere, would leave the others in a collective
+            resumed = None if pending is None else (pending.epochs_done, pending.step)
+            ctx.distributed.agree(
+                None, "fit", f"nepoch={plan.nepoch} steps={plan.total_steps} "
+                f"per_epoch={plan.steps_per_epoch} eval_every={plan.eval_every} "
+                f"checkpoint_every={plan.checkpoint_every} resume={resumed}",
+                hint="every rank must call fit with the same nepoch, max_steps, eval_every, "
+                     "checkpoint_every and batches, and resume from the same checkpoint")
 
         history = History(val_split=float(val_split), ndata_train=plan.idata_split,
                           ndata_val=plan.ndata_used - plan.idata_split)

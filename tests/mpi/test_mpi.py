@@ -213,6 +213,60 @@ def test_lm_with_a_token_file_per_rank(tmp_path, nranks):
         lm.nsteps_of(2, total, ndata=total, val_split=0.0), total)
 
 
+def test_a_rank_whose_part_is_padding_alone_trains_as_one_process(tmp_path):
+    """dataset_is_part: a rank's part may hold no labelled position (padding rows);
+    the whole data has labels, and the run equals one process on it."""
+    import lm_dist_problem as lm
+
+    import ggmlopt as go
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lm.write_part_files(corpus, 2)
+    whole = lm.whole_dataset(corpus, 2)
+    labels = np.asarray(whole.labels).copy()
+    labels[labels.shape[0] // 2:] = -1   # part 1's rows
+    ref, ref_hist = lm.fit_lm(None, dataset=go.Dataset.from_arrays(np.asarray(whole.data),
+                                                                   labels),
+                              nepoch=2, val_split=0.0, nbatch_logical=24)
+    ranks = mpirun(2, tmp_path, "lm-masked-part", str(corpus))
+    for got in ranks:
+        assert np.array_equal(got["params"], ranks[0]["params"])
+        np.testing.assert_allclose(got["history"][:, 0], history_array(ref_hist)[:, 0],
+                                   rtol=1e-6)
+    assert lm.max_difference("llama", ranks[0]["params"], ref)[0] <= lm.rounding_bound(
+        lm.nsteps_of(2, 24, ndata=24, val_split=0.0), 24)
+
+
+@pytest.mark.parametrize("what", ["optimizer", "clip", "nepoch", "bucket", "lr"])
+def test_ranks_that_disagree_stop_with_a_clear_error(tmp_path, what):
+    """A rank with another optimizer, clipping, exchange, number of epochs or
+    learning rate than the others: ValueError on every rank before any rank's
+    parameters change (it hung, aborted MPI, or trained apart)."""
+    ranks = mpirun(2, tmp_path, "disagree", what)
+    for got in ranks:
+        assert str(got["kind"]) == "ValueError", got["msg"]
+        assert "the ranks disagree" in str(got["msg"])
+        assert not bool(got["changed"])
+
+
+def test_a_kept_base_that_differs_between_ranks_is_refused(tmp_path):
+    """Weights kept in a file's types are not Parameters: the ranks compare them
+    too (a base of another seed on one rank trained adapters on mixed gradients)."""
+    pytest.importorskip("gguf")
+    from ggmlopt.io import save_gguf
+    from ggmlopt.models import Llama, LlamaConfig
+    from ggmlopt.text import ByteTokenizer
+    files = []
+    for seed in (1, 2):   # widths of whole Q8_0 blocks
+        files.append(str(tmp_path / f"base{seed}.gguf"))
+        model = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2,
+                                  max_seq_len=16), seed=seed)
+        save_gguf(model, files[-1], tokenizer=ByteTokenizer(), dtype="q8_0")
+    ranks = mpirun(2, tmp_path, "kept-base", *files)
+    for got in ranks:
+        assert str(got["kind"]) == "ValueError" and "kept" in str(got["msg"])
+
+
 def test_four_ranks_oversubscribed_equal_one_process(tmp_path):
     # 4 ranks on this machine's cores (more ranks than cores): the same exactness
     ref, ref_hist, _ = run(None, "ADAMW", nbatch_logical=120)

@@ -115,6 +115,45 @@ def main(scenario, out, *args):
             ds.data[200:] = np.nan  # a NaN loss on rank 1 in the middle of the epoch
         kind, msg = outcome(lambda: run(comm, "ADAMW", dataset=ds))
         save(out, kind=kind, msg=msg)
+    elif scenario == "lm-masked-part":  # rank 1's part: padding rows alone
+        directory = args[0]
+        part = lm.part_dataset(directory, comm.Get_rank())
+        if comm.Get_rank() == 1:
+            part = go.Dataset.from_arrays(np.asarray(part.data),
+                                          np.full(part.labels.shape, -1, np.int32))
+        params, hist = lm.fit_lm(comm, dataset=part, nepoch=2, val_split=0.0,
+                                 nbatch_logical=12 * comm.Get_size(), part=True)
+        save(out, params=params, history=history_array(hist))
+    elif scenario == "disagree":  # rank 1 builds another context or fit than rank 0
+        what, other = args[0], comm.Get_rank() == 1
+        kw = {"optimizer": "SGD" if other else "ADAMW"} if what == "optimizer" else \
+            {"clip": 0.5 if other else 0.3} if what == "clip" else \
+            {"nepoch": 2 if other else 3} if what == "nepoch" else \
+            {"bucket_cap_mb": None if other else 25.0} if what == "bucket" else {}
+        if what == "lr":   # another learning rate from get_opt_pars
+            model, ds = make_problem(0)
+            pars = go.OptimizerParams(go.AdamWParams(alpha=0.02 if other else 0.01))
+            before = np.concatenate([p.data.ravel() for p in model.parameters()])
+            kind, msg = outcome(lambda: go.fit(model, ds, go.LossType.CROSS_ENTROPY,
+                                               lambda epoch: pars, nepoch=1,
+                                               nbatch_logical=60, nbatch_physical=10,
+                                               silent=True, comm=comm))
+            after = np.concatenate([p.data.ravel() for p in model.parameters()])
+            save(out, kind=kind, msg=msg, changed=not np.array_equal(before, after))
+            return
+        kind, msg = outcome(lambda: run(comm, **kw))
+        save(out, kind=kind, msg=msg, changed=False)
+    elif scenario == "kept-base":  # a kept (quantized) base of another seed on rank 1
+        from ggmlopt import lora
+        from ggmlopt.io import load_gguf
+        model, _ = load_gguf(args[comm.Get_rank() == 1], keep_types=True)
+        lora.apply(model, rank=2, targets=("q_proj",), seed=0)
+        x, y = lm.token_windows()
+        kind, msg = outcome(lambda: go.fit(model, go.Dataset.from_arrays(x, y),
+                                           go.LossType.CROSS_ENTROPY, lambda ep: lm.PARS,
+                                           nbatch_logical=12, nbatch_physical=6, silent=True,
+                                           comm=comm))
+        save(out, kind=kind, msg=msg)
     elif scenario == "uneven":
         kind, msg = outcome(lambda: run(comm, "ADAMW", nbatch_logical=20, nbatch_physical=10))
         save(out, kind=kind, msg=msg)
