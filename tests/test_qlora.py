@@ -98,6 +98,17 @@ def tiny_llama(tie=True, cls=Llama, cfg_cls=LlamaConfig, **kw):
     return cls(cfg, seed=3)
 
 
+def widened_and_kept(tmp_path, dtype="q8_0"):
+    """An untied tiny llama written as dtype, read back widened to float32 and kept."""
+    path = tmp_path / "m.gguf"
+    save_gguf(tiny_llama(tie=False), path, tokenizer=ByteTokenizer(), dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the float32 load warns that it dequantized
+        widened, _ = load_gguf(path)
+    kept, _ = load_gguf(path, keep_types=True)
+    return widened, kept
+
+
 @pytest.fixture(params=["q8_0", "q4_0", "q5_1", "bf16", "f16"])
 def quant_file(request, tmp_path):
     model = tiny_llama()
@@ -305,12 +316,7 @@ def test_an_embedding_adapter_over_a_kept_embedding(tmp_path):
     are added to the dequantized rows, its gradients equal those over the
     widened embedding, it round-trips through a GGUF adapter, and merge gives a
     float32 Embedding of the merged weight."""
-    path = tmp_path / "m.gguf"
-    save_gguf(tiny_llama(tie=False), path, tokenizer=ByteTokenizer(), dtype="q8_0")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        widened, _ = load_gguf(path)
-    kept, _ = load_gguf(path, keep_types=True)
+    widened, kept = widened_and_kept(tmp_path)
     assert isinstance(kept.embed_tokens, QuantizedEmbedding)
     for m in (widened, kept):
         lora.apply(m, rank=4, targets=("embed_tokens", "q_proj"), seed=3)
@@ -366,12 +372,7 @@ def test_the_same_seed_draws_the_same_adapters_over_a_kept_base(tmp_path):
     """apply draws A in the order of the model's parameter names, whether the
     layers hold their weights as Parameters or keep them in the file's type:
     an untied head (a top-level layer, listed after the blocks) included."""
-    path = tmp_path / "m.gguf"
-    save_gguf(tiny_llama(tie=False), path, tokenizer=ByteTokenizer(), dtype="q8_0")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        widened, _ = load_gguf(path)
-    kept, _ = load_gguf(path, keep_types=True)
+    widened, kept = widened_and_kept(tmp_path)
     targets = ("embed_tokens", "q_proj", "v_proj", "lm_head")
     drawn = [lora.apply(m, rank=4, targets=targets, seed=11) for m in (widened, kept)]
     names = [[name for name, _ in d] for d in drawn]
