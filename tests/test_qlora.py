@@ -99,7 +99,8 @@ def tiny_llama(tie=True, cls=Llama, cfg_cls=LlamaConfig, **kw):
 
 
 def widened_and_kept(tmp_path, dtype="q8_0"):
-    """An untied tiny llama written as dtype, read back widened to float32 and kept."""
+    """An untied tiny llama written as dtype to tmp_path/m.gguf, read back widened to
+    float32 and kept."""
     path = tmp_path / "m.gguf"
     save_gguf(tiny_llama(tie=False), path, tokenizer=ByteTokenizer(), dtype=dtype)
     with warnings.catch_warnings():
@@ -338,7 +339,7 @@ def test_an_embedding_adapter_over_a_kept_embedding(tmp_path):
         assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max() + 1e-12, name
     adapter = tmp_path / "adapter.gguf"
     go.io.save_gguf_lora(kept, adapter)
-    again, _ = load_gguf(path, keep_types=True)
+    again, _ = load_gguf(tmp_path / "m.gguf", keep_types=True)
     go.io.load_gguf_lora(adapter, again)
     np.testing.assert_array_equal(again.embed_tokens.lora_a.data, kept.embed_tokens.lora_a.data)
     np.testing.assert_allclose(again(ids), kept(ids), rtol=0, atol=1e-6 * np.abs(outs[1]).max())
