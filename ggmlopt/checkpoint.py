@@ -251,7 +251,7 @@ class _Layout:
         shapes = [p.data.shape for p in ctx.parameters()]
         lay = cls(ctx.loss_type, ctx.optimizer, ctx.build_type, ctx.opt_period, shapes,
                   type(ctx.rng.bit_generator), ctx.trainable_mask,
-                  parameter_names(ctx.model, ctx.model_parameters), ctx._precision_asked)
+                  parameter_names(ctx.model, ctx.model_parameters), ctx.precision_asked)
         return lay
 
     @property

@@ -720,6 +720,12 @@ class OptContext:
         'bf16' (asked for, and native here)."""
         return self._precision
 
+    @property
+    def precision_asked(self) -> str:
+        """The precision the context was made with, 'f32' or 'bf16': its
+        checkpoints' setting (``precision`` says which runs on this machine)."""
+        return self._precision_asked
+
     # ---- alloc / eval / reset -----------------------------------------------------------
 
     def alloc(self, backward: bool) -> None:

@@ -614,7 +614,7 @@ def _context_token(dist, ctx, model, clip_grad_norm):
     trained = [p for p, t in zip(ctx.model_parameters, ctx.trainable_mask) if t]
     shapes = hashlib.blake2b(repr([tuple(p.data.shape) for p in trained]).encode(),
                              digest_size=4).hexdigest()
-    return (f"{ctx.optimizer.name} {ctx._precision_asked} clip={clip_grad_norm} "
+    return (f"{ctx.optimizer.name} {ctx.precision_asked} clip={clip_grad_norm} "
             f"shard={bool(dist.shard)} bucket={dist.bucket_cap_mb} shapes {shapes} "
             f"{_frozen_token(ctx, model)}")
 
