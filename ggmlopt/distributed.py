@@ -314,10 +314,10 @@ class Distributed:
             if before_taking is not None:
                 before_taking(c)
             self.agree(None, "OptContext", _context_token(self, c, model, clip_grad_norm),
-                       hint="every rank must build the same context: the same model (its "
-                            "trainable shapes, its frozen and kept weights with the same "
-                            "values), optimizer, precision, clipping, shard_optimizer and "
-                            "bucket_cap_mb")
+                       hint="every rank's model must freeze the same parameters, with the "
+                            "same values (its weights kept in a file's types too), and train "
+                            "the same shapes with the same optimizer, precision, clipping, "
+                            "shard_optimizer and bucket_cap_mb")
             if self._mpi is not None:  # agreed: ranks sharing a machine share its cores
                 auto_rank_threads(self.comm)
 
