@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,7 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
     ``apply_chat_template``."""
 
     def __init__(self, tokenizer_json: str | os.PathLike[str],
-                 config: dict[str, Any] | None = None):
+                 config: dict[str, Any] | None = None, eos_ids: Iterable[int] = ()):
         tk = import_optional("tokenizers", "tokenizers", "load_hf_tokenizer")
         self.path = os.fspath(tokenizer_json)
         self._tk: Any = tk.Tokenizer.from_file(self.path)
@@ -74,6 +75,9 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         self.eot_id = self.eom_id = None
         eog = {i for i in (self.eos_id,) if i is not None}
         eog |= {i for t in EOG_TEXTS if (i := self.token_to_id(t)) is not None}
+        # the checkpoint's own (generation_config.json's eos_token_id list: what
+        # transformers' generate stops at)
+        eog |= {int(i) for i in eos_ids if 0 <= int(i) < self.vocab_size}
         self.eog_ids = frozenset(eog)
         self._words = _word_path(self._tk)
         template = config.get("chat_template")
@@ -170,7 +174,28 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
     if "chat_template" not in config and os.path.isfile(jinja):
         with open(jinja, encoding="utf-8") as f:
             config["chat_template"] = f.read()
-    return HFTokenizer(path, config)
+    return HFTokenizer(path, config, generation_eos_ids(directory))
+
+
+def generation_eos_ids(directory: str | os.PathLike[str]) -> tuple[int, ...]:
+    """The ids a checkpoint directory's generation stops at, as transformers'
+    generate reads them: generation_config.json's eos_token_id (an id or a
+    list), else config.json's; () when neither file says."""
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(os.fspath(directory), name)
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            try:
+                eos = json.load(f).get("eos_token_id")
+            except (json.JSONDecodeError, AttributeError):
+                raise ValueError(f"directory: {path!r} is not a JSON object") from None
+        ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+            raise ValueError(f"{path}: eos_token_id: expected an id or a list of ids, got "
+                             f"{eos!r}")
+        return tuple(ids)
+    return ()
 
 
 class _WordPath:

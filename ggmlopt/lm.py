@@ -184,15 +184,17 @@ def _sampling_args(temperature, top_k, top_p):
 def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
     """The next id from one row of logits: greedy at temperature 0 (the first
     maximum, as argmax), else a draw from softmax(logits / temperature) cut to
-    the top_k largest, to the smallest set whose probability reaches top_p, and
-    to the ids at least min_p times as likely as the likeliest."""
+    the top_k largest, then to the smallest set whose probability reaches
+    top_p, then to the ids at least min_p times as likely as the likeliest (the
+    order of transformers' logits warpers and of llama.cpp's default sampler
+    chain)."""
     if temperature == 0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / temperature
-    if min_p is not None and min_p > 0:
-        # min_p: p_i >= min_p * p_max  <=>  z_i >= z_max + log(min_p)
-        z = np.where(z >= z.max() + math.log(min_p), z, -np.inf)
+    cut = -math.inf if min_p is None or min_p <= 0 else math.log(min_p)
     if top_k is None and top_p is None:
+        # min_p: p_i >= min_p * p_max  <=>  z_i >= z_max + log(min_p)
+        z = np.where(z >= z.max() + cut, z, -np.inf)
         # every id can be drawn: no order is needed (sorting a vocabulary of 32000
         # took longer than the model's whole step for the token)
         p = np.exp(z - z.max())
@@ -204,8 +206,10 @@ def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
     p /= p.sum()
     if top_p is not None:
         keep = int(np.searchsorted(np.cumsum(p), top_p)) + 1
-        p = p[:keep] / p[:keep].sum()
-        order = order[:keep]
+        p, z, order = p[:keep], z[:keep], order[:keep]
+    # min_p on what top_p kept (z is largest first: the ids kept are a prefix)
+    keep = int(np.count_nonzero(z >= z[0] + cut))
+    p, order = p[:keep] / p[:keep].sum(), order[:keep]
     return int(order[rng.choice(p.size, p=p)])
 
 

@@ -166,6 +166,12 @@ EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|c
                        "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
                        "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
                        "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~["})
+# llama.cpp's fill-in-the-middle pad, repository and file-separator tokens, found by
+# their text (the first text of each kind the vocabulary holds): control tokens whatever
+# the file says, and ends of generation
+FIM_EOG_TEXTS = (("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+                 ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+                 ("<|file_sep|>",))
 # the whitespace llama.cpp strips beside a token with the rstrip attribute (C's isspace)
 _ISSPACE = " \t\n\v\f\r"
 
@@ -178,11 +184,15 @@ def llama_cpp_special(types: Sequence[int], ids: dict[str, int], named: Iterable
     it knows become control tokens whatever their type; gpt-oss's channel
     tokens are user-defined (always matched); with o200k_harmony's return and
     call tokens, ``<|end|>`` is a user-defined token that ends nothing; beside
-    Gemma 4's ``<|tool_response>``, ``</s>`` is a normal token."""
+    Gemma 4's ``<|tool_response>``, ``</s>`` is a normal token; the
+    fill-in-the-middle pad, repository and file-separator tokens
+    (FIM_EOG_TEXTS) are control tokens that end generation."""
     def at(text):
         return ids.get(text)
 
     by_text = {i for t in EOG_TEXTS if (i := at(t)) is not None}
+    by_text |= {ids[found] for kind in FIM_EOG_TEXTS
+                if (found := next((t for t in kind if t in ids), None)) is not None}
     control = {i for i, k in enumerate(types) if k == TOKEN_CONTROL} | by_text
     user = {i for i, k in enumerate(types) if k == TOKEN_USER_DEFINED} - by_text
     eog = by_text | {i for i in named if i is not None}

@@ -141,3 +141,16 @@ def test_the_finetune_command_takes_a_checkpoint_s_own_tokenizer(tmp_path, capsy
     load_gguf_lora(tmp_path / "adapter.gguf", base)
     assert len(lora.named_adapters(base)) > 0
     assert np.abs(base(tokens) - before).max() > 0   # the adapter trained
+
+
+def test_generation_config_s_eos_ids_end_generation(tmp_path):
+    """A checkpoint's generation_config.json eos_token_id list is where
+    transformers' generate stops: every id of it is in eog_ids (ids outside the
+    vocabulary left out)."""
+    from ggmlopt.hf_tokenizer import load_hf_tokenizer
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="none")
+    plain = load_hf_tokenizer(directory)
+    assert not {2, 5} & plain.eog_ids   # "<|im_start|>" and a word end nothing by text
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5, 10**6]}))
+    tok = load_hf_tokenizer(directory)
+    assert tok.eog_ids == plain.eog_ids | {2, 5}

@@ -129,3 +129,23 @@ def test_gpt2_s_own_differing_head_is_refused_and_a_copy_of_the_embedding_loads(
     save_file(tensors, file, metadata={"format": "pt"})
     with pytest.raises(ValueError, match="lm_head.weight is not its token embedding"):
         load_hf(tmp_path)
+
+
+def test_generation_stops_at_generation_config_s_eos_ids(tmp_path):
+    """generation_config.json's eos_token_id list (Phi-3.5's [32007, 32001,
+    32000], Llama 3's [128001, 128008, 128009]) is where transformers' generate
+    stops: the model's eog_ids, and the tokenizer's, hold every id of it."""
+    model = CASES["llama"][0]()
+    save_hf(model, tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 11]}))
+    loaded = load_hf(tmp_path)
+    assert loaded.eog_ids == {7, 11}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))
+    assert load_hf(tmp_path).eog_ids == {9}
+    (tmp_path / "generation_config.json").unlink()
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "eos_token_id": [3, 4]}))
+    assert load_hf(tmp_path).eog_ids == {3, 4}   # config.json's, without the file
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
+    with pytest.raises(ValueError, match="eos_token_id"):
+        load_hf(tmp_path)

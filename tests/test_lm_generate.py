@@ -228,6 +228,12 @@ def test_repetition_penalty_and_min_p_follow_their_definitions():
     z = np.array([0.0, np.log(0.6), np.log(0.4), -5.0])
     drawn = {_pick(z, 1.0, None, None, rng, min_p=0.5) for _ in range(300)}
     assert drawn == {0, 1}
+    # with top_p: top_p first, then min_p on what it kept (transformers' and llama.cpp's
+    # order): p = .40 .35 .20 .05, top_p 0.78 keeps three, min_p 0.2 keeps all three
+    # (.20 >= .2 * .40); min_p first would have cut .05 and let top_p cut .20 too
+    z = np.log([0.40, 0.35, 0.20, 0.05])
+    drawn = {_pick(z, 1.0, None, 0.78, rng, min_p=0.2) for _ in range(400)}
+    assert drawn == {0, 1, 2}
     model = sharpen(MODELS["llama"]())
     greedy = go.generate(model, [5], 12, temperature=0)
     penal = go.generate(model, [5], 12, temperature=0, repetition_penalty=50.0)

@@ -89,3 +89,19 @@ def test_phi3_special_tokens_drop_the_whitespace_after_them(library):
     ids, offsets = phi3.encode_with_offsets(text)
     assert offsets[-1] == len(text.encode()) and np.all(np.diff(offsets) >= 0)
     assert ids.tolist() == phi3.encode(text).tolist()
+
+
+def test_fill_in_the_middle_pad_repo_and_separator_tokens_end_generation():
+    """llama.cpp finds a vocabulary's FIM pad, repository and file-separator
+    tokens by their text (the first of each kind), makes them control tokens and
+    ends generation at them: command-r's <PAD>, starcoder's <|fim_pad|> ..."""
+    tokens = ["a", "<PAD>", "<|repo_name|>", "<|file_sep|>", "<|fim_pad|>", "<x>"]
+    types = [TOKEN_NORMAL, TOKEN_USER_DEFINED, TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_NORMAL,
+             TOKEN_USER_DEFINED]
+    control, user, eog = _special(tokens, types)
+    # <|fim_pad|> comes first among the pad texts: <PAD> stays what the file says
+    assert {2, 3, 4} <= eog and 1 not in eog and 0 not in eog
+    assert {2, 3, 4} <= control and user == {1, 5}
+    _, _, eog = _special(["a", "<PAD>", "<|END_OF_TURN_TOKEN|>"],
+                         [TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_CONTROL], named=(2,))
+    assert eog == {1, 2}

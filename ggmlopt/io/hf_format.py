@@ -276,7 +276,9 @@ def load_hf(directory, *, keep_types=False):
     UserWarning);
     buffers Hugging Face keeps (rotary inv_freq, GPT-2's attention masks) are
     ignored.  Every tensor is checked (names, shapes) before the model is
-    returned: ValueError names what is missing, unexpected or misshapen.
+    returned: ValueError names what is missing, unexpected or misshapen.  The
+    model's ``eog_ids`` are the directory's generation_config.json (else
+    config.json) eos_token_id ids, where transformers' generate stops.
 
     keep_types=True (a Llama or Qwen2): every Linear weight and the token
     embedding stay as the file stores them (F32, F16 or BF16), read in place
@@ -308,12 +310,18 @@ def load_hf(directory, *, keep_types=False):
                       f"is not its token embedding; loaded untied, with the file's head, as "
                       f"transformers loads it", UserWarning, stacklevel=2)
         model = untied
+    from ..hf_tokenizer import generation_eos_ids
+    # generate stops where transformers' generate stops, with or without a tokenizer
+    vocab = model.config.vocab_size
+    eog = frozenset(i for i in generation_eos_ids(directory) if 0 <= i < vocab)
     if keep_types:
         if not family_of(model).hf_transposed:
             raise ValueError(f"keep_types: reads checkpoints of torch Linear weights "
                              f"({type(model).__name__}'s Conv1D weights are kept as float32: "
                              "load it with keep_types=False)")
-        return _load_kept(tensors, model, where)
+        model = _load_kept(tensors, model, where)
+        model.eog_ids = eog
+        return model
     expected = _tensor_map(model)
     _check_names(model, expected, tensors, where)
     values = []
@@ -326,4 +334,5 @@ def load_hf(directory, *, keep_types=False):
         values.append((p, dtype, array))
     for p, dtype, array in values:
         p.data[...] = _as_float32(dtype, array)
+    model.eog_ids = eog
     return model
