@@ -383,6 +383,11 @@ class OptContext:
                 inputs_dtype, (batch_size, ne_datapoint))
             with eval_mode(model):  # a probe: no dropout, no draws from any rng
                 out = self._check_outputs(model.forward(self._inputs), batch_size)
+            # only its shape is kept: a language model's whole logits (192 MiB at 1 x 1024
+            # over 49152 tokens) would stay for the whole training otherwise
+            release = getattr(model, "release_logits", None)
+            if callable(release):
+                release()
             self._out_shape = out.shape[1:]
             self._ne_out = out.shape[-1]
             if class_labels:  # one class per row of outputs: (batch,) or (batch, positions)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -630,7 +631,11 @@ def freeze_all_but_adapters(model, trainable=(), *, skip=frozenset()) -> None:
         if p.requires_grad and not _kept_trainable(name, trainable):
             p.requires_grad = False
             frozen.append(p)
-    _frozen_by_apply.setdefault(id(model), []).extend(frozen)
+    _frozen_by_apply.setdefault(id(model), set()).update(id(p) for p in frozen)
+    try:   # the entry goes with the model where it can be weakly referenced
+        weakref.finalize(model, _frozen_by_apply.pop, id(model), None)
+    except TypeError:
+        pass
 
 
 def _merged_linear(layer: LoRALinear) -> Linear:
@@ -658,10 +663,11 @@ def _merged_embedding(layer: LoRAEmbedding) -> Embedding:
     return merged
 
 
-# the parameters apply froze beside the adapted weights, per model, so that merge
-# gives their trainability back (keyed by id: a model need not be weak-referable;
-# merge and a new apply replace the entry)
-_frozen_by_apply: dict[int, list[Parameter]] = {}
+# the ids of the parameters apply froze beside the adapted weights, per model, so that
+# merge gives their trainability back (keyed by id: a model need not be weak-referable;
+# merge and a new apply replace the entry).  Ids, not the Parameters: an entry must
+# not keep a deleted model's frozen base alive (189 MiB a SmolLM2-sized model).
+_frozen_by_apply: dict[int, set[int]] = {}
 
 
 def merge(model):
@@ -699,6 +705,8 @@ def merge(model):
             base.needs_input_grad = layer.needs_input_grad
         base._shape = None   # its buffers are stale: the next forward makes new ones
         _replace(parent, key, base)
-    for p in _frozen_by_apply.pop(id(model), ()):
-        p.requires_grad = True
+    frozen = _frozen_by_apply.pop(id(model), set())
+    for _, p in named_parameters(model):
+        if id(p) in frozen:
+            p.requires_grad = True
     return model

@@ -166,3 +166,21 @@ def test_fit_trains_the_same_fused_or_not():
     assert [e.train_accuracy for e in h0] == [e.train_accuracy for e in h1]
     for a, b in zip(w0, w1):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
+
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_static_context_keeps_no_logits_of_its_probe(tie):
+    """The static context's probe forward (for its output shape) leaves no whole
+    (batch * T, vocab) logits behind, in the model or in its own head: training
+    runs the head in chunks."""
+    import ggmlopt as go
+    from ggmlopt.models import Llama, LlamaConfig
+    model = Llama(LlamaConfig(vocab_size=300, dim=16, n_layers=1, n_heads=2, max_seq_len=32,
+                              tie_embeddings=tie), seed=0)
+    ctx = go.OptContext(model, batch_size=2, ne_datapoint=16, loss_type="cross_entropy",
+                        class_labels=True, inputs_dtype=np.int32)
+    assert ctx.labels.shape == (2, 16)
+    # the model's and its head's reused inference buffers
+    held = [getattr(model, "_logits", None)] + ([] if tie else [model.lm_head._out])
+    assert all(a is None for a in held)

@@ -606,3 +606,21 @@ def test_a_model_s_own_parameter_order_decides_the_draws():
     first = np.random.default_rng(3)
     b_first = lora.LoRALinear(Linear(8, 8, rng=1), 2, 4, rng=first)
     np.testing.assert_array_equal(model.b.lora_a.data, b_first.lora_a.data)
+
+
+def test_apply_keeps_no_reference_to_a_deleted_model_s_base():
+    """What apply records for merge (the parameters it froze) is ids, and goes
+    with the model: a deleted model's frozen base is freed."""
+    import gc
+    import weakref
+
+    from ggmlopt.models import Llama, LlamaConfig
+
+    model = Llama(LlamaConfig(vocab_size=50, dim=16, n_layers=1, n_heads=2), seed=0)
+    lora.apply(model, rank=2, seed=0)
+    key = id(model)
+    assert all(isinstance(i, int) for i in lora._frozen_by_apply[key])
+    norm = weakref.ref(model.norm.weight.data)   # a frozen array of the base
+    del model
+    gc.collect()
+    assert key not in lora._frozen_by_apply and norm() is None

@@ -380,6 +380,16 @@ class CausalLM(Module):
         self._rows, self._b, self._t = rows, b, t
         return logits.reshape(b, t, self.config.vocab_size)
 
+    def release_logits(self) -> None:
+        """Forget the logits buffer forward reuses ((batch * T, vocab) floats): a
+        context's probe forward made it, and training never reads it (its head runs
+        in chunks); the next forward makes a new one.  An own head's output
+        buffer goes too."""
+        self._logits = None
+        if self.lm_head is not None:
+            from ..nn.recompute import release_buffers
+            release_buffers(self.lm_head)
+
     # ---- the head and its loss fused, chunk by chunk (ggmlopt.models._fused_head) -----
 
     # an OptContext training this model with cross-entropy on next-token labels runs

@@ -7,8 +7,9 @@ Linear, or the tied embedding), their masked cross-entropy and its gradient
 head's weight gradient gets the chunk's share and the rows' gradient is kept.
 Rows labelled -1 cost no head product at all: in supervised fine-tuning most
 positions are the prompt.  One chunk buffer of at most CHUNK_BYTES (the
-logits, then their gradient written over them) is the head's whole working
-memory at any vocabulary and length: under 64 MiB with the rows it reads.
+logits, then their gradient written over them) is the head's working memory at
+any vocabulary and length, beside the copies of the labelled rows it reads and
+their gradient (2 x rows x dim floats: 18 MiB for 4096 rows of 576).
 
 The loss is the mean over the labelled rows, scaled as OptContext scales it,
 equal to the unfused kernel's on the whole logits up to float32 rounding.  An
