@@ -31,8 +31,8 @@ import threading
 import numpy as np
 
 __all__ = ["ENGINES", "PRECISIONS", "accumulates_in_place", "bf16_active", "bf16_support",
-           "check_precision", "engine", "engine_source", "matmul", "matmul_bf16", "mkl_library", "products_in",
-           "use_engine"]
+           "check_precision", "engine", "engine_source", "matmul", "matmul_bf16",
+           "mkl_library", "products_in", "use_engine"]
 
 ENGINES = ("numpy", "mkl", "native")
 

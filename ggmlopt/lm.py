@@ -193,8 +193,8 @@ def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
     z = logits.astype(np.float64) / temperature
     cut = -math.inf if min_p is None or min_p <= 0 else math.log(min_p)
     if top_k is None and top_p is None:
-        # min_p: p_i >= min_p * p_max  <=>  z_i >= z_max + log(min_p)
-        z = np.where(z >= z.max() + cut, z, -np.inf)
+        if min_p:   # p_i >= min_p * p_max  <=>  z_i >= z_max + log(min_p)
+            z = np.where(z >= z.max() + cut, z, -np.inf)
         # every id can be drawn: no order is needed (sorting a vocabulary of 32000
         # took longer than the model's whole step for the token)
         p = np.exp(z - z.max())

@@ -17,9 +17,10 @@ class Result:
     appended (cross-entropy) and ncorrect added (or -1 forever once an eval
     without it is seen).  A batch of masked sequence labels without one labelled
     position has no loss (its 0 stands for none): it counts its datapoints and
-    predictions, and stays out of the loss's mean and uncertainty.  One Result takes one batch size, one loss kind
-    (per datapoint or not) and one opt_period; a smaller last batch (evaluate's
-    tail) may end it, after which it takes no more evals.
+    predictions, and stays out of the loss's mean and uncertainty.  One Result
+    takes one batch size, one loss kind (per datapoint or not) and one
+    opt_period; a smaller last batch (evaluate's tail) may end it, after which
+    it takes no more evals.
 
     An empty Result (no evals) keeps ggml's values, ``loss() == (0.0, nan)``;
     its repr and the progress bar say "no batches" instead of showing a loss.
