@@ -52,3 +52,32 @@ def test_special_tokens_and_the_whitespace_beside_them(name):
             want = llm.tokenize(text.encode(), add_bos=False, special=special)
             got = tok.encode(text, parse_special=special).tolist()
             assert got == want, (name, text, special)
+
+
+EOG_VOCABS = ["aquila", "baichuan", "command-r", "deepseek-coder", "deepseek-llm", "falcon",
+              "gemma-4", "gpt-2", "gpt-neox", "llama-bpe", "llama-spm", "mpt", "phi-3",
+              "qwen2", "qwen35", "refact", "starcoder"]
+
+
+@pytest.mark.parametrize("name", EOG_VOCABS)
+def test_end_of_generation_ids_are_llama_cpp_s(name):
+    """eog_ids, where generate and chat stop, equal llama.cpp's end-of-generation
+    set: eos, eot, the texts it knows, and its fill-in-the-middle pad, repository
+    and file-separator tokens (starcoder's <|fim_pad|>, command-r's <PAD> ...)."""
+    from ggmlopt.io import load_gguf_tokenizer
+    path = os.path.join(MODELS, f"ggml-vocab-{name}.gguf")
+    if not os.path.isfile(path):
+        pytest.skip(f"{path} is not in this llama.cpp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = load_gguf_tokenizer(path)
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        theirs = {i for i in range(llama_cpp.llama_vocab_n_tokens(vocab))
+                  if llama_cpp.llama_vocab_is_eog(vocab, i)}
+    finally:
+        llama_cpp.llama_model_free(model)
+    assert set(tok.eog_ids) == theirs, [tok.id_to_token(i) for i in set(tok.eog_ids) ^ theirs]
