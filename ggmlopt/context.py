@@ -381,21 +381,16 @@ class OptContext:
             # one buffer for the inputs and labels, as ggml's static context
             self._inputs = AlignedBuffer(batch_size * ne_datapoint * 4).as_array(
                 inputs_dtype, (batch_size, ne_datapoint))
-            with eval_mode(model):  # a probe: no dropout, no draws from any rng
-                out = self._check_outputs(model.forward(self._inputs), batch_size)
-            # only its shape is kept: a language model's whole logits (192 MiB at 1 x 1024
-            # over 49152 tokens) would stay for the whole training otherwise
-            release = getattr(model, "release_logits", None)
-            if callable(release):
-                release()
-            self._out_shape = out.shape[1:]
-            self._ne_out = out.shape[-1]
+            out_shape = self._outputs_shape(model, batch_size)
+            self._out_shape = out_shape[1:]
+            self._ne_out = out_shape[-1]
             if class_labels:  # one class per row of outputs: (batch,) or (batch, positions)
-                rows = out.shape[:-1]
+                rows = out_shape[:-1]
                 self._labels = AlignedBuffer(math.prod(rows) * 4).as_array(np.int32, rows)
             elif self._needs_labels:
-                self._labels = AlignedBuffer(out.size * 4).as_array(np.float32, out.shape)
-            self._make_batch_buffers(out.shape)
+                self._labels = AlignedBuffer(math.prod(out_shape) * 4).as_array(
+                    np.float32, out_shape)
+            self._make_batch_buffers(out_shape)
 
         protocol = TrainingProtocol(model)   # reads the module tree, changes nothing
         if _before_taking is not None:  # a caller's last check (fit: the dataset)
@@ -535,6 +530,28 @@ class OptContext:
             np.zeros(rows, dtype=np.int32),
             np.zeros(rows, dtype=np.int32),
         )
+
+    def _outputs_shape(self, model, batch):
+        """The shape of model's outputs for the static input batch: what the model
+        says it is (a language model's outputs_shape, after the checks its forward
+        makes of the inputs), else what a forward pass gives (a probe).  A language
+        model's probe would make its whole logits (192 MiB at 1 x 1024 over 49152
+        tokens), the training's peak, where training runs its head in chunks."""
+        shape_of = getattr(model, "outputs_shape", None)
+        if callable(shape_of):
+            shape = tuple(int(n) for n in shape_of(self._inputs))
+            if len(shape) not in (2, 3) or shape[0] != batch or 0 in shape:
+                raise ValueError(f"model.outputs_shape: expected ({batch}, n) (or ({batch}, "
+                                 f"positions, n)) for a batch of {batch}, got {shape}")
+            return shape
+        with eval_mode(model):  # a probe: no dropout, no draws from any rng
+            out = self._check_outputs(model.forward(self._inputs), batch)
+        # only its shape is kept: a model's buffers for it would stay for the whole
+        # training otherwise
+        release = getattr(model, "release_logits", None)
+        if callable(release):
+            release()
+        return out.shape
 
     def _check_outputs(self, out, batch):
         if not isinstance(out, np.ndarray):

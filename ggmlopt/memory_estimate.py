@@ -21,6 +21,11 @@ The parts, in bytes:
   and writes;
 - runtime: the interpreter, NumPy and the BLAS's thread buffers (a constant).
 
+Under ``precision="bf16"`` (where the CPU multiplies bf16 natively) the bf16
+copies of the float weights count with the weights, and the bf16 rows every
+product keeps from one step to the next (its input, its output's gradient,
+the head's chunk) with the activations.
+
 The total is the peak, not the sum of the parts: the head's buffers live only
 between the forward and the backward pass, so with checkpointing (where the
 blocks then hold only their inputs) the peak holds the larger of the head and
@@ -37,6 +42,7 @@ import os
 from typing import Any, ClassVar
 
 from ._args import int_arg
+from .gemm import bf16_support, check_precision
 from .optimizers import Optimizer
 
 __all__ = ["MemoryReport", "available_memory", "memory_report"]
@@ -209,6 +215,32 @@ def _parameter_bytes(model) -> tuple[int, int]:
     return weights, trainable
 
 
+def _bf16_copies(model) -> tuple[int, int, bool]:
+    """Under precision="bf16": (bytes of the bf16 copies of the float weights
+    the products read, bf16 values kept per token, whether the head multiplies
+    in bf16: then it keeps a chunk's rows and logits' gradient in bf16).  Every float Linear and a
+    float embedding that is the head keep their weight rounded to bf16, and
+    each Linear its last input and output gradient rows (ggmlopt.nn._bf16),
+    from one step to the next; a layer kept in a file's types multiplies in
+    its own type and keeps none."""
+    from .nn.embedding import Embedding
+    from .nn.linear import Linear
+    from .nn.module import modules
+    weights = per_token = 0
+    head, float_head = model.lm_head, False
+    for m in modules(model):
+        if isinstance(m, Linear) and m.weight is not None and m is not head:
+            weights += 2 * m.weight.data.size
+            per_token += m.in_features + m.out_features
+    if head is not None and isinstance(head, Linear) and head.weight is not None:
+        weights += 2 * head.weight.data.size
+        float_head = True
+    elif head is None and type(model._embedding) is Embedding:
+        weights += 2 * model._embedding.weight.data.size
+        float_head = True
+    return weights, per_token, float_head
+
+
 def _lent_gradient_bytes(model, blocks) -> int:
     """The gradient pool of optimizer_in_backward at its fullest (see
     ggmlopt.step_in_backward): parameters held in two places (a tied
@@ -235,7 +267,7 @@ def _lent_gradient_bytes(model, blocks) -> int:
 
 def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw",
                   checkpointing: bool | None = None, labelled: float = 1.0,
-                  optimizer_in_backward: bool = False) -> MemoryReport:
+                  optimizer_in_backward: bool = False, precision: str = "f32") -> MemoryReport:
     """The memory training model (a ggmlopt language model) takes at its peak:
     batch_size windows of n_ctx tokens a physical batch, AdamW (optimizer
     "adamw") or SGD ("sgd"), or any ggmlopt.optimizers.Optimizer (its
@@ -244,7 +276,11 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     (or as checkpointing says).  labelled: the share of positions with a label
     (the fused head skips the others).  optimizer_in_backward: the context
     steps in the backward pass and lends gradients (OptContext's argument).
-    Returns a MemoryReport (bytes per part, ``total``; ``print(report)`` shows
+    precision: "f32" or "bf16" (OptContext's): where the CPU multiplies bf16
+    natively, the bf16 copies of the weights count with the weights, and those
+    of each product's input and gradient rows, kept from step to step, with
+    the activations (elsewhere a "bf16" context runs float32, and so does the
+    estimate).  Returns a MemoryReport (bytes per part, ``total``; ``print(report)`` shows
     a table)."""
     from .models._causal_lm import CausalLM
     from .models._fused_head import chunk_rows
@@ -291,6 +327,13 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     if not isinstance(optimizer_in_backward, bool):
         raise TypeError(f"optimizer_in_backward: expected a bool, got "
                         f"{type(optimizer_in_backward).__name__}")
+    if check_precision(precision) == "bf16" and bf16_support()[0]:
+        copies, per_token, float_head = _bf16_copies(lm)
+        head_rows = chunk_rows(rows, lm.config.vocab_size) if float_head else 0
+        weights += copies
+        kept = per_token * tokens * 2 + head_rows * (lm.config.vocab_size + dim) * 2
+        activations += kept
+        transient += kept
     gradients = (_lent_gradient_bytes(lm, blocks) if optimizer_in_backward
                  else trainable * F32)
     state = nstate * trainable * F32

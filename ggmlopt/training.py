@@ -165,7 +165,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     if comm is not None:
         silent = silent or comm.Get_rank() != 0  # rank 0 alone prints
     plan.check_schedule(get_opt_pars, optimizer)
-    _check_memory(model, dataset, plan, optimizer, silent, optimizer_in_backward)
+    _check_memory(model, dataset, plan, optimizer, silent, optimizer_in_backward, precision)
     data = dataset.data
     ckpt = None
     if checkpoint is not None:
@@ -246,7 +246,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     return history
 
 
-def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False):
+def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False,
+                  precision="f32"):
     """For a language model: the memory estimate of its training (printed unless
     silent), and MemoryError naming the ways out, before anything is allocated,
     when the machine cannot hold it."""
@@ -259,7 +260,7 @@ def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False):
         float(np.count_nonzero(labels >= 0)) / max(1, labels.size)
     report = memory_report(model, plan.nbatch_physical, dataset.data.shape[1],
                            optimizer=optimizer, labelled=share,
-                           optimizer_in_backward=bool(in_backward))
+                           optimizer_in_backward=bool(in_backward), precision=precision)
     if not silent:
         sys.stderr.write(f"fit: {report}\n")
     check_fits(report)

@@ -170,17 +170,25 @@ def test_fit_trains_the_same_fused_or_not():
 
 
 @pytest.mark.parametrize("tie", [True, False])
-def test_a_static_context_keeps_no_logits_of_its_probe(tie):
-    """The static context's probe forward (for its output shape) leaves no whole
-    (batch * T, vocab) logits behind, in the model or in its own head: training
-    runs the head in chunks."""
+def test_a_static_context_makes_no_logits_for_its_output_shape(tie):
+    """A static context sizes its buffers from a language model's outputs_shape,
+    without a forward pass whose whole (batch * T, vocab) logits would set the
+    training's peak (training runs the head in chunks); a window longer than the
+    model takes is refused as forward refuses it."""
     import ggmlopt as go
     from ggmlopt.models import Llama, LlamaConfig
     model = Llama(LlamaConfig(vocab_size=300, dim=16, n_layers=1, n_heads=2, max_seq_len=32,
                               tie_embeddings=tie), seed=0)
+    calls = []
+    forward = model.forward
+    model.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
     ctx = go.OptContext(model, batch_size=2, ne_datapoint=16, loss_type="cross_entropy",
                         class_labels=True, inputs_dtype=np.int32)
-    assert ctx.labels.shape == (2, 16)
-    # the model's and its head's reused inference buffers
-    held = [getattr(model, "_logits", None)] + ([] if tie else [model.lm_head._out])
+    assert ctx.labels.shape == (2, 16) and calls == []
+    assert model.outputs_shape(np.zeros((2, 16), np.int32)) == (2, 16, 300)
+    held = [getattr(model, "_logits", None)] + ([] if tie else
+                                                [getattr(model.lm_head, "_out", None)])
     assert all(a is None for a in held)
+    with pytest.raises(ValueError, match="max_seq_len=32"):
+        go.OptContext(model, batch_size=2, ne_datapoint=33, loss_type="cross_entropy",
+                      class_labels=True, inputs_dtype=np.int32)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ggmlopt as go
-from ggmlopt import lora, memory_estimate
+from ggmlopt import gemm, lora, memory_estimate
 from ggmlopt.models import Llama, LlamaConfig
 
 SMALL = {"vocab_size": 300, "dim": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2,
@@ -67,16 +67,22 @@ from ggmlopt import lora
 from ggmlopt.models import Llama, LlamaConfig
 cfg, b, t, how = json.loads(sys.argv[1])
 model = Llama(LlamaConfig(**cfg), seed=0)
-if how == "lora":
+if "lora" in how:
     lora.apply(model, rank=8, targets="all-linear")
-if how == "checkpointing":
+if "checkpointing" in how:
     model.gradient_checkpointing_enable()
-report = go.memory_report(model, b, t)
-ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32)
+precision = "bf16" if "bf16" in how else "f32"
+report = go.memory_report(model, b, t, precision=precision)
 tokens = np.random.default_rng(0).integers(0, cfg["vocab_size"], (b, t + 1)).astype(np.int32)
-for _ in range(2):
-    ctx.alloc(True)
-    ctx.eval(None, inputs=tokens[:, :-1], labels=tokens[:, 1:])
+if how.startswith("fit"):   # fit's static context: sized without a forward pass
+    data = go.Dataset.from_arrays(tokens[:, :-1].copy(), tokens[:, 1:].copy())
+    go.fit(model, data, "cross_entropy", nbatch_logical=b, silent=True, precision=precision)
+else:
+    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32,
+                        precision=precision)
+    for _ in range(2):
+        ctx.alloc(True)
+        ctx.eval(None, inputs=tokens[:, :-1], labels=tokens[:, 1:])
 # VmHWM: this process's own peak (ru_maxrss would start at the parent's size, whose
 # memory the child had until its exec)
 with open("/proc/self/status") as f:
@@ -89,8 +95,11 @@ MEDIUM = {"vocab_size": 16000, "dim": 384, "n_layers": 6, "n_heads": 6, "n_kv_he
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="VmHWM: Linux's /proc")
 @pytest.mark.parametrize("b,t,how", [(2, 256, "full"), (1, 1024, "checkpointing"),
-                                     (2, 512, "lora")])
+                                     (2, 512, "lora"), (1, 1024, "fit-lora"),
+                                     (2, 512, "lora-bf16"), (2, 256, "full-bf16")])
 def test_the_estimate_is_within_15_percent_of_the_measured_peak(b, t, how):
+    if "bf16" in how and not gemm.bf16_support()[0]:
+        pytest.skip(f"bf16 runs as float32 here: {gemm.bf16_support()[1]}")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", PEAK, json.dumps([MEDIUM, b, t, how])],
                          capture_output=True, text=True, cwd=root, check=True,

@@ -380,11 +380,18 @@ class CausalLM(Module):
         self._rows, self._b, self._t = rows, b, t
         return logits.reshape(b, t, self.config.vocab_size)
 
+    def outputs_shape(self, tokens) -> tuple[int, int, int]:
+        """The shape forward(tokens) returns, (batch, T, vocab_size), after the
+        checks forward makes of tokens: a static OptContext sizes its buffers
+        from it without a forward pass."""
+        ids, _ = self._tokens(tokens, packed=True)
+        return (*ids.shape, self.config.vocab_size)
+
     def release_logits(self) -> None:
-        """Forget the logits buffer forward reuses ((batch * T, vocab) floats): a
-        context's probe forward made it, and training never reads it (its head runs
-        in chunks); the next forward makes a new one.  An own head's output
-        buffer goes too."""
+        """Forget the logits buffer forward reuses ((batch * T, vocab) floats) and
+        an own head's output buffer: memory a forward's logits hold until the
+        next forward, which makes new ones (training never reads them: its head
+        runs in chunks)."""
         self._logits = None
         if self.lm_head is not None:
             from ..nn.recompute import release_buffers
