@@ -476,14 +476,31 @@ def _trainable_arg(trainable) -> tuple[str, ...]:
 
 
 def _kept_trainable(name: str, trainable) -> bool:
-    """PEFT's modules_to_save rule on a parameter's dotted name: its own name or
-    the name of a module above it (its layer, ``mlp``, ``layers.0``...) equals
-    an entry or ends with "." + the entry."""
+    """apply's trainable rule on a parameter's dotted name: its own name or the
+    name of a module above it (its layer, ``mlp``, ``layers.0``...) equals an
+    entry or ends with "." + the entry, as targets match."""
     while name:
         if _matches(name, trainable):
             return True
         name = name.rpartition(".")[0]
     return False
+
+
+def _peft_would_also_train(param_names, entry: str) -> list[str]:
+    """The modules PEFT's modules_to_save=[entry] trains beyond what apply's
+    trainable=(entry,) keeps: PEFT matches any module name that ends with the
+    entry, on a dot or not ("norm" also takes every input_layernorm)."""
+    extra: dict[str, None] = {}
+    for name in param_names:
+        if _kept_trainable(name, (entry,)):
+            continue
+        module = name.rpartition(".")[0]
+        while module:
+            if module.endswith(entry):
+                extra[module] = None
+                break
+            module = module.rpartition(".")[0]
+    return list(extra)
 
 
 def trainable_parameters(model) -> tuple[int, int]:
@@ -536,7 +553,10 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     training beside the adapters (PEFT's ``modules_to_save``), matched as targets
     are: ``("lm_head", "norm")`` keeps the head and the final norm trainable;
     a module's name (``mlp``, ``layers.0``) keeps every parameter under it.  A
-    name may not cover a layer that targets adapt.
+    name may not cover a layer that targets adapt.  PEFT matches
+    modules_to_save on any suffix (its "norm" also trains every
+    ``input_layernorm``): where a name would train more there, a UserWarning
+    names the modules to add.
 
     Afterwards only the adapters (and what trainable names) train: every other
     parameter is frozen (``requires_grad=False``: no gradient, no optimizer
@@ -604,6 +624,18 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
                              f"{f' (and {len(both) - 1} more)' if len(both) > 1 else ''}, "
                              f"which targets adapt; a layer either gets an adapter (targets) "
                              f"or trains whole (trainable), not both")
+    for t in trainable:
+        # the same names in PEFT's modules_to_save train more (a plain suffix): say so,
+        # where a user porting a PEFT config would otherwise train fewer parameters
+        extra = [m for m in _peft_would_also_train((name for name, _ in params), t)
+                 if not any(_kept_trainable(m, (a,)) for a in to_adapt)]
+        if extra:
+            shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5
+                                            else "")
+            warnings.warn(f"trainable: {t!r} keeps the modules whose dotted name is or ends "
+                          f"in .{t} training; PEFT's modules_to_save=[{t!r}] matches any name "
+                          f"ending in {t!r} and would also train {shown}: name those to "
+                          f"train them too", UserWarning, stacklevel=2)
     chosen_weights = {id(p) for *_, layer in chosen
                       for p in (getattr(layer, "weight", None), layer.bias)
                       if p is not None} | {id(layer.weight) for *_, layer in embeddings

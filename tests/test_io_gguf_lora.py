@@ -225,8 +225,8 @@ def test_an_adapter_file_refuses_a_model_that_trains_more_than_its_adapters(tmp_
         save_gguf_lora(model, tmp_path / "a.gguf")
     assert not (tmp_path / "a.gguf").exists()
     kept = Llama(CFG, seed=7)
-    lora.apply(kept, rank=2, trainable=("norm",))
-    with pytest.raises(ValueError, match="norm.weight"):
+    lora.apply(kept, rank=2, trainable=("layers.0.input_layernorm",))
+    with pytest.raises(ValueError, match="layers.0.input_layernorm.weight"):
         save_gguf_lora(kept, tmp_path / "b.gguf")
 
 

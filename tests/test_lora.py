@@ -1,6 +1,7 @@
 """ggmlopt.lora: LoRALinear against float64 and torch references, apply / merge on
 any module tree, decoding with adapters, and training only the adapters."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -449,7 +450,11 @@ def test_model_files_refuse_an_adapted_model_until_merged(tmp_path, saver):
 
 def test_apply_freezes_all_but_the_adapters_and_the_named_trainable():
     model = Llama(CFG, seed=1)
-    lora.apply(model, rank=2, trainable=("lm_head", "norm"))
+    # PEFT's modules_to_save=["norm"] would train every *norm module: said, not silent
+    with pytest.warns(UserWarning, match=r"'norm'.*modules_to_save.*would also train "
+                                         r"layers\.0\.input_layernorm, layers\.0\."
+                                         r"post_attention_layernorm"):
+        lora.apply(model, rank=2, trainable=("lm_head", "norm"))
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable == ([f"layers.{i}.self_attn.{p}.lora_{ab}" for i in range(2)
                           for p in ("q_proj", "k_proj", "v_proj", "o_proj") for ab in "ab"]
@@ -467,7 +472,9 @@ def test_apply_freezes_all_but_the_adapters_and_the_named_trainable():
 def test_trainable_names_a_module_and_everything_under_it():
     # PEFT's modules_to_save=["mlp"]: every weight under each block's mlp trains
     model = Llama(CFG, seed=1)
-    lora.apply(model, rank=2, trainable=("mlp",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the same modules as PEFT's: no warning
+        lora.apply(model, rank=2, trainable=("mlp",))
     kept = [n for n, p in model.named_parameters() if p.requires_grad and ".lora_" not in n]
     assert kept == [f"layers.{i}.mlp.{p}.weight" for i in range(2)
                     for p in ("gate_proj", "up_proj", "down_proj")]

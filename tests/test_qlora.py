@@ -398,5 +398,5 @@ def test_a_kept_layer_cannot_train_whole(tmp_path, name):
     assert [(n, p.requires_grad) for n, p in kept.named_parameters()] == before
     assert lora.named_adapters(kept) == []
     # a norm holds its weight as a Parameter: it trains whole
-    lora.apply(kept, rank=4, targets=("q_proj",), trainable=("norm",))
-    assert kept.norm.weight.requires_grad
+    lora.apply(kept, rank=4, targets=("q_proj",), trainable=("layers.0.input_layernorm",))
+    assert kept.layers[0].input_layernorm.weight.requires_grad
