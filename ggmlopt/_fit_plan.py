@@ -53,6 +53,13 @@ def _check_split(ndata: int, nbatch_logical: int, val_split: float, idata_split:
             f"{nbatches} logical batches)", UserWarning, stacklevel=5)
 
 
+def training_batches(nbatches_logical: int, val_split: float) -> int:
+    """The logical batches of the training part when val_split of
+    nbatches_logical validate, in float32 as ggml computes the split: the
+    optimizer steps of an epoch (a schedule's length is sized from it)."""
+    return int(np.float32(np.float32(1) - np.float32(val_split)) * np.float32(nbatches_logical))
+
+
 @dataclass(frozen=True)
 class FitPlan:
     """The numbers fit trains by (all counts per process).
@@ -216,9 +223,8 @@ class FitPlan:
                                  f"{nranks * nbatch_physical}; got "
                                  f"nbatch_logical={nbatch_logical}")
         nbatches_logical = ndata_used // nbatch_logical
-        # train <-> val split index (physical batches), in float32 as ggml computes it
-        ibatch_split = int(np.float32(np.float32(1) - np.float32(val_split))
-                           * np.float32(nbatches_logical)) * batches_per_step
+        # train <-> val split index (physical batches)
+        ibatch_split = training_batches(nbatches_logical, val_split) * batches_per_step
         _check_split(ndata_used, nbatch_logical, float(val_split),
                      ibatch_split * nbatch_physical)
         steps_per_epoch = ibatch_split // batches_per_step

@@ -299,10 +299,9 @@ def main(argv=None) -> int:
         print(f"finetune: {what}", file=out)
         if not args.full:
             lora.print_trainable_parameters(model)
-    # the optimizer steps of an epoch as fit splits the data: the training part in
-    # logical batches, computed in float32 as ggml computes it
-    batches = np.float32(train.ndata // args.batch)
-    steps_per_epoch = int(np.float32(np.float32(1) - np.float32(args.val_split)) * batches)
+    # the optimizer steps of an epoch as fit splits the data
+    from ._fit_plan import training_batches
+    steps_per_epoch = training_batches(train.ndata // args.batch, args.val_split)
     nepoch = args.epochs if args.epochs is not None else None if args.max_steps else 1
     try:
         history = go.fit(model, train, "cross_entropy", _optimizer(args, steps_per_epoch),
