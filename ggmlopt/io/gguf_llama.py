@@ -24,6 +24,7 @@ its UTF-8 bytes, ByteTokenizer's ids.
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -36,7 +37,7 @@ from ..models.registry import family_for_gguf, family_of, gguf_archs
 from ..nn.init import skip_init
 from ..nn.module import get_submodule, set_submodule
 from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
-from ..nn.rope_scaling import RopeScaling
+from ..nn.rope_scaling import RopeScaling, rope_inv_freq
 from ..text import ByteTokenizer
 from ._files import atomic_output, input_path, output_path
 from ._gguf_common import (
@@ -226,8 +227,10 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
         raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
     family = family_of(model)
     carried = getattr(model, "gguf_metadata", None)
+    chosen = name is not None or bool(carried and "general.name" in carried)
     if name is None:
         name = str(carried.get("general.name", "ggmlopt-llama")) if carried else "ggmlopt-llama"
+    name = _name_for_vocabulary(name, tokenizer, chosen)
     items = model_file_items(model, name, metadata, _RESERVED_PREFIXES)
     dtype = _save_dtype_arg(dtype)
     path = output_path(path)
@@ -379,10 +382,16 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
         raise ValueError(f"{where}: a mixture of experts ({arch}.expert_count > 0) is not "
                          "supported")
     scaling_type = key("rope.scaling.type", "none", required=False)
+    factor = key("rope.scaling.factor", 0.0, required=False)
     scaling = None
     if scaling_type == "linear":
         scaling = RopeScaling("linear", float(key("rope.scaling.factor")))
-    elif scaling_type not in ("none", None):
+    elif scaling_type in ("none", None):
+        # llama.cpp divides the positions by a factor whatever the type says (its
+        # missing type reads as linear): a factor other than 0 or 1 is linear scaling
+        if float(factor) not in (0.0, 1.0):
+            scaling = RopeScaling("linear", float(factor))
+    else:
         raise ValueError(f"{where}: rope scaling {scaling_type!r} is not supported (none, "
                          "linear, or Llama 3's rope_freqs tensor)")
     freqs = tensors.get("rope_freqs.weight")
@@ -693,6 +702,62 @@ def load_gguf_tokenizer(path):
     return tokenizer_from_fields(fields, path)
 
 
+def _name_for_vocabulary(name: str, tokenizer, chosen: bool) -> str:
+    """general.name for a file of this tokenizer: llama.cpp gives a Phi-3
+    vocabulary's special tokens their whitespace rule (rstrip) only when the
+    name holds "phi3" or "phi-3", so a tokenizer with that rule gets such a
+    name by default (ggmlopt-phi3); a name chosen (name=, or the source
+    file's) without it is refused rather than written to tokenize otherwise."""
+    if not getattr(tokenizer, "rstrip_ids", None):
+        return name
+    lowered = name.lower()
+    if "phi3" in lowered or "phi-3" in lowered:
+        return name
+    if not chosen:
+        return "ggmlopt-phi3"
+    raise ValueError(f"name: {name!r}: the tokenizer strips the whitespace after its special "
+                     f"tokens (Phi-3's rule), which llama.cpp applies only to a file whose "
+                     f"general.name holds 'phi3' or 'phi-3'; give a name with it")
+
+
+def _computes_otherwise(read: LlamaGguf, cfg) -> list[str]:
+    """How the model read's file describes differs from a model of config cfg,
+    beyond their shapes (checked before): the family (a file of the same
+    llama.cpp architecture reads as cfg's family: a Mistral without a window is
+    a llama file), each setting of cfg's config class but max_seq_len (how
+    long a window the model takes, not how it computes), and the rotary
+    frequencies (a Llama 3 scaling reads back as its frequency factors)."""
+    family = family_of(cfg)
+    if family.gguf_arch != read.arch:
+        return [(f"architecture differs from the model's ({family.gguf_arch}, a "
+                 f"{family.model_class.__name__})")]
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    try:
+        file_cfg = type(cfg)(**{f.name: getattr(read.config, f.name)
+                                for f in dataclasses.fields(read.config) if f.name in fields})
+    except (TypeError, ValueError) as e:
+        return [f"settings do not make a {type(cfg).__name__} ({e})"]
+    def same(x, y):   # the file keeps floats in float32
+        if isinstance(x, float) and isinstance(y, float):
+            return bool(np.float32(x) == np.float32(y))
+        return bool(x == y)
+
+    differ = [f"{name} is {getattr(file_cfg, name)!r} (the model's: {getattr(cfg, name)!r})"
+              for name in sorted(fields - {"max_seq_len", "rope_scaling"})
+              if not same(getattr(file_cfg, name), getattr(cfg, name))]
+
+    def frequencies(c):
+        head_dim = getattr(c, "head_dim", None) or c.dim // c.n_heads
+        inv, attention = rope_inv_freq(head_dim, c.rope_base, c.rope_scaling)
+        return inv.astype(np.float64), attention
+
+    (a, fa), (b, fb) = frequencies(file_cfg), frequencies(cfg)
+    if a.shape != b.shape or fa != fb or not np.allclose(a, b, rtol=4 * 2.0 ** -24, atol=0):
+        differ.append(f"rope_scaling is {file_cfg.rope_scaling!r} (the model's: "
+                      f"{cfg.rope_scaling!r})")
+    return differ
+
+
 def _warn_quantized(read: LlamaGguf, path: str) -> None:
     if read.quantized:
         warnings.warn(f"{path}: tensors of type {', '.join(read.quantized)} were dequantized to "
@@ -756,6 +821,11 @@ def load_llama_gguf(path, model=None, *, keep_types=False):
                                              for n in read.names):
         raise ValueError(f"path: {path!r} holds a Llama of config {read.config}, which does "
                          f"not fit the model given ({model.config})")
+    differ = _computes_otherwise(read, model.config)
+    if differ:
+        raise ValueError(f"path: {path!r} holds a {read.arch} model whose {'; '.join(differ)}: "
+                         f"its weights in the model given would compute another model; load "
+                         f"it as a model of its own (load_gguf(path))")
     for name in read.names:
         params[name].data[...] = read.array(name)
     _warn_quantized(read, path)

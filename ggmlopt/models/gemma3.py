@@ -379,8 +379,9 @@ def _gguf_fields(fields, key, head_dim, where) -> dict[str, Any]:
             raise ValueError(f"{where}: gemma3.attention.sliding_window_pattern has "
                              f"{len(pattern)} entries for {n_layers} layers")
         sliding = tuple(bool(v) for v in pattern)
-    else:   # llama.cpp's set_swa_pattern(n): every n-th layer dense
-        sliding = tuple(bool((i + 1) % int(pattern)) for i in range(n_layers))
+    else:   # llama.cpp's set_swa_pattern(n): every n-th layer dense (0: none)
+        n = int(pattern)
+        sliding = tuple(n == 0 or bool((i + 1) % n) for i in range(n_layers))
     dim, heads = key("embedding_length"), key("attention.head_count")
     scalar = dim // heads if n_layers == 62 else head_dim
     return {"sliding_window": int(window) if window else None, "sliding_layers": sliding,
@@ -405,9 +406,10 @@ def _gguf_check(cfg: Gemma3Config) -> None:
                          f"(head_dim, or dim / heads at 62 layers); this Gemma 3's "
                          f"query_pre_attn_scalar is {cfg.query_pre_attn_scalar} (save_hf keeps it)")
     if cfg.sliding_window is None and any(cfg.sliding_layers or ()) \
-            and cfg.rope_local_base != cfg.rope_base:
+            and (cfg.rope_local_base != cfg.rope_base or cfg.rope_scaling is not None):
         raise ValueError("model: without a window llama.cpp's gemma3 treats every layer as "
-                         "global (one RoPE base); this Gemma 3's local layers have their own "
+                         "global (one RoPE base, the rope scaling on every layer); this "
+                         "Gemma 3's local layers have their own base or no scaling "
                          "(save_hf keeps it)")
     if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type != "linear":
         raise ValueError(f"model: llama.cpp's gemma3 takes linear rope scaling only, got "

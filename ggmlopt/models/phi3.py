@@ -252,6 +252,12 @@ def _to_hf(cfg: Phi3Config) -> dict[str, Any]:
 def _gguf_fields(fields, key, head_dim, where) -> dict[str, Any]:
     """The window and LongRoPE's original context, as convert_hf_to_gguf writes them."""
     window = key("attention.sliding_window", 0, required=False)
+    context = key("context_length")
+    if window and window < context:
+        warnings.warn(f"{where}: phi3.attention.sliding_window is {window}: the model attends "
+                      f"within it, as transformers' Phi-3 does, where llama.cpp's phi3 "
+                      f"ignores the window (every key): beyond {window} tokens of its "
+                      f"{context} their logits differ", UserWarning, stacklevel=5)
     return {"sliding_window": int(window) if window else None,
             "original_max_seq_len": key("rope.scaling.original_context_length",
                                         key("context_length"), required=False)}
