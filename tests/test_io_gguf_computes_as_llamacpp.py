@@ -157,3 +157,25 @@ def test_a_phi3_vocabulary_is_written_under_a_name_llamacpp_applies_its_rule_by(
     with pytest.raises(ValueError, match="name: 'my-tune'.*'phi3' or 'phi-3'"):
         save_llama_gguf(model, tmp_path / "q.gguf", tokenizer=tok, name="my-tune")
     assert not (tmp_path / "q.gguf").exists()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "phi3", "smollm3"])
+def test_llama3_scaling_is_refused_where_llamacpp_reads_no_rope_freqs(tmp_path, family):
+    # only llama.cpp's llama architecture reads the rope_freqs tensor; the others
+    # refuse the file ("wrong number of tensors")
+    from ggmlopt import models
+    cls, cfg_cls = {"qwen2": (models.Qwen2, models.Qwen2Config),
+                    "qwen3": (models.Qwen3, models.Qwen3Config),
+                    "phi3": (Phi3, Phi3Config),
+                    "smollm3": (SmolLM3, SmolLM3Config)}[family]
+    scaled = RopeScaling("llama3", 8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                         original_max_position_embeddings=8)
+    model = cls(cfg_cls(**{**SHAPE, "n_layers": 4}, rope_scaling=scaled), seed=0)
+    path = tmp_path / "m.gguf"
+    with pytest.raises(ValueError, match=f"rope_freqs tensor, which its {family} "
+                                         "architecture does not read"):
+        save_gguf(model, path, tokenizer=ByteTokenizer())
+    assert not path.exists()
+    llama = Llama(LlamaConfig(**SHAPE, rope_scaling=scaled), seed=0)
+    save_gguf(llama, path, tokenizer=ByteTokenizer())   # llama's own: written
+    assert "rope_freqs.weight" in {t.name for t in gguf.GGUFReader(path).tensors}

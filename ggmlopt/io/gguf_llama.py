@@ -308,6 +308,10 @@ def _file_type(gguf, model, dtype, carried, arrays):
     return types.ALL_F32 if dtype == np.float32 else types.MOSTLY_F16
 
 
+# the llama.cpp architectures of ggmlopt's families that read a rope_freqs tensor
+_ROPE_FREQS_ARCHS = frozenset({LLAMA_ARCH})
+
+
 def _rope_scaling_out(cfg: LlamaConfig, arch: str):
     """(llama.* rope keys, rope_freqs float32 array or None) for a config's
     scaling, as llama.cpp's convert_hf_to_gguf writes them: linear as
@@ -321,6 +325,10 @@ def _rope_scaling_out(cfg: LlamaConfig, arch: str):
         return [(f"{arch}.rope.scaling.type", "linear"),
                 (f"{arch}.rope.scaling.factor", scaling.factor)], None
     if scaling.rope_type in ("llama3", "freq_factors"):
+        if arch not in _ROPE_FREQS_ARCHS:
+            raise ValueError(f"model: its {scaling.rope_type!r} rope scaling is written as "
+                             f"llama.cpp's rope_freqs tensor, which its {arch} architecture "
+                             f"does not read (the file would not load there); save_hf keeps it")
         if scaling.freq_factors is not None:
             return [], np.asarray(scaling.freq_factors, np.float32)
         inv, _ = rope_inv_freq(cfg.head_dim, cfg.rope_base, scaling)
