@@ -179,3 +179,11 @@ def test_llama3_scaling_is_refused_where_llamacpp_reads_no_rope_freqs(tmp_path, 
     llama = Llama(LlamaConfig(**SHAPE, rope_scaling=scaled), seed=0)
     save_gguf(llama, path, tokenizer=ByteTokenizer())   # llama's own: written
     assert "rope_freqs.weight" in {t.name for t in gguf.GGUFReader(path).tensors}
+
+
+def test_a_phi3_with_its_own_head_width_is_refused(tmp_path):
+    # llama.cpp's phi3 takes dim / heads values a head and refuses the file otherwise
+    model = Phi3(Phi3Config(**SHAPE, head_dim=12), seed=0)
+    with pytest.raises(ValueError, match="phi3 takes heads of dim / heads = 8"):
+        save_gguf(model, tmp_path / "p.gguf", tokenizer=ByteTokenizer())
+    assert not (tmp_path / "p.gguf").exists()

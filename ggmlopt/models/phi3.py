@@ -270,6 +270,10 @@ def _gguf_write(writer, cfg: Phi3Config, arch: str) -> None:
 
 
 def _gguf_check(cfg: Phi3Config) -> None:
+    if cfg.head_dim != cfg.dim // cfg.n_heads:
+        raise ValueError(f"model: llama.cpp's phi3 takes heads of dim / heads = "
+                         f"{cfg.dim // cfg.n_heads} values (it would not load this file); this "
+                         f"Phi-3's head_dim is {cfg.head_dim} (save_hf keeps it)")
     if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_seq_len:
         warnings.warn(f"model: llama.cpp's phi3 ignores the sliding window (it attends to "
                       f"every key): beyond {cfg.sliding_window} tokens its logits differ "
