@@ -32,9 +32,18 @@ def _jinja():
     return jinja2
 
 
+# transformers' names of a message's reasoning: each template reads one of them
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
 def check_messages(messages, name: str = "messages") -> list[dict[str, Any]]:
-    """messages as a list of dicts, each with a str ``role``; TypeError or
-    ValueError naming the message otherwise."""
+    """messages as a list of dicts, each with a str ``role``, as transformers'
+    apply_chat_template hands them to a template: keys whose value is None left
+    out (an OpenAI message's ``content=None`` beside its tool calls; templates
+    test for a missing key, and some would write "None"), and the reasoning
+    under every name templates read (``reasoning_content`` and ``thinking``,
+    from any of REASONING_FIELDS).  TypeError or ValueError naming the message
+    otherwise."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError(f"{name}: expected a list of messages (dicts with 'role' and "
                         f"'content'), got {type(messages).__name__}")
@@ -45,7 +54,11 @@ def check_messages(messages, name: str = "messages") -> list[dict[str, Any]]:
                             f"{type(m).__name__}")
         if not isinstance(m.get("role"), str):
             raise TypeError(f"{name}[{i}]: expected a str 'role', got {m.get('role')!r}")
-        out.append(dict(m))
+        message = {k: v for k, v in m.items() if v is not None}
+        reasoning = next((message[k] for k in REASONING_FIELDS if k in message), None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        out.append(message)
     return out
 
 

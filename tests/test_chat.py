@@ -284,10 +284,43 @@ def test_a_document_starts_with_one_bos_where_the_vocabulary_adds_it():
 
 def test_a_template_that_cannot_render_a_message_names_the_conversation():
     tok = ByteTokenizer(chat_template=PLAIN_CHAT)
-    bad = [{"role": "user", "content": None}, {"role": "assistant", "content": "x"}]
+    bad = [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}]
     ok = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]
     with pytest.raises(TypeError, match=r"conversations\[1\]: the chat template failed on it"):
         go.instruct.chat_windows([ok, bad], tok, 24)
+    # a None content is left out, as transformers does: the template then misses it
+    missing = [{"role": "user", "content": None}, {"role": "assistant", "content": "x"}]
+    with pytest.raises(ValueError, match=r"conversations\[1\]: .*has no attribute 'content'"):
+        go.instruct.chat_windows([ok, missing], tok, 24)
+
+
+# the keys an OpenAI-style tool call leaves None, and reasoning under its three names
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>"
+    "{% if m.reasoning_content is defined %}[{{ m.reasoning_content }}]{% endif %}"
+    "{% if m.thinking is defined %}({{ m.thinking }}){% endif %}"
+    "{% if m.content is defined %}{{ m.content }}{% endif %}"
+    "{% if m.tool_calls is defined %}{{ m.tool_calls | tojson }}{% endif %}</{{ m.role }}>"
+    "{% endfor %}")
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "thinking", "reasoning"])
+def test_messages_reach_the_template_as_transformers_gives_them(field):
+    from ggmlopt.chat_template import ChatTemplate
+    messages = [{"role": "user", "content": "weather?", "tool_calls": None},
+                {"role": "assistant", "content": None, field: "look it up",
+                 "tool_calls": [{"name": "get_weather"}]}]
+    text = ChatTemplate(TOOL_TEMPLATE).render(messages)
+    assert "None" not in text
+    assert text == ('<user>weather?</user><assistant>[look it up](look it up)'
+                    '[{"name": "get_weather"}]</assistant>')
+    pytest.importorskip("transformers")
+    from transformers.utils import chat_template_utils as hf
+    if not hasattr(hf, "_normalize_chat_messages"):
+        pytest.skip("transformers before its message normalization (apply_chat_template's)")
+    want, _ = hf.render_jinja_template(conversations=[hf._normalize_chat_messages(messages)],
+                                       chat_template=TOOL_TEMPLATE)
+    assert text == want[0]
 
 
 def test_read_jsonl_names_a_file_that_is_not_utf8(tmp_path):
