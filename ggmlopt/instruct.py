@@ -42,9 +42,17 @@ def _byte_span(text: str, start: int, end: int) -> tuple[int, int]:
     return len(text[:start].encode("utf-8")), len(text[:end].encode("utf-8"))
 
 
-def _spans_to_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+def _spans_to_mask(offsets: np.ndarray, spans: list[tuple[int, int]],
+                   own_ends: np.ndarray | None = None) -> np.ndarray:
     """Which tokens are trained on: from the token holding a span's first byte to
-    the one holding its last (transformers' char_to_token on both ends)."""
+    the one holding its last (transformers' char_to_token on both ends).  At the
+    span's start, the tokens that spell nothing there come with it: a space
+    prefix the text does not hold (Phi-3's '▁' before an answer's digit),
+    the leading byte pieces of a character split in several tokens; they are the
+    first the model must write.  own_ends (each token's offset plus its own
+    spelling's length, where known): a token whose own text ends before the span
+    and holds it only by whitespace it swallowed (a special token's rstrip) is
+    the prompt's, not the answer's."""
     n = offsets.size - 1
     mask = np.zeros(n, bool)
     for start, end in spans:
@@ -52,6 +60,11 @@ def _spans_to_mask(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndar
             continue
         first = int(np.searchsorted(offsets, start, side="right")) - 1
         last = int(np.searchsorted(offsets, end - 1, side="right")) - 1
+        while 0 < first < n and offsets[first] == start and offsets[first - 1] == start:
+            first -= 1
+        if own_ends is not None and 0 <= first < last and offsets[first] < start \
+                and own_ends[first] <= start:
+            first += 1
         if 0 <= first < n:
             mask[first:min(last, n - 1) + 1] = True
     return mask
@@ -236,7 +249,10 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
             raise ValueError(f"conversations[{k}]: the tokenizer's tokens do not spell the "
                              "rendered text byte for byte; its masks cannot be placed")
         byte_spans = [_byte_span(text, a, b) for a, b in spans]
-        mask = _spans_to_mask(offsets, byte_spans)
+        spell = getattr(tokenizer, "token_bytes", None)
+        own_ends = None if not callable(spell) else \
+            offsets[:-1] + np.array([len(spell(int(i))) for i in ids], np.int64)
+        mask = _spans_to_mask(offsets, byte_spans, own_ends)
         # BOS first when the tokenizer's add_bos says so and the template did not
         # write it: what ggmlopt.chat and llama.cpp feed the model at inference
         if _wants_bos(tokenizer, ids):

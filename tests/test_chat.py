@@ -388,3 +388,55 @@ def test_a_sentencepiece_vocabulary_gets_exact_assistant_labels():
     y = np.asarray(ds.labels)[0]
     trained = [tok.id_to_token(i) for i in y[y >= 0]]
     assert trained == ["\u2581hello", "</s>"]   # " hello</s>": the answer and its eos
+
+
+# Phi-3.5's template over a small SentencePiece vocabulary with Phi-3's rule: its
+# special tokens swallow the whitespace after them (llama.cpp's rstrip)
+PHI3_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}"
+                 "{{ '<|user|>\n' + message['content'] + '<|end|>\n' }}"
+                 "{% elif message['role'] == 'assistant' %}"
+                 "{{ '<|assistant|>\n' + message['content'] + '<|end|>\n' }}{% endif %}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}"
+                 "{% else %}{{ eos_token }}{% endif %}")
+
+
+def _phi3_like():
+    from ggmlopt.spm import SPMTokenizer
+    specials = ["<unk>", "<s>", "</s>", "<|end|>", "<|user|>", "<|assistant|>", "<|endoftext|>"]
+    words = ["\u2581", "4", "2", "H", "i", "x", "\u2581x", "\u2581Hi", "\u2581H", "q"]
+    pieces = specials + [f"<0x{b:02X}>" for b in range(256)] + words
+    scores = [0.0] * (len(specials) + 256) + [-1.0, -2, -2, -2, -2, -2, -1, -1, -1.5, -2]
+    types = [2, 3, 3, 3, 3, 3, 3] + [6] * 256 + [1] * len(words)
+    return SPMTokenizer(pieces, scores, types, bos_id=1, eos_id=6, unk_id=0,
+                        chat_template=PHI3_TEMPLATE, rstrip_ids=(2, 3, 4, 5))
+
+
+@pytest.mark.parametrize("answer", ["42", "Hi", "\nHi", " x", "x"])
+def test_the_labelled_tokens_are_those_after_the_generation_prompt(answer):
+    # an answer starting with a digit begins with the space prefix '\u2581' (a token
+    # the text does not spell); one starting with whitespace has it swallowed by
+    # <|assistant|>: either way the tokens to learn are exactly those the model
+    # writes after the generation prompt's
+    tok = _phi3_like()
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]
+    template = tok.compiled_chat_template()
+    full = go.instruct.document_ids(tok, template.render(chat))
+    prompt = go.instruct.document_ids(tok, template.render(chat[:1], True))
+    assert list(full[:prompt.size]) == list(prompt)
+    x, y = go.instruct.chat_windows([chat], tok, 32)
+    n = full.size - 1
+    want = np.where(np.arange(n) >= prompt.size - 1, full[1:], -1)
+    np.testing.assert_array_equal(x[0, :n], full[:-1])
+    np.testing.assert_array_equal(y[0, :n], want)
+
+
+def test_the_byte_pieces_of_an_answers_first_character_are_all_labelled():
+    # Hugging Face's offsets give every piece of a character split in byte tokens
+    # the character's start: the leading pieces spell nothing there, yet they are
+    # the answer's first tokens (transformers' assistant mask labels them)
+    from ggmlopt.instruct import _spans_to_mask
+    offsets = np.array([0, 3, 3, 7, 9])   # prompt | two pieces of one character | more
+    assert _spans_to_mask(offsets, [(3, 9)]).tolist() == [False, True, True, True]
+    # a zero-width token inside the prompt, before the span's first byte, stays out
+    assert _spans_to_mask(np.array([0, 2, 2, 5, 9]), [(3, 9)]).tolist() == \
+        [False, False, True, True]
