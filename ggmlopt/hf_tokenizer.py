@@ -153,7 +153,9 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
 def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
     """The tokenizer of a Hugging Face checkpoint directory (its tokenizer.json,
     and tokenizer_config.json when present: special tokens, add_bos_token,
-    chat_template; a chat_template.jinja file as transformers 4.43+ writes it).
+    chat_template; special_tokens_map.json's special tokens over the config's
+    where the config has no added_tokens_decoder, as transformers reads the
+    older layout; a chat_template.jinja file as transformers 4.43+ writes it).
     FileNotFoundError without tokenizer.json (a slow-only tokenizer: convert it
     with transformers first); the ``tokenizers`` extra runs it."""
     directory = os.fspath(directory)
@@ -170,6 +172,19 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
                 config = json.load(f)
             except json.JSONDecodeError as e:
                 raise ValueError(f"directory: {config_path!r} is not valid JSON: {e}") from None
+    # the older layout (a config without added_tokens_decoder) keeps the special
+    # tokens in special_tokens_map.json, which transformers then reads over the config
+    map_path = os.path.join(directory, "special_tokens_map.json")
+    if "added_tokens_decoder" not in config and os.path.isfile(map_path):
+        with open(map_path, encoding="utf-8") as f:
+            try:
+                special = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"directory: {map_path!r} is not valid JSON: {e}") from None
+        if isinstance(special, dict):
+            for key in _SPECIAL_KEYS:
+                if special.get(key) is not None:
+                    config[key] = special[key]
     jinja = os.path.join(directory, "chat_template.jinja")
     if "chat_template" not in config and os.path.isfile(jinja):
         with open(jinja, encoding="utf-8") as f:

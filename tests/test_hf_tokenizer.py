@@ -154,3 +154,37 @@ def test_generation_config_s_eos_ids_end_generation(tmp_path):
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5, 10**6]}))
     tok = load_hf_tokenizer(directory)
     assert tok.eog_ids == plain.eog_ids | {2, 5}
+
+
+def test_special_tokens_map_names_what_the_config_does_not(tmp_path):
+    # the older layout: bos/eos in special_tokens_map.json alone (transformers reads
+    # it); the template's bos_token and the BOS a window starts with come from there
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="post-processor")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    del config["bos_token"], config["eos_token"]
+    config["chat_template"] = "{{ bos_token }}" + CHATML
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": {"content": "<s>", "lstrip": False}, "eos_token": "<|im_end|>"}))
+    ours = load_hf_tokenizer(directory)
+    assert ours.bos_id == ours.token_to_id("<s>") and ours.eos_id == ours.token_to_id("<|im_end|>")
+    messages = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(messages, tokenize=False).startswith("<s><|im_start|>")
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    assert (ours.bos_id, ours.eos_id) == (theirs.bos_token_id, theirs.eos_token_id)
+    assert ours.apply_chat_template(messages, tokenize=False) == \
+        theirs.apply_chat_template(messages, tokenize=False)
+    # where both say, the map wins in the older layout, the config in the newer
+    # (whose added_tokens_decoder transformers reads instead of the map)
+    config["eos_token"] = "</s>"
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    assert load_hf_tokenizer(directory).eos_id == ours.token_to_id("<|im_end|>")
+    assert transformers.AutoTokenizer.from_pretrained(directory).eos_token == "<|im_end|>"
+    config["added_tokens_decoder"] = {
+        str(ours.token_to_id(t)): {"content": t, "special": True, "lstrip": False,
+                                   "rstrip": False, "normalized": False, "single_word": False}
+        for t in ("<s>", "</s>", "<|im_start|>", "<|im_end|>")}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    assert load_hf_tokenizer(directory).eos_id == ours.token_to_id("</s>")
+    assert transformers.AutoTokenizer.from_pretrained(directory).eos_token == "</s>"
