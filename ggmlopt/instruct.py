@@ -70,7 +70,42 @@ def _spans_to_mask(offsets: np.ndarray, spans: list[tuple[int, int]],
     return mask
 
 
-def _assistant_spans(template, messages, train_on, kwargs) -> tuple[str, list[tuple[int, int]]]:
+def _eog_texts(tokenizer) -> tuple[str, ...]:
+    """The texts of the tokenizer's end-of-generation tokens, longest first."""
+    texts = set()
+    for i in getattr(tokenizer, "eog_ids", ()):
+        if callable(getattr(tokenizer, "id_to_token", None)):
+            text = tokenizer.id_to_token(int(i))
+        else:
+            text = tokenizer.token_bytes(int(i)).decode("utf-8", "replace")
+        if text:
+            texts.add(text)
+    return tuple(sorted(texts, key=lambda t: (-len(t), t)))
+
+
+def _turn_end(text: str, start: int, end: int, last: bool, eog_texts) -> int:
+    """Where an assistant turn rendered as text[start:end] ends in the whole text:
+    with the end-of-generation token a template writes only when another message
+    follows (Apertus' <|assistant_end|>), and, for the conversation's last turn,
+    without what a template appends after the last message whatever it is (Command
+    R7B's next turn header after the final end-of-turn token)."""
+    if not last:
+        for eog in eog_texts:
+            if text.startswith(eog, end):
+                return end + len(eog)
+        return end
+    best = -1
+    for eog in eog_texts:
+        at = text.rfind(eog, start, end)
+        if at >= 0 and at + len(eog) > best:
+            best = at + len(eog)
+    if best > 0 and text[best:end].strip():
+        return best
+    return end
+
+
+def _assistant_spans(template, messages, train_on, kwargs,
+                     eog_texts: tuple[str, ...] = ()) -> tuple[str, list[tuple[int, int]]]:
     """(rendered text, character spans of the turns trained on)."""
     if train_on == "all":
         text = template.render(messages, False, **kwargs)
@@ -96,7 +131,8 @@ def _assistant_spans(template, messages, train_on, kwargs) -> tuple[str, list[tu
             raise ValueError(f"the chat template renders message {i} differently depending on "
                              "what follows it, so its assistant text cannot be told apart; use "
                              "a template with {% generation %} markers or train_on='all'")
-        spans.append((len(before), len(through)))
+        spans.append((len(before), _turn_end(text, len(before), len(through),
+                                             i == len(messages) - 1, eog_texts)))
     return text, spans
 
 
@@ -225,13 +261,15 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
     if train_on not in TRAIN_ON:
         raise ValueError(f"train_on: expected one of {TRAIN_ON}, got {train_on!r}")
     template = tokenizer.compiled_chat_template()
+    eog_texts = _eog_texts(tokenizer)
     examples = []
     for k, conversation in enumerate(conversations):
         if isinstance(conversation, Mapping):
             conversation = conversation.get("messages")
         try:
             messages = check_messages(conversation, f"conversations[{k}]")
-            text, spans = _assistant_spans(template, messages, train_on, template_kwargs)
+            text, spans = _assistant_spans(template, messages, train_on, template_kwargs,
+                                           eog_texts)
         except (ValueError, TypeError) as e:
             # (a TypeError: the template met a content it cannot render, e.g. None)
             msg = str(e)

@@ -440,3 +440,43 @@ def test_the_byte_pieces_of_an_answers_first_character_are_all_labelled():
     # a zero-width token inside the prompt, before the span's first byte, stays out
     assert _spans_to_mask(np.array([0, 2, 2, 5, 9]), [(3, 9)]).tolist() == \
         [False, False, True, True]
+
+
+def _labelled_runs(tok, y):
+    runs, run = [], []
+    for t in y.tolist() + [-1]:
+        if t >= 0:
+            run.append(t)
+        elif run:
+            runs.append(tok.decode(run))
+            run = []
+    return runs
+
+
+def test_an_end_of_turn_written_only_before_the_next_message_is_labelled():
+    # Apertus' way: <|end|> closes an assistant turn only when a message follows,
+    # so the rendering through the turn stops at the answer
+    template = ("{% for m in messages %}{% if m.role == 'user' %}<|user|>{{ m.content }}"
+                "{% else %}<|assistant|>{{ m.content }}{% if not loop.last %}<|end|>"
+                "{% endif %}{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tok = _phi3_like()
+    tok.chat_template = template
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Hi"},
+            {"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]
+    _, y = go.instruct.chat_windows([chat], tok, 32)
+    assert _labelled_runs(tok, y[0]) == ["Hi<|end|>", "x"]
+
+
+def test_what_a_template_appends_after_the_last_turn_is_not_the_answer():
+    # Command R7B's way: the next turn's header after the conversation, whatever
+    # add_generation_prompt says: the last answer ends at its end-of-turn token
+    template = ("{% for m in messages %}{% if m.role == 'user' %}<|user|>{{ m.content }}"
+                "<|end|>{% else %}<|assistant|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
+                "<|assistant|>")
+    tok = _phi3_like()
+    tok.chat_template = template
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Hi"}]
+    for train_on in ("assistant", "last"):
+        _, y = go.instruct.chat_windows([chat], tok, 32, train_on=train_on)
+        assert _labelled_runs(tok, y[0]) == ["Hi<|end|>"]
