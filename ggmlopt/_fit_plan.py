@@ -224,7 +224,7 @@ class FitPlan:
                                  f"nbatch_logical={nbatch_logical}")
         nbatches_logical = ndata_used // nbatch_logical
         # train <-> val split index (physical batches)
-        ibatch_split = training_batches(nbatches_logical, val_split) * batches_per_step
+        ibatch_split = training_batches(nbatches_logical, float(val_split)) * batches_per_step
         _check_split(ndata_used, nbatch_logical, float(val_split),
                      ibatch_split * nbatch_physical)
         steps_per_epoch = ibatch_split // batches_per_step

@@ -84,6 +84,8 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         if isinstance(template, list):   # named templates: transformers' default is "default"
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default")
+            self.named_chat_templates = {k: v for k, v in named.items()
+                                         if isinstance(k, str) and isinstance(v, str) and v}
         self.chat_template = template if isinstance(template, str) else None
 
     def _post_processor_adds_bos(self) -> bool:

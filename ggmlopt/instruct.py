@@ -260,7 +260,9 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     if train_on not in TRAIN_ON:
         raise ValueError(f"train_on: expected one of {TRAIN_ON}, got {train_on!r}")
-    template = tokenizer.compiled_chat_template()
+    tools = template_kwargs.get("tools")
+    template = tokenizer.compiled_chat_template(tools=tools) if tools else \
+        tokenizer.compiled_chat_template()
     eog_texts = _eog_texts(tokenizer)
     examples = []
     for k, conversation in enumerate(conversations):

@@ -52,9 +52,11 @@ class Tokenizer(Protocol):
 
 class _ChatTemplated:
     """apply_chat_template for a tokenizer with ``chat_template`` (a Jinja str or
-    None) and ``special_tokens_map``."""
+    None), ``named_chat_templates`` (the checkpoint's other templates by name:
+    ``tool_use``, ``rag``) and ``special_tokens_map``."""
 
     chat_template: str | None = None
+    named_chat_templates: dict[str, str] = {}   # noqa: RUF012 (replaced, never mutated)
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
@@ -72,23 +74,29 @@ class _ChatTemplated:
         ``apply_chat_template`` renders them: the text (tokenize=False) or its
         int32 ids (special tokens written by the template become their ids; no
         BOS is added beyond what the template writes).  kwargs: further template
-        variables.  ValueError when the tokenizer has no chat_template; the
-        ``chat`` extra (jinja2) renders it."""
-        template = self.compiled_chat_template()
+        variables (with ``tools``, a checkpoint's ``tool_use`` template renders
+        where it has one, as transformers picks it).  ValueError when the
+        tokenizer has no chat_template; the ``chat`` extra (jinja2) renders it."""
+        template = self.compiled_chat_template(tools=kwargs.get("tools"))
         text = template.render(messages, add_generation_prompt, **kwargs)
         return self.encode(text, parse_special=True) if tokenize else text
 
-    def compiled_chat_template(self):
-        """The ggmlopt.chat_template.ChatTemplate of chat_template (made once)."""
-        if not self.chat_template:
+    def compiled_chat_template(self, *, tools=None):
+        """The ggmlopt.chat_template.ChatTemplate of chat_template (made once), or
+        with tools of the named ``tool_use`` template where there is one."""
+        source = self.chat_template
+        if tools and self.named_chat_templates.get("tool_use"):
+            source = self.named_chat_templates["tool_use"]
+        if not source:
             raise ValueError(f"tokenizer: {self!r} has no chat_template (give one: "
                              "tokenizer.chat_template = '...jinja...')")
-        cached = getattr(self, "_compiled_template", None)
-        if cached is None or cached.source != self.chat_template:
+        cache = self.__dict__.setdefault("_compiled_templates", {})
+        if source not in cache:
             from .chat_template import ChatTemplate
-            cached = ChatTemplate(self.chat_template, special_tokens=self.special_tokens_map)
-            self._compiled_template = cached
-        return cached
+            if len(cache) > 4:   # templates set and replaced by hand: keep a few
+                cache.clear()
+            cache[source] = ChatTemplate(source, special_tokens=self.special_tokens_map)
+        return cache[source]
 
 
 class ByteTokenizer(_ChatTemplated):

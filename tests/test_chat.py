@@ -480,3 +480,37 @@ def test_what_a_template_appends_after_the_last_turn_is_not_the_answer():
     for train_on in ("assistant", "last"):
         _, y = go.instruct.chat_windows([chat], tok, 32, train_on=train_on)
         assert _labelled_runs(tok, y[0]) == ["Hi<|end|>"]
+
+
+def test_tools_render_with_the_checkpoints_tool_use_template(tmp_path):
+    # named templates (Command R's, Hermes 2 Pro's): transformers renders the
+    # tool_use one when tools are given, the default one otherwise
+    default = "{% for m in messages %}[{{ m.content }}]{% endfor %}"
+    tool_use = "TOOLS {{ tools | tojson }}{% for m in messages %}[{{ m.content }}]{% endfor %}"
+    tok = _phi3_like()
+    tok.chat_template = default
+    tok.named_chat_templates = {"tool_use": tool_use}
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]
+    tools = [{"name": "get_weather"}]
+    assert tok.apply_chat_template(chat, tokenize=False) == "[q][x]"
+    assert tok.apply_chat_template(chat, tokenize=False, tools=tools) == \
+        'TOOLS [{"name": "get_weather"}][q][x]'
+    x, _ = go.instruct.chat_windows([chat], tok, 64, tools=tools)
+    assert tok.decode(x[0]).startswith("<s>TOOLS [{")
+    # a Hugging Face tokenizer_config.json's list of named templates
+    pytest.importorskip("tokenizers")
+    from test_hf_tokenizer import make_checkpoint
+
+    from ggmlopt.hf_tokenizer import load_hf_tokenizer
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="none")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": default},
+                               {"name": "tool_use", "template": tool_use}]
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    hf = load_hf_tokenizer(directory)
+    assert hf.apply_chat_template(chat, tokenize=False, tools=tools).startswith("TOOLS")
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoTokenizer.from_pretrained(directory)
+    for kwargs in ({}, {"tools": tools}):
+        assert hf.apply_chat_template(chat, tokenize=False, **kwargs) == \
+            theirs.apply_chat_template(chat, tokenize=False, **kwargs)

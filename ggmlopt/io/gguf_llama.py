@@ -610,7 +610,19 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
     save_gguf's byte vocabulary, a BPETokenizer (the ``tokenizers`` extra) for
     another gpt2-type one, a MetaspaceBPETokenizer for a gemma4-type one, an
     SPMTokenizer for a llama-type one, a WordPieceTokenizer for a bert-type one,
-    None with a UserWarning for any other."""
+    None with a UserWarning for any other.  Its chat template is
+    tokenizer.chat_template, and the named ones (tokenizer.chat_template.<name>:
+    Command R's tool_use and rag) are its named_chat_templates."""
+    tokenizer = _tokenizer_of_kind(fields, where)
+    prefix = "tokenizer.chat_template."
+    named = {k[len(prefix):]: v for k, v in fields.items()
+             if k.startswith(prefix) and isinstance(v, str) and v}
+    if tokenizer is not None and named:
+        tokenizer.named_chat_templates = named
+    return tokenizer
+
+
+def _tokenizer_of_kind(fields: dict[str, Any], where: str):
     kind = fields.get("tokenizer.ggml.model")
     template = fields.get("tokenizer.chat_template")
     template = template if isinstance(template, str) and template else None

@@ -236,6 +236,7 @@ class CausalLM(Module):
     """
 
     inputs_dtype = np.dtype(np.int32)
+    config: Any   # a family's config (LlamaConfig, GPT2Config ...), set by the subclass
     lm_head: Linear | None
     # the token ids that end a generation (ggmlopt.generate's default stop_ids): set
     # from the tokenizer by load_gguf; empty for a model built from a config
