@@ -31,6 +31,9 @@ __all__ = ["HFTokenizer", "load_hf_tokenizer"]
 SPACE = "\u2581"   # SentencePiece's visible space
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+# transformers' clean_up_tokenization, in its order
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
 def _token_text(value: Any) -> str | None:
@@ -80,6 +83,10 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         eog |= {int(i) for i in eos_ids if 0 <= int(i) < self.vocab_size}
         self.eog_ids = frozenset(eog)
         self._words = _word_path(self._tk)
+        # transformers' clean-up of spaces before punctuation on decode, where the
+        # config asks for it and the model is not BPE (WordPiece's; it skips BPE)
+        self._clean_up = bool(config.get("clean_up_tokenization_spaces", False)) \
+            and type(self._tk.model).__name__ != "BPE"
         template = config.get("chat_template")
         if isinstance(template, list):   # named templates: transformers' default is "default"
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
@@ -144,9 +151,14 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
 
     def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
         """ids (integers in [0, vocab_size)) -> str; special tokens left out with
-        skip_special."""
-        return str(self._tk.decode(checked_ids(ids, self.vocab_size).tolist(),
+        skip_special; the spaces before punctuation cleaned up as transformers
+        does where the config's clean_up_tokenization_spaces asks (not for BPE)."""
+        text = str(self._tk.decode(checked_ids(ids, self.vocab_size).tolist(),
                                    skip_special_tokens=bool(skip_special)))
+        if self._clean_up:
+            for before, after in _CLEAN_UP:
+                text = text.replace(before, after)
+        return text
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.path!r}, vocab_size={self.vocab_size})"
@@ -267,6 +279,8 @@ def _word_path(tk: Any) -> _WordPath | None:
         whole = tk.get_vocab(with_added_tokens=False) if model.get("ignore_merges") else None
         words = WordEncoder.make(regexes, words_tk, whole)
         return None if words is None else _WordPath(words, added)
+    if any(t.get("normalized") for t in added):
+        return None   # the library matches them in the normalized text (spaces as U+2581)
     prefix = _metaspace_prefix(spec.get("normalizer"))
     pre = spec.get("pre_tokenizer")
     if prefix is None or pre is not None and not _splits_lines(pre):

@@ -34,6 +34,8 @@ _DEEPSEEK_LLM = (
 _DEEPSEEK_CODER = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _DEEPSEEK_CJK, r"\p{N}")
 _FALCON = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]")
 _BLOOM = (r" ?[^(\s|.,!?…。，、।۔،)]+",)
+# llama.cpp's own sequence for a vocabulary that names none, or "default"
+_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
 _TEKKEN = ((r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
            r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
            r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"),)
@@ -45,7 +47,8 @@ _GPT4O = ((r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{L
 
 # tokenizer.ggml.pre -> its regexes, in llama.cpp's order of application
 PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
-    **{name: (_GPT2,) for name in ("gpt-2", "phi-2", "mpt", "olmo", "jais", "default")},
+    **{name: (_GPT2,) for name in ("gpt-2", "phi-2", "mpt", "olmo", "jais")},
+    "default": _DEFAULT,
     **{name: (_LLAMA3,) for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
                                      "pixtral", "midm-2.0", "lfm2", "dbrx", "smaug-bpe",
                                      "chatglm-bpe")},

@@ -307,9 +307,11 @@ class SPMTokenizer(Vocabulary):
 
     def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
         """ids -> str: pieces joined with U+2581 as spaces, byte tokens as bytes
-        (invalid UTF-8 replaced by U+FFFD), the space prefix of the first piece
-        removed as llama.cpp's detokenizer does; control tokens left out with
-        skip_special."""
+        (invalid UTF-8 replaced by U+FFFD), the space prefix of the first token
+        removed as llama.cpp's detokenizer and transformers' Strip decoder do
+        (after a leading BOS or other control token it stays: '<s> Hello');
+        control tokens left out with skip_special, which then strips the first
+        token kept, as transformers does."""
         arr = checked_ids(ids, self.vocab_size)
         data = bytearray()
         first = True
@@ -320,8 +322,7 @@ class SPMTokenizer(Vocabulary):
             if first and self.add_space_prefix and self.token_types[i] not in (
                     TOKEN_CONTROL, TOKEN_USER_DEFINED) and piece.startswith(b" "):
                 piece = piece[1:]
-            if self.token_types[i] != TOKEN_CONTROL:
-                first = False
+            first = False
             data += piece
         return data.decode("utf-8", "replace")
 

@@ -180,6 +180,16 @@ EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|c
 FIM_EOG_TEXTS = (("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
                  ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
                  ("<|file_sep|>",))
+# llama.cpp's fill-in-the-middle prefix, suffix and middle tokens, found by their text as
+# the kinds above: control tokens whatever the file says (DeepSeek Coder's are
+# user-defined there), which end nothing
+FIM_CONTROL_TEXTS = (
+    ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>",
+     "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>",
+     "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>",
+     "\u2581<MID>", "<|code_middle|>", "<|middle|>"))
 # the whitespace llama.cpp strips beside a token with the rstrip attribute (C's isspace)
 _ISSPACE = " \t\n\v\f\r"
 
@@ -194,15 +204,23 @@ def llama_cpp_special(types: Sequence[int], ids: dict[str, int], named: Iterable
     call tokens, ``<|end|>`` is a user-defined token that ends nothing; beside
     Gemma 4's ``<|tool_response>``, ``</s>`` is a normal token; the
     fill-in-the-middle pad, repository and file-separator tokens
-    (FIM_EOG_TEXTS) are control tokens that end generation."""
+    (FIM_EOG_TEXTS) are control tokens that end generation, its prefix, suffix
+    and middle ones (FIM_CONTROL_TEXTS) control tokens that do not; the
+    unknown-type tokens are control ones too."""
     def at(text):
         return ids.get(text)
 
-    by_text = {i for t in EOG_TEXTS if (i := at(t)) is not None}
-    by_text |= {ids[found] for kind in FIM_EOG_TEXTS
+    def first_of_each(kinds):
+        return {ids[found] for kind in kinds
                 if (found := next((t for t in kind if t in ids), None)) is not None}
-    control = {i for i, k in enumerate(types) if k == TOKEN_CONTROL} | by_text
-    user = {i for i, k in enumerate(types) if k == TOKEN_USER_DEFINED} - by_text
+
+    by_text = {i for t in EOG_TEXTS if (i := at(t)) is not None} | first_of_each(FIM_EOG_TEXTS)
+    fim = first_of_each(FIM_CONTROL_TEXTS)
+    # an unknown-type token (<unk>, Phi-3's [PAD...]) is matched and skipped as a
+    # control one: llama.cpp's special partition and token_to_piece treat both alike
+    control = {i for i, k in enumerate(types) if k in (TOKEN_CONTROL, TOKEN_UNKNOWN)} \
+        | by_text | fim
+    user = {i for i, k in enumerate(types) if k == TOKEN_USER_DEFINED} - by_text - fim
     eog = by_text | {i for i in named if i is not None}
     for t in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
         if (i := at(t)) is not None:
@@ -473,11 +491,12 @@ class BPETokenizer(Vocabulary):
         run: list[int] = []
         for i in ids_list:
             if i in special:
+                if skip_special and i in self._control_ids:
+                    continue   # left out: the bytes around it still join (one character)
                 if run:
                     pieces.append(str(self._tk.decode(run, skip_special_tokens=False)))
                     run = []
-                if not (skip_special and i in self._control_ids):
-                    pieces.append(self.tokens[i])
+                pieces.append(self.tokens[i])
             else:
                 run.append(i)
         if run:

@@ -188,3 +188,29 @@ def test_special_tokens_map_names_what_the_config_does_not(tmp_path):
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     assert load_hf_tokenizer(directory).eos_id == ours.token_to_id("</s>")
     assert transformers.AutoTokenizer.from_pretrained(directory).eos_token == "</s>"
+
+
+def test_a_wordpiece_decode_cleans_up_spaces_where_its_config_asks(tmp_path):
+    # transformers' clean_up_tokenization_spaces, applied to a model that is not BPE
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    vocab = {t: i for i, t in enumerate(["[UNK]", "[CLS]", "[SEP]", "it", "'", "s", "here",
+                                         ".", ",", "what", "?", "yes", "!"])}
+    tk = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece()
+    directory = tmp_path / "bert"
+    directory.mkdir()
+    tk.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
+              "clean_up_tokenization_spaces": True}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    ours = load_hf_tokenizer(directory)
+    ids = ours.encode("what ? it's here , yes !").tolist()
+    assert ours.decode(ids) == "what? it's here, yes!"
+    transformers = pytest.importorskip("transformers")
+    assert ours.decode(ids) == transformers.AutoTokenizer.from_pretrained(directory).decode(ids)
+    config["clean_up_tokenization_spaces"] = False   # the decoder's own clean-up alone
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    assert load_hf_tokenizer(directory).decode(ids) == "what? it ' s here, yes!" == \
+        transformers.AutoTokenizer.from_pretrained(directory).decode(ids)

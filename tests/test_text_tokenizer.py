@@ -189,3 +189,67 @@ def test_spm_merges_by_score_with_byte_fallback_and_the_space_prefix():
     é = tok.encode("é")
     assert [tok.id_to_token(i) for i in é] == ["\u2581", "<0xC3>", "<0xA9>"]
     assert tok.decode(é) == "é"
+
+
+# ---- llama.cpp's special tokens beyond the types: unknown ones, fill-in-the-middle ---------
+
+def test_an_unknown_type_token_is_matched_and_skipped_as_a_control_one():
+    # llama.cpp's special partition and token_to_piece treat <unk> (and Phi-3's
+    # [PAD...] tokens, type 2) as control tokens
+    tok = _spm()
+    ids = tok.encode("hello<unk>hello", parse_special=True)
+    assert [tok.id_to_token(i) for i in ids] == ["\u2581hello", "<unk>", "\u2581hello"]
+    assert tok.decode(ids, skip_special=True) == "hello hello"
+    assert 0 not in tok.encode("hello<unk>hello", parse_special=False)
+
+
+def test_fill_in_the_middle_tokens_are_control_tokens_that_end_nothing():
+    # DeepSeek Coder's file types them user-defined: llama.cpp finds them by their
+    # text and makes them control (matched only with parse_special, skipped in text)
+    from ggmlopt.io.gguf_llama import byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    fim = ["<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>", "<\uff5cfim\u2581end\uff5c>"]
+    vocab = byte_vocabulary() + fim
+    tok = BPETokenizer(vocab, ["a 1"], token_types=[1] * 256 + [3, 4, 4, 4], eos_id=256)
+    text = fim[0] + "def" + fim[1] + "x" + fim[2]
+    ids = tok.encode(text, parse_special=True).tolist()
+    assert ids[0] == 257 and 258 in ids and ids[-1] == 259
+    assert not {257, 258, 259} & set(tok.encode(text, parse_special=False).tolist())
+    assert tok.decode(ids, skip_special=True) == "defx"
+    assert tok.eog_ids == {256}
+
+
+def test_a_vocabulary_naming_no_pre_tokenizer_cuts_words_as_llamacpp_default():
+    # llama.cpp's 'default': punctuation runs, GPT-2's words, digit runs, then ASCII
+    # digit triples ('1234567' -> 123 456 7, where GPT-2's pattern keeps one word)
+    from ggmlopt.io.gguf_llama import byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    vocab = byte_vocabulary() + ["12", "123", "1234"]
+    merges = ["1 2", "12 3", "123 4"]
+    gpt2 = BPETokenizer(vocab, merges, pre="gpt-2")
+    default = BPETokenizer(vocab, merges, pre="default")
+    pieces = [default.id_to_token(i) for i in default.encode("1234567")]
+    assert pieces == ["123", "4", "5", "6", "7"]
+    assert [gpt2.id_to_token(i) for i in gpt2.encode("1234567")] == ["1234", "5", "6", "7"]
+    assert [default.id_to_token(i) for i in default.encode("I'm")] == ["I", "'", "m"]
+
+
+def test_spm_decode_strips_the_first_token_only():
+    # llama.cpp and transformers: after a leading BOS the next piece keeps its space
+    tok = _spm()
+    hello = tok.token_to_id("\u2581hello")
+    assert tok.decode([1, hello, hello]) == "<s> hello hello"
+    assert tok.decode([hello, hello]) == "hello hello"
+    assert tok.decode([1, hello], skip_special=True) == "hello"
+
+
+def test_bpe_decode_joins_a_character_around_a_skipped_control_token():
+    from ggmlopt.io.gguf_llama import byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    tok = BPETokenizer(byte_vocabulary() + ["<|x|>"], ["a 1"], token_types=[1] * 256 + [3, 3],
+                       eos_id=256)
+    e_acute = list(tok.encode("\u00e9"))
+    assert len(e_acute) == 2
+    ids = [e_acute[0], 257, e_acute[1]]
+    assert tok.decode(ids, skip_special=True) == "\u00e9"
+    assert tok.decode(ids) == "\ufffd<|x|>\ufffd"

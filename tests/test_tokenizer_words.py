@@ -324,3 +324,20 @@ def test_every_vocabularys_special_splitter_cuts_as_the_alternation(path):
                for _ in range(300)]
     for text in sample:
         assert trie.split(text) == plain.split(text), repr(text[:80])
+
+
+def test_added_tokens_matched_in_the_normalized_text_stay_with_the_library(tmp_path):
+    # older SentencePiece conversions mark every added token normalized: the library
+    # matches them in the text after its normalizer (spaces as U+2581), where the
+    # word path would match them in the raw text and give other ids
+    import json
+    _small_spm_json(tmp_path)
+    spec = json.loads((tmp_path / "tokenizer.json").read_text())
+    for token in spec["added_tokens"]:
+        token["normalized"] = True
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    from ggmlopt.hf_tokenizer import load_hf_tokenizer
+    hf = load_hf_tokenizer(tmp_path)
+    assert hf._words is None
+    for text in ("hello<|im_end|>\n<s>", "<s> hello</s> hello", " <|im_end|>  hello"):
+        assert hf.encode(text).tolist() == hf._library_encode(hf._tk, text, True).ids

@@ -645,7 +645,12 @@ def _tokenizer_of_kind(fields: dict[str, Any], where: str):
             "chat_template": template}
         if kind == "gemma4":   # llama.cpp puts BOS first for it whatever add_bos_token says
             return MetaspaceBPETokenizer(tokens, merges, add_bos=True, **common)
-        pre = fields.get("tokenizer.ggml.pre", "default")
+        pre = fields.get("tokenizer.ggml.pre")
+        if pre is None:
+            warnings.warn(f"{where}: no tokenizer.ggml.pre; the words are cut as llama.cpp "
+                          "cuts them then (its 'default' pre-tokenizer, which it warns "
+                          "degrades the model's text)", UserWarning, stacklevel=3)
+            pre = "default"
         # without the key, llama.cpp's default for the pre-tokenizer (BOS for Llama 3's)
         add_bos = fields.get("tokenizer.ggml.add_bos_token", pre in BOS_BY_DEFAULT_PRE)
         return BPETokenizer(tokens, merges, add_bos=bool(add_bos), pre=pre, **common)
