@@ -73,7 +73,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--batch", type=int, default=8,
                    help="datapoints per optimizer step (logical batch)")
     p.add_argument("-ub", "--micro-batch", type=int, default=None,
-                   help="datapoints per forward/backward pass (physical batch)")
+                   help="datapoints per forward/backward pass (physical batch); below "
+                        "--batch, each micro-batch's mean loss weighs the same (ggml's "
+                        "accumulation), whatever its number of answer tokens")
     p.add_argument("-val-split", "--val-split", type=float, default=0.0)
     p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--checkpoint", help="an .npz checkpoint written after each epoch")
