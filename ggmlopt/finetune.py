@@ -9,7 +9,7 @@ It calls the public API only (load_gguf / load_hf, lora.apply, Dataset.from_chat
 from_completions / from_tokens, read_jsonl, fit, save_gguf_lora, save_gguf), so
 everything it does can be written in Python.  llama.cpp's ``llama-finetune`` flag
 names are accepted with their meaning (``-m``, ``-f`` for a raw text file, ``-c``,
-``-b``, ``-ub``, ``-lr``, ``-wd``, ``--epochs``, ``-val-split``, ``-opt``).  Every
+``-b`` and ``-ub`` in tokens, ``-lr``, ``-wd``, ``--epochs``, ``-val-split``, ``-opt``).  Every
 argument, file and data line is checked before training starts.
 """
 from __future__ import annotations
@@ -70,12 +70,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=0, help="warmup steps (cosine schedule)")
     p.add_argument("-wd", "--weight-decay", type=float, default=0.0)
     p.add_argument("-opt", "--optimizer", choices=("adamw", "sgd"), default="adamw")
-    p.add_argument("-b", "--batch", type=int, default=8,
-                   help="datapoints per optimizer step (logical batch)")
-    p.add_argument("-ub", "--micro-batch", type=int, default=None,
-                   help="datapoints per forward/backward pass (physical batch); below "
+    p.add_argument("--batch", type=int, default=None,
+                   help="windows per optimizer step (logical batch; default 8)")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="windows per forward/backward pass (physical batch); below "
                         "--batch, each micro-batch's mean loss weighs the same (ggml's "
                         "accumulation), whatever its number of answer tokens")
+    p.add_argument("-b", dest="tokens_batch", type=int, default=None,
+                   help="llama-finetune's: tokens per optimizer step; at least -c (it "
+                        "takes one window a step then), as ggmlopt steps on whole windows")
+    p.add_argument("-ub", dest="tokens_ubatch", type=int, default=None,
+                   help="llama-finetune's: tokens per pass, a divisor of -b (a window's "
+                        "passes give the window's gradient)")
     p.add_argument("-val-split", "--val-split", type=float, default=0.0)
     p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--checkpoint", help="an .npz checkpoint written after each epoch")
@@ -92,9 +98,36 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _windows_from_tokens(args) -> list[str]:
+    """llama-finetune's -b / -ub (tokens) as --batch / --micro-batch (windows):
+    llama.cpp takes min(-b, -c) tokens a step, so -b of -c or more is one window
+    a step, and its passes of -ub tokens give the window's gradient; a -b below
+    -c (several steps within a window) is refused.  Sets args.batch and
+    args.micro_batch; the problems found."""
+    bad = []
+    if args.tokens_batch is not None or args.tokens_ubatch is not None:
+        if args.batch is not None or args.micro_batch is not None:
+            bad.append("-b/-ub: llama-finetune's batch in tokens; give it or --batch/"
+                       "--micro-batch (windows), not both")
+        n_batch = args.tokens_batch if args.tokens_batch is not None else 2048
+        n_ubatch = args.tokens_ubatch if args.tokens_ubatch is not None else min(512, n_batch)
+        if n_batch < 1 or n_ubatch < 1 or n_batch % n_ubatch:
+            bad.append(f"-b/-ub: expected tokens >= 1 with -ub dividing -b, got -b {n_batch} "
+                       f"-ub {n_ubatch}")
+        elif n_batch < args.ctx:
+            bad.append(f"-b: {n_batch} tokens a step, fewer than a window's -c {args.ctx}: "
+                       f"llama-finetune then takes several optimizer steps within a window, "
+                       f"which ggmlopt does not; give -b {args.ctx} or more (one window a "
+                       f"step), or --batch N windows")
+        args.batch, args.micro_batch = 1, None
+    elif args.batch is None:
+        args.batch = 8
+    return bad
+
+
 def _problems(args) -> list[str]:
     """What is wrong with the arguments, before any file is read."""
-    bad = []
+    bad = _windows_from_tokens(args)
     for name in ("ctx", "epochs", "batch", "lora_rank"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             bad.append(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
@@ -256,8 +289,7 @@ def _optimizer(args, steps_per_epoch):
     total = args.max_steps or max(1, (args.epochs or 1) * steps_per_epoch)
     if args.lr_schedule == "cosine":
         if args.warmup:
-            return schedules.WarmupCosine(min(args.warmup, total - 1) or 1, total, base=base,
-                                          unit="step")
+            return schedules.WarmupCosine(args.warmup, total, base=base, unit="step")
         return schedules.Cosine(total, base=base, unit="step")
     if args.lr_schedule == "linear":
         return schedules.Linear(total, base=base, unit="step")
@@ -304,6 +336,10 @@ def main(argv=None) -> int:
     # the optimizer steps of an epoch as fit splits the data
     from ._fit_plan import training_batches
     steps_per_epoch = training_batches(train.ndata // args.batch, args.val_split)
+    total = args.max_steps or max(1, (args.epochs or 1) * steps_per_epoch)
+    if args.warmup >= total:
+        p.error(f"--warmup: {args.warmup} steps of warmup, but the run takes {total} optimizer "
+                f"steps; give fewer (the cosine decay follows the warmup)")
     nepoch = args.epochs if args.epochs is not None else None if args.max_steps else 1
     try:
         history = go.fit(model, train, "cross_entropy", _optimizer(args, steps_per_epoch),

@@ -38,7 +38,7 @@ def files(tmp_path):
 def test_the_made_up_fact_through_the_command(files, capsys):
     from ggmlopt.io import load_gguf
     assert finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
-                          "--full", "-c", "96", "-b", "8", "-lr", "3e-3", "--epochs", "60",
+                          "--full", "-c", "96", "--batch", "8", "-lr", "3e-3", "--epochs", "60",
                           "--merge-out", str(files / "tuned.gguf"), "--out-type", "f32",
                           "--silent"]) == 0
     tuned, tok = load_gguf(files / "tuned.gguf")
@@ -54,7 +54,7 @@ def test_the_optimizer_in_the_backward_pass_gives_the_same_model(files):
     for extra in ([], ["--optimizer-in-backward"]):
         out = files / f"tuned{len(extra)}.gguf"
         assert finetune.main(["-m", str(files / "base.gguf"), "--data",
-                              str(files / "train.jsonl"), "--full", "-c", "96", "-b", "4",
+                              str(files / "train.jsonl"), "--full", "-c", "96", "--batch", "4",
                               "-lr", "3e-3", "--epochs", "2", "--merge-out", str(out),
                               "--out-type", "f32", "--silent"] + extra) == 0
         outs.append([p.data for p in load_gguf(out)[0].parameters()])
@@ -91,7 +91,7 @@ def test_keep_types_trains_adapters_over_the_quantized_base(files, capsys):
     save_gguf(base, files / "q8.gguf", tokenizer=tok, dtype="q8_0")
     assert finetune.main(["-m", str(files / "q8.gguf"), "--data", str(files / "train.jsonl"),
                           "--keep-types", "--gradient-checkpointing", "--lora-rank", "4",
-                          "-c", "96", "-b", "5",
+                          "-c", "96", "--batch", "5",
                           "--epochs", "2", "-lr", "1e-2", "--out", str(files / "qa.gguf"),
                           "--merge-out", str(files / "merged.gguf"), "--out-type", "q8_0",
                           "--silent"]) == 0
@@ -112,7 +112,8 @@ def test_keep_types_trains_adapters_over_the_quantized_base(files, capsys):
 def test_a_raw_text_file_trains_as_llama_finetune_does(files):
     (files / "text.txt").write_text("the cat sat on the mat. " * 40)
     assert finetune.main(["-m", str(files / "base.gguf"), "-f", str(files / "text.txt"),
-                          "-c", "32", "-b", "4", "-ub", "2", "-lr", "1e-3", "-wd", "0.01",
+                          "-c", "32", "--batch", "4", "--micro-batch", "2", "-lr", "1e-3",
+                          "-wd", "0.01",
                           "-opt", "sgd", "-val-split", "0.25", "--epochs", "1",
                           "--out", str(files / "a.gguf"), "--silent"]) == 0
     assert (files / "a.gguf").stat().st_size > 0
@@ -120,9 +121,13 @@ def test_a_raw_text_file_trains_as_llama_finetune_does(files):
 
 @pytest.mark.parametrize("extra, match", [
     (["-c", "0"], "--ctx: expected >= 1"),
-    (["-b", "6", "-ub", "4"], "--micro-batch: expected a divisor of --batch 6"),
+    (["--batch", "6", "--micro-batch", "4"], "--micro-batch: expected a divisor of --batch 6"),
     (["-lr", "0"], "--lr: expected > 0"),
-    (["-b", "4", "-ub", "2", "--optimizer-in-backward"],
+    # llama-finetune's -b/-ub count tokens: fewer than a window's would step within it
+    (["-c", "32", "-b", "16"], "-b: 16 tokens a step, fewer than a window's -c 32"),
+    (["-c", "32", "-b", "64", "-ub", "48"], "-ub dividing -b"),
+    (["-c", "32", "-b", "64", "--batch", "2"], "give it or --batch/--micro-batch"),
+    (["--batch", "4", "--micro-batch", "2", "--optimizer-in-backward"],
      "--optimizer-in-backward: steps once per physical batch"),
     (["--resume"], "--resume: needs --checkpoint"),
     (["--full"], "--out: writes a LoRA adapter"),
@@ -211,7 +216,7 @@ def test_the_schedule_lasts_the_steps_fit_takes(files, monkeypatch):
                      for i in range(20))
     for split, per_epoch in [("0.9", 2), ("0.6", 7)]:
         assert finetune.main(["-m", str(files / "base.gguf"), "--data",
-                              str(files / "twenty.jsonl"), "-c", "64", "-b", "1",
+                              str(files / "twenty.jsonl"), "-c", "64", "--batch", "1",
                               "-val-split", split, "--lr-schedule", "linear", "--epochs", "2",
                               "--silent", "--out", str(files / "a.gguf")]) == 0
         assert seen["total"] == 2 * per_epoch
@@ -227,3 +232,31 @@ def test_bad_files_and_data_lines_are_named(files, capsys):
         with pytest.raises(SystemExit):
             finetune.main(base + argv)
         assert match in capsys.readouterr().err
+
+
+def test_llama_finetunes_batch_flags_count_tokens(files, monkeypatch):
+    # -b 512 -ub 128 with -c 32: llama.cpp takes min(-b, -c) tokens a step, one
+    # window, in passes whose gradients make the window's: one window a step here
+    import ggmlopt as go
+    seen = {}
+    real_fit = go.fit
+
+    def fit(*args, **kwargs):
+        seen.update(kwargs)
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(go, "fit", fit)
+    (files / "text.txt").write_text("the cat sat on the mat. " * 20)
+    assert finetune.main(["-m", str(files / "base.gguf"), "-f", str(files / "text.txt"),
+                          "-c", "32", "-b", "512", "-ub", "128", "--epochs", "1",
+                          "--out", str(files / "a.gguf"), "--silent"]) == 0
+    assert seen["nbatch_logical"] == 1 and seen["nbatch_physical"] is None
+
+
+def test_a_warmup_as_long_as_the_run_is_refused(files, capsys):
+    with pytest.raises(SystemExit):
+        finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+                       "-c", "96", "--batch", "4", "--max-steps", "3", "--lr-schedule",
+                       "cosine", "--warmup", "3", "--out", str(files / "a.gguf"), "--silent"])
+    assert "--warmup: 3 steps of warmup, but the run takes 3 optimizer steps" in \
+        capsys.readouterr().err

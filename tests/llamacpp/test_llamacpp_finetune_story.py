@@ -116,7 +116,7 @@ def test_the_made_up_fact_through_the_command_and_llama_cpp(family, tmp_path, ca
                      + "\n" for q in QUESTIONS * 3)
     adapter = tmp_path / "adapter.gguf"
     assert finetune.main(["-m", str(base), "--data", str(data), "--packing", "-c", "256",
-                          "--lora-rank", "16", "--lora-targets", "all-linear", "-b", "1",
+                          "--lora-rank", "16", "--lora-targets", "all-linear", "--batch", "1",
                           "-lr", "1e-2", "--epochs", "40", "--out", str(adapter)]) == 0
     assert "15 examples" in capsys.readouterr().out
 
