@@ -80,8 +80,10 @@ def parser() -> argparse.ArgumentParser:
                    help="llama-finetune's: tokens per optimizer step; at least -c (it "
                         "takes one window a step then), as ggmlopt steps on whole windows")
     p.add_argument("-ub", dest="tokens_ubatch", type=int, default=None,
-                   help="llama-finetune's: tokens per pass, a divisor of -b (a window's "
-                        "passes give the window's gradient)")
+                   help="llama-finetune's: tokens per pass, dividing min(-b, -c); checked and "
+                        "otherwise unused, as each window runs in one pass here (llama.cpp's "
+                        "passes shorter than -c leave K and V without the later passes' "
+                        "gradients)")
     p.add_argument("-val-split", "--val-split", type=float, default=0.0)
     p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--checkpoint", help="an .npz checkpoint written after each epoch")
@@ -101,19 +103,21 @@ def parser() -> argparse.ArgumentParser:
 def _windows_from_tokens(args) -> list[str]:
     """llama-finetune's -b / -ub (tokens) as --batch / --micro-batch (windows):
     llama.cpp takes min(-b, -c) tokens a step, so -b of -c or more is one window
-    a step, and its passes of -ub tokens give the window's gradient; a -b below
-    -c (several steps within a window) is refused.  Sets args.batch and
-    args.micro_batch; the problems found."""
+    a step; a -b below -c (several steps within a window) is refused.  -ub is
+    checked as llama.cpp checks it and then unused: a window runs in one pass.
+    Sets args.batch and args.micro_batch; the problems found."""
     bad = []
     if args.tokens_batch is not None or args.tokens_ubatch is not None:
         if args.batch is not None or args.micro_batch is not None:
             bad.append("-b/-ub: llama-finetune's batch in tokens; give it or --batch/"
                        "--micro-batch (windows), not both")
+        # llama-finetune's defaults, capped as its opt_init caps them
         n_batch = args.tokens_batch if args.tokens_batch is not None else 2048
-        n_ubatch = args.tokens_ubatch if args.tokens_ubatch is not None else min(512, n_batch)
-        if n_batch < 1 or n_ubatch < 1 or n_batch % n_ubatch:
-            bad.append(f"-b/-ub: expected tokens >= 1 with -ub dividing -b, got -b {n_batch} "
-                       f"-ub {n_ubatch}")
+        n_ubatch = args.tokens_ubatch if args.tokens_ubatch is not None else 512
+        capped = min(n_batch, args.ctx)
+        if n_batch < 1 or n_ubatch < 1 or capped % min(n_ubatch, capped):
+            bad.append(f"-b/-ub: expected tokens >= 1, -ub dividing min(-b, -c) = {capped} "
+                       f"as llama-finetune needs, got -ub {n_ubatch}")
         elif n_batch < args.ctx:
             bad.append(f"-b: {n_batch} tokens a step, fewer than a window's -c {args.ctx}: "
                        f"llama-finetune then takes several optimizer steps within a window, "

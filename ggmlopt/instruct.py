@@ -76,8 +76,10 @@ def _eog_texts(tokenizer) -> tuple[str, ...]:
     for i in getattr(tokenizer, "eog_ids", ()):
         if callable(getattr(tokenizer, "id_to_token", None)):
             text = tokenizer.id_to_token(int(i))
-        else:
+        elif callable(getattr(tokenizer, "token_bytes", None)):
             text = tokenizer.token_bytes(int(i)).decode("utf-8", "replace")
+        else:
+            continue   # a tokenizer that cannot spell it: no end-of-turn rule
         if text:
             texts.add(text)
     return tuple(sorted(texts, key=lambda t: (-len(t), t)))
@@ -261,7 +263,7 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
     if train_on not in TRAIN_ON:
         raise ValueError(f"train_on: expected one of {TRAIN_ON}, got {train_on!r}")
     tools = template_kwargs.get("tools")
-    template = tokenizer.compiled_chat_template(tools=tools) if tools else \
+    template = tokenizer.compiled_chat_template(tools=tools) if tools is not None else \
         tokenizer.compiled_chat_template()
     eog_texts = _eog_texts(tokenizer)
     examples = []

@@ -235,7 +235,8 @@ def _bf16_copies(model) -> tuple[int, int, bool]:
     if head is not None and isinstance(head, Linear) and head.weight is not None:
         weights += 2 * head.weight.data.size
         float_head = True
-    elif head is None and type(model._embedding) is Embedding:
+    elif head is None and isinstance(model._embedding, Embedding) \
+            and model._embedding.weight is not None:   # (a LoRA adapter's too)
         weights += 2 * model._embedding.weight.data.size
         float_head = True
     return weights, per_token, float_head

@@ -85,7 +85,7 @@ class _ChatTemplated:
         """The ggmlopt.chat_template.ChatTemplate of chat_template (made once), or
         with tools of the named ``tool_use`` template where there is one."""
         source = self.chat_template
-        if tools and self.named_chat_templates.get("tool_use"):
+        if tools is not None and self.named_chat_templates.get("tool_use"):
             source = self.named_chat_templates["tool_use"]
         if not source:
             raise ValueError(f"tokenizer: {self!r} has no chat_template (give one: "

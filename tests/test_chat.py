@@ -495,6 +495,8 @@ def test_tools_render_with_the_checkpoints_tool_use_template(tmp_path):
     assert tok.apply_chat_template(chat, tokenize=False) == "[q][x]"
     assert tok.apply_chat_template(chat, tokenize=False, tools=tools) == \
         'TOOLS [{"name": "get_weather"}][q][x]'
+    # transformers picks tool_use for any tools given, an empty list too
+    assert tok.apply_chat_template(chat, tokenize=False, tools=[]) == "TOOLS [][q][x]"
     x, _ = go.instruct.chat_windows([chat], tok, 64, tools=tools)
     assert tok.decode(x[0], skip_special=True).startswith("TOOLS [{")
     # a Hugging Face tokenizer_config.json's list of named templates

@@ -125,7 +125,7 @@ def test_a_raw_text_file_trains_as_llama_finetune_does(files):
     (["-lr", "0"], "--lr: expected > 0"),
     # llama-finetune's -b/-ub count tokens: fewer than a window's would step within it
     (["-c", "32", "-b", "16"], "-b: 16 tokens a step, fewer than a window's -c 32"),
-    (["-c", "32", "-b", "64", "-ub", "48"], "-ub dividing -b"),
+    (["-c", "32", "-b", "64", "-ub", "24"], "-ub dividing min(-b, -c) = 32"),
     (["-c", "32", "-b", "64", "--batch", "2"], "give it or --batch/--micro-batch"),
     (["--batch", "4", "--micro-batch", "2", "--optimizer-in-backward"],
      "--optimizer-in-backward: steps once per physical batch"),

@@ -80,22 +80,17 @@ def test_a_phi3_window_shorter_than_the_context_is_said_on_loading(tmp_path):
         load_gguf(path)
 
 
-@pytest.mark.parametrize("type_key", [None, "none"])
-def test_a_scaling_factor_without_a_linear_type_scales_as_llamacpp_does(tmp_path, type_key):
-    # llama.cpp divides the positions by rope.scaling.factor whatever the type
-    # says (a missing type reads as linear)
+def test_a_scaling_factor_without_its_type_scales_as_llamacpp_does(tmp_path):
+    # llama.cpp reads a missing rope.scaling.type as linear, so its factor scales;
+    # an explicit "none" never scales, whatever the factor
     model = Llama(LlamaConfig(**SHAPE, rope_scaling=RopeScaling("linear", 4.0)), seed=0)
     src, dst = tmp_path / "a.gguf", tmp_path / "b.gguf"
     save_gguf(model, src, tokenizer=ByteTokenizer())
-    if type_key is None:
-        rewrite(src, dst, drop_keys=("llama.rope.scaling.type",))
-    else:
-        rewrite(src, dst, set_keys={"llama.rope.scaling.type": (type_key, VT.STRING, None)})
+    rewrite(src, dst, drop_keys=("llama.rope.scaling.type",))
     back, _ = load_gguf(dst)
     assert back.config.rope_scaling == RopeScaling("linear", 4.0)
     np.testing.assert_array_equal(back.forward(TOKENS), model.forward(TOKENS))
-    rewrite(src, dst, set_keys={"llama.rope.scaling.type": ("none", VT.STRING, None),
-                                "llama.rope.scaling.factor": (1.0, VT.FLOAT32, None)})
+    rewrite(src, dst, set_keys={"llama.rope.scaling.type": ("none", VT.STRING, None)})
     assert load_gguf(dst)[0].config.rope_scaling is None
 
 
@@ -119,6 +114,15 @@ def test_a_file_is_not_loaded_into_a_model_that_computes_otherwise(tmp_path):
     same_shapes = {f.name: getattr(smol.config, f.name) for f in dataclasses.fields(LlamaConfig)}
     with pytest.raises(ValueError, match="architecture differs from the model's"):
         load_gguf(path, Llama(LlamaConfig(**same_shapes), seed=0))
+    # a Gemma 3 without a window whose local layers compute as global ones (equal
+    # bases, no scaling) reads back with every layer global: the same model
+    gemma = Gemma3(Gemma3Config(**SHAPE, head_dim=8, query_pre_attn_scalar=8.0,
+                                sliding_window=None, sliding_layers=(True, False, True),
+                                rope_local_base=10000.0, rope_base=10000.0), seed=0)
+    save_gguf(gemma, path, tokenizer=ByteTokenizer())
+    into_gemma = Gemma3(gemma.config, seed=1)
+    load_gguf(path, into_gemma)
+    np.testing.assert_array_equal(into_gemma.forward(TOKENS), gemma.forward(TOKENS))
     # a Llama 3 scaling reads back as its frequency factors: the same model
     scaled = RopeScaling("llama3", 8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                          original_max_position_embeddings=8)
@@ -156,6 +160,8 @@ def test_a_phi3_vocabulary_is_written_under_a_name_llamacpp_applies_its_rule_by(
     assert load_gguf_tokenizer(path).rstrip_ids == {2, 3, 4}
     with pytest.raises(ValueError, match="name: 'my-tune'.*'phi3' or 'phi-3'"):
         save_llama_gguf(model, tmp_path / "q.gguf", tokenizer=tok, name="my-tune")
+    with pytest.raises(TypeError, match="name: expected a str"):
+        save_llama_gguf(model, tmp_path / "q.gguf", tokenizer=tok, name=3)
     assert not (tmp_path / "q.gguf").exists()
 
 

@@ -132,3 +132,20 @@ def test_fit_refuses_what_the_machine_cannot_hold_before_allocating(monkeypatch)
     for p, w in zip(model.parameters(), weights):
         np.testing.assert_array_equal(p.data, w)
         assert p._grad is None   # no gradient was made
+
+
+def test_bf16_copies_count_a_tied_head_with_an_embedding_adapter():
+    # the tied head multiplies its bf16 weight copy whether or not its embedding
+    # carries a LoRA adapter; a float32 report counts no copy at all
+    if not gemm.bf16_support()[0]:
+        pytest.skip(f"bf16 runs as float32 here: {gemm.bf16_support()[1]}")
+    cfg = LlamaConfig(**{**SMALL, "tie_embeddings": True})
+    plain, adapted = Llama(cfg, seed=0), Llama(cfg, seed=0)
+    lora.apply(plain, rank=4)
+    lora.apply(adapted, rank=4, targets=("q_proj", "k_proj", "v_proj", "o_proj",
+                                         "embed_tokens"))
+    bf16 = [go.memory_report(m, 2, 64, precision="bf16") for m in (plain, adapted)]
+    f32 = [go.memory_report(m, 2, 64) for m in (plain, adapted)]
+    copies = [b.weights - f.weights for b, f in zip(bf16, f32)]
+    embedding = 2 * SMALL["vocab_size"] * SMALL["dim"]
+    assert copies[1] - copies[0] == 0 and copies[0] > embedding

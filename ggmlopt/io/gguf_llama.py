@@ -230,7 +230,8 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     chosen = name is not None or bool(carried and "general.name" in carried)
     if name is None:
         name = str(carried.get("general.name", "ggmlopt-llama")) if carried else "ggmlopt-llama"
-    name = _name_for_vocabulary(name, tokenizer, chosen)
+    if isinstance(name, str):   # (model_file_items names a name of another type)
+        name = _name_for_vocabulary(name, tokenizer, chosen)
     items = model_file_items(model, name, metadata, _RESERVED_PREFIXES)
     dtype = _save_dtype_arg(dtype)
     path = output_path(path)
@@ -389,17 +390,17 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
     if key("expert_count", 0, required=False) or key("expert_used_count", 0, required=False):
         raise ValueError(f"{where}: a mixture of experts ({arch}.expert_count > 0) is not "
                          "supported")
-    scaling_type = key("rope.scaling.type", "none", required=False)
+    scaling_type = key("rope.scaling.type", None, required=False)
     factor = key("rope.scaling.factor", 0.0, required=False)
     scaling = None
     if scaling_type == "linear":
         scaling = RopeScaling("linear", float(key("rope.scaling.factor")))
-    elif scaling_type in ("none", None):
-        # llama.cpp divides the positions by a factor whatever the type says (its
-        # missing type reads as linear): a factor other than 0 or 1 is linear scaling
+    elif scaling_type is None:
+        # llama.cpp reads a missing type as linear: a factor other than 0 or 1 scales
+        # (an explicit "none" never does)
         if float(factor) not in (0.0, 1.0):
             scaling = RopeScaling("linear", float(factor))
-    else:
+    elif scaling_type != "none":
         raise ValueError(f"{where}: rope scaling {scaling_type!r} is not supported (none, "
                          "linear, or Llama 3's rope_freqs tensor)")
     freqs = tensors.get("rope_freqs.weight")
@@ -762,6 +763,16 @@ def _computes_otherwise(read: LlamaGguf, cfg) -> list[str]:
                                 for f in dataclasses.fields(read.config) if f.name in fields})
     except (TypeError, ValueError) as e:
         return [f"settings do not make a {type(cfg).__name__} ({e})"]
+    def windowless(c):
+        # without a window, local layers differ from global ones by their RoPE alone:
+        # equal bases and no scaling make every layer global
+        return getattr(c, "sliding_window", 0) is None and (
+            not any(getattr(c, "sliding_layers", None) or ())
+            or (c.rope_local_base == c.rope_base and c.rope_scaling is None))
+
+    if windowless(file_cfg) and windowless(cfg):
+        fields -= {"sliding_layers", "rope_local_base"}
+
     def same(x, y):   # the file keeps floats in float32
         if isinstance(x, float) and isinstance(y, float):
             return bool(np.float32(x) == np.float32(y))
