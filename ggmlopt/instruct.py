@@ -70,6 +70,19 @@ def _spans_to_mask(offsets: np.ndarray, spans: list[tuple[int, int]],
     return mask
 
 
+def _own_ends(tokenizer, ids, offsets) -> np.ndarray | None:
+    """Each token's offset plus the length of its own spelling: token_bytes', or
+    the vocabulary's text (a special token's exactly; an ordinary one's at least
+    its bytes, U+2581 and GPT-2's byte letters being longer), None without either."""
+    if callable(getattr(tokenizer, "token_bytes", None)):
+        lengths = [len(tokenizer.token_bytes(int(i))) for i in ids]
+    elif callable(getattr(tokenizer, "id_to_token", None)):
+        lengths = [len(tokenizer.id_to_token(int(i)).encode("utf-8")) for i in ids]
+    else:
+        return None
+    return offsets[:-1] + np.asarray(lengths, np.int64)
+
+
 def _eog_texts(tokenizer) -> tuple[str, ...]:
     """The texts of the tokenizer's end-of-generation tokens, longest first."""
     texts = set()
@@ -291,10 +304,7 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
             raise ValueError(f"conversations[{k}]: the tokenizer's tokens do not spell the "
                              "rendered text byte for byte; its masks cannot be placed")
         byte_spans = [_byte_span(text, a, b) for a, b in spans]
-        spell = getattr(tokenizer, "token_bytes", None)
-        own_ends = None if not callable(spell) else \
-            offsets[:-1] + np.array([len(spell(int(i))) for i in ids], np.int64)
-        mask = _spans_to_mask(offsets, byte_spans, own_ends)
+        mask = _spans_to_mask(offsets, byte_spans, _own_ends(tokenizer, ids, offsets))
         # BOS first when the tokenizer's add_bos says so and the template did not
         # write it: what ggmlopt.chat and llama.cpp feed the model at inference
         if _wants_bos(tokenizer, ids):

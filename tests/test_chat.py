@@ -516,3 +516,28 @@ def test_tools_render_with_the_checkpoints_tool_use_template(tmp_path):
     for kwargs in ({}, {"tools": tools}):
         assert hf.apply_chat_template(chat, tokenize=False, **kwargs) == \
             theirs.apply_chat_template(chat, tokenize=False, **kwargs)
+
+
+@pytest.mark.parametrize("answer", ["42", "\nHi", " x"])
+def test_a_hugging_face_tokenizer_labels_the_tokens_after_the_generation_prompt(tmp_path,
+                                                                              answer):
+    # the same vocabulary as a tokenizer.json whose special tokens strip the
+    # whitespace after them (rstrip): <|assistant|> stays the prompt's
+    pytest.importorskip("tokenizers")
+    from ggmlopt.hf_tokenizer import load_hf_tokenizer
+    spm = _phi3_like()
+    spm.hf_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "<|endoftext|>", "chat_template": PHI3_TEMPLATE,
+         "add_bos_token": False}))
+    tok = load_hf_tokenizer(tmp_path)
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]
+    template = tok.compiled_chat_template()
+    full = go.instruct.document_ids(tok, template.render(chat))
+    prompt = go.instruct.document_ids(tok, template.render(chat[:1], True))
+    assert list(full[:prompt.size]) == list(prompt)
+    x, y = go.instruct.chat_windows([chat], tok, 32)
+    n = full.size - 1
+    np.testing.assert_array_equal(x[0, :n], full[:-1])
+    np.testing.assert_array_equal(y[0, :n], np.where(np.arange(n) >= prompt.size - 1,
+                                                     full[1:], -1))
