@@ -192,6 +192,8 @@ def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / temperature
     cut = -math.inf if min_p is None or min_p <= 0 else math.log(min_p)
+    if top_p is not None and top_p >= 1:
+        top_p = None   # keeps every id (transformers and llama.cpp skip it): no rounded cut
     if top_k is None and top_p is None:
         if min_p:   # p_i >= min_p * p_max  <=>  z_i >= z_max + log(min_p)
             z = np.where(z >= z.max() + cut, z, -np.inf)

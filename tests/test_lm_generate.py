@@ -243,3 +243,21 @@ def test_repetition_penalty_and_min_p_follow_their_definitions():
         go.generate(model, [5], 3, repetition_penalty=0)
     with pytest.raises(ValueError, match="min_p"):
         go.generate(model, [5], 3, min_p=1.5)
+
+
+def test_top_p_of_one_keeps_every_id():
+    # a cumulative sum that rounds to 1.0 before its end must not cut the tail
+    # off (transformers and llama.cpp skip top_p >= 1 altogether)
+    from ggmlopt.lm import _pick
+
+    class Drawn:
+        def choice(self, n, p):
+            self.n, self.p = n, p
+            return 0
+
+    z = np.concatenate([[0.0], np.full(20, -40.0)]).astype(np.float32)
+    rng = Drawn()
+    _pick(z, 1.0, 5, 1.0, rng)
+    assert rng.n == 5 and rng.p[1:].sum() > 0
+    _pick(z, 1.0, 5, 0.5, rng)   # a real cut still cuts
+    assert rng.n == 1
