@@ -204,6 +204,7 @@ def test_an_unknown_type_token_is_matched_and_skipped_as_a_control_one():
 
 
 def test_fill_in_the_middle_tokens_are_control_tokens_that_end_nothing():
+    pytest.importorskip("tokenizers")   # BPETokenizer runs on the library
     # DeepSeek Coder's file types them user-defined: llama.cpp finds them by their
     # text and makes them control (matched only with parse_special, skipped in text)
     from ggmlopt.io.gguf_llama import byte_vocabulary
@@ -220,6 +221,7 @@ def test_fill_in_the_middle_tokens_are_control_tokens_that_end_nothing():
 
 
 def test_a_vocabulary_naming_no_pre_tokenizer_cuts_words_as_llamacpp_default():
+    pytest.importorskip("tokenizers")   # BPETokenizer runs on the library
     # llama.cpp's 'default': punctuation runs, GPT-2's words, digit runs, then ASCII
     # digit triples ('1234567' -> 123 456 7, where GPT-2's pattern keeps one word)
     from ggmlopt.io.gguf_llama import byte_vocabulary
@@ -244,6 +246,7 @@ def test_spm_decode_strips_the_first_token_only():
 
 
 def test_bpe_decode_joins_a_character_around_a_skipped_control_token():
+    pytest.importorskip("tokenizers")   # BPETokenizer runs on the library
     from ggmlopt.io.gguf_llama import byte_vocabulary
     from ggmlopt.text import BPETokenizer
     tok = BPETokenizer(byte_vocabulary() + ["<|x|>"], ["a 1"], token_types=[1] * 256 + [3, 3],
