@@ -280,7 +280,8 @@ def load_hf(directory, *, keep_types=False):
     model's ``eog_ids`` are the directory's generation_config.json (else
     config.json) eos_token_id ids, where transformers' generate stops.
 
-    keep_types=True (a Llama or Qwen2): every Linear weight and the token
+    keep_types=True (every family but GPT-2, whose Conv1D weights stay float32:
+    keep_types=False): every Linear weight and the token
     embedding stay as the file stores them (F32, F16 or BF16), read in place
     from the memory-mapped safetensors, as frozen QuantizedLinear /
     QuantizedEmbedding layers, for LoRA over them; norms and biases are
