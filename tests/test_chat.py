@@ -417,7 +417,12 @@ def test_the_labelled_tokens_are_those_after_the_generation_prompt(answer):
     # the text does not spell); one starting with whitespace has it swallowed by
     # <|assistant|>: either way the tokens to learn are exactly those the model
     # writes after the generation prompt's
-    tok = _phi3_like()
+    _assert_labels_follow_the_prompt(_phi3_like(), answer)
+
+
+def _assert_labels_follow_the_prompt(tok, answer):
+    """A one-turn chat's window labels exactly the tokens after the generation
+    prompt's (whose ids are a prefix of the conversation's)."""
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]
     template = tok.compiled_chat_template()
     full = go.instruct.document_ids(tok, template.render(chat))
@@ -530,14 +535,4 @@ def test_a_hugging_face_tokenizer_labels_the_tokens_after_the_generation_prompt(
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "<s>", "eos_token": "<|endoftext|>", "chat_template": PHI3_TEMPLATE,
          "add_bos_token": False}))
-    tok = load_hf_tokenizer(tmp_path)
-    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]
-    template = tok.compiled_chat_template()
-    full = go.instruct.document_ids(tok, template.render(chat))
-    prompt = go.instruct.document_ids(tok, template.render(chat[:1], True))
-    assert list(full[:prompt.size]) == list(prompt)
-    x, y = go.instruct.chat_windows([chat], tok, 32)
-    n = full.size - 1
-    np.testing.assert_array_equal(x[0, :n], full[:-1])
-    np.testing.assert_array_equal(y[0, :n], np.where(np.arange(n) >= prompt.size - 1,
-                                                     full[1:], -1))
+    _assert_labels_follow_the_prompt(load_hf_tokenizer(tmp_path), answer)

@@ -31,15 +31,21 @@ def _specials(tok, most=6):
     return [t for t in dict.fromkeys(control[:most] + user[:most] + eog) if t.strip()]
 
 
-@pytest.mark.parametrize("name", VOCABS)
-def test_special_tokens_and_the_whitespace_beside_them(name):
+def _vocabulary(name):
+    """(path, ggmlopt's tokenizer) of llama.cpp's vocabulary file name; a skip where
+    this llama.cpp has none."""
     from ggmlopt.io import load_gguf_tokenizer
     path = os.path.join(MODELS, f"ggml-vocab-{name}.gguf")
     if not os.path.isfile(path):
         pytest.skip(f"{path} is not in this llama.cpp")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tok = load_gguf_tokenizer(path)
+        return path, load_gguf_tokenizer(path)
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_special_tokens_and_the_whitespace_beside_them(name):
+    path, tok = _vocabulary(name)
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     specials = _specials(tok)
     assert specials
@@ -64,13 +70,7 @@ def test_end_of_generation_ids_are_llama_cpp_s(name):
     """eog_ids, where generate and chat stop, equal llama.cpp's end-of-generation
     set: eos, eot, the texts it knows, and its fill-in-the-middle pad, repository
     and file-separator tokens (starcoder's <|fim_pad|>, command-r's <PAD> ...)."""
-    from ggmlopt.io import load_gguf_tokenizer
-    path = os.path.join(MODELS, f"ggml-vocab-{name}.gguf")
-    if not os.path.isfile(path):
-        pytest.skip(f"{path} is not in this llama.cpp")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tok = load_gguf_tokenizer(path)
+    path, tok = _vocabulary(name)
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(path.encode(), params)
