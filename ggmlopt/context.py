@@ -545,13 +545,7 @@ class OptContext:
                                  f"positions, n)) for a batch of {batch}, got {shape}")
             return shape
         with eval_mode(model):  # a probe: no dropout, no draws from any rng
-            out = self._check_outputs(model.forward(self._inputs), batch)
-        # only its shape is kept: a model's buffers for it would stay for the whole
-        # training otherwise
-        release = getattr(model, "release_logits", None)
-        if callable(release):
-            release()
-        return out.shape
+            return self._check_outputs(model.forward(self._inputs), batch).shape
 
     def _check_outputs(self, out, batch):
         if not isinstance(out, np.ndarray):

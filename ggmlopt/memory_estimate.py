@@ -218,8 +218,9 @@ def _parameter_bytes(model) -> tuple[int, int]:
 def _bf16_copies(model) -> tuple[int, int, bool]:
     """Under precision="bf16": (bytes of the bf16 copies of the float weights
     the products read, bf16 values kept per token, whether the head multiplies
-    in bf16: then it keeps a chunk's rows and logits' gradient in bf16).  Every float Linear and a
-    float embedding that is the head keep their weight rounded to bf16, and
+    in bf16: then it keeps a chunk's rows and logits' gradient in bf16).  Every
+    float Linear and a float embedding that is the head keep their weight
+    rounded to bf16, and
     each Linear its last input and output gradient rows (ggmlopt.nn._bf16),
     from one step to the next; a layer kept in a file's types multiplies in
     its own type and keeps none."""
@@ -232,7 +233,7 @@ def _bf16_copies(model) -> tuple[int, int, bool]:
         if isinstance(m, Linear) and m.weight is not None and m is not head:
             weights += 2 * m.weight.data.size
             per_token += m.in_features + m.out_features
-    if head is not None and isinstance(head, Linear) and head.weight is not None:
+    if isinstance(head, Linear) and head.weight is not None:
         weights += 2 * head.weight.data.size
         float_head = True
     elif head is None and isinstance(model._embedding, Embedding) \

@@ -388,16 +388,6 @@ class CausalLM(Module):
         ids, _ = self._tokens(tokens, packed=True)
         return (*ids.shape, self.config.vocab_size)
 
-    def release_logits(self) -> None:
-        """Forget the logits buffer forward reuses ((batch * T, vocab) floats) and
-        an own head's output buffer: memory a forward's logits hold until the
-        next forward, which makes new ones (training never reads them: its head
-        runs in chunks)."""
-        self._logits = None
-        if self.lm_head is not None:
-            from ..nn.recompute import release_buffers
-            release_buffers(self.lm_head)
-
     # ---- the head and its loss fused, chunk by chunk (ggmlopt.models._fused_head) -----
 
     # an OptContext training this model with cross-entropy on next-token labels runs
