@@ -24,7 +24,15 @@ from ._bpe_words import WordEncoder
 from ._optional import import_optional
 from .metaspace_bpe import LINES, joined_before_space, word_pattern
 from .pretokenizers import PRE_TOKENIZERS, staged_patterns
-from .text import EOG_TEXTS, _ChatTemplated, _FlagLock, _splitter, checked_ids, ids_around_special
+from .text import (
+    EOG_TEXTS,
+    _ChatTemplated,
+    _FlagLock,
+    _splitter,
+    add_eos_flag,
+    checked_ids,
+    ids_around_special,
+)
 
 __all__ = ["HFTokenizer", "load_hf_tokenizer"]
 
@@ -46,11 +54,12 @@ def _token_text(value: Any) -> str | None:
 class HFTokenizer(_FlagLock, _ChatTemplated):
     """HFTokenizer(tokenizer_json, config=None): a ``tokenizers.Tokenizer`` loaded
     from tokenizer_json (a path) and the settings of a ``tokenizer_config.json``
-    dict (bos_token, eos_token, add_bos_token, chat_template).  Use
+    dict (bos_token, eos_token, add_bos_token, add_eos_token, chat_template).  Use
     ``load_hf_tokenizer(directory)``.
 
     ``encode(text, parse_special=True)`` -> int32 ids without the BOS
-    (``add_bos`` says whether the model wants one first); ``decode(ids,
+    (``add_bos`` says whether the model wants one first, ``add_eos`` whether
+    transformers appends the EOS with its special tokens); ``decode(ids,
     skip_special=False)``; ``token_to_id``, ``id_to_token``; ``bos_id``,
     ``eos_id``, ``eog_ids`` (eos and the end-of-turn tokens llama.cpp knows by
     their text, ``<|im_end|>``, ``<|eot_id|>`` ...); ``chat_template`` and
@@ -75,6 +84,9 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         # transformers adds the BOS where the tokenizer.json's post-processor does
         # (Llama 3's TemplateProcessing) or where the config says so
         self.add_bos = bool(add_bos) if add_bos is not None else self._post_processor_adds_bos()
+        add_eos = config.get("add_eos_token")
+        self.add_eos = add_eos_flag(add_eos if add_eos is not None
+                                    else self._post_processor_adds_eos(), self.eos_id)
         self.eot_id = self.eom_id = None
         eog = {i for i in (self.eos_id,) if i is not None}
         eog |= {i for t in EOG_TEXTS if (i := self.token_to_id(t)) is not None}
@@ -100,6 +112,13 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
             return False
         with_special = self._tk.encode("a", add_special_tokens=True).ids
         return bool(with_special) and with_special[0] == self.bos_id
+
+    def _post_processor_adds_eos(self) -> bool:
+        if self.eos_id is None:
+            return False
+        plain = self._tk.encode("a", add_special_tokens=False).ids
+        with_special = self._tk.encode("a", add_special_tokens=True).ids
+        return len(with_special) > len(plain) and with_special[-1] == self.eos_id
 
     @property
     def special_tokens_map(self) -> dict[str, str]:

@@ -240,13 +240,16 @@ def _wants_bos(tokenizer, ids) -> bool:
         and (len(ids) == 0 or int(ids[0]) != bos)
 
 
-def document_ids(tokenizer, text: str, *, eos: bool = False) -> np.ndarray:
+def document_ids(tokenizer, text: str, *, eos: bool | None = None) -> np.ndarray:
     """text's ids as a document the model reads whole: BOS first when the
-    tokenizer's add_bos says so (as llama.cpp tokenizes a prompt, and
-    llama-finetune its text file), then eos after it when asked; int32."""
+    tokenizer's add_bos says so, EOS last when its add_eos does (as llama.cpp
+    tokenizes a text with its special tokens, and llama-finetune its text file);
+    eos=True or False asks for the EOS or not whatever add_eos says; int32."""
     ids = np.asarray(tokenizer.encode(text), np.int32)
     if _wants_bos(tokenizer, ids):
         ids = np.concatenate([[tokenizer.bos_id], ids])
+    if eos is None:
+        eos = bool(getattr(tokenizer, "add_eos", False))
     if eos and tokenizer.eos_id is not None:
         ids = np.concatenate([ids, [tokenizer.eos_id]])
     return ids.astype(np.int32)

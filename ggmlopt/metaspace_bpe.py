@@ -51,7 +51,8 @@ def word_pattern(joined: str) -> str:
 
 class MetaspaceBPETokenizer(BPETokenizer):
     """MetaspaceBPETokenizer(tokens, merges, *, token_types=None, eos_id=None,
-    bos_id=None, add_bos=True, eot_id=None, eom_id=None, chat_template=None)
+    bos_id=None, add_bos=True, eot_id=None, eom_id=None, chat_template=None,
+    add_eos=False)
 
     A BPE over raw UTF-8 with spaces written as U+2581 and ``<0xXX>`` byte
     fallback: a GGUF's ``gemma4``-type vocabulary (Gemma 4), encoded and decoded
@@ -69,10 +70,10 @@ class MetaspaceBPETokenizer(BPETokenizer):
                  token_types: Sequence[int] | None = None, eos_id: int | None = None,
                  bos_id: int | None = None, add_bos: bool = True,
                  eot_id: int | None = None, eom_id: int | None = None,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, add_eos: bool = False):
         super().__init__(tokens, merges, token_types=token_types, eos_id=eos_id,
                          bos_id=bos_id, add_bos=add_bos, pre="gemma4", eot_id=eot_id,
-                         eom_id=eom_id, chat_template=chat_template)
+                         eom_id=eom_id, chat_template=chat_template, add_eos=add_eos)
 
     def _pipelines(self, tk: Any, vocab: dict[str, int],
                    pairs: list[tuple[str, str]]) -> tuple[Any, WordEncoder | None]:

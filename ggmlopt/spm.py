@@ -25,6 +25,7 @@ from .text import (
     TOKEN_CONTROL,
     TOKEN_USER_DEFINED,
     Vocabulary,
+    add_eos_flag,
     checked_ids,
     ids_around_special,
 )
@@ -37,7 +38,7 @@ SPACE = "\u2581"   # SentencePiece's visible space
 class SPMTokenizer(Vocabulary):
     """SPMTokenizer(tokens, scores, token_types, *, bos_id=None, eos_id=None,
     unk_id=None, add_bos=True, add_space_prefix=True, eot_id=None, eom_id=None,
-    chat_template=None, rstrip_ids=())
+    chat_template=None, rstrip_ids=(), add_eos=False)
 
     tokens: the pieces (str, U+2581 for a space); scores: one float each;
     token_types: llama.cpp's types (1 normal, 2 unknown, 3 control, 4
@@ -45,7 +46,8 @@ class SPMTokenizer(Vocabulary):
     whitespace is dropped (llama.cpp's rstrip attribute, which it gives Phi-3's
     special tokens; Hugging Face's ``rstrip`` added tokens).
     ``encode(text, parse_special=True)`` -> int32 ids without BOS (prepend
-    ``bos_id`` where ``add_bos`` says);
+    ``bos_id`` where ``add_bos`` says; ``add_eos``: whether llama.cpp puts
+    ``eos_id`` last when it tokenizes a text with its special tokens);
     ``decode(ids, skip_special=False)``; ``eog_ids``, ``token_to_id``,
     ``id_to_token``, ``apply_chat_template`` as BPETokenizer has them.
     """
@@ -55,7 +57,7 @@ class SPMTokenizer(Vocabulary):
                  eos_id: int | None = None, unk_id: int | None = None, add_bos: bool = True,
                  add_space_prefix: bool = True, eot_id: int | None = None,
                  eom_id: int | None = None, chat_template: str | None = None,
-                 rstrip_ids: Iterable[int] = ()):
+                 rstrip_ids: Iterable[int] = (), add_eos: bool = False):
         self.tokens = [str(t) for t in tokens]
         n = len(self.tokens)
         self.scores = [float(s) for s in scores]
@@ -74,6 +76,7 @@ class SPMTokenizer(Vocabulary):
         self.eot_id = None if eot_id is None else int(eot_id)
         self.eom_id = None if eom_id is None else int(eom_id)
         self.add_bos = bool(add_bos)
+        self.add_eos = add_eos_flag(add_eos, self.eos_id)
         self.add_space_prefix = bool(add_space_prefix)
         self.chat_template = chat_template
         self.pre = "spm"

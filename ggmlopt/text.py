@@ -100,9 +100,11 @@ class _ChatTemplated:
 
 
 class ByteTokenizer(_ChatTemplated):
-    """ByteTokenizer(chat_template=None): the 256 byte values of UTF-8 as tokens
-    0..255, and ``<|endoftext|>`` as token 256 (``vocab_size`` 257, ``eos_id``
-    256, no BOS); chat_template: a Jinja chat template for apply_chat_template.
+    """ByteTokenizer(chat_template=None, add_eos=False): the 256 byte values of
+    UTF-8 as tokens 0..255, and ``<|endoftext|>`` as token 256 (``vocab_size``
+    257, ``eos_id`` 256, no BOS); chat_template: a Jinja chat template for
+    apply_chat_template; add_eos: whether llama.cpp appends the EOS to a text it
+    tokenizes with its special tokens (a GGUF's ``tokenizer.ggml.add_eos_token``).
 
     ``encode(text)`` is ``np.frombuffer(text.encode("utf-8"))`` as int32 (lone
     surrogates, which are not UTF-8, pass as their 3-byte forms); ``decode(ids)``
@@ -115,11 +117,13 @@ class ByteTokenizer(_ChatTemplated):
     vocab_size = 257
     eos_id = 256
     bos_id = None
+    add_bos = False
     eos_text = "<|endoftext|>"
     eog_ids = frozenset({256})   # where generation stops by default
 
-    def __init__(self, chat_template: str | None = None):
+    def __init__(self, chat_template: str | None = None, add_eos: bool = False):
         self.chat_template = chat_template
+        self.add_eos = bool(add_eos)
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
@@ -259,6 +263,14 @@ def checked_ids(ids: npt.ArrayLike, vocab_size: int) -> np.ndarray:
     return arr
 
 
+def add_eos_flag(add_eos: object, eos_id: int | None) -> bool:
+    """A tokenizer's add_eos, checked: llama.cpp asserts an eos id when the flag
+    asks it to append one."""
+    if add_eos and eos_id is None:
+        raise ValueError("add_eos: True needs an eos_id (the token it appends)")
+    return bool(add_eos)
+
+
 class _FlagLock:
     """A lock around the tokenizers library's encode_special_tokens flag, which
     belongs to the tokenizer, not to the call; left out when the tokenizer is
@@ -329,7 +341,8 @@ class Vocabulary(_FlagLock, _ChatTemplated):
 
 class BPETokenizer(Vocabulary):
     """BPETokenizer(tokens, merges, *, token_types=None, eos_id=None, bos_id=None,
-    add_bos=False, pre="gpt-2", eot_id=None, eom_id=None, chat_template=None)
+    add_bos=False, pre="gpt-2", eot_id=None, eom_id=None, chat_template=None,
+    add_eos=False)
 
     A byte-level BPE tokenizer (GPT-2's kind; a GGUF's ``gpt2``-type vocabulary)
     run by the ``tokenizers`` library (the ``tokenizers`` extra: ``pip install
@@ -342,7 +355,9 @@ class BPETokenizer(Vocabulary):
     (``tokenizer.ggml.pre``): ``gpt-2`` and ``llama-bpe`` (and their aliases) are
     reproduced, any other falls back to GPT-2's with a UserWarning.  add_bos:
     whether llama.cpp puts bos_id first (``encode`` never does: prepend it where a
-    protocol wants it).  eot_id, eom_id: the file's end-of-turn and end-of-message
+    protocol wants it).  add_eos: whether llama.cpp puts eos_id last when it
+    tokenizes a text with its special tokens (``tokenizer.ggml.add_eos_token``;
+    ``encode`` never does).  eot_id, eom_id: the file's end-of-turn and end-of-message
     tokens, if any.  chat_template: the model's Jinja chat template (a GGUF's
     ``tokenizer.chat_template``), rendered by ``apply_chat_template``.
 
@@ -364,7 +379,7 @@ class BPETokenizer(Vocabulary):
                  token_types: Sequence[int] | None = None, eos_id: int | None = None,
                  bos_id: int | None = None, add_bos: bool = False, pre: str = "gpt-2",
                  eot_id: int | None = None, eom_id: int | None = None,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, add_eos: bool = False):
         tk = import_optional("tokenizers", "tokenizers", "BPETokenizer")
         self.tokens = [str(t) for t in tokens]
         self.merges = [str(m) for m in merges]
@@ -383,6 +398,7 @@ class BPETokenizer(Vocabulary):
         self.eot_id = None if eot_id is None else int(eot_id)
         self.eom_id = None if eom_id is None else int(eom_id)
         self.add_bos = bool(add_bos)
+        self.add_eos = add_eos_flag(add_eos, self.eos_id)
         self.pre = str(pre)
         vocab = {t: i for i, t in enumerate(self.tokens)}
         self._ids = vocab

@@ -137,6 +137,7 @@ class WordPieceTokenizer(Vocabulary):
         self.eos_id = self.sep_id = None if sep_id is None else int(sep_id)
         self.eot_id = self.eom_id = None
         self.add_bos = True
+        self.add_eos = False   # SEP is llama.cpp's add_sep, not an EOS
         self.lowercase = bool(lowercase)
         self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
         self.chat_template = chat_template

@@ -85,11 +85,9 @@ def tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
     return keys
 
 
-def add_tokenizer(writer, tok: dict[str, Any], tokenizer, carried=None) -> None:
-    """Write tokenizer_keys' tok (and the tokenizer's chat template) with a
-    gguf-py GGUFWriter.  carried: the source file's GgufMetadata, whose
-    add_eos_token is kept when the vocabulary is the same (the tokenizers have
-    no such flag of their own; without it, False)."""
+def add_tokenizer(writer, tok: dict[str, Any], tokenizer) -> None:
+    """Write tokenizer_keys' tok (and the tokenizer's chat template and
+    add_eos flag) with a gguf-py GGUFWriter."""
     writer.add_tokenizer_model(tok["model"])
     writer.add_tokenizer_pre(tok["pre"])
     writer.add_token_list(tok["tokens"])
@@ -104,11 +102,7 @@ def add_tokenizer(writer, tok: dict[str, Any], tokenizer, carried=None) -> None:
         if tok.get(which) is not None:
             add(tok[which])
     writer.add_add_bos_token(tok["add_bos"])
-    add_eos = False
-    if carried is not None and ADD_EOS_KEY in carried \
-            and carried.get("tokenizer.ggml.tokens") == tok["tokens"]:
-        add_eos = bool(carried[ADD_EOS_KEY])
-    writer.add_add_eos_token(add_eos)
+    writer.add_add_eos_token(bool(getattr(tokenizer, "add_eos", False)))
     for which in ("eot", "eom"):
         if tok.get(which) is not None:
             writer.add_uint32(f"tokenizer.ggml.{which}_token_id", tok[which])

@@ -117,8 +117,7 @@ def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.add_block_count(cfg.n_layers)
             writer.add_head_count(cfg.n_heads)
             writer.add_layer_norm_eps(cfg.norm_eps)
-            add_tokenizer(writer, tok, tokenizer,
-                          carried if isinstance(carried, GgufMetadata) else None)
+            add_tokenizer(writer, tok, tokenizer)
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
             if isinstance(carried, GgufMetadata):

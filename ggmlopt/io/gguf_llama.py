@@ -49,6 +49,7 @@ from ._gguf_common import (
 )
 from ._gguf_length import gguf_truncation
 from ._gguf_tokenizer import (
+    ADD_EOS_KEY,
     BOS_BY_DEFAULT_PRE,
     BYTE_MERGES,
     BYTE_PRE,
@@ -269,8 +270,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.add_key_length(cfg.head_dim)
             writer.add_value_length(cfg.head_dim)
             family.gguf_write(writer, cfg, arch)   # the family's own keys
-            add_tokenizer(writer, tok, tokenizer,
-                          carried if isinstance(carried, GgufMetadata) else None)
+            add_tokenizer(writer, tok, tokenizer)
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
             if any(raw is not None for _, _, raw in arrays):
@@ -606,6 +606,17 @@ def _is_byte_vocabulary(fields: dict[str, Any]) -> bool:
             and not fields.get("tokenizer.ggml.add_bos_token", False))
 
 
+def _add_eos(fields: dict[str, Any], where: str) -> bool:
+    """tokenizer.ggml.add_eos_token (False without it, llama.cpp's default for
+    the SPM and BPE types); a file asking for an EOS it does not name is refused,
+    as llama.cpp asserts on tokenizing with it."""
+    add_eos = bool(fields.get(ADD_EOS_KEY, False))
+    if add_eos and fields.get("tokenizer.ggml.eos_token_id") is None:
+        raise ValueError(f"{where}: {ADD_EOS_KEY} is true but the file has no "
+                         "tokenizer.ggml.eos_token_id")
+    return add_eos
+
+
 def tokenizer_from_fields(fields: dict[str, Any], where: str):
     """The tokenizer a GGUF's tokenizer.ggml.* keys describe: a ByteTokenizer for
     save_gguf's byte vocabulary, a BPETokenizer (the ``tokenizers`` extra) for
@@ -628,7 +639,7 @@ def _tokenizer_of_kind(fields: dict[str, Any], where: str):
     template = fields.get("tokenizer.chat_template")
     template = template if isinstance(template, str) and template else None
     if kind == "gpt2" and _is_byte_vocabulary(fields):
-        return ByteTokenizer(chat_template=template)
+        return ByteTokenizer(chat_template=template, add_eos=_add_eos(fields, where))
     if kind in ("gpt2", "gemma4"):
         from ..metaspace_bpe import MetaspaceBPETokenizer
         from ..text import BPETokenizer
@@ -643,7 +654,8 @@ def _tokenizer_of_kind(fields: dict[str, Any], where: str):
             "bos_id": fields.get("tokenizer.ggml.bos_token_id"),
             "eot_id": fields.get("tokenizer.ggml.eot_token_id"),
             "eom_id": fields.get("tokenizer.ggml.eom_token_id"),
-            "chat_template": template}
+            "chat_template": template,
+            "add_eos": _add_eos(fields, where)}
         if kind == "gemma4":   # llama.cpp puts BOS first for it whatever add_bos_token says
             return MetaspaceBPETokenizer(tokens, merges, add_bos=True, **common)
         pre = fields.get("tokenizer.ggml.pre")
@@ -675,7 +687,8 @@ def _tokenizer_of_kind(fields: dict[str, Any], where: str):
                             eot_id=fields.get("tokenizer.ggml.eot_token_id"),
                             eom_id=fields.get("tokenizer.ggml.eom_token_id"),
                             chat_template=template,
-                            rstrip_ids=rstrip_ids(fields.get("general.name"), tokens, types))
+                            rstrip_ids=rstrip_ids(fields.get("general.name"), tokens, types),
+                            add_eos=_add_eos(fields, where))
     if kind == "bert":
         from ..wordpiece import WordPieceTokenizer
         tokens, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")

@@ -31,9 +31,19 @@ def _tokenizers():
     return import_optional("tokenizers", "tokenizers", "save_hf(..., tokenizer=...)")
 
 
-def _with_bos(tk, tok, text: str, bos_id: int) -> None:
+def _with_specials(tk, tok, tokenizer) -> None:
+    """The post-processor that adds what transformers adds with special tokens:
+    the BOS first (add_bos), the EOS last (add_eos)."""
+    first = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
+    last = [tokenizer.eos_id] if getattr(tokenizer, "add_eos", False) else []
+    if not first and not last:
+        return
+    texts = {i: tokenizer.tokens[i] for i in first + last}
+    one = [texts[i] for i in first] + ["$A"] + [texts[i] for i in last]
+    two = one + [texts[i] for i in first] + ["$B"] + [texts[i] for i in last]
     tok.post_processor = tk.processors.TemplateProcessing(
-        single=f"{text} $A", pair=f"{text} $A {text} $B", special_tokens=[(text, bos_id)])
+        single=" ".join(one), pair=" ".join(two),
+        special_tokens=[(text, i) for i, text in texts.items()])
 
 
 def tokenizer_json(tokenizer) -> str:
@@ -58,8 +68,7 @@ def tokenizer_json(tokenizer) -> str:
         return str(tok.to_str())
     if isinstance(tokenizer, (BPETokenizer, SPMTokenizer)):
         tok = tokenizer.hf_tokenizer()   # the library's form of what encode runs
-        if tokenizer.add_bos and tokenizer.bos_id is not None:
-            _with_bos(tk, tok, tokenizer.tokens[tokenizer.bos_id], tokenizer.bos_id)
+        _with_specials(tk, tok, tokenizer)
         return str(tok.to_str())
     raise TypeError(f"tokenizer: expected a ggmlopt tokenizer (ByteTokenizer, BPETokenizer, "
                     f"SPMTokenizer, load_hf_tokenizer's), got {type(tokenizer).__name__}")
@@ -79,7 +88,7 @@ def tokenizer_config(tokenizer, max_len: int) -> dict[str, Any]:
                               "model_max_length": int(max_len),
                               "clean_up_tokenization_spaces": False,
                               "add_bos_token": bool(getattr(tokenizer, "add_bos", False)),
-                              "add_eos_token": False}
+                              "add_eos_token": bool(getattr(tokenizer, "add_eos", False))}
     for key, token_id in (("bos_token", getattr(tokenizer, "bos_id", None)),
                           ("eos_token", getattr(tokenizer, "eos_id", None))):
         text = _special_text(tokenizer, token_id)

@@ -81,3 +81,25 @@ def test_end_of_generation_ids_are_llama_cpp_s(name):
     finally:
         llama_cpp.llama_model_free(model)
     assert set(tok.eog_ids) == theirs, [tok.id_to_token(i) for i in set(tok.eog_ids) ^ theirs]
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2"])
+@pytest.mark.parametrize("add_eos", [True, False])
+def test_a_document_is_tokenized_with_llama_cpps_bos_and_eos(name, add_eos):
+    """document_ids (llama-finetune's text file, a text JSONL row) puts the BOS and
+    the EOS where llama.cpp's tokenize with its special tokens does, the file's
+    tokenizer.ggml.add_eos_token deciding the EOS."""
+    from ggmlopt.instruct import document_ids
+    from ggmlopt.io.gguf_llama import tokenizer_from_fields
+    from ggmlopt.io.gguf_reader import GgufFile
+    path, _ = _vocabulary(name)
+    fields = dict(GgufFile(path).fields)
+    fields["tokenizer.ggml.add_eos_token"] = add_eos
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = tokenizer_from_fields(fields, path)
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False,
+                          kv_overrides={"tokenizer.ggml.add_eos_token": add_eos})
+    for text in ["Hello world", " leading space", "two\nlines"]:
+        want = llm.tokenize(text.encode(), add_bos=True, special=True)
+        assert document_ids(tok, text).tolist() == want, (name, text)
