@@ -255,6 +255,21 @@ def document_ids(tokenizer, text: str, *, eos: bool | None = None) -> np.ndarray
     return ids.astype(np.int32)
 
 
+def _ids_and_offsets(tokenizer, text: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """text's ids (special tokens parsed, as transformers tokenizes a rendered
+    chat) and each token's byte offset, the text's length last."""
+    if callable(getattr(tokenizer, "encode_with_offsets", None)):
+        # SentencePiece: a space prefix the text does not hold
+        ids, offsets = tokenizer.encode_with_offsets(text, parse_special=True)
+    else:
+        ids = np.asarray(tokenizer.encode(text, parse_special=True), np.int32)
+        offsets = token_offsets(tokenizer, ids)
+    if offsets[-1] != len(text.encode("utf-8")):
+        raise ValueError(f"{where}: the tokenizer's tokens do not spell the text byte for "
+                         "byte; its masks cannot be placed")
+    return np.asarray(ids, np.int32), offsets
+
+
 def _common_args(tokenizer, n_ctx, too_long, packing):
     if not callable(getattr(tokenizer, "encode", None)):
         raise TypeError(f"tokenizer: expected a ggmlopt tokenizer, got {type(tokenizer).__name__}")
@@ -267,29 +282,53 @@ def _common_args(tokenizer, n_ctx, too_long, packing):
     return n_ctx, int(pad)
 
 
+def _row_template_kwargs(row: Mapping, template_kwargs: dict[str, Any], where: str
+                         ) -> dict[str, Any]:
+    """The template variables for one row: the call's, then the row's ``tools``
+    and ``chat_template_kwargs`` over them, as TRL's SFTTrainer passes a dataset's
+    columns to apply_chat_template."""
+    kwargs = dict(template_kwargs)
+    if row.get("tools") is not None:
+        if not isinstance(row["tools"], list):
+            raise TypeError(f"{where}: 'tools' must be a list of tool definitions, got "
+                            f"{type(row['tools']).__name__}")
+        kwargs["tools"] = row["tools"]
+    extra = row.get("chat_template_kwargs")
+    if extra is not None:
+        if not isinstance(extra, Mapping):
+            raise TypeError(f"{where}: 'chat_template_kwargs' must be a dict, got "
+                            f"{type(extra).__name__}")
+        kwargs.update(extra)
+    return kwargs
+
+
 def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: str = "assistant",
                  too_long: str = "error", packing: bool = False, **template_kwargs: Any
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, labels) int32 (n, n_ctx) of conversations (lists of messages, or
-    dicts with ``messages``), labels on the trained turns: train_on "assistant"
+    dicts with ``messages`` and, as TRL's datasets have them, the row's own
+    ``tools`` and ``chat_template_kwargs``, which take precedence over the
+    call's template_kwargs), labels on the trained turns: train_on "assistant"
     (every assistant turn), "last" (the last one) or "all" (every token).
     packing: several conversations a window, marked as ggmlopt.nn.positions
     says."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     if train_on not in TRAIN_ON:
         raise ValueError(f"train_on: expected one of {TRAIN_ON}, got {train_on!r}")
-    tools = template_kwargs.get("tools")
-    template = tokenizer.compiled_chat_template(tools=tools) if tools is not None else \
-        tokenizer.compiled_chat_template()
     eog_texts = _eog_texts(tokenizer)
     examples = []
     for k, conversation in enumerate(conversations):
+        kwargs = template_kwargs
         if isinstance(conversation, Mapping):
+            # a row's own tools and template variables (TRL's dataset columns)
+            kwargs = _row_template_kwargs(conversation, template_kwargs, f"conversations[{k}]")
             conversation = conversation.get("messages")
+        tools = kwargs.get("tools")
+        template = tokenizer.compiled_chat_template(tools=tools) if tools is not None else \
+            tokenizer.compiled_chat_template()
         try:
             messages = check_messages(conversation, f"conversations[{k}]")
-            text, spans = _assistant_spans(template, messages, train_on, template_kwargs,
-                                           eog_texts)
+            text, spans = _assistant_spans(template, messages, train_on, kwargs, eog_texts)
         except (ValueError, TypeError) as e:
             # (a TypeError: the template met a content it cannot render, e.g. None)
             msg = str(e)
@@ -297,15 +336,7 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
                 msg = f"the chat template failed on it ({msg}): is every 'content' a str?"
             raise type(e)(msg if msg.startswith("conversations[")
                           else f"conversations[{k}]: {msg}") from None
-        if callable(getattr(tokenizer, "encode_with_offsets", None)):
-            # SentencePiece: a space prefix the text does not hold
-            ids, offsets = tokenizer.encode_with_offsets(text, parse_special=True)
-        else:
-            ids = np.asarray(tokenizer.encode(text, parse_special=True), np.int32)
-            offsets = token_offsets(tokenizer, ids)
-        if offsets[-1] != len(text.encode("utf-8")):
-            raise ValueError(f"conversations[{k}]: the tokenizer's tokens do not spell the "
-                             "rendered text byte for byte; its masks cannot be placed")
+        ids, offsets = _ids_and_offsets(tokenizer, text, f"conversations[{k}]")
         byte_spans = [_byte_span(text, a, b) for a, b in spans]
         mask = _spans_to_mask(offsets, byte_spans, _own_ends(tokenizer, ids, offsets))
         # BOS first when the tokenizer's add_bos says so and the template did not
@@ -323,13 +354,18 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
                        add_eos: bool = True, packing: bool = False
                        ) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, labels) int32 (n, n_ctx) of (prompt, completion) pairs (tuples, or
-    dicts with ``prompt`` and ``completion``): prompt and completion tokenized
-    apart and joined (TRL's way), the loss on the completion only, which ends
-    with the tokenizer's eos (unless add_eos is False or it already does); BOS
-    first when the tokenizer's add_bos says so and the prompt does not start
-    with it.  packing: as chat_windows'."""
+    dicts with ``prompt`` and ``completion``), tokenized as one text, prompt +
+    completion, as TRL's SFTTrainer does (a SentencePiece space prefix or a merge
+    is what the whole text gives, not what the completion alone would), with the
+    loss on the tokens that spell the completion, which ends with the tokenizer's
+    eos (unless add_eos is False or it already does); BOS first when the
+    tokenizer's add_bos says so and the text does not start with it.  A token
+    holding the prompt's last bytes and the completion's first (``"A: " +
+    "Paris"`` as ``"ĠParis"``) is trained on, and counted in a UserWarning (TRL
+    warns of the same mismatch).  packing: as chat_windows'."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     examples = []
+    straddling = 0
     for k, pair in enumerate(pairs):
         if isinstance(pair, Mapping):
             prompt, completion = pair.get("prompt"), pair.get("completion")
@@ -340,20 +376,27 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
                             f"'prompt' and 'completion', got {type(pair).__name__}")
         if not isinstance(prompt, str) or not isinstance(completion, str):
             raise TypeError(f"pairs[{k}]: prompt and completion must be str")
-        p = np.asarray(tokenizer.encode(prompt)).tolist()
-        # BOS first unless the prompt already starts with it (rendered by a chat
-        # template that writes it, as the chat path checks too)
-        if _wants_bos(tokenizer, p):
-            p = [tokenizer.bos_id] + p
-        c = np.asarray(tokenizer.encode(completion)).tolist()
-        if add_eos and tokenizer.eos_id is not None and (not c or c[-1] != tokenizer.eos_id):
-            c.append(tokenizer.eos_id)
-        if not c:
+        text = prompt + completion
+        ids, offsets = _ids_and_offsets(tokenizer, text, f"pairs[{k}]")
+        start, end = _byte_span(text, len(prompt), len(text))
+        mask = _spans_to_mask(offsets, [(start, end)], _own_ends(tokenizer, ids, offsets))
+        trained = np.flatnonzero(mask)
+        if trained.size and offsets[trained[0]] < start:
+            straddling += 1
+        if _wants_bos(tokenizer, ids):
+            ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)
+            mask = np.concatenate([[False], mask])
+        eos = tokenizer.eos_id
+        if add_eos and eos is not None and (not mask.any() or int(ids[-1]) != eos):
+            ids = np.concatenate([ids, [eos]]).astype(np.int32)
+            mask = np.concatenate([mask, [True]])
+        if not mask.any():
             raise ValueError(f"pairs[{k}]: the completion is empty")
-        ids = np.asarray(p + c, np.int32)
-        mask = np.zeros(ids.size, bool)
-        mask[len(p):] = True
         examples.append((ids, mask))
+    if straddling:
+        warnings.warn(f"pairs: in {straddling} example(s) a token holds the end of the prompt "
+                      "and the start of the completion (tokenized together, they merge); it "
+                      "is trained on with the completion", UserWarning, stacklevel=3)
     if not examples:
         raise ValueError("pairs: expected at least one (prompt, completion) pair")
     return _windows(examples, n_ctx, pad, too_long, "pairs", packing)

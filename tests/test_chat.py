@@ -3,6 +3,7 @@ them, assistant-only labels exact for every turn, prompt/completion pairs, JSONL
 files, and ggmlopt.chat answering with what it was taught."""
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -224,30 +225,70 @@ def test_completions_train_on_the_completion_and_its_eos():
         go.Dataset.from_completions([3], tok, 16)
 
 
-class _BosTokenizer(ByteTokenizer):
-    """ByteTokenizer whose id 256 ("<|endoftext|>") is also a BOS it adds."""
-    add_bos, bos_id = True, 256
-
-    def encode(self, text):
-        bos = "<|endoftext|>"
-        head = [self.bos_id] if text.startswith(bos) else []
-        return np.asarray(head + list(super().encode(text[len(bos) if head else 0:])), np.int32)
-
-
-def test_completions_put_one_bos_first():
-    tok = _BosTokenizer()
-    plain, rendered = ("Q:", " A"), ("<|endoftext|>Q:", " A")   # a template wrote BOS
-    x, _ = go.instruct.completion_windows([plain, rendered], tok, 8)
-    np.testing.assert_array_equal(x[0], x[1])
-    assert x[0][0] == tok.bos_id and x[0][1] != tok.bos_id
-
-
 class _BosChatTokenizer(ByteTokenizer):
     """ByteTokenizer whose "<|endoftext|>" (256) is a BOS it adds, parsed in text."""
     add_bos, bos_id = True, 256
 
     def encode(self, text, *, parse_special=True):
         return super().encode(text, parse_special=parse_special)
+
+
+def test_completions_put_one_bos_first():
+    tok = _BosChatTokenizer()
+    plain, rendered = ("Q:", " A"), ("<|endoftext|>Q:", " A")   # a template wrote BOS
+    x, _ = go.instruct.completion_windows([plain, rendered], tok, 8)
+    np.testing.assert_array_equal(x[0], x[1])
+    assert x[0][0] == tok.bos_id and x[0][1] != tok.bos_id
+
+
+def _toy_spm():
+    """A SentencePiece vocabulary (no download): every encode gives its text a
+    space prefix, as Llama 2's and Phi-3's do."""
+    from ggmlopt.spm import SPMTokenizer
+    tokens = ["<unk>", "<s>", "</s>", "\u2581", "\u2581A", ":", "4", "\u2581P", "aris",
+              "\u2581Paris", "A", "P", "a", "r", "i", "s"]
+    scores = [0.0, 0.0, 0.0, -1, -2, -3, -4, -5, -6, -1.5, -7, -8, -9, -10, -11, -12]
+    return SPMTokenizer(tokens, scores, [2, 3, 3] + [1] * 13, bos_id=1, eos_id=2, unk_id=0)
+
+
+def test_completions_are_tokenized_with_their_prompt_as_trl_does():
+    # prompt + completion as one text (TRL's SFTTrainer): a SentencePiece
+    # completion gets no space prefix of its own ("[/INST]" + "4" trained ['▁', '4'])
+    tok = _toy_spm()
+    for prompt, completion, want in [("A:", "4", ["4", "</s>"]),
+                                     ("A:", " Paris", ["\u2581P", "a", "r", "i", "s", "</s>"])]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # nothing straddles: nothing to say
+            x, y = go.instruct.completion_windows([(prompt, completion)], tok, 12)
+        assert [tok.tokens[i] for i in y[0] if i >= 0] == want
+        whole = np.concatenate([[tok.bos_id], tok.encode(prompt + completion), [tok.eos_id]])
+        np.testing.assert_array_equal(x[0][:whole.size - 1], whole[:-1])
+    # a token holding the prompt's last space and the completion's first letters is
+    # trained on with the completion, and said
+    with pytest.warns(UserWarning, match="in 1 example.*holds the end of the prompt"):
+        _, y = go.instruct.completion_windows([("A: ", "Paris")], tok, 12)
+    assert [tok.tokens[i] for i in y[0] if i >= 0] == ["\u2581P", "a", "r", "i", "s", "</s>"]
+
+
+def test_a_rows_own_tools_and_template_variables_reach_the_template():
+    # TRL's dataset columns: a row's tools and chat_template_kwargs render with it
+    template = ("{% if tools %}TOOLS {{ tools | tojson }} {% endif %}{% if mode %}[{{ mode }}]"
+                "{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    tok = ByteTokenizer(chat_template=template)
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    tools = [{"name": "get_weather"}]
+    rows = [{"messages": chat, "tools": tools}, {"messages": chat},
+            {"messages": chat, "chat_template_kwargs": {"mode": "think"}}]
+    x, _ = go.instruct.chat_windows(rows, tok, 64)
+    text = [tok.decode(r[r != tok.eos_id]) for r in x]
+    assert text[0].startswith('TOOLS [{"name": "get_weather"}] user: q')
+    assert text[1].startswith("user: q")
+    assert text[2].startswith("[think]user: q")
+    # the row's take precedence over the call's
+    x, _ = go.instruct.chat_windows(rows[2:], tok, 64, mode="plain")
+    assert tok.decode(x[0][x[0] != tok.eos_id]).startswith("[think]")
+    with pytest.raises(TypeError, match=r"conversations\[0\]: 'tools' must be a list"):
+        go.instruct.chat_windows([{"messages": chat, "tools": "get_weather"}], tok, 64)
 
 
 PLAIN_CHAT = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}"
