@@ -43,10 +43,15 @@
     trainable         int8 (all the model's parameters,): 1 where a parameter trains,
                       0 where it is frozen (requires_grad=False); optional on load
                       (older files lack it, meaning every parameter trains)
+    parameter_names   str    the dotted names of the nparams parameters in the state,
+                             a JSON list (``parameters()[i]`` where the model names
+                             none); optional on load (older files lack it)
 
 Only the trainable parameters are in the state (``nparams`` of them, in the
 context's order): a frozen parameter is part of the model, not of its training.
-A state loads only into a model with the same frozen/trainable split; a
+A state loads only into a model with the same frozen/trainable split and the
+same parameter names (adapters on the same layers: over a frozen base kept in its
+file's types, adapters on k_proj have the shapes of those on v_proj); a
 different one raises ValueError naming the first parameter that differs.
 
 ``load_state_dict(sd)`` checks every name (none missing, none extra), every
@@ -61,8 +66,10 @@ shape or value, RuntimeError between alloc and eval) before changing anything.
 strings as unicode arrays: nothing needs pickle) atomically: into a temporary
 file beside path, flushed and fsynced, then renamed over path, and the directory
 fsynced; a crash at any moment leaves either the previous file or the new one.
-Reading uses ``allow_pickle=False`` and checks every member's CRC; a truncated,
-corrupted or foreign file raises ValueError.
+Reading uses ``allow_pickle=False`` and checks every member's CRC, and that
+the archive lists as many members as its end record counts (a corrupted
+central directory can hide the last ones); a truncated, corrupted or foreign
+file raises ValueError.
 
 ``fit(..., checkpoint=path)`` adds the ``fit.*`` entries it needs for an exact
 resume (see FitCheckpoint): the epoch reached, the dataset's shard permutation,
@@ -71,6 +78,7 @@ reached in it and its training statistics, and fit's evaluations every N steps.
 """
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import os
@@ -124,7 +132,7 @@ _INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_
 _STR_KEYS = frozenset(("format", "rng_state", "optimizer_name"))
 # strings a state may hold or lack: the ranks' own generators (ggmlopt.rank_rng),
 # the precision (files written before bf16 lack it)
-_OPTIONAL_STR_KEYS = ("rank_rng_states", "precision")
+_OPTIONAL_STR_KEYS = ("rank_rng_states", "precision", "parameter_names")
 # the fields of training.EpochStats (10 before blas_threads, 11 before exchange_wait_s)
 HISTORY_COLUMNS = 12
 EVAL_COLUMNS = 7      # the fields of training.EvalStats
@@ -319,6 +327,25 @@ def _check_split(sd, layout):
                      "the run that saved it")
 
 
+def _check_names(sd, layout):
+    """Raise unless the state's parameters have this model's names (where both
+    have one)."""
+    try:
+        saved = json.loads(_get_str(sd, "parameter_names"))
+    except json.JSONDecodeError:
+        saved = None
+    if not isinstance(saved, list) or not all(isinstance(n, str) for n in saved):
+        raise ValueError("state_dict['parameter_names']: expected a JSON list of str")
+    mine = [n for n, t in zip(layout.names, layout.trainable) if t]
+    if len(saved) != len(mine):
+        return   # another parameter count: the nparams check says so
+    for i, (a, b) in enumerate(zip(saved, mine)):
+        if a != b and not (a.startswith("parameters()[") or b.startswith("parameters()[")):
+            raise ValueError(f"state_dict['parameter_names']: the state's parameter {i} is "
+                             f"{a!r}, this model's is {b!r}; a resume needs the same "
+                             "trainable parameters (the same adapters on the same layers)")
+
+
 def parameter_names(model: Any, params: list[Any]) -> list[str]:
     """The dotted names of params in model (``parameters()[i]`` where one has no name)."""
     from .nn.module import named_parameters
@@ -359,6 +386,8 @@ def _validate(sd, layout):
                              f"precision={layout.precision!r}; a resume goes on in the "
                              "precision it started in")
     _check_split(sd, layout)
+    if "parameter_names" in sd:
+        _check_names(sd, layout)
     if "nparams" in sd:
         nparams = _get_int(sd, "nparams")
         if nparams != len(layout.shapes):
@@ -464,6 +493,7 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
         sd["rank_rng_states"] = rank_rng.gather_states(dist, ctx.model_rng)
     sd["trainable"] = np.array(lay.trainable, dtype=np.int8)
     sd["precision"] = lay.precision
+    sd["parameter_names"] = json.dumps([n for n, t in zip(lay.names, lay.trainable) if t])
     return sd
 
 
@@ -663,6 +693,20 @@ def _scalar(key, arr):
     return arr
 
 
+def _counted_members(f) -> int | None:
+    """The member count a zip file's end-of-central-directory record states (None
+    where it does not say: no record found, or a ZIP64 count)."""
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(max(0, size - (22 + 65535)))   # the record and its longest comment
+    tail = f.read()
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        return None
+    total = int.from_bytes(tail[at + 10:at + 12], "little")
+    return None if total == 0xFFFF else total
+
+
 def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The state dict stored at path by save_state (numbers and strings as plain
     Python values, arrays as arrays).
@@ -684,11 +728,19 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
                              "archive; truncated or another kind of file)")
         f.seek(0)
         try:
+            counted = _counted_members(f)
+            f.seek(0)
             with np.load(f, allow_pickle=False) as npz:  # a zip file: always an NpzFile
+                if counted is not None and counted != len(npz.files):
+                    # (zipfile does not compare them: an entry of a mid-epoch
+                    # checkpoint lost this way would read as an epoch's end)
+                    raise ValueError(f"the archive lists {len(npz.files)} members, its end "
+                                     f"record counts {counted}")
                 for key in npz.files:
                     # reading a member to its end checks its CRC
                     sd[key] = _scalar(key, npz[key])
-        except (zipfile.BadZipFile, ValueError, EOFError, KeyError, OSError) as e:
+        except (zipfile.BadZipFile, ValueError, EOFError, KeyError, OSError,
+                NotImplementedError) as e:
             if isinstance(e, FileNotFoundError):
                 raise
             raise ValueError(f"path: {where} is not a readable ggmlopt checkpoint (truncated "
