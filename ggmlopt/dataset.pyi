@@ -45,6 +45,9 @@ class Dataset:
     @classmethod
     def from_completions(cls, pairs: Any, tokenizer: Any, n_ctx: int, *, too_long: str = ...,
                          add_eos: bool = ..., packing: bool = ...) -> Dataset: ...
+    @classmethod
+    def from_texts(cls, texts: Any, tokenizer: Any, n_ctx: int, *, too_long: str = ...,
+                   add_eos: bool = ..., packing: bool = ...) -> Dataset: ...
     @property
     def data(self) -> np.ndarray: ...
     @property

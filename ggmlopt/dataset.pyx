@@ -372,6 +372,20 @@ cdef class Dataset:
                                   packing=packing)
         return cls.from_arrays(x, y)
 
+    @classmethod
+    def from_texts(cls, texts, tokenizer, n_ctx, *, too_long="error", add_eos=True,
+                   packing=False):
+        """Token windows of texts (str, or dicts with ``text``: TRL's and MLX-LM's
+        language-modelling rows), each its own document trained on whole (BOS
+        first where the tokenizer adds it, its eos last unless add_eos is False):
+        one a datapoint, or several with packing, each attending only within
+        itself; otherwise as from_chat.  (Dataset.from_tokens cuts one long
+        token stream into overlapping windows, as llama-finetune does.)"""
+        from ggmlopt.instruct import text_windows
+        x, y = text_windows(texts, tokenizer, n_ctx, too_long=too_long, add_eos=add_eos,
+                            packing=packing)
+        return cls.from_arrays(x, y)
+
     # ---- views and properties ---------------------------------------------------
 
     @property

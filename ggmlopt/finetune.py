@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--too-long", choices=("error", "drop", "truncate"), default="error",
                    help="what to do with an example longer than the window")
     p.add_argument("--packing", action="store_true",
-                   help="chat and completion data: several examples a window, each "
+                   help="chat, completion and text rows (--data): several a window, each "
                         "attending to itself only (the same loss, far less padding)")
     p.add_argument("--full", action="store_true", help="train every weight, not LoRA")
     p.add_argument("--keep-types", action="store_true",
@@ -263,11 +263,11 @@ def _dataset(args, tok):
             ds = go.Dataset.from_completions(examples, tok, args.ctx, too_long=args.too_long,
                                              packing=args.packing)
         else:
-            if args.packing:
-                raise ValueError(f"--packing: packs chat and completion examples; {args.data} "
-                                 "holds text, which is cut into whole windows already")
-            ids = np.concatenate([document_ids(tok, e["text"], eos=True) for e in examples])
-            ds = go.Dataset.from_tokens(ids, args.ctx)
+            # one document a row, trained on whole (TRL's and MLX-LM's text rows), not
+            # one stream cut into llama-finetune's overlapping windows: those attend
+            # across rows and leave the stream's tail untrained
+            ds = go.Dataset.from_texts(examples, tok, args.ctx, too_long=args.too_long,
+                                       packing=args.packing)
         x, y = np.asarray(ds.data), np.asarray(ds.labels)
         what = (f"{len(examples)} examples from {args.data} packed into {x.shape[0]} windows"
                 if args.packing else f"{x.shape[0]} examples from {args.data}")

@@ -25,7 +25,7 @@ from .chat_template import check_messages
 from .nn.positions import mark_document_starts
 
 __all__ = ["TOO_LONG", "TRAIN_ON", "chat_windows", "completion_windows", "document_ids",
-           "pack_examples", "read_jsonl", "token_offsets"]
+           "pack_examples", "read_jsonl", "text_windows", "token_offsets"]
 
 TRAIN_ON = ("assistant", "last", "all")
 TOO_LONG = ("error", "drop", "truncate")
@@ -400,6 +400,38 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
     if not examples:
         raise ValueError("pairs: expected at least one (prompt, completion) pair")
     return _windows(examples, n_ctx, pad, too_long, "pairs", packing)
+
+
+def text_windows(texts: Iterable, tokenizer, n_ctx: int, *, too_long: str = "error",
+                 add_eos: bool = True, packing: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, labels) int32 (n, n_ctx) of texts (str, or dicts with ``text``: TRL's
+    and MLX-LM's language-modelling rows), each its own document, trained on
+    whole: BOS first where the tokenizer adds it (never a target), the text's
+    tokens (special tokens parsed, as transformers tokenizes a row), then the eos
+    unless add_eos is False.  A text longer than n_ctx + 1 tokens is too_long's
+    (as chat_windows'); packing: as chat_windows'."""
+    n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
+    examples = []
+    for k, row in enumerate(texts):
+        text = row.get("text") if isinstance(row, Mapping) else row
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{k}]: expected a str or a dict with a str 'text', got "
+                            f"{type(text).__name__}")
+        ids = np.asarray(tokenizer.encode(text, parse_special=True), np.int32)
+        mask = np.ones(ids.size, bool)
+        if _wants_bos(tokenizer, ids):
+            ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)
+            mask = np.concatenate([[False], mask])
+        eos = tokenizer.eos_id
+        if add_eos and eos is not None and (ids.size == 0 or int(ids[-1]) != eos):
+            ids = np.concatenate([ids, [eos]]).astype(np.int32)
+            mask = np.concatenate([mask, [True]])
+        if not mask.any():
+            raise ValueError(f"texts[{k}]: the text is empty")
+        examples.append((ids, mask))
+    if not examples:
+        raise ValueError("texts: expected at least one text")
+    return _windows(examples, n_ctx, pad, too_long, "texts", packing)
 
 
 # ---- JSONL files as TRL and MLX-LM write them ----------------------------------------

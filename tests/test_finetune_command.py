@@ -109,6 +109,26 @@ def test_keep_types_trains_adapters_over_the_quantized_base(files, capsys):
     assert np.abs(back(ids) - adapted).max() < 0.05 * np.abs(adapted).max()
 
 
+def test_text_rows_train_each_row_whole(files):
+    # {"text"} rows as TRL and MLX-LM train them: a document each (they were one
+    # stream cut into overlapping windows, which attend across rows and leave the
+    # stream's tail, whole rows of it, untrained)
+    rows = [f"row {i}: " + "word " * (3 + i % 5) for i in range(12)]
+    (files / "text.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
+    tok = ByteTokenizer()
+    for packing in ([], ["--packing"]):
+        args = finetune.parser().parse_args(["-m", "m.gguf", "--data", str(files / "text.jsonl"),
+                                             "-c", "64", "--batch", "1"] + packing)
+        ds, what = finetune._dataset(args, tok)
+        y = np.asarray(ds.labels)
+        # every token of every row is a target once, and the eos after it
+        assert int((y >= 0).sum()) == sum(len(r) for r in rows)
+        if not packing:
+            assert what.startswith("12 examples") and ds.ndata == 12
+            assert sorted(tok.decode(y[r][y[r] >= 0]) for r in range(12)) == \
+                sorted(r[1:] + "<|endoftext|>" for r in rows)
+
+
 def test_a_raw_text_file_trains_as_llama_finetune_does(files):
     (files / "text.txt").write_text("the cat sat on the mat. " * 40)
     assert finetune.main(["-m", str(files / "base.gguf"), "-f", str(files / "text.txt"),

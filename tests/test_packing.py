@@ -272,3 +272,29 @@ def test_fit_on_packed_chats_follows_the_unpacked_run():
                                rtol=1e-5)
     for a, b in zip(w0, w1):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * np.abs(a).max())
+
+
+def test_text_rows_are_documents_trained_whole():
+    # TRL's and MLX-LM's {"text"} rows: each its own document, every token and the
+    # eos trained, a window each or packed, never attending to another row
+    tok = ByteTokenizer()
+    rows = [{"text": "the first row"}, "a second, longer row of text", {"text": "x"}]
+    ds = go.Dataset.from_texts(rows, tok, 32)
+    x, y = np.asarray(ds.data), np.asarray(ds.labels)
+    assert ds.ndata == 3
+    for r, row in enumerate(rows):
+        text = row["text"] if isinstance(row, dict) else row
+        ids = np.concatenate([tok.encode(text), [tok.eos_id]])
+        np.testing.assert_array_equal(x[r, :ids.size - 1], ids[:-1])
+        np.testing.assert_array_equal(y[r, :ids.size - 1], ids[1:])
+        assert (y[r, ids.size - 1:] == -1).all()
+    packed = go.Dataset.from_texts(rows, tok, 64, packing=True)
+    assert packed.ndata == 1 and packed.document_ids[0].max() == 3
+    assert np.asarray(packed.labels)[0][np.asarray(packed.labels)[0] >= 0].size == \
+        sum(int((y[r] >= 0).sum()) for r in range(3))
+    with pytest.raises(ValueError, match=r"texts\[0\]: 14 tokens, more than n_ctx \+ 1"):
+        go.Dataset.from_texts(rows, tok, 8)
+    with pytest.warns(UserWarning, match="2 of 3 examples are longer.*cut to that length"):
+        assert go.Dataset.from_texts(rows, tok, 8, too_long="truncate").ndata == 3
+    with pytest.raises(TypeError, match=r"texts\[0\]"):
+        go.Dataset.from_texts([3], tok, 8)
