@@ -6,7 +6,7 @@ completion or text data, LoRA by default, and write the adapter for llama.cpp.
     llama-cli -m SmolLM2-135M-Instruct.gguf --lora adapter.gguf
 
 It calls the public API only (load_gguf / load_hf, lora.apply, Dataset.from_chat /
-from_completions / from_tokens, read_jsonl, fit, save_gguf_lora, save_gguf), so
+from_completions / from_texts / from_tokens, read_jsonl, fit, save_gguf_lora, save_gguf), so
 everything it does can be written in Python.  llama.cpp's ``llama-finetune`` flag
 names are accepted with their meaning (``-m``, ``-f`` for a raw text file, ``-c``,
 ``-b`` and ``-ub`` in tokens, ``-lr``, ``-wd``, ``--epochs``, ``-val-split``, ``-opt``).  Every
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 import numpy as np
 
@@ -64,7 +65,9 @@ def parser() -> argparse.ArgumentParser:
                         "same result (needs --micro-batch equal to --batch)")
     p.add_argument("--epochs", type=int, default=None,
                    help="passes over the data (default 1, or as many as --max-steps needs)")
-    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="optimizer steps of the run: it stops there, and the learning-rate "
+                        "schedule spans them (a later --resume must give the same)")
     p.add_argument("-lr", "--lr", type=float, default=1e-4, help="learning rate (AdamW alpha)")
     p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant")
     p.add_argument("--warmup", type=int, default=0, help="warmup steps (cosine schedule)")
@@ -87,7 +90,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-val-split", "--val-split", type=float, default=0.0)
     p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--checkpoint", help="an .npz checkpoint written after each epoch")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="also write --checkpoint every N optimizer steps inside an epoch")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint (the run that wrote it, with its options)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="the LoRA adapter as llama.cpp loads it (GGUF)")
     p.add_argument("--merge-out", help="the merged model (GGUF) for llama.cpp")
@@ -166,6 +172,10 @@ def _problems(args) -> list[str]:
                    "is cut into whole windows already")
     if args.resume and not args.checkpoint:
         bad.append("--resume: needs --checkpoint FILE")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        bad.append(f"--checkpoint-every: expected >= 1, got {args.checkpoint_every}")
+    elif args.checkpoint_every is not None and not args.checkpoint:
+        bad.append("--checkpoint-every: needs --checkpoint FILE")
     if args.full and args.keep_types:
         bad.append("--keep-types: a kept (quantized) base trains through LoRA adapters; drop "
                    "--full, or drop --keep-types to fine-tune every weight in float32")
@@ -345,14 +355,25 @@ def main(argv=None) -> int:
         p.error(f"--warmup: {args.warmup} steps of warmup, but the run takes {total} optimizer "
                 f"steps; give fewer (the cosine decay follows the warmup)")
     nepoch = args.epochs if args.epochs is not None else None if args.max_steps else 1
+    if args.resume and not os.path.exists(args.checkpoint):
+        print(f"finetune: no checkpoint at {args.checkpoint} yet: training from the start",
+              file=sys.stderr)
     try:
-        history = go.fit(model, train, "cross_entropy", _optimizer(args, steps_per_epoch),
-                         nepoch=nepoch, nbatch_logical=args.batch,
-                         nbatch_physical=args.micro_batch, val_split=args.val_split,
-                         silent=args.silent, optimizer=args.optimizer, seed=args.seed,
-                         checkpoint=args.checkpoint, resume=args.resume,
-                         max_steps=args.max_steps, eval_every=args.eval_every,
-                         optimizer_in_backward=args.optimizer_in_backward)
+        with warnings.catch_warnings():
+            # a resume whose schedule is not the one of the run that wrote the checkpoint
+            # (another --lr, --lr-schedule, --warmup, --epochs or --max-steps) is refused
+            warnings.filterwarnings("error", message="resume: .*other parameters than",
+                                    category=UserWarning)
+            history = go.fit(model, train, "cross_entropy", _optimizer(args, steps_per_epoch),
+                             nepoch=nepoch, nbatch_logical=args.batch,
+                             nbatch_physical=args.micro_batch, val_split=args.val_split,
+                             silent=args.silent, optimizer=args.optimizer, seed=args.seed,
+                             checkpoint=args.checkpoint, resume=args.resume,
+                             max_steps=args.max_steps, eval_every=args.eval_every,
+                             checkpoint_every=args.checkpoint_every,
+                             optimizer_in_backward=args.optimizer_in_backward)
+    except UserWarning as e:
+        p.error(f"--resume: {e}; give the options of the run that wrote it")
     except (ValueError, TypeError) as e:   # (a checkpoint of another run, a split too small)
         p.error(str(e))
     if not args.silent and len(history):

@@ -31,6 +31,7 @@ from .optim_params import (
 )
 from .optimizers import Optimizer, optimizer_arg
 from .progress import format_hms, progress_bar, time_us
+from .schedules import Schedule
 
 __all__ = ["EpochCallback", "EpochStats", "EvalStats", "History", "epoch", "fit"]
 
@@ -222,6 +223,9 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         loop = FitLoop(plan, ctx, dataset, history, ckpt, None if silent else progress_bar)
         if pending is not None:
             ctx.load_state_dict(pending.ctx_sd)
+            moved = _schedule_moved(get_opt_pars, ctx, pending)
+            if moved:
+                warnings.warn(f"resume: {resumed_from!r}: {moved}", UserWarning, stacklevel=2)
             dataset._set_permutation(pending.permutation)
             history.epochs = [EpochStats.from_row(r) for r in pending.history_rows]
             history.evaluations = [EvalStats.from_row(r) for r in pending.eval_rows]
@@ -264,6 +268,31 @@ def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False,
     if not silent:
         sys.stderr.write(f"fit: {report}\n")
     check_fits(report)
+
+
+def _schedule_moved(get_opt_pars, ctx, progress) -> str | None:
+    """What a ggmlopt.schedules schedule gives the checkpoint's last step that
+    differs from the parameters that step ran with (a resume whose learning rate,
+    warmup or run length is not the run's that wrote it), else None."""
+    in_force = ctx.opt_pars_in_force
+    if in_force is None or not isinstance(get_opt_pars, Schedule):
+        return None
+    # the step that ran last, or its epoch (mid-epoch: the next one's)
+    t = ctx.iter - 1 if get_opt_pars.unit == "step" else \
+        progress.epochs_done + (1 if progress.step else 0)
+    try:
+        now = tuple(ctx.optimizer.hyperparameters(get_opt_pars(t)))
+    except (ValueError, TypeError):
+        return None   # past this schedule's end: check_schedule has said so
+    names = ctx.optimizer.hyperparameter_names
+    moved = [f"{ctx.optimizer.name}.{n} {float(a):.6g}, this fit's schedule gives "
+             f"{float(b):.6g}" for n, a, b in zip(names, in_force, now)
+             if np.float32(a) != np.float32(b)]
+    if not moved:
+        return None
+    return (f"its last {get_opt_pars.unit} ({get_opt_pars.unit} {t}) ran with "
+            f"{'; '.join(moved)}: the run goes on with other parameters than the one that "
+            "wrote the checkpoint (another learning rate, schedule, warmup or length?)")
 
 
 def _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer, precision):

@@ -136,3 +136,34 @@ def test_a_fit_checkpoint_loads_as_a_context(tmp_path):
     assert ctx.iter == 1 + 2 * 9 and ctx.batch_size == 4 and ctx.opt_period == 2
     for p, q in zip(fresh.parameters(), model.parameters()):
         assert p.data.tobytes() == q.data.tobytes()
+
+
+@pytest.mark.parametrize("unit", ["step", "epoch"])
+def test_a_resume_whose_schedule_moved_says_so(tmp_path, unit):
+    """A schedule that gives the checkpoint's last step other parameters than it ran
+    with (another learning rate, warmup or length) warns; the same one does not."""
+    import warnings
+
+    def fit(schedule, nepoch, resume):
+        model, ds, _ = make_problem(unit)
+        return go.fit(model, ds, go.LossType.CROSS_ENTROPY, get_opt_pars=schedule,
+                      nepoch=nepoch, nbatch_logical=8, nbatch_physical=4, silent=True, seed=5,
+                      checkpoint=tmp_path / f"{unit}.npz", resume=resume)
+
+    def cosine(total, alpha=0.01):
+        base = go.OptimizerParams(go.AdamWParams(alpha=alpha))
+        return go.schedules.Cosine(total=total, min_factor=0.1, unit=unit, base=base)
+
+    span = {"step": 24, "epoch": 2}   # two epochs: 96 datapoints, 8 a step
+    fit(cosine(2 * span[unit]), 2, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the same schedule: nothing to say
+        fit(cosine(2 * span[unit]), 3, True)
+    last = {"step": "step 24", "epoch": "epoch 2"}[unit]
+    for moved in (cosine(4 * span[unit]), cosine(2 * span[unit], alpha=0.02)):
+        os.remove(tmp_path / f"{unit}.npz")
+        fit(cosine(2 * span[unit]), 2, False)   # the first run again
+        with pytest.warns(UserWarning, match=rf"resume: .*its last {unit} \({last}\) ran "
+                                             r"with adamw\.alpha [0-9.e-]+, this fit's "
+                                             r"schedule gives"):
+            fit(moved, 3, True)

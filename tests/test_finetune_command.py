@@ -139,6 +139,38 @@ def test_a_raw_text_file_trains_as_llama_finetune_does(files):
     assert (files / "a.gguf").stat().st_size > 0
 
 
+def test_a_resume_with_another_schedule_is_refused(files, capsys):
+    # --max-steps is the run's length (the schedule spans it): stopping a cosine run
+    # there and resuming it as a longer one would change every later learning rate
+    ck = files / "run.npz"
+    common = ["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+              "-c", "96", "--batch", "2", "--lr-schedule", "cosine", "--warmup", "1",
+              "--checkpoint", str(ck), "--out", str(files / "a.gguf"), "--silent"]
+    assert finetune.main(common + ["--max-steps", "3"]) == 0
+    with pytest.raises(SystemExit) as info:
+        finetune.main(common + ["--epochs", "2", "--resume"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--resume:" in err and "its last step (step 3) ran with adamw.alpha" in err
+    # the same options go on
+    assert finetune.main(common + ["--max-steps", "3", "--resume"]) == 0
+
+
+def test_checkpoints_inside_an_epoch_and_a_first_resume(files, capsys, monkeypatch):
+    from ggmlopt.checkpoint import FitCheckpoint
+    saved = []
+    original = FitCheckpoint.save
+    monkeypatch.setattr(FitCheckpoint, "save",
+                        lambda self, *a, **k: saved.append(1) or original(self, *a, **k))
+    ck = files / "new.npz"
+    assert finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+                          "-c", "96", "--batch", "5", "--checkpoint", str(ck),
+                          "--checkpoint-every", "1", "--resume", "--out",
+                          str(files / "a.gguf"), "--silent"]) == 0
+    assert len(saved) >= 3   # 15 examples, 3 steps: one each, and the epoch's end
+    assert f"no checkpoint at {ck} yet: training from the start" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("extra, match", [
     (["-c", "0"], "--ctx: expected >= 1"),
     (["--batch", "6", "--micro-batch", "4"], "--micro-batch: expected a divisor of --batch 6"),
@@ -150,6 +182,7 @@ def test_a_raw_text_file_trains_as_llama_finetune_does(files):
     (["--batch", "4", "--micro-batch", "2", "--optimizer-in-backward"],
      "--optimizer-in-backward: steps once per physical batch"),
     (["--resume"], "--resume: needs --checkpoint"),
+    (["--checkpoint-every", "2"], "--checkpoint-every: needs --checkpoint FILE"),
     (["--full"], "--out: writes a LoRA adapter"),
     (["--full", "--keep-types"], "--keep-types: a kept (quantized) base trains through LoRA"),
     (["--lora-targets", "nope"], "--lora-targets: targets: no Linear layer"),
