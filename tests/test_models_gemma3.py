@@ -158,3 +158,33 @@ def test_the_layer_pattern_of_a_config_without_layer_types_is_transformers(tmp_p
                         ({"sliding_window_pattern": 2}, [(i + 1) % 2 != 0 for i in range(n)])]:
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
         assert list(load_hf(tmp_path).config.sliding_layers) == local
+
+
+def test_yarn_untruncated_is_computed_as_transformers_computes_it(tmp_path):
+    # transformers reads rope truncate at the top of rope_parameters only, which a
+    # Gemma 3 nests by layer type: it computes YaRN truncated whatever the config says
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from ggmlopt.io import load_hf
+    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+            "rope_theta": 10000.0, "truncate": False}
+    hc = transformers.Gemma3TextConfig(
+        vocab_size=67, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+        sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": yarn,
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForCausalLM(hc).eval()
+    hf.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="truncate=False has no effect on a Gemma 3"):
+        model = load_hf(tmp_path)
+    assert model.config.rope_scaling.truncate is True
+    tokens = np.random.default_rng(0).integers(0, 67, (1, 60))
+    want = hf(torch.tensor(tokens)).logits.detach().numpy()
+    np.testing.assert_allclose(model.forward(tokens), want, rtol=0,
+                               atol=1e-4 * np.abs(want).max())
+    with pytest.raises(ValueError, match="truncate=False is computed by neither"):
+        Gemma3Config(vocab_size=67, dim=32, n_layers=1, n_heads=2, head_dim=16,
+                     rope_scaling=RopeScaling("yarn", 8.0, original_max_position_embeddings=32,
+                                              truncate=False))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -166,6 +167,10 @@ class Gemma3Config(LlamaConfig):
         if not (math.isfinite(self.rope_local_base) and self.rope_local_base > 1):
             raise ValueError(f"rope_local_base: expected a finite number > 1, got "
                              f"{self.rope_local_base}")
+        if self.rope_scaling is not None and not self.rope_scaling.truncate:
+            raise ValueError("rope_scaling: truncate=False is computed by neither transformers "
+                             "(which reads it only at the top of a Gemma 3's per-layer-type "
+                             "rope_parameters, where it never is) nor llama.cpp")
 
     @property
     def qk_norm(self) -> bool:
@@ -322,7 +327,15 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
     legacy = hf.get("rope_scaling") or {}
     if full and legacy and {k: v for k, v in legacy.items() if k != "type"} != full:
         raise ValueError(f"rope_scaling {legacy} and rope_parameters {full} disagree")
-    scaling = RopeScaling.from_hf(full or legacy, max_len)
+    scaling_hf = dict(full or legacy)
+    if scaling_hf.get("truncate", True) is False:
+        # transformers looks for truncate at the top of rope_parameters, which a Gemma 3
+        # nests by layer type: it computes YaRN truncated whatever the config says
+        warnings.warn(f"{where}: rope truncate=False has no effect on a Gemma 3 in transformers "
+                      "(nor in llama.cpp): computed truncated, as they do", UserWarning,
+                      stacklevel=3)
+        scaling_hf.pop("truncate")
+    scaling = RopeScaling.from_hf(scaling_hf, max_len)
     types = hf.get("layer_types")
     if types is None:
         # transformers reads sliding_window_pattern alone (its own _sliding_window_pattern
