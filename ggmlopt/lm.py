@@ -282,6 +282,10 @@ def _stream(model, prompt, max_new_tokens, sampling, rng, stops, repetition_pena
         return
     temperature, top_k, top_p, min_p = sampling
     seen = set(prompt.tolist())
+    ids = prompt.astype(np.int32).tolist()
+    # LongRoPE: the step that takes the sequence past the pretraining length recomputes
+    # the cache with the long factors (transformers' Phi-3 generate drops its cache there)
+    recompute_at = getattr(model, "recompute_cache_at", None)
     with eval_mode(model):
         cache = model.make_cache(1, prompt.size + max_new_tokens)
         logits = model.decode(prompt[None].astype(np.int32), cache)[0, -1]
@@ -289,10 +293,15 @@ def _stream(model, prompt, max_new_tokens, sampling, rng, stops, repetition_pena
             token = _pick(_penalized(logits, seen, repetition_penalty), temperature, top_k,
                           top_p, rng, min_p)
             seen.add(token)
+            ids.append(token)
             yield token
             if token in stops or i + 1 == max_new_tokens:
                 return
-            logits = model.decode(np.array([[token]], np.int32), cache)[0, -1]
+            if cache.length == recompute_at:
+                cache.length = 0
+                logits = model.decode(np.array([ids], np.int32), cache)[0, -1]
+            else:
+                logits = model.decode(np.array([[token]], np.int32), cache)[0, -1]
 
 
 def generate(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,

@@ -223,7 +223,8 @@ class LoRAEmbedding(_AdapterTraining, Embedding):
     model starts equal to the base).  PEFT applies no dropout to an embedding's
     adapter, and neither does this.  A tied output head keeps reading the base
     weight, as in PEFT.  backward adds into A's rows of the ids (in the order of
-    the ids, as Embedding does) and into B; it returns None.
+    the ids, as Embedding does; none into the base's padding_idx row, as PEFT
+    gathers A) and into B; it returns None.
     """
 
     def __init__(self, base, rank, alpha, *, rng=None):
@@ -235,6 +236,8 @@ class LoRAEmbedding(_AdapterTraining, Embedding):
         alpha = _alpha_arg(alpha)
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
+        # PEFT gathers A with the base's padding_idx: that row of A never trains
+        self.padding_idx = getattr(base, "padding_idx", None)
         self.weight = getattr(base, "weight", None)   # None over a QuantizedEmbedding
         self.lora_a = Parameter(np.zeros((self.num_embeddings, rank), np.float32),
                                 name="lora_a")
@@ -282,7 +285,8 @@ class LoRAEmbedding(_AdapterTraining, Embedding):
         if self.lora_a.requires_grad:
             rows = np.ascontiguousarray((g @ self.lora_b.data.T).reshape(
                 self._ids.shape + (self.rank,)), np.float32)
-            kernels_embedding.embedding_backward(self._ids, rows, self.lora_a.grad)
+            kernels_embedding.embedding_backward(self._ids, self._without_padding(rows),
+                                                 self.lora_a.grad)
             self.lora_a.grad_is_zero = False
 
     def project(self, rows, out=None, keep=True):

@@ -132,11 +132,14 @@ def test_what_is_not_implemented_is_refused(tmp_path):
     save_hf(model, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     for edit, match in [({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-                        ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4,
-                                           "long_factor": [1.0] * 4}}, "rope_scaling"),
                         # transformers reads a Phi-3's "yarn" as LongRoPE, refuses "linear"
-                        ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "LongRoPE"),
-                        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "LongRoPE")]:
+                        ({"rope_scaling": {"type": "yarn", "factor": 4.0}},
+                         r"'longrope' scaling needs \['long_factor', 'short_factor'\]"),
+                        ({"rope_scaling": {"type": "linear", "factor": 2.0}},
+                         "with LongRoPE only"),
+                        ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 3,
+                                           "long_factor": [1.0] * 3}},
+                         "3 LongRoPE factors for head_dim 8")]:
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
         with pytest.raises(ValueError, match=match):
             load_hf(tmp_path)
@@ -176,3 +179,108 @@ def test_a_gguf_round_trip_keeps_the_fused_weights_and_the_window(tmp_path):
         assert isinstance(back, Phi3) and back.config == model.config
         for (name, p), (_, q) in zip(model.named_parameters(), back.named_parameters()):
             np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+
+
+def _longrope_checkpoint(directory, rope_type="longrope"):
+    """A transformers Phi-3 with LongRoPE (the 128k and 3.5 models' scaling) over a
+    pretraining length of 16 of its 64 positions, weights scaled up so greedy
+    decoding is decided."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    rng = np.random.default_rng(0)
+    scaling = {"type": rope_type, "short_factor": list(1 + rng.random(4)),
+               "long_factor": list(2 + 3 * rng.random(4))}
+    hc = transformers.Phi3Config(
+        vocab_size=67, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+        original_max_position_embeddings=16, rope_scaling=scaling, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, sliding_window=None)
+    torch.manual_seed(0)
+    hf = transformers.Phi3ForCausalLM(hc).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.mul_(4)
+    hf.save_pretrained(directory)
+    return hf
+
+
+@pytest.mark.parametrize("rope_type", ["longrope", "su"])
+def test_longrope_equals_transformers_within_and_past_the_pretraining_length(tmp_path,
+                                                                             rope_type):
+    # a pass whose positions stay within original_max_position_embeddings rotates by
+    # the short factors, a longer one by the long factors, every position of it
+    torch = pytest.importorskip("torch")
+    from ggmlopt.io import load_hf, save_hf
+    hf = _longrope_checkpoint(tmp_path / "hf", rope_type)
+    model = load_hf(tmp_path / "hf")
+    assert model.config.rope_scaling.rope_type == "longrope"
+    rng = np.random.default_rng(1)
+    for T in (12, 16, 17, 40):
+        tokens = rng.integers(0, 67, (2, T))
+        logits = hf(torch.tensor(tokens)).logits
+        want = logits.detach().numpy()
+        np.testing.assert_allclose(model.forward(tokens), want, rtol=0,
+                                   atol=1e-4 * np.abs(want).max(), err_msg=str(T))
+        g = rng.normal(size=want.shape).astype(np.float32)
+        hf.zero_grad()
+        (logits * torch.tensor(g)).sum().backward()
+        model.zero_grad()
+        model.backward(g)
+        theirs = hf.model.layers[0].self_attn.qkv_proj.weight.grad.numpy().T
+        ours = dict(model.named_parameters())["layers.0.self_attn.qkv_proj.weight"].grad
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * np.abs(theirs).max())
+    # and back: transformers reads save_hf's config as the same model
+    save_hf(model, tmp_path / "back")
+    import transformers
+    again = transformers.Phi3ForCausalLM.from_pretrained(tmp_path / "back").eval()
+    tokens = rng.integers(0, 67, (1, 40))
+    np.testing.assert_allclose(again(torch.tensor(tokens)).logits.detach().numpy(),
+                               model.forward(tokens), rtol=0, atol=1e-5 * 40)
+
+
+def test_longrope_generation_recomputes_its_cache_where_transformers_does(tmp_path):
+    # transformers' Phi-3 generate drops its cache at the step that goes past the
+    # pretraining length and recomputes it with the long factors
+    torch = pytest.importorskip("torch")
+    from ggmlopt.io import load_hf
+    hf = _longrope_checkpoint(tmp_path)
+    model = load_hf(tmp_path)
+    assert model.recompute_cache_at == 16
+    rng = np.random.default_rng(2)
+    for n in (10, 16, 20):   # crossing while generating, at the prompt's end, before it
+        prompt = rng.integers(3, 67, n)
+        want = hf.generate(torch.tensor(prompt[None]), max_new_tokens=16, do_sample=False,
+                           eos_token_id=None, pad_token_id=0).numpy()[0, n:]
+        got = go.generate(model, prompt, 16, temperature=0, stop_ids=())
+        assert np.asarray(got).tolist() == want.tolist(), n
+
+
+def test_longrope_packed_documents_rotate_as_each_alone(tmp_path):
+    # a packed window longer than the pretraining length whose documents are not:
+    # each document's positions stay short, so its short factors (transformers'
+    # choice by the largest position)
+    from ggmlopt.nn import RopeScaling
+    from ggmlopt.nn.positions import mark_document_starts
+    scaling = RopeScaling("longrope", original_max_position_embeddings=16,
+                          short_factor=(1.5, 1.2, 1.1, 1.0), long_factor=(4.0, 3.0, 2.5, 2.0))
+    model = Phi3(Phi3Config(vocab_size=67, dim=16, n_layers=1, n_heads=2, ffn_dim=24,
+                            max_seq_len=64, rope_scaling=scaling), seed=0)
+    docs = [np.arange(3, 15), np.arange(20, 34), np.arange(40, 50)]
+    starts = np.zeros((1, 36), bool)
+    starts[0, [0, 12, 26]] = True
+    packed = mark_document_starts(np.concatenate(docs)[None], starts)
+    out = model.forward(packed)
+    at = 0
+    for d in docs:
+        np.testing.assert_allclose(out[0, at:at + d.size], model.forward(d[None])[0],
+                                   rtol=0, atol=1e-5)
+        at += d.size
+    pytest.importorskip("gguf")
+    from ggmlopt.io import save_gguf
+    from ggmlopt.text import ByteTokenizer
+    with pytest.raises(ValueError, match="llama.cpp picks LongRoPE's factors by its context"):
+        save_gguf(Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2,
+                                  rope_scaling=scaling), seed=0), tmp_path / "never.gguf",
+                  tokenizer=ByteTokenizer())
+    assert not (tmp_path / "never.gguf").exists()

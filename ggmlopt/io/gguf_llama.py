@@ -335,8 +335,12 @@ def _rope_scaling_out(cfg: LlamaConfig, arch: str):
         inv, _ = rope_inv_freq(cfg.head_dim, cfg.rope_base, scaling)
         base = default_inv_freq(cfg.head_dim, cfg.rope_base)
         return [], (base.astype(np.float64) / inv.astype(np.float64)).astype(np.float32)
+    why = {"yarn": "llama.cpp computes YaRN differently",
+           "longrope": "llama.cpp picks LongRoPE's factors by its context size, not by each "
+                       "pass's positions as transformers does"}.get(scaling.rope_type,
+                                                                     "llama.cpp has no form of it")
     raise ValueError(f"model: its {scaling.rope_type!r} rope scaling is not written to GGUF "
-                     "(llama.cpp computes YaRN differently); save_hf keeps it")
+                     f"({why}); save_hf keeps it")
 
 
 # ---- reading ----
@@ -585,7 +589,8 @@ def _keep_types(read: LlamaGguf, model) -> list[str]:
         old = get_submodule(model, where)
         new: QuantizedLinear | QuantizedEmbedding
         if name == "embed_tokens.weight":
-            new = QuantizedEmbedding(raw, qtype, shape[0], shape[1])
+            new = QuantizedEmbedding(raw, qtype, shape[0], shape[1],
+                                     padding_idx=getattr(old, "padding_idx", None))
         else:
             new = QuantizedLinear(raw, qtype, old.in_features, old.out_features, bias=old.bias)
         set_submodule(model, where, new)

@@ -256,7 +256,8 @@ def _load_kept(tensors, model, where: str):
                 new = QuantizedLinear(rows, qtype, old.in_features, old.out_features,
                                       bias=old.bias)
             else:
-                new = QuantizedEmbedding(rows, qtype, *p.data.shape)
+                new = QuantizedEmbedding(rows, qtype, *p.data.shape,
+                                         padding_idx=getattr(old, "padding_idx", None))
             set_submodule(model, module_name, new)
         else:
             p.data[...] = _as_float32(dtype, array)

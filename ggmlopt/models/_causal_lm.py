@@ -468,6 +468,16 @@ class CausalLM(Module):
                              f"{max_len}")
         return KVCache(cfg.n_layers, int(batch), max_len, self._kv_heads(), cfg.head_dim)
 
+    @property
+    def recompute_cache_at(self) -> int | None:
+        """The cache length at which generation recomputes its cache: a LongRoPE
+        model's pretraining length, past which a pass takes the long factors
+        (transformers' Phi-3 generate drops its cache there); None for others."""
+        scaling = getattr(self.config, "rope_scaling", None)
+        if scaling is None or scaling.rope_type != "longrope":
+            return None
+        return scaling.original_max_position_embeddings
+
     def decode(self, tokens, cache):
         """The logits (batch, t, vocab_size) of t new tokens (batch, t) at positions
         cache.length .. cache.length+t-1, attending to every cached position;

@@ -5,8 +5,9 @@ output rows q | k | v) and whose gate and up projections are one
 (``mlp.gate_up_proj``, output gate | up), optionally over a sliding window of
 keys (``sliding_window``: Phi-3-mini-4k's 2047).  The fused weights are
 Hugging Face's parameters: one product where Llama takes three (or two), and
-the names a LoRA adapter or a PEFT checkpoint of Phi-3 uses.  Partial rotary
-embeddings (``partial_rotary_factor`` below 1) and LongRoPE (the 128k models)
+the names a LoRA adapter or a PEFT checkpoint of Phi-3 uses.  LongRoPE (the
+128k and 3.5 models) scales the rotary embedding (ggmlopt.nn.RopeScaling);
+partial rotary embeddings (``partial_rotary_factor`` below 1, Phi-4-mini's)
 are refused by the checkpoint reader.
 """
 from __future__ import annotations
@@ -216,7 +217,7 @@ class Phi3(Llama):
 # ---- the family: its Hugging Face config and llama.cpp's phi3 architecture -----------
 
 # Phi-3's config.json: Mistral's keys with its dropouts (warned about when not zero) and
-# the LongRoPE context (kept; LongRoPE itself is refused by the rope reader);
+# LongRoPE's pretraining length (original_max_position_embeddings);
 # attention_bias, mlp_bias and pretraining_tp are read by no layer of transformers'
 # Phi3 (its projections have no bias: a file's bias tensors would be refused as unknown)
 _HF_KEYS = LLAMA_KEYS | {
@@ -230,15 +231,35 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Phi3Config:
         raise ValueError(f"partial_rotary_factor: only 1.0 (RoPE over the whole head) is "
                          f"supported, got {hf['partial_rotary_factor']}")
     no_dropout(hf, ("resid_pdrop", "embd_pdrop"), where)
-    fields = llama_fields(hf, where, max_len=4096, eps=1e-5)
-    if fields.get("rope_scaling") is not None:
-        # transformers' Phi3Config reads "yarn" as LongRoPE and refuses "linear": a Phi-3
-        # scales its rotary embedding with LongRoPE's factors only
-        raise ValueError(f"rope_scaling: a Phi-3 takes LongRoPE's scaling only (transformers "
-                         f"reads 'yarn' as LongRoPE and refuses the others), which ggmlopt "
-                         f"does not implement; got {hf.get('rope_scaling')!r}")
+    original = hf.get("original_max_position_embeddings", 4096)
+    hf = _as_longrope(hf, original)
+    fields = llama_fields(hf, where, max_len=4096, eps=1e-5, pad=32000)
     return Phi3Config(**fields, sliding_window=hf.get("sliding_window"),
-                      original_max_seq_len=hf.get("original_max_position_embeddings", 4096))
+                      original_max_seq_len=original)
+
+
+def _as_longrope(hf: Mapping[str, Any], original: int) -> Mapping[str, Any]:
+    """hf with its rope scaling as transformers' Phi3Config reads it: "su" and
+    "yarn" are LongRoPE (older Phi-3 files), the pretraining length the config's
+    original_max_position_embeddings; any other scaling refused."""
+    hf = dict(hf)
+    for key in ("rope_parameters", "rope_scaling"):
+        params = hf.get(key)
+        if not isinstance(params, dict):
+            continue
+        params = dict(params)
+        kind = params.get("rope_type", params.get("type"))
+        if kind in ("su", "yarn"):
+            kind = "longrope"
+        if kind not in (None, "default", "longrope"):
+            raise ValueError(f"{key}: a Phi-3 scales its rotary embedding with LongRoPE only "
+                             f"(transformers refuses {kind!r} for it)")
+        if kind == "longrope":
+            params.pop("type", None)
+            params["rope_type"] = "longrope"
+            params.setdefault("original_max_position_embeddings", original)
+        hf[key] = params
+    return hf
 
 
 def _to_hf(cfg: Phi3Config) -> dict[str, Any]:
@@ -246,7 +267,7 @@ def _to_hf(cfg: Phi3Config) -> dict[str, Any]:
             "original_max_position_embeddings": cfg.original_max_seq_len,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
             # Phi3Config's defaults are Phi-3-mini's ids (32000 ...)
-            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+            "pad_token_id": cfg.pad_token_id, "bos_token_id": None, "eos_token_id": None}
 
 
 def _gguf_fields(fields, key, head_dim, where) -> dict[str, Any]:

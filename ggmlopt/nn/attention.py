@@ -105,7 +105,7 @@ class RotaryEmbedding(Module):
     """
 
     # the cos/sin tables outlive a pass (activation checkpointing keeps them)
-    _kept_arrays = ("_cos", "_sin")
+    _kept_arrays = ("_cos", "_sin", "_scaled", "_long", "_long_cos", "_long_sin")
 
     def __init__(self, head_dim, base=10000.0, scaling=None):
         head_dim = _positive_int(head_dim, "head_dim")
@@ -123,13 +123,26 @@ class RotaryEmbedding(Module):
         self.scaling = scaling
         # a scaled table: its frequencies and the attention factor on cos and sin
         self._scaled = None if scaling is None else rope_inv_freq(head_dim, self.base, scaling)
+        # LongRoPE: a pass whose positions go past the pretraining length takes the
+        # long factors' table, every position of it (transformers' choice per pass)
+        self._long_from = None
+        if scaling is not None and scaling.rope_type == "longrope":
+            self._long_from = scaling.original_max_position_embeddings
+            self._long = rope_inv_freq(head_dim, self.base, scaling, long=True)
+            self._long_cos = self._long_sin = None
         self._cos, self._sin = self._table(0)
         self._out = None
         self._grad_in = None
         self._pos = None
 
     def tables(self, n_positions):
-        """(cos, sin), float32 (>= n_positions, head_dim // 2), from the cache."""
+        """(cos, sin), float32 (>= n_positions, head_dim // 2), from the cache: those
+        of a pass over positions 0 .. n_positions - 1."""
+        if self._long_from is not None and n_positions > self._long_from:
+            if self._long_cos is None or self._long_cos.shape[0] < n_positions:
+                self._long_cos, self._long_sin = rope_tables(self._long[0], n_positions,
+                                                             self._long[1])
+            return self._long_cos, self._long_sin
         if self._cos.shape[0] < n_positions:
             n = max(n_positions, 2 * self._cos.shape[0], 256)
             self._cos, self._sin = self._table(n)
@@ -159,7 +172,7 @@ class RotaryEmbedding(Module):
     def _rotate_documents(self, x, positions, out, inverse):
         """rotate, each row by the table rows of its tokens' positions (the same
         table values a document alone is rotated by)."""
-        cos, sin = self.tables(x.shape[1])
+        cos, sin = self.tables(int(positions.max(initial=0)) + 1)
         if out is None:
             out = empty(x.shape, dtype=np.float32)
         in_place = out is x

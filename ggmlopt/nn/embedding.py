@@ -14,6 +14,20 @@ from .parameter import Parameter
 __all__ = ["Embedding", "standard_normal"]
 
 
+def padding_index(padding_idx, num_embeddings: int) -> int | None:
+    """A padding_idx checked as torch checks it (an int in [-num, num); a
+    negative one counts from the end), as a row index, or None."""
+    if padding_idx is None:
+        return None
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, np.integer)):
+        raise TypeError(f"padding_idx: expected an int or None, got "
+                        f"{type(padding_idx).__name__}")
+    if not -num_embeddings <= padding_idx < num_embeddings:
+        raise ValueError(f"padding_idx: {padding_idx} is outside the vocabulary "
+                         f"[-{num_embeddings}, {num_embeddings})")
+    return int(padding_idx) % num_embeddings
+
+
 def standard_normal(weight: np.ndarray, bias, rng: np.random.Generator) -> None:
     """torch.nn.Embedding's default: weight ~ N(0, 1) (bias, always None here,
     is ignored).  Fills the array in place."""
@@ -21,7 +35,7 @@ def standard_normal(weight: np.ndarray, bias, rng: np.random.Generator) -> None:
 
 
 class Embedding(Module):
-    """Embedding(num_embeddings, embedding_dim, *, init=None, rng=None)
+    """Embedding(num_embeddings, embedding_dim, *, init=None, rng=None, padding_idx=None)
 
     forward(ids): integer ids of any shape (...) -> float32 (..., embedding_dim),
     row ids[...] of weight (torch.nn.Embedding).  weight: Parameter
@@ -35,22 +49,28 @@ class Embedding(Module):
     before any work).  ``backward(grad_out)`` adds grad_out's rows into the rows
     of weight.grad its ids name (repeated ids add up, in the order of the ids:
     the same bits on any number of threads; nothing when weight.requires_grad
-    is False) and returns None: ids have no gradient.
+    is False) and returns None: ids have no gradient.  padding_idx (torch's,
+    a negative one counting from the end): the row whose lookups add no
+    gradient (a model's pad token, as transformers builds its embeddings), zeros
+    when the layer initialises its weight.
     """
 
     # a tied head's bf16 operands (project under precision="bf16")
     _bf16_pass = False
     _h16 = _w16 = _g16 = None
 
-    def __init__(self, num_embeddings, embedding_dim, *, init=None, rng=None):
+    def __init__(self, num_embeddings, embedding_dim, *, init=None, rng=None, padding_idx=None):
         self.num_embeddings = check_size(num_embeddings, "num_embeddings")
         self.embedding_dim = check_size(embedding_dim, "embedding_dim")
+        self.padding_idx = padding_index(padding_idx, self.num_embeddings)
         if not initializing():   # inside skip_init(): a loader fills the weight
             self.weight = Parameter.zeros((self.num_embeddings, self.embedding_dim), "weight")
         else:
             gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
             w = np.zeros((self.num_embeddings, self.embedding_dim), dtype=np.float32)
             (init or standard_normal)(w, None, gen)
+            if self.padding_idx is not None:
+                w[self.padding_idx] = 0.0
             self.weight = Parameter(w, name="weight")
         self._shape = None
         self._ids = None
@@ -99,10 +119,22 @@ class Embedding(Module):
             raise ValueError(f"grad_out: expected shape {expected} like the last forward "
                              f"output, got {grad_out.shape}")
         if trains(self.weight):
-            g = np.ascontiguousarray(grad_out, dtype=np.float32)
+            g = self._without_padding(np.ascontiguousarray(grad_out, dtype=np.float32))
             # adding into zeros is writing: no special case for grad_is_zero
             kernels_embedding.embedding_backward(self._ids, g, self.weight.grad)
             self.weight.grad_is_zero = False
+
+    def _without_padding(self, rows):
+        """rows (the last ids' shape, then features) with the padding id's rows
+        zeroed (a copy where there are any): what backward scatters."""
+        if self.padding_idx is None:
+            return rows
+        pad = self._ids == self.padding_idx
+        if not pad.any():
+            return rows
+        rows = rows.copy()
+        rows[pad] = 0.0
+        return rows
 
     def project(self, rows, out=None, keep=True):
         """rows (n, embedding_dim) float32 -> rows W^T (n, num_embeddings): the
@@ -135,4 +167,5 @@ class Embedding(Module):
         return dh
 
     def __repr__(self):
-        return f"Embedding({self.num_embeddings}, {self.embedding_dim})"
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"Embedding({self.num_embeddings}, {self.embedding_dim}{pad})"

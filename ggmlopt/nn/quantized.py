@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import gemm, kernels, kernels_quant
 from ._buffers import add_into, as_rows, empty, output_array, rows2d
+from .embedding import padding_index
 from .module import Module, modules
 from .parameter import Parameter
 
@@ -279,7 +280,8 @@ class QuantizedLinear(Module):
 
 
 class QuantizedEmbedding(Module):
-    """QuantizedEmbedding(qweight, qtype, num_embeddings, embedding_dim)
+    """QuantizedEmbedding(qweight, qtype, num_embeddings, embedding_dim, *,
+    padding_idx=None)
 
     A token embedding whose frozen weight (num_embeddings, embedding_dim) is
     stored as a GGUF file stores it: qweight holds num_embeddings rows of
@@ -292,9 +294,11 @@ class QuantizedEmbedding(Module):
     #: the tied head's products of few rows outside training (set_activations)
     activations = "f32"
 
-    def __init__(self, qweight, qtype, num_embeddings, embedding_dim):
+    def __init__(self, qweight, qtype, num_embeddings, embedding_dim, *, padding_idx=None):
         self.num_embeddings = _size_arg(num_embeddings, "num_embeddings")
         self.embedding_dim = _size_arg(embedding_dim, "embedding_dim")
+        # (no gradient here; an adapter over it trains no row of this id, as PEFT's)
+        self.padding_idx = padding_index(padding_idx, self.num_embeddings)
         self.qtype = _qtype_arg(qtype)
         self.qweight = _rows_arg(qweight, self.qtype, self.num_embeddings, self.embedding_dim)
         self._shape = None

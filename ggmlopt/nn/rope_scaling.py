@@ -1,10 +1,13 @@
 """RoPE frequency scaling: the ``rope_scaling`` / ``rope_parameters`` of Hugging Face
-configs (``linear``, ``llama3``, ``yarn``) and llama.cpp's per-frequency factors
+configs (``linear``, ``llama3``, ``yarn``, ``longrope``) and llama.cpp's per-frequency factors
 (a GGUF's ``rope_freqs.weight``), computed as transformers' modeling_rope_utils
 does in float32, so the rotary tables equal Hugging Face's.
 
-A rope type ggmlopt does not compute (``dynamic``, ``longrope``, ...) or a key it
-does not know is refused, never dropped: a dropped scaling changes every logit.
+A rope type ggmlopt does not compute (``dynamic``, ...) or a key it does not know
+is refused, never dropped: a dropped scaling changes every logit.  LongRoPE has two
+sets of frequencies, its short factors' for a pass whose positions stay within
+``original_max_position_embeddings`` and its long factors' beyond, chosen per pass
+as transformers chooses them (``rope_inv_freq(..., long=True)``).
 """
 from __future__ import annotations
 
@@ -28,8 +31,12 @@ _KEYS = {
               "truncate"}),
     # llama.cpp's rope_freqs tensor: theta_i = base^(-2i/d) / freq_factors[i]
     "freq_factors": ({"freq_factors"}, set()),
+    # Phi-3's LongRoPE: theta_i = base^(-2i/d) / short_factor[i] (or long_factor[i]
+    # past the pretraining length), cos and sin times an attention factor
+    "longrope": ({"short_factor", "long_factor", "original_max_position_embeddings"},
+                 {"attention_factor", "factor"}),
 }
-_NOT_COMPUTED = ("dynamic", "longrope", "proportional", "mrope", "default-axial")
+_NOT_COMPUTED = ("dynamic", "proportional", "mrope", "default-axial")
 
 
 def _real(value, name, minimum=None):
@@ -45,14 +52,18 @@ class RopeScaling:
     """RopeScaling(rope_type, factor=1.0, *, low_freq_factor=None,
     high_freq_factor=None, original_max_position_embeddings=None,
     attention_factor=None, beta_fast=None, beta_slow=None, mscale=None,
-    mscale_all_dim=None, truncate=True, freq_factors=None)
+    mscale_all_dim=None, truncate=True, freq_factors=None, short_factor=None,
+    long_factor=None)
 
     How the rotary frequencies of a Llama-like model are scaled, Hugging Face's
     names: ``linear`` (inv_freq / factor), ``llama3`` (Llama 3.1's smooth
     interpolation between low and high frequencies), ``yarn`` (YaRN, with its
-    attention factor on cos and sin), or ``freq_factors`` (llama.cpp's
-    ``rope_freqs``: inv_freq / freq_factors[i]).  Checked when made (ValueError
-    naming the field).
+    attention factor on cos and sin), ``longrope`` (Phi-3's LongRoPE: inv_freq
+    / short_factor[i] within original_max_position_embeddings, / long_factor[i]
+    past it, cos and sin times attention_factor, by default sqrt(1 + ln(factor)
+    / ln(original)) with factor the context over the original one), or
+    ``freq_factors`` (llama.cpp's ``rope_freqs``: inv_freq / freq_factors[i]).
+    Checked when made (ValueError naming the field).
     """
 
     rope_type: str
@@ -67,6 +78,8 @@ class RopeScaling:
     mscale_all_dim: float | None = None
     truncate: bool = True
     freq_factors: tuple[float, ...] | None = None
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.rope_type not in _KEYS:
@@ -104,11 +117,20 @@ class RopeScaling:
                                  f"must exceed low_freq_factor ({self.low_freq_factor})")
         if not isinstance(self.truncate, bool):
             raise TypeError(f"rope_scaling: truncate must be a bool, got {self.truncate!r}")
-        if self.freq_factors is not None:
-            factors = tuple(_real(f, "freq_factors", 0.0) for f in self.freq_factors)
+        for name in ("freq_factors", "short_factor", "long_factor"):
+            if getattr(self, name) is None:
+                continue
+            if isinstance(getattr(self, name), (str, bytes)):
+                raise TypeError(f"rope_scaling: {name} must be a sequence of numbers > 0")
+            factors = tuple(_real(f, name, 0.0) for f in getattr(self, name))
             if not factors or min(factors) <= 0:
-                raise ValueError("rope_scaling: freq_factors must be numbers > 0")
-            object.__setattr__(self, "freq_factors", factors)
+                raise ValueError(f"rope_scaling: {name} must be numbers > 0")
+            object.__setattr__(self, name, factors)
+        if self.rope_type == "longrope" and len(self.short_factor or ()) != \
+                len(self.long_factor or ()):
+            raise ValueError(f"rope_scaling: {len(self.short_factor or ())} short_factor and "
+                             f"{len(self.long_factor or ())} long_factor values (one each per "
+                             "frequency)")
 
     @classmethod
     def from_hf(cls, params: dict[str, Any] | None, max_position_embeddings: int
@@ -140,10 +162,22 @@ class RopeScaling:
             raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported (ggmlopt "
                              "computes linear, llama3 and yarn)")
         required, optional = _KEYS[kind]
-        if kind in ("llama3", "yarn"):
+        if kind in ("llama3", "yarn", "longrope"):
             # transformers' standardize_rope_params: the pretraining length defaults to
             # the config's
             params.setdefault("original_max_position_embeddings", max_position_embeddings)
+        if kind == "longrope":
+            # factor: the context over the pretraining one unless given (transformers'
+            # _compute_longrope_parameters); it sets the default attention factor, 1
+            # at or below 1
+            factor = params.get("factor")
+            if factor is None:
+                factor = max_position_embeddings / params["original_max_position_embeddings"]
+            if isinstance(factor, (int, float)) and not isinstance(factor, bool):
+                params["factor"] = max(float(factor), 1.0)
+            for name in ("short_factor", "long_factor"):
+                if isinstance(params.get(name), list):
+                    params[name] = tuple(params[name])
         unknown = sorted(set(params) - required - optional)
         if unknown:
             raise ValueError(f"rope_scaling: keys {unknown} of a {kind!r} scaling are not "
@@ -173,15 +207,18 @@ def default_inv_freq(head_dim: int, base: float) -> np.ndarray:
     return (np.float32(1.0) / (np.float32(base) ** exponent)).astype(np.float32)
 
 
-def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None
-                  ) -> tuple[np.ndarray, float]:
+def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None, *,
+                  long: bool = False) -> tuple[np.ndarray, float]:
     """(inv_freq float32 (head_dim // 2,), attention_factor) for a scaling, each
-    step in float32 as transformers' _compute_<type>_parameters."""
+    step in float32 as transformers' _compute_<type>_parameters; long: LongRoPE's
+    long factors' (a pass past original_max_position_embeddings)."""
     f32 = np.float32
     inv = default_inv_freq(head_dim, base)
     if scaling is None:
         return inv, 1.0
     kind = scaling.rope_type
+    if kind == "longrope":
+        return _longrope(head_dim, base, scaling, long)
     if kind == "linear":
         return (inv / f32(scaling.factor)).astype(f32), 1.0
     if kind == "freq_factors":
@@ -205,6 +242,21 @@ def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None
         return np.where(medium, smoothed, llama).astype(f32), 1.0
     assert kind == "yarn"
     return _yarn(head_dim, base, scaling)
+
+
+def _longrope(dim, base, s, long):
+    f32 = np.float32
+    factors = np.asarray(s.long_factor if long else s.short_factor, f32)
+    if factors.size != dim // 2:
+        raise ValueError(f"rope_scaling: {factors.size} LongRoPE factors for head_dim {dim} "
+                         f"(expected {dim // 2})")
+    original = s.original_max_position_embeddings
+    attention = s.attention_factor
+    if attention is None:
+        attention = 1.0 if s.factor <= 1.0 else \
+            math.sqrt(1 + math.log(s.factor) / math.log(original))
+    shape = (np.arange(0, dim, 2, dtype=np.int64).astype(f32) / f32(dim)).astype(f32)
+    return (f32(1.0) / (factors * (f32(base) ** shape).astype(f32))).astype(f32), float(attention)
 
 
 def _yarn(dim, base, s):
