@@ -146,3 +146,17 @@ def test_peft_embedding_adapter_gradients_equal_ours(tmp_path):
                          (adapter.lora_b.grad, emb.lora_embedding_B["default"].grad.numpy().T)]:
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * np.abs(theirs).max())
     assert not adapter.lora_a.grad[PAD].any()
+
+
+def test_a_gguf_says_no_pad_and_loads_into_a_model_that_has_one(tmp_path):
+    # llama.cpp's files carry no padding_idx (llama-finetune trains every row): read
+    # without one, and into a model with one, since the logits are the same
+    pytest.importorskip("gguf")
+    from ggmlopt.io import load_gguf, save_gguf
+    from ggmlopt.text import ByteTokenizer
+    model = Llama(LlamaConfig(vocab_size=257, dim=16, n_layers=1, n_heads=2, pad_token_id=PAD),
+                  seed=0)
+    save_gguf(model, tmp_path / "m.gguf", tokenizer=ByteTokenizer())
+    assert load_gguf(tmp_path / "m.gguf")[0].config.pad_token_id is None
+    load_gguf(tmp_path / "m.gguf", model)
+    assert model.embed_tokens.padding_idx == PAD
