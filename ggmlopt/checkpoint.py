@@ -43,7 +43,7 @@
     trainable         int8 (all the model's parameters,): 1 where a parameter trains,
                       0 where it is frozen (requires_grad=False); optional on load
                       (older files lack it, meaning every parameter trains)
-    parameter_names   str    the dotted names of the nparams parameters in the state,
+    trainable_names   str    the dotted names of the nparams parameters in the state,
                              a JSON list (``parameters()[i]`` where the model names
                              none); optional on load (older files lack it)
 
@@ -132,7 +132,7 @@ _INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_
 _STR_KEYS = frozenset(("format", "rng_state", "optimizer_name"))
 # strings a state may hold or lack: the ranks' own generators (ggmlopt.rank_rng),
 # the precision (files written before bf16 lack it)
-_OPTIONAL_STR_KEYS = ("rank_rng_states", "precision", "parameter_names")
+_OPTIONAL_STR_KEYS = ("rank_rng_states", "precision", "trainable_names")
 # the fields of training.EpochStats (10 before blas_threads, 11 before exchange_wait_s)
 HISTORY_COLUMNS = 12
 EVAL_COLUMNS = 7      # the fields of training.EvalStats
@@ -331,17 +331,17 @@ def _check_names(sd, layout):
     """Raise unless the state's parameters have this model's names (where both
     have one)."""
     try:
-        saved = json.loads(_get_str(sd, "parameter_names"))
+        saved = json.loads(_get_str(sd, "trainable_names"))
     except json.JSONDecodeError:
         saved = None
     if not isinstance(saved, list) or not all(isinstance(n, str) for n in saved):
-        raise ValueError("state_dict['parameter_names']: expected a JSON list of str")
+        raise ValueError("state_dict['trainable_names']: expected a JSON list of str")
     mine = [n for n, t in zip(layout.names, layout.trainable) if t]
     if len(saved) != len(mine):
         return   # another parameter count: the nparams check says so
     for i, (a, b) in enumerate(zip(saved, mine)):
         if a != b and not (a.startswith("parameters()[") or b.startswith("parameters()[")):
-            raise ValueError(f"state_dict['parameter_names']: the state's parameter {i} is "
+            raise ValueError(f"state_dict['trainable_names']: the state's parameter {i} is "
                              f"{a!r}, this model's is {b!r}; a resume needs the same "
                              "trainable parameters (the same adapters on the same layers)")
 
@@ -386,7 +386,7 @@ def _validate(sd, layout):
                              f"precision={layout.precision!r}; a resume goes on in the "
                              "precision it started in")
     _check_split(sd, layout)
-    if "parameter_names" in sd:
+    if "trainable_names" in sd:
         _check_names(sd, layout)
     if "nparams" in sd:
         nparams = _get_int(sd, "nparams")
@@ -493,7 +493,7 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
         sd["rank_rng_states"] = rank_rng.gather_states(dist, ctx.model_rng)
     sd["trainable"] = np.array(lay.trainable, dtype=np.int8)
     sd["precision"] = lay.precision
-    sd["parameter_names"] = json.dumps([n for n, t in zip(lay.names, lay.trainable) if t])
+    sd["trainable_names"] = json.dumps([n for n, t in zip(lay.names, lay.trainable) if t])
     return sd
 
 

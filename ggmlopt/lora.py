@@ -694,7 +694,8 @@ def _merged_embedding(layer: LoRAEmbedding) -> Embedding:
     dequantized), trainable as an Embedding's weight is unless apply froze the
     model's other parameters."""
     with init.skip_init():
-        merged = Embedding(layer.num_embeddings, layer.embedding_dim)
+        merged = Embedding(layer.num_embeddings, layer.embedding_dim,
+                           padding_idx=layer.padding_idx)
     merged.weight.data[...] = layer.merged_weight()
     return merged
 

@@ -49,16 +49,16 @@ def _fit(model, **kwargs):
 def test_adapters_on_other_layers_are_refused_by_name(q8_base, tmp_path):
     ck = tmp_path / "qv.npz"
     _fit(_adapted(q8_base, ("q_proj", "v_proj")), checkpoint=ck, nepoch=1)
-    assert "layers.0.self_attn.v_proj.lora_a" in json.loads(load_state(ck)["parameter_names"])
+    assert "layers.0.self_attn.v_proj.lora_a" in json.loads(load_state(ck)["trainable_names"])
     other = _adapted(q8_base, ("q_proj", "k_proj"))
     before = [p.data.copy() for p in other.parameters() if p.requires_grad]
-    with pytest.raises(ValueError, match=r"parameter_names.*'layers\.0\.self_attn\.v_proj\."
+    with pytest.raises(ValueError, match=r"trainable_names.*'layers\.0\.self_attn\.v_proj\."
                                          r"lora_a', this model's is 'layers\.0\.self_attn\."
                                          r"k_proj\.lora_a'"):
         _fit(other, checkpoint=ck, resume=True, nepoch=2)
     for p, b in zip([p for p in other.parameters() if p.requires_grad], before):
         np.testing.assert_array_equal(p.data, b)   # nothing was loaded
-    with pytest.raises(ValueError, match="parameter_names"):
+    with pytest.raises(ValueError, match="trainable_names"):
         go.OptContext.load(ck, _adapted(q8_base, ("q_proj", "k_proj")))
     # the same adapters resume
     _fit(_adapted(q8_base, ("q_proj", "v_proj")), checkpoint=ck, resume=True, nepoch=2)

@@ -769,8 +769,7 @@ def _computes_otherwise(read: LlamaGguf, cfg) -> list[str]:
     beyond their shapes (checked before): the family (a file of the same
     llama.cpp architecture reads as cfg's family: a Mistral without a window is
     a llama file), each setting of cfg's config class but max_seq_len (how
-    long a window the model takes, not how it computes) and pad_token_id
-    (which row of the embedding trains, which a GGUF does not say), and the rotary
+    long a window the model takes, not how it computes), and the rotary
     frequencies (a Llama 3 scaling reads back as its frequency factors)."""
     family = family_of(cfg)
     if family.gguf_arch != read.arch:
@@ -799,7 +798,7 @@ def _computes_otherwise(read: LlamaGguf, cfg) -> list[str]:
         return bool(x == y)
 
     differ = [f"{name} is {getattr(file_cfg, name)!r} (the model's: {getattr(cfg, name)!r})"
-              for name in sorted(fields - {"max_seq_len", "rope_scaling", "pad_token_id"})
+              for name in sorted(fields - {"max_seq_len", "rope_scaling"})
               if not same(getattr(file_cfg, name), getattr(cfg, name))]
 
     def frequencies(c):

@@ -21,6 +21,7 @@ import numpy as np
 from .._optional import import_optional
 from ..lora import refuse_adapters
 from ..models.registry import FAMILIES, family_for_hf, family_of
+from ..nn.embedding import padding_index
 from ..nn.init import skip_init
 from ..nn.linear import Linear
 from ..nn.module import get_submodule, named_modules, set_submodule
@@ -40,8 +41,11 @@ def _safetensors():
 
 def _hf_config(model) -> dict[str, Any]:
     family = family_of(model)
-    return {"architectures": [family.hf_architecture], "model_type": family.hf_model_type,
-            **family.to_hf(model.config)}
+    config = {"architectures": [family.hf_architecture], "model_type": family.hf_model_type,
+              **family.to_hf(model.config)}
+    if family.hf_padding:   # the embedding's padding row, as transformers builds it
+        config["pad_token_id"] = getattr(model.embed_tokens, "padding_idx", None)
+    return config
 
 
 def _tensor_map(model) -> list[tuple[str, Any, bool]]:
@@ -125,11 +129,22 @@ def _model_from_config(hf: dict[str, Any], where: str):
                          f"({', '.join(f.hf_model_type for f in FAMILIES)})")
     try:
         config = family.from_hf(hf, where)
+        # transformers' nn.Embedding(padding_idx=pad_token_id): that row gets no
+        # gradient from the lookups (it refuses a pad outside the vocabulary, as here;
+        # a family default outside a small vocabulary is no pad)
+        pad = hf.get("pad_token_id", family.hf_pad_default)
+        if "pad_token_id" not in hf and pad is not None and pad >= config.vocab_size:
+            pad = None
+        padding = padding_index(pad, config.vocab_size) if family.hf_padding else None
     except KeyError as e:
         raise ValueError(f"{where}: missing key {e.args[0]!r}") from None
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{where}: {e}") from None
-    return family.model_class(config)
+        raise ValueError(f"{where}: {str(e).replace('padding_idx', 'pad_token_id', 1)}") \
+            from None
+    model = family.model_class(config)
+    if padding is not None:
+        model.embed_tokens.padding_idx = padding
+    return model
 
 
 def _weight_files(directory: str) -> list[str]:

@@ -105,11 +105,11 @@ def no_sliding_window(hf: Mapping[str, Any], *, window_default: int | None = 409
 
 def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False, *,
                  max_len: int = 2048, theta: float = 10000.0,
-                 eps: float = 1e-6, pad: int | None = None) -> dict[str, Any]:
+                 eps: float = 1e-6) -> dict[str, Any]:
     """The LlamaConfig fields of a Llama-layout config; head_dim_given: the
     family reads head_dim itself (Qwen3), else it must be hidden_size //
-    num_attention_heads.  max_len, theta, eps, pad (pad_token_id): the family's
-    transformers defaults where the file says nothing."""
+    num_attention_heads.  max_len, theta, eps: the family's transformers
+    defaults where the file says nothing."""
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act: only silu (Llama's SwiGLU) is supported, got {act!r}")
@@ -139,7 +139,7 @@ def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False
             "ffn_dim": hf["intermediate_size"], "max_seq_len": max_len,
             "norm_eps": float(hf.get("rms_norm_eps", eps)), "rope_base": float(theta),
             "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
-            "rope_scaling": scaling, "pad_token_id": hf.get("pad_token_id", pad)}
+            "rope_scaling": scaling}
 
 
 def llama_hf_config(cfg) -> dict[str, Any]:
@@ -152,6 +152,5 @@ def llama_hf_config(cfg) -> dict[str, Any]:
         "rope_theta": cfg.rope_base,
         "rope_scaling": None if cfg.rope_scaling is None else cfg.rope_scaling.to_hf(),
         "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
-        "pad_token_id": cfg.pad_token_id,
         "initializer_range": 0.02, "torch_dtype": "float32", "use_cache": True,
     }

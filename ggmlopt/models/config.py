@@ -12,7 +12,6 @@ import math
 import numbers
 from typing import ClassVar
 
-from ..nn.embedding import padding_index
 from ..nn.rope_scaling import RopeScaling
 
 __all__ = ["GPT2Config", "LlamaConfig", "llama_ffn_dim"]
@@ -56,7 +55,7 @@ def _heads(dim, n_heads):
 class LlamaConfig:
     """LlamaConfig(vocab_size, dim, n_layers, n_heads, n_kv_heads=None, ffn_dim=None,
     max_seq_len=2048, norm_eps=1e-5, rope_base=10000.0, tie_embeddings=False,
-    rope_scaling=None, qkv_bias=False, pad_token_id=None)
+    rope_scaling=None, qkv_bias=False)
 
     A Llama (Hugging Face's LlamaForCausalLM; llama2.c's Transformer):
     vocab_size (HF vocab_size), dim (hidden_size), n_layers
@@ -67,9 +66,7 @@ class LlamaConfig:
     (rope_theta), tie_embeddings (tie_word_embeddings), rope_scaling
     (rope_scaling / rope_parameters: a ggmlopt.nn.RopeScaling, e.g. Llama 3.1's
     ``llama3``; None for plain RoPE), qkv_bias (biases on the q, k and v
-    projections but not o: Qwen2's), pad_token_id (the token embedding's
-    padding_idx, as transformers builds it: that row gets no gradient from the
-    model's input; None: every row does).
+    projections but not o: Qwen2's).
 
     Checked: every count >= 1 (ints; TypeError otherwise), dim a multiple of
     n_heads, n_heads a multiple of n_kv_heads, an even head_dim (RoPE rotates
@@ -89,7 +86,6 @@ class LlamaConfig:
     tie_embeddings: bool = False
     rope_scaling: RopeScaling | None = None
     qkv_bias: bool = False
-    pad_token_id: int | None = None
     # whether the config gives head_dim (a Qwen3's) instead of dim // n_heads
     explicit_head_dim: ClassVar[bool] = False
     # whether llama.cpp's GGUF permutes the q/k rows into its rotary pairs (its llama
@@ -108,12 +104,6 @@ class LlamaConfig:
         _count(self, "ffn_dim", llama_ffn_dim(self.dim) if self.ffn_dim is None else self.ffn_dim)
         _positive(self, "norm_eps", self.norm_eps)
         _positive(self, "rope_base", self.rope_base)
-        if self.pad_token_id is not None:
-            try:   # torch's rule for padding_idx (transformers' embeddings refuse others)
-                padding_index(self.pad_token_id, self.vocab_size)
-            except (TypeError, ValueError) as e:
-                raise type(e)(str(e).replace("padding_idx", "pad_token_id", 1)) from None
-            object.__setattr__(self, "pad_token_id", int(self.pad_token_id))
         if not isinstance(self.tie_embeddings, bool):
             raise TypeError(f"tie_embeddings: expected a bool, got "
                             f"{type(self.tie_embeddings).__name__}")

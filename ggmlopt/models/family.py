@@ -38,7 +38,10 @@ class Family:
     describes (every key implemented or refused by name: a dropped key would be
     another model), ``to_hf(config)`` the config.json that transformers loads;
     ``hf_prefix`` before the parameter names; ``hf_transposed``: Linear weights
-    are stored (out, in) (torch's Linear; GPT-2's Conv1D stores ours).
+    are stored (out, in) (torch's Linear; GPT-2's Conv1D stores ours);
+    ``hf_padding``: transformers builds the token embedding with
+    ``padding_idx=pad_token_id`` (``embed_tokens``; not GPT-2's), ``hf_pad_default``
+    its config class's pad_token_id where a config.json has none.
 
     llama.cpp: ``gguf_arch`` (general.architecture, None: no GGUF) written by
     the io module of ``gguf_layout`` ("llama": ggmlopt.io.gguf_llama, "gpt2");
@@ -61,6 +64,8 @@ class Family:
     to_hf: Callable[[Any], dict[str, Any]]
     hf_prefix: str = "model."
     hf_transposed: bool = True
+    hf_padding: bool = True
+    hf_pad_default: int | None = None
     gguf_arch: str | None = None
     gguf_layout: str = "llama"
     gguf_keys: frozenset[str] = frozenset()

@@ -355,8 +355,7 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
         head_dim=hf.get("head_dim", 256),
         query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
         sliding_window=hf.get("sliding_window", 4096), rope_local_base=float(local_theta),
-        sliding_layers=tuple(t == "sliding_attention" for t in types),
-        pad_token_id=hf.get("pad_token_id", 0))   # Gemma3TextConfig's default
+        sliding_layers=tuple(t == "sliding_attention" for t in types))
 
 
 def _to_hf(cfg: Gemma3Config) -> dict[str, Any]:
@@ -375,7 +374,7 @@ def _to_hf(cfg: Gemma3Config) -> dict[str, Any]:
                 "rope_type": "default", "rope_theta": cfg.rope_local_base}},
             "final_logit_softcapping": None, "attn_logit_softcapping": None,
             "attention_bias": False, "attention_dropout": 0.0,
-            "pad_token_id": cfg.pad_token_id, "bos_token_id": None, "eos_token_id": None}
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 
 
 def _gguf_fields(fields, key, head_dim, where) -> dict[str, Any]:
@@ -449,6 +448,7 @@ def _parameter_shapes(config: Gemma3Config) -> list[tuple[str, tuple[int, ...]]]
 # its window, which layers are local and their RoPE base
 FAMILY = Family("gemma3", Gemma3, Gemma3Config, hf_model_type="gemma3_text",
                 hf_architecture="Gemma3ForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
+                hf_pad_default=0,
                 gguf_arch="gemma3",
                 gguf_keys=frozenset({"attention.sliding_window",
                                      "attention.sliding_window_pattern", "rope.freq_base_swa",

@@ -186,5 +186,6 @@ def _to_hf(cfg: GPT2Config) -> dict[str, Any]:
 # llama.cpp's gpt2 has a writer of its own
 FAMILY = Family("gpt2", GPT2, GPT2Config, hf_model_type="gpt2",
                 hf_architecture="GPT2LMHeadModel", from_hf=_from_hf, to_hf=_to_hf,
-                hf_prefix="transformer.", hf_transposed=False, gguf_arch="gpt2",
+                hf_prefix="transformer.", hf_transposed=False, hf_padding=False,
+                gguf_arch="gpt2",
                 gguf_layout="gpt2")

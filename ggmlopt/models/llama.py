@@ -100,8 +100,7 @@ class Llama(CausalLM):
         self.config = config
         rng = np.random.default_rng(seed)
         init = normal_init(INIT_STD)
-        self.embed_tokens = Embedding(config.vocab_size, config.dim, init=init, rng=rng,
-                                      padding_idx=config.pad_token_id)
+        self.embed_tokens = Embedding(config.vocab_size, config.dim, init=init, rng=rng)
         self.layers = [self.layer_class(config, rng, i) for i in range(config.n_layers)]
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = (None if config.tie_embeddings else

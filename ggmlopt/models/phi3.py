@@ -233,7 +233,7 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Phi3Config:
     no_dropout(hf, ("resid_pdrop", "embd_pdrop"), where)
     original = hf.get("original_max_position_embeddings", 4096)
     hf = _as_longrope(hf, original)
-    fields = llama_fields(hf, where, max_len=4096, eps=1e-5, pad=32000)
+    fields = llama_fields(hf, where, max_len=4096, eps=1e-5)
     return Phi3Config(**fields, sliding_window=hf.get("sliding_window"),
                       original_max_seq_len=original)
 
@@ -267,7 +267,7 @@ def _to_hf(cfg: Phi3Config) -> dict[str, Any]:
             "original_max_position_embeddings": cfg.original_max_seq_len,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
             # Phi3Config's defaults are Phi-3-mini's ids (32000 ...)
-            "pad_token_id": cfg.pad_token_id, "bos_token_id": None, "eos_token_id": None}
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 
 
 def _gguf_fields(fields, key, head_dim, where) -> dict[str, Any]:
@@ -316,6 +316,7 @@ def _parameter_shapes(config: Phi3Config) -> list[tuple[str, tuple[int, ...]]]:
 # ignores) and LongRoPE's original context beside its llama keys
 FAMILY = Family("phi3", Phi3, Phi3Config, hf_model_type="phi3",
                 hf_architecture="Phi3ForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
+                hf_pad_default=32000,
                 gguf_arch="phi3",
                 gguf_keys=frozenset({"attention.sliding_window",
                                      "rope.scaling.original_context_length"}),

@@ -107,8 +107,7 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> SmolLM3Config:
     rope = hf.get("no_rope_layers") or default_rope_layers(
         hf["num_hidden_layers"], hf.get("no_rope_layer_interval", 4))
     no_sliding_window(hf, window_default=None, sliding=[not r for r in rope])
-    fields = llama_fields(hf, where, max_len=32768, theta=2000000.0,   # HF's defaults
-                          pad=128004)
+    fields = llama_fields(hf, where, max_len=32768, theta=2000000.0)   # HF's defaults
     fields["tie_embeddings"] = bool(hf.get("tie_word_embeddings", True))
     layers = hf.get("no_rope_layers")
     n_layers = fields["n_layers"]
@@ -123,7 +122,7 @@ def _to_hf(cfg: SmolLM3Config) -> dict[str, Any]:
             "no_rope_layer_interval": cfg.no_rope_layer_interval,
             "use_sliding_window": False, "attention_bias": False, "mlp_bias": False,
             # SmolLM3Config's defaults are the 3B's ids (128004 ...): not this vocabulary's
-            "pad_token_id": cfg.pad_token_id, "bos_token_id": None, "eos_token_id": None}
+            "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 
 
 def _gguf_check(cfg: SmolLM3Config) -> None:
@@ -135,4 +134,5 @@ def _gguf_check(cfg: SmolLM3Config) -> None:
 
 FAMILY = Family("smollm3", SmolLM3, SmolLM3Config, hf_model_type="smollm3",
                 hf_architecture="SmolLM3ForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
+                hf_pad_default=128004,
                 gguf_arch="smollm3", gguf_check=_gguf_check)
