@@ -76,7 +76,7 @@ def test_the_rotary_tables_carry_the_yarn_attention_factor():
 
 @pytest.mark.parametrize("params, match", [
     ({"rope_type": "dynamic", "factor": 2.0}, "rope_type 'dynamic' is not supported"),
-    ({"rope_type": "longrope", "short_factor": [1.0]}, "'longrope' is not supported"),
+    ({"rope_type": "longrope", "short_factor": [1.0]}, r"needs \['long_factor'\]"),
     ({"rope_type": "llama3", "factor": 8.0}, "needs"),
     ({"rope_type": "linear", "factor": 2.0, "beta": 1}, r"keys \['beta'\]"),
     ({"rope_type": "linear", "factor": 0.5}, "factor must be >= 1.0"),

@@ -470,13 +470,9 @@ class CausalLM(Module):
 
     @property
     def recompute_cache_at(self) -> int | None:
-        """The cache length at which generation recomputes its cache: a LongRoPE
-        model's pretraining length, past which a pass takes the long factors
-        (transformers' Phi-3 generate drops its cache there); None for others."""
-        scaling = getattr(self.config, "rope_scaling", None)
-        if scaling is None or scaling.rope_type != "longrope":
-            return None
-        return scaling.original_max_position_embeddings
+        """The cache length at which generation recomputes its cache (None: never;
+        a Phi-3 with LongRoPE: its pretraining length)."""
+        return None
 
     def decode(self, tokens, cache):
         """The logits (batch, t, vocab_size) of t new tokens (batch, t) at positions

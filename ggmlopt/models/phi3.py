@@ -213,6 +213,16 @@ class Phi3(Llama):
     def __repr__(self):
         return f"Phi3({self.config})"
 
+    @property
+    def recompute_cache_at(self) -> int | None:
+        """With LongRoPE, its pretraining length: past it a pass takes the long
+        factors, and transformers' Phi-3 generate drops its cache there to
+        recompute it with them; None otherwise."""
+        scaling = self.config.rope_scaling
+        if scaling is None or scaling.rope_type != "longrope":
+            return None
+        return scaling.original_max_position_embeddings
+
 
 # ---- the family: its Hugging Face config and llama.cpp's phi3 architecture -----------
 
