@@ -256,7 +256,7 @@ def test_longrope_generation_recomputes_its_cache_where_transformers_does(tmp_pa
         assert np.asarray(got).tolist() == want.tolist(), n
 
 
-def test_longrope_packed_documents_rotate_as_each_alone(tmp_path):
+def test_longrope_packed_documents_rotate_as_each_alone():
     # a packed window longer than the pretraining length whose documents are not:
     # each document's positions stay short, so its short factors (transformers'
     # choice by the largest position)
@@ -276,11 +276,33 @@ def test_longrope_packed_documents_rotate_as_each_alone(tmp_path):
         np.testing.assert_allclose(out[0, at:at + d.size], model.forward(d[None])[0],
                                    rtol=0, atol=1e-5)
         at += d.size
+
+
+def test_longrope_goes_to_gguf_as_llama_cpp_reads_it(tmp_path):
+    # rope_factors_long/short and phi3.rope.scaling.attn_factor, as llama.cpp's
+    # converter writes a Phi-3.5 (the logits against llama.cpp: tests/llamacpp)
     pytest.importorskip("gguf")
-    from ggmlopt.io import save_gguf
+    from ggmlopt.io import load_gguf, save_gguf
+    from ggmlopt.io.gguf_reader import GgufFile
+    from ggmlopt.nn import RopeScaling
     from ggmlopt.text import ByteTokenizer
-    with pytest.raises(ValueError, match="llama.cpp picks LongRoPE's factors by its context"):
-        save_gguf(Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2,
-                                  rope_scaling=scaling), seed=0), tmp_path / "never.gguf",
-                  tokenizer=ByteTokenizer())
-    assert not (tmp_path / "never.gguf").exists()
+    scaling = RopeScaling("longrope", 4.0, original_max_position_embeddings=16,
+                          short_factor=(1.5, 1.25, 1.125, 1.0), long_factor=(4.0, 3.0, 2.5, 2.0))
+    model = Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2, max_seq_len=64,
+                            original_max_seq_len=16, rope_scaling=scaling), seed=0)
+    with pytest.warns(UserWarning, match="llama.cpp takes LongRoPE's long factors"):
+        save_gguf(model, tmp_path / "m.gguf", tokenizer=ByteTokenizer())
+    f = GgufFile(str(tmp_path / "m.gguf"))
+    assert f.fields["phi3.rope.scaling.attn_factor"] == pytest.approx(
+        np.sqrt(1 + np.log(4) / np.log(16)), rel=1e-7)
+    assert {"rope_factors_long.weight", "rope_factors_short.weight"} <= set(f.tensors)
+    back, _ = load_gguf(tmp_path / "m.gguf")
+    tokens = np.random.default_rng(0).integers(0, 257, (1, 40))
+    for T in (12, 40):
+        np.testing.assert_array_equal(back(tokens[:, :T]), model(tokens[:, :T]))
+    load_gguf(tmp_path / "m.gguf", model)   # the same model: nothing differs
+    # a switch length other than the config's, which llama.cpp reads, is refused
+    other = Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2, max_seq_len=64,
+                            original_max_seq_len=32, rope_scaling=scaling), seed=0)
+    with pytest.raises(ValueError, match="LongRoPE switches at 16 positions"):
+        save_gguf(other, tmp_path / "n.gguf", tokenizer=ByteTokenizer())

@@ -242,9 +242,8 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     arch = arch_of(model)
     family.gguf_check(cfg)   # what llama.cpp's architecture cannot hold: refused (or warned)
     arrays = _gguf_arrays(model, dtype)
-    rope_keys, rope_freqs = _rope_scaling_out(cfg, arch)
-    if rope_freqs is not None:
-        arrays.append(("rope_freqs.weight", rope_freqs, None))
+    rope_keys, rope_tensors = _rope_scaling_out(cfg, arch)
+    arrays.extend((tensor_name, data, None) for tensor_name, data in rope_tensors)
     file_type = _file_type(gguf, model, dtype, carried, arrays)
 
     with atomic_output(path) as tmp:
@@ -314,27 +313,43 @@ _ROPE_FREQS_ARCHS = frozenset({LLAMA_ARCH})
 
 
 def _rope_scaling_out(cfg: LlamaConfig, arch: str):
-    """(llama.* rope keys, rope_freqs float32 array or None) for a config's
+    """(<arch>.* rope keys, [(tensor name, float32 array)]) for a config's
     scaling, as llama.cpp's convert_hf_to_gguf writes them: linear as
     rope.scaling.type/factor, Llama 3's as the per-frequency factors tensor
-    (theta_i = base^(-2i/d) / factor_i in llama.cpp)."""
+    (theta_i = base^(-2i/d) / factor_i in llama.cpp), a Phi-3's LongRoPE as its
+    long and short factor tensors and rope.scaling.attn_factor."""
     from ..nn.rope_scaling import default_inv_freq, rope_inv_freq
     scaling = cfg.rope_scaling
     if scaling is None:
-        return [], None
+        return [], []
     if scaling.rope_type == "linear":
         return [(f"{arch}.rope.scaling.type", "linear"),
-                (f"{arch}.rope.scaling.factor", scaling.factor)], None
+                (f"{arch}.rope.scaling.factor", scaling.factor)], []
     if scaling.rope_type in ("llama3", "freq_factors"):
         if arch not in _ROPE_FREQS_ARCHS:
             raise ValueError(f"model: its {scaling.rope_type!r} rope scaling is written as "
                              f"llama.cpp's rope_freqs tensor, which its {arch} architecture "
                              f"does not read (the file would not load there); save_hf keeps it")
         if scaling.freq_factors is not None:
-            return [], np.asarray(scaling.freq_factors, np.float32)
+            return [], [("rope_freqs.weight", np.asarray(scaling.freq_factors, np.float32))]
         inv, _ = rope_inv_freq(cfg.head_dim, cfg.rope_base, scaling)
         base = default_inv_freq(cfg.head_dim, cfg.rope_base)
-        return [], (base.astype(np.float64) / inv.astype(np.float64)).astype(np.float32)
+        return [], [("rope_freqs.weight",
+                     (base.astype(np.float64) / inv.astype(np.float64)).astype(np.float32))]
+    if scaling.rope_type == "longrope" and arch == "phi3":
+        original = scaling.original_max_position_embeddings
+        if original != getattr(cfg, "original_max_seq_len", original):
+            raise ValueError(f"model: its LongRoPE switches at {original} positions, its config's "
+                             f"original_max_seq_len (llama.cpp's phi3.rope.scaling."
+                             f"original_context_length) is {cfg.original_max_seq_len}")
+        _, attention = rope_inv_freq(cfg.head_dim, cfg.rope_base, scaling)
+        warnings.warn(f"model: llama.cpp takes LongRoPE's long factors for every position of "
+                      f"a context (n_ctx) over {original}, where this model and transformers "
+                      f"take them for a pass over {original} positions only: run it there with "
+                      f"n_ctx <= {original} for the same logits", UserWarning, stacklevel=4)
+        return [(f"{arch}.rope.scaling.attn_factor", attention)], [
+            ("rope_factors_long.weight", np.asarray(scaling.long_factor, np.float32)),
+            ("rope_factors_short.weight", np.asarray(scaling.short_factor, np.float32))]
     why = {"yarn": "llama.cpp computes YaRN differently",
            "longrope": "llama.cpp picks LongRoPE's factors by its context size, not by each "
                        "pass's positions as transformers does"}.get(scaling.rope_type,
@@ -353,6 +368,27 @@ _ARCH_KEYS = frozenset({
     "rope.dimension_count", "vocab_size", "expert_count", "expert_used_count",
     "rope.scaling.type", "rope.scaling.factor",
 })
+def _longrope_in(fields, tensors, key, scaling, arch, where):
+    """scaling, or a Phi-3's LongRoPE from its rope_factors_long/short tensors
+    and rope.scaling.attn_factor (1 without it, as llama.cpp reads it).  llama.cpp
+    takes the long factors for a whole context over the original length; ggmlopt,
+    as transformers, for a pass over it."""
+    found = {n: tensors.get(f"rope_factors_{n}.weight") for n in ("long", "short")}
+    if all(t is None for t in found.values()):
+        return scaling
+    if any(t is None for t in found.values()) or scaling is not None or arch != "phi3":
+        raise ValueError(f"{where}: LongRoPE's factors are read as a phi3 file's "
+                         "rope_factors_long.weight and rope_factors_short.weight together, "
+                         "and alone")
+    factors = {n: tuple(float(f) for f in t[1].float32(f"rope_factors_{n}.weight").ravel())
+               for n, t in found.items()}
+    return RopeScaling("longrope", short_factor=factors["short"], long_factor=factors["long"],
+                       original_max_position_embeddings=int(
+                           key("rope.scaling.original_context_length")),
+                       attention_factor=float(key("rope.scaling.attn_factor", 1.0,
+                                                  required=False)))
+
+
 def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
             arch: str = LLAMA_ARCH) -> LlamaConfig:
     """The config (its family's config class) a Llama-layout file's
@@ -413,6 +449,7 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
             raise ValueError(f"{where}: both llama.rope.scaling.type and rope_freqs.weight")
         data = freqs[1].float32("rope_freqs.weight").ravel()   # (ne, the GgufFile)
         scaling = RopeScaling("freq_factors", freq_factors=tuple(float(f) for f in data))
+    scaling = _longrope_in(fields, tensors, key, scaling, arch, where)
     embd = tensors.get("token_embd.weight")
     vocab = fields.get(f"{arch}.vocab_size")
     if vocab is None:
@@ -520,9 +557,10 @@ class LlamaGguf:
                       for name, shape in _parameter_shapes(self.config)}
             names = {gguf_name(name, arch): name for name in wanted}
             missing = sorted(n for n in names if n not in infos)
-            # biases change the computation: refused with the rest (rope_freqs is the
-            # config's rope scaling)
-            unexpected = sorted(n for n in infos if n not in names and n != "rope_freqs.weight")
+            # biases change the computation: refused with the rest (rope_freqs and the
+            # rope_factors are the config's rope scaling)
+            unexpected = sorted(n for n in infos if n not in names and n not in (
+                "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"))
             if missing or unexpected:
                 raise ValueError(f"path: {path!r} does not hold the Llama its keys describe: "
                                  f"missing tensors {missing}, unexpected tensors {unexpected}")
@@ -804,12 +842,16 @@ def _computes_otherwise(read: LlamaGguf, cfg) -> list[str]:
     def frequencies(c):
         head_dim = getattr(c, "head_dim", None) or c.dim // c.n_heads
         inv, attention = rope_inv_freq(head_dim, c.rope_base, c.rope_scaling)
+        if c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope":
+            long, _ = rope_inv_freq(head_dim, c.rope_base, c.rope_scaling, long=True)
+            inv = np.concatenate([inv, long])
         return inv.astype(np.float64), attention
 
     (a, fa), (b, fb) = frequencies(file_cfg), frequencies(cfg)
     # (another base is said above; the frequencies then tell nothing more)
     if same(file_cfg.rope_base, cfg.rope_base) and (
-            a.shape != b.shape or fa != fb or not np.allclose(a, b, rtol=4 * 2.0 ** -24, atol=0)):
+            a.shape != b.shape or np.float32(fa) != np.float32(fb)
+            or not np.allclose(a, b, rtol=4 * 2.0 ** -24, atol=0)):
         differ.append(f"rope_scaling is {file_cfg.rope_scaling!r} (the model's: "
                       f"{cfg.rope_scaling!r})")
     return differ

@@ -100,6 +100,9 @@ def _families():
     gqa = {"dim": 64, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 96}
     llama3 = RopeScaling("llama3", 32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                          original_max_position_embeddings=16)
+    longrope = RopeScaling("longrope", 2.0, original_max_position_embeddings=32,
+                           short_factor=tuple(1.0 + i / 10 for i in range(8)),
+                           long_factor=tuple(2.0 + i / 4 for i in range(8)))
     return {
         "llama": lambda: Llama(LlamaConfig(**common, **gqa), seed=1),
         "llama3-tied": lambda: Llama(LlamaConfig(**common, **gqa, tie_embeddings=True,
@@ -110,6 +113,9 @@ def _families():
         "mistral": lambda: Mistral(MistralConfig(**common, **gqa, sliding_window=None),
                                    seed=5),
         "phi3": lambda: Phi3(Phi3Config(**common, **gqa), seed=6),
+        # Phi-3.5's LongRoPE over half of its 64 positions
+        "phi3-longrope": lambda: Phi3(Phi3Config(**common, **gqa, original_max_seq_len=32,
+                                                 rope_scaling=longrope), seed=6),
         "smollm3": lambda: SmolLM3(SmolLM3Config(**common, **gqa), seed=7),
         "gemma3": lambda: Gemma3(Gemma3Config(**{**common, "n_layers": 7}, **gqa, head_dim=16,
                                               query_pre_attn_scalar=16.0, sliding_window=5),
@@ -149,13 +155,26 @@ def test_load_gguf_reads_llama_cpps_conversion_bit_for_bit(tmp_path, family):
         # the converter stores Llama 3's scaling as llama.cpp's per-frequency factors
         # (rope_freqs), computed in float32: ours to a few ulps, the same logits
         from ggmlopt.io.gguf_llama import _rope_scaling_out
-        _, factors = _rope_scaling_out(want, "llama")
+        _, tensors = _rope_scaling_out(want, "llama")
+        factors = tensors[0][1]
         got = np.asarray(back.config.rope_scaling.freq_factors, np.float32)
         np.testing.assert_array_max_ulp(got, factors, maxulp=4)
         want = dataclasses.replace(want, rope_scaling=back.config.rope_scaling)
         ids = rng.integers(0, 257, (1, 40))
         a, b = model(ids).astype(np.float64), back(ids).astype(np.float64)
         assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+    if family == "phi3-longrope":
+        # the converter writes the factors and its attention factor (transformers'
+        # default from 64 / 32 positions) in float32: the same within their rounding,
+        # the same logits on both sides of the switch
+        s = back.config.rope_scaling
+        assert s.short_factor == tuple(float(np.float32(f)) for f in want.rope_scaling.short_factor)
+        assert s.attention_factor == pytest.approx(np.sqrt(1 + np.log(2) / np.log(32)), rel=1e-7)
+        want = dataclasses.replace(want, rope_scaling=s)
+        for T in (20, 40):
+            ids = rng.integers(0, 257, (1, T))
+            a, b = model(ids).astype(np.float64), back(ids).astype(np.float64)
+            assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
     assert back.config == want
     ours = dict(model.named_parameters())
     theirs = dict(back.named_parameters())

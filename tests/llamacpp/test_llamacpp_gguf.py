@@ -433,3 +433,30 @@ def test_a_qwen2_file_gives_llama_cpp_our_logits(tmp_path):
     ids = ByteTokenizer().encode(TEXT)[:N_CTX]
     want = llama_cpp_logits(open_llama(tmp_path / "qwen2.gguf"), ids)
     assert relative_error(our_logits(model, ids), want) < 1e-4
+
+
+def test_a_phi3_longrope_file_gives_llama_cpp_our_logits(tmp_path):
+    """A Phi-3.5's LongRoPE in llama.cpp's form (rope_factors_long/short tensors,
+    phi3.rope.scaling.attn_factor): within its original length llama.cpp at a
+    context that short and ggmlopt both take the short factors, and a pass over it
+    at a longer context both the long ones.  (llama.cpp pads a context to 256.)"""
+    from ggmlopt.models import Phi3, Phi3Config
+    from ggmlopt.nn import RopeScaling
+    rng = np.random.default_rng(3)
+    original = 256
+    scaling = RopeScaling("longrope", 2.0, original_max_position_embeddings=original,
+                          short_factor=tuple(1 + rng.random(8)),
+                          long_factor=tuple(2 + 3 * rng.random(8)))
+    model = Phi3(Phi3Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                            ffn_dim=96, max_seq_len=2 * original, original_max_seq_len=original,
+                            rope_scaling=scaling), seed=0)
+    spread(model, 6)
+    with pytest.warns(UserWarning, match="llama.cpp takes LongRoPE's long factors"):
+        save_gguf(model, tmp_path / "phi35.gguf", tokenizer=ByteTokenizer())
+    back, _ = load_gguf(tmp_path / "phi35.gguf")
+    assert back.config.rope_scaling.short_factor == tuple(
+        float(np.float32(f)) for f in scaling.short_factor)
+    ids = np.resize(ByteTokenizer().encode(TEXT), 2 * original)
+    for n_ctx, n in ((original, 200), (2 * original, original + 60)):
+        want = llama_cpp_logits(open_llama(tmp_path / "phi35.gguf", n_ctx=n_ctx), ids[:n])
+        assert relative_error(our_logits(model, ids[:n]), want) < 1e-4, n_ctx
