@@ -131,7 +131,7 @@ def test_what_is_not_implemented_is_refused(tmp_path):
     model = Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2), seed=0)
     save_hf(model, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    for edit, match in [({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    for edit, match in [({"partial_rotary_factor": 0.1}, "rotates 0 features"),
                         # transformers reads a Phi-3's "yarn" as LongRoPE, refuses "linear"
                         ({"rope_scaling": {"type": "yarn", "factor": 4.0}},
                          r"'longrope' scaling needs \['long_factor', 'short_factor'\]"),
@@ -181,21 +181,24 @@ def test_a_gguf_round_trip_keeps_the_fused_weights_and_the_window(tmp_path):
             np.testing.assert_array_equal(p.data, q.data, err_msg=name)
 
 
-def _longrope_checkpoint(directory, rope_type="longrope"):
+def _longrope_checkpoint(directory, rope_type="longrope", partial=1.0):
     """A transformers Phi-3 with LongRoPE (the 128k and 3.5 models' scaling) over a
-    pretraining length of 16 of its 64 positions, weights scaled up so greedy
-    decoding is decided."""
+    pretraining length of 16 of its 64 positions (rope_type None: none), heads of
+    8 features of which partial rotate, weights scaled up so greedy decoding is
+    decided."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     pytest.importorskip("safetensors")
     rng = np.random.default_rng(0)
-    scaling = {"type": rope_type, "short_factor": list(1 + rng.random(4)),
-               "long_factor": list(2 + 3 * rng.random(4))}
+    half = int(8 * partial) // 2
+    scaling = None if rope_type is None else {
+        "type": rope_type, "short_factor": list(1 + rng.random(half)),
+        "long_factor": list(2 + 3 * rng.random(half))}
     hc = transformers.Phi3Config(
         vocab_size=67, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
         original_max_position_embeddings=16, rope_scaling=scaling, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2, sliding_window=None)
+        bos_token_id=1, eos_token_id=2, sliding_window=None, partial_rotary_factor=partial)
     torch.manual_seed(0)
     hf = transformers.Phi3ForCausalLM(hc).eval()
     with torch.no_grad():
@@ -205,16 +208,20 @@ def _longrope_checkpoint(directory, rope_type="longrope"):
     return hf
 
 
-@pytest.mark.parametrize("rope_type", ["longrope", "su"])
+@pytest.mark.parametrize("rope_type, partial", [("longrope", 1.0), ("su", 1.0),
+                                               ("longrope", 0.75), (None, 0.5)])
 def test_longrope_equals_transformers_within_and_past_the_pretraining_length(tmp_path,
-                                                                             rope_type):
+                                                                             rope_type,
+                                                                             partial):
     # a pass whose positions stay within original_max_position_embeddings rotates by
-    # the short factors, a longer one by the long factors, every position of it
+    # the short factors, a longer one by the long factors, every position of it; a
+    # partial_rotary_factor rotates the first features of each head (Phi-4-mini's)
     torch = pytest.importorskip("torch")
     from ggmlopt.io import load_hf, save_hf
-    hf = _longrope_checkpoint(tmp_path / "hf", rope_type)
+    hf = _longrope_checkpoint(tmp_path / "hf", rope_type, partial)
     model = load_hf(tmp_path / "hf")
-    assert model.config.rope_scaling.rope_type == "longrope"
+    assert (model.config.rope_scaling is None) == (rope_type is None)
+    assert model.config.rotary_dim == int(8 * partial)
     rng = np.random.default_rng(1)
     for T in (12, 16, 17, 40):
         tokens = rng.integers(0, 67, (2, T))
@@ -239,12 +246,13 @@ def test_longrope_equals_transformers_within_and_past_the_pretraining_length(tmp
                                model.forward(tokens), rtol=0, atol=1e-5 * 40)
 
 
-def test_longrope_generation_recomputes_its_cache_where_transformers_does(tmp_path):
+@pytest.mark.parametrize("partial", [1.0, 0.75])
+def test_longrope_generation_recomputes_its_cache_where_transformers_does(tmp_path, partial):
     # transformers' Phi-3 generate drops its cache at the step that goes past the
     # pretraining length and recomputes it with the long factors
     torch = pytest.importorskip("torch")
     from ggmlopt.io import load_hf
-    hf = _longrope_checkpoint(tmp_path)
+    hf = _longrope_checkpoint(tmp_path, partial=partial)
     model = load_hf(tmp_path)
     assert model.recompute_cache_at == 16
     rng = np.random.default_rng(2)
@@ -263,9 +271,10 @@ def test_longrope_packed_documents_rotate_as_each_alone():
     from ggmlopt.nn import RopeScaling
     from ggmlopt.nn.positions import mark_document_starts
     scaling = RopeScaling("longrope", original_max_position_embeddings=16,
-                          short_factor=(1.5, 1.2, 1.1, 1.0), long_factor=(4.0, 3.0, 2.5, 2.0))
+                          short_factor=(1.5, 1.2, 1.1), long_factor=(4.0, 3.0, 2.5))
     model = Phi3(Phi3Config(vocab_size=67, dim=16, n_layers=1, n_heads=2, ffn_dim=24,
-                            max_seq_len=64, rope_scaling=scaling), seed=0)
+                            max_seq_len=64, rope_scaling=scaling, partial_rotary_factor=0.75),
+                 seed=0)
     docs = [np.arange(3, 15), np.arange(20, 34), np.arange(40, 50)]
     starts = np.zeros((1, 36), bool)
     starts[0, [0, 12, 26]] = True
@@ -287,22 +296,26 @@ def test_longrope_goes_to_gguf_as_llama_cpp_reads_it(tmp_path):
     from ggmlopt.nn import RopeScaling
     from ggmlopt.text import ByteTokenizer
     scaling = RopeScaling("longrope", 4.0, original_max_position_embeddings=16,
-                          short_factor=(1.5, 1.25, 1.125, 1.0), long_factor=(4.0, 3.0, 2.5, 2.0))
+                          short_factor=(1.5, 1.25, 1.125), long_factor=(4.0, 3.0, 2.5))
     model = Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2, max_seq_len=64,
-                            original_max_seq_len=16, rope_scaling=scaling), seed=0)
+                            original_max_seq_len=16, rope_scaling=scaling,
+                            partial_rotary_factor=0.75), seed=0)
     with pytest.warns(UserWarning, match="llama.cpp takes LongRoPE's long factors"):
         save_gguf(model, tmp_path / "m.gguf", tokenizer=ByteTokenizer())
     f = GgufFile(str(tmp_path / "m.gguf"))
     assert f.fields["phi3.rope.scaling.attn_factor"] == pytest.approx(
         np.sqrt(1 + np.log(4) / np.log(16)), rel=1e-7)
     assert {"rope_factors_long.weight", "rope_factors_short.weight"} <= set(f.tensors)
+    assert f.fields["phi3.rope.dimension_count"] == 6   # 0.75 of the head's 8 rotate
     back, _ = load_gguf(tmp_path / "m.gguf")
+    assert back.config.partial_rotary_factor == 0.75
     tokens = np.random.default_rng(0).integers(0, 257, (1, 40))
     for T in (12, 40):
         np.testing.assert_array_equal(back(tokens[:, :T]), model(tokens[:, :T]))
     load_gguf(tmp_path / "m.gguf", model)   # the same model: nothing differs
     # a switch length other than the config's, which llama.cpp reads, is refused
     other = Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2, max_seq_len=64,
-                            original_max_seq_len=32, rope_scaling=scaling), seed=0)
+                            original_max_seq_len=32, rope_scaling=scaling,
+                            partial_rotary_factor=0.75), seed=0)
     with pytest.raises(ValueError, match="LongRoPE switches at 16 positions"):
         save_gguf(other, tmp_path / "n.gguf", tokenizer=ByteTokenizer())

@@ -260,7 +260,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.add_head_count_kv(cfg.n_kv_heads)
             writer.add_layer_norm_rms_eps(cfg.norm_eps)
             writer.add_rope_freq_base(cfg.rope_base)
-            writer.add_rope_dimension_count(cfg.head_dim)
+            writer.add_rope_dimension_count(getattr(cfg, "rotary_dim", cfg.head_dim))
             for key, value in rope_keys:
                 if isinstance(value, str):
                     writer.add_string(key, value)
@@ -342,7 +342,7 @@ def _rope_scaling_out(cfg: LlamaConfig, arch: str):
             raise ValueError(f"model: its LongRoPE switches at {original} positions, its config's "
                              f"original_max_seq_len (llama.cpp's phi3.rope.scaling."
                              f"original_context_length) is {cfg.original_max_seq_len}")
-        _, attention = rope_inv_freq(cfg.head_dim, cfg.rope_base, scaling)
+        _, attention = rope_inv_freq(cfg.rotary_dim, cfg.rope_base, scaling)
         warnings.warn(f"model: llama.cpp takes LongRoPE's long factors for every position of "
                       f"a context (n_ctx) over {original}, where this model and transformers "
                       f"take them for a pass over {original} positions only: run it there with "
@@ -422,7 +422,10 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
     head_dim_given = bool(getattr(family.config_class, "explicit_head_dim", False))
     if head_dim_given:   # qwen3: the head width is the file's key_length
         head_dim = key("attention.key_length", head_dim, required=False)
+    partial = "partial_rotary_factor" in {f.name for f in dataclasses.fields(family.config_class)}
     for name in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
+        if name == "rope.dimension_count" and partial:
+            continue   # the family reads it (a Phi-3's rotary share)
         value = key(name, head_dim, required=False)
         if value != head_dim:
             raise ValueError(f"{where}: '{arch}.{name}' = {value}, but a Llama here has "
@@ -840,7 +843,8 @@ def _computes_otherwise(read: LlamaGguf, cfg) -> list[str]:
               if not same(getattr(file_cfg, name), getattr(cfg, name))]
 
     def frequencies(c):
-        head_dim = getattr(c, "head_dim", None) or c.dim // c.n_heads
+        head_dim = getattr(c, "rotary_dim", None) or getattr(c, "head_dim", None) \
+            or c.dim // c.n_heads
         inv, attention = rope_inv_freq(head_dim, c.rope_base, c.rope_scaling)
         if c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope":
             long, _ = rope_inv_freq(head_dim, c.rope_base, c.rope_scaling, long=True)

@@ -35,7 +35,8 @@ def _parts_read(block):
     if (type(norm1) is not RMSNorm or type(norm2) is not RMSNorm
             or getattr(attn, "query_scale", None) is not None):
         return None
-    if attn.rotary is not None and type(attn.rotary) is not RotaryEmbedding:
+    if attn.rotary is not None and (type(attn.rotary) is not RotaryEmbedding
+                                    or attn.rotary.rotary_dim != attn.rotary.head_dim):
         return None
     norms = [norm1, norm2]
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)

@@ -6,9 +6,9 @@ output rows q | k | v) and whose gate and up projections are one
 keys (``sliding_window``: Phi-3-mini-4k's 2047).  The fused weights are
 Hugging Face's parameters: one product where Llama takes three (or two), and
 the names a LoRA adapter or a PEFT checkpoint of Phi-3 uses.  LongRoPE (the
-128k and 3.5 models) scales the rotary embedding (ggmlopt.nn.RopeScaling);
-partial rotary embeddings (``partial_rotary_factor`` below 1, Phi-4-mini's)
-are refused by the checkpoint reader.
+128k and 3.5 models) scales the rotary embedding (ggmlopt.nn.RopeScaling), and
+a ``partial_rotary_factor`` below 1 rotates only the first features of each
+head (Phi-4-mini's).
 """
 from __future__ import annotations
 
@@ -40,15 +40,33 @@ class Phi3Config(MistralConfig):
     """Phi3Config(vocab_size, dim, n_layers, n_heads, n_kv_heads=None, ffn_dim=None,
     max_seq_len=4096, norm_eps=1e-5, rope_base=10000.0, tie_embeddings=False,
     rope_scaling=None, qkv_bias=False, head_dim=None, sliding_window=None,
-    original_max_seq_len=4096): MistralConfig's fields (a window, a head width)
-    with Phi-3's defaults (Hugging Face's Phi3Config) and its
-    original_max_position_embeddings (kept for the checkpoint: it matters only
-    to LongRoPE, which is not implemented)."""
+    original_max_seq_len=4096, partial_rotary_factor=1.0): MistralConfig's fields
+    (a window, a head width) with Phi-3's defaults (Hugging Face's Phi3Config), its
+    original_max_position_embeddings (where LongRoPE switches to its long
+    factors) and partial_rotary_factor (the share of each head's features that
+    rotate: ``rotary_dim`` = int(head_dim * factor), Phi-4-mini's 0.75)."""
 
     max_seq_len: int = 4096
     norm_eps: float = 1e-5
     original_max_seq_len: int = 4096
+    partial_rotary_factor: float = 1.0
     llama_cpp_permutes_qk: ClassVar[bool] = False   # llama.cpp's phi3 rotates NeoX's halves
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        f = self.partial_rotary_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+            raise ValueError(f"partial_rotary_factor: expected a number in (0, 1], got {f!r}")
+        object.__setattr__(self, "partial_rotary_factor", float(f))
+        if self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ValueError(f"partial_rotary_factor: {f} of head_dim {self.head_dim} rotates "
+                             f"{self.rotary_dim} features; expected an even number >= 2")
+
+    @property
+    def rotary_dim(self) -> int:
+        """The features of each head that rotate (transformers' int(head_dim * factor))."""
+        assert self.head_dim is not None
+        return int(self.head_dim * self.partial_rotary_factor)
 
 
 class Phi3Attention(Module):
@@ -67,7 +85,8 @@ class Phi3Attention(Module):
         self.qkv_proj = Linear(self.dim, self.q_width + 2 * self.kv_width, bias=False,
                                init=init, rng=rng)
         self.o_proj = Linear(self.q_width, self.dim, bias=False, init=init, rng=rng)
-        self.rotary = RotaryEmbedding(self.head_dim, config.rope_base, config.rope_scaling)
+        self.rotary = RotaryEmbedding(self.head_dim, config.rope_base, config.rope_scaling,
+                                      rotary_dim=config.rotary_dim)
         self.sliding_window = config.sliding_window
         self._saved = None
 
@@ -237,27 +256,28 @@ _HF_KEYS = LLAMA_KEYS | {
 
 def _from_hf(hf: Mapping[str, Any], where: str) -> Phi3Config:
     check_keys(hf, _HF_KEYS, "phi3")
-    if hf.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"partial_rotary_factor: only 1.0 (RoPE over the whole head) is "
-                         f"supported, got {hf['partial_rotary_factor']}")
     no_dropout(hf, ("resid_pdrop", "embd_pdrop"), where)
     original = hf.get("original_max_position_embeddings", 4096)
-    hf = _as_longrope(hf, original)
+    hf, partial = _as_longrope(hf, original)
     fields = llama_fields(hf, where, max_len=4096, eps=1e-5)
     return Phi3Config(**fields, sliding_window=hf.get("sliding_window"),
-                      original_max_seq_len=original)
+                      original_max_seq_len=original, partial_rotary_factor=partial)
 
 
-def _as_longrope(hf: Mapping[str, Any], original: int) -> Mapping[str, Any]:
-    """hf with its rope scaling as transformers' Phi3Config reads it: "su" and
+def _as_longrope(hf: Mapping[str, Any], original: int) -> tuple[Mapping[str, Any], float]:
+    """(hf with its rope scaling as transformers' Phi3Config reads it: "su" and
     "yarn" are LongRoPE (older Phi-3 files), the pretraining length the config's
-    original_max_position_embeddings; any other scaling refused."""
+    original_max_position_embeddings, any other scaling refused; the
+    partial_rotary_factor, from the top level or the rope parameters)."""
     hf = dict(hf)
+    partial = hf.pop("partial_rotary_factor", 1.0)
     for key in ("rope_parameters", "rope_scaling"):
         params = hf.get(key)
         if not isinstance(params, dict):
             continue
         params = dict(params)
+        # transformers 5 keeps it among the rope parameters
+        partial = params.pop("partial_rotary_factor", partial)
         kind = params.get("rope_type", params.get("type"))
         if kind in ("su", "yarn"):
             kind = "longrope"
@@ -269,12 +289,13 @@ def _as_longrope(hf: Mapping[str, Any], original: int) -> Mapping[str, Any]:
             params["rope_type"] = "longrope"
             params.setdefault("original_max_position_embeddings", original)
         hf[key] = params
-    return hf
+    return hf, partial
 
 
 def _to_hf(cfg: Phi3Config) -> dict[str, Any]:
     return {**llama_hf_config(cfg), "sliding_window": cfg.sliding_window,
             "original_max_position_embeddings": cfg.original_max_seq_len,
+            "partial_rotary_factor": cfg.partial_rotary_factor,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0,
             # Phi3Config's defaults are Phi-3-mini's ids (32000 ...)
             "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
@@ -289,9 +310,15 @@ def _gguf_fields(fields, key, head_dim, where) -> dict[str, Any]:
                       f"within it, as transformers' Phi-3 does, where llama.cpp's phi3 "
                       f"ignores the window (every key): beyond {window} tokens of its "
                       f"{context} their logits differ", UserWarning, stacklevel=5)
+    n_rot = key("rope.dimension_count", head_dim, required=False)
+    partial = n_rot / head_dim
+    if not 0 < n_rot <= head_dim or int(head_dim * partial) != n_rot:
+        raise ValueError(f"{where}: phi3.rope.dimension_count = {n_rot} is no share of the "
+                         f"head's {head_dim} features")
     return {"sliding_window": int(window) if window else None,
             "original_max_seq_len": key("rope.scaling.original_context_length",
-                                        key("context_length"), required=False)}
+                                        key("context_length"), required=False),
+            "partial_rotary_factor": partial}
 
 
 def _gguf_write(writer, cfg: Phi3Config, arch: str) -> None:

@@ -88,10 +88,13 @@ def _linear_backward(layer, grad, need_input):
 
 
 class RotaryEmbedding(Module):
-    """RotaryEmbedding(head_dim, base=10000.0, scaling=None): rotary position
-    embedding as Hugging Face's Llama applies it (``rotate_half``); scaling, a
-    ggmlopt.nn.RopeScaling, scales the frequencies as the config's rope_scaling
-    says (Llama 3's ``llama3``, ``linear``, ``yarn``).
+    """RotaryEmbedding(head_dim, base=10000.0, scaling=None, *, rotary_dim=None):
+    rotary position embedding as Hugging Face's Llama applies it (``rotate_half``);
+    scaling, a ggmlopt.nn.RopeScaling, scales the frequencies as the config's
+    rope_scaling says (Llama 3's ``llama3``, ``linear``, ``yarn``, Phi-3's
+    ``longrope``).  rotary_dim (default head_dim): only the first rotary_dim
+    features of each head rotate, by frequencies of that width, the others pass
+    through (a partial_rotary_factor below 1: Phi-4-mini's).
 
     For each head of x (batch, T, heads, head_dim) float32, token t at position
     pos + t: with x1, x2 its halves and theta_i = base ** (-2i / head_dim),
@@ -107,10 +110,14 @@ class RotaryEmbedding(Module):
     # the cos/sin tables outlive a pass (activation checkpointing keeps them)
     _kept_arrays = ("_cos", "_sin", "_scaled", "_long", "_long_cos", "_long_sin")
 
-    def __init__(self, head_dim, base=10000.0, scaling=None):
+    def __init__(self, head_dim, base=10000.0, scaling=None, *, rotary_dim=None):
         head_dim = _positive_int(head_dim, "head_dim")
         if head_dim % 2:
             raise ValueError(f"head_dim: expected an even number, got {head_dim}")
+        rotary_dim = head_dim if rotary_dim is None else _positive_int(rotary_dim, "rotary_dim")
+        if rotary_dim % 2 or rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim: expected an even number <= head_dim={head_dim}, got "
+                             f"{rotary_dim}")
         if isinstance(base, (str, bytes)) or not isinstance(base, (int, float, np.number)):
             raise TypeError(f"base: expected a real number, got {type(base).__name__}")
         if not np.isfinite(base) or base <= 1.0:
@@ -119,16 +126,19 @@ class RotaryEmbedding(Module):
             raise TypeError(f"scaling: expected a ggmlopt.nn.RopeScaling or None, got "
                             f"{type(scaling).__name__}")
         self.head_dim = head_dim
+        # the features rotated, the first of each head (Phi-4-mini's partial rotary
+        # embedding); the rest pass through
+        self.rotary_dim = rotary_dim
         self.base = float(base)
         self.scaling = scaling
         # a scaled table: its frequencies and the attention factor on cos and sin
-        self._scaled = None if scaling is None else rope_inv_freq(head_dim, self.base, scaling)
+        self._scaled = None if scaling is None else rope_inv_freq(rotary_dim, self.base, scaling)
         # LongRoPE: a pass whose positions go past the pretraining length takes the
         # long factors' table, every position of it (transformers' choice per pass)
         self._long_from = None
         if scaling is not None and scaling.rope_type == "longrope":
             self._long_from = scaling.original_max_position_embeddings
-            self._long = rope_inv_freq(head_dim, self.base, scaling, long=True)
+            self._long = rope_inv_freq(rotary_dim, self.base, scaling, long=True)
             self._long_cos = self._long_sin = None
         self._cos, self._sin = self._table(0)
         self._out = None
@@ -150,7 +160,7 @@ class RotaryEmbedding(Module):
 
     def _table(self, n):
         if self._scaled is None:
-            return ka.rope_table(self.head_dim, n, self.base)
+            return ka.rope_table(self.rotary_dim, n, self.base)
         return rope_tables(self._scaled[0], n, self._scaled[1])
 
     def rotate(self, x, pos=0, *, out=None, inverse=False):
@@ -167,12 +177,35 @@ class RotaryEmbedding(Module):
         if isinstance(pos, DocumentPositions):
             return self._rotate_documents(x, pos.positions, out, inverse)
         cos, sin = self.tables(pos + x.shape[1])
+        if self.rotary_dim < self.head_dim:
+            t = x.shape[1]
+            return self._rotate_part(x, cos[pos:pos + t], sin[pos:pos + t], out, inverse)
         return ka.rope(x, cos, sin, pos, out, inverse=inverse)
+
+    def _rotate_part(self, x, cos, sin, out, inverse):
+        """The first rotary_dim features of each head rotated by cos, sin (rows
+        per token: (T, rotary_dim // 2), or (batch, T, ...)), the others copied,
+        in float32 as transformers' apply_rotary_pos_emb: x1 c - x2 s, x2 c + x1 s."""
+        half = self.rotary_dim // 2
+        c = cos.reshape(cos.shape[:-1] + (1, half)) if cos.ndim == 3 else cos[:, None, :]
+        s = sin.reshape(sin.shape[:-1] + (1, half)) if sin.ndim == 3 else sin[:, None, :]
+        if inverse:
+            s = -s
+        x1, x2 = x[..., :half], x[..., half:self.rotary_dim]
+        y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
+        if out is None:
+            out = empty(x.shape, dtype=np.float32)
+        if out is not x:
+            out[..., self.rotary_dim:] = x[..., self.rotary_dim:]
+        out[..., :half], out[..., half:self.rotary_dim] = y1, y2
+        return out
 
     def _rotate_documents(self, x, positions, out, inverse):
         """rotate, each row by the table rows of its tokens' positions (the same
         table values a document alone is rotated by)."""
         cos, sin = self.tables(int(positions.max(initial=0)) + 1)
+        if self.rotary_dim < self.head_dim:
+            return self._rotate_part(x, cos[positions], sin[positions], out, inverse)
         if out is None:
             out = empty(x.shape, dtype=np.float32)
         in_place = out is x
@@ -214,7 +247,8 @@ class RotaryEmbedding(Module):
 
     def __repr__(self):
         scaled = "" if self.scaling is None else f", scaling={self.scaling.rope_type!r}"
-        return f"RotaryEmbedding(head_dim={self.head_dim}, base={self.base}{scaled})"
+        part = "" if self.rotary_dim == self.head_dim else f", rotary_dim={self.rotary_dim}"
+        return f"RotaryEmbedding(head_dim={self.head_dim}, base={self.base}{scaled}{part})"
 
 
 class CausalSelfAttention(Module):

@@ -101,8 +101,8 @@ def _families():
     llama3 = RopeScaling("llama3", 32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                          original_max_position_embeddings=16)
     longrope = RopeScaling("longrope", 2.0, original_max_position_embeddings=32,
-                           short_factor=tuple(1.0 + i / 10 for i in range(8)),
-                           long_factor=tuple(2.0 + i / 4 for i in range(8)))
+                           short_factor=tuple(1.0 + i / 10 for i in range(6)),
+                           long_factor=tuple(2.0 + i / 4 for i in range(6)))
     return {
         "llama": lambda: Llama(LlamaConfig(**common, **gqa), seed=1),
         "llama3-tied": lambda: Llama(LlamaConfig(**common, **gqa, tie_embeddings=True,
@@ -113,9 +113,10 @@ def _families():
         "mistral": lambda: Mistral(MistralConfig(**common, **gqa, sliding_window=None),
                                    seed=5),
         "phi3": lambda: Phi3(Phi3Config(**common, **gqa), seed=6),
-        # Phi-3.5's LongRoPE over half of its 64 positions
+        # Phi-4-mini's: LongRoPE over half of its 64 positions, 3/4 of each head rotating
         "phi3-longrope": lambda: Phi3(Phi3Config(**common, **gqa, original_max_seq_len=32,
-                                                 rope_scaling=longrope), seed=6),
+                                                 rope_scaling=longrope,
+                                                 partial_rotary_factor=0.75), seed=6),
         "smollm3": lambda: SmolLM3(SmolLM3Config(**common, **gqa), seed=7),
         "gemma3": lambda: Gemma3(Gemma3Config(**{**common, "n_layers": 7}, **gqa, head_dim=16,
                                               query_pre_attn_scalar=16.0, sliding_window=5),

@@ -435,21 +435,24 @@ def test_a_qwen2_file_gives_llama_cpp_our_logits(tmp_path):
     assert relative_error(our_logits(model, ids), want) < 1e-4
 
 
-def test_a_phi3_longrope_file_gives_llama_cpp_our_logits(tmp_path):
+@pytest.mark.parametrize("partial", [1.0, 0.75])
+def test_a_phi3_longrope_file_gives_llama_cpp_our_logits(tmp_path, partial):
     """A Phi-3.5's LongRoPE in llama.cpp's form (rope_factors_long/short tensors,
     phi3.rope.scaling.attn_factor): within its original length llama.cpp at a
     context that short and ggmlopt both take the short factors, and a pass over it
-    at a longer context both the long ones.  (llama.cpp pads a context to 256.)"""
+    at a longer context both the long ones.  (llama.cpp pads a context to 256.)
+    partial: Phi-4-mini's share of each head that rotates (rope.dimension_count)."""
     from ggmlopt.models import Phi3, Phi3Config
     from ggmlopt.nn import RopeScaling
     rng = np.random.default_rng(3)
     original = 256
+    half = int(16 * partial) // 2
     scaling = RopeScaling("longrope", 2.0, original_max_position_embeddings=original,
-                          short_factor=tuple(1 + rng.random(8)),
-                          long_factor=tuple(2 + 3 * rng.random(8)))
+                          short_factor=tuple(1 + rng.random(half)),
+                          long_factor=tuple(2 + 3 * rng.random(half)))
     model = Phi3(Phi3Config(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
                             ffn_dim=96, max_seq_len=2 * original, original_max_seq_len=original,
-                            rope_scaling=scaling), seed=0)
+                            rope_scaling=scaling, partial_rotary_factor=partial), seed=0)
     spread(model, 6)
     with pytest.warns(UserWarning, match="llama.cpp takes LongRoPE's long factors"):
         save_gguf(model, tmp_path / "phi35.gguf", tokenizer=ByteTokenizer())
