@@ -338,11 +338,13 @@ def _rope_scaling_out(cfg: LlamaConfig, arch: str):
                      (base.astype(np.float64) / inv.astype(np.float64)).astype(np.float32))]
     if scaling.rope_type == "longrope" and arch == "phi3":
         original = scaling.original_max_position_embeddings
-        if original != getattr(cfg, "original_max_seq_len", original):
+        config_original = getattr(cfg, "original_max_seq_len", original)
+        if original != config_original:
             raise ValueError(f"model: its LongRoPE switches at {original} positions, its config's "
                              f"original_max_seq_len (llama.cpp's phi3.rope.scaling."
-                             f"original_context_length) is {cfg.original_max_seq_len}")
-        _, attention = rope_inv_freq(cfg.rotary_dim, cfg.rope_base, scaling)
+                             f"original_context_length) is {config_original}")
+        _, attention = rope_inv_freq(getattr(cfg, "rotary_dim", cfg.head_dim), cfg.rope_base,
+                                     scaling)
         warnings.warn(f"model: llama.cpp takes LongRoPE's long factors for every position of "
                       f"a context (n_ctx) over {original}, where this model and transformers "
                       f"take them for a pass over {original} positions only: run it there with "
