@@ -1,0 +1,291 @@
+"""LoRA adapters as Hugging Face PEFT saves them: a directory with
+``adapter_config.json`` and ``adapter_model.safetensors``, which
+``peft.PeftModel.from_pretrained`` puts on the transformers model of the same
+checkpoint (and llama.cpp's ``convert_lora_to_gguf.py`` converts).
+
+    lora.apply(model, rank=8)  ... fit ...
+    ggmlopt.io.save_peft(model, "adapter/")     # PeftModel.from_pretrained(hf, "adapter/")
+    ggmlopt.io.load_peft("adapter/", model)     # and an adapter PEFT trained
+
+PEFT's layout: ``base_model.model.<module>.lora_A.weight`` (rank, in) and
+``.lora_B.weight`` (out, rank) for a Linear (A and B transposed from ggmlopt's),
+``.lora_embedding_A`` (rank, vocab) and ``.lora_embedding_B`` (dim, rank) for an
+embedding, ``<module>.weight`` of the modules trained whole (``modules_to_save``);
+module names are the Hugging Face ones (``model.layers.0.self_attn.q_proj``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from .._optional import import_optional
+from ..lora import (
+    ADAPTERS,
+    EMBEDDINGS,
+    LoRAEmbedding,
+    LoRALinear,
+    _adaptable,
+    _replace,
+    freeze_all_but_adapters,
+    named_adapters,
+    other_trainable,
+)
+from ..models.registry import family_of
+from ..nn.module import named_parameters
+from ._files import atomic_output
+
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "load_peft", "save_peft"]
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_ROOT = "base_model.model."   # PeftModel's prefix before the transformers model's names
+
+
+def _safetensors():
+    return import_optional("safetensors.numpy", "interop", "PEFT adapters")
+
+
+def _hf_name(model, name: str) -> str:
+    """A ggmlopt module or parameter name as transformers' model names it."""
+    return name if name == "lm_head" or name.startswith("lm_head.") else \
+        family_of(model).hf_prefix + name
+
+
+def _our_name(model, hf_name: str) -> str | None:
+    if hf_name == "lm_head" or hf_name.startswith("lm_head."):
+        return hf_name
+    prefix = family_of(model).hf_prefix
+    return hf_name[len(prefix):] if hf_name.startswith(prefix) else None
+
+
+def _common(values):
+    """The most common value (ties: the first seen) and {name: value} of the others."""
+    counts = Counter(v for _, v in values)
+    common = max(counts, key=lambda v: (counts[v], -[v for _, v in values].index(v)))
+    return common, {name: v for name, v in values if v != common}
+
+
+def save_peft(model, directory, *, base_model_name_or_path: str | None = None) -> None:
+    """Write model's LoRA adapters (ggmlopt.lora.apply's) to directory as PEFT
+    saves a LoRA adapter (adapter_config.json and adapter_model.safetensors,
+    each atomically; the directory is made when missing), with the parameters
+    that train beside them (``apply(trainable=...)``) as its modules_to_save.
+
+    model: a model of one of ggmlopt.models' families.  Ranks and alphas that
+    differ between layers go to rank_pattern and alpha_pattern; target_modules
+    names each adapted module whole.  Raises ValueError when the model has no
+    adapters, when their dropouts differ (PEFT keeps one) or when a module
+    trained whole is partly frozen; TypeError for a model of no family."""
+    family = family_of(model)   # TypeError for another model
+    st = _safetensors()
+    adapters = named_adapters(model)
+    if not adapters:
+        raise ValueError("model: it has no LoRA adapters (see ggmlopt.lora.apply)")
+    dropouts = {float(getattr(getattr(a, "lora_dropout", None), "p", 0.0)) for _, a in adapters}
+    if len(dropouts) > 1:
+        raise ValueError(f"model: its adapters' dropouts differ ({sorted(dropouts)}); a PEFT "
+                         "adapter has one lora_dropout")
+    tensors: dict[str, np.ndarray] = {}
+    for name, a in adapters:
+        base = _ROOT + _hf_name(model, name)
+        kind = "lora_embedding_" if isinstance(a, LoRAEmbedding) else "lora_"
+        suffix = "" if isinstance(a, LoRAEmbedding) else ".weight"
+        tensors[f"{base}.{kind}A{suffix}"] = np.ascontiguousarray(a.lora_a.data.T, np.float32)
+        tensors[f"{base}.{kind}B{suffix}"] = np.ascontiguousarray(a.lora_b.data.T, np.float32)
+    saved_whole = _modules_to_save(model)
+    transposed = _transposed_weights(model)
+    for module, params in saved_whole.items():
+        for leaf, p in params:
+            data = p.data.T if id(p) in transposed else p.data
+            tensors[_ROOT + _hf_name(model, f"{module}.{leaf}")] = \
+                np.ascontiguousarray(data, np.float32)
+    ranks = [(_hf_name(model, n), int(a.rank)) for n, a in adapters]
+    alphas = [(_hf_name(model, n), float(a.alpha)) for n, a in adapters]
+    rank, rank_pattern = _common(ranks)
+    alpha, alpha_pattern = _common(alphas)
+    config: dict[str, Any] = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
+        "lora_dropout": dropouts.pop(), "target_modules": sorted(n for n, _ in ranks),
+        "rank_pattern": {re.escape(k): v for k, v in rank_pattern.items()},
+        "alpha_pattern": {re.escape(k): v for k, v in alpha_pattern.items()},
+        "modules_to_save": sorted(_hf_name(model, m) for m in saved_whole) or None,
+        "bias": "none", "fan_in_fan_out": not family.hf_transposed, "use_rslora": False,
+        "use_dora": False, "init_lora_weights": True, "inference_mode": True,
+        "layers_to_transform": None, "layers_pattern": None,
+        "base_model_name_or_path": base_model_name_or_path, "revision": None}
+    directory = os.fspath(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ValueError(f"directory: {directory!r} is a file")
+    os.makedirs(directory, exist_ok=True)
+    with atomic_output(os.path.join(directory, ADAPTER_WEIGHTS)) as tmp:
+        st.save_file(tensors, tmp, metadata={"format": "pt"})
+    with atomic_output(os.path.join(directory, ADAPTER_CONFIG)) as tmp, open(tmp, "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def _modules_to_save(model) -> dict[str, list[tuple[str, Any]]]:
+    """{module name: [(parameter leaf, Parameter)]} of the parameters that train
+    beside the adapters, each module whole (PEFT saves modules, not parameters)."""
+    others = set(other_trainable(model))
+    if not others:
+        return {}
+    params = named_parameters(model)
+    modules: dict[str, list[tuple[str, Any]]] = {}
+    for name in sorted(others):
+        module, _, _ = name.rpartition(".")
+        modules.setdefault(module, [])
+    for name, p in params:
+        module, _, leaf = name.rpartition(".")
+        if module in modules:
+            if name not in others:
+                raise ValueError(f"model: {name} is frozen while {module}'s other parameters "
+                                 "train; PEFT's modules_to_save trains a module whole")
+            modules[module].append((leaf, p))
+    return modules
+
+
+def _transposed_weights(model) -> set[int]:
+    """ids of the Linear weights transformers stores (out, in)."""
+    from ..nn.linear import Linear
+    from ..nn.module import named_modules
+    if not family_of(model).hf_transposed:
+        return set()
+    return {id(m.weight) for _, m in named_modules(model)
+            if isinstance(m, Linear) and m.weight is not None}
+
+
+def _read_config(directory: str) -> dict[str, Any]:
+    path = os.path.join(directory, ADAPTER_CONFIG)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"directory: no {ADAPTER_CONFIG} in {directory!r}")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object")  # noqa: TRY004 (a file's value)
+    if config.get("peft_type") != "LORA":
+        raise ValueError(f"{path}: peft_type {config.get('peft_type')!r}; only LORA adapters "
+                         "are read")
+    for key, refused in (("use_dora", "DoRA"), ("bias", "trained biases")):
+        value = config.get(key)
+        if value not in (None, False, "none"):
+            raise ValueError(f"{path}: {key}={value!r}: {refused} are not supported")
+    if config.get("lora_bias"):
+        raise ValueError(f"{path}: lora_bias: trained adapter biases are not supported")
+    return config
+
+
+def _pattern_value(patterns: dict | None, hf_name: str, default):
+    """PEFT's rank_pattern / alpha_pattern lookup: the first key matching the
+    module's name or a dotted suffix of it."""
+    for key, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({key})$", hf_name):
+            return value
+    return default
+
+
+def load_peft(directory, model, *, dropout: float | None = None
+              ) -> list[tuple[str, LoRALinear | LoRAEmbedding]]:
+    """Put a PEFT LoRA adapter (save_peft's, or ``PeftModel.save_pretrained``'s)
+    onto model, in place: a LoRALinear (LoRAEmbedding) with the file's rank,
+    alpha and values on every module the file adapts, its modules_to_save
+    loaded and left trainable, everything else frozen (as lora.apply leaves a
+    model).  use_rslora's scaling (alpha / sqrt(rank)) is kept as the alpha
+    that gives it.  dropout: the adapters' (default the file's lora_dropout).
+
+    Returns named_adapters(model).  Raises FileNotFoundError for a missing
+    file; ValueError for another adapter type (DoRA, trained biases), a tensor
+    naming a module the model lacks, shapes that do not fit, or a model that
+    already has adapters; TypeError for a model of no family.  On any error the
+    model is unchanged."""
+    family_of(model)
+    st = _safetensors()
+    directory = os.fspath(directory)
+    config = _read_config(directory)
+    path = os.path.join(directory, ADAPTER_WEIGHTS)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"directory: no {ADAPTER_WEIGHTS} in {directory!r}")
+    tensors = st.load_file(path)
+    if named_adapters(model):
+        raise ValueError("model: it already has LoRA adapters; load into the base model")
+    layers = {name: (parent, key, layer) for name, parent, key, layer in _adaptable(model)}
+    pairs: dict[str, dict[str, np.ndarray]] = {}
+    whole: dict[str, np.ndarray] = {}
+    bases: dict[str, np.ndarray] = {}   # an adapted layer's own weight (PEFT saves an
+    # embedding's with its adapter: save_embedding_layers)
+    adapter_key = re.compile(r"(.+)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)"
+                             r"(?:\.default)?(?:\.weight)?$")
+    for key, value in tensors.items():
+        if not key.startswith(_ROOT):
+            raise ValueError(f"{path}: tensor {key!r} is not under {_ROOT!r}")
+        hf = key[len(_ROOT):]
+        m = adapter_key.match(hf)
+        if m is None and ".base_layer." in hf:
+            ours = _our_name(model, hf.replace(".base_layer.", "."))
+            if ours is None:
+                raise ValueError(f"{path}: tensor {key!r} names no module of the model")
+            bases[ours] = value
+            continue
+        if m is None:   # a module trained whole
+            ours = _our_name(model, hf.replace(".modules_to_save.default", ""))
+            if ours is None:
+                raise ValueError(f"{path}: tensor {key!r} names no module of the model")
+            whole[ours] = value
+            continue
+        ours = _our_name(model, m.group(1))
+        if ours is None or ours not in layers:
+            raise ValueError(f"{path}: {key!r} adapts {m.group(1)!r}, which the model does "
+                             "not have")
+        pairs.setdefault(ours, {})[m.group(2).replace("embedding_", "")] = value
+    params = dict(named_parameters(model))
+    transposed = _transposed_weights(model)
+    for name, value in {**whole, **bases}.items():
+        p = params.get(name)
+        want = None if p is None else (p.data.T.shape if id(p) in transposed else p.data.shape)
+        if p is None or tuple(value.shape) != want:
+            raise ValueError(f"{path}: modules_to_save tensor {name!r} "
+                             f"{tuple(value.shape)} fits no parameter of the model"
+                             + ("" if p is None else f" (it is {want})"))
+    rate = float(config.get("lora_dropout") or 0.0) if dropout is None else dropout
+    default_rank, default_alpha = int(config.get("r", 8)), float(config.get("lora_alpha", 8))
+    made = []
+    for name, pair in pairs.items():
+        if set(pair) != {"lora_A", "lora_B"}:
+            raise ValueError(f"{path}: {name} has {sorted(pair)}, not lora_A and lora_B")
+        a, b = pair["lora_A"], pair["lora_B"]
+        layer = layers[name][2]
+        n_in, n_out = (layer.num_embeddings, layer.embedding_dim) \
+            if isinstance(layer, EMBEDDINGS) else (layer.in_features, layer.out_features)
+        rank = a.shape[0]
+        if a.shape != (rank, n_in) or b.shape != (n_out, rank):
+            raise ValueError(f"{path}: {name}'s adapter is A {a.shape}, B {b.shape}; the "
+                             f"model's layer needs (rank, {n_in}) and ({n_out}, rank)")
+        hf = _hf_name(model, name)
+        alpha = float(_pattern_value(config.get("alpha_pattern"), hf, default_alpha))
+        if rank != int(_pattern_value(config.get("rank_pattern"), hf, default_rank)):
+            raise ValueError(f"{path}: {name}'s tensors have rank {rank}, the config says "
+                             f"{_pattern_value(config.get('rank_pattern'), hf, default_rank)}")
+        if config.get("use_rslora"):
+            alpha *= math.sqrt(rank)   # alpha / sqrt(r) as ggmlopt's alpha / r
+        made.append((name, a, b, rank, alpha))
+    if not made:
+        raise ValueError(f"{path}: it holds no LoRA adapter tensors")
+    for name, a, b, rank, alpha in made:   # everything checked: now the model changes
+        parent, key, layer = layers[name]
+        adapter = LoRAEmbedding(layer, rank, alpha) if isinstance(layer, EMBEDDINGS) \
+            else LoRALinear(layer, rank, alpha, dropout=rate)
+        adapter.lora_a.data[...] = a.T
+        adapter.lora_b.data[...] = b.T
+        _replace(parent, key, adapter)
+    for name, value in {**whole, **bases}.items():
+        p = params[name]
+        p.data[...] = value.T if id(p) in transposed else value
+    modules = sorted({n.rpartition(".")[0] for n in whole})
+    freeze_all_but_adapters(model, tuple(modules))
+    assert all(isinstance(a, ADAPTERS) for _, a in named_adapters(model))
+    return named_adapters(model)
