@@ -6,8 +6,8 @@ completion or text data, LoRA by default, and write the adapter for llama.cpp.
     llama-cli -m SmolLM2-135M-Instruct.gguf --lora adapter.gguf
 
 It calls the public API only (load_gguf / load_hf, lora.apply, Dataset.from_chat /
-from_completions / from_texts / from_tokens, read_jsonl, fit, save_gguf_lora, save_gguf), so
-everything it does can be written in Python.  llama.cpp's ``llama-finetune`` flag
+from_completions / from_texts / from_tokens, read_jsonl, fit, save_gguf_lora, save_peft,
+save_gguf), so everything it does can be written in Python.  llama.cpp's ``llama-finetune`` flag
 names are accepted with their meaning (``-m``, ``-f`` for a raw text file, ``-c``,
 ``-b`` and ``-ub`` in tokens, ``-lr``, ``-wd``, ``--epochs``, ``-val-split``, ``-opt``).  Every
 argument, file and data line is checked before training starts.
@@ -96,6 +96,8 @@ def parser() -> argparse.ArgumentParser:
                    help="continue from --checkpoint (the run that wrote it, with its options)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="the LoRA adapter as llama.cpp loads it (GGUF)")
+    p.add_argument("--peft-out", help="the LoRA adapter as PEFT saves it (a directory: "
+                                      "adapter_config.json, adapter_model.safetensors)")
     p.add_argument("--merge-out", help="the merged model (GGUF) for llama.cpp")
     p.add_argument("--out-type", choices=("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m",
                                           "q5_k_s", "q5_k", "q5_1", "q5_0", "q4_k_m", "q4_k_s",
@@ -184,8 +186,13 @@ def _problems(args) -> list[str]:
                    "directory")
     if args.full and args.out:
         bad.append("--out: writes a LoRA adapter; with --full write the model (--merge-out)")
-    if not args.out and not args.merge_out:
-        bad.append("--out or --merge-out: say where the result goes")
+    if args.full and args.peft_out:
+        bad.append("--peft-out: writes a LoRA adapter; with --full write the model "
+                   "(--merge-out)")
+    if not args.out and not args.merge_out and not args.peft_out:
+        bad.append("--out, --peft-out or --merge-out: say where the result goes")
+    if args.peft_out and os.path.isfile(args.peft_out):
+        bad.append(f"--peft-out: {args.peft_out!r} is a file; give a directory")
     if not os.path.exists(args.model):
         bad.append(f"--model: no such file or directory {args.model!r}")
     elif (os.path.isdir(args.model) and not args.tokenizer
@@ -381,6 +388,9 @@ def main(argv=None) -> int:
     from .io import save_gguf, save_gguf_lora
     if args.out:
         save_gguf_lora(model, args.out)
+    if args.peft_out:
+        from .io import save_peft
+        save_peft(model, args.peft_out, base_model_name_or_path=args.model)
     if args.merge_out:
         if not args.full:
             lora.merge(model)

@@ -82,6 +82,24 @@ def test_a_lora_run_writes_an_adapter_over_the_unchanged_base(files, capsys):
     assert np.abs(base(np.arange(20).reshape(1, 20)) - before).max() > 0   # it learned
 
 
+def test_the_adapter_goes_to_peft_as_well(files):
+    # --peft-out: the directory PEFT's PeftModel.from_pretrained reads
+    from ggmlopt import lora
+    from ggmlopt.io import load_gguf, load_gguf_lora, load_peft
+    assert finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+                          "--lora-rank", "4", "-c", "96", "--batch", "5", "--epochs", "1",
+                          "-lr", "1e-2", "--out", str(files / "a.gguf"),
+                          "--peft-out", str(files / "peft"), "--silent"]) == 0
+    assert (files / "peft" / "adapter_config.json").is_file()
+    ids = np.arange(20).reshape(1, 20)
+    from_peft, _ = load_gguf(files / "base.gguf")
+    load_peft(files / "peft", from_peft)
+    from_gguf, _ = load_gguf(files / "base.gguf")
+    load_gguf_lora(files / "a.gguf", from_gguf)
+    assert len(lora.named_adapters(from_peft)) == 8
+    np.testing.assert_array_equal(from_peft(ids), from_gguf(ids))   # the same adapter
+
+
 def test_keep_types_trains_adapters_over_the_quantized_base(files, capsys):
     """--keep-types: QLoRA over a Q8_0 file; the adapter applies to that file, and
     --merge-out writes the adapted layers merged, the others in their type."""
@@ -184,6 +202,7 @@ def test_checkpoints_inside_an_epoch_and_a_first_resume(files, capsys, monkeypat
     (["--resume"], "--resume: needs --checkpoint"),
     (["--checkpoint-every", "2"], "--checkpoint-every: needs --checkpoint FILE"),
     (["--full"], "--out: writes a LoRA adapter"),
+    (["--full", "--peft-out", "x"], "--peft-out: writes a LoRA adapter"),
     (["--full", "--keep-types"], "--keep-types: a kept (quantized) base trains through LoRA"),
     (["--lora-targets", "nope"], "--lora-targets: targets: no Linear layer"),
     (["-c", "4096"], "--ctx: 4096 is more than the model's max_seq_len 128"),
