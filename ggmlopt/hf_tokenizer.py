@@ -58,8 +58,10 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
     ``load_hf_tokenizer(directory)``.
 
     ``encode(text, parse_special=True)`` -> int32 ids without the BOS
-    (``add_bos`` says whether the model wants one first, ``add_eos`` whether
-    transformers appends the EOS with its special tokens); ``decode(ids,
+    (``add_bos`` says whether the model wants one first, ``add_eos`` whether a
+    text is a document ending with the EOS: tokenizer_config.json's
+    add_eos_token, else whether the tokenizer.json's post-processor appends it,
+    as llama.cpp's converter reads them); ``decode(ids,
     skip_special=False)``; ``token_to_id``, ``id_to_token``; ``bos_id``,
     ``eos_id``, ``eog_ids`` (eos and the end-of-turn tokens llama.cpp knows by
     their text, ``<|im_end|>``, ``<|eot_id|>`` ...); ``chat_template`` and
@@ -84,9 +86,11 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         # transformers adds the BOS where the tokenizer.json's post-processor does
         # (Llama 3's TemplateProcessing) or where the config says so
         self.add_bos = bool(add_bos) if add_bos is not None else self._post_processor_adds_bos()
+        # as llama.cpp's converter reads it (gguf-py's SpecialVocab: the config's key,
+        # else what the post-processor appends); nothing to append without an eos
         add_eos = config.get("add_eos_token")
-        self.add_eos = add_eos_flag(add_eos if add_eos is not None
-                                    else self._post_processor_adds_eos(), self.eos_id)
+        add_eos = add_eos if add_eos is not None else self._post_processor_adds_eos()
+        self.add_eos = add_eos_flag(add_eos and self.eos_id is not None, self.eos_id)
         self.eot_id = self.eom_id = None
         eog = {i for i in (self.eos_id,) if i is not None}
         eog |= {i for t in EOG_TEXTS if (i := self.token_to_id(t)) is not None}

@@ -244,7 +244,10 @@ def document_ids(tokenizer, text: str, *, eos: bool | None = None) -> np.ndarray
     """text's ids as a document the model reads whole: BOS first when the
     tokenizer's add_bos says so, EOS last when its add_eos does (as llama.cpp
     tokenizes a text with its special tokens, and llama-finetune its text file);
-    eos=True or False asks for the EOS or not whatever add_eos says; int32."""
+    eos=True or False asks for the EOS or not whatever add_eos says; int32.
+    Special tokens written in the text are read as the tokenizer's encode reads
+    them by default (a BOS written first is that one BOS; llama-finetune reads
+    them all as text)."""
     ids = np.asarray(tokenizer.encode(text), np.int32)
     if _wants_bos(tokenizer, ids):
         ids = np.concatenate([[tokenizer.bos_id], ids])
@@ -253,6 +256,20 @@ def document_ids(tokenizer, text: str, *, eos: bool | None = None) -> np.ndarray
     if eos and tokenizer.eos_id is not None:
         ids = np.concatenate([ids, [tokenizer.eos_id]])
     return ids.astype(np.int32)
+
+
+def _spells_its_tokens(tokenizer) -> bool:
+    """Whether tokens can be placed in the text by their bytes (ggmlopt's tokenizers)."""
+    return callable(getattr(tokenizer, "encode_with_offsets", None)) or \
+        callable(getattr(tokenizer, "token_bytes", None))
+
+
+def _encode(tokenizer, text: str) -> np.ndarray:
+    """text's int32 ids, special tokens parsed where the tokenizer takes the flag."""
+    try:
+        return np.asarray(tokenizer.encode(text, parse_special=True), np.int32)
+    except TypeError:   # the ggmlopt.text.Tokenizer protocol's encode(text)
+        return np.asarray(tokenizer.encode(text), np.int32)
 
 
 def _ids_and_offsets(tokenizer, text: str, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -377,12 +394,18 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
         if not isinstance(prompt, str) or not isinstance(completion, str):
             raise TypeError(f"pairs[{k}]: prompt and completion must be str")
         text = prompt + completion
-        ids, offsets = _ids_and_offsets(tokenizer, text, f"pairs[{k}]")
-        start, end = _byte_span(text, len(prompt), len(text))
-        mask = _spans_to_mask(offsets, [(start, end)], _own_ends(tokenizer, ids, offsets))
-        trained = np.flatnonzero(mask)
-        if trained.size and offsets[trained[0]] < start:
-            straddling += 1
+        if _spells_its_tokens(tokenizer):
+            ids, offsets = _ids_and_offsets(tokenizer, text, f"pairs[{k}]")
+            start, end = _byte_span(text, len(prompt), len(text))
+            mask = _spans_to_mask(offsets, [(start, end)], _own_ends(tokenizer, ids, offsets))
+            trained = np.flatnonzero(mask)
+            straddles = bool(trained.size) and offsets[trained[0]] < start
+        else:   # a tokenizer of encode alone: the prompt's ids as a prefix (TRL's test)
+            ids, head = _encode(tokenizer, text), _encode(tokenizer, prompt)
+            same = int(np.argmin(np.append(ids[:head.size] == head[:ids.size], False)))
+            mask = np.arange(ids.size) >= same
+            straddles = same < head.size
+        straddling += straddles
         if _wants_bos(tokenizer, ids):
             ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)
             mask = np.concatenate([[False], mask])

@@ -34,8 +34,20 @@ def test_the_gguf_key_decides_and_its_absence_means_no_eos(said):
     assert document_ids(tok, "a b", eos=False)[-1] != 2
 
 
+def test_a_sentencepiece_file_without_its_ids_takes_llama_cpps():
+    # llama.cpp's SPM defaults (bos 1, eos 2, unk 0): the BOS first and the EOS last
+    # of a text it tokenizes with its special tokens
+    fields = {k: v for k, v in SPM_FIELDS.items() if not k.endswith("_token_id")}
+    tok = tokenizer_from_fields({**fields, KEY: True}, "f")
+    assert (tok.bos_id, tok.eos_id, tok.unk_id) == (1, 2, 0)
+    assert document_ids(tok, "a").tolist() == [1, 3, 2]
+
+
 def test_an_eos_the_file_does_not_name_is_refused():
-    fields = {k: v for k, v in SPM_FIELDS.items() if k != "tokenizer.ggml.eos_token_id"}
+    pytest.importorskip("tokenizers")
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+              "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.merges": ["a b"],
+              "tokenizer.ggml.token_type": [1, 1, 1]}
     with pytest.raises(ValueError, match="add_eos_token is true but the file has no "
                                          "tokenizer.ggml.eos_token_id"):
         tokenizer_from_fields({**fields, KEY: True}, "f")
@@ -125,3 +137,30 @@ def test_hugging_face_files_written_for_an_add_eos_vocabulary_append_it(tmp_path
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert theirs("a")["input_ids"] == document_ids(tok, "a").tolist() == [1, 3, 2]
+
+
+def test_no_eos_to_add_is_no_add_eos(tmp_path):
+    # transformers turns add_eos_token off for a tokenizer without an eos_token
+    pytest.importorskip("tokenizers")
+    from ggmlopt.hf_tokenizer import load_hf_tokenizer
+    _hf_checkpoint(tmp_path / "c", eos_in_post_processor=False, config_says=True)
+    config = json.loads((tmp_path / "c" / "tokenizer_config.json").read_text())
+    del config["eos_token"]
+    (tmp_path / "c" / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_hf_tokenizer(tmp_path / "c")
+    assert tok.eos_id is None and tok.add_eos is False
+
+
+def test_a_byte_tokenizers_files_append_the_eos_where_it_does(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    from ggmlopt.io.hf_tokenizer_files import tokenizer_config, tokenizer_json
+    from ggmlopt.text import ByteTokenizer
+    for add_eos in (True, False):
+        tok = ByteTokenizer(add_eos=add_eos)
+        d = tmp_path / str(add_eos)
+        d.mkdir()
+        (d / "tokenizer.json").write_text(tokenizer_json(tok))
+        (d / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tok, 8)))
+        theirs = transformers.AutoTokenizer.from_pretrained(d)
+        assert theirs("hi")["input_ids"] == document_ids(tok, "hi").tolist()

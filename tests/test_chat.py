@@ -270,6 +270,24 @@ def test_completions_are_tokenized_with_their_prompt_as_trl_does():
     assert [tok.tokens[i] for i in y[0] if i >= 0] == ["\u2581P", "a", "r", "i", "s", "</s>"]
 
 
+class _EncodeOnly:
+    """A tokenizer of the ggmlopt.text.Tokenizer protocol alone: encode(text)."""
+    vocab_size, eos_id, bos_id = 300, 0, None
+
+    def encode(self, text):
+        return np.frombuffer(text.encode(), np.uint8).astype(np.int32) + 1
+
+    def decode(self, ids):
+        return bytes(int(i) - 1 for i in ids if i).decode()
+
+
+def test_completions_of_a_tokenizer_that_only_encodes():
+    # the prompt's ids as a prefix of the whole text's (TRL's test) mark the completion
+    x, y = go.instruct.completion_windows([("ab", "c")], _EncodeOnly(), 8)
+    assert x[0, :3].tolist() == [98, 99, 100]
+    assert y[0].tolist() == [-1, 100, 0, -1, -1, -1, -1, -1]
+
+
 def test_a_rows_own_tools_and_template_variables_reach_the_template():
     # TRL's dataset columns: a row's tools and chat_template_kwargs render with it
     template = ("{% if tools %}TOOLS {{ tools | tojson }} {% endif %}{% if mode %}[{{ mode }}]"

@@ -264,20 +264,23 @@ def test_longrope_generation_recomputes_its_cache_where_transformers_does(tmp_pa
         assert np.asarray(got).tolist() == want.tolist(), n
 
 
-def test_longrope_packed_documents_rotate_as_each_alone():
-    # a packed window longer than the pretraining length whose documents are not:
-    # each document's positions stay short, so its short factors (transformers'
-    # choice by the largest position)
+@pytest.mark.parametrize("partial", [1.0, 0.75])
+def test_longrope_packed_documents_rotate_as_each_alone(partial):
+    # a packed window longer than the pretraining length: each document by its own
+    # length (the short factors for the short ones, the long for the one past 16),
+    # as it alone is rotated; padding (a document of its own) moves no other
     from ggmlopt.nn import RopeScaling
     from ggmlopt.nn.positions import mark_document_starts
+    half = int(8 * partial) // 2
     scaling = RopeScaling("longrope", original_max_position_embeddings=16,
-                          short_factor=(1.5, 1.2, 1.1), long_factor=(4.0, 3.0, 2.5))
+                          short_factor=(1.5, 1.2, 1.1, 1.05)[:half],
+                          long_factor=(4.0, 3.0, 2.5, 2.2)[:half])
     model = Phi3(Phi3Config(vocab_size=67, dim=16, n_layers=1, n_heads=2, ffn_dim=24,
-                            max_seq_len=64, rope_scaling=scaling, partial_rotary_factor=0.75),
-                 seed=0)
-    docs = [np.arange(3, 15), np.arange(20, 34), np.arange(40, 50)]
-    starts = np.zeros((1, 36), bool)
-    starts[0, [0, 12, 26]] = True
+                            max_seq_len=64, rope_scaling=scaling, original_max_seq_len=16,
+                            partial_rotary_factor=partial), seed=0)
+    docs = [np.arange(3, 15), np.arange(20, 40), np.arange(40, 50)]
+    starts = np.zeros((1, 42), bool)
+    starts[0, [0, 12, 32]] = True
     packed = mark_document_starts(np.concatenate(docs)[None], starts)
     out = model.forward(packed)
     at = 0
@@ -313,9 +316,42 @@ def test_longrope_goes_to_gguf_as_llama_cpp_reads_it(tmp_path):
     for T in (12, 40):
         np.testing.assert_array_equal(back(tokens[:, :T]), model(tokens[:, :T]))
     load_gguf(tmp_path / "m.gguf", model)   # the same model: nothing differs
-    # a switch length other than the config's, which llama.cpp reads, is refused
-    other = Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2, max_seq_len=64,
-                            original_max_seq_len=32, rope_scaling=scaling,
-                            partial_rotary_factor=0.75), seed=0)
-    with pytest.raises(ValueError, match="LongRoPE switches at 16 positions"):
-        save_gguf(other, tmp_path / "n.gguf", tokenizer=ByteTokenizer())
+    # a switch length other than the config's (where transformers switches) is refused
+    with pytest.raises(ValueError, match="original_max_position_embeddings 16 is not "
+                                         "original_max_seq_len 32"):
+        Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2, max_seq_len=64,
+                   original_max_seq_len=32, rope_scaling=scaling, partial_rotary_factor=0.75)
+    # a share of the head that is no whole number of features reads back as the one
+    # it rotates, and loads into its model
+    odd = Phi3(Phi3Config(vocab_size=257, dim=32, n_layers=1, n_heads=2,
+                          partial_rotary_factor=0.4), seed=0)
+    save_gguf(odd, tmp_path / "odd.gguf", tokenizer=ByteTokenizer())
+    assert load_gguf(tmp_path / "odd.gguf")[0].config.rotary_dim == odd.config.rotary_dim == 6
+    load_gguf(tmp_path / "odd.gguf", odd)
+
+
+def test_the_switch_length_is_the_configs_as_transformers_reads_it(tmp_path):
+    # transformers' standardize_rope_params puts the top-level
+    # original_max_position_embeddings into the rope parameters, whatever they said
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf, save_hf
+    save_hf(Phi3(Phi3Config(vocab_size=67, dim=16, n_layers=1, n_heads=2, max_seq_len=64,
+                            original_max_seq_len=32), seed=0), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["rope_scaling"] = {"type": "longrope", "short_factor": [1.0] * 4,
+                           "long_factor": [2.0] * 4, "original_max_position_embeddings": 16}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = load_hf(tmp_path)
+    assert model.config.rope_scaling.original_max_position_embeddings == 32
+    assert model.recompute_cache_at == 32
+
+
+def test_decoding_past_the_switch_grows_the_long_table_once():
+    from ggmlopt.nn import RopeScaling
+    from ggmlopt.nn.attention import RotaryEmbedding
+    rope = RotaryEmbedding(8, 10000.0, RopeScaling("longrope", original_max_position_embeddings=16,
+                                                   short_factor=(1.0,) * 4,
+                                                   long_factor=(2.0,) * 4))
+    first = rope.tables(17)[0]
+    assert all(rope.tables(n)[0] is first for n in range(18, first.shape[0] + 1))
+    assert rope.tables(10)[0] is not first   # within the original length: the short table

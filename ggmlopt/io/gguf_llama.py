@@ -654,15 +654,22 @@ def _is_byte_vocabulary(fields: dict[str, Any]) -> bool:
             and not fields.get("tokenizer.ggml.add_bos_token", False))
 
 
-def _add_eos(fields: dict[str, Any], where: str) -> bool:
+def _add_eos(fields: dict[str, Any], where: str, eos_id: int | None = None) -> bool:
     """tokenizer.ggml.add_eos_token (False without it, llama.cpp's default for
-    the SPM and BPE types); a file asking for an EOS it does not name is refused,
-    as llama.cpp asserts on tokenizing with it."""
+    the SPM and BPE types); a file asking for an EOS it names nowhere (eos_id:
+    the one the vocabulary takes without the key, SPM's 2) is refused."""
     add_eos = bool(fields.get(ADD_EOS_KEY, False))
-    if add_eos and fields.get("tokenizer.ggml.eos_token_id") is None:
+    if add_eos and fields.get("tokenizer.ggml.eos_token_id", eos_id) is None:
         raise ValueError(f"{where}: {ADD_EOS_KEY} is true but the file has no "
                          "tokenizer.ggml.eos_token_id")
     return add_eos
+
+
+def _spm_special(fields: dict[str, Any], which: str, default: int, n: int) -> int | None:
+    """A SentencePiece vocabulary's special id: the file's, else llama.cpp's
+    default for the type (bos 1, eos 2, unk 0) where the vocabulary has it."""
+    value = fields.get(f"tokenizer.ggml.{which}_token_id")
+    return value if value is not None else (default if default < n else None)
 
 
 def tokenizer_from_fields(fields: dict[str, Any], where: str):
@@ -725,10 +732,11 @@ def _tokenizer_of_kind(fields: dict[str, Any], where: str):
                           "tokenizer.ggml.tokens, .scores or .token_type; the tokenizer is "
                           "None, give token ids directly", UserWarning, stacklevel=3)
             return None
+        eos = _spm_special(fields, "eos", 2, len(tokens))
         return SPMTokenizer(tokens, scores, types,
-                            bos_id=fields.get("tokenizer.ggml.bos_token_id"),
-                            eos_id=fields.get("tokenizer.ggml.eos_token_id"),
-                            unk_id=fields.get("tokenizer.ggml.unknown_token_id"),
+                            bos_id=_spm_special(fields, "bos", 1, len(tokens)),
+                            eos_id=eos,
+                            unk_id=_spm_special(fields, "unknown", 0, len(tokens)),
                             add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", True)),
                             add_space_prefix=bool(fields.get("tokenizer.ggml.add_space_prefix",
                                                              True)),
@@ -736,7 +744,7 @@ def _tokenizer_of_kind(fields: dict[str, Any], where: str):
                             eom_id=fields.get("tokenizer.ggml.eom_token_id"),
                             chat_template=template,
                             rstrip_ids=rstrip_ids(fields.get("general.name"), tokens, types),
-                            add_eos=_add_eos(fields, where))
+                            add_eos=_add_eos(fields, where, eos))
     if kind == "bert":
         from ..wordpiece import WordPieceTokenizer
         tokens, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")
@@ -841,7 +849,9 @@ def _computes_otherwise(read: LlamaGguf, cfg) -> list[str]:
         return bool(x == y)
 
     differ = [f"{name} is {getattr(file_cfg, name)!r} (the model's: {getattr(cfg, name)!r})"
-              for name in sorted(fields - {"max_seq_len", "rope_scaling"})
+              # (a rotary share reads back as n_rot / head_dim: the frequencies say it)
+              for name in sorted(fields - {"max_seq_len", "rope_scaling",
+                                           "partial_rotary_factor"})
               if not same(getattr(file_cfg, name), getattr(cfg, name))]
 
     def frequencies(c):

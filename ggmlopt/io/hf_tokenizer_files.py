@@ -65,6 +65,11 @@ def tokenizer_json(tokenizer) -> str:
         tok.decoder = tk.decoders.ByteLevel()
         tok.add_special_tokens([tk.AddedToken(tokenizer.eos_text, normalized=False,
                                               special=True)])
+        if getattr(tokenizer, "add_eos", False):
+            eos = tokenizer.eos_text
+            tok.post_processor = tk.processors.TemplateProcessing(
+                single=f"$A {eos}", pair=f"$A {eos} $B {eos}",
+                special_tokens=[(eos, tokenizer.eos_id)])
         return str(tok.to_str())
     if isinstance(tokenizer, (BPETokenizer, SPMTokenizer)):
         tok = tokenizer.hf_tokenizer()   # the library's form of what encode runs

@@ -61,6 +61,14 @@ class Phi3Config(MistralConfig):
         if self.rotary_dim < 2 or self.rotary_dim % 2:
             raise ValueError(f"partial_rotary_factor: {f} of head_dim {self.head_dim} rotates "
                              f"{self.rotary_dim} features; expected an even number >= 2")
+        s = self.rope_scaling
+        if s is not None and s.rope_type == "longrope" and \
+                s.original_max_position_embeddings != self.original_max_seq_len:
+            # transformers switches at the config's original_max_position_embeddings
+            raise ValueError(f"rope_scaling: LongRoPE's original_max_position_embeddings "
+                             f"{s.original_max_position_embeddings} is not original_max_seq_len "
+                             f"{self.original_max_seq_len}, where a Phi-3 switches to its long "
+                             "factors")
 
     @property
     def rotary_dim(self) -> int:
@@ -287,7 +295,8 @@ def _as_longrope(hf: Mapping[str, Any], original: int) -> tuple[Mapping[str, Any
         if kind == "longrope":
             params.pop("type", None)
             params["rope_type"] = "longrope"
-            params.setdefault("original_max_position_embeddings", original)
+            # transformers' standardize_rope_params puts the config's own there
+            params["original_max_position_embeddings"] = original
         hf[key] = params
     return hf, partial
 

@@ -97,8 +97,12 @@ class RotaryEmbedding(Module):
     through (a partial_rotary_factor below 1: Phi-4-mini's).
 
     For each head of x (batch, T, heads, head_dim) float32, token t at position
-    pos + t: with x1, x2 its halves and theta_i = base ** (-2i / head_dim),
-    y = (x1 cos - x2 sin, x2 cos + x1 sin) of the angles position * theta_i.
+    pos + t: with x1, x2 the halves of its first rotary_dim features and theta_i
+    = base ** (-2i / rotary_dim), y = (x1 cos - x2 sin, x2 cos + x1 sin) of the
+    angles position * theta_i.  LongRoPE: a pass over more positions than the
+    original length takes the long factors for all of them (transformers'
+    choice; a row padded past it too), a packed window each document by its own
+    length (as the document alone).
     The cos/sin table (computed as HF does, float32 angles, cos and sin in
     float64) is cached and grown as positions demand.  No parameters.
 
@@ -146,13 +150,22 @@ class RotaryEmbedding(Module):
         self._pos = None
 
     def tables(self, n_positions):
-        """(cos, sin), float32 (>= n_positions, head_dim // 2), from the cache: those
-        of a pass over positions 0 .. n_positions - 1."""
+        """(cos, sin), float32 (>= n_positions, rotary_dim // 2), from the cache:
+        those of a pass over positions 0 .. n_positions - 1."""
         if self._long_from is not None and n_positions > self._long_from:
-            if self._long_cos is None or self._long_cos.shape[0] < n_positions:
-                self._long_cos, self._long_sin = rope_tables(self._long[0], n_positions,
-                                                             self._long[1])
-            return self._long_cos, self._long_sin
+            return self._long_tables(n_positions)
+        return self._short_tables(n_positions)
+
+    def _long_tables(self, n_positions):
+        """LongRoPE's long factors' (cos, sin), grown as the short ones are."""
+        if self._long_cos is None or self._long_cos.shape[0] < n_positions:
+            have = 0 if self._long_cos is None else self._long_cos.shape[0]
+            n = max(n_positions, 2 * have, 256)
+            self._long_cos, self._long_sin = rope_tables(self._long[0], n, self._long[1])
+        return self._long_cos, self._long_sin
+
+    def _short_tables(self, n_positions):
+        """The (short factors', or only) table of at least n_positions rows."""
         if self._cos.shape[0] < n_positions:
             n = max(n_positions, 2 * self._cos.shape[0], 256)
             self._cos, self._sin = self._table(n)
@@ -182,6 +195,24 @@ class RotaryEmbedding(Module):
             return self._rotate_part(x, cos[pos:pos + t], sin[pos:pos + t], out, inverse)
         return ka.rope(x, cos, sin, pos, out, inverse=inverse)
 
+    def _document_tables(self, positions):
+        """LongRoPE's (cos, sin) rows of each token (batch, T, rotary_dim // 2): its
+        document's long factors' where that document is longer than the original
+        length, the short ones' elsewhere (each document as it alone is rotated;
+        a window's padding, its own document, moves no other)."""
+        n = int(positions.max(initial=0)) + 1
+        short_cos, short_sin = self._short_tables(n)
+        cos, sin = short_cos[positions], short_sin[positions]
+        if n > self._long_from:
+            long_cos, long_sin = self._long_tables(n)
+            for r, row in enumerate(positions):
+                starts = np.flatnonzero(row == 0)
+                ends = np.append(starts[1:], row.size)
+                for a, b in zip(starts, ends):
+                    if b - a > self._long_from:
+                        cos[r, a:b], sin[r, a:b] = long_cos[row[a:b]], long_sin[row[a:b]]
+        return cos, sin
+
     def _rotate_part(self, x, cos, sin, out, inverse):
         """The first rotary_dim features of each head rotated by cos, sin (rows
         per token: (T, rotary_dim // 2), or (batch, T, ...)), the others copied,
@@ -202,7 +233,19 @@ class RotaryEmbedding(Module):
 
     def _rotate_documents(self, x, positions, out, inverse):
         """rotate, each row by the table rows of its tokens' positions (the same
-        table values a document alone is rotated by)."""
+        table values a document alone is rotated by: with LongRoPE, the long
+        factors' for a document longer than the original length only)."""
+        if self._long_from is not None:
+            cos, sin = self._document_tables(positions)
+            if self.rotary_dim < self.head_dim:
+                return self._rotate_part(x, cos, sin, out, inverse)
+            if out is None:
+                out = empty(x.shape, dtype=np.float32)
+            for r in range(x.shape[0]):
+                xr = x[r:r + 1]
+                ka.rope(xr, np.ascontiguousarray(cos[r]), np.ascontiguousarray(sin[r]), 0,
+                        xr if out is x else out[r:r + 1], inverse=inverse)
+            return out
         cos, sin = self.tables(int(positions.max(initial=0)) + 1)
         if self.rotary_dim < self.head_dim:
             return self._rotate_part(x, cos[positions], sin[positions], out, inverse)

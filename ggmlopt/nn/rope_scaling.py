@@ -61,7 +61,8 @@ class RopeScaling:
     attention factor on cos and sin), ``longrope`` (Phi-3's LongRoPE: inv_freq
     / short_factor[i] within original_max_position_embeddings, / long_factor[i]
     past it, cos and sin times attention_factor, by default sqrt(1 + ln(factor)
-    / ln(original)) with factor the context over the original one), or
+    / ln(original)), 1 for a factor of 1; from_hf's factor is the context over
+    the original one, as transformers', unless the config gives it), or
     ``freq_factors`` (llama.cpp's ``rope_freqs``: inv_freq / freq_factors[i]).
     Checked when made (ValueError naming the field).
     """
@@ -160,7 +161,7 @@ class RopeScaling:
             return None
         if kind in _NOT_COMPUTED or kind not in _KEYS or kind == "freq_factors":
             raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported (ggmlopt "
-                             "computes linear, llama3 and yarn)")
+                             "computes linear, llama3, yarn and longrope)")
         required, optional = _KEYS[kind]
         if kind in ("llama3", "yarn", "longrope"):
             # transformers' standardize_rope_params: the pretraining length defaults to
