@@ -277,6 +277,27 @@ def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
                    stops, repetition_penalty)
 
 
+# the recompute's parts: a whole pass at once would hold a T x T score matrix a head
+_RECOMPUTE_CHUNK = 256
+
+
+def _recompute(model, ids, cache):
+    """The cache of ids recomputed as one pass over them (LongRoPE's long factors
+    for every position), a chunk at a time; the last position's logits."""
+    from .nn.module import modules
+    rotaries = [r for m in modules(model) if (r := getattr(m, "rotary", None)) is not None]
+    cache.length = 0
+    for r in rotaries:
+        r.pass_positions = len(ids)
+    try:
+        for a in range(0, len(ids), _RECOMPUTE_CHUNK):
+            logits = model.decode(np.array([ids[a:a + _RECOMPUTE_CHUNK]], np.int32), cache)
+    finally:
+        for r in rotaries:
+            r.pass_positions = None
+    return logits[0, -1]
+
+
 def _stream(model, prompt, max_new_tokens, sampling, rng, stops, repetition_penalty):
     if max_new_tokens == 0:
         return
@@ -298,8 +319,7 @@ def _stream(model, prompt, max_new_tokens, sampling, rng, stops, repetition_pena
             if token in stops or i + 1 == max_new_tokens:
                 return
             if cache.length == recompute_at:
-                cache.length = 0
-                logits = model.decode(np.array([ids], np.int32), cache)[0, -1]
+                logits = _recompute(model, ids, cache)
             else:
                 logits = model.decode(np.array([[token]], np.int32), cache)[0, -1]
 

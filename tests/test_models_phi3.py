@@ -246,12 +246,16 @@ def test_longrope_equals_transformers_within_and_past_the_pretraining_length(tmp
                                model.forward(tokens), rtol=0, atol=1e-5 * 40)
 
 
-@pytest.mark.parametrize("partial", [1.0, 0.75])
-def test_longrope_generation_recomputes_its_cache_where_transformers_does(tmp_path, partial):
+@pytest.mark.parametrize("partial, chunk", [(1.0, 256), (0.75, 5)])
+def test_longrope_generation_recomputes_its_cache_where_transformers_does(tmp_path, partial,
+                                                                          chunk, monkeypatch):
     # transformers' Phi-3 generate drops its cache at the step that goes past the
-    # pretraining length and recomputes it with the long factors
+    # pretraining length and recomputes it with the long factors (ggmlopt: a chunk
+    # at a time, every chunk with the long factors)
     torch = pytest.importorskip("torch")
+    from ggmlopt import lm
     from ggmlopt.io import load_hf
+    monkeypatch.setattr(lm, "_RECOMPUTE_CHUNK", chunk)
     hf = _longrope_checkpoint(tmp_path, partial=partial)
     model = load_hf(tmp_path)
     assert model.recompute_cache_at == 16

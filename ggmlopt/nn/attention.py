@@ -113,6 +113,9 @@ class RotaryEmbedding(Module):
 
     # the cos/sin tables outlive a pass (activation checkpointing keeps them)
     _kept_arrays = ("_cos", "_sin", "_scaled", "_long", "_long_cos", "_long_sin")
+    #: the positions of a whole pass that runs in parts (generation recomputing its
+    #: cache a chunk at a time): LongRoPE chooses its factors by it
+    pass_positions: int | None = None
 
     def __init__(self, head_dim, base=10000.0, scaling=None, *, rotary_dim=None):
         head_dim = _positive_int(head_dim, "head_dim")
@@ -152,7 +155,8 @@ class RotaryEmbedding(Module):
     def tables(self, n_positions):
         """(cos, sin), float32 (>= n_positions, rotary_dim // 2), from the cache:
         those of a pass over positions 0 .. n_positions - 1."""
-        if self._long_from is not None and n_positions > self._long_from:
+        if self._long_from is not None and \
+                max(n_positions, self.pass_positions or 0) > self._long_from:
             return self._long_tables(n_positions)
         return self._short_tables(n_positions)
 
