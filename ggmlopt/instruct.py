@@ -142,13 +142,33 @@ def _assistant_spans(template, messages, train_on, kwargs,
     for i in turns:
         before = template.render(messages[:i], True, **kwargs)
         through = template.render(messages[:i + 1], False, **kwargs)
-        if not (through.startswith(before) and text.startswith(through)):
+        if through.startswith(before) and text.startswith(through):
+            spans.append((len(before), _turn_end(text, len(before), len(through),
+                                                 i == len(messages) - 1, eog_texts)))
+            continue
+        # a turn rendered otherwise when another message follows it (Qwen3 drops an
+        # earlier turn's reasoning, Phi-3.5 ends the conversation with its EOS): in
+        # the whole text it runs from the generation prompt through its end-of-turn
+        # token and the line break after it (what a turn renders when it is last)
+        end = _first_eog(text, len(before), eog_texts) if text.startswith(before) else -1
+        while 0 <= end < len(text) and text[end] in "\r\n":
+            end += 1
+        if end < 0:
             raise ValueError(f"the chat template renders message {i} differently depending on "
                              "what follows it, so its assistant text cannot be told apart; use "
                              "a template with {% generation %} markers or train_on='all'")
-        spans.append((len(before), _turn_end(text, len(before), len(through),
-                                             i == len(messages) - 1, eog_texts)))
+        spans.append((len(before), end))
     return text, spans
+
+
+def _first_eog(text: str, start: int, eog_texts) -> int:
+    """The end of the first end-of-generation text in text from start on, -1
+    without one."""
+    found = [(at, -len(eog)) for eog in eog_texts if (at := text.find(eog, start)) >= 0]
+    if not found:
+        return -1
+    at, negative_length = min(found)
+    return at - negative_length
 
 
 def _windows(examples: list[tuple[np.ndarray, np.ndarray]], n_ctx: int, pad_id: int,

@@ -595,3 +595,63 @@ def test_a_hugging_face_tokenizer_labels_the_tokens_after_the_generation_prompt(
         {"bos_token": "<s>", "eos_token": "<|endoftext|>", "chat_template": PHI3_TEMPLATE,
          "add_bos_token": False}))
     _assert_labels_follow_the_prompt(load_hf_tokenizer(tmp_path), answer)
+
+
+# Qwen3's way: an earlier assistant turn loses its reasoning once another message
+# follows it, so no turn but the last renders as a prefix of the whole conversation
+DROPS_EARLIER_THOUGHTS = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and not loop.last %}{{ m.content.split('</think>')[-1] }}"
+    "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class _ImEnd(ByteTokenizer):
+    """ByteTokenizer whose id 256 reads "<|im_end|>", an end-of-generation token
+    parsed in text."""
+    eos_text = "<|im_end|>"
+
+    def encode(self, text, *, parse_special=True):
+        parts = text.split(self.eos_text) if parse_special else [text]
+        ids = list(parts[0].encode())
+        for part in parts[1:]:
+            ids += [256, *part.encode()]
+        return np.asarray(ids, np.int32)
+
+    def id_to_token(self, i):
+        return self.eos_text if i == 256 else chr(i)
+
+
+def test_turns_rendered_otherwise_when_followed_end_at_their_end_of_turn():
+    tok = _ImEnd(chat_template=DROPS_EARLIER_THOUGHTS)
+    chat = [{"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "<think>r1</think>a1"},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "<think>r2</think>a2"}]
+    _, y = go.instruct.chat_windows([chat], tok, 128)
+    assert _labelled_runs(tok, y[0]) == ["a1<|im_end|>\n", "<think>r2</think>a2<|im_end|>\n"]
+
+
+@pytest.mark.skipif(not _llama_cpp_templates(),
+                    reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
+@pytest.mark.parametrize("template, vocab, want", [
+    ("Qwen-Qwen3-0.6B.jinja", "qwen2", ["a1<|im_end|>\n", "<think>\nr2\n</think>\n\na2<|im_end|>\n"]),
+    ("microsoft-Phi-3.5-mini-instruct.jinja", "phi-3", ["a1<|end|>", "a2<|end|><|endoftext|>"]),
+])
+def test_qwen3_and_phi35_multi_turn_chats_are_masked(template, vocab, want):
+    # what TRL's training templates for them mark: each turn's text and its end
+    pytest.importorskip("tokenizers")
+    from ggmlopt.io import load_gguf_tokenizer
+    models = os.path.join(os.environ["GGMLOPT_LLAMA_CPP_SRC"], "models")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = load_gguf_tokenizer(os.path.join(models, f"ggml-vocab-{vocab}.gguf"))
+    with open(os.path.join(models, "templates", template), encoding="utf-8") as f:
+        tok.chat_template = f.read()
+    think = vocab == "qwen2"
+    chat = [{"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "<think>\nr1\n</think>\n\na1" if think else "a1"},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "<think>\nr2\n</think>\n\na2" if think else "a2"}]
+    _, y = go.instruct.chat_windows([chat], tok, 96)
+    assert _labelled_runs(tok, y[0]) == want
