@@ -133,6 +133,8 @@ def _assistant_spans(template, messages, train_on, kwargs,
     if template.has_generation_markers:
         text, spans = template.render_spans(messages, False, **kwargs)
         marked = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if len(spans) > len(marked):
+            spans = _joined(spans)
         if len(spans) != len(marked):
             raise ValueError(f"the template's {{% generation %}} blocks ({len(spans)}) are not "
                              f"one per assistant message ({len(marked)})")
@@ -159,6 +161,18 @@ def _assistant_spans(template, messages, train_on, kwargs,
                              "a template with {% generation %} markers or train_on='all'")
         spans.append((len(before), end))
     return text, spans
+
+
+def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """spans with those that touch joined: one turn's text marked in two blocks
+    (TRL's Phi-3.5 training template marks the final EOS in a block of its own)."""
+    out = [spans[0]]
+    for start, end in spans[1:]:
+        if start == out[-1][1]:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
 
 
 def _first_eog(text: str, start: int, eog_texts) -> int:

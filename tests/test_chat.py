@@ -655,3 +655,19 @@ def test_qwen3_and_phi35_multi_turn_chats_are_masked(template, vocab, want):
             {"role": "assistant", "content": "<think>\nr2\n</think>\n\na2" if think else "a2"}]
     _, y = go.instruct.chat_windows([chat], tok, 96)
     assert _labelled_runs(tok, y[0]) == want
+
+
+# a turn's text in one block and, after the last turn, the EOS in a block of its own
+# (the way TRL's training template for Phi-3.5 marks them)
+TWO_BLOCKS = ("{% for m in messages %}{% if m.role == 'assistant' %}<a>{% generation %}"
+              "{{ m.content }}<|end|>{% endgeneration %}{% else %}<u>{{ m.content }}<|end|>"
+              "{% endif %}{% endfor %}{% if messages[-1].role == 'assistant' %}"
+              "{% generation %}{{ eos_token }}{% endgeneration %}{% endif %}")
+
+
+def test_blocks_that_touch_are_one_turn():
+    tok = ByteTokenizer(chat_template=TWO_BLOCKS)
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"},
+            {"role": "user", "content": "r"}, {"role": "assistant", "content": "a2"}]
+    _, y = go.instruct.chat_windows([chat], tok, 64)
+    assert _labelled_runs(tok, y[0]) == ["a1<|end|>", "a2<|end|><|endoftext|>"]
