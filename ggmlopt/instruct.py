@@ -155,6 +155,9 @@ def _assistant_spans(template, messages, train_on, kwargs,
         end = _first_eog(text, len(before), eog_texts) if text.startswith(before) else -1
         while 0 <= end < len(text) and text[end] in "\r\n":
             end += 1
+        after = messages[i + 1].get("content") if i + 1 < len(messages) else None
+        if isinstance(after, str) and after and after in text[len(before):end]:
+            end = -1   # that end-of-turn token is the next message's: no end of its own
         if end < 0:
             raise ValueError(f"the chat template renders message {i} differently depending on "
                              "what follows it, so its assistant text cannot be told apart; use "

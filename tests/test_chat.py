@@ -671,3 +671,15 @@ def test_blocks_that_touch_are_one_turn():
             {"role": "user", "content": "r"}, {"role": "assistant", "content": "a2"}]
     _, y = go.instruct.chat_windows([chat], tok, 64)
     assert _labelled_runs(tok, y[0]) == ["a1<|end|>", "a2<|end|><|endoftext|>"]
+
+
+def test_a_turn_without_an_end_of_its_own_is_refused():
+    # the first end-of-turn token after it closes the next message: not the turn's
+    template = ("{% for m in messages %}{% if m.role == 'assistant' %}"
+                "{% if loop.last %}[{{ m.content }}]<|im_end|>{% else %}{{ m.content }} "
+                "{% endif %}{% else %}{{ m.content }}<|im_end|>{% endif %}{% endfor %}")
+    tok = _ImEnd(chat_template=template)
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"},
+            {"role": "user", "content": "next"}, {"role": "assistant", "content": "a2"}]
+    with pytest.raises(ValueError, match="renders message 1 differently"):
+        go.instruct.chat_windows([chat], tok, 64)
