@@ -316,7 +316,7 @@ def _ids_and_offsets(tokenizer, text: str, where: str) -> tuple[np.ndarray, np.n
         # SentencePiece: a space prefix the text does not hold
         ids, offsets = tokenizer.encode_with_offsets(text, parse_special=True)
     else:
-        ids = np.asarray(tokenizer.encode(text, parse_special=True), np.int32)
+        ids = _encode(tokenizer, text)
         offsets = token_offsets(tokenizer, ids)
     if offsets[-1] != len(text.encode("utf-8")):
         raise ValueError(f"{where}: the tokenizer's tokens do not spell the text byte for "
@@ -477,7 +477,7 @@ def text_windows(texts: Iterable, tokenizer, n_ctx: int, *, too_long: str = "err
         if not isinstance(text, str):
             raise TypeError(f"texts[{k}]: expected a str or a dict with a str 'text', got "
                             f"{type(text).__name__}")
-        ids = np.asarray(tokenizer.encode(text, parse_special=True), np.int32)
+        ids = _encode(tokenizer, text)
         mask = np.ones(ids.size, bool)
         if _wants_bos(tokenizer, ids):
             ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)

@@ -48,12 +48,19 @@ def _hf_config(model) -> dict[str, Any]:
     return config
 
 
+def transposed_weights(model) -> set[int]:
+    """ids of the weights transformers stores transposed: torch's Linear keeps
+    (out, in); GPT-2's Conv1D keeps (in, out), as ggmlopt does."""
+    if not family_of(model).hf_transposed:
+        return set()
+    return {id(m.weight) for _, m in named_modules(model)
+            if isinstance(m, Linear) and m.weight is not None}
+
+
 def _tensor_map(model) -> list[tuple[str, Any, bool]]:
     """(Hugging Face name, Parameter, transposed) for every parameter."""
     family = family_of(model)
-    transposed: set[int] = set()
-    if family.hf_transposed:   # torch's Linear: (out, in); GPT-2's Conv1D: (in, out) like ours
-        transposed = {id(m.weight) for _, m in named_modules(model) if isinstance(m, Linear)}
+    transposed = transposed_weights(model)
     prefix = family.hf_prefix
     return [(name if name == "lm_head.weight" else prefix + name, p, id(p) in transposed)
             for name, p in model.named_parameters()]

@@ -38,6 +38,7 @@ from ..lora import (
 from ..models.registry import family_of
 from ..nn.module import named_parameters
 from ._files import atomic_output
+from .hf_format import transposed_weights
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "load_peft", "save_peft"]
 
@@ -97,7 +98,7 @@ def save_peft(model, directory, *, base_model_name_or_path: str | None = None) -
         tensors[f"{base}.{kind}A{suffix}"] = np.ascontiguousarray(a.lora_a.data.T, np.float32)
         tensors[f"{base}.{kind}B{suffix}"] = np.ascontiguousarray(a.lora_b.data.T, np.float32)
     saved_whole = _modules_to_save(model)
-    transposed = _transposed_weights(model)
+    transposed = transposed_weights(model)
     for module, params in saved_whole.items():
         for leaf, p in params:
             data = p.data.T if id(p) in transposed else p.data
@@ -146,16 +147,6 @@ def _modules_to_save(model) -> dict[str, list[tuple[str, Any]]]:
                                  "train; PEFT's modules_to_save trains a module whole")
             modules[module].append((leaf, p))
     return modules
-
-
-def _transposed_weights(model) -> set[int]:
-    """ids of the Linear weights transformers stores (out, in)."""
-    from ..nn.linear import Linear
-    from ..nn.module import named_modules
-    if not family_of(model).hf_transposed:
-        return set()
-    return {id(m.weight) for _, m in named_modules(model)
-            if isinstance(m, Linear) and m.weight is not None}
 
 
 def _read_config(directory: str) -> dict[str, Any]:
@@ -241,7 +232,7 @@ def load_peft(directory, model, *, dropout: float | None = None
                              "not have")
         pairs.setdefault(ours, {})[m.group(2).replace("embedding_", "")] = value
     params = dict(named_parameters(model))
-    transposed = _transposed_weights(model)
+    transposed = transposed_weights(model)
     for name, value in {**whole, **bases}.items():
         p = params.get(name)
         want = None if p is None else (p.data.T.shape if id(p) in transposed else p.data.shape)

@@ -200,14 +200,15 @@ class RotaryEmbedding(Module):
         return ka.rope(x, cos, sin, pos, out, inverse=inverse)
 
     def _document_tables(self, positions):
-        """LongRoPE's (cos, sin) rows of each token (batch, T, rotary_dim // 2): its
-        document's long factors' where that document is longer than the original
-        length, the short ones' elsewhere (each document as it alone is rotated;
-        a window's padding, its own document, moves no other)."""
+        """(cos, sin) rows of each token (batch, T, rotary_dim // 2), by its
+        position in its document.  LongRoPE: its document's long factors' where
+        that document is longer than the original length, the short ones'
+        elsewhere (each document as it alone is rotated; a window's padding, its
+        own document, moves no other)."""
         n = int(positions.max(initial=0)) + 1
         short_cos, short_sin = self._short_tables(n)
         cos, sin = short_cos[positions], short_sin[positions]
-        if n > self._long_from:
+        if self._long_from is not None and n > self._long_from:
             long_cos, long_sin = self._long_tables(n)
             for r, row in enumerate(positions):
                 starts = np.flatnonzero(row == 0)
@@ -239,28 +240,15 @@ class RotaryEmbedding(Module):
         """rotate, each row by the table rows of its tokens' positions (the same
         table values a document alone is rotated by: with LongRoPE, the long
         factors' for a document longer than the original length only)."""
-        if self._long_from is not None:
-            cos, sin = self._document_tables(positions)
-            if self.rotary_dim < self.head_dim:
-                return self._rotate_part(x, cos, sin, out, inverse)
-            if out is None:
-                out = empty(x.shape, dtype=np.float32)
-            for r in range(x.shape[0]):
-                xr = x[r:r + 1]
-                ka.rope(xr, np.ascontiguousarray(cos[r]), np.ascontiguousarray(sin[r]), 0,
-                        xr if out is x else out[r:r + 1], inverse=inverse)
-            return out
-        cos, sin = self.tables(int(positions.max(initial=0)) + 1)
+        cos, sin = self._document_tables(positions)
         if self.rotary_dim < self.head_dim:
-            return self._rotate_part(x, cos[positions], sin[positions], out, inverse)
+            return self._rotate_part(x, cos, sin, out, inverse)
         if out is None:
             out = empty(x.shape, dtype=np.float32)
-        in_place = out is x
         for r in range(x.shape[0]):
-            rows = positions[r]
             xr = x[r:r + 1]
-            ka.rope(xr, np.ascontiguousarray(cos[rows]), np.ascontiguousarray(sin[rows]), 0,
-                    xr if in_place else out[r:r + 1], inverse=inverse)
+            ka.rope(xr, np.ascontiguousarray(cos[r]), np.ascontiguousarray(sin[r]), 0,
+                    xr if out is x else out[r:r + 1], inverse=inverse)
         return out
 
     def forward(self, x, pos=0):
