@@ -187,3 +187,60 @@ def test_a_tied_config_with_a_head_of_its_own_loads_that_head(tmp_path):
         tied = load_hf(tmp_path)
     assert tied.config.tie_embeddings and tied.lm_head is None
     np.testing.assert_array_equal(tied(TOKENS), model(TOKENS))
+
+
+def _sharded_llama(tmp_path, torch_dtype):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(3)
+    cfg = transformers.LlamaConfig(vocab_size=67, hidden_size=32, intermediate_size=40,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    hf = transformers.LlamaForCausalLM(cfg).eval().to(torch_dtype)
+    # shards of a few tensors each, as save_pretrained cuts a 3B model's
+    hf.save_pretrained(tmp_path, max_shard_size="8KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    assert not (tmp_path / "model.safetensors").exists()
+    with torch.no_grad():
+        want = hf.float()(torch.tensor(TOKENS)).logits.numpy()
+    return want
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_sharded_checkpoint_loads_every_shard(tmp_path, dtype):
+    torch = pytest.importorskip("torch")
+    want = _sharded_llama(tmp_path, getattr(torch, dtype))
+    assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 2
+    for keep_types in (False, True):
+        got = load_hf(tmp_path, keep_types=keep_types)(TOKENS)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+def test_broken_shards_are_refused_by_name(tmp_path):
+    torch = pytest.importorskip("torch")
+    _sharded_llama(tmp_path, torch.float32)
+    index = tmp_path / "model.safetensors.index.json"
+    text = index.read_text()
+    shard = sorted(tmp_path.glob("model-*-of-*.safetensors"))[1]
+    data = shard.read_bytes()
+    # an interrupted download: the header is whole, the data is not
+    shard.write_bytes(data[:-100])
+    with pytest.raises(ValueError, match=f"{shard.name}: truncated"):
+        load_hf(tmp_path)
+    shard.write_bytes(data)
+    # a shard the index names but the directory lacks
+    other = tmp_path / "elsewhere.safetensors"
+    shard.rename(other)
+    with pytest.raises(FileNotFoundError, match=f"{shard.name}: no such shard"):
+        load_hf(tmp_path)
+    other.rename(shard)
+    # the same tensor in two shards: which one transformers reads is not ours to guess
+    first = min(tmp_path.glob("model-*-of-*.safetensors"))
+    st = pytest.importorskip("safetensors.numpy")
+    st.save_file({**st.load_file(str(first)), **st.load_file(str(shard))}, str(first))
+    with pytest.raises(ValueError, match="is in two of the checkpoint's files"):
+        load_hf(tmp_path)
+    index.write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(ValueError, match="not a safetensors index.*weight_map"):
+        load_hf(tmp_path)
+    index.write_text(text)

@@ -114,3 +114,9 @@ def test_refusals_leave_the_model_unchanged(tmp_path):
     assert not lora.named_adapters(small)
     with pytest.raises(FileNotFoundError):
         load_peft(tmp_path / "missing", model)
+    # an interrupted download of the adapter's weights
+    weights = tmp_path / "a" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    with pytest.raises(ValueError, match="adapter_model.safetensors: not a valid safetensors"):
+        load_peft(tmp_path / "a", model)
+    assert not lora.named_adapters(model)

@@ -159,8 +159,17 @@ def _weight_files(directory: str) -> list[str]:
     if os.path.isfile(single):
         files = [single]
     elif os.path.isfile(os.path.join(directory, INDEX)):
-        with open(os.path.join(directory, INDEX)) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
+        index = os.path.join(directory, INDEX)
+        with open(index) as f:
+            try:
+                weight_map = json.load(f)["weight_map"]
+                shards = sorted(set(weight_map.values()))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise ValueError(f"{index}: not a safetensors index (expected a JSON object "
+                                 f"with a 'weight_map' of tensor names to shard files; "
+                                 f"{type(e).__name__}: {e})") from None
+        if not all(isinstance(name, str) and os.path.basename(name) == name for name in shards):
+            raise ValueError(f"{index}: weight_map names a shard outside the directory")
         files = [os.path.join(directory, name) for name in shards]
     else:
         raise FileNotFoundError(f"directory: no {WEIGHTS} (or {INDEX}) in {directory!r}")
@@ -177,6 +186,10 @@ def _mapped_tensors(directory: str) -> dict[str, tuple[str, np.ndarray | None]]:
     of each tensor) and the data."""
     out: dict[str, tuple[str, np.ndarray | None]] = {}
     for path in _weight_files(directory):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such shard (named by {INDEX})")
+        if os.path.getsize(path) < 8:
+            raise ValueError(f"{path}: not a safetensors file ({os.path.getsize(path)} bytes)")
         raw = np.memmap(path, np.uint8, "r")
         try:
             n = int(raw[:8].view("<u8")[0])
@@ -184,17 +197,39 @@ def _mapped_tensors(directory: str) -> dict[str, tuple[str, np.ndarray | None]]:
         except (ValueError, IndexError, UnicodeDecodeError) as e:
             raise ValueError(f"{path}: not a safetensors file ({e})") from None
         base = 8 + n
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            dtype = info.get("dtype")
-            if dtype not in _MAPPED:   # refused if the model reads it (_float_tensor)
-                out[name] = (dtype, None)
-                continue
-            start, end = info["data_offsets"]
-            view = raw[base + start:base + end].view(np.dtype(_MAPPED[dtype]).newbyteorder("<"))
-            out[name] = (dtype, view.reshape(info["shape"]))
+        try:
+            _map_header(path, raw, base, header, out)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}: malformed safetensors header "
+                             f"({type(e).__name__}: {e})") from None
     return out
+
+
+def _map_header(path: str, raw: np.ndarray, base: int, header: dict,
+                out: dict[str, tuple[str, np.ndarray | None]]) -> None:
+    """Add the tensors one safetensors header describes to out (views of raw,
+    whose data starts at byte base)."""
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if name in out:
+            raise ValueError(f"{path}: tensor {name!r} is in two of the checkpoint's files")
+        dtype = info.get("dtype")
+        if dtype not in _MAPPED:   # refused if the model reads it (_float_tensor)
+            out[name] = (dtype, None)
+            continue
+        start, end = info["data_offsets"]
+        shape = [int(d) for d in info["shape"]]
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(_MAPPED[dtype]).itemsize
+        if not 0 <= start <= end or end - start != size:
+            raise ValueError(f"{path}: tensor {name!r} has data_offsets {start}..{end} "
+                             f"for {size} bytes of {dtype} {shape}")
+        if base + end > raw.size:
+            # an interrupted download or copy
+            raise ValueError(f"{path}: truncated: tensor {name!r} ends at byte "
+                             f"{base + end}, the file has {raw.size}")
+        view = raw[base + start:base + end].view(np.dtype(_MAPPED[dtype]).newbyteorder("<"))
+        out[name] = (dtype, view.reshape(shape))
 
 
 def _float_tensor(tensors, name: str, where: str) -> tuple[str, np.ndarray]:

@@ -199,7 +199,11 @@ def load_peft(directory, model, *, dropout: float | None = None
     path = os.path.join(directory, ADAPTER_WEIGHTS)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"directory: no {ADAPTER_WEIGHTS} in {directory!r}")
-    tensors = st.load_file(path)
+    safetensors = import_optional("safetensors", "interop", "PEFT adapters")
+    try:
+        tensors = st.load_file(path)
+    except (safetensors.SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: not a valid safetensors file ({e})") from None
     if named_adapters(model):
         raise ValueError("model: it already has LoRA adapters; load into the base model")
     layers = {name: (parent, key, layer) for name, parent, key, layer in _adaptable(model)}
