@@ -370,6 +370,21 @@ def _matches(name: str, targets) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
+def _hf_names(model):
+    """name -> the module's name in the transformers model of model's family
+    (``model.layers.0.self_attn.q_proj``; the head is ``lm_head`` in both), where
+    PEFT matches its target_modules and modules_to_save: a target written as
+    PEFT's full name matches as it does there.  The name itself for a model of
+    no family (a user's Sequential)."""
+    from .models.registry import family_of  # models import lora: not at import time
+    try:
+        prefix = family_of(model).hf_prefix
+    except TypeError:
+        return lambda name: name
+    return lambda name: name if name == "lm_head" or name.startswith("lm_head.") \
+        else prefix + name
+
+
 def _linears(model):
     """(dotted name, parent, key in parent, layer) of every Linear and
     QuantizedLinear in model's tree; key is an attribute name or (attribute,
@@ -490,6 +505,27 @@ def _kept_trainable(name: str, trainable) -> bool:
     return False
 
 
+def _refuse_a_tied_head(model, targets, linears, hf) -> None:
+    """A target naming the output head of a model whose head is its token
+    embedding (tied) is refused, not dropped: PEFT wraps such a head's lm_head
+    module in an adapter of its own, and ggmlopt's tied head is the embedding
+    itself, with no layer to wrap."""
+    from .models.registry import family_of
+    try:
+        family_of(model)
+    except TypeError:
+        return   # a user's model: its names are its own
+    if any(_matches(hf(name), _OUTPUT_HEADS) for name, *_ in linears):
+        return   # an untied head: a Linear like the others
+    for t in targets:
+        if _matches("lm_head", (t,)):
+            raise ValueError(f"targets: {t!r} names the output head, which is the token "
+                             f"embedding in this model (tied embeddings); PEFT would adapt "
+                             f"the tied lm_head apart, ggmlopt has no adapter for it: adapt "
+                             f"the embedding (targets 'embed_tokens', or 'wte' for GPT-2) or "
+                             f"train it whole (trainable)")
+
+
 def _peft_would_also_train(param_names, entry: str) -> list[str]:
     """The modules PEFT's modules_to_save=[entry] trains beyond what apply's
     trainable=(entry,) keeps: PEFT matches any module name that ends with the
@@ -510,9 +546,10 @@ def _peft_would_also_train(param_names, entry: str) -> list[str]:
 def trainable_parameters(model) -> tuple[int, int]:
     """(trainable, total) parameter counts of model, each parameter once (a tied
     embedding counts once), adapters included: PEFT's get_nb_trainable_parameters.
-    With modules named in apply's ``trainable``, PEFT's total also counts the
-    frozen original it keeps beside each trained copy (modules_to_save); ggmlopt
-    trains the module itself and keeps no copy, so its total stays the model's."""
+    As there, a module that trains whole beside adapters (apply's ``trainable``,
+    PEFT's modules_to_save) counts twice in the total: PEFT keeps its frozen
+    original beside the trained copy (ggmlopt trains the module itself, but the
+    line stays PEFT's)."""
     trainable = total = 0
     for _, p in named_parameters(model):
         total += p.data.size
@@ -520,6 +557,11 @@ def trainable_parameters(model) -> tuple[int, int]:
             trainable += p.data.size
     for _, layer in quantized_layers(model):   # weights kept in their file's types
         total += layer.size
+    if named_adapters(model):
+        adapters = {id(p) for _, layer in named_adapters(model)
+                    for p in (layer.lora_a, layer.lora_b)}
+        total += sum(p.data.size for _, p in named_parameters(model)
+                     if p.requires_grad and id(p) not in adapters)
     return trainable, total
 
 
@@ -586,7 +628,8 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
     linears = _linears(model)
-    embeddings = [e for e in _layers(model, EMBEDDINGS) if _matches(e[0], targets)
+    hf = _hf_names(model)
+    embeddings = [e for e in _layers(model, EMBEDDINGS) if _matches(hf(e[0]), targets)
                   and not all_linear]
     adapted = [name for name, layer in named_adapters(model)]
     if adapted:
@@ -595,7 +638,8 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     if all_linear:
         chosen = [entry for entry in linears if not _matches(entry[0], _OUTPUT_HEADS)]
     else:
-        chosen = [entry for entry in linears if _matches(entry[0], targets)]
+        chosen = [entry for entry in linears if _matches(hf(entry[0]), targets)]
+    _refuse_a_tied_head(model, targets, linears, hf)
     if not chosen and not embeddings:
         if not linears:
             raise ValueError(f"targets: no Linear layer of the model is named {list(targets)}; "
@@ -610,19 +654,22 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     for t in trainable:
         # a layer kept in its file's type has no Parameter to train whole: naming it
         # (or a block holding it) would train the rest and leave it frozen
-        covered = [(name, layer) for name, layer in kept if _kept_trainable(name, (t,))]
+        covered = [(name, layer) for name, layer in kept if _kept_trainable(hf(name), (t,))]
         if covered:
             name, layer = covered[0]
             more = f" (and {len(covered) - 1} more)" if len(covered) > 1 else ""
             raise ValueError(f"trainable: {t!r} covers {name}{more}, kept in its file's type "
                              f"({layer.qtype}), which cannot train whole; give it an adapter "
                              f"(targets) or load the model with keep_types=False")
-        if not any(_kept_trainable(name, (t,)) for name, _ in params):
+        if not any(_kept_trainable(hf(name), (t,)) for name, _ in params):
             raise ValueError(f"trainable: {t!r} names no module or parameter of the model "
                              f"(its parameters are named like {params[0][0]!r})")
         # a layer is adapted or trained whole, never both (PEFT refuses it too): the
         # adapter would freeze the weight the name asked to train
-        both = [name for name in to_adapt if _kept_trainable(name, (t,))]
+        both = [name for name in to_adapt if _kept_trainable(hf(name), (t,))]
+        # ... and a name inside an adapted layer (its bias) would stay frozen
+        both += [name for name, _ in params if _kept_trainable(hf(name), (t,))
+                 and any(name.startswith(a + ".") for a in to_adapt)]
         if both:
             raise ValueError(f"trainable: {t!r} covers {both[0]}"
                              f"{f' (and {len(both) - 1} more)' if len(both) > 1 else ''}, "
@@ -660,11 +707,12 @@ def freeze_all_but_adapters(model, trainable=(), *, skip=frozenset()) -> None:
     """Freeze every parameter of model that is not a LoRA adapter and not named in
     trainable (apply's rule); merge gives their trainability back."""
     adapters = {id(p) for _, layer in named_adapters(model) for p in (layer.lora_a, layer.lora_b)}
+    hf = _hf_names(model)
     frozen = []
     for name, p in named_parameters(model):
         if id(p) in skip or id(p) in adapters:
             continue  # an adapter froze its base itself and gives it back on merge
-        if p.requires_grad and not _kept_trainable(name, trainable):
+        if p.requires_grad and not _kept_trainable(hf(name), trainable):
             p.requires_grad = False
             frozen.append(p)
     _frozen_by_apply.setdefault(id(model), set()).update(id(p) for p in frozen)

@@ -631,3 +631,52 @@ def test_apply_keeps_no_reference_to_a_deleted_model_s_base():
     del model
     gc.collect()
     assert key not in lora._frozen_by_apply and norm() is None
+
+
+def test_targets_and_trainable_take_peft_s_full_names():
+    # PEFT matches on transformers' module names: save_peft writes those into
+    # target_modules, and a PEFT config written with them means the same layers here
+    short, full = Llama(CFG, seed=1), Llama(CFG, seed=1)
+    lora.apply(short, rank=2, targets=("layers.0.self_attn.q_proj", "v_proj"),
+               trainable=("norm",))
+    lora.apply(full, rank=2, targets=("model.layers.0.self_attn.q_proj", "v_proj"),
+               trainable=("model.norm",))
+    assert [n for n, _ in lora.named_adapters(full)] == \
+        [n for n, _ in lora.named_adapters(short)] == \
+        ["layers.0.self_attn.q_proj", "layers.0.self_attn.v_proj", "layers.1.self_attn.v_proj"]
+    assert lora.other_trainable(full) == lora.other_trainable(short) == ["norm.weight"]
+    gpt2 = GPT2(GPT2Config(vocab_size=37, dim=16, n_layers=2, n_heads=4, max_seq_len=16))
+    lora.apply(gpt2, rank=2, targets=("transformer.h.1.attn.c_attn",),
+               trainable=("transformer.ln_f",))
+    assert [n for n, _ in lora.named_adapters(gpt2)] == ["h.1.attn.c_attn"]
+    assert lora.other_trainable(gpt2) == ["ln_f.weight", "ln_f.bias"]
+
+
+def test_a_tied_head_named_in_targets_is_refused():
+    # PEFT adapts a tied lm_head apart from the embedding; a tied model here has no
+    # head layer to wrap: refused, where it was silently left out
+    tied = Llama(LlamaConfig(vocab_size=37, dim=16, n_layers=1, n_heads=4, max_seq_len=16,
+                             tie_embeddings=True), seed=1)
+    with pytest.raises(ValueError, match="'lm_head' names the output head.*tied"):
+        lora.apply(tied, rank=2, targets=("q_proj", "lm_head"))
+    assert not lora.named_adapters(tied)
+    gpt2 = GPT2(GPT2Config(vocab_size=37, dim=16, n_layers=1, n_heads=4, max_seq_len=16))
+    with pytest.raises(ValueError, match="names the output head"):
+        lora.apply(gpt2, rank=2, targets=("c_attn", "lm_head"))
+    untied = Llama(CFG, seed=1)
+    names = [n for n, _ in lora.apply(untied, rank=2, targets=("q_proj", "lm_head"))]
+    assert names[-1] == "lm_head"
+
+
+def test_a_parameter_inside_an_adapted_layer_is_refused_as_trainable():
+    # the adapter freezes its base layer: its bias named in trainable would stay frozen
+    from ggmlopt.models import Qwen2, Qwen2Config
+    model = Qwen2(Qwen2Config(vocab_size=37, dim=16, n_layers=1, n_heads=4, n_kv_heads=2,
+                              ffn_dim=24, max_seq_len=16), seed=1)
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    with pytest.raises(ValueError, match="trainable: 'q_proj.bias' covers "
+                                         "layers.0.self_attn.q_proj.bias"):
+        lora.apply(model, rank=2, targets=("q_proj",), trainable=("q_proj.bias",))
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == before
+    lora.apply(model, rank=2, targets=("v_proj",), trainable=("q_proj.bias",))
+    assert lora.other_trainable(model) == ["layers.0.self_attn.q_proj.bias"]

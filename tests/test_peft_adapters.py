@@ -120,3 +120,114 @@ def test_refusals_leave_the_model_unchanged(tmp_path):
     with pytest.raises(ValueError, match="adapter_model.safetensors: not a valid safetensors"):
         load_peft(tmp_path / "a", model)
     assert not lora.named_adapters(model)
+
+
+TIED = {
+    "llama": (lambda: Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=4,
+                                        n_kv_heads=2, ffn_dim=48, max_seq_len=64,
+                                        tie_embeddings=True), seed=0),
+              "LlamaForCausalLM", "embed_tokens"),
+    "gpt2": (lambda: GPT2(GPT2Config(vocab_size=67, dim=32, n_layers=1, n_heads=4,
+                                     max_seq_len=64), seed=0), "GPT2LMHeadModel", "wte"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TIED))
+def test_a_tied_embedding_trained_whole_stays_tied_in_peft(tmp_path, family):
+    # one matrix trains for the input and the head: PEFT keeps its copies tied only
+    # with ensure_weight_tying, and reads the head's copy from the file
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from ggmlopt.io import load_hf, load_peft, save_hf, save_peft
+    make, hf_class, embedding = TIED[family]
+    model = make()
+    save_hf(model, tmp_path / "base")
+    lora.apply(model, rank=4, targets="all-linear", trainable=(embedding,), seed=1)
+    _randomise_adapters(model, 2)
+    save_peft(model, tmp_path / "adapter")
+    hf = getattr(transformers, hf_class).from_pretrained(tmp_path / "base").eval()
+    peft_model = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    tokens = np.random.default_rng(3).integers(0, 67, (2, 12))
+    want = peft_model(torch.tensor(tokens)).logits.detach().numpy()
+    np.testing.assert_allclose(model.forward(tokens), want, rtol=0,
+                               atol=1e-4 * np.abs(want).max())
+    again = load_hf(tmp_path / "base")
+    load_peft(tmp_path / "adapter", again)
+    np.testing.assert_array_equal(again.forward(tokens), model.forward(tokens))
+
+
+@pytest.mark.parametrize("tying", [False, True])
+def test_peft_s_trained_copy_of_a_tied_embedding(tmp_path, tying):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from ggmlopt.io import load_hf, load_peft, save_hf
+    save_hf(TIED["llama"][0](), tmp_path / "base")
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base").eval()
+    cfg = peft.LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["embed_tokens"],
+                          ensure_weight_tying=tying)
+    peft_model = peft.get_peft_model(hf, cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name or "modules_to_save" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    model = load_hf(tmp_path / "base")
+    if not tying:
+        # PEFT trained the embedding's copy and kept the base's head: a tied model
+        # has one matrix for both, so the adapter is refused, not half-applied
+        with pytest.raises(ValueError, match="embed_tokens.weight whole.*ensure_weight_tying"):
+            load_peft(tmp_path / "adapter", model)
+        assert not lora.named_adapters(model)
+        return
+    load_peft(tmp_path / "adapter", model)
+    tokens = np.random.default_rng(4).integers(0, 67, (2, 12))
+    want = peft_model.eval()(torch.tensor(tokens)).logits.detach().numpy()
+    np.testing.assert_allclose(model.forward(tokens), want, rtol=0,
+                               atol=1e-4 * np.abs(want).max())
+    assert model.embed_tokens.weight.requires_grad
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"init_lora_weights": "pissa"}, "pissa.*changes the base weight"),
+    ({"init_lora_weights": "pissa_niter_4"}, "pissa_niter_4.*changes the base weight"),
+    ({"init_lora_weights": "olora"}, "olora.*changes the base weight"),
+    ({"init_lora_weights": "loftq"}, "loftq.*changes the base weight"),
+    ({"alora_invocation_tokens": [5, 6]}, "activated LoRA"),
+    ({"layer_replication": [[0, 1], [0, 1]]}, "layer replication")])
+def test_adapters_that_change_the_base_are_refused(tmp_path, edit, match):
+    # PEFT rebuilds the base (PiSSA, OLoRA, LoftQ subtract the adapter's start from it;
+    # layer replication repeats layers) or applies the adapter to some tokens only
+    from ggmlopt.io import load_peft, save_peft
+    model = FAMILIES["llama"][0]()
+    lora.apply(model, rank=4, targets=("q_proj",), seed=0)
+    save_peft(model, tmp_path / "a")
+    path = tmp_path / "a" / "adapter_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    fresh = FAMILIES["llama"][0]()
+    with pytest.raises(ValueError, match=match):
+        load_peft(tmp_path / "a", fresh)
+    assert not lora.named_adapters(fresh)
+
+
+def test_the_counts_are_peft_s_with_modules_trained_whole(tmp_path, capsys):
+    # PEFT's total counts each modules_to_save module twice (the frozen original
+    # and the trained copy): print_trainable_parameters prints PEFT's line
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from ggmlopt.io import save_hf
+    model = FAMILIES["llama"][0]()
+    save_hf(model, tmp_path / "base")
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base")
+    targets, whole = ["q_proj", "v_proj"], ["lm_head", "model.norm"]
+    peft_model = peft.get_peft_model(hf, peft.LoraConfig(r=4, target_modules=targets,
+                                                         modules_to_save=whole))
+    lora.apply(model, rank=4, targets=tuple(targets), trainable=tuple(whole))
+    assert lora.trainable_parameters(model) == peft_model.get_nb_trainable_parameters()
+    peft_model.print_trainable_parameters()
+    want = capsys.readouterr().out
+    lora.print_trainable_parameters(model)
+    assert capsys.readouterr().out == want

@@ -71,13 +71,13 @@ def _value(c: _Cursor, vtype: int, what: str):
 def _needed(f, size: int, quant_sizes) -> int:
     """The bytes the file at f needs, raising _Short where its header ends early."""
     c = _Cursor(f, "<")
-    if c.take(4, "the magic") != _MAGIC:
+    if c.take(4, "magic") != _MAGIC:
         raise _Corrupt
-    version = c.scalar("I", "the version")
+    version = c.scalar("I", "version")
     if version & 0xFFFF == 0:  # written on a machine of the other byte order
         c.order = ">"
-    ntensors = c.scalar("Q", "the tensor count")
-    nkv = c.scalar("Q", "the key-value count")
+    ntensors = c.scalar("Q", "tensor count")
+    nkv = c.scalar("Q", "key-value count")
     alignment = _DEFAULT_ALIGNMENT
     for i in range(nkv):
         key = c.string(f"key-value {i}")

@@ -38,7 +38,7 @@ from ..lora import (
 from ..models.registry import family_of
 from ..nn.module import named_parameters
 from ._files import atomic_output
-from .hf_format import transposed_weights
+from .hf_format import _tied, transposed_weights
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "load_peft", "save_peft"]
 
@@ -104,6 +104,13 @@ def save_peft(model, directory, *, base_model_name_or_path: str | None = None) -
             data = p.data.T if id(p) in transposed else p.data
             tensors[_ROOT + _hf_name(model, f"{module}.{leaf}")] = \
                 np.ascontiguousarray(data, np.float32)
+    # a tied embedding that trains whole is one matrix in the input and the head:
+    # PEFT keeps its copies tied only with ensure_weight_tying, and then reads the
+    # head's copy from the file too
+    tied_whole = _tied(model) and model._embedding.weight.requires_grad
+    if tied_whole:
+        tensors[_ROOT + "lm_head.weight"] = np.ascontiguousarray(model._embedding.weight.data,
+                                                                 np.float32)
     ranks = [(_hf_name(model, n), int(a.rank)) for n, a in adapters]
     alphas = [(_hf_name(model, n), float(a.alpha)) for n, a in adapters]
     rank, rank_pattern = _common(ranks)
@@ -117,6 +124,7 @@ def save_peft(model, directory, *, base_model_name_or_path: str | None = None) -
         "bias": "none", "fan_in_fan_out": not family.hf_transposed, "use_rslora": False,
         "use_dora": False, "init_lora_weights": True, "inference_mode": True,
         "layers_to_transform": None, "layers_pattern": None,
+        "ensure_weight_tying": bool(tied_whole),
         "base_model_name_or_path": base_model_name_or_path, "revision": None}
     directory = os.fspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
@@ -166,7 +174,50 @@ def _read_config(directory: str) -> dict[str, Any]:
             raise ValueError(f"{path}: {key}={value!r}: {refused} are not supported")
     if config.get("lora_bias"):
         raise ValueError(f"{path}: lora_bias: trained adapter biases are not supported")
+    init = config.get("init_lora_weights")
+    if isinstance(init, str) and (init in _BASE_CHANGING_INITS or init.startswith("pissa")):
+        # PEFT computes these adapters' starting point from the base weight and
+        # subtracts it from the base when it loads them: the saved A and B mean
+        # nothing over the unchanged base
+        raise ValueError(f"{path}: init_lora_weights={init!r}: PEFT changes the base weight "
+                         f"when it loads such an adapter, which is not supported; save it "
+                         f"converted to a plain LoRA (PEFT's save_pretrained with "
+                         f"path_initial_model_for_weight_conversion)")
+    refused = {"alora_invocation_tokens": "activated LoRA (applied only from the invocation "
+                                          "tokens on)",
+               "layer_replication": "layer replication (a deeper model built from the base's "
+                                    "layers)"}
+    for key, what in refused.items():
+        if config.get(key):
+            raise ValueError(f"{path}: {key}={config[key]!r}: {what} is not supported")
     return config
+
+
+# initialisations after which PEFT's base weight is not the checkpoint's
+_BASE_CHANGING_INITS = frozenset({"olora", "corda", "loftq", "lora_ga"})
+
+
+def _tie_whole_embedding(model, whole: dict[str, np.ndarray], config, path: str) -> None:
+    """A tied model (one matrix for the token embedding and the head) meeting an
+    adapter that trains either whole: PEFT's ensure_weight_tying saves the
+    trained matrix as both, which is the tied model's one matrix (the head's
+    copy is dropped from whole); without it PEFT trains a copy of one of them
+    and leaves the other the base's, which a tied model cannot hold: refused."""
+    if not _tied(model):
+        return
+    embedding = next(n for n, p in named_parameters(model) if p is model._embedding.weight)
+    head = whole.get("lm_head.weight")
+    if embedding not in whole and head is None:
+        return
+    if config.get("ensure_weight_tying") and embedding in whole and head is not None \
+            and np.array_equal(head, whole[embedding]):
+        del whole["lm_head.weight"]
+        return
+    trained = embedding if head is None else "lm_head.weight"
+    raise ValueError(f"{path}: the adapter trains {trained} whole (modules_to_save) apart "
+                     f"from the matrix tied to it (without ensure_weight_tying PEFT trains a "
+                     f"copy and leaves the other the base's); this model's token embedding "
+                     f"and head are one matrix, so that adapter cannot be loaded onto it")
 
 
 def _pattern_value(patterns: dict | None, hf_name: str, default):
@@ -236,6 +287,7 @@ def load_peft(directory, model, *, dropout: float | None = None
                              "not have")
         pairs.setdefault(ours, {})[m.group(2).replace("embedding_", "")] = value
     params = dict(named_parameters(model))
+    _tie_whole_embedding(model, whole, config, path)
     transposed = transposed_weights(model)
     for name, value in {**whole, **bases}.items():
         p = params.get(name)
