@@ -183,11 +183,11 @@ def _read_config(directory: str) -> dict[str, Any]:
                          f"when it loads such an adapter, which is not supported; save it "
                          f"converted to a plain LoRA (PEFT's save_pretrained with "
                          f"path_initial_model_for_weight_conversion)")
-    refused = {"alora_invocation_tokens": "activated LoRA (applied only from the invocation "
-                                          "tokens on)",
-               "layer_replication": "layer replication (a deeper model built from the base's "
-                                    "layers)"}
-    for key, what in refused.items():
+    unsupported = {"alora_invocation_tokens": "activated LoRA (applied only from the invocation "
+                                              "tokens on)",
+                   "layer_replication": "layer replication (a deeper model built from the "
+                                        "base's layers)"}
+    for key, what in unsupported.items():
         if config.get(key):
             raise ValueError(f"{path}: {key}={config[key]!r}: {what} is not supported")
     return config
