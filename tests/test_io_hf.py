@@ -244,3 +244,15 @@ def test_broken_shards_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="not a safetensors index.*weight_map"):
         load_hf(tmp_path)
     index.write_text(text)
+
+
+def test_an_image_text_checkpoint_says_what_it_is(tmp_path):
+    # Gemma 3 4B and up are Gemma3ForConditionalGeneration: a gemma3_text inside
+    save_hf(MODELS["llama"](), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": {**config, "model_type": "gemma3_text"}, "vision_config": {}}))
+    with pytest.raises(ValueError, match="'gemma3' is an image-text model "
+                                         r"\(Gemma3ForConditionalGeneration\).*convert_hf_to_gguf"):
+        load_hf(tmp_path)

@@ -131,6 +131,14 @@ def _model_from_config(hf: dict[str, Any], where: str):
     """The model (its class over the config its family reads) of a config.json."""
     kind = hf.get("model_type")
     family = family_for_hf(kind)
+    text = hf.get("text_config")
+    if family is None and isinstance(text, dict) and family_for_hf(text.get("model_type")):
+        # Gemma 3 from 4B up, Mistral 3...: a language model inside an image-text one
+        raise ValueError(f"{where}: model_type {kind!r} is an image-text model "
+                         f"({', '.join(hf.get('architectures') or ())}); its language model "
+                         f"({text.get('model_type')!r}) is one ggmlopt implements, but not "
+                         f"read out of this checkpoint: llama.cpp's convert_hf_to_gguf.py "
+                         f"writes it alone as a GGUF, which load_gguf reads")
     if family is None:
         raise ValueError(f"{where}: model_type {kind!r} is not supported "
                          f"({', '.join(f.hf_model_type for f in FAMILIES)})")
