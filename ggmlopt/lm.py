@@ -186,8 +186,8 @@ def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
     maximum, as argmax), else a draw from softmax(logits / temperature) cut to
     the top_k largest, then to the smallest set whose probability reaches
     top_p, then to the ids at least min_p times as likely as the likeliest (the
-    order of transformers' logits warpers and of llama.cpp's default sampler
-    chain)."""
+    order of transformers' logits warpers; llama.cpp's default chain applies
+    the temperature after the cuts instead)."""
     if temperature == 0:
         return int(np.argmax(logits))
     z = logits.astype(np.float64) / temperature

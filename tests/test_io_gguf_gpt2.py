@@ -26,6 +26,8 @@ def test_a_gpt2_file_reads_back_bit_for_bit(tmp_path):
     assert isinstance(back, GPT2) and back.config == CFG and isinstance(tok, ByteTokenizer)
     for (name, p), (_, q) in zip(model.named_parameters(), back.named_parameters()):
         np.testing.assert_array_equal(p.data, q.data, err_msg=name)
+    # generate stops at the file's end-of-generation ids, as for every other family
+    assert back.eog_ids == tok.eog_ids == {256}
     # without a tokenizer a GPT2 keeps the generic layout
     save_gguf(model, tmp_path / "generic.gguf")
     assert GgufFile(str(tmp_path / "generic.gguf")).fields["general.architecture"] == "ggmlopt"

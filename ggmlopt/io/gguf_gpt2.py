@@ -214,4 +214,8 @@ def load_gpt2_gguf(path) -> tuple[GPT2, Any]:
     for pname, data in arrays.items():   # every tensor checked before any is written
         params[pname].data[...] = data
     model.gguf_metadata = GgufMetadata.from_file(reader)
-    return model, tokenizer_from_fields(fields, path)
+    tokenizer = tokenizer_from_fields(fields, path)
+    if tokenizer is not None:
+        # generate stops at these by default (llama.cpp's end-of-generation set)
+        model.eog_ids = frozenset(tokenizer.eog_ids)
+    return model, tokenizer
