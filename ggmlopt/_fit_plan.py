@@ -87,6 +87,7 @@ class FitPlan:
     total_steps: int
     eval_every: int | None = None
     checkpoint_every: int | None = None
+    shuffle: bool = True
 
     @property
     def ndata_used(self) -> int:
@@ -115,13 +116,13 @@ class FitPlan:
     @property
     def shuffle_all(self) -> bool:
         """Whether fit shuffles the whole dataset once (ggml: nbatch_logical < ndata)."""
-        return self.nbatch_logical < self.ndata
+        return self.shuffle and self.nbatch_logical < self.ndata
 
     @property
     def shuffle_train(self) -> bool:
         """Whether each epoch shuffles its training part (nbatch_logical <
         shuffle_extent: ggml's idata_split)."""
-        return self.nbatch_logical < self.shuffle_extent
+        return self.shuffle and self.nbatch_logical < self.shuffle_extent
 
     @property
     def validates(self) -> bool:
@@ -168,7 +169,7 @@ class FitPlan:
                   val_split: Any, comm: Any = None, dataset_is_part: Any = False,
                   max_steps: Any = None, eval_every: Any = None,
                   checkpoint_every: Any = None, checkpoint: Any = None,
-                  drop_last: Any = False) -> FitPlan:
+                  drop_last: Any = False, shuffle: Any = True) -> FitPlan:
         """fit's arguments checked and turned into a plan; raises ValueError or
         TypeError naming the argument.  Warns (UserWarning) when val_split rounds
         to a validation part more than half a logical batch off (see fit)."""
@@ -187,6 +188,8 @@ class FitPlan:
             raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
         if not isinstance(drop_last, bool):
             raise TypeError(f"drop_last: expected a bool, got {type(drop_last).__name__}")
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle: expected a bool, got {type(shuffle).__name__}")
         ndata = data.shape[0]
         rest = ndata % nbatch_logical
         if rest and not drop_last:
@@ -252,7 +255,7 @@ class FitPlan:
                    opt_period=opt_period, nbatches=ndata_used // nbatch_physical,
                    ibatch_split=ibatch_split, steps_per_epoch=steps_per_epoch, nepoch=nepoch,
                    total_steps=total_steps, eval_every=eval_every,
-                   checkpoint_every=checkpoint_every)
+                   checkpoint_every=checkpoint_every, shuffle=shuffle)
 
     def check_schedule(self, get_opt_pars: Callable[[Any], OptimizerParams],
                        optimizer: Optimizer) -> None:

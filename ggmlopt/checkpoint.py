@@ -126,7 +126,10 @@ _OPTIONAL_KEYS = ("class_labels", "trainable")
 # what identifies the run's data and shuffling; checked when present (files written
 # before these entries existed lack them).  fit.seed: the int seed, -1 for None (the
 # default seed), -2 for a numpy Generator.
-_FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.seed")
+_FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.seed",
+                 "fit.shuffle")
+# fit's run_info: JSON of what else identifies the run (a resume compares it key by key)
+_FIT_RUN_INFO = "fit.run_info"
 _INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_KEYS
                       + ("fit.step",))
 _STR_KEYS = frozenset(("format", "rng_state", "optimizer_name"))
@@ -551,7 +554,8 @@ def split_fit_entries(sd: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     """(the context's entries, the fit.* entries) of a loaded checkpoint."""
     ctx_sd = {k: v for k, v in sd.items() if not k.startswith("fit.")}
     fit_sd = {k: v for k, v in sd.items() if k.startswith("fit.")}
-    unknown = sorted(set(fit_sd) - set(_FIT_KEYS) - set(_FIT_RUN_KEYS) - set(_FIT_STEP_KEYS))
+    unknown = sorted(set(fit_sd) - set(_FIT_KEYS) - set(_FIT_RUN_KEYS) - set(_FIT_STEP_KEYS)
+                     - {_FIT_RUN_INFO})
     if unknown:
         raise ValueError(f"checkpoint: unexpected entries {unknown}")
     return ctx_sd, fit_sd
@@ -688,7 +692,8 @@ def _scalar(key, arr):
         return int(arr)
     if arr.dtype.kind == "f" and not key.startswith("fit."):  # hyper-parameters
         return float(arr)
-    if (key in _STR_KEYS or key in _OPTIONAL_STR_KEYS) and arr.dtype.kind == "U":
+    if (key in _STR_KEYS or key in _OPTIONAL_STR_KEYS or key == _FIT_RUN_INFO) \
+            and arr.dtype.kind == "U":
         return str(arr)
     return arr
 
@@ -789,7 +794,8 @@ class FitCheckpoint:
     writable, so a typo fails before the first epoch, not after it."""
 
     def __init__(self, path: Any, ndata: int, nbatch_logical: int, nbatch_physical: int,
-                 idata_split: int, run: Mapping[str, int] | None = None) -> None:
+                 idata_split: int, run: Mapping[str, int] | None = None,
+                 run_info: Mapping[str, Any] | None = None) -> None:
         try:
             self.path = os.fspath(path)
         except TypeError:
@@ -809,6 +815,7 @@ class FitCheckpoint:
         self.config = {"fit.ndata": ndata, "fit.nbatch_logical": nbatch_logical,
                        "fit.nbatch_physical": nbatch_physical, "fit.idata_split": idata_split}
         self.run = dict(run or {})
+        self.run_info = run_info_arg(run_info)
 
     def exists(self) -> bool:
         """Whether the checkpoint file exists."""
@@ -834,6 +841,7 @@ class FitCheckpoint:
                     raise ValueError(f"{key}: the checkpoint was made with {name}={got}, this "
                                      f"fit has {name}={want}")
             self._check_run(fit_sd, [k for k in self.run if k != "fit.seed"])
+            self._check_run_info(fit_sd)
             done = _get_int(fit_sd, "fit.epoch")
             if done < 0:
                 raise ValueError(f"fit.epoch: expected >= 0, got {done}")
@@ -902,6 +910,22 @@ class FitCheckpoint:
                                  f"{_run_value(key, want)}; resume only the same run (same "
                                  "dataset and seed)")
 
+    def _check_run_info(self, fit_sd: Mapping[str, Any]) -> None:
+        """Refuse a checkpoint whose run_info gives a key of this fit's another value."""
+        if _FIT_RUN_INFO not in fit_sd or not self.run_info:
+            return
+        try:
+            saved = json.loads(str(fit_sd[_FIT_RUN_INFO]))
+        except ValueError:
+            saved = None
+        if not isinstance(saved, dict):
+            raise ValueError(f"{_FIT_RUN_INFO}: not a JSON object")  # noqa: TRY004 (a file)
+        for key, want in self.run_info.items():
+            if key in saved and saved[key] != want:
+                raise ValueError(f"{_FIT_RUN_INFO}: the checkpoint was made with {key}="
+                                 f"{saved[key]!r}, this fit has {key}={want!r}; resume only "
+                                 f"the same run")
+
     def save(self, ctx: OptContext, dataset: Dataset, epoch: int,
              history_rows: list[tuple[float, ...]], step: int = 0,
              train_totals: tuple[float, ...] | None = None,
@@ -913,6 +937,8 @@ class FitCheckpoint:
         sd = ctx.state_dict()
         sd.update(self.config)
         sd.update(self.run)
+        if self.run_info:
+            sd[_FIT_RUN_INFO] = json.dumps(self.run_info, sort_keys=True)
         sd["fit.epoch"] = int(epoch)
         sd["fit.permutation"] = np.asarray(dataset.permutation, dtype=np.int64)
         sd["fit.history"] = np.array(history_rows, dtype=np.float64).reshape(
@@ -937,6 +963,31 @@ def fit_seed_id(seed: Any) -> int:
     if isinstance(seed, np.random.Generator):
         return -2
     return int(seed)
+
+
+def run_info_arg(run_info: Any) -> dict[str, Any]:
+    """fit's run_info checked: None or a mapping of str to str, int, float or bool
+    (values JSON keeps as they are); TypeError naming it otherwise."""
+    if run_info is None:
+        return {}
+    if not isinstance(run_info, Mapping):
+        raise TypeError(f"run_info: expected a dict of str to str, int, float or bool, got "
+                        f"{type(run_info).__name__}")
+    out = {}
+    for key, value in run_info.items():
+        if not isinstance(key, str):
+            raise TypeError(f"run_info: expected str keys, got {type(key).__name__} {key!r}")
+        if isinstance(value, (bool, np.bool_)):
+            value = bool(value)
+        elif isinstance(value, numbers.Integral):
+            value = int(value)
+        elif isinstance(value, numbers.Real) and math.isfinite(value):
+            value = float(value)
+        elif not isinstance(value, str):
+            raise TypeError(f"run_info: {key!r}: expected a str, int, finite float or bool, "
+                            f"got {type(value).__name__}")
+        out[key] = value
+    return out
 
 
 def _run_value(key: str, value: int) -> str:

@@ -6,7 +6,7 @@ import functools
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,7 @@ from ._args import enum_arg
 from ._blas_threads import blas_threads_setting
 from ._fit_loop import FitLoop
 from ._fit_plan import FitPlan
-from .checkpoint import FitCheckpoint, fit_seed_id, parameter_names
+from .checkpoint import FitCheckpoint, fit_seed_id, parameter_names, run_info_arg
 from .context import OptContext, checks_before_taking
 from .dataset import Dataset
 from .epoch_loop import EpochCallback, check_dataset, epoch, label_form
@@ -62,7 +62,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         bucket_cap_mb: float | None = 25.0, max_steps: int | None = None,
         eval_every: int | None = None, checkpoint_every: int | None = None,
         precision: str = "f32", drop_last: bool = False,
-        optimizer_in_backward: bool = False) -> History:
+        optimizer_in_backward: bool = False, shuffle: bool = True,
+        run_info: Mapping[str, Any] | None = None) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
@@ -92,6 +93,14 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     every epoch); training 4 epochs straight or 2, then resuming for 2 more, gives
     bit-for-bit the same parameters.  clip_grad_norm: None or a float > 0, the
     global gradient L2 norm each optimizer step is clipped to.
+    shuffle (keyword-only, beyond ggml): False trains and validates in the
+    dataset's order, never shuffled (llama-finetune's epochs over a text's
+    windows: the last windows validate); True is ggml_opt_fit's shuffling.
+    run_info (keyword-only): None or a dict of str to str, int, float or bool
+    naming what else makes this run what it is (a data file's digest, the LoRA
+    options...): written into the checkpoint, and a resume whose run_info gives
+    a key another value is refused (ValueError naming the key and both values);
+    keys only one side has are not compared.
 
     The model's ``training`` flag follows each eval (see ggmlopt.nn.module); fit
     leaves it in eval mode (training False) on every exit, also when it raises or
@@ -155,6 +164,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     blas_threads_setting()  # a bad GGMLOPT_BLAS_THREADS stops fit before it starts
     if resume and checkpoint is None:
         raise ValueError("resume: needs checkpoint=path to resume from")
+    run_info = run_info_arg(run_info)
     t_start_us = time_us()
     loss_type = enum_arg(loss_type, LossType, "loss_type")
     optimizer = optimizer_arg(optimizer)
@@ -162,7 +172,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
 
     plan = FitPlan.from_args(dataset, nepoch, nbatch_logical, nbatch_physical, val_split, comm,
                              dataset_is_part, max_steps, eval_every, checkpoint_every,
-                             checkpoint, drop_last)
+                             checkpoint, drop_last, shuffle)
     if comm is not None:
         silent = silent or comm.Get_rank() != 0  # rank 0 alone prints
     plan.check_schedule(get_opt_pars, optimizer)
@@ -176,7 +186,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                                  "fit.ne_datapoint": data.shape[1],
                                  "fit.ne_label": 0 if labels is None else int(labels.shape[1]),
                                  "fit.ndata_shard": int(getattr(dataset, "ndata_shard", 1)),
-                                 "fit.seed": fit_seed_id(seed)})
+                                 "fit.seed": fit_seed_id(seed),
+                                 "fit.shuffle": int(plan.shuffle)}, run_info)
         if not resume and ckpt.exists():
             warnings.warn(f"checkpoint: {ckpt.path!r} exists and will be overwritten after the "
                           "first epoch (resume=False); pass resume=True to continue from it",

@@ -108,3 +108,48 @@ def test_an_unknown_compression_method_is_a_value_error(tmp_path):
     bad.write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="truncated or corrupted"):
         load_state(bad)
+
+
+def _small_fit(tmp_path, **kwargs):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(24, 5)).astype(np.float32)
+    y = rng.integers(0, 3, size=24).astype(np.int32)
+    ds = go.Dataset.from_arrays(x, y)
+    model = go.nn.Sequential(go.nn.Linear(5, 3, rng=0))
+    return go.fit(model, ds, "cross_entropy", nepoch=2, nbatch_logical=4, val_split=0.25,
+                  seed=0, silent=True, checkpoint=tmp_path / "c.npz", **kwargs), ds, model
+
+
+def test_run_info_refuses_another_run_by_key(tmp_path):
+    # what fit cannot see (a file's digest, options outside the model's shapes)
+    # the caller names, and a resume that differs in one of those keys is refused
+    info = {"data": "3f2a", "lora_alpha": 16.0, "packing": False}
+    _small_fit(tmp_path, run_info=info)
+    assert json.loads(str(load_state(tmp_path / "c.npz")["fit.run_info"])) == info
+    with pytest.raises(ValueError, match=r"fit.run_info: the checkpoint was made with "
+                                         r"lora_alpha=16.0, this fit has lora_alpha=64.0"):
+        _small_fit(tmp_path, resume=True, run_info={**info, "lora_alpha": 64.0})
+    # the same values (and a key only one side has) resume
+    history, *_ = _small_fit(tmp_path, resume=True, run_info={**info, "new": 1})
+    assert len(history) == 2
+    with pytest.raises(TypeError, match="run_info: 'x': expected a str, int, finite float"):
+        _small_fit(tmp_path, run_info={"x": [1]})
+    with pytest.raises(TypeError, match="run_info: expected a dict"):
+        _small_fit(tmp_path, run_info=["x"])
+
+
+def test_shuffle_false_keeps_the_dataset_s_order(tmp_path):
+    # llama-finetune's epochs over a text's windows: in order, the last ones validate
+    history, ds, _ = _small_fit(tmp_path, shuffle=False)
+    np.testing.assert_array_equal(ds.permutation, np.arange(24))
+    _, ds2, _ = _small_fit(tmp_path / "..", shuffle=True)
+    assert not np.array_equal(ds2.permutation, np.arange(24))
+    # the validation part is the last windows, as they are: 4 of 6 logical batches of 4
+    # train (ggml's rounding of val_split 0.25), the last 8 datapoints validate
+    tail = go.evaluate(_small_fit(tmp_path, shuffle=False)[2],
+                       (ds.data[16:], ds.labels[16:, 0]), "cross_entropy", batch_size=4)
+    assert history.ndata_val == 8
+    np.testing.assert_allclose(history[-1].val_loss, tail.loss()[0], rtol=1e-6)
+    # a resume that would shuffle where the run did not is another run
+    with pytest.raises(ValueError, match="fit.shuffle: the checkpoint was made with shuffle=0"):
+        _small_fit(tmp_path, resume=True, shuffle=True)
