@@ -9,8 +9,14 @@ It calls the public API only (load_gguf / load_hf, lora.apply, Dataset.from_chat
 from_completions / from_texts / from_tokens, read_jsonl, fit, save_gguf_lora, save_peft,
 save_gguf), so everything it does can be written in Python.  llama.cpp's ``llama-finetune`` flag
 names are accepted with their meaning (``-m``, ``-f`` for a raw text file, ``-c``,
-``-b`` and ``-ub`` in tokens, ``-lr``, ``-wd``, ``--epochs``, ``-val-split``, ``-opt``).  Every
-argument, file and data line is checked before training starts.
+``-b`` and ``-ub`` in tokens, ``-lr``, ``-wd``, ``--epochs``, ``-val-split``, ``-opt``); a
+text file (``-f``) is read as llama-finetune reads it (one trailing line break dropped,
+special tokens written in it read as text, the windows trained in order and the last ones
+validating).  The defaults are those of a LoRA fine-tune (``--help`` lists them), not
+llama-finetune's full fine-tune (-lr 1e-5, 2 epochs, -val-split 0.05, -c the model's
+context).  Every argument, file and data line is checked before training starts, and a
+``--resume`` of another run (another model file, data, LoRA options or optimizer settings)
+is refused, naming what differs.
 """
 from __future__ import annotations
 
@@ -29,7 +35,8 @@ SCHEDULES = ("constant", "cosine", "linear")
 def parser() -> argparse.ArgumentParser:
     """The command's argument parser."""
     p = argparse.ArgumentParser(prog="python -m ggmlopt.finetune",
-                                description="Fine-tune a language model (LoRA by default).")
+                                description="Fine-tune a language model (LoRA by default).",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("-m", "--model", required=True,
                    help="a GGUF file, or a Hugging Face directory (config.json, safetensors)")
     p.add_argument("--tokenizer", help="a GGUF file holding the tokenizer (llama.cpp's "
@@ -172,6 +179,9 @@ def _problems(args) -> list[str]:
     if args.packing and args.file:
         bad.append("--packing: packs chat and completion examples (--data); a raw text file "
                    "is cut into whole windows already")
+    if args.plot and os.path.splitext(args.plot)[1].lower().lstrip(".") not in _PLOT_TYPES:
+        bad.append(f"--plot: {args.plot!r}: expected an image file matplotlib writes "
+                   f"({', '.join('.' + t for t in _PLOT_TYPES)})")
     if args.resume and not args.checkpoint:
         bad.append("--resume: needs --checkpoint FILE")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
@@ -226,6 +236,11 @@ def _problems(args) -> list[str]:
     return bad
 
 
+# the file types matplotlib's savefig writes with its own backends
+_PLOT_TYPES = ("png", "pdf", "svg", "svgz", "jpg", "jpeg", "tif", "tiff", "webp", "eps", "ps",
+               "pgf", "raw", "rgba")
+
+
 def _load(args):
     from .io import load_gguf, load_gguf_tokenizer, load_hf
     if os.path.isdir(args.model):
@@ -258,8 +273,11 @@ def _dataset(args, tok):
             line = raw.count(b"\n", 0, e.start) + 1
             raise ValueError(f"-f: {args.file}:{line}: not UTF-8 text ({e.reason} at byte "
                              f"{e.start} of the file)") from None
-        # one document: BOS first where the vocabulary adds it, as llama-finetune
-        ids = document_ids(tok, text)
+        # as llama-finetune reads its -f file: one trailing line break dropped (llama.cpp's
+        # -f), special tokens written in the text read as text (common_tokenize), BOS
+        # first and EOS last where the vocabulary adds them
+        text = text.removesuffix("\n")
+        ids = document_ids(tok, text, parse_special=False)
         ds = go.Dataset.from_tokens(ids, args.ctx)
         x, y = np.asarray(ds.data), np.asarray(ds.labels)
         what = f"{x.shape[0]} windows of {args.ctx} tokens from {args.file}"
@@ -314,7 +332,61 @@ def _optimizer(args, steps_per_epoch):
         return schedules.Cosine(total, base=base, unit="step")
     if args.lr_schedule == "linear":
         return schedules.Linear(total, base=base, unit="step")
-    return lambda _epoch: base
+    # a Schedule, so that a resume with another -lr or -wd is seen and refused
+    return schedules.Constant(base=base, unit="step")
+
+
+def _digest_file(path: str, h) -> None:
+    """Feed h a file's size and up to 64 stretches of 64 KiB spread over it (the
+    first and last among them): a model file of gigabytes is told from another
+    in milliseconds; any two trained weights differ everywhere."""
+    size = os.path.getsize(path)
+    h.update(f"{os.path.basename(path)}:{size};".encode())
+    chunk, count = 1 << 16, 64
+    with open(path, "rb") as f:
+        for i in range(count):
+            f.seek(max(0, size - chunk) * i // (count - 1))
+            h.update(f.read(chunk))
+
+
+def _run_info(args, train) -> dict:
+    """What makes this run what it is beyond fit's own checks (the dataset's shape,
+    the seed, the schedule): the model file, the data, the LoRA and optimizer
+    options; a --resume that differs in one is refused naming it."""
+    import hashlib
+    model = hashlib.blake2b(digest_size=8)
+    files = [args.model] if os.path.isfile(args.model) else sorted(
+        os.path.join(args.model, n) for n in os.listdir(args.model)
+        if n.endswith(".safetensors") or n == "config.json")
+    for path in files:
+        _digest_file(path, model)
+    data = hashlib.blake2b(digest_size=8)
+    data.update(np.ascontiguousarray(train.data).tobytes())
+    data.update(np.ascontiguousarray(train.labels).tobytes())
+    info = {"--model": model.hexdigest(), "--data": data.hexdigest(),
+            "--keep-types": bool(args.keep_types), "-lr": float(args.lr),
+            "-wd": float(args.weight_decay), "-opt": args.optimizer,
+            "--lr-schedule": args.lr_schedule, "--warmup": int(args.warmup),
+            "--optimizer-in-backward": bool(args.optimizer_in_backward)}
+    if args.full:
+        info["--full"] = True
+    else:
+        info.update({"--lora-rank": int(args.lora_rank), "--lora-alpha": float(args.lora_alpha),
+                     "--lora-targets": args.lora_targets,
+                     "--lora-dropout": float(args.lora_dropout)})
+    return info
+
+
+def _input_problem(train, model) -> str | None:
+    """An input id outside the model's vocabulary (a --tokenizer of another model:
+    its BOS, or any id, that no label shows), said before training."""
+    x = np.asarray(train.data)
+    ids = np.where(x < 0, -1 - x, x)   # a packed document's first token is -1 - id
+    vocab = model.config.vocab_size
+    if ids.size and int(ids.max()) >= vocab:
+        return (f"--tokenizer: the data holds token id {int(ids.max())}, but the model's "
+                f"vocabulary has {vocab} ids; give the model's own tokenizer")
+    return None
 
 
 def main(argv=None) -> int:
@@ -337,6 +409,19 @@ def main(argv=None) -> int:
     if args.ctx > model.config.max_seq_len:
         p.error(f"--ctx: {args.ctx} is more than the model's max_seq_len "
                 f"{model.config.max_seq_len}")
+    problem = _input_problem(train, model)
+    if problem:
+        p.error(problem)
+    if args.merge_out:
+        # the merged GGUF carries the tokenizer: one llama.cpp cannot read is said now,
+        # not after the training
+        from .io._gguf_tokenizer import tokenizer_keys
+        try:
+            tokenizer_keys(tok, model.config.vocab_size)
+        except (TypeError, ValueError) as e:
+            p.error(f"--merge-out: the GGUF needs a tokenizer llama.cpp reads: {e}; give "
+                    f"--tokenizer FILE.gguf (the model's vocabulary), or write the adapter "
+                    f"(--peft-out, --out)")
     if not args.full:
         targets = "all-linear" if args.lora_targets == "all-linear" else \
             tuple(t for t in args.lora_targets.split(",") if t)
@@ -378,7 +463,10 @@ def main(argv=None) -> int:
                              checkpoint=args.checkpoint, resume=args.resume,
                              max_steps=args.max_steps, eval_every=args.eval_every,
                              checkpoint_every=args.checkpoint_every,
-                             optimizer_in_backward=args.optimizer_in_backward)
+                             optimizer_in_backward=args.optimizer_in_backward,
+                             # a text's windows in order, the last ones validating
+                             # (llama-finetune); chats and completions shuffled
+                             shuffle=not args.file, run_info=_run_info(args, train))
     except UserWarning as e:
         p.error(f"--resume: {e}; give the options of the run that wrote it")
     except (ValueError, TypeError) as e:   # (a checkpoint of another run, a split too small)

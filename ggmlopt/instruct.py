@@ -277,15 +277,25 @@ def _wants_bos(tokenizer, ids) -> bool:
         and (len(ids) == 0 or int(ids[0]) != bos)
 
 
-def document_ids(tokenizer, text: str, *, eos: bool | None = None) -> np.ndarray:
+def document_ids(tokenizer, text: str, *, eos: bool | None = None,
+                 parse_special: bool | None = None) -> np.ndarray:
     """text's ids as a document the model reads whole: BOS first when the
     tokenizer's add_bos says so, EOS last when its add_eos does (as llama.cpp
     tokenizes a text with its special tokens, and llama-finetune its text file);
     eos=True or False asks for the EOS or not whatever add_eos says; int32.
     Special tokens written in the text are read as the tokenizer's encode reads
-    them by default (a BOS written first is that one BOS; llama-finetune reads
-    them all as text)."""
-    ids = np.asarray(tokenizer.encode(text), np.int32)
+    them by default (a BOS written first is that one BOS); parse_special=False
+    reads them as text, as llama-finetune reads its file (common_tokenize's
+    default), True as control tokens."""
+    if parse_special is None:
+        ids = np.asarray(tokenizer.encode(text), np.int32)
+    else:
+        try:
+            ids = np.asarray(tokenizer.encode(text, parse_special=bool(parse_special)),
+                             np.int32)
+        except TypeError:   # the ggmlopt.text.Tokenizer protocol's encode(text)
+            raise TypeError(f"parse_special: {type(tokenizer).__name__}.encode takes no "
+                            f"parse_special flag") from None
     if _wants_bos(tokenizer, ids):
         ids = np.concatenate([[tokenizer.bos_id], ids])
     if eos is None:

@@ -332,3 +332,100 @@ def test_a_warmup_as_long_as_the_run_is_refused(files, capsys):
                        "cosine", "--warmup", "3", "--out", str(files / "a.gguf"), "--silent"])
     assert "--warmup: 3 steps of warmup, but the run takes 3 optimizer steps" in \
         capsys.readouterr().err
+
+
+def test_a_text_file_is_read_and_ordered_as_llama_finetune_does(files, monkeypatch):
+    # llama.cpp's -f drops one trailing line break, common_tokenize reads special
+    # tokens written in the text as text, and llama_opt_epoch trains the windows in
+    # order with the last ones validating
+    import ggmlopt as go
+    seen = {}
+    real_fit = go.fit
+
+    def fit(model, dataset, *args, **kwargs):
+        seen.update(kwargs, data=np.asarray(dataset.data).copy())
+        history = real_fit(model, dataset, *args, **kwargs)
+        seen["permutation"] = np.asarray(dataset.permutation).copy()
+        return history
+
+    monkeypatch.setattr(go, "fit", fit)
+    text = "<|im_start|>the cat sat on the mat. " * 12
+    (files / "text.txt").write_text(text + "\n")
+    assert finetune.main(["-m", str(files / "base.gguf"), "-f", str(files / "text.txt"),
+                          "-c", "32", "--batch", "2", "-val-split", "0.25", "--epochs", "2",
+                          "--out", str(files / "a.gguf"), "--silent"]) == 0
+    tok = ByteTokenizer()
+    want = go.Dataset.from_tokens(tok.encode(text, parse_special=False), 32)
+    np.testing.assert_array_equal(seen["data"][:want.ndata], np.asarray(want.data))
+    assert seen["shuffle"] is False
+    np.testing.assert_array_equal(seen["permutation"], np.arange(len(seen["permutation"])))
+
+
+def test_a_resume_of_another_run_is_refused_naming_what_differs(files, capsys):
+    ck = files / "run.npz"
+    common = ["-m", str(files / "base.gguf"), "-c", "96", "--batch", "5",
+              "--checkpoint", str(ck), "--out", str(files / "a.gguf"), "--silent"]
+    data = ["--data", str(files / "train.jsonl")]
+    assert finetune.main(common + data + ["--max-steps", "1"]) == 0
+    other = files / "other.jsonl"
+    rows = [json.loads(line) for line in (files / "train.jsonl").read_text().splitlines()]
+    rows[0]["messages"][1]["content"] = "Quimbo."   # as many rows, one answer changed
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for extra, match in [(["--lora-alpha", "64"], "--lora-alpha=16.0, this fit has --lora"),
+                         (["-lr", "3e-4"], "-lr=0.0001, this fit has -lr=0.0003"),
+                         (["-wd", "0.1"], "-wd=0.0, this fit has -wd=0.1"),
+                         (["--data", str(other)], "--data="),
+                         (["--train-on", "all"], "--data=")]:
+        argv = common + (extra if extra[0] == "--data" else data + extra)
+        with pytest.raises(SystemExit) as info:
+            finetune.main(argv + ["--max-steps", "2", "--resume"])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert "fit.run_info: the checkpoint was made with " in err and match in err, err
+    # another model file of the same shapes
+    from ggmlopt.io import save_gguf
+    twin = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2, max_seq_len=128),
+                 seed=1)
+    save_gguf(twin, files / "twin.gguf", tokenizer=ByteTokenizer(chat_template=CHATML))
+    with pytest.raises(SystemExit):
+        finetune.main(["-m", str(files / "twin.gguf")] + common[2:] + data
+                      + ["--max-steps", "2", "--resume"])
+    assert "--model=" in capsys.readouterr().err
+    # the same run goes on
+    assert finetune.main(common + data + ["--max-steps", "2", "--resume"]) == 0
+
+
+def test_what_would_fail_after_training_is_refused_before(files, capsys, tmp_path):
+    argv = ["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"), "-c", "96",
+            "--out", str(files / "a.gguf")]
+    with pytest.raises(SystemExit):
+        finetune.main(argv + ["--plot", str(files / "curves.txt")])
+    assert "--plot: " in capsys.readouterr().err and not (files / "a.gguf").exists()
+    # a tokenizer of another model: its ids (here its BOS) are not the model's
+    pytest.importorskip("tokenizers")
+    from ggmlopt.io import save_gguf
+    from ggmlopt.io._gguf_tokenizer import BYTE_MERGES, byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    tok = BPETokenizer(byte_vocabulary() + ["<s>", "</s>"], list(BYTE_MERGES),
+                       token_types=[1] * 256 + [3, 3, 3], bos_id=257, eos_id=258,
+                       add_bos=True)
+    wide = Llama(LlamaConfig(vocab_size=259, dim=32, n_layers=1, n_heads=2, max_seq_len=64))
+    save_gguf(wide, tmp_path / "vocab.gguf", tokenizer=tok)
+    (files / "text.txt").write_text("the cat sat on the mat. " * 12)
+    with pytest.raises(SystemExit) as info:
+        finetune.main(["-m", str(files / "base.gguf"), "-f", str(files / "text.txt"),
+                       "--tokenizer", str(tmp_path / "vocab.gguf"), "-c", "32",
+                       "--out", str(files / "a.gguf"), "--silent"])
+    assert info.value.code == 2
+    assert "--tokenizer: the data holds token id 257, but the model's vocabulary has 257" in \
+        capsys.readouterr().err
+    # a merged GGUF needs a tokenizer llama.cpp reads: said before training
+    hf = files / "hf"
+    go.io.save_hf(Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2,
+                                    max_seq_len=128), seed=0), hf, tokenizer=ByteTokenizer())
+    with pytest.raises(SystemExit) as info:
+        finetune.main(["-m", str(hf), "-f", str(files / "text.txt"), "-c", "32",
+                       "--merge-out", str(files / "m.gguf"), "--silent"])
+    assert info.value.code == 2
+    assert "--merge-out: the GGUF needs a tokenizer llama.cpp reads" in capsys.readouterr().err
+    assert not (files / "m.gguf").exists()
