@@ -22,15 +22,20 @@ _QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\
 _STARCODER = (r"\p{N}", _GPT2)
 _DEEPSEEK_CJK = r"[一-龥ࠀ-一가-퟿]+"
 # (the letters' ranges end in characters that Unicode normalisation would change, so
-# those are written as escapes)
+# those are written as escapes; llama.cpp matches the patterns without a \p class with
+# every non-ASCII space turned into \v first, which only the third one's class notices)
 _DEEPSEEK_LLM = (
     r"[\r\n]",
     "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
-    r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    r"\s?[!-/:-~！-／：-～‘-‟、-。]+",
     r"\s+$",
     _DEEPSEEK_CJK,
     r"\p{N}+",
 )
+# the same as a Hugging Face tokenizer.json writes them (its library matches U+3000 in
+# the third pattern's class)
+_DEEPSEEK_LLM_HF = _DEEPSEEK_LLM[:2] + (_DEEPSEEK_LLM[2].replace("、-。", "\u3000-。"),) + \
+    _DEEPSEEK_LLM[3:]
 _DEEPSEEK_CODER = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _DEEPSEEK_CJK, r"\p{N}")
 _FALCON = (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]")
 _BLOOM = (r" ?[^(\s|.,!?…。，、।۔،)]+",)
@@ -109,11 +114,15 @@ def _re_form(pattern: str) -> str:
 
 # (engine, pattern) per step, each after the first ending at PIECE_END as at the end of
 # the text: only `$` needs saying so; no class below holds PIECE_END
+def _deepseek_llm_staged(regexes: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    return (("re", regexes[0]), ("re", _re_form(regexes[1])), ("re", _re_form(regexes[2])),
+            ("re", _WHITE_SPACE + "+(?=" + PIECE_END + r"|\Z)"), ("re", _DEEPSEEK_CJK),
+            ("regex", regexes[5]))
+
+
 _STAGED: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {
-    _DEEPSEEK_LLM: (("re", _DEEPSEEK_LLM[0]), ("re", _re_form(_DEEPSEEK_LLM[1])),
-                    ("re", _re_form(_DEEPSEEK_LLM[2])),
-                    ("re", _WHITE_SPACE + "+(?=" + PIECE_END + r"|\Z)"),
-                    ("re", _DEEPSEEK_CJK), ("regex", _DEEPSEEK_LLM[5])),
+    _DEEPSEEK_LLM: _deepseek_llm_staged(_DEEPSEEK_LLM),
+    _DEEPSEEK_LLM_HF: _deepseek_llm_staged(_DEEPSEEK_LLM_HF),
     _DEEPSEEK_CODER: tuple(("regex", r) for r in _DEEPSEEK_CODER),
 }
 assert _DEEPSEEK_LLM[3] == r"\s+$"

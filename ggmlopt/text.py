@@ -322,8 +322,8 @@ class Vocabulary(_FlagLock, _ChatTemplated):
         self._control, self._user = sorted(control), sorted(user)
         self._control_ids = frozenset(control)
         self._splitters = {
-            parse: _splitter([self.tokens[i] for i in (self._control + self._user if parse
-                                                       else self._user)])
+            parse: special_splitter([self.tokens[i] for i in
+                                     (self._control + self._user if parse else self._user)])
             for parse in (True, False)}
         self.eog_ids = frozenset(eog)
 
@@ -480,7 +480,13 @@ class BPETokenizer(Vocabulary):
         written in the text become their ids (see the class docstring)."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        if self._words is None:
+        splitter = self._splitters[bool(parse_special)]
+        if self._words is None and isinstance(splitter, LongestFirstPartition):
+            # the library's added tokens match leftmost: where that differs from
+            # llama.cpp's partition, the partition cuts and the library encodes the rest
+            ids = ids_around_special(text, splitter, self._ids, lambda part: self._library_encode(
+                self._tk, part, False).ids)
+        elif self._words is None:
             ids = self._library_encode(self._tk, text, parse_special).ids
         else:
             ids = self._encode_words(text, parse_special)
@@ -546,6 +552,17 @@ def ids_around_special(text: str, splitter, special_ids: dict[str, int],
     return ids
 
 
+def special_splitter(texts: list[str]):
+    """An object whose split() alternates plain text and one of texts as
+    llama.cpp's special-token partition cuts it, or None for no texts: the
+    regex of _splitter, which finds the same parts unless a shorter text can
+    start inside a longer one's match (then LongestFirstPartition)."""
+    texts = sorted({t for t in texts if t}, key=lambda t: (-len(t), t))
+    if texts and _leftmost_can_differ(texts):
+        return LongestFirstPartition(texts)
+    return _splitter(texts)
+
+
 def _splitter(texts: list[str]):
     """A regex whose split() alternates plain text and one of texts (the longest
     that matches where one does, as llama.cpp's partition tries them), or None
@@ -556,6 +573,59 @@ def _splitter(texts: list[str]):
     if len(texts[0]) > _TRIE_DEPTH:
         return re.compile("(" + "|".join(re.escape(t) for t in texts) + ")")
     return re.compile("(" + _trie_pattern(texts) + ")")
+
+
+def _leftmost_can_differ(texts: list[str]) -> bool:
+    """Whether a text a's end is the start of a longer text b that does not also
+    start where a does (falcon's ">>TITLE<<" and "<|endoftext|>" share a "<"):
+    in ">>TITLE<<|endoftext|>" the leftmost match takes a, llama.cpp's partition,
+    longest first, takes b.  (Runs of one character, such as space tokens,
+    overlap but never differ: the longer run starts where the shorter does.)"""
+    starts: dict[str, list[str]] = {}
+    for t in texts:
+        starts.setdefault(t[0], []).append(t)
+    for a in texts:
+        for i in range(1, len(a)):
+            for b in starts.get(a[i], ()):
+                if len(b) > len(a) - i and len(b) > len(a) and b.startswith(a[i:]) \
+                        and not (a[:i] + b).startswith(b):
+                    return True
+    return False
+
+
+class LongestFirstPartition:
+    """llama.cpp's special-token partition (tokenizer_st_partition): each text,
+    the longest first, cut out of the plain fragments the longer ones left, at
+    every occurrence from the left.  split(text) alternates plain text and a
+    special token's text, as a capturing regex's split does."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = sorted(texts, key=lambda t: (-len(t), t))
+
+    def split(self, text: str) -> list[str]:
+        fragments: list[tuple[str, bool]] = [(text, False)]
+        for t in self.texts:
+            cut: list[tuple[str, bool]] = []
+            for piece, special in fragments:
+                if special or t not in piece:
+                    cut.append((piece, special))
+                    continue
+                start = 0
+                while (at := piece.find(t, start)) >= 0:
+                    if at > start:
+                        cut.append((piece[start:at], False))
+                    cut.append((t, True))
+                    start = at + len(t)
+                if start < len(piece):
+                    cut.append((piece[start:], False))
+            fragments = cut
+        out = [""]
+        for piece, special in fragments:
+            if special:
+                out += [piece, ""]
+            else:
+                out[-1] += piece
+        return out
 
 
 # the longest text _splitter factors into a trie (its groups nest one a character)

@@ -343,3 +343,19 @@ def test_added_tokens_matched_in_the_normalized_text_stay_with_the_library(tmp_p
     theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
     for text in ("hello<|im_end|>\n<s>", "<s> hello</s> hello", " <|im_end|>  hello"):
         assert hf.encode(text).tolist() == theirs(text, add_special_tokens=False)["input_ids"]
+
+
+def test_overlapping_special_tokens_are_cut_longest_first():
+    # llama.cpp's partition: the longer token first, wherever it is; the leftmost
+    # match would take the shorter one that starts before it
+    from ggmlopt.text import LongestFirstPartition, _splitter, special_splitter
+    texts = [">>T<<", "<|eot|>", "  ", "   "]
+    cut = special_splitter(texts)
+    assert isinstance(cut, LongestFirstPartition)
+    assert cut.split(">>T<<|eot|>") == [">>T<", "<|eot|>", ""]
+    assert _splitter(texts).split(">>T<<|eot|>") == ["", ">>T<<", "|eot|>"]
+    assert cut.split("<|eot|>>T<<") == ["", "<|eot|>", ">T<<"]
+    assert cut.split("a >>T<< b     c") == ["a ", ">>T<<", " b", "   ", "", "  ", "c"]
+    # runs of one character overlap without ever differing: the regex stays
+    assert not isinstance(special_splitter([" " * k for k in range(2, 9)]),
+                          LongestFirstPartition)

@@ -103,3 +103,34 @@ def test_a_document_is_tokenized_with_llama_cpps_bos_and_eos(name, add_eos):
     for text in ["Hello world", " leading space", "two\nlines"]:
         want = llm.tokenize(text.encode(), add_bos=True, special=True)
         assert document_ids(tok, text).tolist() == want, (name, text)
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_special_tokens_that_overlap_are_cut_longest_first(name):
+    # llama.cpp's partition cuts the longest special token out first, wherever it
+    # is: where a shorter one ends inside it (falcon's ">>TITLE<<" then
+    # "<|endoftext|>"), the leftmost match would take the shorter one
+    from ggmlopt.text import _leftmost_can_differ
+    path, tok = _vocabulary(name)
+    texts = [tok.tokens[i] for i in tok._control + tok._user if tok.tokens[i]]
+    pairs = [(a, b, i) for a in texts for b in texts for i in range(1, len(a))
+             if _leftmost_can_differ([a, b]) and b.startswith(a[i:])][:40]
+    if not pairs:
+        pytest.skip(f"{name}: no special tokens overlap")
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    for a, b, i in pairs:
+        for text in (a[:i] + b, f"x {a[:i]}{b} {a}"):
+            want = llm.tokenize(text.encode(), add_bos=False, special=True)
+            assert tok.encode(text, parse_special=True).tolist() == want, (name, text)
+
+
+def test_non_ascii_spaces_before_deepseek_llm_punctuation():
+    # llama.cpp matches deepseek-llm's patterns without a \p class with every
+    # non-ASCII space turned into \v: an ideographic space is not in the CJK
+    # punctuation class there
+    path, tok = _vocabulary("deepseek-llm")
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    for text in ("  \u3000", "\t \u3000", "a\u3000\u3001!", "\u3000\u3000x", "\xa0\u3000。",
+                 "x \u3000 y\u2003\u3000"):
+        want = llm.tokenize(text.encode(), add_bos=False, special=False)
+        assert tok.encode(text, parse_special=False).tolist() == want, repr(text)
