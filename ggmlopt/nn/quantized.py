@@ -98,8 +98,11 @@ def set_activations(model, activations) -> int:
     multiplied in integers, for Q8_0, Q4_0, Q5_0, Q4_K and Q6_K weights
     (kernels_quant.Q8_ACTIVATION_TYPES): faster, and off by that rounding of
     the activations; weights of other types keep float32).  llama.cpp rounds
-    the activations of Q8_0, Q4_0 and Q5_0 weights the same way, those of Q4_K
-    and Q6_K weights to 256-value Q8_K blocks: there the two differ by their
+    the activations of Q8_0, Q4_0 and Q5_0 weights to Q8_0 blocks too (ggml's
+    reference rounding, x / (amax / 127), which ggmlopt and gguf-py use; its
+    x86 kernels multiply by 127 / amax instead, which rounds a value on a
+    half-step otherwise about once in a million), those of Q4_K and Q6_K
+    weights to 256-value Q8_K blocks: there the two differ by their
     roundings.  Returns how many layers multiply in integers now."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations: expected one of {', '.join(ACTIVATIONS)}, got "
