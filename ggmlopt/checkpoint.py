@@ -898,11 +898,15 @@ class FitCheckpoint:
         return step, totals, evals
 
     def _check_run(self, fit_sd: Mapping[str, Any], keys: Iterable[str]) -> None:
-        """Refuse a checkpoint of another run (the entries in keys it has)."""
+        """Refuse a checkpoint of another run (the entries in keys it has, and
+        fit.shuffle, which a checkpoint written before the entry existed holds as
+        fit always did it: whenever nbatch_logical < ndata)."""
+        shuffled = int(self.config["fit.nbatch_logical"] < self.config["fit.ndata"])
         for key in keys:
-            if key not in fit_sd or key not in self.run:
+            if key not in self.run or (key not in fit_sd and key != "fit.shuffle"):
                 continue
-            got, want = _get_int(fit_sd, key), self.run[key]
+            got = _get_int(fit_sd, key) if key in fit_sd else shuffled
+            want = self.run[key]
             if got != want:
                 name = key.split(".", 1)[1]
                 raise ValueError(f"{key}: the checkpoint was made with {name}="

@@ -35,8 +35,9 @@ SCHEDULES = ("constant", "cosine", "linear")
 def parser() -> argparse.ArgumentParser:
     """The command's argument parser."""
     p = argparse.ArgumentParser(prog="python -m ggmlopt.finetune",
-                                description="Fine-tune a language model (LoRA by default).",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                description="Fine-tune a language model (LoRA by default; "
+                                            "the defaults are a LoRA fine-tune's, not "
+                                            "llama-finetune's full one).")
     p.add_argument("-m", "--model", required=True,
                    help="a GGUF file, or a Hugging Face directory (config.json, safetensors)")
     p.add_argument("--tokenizer", help="a GGUF file holding the tokenizer (llama.cpp's "
@@ -46,11 +47,13 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--data", help="training data, JSON Lines: {'messages': [...]}, "
                       "{'prompt', 'completion'} or {'text'}")
     data.add_argument("-f", "--file", help="a raw text file (llama-finetune's -f)")
-    p.add_argument("-c", "--ctx", type=int, default=512, help="tokens per window (n_ctx)")
+    p.add_argument("-c", "--ctx", type=int, default=512,
+                   help="tokens per window (n_ctx; default 512)")
     p.add_argument("--train-on", choices=("assistant", "last", "all"), default=None,
                    help="chat data: the turns the loss counts (default assistant)")
     p.add_argument("--too-long", choices=("error", "drop", "truncate"), default="error",
-                   help="what to do with an example longer than the window")
+                   help="what to do with an example longer than the window (default "
+                        "error)")
     p.add_argument("--packing", action="store_true",
                    help="chat, completion and text rows (--data): several a window, each "
                         "attending to itself only (the same loss, far less padding)")
@@ -58,11 +61,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-types", action="store_true",
                    help="keep the GGUF's weights in their types (Q8_0, Q4_K, ...), read in "
                         "place, and train LoRA adapters over them (QLoRA)")
-    p.add_argument("--lora-rank", type=int, default=8)
-    p.add_argument("--lora-alpha", type=float, default=16.0)
+    p.add_argument("--lora-rank", type=int, default=8, help="adapter rank (default 8)")
+    p.add_argument("--lora-alpha", type=float, default=16.0,
+                   help="adapter scale alpha: outputs scaled by alpha / rank (default 16)")
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
-                   help="comma-separated Linear names, or all-linear")
-    p.add_argument("--lora-dropout", type=float, default=0.0)
+                   help="comma-separated Linear names, or all-linear (default "
+                        "q_proj,k_proj,v_proj,o_proj)")
+    p.add_argument("--lora-dropout", type=float, default=0.0,
+                   help="dropout on the adapters' input while training (default 0)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute each block in the backward pass: far less memory for "
                         "long windows, the same gradients")
@@ -75,11 +81,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None,
                    help="optimizer steps of the run: it stops there, and the learning-rate "
                         "schedule spans them (a later --resume must give the same)")
-    p.add_argument("-lr", "--lr", type=float, default=1e-4, help="learning rate (AdamW alpha)")
-    p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant")
-    p.add_argument("--warmup", type=int, default=0, help="warmup steps (cosine schedule)")
-    p.add_argument("-wd", "--weight-decay", type=float, default=0.0)
-    p.add_argument("-opt", "--optimizer", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("-lr", "--lr", type=float, default=1e-4,
+                   help="learning rate (AdamW or SGD alpha; default 1e-4, llama-finetune's "
+                        "1e-5)")
+    p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant",
+                   help="per optimizer step (default constant)")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="warmup steps (cosine schedule; default 0)")
+    p.add_argument("-wd", "--weight-decay", type=float, default=0.0,
+                   help="decoupled weight decay (default 0)")
+    p.add_argument("-opt", "--optimizer", choices=("adamw", "sgd"), default="adamw",
+                   help="default adamw")
     p.add_argument("--batch", type=int, default=None,
                    help="windows per optimizer step (logical batch; default 8)")
     p.add_argument("--micro-batch", type=int, default=None,
@@ -94,14 +106,18 @@ def parser() -> argparse.ArgumentParser:
                         "otherwise unused, as each window runs in one pass here (llama.cpp's "
                         "passes shorter than -c leave K and V without the later passes' "
                         "gradients)")
-    p.add_argument("-val-split", "--val-split", type=float, default=0.0)
-    p.add_argument("--eval-every", type=int, default=None)
+    p.add_argument("-val-split", "--val-split", type=float, default=0.0,
+                   help="the part of the data that validates (default 0, llama-finetune's "
+                        "0.05)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="also validate every N optimizer steps (needs -val-split)")
     p.add_argument("--checkpoint", help="an .npz checkpoint written after each epoch")
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="also write --checkpoint every N optimizer steps inside an epoch")
     p.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint (the run that wrote it, with its options)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the adapters' initial values, shuffles and dropout (default 0)")
     p.add_argument("--out", help="the LoRA adapter as llama.cpp loads it (GGUF)")
     p.add_argument("--peft-out", help="the LoRA adapter as PEFT saves it (a directory: "
                                       "adapter_config.json, adapter_model.safetensors)")
@@ -109,7 +125,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out-type", choices=("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m",
                                           "q5_k_s", "q5_k", "q5_1", "q5_0", "q4_k_m", "q4_k_s",
                                           "q4_k", "q4_1", "q4_0"), default="f16",
-                   help="the merged model's file type, as llama-quantize names them")
+                   help="the merged model's file type, as llama-quantize names them "
+                        "(default f16)")
     p.add_argument("--plot", help="the loss curves as an image (matplotlib)")
     p.add_argument("--silent", action="store_true", help="no progress bars")
     return p
@@ -179,9 +196,8 @@ def _problems(args) -> list[str]:
     if args.packing and args.file:
         bad.append("--packing: packs chat and completion examples (--data); a raw text file "
                    "is cut into whole windows already")
-    if args.plot and os.path.splitext(args.plot)[1].lower().lstrip(".") not in _PLOT_TYPES:
-        bad.append(f"--plot: {args.plot!r}: expected an image file matplotlib writes "
-                   f"({', '.join('.' + t for t in _PLOT_TYPES)})")
+    if args.plot:
+        bad += _plot_problems(args.plot)
     if args.resume and not args.checkpoint:
         bad.append("--resume: needs --checkpoint FILE")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
@@ -236,9 +252,18 @@ def _problems(args) -> list[str]:
     return bad
 
 
-# the file types matplotlib's savefig writes with its own backends
-_PLOT_TYPES = ("png", "pdf", "svg", "svgz", "jpg", "jpeg", "tif", "tiff", "webp", "eps", "ps",
-               "pgf", "raw", "rgba")
+def _plot_problems(path: str) -> list[str]:
+    """--plot checked before training: matplotlib is there and writes the file's type."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return ["--plot: needs matplotlib (the plot extra: pip install matplotlib)"]
+    types = FigureCanvasBase.get_supported_filetypes()
+    kind = os.path.splitext(path)[1].lower().lstrip(".")
+    if kind not in types:
+        known = ", ".join("." + t for t in sorted(types))
+        return [f"--plot: {path!r}: expected a file type matplotlib writes ({known})"]
+    return []
 
 
 def _load(args):
@@ -341,7 +366,7 @@ def _digest_file(path: str, h) -> None:
     first and last among them): a model file of gigabytes is told from another
     in milliseconds; any two trained weights differ everywhere."""
     size = os.path.getsize(path)
-    h.update(f"{os.path.basename(path)}:{size};".encode())
+    h.update(f"{size};".encode())
     chunk, count = 1 << 16, 64
     with open(path, "rb") as f:
         for i in range(count):
@@ -359,15 +384,14 @@ def _run_info(args, train) -> dict:
         os.path.join(args.model, n) for n in os.listdir(args.model)
         if n.endswith(".safetensors") or n == "config.json")
     for path in files:
-        _digest_file(path, model)
+        _digest_file(path, model)   # the bytes, whatever the file is called
     data = hashlib.blake2b(digest_size=8)
     data.update(np.ascontiguousarray(train.data).tobytes())
     data.update(np.ascontiguousarray(train.labels).tobytes())
     info = {"--model": model.hexdigest(), "--data": data.hexdigest(),
             "--keep-types": bool(args.keep_types), "-lr": float(args.lr),
             "-wd": float(args.weight_decay), "-opt": args.optimizer,
-            "--lr-schedule": args.lr_schedule, "--warmup": int(args.warmup),
-            "--optimizer-in-backward": bool(args.optimizer_in_backward)}
+            "--lr-schedule": args.lr_schedule, "--warmup": int(args.warmup)}
     if args.full:
         info["--full"] = True
     else:

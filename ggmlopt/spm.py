@@ -24,6 +24,7 @@ from .text import (
     TOKEN_BYTE,
     TOKEN_CONTROL,
     TOKEN_USER_DEFINED,
+    LongestFirstPartition,
     Vocabulary,
     add_eos_flag,
     checked_ids,
@@ -109,6 +110,10 @@ class SPMTokenizer(Vocabulary):
             return self.encode_with_offsets(text, parse_special=parse_special)[0]
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        if self._words is None and isinstance(self._splitters[bool(parse_special)],
+                                              LongestFirstPartition):
+            # the library's added tokens match leftmost, not llama.cpp's longest first
+            return self.encode_with_offsets(text, parse_special=parse_special)[0]
         if self._words is None:
             return np.asarray(self._library_encode(fast, text, parse_special).ids,
                               dtype=np.int32)

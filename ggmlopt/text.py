@@ -323,7 +323,8 @@ class Vocabulary(_FlagLock, _ChatTemplated):
         self._control_ids = frozenset(control)
         self._splitters = {
             parse: special_splitter([self.tokens[i] for i in
-                                     (self._control + self._user if parse else self._user)])
+                                     sorted(self._control + self._user if parse
+                                            else self._user)])
             for parse in (True, False)}
         self.eog_ids = frozenset(eog)
 
@@ -553,14 +554,22 @@ def ids_around_special(text: str, splitter, special_ids: dict[str, int],
 
 
 def special_splitter(texts: list[str]):
-    """An object whose split() alternates plain text and one of texts as
-    llama.cpp's special-token partition cuts it, or None for no texts: the
-    regex of _splitter, which finds the same parts unless a shorter text can
-    start inside a longer one's match (then LongestFirstPartition)."""
-    texts = sorted({t for t in texts if t}, key=lambda t: (-len(t), t))
-    if texts and _leftmost_can_differ(texts):
-        return LongestFirstPartition(texts)
-    return _splitter(texts)
+    """An object whose split() alternates plain text and one of texts (special
+    tokens' texts in the order of their ids) as llama.cpp's special-token
+    partition cuts it, or None for no texts: the regex of _splitter, which
+    finds the same parts unless a text can end inside the match of one the
+    partition tries first (then LongestFirstPartition)."""
+    ordered = _partition_order([t for t in texts if t])
+    if ordered and _leftmost_can_differ(ordered):
+        return LongestFirstPartition(ordered)
+    return _splitter(ordered)
+
+
+def _partition_order(texts: list[str]) -> list[str]:
+    """texts (in the order of their ids) in the order llama.cpp's partition tries
+    them: the longest in UTF-8 bytes first (its text.size()), ties in id order."""
+    unique = list(dict.fromkeys(texts))
+    return sorted(unique, key=lambda t: -len(t.encode("utf-8")))
 
 
 def _splitter(texts: list[str]):
@@ -575,19 +584,21 @@ def _splitter(texts: list[str]):
     return re.compile("(" + _trie_pattern(texts) + ")")
 
 
-def _leftmost_can_differ(texts: list[str]) -> bool:
-    """Whether a text a's end is the start of a longer text b that does not also
-    start where a does (falcon's ">>TITLE<<" and "<|endoftext|>" share a "<"):
-    in ">>TITLE<<|endoftext|>" the leftmost match takes a, llama.cpp's partition,
+def _leftmost_can_differ(ordered: list[str]) -> bool:
+    """Whether, of texts in the partition's order, a text a's end is the start
+    of a text b tried before it that does not also start where a does
+    (falcon's ">>TITLE<<" and "<|endoftext|>" share a "<"): in
+    ">>TITLE<<|endoftext|>" the leftmost match takes a, llama.cpp's partition,
     longest first, takes b.  (Runs of one character, such as space tokens,
     overlap but never differ: the longer run starts where the shorter does.)"""
+    rank = {t: i for i, t in enumerate(ordered)}
     starts: dict[str, list[str]] = {}
-    for t in texts:
+    for t in ordered:
         starts.setdefault(t[0], []).append(t)
-    for a in texts:
+    for a in ordered:
         for i in range(1, len(a)):
             for b in starts.get(a[i], ()):
-                if len(b) > len(a) - i and len(b) > len(a) and b.startswith(a[i:]) \
+                if rank[b] < rank[a] and len(b) > len(a) - i and b.startswith(a[i:]) \
                         and not (a[:i] + b).startswith(b):
                     return True
     return False
@@ -600,7 +611,7 @@ class LongestFirstPartition:
     special token's text, as a capturing regex's split does."""
 
     def __init__(self, texts: list[str]) -> None:
-        self.texts = sorted(texts, key=lambda t: (-len(t), t))
+        self.texts = _partition_order(texts)   # (given in the order of their ids)
 
     def split(self, text: str) -> list[str]:
         fragments: list[tuple[str, bool]] = [(text, False)]

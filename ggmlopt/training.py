@@ -100,7 +100,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     naming what else makes this run what it is (a data file's digest, the LoRA
     options...): written into the checkpoint, and a resume whose run_info gives
     a key another value is refused (ValueError naming the key and both values);
-    keys only one side has are not compared.
+    keys only one side has are not compared.  With comm, give every rank the
+    same run_info (rank 0 writes its own, and every rank compares with it).
 
     The model's ``training`` flag follows each eval (see ggmlopt.nn.module); fit
     leaves it in eval mode (training False) on every exit, also when it raises or
@@ -187,7 +188,10 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                                  "fit.ne_label": 0 if labels is None else int(labels.shape[1]),
                                  "fit.ndata_shard": int(getattr(dataset, "ndata_shard", 1)),
                                  "fit.seed": fit_seed_id(seed),
-                                 "fit.shuffle": int(plan.shuffle)}, run_info)
+                                 # whether this fit shuffles at all (a checkpoint
+                                 # without the entry was written by one that did
+                                 # whenever nbatch_logical < ndata)
+                                 "fit.shuffle": int(plan.shuffle_all)}, run_info)
         if not resume and ckpt.exists():
             warnings.warn(f"checkpoint: {ckpt.path!r} exists and will be overwritten after the "
                           "first epoch (resume=False); pass resume=True to continue from it",

@@ -142,7 +142,8 @@ def test_shuffle_false_keeps_the_dataset_s_order(tmp_path):
     # llama-finetune's epochs over a text's windows: in order, the last ones validate
     history, ds, _ = _small_fit(tmp_path, shuffle=False)
     np.testing.assert_array_equal(ds.permutation, np.arange(24))
-    _, ds2, _ = _small_fit(tmp_path / "..", shuffle=True)
+    (tmp_path / "other").mkdir()
+    _, ds2, _ = _small_fit(tmp_path / "other", shuffle=True)
     assert not np.array_equal(ds2.permutation, np.arange(24))
     # the validation part is the last windows, as they are: 4 of 6 logical batches of 4
     # train (ggml's rounding of val_split 0.25), the last 8 datapoints validate
@@ -153,3 +154,17 @@ def test_shuffle_false_keeps_the_dataset_s_order(tmp_path):
     # a resume that would shuffle where the run did not is another run
     with pytest.raises(ValueError, match="fit.shuffle: the checkpoint was made with shuffle=0"):
         _small_fit(tmp_path, resume=True, shuffle=True)
+
+
+def test_a_checkpoint_from_before_the_shuffle_entry_shuffled(tmp_path):
+    # fit shuffled whenever nbatch_logical < ndata before shuffle= existed: such a
+    # checkpoint resumes only a fit that shuffles
+    from ggmlopt.checkpoint import save_state
+    _small_fit(tmp_path)
+    state = load_state(tmp_path / "c.npz")
+    assert state.pop("fit.shuffle") == 1
+    save_state(tmp_path / "c.npz", state)
+    with pytest.raises(ValueError, match="fit.shuffle: the checkpoint was made with shuffle=1"):
+        _small_fit(tmp_path, resume=True, shuffle=False)
+    history, *_ = _small_fit(tmp_path, resume=True)
+    assert len(history) == 2

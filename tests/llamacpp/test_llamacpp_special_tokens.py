@@ -134,3 +134,50 @@ def test_non_ascii_spaces_before_deepseek_llm_punctuation():
                  "x \u3000 y\u2003\u3000"):
         want = llm.tokenize(text.encode(), add_bos=False, special=False)
         assert tok.encode(text, parse_special=False).tolist() == want, repr(text)
+
+
+def _made_vocabulary(tmp_path, tok, name):
+    """tok written into a GGUF (a one-layer model of its size), read back, and
+    llama.cpp's tokenizer of the same file."""
+    from ggmlopt.io import load_gguf_tokenizer, save_gguf
+    from ggmlopt.models import Llama, LlamaConfig
+    path = str(tmp_path / f"{name}.gguf")
+    save_gguf(Llama(LlamaConfig(vocab_size=len(tok.tokens), dim=32, n_layers=1, n_heads=2,
+                                max_seq_len=64)), path, tokenizer=tok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        back = load_gguf_tokenizer(path)
+    return back, llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+
+
+@pytest.mark.parametrize("specials", [["ééé<", "<abcde"], ["xyz<", "‹éé"], ["<cd", "ab<"]])
+def test_the_partition_orders_special_tokens_by_bytes_then_ids(tmp_path, specials):
+    # llama.cpp sorts its special tokens by text.size(), UTF-8 bytes, ties keeping
+    # their id order: "ééé<" (7 bytes) goes before "<abcde" (6)
+    from ggmlopt.io._gguf_tokenizer import BYTE_MERGES, byte_vocabulary
+    from ggmlopt.text import BPETokenizer
+    vocab = byte_vocabulary() + specials
+    types = [1] * 256 + [3] * (1 + len(specials))   # the bytes, then <|endoftext|> and ours
+    tok = BPETokenizer(vocab, list(BYTE_MERGES), token_types=types, eos_id=256)
+    back, llm = _made_vocabulary(tmp_path, tok, "bytes")
+    a, b = specials
+    for text in (a + b[1:], a[:-1] + b, f"x {a}{b} y", a + b, b + a):
+        want = llm.tokenize(text.encode(), add_bos=False, special=True)
+        assert back.encode(text, parse_special=True).tolist() == want, (specials, text)
+
+
+def test_a_sentencepiece_vocabulary_cuts_overlapping_specials_longest_first(tmp_path):
+    # a piece with a space inside ("x▁y") sends SentencePiece through the tokenizers
+    # library's whole-text path, whose added tokens match leftmost
+    from ggmlopt.spm import SPMTokenizer
+    space = "\u2581"
+    chars = [space] + list("abcdefghijklmnopqrstuvwxyzT<>|")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + chars + \
+        ["x" + space + "y", ">>T<<", "<|endoftext|>"]
+    types = [2, 3, 3] + [6] * 256 + [1] * len(chars) + [1, 3, 3]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(chars))] + [-100.0, 0.0, 0.0]
+    tok = SPMTokenizer(tokens, scores, types, bos_id=1, eos_id=2, unk_id=0)
+    back, llm = _made_vocabulary(tmp_path, tok, "spm")
+    for text in (">>T<<|endoftext|>", "ab >>T<<|endoftext|> c", "ab >>T<< c <|endoftext|> xy"):
+        want = llm.tokenize(text.encode(), add_bos=False, special=True)
+        assert back.encode(text, parse_special=True).tolist() == want, text
