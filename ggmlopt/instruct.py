@@ -98,20 +98,37 @@ def _eog_texts(tokenizer) -> tuple[str, ...]:
     return tuple(sorted(texts, key=lambda t: (-len(t), t)))
 
 
-def _turn_end(text: str, start: int, end: int, last: bool, eog_texts) -> int:
+def _content_end(text: str, start: int, stop: int, message) -> int:
+    """Where message's content, as the template wrote it, ends in text[start:stop]
+    (its text, stripped, or its answer after a reasoning block; start where none
+    is found): an end-of-generation token's text inside a reply is the reply's,
+    not the end of its turn."""
+    content = message.get("content")
+    if not isinstance(content, str):
+        return start
+    for piece in (content, content.strip(), content.rpartition("</think>")[2].strip()):
+        if piece and (at := text.find(piece, start, stop)) >= 0:
+            return at + len(piece)
+    return start
+
+
+def _turn_end(text: str, start: int, end: int, last: bool, eog_texts,
+              content_end: int | None = None) -> int:
     """Where an assistant turn rendered as text[start:end] ends in the whole text:
     with the end-of-generation token a template writes only when another message
     follows (Apertus' <|assistant_end|>), and, for the conversation's last turn,
     without what a template appends after the last message whatever it is (Command
-    R7B's next turn header after the final end-of-turn token)."""
+    R7B's next turn header after the final end-of-turn token), looked for after
+    the message's content (content_end, default start)."""
     if not last:
         for eog in eog_texts:
             if text.startswith(eog, end):
                 return end + len(eog)
         return end
     best = -1
+    after = start if content_end is None else max(start, content_end)
     for eog in eog_texts:
-        at = text.rfind(eog, start, end)
+        at = text.rfind(eog, after, end)
         if at >= 0 and at + len(eog) > best:
             best = at + len(eog)
     if best > 0 and text[best:end].strip():
@@ -145,14 +162,17 @@ def _assistant_spans(template, messages, train_on, kwargs,
         before = template.render(messages[:i], True, **kwargs)
         through = template.render(messages[:i + 1], False, **kwargs)
         if through.startswith(before) and text.startswith(through):
+            content_end = _content_end(text, len(before), len(through), messages[i])
             spans.append((len(before), _turn_end(text, len(before), len(through),
-                                                 i == len(messages) - 1, eog_texts)))
+                                                 i == len(messages) - 1, eog_texts,
+                                                 content_end)))
             continue
         # a turn rendered otherwise when another message follows it (Qwen3 drops an
         # earlier turn's reasoning, Phi-3.5 ends the conversation with its EOS): in
         # the whole text it runs from the generation prompt through its end-of-turn
         # token and the line break after it (what a turn renders when it is last)
-        end = _first_eog(text, len(before), eog_texts) if text.startswith(before) else -1
+        end = _first_eog(text, _content_end(text, len(before), len(text), messages[i]),
+                         eog_texts) if text.startswith(before) else -1
         while 0 <= end < len(text) and text[end] in "\r\n":
             end += 1
         after = messages[i + 1].get("content") if i + 1 < len(messages) else None

@@ -683,3 +683,35 @@ def test_a_turn_without_an_end_of_its_own_is_refused():
             {"role": "user", "content": "next"}, {"role": "assistant", "content": "a2"}]
     with pytest.raises(ValueError, match="renders message 1 differently"):
         go.instruct.chat_windows([chat], tok, 64)
+
+
+@pytest.mark.skipif(not _llama_cpp_templates(),
+                    reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
+@pytest.mark.parametrize("template, vocab, eog", [
+    ("Qwen-Qwen3-0.6B.jinja", "qwen2", "<|im_end|>"),
+    ("microsoft-Phi-3.5-mini-instruct.jinja", "phi-3", "<|end|>"),
+    ("llama-cpp-rwkv-world.jinja", "gpt-2", "<|endoftext|>"),
+])
+def test_an_end_of_turn_text_inside_a_reply_is_the_reply_s(template, vocab, eog):
+    # a reply that writes its model's end-of-turn token as text ("Write <|end|> after
+    # the reply") is trained whole: the turn ends after the content, not at that text
+    pytest.importorskip("tokenizers")
+    from ggmlopt.io import load_gguf_tokenizer
+    models = os.path.join(os.environ["GGMLOPT_LLAMA_CPP_SRC"], "models")
+    path = os.path.join(models, "templates", template)
+    if not os.path.isfile(path):
+        pytest.skip(f"{template} is not in this llama.cpp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = load_gguf_tokenizer(os.path.join(models, f"ggml-vocab-{vocab}.gguf"))
+    with open(path, encoding="utf-8") as f:
+        tok.chat_template = f.read()
+    reply = f"Write {eog} after the reply. That is all."
+    chat = [{"role": "user", "content": "How does a turn end?"},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "Thanks"},
+            {"role": "assistant", "content": f"Welcome. {eog} again."}]
+    _, y = go.instruct.chat_windows([chat], tok, 160)
+    runs = _labelled_runs(tok, y[0])
+    assert len(runs) == 2 and reply in runs[0] and "Welcome. " + eog + " again." in runs[1]
+    assert "Thanks" not in "".join(runs)
