@@ -32,6 +32,7 @@ from .text import (
     add_eos_flag,
     checked_ids,
     ids_around_special,
+    not_eog_beside,
 )
 
 __all__ = ["HFTokenizer", "load_hf_tokenizer"]
@@ -93,7 +94,12 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         self.add_eos = add_eos_flag(add_eos and self.eos_id is not None, self.eos_id)
         self.eot_id = self.eom_id = None
         eog = {i for i in (self.eos_id,) if i is not None}
-        eog |= {i for t in EOG_TEXTS if (i := self.token_to_id(t)) is not None}
+        by_text = {t: i for t in EOG_TEXTS if (i := self.token_to_id(t)) is not None}
+        eog |= set(by_text.values())
+        # the ones llama.cpp's loader takes out beside others (Gemma 4's </s> is a
+        # normal token), unless the checkpoint names them itself
+        eog -= {i for i in not_eog_beside(by_text, eog) if i is not None} - \
+            {self.eos_id} - {int(i) for i in eos_ids}
         # the checkpoint's own (generation_config.json's eos_token_id list: what
         # transformers' generate stops at)
         eog |= {int(i) for i in eos_ids if 0 <= int(i) < self.vocab_size}

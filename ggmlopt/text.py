@@ -230,20 +230,30 @@ def llama_cpp_special(types: Sequence[int], ids: dict[str, int], named: Iterable
         if (i := at(t)) is not None:
             control.discard(i)
             user.add(i)
-    texts = {t for t in ("<|return|>", "<|call|>", "<|calls|>", "<|flush|>", "<|end|>",
-                         "<|tool_response>", "<|plamo:eos|>", "</s>") if at(t) in eog}
-    if "<|end|>" in texts and ({"<|return|>", "<|call|>"} <= texts
-                               or {"<|calls|>", "<|flush|>"} <= texts):
-        end = ids["<|end|>"]
+    end, s = not_eog_beside(ids, eog)
+    if end is not None:
         eog.discard(end)
         control.discard(end)
         user.add(end)
-    if "</s>" in texts and texts & {"<|tool_response>", "<|plamo:eos|>"}:
-        s = ids["</s>"]
+    if s is not None:
         eog.discard(s)
         control.discard(s)
         user.discard(s)
     return control, user, eog
+
+
+def not_eog_beside(ids: dict[str, int], eog: set[int]) -> tuple[int | None, int | None]:
+    """(``<|end|>``'s id, ``</s>``'s id), each where llama.cpp's loader takes it out
+    of the end-of-generation ids eog because of the tokens beside it (else None):
+    ``<|end|>`` with o200k_harmony's return and call tokens (or calls and flush),
+    ``</s>`` with Gemma 4's ``<|tool_response>`` or PLaMo's ``<|plamo:eos|>``."""
+    texts = {t for t in ("<|return|>", "<|call|>", "<|calls|>", "<|flush|>", "<|end|>",
+                         "<|tool_response>", "<|plamo:eos|>", "</s>") if ids.get(t) in eog}
+    end = ids["<|end|>"] if "<|end|>" in texts and (
+        {"<|return|>", "<|call|>"} <= texts or {"<|calls|>", "<|flush|>"} <= texts) else None
+    s = ids["</s>"] if "</s>" in texts and texts & {"<|tool_response>", "<|plamo:eos|>"} \
+        else None
+    return end, s
 
 
 def checked_ids(ids: npt.ArrayLike, vocab_size: int) -> np.ndarray:

@@ -126,4 +126,8 @@ def test_every_vocabulary_of_llama_cpp_round_trips(tmp_path, path):
     wrong = [t for t in texts
              if auto(t, add_special_tokens=True)["input_ids"] != bos + tok.encode(t).tolist()]
     assert not wrong, f"{len(wrong)} of {len(texts)} texts differ, e.g. {wrong[0]!r}"
+    # generation stops where llama.cpp's does after the round trip too (Gemma 4's
+    # "</s>" is a normal token beside its <|tool_response>, in the HF files as in GGUF)
+    from ggmlopt.hf_tokenizer import load_hf_tokenizer
+    assert load_hf_tokenizer(tmp_path).eog_ids == tok.eog_ids
 
