@@ -392,3 +392,31 @@ def test_ranks_train_only_the_trainable_parameters_and_compare_the_frozen_ones()
 
     for _, e in run_ranks(2, mismatched):
         assert isinstance(e, ValueError) and "freeze the same parameters" in str(e)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("norm", ["q_norm", "k_norm"])
+def test_a_first_block_q_or_k_norm_trains_over_a_frozen_rest(family, norm):
+    # the q/k norms sit between the frozen projections and the attention kernel: with
+    # nothing below them training (the first block over a frozen embedding) they still
+    # need dq and dk; their gradient is the one they get when the embedding trains too
+    from ggmlopt.models import Gemma3, Gemma3Config, Qwen3, Qwen3Config
+    kw = {"vocab_size": 53, "dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+          "ffn_dim": 40, "max_seq_len": 64}
+    make = (lambda: Qwen3(Qwen3Config(**kw, head_dim=12), seed=4)) if family == "qwen3" \
+        else (lambda: Gemma3(Gemma3Config(**kw, head_dim=16), seed=7))
+    name = f"layers.0.self_attn.{norm}.weight"
+    tokens = np.random.default_rng(0).integers(0, 53, (2, 16)).astype(np.int32)
+    labels = np.roll(tokens, -1, 1)
+    labels[:, -1] = -1
+    grads = []
+    for with_embedding in (False, True):
+        model = make()
+        for n, p in model.named_parameters():
+            p.requires_grad = n == name or (with_embedding and n == "embed_tokens.weight")
+        ctx = go.OptContext(model, loss_type="cross_entropy")
+        ctx.alloc(True)
+        ctx.eval(None, inputs=tokens, labels=labels)
+        grads.append(ctx.grad_acc(dict(model.named_parameters())[name]).copy())
+    assert np.abs(grads[1]).max() > 0
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6, atol=1e-9)

@@ -256,3 +256,13 @@ def test_an_image_text_checkpoint_says_what_it_is(tmp_path):
     with pytest.raises(ValueError, match="'gemma3' is an image-text model "
                                          r"\(Gemma3ForConditionalGeneration\).*convert_hf_to_gguf"):
         load_hf(tmp_path)
+
+
+def test_a_llama_with_qkv_biases_is_refused_not_written_without_them(tmp_path):
+    # transformers' attention_bias would put a bias on o_proj as well, so a Llama
+    # config cannot hold q/k/v biases alone: a config saying false loaded without them
+    model = Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=4, max_seq_len=64,
+                              qkv_bias=True), seed=1)
+    with pytest.raises(ValueError, match="qkv_bias.*no Hugging Face Llama config.*Qwen2"):
+        save_hf(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

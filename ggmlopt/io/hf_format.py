@@ -90,6 +90,7 @@ def save_hf(model, directory, *, tokenizer=None) -> None:
         raise ValueError(f"directory: {directory!r} is a file")
     tokenizer_files = _tokenizer_files(tokenizer, model.config) if tokenizer is not None \
         else {}   # made (and checked) before anything is written
+    config = _hf_config(model)   # (a config transformers could not read is refused here)
     os.makedirs(directory, exist_ok=True)
     for name, text in tokenizer_files.items():
         with atomic_output(os.path.join(directory, name)) as tmp, \
@@ -100,7 +101,7 @@ def save_hf(model, directory, *, tokenizer=None) -> None:
     with atomic_output(os.path.join(directory, WEIGHTS)) as tmp:
         st.save_file(tensors, tmp, metadata={"format": "pt"})
     with atomic_output(os.path.join(directory, CONFIG)) as tmp, open(tmp, "w") as f:
-        json.dump(_hf_config(model), f, indent=2)
+        json.dump(config, f, indent=2)
         f.write("\n")
 
 

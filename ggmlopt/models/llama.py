@@ -186,6 +186,12 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> LlamaConfig:
 
 
 def _to_hf(cfg: LlamaConfig) -> dict[str, Any]:
+    if cfg.qkv_bias:
+        # transformers' attention_bias puts a bias on o_proj as well: a config that
+        # says false would load without the q/k/v biases (dropped as unexpected)
+        raise ValueError("model: a Llama with q/k/v biases (qkv_bias) has no Hugging Face "
+                         "Llama config (attention_bias would give o_proj one too); use a "
+                         "Qwen2, whose config.json has them")
     return {**llama_hf_config(cfg), "head_dim": cfg.head_dim, "attention_bias": False,
             "mlp_bias": False}
 
@@ -195,7 +201,7 @@ def _gguf_check(cfg: LlamaConfig) -> None:
         # llama.cpp permutes a llama's q/k rows, biases included; ggmlopt's llama reader
         # has no biases: rather than a file the two read differently, none
         raise ValueError("model: a Llama with q/k/v biases (qkv_bias) is not written as "
-                         "llama.cpp's llama; use a Qwen2 (its qwen2 architecture) or save_hf")
+                         "llama.cpp's llama; use a Qwen2 (its qwen2 architecture)")
 
 
 FAMILY = Family("llama", Llama, LlamaConfig, hf_model_type="llama",

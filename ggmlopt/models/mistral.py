@@ -45,7 +45,9 @@ class MistralConfig(LlamaConfig):
             raise ValueError(f"sliding_window: expected None or an int >= 1, got {window!r}")
         super().__post_init__()
         if self.qkv_bias:
-            raise ValueError("qkv_bias: a Mistral has no biases on its projections")
+            # (Phi3Config's check too)
+            name = type(self).__name__.removesuffix("Config")
+            raise ValueError(f"qkv_bias: a {name} has no biases on its projections")
 
     def sliding_window_of(self, layer: int) -> int | None:
         """Every layer's window: the config's sliding_window."""

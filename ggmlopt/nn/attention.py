@@ -428,7 +428,10 @@ class CausalSelfAttention(Module):
                              f"output, got {g.shape}")
         projections = (self.q_proj, self.k_proj, self.v_proj)
         need_input = bool(self.needs_input_grad)
-        need_qkv = need_input or any(_any_trains(m) for m in projections)
+        # the q/k norms (Qwen3's, Gemma 3's) sit between the projections and the
+        # kernel: one that trains needs dq and dk even when nothing below does
+        norms = tuple(m for m in (self.q_norm, self.k_norm) if m is not None)
+        need_qkv = need_input or any(_any_trains(m) for m in projections + norms)
         do = _linear_backward(self.o_proj, g.reshape(b * t, self.dim), need_qkv)
         if not need_qkv:
             return None
