@@ -334,12 +334,10 @@ def test_a_warmup_as_long_as_the_run_is_refused(files, capsys):
         capsys.readouterr().err
 
 
-def test_a_text_file_is_read_and_ordered_as_llama_finetune_does(files, monkeypatch, tmp_path):
-    # llama.cpp's -f drops one trailing line break, common_tokenize reads special
-    # tokens written in the text as text, and llama_opt_epoch trains the windows in
-    # order with the last ones validating
+def _bos_vocabulary(path):
+    """A byte-level BPE vocabulary with <s> (its BOS, added) and </s> (its EOS), 259
+    ids, written with a model of its size to the GGUF path; returns the tokenizer."""
     pytest.importorskip("tokenizers")
-    import ggmlopt as go
     from ggmlopt.io import save_gguf
     from ggmlopt.io._gguf_tokenizer import BYTE_MERGES, byte_vocabulary
     from ggmlopt.text import BPETokenizer
@@ -347,7 +345,16 @@ def test_a_text_file_is_read_and_ordered_as_llama_finetune_does(files, monkeypat
                        token_types=[1] * 256 + [3, 3, 3], bos_id=257, eos_id=258,
                        add_bos=True)
     model = Llama(LlamaConfig(vocab_size=259, dim=32, n_layers=1, n_heads=2, max_seq_len=64))
-    save_gguf(model, tmp_path / "bpe.gguf", tokenizer=tok)
+    save_gguf(model, path, tokenizer=tok)
+    return tok
+
+
+def test_a_text_file_is_read_and_ordered_as_llama_finetune_does(files, monkeypatch, tmp_path):
+    # llama.cpp's -f drops one trailing line break, common_tokenize reads special
+    # tokens written in the text as text, and llama_opt_epoch trains the windows in
+    # order with the last ones validating
+    import ggmlopt as go
+    tok = _bos_vocabulary(tmp_path / "bpe.gguf")
     from ggmlopt import instruct
     seen = {}
     real_document_ids, real_fit = instruct.document_ids, go.fit
@@ -419,15 +426,7 @@ def test_what_would_fail_after_training_is_refused_before(files, capsys, tmp_pat
         finetune.main(argv + ["--plot", str(files / "curves.txt")])
     assert "--plot: " in capsys.readouterr().err and not (files / "a.gguf").exists()
     # a tokenizer of another model: its ids (here its BOS) are not the model's
-    pytest.importorskip("tokenizers")
-    from ggmlopt.io import save_gguf
-    from ggmlopt.io._gguf_tokenizer import BYTE_MERGES, byte_vocabulary
-    from ggmlopt.text import BPETokenizer
-    tok = BPETokenizer(byte_vocabulary() + ["<s>", "</s>"], list(BYTE_MERGES),
-                       token_types=[1] * 256 + [3, 3, 3], bos_id=257, eos_id=258,
-                       add_bos=True)
-    wide = Llama(LlamaConfig(vocab_size=259, dim=32, n_layers=1, n_heads=2, max_seq_len=64))
-    save_gguf(wide, tmp_path / "vocab.gguf", tokenizer=tok)
+    _bos_vocabulary(tmp_path / "vocab.gguf")   # 259 ids, the base model has 257
     (files / "text.txt").write_text("the cat sat on the mat. " * 12)
     with pytest.raises(SystemExit) as info:
         finetune.main(["-m", str(files / "base.gguf"), "-f", str(files / "text.txt"),

@@ -37,18 +37,29 @@ FAMILIES = {
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_ours_loads_in_peft_and_back(tmp_path, family):
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    peft = pytest.importorskip("peft")
-    from ggmlopt.io import load_hf, load_peft, save_hf, save_peft
+    for needed in ("transformers", "torch", "peft"):
+        pytest.importorskip(needed)
+    from ggmlopt.io import save_hf
     make, hf_class, targets, trainable = FAMILIES[family]
     model = make()
     save_hf(model, tmp_path / "base")
     lora.apply(model, rank=4, alpha=8.0, targets=targets, trainable=trainable, seed=1)
-    _randomise_adapters(model, 2)
-    save_peft(model, tmp_path / "adapter")
+    again = _through_peft(model, tmp_path, hf_class)
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert lora.trainable_parameters(again) == lora.trainable_parameters(model)
+
+
+def _through_peft(model, tmp_path, hf_class):
+    """model's adapters (randomised) saved with save_peft beside its base (tmp_path /
+    "base"), put by PeftModel.from_pretrained on transformers' hf_class of that base
+    with model's logits, and loaded back with load_peft onto the base: that model."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from ggmlopt.io import load_hf, load_peft, save_peft
+    _randomise_adapters(model, 2)
+    save_peft(model, tmp_path / "adapter")
     hf = getattr(transformers, hf_class).from_pretrained(tmp_path / "base").eval()
     peft_model = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
     tokens = np.random.default_rng(3).integers(0, 67, (2, 12))
@@ -58,7 +69,7 @@ def test_ours_loads_in_peft_and_back(tmp_path, family):
     again = load_hf(tmp_path / "base")
     load_peft(tmp_path / "adapter", again)
     np.testing.assert_array_equal(again.forward(tokens), model.forward(tokens))
-    assert lora.trainable_parameters(again) == lora.trainable_parameters(model)
+    return again
 
 
 def test_an_adapter_peft_trained_is_the_one_ggmlopt_computes(tmp_path):
@@ -136,25 +147,14 @@ TIED = {
 def test_a_tied_embedding_trained_whole_stays_tied_in_peft(tmp_path, family):
     # one matrix trains for the input and the head: PEFT keeps its copies tied only
     # with ensure_weight_tying, and reads the head's copy from the file
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    peft = pytest.importorskip("peft")
-    from ggmlopt.io import load_hf, load_peft, save_hf, save_peft
+    for needed in ("transformers", "torch", "peft"):
+        pytest.importorskip(needed)
+    from ggmlopt.io import save_hf
     make, hf_class, embedding = TIED[family]
     model = make()
     save_hf(model, tmp_path / "base")
     lora.apply(model, rank=4, targets="all-linear", trainable=(embedding,), seed=1)
-    _randomise_adapters(model, 2)
-    save_peft(model, tmp_path / "adapter")
-    hf = getattr(transformers, hf_class).from_pretrained(tmp_path / "base").eval()
-    peft_model = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
-    tokens = np.random.default_rng(3).integers(0, 67, (2, 12))
-    want = peft_model(torch.tensor(tokens)).logits.detach().numpy()
-    np.testing.assert_allclose(model.forward(tokens), want, rtol=0,
-                               atol=1e-4 * np.abs(want).max())
-    again = load_hf(tmp_path / "base")
-    load_peft(tmp_path / "adapter", again)
-    np.testing.assert_array_equal(again.forward(tokens), model.forward(tokens))
+    _through_peft(model, tmp_path, hf_class)
 
 
 @pytest.mark.parametrize("tying", [False, True])
