@@ -99,15 +99,18 @@ def _eog_texts(tokenizer) -> tuple[str, ...]:
 
 
 def _content_end(text: str, start: int, stop: int, message) -> int:
-    """Where message's content, as the template wrote it, ends in text[start:stop]
-    (its text, stripped, or its answer after a reasoning block; start where none
-    is found): an end-of-generation token's text inside a reply is the reply's,
-    not the end of its turn."""
+    """Where message's content, as the template wrote it at the start of its turn
+    (text[start:], after whitespace at most), ends before stop: its text,
+    stripped, or its answer after a reasoning block; start where none is found
+    there.  An end-of-generation token's text inside a reply is the reply's, not
+    the end of its turn.  (The same words further on, a later turn's, are not
+    this turn's end.)"""
     content = message.get("content")
     if not isinstance(content, str):
         return start
     for piece in (content, content.strip(), content.rpartition("</think>")[2].strip()):
-        if piece and (at := text.find(piece, start, stop)) >= 0:
+        at = text.find(piece, start, stop) if piece else -1
+        if at >= 0 and not text[start:at].strip():
             return at + len(piece)
     return start
 

@@ -245,12 +245,14 @@ def llama_cpp_special(types: Sequence[int], ids: dict[str, int], named: Iterable
 def not_eog_beside(ids: dict[str, int], eog: set[int]) -> tuple[int | None, int | None]:
     """(``<|end|>``'s id, ``</s>``'s id), each where llama.cpp's loader takes it out
     of the end-of-generation ids eog because of the tokens beside it (else None):
-    ``<|end|>`` with o200k_harmony's return and call tokens (or calls and flush),
+    ``<|end|>`` with a call token (``<|call|>`` or ``<|calls|>``) and either
+    o200k_harmony's ``<|return|>`` or solar-open's ``<|flush|>``,
     ``</s>`` with Gemma 4's ``<|tool_response>`` or PLaMo's ``<|plamo:eos|>``."""
     texts = {t for t in ("<|return|>", "<|call|>", "<|calls|>", "<|flush|>", "<|end|>",
                          "<|tool_response>", "<|plamo:eos|>", "</s>") if ids.get(t) in eog}
-    end = ids["<|end|>"] if "<|end|>" in texts and (
-        {"<|return|>", "<|call|>"} <= texts or {"<|calls|>", "<|flush|>"} <= texts) else None
+    call = bool(texts & {"<|call|>", "<|calls|>"})   # llama.cpp counts either as "call"
+    end = ids["<|end|>"] if "<|end|>" in texts and call and (
+        "<|return|>" in texts or "<|flush|>" in texts) else None
     s = ids["</s>"] if "</s>" in texts and texts & {"<|tool_response>", "<|plamo:eos|>"} \
         else None
     return end, s

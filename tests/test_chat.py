@@ -715,3 +715,27 @@ def test_an_end_of_turn_text_inside_a_reply_is_the_reply_s(template, vocab, eog)
     runs = _labelled_runs(tok, y[0])
     assert len(runs) == 2 and reply in runs[0] and "Welcome. " + eog + " again." in runs[1]
     assert "Thanks" not in "".join(runs)
+
+
+@pytest.mark.skipif(not _llama_cpp_templates(),
+                    reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
+@pytest.mark.parametrize("between", ["Thanks", ""])
+def test_a_turn_s_words_again_in_a_later_turn_are_not_its_end(between):
+    # Qwen3 drops an earlier turn's (empty) reasoning; its whole content then shows up
+    # only as the start of the last answer, which is not where the earlier turn ends
+    pytest.importorskip("tokenizers")
+    from ggmlopt.io import load_gguf_tokenizer
+    models = os.path.join(os.environ["GGMLOPT_LLAMA_CPP_SRC"], "models")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = load_gguf_tokenizer(os.path.join(models, "ggml-vocab-qwen2.gguf"))
+    with open(os.path.join(models, "templates", "Qwen-Qwen3-0.6B.jinja"),
+              encoding="utf-8") as f:
+        tok.chat_template = f.read()
+    chat = [{"role": "user", "content": "Q1"},
+            {"role": "assistant", "content": "<think>\n\n</think>\n\nYes."},
+            {"role": "user", "content": between},
+            {"role": "assistant", "content": "<think>\n\n</think>\n\nYes. And more."}]
+    _, y = go.instruct.chat_windows([chat], tok, 96)
+    assert _labelled_runs(tok, y[0]) == ["Yes.<|im_end|>\n",
+                                         "<think>\n\n</think>\n\nYes. And more.<|im_end|>\n"]
