@@ -98,21 +98,42 @@ def _eog_texts(tokenizer) -> tuple[str, ...]:
     return tuple(sorted(texts, key=lambda t: (-len(t), t)))
 
 
-def _content_end(text: str, start: int, stop: int, message) -> int:
+def _content_end(text: str, start: int, stop: int, message, eog_texts=(),
+                 others=()) -> int:
     """Where message's content, as the template wrote it at the start of its turn
-    (text[start:], after whitespace at most), ends before stop: its text,
-    stripped, or its answer after a reasoning block; start where none is found
-    there.  An end-of-generation token's text inside a reply is the reply's, not
-    the end of its turn.  (The same words further on, a later turn's, are not
-    this turn's end.)"""
+    (text[start:], after whitespace or a header of the template's own), ends
+    before stop: its text, stripped, or its answer after a reasoning block; start
+    where none is found there.  An end-of-generation token's text inside a reply
+    is the reply's, not the end of its turn.  (The same words further on, a later
+    turn's, are not this turn's end: a header holds no end-of-generation text
+    and no other message's content.)"""
     content = message.get("content")
     if not isinstance(content, str):
         return start
     for piece in (content, content.strip(), content.rpartition("</think>")[2].strip()):
         at = text.find(piece, start, stop) if piece else -1
-        if at >= 0 and not text[start:at].strip():
+        if at >= 0 and _a_header(text[start:at], eog_texts, others):
             return at + len(piece)
     return start
+
+
+def _a_header(text: str, eog_texts, others) -> bool:
+    """Whether text, found between a turn's start and its content, is what the
+    template writes there (whitespace, gpt-oss' <|channel|>final<|message|>, a
+    closed think block) and not the end of the turn and the messages after it."""
+    if not text.strip():
+        return True
+    return not any(e in text for e in eog_texts) and not any(o in text for o in others)
+
+
+def _other_contents(messages, i) -> list[str]:
+    """The stripped, non-empty contents of every message but messages[i]."""
+    out = []
+    for j, m in enumerate(messages):
+        content = m.get("content")
+        if j != i and isinstance(content, str) and content.strip():
+            out.append(content.strip())
+    return out
 
 
 def _turn_end(text: str, start: int, end: int, last: bool, eog_texts,
@@ -164,8 +185,10 @@ def _assistant_spans(template, messages, train_on, kwargs,
     for i in turns:
         before = template.render(messages[:i], True, **kwargs)
         through = template.render(messages[:i + 1], False, **kwargs)
+        others = _other_contents(messages, i)
         if through.startswith(before) and text.startswith(through):
-            content_end = _content_end(text, len(before), len(through), messages[i])
+            content_end = _content_end(text, len(before), len(through), messages[i],
+                                       eog_texts, others)
             spans.append((len(before), _turn_end(text, len(before), len(through),
                                                  i == len(messages) - 1, eog_texts,
                                                  content_end)))
@@ -174,13 +197,18 @@ def _assistant_spans(template, messages, train_on, kwargs,
         # earlier turn's reasoning, Phi-3.5 ends the conversation with its EOS): in
         # the whole text it runs from the generation prompt through its end-of-turn
         # token and the line break after it (what a turn renders when it is last)
-        end = _first_eog(text, _content_end(text, len(before), len(text), messages[i]),
-                         eog_texts) if text.startswith(before) else -1
+        content_end = _content_end(text, len(before), len(text), messages[i], eog_texts, others)
+        end = _first_eog(text, content_end, eog_texts) if text.startswith(before) else -1
+        after = messages[i + 1].get("content") if i + 1 < len(messages) else None
+        if isinstance(after, str) and after.strip() and end >= 0:
+            # the next message found before that end-of-turn token: the token is
+            # the next message's, this turn has none of its own (the same words
+            # inside this turn's own content are its own)
+            at = text.find(after.strip(), content_end, end)
+            if at >= 0 and at + len(after.strip()) <= end:
+                end = -1
         while 0 <= end < len(text) and text[end] in "\r\n":
             end += 1
-        after = messages[i + 1].get("content") if i + 1 < len(messages) else None
-        if isinstance(after, str) and after and after in text[len(before):end]:
-            end = -1   # that end-of-turn token is the next message's: no end of its own
         if end < 0:
             raise ValueError(f"the chat template renders message {i} differently depending on "
                              "what follows it, so its assistant text cannot be told apart; use "

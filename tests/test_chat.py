@@ -632,6 +632,48 @@ def test_turns_rendered_otherwise_when_followed_end_at_their_end_of_turn():
     assert _labelled_runs(tok, y[0]) == ["a1<|im_end|>\n", "<think>r2</think>a2<|im_end|>\n"]
 
 
+@pytest.mark.parametrize("after", ["Hello", "o", "\n", "there, nice"])
+def test_the_next_message_s_words_inside_a_turn_are_the_turn_s(after):
+    # a turn rendered otherwise when followed, whose text holds the next message's
+    # ("Hello there" answered by "Hello"): both turns train, none is refused
+    tok = _ImEnd(chat_template=DROPS_EARLIER_THOUGHTS)
+    chat = [{"role": "user", "content": "Greet me"},
+            {"role": "assistant", "content": "<think>r1</think>Hello there, nice to meet you."},
+            {"role": "user", "content": after},
+            {"role": "assistant", "content": "<think>r2</think>Hi again."}]
+    _, y = go.instruct.chat_windows([chat], tok, 160)
+    assert _labelled_runs(tok, y[0]) == ["Hello there, nice to meet you.<|im_end|>\n",
+                                         "<think>r2</think>Hi again.<|im_end|>\n"]
+
+
+# gpt-oss' way: a header of the template's own between the turn's start and its
+# content, and an earlier turn's reasoning dropped
+HEADER_THEN_CONTENT = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' %}<|channel|>final<|message|>"
+    "{% if not loop.last %}{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}"
+    "{% endif %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template", [HEADER_THEN_CONTENT, HEADER_THEN_CONTENT.replace(
+    "{% if not loop.last %}{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}"
+    "{% endif %}", "{{ m.content }}")], ids=["rendered-otherwise", "prefix-consistent"])
+def test_an_end_of_turn_text_after_a_header_is_the_reply_s(template):
+    # the content found after the template's header, not only at the turn's start:
+    # the end-of-turn text inside it is not where the turn ends
+    tok = _ImEnd(chat_template=template)
+    chat = [{"role": "user", "content": "How does a turn end?"},
+            {"role": "assistant", "content": "<think>r</think>Write <|im_end|> after it. Done."},
+            {"role": "user", "content": "Thanks"},
+            {"role": "assistant", "content": "Welcome, <|im_end|> again."}]
+    _, y = go.instruct.chat_windows([chat], tok, 256)
+    runs = _labelled_runs(tok, y[0])
+    assert runs[-1] == "<|channel|>final<|message|>Welcome, <|im_end|> again.<|im_end|>\n"
+    assert len(runs) == 2 and runs[0].endswith("Write <|im_end|> after it. Done.<|im_end|>\n")
+    assert "Thanks" not in "".join(runs)
+
+
 @pytest.mark.skipif(not _llama_cpp_templates(),
                     reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
 @pytest.mark.parametrize("template, vocab, want", [
