@@ -133,6 +133,38 @@ def test_refusals_leave_the_model_unchanged(tmp_path):
     assert not lora.named_adapters(model)
 
 
+def _frozen_flags(model):
+    return {n: p.requires_grad for n, p in model.named_parameters()}
+
+
+def test_bad_values_are_refused_before_any_layer_changes(tmp_path):
+    # the embedding's adapter (no dropout of its own) comes first: a dropout, an
+    # alpha or a rank that fails the checks must not leave it, or the freeze, behind
+    from ggmlopt.io import load_gguf_lora, load_peft, save_gguf_lora, save_peft
+    source = FAMILIES["llama"][0]()
+    lora.apply(source, rank=4, targets=("embed_tokens", "q_proj", "v_proj"), seed=0)
+    save_peft(source, tmp_path / "a")
+    save_gguf_lora(source, tmp_path / "a.gguf")
+    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    model = FAMILIES["llama"][0]()
+    flags = _frozen_flags(model)
+    for call, kind, match in [
+            (lambda: load_peft(tmp_path / "a", model, dropout=1.5), ValueError, "dropout"),
+            (lambda: load_peft(tmp_path / "a", model, dropout="0.1"), TypeError, "dropout"),
+            (lambda: load_gguf_lora(tmp_path / "a.gguf", model, dropout=-1), ValueError,
+             "dropout")]:
+        with pytest.raises(kind, match=match):
+            call()
+        assert not lora.named_adapters(model) and _frozen_flags(model) == flags
+    for edit, match in [({"alpha_pattern": {"v_proj": 0}}, "alpha_pattern for .*v_proj"),
+                        ({"lora_alpha": None}, "lora_alpha"), ({"r": "4"}, "'s r: expected an int"),
+                        ({"lora_dropout": 2.0}, "lora_dropout")]:
+        (tmp_path / "a" / "adapter_config.json").write_text(json.dumps({**config, **edit}))
+        with pytest.raises(ValueError, match=match):
+            load_peft(tmp_path / "a", model)
+        assert not lora.named_adapters(model) and _frozen_flags(model) == flags
+
+
 TIED = {
     "llama": (lambda: Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=4,
                                         n_kv_heads=2, ffn_dim=48, max_seq_len=64,

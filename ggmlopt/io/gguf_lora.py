@@ -24,6 +24,7 @@ from ..lora import (
     LoRAEmbedding,
     LoRALinear,
     _adaptable,
+    _dropout_arg,
     _replace,
     freeze_all_but_adapters,
     named_adapters,
@@ -273,6 +274,7 @@ def load_gguf_lora(path, model, *, dropout=0.0
     FileNotFoundError for a missing file.  On any error the model is unchanged.
     """
     config = _llama_config(model)
+    dropout = _dropout_arg(dropout)   # checked before any layer changes
     path = input_path(path)
     gguf = _gguf()
     arch = _arch(model)
@@ -292,7 +294,7 @@ def load_gguf_lora(path, model, *, dropout=0.0
         rank = a.shape[0]
         n_in, n_out = (layer.num_embeddings, layer.embedding_dim) \
             if isinstance(layer, EMBEDDINGS) else (layer.in_features, layer.out_features)
-        if a.shape[1] != n_in or b.shape[0] != n_out:
+        if rank < 1 or a.shape[1] != n_in or b.shape[0] != n_out:
             raise ValueError(f"path: {path!r}: {name}'s adapter is lora_a {a.shape}, lora_b "
                              f"{b.shape}; the model's layer needs (rank, {n_in}) and "
                              f"({n_out}, rank)")

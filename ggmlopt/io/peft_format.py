@@ -30,6 +30,9 @@ from ..lora import (
     LoRAEmbedding,
     LoRALinear,
     _adaptable,
+    _alpha_arg,
+    _dropout_arg,
+    _rank_arg,
     _replace,
     freeze_all_but_adapters,
     named_adapters,
@@ -229,6 +232,15 @@ def _pattern_value(patterns: dict | None, hf_name: str, default):
     return default
 
 
+def _config_value(value, path, key: str, check):
+    """check(value) (lora's argument checks), its error naming the config's key."""
+    try:
+        return check(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: adapter_config.json's {key}: "
+                         f"{str(e).partition(': ')[2] or e}") from None
+
+
 def load_peft(directory, model, *, dropout: float | None = None
               ) -> list[tuple[str, LoRALinear | LoRAEmbedding]]:
     """Put a PEFT LoRA adapter (save_peft's, or ``PeftModel.save_pretrained``'s)
@@ -296,8 +308,10 @@ def load_peft(directory, model, *, dropout: float | None = None
             raise ValueError(f"{path}: modules_to_save tensor {name!r} "
                              f"{tuple(value.shape)} fits no parameter of the model"
                              + ("" if p is None else f" (it is {want})"))
-    rate = float(config.get("lora_dropout") or 0.0) if dropout is None else dropout
-    default_rank, default_alpha = int(config.get("r", 8)), float(config.get("lora_alpha", 8))
+    rate = _config_value(config.get("lora_dropout") or 0.0, path, "lora_dropout", _dropout_arg) \
+        if dropout is None else _dropout_arg(dropout)
+    default_rank = _config_value(config.get("r", 8), path, "r", _rank_arg)
+    default_alpha = _config_value(config.get("lora_alpha", 8), path, "lora_alpha", _alpha_arg)
     made = []
     for name, pair in pairs.items():
         if set(pair) != {"lora_A", "lora_B"}:
@@ -311,10 +325,12 @@ def load_peft(directory, model, *, dropout: float | None = None
             raise ValueError(f"{path}: {name}'s adapter is A {a.shape}, B {b.shape}; the "
                              f"model's layer needs (rank, {n_in}) and ({n_out}, rank)")
         hf = _hf_name(model, name)
-        alpha = float(_pattern_value(config.get("alpha_pattern"), hf, default_alpha))
-        if rank != int(_pattern_value(config.get("rank_pattern"), hf, default_rank)):
-            raise ValueError(f"{path}: {name}'s tensors have rank {rank}, the config says "
-                             f"{_pattern_value(config.get('rank_pattern'), hf, default_rank)}")
+        alpha = _config_value(_pattern_value(config.get("alpha_pattern"), hf, default_alpha),
+                              path, f"alpha_pattern for {hf}", _alpha_arg)
+        want = _config_value(_pattern_value(config.get("rank_pattern"), hf, default_rank),
+                             path, f"rank_pattern for {hf}", _rank_arg)
+        if rank != want:
+            raise ValueError(f"{path}: {name}'s tensors have rank {rank}, the config says {want}")
         if config.get("use_rslora"):
             alpha *= math.sqrt(rank)   # alpha / sqrt(r) as ggmlopt's alpha / r
         made.append((name, a, b, rank, alpha))
