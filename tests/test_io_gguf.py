@@ -286,6 +286,39 @@ def test_a_corrupt_file_is_not_called_truncated(tmp_path):
         load_gguf(tmp_path / "c.gguf", m)
 
 
+def _tensor_info_at(data: bytes, name: str) -> int:
+    """Where the tensor info of name starts (its name's length) in a GGUF header."""
+    raw = name.encode()
+    return data.index(len(raw).to_bytes(8, "little") + raw)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d, at: d.__setitem__(slice(4, 8), (1).to_bytes(4, "little")), "version 1"),
+    (lambda d, at: d.__setitem__(slice(4, 8), (4).to_bytes(4, "little")), "version 4"),
+    # the first tensor's type F32 -> F16: the next one no longer starts where it says
+    (lambda d, at: d.__setitem__(slice(at + 8 + 8 + 4 + 16, at + 8 + 8 + 4 + 20),
+                                 (1).to_bytes(4, "little")), "'0.bias' has offset 64, expected 32"),
+    (lambda d, at: d.__setitem__(slice(at + 8 + 8 + 4 + 20, at + 8 + 8 + 4 + 28),
+                                 (32).to_bytes(8, "little")), "'0.weight' has offset 32, expected 0"),
+    (lambda d, at: d.__setitem__(slice(at + 16, at + 20), (5).to_bytes(4, "little")),
+     "'0.weight' has 5 dimensions"),
+    (lambda d, at: d.__setitem__(slice(at + 16, at + 20), (0).to_bytes(4, "little")),
+     "'0.weight' has unknown type"),
+])
+def test_a_header_gguf_cpp_refuses_is_refused(tmp_path, edit, match):
+    # what llama.cpp's reader refuses (gguf.cpp) is refused here, not read as garbage
+    m = Sequential(Linear(4, 3, rng=0))
+    path = tmp_path / "h.gguf"
+    save_gguf(m, path)   # tensors 0.weight (3, 4) F32 at 0, 0.bias at 64
+    data = bytearray(path.read_bytes())
+    edit(data, _tensor_info_at(bytes(data), "0.weight"))
+    path.write_bytes(bytes(data))
+    before = params(m)
+    with pytest.raises(ValueError, match=match):
+        load_gguf(path, m)
+    assert_unchanged(m, before)
+
+
 def test_foreign_file(tmp_path):
     path = tmp_path / "x.gguf"
     path.write_bytes(b"PK\x03\x04" + bytes(100))

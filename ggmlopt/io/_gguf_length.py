@@ -29,10 +29,12 @@ class _Corrupt(Exception):
 
 
 class _Cursor:
-    def __init__(self, f, order: str):
-        self.f, self.order, self.pos = f, order, 0
+    def __init__(self, f, order: str, size: int):
+        self.f, self.order, self.pos, self.size = f, order, 0, size
 
     def take(self, n: int, what: str) -> bytes:
+        if self.pos + n > self.size:   # never read (allocate) more than the file has
+            raise _Short(self.pos + n, what)
         raw = self.f.read(n)
         if len(raw) < n:
             raise _Short(self.pos + n, what)
@@ -70,7 +72,7 @@ def _value(c: _Cursor, vtype: int, what: str):
 
 def _needed(f, size: int, quant_sizes) -> int:
     """The bytes the file at f needs, raising _Short where its header ends early."""
-    c = _Cursor(f, "<")
+    c = _Cursor(f, "<", size)
     if c.take(4, "magic") != _MAGIC:
         raise _Corrupt
     version = c.scalar("I", "version")
@@ -89,18 +91,18 @@ def _needed(f, size: int, quant_sizes) -> int:
     for i in range(ntensors):
         c.string(f"tensor info {i}")
         ndim = c.scalar("I", f"tensor info {i}")
-        if ndim > 8:
+        if ndim > 4:
             raise _Corrupt
         ne = [c.scalar("Q", f"tensor info {i}") for _ in range(ndim)]
         ttype = c.scalar("I", f"tensor info {i}")
+        if ttype not in quant_sizes:   # a misread header, not a short file: the reader says
+            raise _Corrupt
         offset = c.scalar("Q", f"tensor info {i}")
         tensors.append((ne, ttype, offset))
     data_start = -(-c.pos // alignment) * alignment
     # a file of no tensors (llama.cpp's vocabulary files) ends with its header, unpadded
     end = data_start if tensors else c.pos
     for ne, ttype, offset in tensors:
-        if ttype not in quant_sizes:
-            raise _Corrupt
         block, type_size = quant_sizes[ttype]
         nelements = 1
         for n in ne:

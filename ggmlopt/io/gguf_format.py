@@ -27,6 +27,7 @@ from ._files import atomic_output, input_path, output_path
 from ._gguf_common import dtype_arg, gguf_module, metadata_items, refuse_adapter_file, stored
 from ._gguf_length import gguf_truncation
 from .ggml_mnist import MNIST_ARCHS, GgmlTensor
+from .gguf_reader import GgufFile
 from .torch_layout import TorchTensor, assign_torch_arrays, torch_tensors
 
 __all__ = ["GENERIC_ARCH", "load_gguf", "save_gguf"]
@@ -169,6 +170,13 @@ class _GgufContents:
         short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
         if short is not None:
             raise ValueError(f"path: {path!r} is a truncated GGUF file ({short})")
+        # what gguf.cpp refuses (a version, a shape, a tensor's offset), which
+        # GGUFReader reads as garbage
+        try:
+            GgufFile(path)
+        except ValueError as e:
+            why = str(e).removeprefix(f"path: {path!r}").lstrip(": ")
+            raise ValueError(f"path: {path!r} is not a valid GGUF file ({why})") from None
         try:
             reader = gguf.GGUFReader(path)
             self.fields = {name: _field_value(field, gguf)

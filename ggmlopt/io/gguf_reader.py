@@ -10,6 +10,7 @@ then the data at the alignment (``general.alignment``, default 32).
 """
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from typing import Any, Literal, NamedTuple
@@ -67,6 +68,10 @@ class GgufFile:
         version = struct.unpack_from("<I", buf, 4)[0]
         if version & 0xFFFF == 0:
             order = ">"
+            version = struct.unpack_from(">I", buf, 4)[0]
+        if version not in (2, 3):   # as gguf.cpp: v1 counts in 32 bits, v4 is unknown
+            raise ValueError(f"path: {self.path!r} is GGUF version {version}; GGUF files "
+                             "of versions 2 and 3 are read")
         ntensors, nkv = struct.unpack_from(order + "QQ", buf, 8)
         pos = 24
         u64 = struct.Struct(order + "Q")
@@ -103,17 +108,23 @@ class GgufFile:
         field_types: dict[str, tuple[int, int | None]] = {}
         for _ in range(nkv):
             key, pos = string(pos)
+            if key in fields:
+                raise ValueError(f"path: {self.path!r}: key {key!r} appears twice")
             vtype = u32.unpack_from(buf, pos)[0]
             item = u32.unpack_from(buf, pos + 4)[0] if vtype == _ARRAY else None
             field_types[key] = (vtype, item)
             fields[key], pos = value(vtype, pos + 4)
         sizes = {int(k): v for k, v in gguf.GGML_QUANT_SIZES.items()}
         names = {int(t): t.name for t in gguf.GGMLQuantizationType}
-        infos = []
+        infos: list[TensorInfo] = []
+        seen: set[str] = set()
         for _ in range(ntensors):
             name, pos = string(pos)
             ndim = u32.unpack_from(buf, pos)[0]
-            ne = struct.unpack_from(order + "Q" * ndim, buf, pos + 4)
+            if ndim > 4:   # GGML_MAX_DIMS
+                raise ValueError(f"path: {self.path!r}: tensor {name!r} has {ndim} "
+                                 "dimensions; at most 4 are valid")
+            ne = struct.unpack_from(order + "q" * ndim, buf, pos + 4)
             pos += 4 + 8 * ndim
             ttype = u32.unpack_from(buf, pos)[0]
             offset = u64.unpack_from(buf, pos + 4)[0]
@@ -122,13 +133,32 @@ class GgufFile:
                 raise ValueError(f"path: {self.path!r}: tensor {name!r} has unknown type "
                                  f"{ttype}")
             block, type_size = sizes[ttype]
-            count = int(np.prod(ne, dtype=np.int64)) if ne else 1
+            count = math.prod(ne)
+            if min(ne, default=0) < 0 or count >= 1 << 63:
+                raise ValueError(f"path: {self.path!r}: tensor {name!r} has an invalid "
+                                 f"shape {ne}")
+            if (ne[0] if ne else 1) % block:
+                raise ValueError(f"path: {self.path!r}: tensor {name!r} of type "
+                                 f"{names.get(ttype, ttype)} has rows of {ne[0] if ne else 1} "
+                                 f"values, not a multiple of its block of {block}")
+            if name in seen:
+                raise ValueError(f"path: {self.path!r}: tensor {name!r} appears twice")
+            seen.add(name)
             infos.append(TensorInfo(name, tuple(int(n) for n in ne), ttype,
                                     names.get(ttype, str(ttype)), offset,
                                     count // block * type_size))
         alignment = fields.get("general.alignment", 32)
-        if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
-            alignment = 32
+        if "general.alignment" in fields and (field_types["general.alignment"][0] != 4
+                                              or alignment < 1 or alignment & (alignment - 1)):
+            raise ValueError(f"path: {self.path!r}: general.alignment must be a power of 2 "
+                             f"stored as uint32, got {alignment!r}")
+        # each tensor where gguf.cpp expects it: right after the one before, padded
+        expected = 0
+        for t in infos:
+            if t.offset != expected:
+                raise ValueError(f"path: {self.path!r}: tensor {t.name!r} has offset "
+                                 f"{t.offset}, expected {expected}")
+            expected += -(-t.nbytes // alignment) * alignment
         self.data_start = -(-pos // alignment) * alignment
         self.fields = fields
         self.field_types = field_types
