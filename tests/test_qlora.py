@@ -77,6 +77,19 @@ def test_quantized_linear_bias_and_bad_input():
         q(np.ones((2, 31), np.float32))
 
 
+@pytest.mark.parametrize("rows", [3, 37])   # the direct path and the panels
+def test_kept_layers_take_rows_apart_in_memory(rows):
+    # a column slice (rows 128 floats apart), as a Linear takes it
+    rng = np.random.default_rng(rows)
+    q = quantized_linear(Linear(64, 8, bias=False, rng=0), "Q8_0")
+    emb = QuantizedEmbedding(q.qweight, "Q8_0", 8, 64)
+    x = rng.standard_normal((rows, 128)).astype(np.float32)[:, ::2]
+    w = q.dequantize()
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    for got in (q(x), lora.LoRALinear(q, 2, 4.0, rng=0)(x), emb.project(x)):
+        assert (np.abs(got - exact) <= product_bound(x, w)).all()
+
+
 def test_quantized_embedding_gathers_and_projects():
     rng = np.random.default_rng(4)
     table = rng.standard_normal((50, 64)).astype(np.float32)

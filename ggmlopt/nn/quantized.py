@@ -61,8 +61,9 @@ def rows_times_transpose(x2, qtype, qweight, out, activations="f32"):
     """out (n, nrows) = x2 (n, ncols) times the transpose of qweight's rows
     (a Linear's x W with W = rows^T; the tied head's h E^T); activations: as
     kernels_quant.matmul's, for products of few rows (more go through panels)."""
-    if x2.shape[0] <= FEW_ROWS:
-        return kernels_quant.matmul(x2, qtype, qweight, out=out, activations=activations)
+    if x2.shape[0] <= FEW_ROWS:   # the block kernel reads rows of contiguous values
+        return kernels_quant.matmul(np.ascontiguousarray(x2), qtype, qweight, out=out,
+                                    activations=activations)
     for r0, r1, panel in _panels(qtype, qweight, x2.shape[1]):
         gemm.matmul(x2, panel.T, out[:, r0:r1])
     return out
