@@ -155,7 +155,14 @@ def _floats_per_token(module) -> tuple[int, int]:
     if isinstance(module, LoRALinear):
         # the output and the adapter's path (rank wide: t, its transpose, u); the
         # input gradient and the adapter's share of it in the backward pass
-        return (module.out_features + 3 * module.rank, 2 * module.in_features)
+        kept, backward = module.out_features + 3 * module.rank, 2 * module.in_features
+        if module.lora_dropout.p > 0.0:
+            # the dropout's buffers, kept from step to step: its mask, the dropped
+            # input, the gradient through the mask (float32) and the kept flags
+            # (bool); the adapter's input gradient before the mask in the backward
+            kept += -(-13 * module.in_features // 4)
+            backward += module.in_features
+        return (kept, backward)
     if isinstance(module, (Linear, QuantizedLinear)):
         return (module.out_features, module.in_features)
     if isinstance(module, (RMSNorm, LayerNorm)):

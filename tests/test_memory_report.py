@@ -68,7 +68,7 @@ from ggmlopt.models import Llama, LlamaConfig
 cfg, b, t, how = json.loads(sys.argv[1])
 model = Llama(LlamaConfig(**cfg), seed=0)
 if "lora" in how:
-    lora.apply(model, rank=8, targets="all-linear")
+    lora.apply(model, rank=8, targets="all-linear", dropout=0.1 if "dropout" in how else 0.0)
 if "checkpointing" in how:
     model.gradient_checkpointing_enable()
 precision = "bf16" if "bf16" in how else "f32"
@@ -96,6 +96,7 @@ MEDIUM = {"vocab_size": 16000, "dim": 384, "n_layers": 6, "n_heads": 6, "n_kv_he
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="VmHWM: Linux's /proc")
 @pytest.mark.parametrize("b,t,how", [(2, 256, "full"), (1, 1024, "checkpointing"),
                                      (2, 512, "lora"), (1, 1024, "fit-lora"),
+                                     (2, 512, "lora-dropout"),
                                      (2, 512, "lora-bf16"), (2, 256, "full-bf16")])
 def test_the_estimate_is_within_15_percent_of_the_measured_peak(b, t, how):
     if "bf16" in how and not gemm.bf16_support()[0]:
