@@ -130,6 +130,9 @@ _FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.see
                  "fit.shuffle")
 # fit's run_info: JSON of what else identifies the run (a resume compares it key by key)
 _FIT_RUN_INFO = "fit.run_info"
+# fit's model: JSON of what the trainable parameters' names and shapes leave open
+# (an adapter's alpha and dropout, the type a frozen base is kept in), per layer
+_FIT_MODEL = "fit.model"
 _INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_KEYS
                       + ("fit.step",))
 _STR_KEYS = frozenset(("format", "rng_state", "optimizer_name"))
@@ -555,7 +558,7 @@ def split_fit_entries(sd: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     ctx_sd = {k: v for k, v in sd.items() if not k.startswith("fit.")}
     fit_sd = {k: v for k, v in sd.items() if k.startswith("fit.")}
     unknown = sorted(set(fit_sd) - set(_FIT_KEYS) - set(_FIT_RUN_KEYS) - set(_FIT_STEP_KEYS)
-                     - {_FIT_RUN_INFO})
+                     - {_FIT_RUN_INFO, _FIT_MODEL})
     if unknown:
         raise ValueError(f"checkpoint: unexpected entries {unknown}")
     return ctx_sd, fit_sd
@@ -795,7 +798,8 @@ class FitCheckpoint:
 
     def __init__(self, path: Any, ndata: int, nbatch_logical: int, nbatch_physical: int,
                  idata_split: int, run: Mapping[str, int] | None = None,
-                 run_info: Mapping[str, Any] | None = None) -> None:
+                 run_info: Mapping[str, Any] | None = None,
+                 model_info: Mapping[str, str] | None = None) -> None:
         try:
             self.path = os.fspath(path)
         except TypeError:
@@ -816,6 +820,7 @@ class FitCheckpoint:
                        "fit.nbatch_physical": nbatch_physical, "fit.idata_split": idata_split}
         self.run = dict(run or {})
         self.run_info = run_info_arg(run_info)
+        self.model_info = dict(model_info or {})
 
     def exists(self) -> bool:
         """Whether the checkpoint file exists."""
@@ -865,6 +870,8 @@ class FitCheckpoint:
         except (ValueError, TypeError) as e:
             raise type(e)(f"model or {where} do not match: {e}") from None
         try:
+            # after the parameters' names and shapes, which say more where they differ
+            self._check_model_info(fit_sd)
             self._check_run(fit_sd, ("fit.seed",))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
@@ -930,6 +937,24 @@ class FitCheckpoint:
                                  f"{saved[key]!r}, this fit has {key}={want!r}; resume only "
                                  f"the same run")
 
+    def _check_model_info(self, fit_sd: Mapping[str, Any]) -> None:
+        """Refuse a checkpoint of a model whose layers differ from this one's where
+        the parameters' names and shapes do not tell (a checkpoint written before
+        fit recorded it is not checked)."""
+        if _FIT_MODEL not in fit_sd:
+            return
+        try:
+            saved = json.loads(str(fit_sd[_FIT_MODEL]))
+        except ValueError:
+            saved = None
+        if not isinstance(saved, dict):
+            raise ValueError(f"{_FIT_MODEL}: not a JSON object")  # noqa: TRY004 (a file)
+        for name in sorted(set(saved) | set(self.model_info)):
+            was, now = saved.get(name, "float32"), self.model_info.get(name, "float32")
+            if was != now:
+                raise ValueError(f"{_FIT_MODEL}: the checkpoint's model has {name}: {was}, "
+                                 f"this model has {now}; resume the same model")
+
     def save(self, ctx: OptContext, dataset: Dataset, epoch: int,
              history_rows: list[tuple[float, ...]], step: int = 0,
              train_totals: tuple[float, ...] | None = None,
@@ -943,6 +968,8 @@ class FitCheckpoint:
         sd.update(self.run)
         if self.run_info:
             sd[_FIT_RUN_INFO] = json.dumps(self.run_info, sort_keys=True)
+        if self.model_info:
+            sd[_FIT_MODEL] = json.dumps(self.model_info, sort_keys=True)
         sd["fit.epoch"] = int(epoch)
         sd["fit.permutation"] = np.asarray(dataset.permutation, dtype=np.int64)
         sd["fit.history"] = np.array(history_rows, dtype=np.float64).reshape(
@@ -957,6 +984,26 @@ class FitCheckpoint:
             ctx.distributed.save(self.path, sd, save_state)
         else:
             save_state(self.path, sd)
+
+
+def model_info(model) -> dict[str, str]:
+    """Per layer, what a checkpoint of model's trainable parameters does not hold:
+    a LoRA adapter's rank, alpha, dropout and base type ("LoRA rank=8
+    alpha=16.0 dropout=0.1 over Q8_0"), a frozen layer kept in its file's type
+    ("kept Q4_K"); float32 layers are not listed."""
+    from .lora import named_adapters
+    from .nn.module import named_modules
+    info = {}
+    for name, layer in named_adapters(model):
+        dropout = getattr(getattr(layer, "lora_dropout", None), "p", 0.0)
+        base = getattr(getattr(layer, "_base", None), "qtype", None) or "float32"
+        info[name] = (f"LoRA rank={layer.rank} alpha={layer.alpha!r} dropout={dropout!r} "
+                      f"over {base}")
+    for name, module in named_modules(model):
+        qtype = getattr(module, "qtype", None)
+        if isinstance(qtype, str) and name not in info:
+            info[name] = f"kept {qtype}"
+    return info
 
 
 def fit_seed_id(seed: Any) -> int:

@@ -15,7 +15,7 @@ from ._args import enum_arg
 from ._blas_threads import blas_threads_setting
 from ._fit_loop import FitLoop
 from ._fit_plan import FitPlan
-from .checkpoint import FitCheckpoint, fit_seed_id, parameter_names, run_info_arg
+from .checkpoint import FitCheckpoint, fit_seed_id, model_info, parameter_names, run_info_arg
 from .context import OptContext, checks_before_taking
 from .dataset import Dataset
 from .epoch_loop import EpochCallback, check_dataset, epoch, label_form
@@ -102,6 +102,9 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     a key another value is refused (ValueError naming the key and both values);
     keys only one side has are not compared.  With comm, give every rank the
     same run_info (rank 0 writes its own, and every rank compares with it).
+    The checkpoint also records each LoRA adapter's rank, alpha and dropout and
+    the type each frozen layer is kept in (checkpoint.model_info): a resume
+    into a model that differs there is refused too.
 
     The model's ``training`` flag follows each eval (see ggmlopt.nn.module); fit
     leaves it in eval mode (training False) on every exit, also when it raises or
@@ -191,7 +194,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                                  # whether this fit shuffles at all (a checkpoint
                                  # without the entry was written by one that did
                                  # whenever nbatch_logical < ndata)
-                                 "fit.shuffle": int(plan.shuffle_all)}, run_info)
+                                 "fit.shuffle": int(plan.shuffle_all)}, run_info,
+                             model_info(model))
         if not resume and ckpt.exists():
             warnings.warn(f"checkpoint: {ckpt.path!r} exists and will be overwritten after the "
                           "first epoch (resume=False); pass resume=True to continue from it",

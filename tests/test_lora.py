@@ -381,6 +381,36 @@ def test_a_resumed_lora_fit_is_bit_exact(tmp_path):
         np.testing.assert_array_equal(p.data, q.data, err_msg=n)
 
 
+@pytest.mark.parametrize("change, match", [
+    ({"alpha": 4.0}, (r"self_attn\.\w_proj: LoRA rank=4 alpha=8.0 dropout=0.0 over float32, "
+                      r"this model has LoRA rank=4 alpha=4.0")),
+    ({"dropout": 0.1}, "dropout=0.1 over float32; resume the same model"),
+])
+def test_a_resume_into_other_adapters_of_the_same_shapes_is_refused(tmp_path, change, match):
+    # alpha and dropout leave the adapters' names and shapes as they are: the
+    # checkpoint says what they were, and another value is another run
+    x, y = _tokens(n=16)
+    pars = go.OptimizerParams(go.AdamWParams(alpha=1e-2))
+
+    def adapted(**options):
+        model = Llama(CFG, seed=2)
+        lora.apply(model, **{"rank": 4, "alpha": 8.0, "seed": 0, **options})
+        return model
+
+    def run(model, nepoch):
+        go.fit(model, go.Dataset.from_arrays(x, y), go.LossType.CROSS_ENTROPY,
+               lambda ep: pars, nepoch=nepoch, nbatch_logical=8, silent=True, seed=3,
+               checkpoint=str(tmp_path / "c.npz"), resume=nepoch > 1)
+
+    run(adapted(), 1)
+    other = adapted(**change)
+    before = [p.data.copy() for p in other.parameters()]
+    with pytest.raises(ValueError, match=match):
+        run(other, 2)
+    assert all(np.array_equal(p.data, b) for p, b in zip(other.parameters(), before))
+    run(adapted(), 2)   # the same adapters resume
+
+
 def test_safetensors_of_an_adapted_model_are_in_torch_layout(tmp_path):
     safetensors = pytest.importorskip("safetensors.numpy")
     model = Llama(CFG, seed=6)
