@@ -6,6 +6,8 @@ import enum
 import numbers
 from typing import Literal, TypeVar, overload
 
+import numpy as np
+
 E = TypeVar("E", bound=enum.IntEnum)
 
 
@@ -23,6 +25,21 @@ def int_arg(value: object, name: str, minimum: int, allow_none: bool = False) ->
     if value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
     return int(value)
+
+
+@overload
+def bool_arg(value: object, name: str, allow_none: Literal[False] = ...) -> bool: ...
+@overload
+def bool_arg(value: object, name: str, allow_none: bool) -> bool | None: ...
+def bool_arg(value: object, name: str, allow_none: bool = False) -> bool | None:
+    """value as a bool (a Python or NumPy bool; None passes through when
+    allow_none): a string such as "no" is refused, not taken as true."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool{' or None' if allow_none else ''}, got "
+                        f"{type(value).__name__}")
+    return bool(value)
 
 
 def enum_arg(value: object, enum_cls: type[E], name: str) -> E:

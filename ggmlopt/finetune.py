@@ -21,6 +21,7 @@ is refused, naming what differs.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
@@ -173,14 +174,16 @@ def _problems(args) -> list[str]:
     if args.optimizer_in_backward and args.micro_batch not in (None, args.batch):
         bad.append(f"--optimizer-in-backward: steps once per physical batch; expected "
                    f"--micro-batch {args.batch} (or none), got {args.micro_batch}")
-    if not args.lr > 0:
-        bad.append(f"--lr: expected > 0, got {args.lr}")
+    if not 0 < args.lr < math.inf:
+        bad.append(f"--lr: expected a finite value > 0, got {args.lr}")
     if not 0 <= args.weight_decay <= 1:
         bad.append(f"--weight-decay: expected 0 <= wd <= 1, got {args.weight_decay}")
     if not 0 <= args.val_split < 1:
         bad.append(f"--val-split: expected 0 <= split < 1, got {args.val_split}")
     if args.max_steps is not None and args.max_steps < 1:
         bad.append(f"--max-steps: expected >= 1, got {args.max_steps}")
+    if args.seed < 0:
+        bad.append(f"--seed: expected >= 0, got {args.seed}")
     if args.warmup < 0:
         bad.append(f"--warmup: expected >= 0, got {args.warmup}")
     elif args.warmup and args.lr_schedule != "cosine":
@@ -453,7 +456,7 @@ def main(argv=None) -> int:
             lora.apply(model, rank=args.lora_rank, alpha=args.lora_alpha, targets=targets,
                        dropout=args.lora_dropout, seed=args.seed)
         except (ValueError, TypeError) as e:
-            option = {"rank": "--lora-rank", "alpha": "--lora-alpha",
+            option = {"rank": "--lora-rank", "alpha": "--lora-alpha", "seed": "--seed",
                       "dropout": "--lora-dropout"}.get(str(e).split(":")[0], "--lora-targets")
             p.error(f"{option}: {e}")
     if args.gradient_checkpointing:

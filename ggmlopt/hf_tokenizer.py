@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._args import bool_arg
 from ._bpe_words import WordEncoder
 from ._optional import import_optional
 from .metaspace_bpe import LINES, joined_before_space, word_pattern
@@ -30,6 +31,7 @@ from .text import (
     _FlagLock,
     _splitter,
     add_eos_flag,
+    check_text,
     checked_ids,
     ids_around_special,
     not_eog_beside,
@@ -155,8 +157,7 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
     def encode(self, text: str, *, parse_special: bool = True) -> npt.NDArray[np.int32]:
         """text (str) -> int32 ids of shape (n,), without BOS; parse_special=False
         leaves special tokens written in the text as text."""
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        check_text(text)
         if self._words is None:
             ids = self._library_encode(self._tk, text, parse_special).ids
         else:
@@ -169,8 +170,7 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         text's UTF-8, token i starting at offsets[i] (from the library's character
         offsets; the tokens of one character share its start), the text's length
         last: where Dataset.from_chat places each token to mask the prompt."""
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        check_text(text)
         enc = self._library_encode(self._tk, text, parse_special)
         char_bytes = np.zeros(len(text) + 1, dtype=np.int64)
         np.cumsum([len(c.encode("utf-8")) for c in text], out=char_bytes[1:])
@@ -182,6 +182,7 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         """ids (integers in [0, vocab_size)) -> str; special tokens left out with
         skip_special; the spaces before punctuation cleaned up as transformers
         does where the config's clean_up_tokenization_spaces asks (not for BPE)."""
+        skip_special = bool_arg(skip_special, "skip_special")
         text = str(self._tk.decode(checked_ids(ids, self.vocab_size).tolist(),
                                    skip_special_tokens=bool(skip_special)))
         if self._clean_up:

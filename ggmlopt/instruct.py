@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ._args import int_arg
+from ._args import bool_arg, int_arg
 from .chat_template import check_messages
 from .nn.positions import mark_document_starts
 
@@ -432,6 +432,9 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
         raise ValueError(f"train_on: expected one of {TRAIN_ON}, got {train_on!r}")
     eog_texts = _eog_texts(tokenizer)
     examples = []
+    if isinstance(conversations, (str, Mapping)) or not isinstance(conversations, Iterable):
+        raise TypeError(f"conversations: expected a list of conversations, got "
+                        f"{type(conversations).__name__}")
     for k, conversation in enumerate(conversations):
         kwargs = template_kwargs
         if isinstance(conversation, Mapping):
@@ -479,6 +482,7 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
     "Paris"`` as ``"ĠParis"``) is trained on, and counted in a UserWarning (TRL
     warns of the same mismatch).  packing: as chat_windows'."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
+    add_eos = bool_arg(add_eos, "add_eos")
     examples = []
     straddling = 0
     for k, pair in enumerate(pairs):
@@ -532,6 +536,7 @@ def text_windows(texts: Iterable, tokenizer, n_ctx: int, *, too_long: str = "err
     unless add_eos is False.  A text longer than n_ctx + 1 tokens is too_long's
     (as chat_windows'); packing: as chat_windows'."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
+    add_eos = bool_arg(add_eos, "add_eos")
     examples = []
     for k, row in enumerate(texts):
         text = row.get("text") if isinstance(row, Mapping) else row

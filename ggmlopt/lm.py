@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import kernels
-from ._args import int_arg
+from ._args import bool_arg, int_arg
 from ._blas_threads import blas_threads_for_training
 from .nn.module import eval_mode
 
@@ -84,6 +84,7 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
     tokens = _token_ids(ids)
     n_ctx = int_arg(n_ctx, "n_ctx", 3)
     batch_size = int_arg(batch_size, "batch_size", 1)
+    add_bos = bool_arg(add_bos, "add_bos", allow_none=True)
     if add_bos is None:
         add_bos = bos_id is not None
     if add_bos:
@@ -181,6 +182,17 @@ def _sampling_args(temperature, top_k, top_p):
     return float(temperature), top_k, top_p
 
 
+def _scaled_past_range(logits, temperature):
+    """logits / temperature where that overflows (a temperature of 1e-320, or a
+    logit a tiny repetition penalty made infinite): its limit, the draw shared
+    among the largest logits (the infinite ones, or the maxima), shifted so that
+    the largest is 0 and the rest -inf or finite."""
+    top = np.isposinf(logits)
+    if top.any():
+        return np.where(top, 0.0, -np.inf)
+    return (logits - logits.max()) / temperature
+
+
 def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
     """The next id from one row of logits: greedy at temperature 0 (the first
     maximum, as argmax), else a draw from softmax(logits / temperature) cut to
@@ -190,7 +202,10 @@ def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
     the temperature after the cuts instead)."""
     if temperature == 0:
         return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = logits.astype(np.float64) / temperature
+        if not z.max() < math.inf:
+            z = _scaled_past_range(logits.astype(np.float64), temperature)
     cut = -math.inf if min_p is None or min_p <= 0 else math.log(min_p)
     if top_p is not None and top_p >= 1:
         top_p = None   # keeps every id (transformers and llama.cpp skip it): no rounded cut
@@ -272,7 +287,8 @@ def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
     if vocab is not None and prompt.max() >= vocab:
         raise IndexError(f"prompt_ids: id {int(prompt.max())} is outside the vocabulary "
                          f"[0, {vocab})")
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    rng = seed if isinstance(seed, np.random.Generator) else \
+        np.random.default_rng(int_arg(seed, "seed", 0, allow_none=True))
     return _stream(model, prompt, max_new_tokens, (temperature, top_k, top_p, min_p), rng,
                    stops, repetition_penalty)
 

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from . import gemm, kernels_embedding
+from ._args import int_arg
 from .nn import init
 from .nn._buffers import add_into, rows2d
 from .nn.dropout import Dropout
@@ -625,8 +626,7 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     all_linear = isinstance(targets, str) and targets.lower() == ALL_LINEAR
     targets = _targets_arg(targets)
     trainable = _trainable_arg(trainable)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    seed = int_arg(seed, "seed", 0)
     linears = _linears(model)
     hf = _hf_names(model)
     embeddings = [e for e in _layers(model, EMBEDDINGS) if _matches(hf(e[0]), targets)

@@ -41,7 +41,7 @@ import dataclasses
 import os
 from typing import Any, ClassVar
 
-from ._args import int_arg
+from ._args import bool_arg, int_arg
 from .gemm import bf16_support, check_precision
 from .optimizers import Optimizer
 
@@ -298,6 +298,7 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
                         f"{type(model).__name__}")
     lm: Any = model   # a family's: config, layers (GPT-2: h)
     batch_size = int_arg(batch_size, "batch_size", 1)
+    checkpointing = bool_arg(checkpointing, "checkpointing", allow_none=True)
     n_ctx = int_arg(n_ctx, "n_ctx", 1)
     if n_ctx > lm.config.max_seq_len:
         raise ValueError(f"n_ctx: {n_ctx} is more than the model's max_seq_len "

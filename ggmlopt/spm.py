@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ._args import bool_arg
 from ._bpe_words import WordEncoder
 from .text import (
     _ISSPACE,
@@ -27,6 +28,7 @@ from .text import (
     LongestFirstPartition,
     Vocabulary,
     add_eos_flag,
+    check_text,
     checked_ids,
     ids_around_special,
 )
@@ -108,8 +110,7 @@ class SPMTokenizer(Vocabulary):
         fast = self._fast_tokenizer()
         if fast is None:
             return self.encode_with_offsets(text, parse_special=parse_special)[0]
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        check_text(text)
         if self._words is None and isinstance(self._splitters[bool(parse_special)],
                                               LongestFirstPartition):
             # the library's added tokens match leftmost, not llama.cpp's longest first
@@ -206,8 +207,7 @@ class SPMTokenizer(Vocabulary):
         """(ids, offsets): encode's ids and int64 (n + 1,) byte offsets into the
         text's UTF-8, token i spelling bytes offsets[i]:offsets[i + 1] (the space
         prefix, which the text does not hold, counts as nothing)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        check_text(text)
         splitter = self._splitters[bool(parse_special)]
         pieces = [text] if splitter is None else splitter.split(text)
         ids: list[int] = []
@@ -320,6 +320,7 @@ class SPMTokenizer(Vocabulary):
         (after a leading BOS or other control token it stays: '<s> Hello');
         control tokens left out with skip_special, which then strips the first
         token kept, as transformers does."""
+        skip_special = bool_arg(skip_special, "skip_special")
         arr = checked_ids(ids, self.vocab_size)
         data = bytearray()
         first = True

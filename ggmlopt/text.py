@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from ._args import bool_arg
 from ._bpe_words import WordEncoder
 from ._byte_level import GPT2_BYTE_STRINGS
 from ._optional import import_optional
@@ -137,8 +138,7 @@ class ByteTokenizer(_ChatTemplated):
         """text (str) -> int32 ids of shape (number of UTF-8 bytes,); with
         parse_special, ``<|endoftext|>`` written in the text becomes id 256 (as a
         chat template writes it)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        check_text(text)
         if parse_special and self.eos_text in text:
             parts = [self.encode(part) for part in text.split(self.eos_text)]
             eos = np.array([self.eos_id], np.int32)
@@ -153,6 +153,7 @@ class ByteTokenizer(_ChatTemplated):
         """ids (integers in [0, 257), shape (n,)) -> str; bytes that are not valid
         UTF-8 become U+FFFD; token 256 becomes ``<|endoftext|>`` unless
         skip_special."""
+        skip_special = bool_arg(skip_special, "skip_special")
         arr = checked_ids(ids, self.vocab_size)
         pieces = []
         start = 0
@@ -258,10 +259,27 @@ def not_eog_beside(ids: dict[str, int], eog: set[int]) -> tuple[int | None, int 
     return end, s
 
 
+def check_text(text: object) -> None:
+    """What every encode takes: a str (TypeError otherwise) that UTF-8 can encode
+    (ValueError naming a lone surrogate, which no tokenizer spells)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text: a lone surrogate U+{ord(text[e.start]):04X} at position "
+                         f"{e.start}; expected text that UTF-8 can encode") from None
+
+
 def checked_ids(ids: npt.ArrayLike, vocab_size: int) -> np.ndarray:
     """ids as int64 (n,) after checking them (TypeError, ValueError, IndexError
     naming the first bad one): what every decode takes."""
     arr = np.asarray(ids)
+    if arr.dtype == object and arr.ndim == 1:   # Python ints beyond 64 bits
+        for i, v in enumerate(arr.tolist()):
+            if isinstance(v, int) and not isinstance(v, bool) and not 0 <= v < vocab_size:
+                raise IndexError(f"ids: id {v} at position {i} is outside the vocabulary "
+                                 f"[0, {vocab_size})")
     if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
         raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
     if arr.ndim != 1:
@@ -491,8 +509,7 @@ class BPETokenizer(Vocabulary):
     def encode(self, text: str, *, parse_special: bool = True) -> npt.NDArray[np.int32]:
         """text (str) -> int32 ids of shape (n,), without BOS; special tokens
         written in the text become their ids (see the class docstring)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        check_text(text)
         splitter = self._splitters[bool(parse_special)]
         if self._words is None and isinstance(splitter, LongestFirstPartition):
             # the library's added tokens match leftmost: where that differs from
@@ -517,6 +534,7 @@ class BPETokenizer(Vocabulary):
     def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
         """ids (integers in [0, vocab_size), shape (n,)) -> str; control tokens
         (bos, eos, ``<|im_end|>`` ...) are left out with skip_special."""
+        skip_special = bool_arg(skip_special, "skip_special")
         ids_list = checked_ids(ids, self.vocab_size).tolist()
         special = set(self._control + self._user)
         if not special:

@@ -23,10 +23,12 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ._args import bool_arg
 from .text import (
     TOKEN_CONTROL,
     TOKEN_USER_DEFINED,
     Vocabulary,
+    check_text,
     checked_ids,
     ids_around_special,
 )
@@ -155,8 +157,7 @@ class WordPieceTokenizer(Vocabulary):
     def encode(self, text: str, *, parse_special: bool = True) -> npt.NDArray[np.int32]:
         """text (str) -> int32 ids (n,), without CLS and SEP; special tokens written
         in the text become their ids (control ones only with parse_special)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        check_text(text)
         ids = ids_around_special(text, self._splitters[bool(parse_special)], self._ids,
                                  self._plain_ids)
         return np.asarray(ids, dtype=np.int32)
@@ -213,6 +214,7 @@ class WordPieceTokenizer(Vocabulary):
         tokens left out with skip_special, then its clean-up of spaces before
         ``? ! . ,``, around a lone apostrophe and before ``'s 'm 're 've``.  The
         words' normalization (case, accents, whitespace) does not come back."""
+        skip_special = bool_arg(skip_special, "skip_special")
         arr = checked_ids(ids, self.vocab_size)
         text = "".join(self.token_bytes(i).decode("utf-8", "replace") for i in arr.tolist()
                        if not (skip_special and self.token_types[i] == TOKEN_CONTROL))

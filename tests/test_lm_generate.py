@@ -87,6 +87,7 @@ def test_stop_ids_and_streaming():
     ([1], 5, {"temperature": -1.0}, ValueError, "temperature"),
     ([1], 5, {"top_p": 0.0}, ValueError, "top_p"),
     ([1], 5, {"top_k": 0}, ValueError, "top_k"),
+    ([1], 5, {"seed": -1}, ValueError, "seed: expected an int >= 0"),
 ])
 def test_bad_arguments_fail_before_generating(prompt, n, kw, exc, match):
     model = MODELS["llama"]()
@@ -94,6 +95,19 @@ def test_bad_arguments_fail_before_generating(prompt, n, kw, exc, match):
         stream(model, np.array(prompt), n, **kw)
     with pytest.raises(exc, match=match):
         go.generate(model, np.array(prompt), n, **kw)
+
+
+def test_a_temperature_or_penalty_past_float_range_draws_the_limit():
+    # logits / 1e-320 overflow: the limit of the softmax is the greedy choice,
+    # not NaN probabilities
+    model = sharpen(MODELS["llama"]())
+    greedy = go.generate(model, [5], 6, temperature=0)
+    for seed in range(3):
+        np.testing.assert_array_equal(go.generate(model, [5], 6, temperature=1e-320,
+                                                  seed=seed), greedy)
+    # a penalty of 1e-45 makes a seen id's positive logit infinite: drawn again
+    got = go.generate(model, [5, 7], 4, repetition_penalty=1e-45, seed=0)
+    assert set(got.tolist()) <= {5, 7}
 
 
 @pytest.mark.parametrize("n, k", [(1, 1), (7, 3), (100, 1), (100, 40), (100, 100), (32000, 40),

@@ -96,6 +96,7 @@ def test_a_perfect_model_has_perplexity_one():
     (np.arange(64) - 1, 8, {}, ValueError, "token ids must lie"),
     (np.arange(64), 2, {}, ValueError, "n_ctx"),
     (np.arange(64), 8, {"add_bos": True}, ValueError, "bos_id: required"),
+    (np.arange(64), 8, {"add_bos": "no", "bos_id": 1}, TypeError, "add_bos: expected a bool"),
 ])
 def test_bad_input(ids, n_ctx, kw, exc, match):
     with pytest.raises(exc, match=match):

@@ -52,7 +52,8 @@ def test_the_parts_add_up_and_follow_what_trains():
     assert tuned.gradients == 4 * adapters and tuned.optimizer_state == 8 * adapters
     assert "total" in str(tuned) and "MiB" in str(tuned)
     for bad, kind in (({"batch_size": 0}, ValueError), ({"n_ctx": 129}, ValueError),
-                      ({"optimizer": "adam"}, ValueError), ({"labelled": 2.0}, ValueError)):
+                      ({"optimizer": "adam"}, ValueError), ({"labelled": 2.0}, ValueError),
+                      ({"checkpointing": "no"}, TypeError)):
         with pytest.raises(kind):
             go.memory_report(model, **{"batch_size": 2, "n_ctx": 64, **bad})
     with pytest.raises(TypeError, match="language model"):

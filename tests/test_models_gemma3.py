@@ -133,6 +133,11 @@ def test_what_is_not_implemented_is_refused(tmp_path):
                                       head_dim=8, query_pre_attn_scalar=20.0), seed=0),
                   tmp_path / "g.gguf", tokenizer=ByteTokenizer())
     assert not (tmp_path / "g.gguf").exists()
+    # transformers' config takes an int: 24.5 has no Hugging Face form (it was cut to 24)
+    with pytest.raises(ValueError, match="query_pre_attn_scalar=24.5 has no Hugging Face form"):
+        save_hf(Gemma3(Gemma3Config(vocab_size=97, dim=16, n_layers=1, n_heads=2, head_dim=8,
+                                    query_pre_attn_scalar=24.5), seed=0), tmp_path / "h")
+    assert not (tmp_path / "h" / "config.json").exists()
     save_hf(Gemma3(CONFIGS["scaled-global"], seed=0), tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     for edit, match in [({"final_logit_softcapping": 30.0}, "soft-capping"),

@@ -251,6 +251,13 @@ def test_from_chat_packs_every_conversation_once_with_its_own_labels():
     assert comp.ndata == 1 and document_ids(np.asarray(comp.data))[0].max() == 2
     with pytest.raises(TypeError, match="packing: expected a bool"):
         go.Dataset.from_chat(chats, tok, 256, packing="yes")
+    # a string is not taken as true ("no" appended the EOS)
+    for make in (go.Dataset.from_completions, go.Dataset.from_texts):
+        rows = [("a", "b")] if make is go.Dataset.from_completions else ["ab"]
+        with pytest.raises(TypeError, match="add_eos: expected a bool"):
+            make(rows, tok, 16, add_eos="no")
+    with pytest.raises(TypeError, match="conversations: expected a list of conversations"):
+        go.Dataset.from_chat(None, tok, 256)
 
 
 def test_fit_on_packed_chats_follows_the_unpacked_run():

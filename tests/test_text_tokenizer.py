@@ -54,6 +54,13 @@ def test_bad_input_is_refused():
         tok.decode([1.5])
     with pytest.raises(ValueError, match=r"ids: expected shape \(n,\)"):
         tok.decode([[1, 2]])
+    # a lone surrogate has no UTF-8 bytes; an id past 64 bits is still an id
+    with pytest.raises(ValueError, match="lone surrogate U\\+D800 at position 1"):
+        tok.encode("a\ud800b")
+    with pytest.raises(IndexError, match=f"id {2**64} at position 1"):
+        tok.decode([1, 2**64])
+    with pytest.raises(TypeError, match="skip_special: expected a bool"):
+        tok.decode([1], skip_special="no")
 
 
 # ---- BPETokenizer (the tokenizers extra) ----
@@ -100,6 +107,8 @@ def test_bpe_tokenizer_refusals():
     tok = _byte_bpe()
     with pytest.raises(TypeError, match="text"):
         tok.encode(b"bytes")
+    with pytest.raises(ValueError, match="lone surrogate"):
+        tok.encode("a\udfffb")
     with pytest.raises(IndexError, match="id 300 at position 1"):
         tok.decode([1, 300])
     with pytest.raises(ValueError, match="ids"):

@@ -359,14 +359,16 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
 
 
 def _to_hf(cfg: Gemma3Config) -> dict[str, Any]:
+    if not float(cfg.query_pre_attn_scalar).is_integer():
+        raise ValueError(f"model: query_pre_attn_scalar={cfg.query_pre_attn_scalar} has no "
+                         "Hugging Face form (transformers' Gemma 3 config takes an int)")
     family = llama_hf_config(cfg)
     del family["hidden_act"], family["rope_scaling"], family["rope_theta"]
     full = {"rope_type": "default", "rope_theta": cfg.rope_base} if cfg.rope_scaling is None \
         else {**cfg.rope_scaling.to_hf(), "rope_theta": cfg.rope_base}
     return {**family, "head_dim": cfg.head_dim, "hidden_activation": "gelu_pytorch_tanh",
             # transformers' field is an int (256 in every release)
-            "query_pre_attn_scalar": int(cfg.query_pre_attn_scalar)
-            if float(cfg.query_pre_attn_scalar).is_integer() else cfg.query_pre_attn_scalar,
+            "query_pre_attn_scalar": int(cfg.query_pre_attn_scalar),
             "sliding_window": cfg.sliding_window,
             "layer_types": ["sliding_attention" if s else "full_attention"
                             for s in cfg.sliding_layers or ()],
