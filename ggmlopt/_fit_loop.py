@@ -149,7 +149,8 @@ class FitLoop:
         n = stop - first
 
         def check():
-            epoch_plan(ctx, dataset, None, None, -1)   # the argument checks of a whole epoch
+            # the argument checks of a whole epoch, over the datapoints fit takes
+            epoch_plan(ctx, dataset, None, None, -1, self.plan.ndata_used)
             return n, (n if train else 0)
 
         ctx._blas_threads = current_blas_threads()

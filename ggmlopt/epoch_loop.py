@@ -149,8 +149,10 @@ def _nonfinite_datapoint(ctx, dataset, ibatch) -> str:
     return ""
 
 
-def epoch_plan(ctx, dataset, result_train, result_eval, idata_split):
-    """epoch's argument checks: (physical batches, the first validation batch)."""
+def epoch_plan(ctx, dataset, result_train, result_eval, idata_split, used=None):
+    """epoch's argument checks: (physical batches, the first validation batch);
+    used: the datapoints the epoch takes, default all (fit's drop_last leaves
+    the rest of the dataset out)."""
     if not isinstance(ctx, OptContext):
         raise TypeError(f"ctx: expected an OptContext, got {type(ctx).__name__}")
     if not ctx.static_graphs:
@@ -161,6 +163,7 @@ def epoch_plan(ctx, dataset, result_train, result_eval, idata_split):
             raise TypeError(f"{name}: expected a ggmlopt.Result or None, got {type(r).__name__}")
     trains = ctx.build_type != BuildType.FORWARD and idata_split != 0
     ndata = check_dataset(ctx, dataset, trains)
+    ndata = ndata if used is None else used
     batch = ctx.batch_size
     assert batch is not None  # static, checked above
     if ndata % batch != 0:

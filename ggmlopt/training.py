@@ -237,8 +237,11 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                 hint="every rank must call fit with the same nepoch, max_steps, eval_every, "
                      "checkpoint_every and batches, and resume from the same checkpoint")
 
-        history = History(val_split=float(val_split), ndata_train=plan.idata_split,
-                          ndata_val=plan.ndata_used - plan.idata_split)
+        # the whole data's counts: with dataset_is_part the plan is one rank's part,
+        # and every rank's part takes as many datapoints
+        parts = comm.Get_size() if dataset_is_part is True and comm is not None else 1
+        history = History(val_split=float(val_split), ndata_train=plan.idata_split * parts,
+                          ndata_val=(plan.ndata_used - plan.idata_split) * parts)
         loop = FitLoop(plan, ctx, dataset, history, ckpt, None if silent else progress_bar)
         if pending is not None:
             ctx.load_state_dict(pending.ctx_sd)

@@ -59,10 +59,25 @@ def test_frozen_parameters_equal_one_process(tmp_path, shard):
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_each_rank_holding_its_part(tmp_path, nranks):
     # one logical batch of all 60 datapoints (nothing shuffled): rank r's block is its share
-    ref, _, _ = run(None, "ADAMW", ndata=60, val_split=0.0)
+    ref, ref_hist, _ = run(None, "ADAMW", ndata=60, val_split=0.0)
     ranks = mpirun(nranks, tmp_path, "part")
     for got in ranks:
         assert np.array_equal(got["params"], ranks[0]["params"])
+        # the History counts the whole data, not the rank's part
+        assert got["ndata"].tolist() == [ref_hist.ndata_train, ref_hist.ndata_val] == [60, 0]
+    np.testing.assert_allclose(ranks[0]["params"], ref, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_drop_last_leaves_out_what_one_process_leaves_out(tmp_path, nranks):
+    # 366 datapoints in logical batches of 60: the last 6 are not even a physical batch
+    ref, ref_hist, _ = run(None, "ADAMW", ndata=366, drop_last=True)
+    ranks = mpirun(nranks, tmp_path, "drop-last")
+    for got in ranks:
+        assert np.array_equal(got["params"], ranks[0]["params"])
+        assert got["ndata"].tolist() == [ref_hist.ndata_train, ref_hist.ndata_val]
+        np.testing.assert_allclose(got["history"], history_array(ref_hist), rtol=RTOL,
+                                   atol=1e-7)
     np.testing.assert_allclose(ranks[0]["params"], ref, rtol=RTOL, atol=ATOL)
 
 

@@ -95,7 +95,12 @@ def main(scenario, out, *args):
         save(out, params=params, history=history_array(hist))
     elif scenario == "part":  # each rank holds only its block of the data
         params, hist, _ = run(comm, "ADAMW", ndata=60, val_split=0.0, part=True)
-        save(out, params=params, history=history_array(hist))
+        save(out, params=params, history=history_array(hist),
+             ndata=np.array([hist.ndata_train, hist.ndata_val]))
+    elif scenario == "drop-last":  # 366 datapoints: 6 left out, not a whole physical batch
+        params, hist, _ = run(comm, "ADAMW", ndata=366, drop_last=True)
+        save(out, params=params, history=history_array(hist),
+             ndata=np.array([hist.ndata_train, hist.ndata_val]))
     elif scenario == "resume":
         ckpt, nepoch, resume, shard = args[0], int(args[1]), args[2] == "resume", \
             args[3] == "shard"
