@@ -174,8 +174,10 @@ def _problems(args) -> list[str]:
     if args.optimizer_in_backward and args.micro_batch not in (None, args.batch):
         bad.append(f"--optimizer-in-backward: steps once per physical batch; expected "
                    f"--micro-batch {args.batch} (or none), got {args.micro_batch}")
-    if not 0 < args.lr < math.inf:
-        bad.append(f"--lr: expected a finite value > 0, got {args.lr}")
+    if not args.lr > 0:
+        bad.append(f"--lr: expected > 0, got {args.lr}")
+    elif not math.isfinite(args.lr):
+        bad.append(f"--lr: expected > 0 and finite, got {args.lr}")
     if not 0 <= args.weight_decay <= 1:
         bad.append(f"--weight-decay: expected 0 <= wd <= 1, got {args.weight_decay}")
     if not 0 <= args.val_split < 1:

@@ -75,11 +75,15 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         tk = import_optional("tokenizers", "tokenizers", "load_hf_tokenizer")
         self.path = os.fspath(tokenizer_json)
         self._tk: Any = tk.Tokenizer.from_file(self.path)
+        # transformers' call neither cuts nor pads unless asked, whatever the file keeps
+        self._tk.no_truncation()
+        self._tk.no_padding()
         self._flag_lock = threading.Lock()
         config = dict(config or {})
         self.vocab_size = int(self._tk.get_vocab_size(with_added_tokens=True))
         self._special = {t.content for t in self._tk.get_added_tokens_decoder().values()
                          if t.special}
+        _refuse_what_is_not_read(self._tk, config, self.path)
         self._texts = {k: _token_text(config.get(k)) for k in _SPECIAL_KEYS}
         self.bos_id = self.token_to_id(self._texts["bos_token"]) if self._texts["bos_token"] \
             else None
@@ -94,6 +98,11 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         add_eos = config.get("add_eos_token")
         add_eos = add_eos if add_eos is not None else self._post_processor_adds_eos()
         self.add_eos = add_eos_flag(add_eos and self.eos_id is not None, self.eos_id)
+        self._refuse_other_post_processing()
+        # what transformers' decode(skip_special_tokens=True) leaves out: the added
+        # special tokens and every token the config names (an eos that is a word too)
+        self._skipped = frozenset(i for t in self._texts.values()
+                                  if (i := self.token_to_id(t)) is not None)
         self.eot_id = self.eom_id = None
         eog = {i for i in (self.eos_id,) if i is not None}
         by_text = {t: i for t in EOG_TEXTS if (i := self.token_to_id(t)) is not None}
@@ -118,6 +127,25 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
             self.named_chat_templates = {k: v for k, v in named.items()
                                          if isinstance(k, str) and isinstance(v, str) and v}
         self.chat_template = template if isinstance(template, str) else None
+
+    def _refuse_other_post_processing(self) -> None:
+        """ValueError when the tokenizer.json's post-processor adds to a text more
+        than the BOS first and the EOS last (what add_bos and add_eos say): its
+        other tokens would be silently missing from every encoded text."""
+        plain = self._tk.encode("a", add_special_tokens=False).ids
+        full = self._tk.encode("a", add_special_tokens=True).ids
+        at = next((i for i in range(len(full) - len(plain) + 1)
+                   if full[i:i + len(plain)] == plain), 0)
+        before, after = full[:at], full[at + len(plain):]
+        if len(before) == 1 and self.bos_id is None:
+            # a config naming no bos_token: transformers still adds the post-processor's
+            self.bos_id, self.add_bos = int(before[0]), True
+        if before not in ([], [self.bos_id]) or after not in ([], [self.eos_id]):
+            names = lambda ids: [self._tk.id_to_token(i) for i in ids]
+            raise ValueError(f"tokenizer_json: {self.path!r}'s post-processor puts "
+                             f"{names(before)} before a text and {names(after)} after it; "
+                             "ggmlopt adds the BOS first and the EOS last only (bos_token "
+                             "and eos_token in tokenizer_config.json)")
 
     def _post_processor_adds_bos(self) -> bool:
         if self.bos_id is None:
@@ -183,8 +211,10 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         skip_special; the spaces before punctuation cleaned up as transformers
         does where the config's clean_up_tokenization_spaces asks (not for BPE)."""
         skip_special = bool_arg(skip_special, "skip_special")
-        text = str(self._tk.decode(checked_ids(ids, self.vocab_size).tolist(),
-                                   skip_special_tokens=bool(skip_special)))
+        ids_list = checked_ids(ids, self.vocab_size).tolist()
+        if skip_special:
+            ids_list = [i for i in ids_list if i not in self._skipped]
+        text = str(self._tk.decode(ids_list, skip_special_tokens=skip_special))
         if self._clean_up:
             for before, after in _CLEAN_UP:
                 text = text.replace(before, after)
@@ -192,6 +222,53 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.path!r}, vocab_size={self.vocab_size})"
+
+
+# added tokens' settings a tokenizer_config.json may give over tokenizer.json's
+_ADDED_FLAGS = ("lstrip", "rstrip", "single_word", "normalized", "special")
+
+
+def _refuse_what_is_not_read(tk: Any, config: dict[str, Any], path: str) -> None:
+    """ValueError naming a tokenizer_config.json setting transformers applies over
+    tokenizer.json and ggmlopt does not: special tokens matched as text
+    (split_special_tokens), an added token's flags other than the file's, special
+    tokens the file lacks (transformers adds them as new ids), a space prefix
+    the file's pre-tokenizer does not write."""
+    where = "tokenizer_config.json"
+    if config.get("split_special_tokens"):
+        raise ValueError(f"{where}: split_special_tokens=true (special tokens read as text) is "
+                         "not read; encode(text, parse_special=False) does that per call")
+    added = {t.content: t for t in tk.get_added_tokens_decoder().values()}
+    for entry in (config.get("added_tokens_decoder") or {}).values():
+        if not isinstance(entry, dict) or entry.get("content") not in added:
+            continue
+        token = added[entry["content"]]
+        for flag in _ADDED_FLAGS:
+            if flag in entry and bool(entry[flag]) != bool(getattr(token, flag)):
+                raise ValueError(f"{where}: added_tokens_decoder gives {entry['content']!r} "
+                                 f"{flag}={bool(entry[flag])}, {path!r} {flag}="
+                                 f"{bool(getattr(token, flag))}; ggmlopt reads the "
+                                 "tokenizer.json's (make them agree)")
+    named = [_token_text(config.get(k)) for k in _SPECIAL_KEYS]
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        extra = config.get(key)
+        named += [_token_text(t) for t in (extra.values() if isinstance(extra, dict)
+                                           else extra or ())]
+    missing = [t for t in named if t is not None and tk.token_to_id(t) is None]
+    if missing:
+        raise ValueError(f"{where}: names special tokens {missing} that {path!r} does not "
+                         "have (transformers would add them as new ids the model lacks)")
+    if "add_prefix_space" in config and \
+            bool(config["add_prefix_space"]) != _writes_space_prefix(tk):
+        raise ValueError(f"{where}: add_prefix_space={bool(config['add_prefix_space'])} "
+                         f"disagrees with {path!r}'s pre-tokenizer, which ggmlopt runs as it is")
+
+
+def _writes_space_prefix(tk: Any) -> bool:
+    """Whether a tokenizer.json's pipeline puts a space before a text (a
+    ByteLevel or Metaspace pre-tokenizer's prefix, or a Prepend normalizer)."""
+    plain = tk.encode("a", add_special_tokens=False)
+    return any(t.startswith(("\u0120", SPACE)) for t in plain.tokens[:1])
 
 
 def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
@@ -229,10 +306,25 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
             for key in _SPECIAL_KEYS:
                 if special.get(key) is not None:
                     config[key] = special[key]
+    # template files win over the config's entries, as transformers reads them:
+    # chat_template.jinja the default, additional_chat_templates/NAME.jinja by name
+    files = {}
     jinja = os.path.join(directory, "chat_template.jinja")
-    if "chat_template" not in config and os.path.isfile(jinja):
-        with open(jinja, encoding="utf-8") as f:
-            config["chat_template"] = f.read()
+    if os.path.isfile(jinja):
+        files["default"] = jinja
+    extra = os.path.join(directory, "additional_chat_templates")
+    if os.path.isdir(extra):
+        for name in sorted(os.listdir(extra)):
+            if name.endswith(".jinja"):
+                files[name.removesuffix(".jinja")] = os.path.join(extra, name)
+    templates = {}
+    for name, file in files.items():
+        with open(file, encoding="utf-8") as f:
+            templates[name] = f.read()
+    if list(templates) == ["default"]:
+        config["chat_template"] = templates["default"]
+    elif templates:
+        config["chat_template"] = [{"name": k, "template": v} for k, v in templates.items()]
     return HFTokenizer(path, config, generation_eos_ids(directory))
 
 
@@ -268,9 +360,8 @@ class _WordPath:
         self.words = words
         self.metaspace, self.prefix = metaspace, prefix
         self.ids = {t["content"]: int(t["id"]) for t in added}
-        plain = [t["content"] for t in added if not t["special"]]
-        every = [t["content"] for t in added]
-        self.splitters = {True: _splitter(every), False: _splitter(plain)}
+        self.special = {t["content"] for t in added if t["special"]}
+        self.splitter = _splitter([t["content"] for t in added])
 
     def encode(self, text: str, parse_special: bool) -> list[int]:
         def plain(piece: str) -> list[int]:
@@ -278,7 +369,21 @@ class _WordPath:
                 piece = self.prefix + piece.replace(" ", SPACE)
             return self.words.encode(piece)
 
-        return ids_around_special(text, self.splitters[bool(parse_special)], self.ids, plain)
+        if parse_special or self.splitter is None:
+            return ids_around_special(text, self.splitter, self.ids, plain)
+        # the library still finds every added token, leftmost and longest, and then
+        # reads a special one's text as text: a plain added token inside it ("im_end"
+        # in "<|im_end|>") is not matched
+        ids: list[int] = []
+        run = ""
+        for i, piece in enumerate(self.splitter.split(text)):
+            if i % 2 and piece not in self.special:
+                ids += plain(run) if run else []
+                ids.append(self.ids[piece])
+                run = ""
+            else:
+                run += piece
+        return ids + (plain(run) if run else [])
 
 
 def _word_path(tk: Any) -> _WordPath | None:

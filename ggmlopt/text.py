@@ -76,17 +76,26 @@ class _ChatTemplated:
         int32 ids (special tokens written by the template become their ids; no
         BOS is added beyond what the template writes).  kwargs: further template
         variables (with ``tools``, a checkpoint's ``tool_use`` template renders
-        where it has one, as transformers picks it).  ValueError when the
-        tokenizer has no chat_template; the ``chat`` extra (jinja2) renders it."""
-        template = self.compiled_chat_template(tools=kwargs.get("tools"))
+        where it has one, as transformers picks it; ``chat_template``: one of the
+        named templates, or a template's source, as transformers takes it).
+        ValueError when the tokenizer has no chat_template; the ``chat`` extra
+        (jinja2) renders it."""
+        template = self.compiled_chat_template(tools=kwargs.get("tools"),
+                                               chat_template=kwargs.pop("chat_template", None))
         text = template.render(messages, add_generation_prompt, **kwargs)
         return self.encode(text, parse_special=True) if tokenize else text
 
-    def compiled_chat_template(self, *, tools=None):
+    def compiled_chat_template(self, *, tools=None, chat_template=None):
         """The ggmlopt.chat_template.ChatTemplate of chat_template (made once), or
-        with tools of the named ``tool_use`` template where there is one."""
+        with tools of the named ``tool_use`` template where there is one; a
+        chat_template given: the named template of that name, else that source."""
         source = self.chat_template
-        if tools is not None and self.named_chat_templates.get("tool_use"):
+        if chat_template is not None:
+            if not isinstance(chat_template, str):
+                raise TypeError(f"chat_template: expected a template's name or source (str), "
+                                f"got {type(chat_template).__name__}")
+            source = self.named_chat_templates.get(chat_template, chat_template)
+        elif tools is not None and self.named_chat_templates.get("tool_use"):
             source = self.named_chat_templates["tool_use"]
         if not source:
             raise ValueError(f"tokenizer: {self!r} has no chat_template (give one: "

@@ -193,6 +193,8 @@ def test_checkpoints_inside_an_epoch_and_a_first_resume(files, capsys, monkeypat
     (["-c", "0"], "--ctx: expected >= 1"),
     (["--batch", "6", "--micro-batch", "4"], "--micro-batch: expected a divisor of --batch 6"),
     (["-lr", "0"], "--lr: expected > 0"),
+    (["-lr", "inf"], "--lr: expected > 0 and finite, got inf"),
+    (["--seed", "-1"], "--seed: expected >= 0, got -1"),
     # llama-finetune's -b/-ub count tokens: fewer than a window's would step within it
     (["-c", "32", "-b", "16"], "-b: 16 tokens a step, fewer than a window's -c 32"),
     (["-c", "32", "-b", "64", "-ub", "24"], "-ub dividing min(-b, -c) = 32"),

@@ -214,3 +214,110 @@ def test_a_wordpiece_decode_cleans_up_spaces_where_its_config_asks(tmp_path):
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     assert load_hf_tokenizer(directory).decode(ids) == "what? it ' s here, yes!" == \
         transformers.AutoTokenizer.from_pretrained(directory).decode(ids)
+
+
+def _edit(directory, *, config=None, tokenizer=None):
+    """Rewrite a checkpoint's tokenizer_config.json (config: keys set, None values
+    deleted) and tokenizer.json (tokenizer: a function of the tokenizers object)."""
+    from tokenizers import Tokenizer
+    if tokenizer is not None:
+        tk = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        tokenizer(tk)
+        tk.save(str(directory / "tokenizer.json"))
+    if config:
+        now = json.loads((directory / "tokenizer_config.json").read_text())
+        now.update(config)
+        now = {k: v for k, v in now.items() if v is not None}
+        (directory / "tokenizer_config.json").write_text(json.dumps(now))
+
+
+def test_a_tokenizer_json_s_truncation_and_padding_are_not_applied(tmp_path):
+    # transformers' call neither cuts nor pads unless asked, whatever the file keeps
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="none")
+    text = TEXTS[0] * 3
+    want = load_hf_tokenizer(directory).encode(text).tolist()
+    _edit(directory, tokenizer=lambda tk: (tk.enable_truncation(4), tk.enable_padding(length=64)))
+    ours = load_hf_tokenizer(directory)
+    assert ours.encode(text).tolist() == want and len(want) > 4
+    assert ours.encode_with_offsets(text)[0].tolist() == want
+
+
+def test_special_text_left_as_text_is_not_cut_at_a_plain_added_token_inside_it(tmp_path):
+    # parse_special=False: the library still finds "<|im_end|>" first and reads it
+    # as text, so the plain added token "im_end" inside it is not matched
+    from tokenizers import AddedToken, Tokenizer
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="none")
+    _edit(directory, tokenizer=lambda tk: tk.add_tokens([AddedToken("im_end", normalized=False)]))
+    ours = load_hf_tokenizer(directory)
+    library = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    library.encode_special_tokens = True
+    for text in ("a<|im_end|>b", "im_end <|im_end|> im_end", "x<s>im_end</s>"):
+        want = library.encode(text, add_special_tokens=False).ids
+        assert ours.encode(text, parse_special=False).tolist() == want
+        assert ours.encode_with_offsets(text, parse_special=False)[0].tolist() == want
+
+
+def test_template_files_win_and_a_template_is_picked_by_name_or_source(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="none")
+    (directory / "chat_template.jinja").write_text("B:{{ messages[0]['content'] }}")
+    (directory / "additional_chat_templates").mkdir()
+    (directory / "additional_chat_templates" / "tool_use.jinja").write_text(
+        "C:{{ messages[0]['content'] }}{% if tools %}TOOLS{% endif %}")
+    ours, theirs = load_hf_tokenizer(directory), transformers.AutoTokenizer.from_pretrained(directory)
+    messages = [{"role": "user", "content": "hi"}]
+    for kwargs in ({}, {"tools": [{"type": "function", "function": {"name": "f"}}]},
+                   {"chat_template": "tool_use"}, {"chat_template": "S:{{ messages|length }}"}):
+        got = ours.apply_chat_template(messages, tokenize=False, **kwargs)
+        assert got == theirs.apply_chat_template(messages, tokenize=False, **kwargs), kwargs
+    assert ours.apply_chat_template(messages, tokenize=False) == "B:hi"
+
+
+def test_an_eos_that_is_a_word_too_is_left_out_when_decoding_without_specials(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="none")
+    vocab = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab()
+    word = min(k for k in vocab if k.isalpha() and len(k) >= 3)
+    _edit(directory, config={"eos_token": word})
+    ours, theirs = load_hf_tokenizer(directory), transformers.AutoTokenizer.from_pretrained(directory)
+    ids = [vocab[word]] + ours.encode(" of France").tolist() + [vocab[word]]
+    assert ours.eos_id == vocab[word]
+    assert ours.decode(ids, skip_special=True) == theirs.decode(ids, skip_special_tokens=True)
+    assert ours.decode(ids) == theirs.decode(ids)
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"config": {"split_special_tokens": True}}, "split_special_tokens"),
+    ({"config": {"added_tokens_decoder": {"2": {"content": "<|im_start|>", "rstrip": True}}}},
+     "'<\\|im_start\\|>' rstrip=True"),
+    ({"config": {"additional_special_tokens": ["<tool>"]}}, r"special tokens \['<tool>'\]"),
+    ({"config": {"pad_token": "<pad>"}}, r"special tokens \['<pad>'\]"),
+    ({"config": {"add_prefix_space": True}}, "add_prefix_space=True disagrees"),
+    ({"tokenizer": "bert"}, r"puts \['\[CLS\]'\] before a text and \['\[SEP\]'\] after it"),
+])
+def test_what_transformers_applies_and_ggmlopt_would_not_is_refused(tmp_path, edit, match):
+    # each of these changes transformers' ids; read silently they were dropped
+    from tokenizers import processors
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="none")
+    if edit.get("tokenizer") == "bert":
+        def bert(tk):
+            tk.add_special_tokens(["[CLS]", "[SEP]"])
+            tk.post_processor = processors.TemplateProcessing(
+                single="[CLS] $A [SEP]", special_tokens=[
+                    ("[CLS]", tk.token_to_id("[CLS]")), ("[SEP]", tk.token_to_id("[SEP]"))])
+        _edit(directory, tokenizer=bert)
+    else:
+        _edit(directory, config=edit["config"])
+    with pytest.raises(ValueError, match=match):
+        load_hf_tokenizer(directory)
+
+
+def test_a_bos_the_config_does_not_name_is_the_post_processor_s(tmp_path):
+    # transformers adds the post-processor's <s> whether or not bos_token names it
+    transformers = pytest.importorskip("transformers")
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="post-processor")
+    _edit(directory, config={"bos_token": None})
+    ours, theirs = load_hf_tokenizer(directory), transformers.AutoTokenizer.from_pretrained(directory)
+    assert ours.add_bos and ours.bos_id == ours.token_to_id("<s>")
+    assert theirs("hi")["input_ids"] == [ours.bos_id] + ours.encode("hi").tolist()
