@@ -224,8 +224,9 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         return f"HFTokenizer({self.path!r}, vocab_size={self.vocab_size})"
 
 
-# added tokens' settings a tokenizer_config.json may give over tokenizer.json's
-_ADDED_FLAGS = ("lstrip", "rstrip", "single_word", "normalized", "special")
+# added tokens' settings a tokenizer_config.json may give over tokenizer.json's that change
+# the ids (transformers applies them; its special flag there it leaves)
+_ADDED_FLAGS = ("lstrip", "rstrip", "single_word")
 
 
 def _refuse_what_is_not_read(tk: Any, config: dict[str, Any], path: str) -> None:
