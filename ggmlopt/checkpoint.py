@@ -925,12 +925,7 @@ class FitCheckpoint:
         """Refuse a checkpoint whose run_info gives a key of this fit's another value."""
         if _FIT_RUN_INFO not in fit_sd or not self.run_info:
             return
-        try:
-            saved = json.loads(str(fit_sd[_FIT_RUN_INFO]))
-        except ValueError:
-            saved = None
-        if not isinstance(saved, dict):
-            raise ValueError(f"{_FIT_RUN_INFO}: not a JSON object")  # noqa: TRY004 (a file)
+        saved = _json_object(fit_sd, _FIT_RUN_INFO)
         for key, want in self.run_info.items():
             if key in saved and saved[key] != want:
                 raise ValueError(f"{_FIT_RUN_INFO}: the checkpoint was made with {key}="
@@ -943,12 +938,7 @@ class FitCheckpoint:
         fit recorded it is not checked)."""
         if _FIT_MODEL not in fit_sd:
             return
-        try:
-            saved = json.loads(str(fit_sd[_FIT_MODEL]))
-        except ValueError:
-            saved = None
-        if not isinstance(saved, dict):
-            raise ValueError(f"{_FIT_MODEL}: not a JSON object")  # noqa: TRY004 (a file)
+        saved = _json_object(fit_sd, _FIT_MODEL)
         for name in sorted(set(saved) | set(self.model_info)):
             was, now = saved.get(name, "float32"), self.model_info.get(name, "float32")
             if was != now:
@@ -984,6 +974,17 @@ class FitCheckpoint:
             ctx.distributed.save(self.path, sd, save_state)
         else:
             save_state(self.path, sd)
+
+
+def _json_object(fit_sd: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The checkpoint's entry key, a JSON object (ValueError for anything else)."""
+    try:
+        saved = json.loads(str(fit_sd[key]))
+    except ValueError:
+        saved = None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{key}: not a JSON object")  # noqa: TRY004 (a file's value)
+    return saved
 
 
 def model_info(model) -> dict[str, str]:
