@@ -130,6 +130,8 @@ _FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.see
                  "fit.shuffle")
 # fit's run_info: JSON of what else identifies the run (a resume compares it key by key)
 _FIT_RUN_INFO = "fit.run_info"
+# fit's schedule: the repr of a ggmlopt.schedules schedule (its kind, length and warmup)
+_FIT_SCHEDULE = "fit.schedule"
 # fit's model: JSON of what the trainable parameters' names and shapes leave open
 # (an adapter's alpha and dropout, the type a frozen base is kept in), per layer
 _FIT_MODEL = "fit.model"
@@ -558,7 +560,7 @@ def split_fit_entries(sd: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     ctx_sd = {k: v for k, v in sd.items() if not k.startswith("fit.")}
     fit_sd = {k: v for k, v in sd.items() if k.startswith("fit.")}
     unknown = sorted(set(fit_sd) - set(_FIT_KEYS) - set(_FIT_RUN_KEYS) - set(_FIT_STEP_KEYS)
-                     - {_FIT_RUN_INFO, _FIT_MODEL})
+                     - {_FIT_RUN_INFO, _FIT_MODEL, _FIT_SCHEDULE})
     if unknown:
         raise ValueError(f"checkpoint: unexpected entries {unknown}")
     return ctx_sd, fit_sd
@@ -769,7 +771,8 @@ class FitProgress(NamedTuple):
     """A fit checkpoint as FitCheckpoint.read returns it: the context's entries,
     the shard order, the epochs completed, their EpochStats rows, the steps done
     in the next epoch (0 at an epoch's end), that epoch's training Result totals
-    (None at an epoch's end) and the EvalStats rows."""
+    (None at an epoch's end), the EvalStats rows and the schedule's repr (None
+    when the run had none, or wrote no such entry)."""
 
     ctx_sd: dict[str, Any]
     permutation: np.ndarray
@@ -778,6 +781,7 @@ class FitProgress(NamedTuple):
     step: int
     train_totals: tuple[float, ...] | None
     eval_rows: list[tuple[float, ...]]
+    schedule: str | None = None
 
 
 class FitCheckpoint:
@@ -799,7 +803,8 @@ class FitCheckpoint:
     def __init__(self, path: Any, ndata: int, nbatch_logical: int, nbatch_physical: int,
                  idata_split: int, run: Mapping[str, int] | None = None,
                  run_info: Mapping[str, Any] | None = None,
-                 model_info: Mapping[str, str] | None = None) -> None:
+                 model_info: Mapping[str, str] | None = None,
+                 schedule: str | None = None) -> None:
         try:
             self.path = os.fspath(path)
         except TypeError:
@@ -821,6 +826,7 @@ class FitCheckpoint:
         self.run = dict(run or {})
         self.run_info = run_info_arg(run_info)
         self.model_info = dict(model_info or {})
+        self.schedule = schedule
 
     def exists(self) -> bool:
         """Whether the checkpoint file exists."""
@@ -876,7 +882,8 @@ class FitCheckpoint:
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         return FitProgress(ctx_sd, perm, done, [tuple(row) for row in history.tolist()], step,
-                           totals, [tuple(row) for row in evals.tolist()])
+                           totals, [tuple(row) for row in evals.tolist()],
+                           str(fit_sd[_FIT_SCHEDULE]) if _FIT_SCHEDULE in fit_sd else None)
 
     @staticmethod
     def _read_steps(fit_sd: Mapping[str, Any], steps_per_epoch: int | None
@@ -960,6 +967,8 @@ class FitCheckpoint:
             sd[_FIT_RUN_INFO] = json.dumps(self.run_info, sort_keys=True)
         if self.model_info:
             sd[_FIT_MODEL] = json.dumps(self.model_info, sort_keys=True)
+        if self.schedule is not None:
+            sd[_FIT_SCHEDULE] = self.schedule
         sd["fit.epoch"] = int(epoch)
         sd["fit.permutation"] = np.asarray(dataset.permutation, dtype=np.int64)
         sd["fit.history"] = np.array(history_rows, dtype=np.float64).reshape(

@@ -195,7 +195,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                                  # without the entry was written by one that did
                                  # whenever nbatch_logical < ndata)
                                  "fit.shuffle": int(plan.shuffle_all)}, run_info,
-                             model_info(model))
+                             model_info(model),
+                             repr(get_opt_pars) if isinstance(get_opt_pars, Schedule) else None)
         if not resume and ckpt.exists():
             warnings.warn(f"checkpoint: {ckpt.path!r} exists and will be overwritten after the "
                           "first epoch (resume=False); pass resume=True to continue from it",
@@ -296,22 +297,29 @@ def _schedule_moved(get_opt_pars, ctx, progress) -> str | None:
     """What a ggmlopt.schedules schedule gives the checkpoint's last step that
     differs from the parameters that step ran with (a resume whose learning rate,
     warmup or run length is not the run's that wrote it), else None."""
-    in_force = ctx.opt_pars_in_force
-    if in_force is None or not isinstance(get_opt_pars, Schedule):
+    if not isinstance(get_opt_pars, Schedule):
         return None
+    # the kind, length or warmup, where the last step's rate does not tell them (a
+    # step early in a warmup runs at t / warmup whatever the length)
+    other = None if progress.schedule in (None, repr(get_opt_pars)) else \
+        (f"its schedule was {progress.schedule}, this fit's is {get_opt_pars!r}: the run goes "
+         "on with other parameters than the one that wrote the checkpoint")
+    in_force = ctx.opt_pars_in_force
+    if in_force is None:
+        return other
     # the step that ran last, or its epoch (mid-epoch: the next one's)
     t = ctx.iter - 1 if get_opt_pars.unit == "step" else \
         progress.epochs_done + (1 if progress.step else 0)
     try:
         now = tuple(ctx.optimizer.hyperparameters(get_opt_pars(t)))
     except (ValueError, TypeError):
-        return None   # past this schedule's end: check_schedule has said so
+        return other   # past this schedule's end: check_schedule has said so
     names = ctx.optimizer.hyperparameter_names
     moved = [f"{ctx.optimizer.name}.{n} {float(a):.6g}, this fit's schedule gives "
              f"{float(b):.6g}" for n, a, b in zip(names, in_force, now)
              if np.float32(a) != np.float32(b)]
     if not moved:
-        return None
+        return other
     return (f"its last {get_opt_pars.unit} ({get_opt_pars.unit} {t}) ran with "
             f"{'; '.join(moved)}: the run goes on with other parameters than the one that "
             "wrote the checkpoint (another learning rate, schedule, warmup or length?)")

@@ -138,6 +138,31 @@ def test_a_fit_checkpoint_loads_as_a_context(tmp_path):
         assert p.data.tobytes() == q.data.tobytes()
 
 
+def test_a_resume_inside_the_warmup_with_another_length_says_so(tmp_path):
+    """At a warmup's step t the rate is t / warmup whatever the run's length: the
+    checkpoint's schedule tells a longer run from the one that wrote it."""
+    import warnings
+
+    def fit(total, max_steps, resume):
+        model, ds, _ = make_problem("step")
+        base = go.OptimizerParams(go.AdamWParams(alpha=0.01))
+        return go.fit(model, ds, go.LossType.CROSS_ENTROPY,
+                      get_opt_pars=go.schedules.WarmupCosine(4, total, base=base, unit="step"),
+                      nepoch=None, max_steps=max_steps, nbatch_logical=8, nbatch_physical=4,
+                      silent=True, seed=5, checkpoint=tmp_path / "w.npz", resume=resume)
+
+    fit(12, 3, False)   # stopped inside the warmup
+    with pytest.warns(UserWarning, match=r"resume: .*its schedule was WarmupCosine\(unit='step', "
+                                         r"total=12, warmup=4, .*this fit's is WarmupCosine\("
+                                         r"unit='step', total=30"):
+        fit(30, 30, True)
+    os.remove(tmp_path / "w.npz")
+    fit(12, 3, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the same run goes on: nothing to say
+        fit(12, 12, True)
+
+
 @pytest.mark.parametrize("unit", ["step", "epoch"])
 def test_a_resume_whose_schedule_moved_says_so(tmp_path, unit):
     """A schedule that gives the checkpoint's last step other parameters than it ran
