@@ -22,6 +22,9 @@ from ._optional import import_optional
 
 __all__ = ["ChatTemplate", "check_messages"]
 
+# what transformers appends to the message continue_final_message continues
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
 
 def _jinja():
     jinja2 = import_optional("jinja2", "chat", "chat templates")
@@ -146,8 +149,37 @@ class ChatTemplate:
         """The conversation as the template writes it.  messages: list of dicts
         with ``role`` and ``content`` (and whatever else the template reads);
         add_generation_prompt: end with the assistant's opening (for generation);
-        kwargs: further template variables (``tools``, ``enable_thinking`` ...)."""
-        return "".join(self._stream(messages, add_generation_prompt, kwargs))
+        kwargs: further template variables (``tools``, ``enable_thinking`` ...),
+        and transformers' ``continue_final_message`` (True, or the field to
+        continue): the text cut right after the last message's content, left
+        open for the model to go on with it."""
+        final = kwargs.pop("continue_final_message", False)
+        if not final:
+            return "".join(self._stream(messages, add_generation_prompt, kwargs))
+        return self._continued(messages, add_generation_prompt, kwargs, final)
+
+    def _continued(self, messages, add_generation_prompt, kwargs, final) -> str:
+        """transformers' continue_final_message: the last message's field marked with
+        a tag, rendered, and the text cut where the tag is (before the space the
+        template trimmed off the end of the message, if it did)."""
+        if add_generation_prompt:
+            raise ValueError("continue_final_message: continues the last message, where "
+                             "add_generation_prompt opens another; give one of them")
+        field = final if isinstance(final, str) else "content"
+        messages = [dict(m) if isinstance(m, dict) else m for m in check_messages(messages)]
+        text = messages[-1].get(field) if messages and isinstance(messages[-1], dict) else None
+        if not isinstance(text, str):   # as transformers: a value the messages lack
+            raise ValueError(f"continue_final_message: the last message has no str "  # noqa: TRY004
+                             f"{field!r} to continue")
+        messages[-1][field] = text + _CONTINUE_TAG
+        rendered = "".join(self._stream(messages, False, kwargs))
+        if text.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
+            raise ValueError("continue_final_message: the template does not write the last "
+                             "message's text as it is, so there is nothing to continue")
+        at = rendered.rindex(_CONTINUE_TAG.strip())
+        if rendered[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+            return rendered[:at]
+        return rendered[:at].rstrip()
 
     def _stream(self, messages, add_generation_prompt, kwargs):
         """The rendered text's chunks as Jinja streams them (self._streamed

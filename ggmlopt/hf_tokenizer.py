@@ -101,7 +101,7 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         self._refuse_other_post_processing()
         # what transformers' decode(skip_special_tokens=True) leaves out: the added
         # special tokens and every token the config names (an eos that is a word too)
-        self._skipped = frozenset(i for t in self._texts.values()
+        self._skipped = frozenset(i for t in [*self._texts.values(), *_extra_specials(config)]
                                   if (i := self.token_to_id(t)) is not None)
         self.eot_id = self.eom_id = None
         eog = {i for i in (self.eos_id,) if i is not None}
@@ -225,8 +225,9 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
 
 
 # added tokens' settings a tokenizer_config.json may give over tokenizer.json's that change
-# the ids (transformers applies them; its special flag there it leaves)
-_ADDED_FLAGS = ("lstrip", "rstrip", "single_word")
+# the ids (transformers applies them; the special flag there it leaves)
+_GENERIC_CLASSES = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
+_ADDED_FLAGS = ("lstrip", "rstrip", "single_word", "normalized")
 
 
 def _refuse_what_is_not_read(tk: Any, config: dict[str, Any], path: str) -> None:
@@ -250,19 +251,27 @@ def _refuse_what_is_not_read(tk: Any, config: dict[str, Any], path: str) -> None
                                  f"{flag}={bool(entry[flag])}, {path!r} {flag}="
                                  f"{bool(getattr(token, flag))}; ggmlopt reads the "
                                  "tokenizer.json's (make them agree)")
-    named = [_token_text(config.get(k)) for k in _SPECIAL_KEYS]
-    for key in ("additional_special_tokens", "extra_special_tokens"):
-        extra = config.get(key)
-        named += [_token_text(t) for t in (extra.values() if isinstance(extra, dict)
-                                           else extra or ())]
+    named = [_token_text(config.get(k)) for k in _SPECIAL_KEYS] + _extra_specials(config)
     missing = [t for t in named if t is not None and tk.token_to_id(t) is None]
     if missing:
         raise ValueError(f"{where}: names special tokens {missing} that {path!r} does not "
                          "have (transformers would add them as new ids the model lacks)")
-    if "add_prefix_space" in config and \
-            bool(config["add_prefix_space"]) != _writes_space_prefix(tk):
+    # null is "not set" (transformers 4 writes it); the generic classes ignore the key
+    if config.get("add_prefix_space") is not None and config.get("tokenizer_class") not in \
+            _GENERIC_CLASSES and bool(config["add_prefix_space"]) != _writes_space_prefix(tk):
         raise ValueError(f"{where}: add_prefix_space={bool(config['add_prefix_space'])} "
                          f"disagrees with {path!r}'s pre-tokenizer, which ggmlopt runs as it is")
+
+
+def _extra_specials(config: dict[str, Any]) -> list[str | None]:
+    """The texts of a config's additional_special_tokens and extra_special_tokens
+    (a list, or a dict by name)."""
+    texts: list[str | None] = []
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        extra = config.get(key)
+        texts += [_token_text(t) for t in (extra.values() if isinstance(extra, dict)
+                                           else extra or ())]
+    return texts
 
 
 def _writes_space_prefix(tk: Any) -> bool:

@@ -23,6 +23,7 @@ import numpy as np
 from ._args import bool_arg, int_arg
 from .chat_template import check_messages
 from .nn.positions import mark_document_starts
+from .text import check_text
 
 __all__ = ["TOO_LONG", "TRAIN_ON", "chat_windows", "completion_windows", "document_ids",
            "pack_examples", "read_jsonl", "text_windows", "token_offsets"]
@@ -106,7 +107,7 @@ def _content_end(text: str, start: int, stop: int, message, eog_texts=(),
     where none is found there.  An end-of-generation token's text inside a reply
     is the reply's, not the end of its turn.  (The same words further on, a later
     turn's, are not this turn's end: a header holds no end-of-generation text
-    and no other message's content.)"""
+    and no later message's content.)"""
     content = message.get("content")
     if not isinstance(content, str):
         return start
@@ -126,12 +127,13 @@ def _a_header(text: str, eog_texts, others) -> bool:
     return not any(e in text for e in eog_texts) and not any(o in text for o in others)
 
 
-def _other_contents(messages, i) -> list[str]:
-    """The stripped, non-empty contents of every message but messages[i]."""
+def _later_contents(messages, i) -> list[str]:
+    """The stripped, non-empty contents of the messages after messages[i] (those
+    before it are all in the text before its turn, never in its header)."""
     out = []
-    for j, m in enumerate(messages):
+    for m in messages[i + 1:]:
         content = m.get("content")
-        if j != i and isinstance(content, str) and content.strip():
+        if isinstance(content, str) and content.strip():
             out.append(content.strip())
     return out
 
@@ -185,7 +187,7 @@ def _assistant_spans(template, messages, train_on, kwargs,
     for i in turns:
         before = template.render(messages[:i], True, **kwargs)
         through = template.render(messages[:i + 1], False, **kwargs)
-        others = _other_contents(messages, i)
+        others = _later_contents(messages, i)
         if through.startswith(before) and text.startswith(through):
             content_end = _content_end(text, len(before), len(through), messages[i],
                                        eog_texts, others)
@@ -446,6 +448,9 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
             tokenizer.compiled_chat_template()
         try:
             messages = check_messages(conversation, f"conversations[{k}]")
+            for j, message in enumerate(messages):   # before the template moves them
+                if isinstance(message.get("content"), str):
+                    check_text(message["content"], f"conversations[{k}][{j}]['content']")
             text, spans = _assistant_spans(template, messages, train_on, kwargs, eog_texts)
         except (ValueError, TypeError) as e:
             # (a TypeError: the template met a content it cannot render, e.g. None)
@@ -495,6 +500,8 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
                             f"'prompt' and 'completion', got {type(pair).__name__}")
         if not isinstance(prompt, str) or not isinstance(completion, str):
             raise TypeError(f"pairs[{k}]: prompt and completion must be str")
+        check_text(prompt, f"pairs[{k}] prompt")
+        check_text(completion, f"pairs[{k}] completion")
         text = prompt + completion
         if _spells_its_tokens(tokenizer):
             ids, offsets = _ids_and_offsets(tokenizer, text, f"pairs[{k}]")
@@ -543,6 +550,7 @@ def text_windows(texts: Iterable, tokenizer, n_ctx: int, *, too_long: str = "err
         if not isinstance(text, str):
             raise TypeError(f"texts[{k}]: expected a str or a dict with a str 'text', got "
                             f"{type(text).__name__}")
+        check_text(text, f"texts[{k}]")
         ids = _encode(tokenizer, text)
         mask = np.ones(ids.size, bool)
         if _wants_bos(tokenizer, ids):

@@ -204,7 +204,9 @@ def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
         return int(np.argmax(logits))
     with np.errstate(over="ignore", invalid="ignore"):
         z = logits.astype(np.float64) / temperature
-        if not z.max() < math.inf:
+        # overflowed either way (every logit negative gives -inf everywhere); logits
+        # that are all -inf are the model's to answer for
+        if not math.isfinite(z.max()) and not np.isneginf(logits).all():
             z = _scaled_past_range(logits.astype(np.float64), temperature)
     cut = -math.inf if min_p is None or min_p <= 0 else math.log(min_p)
     if top_p is not None and top_p >= 1:
@@ -386,13 +388,17 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int = 256, *
     sampling: generate's options (temperature, top_k, top_p, min_p,
     repetition_penalty, seed, stop_ids).  template_kwargs: further template
     variables, as transformers' apply_chat_template takes them (Qwen3's
-    ``enable_thinking``).  A BOS is put first when the tokenizer says so
-    (add_bos) and the template did not write one.
+    ``enable_thinking``; ``continue_final_message``: the reply goes on from the
+    last message, an assistant's prefilled start, with no generation prompt).
+    A BOS is put first when the tokenizer says so (add_bos) and the template
+    did not write one.
     """
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise TypeError(f"template_kwargs: expected a dict or None, got "
                         f"{type(template_kwargs).__name__}")
-    ids = np.asarray(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+    # continue_final_message: the model goes on with the last (assistant) message
+    continues = bool((template_kwargs or {}).get("continue_final_message"))
+    ids = np.asarray(tokenizer.apply_chat_template(messages, add_generation_prompt=not continues,
                                                    **(template_kwargs or {})), np.int32)
     bos = getattr(tokenizer, "bos_id", None)
     if getattr(tokenizer, "add_bos", False) and bos is not None and (ids.size == 0

@@ -315,14 +315,25 @@ class SPMTokenizer(Vocabulary):
 
     def decode(self, ids: npt.ArrayLike, *, skip_special: bool = False) -> str:
         """ids -> str: pieces joined with U+2581 as spaces, byte tokens as bytes
-        (invalid UTF-8 replaced by U+FFFD), the space prefix of the first token
+        (a run of byte tokens that is not UTF-8 gives a U+FFFD a byte, as
+        transformers' ByteFallback decoder: a reply cut inside a character keeps
+        its length in bytes), the space prefix of the first token
         removed as llama.cpp's detokenizer and transformers' Strip decoder do
         (after a leading BOS or other control token it stays: '<s> Hello');
         control tokens left out with skip_special, which then strips the first
         token kept, as transformers does."""
         skip_special = bool_arg(skip_special, "skip_special")
         arr = checked_ids(ids, self.vocab_size)
-        data = bytearray()
+        out: list[str] = []
+        run = bytearray()   # consecutive byte tokens, read together
+
+        def flush() -> None:
+            try:
+                out.append(run.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append("\ufffd" * len(run))
+            run.clear()
+
         first = True
         for i in arr.tolist():
             if skip_special and i in self._control_ids:
@@ -332,8 +343,15 @@ class SPMTokenizer(Vocabulary):
                     TOKEN_CONTROL, TOKEN_USER_DEFINED) and piece.startswith(b" "):
                 piece = piece[1:]
             first = False
-            data += piece
-        return data.decode("utf-8", "replace")
+            if self.token_types[i] == TOKEN_BYTE:
+                run += piece
+                continue
+            if run:
+                flush()
+            out.append(piece.decode("utf-8", "replace"))
+        if run:
+            flush()
+        return "".join(out)
 
     @property
     def special_tokens_map(self) -> dict[str, str]:

@@ -268,15 +268,16 @@ def not_eog_beside(ids: dict[str, int], eog: set[int]) -> tuple[int | None, int 
     return end, s
 
 
-def check_text(text: object) -> None:
+def check_text(text: object, name: str = "text") -> None:
     """What every encode takes: a str (TypeError otherwise) that UTF-8 can encode
-    (ValueError naming a lone surrogate, which no tokenizer spells)."""
+    (ValueError naming a lone surrogate, which no tokenizer spells); name: the
+    argument's, for the messages."""
     if not isinstance(text, str):
-        raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        raise TypeError(f"{name}: expected a str, got {type(text).__name__}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"text: a lone surrogate U+{ord(text[e.start]):04X} at position "
+        raise ValueError(f"{name}: a lone surrogate U+{ord(text[e.start]):04X} at position "
                          f"{e.start}; expected text that UTF-8 can encode") from None
 
 

@@ -632,6 +632,43 @@ def test_turns_rendered_otherwise_when_followed_end_at_their_end_of_turn():
     assert _labelled_runs(tok, y[0]) == ["a1<|im_end|>\n", "<think>r2</think>a2<|im_end|>\n"]
 
 
+def test_a_system_message_s_words_inside_a_turn_s_header_are_no_later_turn():
+    # gpt-oss' header "<|channel|>final<|message|>" holds the system message's word:
+    # that message comes before the turn, so the header is still the template's
+    tok = _ImEnd(chat_template=HEADER_THEN_CONTENT)
+    chat = [{"role": "system", "content": "message"},
+            {"role": "user", "content": "How does a turn end?"},
+            {"role": "assistant", "content": "<think>r</think>Say <|im_end|> then stop."},
+            {"role": "user", "content": "Thanks"},
+            {"role": "assistant", "content": "Welcome."}]
+    _, y = go.instruct.chat_windows([chat], tok, 320)
+    runs = _labelled_runs(tok, y[0])
+    assert runs[0] == "<|channel|>final<|message|>Say <|im_end|> then stop.<|im_end|>\n"
+
+
+def test_continue_final_message_leaves_the_last_turn_open():
+    # transformers' continue_final_message: the text stops right after the last
+    # message (a prefilled answer the model goes on with), trimmed or not
+    messages = [{"role": "user", "content": "Name a colour"},
+                {"role": "assistant", "content": "The colour is"}]
+    tok = ByteTokenizer(chat_template=CHATML)
+    text = tok.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert text.endswith("<|im_start|>assistant\nThe colour is")
+    trimmed = CHATML.replace("message['content']", "(message['content'] | trim)")
+    spaced = [messages[0], {"role": "assistant", "content": "The colour is "}]
+    assert ByteTokenizer(chat_template=trimmed).apply_chat_template(
+        spaced, tokenize=False, continue_final_message=True).endswith("assistant\nThe colour is")
+    with pytest.raises(ValueError, match="add_generation_prompt"):
+        tok.apply_chat_template(messages, add_generation_prompt=True, continue_final_message=True)
+    pytest.importorskip("transformers")
+    from transformers.utils.chat_template_utils import render_jinja_template
+    for template, chat in ((CHATML, messages), (trimmed, spaced)):
+        want = render_jinja_template(conversations=[chat], chat_template=template,
+                                     continue_final_message=True)[0][0]
+        assert ByteTokenizer(chat_template=template).apply_chat_template(
+            chat, tokenize=False, continue_final_message=True) == want
+
+
 @pytest.mark.parametrize("after", ["Hello", "o", "\n", "there, nice"])
 def test_the_next_message_s_words_inside_a_turn_are_the_turn_s(after):
     # a turn rendered otherwise when followed, whose text holds the next message's

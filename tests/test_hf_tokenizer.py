@@ -293,7 +293,10 @@ def test_an_eos_that_is_a_word_too_is_left_out_when_decoding_without_specials(tm
      "'<\\|im_start\\|>' rstrip=True"),
     ({"config": {"additional_special_tokens": ["<tool>"]}}, r"special tokens \['<tool>'\]"),
     ({"config": {"pad_token": "<pad>"}}, r"special tokens \['<pad>'\]"),
-    ({"config": {"add_prefix_space": True}}, "add_prefix_space=True disagrees"),
+    ({"config": {"add_prefix_space": True, "tokenizer_class": "GPT2Tokenizer"}},
+     "add_prefix_space=True disagrees"),
+    ({"config": {"added_tokens_decoder": {"3": {"content": "<|im_end|>", "normalized": True}}}},
+     "'<\\|im_end\\|>' normalized=True"),
     ({"tokenizer": "bert"}, r"puts \['\[CLS\]'\] before a text and \['\[SEP\]'\] after it"),
 ])
 def test_what_transformers_applies_and_ggmlopt_would_not_is_refused(tmp_path, edit, match):
@@ -311,6 +314,24 @@ def test_what_transformers_applies_and_ggmlopt_would_not_is_refused(tmp_path, ed
         _edit(directory, config=edit["config"])
     with pytest.raises(ValueError, match=match):
         load_hf_tokenizer(directory)
+
+
+def test_settings_transformers_leaves_are_read(tmp_path):
+    # add_prefix_space null (transformers 4 writes it) or under the generic class is
+    # not applied by transformers: read; an extra special token is left out of a
+    # decode without specials, as transformers leaves it
+    transformers = pytest.importorskip("transformers")
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="none")
+    base = json.loads((directory / "tokenizer_config.json").read_text())
+    for config in ({"add_prefix_space": None}, {"add_prefix_space": True},
+                   {"additional_special_tokens": ["<|im_start|>"], "add_prefix_space": None}):
+        (directory / "tokenizer_config.json").write_text(json.dumps({**base, **config}))
+        assert json.loads((directory / "tokenizer_config.json").read_text()).keys() >= \
+            config.keys()   # null written as null
+        ours, theirs = load_hf_tokenizer(directory), transformers.AutoTokenizer.from_pretrained(directory)
+        ids = ours.encode("<|im_start|>user hi").tolist()
+        assert ids == theirs("<|im_start|>user hi", add_special_tokens=False)["input_ids"]
+        assert ours.decode(ids, skip_special=True) == theirs.decode(ids, skip_special_tokens=True)
 
 
 def test_a_bos_the_config_does_not_name_is_the_post_processor_s(tmp_path):

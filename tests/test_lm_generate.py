@@ -105,6 +105,12 @@ def test_a_temperature_or_penalty_past_float_range_draws_the_limit():
     for seed in range(3):
         np.testing.assert_array_equal(go.generate(model, [5], 6, temperature=1e-320,
                                                   seed=seed), greedy)
+    # every logit negative: the scaled ones are all -inf, the limit still the argmax
+    from ggmlopt.lm import _pick
+    rng = np.random.default_rng(0)
+    for logits in (np.float32([-3.0, -1.0, -2.0]), np.float32([-5.0, 0.0, -1.0])):
+        for top_k in (None, 2):
+            assert _pick(logits, 1e-320, top_k, None, rng) == int(np.argmax(logits))
     # a penalty of 1e-45 makes a seen id's positive logit infinite: drawn again
     got = go.generate(model, [5, 7], 4, repetition_penalty=1e-45, seed=0)
     assert set(got.tolist()) <= {5, 7}

@@ -258,6 +258,15 @@ def test_from_chat_packs_every_conversation_once_with_its_own_labels():
             make(rows, tok, 16, add_eos="no")
     with pytest.raises(TypeError, match="conversations: expected a list of conversations"):
         go.Dataset.from_chat(None, tok, 256)
+    # a lone surrogate named where it is, not at an offset of the rendered chat
+    bad = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a\ud800"}]]
+    with pytest.raises(ValueError, match=r"conversations\[0\]\[1\]\['content'\]: a lone "
+                                         r"surrogate U\+D800 at position 1"):
+        go.Dataset.from_chat(bad, tok, 256)
+    with pytest.raises(ValueError, match=r"pairs\[1\] completion: a lone surrogate"):
+        go.Dataset.from_completions([("a", "b"), ("c", "\udfff")], tok, 16)
+    with pytest.raises(ValueError, match=r"texts\[0\]: a lone surrogate"):
+        go.Dataset.from_texts(["\ud800"], tok, 16)
 
 
 def test_fit_on_packed_chats_follows_the_unpacked_run():

@@ -204,6 +204,31 @@ def test_qlora_gradients_equal_lora_over_the_dequantized_model(tmp_path, cls, cf
         assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max() + 1e-12, name
 
 
+def test_a_resume_over_a_base_kept_otherwise_is_refused(tmp_path):
+    # the adapters' names and shapes are the same over a Q4_0, a Q8_0 or a widened
+    # base: the checkpoint says which base the run trained over
+    for dtype in ("q4_0", "q8_0"):
+        save_gguf(tiny_llama(), tmp_path / f"{dtype}.gguf", tokenizer=ByteTokenizer(), dtype=dtype)
+    tokens = np.random.default_rng(0).integers(0, 257, 24 * 8 + 1).astype(np.int32)
+
+    def run(dtype, keep, nepoch):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # the widened load warns that it dequantized
+            model, _ = load_gguf(tmp_path / f"{dtype}.gguf", keep_types=keep)
+        lora.apply(model, rank=4)
+        go.fit(model, go.Dataset.from_tokens(tokens, n_ctx=24), "cross_entropy",
+               nepoch=nepoch, nbatch_logical=7, silent=True, seed=0,
+               checkpoint=tmp_path / "c.npz", resume=nepoch > 1)
+
+    run("q4_0", True, 1)
+    with pytest.raises(ValueError, match=r"fit.model: .*kept Q4_0, this model has "
+                                         r"(kept Q8_0|float32)"):
+        run("q8_0", True, 2)
+    with pytest.raises(ValueError, match="do not match|fit.model"):   # widened: Parameters
+        run("q4_0", False, 2)
+    run("q4_0", True, 2)   # the same base resumes
+
+
 def test_qlora_trains_saves_and_merges(tmp_path):
     path = tmp_path / "m.gguf"
     save_gguf(tiny_llama(), path, tokenizer=ByteTokenizer(), dtype="q4_0")

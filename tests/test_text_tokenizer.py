@@ -200,6 +200,21 @@ def test_spm_merges_by_score_with_byte_fallback_and_the_space_prefix():
     assert tok.decode(é) == "é"
 
 
+def test_spm_byte_tokens_that_are_no_character_give_one_replacement_each():
+    # transformers' ByteFallback decoder: a reply cut inside a character (F0 9F of
+    # an emoji) keeps one U+FFFD a byte, where Python's decode would give one
+    tok = _spm()
+    smile = tok.encode("he\U0001F600")
+    cut = smile[:-2]   # the emoji's last two bytes missing
+    assert [tok.id_to_token(i) for i in cut[-2:]] == ["<0xF0>", "<0x9F>"]
+    assert tok.decode(cut) == "he\ufffd\ufffd"
+    assert tok.decode(smile) == "he\U0001F600"
+    # a run of byte tokens is read whole, as that decoder reads it: a character's
+    # bytes right after the broken ones are in the run too
+    assert tok.decode(np.concatenate([cut, tok.encode("é")[1:]])) == "he" + "\ufffd" * 4
+    assert tok.decode(np.concatenate([cut, tok.encode("hello")])) == "he\ufffd\ufffd hello"
+
+
 # ---- llama.cpp's special tokens beyond the types: unknown ones, fill-in-the-middle ---------
 
 def test_an_unknown_type_token_is_matched_and_skipped_as_a_control_one():
