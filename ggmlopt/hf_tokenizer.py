@@ -89,6 +89,8 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
             else None
         self.eos_id = self.token_to_id(self._texts["eos_token"]) if self._texts["eos_token"] \
             else None
+        self.unk_id = self.token_to_id(self._texts["unk_token"])
+        self.pad_id = self.token_to_id(self._texts["pad_token"])
         add_bos = config.get("add_bos_token")
         # transformers adds the BOS where the tokenizer.json's post-processor does
         # (Llama 3's TemplateProcessing) or where the config says so

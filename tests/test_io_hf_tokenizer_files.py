@@ -130,4 +130,39 @@ def test_every_vocabulary_of_llama_cpp_round_trips(tmp_path, path):
     # "</s>" is a normal token beside its <|tool_response>, in the HF files as in GGUF)
     from ggmlopt.hf_tokenizer import load_hf_tokenizer
     assert load_hf_tokenizer(tmp_path).eog_ids == tok.eog_ids
+    # the pad and unknown tokens llama.cpp names are named for transformers too
+    fields = GgufFile(path).fields
+    for key, name in (("padding", "pad_token_id"), ("unknown", "unk_token_id")):
+        want = fields.get(f"tokenizer.ggml.{key}_token_id")
+        if want is not None and tok.token_types[want] in (2, 3):   # unknown, control
+            assert getattr(auto, name) == want, name
+
+
+def test_named_templates_are_files_as_transformers_writes_them(tmp_path):
+    # Command R's tool_use and rag: chat_template.jinja and additional_chat_templates/
+    transformers = pytest.importorskip("transformers")
+    tok = _tiny_bpe()
+    tok.named_chat_templates = {"tool_use": "T:{{ messages[0]['content'] }}{{ tools|length }}",
+                                "rag": "R:{{ messages[0]['content'] }}"}
+    save_hf(_model(tok.vocab_size), tmp_path, tokenizer=tok)
+    assert "chat_template" not in json.loads((tmp_path / "tokenizer_config.json").read_text())
+    auto, back = transformers.AutoTokenizer.from_pretrained(tmp_path), load_hf_tokenizer(tmp_path)
+    chat = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for kwargs, want in (({}, tok.apply_chat_template(chat, tokenize=False)),
+                         ({"tools": tools}, "T:hi1"), ({"chat_template": "rag"}, "R:hi")):
+        assert auto.apply_chat_template(chat, tokenize=False, **kwargs) == want, kwargs
+        assert back.apply_chat_template(chat, tokenize=False, **kwargs) == want, kwargs
+        assert tok.apply_chat_template(chat, tokenize=False, **kwargs) == want, kwargs
+
+
+def test_a_bos_that_is_a_word_is_refused(tmp_path):
+    # transformers would make the named bos_token special and find it inside words
+    from ggmlopt.text import GPT2_BYTE_STRINGS
+    tokens = list(GPT2_BYTE_STRINGS) + ["th", "the", "<|endoftext|>"]
+    tok = BPETokenizer(tokens, ["t h", "th e"], token_types=[1] * 258 + [3],
+                       bos_id=257, eos_id=258, add_bos=True, pre="llama-bpe")
+    with pytest.raises(ValueError, match="its bos_token 'the' \\(id 257\\) is a normal token"):
+        save_hf(_model(259), tmp_path / "w", tokenizer=tok)
+    assert not (tmp_path / "w").exists()
 

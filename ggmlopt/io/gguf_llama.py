@@ -679,8 +679,19 @@ def tokenizer_from_fields(fields: dict[str, Any], where: str):
     SPMTokenizer for a llama-type one, a WordPieceTokenizer for a bert-type one,
     None with a UserWarning for any other.  Its chat template is
     tokenizer.chat_template, and the named ones (tokenizer.chat_template.<name>:
-    Command R's tool_use and rag) are its named_chat_templates."""
+    Command R's tool_use and rag) are its named_chat_templates; its pad_id (and
+    an unk_id it lacks) is tokenizer.ggml.padding_token_id (unknown_token_id)
+    where the file has one in the vocabulary."""
     tokenizer = _tokenizer_of_kind(fields, where)
+    pad = fields.get("tokenizer.ggml.padding_token_id")
+    if tokenizer is not None and isinstance(pad, int) and not isinstance(pad, bool) \
+            and 0 <= pad < tokenizer.vocab_size:
+        tokenizer.pad_id = pad   # llama_vocab_pad's (a Hugging Face pad_token)
+    unk = fields.get("tokenizer.ggml.unknown_token_id")
+    if tokenizer is not None and getattr(tokenizer, "unk_id", None) is None \
+            and isinstance(unk, int) and not isinstance(unk, bool) \
+            and 0 <= unk < tokenizer.vocab_size:
+        tokenizer.unk_id = unk   # named, for a Hugging Face unk_token
     prefix = "tokenizer.chat_template."
     named = {k[len(prefix):]: v for k, v in fields.items()
              if k.startswith(prefix) and isinstance(v, str) and v}

@@ -93,6 +93,7 @@ def save_hf(model, directory, *, tokenizer=None) -> None:
     config = _hf_config(model)   # (a config transformers could not read is refused here)
     os.makedirs(directory, exist_ok=True)
     for name, text in tokenizer_files.items():
+        os.makedirs(os.path.dirname(os.path.join(directory, name)), exist_ok=True)
         with atomic_output(os.path.join(directory, name)) as tmp, \
                 open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
@@ -114,10 +115,17 @@ def _tokenizer_files(tokenizer, config) -> dict[str, str]:
         # (a model's embedding may have rows past the tokenizer's ids: Qwen's are padded)
         raise ValueError(f"tokenizer: it has {size} tokens, more than the model's "
                          f"vocab_size {config.vocab_size}")
-    return {"tokenizer.json": text,
-            "tokenizer_config.json": files.dumps(files.tokenizer_config(
-                tokenizer, config.max_seq_len)),
-            "generation_config.json": files.dumps(files.generation_config(tokenizer))}
+    out = {"tokenizer.json": text,
+           "tokenizer_config.json": files.dumps(files.tokenizer_config(
+               tokenizer, config.max_seq_len)),
+           "generation_config.json": files.dumps(files.generation_config(tokenizer))}
+    named = files.named_templates(tokenizer)
+    if named:   # the default in chat_template.jinja, the others by name, as transformers
+        if tokenizer.chat_template:
+            out["chat_template.jinja"] = tokenizer.chat_template
+        out.update({f"additional_chat_templates/{name}.jinja": source
+                    for name, source in named.items()})
+    return out
 
 
 def _read_config(directory: str) -> dict[str, Any]:

@@ -24,8 +24,9 @@ import json
 from typing import Any
 
 from .._optional import import_optional
+from ..text import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_UNUSED
 
-__all__ = ["generation_config", "tokenizer_config", "tokenizer_json"]
+__all__ = ["generation_config", "named_templates", "tokenizer_config", "tokenizer_json"]
 
 def _tokenizers():
     return import_optional("tokenizers", "tokenizers", "save_hf(..., tokenizer=...)")
@@ -86,20 +87,50 @@ def _special_text(tokenizer, token_id: int | None) -> str | None:
         getattr(tokenizer, "eos_text", None)
 
 
+def _special_kind_problem(tokenizer, key: str, token_id: int) -> str | None:
+    """Why a vocabulary token cannot be named as tokenizer_config.json's key: a
+    normal token (a word), which transformers would make special and match
+    inside words; None where it can be."""
+    types = getattr(tokenizer, "token_types", None)
+    if types is None or types[token_id] not in (TOKEN_NORMAL, TOKEN_BYTE, TOKEN_UNUSED):
+        return None
+    return (f"tokenizer: its {key} {_special_text(tokenizer, token_id)!r} (id {token_id}) is a "
+            "normal token, which transformers would make special and find inside words")
+
+
+def named_templates(tokenizer) -> dict[str, str]:
+    """A tokenizer's named chat templates (Command R's tool_use and rag), each a
+    file additional_chat_templates/<name>.jinja as transformers writes them."""
+    named = dict(getattr(tokenizer, "named_chat_templates", None) or {})
+    for name in named:
+        if not name or any(c in name for c in "/\\") or name.startswith("."):
+            raise ValueError(f"tokenizer: a chat template named {name!r} makes no file name")
+    return named
+
+
 def tokenizer_config(tokenizer, max_len: int) -> dict[str, Any]:
     """tokenizer_config.json: the special tokens' texts, whether a BOS comes
-    first, the chat template and the context length."""
+    first, the chat template (in chat_template.jinja instead where there are
+    named ones too) and the context length; ValueError for a BOS or EOS that is
+    a normal token."""
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
                               "model_max_length": int(max_len),
                               "clean_up_tokenization_spaces": False,
                               "add_bos_token": bool(getattr(tokenizer, "add_bos", False)),
                               "add_eos_token": bool(getattr(tokenizer, "add_eos", False))}
     for key, token_id in (("bos_token", getattr(tokenizer, "bos_id", None)),
-                          ("eos_token", getattr(tokenizer, "eos_id", None))):
+                          ("eos_token", getattr(tokenizer, "eos_id", None)),
+                          ("unk_token", getattr(tokenizer, "unk_id", None)),
+                          ("pad_token", getattr(tokenizer, "pad_id", None))):
         text = _special_text(tokenizer, token_id)
-        if text is not None:
+        if token_id is None or text is None:
+            continue
+        problem = _special_kind_problem(tokenizer, key, token_id)
+        if problem is not None and key in ("bos_token", "eos_token"):
+            raise ValueError(problem)
+        if problem is None:   # a pad or unk that is a word is left unnamed
             config[key] = text
-    if getattr(tokenizer, "chat_template", None):
+    if getattr(tokenizer, "chat_template", None) and not named_templates(tokenizer):
         config["chat_template"] = tokenizer.chat_template
     return config
 
