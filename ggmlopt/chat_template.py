@@ -166,12 +166,30 @@ class ChatTemplate:
             raise ValueError("continue_final_message: continues the last message, where "
                              "add_generation_prompt opens another; give one of them")
         field = final if isinstance(final, str) else "content"
-        messages = [dict(m) if isinstance(m, dict) else m for m in check_messages(messages)]
-        text = messages[-1].get(field) if messages and isinstance(messages[-1], dict) else None
-        if not isinstance(text, str):   # as transformers: a value the messages lack
-            raise ValueError(f"continue_final_message: the last message has no str "  # noqa: TRY004
-                             f"{field!r} to continue")
-        messages[-1][field] = text + _CONTINUE_TAG
+        messages = check_messages(messages)   # copies: the caller's stay as they are
+        last = messages[-1] if messages else {}
+        value = last.get(field)
+        if isinstance(value, (list, tuple)):   # content blocks: the last one with text
+            blocks = [dict(b) if isinstance(b, Mapping) else b for b in value]
+            at = next((i for i in range(len(blocks) - 1, -1, -1)
+                       if isinstance(blocks[i], dict) and isinstance(blocks[i].get("text"), str)),
+                      None)
+            if at is None:
+                raise ValueError("continue_final_message: the last message has no text block "
+                                 "to continue")
+            text = blocks[at]["text"]
+            blocks[at]["text"] = text + _CONTINUE_TAG
+            last[field] = blocks
+        elif isinstance(value, str):
+            text = value
+            # reasoning is written under several names: every copy of it continues
+            fields = [k for k in REASONING_FIELDS if last.get(k) == text] \
+                if field in REASONING_FIELDS else [field]
+            for k in fields:
+                last[k] = text + _CONTINUE_TAG
+        else:   # as transformers: a value the messages lack
+            raise ValueError(f"continue_final_message: the last message has no {field!r} "  # noqa: TRY004
+                             "to continue")
         rendered = "".join(self._stream(messages, False, kwargs))
         if text.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
             raise ValueError("continue_final_message: the template does not write the last "

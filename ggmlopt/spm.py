@@ -334,14 +334,15 @@ class SPMTokenizer(Vocabulary):
                 out.append("\ufffd" * len(run))
             run.clear()
 
-        first = True
+        first, strip = True, False
         for i in arr.tolist():
             if skip_special and i in self._control_ids:
                 continue
             piece = self.token_bytes(i)
-            if first and self.add_space_prefix and self.token_types[i] not in (
-                    TOKEN_CONTROL, TOKEN_USER_DEFINED) and piece.startswith(b" "):
-                piece = piece[1:]
+            if first:   # its space goes once the byte runs are read (a <0x20> in a broken
+                # run is a U+FFFD then, as transformers' Strip comes after ByteFallback)
+                strip = self.add_space_prefix and self.token_types[i] not in (
+                    TOKEN_CONTROL, TOKEN_USER_DEFINED)
             first = False
             if self.token_types[i] == TOKEN_BYTE:
                 run += piece
@@ -351,7 +352,8 @@ class SPMTokenizer(Vocabulary):
             out.append(piece.decode("utf-8", "replace"))
         if run:
             flush()
-        return "".join(out)
+        text = "".join(out)
+        return text[1:] if strip and text.startswith(" ") else text
 
     @property
     def special_tokens_map(self) -> dict[str, str]:

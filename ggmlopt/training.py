@@ -196,7 +196,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                                  # whenever nbatch_logical < ndata)
                                  "fit.shuffle": int(plan.shuffle_all)}, run_info,
                              model_info(model),
-                             repr(get_opt_pars) if isinstance(get_opt_pars, Schedule) else None)
+                             _schedule_record(get_opt_pars))
         if not resume and ckpt.exists():
             warnings.warn(f"checkpoint: {ckpt.path!r} exists and will be overwritten after the "
                           "first epoch (resume=False); pass resume=True to continue from it",
@@ -293,6 +293,15 @@ def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False,
     check_fits(report)
 
 
+def _schedule_record(get_opt_pars) -> str | None:
+    """What a checkpoint records of the schedule: the repr of one of
+    ggmlopt.schedules' own classes (its kind, length and warmup), None for any
+    other get_opt_pars (a subclass's fields may print differently every run)."""
+    if isinstance(get_opt_pars, Schedule) and type(get_opt_pars).__module__ == Schedule.__module__:
+        return repr(get_opt_pars)
+    return None
+
+
 def _schedule_moved(get_opt_pars, ctx, progress) -> str | None:
     """What a ggmlopt.schedules schedule gives the checkpoint's last step that
     differs from the parameters that step ran with (a resume whose learning rate,
@@ -301,8 +310,9 @@ def _schedule_moved(get_opt_pars, ctx, progress) -> str | None:
         return None
     # the kind, length or warmup, where the last step's rate does not tell them (a
     # step early in a warmup runs at t / warmup whatever the length)
-    other = None if progress.schedule in (None, repr(get_opt_pars)) else \
-        (f"its schedule was {progress.schedule}, this fit's is {get_opt_pars!r}: the run goes "
+    record = _schedule_record(get_opt_pars)
+    other = None if None in (progress.schedule, record) or progress.schedule == record else \
+        (f"its schedule was {progress.schedule}, this fit's is {record}: the run goes "
          "on with other parameters than the one that wrote the checkpoint")
     in_force = ctx.opt_pars_in_force
     if in_force is None:

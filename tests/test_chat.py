@@ -660,8 +660,27 @@ def test_continue_final_message_leaves_the_last_turn_open():
         spaced, tokenize=False, continue_final_message=True).endswith("assistant\nThe colour is")
     with pytest.raises(ValueError, match="add_generation_prompt"):
         tok.apply_chat_template(messages, add_generation_prompt=True, continue_final_message=True)
+    # the reasoning, under each name templates read, and the last text block of a list
+    thinks = ("{% for m in messages %}{{ m.role }}:{% if m.reasoning_content %}<think>"
+              "{{ m.reasoning_content }}</think>{% endif %}{% if m.content is string %}"
+              "{{ m.content }}{% else %}{% for b in m.content %}{{ b.text }}{% endfor %}"
+              "{% endif %};{% endfor %}")
+    reasoning = [messages[0], {"role": "assistant", "content": "", "thinking": "Hmm, so"}]
+    blocks = [messages[0], {"role": "assistant", "content": [{"type": "text", "text": "A"},
+                                                            {"type": "text", "text": "B c"}]}]
+    tok2 = ByteTokenizer(chat_template=thinks)
+    assert tok2.apply_chat_template(reasoning, tokenize=False,
+                                    continue_final_message="thinking").endswith("<think>Hmm, so")
+    assert tok2.apply_chat_template(blocks, tokenize=False,
+                                    continue_final_message=True).endswith("assistant:AB c")
+    assert blocks[1]["content"][1]["text"] == "B c"   # the caller's messages unchanged
     pytest.importorskip("transformers")
     from transformers.utils.chat_template_utils import render_jinja_template
+    for template, chat, final in ((thinks, reasoning, "thinking"), (thinks, blocks, True)):
+        want = render_jinja_template(conversations=[chat], chat_template=template,
+                                     continue_final_message=final)[0][0]
+        assert ByteTokenizer(chat_template=template).apply_chat_template(
+            chat, tokenize=False, continue_final_message=final) == want
     for template, chat in ((CHATML, messages), (trimmed, spaced)):
         want = render_jinja_template(conversations=[chat], chat_template=template,
                                      continue_final_message=True)[0][0]

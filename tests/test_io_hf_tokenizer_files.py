@@ -156,6 +156,17 @@ def test_named_templates_are_files_as_transformers_writes_them(tmp_path):
         assert tok.apply_chat_template(chat, tokenize=False, **kwargs) == want, kwargs
 
 
+def test_a_bos_llama_cpp_knows_by_its_text_is_written(tmp_path):
+    # aquila's <|endoftext|> is typed normal in the file; llama.cpp (and ggmlopt)
+    # match it whole by its text: it is a special token in the files too
+    from ggmlopt.text import GPT2_BYTE_STRINGS
+    tokens = list(GPT2_BYTE_STRINGS) + ["<|endoftext|>"]
+    tok = BPETokenizer(tokens, [], token_types=[1] * 257, bos_id=256, eos_id=256,
+                       add_bos=True, pre="llama-bpe")
+    save_hf(_model(257), tmp_path, tokenizer=tok)
+    _check_auto_tokenizer(tok, tmp_path)
+
+
 def test_a_bos_that_is_a_word_is_refused(tmp_path):
     # transformers would make the named bos_token special and find it inside words
     from ggmlopt.text import GPT2_BYTE_STRINGS

@@ -213,6 +213,11 @@ def test_spm_byte_tokens_that_are_no_character_give_one_replacement_each():
     # bytes right after the broken ones are in the run too
     assert tok.decode(np.concatenate([cut, tok.encode("é")[1:]])) == "he" + "\ufffd" * 4
     assert tok.decode(np.concatenate([cut, tok.encode("hello")])) == "he\ufffd\ufffd hello"
+    # the first token's space goes after the run is read: a <0x20> in a broken run
+    # is one of its U+FFFD (transformers strips after ByteFallback), in a whole one it goes
+    byte = {b: tok.token_to_id(f"<0x{b:02X}>") for b in (0x20, 0x61, 0xD3)}
+    assert tok.decode([byte[0x20], byte[0xD3]]) == "\ufffd\ufffd"
+    assert tok.decode([byte[0x20], byte[0x61]]) == "a"
 
 
 # ---- llama.cpp's special tokens beyond the types: unknown ones, fill-in-the-middle ---------

@@ -24,7 +24,6 @@ import json
 from typing import Any
 
 from .._optional import import_optional
-from ..text import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_UNUSED
 
 __all__ = ["generation_config", "named_templates", "tokenizer_config", "tokenizer_json"]
 
@@ -91,8 +90,11 @@ def _special_kind_problem(tokenizer, key: str, token_id: int) -> str | None:
     """Why a vocabulary token cannot be named as tokenizer_config.json's key: a
     normal token (a word), which transformers would make special and match
     inside words; None where it can be."""
-    types = getattr(tokenizer, "token_types", None)
-    if types is None or types[token_id] not in (TOKEN_NORMAL, TOKEN_BYTE, TOKEN_UNUSED):
+    # the tokens llama.cpp matches whole (its control and user-defined ones, by type
+    # or by text: aquila's <|endoftext|> is typed normal), which the file holds as
+    # added tokens
+    control, user = getattr(tokenizer, "_control", None), getattr(tokenizer, "_user", None)
+    if control is None or user is None or token_id in control or token_id in user:
         return None
     return (f"tokenizer: its {key} {_special_text(tokenizer, token_id)!r} (id {token_id}) is a "
             "normal token, which transformers would make special and find inside words")
