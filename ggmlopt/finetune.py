@@ -248,12 +248,34 @@ def _problems(args) -> list[str]:
             folder = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(folder):
                 bad.append(f"{flag}: no directory {folder!r} to write into")
-            elif os.path.isdir(path):
+            elif os.path.isdir(path) or path.endswith((os.sep, "/")):
                 bad.append(f"{flag}: {path!r} is a directory; give a file name")
             # two results into one file: the second would overwrite the first
             other = written.setdefault(os.path.abspath(path), flag)
             if other != flag:
                 bad.append(f"{flag}: {path!r} is also {other}'s file")
+    return bad
+
+
+def _given(p, argv) -> set[str]:
+    """The options argv gives itself (their dests), not left at their defaults."""
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(p.parse_args(argv)))
+
+
+def _without_effect(args, given: set[str]) -> list[str]:
+    """Options given in a mode where they change nothing: said rather than dropped."""
+    bad = []
+    lora_options = [f"--{d.replace('_', '-')}" for d in
+                    ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout") if d in given]
+    if args.full and lora_options:
+        bad.append(f"{', '.join(lora_options)}: LoRA options; --full trains every weight")
+    if "out_type" in given and not args.merge_out:
+        bad.append("--out-type: the type of --merge-out's weights; give --merge-out")
+    if "too_long" in given and args.file:
+        bad.append("--too-long: cuts chat and completion examples (--data); a raw text file is "
+                   "cut into whole windows already")
     return bad
 
 
@@ -423,7 +445,7 @@ def main(argv=None) -> int:
     Bad arguments exit with status 2 and a message naming them."""
     p = parser()
     args = p.parse_args(argv)
-    bad = _problems(args)
+    bad = _problems(args) + _without_effect(args, _given(p, argv))
     if bad:
         p.error("; ".join(bad))
     import ggmlopt as go
@@ -461,6 +483,12 @@ def main(argv=None) -> int:
             option = {"rank": "--lora-rank", "alpha": "--lora-alpha", "seed": "--seed",
                       "dropout": "--lora-dropout"}.get(str(e).split(":")[0], "--lora-targets")
             p.error(f"{option}: {e}")
+        if args.out:   # what llama.cpp could not apply is said now, not after the training
+            from .io.gguf_lora import check_writable
+            try:
+                check_writable(model)
+            except ValueError as e:
+                p.error(f"--out: {e}")
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     out = sys.stdout

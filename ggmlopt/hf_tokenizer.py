@@ -117,6 +117,10 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         # transformers' generate stops at)
         eog |= {int(i) for i in eos_ids if 0 <= int(i) < self.vocab_size}
         self.eog_ids = frozenset(eog)
+        # as the checkpoint lists them, what save_hf writes back (the first is
+        # transformers' default pad)
+        self.generation_eos_ids = tuple(int(i) for i in eos_ids
+                                        if 0 <= int(i) < self.vocab_size)
         self._words = _word_path(self._tk)
         # transformers' clean-up of spaces before punctuation on decode, where the
         # config asks for it and the model is not BPE (WordPiece's; it skips BPE)

@@ -215,6 +215,10 @@ def test_checkpoints_inside_an_epoch_and_a_first_resume(files, capsys, monkeypat
     (["--lora-dropout", "1.5"], "--lora-dropout: dropout: expected a drop probability"),
     (["--epochs", "1", "--max-steps", "50"], "max_steps"),
     (["--out", "."], "--out: '.' is a directory"),
+    (["--merge-out", "merged/"], "--merge-out: 'merged/' is a directory; give a file name"),
+    # options that would change nothing in the mode given
+    (["--full", "--lora-rank", "4"], "--lora-rank: LoRA options; --full trains every weight"),
+    (["--out-type", "q4_0"], "--out-type: the type of --merge-out's weights; give --merge-out"),
 ])
 def test_bad_arguments_are_refused_before_training(files, capsys, extra, match):
     argv = ["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
@@ -264,12 +268,35 @@ def test_options_of_another_kind_of_data_are_refused(files, capsys):
     (files / "pairs.jsonl").write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
     for data, match in [(["-f", str(files / "text.txt")], "--train-on: chooses the turns"),
                         (["--data", str(files / "pairs.jsonl")],
-                         "--train-on: chooses the turns of chat data")]:
+                         "--train-on: chooses the turns of chat data"),
+                        (["-f", str(files / "text.txt"), "--too-long", "truncate"],
+                         "--too-long: cuts chat and completion examples")]:
         with pytest.raises(SystemExit) as info:
             finetune.main(["-m", str(files / "base.gguf"), "--out", str(files / "a.gguf"),
-                           "-c", "32", "--train-on", "last"] + data)
+                           "-c", "32"] + (["--train-on", "last"] if "--too-long" not in data
+                                          else []) + data)
         assert info.value.code == 2 and match in capsys.readouterr().err
     assert not (files / "a.gguf").exists()
+
+
+def test_an_adapter_llama_cpp_could_not_apply_is_refused_before_training(tmp_path, capsys,
+                                                                         monkeypatch):
+    # an adapter on an embedding tied to the head: --out would fail after training
+    from ggmlopt.io import save_gguf
+    model = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2, max_seq_len=128,
+                              tie_embeddings=True), seed=0)
+    save_gguf(model, tmp_path / "tied.gguf", tokenizer=ByteTokenizer(chat_template=CHATML))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": q}, {"role": "assistant", "content": "Quimby."}]}) + "\n"
+        for q in QUESTIONS))
+    monkeypatch.setattr(go, "fit", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(SystemExit) as info:
+        finetune.main(["-m", str(tmp_path / "tied.gguf"), "--data", str(tmp_path / "t.jsonl"),
+                       "--lora-targets", "embed_tokens,v_proj", "--out", str(tmp_path / "a.gguf"),
+                       "--peft-out", str(tmp_path / "peft"), "-c", "96"])
+    assert info.value.code == 2
+    assert "--out: model: an adapter on a token embedding tied" in capsys.readouterr().err
+    assert not (tmp_path / "a.gguf").exists() and not (tmp_path / "peft").exists()
 
 
 def test_the_schedule_lasts_the_steps_fit_takes(files, monkeypatch):

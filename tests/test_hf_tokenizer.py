@@ -342,3 +342,21 @@ def test_a_bos_the_config_does_not_name_is_the_post_processor_s(tmp_path):
     ours, theirs = load_hf_tokenizer(directory), transformers.AutoTokenizer.from_pretrained(directory)
     assert ours.add_bos and ours.bos_id == ours.token_to_id("<s>")
     assert theirs("hi")["input_ids"] == [ours.bos_id] + ours.encode("hi").tolist()
+
+
+def test_a_checkpoint_s_generation_eos_ids_are_written_back_as_they_were(tmp_path):
+    # transformers stops at generation_config.json's ids (the first its default pad):
+    # save_hf of a checkpoint's own tokenizer keeps them, in their order
+    from ggmlopt.io import save_hf
+    from ggmlopt.models import Llama, LlamaConfig
+    directory = make_checkpoint(tmp_path / "tok", bos_rule="none")
+    tok = load_hf_tokenizer(directory)
+    im_end, s = tok.token_to_id("<|im_end|>"), tok.token_to_id("</s>")
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [im_end, s]}))
+    tok = load_hf_tokenizer(directory)
+    model = Llama(LlamaConfig(vocab_size=tok.vocab_size, dim=16, n_layers=1, n_heads=2,
+                              max_seq_len=32))
+    save_hf(model, tmp_path / "out", tokenizer=tok)
+    written = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert written["eos_token_id"] == [im_end, s]
+    assert load_hf_tokenizer(tmp_path / "out").eog_ids == tok.eog_ids

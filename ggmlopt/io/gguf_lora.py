@@ -88,22 +88,11 @@ def _weight_name(module_name: str, arch: str) -> str:
                          "(it is not a weight of a Llama)") from None
 
 
-def save_gguf_lora(model, path) -> None:
-    """Write the LoRA adapters of a Llama (ggmlopt.lora.apply) to path as a GGUF
-    adapter that llama.cpp loads over the base model's GGUF (atomically).
-
-    Tensors: ``blk.N.<weight>.lora_a`` float32 (rank, in) and ``.lora_b``
-    float32 (out, rank) per adapter (torch's layout, A and B transposed from
-    ggmlopt's), the rows of q_proj's and k_proj's B permuted as llama.cpp's
-    Q/K weights are; keys ``adapter.lora.alpha`` (float32, one for the file).
-
-    Raises TypeError for a model that is not a Llama; ValueError when it has no
-    adapters, when anything else in it is trainable (the file would not hold
-    it), when they have different alphas (llama.cpp reads one per file) or
-    when one sits on a layer llama.cpp has no tensor for.
-    """
-    config = _llama_config(model)
-    path = output_path(path)
+def check_writable(model) -> None:
+    """ValueError where save_gguf_lora could not write model's adapters as a file
+    llama.cpp applies to reproduce the model (what a command checks before it
+    trains, not after): no adapters, one on a tied embedding, other trainable
+    parameters, several alphas, a layer llama.cpp has no tensor for."""
     adapters = named_adapters(model)
     if not adapters:
         raise ValueError("model: it has no LoRA adapters (see ggmlopt.lora.apply)")
@@ -127,6 +116,28 @@ def save_gguf_lora(model, path) -> None:
     if len(alphas) > 1:
         raise ValueError(f"model: its adapters have different alphas {alphas}; a llama.cpp "
                          "adapter file holds one")
+    for name, _ in adapters:
+        _weight_name(name, _arch(model))
+
+
+def save_gguf_lora(model, path) -> None:
+    """Write the LoRA adapters of a Llama (ggmlopt.lora.apply) to path as a GGUF
+    adapter that llama.cpp loads over the base model's GGUF (atomically).
+
+    Tensors: ``blk.N.<weight>.lora_a`` float32 (rank, in) and ``.lora_b``
+    float32 (out, rank) per adapter (torch's layout, A and B transposed from
+    ggmlopt's), the rows of q_proj's and k_proj's B permuted as llama.cpp's
+    Q/K weights are; keys ``adapter.lora.alpha`` (float32, one for the file).
+
+    Raises TypeError for a model that is not a Llama; ValueError when it has no
+    adapters, when anything else in it is trainable (the file would not hold
+    it), when they have different alphas (llama.cpp reads one per file) or
+    when one sits on a layer llama.cpp has no tensor for.
+    """
+    config = _llama_config(model)
+    path = output_path(path)
+    check_writable(model)
+    adapters = named_adapters(model)
     tensors = []
     for name, layer in adapters:
         base = _weight_name(name, _arch(model))
@@ -146,7 +157,7 @@ def save_gguf_lora(model, path) -> None:
         try:
             writer.add_string("general.type", "adapter")
             writer.add_string("adapter.type", "lora")
-            writer.add_float32("adapter.lora.alpha", float(alphas[0]))
+            writer.add_float32("adapter.lora.alpha", float(adapters[0][1].alpha))
             for tname, array in tensors:
                 writer.add_tensor(tname, array)
             writer.write_header_to_file()

@@ -138,16 +138,19 @@ def tokenizer_config(tokenizer, max_len: int) -> dict[str, Any]:
 
 
 def generation_config(tokenizer) -> dict[str, Any]:
-    """generation_config.json: the BOS and the ids generation stops at (the
-    tokenizer's end-of-generation set, llama.cpp's EOG ids)."""
+    """generation_config.json: the BOS and the ids generation stops at (a
+    checkpoint's own tokenizer: its generation_config.json's, in its order;
+    else the tokenizer's end-of-generation set, llama.cpp's EOG ids)."""
     config: dict[str, Any] = {"_from_model_config": False}
     bos = getattr(tokenizer, "bos_id", None)
     if bos is not None:
         config["bos_token_id"] = int(bos)
     eos = getattr(tokenizer, "eos_id", None)
-    eog = sorted(int(i) for i in getattr(tokenizer, "eog_ids", ()))
-    if eos is not None and int(eos) not in eog:
-        eog.insert(0, int(eos))
+    eog = [int(i) for i in getattr(tokenizer, "generation_eos_ids", ())]
+    if not eog:
+        eog = sorted(int(i) for i in getattr(tokenizer, "eog_ids", ()))
+        if eos is not None and int(eos) not in eog:
+            eog.insert(0, int(eos))
     if eog:
         config["eos_token_id"] = eog[0] if len(eog) == 1 else eog
     return config
