@@ -487,7 +487,7 @@ def main(argv=None) -> int:
             from .io.gguf_lora import check_writable
             try:
                 check_writable(model)
-            except ValueError as e:
+            except (ValueError, TypeError) as e:
                 p.error(f"--out: {e}")
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
