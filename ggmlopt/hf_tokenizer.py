@@ -91,16 +91,28 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
             else None
         self.unk_id = self.token_to_id(self._texts["unk_token"])
         self.pad_id = self.token_to_id(self._texts["pad_token"])
+        before, after = self._post_processor_parts()
+        adopted = len(before) == 1 and self.bos_id is None
+        if adopted:   # a config naming no bos_token: transformers still adds the post-processor's
+            self.bos_id = int(before[0])
+        if before not in ([], [self.bos_id]) or after not in ([], [self.eos_id]):
+            # its other tokens would be silently missing from every encoded text
+            names = [self._tk.id_to_token(i) for i in before], \
+                [self._tk.id_to_token(i) for i in after]
+            raise ValueError(f"tokenizer_json: {self.path!r}'s post-processor puts "
+                             f"{names[0]} before a text and {names[1]} after it; "
+                             "ggmlopt adds the BOS first and the EOS last only (bos_token "
+                             "and eos_token in tokenizer_config.json)")
         add_bos = config.get("add_bos_token")
         # transformers adds the BOS where the tokenizer.json's post-processor does
         # (Llama 3's TemplateProcessing) or where the config says so
-        self.add_bos = bool(add_bos) if add_bos is not None else self._post_processor_adds_bos()
+        self.add_bos = True if adopted else bool(add_bos) if add_bos is not None else \
+            bool(before)
         # as llama.cpp's converter reads it (gguf-py's SpecialVocab: the config's key,
         # else what the post-processor appends); nothing to append without an eos
         add_eos = config.get("add_eos_token")
-        add_eos = add_eos if add_eos is not None else self._post_processor_adds_eos()
+        add_eos = add_eos if add_eos is not None else bool(after)
         self.add_eos = add_eos_flag(add_eos and self.eos_id is not None, self.eos_id)
-        self._refuse_other_post_processing()
         # what transformers' decode(skip_special_tokens=True) leaves out: the added
         # special tokens and every token the config names (an eos that is a word too)
         self._skipped = frozenset(i for t in [*self._texts.values(), *_extra_specials(config)]
@@ -134,37 +146,13 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
                                          if isinstance(k, str) and isinstance(v, str) and v}
         self.chat_template = template if isinstance(template, str) else None
 
-    def _refuse_other_post_processing(self) -> None:
-        """ValueError when the tokenizer.json's post-processor adds to a text more
-        than the BOS first and the EOS last (what add_bos and add_eos say): its
-        other tokens would be silently missing from every encoded text."""
+    def _post_processor_parts(self) -> tuple[list[int], list[int]]:
+        """The ids the tokenizer.json's post-processor puts before and after a text."""
         plain = self._tk.encode("a", add_special_tokens=False).ids
         full = self._tk.encode("a", add_special_tokens=True).ids
         at = next((i for i in range(len(full) - len(plain) + 1)
                    if full[i:i + len(plain)] == plain), 0)
-        before, after = full[:at], full[at + len(plain):]
-        if len(before) == 1 and self.bos_id is None:
-            # a config naming no bos_token: transformers still adds the post-processor's
-            self.bos_id, self.add_bos = int(before[0]), True
-        if before not in ([], [self.bos_id]) or after not in ([], [self.eos_id]):
-            names = lambda ids: [self._tk.id_to_token(i) for i in ids]
-            raise ValueError(f"tokenizer_json: {self.path!r}'s post-processor puts "
-                             f"{names(before)} before a text and {names(after)} after it; "
-                             "ggmlopt adds the BOS first and the EOS last only (bos_token "
-                             "and eos_token in tokenizer_config.json)")
-
-    def _post_processor_adds_bos(self) -> bool:
-        if self.bos_id is None:
-            return False
-        with_special = self._tk.encode("a", add_special_tokens=True).ids
-        return bool(with_special) and with_special[0] == self.bos_id
-
-    def _post_processor_adds_eos(self) -> bool:
-        if self.eos_id is None:
-            return False
-        plain = self._tk.encode("a", add_special_tokens=False).ids
-        with_special = self._tk.encode("a", add_special_tokens=True).ids
-        return len(with_special) > len(plain) and with_special[-1] == self.eos_id
+        return list(full[:at]), list(full[at + len(plain):])
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
