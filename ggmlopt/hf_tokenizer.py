@@ -312,19 +312,16 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
                     config[key] = special[key]
     # template files win over the config's entries, as transformers reads them:
     # chat_template.jinja the default, additional_chat_templates/NAME.jinja by name
-    files = {}
-    jinja = os.path.join(directory, "chat_template.jinja")
-    if os.path.isfile(jinja):
-        files["default"] = jinja
+    files = {"default": os.path.join(directory, "chat_template.jinja")}
     extra = os.path.join(directory, "additional_chat_templates")
     if os.path.isdir(extra):
-        for name in sorted(os.listdir(extra)):
-            if name.endswith(".jinja"):
-                files[name.removesuffix(".jinja")] = os.path.join(extra, name)
+        files.update({name.removesuffix(".jinja"): os.path.join(extra, name)
+                      for name in sorted(os.listdir(extra)) if name.endswith(".jinja")})
     templates = {}
     for name, file in files.items():
-        with open(file, encoding="utf-8") as f:
-            templates[name] = f.read()
+        if os.path.isfile(file):
+            with open(file, encoding="utf-8") as f:
+                templates[name] = f.read()
     if list(templates) == ["default"]:
         config["chat_template"] = templates["default"]
     elif templates:
