@@ -205,21 +205,31 @@ def _mapped_tensors(directory: str) -> dict[str, tuple[str, np.ndarray | None]]:
     for path in _weight_files(directory):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such shard (named by {INDEX})")
-        if os.path.getsize(path) < 8:
-            raise ValueError(f"{path}: not a safetensors file ({os.path.getsize(path)} bytes)")
-        raw = np.memmap(path, np.uint8, "r")
-        try:
-            n = int(raw[:8].view("<u8")[0])
-            header = json.loads(bytes(raw[8:8 + n]).decode("utf-8"))
-        except (ValueError, IndexError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not a safetensors file ({e})") from None
-        base = 8 + n
-        try:
-            _map_header(path, raw, base, header, out)
-        except (KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{path}: malformed safetensors header "
-                             f"({type(e).__name__}: {e})") from None
+        map_safetensors_file(path, out)
     return out
+
+
+def map_safetensors_file(path: str, out: dict[str, tuple[str, np.ndarray | None]]) -> None:
+    """Add {name: (safetensors dtype, read-only mapped view)} of one safetensors
+    file's tensors to out (a view of None for a dtype that is not a float);
+    ValueError for a file that is not one."""
+    if os.path.getsize(path) < 8:
+        raise ValueError(f"{path}: not a safetensors file ({os.path.getsize(path)} bytes)")
+    raw = np.memmap(path, np.uint8, "r")
+    try:
+        n = int(raw[:8].view("<u8")[0])
+        header = json.loads(bytes(raw[8:8 + n]).decode("utf-8"))
+    except (ValueError, IndexError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a safetensors file ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object)")  # noqa: TRY004 (a file's value)
+    try:
+        _map_header(path, raw, 8 + n, header, out)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        if isinstance(e, ValueError) and str(e).startswith(path):
+            raise
+        raise ValueError(f"{path}: malformed safetensors header "
+                         f"({type(e).__name__}: {e})") from None
 
 
 def _map_header(path: str, raw: np.ndarray, base: int, header: dict,

@@ -41,7 +41,7 @@ from ..lora import (
 from ..models.registry import family_of
 from ..nn.module import named_parameters
 from ._files import atomic_output
-from .hf_format import _tied, transposed_weights
+from .hf_format import _as_float32, _tied, map_safetensors_file, transposed_weights
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "load_peft", "save_peft"]
 
@@ -89,7 +89,9 @@ def save_peft(model, directory, *, base_model_name_or_path: str | None = None) -
     adapters = named_adapters(model)
     if not adapters:
         raise ValueError("model: it has no LoRA adapters (see ggmlopt.lora.apply)")
-    dropouts = {float(getattr(getattr(a, "lora_dropout", None), "p", 0.0)) for _, a in adapters}
+    # an embedding adapter has no dropout (as in PEFT): the Linear adapters' one
+    dropouts = {float(getattr(getattr(a, "lora_dropout", None), "p", 0.0))
+                for _, a in adapters if not isinstance(a, LoRAEmbedding)} or {0.0}
     if len(dropouts) > 1:
         raise ValueError(f"model: its adapters' dropouts differ ({sorted(dropouts)}); a PEFT "
                          "adapter has one lora_dropout")
@@ -110,10 +112,10 @@ def save_peft(model, directory, *, base_model_name_or_path: str | None = None) -
     # a tied embedding that trains whole is one matrix in the input and the head:
     # PEFT keeps its copies tied only with ensure_weight_tying, and then reads the
     # head's copy from the file too
-    tied_whole = _tied(model) and model._embedding.weight.requires_grad
+    embedding = _embedding_weight(model)
+    tied_whole = _tied(model) and embedding is not None and embedding.requires_grad
     if tied_whole:
-        tensors[_ROOT + "lm_head.weight"] = np.ascontiguousarray(model._embedding.weight.data,
-                                                                 np.float32)
+        tensors[_ROOT + "lm_head.weight"] = np.ascontiguousarray(embedding.data, np.float32)
     ranks = [(_hf_name(model, n), int(a.rank)) for n, a in adapters]
     alphas = [(_hf_name(model, n), float(a.alpha)) for n, a in adapters]
     rank, rank_pattern = _common(ranks)
@@ -125,7 +127,10 @@ def save_peft(model, directory, *, base_model_name_or_path: str | None = None) -
         "alpha_pattern": {re.escape(k): v for k, v in alpha_pattern.items()},
         "modules_to_save": sorted(_hf_name(model, m) for m in saved_whole) or None,
         "bias": "none", "fan_in_fan_out": not family.hf_transposed, "use_rslora": False,
-        "use_dora": False, "init_lora_weights": True, "inference_mode": True,
+        # every B frozen and every A training: PEFT's MiCA, which trains A alone
+        "use_dora": False, "init_lora_weights": "mica" if all(
+            not a.lora_b.requires_grad and a.lora_a.requires_grad for _, a in adapters) else True,
+        "inference_mode": True,
         "layers_to_transform": None, "layers_pattern": None,
         "ensure_weight_tying": bool(tied_whole),
         "base_model_name_or_path": base_model_name_or_path, "revision": None}
@@ -137,6 +142,12 @@ def save_peft(model, directory, *, base_model_name_or_path: str | None = None) -
         st.save_file(tensors, tmp, metadata={"format": "pt"})
     with atomic_output(os.path.join(directory, ADAPTER_CONFIG)) as tmp, open(tmp, "w") as f:
         json.dump(config, f, indent=2)
+
+
+def _embedding_weight(model):
+    """The token embedding's float32 weight Parameter, or None when the embedding
+    keeps its weight in its file's type (keep_types=True)."""
+    return getattr(model._embedding, "weight", None)
 
 
 def _modules_to_save(model) -> dict[str, list[tuple[str, Any]]]:
@@ -206,9 +217,10 @@ def _tie_whole_embedding(model, whole: dict[str, np.ndarray], config, path: str)
     trained matrix as both, which is the tied model's one matrix (the head's
     copy is dropped from whole); without it PEFT trains a copy of one of them
     and leaves the other the base's, which a tied model cannot hold: refused."""
-    if not _tied(model):
-        return
-    embedding = next(n for n, p in named_parameters(model) if p is model._embedding.weight)
+    weight = _embedding_weight(model)
+    if not _tied(model) or weight is None:
+        return   # (a kept embedding trains no row whole: refused with the other tensors)
+    embedding = next(n for n, p in named_parameters(model) if p is weight)
     head = whole.get("lm_head.weight")
     if embedding not in whole and head is None:
         return
@@ -221,6 +233,56 @@ def _tie_whole_embedding(model, whole: dict[str, np.ndarray], config, path: str)
                      f"from the matrix tied to it (without ensure_weight_tying PEFT trains a "
                      f"copy and leaves the other the base's); this model's token embedding "
                      f"and head are one matrix, so that adapter cannot be loaded onto it")
+
+
+def _read_tensors(path: str) -> dict[str, np.ndarray]:
+    """The adapter file's tensors as float32 (float16 and bfloat16 widened: PEFT
+    saves the modules it trains whole in the base's type)."""
+    mapped: dict[str, tuple[str, np.ndarray | None]] = {}
+    try:
+        map_safetensors_file(path, mapped)
+    except ValueError as e:
+        detail = str(e).removeprefix(f"{path}: ")
+        raise ValueError(f"{path}: not a valid safetensors file ({detail})") from None
+    tensors = {}
+    for name, (dtype, array) in mapped.items():
+        if array is None:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype}; expected floats")
+        tensors[name] = np.array(_as_float32(dtype, array), np.float32)
+    return tensors
+
+
+def _kept_layers(model) -> dict:
+    """{module name: layer} of the layers that keep their weight in the file's
+    type, an adapter's base under the adapter's name."""
+    from ..nn.quantized import quantized_layers
+    return dict(quantized_layers(model))
+
+
+def _check_kept_base(layer, name: str, value: np.ndarray, path: str) -> None:
+    """PEFT saves an adapted embedding's base weight with its adapter
+    (save_embedding_layers); a base kept in its file's type cannot take it, so
+    it must be the same matrix up to that type's rounding: each row within half
+    its norm of the kept one (a row of another embedding, or one initialised
+    for an added token, is not), else ValueError."""
+    from .. import kernels_quant
+    # the stored rows: an embedding's, or a Linear's (out, in) as torch holds it
+    rows, cols = layer.qweight.shape[0], value.shape[-1]
+    if value.shape != (rows, getattr(layer, "embedding_dim", getattr(layer, "in_features", -1))):
+        raise ValueError(f"{path}: base tensor {name!r} {value.shape} does not fit the "
+                         f"model's layer, kept as {layer.qtype}")
+    step = 4096
+    for r0 in range(0, rows, step):
+        ids = np.arange(r0, min(rows, r0 + step), dtype=np.int32)
+        kept = kernels_quant.gather(ids, layer.qtype, layer.qweight, cols)
+        given = value[r0:r0 + len(ids)]
+        apart = np.linalg.norm(given - kept, axis=1)
+        bound = 0.5 * np.maximum(np.linalg.norm(given, axis=1), np.linalg.norm(kept, axis=1))
+        bad = np.flatnonzero(~(apart <= bound + 1e-6))
+        if bad.size:
+            raise ValueError(f"{path}: base tensor {name!r} row {r0 + int(bad[0])} is not the "
+                             f"model's (kept as {layer.qtype}): the adapter was trained over "
+                             f"another base")
 
 
 def _pattern_value(patterns: dict | None, hf_name: str, default):
@@ -248,7 +310,12 @@ def load_peft(directory, model, *, dropout: float | None = None
     alpha and values on every module the file adapts, its modules_to_save
     loaded and left trainable, everything else frozen (as lora.apply leaves a
     model).  use_rslora's scaling (alpha / sqrt(rank)) is kept as the alpha
-    that gives it.  dropout: the adapters' (default the file's lora_dropout).
+    that gives it; a MiCA adapter (init_lora_weights "mica") trains A alone,
+    as in PEFT.  Float16 and bfloat16 tensors are widened to float32.  Over a
+    base kept in its file's types (keep_types=True) the base weight PEFT saves
+    with an embedding adapter must be the model's up to that type's rounding;
+    a module trained whole must be float32.  dropout: the adapters' (default
+    the file's lora_dropout).
 
     Returns named_adapters(model).  Raises FileNotFoundError for a missing
     file; ValueError for another adapter type (DoRA, trained biases), a tensor
@@ -256,17 +323,12 @@ def load_peft(directory, model, *, dropout: float | None = None
     already has adapters; TypeError for a model of no family.  On any error the
     model is unchanged."""
     family_of(model)
-    st = _safetensors()
     directory = os.fspath(directory)
     config = _read_config(directory)
     path = os.path.join(directory, ADAPTER_WEIGHTS)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"directory: no {ADAPTER_WEIGHTS} in {directory!r}")
-    safetensors = import_optional("safetensors", "interop", "PEFT adapters")
-    try:
-        tensors = st.load_file(path)
-    except (safetensors.SafetensorError, OSError) as e:
-        raise ValueError(f"{path}: not a valid safetensors file ({e})") from None
+    tensors = _read_tensors(path)
     if named_adapters(model):
         raise ValueError("model: it already has LoRA adapters; load into the base model")
     layers = {name: (parent, key, layer) for name, parent, key, layer in _adaptable(model)}
@@ -301,6 +363,18 @@ def load_peft(directory, model, *, dropout: float | None = None
     params = dict(named_parameters(model))
     _tie_whole_embedding(model, whole, config, path)
     transposed = transposed_weights(model)
+    kept = _kept_layers(model)
+    for name, value in list(bases.items()):
+        if name.rpartition(".")[0] in kept and name.endswith(".weight"):
+            _check_kept_base(kept[name.rpartition(".")[0]], name, value, path)
+            del bases[name]   # the model keeps its own (quantized) copy of that base
+    for name in whole:
+        module = name.rpartition(".")[0]
+        if module in kept and name.endswith(".weight"):
+            raise ValueError(f"{path}: the adapter trains {module} whole (modules_to_save), "
+                             f"which this model keeps in its file's type "
+                             f"({kept[module].qtype}); load the base with keep_types=False "
+                             f"to load it")
     for name, value in {**whole, **bases}.items():
         p = params.get(name)
         want = None if p is None else (p.data.T.shape if id(p) in transposed else p.data.shape)
@@ -348,4 +422,13 @@ def load_peft(directory, model, *, dropout: float | None = None
         p.data[...] = value.T if id(p) in transposed else value
     modules = sorted({n.rpartition(".")[0] for n in whole})
     freeze_all_but_adapters(model, tuple(modules))
+    if _frozen_b(config):
+        for _, adapter in named_adapters(model):
+            adapter.lora_b.requires_grad = False
     return named_adapters(model)
+
+
+def _frozen_b(config) -> bool:
+    """Whether PEFT trains only A of this adapter's layers (MiCA: B is frozen)."""
+    init = config.get("init_lora_weights")
+    return isinstance(init, str) and init.lower() == "mica"
