@@ -549,6 +549,33 @@ def test_a_chat_vocabulary_comes_back_with_its_special_tokens(tmp_path):
     assert go.generate(loaded, [257], 10, temperature=0).tolist() == [first]
 
 
+def test_a_tokenizer_s_pad_unknown_and_named_templates_are_written(tmp_path):
+    # what load_gguf_tokenizer reads beside the vocabulary (Qwen2's pad, a BPE
+    # vocabulary's unknown token, Command R's tool_use and rag templates) comes
+    # back from the file save_gguf writes, whatever model it is written with
+    pytest.importorskip("tokenizers")
+    from ggmlopt.io.gguf_reader import GgufFile
+    from ggmlopt.text import BPETokenizer
+    vocab = byte_vocabulary() + ["<|im_start|>", "<|im_end|>", "<|pad|>"]
+    tok = BPETokenizer(vocab, list(BYTE_MERGES), token_types=[1] * 256 + [3, 3, 3, 3],
+                       eos_id=258, bos_id=257, chat_template="D:{{ messages[0]['content'] }}")
+    tok.pad_id, tok.unk_id = 259, 256
+    tok.named_chat_templates = {"tool_use": "T:{{ messages[0]['content'] }}",
+                                "rag": "R:{{ messages[0]['content'] }}"}
+    model = Llama(LlamaConfig(vocab_size=260, dim=16, n_layers=1, n_heads=2, max_seq_len=32),
+                  seed=1)
+    save_gguf(model, tmp_path / "t.gguf", tokenizer=tok)
+    fields = GgufFile(tmp_path / "t.gguf").fields
+    assert fields["tokenizer.ggml.padding_token_id"] == 259
+    assert fields["tokenizer.ggml.unknown_token_id"] == 256
+    _, back = load_gguf(tmp_path / "t.gguf")
+    assert (back.pad_id, back.unk_id) == (259, 256)
+    assert back.chat_template == tok.chat_template
+    assert back.named_chat_templates == tok.named_chat_templates
+    chat = [{"role": "user", "content": "hi"}]
+    assert back.apply_chat_template(chat, tokenize=False, chat_template="rag") == "R:hi"
+
+
 @pytest.mark.parametrize("name, dtype", [("f32", np.float32), ("F32", np.float32),
                                          ("f16", np.float16)])
 def test_llama_cpp_type_names_are_dtypes(tmp_path, name, dtype):

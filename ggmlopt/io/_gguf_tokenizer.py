@@ -86,8 +86,9 @@ def tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
 
 
 def add_tokenizer(writer, tok: dict[str, Any], tokenizer) -> None:
-    """Write tokenizer_keys' tok (and the tokenizer's chat template and
-    add_eos flag) with a gguf-py GGUFWriter."""
+    """Write tokenizer_keys' tok (and the tokenizer's chat templates, its
+    add_eos flag, its padding id and an unknown id the vocabulary's keys
+    lack) with a gguf-py GGUFWriter."""
     writer.add_tokenizer_model(tok["model"])
     writer.add_tokenizer_pre(tok["pre"])
     writer.add_token_list(tok["tokens"])
@@ -97,14 +98,34 @@ def add_tokenizer(writer, tok: dict[str, Any], tokenizer) -> None:
     if "scores" in tok:
         writer.add_token_scores(tok["scores"])
         writer.add_add_space_prefix(tok["add_space_prefix"])
+    # what load_gguf_tokenizer read besides the vocabulary's own keys: a BPE
+    # vocabulary's unknown token, the padding token (llama_vocab_pad)
+    ids = {**tok, "unk": tok.get("unk") if tok.get("unk") is not None
+           else _id_in(tokenizer, "unk_id", len(tok["tokens"])),
+           "pad": _id_in(tokenizer, "pad_id", len(tok["tokens"]))}
     for which, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
-                       ("unk", writer.add_unk_token_id)):
-        if tok.get(which) is not None:
-            add(tok[which])
+                       ("unk", writer.add_unk_token_id), ("pad", writer.add_pad_token_id)):
+        if ids.get(which) is not None:
+            add(ids[which])
     writer.add_add_bos_token(tok["add_bos"])
     writer.add_add_eos_token(bool(getattr(tokenizer, "add_eos", False)))
     for which in ("eot", "eom"):
         if tok.get(which) is not None:
             writer.add_uint32(f"tokenizer.ggml.{which}_token_id", tok[which])
-    if getattr(tokenizer, "chat_template", None):
-        writer.add_string("tokenizer.chat_template", tokenizer.chat_template)
+    # the default template and the named ones (Command R's tool_use, rag) as
+    # llama.cpp's converter writes them: tokenizer.chat_template.<name>
+    named = getattr(tokenizer, "named_chat_templates", None) or {}
+    templates = [{"name": name, "template": source} for name, source in named.items()
+                 if name != "default" and isinstance(source, str) and source]
+    default = getattr(tokenizer, "chat_template", None)
+    if default:
+        templates.append({"name": "default", "template": default})
+    if templates:
+        writer.add_chat_template(templates)
+
+
+def _id_in(tokenizer, attribute: str, n: int) -> int | None:
+    """tokenizer's id of that attribute when it is one of the n tokens."""
+    value = getattr(tokenizer, attribute, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n \
+        else None

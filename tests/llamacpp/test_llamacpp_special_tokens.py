@@ -181,3 +181,36 @@ def test_a_sentencepiece_vocabulary_cuts_overlapping_specials_longest_first(tmp_
     for text in (">>T<<|endoftext|>", "ab >>T<<|endoftext|> c", "ab >>T<< c <|endoftext|> xy"):
         want = llm.tokenize(text.encode(), add_bos=False, special=True)
         assert back.encode(text, parse_special=True).tolist() == want, text
+
+
+def _special_ids(path):
+    """llama.cpp's special ids of a file, and its named chat templates."""
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        ids = {n: getattr(llama_cpp, f"llama_vocab_{n}")(vocab)
+               for n in ("bos", "eos", "eot", "pad", "nl")}
+    finally:
+        llama_cpp.llama_model_free(model)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    named = {k: v for k, v in llm.metadata.items() if k.startswith("tokenizer.chat_template.")}
+    return ids, named
+
+
+@pytest.mark.parametrize("name", ["qwen2", "phi-3", "command-r", "deepseek-coder", "starcoder"])
+def test_a_vocabulary_written_with_another_model_keeps_its_special_ids(tmp_path, name):
+    """save_gguf of a model built from a config (nothing carried from a file) with
+    the tokenizer read from llama.cpp's vocabulary: llama.cpp reads the same
+    special ids from both files (the padding id too) and the same named
+    templates (Command R's tool_use and rag)."""
+    from ggmlopt.io import save_gguf
+    from ggmlopt.models import Llama, LlamaConfig
+    path, tok = _vocabulary(name)
+    model = Llama(LlamaConfig(vocab_size=tok.vocab_size, dim=16, n_layers=1, n_heads=2,
+                              max_seq_len=32), seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save_gguf(model, tmp_path / "w.gguf", tokenizer=tok)
+    assert _special_ids(tmp_path / "w.gguf") == _special_ids(path)
