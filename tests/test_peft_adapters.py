@@ -228,7 +228,13 @@ def test_peft_s_trained_copy_of_a_tied_embedding(tmp_path, tying):
     ({"init_lora_weights": "olora"}, "olora.*changes the base weight"),
     ({"init_lora_weights": "loftq"}, "loftq.*changes the base weight"),
     ({"alora_invocation_tokens": [5, 6]}, "activated LoRA"),
-    ({"layer_replication": [[0, 1], [0, 1]]}, "layer replication")])
+    ({"layer_replication": [[0, 1], [0, 1]]}, "layer replication"),
+    ({"trainable_token_indices": [3, 4]}, "trainable token rows"),
+    ({"use_bdlora": True}, "block-diagonal"),
+    ({"kasa_config": {"k": 1}}, "KaSA"),
+    ({"monteclora_config": {"n": 2}}, "MonteCLoRA"),
+    ({"velora_config": {"r": 2}}, "VeLoRA"),
+    ({"arrow_config": {"top_k": 2}}, "Arrow")])
 def test_adapters_that_change_the_base_are_refused(tmp_path, edit, match):
     # PEFT rebuilds the base (PiSSA, OLoRA, LoftQ subtract the adapter's start from it;
     # layer replication repeats layers) or applies the adapter to some tokens only

@@ -200,7 +200,13 @@ def _read_config(directory: str) -> dict[str, Any]:
     unsupported = {"alora_invocation_tokens": "activated LoRA (applied only from the invocation "
                                               "tokens on)",
                    "layer_replication": "layer replication (a deeper model built from the "
-                                        "base's layers)"}
+                                        "base's layers)",
+                   "trainable_token_indices": "trainable token rows (PEFT's TrainableTokens)",
+                   "use_bdlora": "block-diagonal LoRA",
+                   "kasa_config": "KaSA (an SVD-based adapter with its own tensors)",
+                   "monteclora_config": "MonteCLoRA (sampled adapters)",
+                   "velora_config": "VeLoRA (its own tensors beside A and B)",
+                   "arrow_config": "Arrow (routing among adapters)"}
     for key, what in unsupported.items():
         if config.get(key):
             raise ValueError(f"{path}: {key}={config[key]!r}: {what} is not supported")
