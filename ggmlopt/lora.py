@@ -766,8 +766,10 @@ def merge(model):
                 if isinstance(layer, ADAPTERS)]
     if not adapters:
         raise ValueError("model: it has no LoRA adapters to merge (see ggmlopt.lora.apply)")
-    if any(isinstance(layer, LoRAEmbedding) for *_, layer in adapters) and \
-            getattr(getattr(model, "config", None), "tie_embeddings", False):
+    # a language model's tied head (lm_head None: GPT-2 always) reads the token
+    # embedding the adapter is merged into
+    if getattr(model, "lm_head", True) is None and \
+            any(layer is getattr(model, "_embedding", None) for *_, layer in adapters):
         warnings.warn("model: its output head is tied to the token embedding, so merging the "
                       "embedding's adapter changes the head too (the adapted model's head read "
                       "the base weight): the merged model's logits differ", UserWarning,

@@ -260,6 +260,15 @@ def test_an_embedding_adapter_goes_both_ways(tmp_path):
     np.testing.assert_array_equal(base(tokens), model(tokens))
 
 
+def test_a_position_embedding_adapter_is_refused_by_what_it_is(tmp_path):
+    # llama.cpp adds GPT-2's position rows without adapters; wpe is not the head
+    model = GPT2(GPT2Config(vocab_size=29, dim=16, n_layers=1, n_heads=4, max_seq_len=16))
+    lora.apply(model, rank=2, targets=("wpe",))
+    with pytest.raises(ValueError, match="'wpe', an embedding other than the token embedding"):
+        save_gguf_lora(model, tmp_path / "t.gguf")
+    assert not (tmp_path / "t.gguf").exists()
+
+
 def test_an_embedding_adapter_on_a_tied_head_is_refused_for_llama_cpp(tmp_path):
     from ggmlopt.models import LlamaConfig as Config
     model = Llama(Config(vocab_size=29, dim=16, n_layers=1, n_heads=4, tie_embeddings=True))

@@ -622,6 +622,26 @@ def test_apply_on_the_embedding_keeps_the_model_and_merges(tie):
     assert "embed_tokens" not in [n for n, _ in lora.apply(fresh, targets="all-linear")]
 
 
+@pytest.mark.parametrize("target, head_changes", [("wte", True), ("wpe", False)])
+def test_merging_gpt2_s_embeddings_warns_where_the_tied_head_changes(target, head_changes):
+    # GPT-2's head is always its token embedding (its config names no tie flag)
+    model = GPT2(GPT2Config(vocab_size=37, dim=16, n_layers=1, n_heads=4, max_seq_len=16),
+                 seed=1)
+    tokens = np.random.default_rng(0).integers(0, 37, (2, 9))
+    lora.apply(model, rank=2, targets=(target,))
+    adapter = dict(lora.named_adapters(model))[target]
+    adapter.lora_a.data[...] = 0.1
+    adapter.lora_b.data[...] = np.random.default_rng(2).normal(size=adapter.lora_b.shape)
+    adapted = model(tokens)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lora.merge(model)
+    warned = [w for w in caught if "tied to the token embedding" in str(w.message)]
+    assert bool(warned) == head_changes
+    differs = np.abs(model(tokens) - adapted).max() > 1e-3 * np.abs(adapted).max()
+    assert differs == head_changes
+
+
 def test_a_model_s_own_parameter_order_decides_the_draws():
     """A model object with its own named_parameters: A is drawn in that order
     (here b's layer before a's), not in the attributes' order."""

@@ -96,12 +96,20 @@ def check_writable(model) -> None:
     adapters = named_adapters(model)
     if not adapters:
         raise ValueError("model: it has no LoRA adapters (see ggmlopt.lora.apply)")
-    if model.lm_head is None and any(isinstance(a, LoRAEmbedding) for _, a in adapters):
-        # llama.cpp's tied head is the token embedding's tensor: it would apply the
-        # embedding's adapter to the head's product too, which the model never did
-        raise ValueError("model: an adapter on a token embedding tied to the output head is "
-                         "not written for llama.cpp (it would apply it to the head as well); "
-                         "merge it (lora.merge) and write the model with save_gguf")
+    for name, a in adapters:
+        if not isinstance(a, LoRAEmbedding):
+            continue
+        if a is not model._embedding:
+            # GPT-2's wpe: llama.cpp adds its position rows without any adapter
+            raise ValueError(f"model: the adapter on {name!r}, an embedding other than the "
+                             "token embedding, is not applied by llama.cpp; merge it "
+                             "(lora.merge) and write the model with save_gguf")
+        if model.lm_head is None:
+            # llama.cpp's tied head is the token embedding's tensor: it would apply the
+            # embedding's adapter to the head's product too, which the model never did
+            raise ValueError("model: an adapter on a token embedding tied to the output head "
+                             "is not written for llama.cpp (it would apply it to the head as "
+                             "well); merge it (lora.merge) and write the model with save_gguf")
     others = other_trainable(model)
     if others:
         # the file holds the adapters alone: llama.cpp (base + adapter) would not be the
