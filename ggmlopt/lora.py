@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -358,6 +359,23 @@ def _names_arg(names, arg: str, what: str, allow_empty: bool) -> tuple[str, ...]
     return names
 
 
+# characters a module name never holds: a targets string with one is PEFT's
+# regular expression (target_modules="...": re.fullmatch over each module's name)
+_REGEX_CHARS = frozenset("*+?[](){}|^$\\")
+
+
+def _target_pattern(targets):
+    """The compiled regular expression a targets string other than a plain
+    (dotted) name is, or None."""
+    if not isinstance(targets, str) or not _REGEX_CHARS & set(targets):
+        return None
+    try:
+        return re.compile(targets)
+    except re.error as e:
+        raise ValueError(f"targets: {targets!r} is not a valid regular expression "
+                         f"({e})") from None
+
+
 def _targets_arg(targets) -> tuple[str, ...]:
     return _names_arg(targets, "targets", "Linear layers", allow_empty=False)
 
@@ -506,7 +524,7 @@ def _kept_trainable(name: str, trainable) -> bool:
     return False
 
 
-def _refuse_a_tied_head(model, targets, linears, hf) -> None:
+def _refuse_a_tied_head(model, targets, linears, hf, selects) -> None:
     """A target naming the output head of a model whose head is its token
     embedding (tied) is refused, not dropped: PEFT wraps such a head's lm_head
     module in an adapter of its own, and ggmlopt's tied head is the embedding
@@ -518,13 +536,15 @@ def _refuse_a_tied_head(model, targets, linears, hf) -> None:
         return   # a user's model: its names are its own
     if any(_matches(hf(name), _OUTPUT_HEADS) for name, *_ in linears):
         return   # an untied head: a Linear like the others
-    for t in targets:
-        if _matches("lm_head", (t,)):
-            raise ValueError(f"targets: {t!r} names the output head, which is the token "
-                             f"embedding in this model (tied embeddings); PEFT would adapt "
-                             f"the tied lm_head apart, ggmlopt has no adapter for it: adapt "
-                             f"the embedding (targets 'embed_tokens', or 'wte' for GPT-2) or "
-                             f"train it whole (trainable)")
+    if not selects("lm_head"):
+        return
+    # the target that names it (a regular expression is the one target)
+    t = next((t for t in targets if _matches("lm_head", (t,))), targets[0])
+    raise ValueError(f"targets: {t!r} names the output head, which is the token "
+                     f"embedding in this model (tied embeddings); PEFT would adapt "
+                     f"the tied lm_head apart, ggmlopt has no adapter for it: adapt "
+                     f"the embedding (targets 'embed_tokens', or 'wte' for GPT-2) or "
+                     f"train it whole (trainable)")
 
 
 def _peft_would_also_train(param_names, entry: str) -> list[str]:
@@ -592,9 +612,12 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     dotted module name or to a dot-separated suffix of it (``q_proj``,
     ``mlp.up_proj``, ``layers.0.self_attn.v_proj``; GPT-2's ``c_attn``...), or
     ``"all-linear"``: every Linear but the output head (``lm_head``), PEFT's
-    shortcut.  rank (int >= 1), alpha (finite, nonzero): every adapter's A is
-    (in, rank), B (rank, out), its output scaled by alpha / rank.  dropout: the
-    drop probability in [0, 1) on the adapters' input while training.  seed: the
+    shortcut, or, as PEFT's target_modules string, a regular expression that
+    matches a layer's whole name (``r".*\\.(q_proj|v_proj)"``; the transformers
+    name, ``model.layers.0.self_attn.q_proj``, or ggmlopt's).  rank (int >= 1),
+    alpha (finite, nonzero): every adapter's A is (in, rank), B (rank, out), its
+    output scaled by alpha / rank.  dropout: the drop probability in [0, 1) on
+    the adapters' input while training.  seed: the
     A matrices are drawn from ``numpy.random.default_rng(seed)`` in the order of
     the model's parameters.  trainable: names of modules or parameters that keep
     training beside the adapters (PEFT's ``modules_to_save``), matched as targets
@@ -624,13 +647,19 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     dropout = _dropout_arg(dropout)
     # PEFT takes its shortcut in any case ("ALL-LINEAR")
     all_linear = isinstance(targets, str) and targets.lower() == ALL_LINEAR
+    pattern = _target_pattern(targets)
     targets = _targets_arg(targets)
     trainable = _trainable_arg(trainable)
     seed = int_arg(seed, "seed", 0)
     linears = _linears(model)
     hf = _hf_names(model)
-    embeddings = [e for e in _layers(model, EMBEDDINGS) if _matches(hf(e[0]), targets)
-                  and not all_linear]
+    if pattern is not None:   # PEFT's regular expression over the whole module name
+        def selects(name):
+            return bool(pattern.fullmatch(hf(name)) or pattern.fullmatch(name))
+    else:
+        def selects(name):
+            return _matches(hf(name), targets)
+    embeddings = [e for e in _layers(model, EMBEDDINGS) if selects(e[0]) and not all_linear]
     adapted = [name for name, layer in named_adapters(model)]
     if adapted:
         raise ValueError(f"model: it already has LoRA adapters ({', '.join(adapted[:3])}"
@@ -638,8 +667,8 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     if all_linear:
         chosen = [entry for entry in linears if not _matches(entry[0], _OUTPUT_HEADS)]
     else:
-        chosen = [entry for entry in linears if _matches(hf(entry[0]), targets)]
-    _refuse_a_tied_head(model, targets, linears, hf)
+        chosen = [entry for entry in linears if selects(entry[0])]
+    _refuse_a_tied_head(model, targets, linears, hf, selects)
     if not chosen and not embeddings:
         if not linears:
             raise ValueError(f"targets: no Linear layer of the model is named {list(targets)}; "

@@ -4,6 +4,7 @@ the same checkpoint, and an adapter PEFT wrote (its rank and alpha patterns,
 rsLoRA, modules_to_save, an embedding adapter) is the one ggmlopt computes:
 the same logits, on every family's layout."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -269,3 +270,26 @@ def test_the_counts_are_peft_s_with_modules_trained_whole(tmp_path, capsys):
     want = capsys.readouterr().out
     lora.print_trainable_parameters(model)
     assert capsys.readouterr().out == want
+
+
+@pytest.mark.parametrize("pattern", [r".*\.(q_proj|v_proj)", r"model\.layers\.1\..*_proj",
+                                     r".*(embed_tokens|down_proj)", r"layers\.0\.mlp\.up_proj"])
+def test_a_targets_string_is_peft_s_regular_expression(tmp_path, pattern):
+    # PEFT's target_modules as one string: re.fullmatch over each module's full name
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from ggmlopt.io import save_hf
+    model = FAMILIES["llama"][0]()
+    save_hf(model, tmp_path / "base")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    try:
+        theirs = set(peft.get_peft_model(hf, peft.LoraConfig(
+            r=4, target_modules=pattern)).targeted_module_names)
+    except ValueError:   # PEFT matches nothing (its full names only)
+        theirs = set()
+    ours = {"model." + n for n, _ in lora.apply(model, rank=4, targets=pattern)}
+    if theirs:
+        assert ours == theirs
+    else:   # ggmlopt's own names matched it
+        assert ours and all(re.fullmatch(pattern, n[len("model."):]) for n in ours)
