@@ -293,3 +293,65 @@ def test_a_targets_string_is_peft_s_regular_expression(tmp_path, pattern):
         assert ours == theirs
     else:   # ggmlopt's own names matched it
         assert ours and all(re.fullmatch(pattern, n[len("model."):]) for n in ours)
+
+
+@pytest.mark.parametrize("extra", ["model.layers.0.self_attn.k_proj.base_layer.weight",
+                                   "model.layers.0.self_attn.q_proj.weight"])
+def test_tensors_peft_does_not_load_are_not_loaded(tmp_path, extra):
+    # a base weight of a layer the file does not adapt, a plain weight of one it
+    # does: PEFT's state dict has no such key and it loads with strict=False
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    st = pytest.importorskip("safetensors.numpy")
+    from ggmlopt.io import load_peft, save_hf, save_peft
+    model = FAMILIES["llama"][0]()
+    save_hf(model, tmp_path / "base")
+    lora.apply(model, rank=4, targets=("q_proj",), seed=1)
+    _randomise_adapters(model, 2)
+    save_peft(model, tmp_path / "adapter")
+    path = tmp_path / "adapter" / "adapter_model.safetensors"
+    stray = np.random.default_rng(4).normal(size=(32, 32)).astype(np.float32)
+    st.save_file({**st.load_file(str(path)), "base_model.model." + extra: stray}, str(path))
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base").eval()
+    peft_model = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    tokens = np.random.default_rng(3).integers(0, 67, (2, 12))
+    want = peft_model(torch.tensor(tokens)).logits.detach().numpy()
+    again = FAMILIES["llama"][0]()
+    with pytest.warns(UserWarning, match="1 tensors are not loaded, as PEFT does not"):
+        load_peft(tmp_path / "adapter", again)
+    np.testing.assert_allclose(again.forward(tokens), want, rtol=0,
+                               atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"rank_pattern": ["q_proj", 4]}, "rank_pattern: expected an object"),
+    ({"alpha_pattern": "q_proj"}, "alpha_pattern: expected an object"),
+    ({"rank_pattern": {"q_proj(": 4}}, "rank_pattern: 'q_proj\\(' is not a valid regular")])
+def test_malformed_patterns_are_refused_by_name(tmp_path, edit, match):
+    from ggmlopt.io import load_peft, save_peft
+    model = FAMILIES["llama"][0]()
+    lora.apply(model, rank=4, targets=("q_proj",), seed=0)
+    save_peft(model, tmp_path / "a")
+    path = tmp_path / "a" / "adapter_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    fresh = FAMILIES["llama"][0]()
+    with pytest.raises(ValueError, match=match):
+        load_peft(tmp_path / "a", fresh)
+    assert not lora.named_adapters(fresh)
+
+
+def test_an_adapter_tensor_that_is_no_matrix_is_refused(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    from ggmlopt.io import load_peft, save_peft
+    model = FAMILIES["llama"][0]()
+    lora.apply(model, rank=4, targets=("q_proj",), seed=0)
+    save_peft(model, tmp_path / "a")
+    path = tmp_path / "a" / "adapter_model.safetensors"
+    tensors = st.load_file(str(path))
+    name = next(n for n in tensors if n.endswith("lora_A.weight"))
+    st.save_file({**tensors, name: np.array(1.0, np.float32)}, str(path))
+    fresh = FAMILIES["llama"][0]()
+    with pytest.raises(ValueError, match="expected two matrices"):
+        load_peft(tmp_path / "a", fresh)
+    assert not lora.named_adapters(fresh)

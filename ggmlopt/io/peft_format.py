@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -258,6 +259,23 @@ def _read_tensors(path: str) -> dict[str, np.ndarray]:
     return tensors
 
 
+def _drop_what_peft_ignores(bases: dict, whole: dict, adapted: set, path: str) -> None:
+    """PEFT loads a base_layer weight only into a layer the file adapts, and a
+    plain module weight only into a module it does not (its state dict has no
+    such key otherwise, and it loads with strict=False): the others are dropped,
+    with a UserWarning, instead of overwriting the model's weights."""
+    stray = [n for n in bases if n.rpartition(".")[0] not in adapted]
+    stray += [n for n in whole if n.rpartition(".")[0] in adapted]
+    for name in stray:
+        bases.pop(name, None)
+        whole.pop(name, None)
+    if stray:
+        warnings.warn(f"{path}: {len(stray)} tensors are not loaded, as PEFT does not load "
+                      f"them ({', '.join(stray[:3])}{', ...' if len(stray) > 3 else ''}: a "
+                      f"base weight of a layer it does not adapt, or a whole weight of one "
+                      f"it does)", UserWarning, stacklevel=3)
+
+
 def _kept_layers(model) -> dict:
     """{module name: layer} of the layers that keep their weight in the file's
     type, an adapter's base under the adapter's name."""
@@ -273,7 +291,7 @@ def _check_kept_base(layer, name: str, value: np.ndarray, path: str) -> None:
     for an added token, is not), else ValueError."""
     from .. import kernels_quant
     # the stored rows: an embedding's, or a Linear's (out, in) as torch holds it
-    rows, cols = layer.qweight.shape[0], value.shape[-1]
+    rows, cols = layer.qweight.shape[0], value.shape[-1] if value.ndim else 0
     if value.shape != (rows, getattr(layer, "embedding_dim", getattr(layer, "in_features", -1))):
         raise ValueError(f"{path}: base tensor {name!r} {value.shape} does not fit the "
                          f"model's layer, kept as {layer.qtype}")
@@ -291,12 +309,21 @@ def _check_kept_base(layer, name: str, value: np.ndarray, path: str) -> None:
                              f"another base")
 
 
-def _pattern_value(patterns: dict | None, hf_name: str, default):
+def _pattern_value(config, which: str, hf_name: str, default, path: str):
     """PEFT's rank_pattern / alpha_pattern lookup: the first key matching the
-    module's name or a dotted suffix of it."""
-    for key, value in (patterns or {}).items():
-        if re.match(rf"(.*\.)?({key})$", hf_name):
-            return value
+    module's name or a dotted suffix of it; ValueError for a pattern that is
+    no {regular expression: value} object."""
+    patterns = config.get(which) or {}
+    if not isinstance(patterns, dict):
+        raise ValueError(f"{path}: adapter_config.json's {which}: expected an object of "  # noqa: TRY004 (a file's value)
+                         f"module-name patterns, got {type(patterns).__name__}")
+    for key, value in patterns.items():
+        try:
+            if re.match(rf"(.*\.)?({key})$", hf_name):
+                return value
+        except re.error as e:
+            raise ValueError(f"{path}: adapter_config.json's {which}: {key!r} is not a valid "
+                             f"regular expression ({e})") from None
     return default
 
 
@@ -366,6 +393,7 @@ def load_peft(directory, model, *, dropout: float | None = None
             raise ValueError(f"{path}: {key!r} adapts {m.group(1)!r}, which the model does "
                              "not have")
         pairs.setdefault(ours, {})[m.group(2).replace("embedding_", "")] = value
+    _drop_what_peft_ignores(bases, whole, set(pairs), path)
     params = dict(named_parameters(model))
     _tie_whole_embedding(model, whole, config, path)
     transposed = transposed_weights(model)
@@ -397,6 +425,9 @@ def load_peft(directory, model, *, dropout: float | None = None
         if set(pair) != {"lora_A", "lora_B"}:
             raise ValueError(f"{path}: {name} has {sorted(pair)}, not lora_A and lora_B")
         a, b = pair["lora_A"], pair["lora_B"]
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(f"{path}: {name}'s adapter is A {a.shape}, B {b.shape}; "
+                             f"expected two matrices")
         layer = layers[name][2]
         n_in, n_out = (layer.num_embeddings, layer.embedding_dim) \
             if isinstance(layer, EMBEDDINGS) else (layer.in_features, layer.out_features)
@@ -405,9 +436,9 @@ def load_peft(directory, model, *, dropout: float | None = None
             raise ValueError(f"{path}: {name}'s adapter is A {a.shape}, B {b.shape}; the "
                              f"model's layer needs (rank, {n_in}) and ({n_out}, rank)")
         hf = _hf_name(model, name)
-        alpha = _config_value(_pattern_value(config.get("alpha_pattern"), hf, default_alpha),
+        alpha = _config_value(_pattern_value(config, "alpha_pattern", hf, default_alpha, path),
                               path, f"alpha_pattern for {hf}", _alpha_arg)
-        want = _config_value(_pattern_value(config.get("rank_pattern"), hf, default_rank),
+        want = _config_value(_pattern_value(config, "rank_pattern", hf, default_rank, path),
                              path, f"rank_pattern for {hf}", _rank_arg)
         if rank != want:
             raise ValueError(f"{path}: {name}'s tensors have rank {rank}, the config says {want}")
