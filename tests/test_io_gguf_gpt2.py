@@ -64,6 +64,27 @@ def test_what_a_gpt2_file_cannot_hold_is_refused(tmp_path):
         load_gguf(tmp_path / "bad.gguf")
 
 
+@pytest.mark.parametrize("key", ["block_count", "embedding_length"])
+def test_keys_beyond_the_file_s_tensors_are_refused_before_allocating(tmp_path, key):
+    # a corrupt layer count or width: refused, not gigabytes allocated first
+    import gguf
+    model = GPT2(GPT2Config(vocab_size=257, dim=16, n_layers=1, n_heads=2, max_seq_len=16))
+    save_gguf(model, tmp_path / "m.gguf", tokenizer=ByteTokenizer())
+    data = bytearray((tmp_path / "m.gguf").read_bytes())
+    name = f"gpt2.{key}".encode()
+    at = data.index(name) + len(name)
+    assert int.from_bytes(data[at:at + 4], "little") == gguf.GGUFValueType.UINT32
+    value = 1 << 20 if key == "block_count" else 16 * 4096
+    data[at + 4:at + 8] = value.to_bytes(4, "little")
+    if key == "embedding_length":   # keep feed_forward_length = 4 x it
+        ff = b"gpt2.feed_forward_length"
+        at2 = data.index(ff) + len(ff)
+        data[at2 + 4:at2 + 8] = (4 * value).to_bytes(4, "little")
+    (tmp_path / "bad.gguf").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="its keys describe a GPT2 of .* the file holds"):
+        load_gguf(tmp_path / "bad.gguf")
+
+
 def test_a_gpt2_read_from_a_gguf_writes_back_what_its_file_said(tmp_path):
     from ggmlopt.io.gguf_gpt2 import save_gpt2_gguf
     from ggmlopt.io.gguf_reader import GgufFile

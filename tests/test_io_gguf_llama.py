@@ -465,6 +465,15 @@ def test_unsupported_keys_are_refused(saved, tmp_path):
         assert_refused(out, match)
 
 
+@pytest.mark.parametrize("count", [3, 1 << 20, (1 << 31) + 2])
+def test_a_block_count_beyond_the_file_is_refused_at_once(saved, tmp_path, count):
+    # one flipped bit made 2**31 + 1 layers: refused before any per-layer list
+    _, path = saved
+    rewrite(path, tmp_path / "b.gguf", set_keys={"llama.block_count": (count, VT.UINT32, None)})
+    match = "missing tensors" if count == 3 else f"block_count is {count}, but the file holds"
+    assert_refused(tmp_path / "b.gguf", match)
+
+
 @pytest.mark.parametrize("tensor", ["blk.1.attn_k.weight", "output_norm.weight"])
 def test_missing_tensor_is_refused(saved, tmp_path, tensor):
     _, path = saved

@@ -165,6 +165,21 @@ def _config(fields: dict[str, Any], vocab: int | None, where: str) -> GPT2Config
         raise ValueError(f"{where}: the keys describe no valid GPT2: {e}") from None
 
 
+def _refuse_more_than_the_file_holds(config: GPT2Config, reader, where: str) -> None:
+    """ValueError, before a model is allocated, when the keys describe more
+    layers or weights than the file's tensors hold (a corrupt count or width
+    would otherwise allocate gigabytes first)."""
+    d = config.dim
+    needed = (config.vocab_size + config.max_seq_len + 2) * d + \
+        config.n_layers * (12 * d * d + 13 * d)
+    held = sum(int(np.prod([int(n) for n in t.ne], dtype=np.float64))
+               for t in reader.tensors.values())
+    if config.n_layers > len(reader.tensors) or needed > held:
+        raise ValueError(f"{where}: its keys describe a GPT2 of {needed:,} weights in "
+                         f"{config.n_layers} layers; the file holds {held:,} in "
+                         f"{len(reader.tensors)} tensors")
+
+
 def load_gpt2_gguf(path) -> tuple[GPT2, Any]:
     """(GPT2, tokenizer or None) of llama.cpp's gpt2 GGUF (save_gpt2_gguf's, or
     llama.cpp's converter's in F32, F16 or BF16).  ValueError for another
@@ -186,6 +201,7 @@ def load_gpt2_gguf(path) -> tuple[GPT2, Any]:
     tokens = fields.get("tokenizer.ggml.tokens")
     vocab = fields.get("gpt2.vocab_size", len(tokens) if isinstance(tokens, list) else None)
     config = _config(fields, vocab, where)
+    _refuse_more_than_the_file_holds(config, reader, where)
     with skip_init():
         model = GPT2(config)
     params = dict(model.named_parameters())
