@@ -448,8 +448,15 @@ class BPETokenizer(Vocabulary):
             left, sep, right = m.partition(" ")
             if not sep:
                 raise ValueError(f"merges: {m!r} is not 'left right'")
-            # tokenizers wants every merge's result in the vocabulary; one that is not
-            # (ByteTokenizer's GGUF vocabulary has one, which never applies) is left out
+            # tokenizers wants every merge's parts and result in the vocabulary; one
+            # whose result is not (ByteTokenizer's GGUF vocabulary has one, which
+            # never applies) is left out.  A part outside it is refused: llama.cpp
+            # merges through such a symbol, which tokenizers cannot
+            for part in (left, right):
+                if part not in vocab:
+                    raise ValueError(f"merges: {m!r} joins {part!r}, which is not in the "
+                                     f"vocabulary (a damaged file?); llama.cpp would "
+                                     f"tokenize through it, ggmlopt cannot")
             if left + right in vocab:
                 pairs.append((left, right))
         self._tk: Any

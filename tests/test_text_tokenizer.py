@@ -102,6 +102,10 @@ def test_bpe_tokenizer_refusals():
     with pytest.raises(ValueError, match="merges"):
         from ggmlopt.text import BPETokenizer
         BPETokenizer(["a", "b"], ["ab"])
+    # a merge through a symbol the vocabulary lacks (a damaged file): llama.cpp
+    # merges through it, the library cannot, so it is refused, not approximated
+    with pytest.raises(ValueError, match="'ab c' joins 'ab', which is not in the vocabulary"):
+        BPETokenizer(["a", "b", "c", "abc"], ["ab c"])
     with pytest.warns(UserWarning, match="pre-tokenizer 'made-up'"):
         _byte_bpe(pre="made-up")   # every name llama.cpp knows is reproduced
     tok = _byte_bpe()
