@@ -24,6 +24,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import warnings
 
 import numpy as np
@@ -241,20 +242,46 @@ def _problems(args) -> list[str]:
                        ("tokenizer", "--tokenizer")):
         if getattr(args, name):
             written.setdefault(os.path.abspath(getattr(args, name)), flag)
-    for name in ("out", "merge_out", "checkpoint", "plot"):
+    for name in ("out", "merge_out", "checkpoint", "plot", "peft_out"):
         path = getattr(args, name)
         if path:
             flag = f"--{name.replace('_', '-')}"
-            folder = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(folder):
-                bad.append(f"{flag}: no directory {folder!r} to write into")
-            elif os.path.isdir(path) or path.endswith((os.sep, "/")):
-                bad.append(f"{flag}: {path!r} is a directory; give a file name")
+            if name == "peft_out":   # a directory, made with its parents when missing
+                folder = _existing_ancestor(os.path.abspath(path))
+                if os.path.isfile(folder) and folder != os.path.abspath(path):
+                    bad.append(f"{flag}: {folder!r} is a file; no directory can be made "
+                               f"under it")
+                    continue
+            else:
+                folder = os.path.dirname(os.path.abspath(path))
+                if not os.path.isdir(folder):
+                    bad.append(f"{flag}: no directory {folder!r} to write into")
+                    continue
+                if os.path.isdir(path) or path.endswith((os.sep, "/")):
+                    bad.append(f"{flag}: {path!r} is a directory; give a file name")
+            if os.path.isdir(folder) and (problem := _unwritable(folder)):
+                bad.append(f"{flag}: cannot write into {folder!r} ({problem})")
             # two results into one file: the second would overwrite the first
             other = written.setdefault(os.path.abspath(path), flag)
             if other != flag:
                 bad.append(f"{flag}: {path!r} is also {other}'s file")
     return bad
+
+
+def _existing_ancestor(path: str) -> str:
+    """path itself, or its nearest parent that exists."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why a file cannot be made in folder (tried, as the results will be), or None."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as e:
+        return e.strerror or str(e)
 
 
 def _given(p, argv) -> set[str]:

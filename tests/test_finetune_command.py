@@ -2,6 +2,8 @@
 model with a chat template in its GGUF, LoRA adapters llama.cpp's loader reads back,
 llama-finetune's flag names, and every bad argument refused before training."""
 import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -252,6 +254,30 @@ def test_an_output_over_an_input_is_refused(files, capsys):
         err = capsys.readouterr().err
         assert match in err and ("is also --model's file" in err or "is also --data's" in err)
     assert model.read_bytes() == before and not (files / "a.gguf").exists()
+
+
+def test_a_peft_out_that_cannot_be_written_is_refused_before_training(files, capsys):
+    # a clash with another result, a directory under a file, a folder that takes
+    # no files: said before training, not after it (when the run is lost)
+    out = str(files / "a.gguf")
+    cases = [(out, "--peft-out: .* is also --out's file"),
+             (str(files / "train.jsonl" / "adapter"), "is a file; no directory")]
+    proc = os.path.isdir("/proc")   # (Linux: no file can be made there, even by root)
+    if proc:
+        cases.append(("/proc/ggmlopt-adapter", "--peft-out: cannot write into '/proc'"))
+    for peft_out, match in cases:
+        with pytest.raises(SystemExit) as info:
+            finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+                           "--out", out, "--peft-out", peft_out])
+        assert info.value.code == 2
+        assert re.search(match, capsys.readouterr().err), peft_out
+        assert not (files / "a.gguf").exists()
+    if proc:
+        with pytest.raises(SystemExit) as info:
+            finetune.main(["-m", str(files / "base.gguf"), "--data",
+                           str(files / "train.jsonl"), "--out", "/proc/a.gguf"])
+        assert info.value.code == 2
+        assert "--out: cannot write into '/proc'" in capsys.readouterr().err
 
 
 def test_a_text_file_that_is_not_utf8_is_named(files, capsys):
