@@ -3,8 +3,10 @@ allocated: ``memory_report(model, batch_size, n_ctx)``.
 
 The parts, in bytes:
 
-- weights: every float parameter's data, and the bytes of the layers kept in a
-  file's types (a quantized base read in place);
+- weights: every float parameter's data, the bytes of the layers kept in a
+  file's types (a quantized base read in place), and the key-values a model
+  read from a GGUF file keeps to write them back (its vocabulary's tokens and
+  merges as Python strings: 30 MiB for a 128k-token vocabulary);
 - gradients: one float32 per trainable element (frozen ones have none); with
   ``optimizer_in_backward`` the pool of lent gradients instead: the largest
   block's, the largest other part's, and those of the parameters held in two
@@ -39,7 +41,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Any, ClassVar
+
+import numpy as np
 
 from ._args import bool_arg, int_arg
 from .gemm import bf16_support, check_precision
@@ -219,7 +224,19 @@ def _parameter_bytes(model) -> tuple[int, int]:
     for m in modules(model):
         if isinstance(m, (QuantizedLinear, QuantizedEmbedding)):
             weights += int(m.nbytes)
+    metadata = getattr(model, "gguf_metadata", None) or {}
+    weights += sum(_object_bytes(metadata[key]) for key in metadata)
     return weights, trainable
+
+
+def _object_bytes(value) -> int:
+    """The bytes a metadata value holds: an array's data, a list's slots and items,
+    a string's or number's object."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, (list, tuple)):
+        return sys.getsizeof(value) + sum(_object_bytes(v) for v in value)
+    return sys.getsizeof(value)
 
 
 def _bf16_copies(model) -> tuple[int, int, bool]:

@@ -151,3 +151,49 @@ def test_bf16_copies_count_a_tied_head_with_an_embedding_adapter():
     copies = [b.weights - f.weights for b, f in zip(bf16, f32)]
     embedding = 2 * SMALL["vocab_size"] * SMALL["dim"]
     assert copies[1] - copies[0] == 0 and copies[0] > embedding
+
+
+METADATA = """
+import ctypes, gc, json, sys, warnings
+warnings.simplefilter("ignore")
+import ggmlopt as go
+from ggmlopt.io import load_gguf
+model, tok = load_gguf(sys.argv[1])
+del tok
+params = sum(p.data.nbytes for p in model.parameters())
+counted = go.memory_report(model, 1, 8).weights - params
+def rss():
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+before = rss()
+model.gguf_metadata = None
+print(json.dumps([counted, before - rss()]))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="VmRSS: Linux's /proc")
+def test_a_gguf_model_s_vocabulary_strings_count_with_its_weights(tmp_path):
+    # a 128k-token vocabulary's tokens and merges, kept by the model to be written
+    # back, hold about 30 MiB of Python strings: counted, not left out
+    pytest.importorskip("tokenizers")
+    src = os.environ.get("GGMLOPT_LLAMA_CPP_SRC")
+    vocab = os.path.join(src or "", "models", "ggml-vocab-llama-bpe.gguf")
+    if not os.path.isfile(vocab):
+        pytest.skip("GGMLOPT_LLAMA_CPP_SRC (llama.cpp's vocabularies) is not set")
+    import warnings
+
+    from ggmlopt.io import load_gguf_tokenizer, save_gguf
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = load_gguf_tokenizer(vocab)
+    model = Llama(LlamaConfig(vocab_size=tok.vocab_size, dim=8, n_layers=1, n_heads=2,
+                              ffn_dim=16, max_seq_len=16), seed=0)
+    save_gguf(model, tmp_path / "m.gguf", tokenizer=tok)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", METADATA, str(tmp_path / "m.gguf")],
+                         capture_output=True, text=True, cwd=root, check=True).stdout
+    counted, freed = json.loads(out.strip().splitlines()[-1])
+    assert freed > 16 << 20   # what is counted is there
+    assert abs(counted - freed) <= 0.35 * freed, (counted / 2**20, freed / 2**20)
