@@ -36,7 +36,10 @@ class Perplexity(NamedTuple):
 
 
 def _token_ids(ids: npt.ArrayLike, name: str = "ids") -> np.ndarray:
-    arr = np.asarray(ids)
+    try:
+        arr = np.asarray(ids)
+    except ValueError:   # ragged nested lists
+        raise ValueError(f"{name}: expected a flat sequence of token ids") from None
     if arr.size == 0 and arr.ndim == 1:
         return arr.astype(np.int32)   # [] has dtype float64
     if arr.dtype.kind not in "iu":
@@ -135,9 +138,12 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
 
 
 def _real_arg(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:   # an int beyond any float
+        raise ValueError(f"{name}: expected a finite value, got {value}") from None
 
 
 def _penalty_args(repetition_penalty, min_p):
@@ -168,15 +174,13 @@ def _penalized(logits, seen, repetition_penalty):
 
 
 def _sampling_args(temperature, top_k, top_p):
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.floating)):
-        raise TypeError(f"temperature: expected a float, got {type(temperature).__name__}")
+    temperature = _real_arg(temperature, "temperature")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature: expected a finite value >= 0, got {temperature}")
     if top_k is not None:
         top_k = int_arg(top_k, "top_k", 1)
     if top_p is not None:
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float, np.floating)):
-            raise TypeError(f"top_p: expected a float, got {type(top_p).__name__}")
+        top_p = _real_arg(top_p, "top_p")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p: expected 0 < top_p <= 1, got {top_p}")
     return float(temperature), top_k, top_p
@@ -196,7 +200,9 @@ def _scaled_past_range(logits, temperature):
 def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
     """The next id from one row of logits: greedy at temperature 0 (the first
     maximum, as argmax), else a draw from softmax(logits / temperature) cut to
-    the top_k largest, then to the smallest set whose probability reaches
+    the top_k largest (exactly k: ids tied with the k-th are cut in index order,
+    as llama.cpp's partial sort does; transformers' TopK keeps every tie), then
+    to the smallest set whose probability reaches
     top_p, then to the ids at least min_p times as likely as the likeliest (the
     order of transformers' logits warpers; llama.cpp's default chain applies
     the temperature after the cuts instead)."""
@@ -396,6 +402,9 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int = 256, *
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise TypeError(f"template_kwargs: expected a dict or None, got "
                         f"{type(template_kwargs).__name__}")
+    if not callable(getattr(tokenizer, "apply_chat_template", None)):
+        raise TypeError(f"tokenizer: expected a tokenizer with a chat template "
+                        f"(apply_chat_template), got {type(tokenizer).__name__}")
     # continue_final_message: the model goes on with the last (assistant) message
     continues = bool((template_kwargs or {}).get("continue_final_message"))
     ids = np.asarray(tokenizer.apply_chat_template(messages, add_generation_prompt=not continues,

@@ -88,13 +88,27 @@ def test_stop_ids_and_streaming():
     ([1], 5, {"top_p": 0.0}, ValueError, "top_p"),
     ([1], 5, {"top_k": 0}, ValueError, "top_k"),
     ([1], 5, {"seed": -1}, ValueError, "seed: expected an int >= 0"),
+    ([1], 5, {"temperature": 10**400}, ValueError, "temperature: expected a finite"),
+    ([1], 5, {"min_p": 10**400}, ValueError, "min_p: expected a finite"),
+    ([1], 5, {"repetition_penalty": -10**400}, ValueError, "repetition_penalty: expected"),
+    ([[1, 2], [3]], 5, {}, ValueError, "prompt_ids: expected a flat sequence"),
 ])
 def test_bad_arguments_fail_before_generating(prompt, n, kw, exc, match):
     model = MODELS["llama"]()
+    ragged = any(isinstance(p, list) for p in prompt)   # (NumPy would refuse to make it)
     with pytest.raises(exc, match=match):
-        stream(model, np.array(prompt), n, **kw)
+        stream(model, prompt if ragged else np.array(prompt), n, **kw)
     with pytest.raises(exc, match=match):
-        go.generate(model, np.array(prompt), n, **kw)
+        go.generate(model, prompt if ragged else np.array(prompt), n, **kw)
+
+
+def test_numpy_scalars_are_numbers_and_chat_names_its_tokenizer():
+    model = MODELS["llama"]()
+    a = go.generate(model, [1, 2], 4, temperature=np.int64(1), top_p=np.int64(1), seed=3)
+    np.testing.assert_array_equal(a, go.generate(model, [1, 2], 4, temperature=1, seed=3))
+    for tokenizer in (None, object()):
+        with pytest.raises(TypeError, match="tokenizer: expected a tokenizer with a chat"):
+            go.chat(model, tokenizer, [{"role": "user", "content": "hi"}], 4)
 
 
 def test_a_temperature_or_penalty_past_float_range_draws_the_limit():
