@@ -474,6 +474,18 @@ def test_a_block_count_beyond_the_file_is_refused_at_once(saved, tmp_path, count
     assert_refused(tmp_path / "b.gguf", match)
 
 
+def test_a_family_s_per_layer_defaults_are_not_built_for_a_corrupt_block_count(tmp_path):
+    # SmolLM3's config makes its no-RoPE pattern one entry a layer: 10**9 of them
+    # took a minute and gigabytes before the count was compared with the file
+    from ggmlopt.models import SmolLM3, SmolLM3Config
+    model = SmolLM3(SmolLM3Config(vocab_size=257, dim=32, n_layers=4, n_heads=4, n_kv_heads=2,
+                                  ffn_dim=40, max_seq_len=64), seed=0)
+    save_gguf(model, tmp_path / "s.gguf", tokenizer=ByteTokenizer())
+    rewrite(tmp_path / "s.gguf", tmp_path / "b.gguf",
+            set_keys={"smollm3.block_count": (10**9, VT.UINT32, None)})
+    assert_refused(tmp_path / "b.gguf", "smollm3.block_count is 1000000000, but the file holds")
+
+
 @pytest.mark.parametrize("tensor", ["blk.1.attn_k.weight", "output_norm.weight"])
 def test_missing_tensor_is_refused(saved, tmp_path, tensor):
     _, path = saved

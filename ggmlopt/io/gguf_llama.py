@@ -557,12 +557,13 @@ class LlamaGguf:
                                  "load_gguf(path, model) loads other files into a model")
             self.arch = arch
             infos = {name: (t.ne, reader) for name, t in reader.tensors.items()}
+            blocks = self.fields.get(f"{arch}.block_count")
+            if isinstance(blocks, int) and blocks > len(infos):
+                # (a corrupt count would build per-layer lists and defaults of millions
+                # of entries before saying so)
+                raise ValueError(f"path: {path!r}: {arch}.block_count is {blocks}, but the "
+                                 f"file holds {len(infos)} tensors in all")
             self.config = _config(self.fields, infos, f"path: {path!r}", arch)
-            if self.config.n_layers > len(infos):
-                # (a corrupt count would list millions of tensors before saying so)
-                raise ValueError(f"path: {path!r}: {arch}.block_count is "
-                                 f"{self.config.n_layers}, but the file holds {len(infos)} "
-                                 f"tensors in all")
             wanted = {name: _ggml_rows(name, shape)
                       for name, shape in _parameter_shapes(self.config)}
             names = {gguf_name(name, arch): name for name in wanted}
