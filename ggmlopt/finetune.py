@@ -265,6 +265,27 @@ def _problems(args) -> list[str]:
             other = written.setdefault(os.path.abspath(path), flag)
             if other != flag:
                 bad.append(f"{flag}: {path!r} is also {other}'s file")
+    if args.peft_out:
+        bad += _nested_in_peft_out(args)
+    return bad
+
+
+def _nested_in_peft_out(args) -> list[str]:
+    """The other results that --peft-out's directory would overwrite (one of its
+    two files) or that would stand where that directory is to be made."""
+    from .io.peft_format import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+    folder = os.path.abspath(args.peft_out)
+    inside = {os.path.join(folder, name) for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)}
+    bad = []
+    for name in ("out", "merge_out", "checkpoint", "plot"):
+        path = getattr(args, name)
+        if not path:
+            continue
+        flag, where = f"--{name.replace('_', '-')}", os.path.abspath(path)
+        if where in inside:
+            bad.append(f"{flag}: {path!r} is one of the files --peft-out writes")
+        elif folder.startswith(where + os.sep):
+            bad.append(f"--peft-out: {args.peft_out!r} is under {flag}'s file {path!r}")
     return bad
 
 

@@ -261,14 +261,19 @@ def test_a_peft_out_that_cannot_be_written_is_refused_before_training(files, cap
     # no files: said before training, not after it (when the run is lost)
     out = str(files / "a.gguf")
     cases = [(out, "--peft-out: .* is also --out's file"),
-             (str(files / "train.jsonl" / "adapter"), "is a file; no directory")]
+             (str(files / "train.jsonl" / "adapter"), "is a file; no directory"),
+             (out + "/peft", "--peft-out: .* is under --out's file"),
+             (str(files), None)]
     proc = os.path.isdir("/proc")   # (Linux: no file can be made there, even by root)
     if proc:
         cases.append(("/proc/ggmlopt-adapter", "--peft-out: cannot write into '/proc'"))
     for peft_out, match in cases:
+        # (files itself: --out is then the adapter's own safetensors file)
+        given = str(files / "adapter_model.safetensors") if match is None else out
+        match = match or "--out: .* is one of the files --peft-out writes"
         with pytest.raises(SystemExit) as info:
             finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
-                           "--out", out, "--peft-out", peft_out])
+                           "--out", given, "--peft-out", peft_out])
         assert info.value.code == 2
         assert re.search(match, capsys.readouterr().err), peft_out
         assert not (files / "a.gguf").exists()
