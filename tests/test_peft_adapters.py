@@ -355,3 +355,38 @@ def test_an_adapter_tensor_that_is_no_matrix_is_refused(tmp_path):
     with pytest.raises(ValueError, match="expected two matrices"):
         load_peft(tmp_path / "a", fresh)
     assert not lora.named_adapters(fresh)
+
+
+@pytest.mark.parametrize("tie, modules_to_save", [(False, None), (True, None),
+                                                  (False, ["embed_tokens"])])
+def test_embedding_layers_peft_saves_beside_an_adapter(tmp_path, tie, modules_to_save):
+    # save_embedding_layers=True (PEFT's "auto" after a vocabulary resize) writes the
+    # embedding and head as plain weights: PEFT loads them frozen unless the config's
+    # modules_to_save names them (then with the trained copy's original beside it)
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from ggmlopt.io import load_hf, load_peft, save_hf
+    save_hf(Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                              ffn_dim=48, max_seq_len=64, tie_embeddings=tie), seed=0),
+            tmp_path / "base")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    made = peft.get_peft_model(hf, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"],
+                                                   modules_to_save=modules_to_save))
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for n, p in made.named_parameters():
+            if "lora_" in n or "embed" in n or "lm_head" in n:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    made.save_pretrained(tmp_path / "adapter", save_embedding_layers=True)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    theirs = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter", is_trainable=True)
+    tokens = np.random.default_rng(3).integers(0, 67, (2, 12))
+    want = theirs.eval()(torch.tensor(tokens)).logits.detach().numpy()
+    ours = load_hf(tmp_path / "base")
+    load_peft(tmp_path / "adapter", ours)
+    np.testing.assert_allclose(ours.forward(tokens), want, rtol=0,
+                               atol=1e-4 * np.abs(want).max())
+    theirs_count = sum(p.numel() for n, p in theirs.named_parameters()
+                       if p.requires_grad and "original_module" not in n)
+    assert lora.trainable_parameters(ours)[0] == theirs_count

@@ -259,6 +259,47 @@ def _read_tensors(path: str) -> dict[str, np.ndarray]:
     return tensors
 
 
+def _in_modules_to_save(config, hf_module: str, path: str) -> bool:
+    """PEFT's modules_to_save rule: a module whose name ends with an entry."""
+    entries = config.get("modules_to_save") or []
+    if isinstance(entries, str) or not isinstance(entries, list) or \
+            not all(isinstance(e, str) for e in entries):
+        raise ValueError(f"{path}: adapter_config.json's modules_to_save: expected a list of "
+                         f"module names, got {entries!r}")
+    return any(hf_module.endswith(e) for e in entries)
+
+
+def _tie_loaded_embedding(model, loaded: dict[str, np.ndarray], path: str) -> None:
+    """The embedding and head weights PEFT saves beside an adapter
+    (save_embedding_layers) on a tied model: one matrix, which both copies must
+    give; the head's is then the embedding's."""
+    head = loaded.pop("lm_head.weight", None)
+    if head is None:
+        return
+    if not _tied(model):
+        loaded["lm_head.weight"] = head
+        return
+    embedding = _embedding_name(model)
+    if embedding is None:
+        raise ValueError(f"{path}: lm_head.weight fits no parameter of the model")
+    if embedding in loaded and not np.array_equal(loaded[embedding], head):
+        raise ValueError(f"{path}: its token embedding and lm_head weights differ; this "
+                         f"model's are one matrix (tied embeddings)")
+    loaded.setdefault(embedding, head)
+
+
+def _embedding_name(model) -> str | None:
+    """The dotted name of the token embedding's weight (float32, or kept in its
+    file's type)."""
+    weight = _embedding_weight(model)
+    if weight is not None:
+        return next((n for n, p in named_parameters(model) if p is weight), None)
+    layer = model._embedding
+    base = getattr(layer, "_base", layer)
+    return next((f"{n}.weight" for n, kept in _kept_layers(model).items()
+                 if kept is base or kept is layer), None)
+
+
 def _drop_what_peft_ignores(bases: dict, whole: dict, adapted: set, path: str) -> None:
     """PEFT loads a base_layer weight only into a layer the file adapts, and a
     plain module weight only into a module it does not (its state dict has no
@@ -369,6 +410,7 @@ def load_peft(directory, model, *, dropout: float | None = None
     whole: dict[str, np.ndarray] = {}
     bases: dict[str, np.ndarray] = {}   # an adapted layer's own weight (PEFT saves an
     # embedding's with its adapter: save_embedding_layers)
+    loaded: dict[str, np.ndarray] = {}   # a frozen layer's weight, not in modules_to_save
     adapter_key = re.compile(r"(.+)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)"
                              r"(?:\.default)?(?:\.weight)?$")
     for key, value in tensors.items():
@@ -382,11 +424,20 @@ def load_peft(directory, model, *, dropout: float | None = None
                 raise ValueError(f"{path}: tensor {key!r} names no module of the model")
             bases[ours] = value
             continue
-        if m is None:   # a module trained whole
-            ours = _our_name(model, hf.replace(".modules_to_save.default", ""))
+        if m is None and ".original_module." in hf:
+            continue   # the frozen original of a module trained whole: unused beside it
+        if m is None:   # a module trained whole, or a base weight PEFT loads as it is
+            plain = hf.replace(".modules_to_save.default.", ".").replace(
+                ".modules_to_save.", ".")
+            ours = _our_name(model, plain)
             if ours is None:
                 raise ValueError(f"{path}: tensor {key!r} names no module of the model")
-            whole[ours] = value
+            if plain != hf or _in_modules_to_save(config, plain.rpartition(".")[0], path):
+                if ours in whole and not np.array_equal(whole[ours], value):
+                    raise ValueError(f"{path}: two different tensors for {plain!r}")
+                whole[ours] = value
+            else:   # (save_embedding_layers: the embedding and head after a resize)
+                loaded[ours] = value
             continue
         ours = _our_name(model, m.group(1))
         if ours is None or ours not in layers:
@@ -394,8 +445,15 @@ def load_peft(directory, model, *, dropout: float | None = None
                              "not have")
         pairs.setdefault(ours, {})[m.group(2).replace("embedding_", "")] = value
     _drop_what_peft_ignores(bases, whole, set(pairs), path)
+    _drop_what_peft_ignores({}, loaded, set(pairs), path)
     params = dict(named_parameters(model))
+    if config.get("ensure_weight_tying") and "lm_head.weight" in loaded and \
+            _embedding_name(model) in whole:
+        # the head's copy of a tied embedding PEFT trains whole (ensure_weight_tying)
+        whole["lm_head.weight"] = loaded.pop("lm_head.weight")
     _tie_whole_embedding(model, whole, config, path)
+    _tie_loaded_embedding(model, loaded, path)
+    bases.update(loaded)   # frozen weights PEFT loads, as an adapted layer's base
     transposed = transposed_weights(model)
     kept = _kept_layers(model)
     for name, value in list(bases.items()):
