@@ -597,6 +597,22 @@ def test_a_tokenizer_s_pad_unknown_and_named_templates_are_written(tmp_path):
     assert back.apply_chat_template(chat, tokenize=False, chat_template="rag") == "R:hi"
 
 
+def test_template_names_a_gguf_key_cannot_hold_are_said_or_refused(tmp_path):
+    # GGUF keys keep letters and digits (gguf-py and llama.cpp's converter write
+    # "tool-use" as tool_use): said with a warning; two names made one are refused
+    model = Llama(LlamaConfig(vocab_size=257, dim=16, n_layers=1, n_heads=2, max_seq_len=32),
+                  seed=1)
+    tok = ByteTokenizer(chat_template="D")
+    tok.named_chat_templates = {"tool-use": "A"}
+    with pytest.warns(UserWarning, match="'tool-use' is written as tokenizer.chat_template.tool_use"):
+        save_gguf(model, tmp_path / "a.gguf", tokenizer=tok)
+    assert load_gguf(tmp_path / "a.gguf")[1].named_chat_templates == {"tool_use": "A"}
+    tok.named_chat_templates = {"tool-use": "A", "tool.use": "B"}
+    with pytest.raises(ValueError, match="'tool-use' and 'tool.use' would both be written"):
+        save_gguf(model, tmp_path / "b.gguf", tokenizer=tok)
+    assert not (tmp_path / "b.gguf").exists()
+
+
 @pytest.mark.parametrize("name, dtype", [("f32", np.float32), ("F32", np.float32),
                                          ("f16", np.float16)])
 def test_llama_cpp_type_names_are_dtypes(tmp_path, name, dtype):

@@ -2,6 +2,7 @@
 architecture's writer (gguf_llama, gguf_gpt2) puts in its file."""
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
@@ -115,13 +116,31 @@ def add_tokenizer(writer, tok: dict[str, Any], tokenizer) -> None:
     # the default template and the named ones (Command R's tool_use, rag) as
     # llama.cpp's converter writes them: tokenizer.chat_template.<name>
     named = getattr(tokenizer, "named_chat_templates", None) or {}
-    templates = [{"name": name, "template": source} for name, source in named.items()
+    templates = [{"name": _gguf_template_name(name, named), "template": source}
+                 for name, source in named.items()
                  if name != "default" and isinstance(source, str) and source]
     default = getattr(tokenizer, "chat_template", None)
     if default:
         templates.append({"name": "default", "template": default})
     if templates:
         writer.add_chat_template(templates)
+
+
+def _gguf_template_name(name: str, named: dict) -> str:
+    """The key name a named template gets in GGUF (gguf-py and llama.cpp's converter
+    keep ASCII letters and digits, other characters become "_"): said with a
+    warning when it differs; ValueError when two names would become one."""
+    safe = "".join(c if c.isascii() and c.isalnum() else "_" for c in name)
+    if safe != name:
+        clash = [other for other in named if other != name and
+                 "".join(c if c.isascii() and c.isalnum() else "_" for c in other) == safe]
+        if clash:
+            raise ValueError(f"tokenizer: named chat templates {name!r} and {clash[0]!r} would "
+                             f"both be written as tokenizer.chat_template.{safe}")
+        warnings.warn(f"tokenizer: the chat template named {name!r} is written as "
+                      f"tokenizer.chat_template.{safe} (a GGUF key keeps letters and digits)",
+                      UserWarning, stacklevel=4)
+    return safe
 
 
 def _id_in(tokenizer, attribute: str, n: int) -> int | None:
