@@ -109,6 +109,28 @@ def test_an_embedding_adapter_over_another_base_is_refused_on_a_kept_one(tmp_pat
     np.testing.assert_array_equal(model.forward(TOKENS), before)
 
 
+def test_a_base_that_differs_by_more_than_rounding_is_said_on_a_kept_one(tmp_path):
+    # the file's base rounded to bf16 is not the kept one (another revision of
+    # the model): the model keeps its own, and says so
+    st = pytest.importorskip("safetensors.numpy")
+    from ggmlopt.io import load_hf, load_peft
+    base = _bf16_checkpoint(tmp_path, tied=False)
+    adapter = _peft_embedding_adapter(tmp_path, base)
+    path = adapter / "adapter_model.safetensors"
+    tensors = st.load_file(str(path))
+    name = next(n for n in tensors if n.endswith("embed_tokens.base_layer.weight"))
+    rows = tensors[name].copy()
+    rows[7] *= 1.1
+    st.save_file({**tensors, name: rows}, str(path))
+    with pytest.warns(UserWarning, match="differs from the model's .kept as BF16. by up to 9"):
+        load_peft(adapter, load_hf(base, keep_types=True))
+    import warnings
+    st.save_file(tensors, str(path))   # the base as PEFT saved it: bf16's own values
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        load_peft(adapter, load_hf(base, keep_types=True))
+
+
 def test_a_module_trained_whole_is_refused_on_a_kept_base_by_name(tmp_path):
     from ggmlopt.io import load_hf, load_peft, save_peft
     base = _bf16_checkpoint(tmp_path, tied=False)

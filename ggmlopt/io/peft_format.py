@@ -325,29 +325,61 @@ def _kept_layers(model) -> dict:
 
 
 def _check_kept_base(layer, name: str, value: np.ndarray, path: str) -> None:
-    """PEFT saves an adapted embedding's base weight with its adapter
-    (save_embedding_layers); a base kept in its file's type cannot take it, so
-    it must be the same matrix up to that type's rounding: each row within half
-    its norm of the kept one (a row of another embedding, or one initialised
-    for an added token, is not), else ValueError."""
+    """PEFT saves a base weight with an adapter (an adapted embedding's, the
+    embedding and head after a resize); a base kept in its file's type cannot
+    take it.  The file's matrix rounded to that type must give the kept bytes:
+    then it is the model's own.  A row further than half its norm from the kept
+    one (another embedding, a row initialised for an added token) is refused;
+    anything between is said with a warning (the model keeps its own base)."""
     from .. import kernels_quant
     # the stored rows: an embedding's, or a Linear's (out, in) as torch holds it
     rows, cols = layer.qweight.shape[0], value.shape[-1] if value.ndim else 0
     if value.shape != (rows, getattr(layer, "embedding_dim", getattr(layer, "in_features", -1))):
         raise ValueError(f"{path}: base tensor {name!r} {value.shape} does not fit the "
                          f"model's layer, kept as {layer.qtype}")
-    step = 4096
+    step, worst = 4096, 0.0
     for r0 in range(0, rows, step):
         ids = np.arange(r0, min(rows, r0 + step), dtype=np.int32)
+        given = np.ascontiguousarray(value[r0:r0 + len(ids)], np.float32)
+        same = _rounded_as(given, layer.qtype).reshape(len(ids), -1) == \
+            np.ascontiguousarray(layer.qweight[r0:r0 + len(ids)]).view(np.uint8).reshape(
+                len(ids), -1)
+        if same.all():
+            continue
         kept = kernels_quant.gather(ids, layer.qtype, layer.qweight, cols)
-        given = value[r0:r0 + len(ids)]
         apart = np.linalg.norm(given - kept, axis=1)
-        bound = 0.5 * np.maximum(np.linalg.norm(given, axis=1), np.linalg.norm(kept, axis=1))
-        bad = np.flatnonzero(~(apart <= bound + 1e-6))
+        size = np.maximum(np.linalg.norm(given, axis=1), np.linalg.norm(kept, axis=1))
+        bad = np.flatnonzero(~(apart <= 0.5 * size + 1e-6))
         if bad.size:
             raise ValueError(f"{path}: base tensor {name!r} row {r0 + int(bad[0])} is not the "
                              f"model's (kept as {layer.qtype}): the adapter was trained over "
                              f"another base")
+        worst = max(worst, float(np.max(apart / np.maximum(size, 1e-30))))
+    if worst > 0:
+        warnings.warn(f"{path}: base tensor {name!r} differs from the model's (kept as "
+                      f"{layer.qtype}) by up to {100 * worst:.2g}% of a row, more than that "
+                      f"type's rounding of it; the model keeps its own (load the base with "
+                      f"keep_types=False to take the file's)", UserWarning, stacklevel=3)
+
+
+def _rounded_as(rows: np.ndarray, qtype: str) -> np.ndarray:
+    """float32 rows as a file of type qtype stores them, as bytes (uint8, one row
+    a row): float16 and bfloat16 rounded to nearest even, block types through
+    the quantizers save_gguf uses."""
+    from .. import kernels_quant
+    if qtype == "F32":
+        out = rows
+    elif qtype == "F16":
+        out = rows.astype(np.float16)
+    elif qtype == "BF16":
+        bits = rows.view(np.uint32).astype(np.uint64)
+        out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    elif qtype in kernels_quant.QUANTIZE_TYPES:
+        out = kernels_quant.quantize(rows, qtype)
+    else:
+        gguf = import_optional("gguf", "interop", "a GGUF base's rounding")
+        out = gguf.quants.quantize(rows, gguf.GGMLQuantizationType[qtype])
+    return np.ascontiguousarray(out).view(np.uint8).reshape(rows.shape[0], -1)
 
 
 def _pattern_value(config, which: str, hf_name: str, default, path: str):
