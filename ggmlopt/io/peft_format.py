@@ -417,11 +417,14 @@ def load_peft(directory, model, *, dropout: float | None = None
     loaded and left trainable, everything else frozen (as lora.apply leaves a
     model).  use_rslora's scaling (alpha / sqrt(rank)) is kept as the alpha
     that gives it; a MiCA adapter (init_lora_weights "mica") trains A alone,
-    as in PEFT.  Float16 and bfloat16 tensors are widened to float32.  Over a
-    base kept in its file's types (keep_types=True) the base weight PEFT saves
-    with an embedding adapter must be the model's up to that type's rounding;
-    a module trained whole must be float32.  dropout: the adapters' (default
-    the file's lora_dropout).
+    as in PEFT.  Float16 and bfloat16 tensors are widened to float32.  Plain
+    weights the config's modules_to_save does not name (PEFT's
+    save_embedding_layers) load frozen, as PEFT loads them; tensors PEFT would
+    not load are left out with a UserWarning.  Over a base kept in its file's
+    types (keep_types=True) a base weight in the file is compared with the kept
+    one in that type's rounding (see _check_kept_base), and a module trained
+    whole must be float32.  dropout: the adapters' (default the file's
+    lora_dropout).
 
     Returns named_adapters(model).  Raises FileNotFoundError for a missing
     file; ValueError for another adapter type (DoRA, trained biases), a tensor
