@@ -90,17 +90,25 @@ def test_peft_s_embedding_adapter_loads_onto_a_kept_base(tmp_path):
         _close(model.forward(TOKENS), want)
 
 
-def test_an_embedding_adapter_over_another_base_is_refused_on_a_kept_one(tmp_path):
+def _with_base_row(adapter, row, change):
+    """Rewrite the adapter file's embedding base with change(rows) applied to one
+    row; returns the file's tensors as PEFT saved them."""
     st = pytest.importorskip("safetensors.numpy")
-    from ggmlopt.io import load_hf, load_peft
-    base = _bf16_checkpoint(tmp_path, tied=False)
-    adapter = _peft_embedding_adapter(tmp_path, base)
     path = adapter / "adapter_model.safetensors"
     tensors = st.load_file(str(path))
     name = next(n for n in tensors if n.endswith("embed_tokens.base_layer.weight"))
     rows = tensors[name].copy()
-    rows[5] = np.random.default_rng(9).normal(size=rows.shape[1])   # a row of another base
+    rows[row] = change(rows[row])
     st.save_file({**tensors, name: rows}, str(path))
+    return tensors
+
+
+def test_an_embedding_adapter_over_another_base_is_refused_on_a_kept_one(tmp_path):
+    from ggmlopt.io import load_hf, load_peft
+    base = _bf16_checkpoint(tmp_path, tied=False)
+    adapter = _peft_embedding_adapter(tmp_path, base)
+    # a row of another base
+    _with_base_row(adapter, 5, lambda r: np.random.default_rng(9).normal(size=r.shape))
     model = load_hf(base, keep_types=True)
     before = model.forward(TOKENS).copy()
     with pytest.raises(ValueError, match="row 5 is not the model's.*another base"):
@@ -116,12 +124,8 @@ def test_a_base_that_differs_by_more_than_rounding_is_said_on_a_kept_one(tmp_pat
     from ggmlopt.io import load_hf, load_peft
     base = _bf16_checkpoint(tmp_path, tied=False)
     adapter = _peft_embedding_adapter(tmp_path, base)
+    tensors = _with_base_row(adapter, 7, lambda r: r * 1.1)
     path = adapter / "adapter_model.safetensors"
-    tensors = st.load_file(str(path))
-    name = next(n for n in tensors if n.endswith("embed_tokens.base_layer.weight"))
-    rows = tensors[name].copy()
-    rows[7] *= 1.1
-    st.save_file({**tensors, name: rows}, str(path))
     with pytest.warns(UserWarning, match="differs from the model's .kept as BF16. by up to 9"):
         load_peft(adapter, load_hf(base, keep_types=True))
     import warnings
