@@ -183,7 +183,7 @@ def _sampling_args(temperature, top_k, top_p):
         top_p = _real_arg(top_p, "top_p")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p: expected 0 < top_p <= 1, got {top_p}")
-    return float(temperature), top_k, top_p
+    return temperature, top_k, top_p
 
 
 def _scaled_past_range(logits, temperature):

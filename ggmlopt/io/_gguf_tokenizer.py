@@ -130,10 +130,9 @@ def _gguf_template_name(name: str, named: dict) -> str:
     """The key name a named template gets in GGUF (gguf-py and llama.cpp's converter
     keep ASCII letters and digits, other characters become "_"): said with a
     warning when it differs; ValueError when two names would become one."""
-    safe = "".join(c if c.isascii() and c.isalnum() else "_" for c in name)
+    safe = _key_safe(name)
     if safe != name:
-        clash = [other for other in named if other != name and
-                 "".join(c if c.isascii() and c.isalnum() else "_" for c in other) == safe]
+        clash = [other for other in named if other != name and _key_safe(other) == safe]
         if clash:
             raise ValueError(f"tokenizer: named chat templates {name!r} and {clash[0]!r} would "
                              f"both be written as tokenizer.chat_template.{safe}")
@@ -141,6 +140,10 @@ def _gguf_template_name(name: str, named: dict) -> str:
                       f"tokenizer.chat_template.{safe} (a GGUF key keeps letters and digits)",
                       UserWarning, stacklevel=4)
     return safe
+
+
+def _key_safe(name: str) -> str:
+    return "".join(c if c.isascii() and c.isalnum() else "_" for c in name)
 
 
 def _id_in(tokenizer, attribute: str, n: int) -> int | None:

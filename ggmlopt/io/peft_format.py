@@ -300,16 +300,18 @@ def _embedding_name(model) -> str | None:
                  if kept is base or kept is layer), None)
 
 
-def _drop_what_peft_ignores(bases: dict, whole: dict, adapted: set, path: str) -> None:
+def _drop_what_peft_ignores(bases: dict, plain: tuple[dict, ...], adapted: set,
+                            path: str) -> None:
     """PEFT loads a base_layer weight only into a layer the file adapts, and a
-    plain module weight only into a module it does not (its state dict has no
-    such key otherwise, and it loads with strict=False): the others are dropped,
-    with a UserWarning, instead of overwriting the model's weights."""
-    stray = [n for n in bases if n.rpartition(".")[0] not in adapted]
-    stray += [n for n in whole if n.rpartition(".")[0] in adapted]
-    for name in stray:
-        bases.pop(name, None)
-        whole.pop(name, None)
+    plain module weight (trained whole or not) only into a module it does not
+    (its state dict has no such key otherwise, and it loads with strict=False):
+    the others are dropped, with a UserWarning, instead of overwriting the
+    model's weights."""
+    found = [(bases, n) for n in bases if n.rpartition(".")[0] not in adapted]
+    found += [(d, n) for d in plain for n in d if n.rpartition(".")[0] in adapted]
+    for held_in, name in found:
+        del held_in[name]
+    stray = [name for _, name in found]
     if stray:
         warnings.warn(f"{path}: {len(stray)} tensors are not loaded, as PEFT does not load "
                       f"them ({', '.join(stray[:3])}{', ...' if len(stray) > 3 else ''}: a "
@@ -479,8 +481,7 @@ def load_peft(directory, model, *, dropout: float | None = None
             raise ValueError(f"{path}: {key!r} adapts {m.group(1)!r}, which the model does "
                              "not have")
         pairs.setdefault(ours, {})[m.group(2).replace("embedding_", "")] = value
-    _drop_what_peft_ignores(bases, whole, set(pairs), path)
-    _drop_what_peft_ignores({}, loaded, set(pairs), path)
+    _drop_what_peft_ignores(bases, (whole, loaded), set(pairs), path)
     params = dict(named_parameters(model))
     if config.get("ensure_weight_tying") and "lm_head.weight" in loaded and \
             _embedding_name(model) in whole:
