@@ -22,6 +22,7 @@ from . import kernels
 from ._args import enum_arg, int_arg
 from .context import OptContext, first_nonfinite
 from .dataset import Dataset
+from .nn.module import with_followers
 from .nn.parameter import Parameter
 from .optim_params import BuildType, LossType
 from .result import Result
@@ -197,7 +198,7 @@ def _borrowed(model: Any) -> Iterator[None]:
     saved = [(p, p.data, p._grad if isinstance(p, Parameter) else p.grad,
               getattr(p, "grad_is_zero", _ABSENT)) for p in params]
     trains = [(p, p._requires_grad) for p in params if isinstance(p, Parameter)]
-    flags = [(m, vars(m).get("training", _ABSENT)) for m in _modules(model)]
+    flags = [(m, vars(m).get("training", _ABSENT)) for m in with_followers(_modules(model))]
     try:
         for p, _ in trains:
             p._requires_grad = False

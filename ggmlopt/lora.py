@@ -76,6 +76,11 @@ class _AdapterTraining:
         set_training(self._base, mode)
         return self
 
+    def training_followers(self) -> tuple[Any, ...]:
+        """The base layer, whose flag train() sets (nn.module.with_followers: what
+        eval_mode and the inference helpers put back)."""
+        return (self._base,)
+
 
 class LoRALinear(_AdapterTraining, Linear):
     """LoRALinear(base, rank, alpha, *, dropout=0.0, rng=None): a Linear with a

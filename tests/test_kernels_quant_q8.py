@@ -240,3 +240,30 @@ def test_an_adapters_base_follows_set_activations_and_training():
     model.eval()
     assert not base.training
     np.testing.assert_array_equal(adapter.forward(x), q8)
+
+
+def test_inference_puts_an_adapters_base_back_in_training():
+    """eval_mode (generate, perplexity) and the inference helpers (evaluate,
+    predict) switch training off for a block and put every flag back, the
+    adapter's base among them: left False, a training forward of few rows
+    would multiply q8_0 activations while its backward differentiates float32."""
+    from ggmlopt import lora
+    from ggmlopt.nn.module import eval_mode
+    rng = np.random.default_rng(9)
+    raw = random_weight("Q4_0", 40, 96, rng)
+    model = ggmlopt.nn.Sequential(QuantizedLinear(raw, "Q4_0", 96, 40))
+    lora.apply(model, rank=2, targets="all-linear", seed=0)
+    adapter = next(m for _, m in lora.named_adapters(model))
+    base = adapter._base
+    set_activations(model, "q8_0")
+    x = rng.standard_normal((2, 96)).astype(np.float32)
+    f32 = kq.matmul(x, "Q4_0", raw)
+    for how in ("eval_mode", "predict"):
+        model.train()
+        if how == "eval_mode":
+            with eval_mode(model):
+                assert not base.training
+        else:
+            ggmlopt.predict(model, x)
+        assert adapter.training and base.training, how
+        np.testing.assert_array_equal(adapter.forward(x), f32)

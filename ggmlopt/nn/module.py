@@ -80,7 +80,7 @@ objects with a ``forward`` method.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -238,6 +238,27 @@ def modules(model) -> Iterator[object]:
         stack.extend(reversed(list(_children(m))))
 
 
+def with_followers(found: Iterable[Any]) -> list[Any]:
+    """The modules in found and those whose training flag one of them sets
+    without holding them as sub-modules (its ``training_followers()``: an
+    adapter's base layer, which keeps its weights out of the names), with the
+    modules below those, each once: every flag ``set_training`` may change, for
+    a caller that puts them back."""
+    out: list[Any] = []
+    seen: set[int] = set()
+    stack = list(found)[::-1]
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        out.append(m)
+        followers = getattr(m, "training_followers", None)
+        if callable(followers):
+            stack.extend(reversed([f for follower in followers() for f in modules(follower)]))
+    return out
+
+
 def set_training(model, mode: bool) -> None:
     """Tell model whether the current eval trains: ``model.train(mode)`` when it has
     a train method, else ``model.training = mode`` and the same for each
@@ -336,7 +357,7 @@ def eval_mode(model):
     """with eval_mode(model): ... runs the block with training False everywhere in
     model's tree (set_training(model, False)), then puts back every module's own
     ``training`` attribute as it was."""
-    saved = [(m, getattr(m, "training", _MISSING)) for m in modules(model)]
+    saved = [(m, getattr(m, "training", _MISSING)) for m in with_followers(modules(model))]
     try:
         set_training(model, False)
         yield model
