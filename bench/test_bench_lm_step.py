@@ -34,14 +34,22 @@ STRICT = os.environ.get("GGMLOPT_BENCH_STRICT") == "1"
 TOKENS = lm_models.BATCH * lm_models.T
 
 
+# the pause before each timed call: a BLAS's threads spin after their last product
+# (OpenBLAS's for about 0.1 s) and took a core from the side that came next (torch +
+# PEFT's LoRA step right after ggmlopt's on NumPy's OpenBLAS: 1.079 s against 0.975
+# s after its own step; with this pause, 1.004 against 1.017)
+SETTLE_S = 0.25
+
+
 def interleaved_medians(runners, repeats=REPEATS):
     """Median wall time of each runner over rounds that run them one after the
-    other (after one warm-up call each)."""
+    other (after one warm-up call each), each call after SETTLE_S of quiet."""
     for run in runners.values():
         run()
     times = {name: [] for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
+            time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - t0)
