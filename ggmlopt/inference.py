@@ -22,7 +22,7 @@ from . import kernels
 from ._args import enum_arg, int_arg
 from .context import OptContext, first_nonfinite
 from .dataset import Dataset
-from .nn.module import with_followers
+from .nn.module import modules, with_followers
 from .nn.parameter import Parameter
 from .optim_params import BuildType, LossType
 from .result import Result
@@ -198,7 +198,10 @@ def _borrowed(model: Any) -> Iterator[None]:
     saved = [(p, p.data, p._grad if isinstance(p, Parameter) else p.grad,
               getattr(p, "grad_is_zero", _ABSENT)) for p in params]
     trains = [(p, p._requires_grad) for p in params if isinstance(p, Parameter)]
-    flags = [(m, vars(m).get("training", _ABSENT)) for m in with_followers(_modules(model))]
+    # every module set_training reaches (a plain object's own named_children, an
+    # adapter's base), each flag as its own attribute or none
+    flags = [(m, vars(m).get("training", _ABSENT)) for m in with_followers(modules(model))
+             if hasattr(m, "__dict__")]
     try:
         for p, _ in trains:
             p._requires_grad = False
@@ -216,23 +219,3 @@ def _borrowed(model: Any) -> Iterator[None]:
                 m.training = training
             elif "training" in vars(m):
                 del m.training
-
-
-def _modules(model: Any) -> list[Any]:
-    """model and every sub-module that has a __dict__ (found as named_parameters
-    finds them), each once."""
-    from .nn.module import Module
-
-    found: list[Any] = []
-    seen: set[int] = set()
-    stack = [model]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or not hasattr(obj, "__dict__"):
-            continue
-        seen.add(id(obj))
-        found.append(obj)
-        children = obj.named_children() if isinstance(obj, Module) else \
-            Module.named_children(obj)
-        stack.extend(child for _, child in children)
-    return found

@@ -150,6 +150,38 @@ def test_training_flags_restored():
     assert model.training is False
 
 
+class _NamesItsOwnChildren:
+    """A model that is no Module and names its sub-module through its own
+    named_children (the protocol ggmlopt.nn.module documents)."""
+
+    def __init__(self):
+        self._body = go.nn.Linear(4, 3, rng=0)
+
+    def named_children(self):
+        yield "body", self._body
+
+    def parameters(self):
+        return self._body.parameters()
+
+    def forward(self, x):
+        return self._body.forward(x)
+
+    def backward(self, g):
+        return self._body.backward(g)
+
+
+@pytest.mark.parametrize("how", ["predict", "evaluate"])
+def test_training_flags_restored_below_a_model_that_names_its_children(how):
+    net = _NamesItsOwnChildren()
+    go.nn.module.set_training(net, True)
+    x = np.ones((2, 4), np.float32)
+    if how == "predict":
+        go.predict(net, x)
+    else:
+        go.evaluate(net, (x, None), "sum")
+    assert net.training is True and net._body.training is True
+
+
 def test_evaluate_bad_input():
     x, y = data(6)
     model = make_model()
