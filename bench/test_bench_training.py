@@ -187,14 +187,20 @@ def overhead_per_batch():
     return _best(run) / n
 
 
+# the pause before each timed run: OpenBLAS's threads spin for about 0.1 s after
+# their last product and take a core from whichever side runs next
+SETTLE_S = 0.25
+
+
 def _interleaved(runners, repeats=REPEATS):
     """Best time of each runner over rounds that run them one after the other, so
-    a change in machine load hits all of them alike."""
+    a change in machine load hits all of them alike, each after SETTLE_S of quiet."""
     for run in runners.values():
         run()  # warm-up
     best = dict.fromkeys(runners, float("inf"))
     for _ in range(repeats):
         for name, run in runners.items():
+            time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             run()
             best[name] = min(best[name], time.perf_counter() - t0)
