@@ -217,16 +217,21 @@ def test_decoding_lingers_the_kernel_threads_only_while_it_runs():
         kernels.set_pool_linger("1")
 
 
+def _adapted_q4_0_layer(rng):
+    """(raw Q4_0 blocks, a Sequential of one LoRA adapter over them, the adapter)."""
+    from ggmlopt import lora
+    raw = random_weight("Q4_0", 40, 96, rng)
+    model = ggmlopt.nn.Sequential(QuantizedLinear(raw, "Q4_0", 96, 40))
+    lora.apply(model, rank=2, targets="all-linear", seed=0)
+    return raw, model, next(m for _, m in lora.named_adapters(model))
+
+
 def test_an_adapters_base_follows_set_activations_and_training():
     """A LoRA adapter's base layer is not a sub-module (its weight keeps the
     adapter's name): set_activations reaches it through the adapter, and so
     does train(), so a training step's few rows still multiply float32."""
-    from ggmlopt import lora
     rng = np.random.default_rng(8)
-    raw = random_weight("Q4_0", 40, 96, rng)
-    model = ggmlopt.nn.Sequential(QuantizedLinear(raw, "Q4_0", 96, 40))
-    lora.apply(model, rank=2, targets="all-linear", seed=0)
-    adapter = next(m for _, m in lora.named_adapters(model))
+    raw, model, adapter = _adapted_q4_0_layer(rng)
     base = adapter._base
     assert set_activations(model, "q8_0") == 1 and base.activations == "q8_0"
     x = rng.standard_normal((2, 96)).astype(np.float32)
@@ -247,13 +252,9 @@ def test_inference_puts_an_adapters_base_back_in_training():
     predict) switch training off for a block and put every flag back, the
     adapter's base among them: left False, a training forward of few rows
     would multiply q8_0 activations while its backward differentiates float32."""
-    from ggmlopt import lora
     from ggmlopt.nn.module import eval_mode
     rng = np.random.default_rng(9)
-    raw = random_weight("Q4_0", 40, 96, rng)
-    model = ggmlopt.nn.Sequential(QuantizedLinear(raw, "Q4_0", 96, 40))
-    lora.apply(model, rank=2, targets="all-linear", seed=0)
-    adapter = next(m for _, m in lora.named_adapters(model))
+    raw, model, adapter = _adapted_q4_0_layer(rng)
     base = adapter._base
     set_activations(model, "q8_0")
     x = rng.standard_normal((2, 96)).astype(np.float32)
