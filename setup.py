@@ -1,7 +1,8 @@
 """Build: Cython extensions plus the C kernels in csrc/.
 
 Only the AVX2 translation unit gets -mavx2 -mfma (and -mf16c for the float16
-conversion), only the AVX-512 one -mavx512f/bw/dq/vl; every other object is
+conversion), only the AVX-512 one -mavx512f/bw/dq/vl (and the unit of the bf16
+products' vdpbf16ps those and -mavx512bf16); every other object is
 compiled for the baseline ISA, so the package imports on any x86-64 and picks
 the best path the CPU runs at run time.  On aarch64
 the NEON unit is compiled instead (NEON is baseline there).
@@ -44,6 +45,9 @@ if IS_X86_64:
     ISA_SOURCES["csrc/kernels_avx2.c"] = ["-mavx2", "-mfma", "-mf16c"]
     ISA_SOURCES["csrc/kernels_avx512.c"] = [
         "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mf16c"]
+    # the bf16 products' vdpbf16ps, taken only on CPUs that report AVX512-BF16
+    ISA_SOURCES["csrc/kernels_avx512bf16.c"] = [
+        "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mf16c", "-mavx512bf16"]
 elif IS_AARCH64:
     KERNEL_SOURCES.append("csrc/kernels_neon.c")
 

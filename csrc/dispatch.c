@@ -51,6 +51,11 @@ static go_path paths[] = {
 #define GO_NPATHS ((int)(sizeof(paths) / sizeof(paths[0])))
 
 static char cpu_features[192];
+#if defined(__x86_64__) || defined(_M_X64)
+/* AVX512-BF16's vdpbf16ps usable (with the ZMM state): the bf16 products' own
+ * instruction on the avx512 path */
+static int cpu_avx512_bf16 = 0;
+#endif
 static _Atomic(const ggmlopt_kernel_table *) active = NULL;
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -83,13 +88,14 @@ static void detect_cpu(void) {
         amx_bf16 = (d >> 22) & 1;
         amx_tile = (d >> 24) & 1;
     }
-    /* native bf16 products (reported for the bf16 precision; no kernel here needs them) */
+    /* native bf16 products (the bf16 precision; kernels_avx512bf16.c) */
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) avx512_bf16 = (a >> 5) & 1;
     /* ... and the opmask and ZMM registers (XCR0 bits 5, 6, 7) on top of those */
     if (osymm) oszmm = (go_xgetbv0() & 0xE6) == 0xE6;
     const int avx2_ok = avx && avx2 && fma && f16c && osymm;
     paths[1].supported = avx2_ok;
     paths[0].supported = avx2_ok && avx512f && avx512bw && avx512dq && avx512vl && oszmm;
+    cpu_avx512_bf16 = paths[0].supported && avx512_bf16;
     snprintf(cpu_features, sizeof(cpu_features),
              "avx=%d avx2=%d fma=%d f16c=%d os_ymm=%d avx512f=%d avx512bw=%d avx512dq=%d "
              "avx512vl=%d os_zmm=%d avx512_bf16=%d amx_tile=%d amx_bf16=%d",
@@ -1807,6 +1813,87 @@ int ggmlopt_sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
         go_pool_for((int)items, gemm_item, &job);
     else
         gemm_item(&job, 0);
+    gemm_scratch_done(job.work, cached);
+    return 0;
+}
+
+/* ---- bfloat16 products ------------------------------------------------------- */
+
+typedef void (*bgemm_block_fn)(const go_gemm_bf16_args *g, int64_t r0, int64_t r1, int64_t j0,
+                               int64_t j1, float *work);
+
+/* the active path's bf16 blocks: vdpbf16ps on the avx512 path where the CPU
+ * has it, else the path's own two FMAs a pair */
+static bgemm_block_fn bgemm_block(void) {
+    const ggmlopt_kernel_table *kt = kernels();
+#if defined(__x86_64__) || defined(_M_X64)
+    if (kt == &ggmlopt_kernels_avx512 && cpu_avx512_bf16) return ggmlopt_gemm_block_bf16_avx512bf16;
+#endif
+    return kt->gemm_block_bf16;
+}
+
+int ggmlopt_gemm_bf16_instruction(void) {
+#if defined(__x86_64__) || defined(_M_X64)
+    return bgemm_block() == ggmlopt_gemm_block_bf16_avx512bf16;
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    go_gemm_bf16_args g;
+    bgemm_block_fn block;
+    int64_t col_groups, rows_per, cols_per, work_floats;
+    float *work;
+} bgemm_job;
+
+static void bgemm_item(void *p, int it) {
+    const bgemm_job *job = (const bgemm_job *)p;
+    const int64_t r0 = (it / job->col_groups) * job->rows_per;
+    const int64_t j0 = (it % job->col_groups) * job->cols_per;
+    const int64_t r1 = r0 + job->rows_per < job->g.m ? r0 + job->rows_per : job->g.m;
+    const int64_t j1 = j0 + job->cols_per < job->g.n ? j0 + job->cols_per : job->g.n;
+    if (r0 < r1 && j0 < j1) job->block(&job->g, r0, r1, j0, j1, job->work + it * job->work_floats);
+}
+
+int ggmlopt_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t a_row,
+                      int64_t a_col, const uint16_t *b, int64_t b_row, int64_t b_col, float *c,
+                      int64_t ldc, int accumulate) {
+    if (m < 0 || n < 0 || k < 0 || ldc < n || a_row < 0 || a_col < 0 || b_row < 0 || b_col < 0)
+        return -1;
+    if (a_col != 1 && a_row != 1) return -1;
+    if (b_col != 1 && b_row != 1 && k > 1) return -1;
+    if (m == 0 || n == 0) return 0;
+    if (k == 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
+        return 0;
+    }
+    const ggmlopt_kernel_table *kt = kernels();
+    const int64_t nr = kt->sgemm_panel_cols(), mr = kt->sgemm_tile_rows();
+    const int64_t panels = (n + nr - 1) / nr, tiles = (m + mr - 1) / mr;
+    const double madds = (double)m * (double)n * (double)k;
+    const int64_t threads = madds < GO_GEMM_PARALLEL_MIN ? 1 : go_pool_threads();
+    /* split as the float32 products are: columns, or rows too when the panels are few */
+    int64_t col_groups = panels < threads ? panels : threads;
+    int64_t row_groups = panels < threads ? (threads < tiles ? threads : tiles) : 1;
+    bgemm_job job;
+    job.block = bgemm_block();
+    job.cols_per = (panels + col_groups - 1) / col_groups * nr;
+    job.col_groups = (n + job.cols_per - 1) / job.cols_per;
+    job.rows_per = (tiles + row_groups - 1) / row_groups * mr;
+    row_groups = (m + job.rows_per - 1) / job.rows_per;
+    const int64_t block_cols = job.cols_per < GO_GEMM_NC ? job.cols_per : GO_GEMM_NC;
+    job.work_floats = block_cols * (go_gemm_bf16_kc(k) / 2);
+    const int64_t items = row_groups * job.col_groups;
+    int cached = 0;
+    job.work = gemm_scratch(items * job.work_floats, &cached);
+    if (!job.work) return -2;
+    job.g = (go_gemm_bf16_args){m, n, k, a, a_row, a_col, b, b_row, b_col, c, ldc, accumulate != 0};
+    if (items > 1)
+        go_pool_for((int)items, bgemm_item, &job);
+    else
+        bgemm_item(&job, 0);
     gemm_scratch_done(job.work, cached);
     return 0;
 }

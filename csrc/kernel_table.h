@@ -160,6 +160,21 @@ typedef struct {
     int accumulate;
 } go_gemm_args;
 
+/* A bfloat16 product C = A B (+ C) for kernels/gemm_bf16.inc: A and B hold
+ * bf16 bits, C float32; A[i, p] = a[i * a_row + p * a_col] with a_col == 1 or
+ * a_row == 1, B[p, j] = b[p * b_row + j * b_col] with b_col == 1 or b_row == 1
+ * (or k == 1). */
+typedef struct {
+    int64_t m, n, k;
+    const uint16_t *a;
+    int64_t a_row, a_col;
+    const uint16_t *b;
+    int64_t b_row, b_col;
+    float *c;
+    int64_t ldc;
+    int accumulate;
+} go_gemm_bf16_args;
+
 /* columns of C per packed block (a multiple of every path's panel width) and
  * the longest k chunk; a block's scratch is at most their product in floats */
 #define GO_GEMM_NC 256
@@ -174,6 +189,10 @@ static inline int64_t go_gemm_kc(int64_t k) {
     const int64_t chunks = (k + GO_GEMM_KC_MAX - 1) / GO_GEMM_KC_MAX;
     return (k + chunks - 1) / chunks;
 }
+
+/* the k chunk of the bf16 products: the float32 one made even, so every chunk
+ * but the last holds whole pairs (768 is even: still at most GO_GEMM_KC_MAX) */
+static inline int64_t go_gemm_bf16_kc(int64_t k) { return (go_gemm_kc(k) + 1) / 2 * 2; }
 
 typedef struct ggmlopt_kernel_table {
     const char *name;
@@ -302,12 +321,20 @@ typedef struct ggmlopt_kernel_table {
                             int64_t j1, float *work);
     int (*sgemm_panel_cols)(void);
     int (*sgemm_tile_rows)(void);
+    /* bfloat16 products (kernels/gemm_bf16.inc), the same blocks, panels and
+     * tiles; scratch of GO_GEMM_NC * go_gemm_bf16_kc(k) / 2 floats (pairs) */
+    void (*gemm_block_bf16)(const go_gemm_bf16_args *g, int64_t r0, int64_t r1, int64_t j0,
+                            int64_t j1, float *work);
 } ggmlopt_kernel_table;
 
 extern const ggmlopt_kernel_table ggmlopt_kernels_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const ggmlopt_kernel_table ggmlopt_kernels_avx2;
 extern const ggmlopt_kernel_table ggmlopt_kernels_avx512;
+/* the avx512 path's bf16 products with AVX512-BF16's vdpbf16ps
+ * (kernels_avx512bf16.c), for CPUs that have it */
+void ggmlopt_gemm_block_bf16_avx512bf16(const go_gemm_bf16_args *g, int64_t r0, int64_t r1,
+                                        int64_t j0, int64_t j1, float *work);
 #endif
 #if defined(__aarch64__)
 extern const ggmlopt_kernel_table ggmlopt_kernels_neon;

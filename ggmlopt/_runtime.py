@@ -45,6 +45,9 @@ def _print_gemm(file: TextIO) -> None:
     print(f"  GEMM engine         : {name}{where} [{source}]", file=file)
     native, why = gemm.bf16_support()
     print(f"  bf16 products       : {'yes: ' if native else 'no: '}{why}", file=file)
+    choice = gemm._bf16_choice
+    print(f"  bf16 engine         : {gemm.bf16_engine()} [{choice}; GGMLOPT_GEMM_BF16="
+          f"auto|native|mkl, or ggmlopt.gemm.use_bf16_engine]", file=file)
 
 
 def _print_blas(file: TextIO) -> None:

@@ -5,15 +5,22 @@ through ``np.matmul``.  ``native``: ggmlopt's own products over its SIMD paths
 and kernel threads (``ggmlopt.kernels_gemm``; each value one chain of FMAs in
 order, so the same bits on any number of threads; products of fewer than 8 rows,
 and layouts it cannot take, go to NumPy).  ``mkl``: Intel MKL from the ``mkl`` package
-(``pip install ggmlopt[mkl]``), called through its CBLAS entry points.  MKL also
-brings the bfloat16 products (``cblas_gemm_bf16bf16f32``: bf16 operands, float32
-accumulation and result; AMX tiles on Intel since Sapphire Rapids, AVX512-BF16
-on Cooper Lake and AMD Zen 4/5) that ``precision="bf16"`` uses; NumPy's OpenBLAS
-is built without them.
+(``pip install ggmlopt[mkl]``), called through its CBLAS entry points.
 
-``GGMLOPT_GEMM=numpy|mkl|native`` picks the float32 engine (read at import;
-``use_engine`` changes it later); ``show_config()`` reports it.  The bf16
-products go to MKL whichever engine multiplies float32.
+The bfloat16 products of ``precision="bf16"`` (bf16 operands, float32 sums and
+result; NumPy's OpenBLAS is built without them) have engines of their own:
+``native``, ggmlopt's kernels (``kernels_gemm.gemm_bf16``: AVX512-BF16's
+vdpbf16ps, on Intel since Cooper Lake and AMD since Zen 4), and ``mkl``, MKL's
+``cblas_gemm_bf16bf16f32`` (AMX tiles on Intel since Sapphire Rapids).  ``auto``
+takes MKL where the CPU has AMX tiles and MKL is installed, else ggmlopt's own
+where they run vdpbf16ps (on a Zen 4 MKL's bf16 products ran at float32's
+speed or below, ggmlopt's at twice it), else MKL where the CPU has bf16
+products.
+
+``GGMLOPT_GEMM=numpy|mkl|native`` picks the float32 engine and
+``GGMLOPT_GEMM_BF16=auto|native|mkl`` the bf16 one (read at import;
+``use_engine`` and ``use_bf16_engine`` change them later); ``show_config()``
+reports both.
 
 Operands are 2-D float32 (bf16: uint16 bit patterns) whose rows or columns are
 contiguous, so transposed views (``w.T``) need no copy; anything else goes to
@@ -30,9 +37,10 @@ import threading
 
 import numpy as np
 
-__all__ = ["ENGINES", "PRECISIONS", "accumulates_in_place", "bf16_active", "bf16_support",
-           "check_precision", "engine", "engine_source", "matmul", "matmul_bf16",
-           "mkl_library", "products_in", "use_engine"]
+__all__ = ["BF16_ENGINES", "ENGINES", "PRECISIONS", "accumulates_in_place", "bf16_active",
+           "bf16_engine", "bf16_support", "check_precision", "engine", "engine_source",
+           "matmul", "matmul_bf16", "mkl_library", "products_in", "use_bf16_engine",
+           "use_engine"]
 
 ENGINES = ("numpy", "mkl", "native")
 
@@ -198,17 +206,71 @@ def engine_source() -> str:
     return _engine_source
 
 
-def bf16_support() -> tuple[bool, str]:
-    """(whether bf16 products run natively here, why not / what runs them)."""
+BF16_ENGINES = ("auto", "native", "mkl")
+
+
+def _bf16_engine_from_env():
+    name = os.environ.get("GGMLOPT_GEMM_BF16", "auto").strip().lower() or "auto"
+    if name not in BF16_ENGINES:
+        raise ValueError(f"GGMLOPT_GEMM_BF16: expected one of {', '.join(BF16_ENGINES)}, "
+                         f"got {name!r}")
+    return name
+
+
+# the bf16 engine asked for ('auto' picks per CPU: bf16_engine)
+_bf16_choice = "auto"
+
+
+def use_bf16_engine(name: str | None = None) -> str:
+    """Multiply bf16 with engine ``name`` ('auto', 'native' or 'mkl'; None: what
+    GGMLOPT_GEMM_BF16 says, else auto) and return the previous choice.
+    ImportError when MKL is asked for and not installed."""
+    global _bf16_choice
+    if name is None:
+        name = _bf16_engine_from_env()
+    if name not in BF16_ENGINES:
+        raise ValueError(f"name: expected one of {', '.join(BF16_ENGINES)}, got {name!r}")
+    if name == "mkl" and _load_mkl() is None:
+        raise ImportError(f"bf16 engine 'mkl': {_mkl_error}")
+    previous, _bf16_choice = _bf16_choice, name
+    return previous
+
+
+def _cpu_bf16():
+    """(the CPU's bf16 product features, whether ggmlopt's kernels run vdpbf16ps)."""
     from . import kernels
 
     cpu = kernels.simd_info()["cpu"]
-    native = [f for f in ("amx_bf16", "avx512_bf16") if cpu.get(f)]
-    if not native:
+    return [f for f in ("amx_bf16", "avx512_bf16") if cpu.get(f)], \
+        kernels.gemm_bf16_instruction()
+
+
+def bf16_engine() -> str:
+    """The engine that multiplies bf16 now: 'native' or 'mkl' (the choice, or
+    for 'auto' the pick for this CPU described in the module's docstring)."""
+    if _bf16_choice != "auto":
+        return _bf16_choice
+    features, instruction = _cpu_bf16()
+    if "amx_bf16" in features and _load_mkl() is not None:
+        return "mkl"
+    if instruction or not features or _load_mkl() is None:
+        return "native"
+    return "mkl"
+
+
+def bf16_support() -> tuple[bool, str]:
+    """(whether bf16 products run natively here, why not / what runs them)."""
+    features, instruction = _cpu_bf16()
+    if not features:
         return False, "this CPU has no native bf16 products (AVX512-BF16 or AMX-BF16)"
-    if _load_mkl() is None:
-        return False, f"bf16 products need Intel MKL: {_mkl_error}"
-    return True, f"Intel MKL cblas_gemm_bf16bf16f32 ({', '.join(native)})"
+    if bf16_engine() == "mkl":
+        return True, f"Intel MKL cblas_gemm_bf16bf16f32 ({', '.join(features)})"
+    if instruction:
+        return True, "ggmlopt's own kernels (AVX512-BF16 vdpbf16ps)"
+    from . import kernels
+
+    return False, (f"the active SIMD path ({kernels.simd_info()['active']}) has no bf16 "
+                   f"instruction, and Intel MKL is not there to run them: {_mkl_error}")
 
 
 def _operand(a):
@@ -251,24 +313,27 @@ def _call(fn, a, b, out, accumulate):
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
     """out = a @ b (float32, 2-D; a 1-D a is one row), or out += a @ b with
     ``accumulate``, on the active engine; returns out.  Inside a bf16 context
-    the float32 products go to MKL too: one library's threads, not two taking
-    the cores from each other between products.  An out that shares memory with
-    a or b gets the product of copies of them (the engines read the operands
-    while they write out), as np.matmul does."""
+    the float32 products go where its bf16 products go (MKL, or ggmlopt's own
+    kernels): one library's threads, not two taking the cores from each other
+    between products (OpenBLAS's threads spin for a while after each).  An out
+    that shares memory with a or b gets the product of copies of them (the
+    engines read the operands while they write out), as np.matmul does."""
     if isinstance(out, np.ndarray):
         if isinstance(a, np.ndarray) and np.may_share_memory(out, a):
             a = a.copy()
         if isinstance(b, np.ndarray) and np.may_share_memory(out, b):
             b = b.copy()
-    if (_engine == "mkl" or _bf16_active) and _mkl is not None \
-            and a.dtype == b.dtype == out.dtype == np.float32:
+    # a bf16 pass's float32 products go where its bf16 products go
+    on_mkl = _engine == "mkl" if not _bf16_active else _bf16_on_mkl
+    if on_mkl and _mkl is not None and a.dtype == b.dtype == out.dtype == np.float32:
         # a row vector with real strides (a[None, :] has a 0 row stride, which reads as
         # a transposed operand and would leave the product to NumPy)
         a2, out2 = (a.reshape(1, -1), out.reshape(1, -1)) if a.ndim == 1 and out.ndim == 1 \
             else (a, out)
         if _call(_mkl.sgemm, a2, b, out2, accumulate):
             return out
-    if _engine == "native" and not _bf16_active and a.ndim == 2 and b.ndim == 2 \
+    if (_engine == "native" if not _bf16_active else not _bf16_on_mkl) \
+            and a.ndim == 2 and b.ndim == 2 \
             and a.shape[0] >= _NATIVE_MIN_ROWS \
             and _native_sgemm(a, b, out, accumulate):
         return out
@@ -286,14 +351,19 @@ def matmul_bf16(a16: np.ndarray, b16: np.ndarray, out: np.ndarray,
                 accumulate: bool = False) -> np.ndarray:
     """out (float32) = a16 @ b16 (+ out with ``accumulate``), where a16 and b16
     hold bfloat16 bits (uint16, from kernels.to_bfloat16): the products are exact
-    and summed in float32.  Needs MKL (bf16_support())."""
-    lib = _load_mkl()
-    if lib is None:
-        raise ImportError(f"bf16 products: {_mkl_error}")
+    and summed in float32, on the bf16 engine (bf16_engine()); whether the CPU
+    runs them natively: bf16_support()."""
     if a16.dtype != np.uint16 or b16.dtype != np.uint16:
         raise TypeError(f"a16, b16: expected uint16 bfloat16 bits, got {a16.dtype}, {b16.dtype}")
     if out.dtype != np.float32:
         raise TypeError(f"out: expected float32, got {out.dtype}")
+    if bf16_engine() == "native":
+        from .kernels_gemm import gemm_bf16
+
+        return gemm_bf16(a16, b16, out, accumulate)
+    lib = _load_mkl()
+    if lib is None:
+        raise ImportError(f"bf16 products: {_mkl_error}")
     if not _call(lib.bf16gemm, a16, b16, out, accumulate):
         raise ValueError("a16, b16, out: expected 2-D operands with contiguous rows or "
                          "columns and an output with contiguous rows")
@@ -302,13 +372,14 @@ def matmul_bf16(a16: np.ndarray, b16: np.ndarray, out: np.ndarray,
 
 # GGMLOPT_GEMM is read once, here; a bad value or a missing MKL fails the import,
 # as GGMLOPT_SIMD does: an explicit request is never dropped silently
-try:
-    use_engine(None)
-except (ValueError, ImportError) as _err:
-    _msg = str(_err)
-    if not _msg.startswith("GGMLOPT_GEMM"):
-        _msg = f"GGMLOPT_GEMM={os.environ.get('GGMLOPT_GEMM', '').strip()}: {_msg}"
-    raise ImportError(_msg) from None
+for _use, _var in ((use_engine, "GGMLOPT_GEMM"), (use_bf16_engine, "GGMLOPT_GEMM_BF16")):
+    try:
+        _use(None)
+    except (ValueError, ImportError) as _err:
+        _msg = str(_err)
+        if not _msg.startswith(_var + ":"):
+            _msg = f"{_var}={os.environ.get(_var, '').strip()}: {_msg}"
+        raise ImportError(_msg) from None
 
 
 # ---- the precision of the products in a training context -------------------------------
@@ -316,6 +387,8 @@ except (ValueError, ImportError) as _err:
 PRECISIONS = {"f32": "f32", "float32": "f32", "fp32": "f32",
               "bf16": "bf16", "bfloat16": "bf16"}
 _bf16_active = False
+# within a bf16 pass: whether its bf16 products run on MKL (its float32 ones follow)
+_bf16_on_mkl = False
 
 
 def check_precision(precision: object) -> str:
@@ -373,9 +446,14 @@ class products_in:
         self._lingers = False
 
     def __enter__(self) -> None:
-        global _bf16_active
+        global _bf16_active, _bf16_on_mkl
         self._before, _bf16_active = _bf16_active, self._bf16
-        self._lingers = _engine == "native" and not self._bf16
+        if self._bf16:
+            _bf16_on_mkl = bf16_engine() == "mkl"
+        # the kernel threads multiply this pass: float32 on the native engine, or
+        # bf16 on ggmlopt's own kernels
+        self._lingers = (not self._bf16 and _engine == "native") or \
+            (self._bf16 and not _bf16_on_mkl)
         if self._lingers:
             _native_passes(1)
 

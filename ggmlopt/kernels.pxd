@@ -217,3 +217,6 @@ cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *
 cdef int sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_row, int64_t a_col,
                    const float *b, int64_t b_row, int64_t b_col, float *c, int64_t ldc,
                    int accumulate) noexcept nogil
+cdef int gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t a_row,
+                   int64_t a_col, const uint16_t *b, int64_t b_row, int64_t b_col, float *c,
+                   int64_t ldc, int accumulate) noexcept nogil

@@ -1818,3 +1818,21 @@ cdef int sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_ro
                    const float *b, int64_t b_row, int64_t b_col, float *c, int64_t ldc,
                    int accumulate) noexcept nogil:
     return ggmlopt_sgemm_f32(m, n, k, a, a_row, a_col, b, b_row, b_col, c, ldc, accumulate)
+
+
+cdef extern from "ggmlopt.h" nogil:
+    int ggmlopt_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t a_row,
+                          int64_t a_col, const uint16_t *b, int64_t b_row, int64_t b_col,
+                          float *c, int64_t ldc, int accumulate)
+    int ggmlopt_gemm_bf16_instruction()
+
+cdef int gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t a_row,
+                   int64_t a_col, const uint16_t *b, int64_t b_row, int64_t b_col, float *c,
+                   int64_t ldc, int accumulate) noexcept nogil:
+    return ggmlopt_gemm_bf16(m, n, k, a, a_row, a_col, b, b_row, b_col, c, ldc, accumulate)
+
+
+def gemm_bf16_instruction():
+    """True when the bf16 products run on AVX512-BF16's vdpbf16ps (the avx512
+    path on a CPU that has it); False: each pair of products is two float32 FMAs."""
+    return bool(ggmlopt_gemm_bf16_instruction())

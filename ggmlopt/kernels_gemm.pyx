@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""ggmlopt's own float32 matrix products (the GEMM engine ``native``): out = a @ b,
-or out += a @ b, on NumPy arrays, on the active SIMD path and the kernel threads.
+"""ggmlopt's own matrix products (the GEMM engine ``native``, and the bf16
+products of precision="bf16"): out = a @ b, or out += a @ b, on NumPy arrays, on
+the active SIMD path and the kernel threads.
 
 Operands are 2-D float32 views in the layouts the layers hand over without a
 copy: a with contiguous rows (or a transposed view, ``x.T``), b in any layout
@@ -10,11 +11,16 @@ depend on the threads.  ``sgemm`` checks its arguments and raises TypeError or
 ValueError naming the argument before anything is written; ``try_sgemm`` is the
 engine's fast path: False (nothing written) where ``sgemm`` would refuse.  The
 C-level form is ``ggmlopt.kernels.sgemm_f32``.
+
+``gemm_bf16`` multiplies bfloat16 bits (uint16, from ``kernels.to_bfloat16``)
+into float32: each product of two bf16 values is exact, the sums float32
+(``ggmlopt.kernels.gemm_bf16``; AVX512-BF16's vdpbf16ps where the CPU has it,
+``kernels.gemm_bf16_instruction()``).
 """
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint16_t
 
 from ggmlopt cimport kernels as _k
 
@@ -25,12 +31,13 @@ cdef inline bint _stride(cnp.ndarray x, int axis, int64_t *out):
     """x's stride along axis in elements (0 for a length-1 axis); False when
     it is not a non-negative whole number of elements."""
     cdef Py_ssize_t s = cnp.PyArray_STRIDE(x, axis)
+    cdef Py_ssize_t item = cnp.PyArray_ITEMSIZE(x)
     if cnp.PyArray_DIM(x, axis) <= 1:
         out[0] = 0
         return True
-    if s < 0 or s % 4:
+    if s < 0 or s % item:
         return False
-    out[0] = s // 4
+    out[0] = s // item
     return True
 
 
@@ -39,20 +46,24 @@ cdef inline bint _apart(cnp.ndarray x, cnp.ndarray y):
     cdef char *x0 = <char *>cnp.PyArray_DATA(x)
     cdef char *y0 = <char *>cnp.PyArray_DATA(y)
     cdef char *x1 = x0 + (cnp.PyArray_DIM(x, 0) - 1) * cnp.PyArray_STRIDE(x, 0) \
-        + (cnp.PyArray_DIM(x, 1) - 1) * cnp.PyArray_STRIDE(x, 1) + 4
+        + (cnp.PyArray_DIM(x, 1) - 1) * cnp.PyArray_STRIDE(x, 1) + cnp.PyArray_ITEMSIZE(x)
     cdef char *y1 = y0 + (cnp.PyArray_DIM(y, 0) - 1) * cnp.PyArray_STRIDE(y, 0) \
-        + (cnp.PyArray_DIM(y, 1) - 1) * cnp.PyArray_STRIDE(y, 1) + 4
+        + (cnp.PyArray_DIM(y, 1) - 1) * cnp.PyArray_STRIDE(y, 1) + cnp.PyArray_ITEMSIZE(y)
     return x1 <= y0 or y1 <= x0
 
 
-cdef str _why_not(object a, object b, object out):
+cdef str _why_not(object a, object b, object out, bint bf16=False):
     """None when (a, b, out) suit the kernel, else what is wrong, naming the
-    argument (checked in the order sgemm reports them)."""
-    for name, x, writable in (("a", a, False), ("b", b, False), ("out", out, True)):
+    argument (checked in the order sgemm reports them).  bf16: a and b hold
+    bfloat16 bits (uint16), and b too needs contiguous rows or columns."""
+    cdef str an = "a16" if bf16 else "a", bn = "b16" if bf16 else "b"
+    for name, x, want in ((an, a, np.uint16 if bf16 else np.float32),
+                          (bn, b, np.uint16 if bf16 else np.float32), ("out", out, np.float32)):
+        what = "uint16 bfloat16 bits" if want == np.uint16 else "float32"
         if not isinstance(x, np.ndarray):
-            return f"T{name}: expected a numpy.ndarray of float32, got {type(x).__name__}"
-        if x.dtype != np.float32:
-            return f"T{name}: expected dtype float32, got {x.dtype}"
+            return f"T{name}: expected a numpy.ndarray of {what}, got {type(x).__name__}"
+        if x.dtype != want:
+            return f"T{name}: expected dtype {np.dtype(want)} ({what}), got {x.dtype}"
         if x.ndim != 2:
             return f"V{name}: expected a 2-D array, got {x.ndim} dimensions"
     if a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
@@ -68,17 +79,20 @@ cdef str _why_not(object a, object b, object out):
     # (stride 0 over several elements) is neither
     if not (_stride(<cnp.ndarray>a, 0, &s0) and _stride(<cnp.ndarray>a, 1, &s1)) \
             or not (s0 == 1 or a.shape[0] <= 1 or s1 == 1 or a.shape[1] <= 1):
-        return "Va: expected contiguous rows or columns (a row-major array or its transpose)"
+        return f"V{an}: expected contiguous rows or columns (a row-major array or its transpose)"
     if not (_stride(<cnp.ndarray>b, 0, &s0) and _stride(<cnp.ndarray>b, 1, &s1)):
-        return "Vb: expected non-negative strides of whole float32 elements"
+        return f"V{bn}: expected non-negative strides of whole elements"
+    if bf16 and not (s0 == 1 or b.shape[0] <= 1 or s1 == 1 or b.shape[1] <= 1):
+        return f"V{bn}: expected contiguous rows or columns (a row-major array or its transpose)"
     if out.size and a.size and not _apart(<cnp.ndarray>out, <cnp.ndarray>a):
-        return "Va and out overlap in memory; they must be distinct arrays"
+        return f"V{an} and out overlap in memory; they must be distinct arrays"
     if out.size and b.size and not _apart(<cnp.ndarray>out, <cnp.ndarray>b):
-        return "Vb and out overlap in memory; they must be distinct arrays"
+        return f"V{bn} and out overlap in memory; they must be distinct arrays"
     return None
 
 
-cdef int _run(cnp.ndarray a, cnp.ndarray b, cnp.ndarray out, bint accumulate) except -1:
+cdef int _run(cnp.ndarray a, cnp.ndarray b, cnp.ndarray out, bint accumulate,
+              bint bf16=False) except -1:
     cdef int64_t m = cnp.PyArray_DIM(out, 0), n = cnp.PyArray_DIM(out, 1)
     cdef int64_t k = cnp.PyArray_DIM(a, 1)
     cdef int64_t ar = 0, ac = 0, br = 0, bc = 0, c0 = 0, c1 = 0
@@ -95,16 +109,27 @@ cdef int _run(cnp.ndarray a, cnp.ndarray b, cnp.ndarray out, bint accumulate) ex
     elif ac != 1 and m <= 1:
         ar = 1
     c1 = c0 if m > 1 else n
-    cdef const float *pa = <const float *>cnp.PyArray_DATA(a)
-    cdef const float *pb = <const float *>cnp.PyArray_DATA(b)
     cdef float *pc = <float *>cnp.PyArray_DATA(out)
     cdef int rc
-    with nogil:
-        rc = _k.sgemm_f32(m, n, k, pa, ar, ac, pb, br, bc, pc, c1, accumulate)
+    if bf16:
+        # b likewise: contiguous rows (bc 1) or columns (br 1); a one-element
+        # axis's stride reads as the contiguous one
+        if bc != 1 and n <= 1:
+            bc = 1
+        elif bc != 1 and k <= 1:
+            br = 1
+        with nogil:
+            rc = _k.gemm_bf16(m, n, k, <const uint16_t *>cnp.PyArray_DATA(a), ar, ac,
+                              <const uint16_t *>cnp.PyArray_DATA(b), br, bc, pc, c1, accumulate)
+    else:
+        with nogil:
+            rc = _k.sgemm_f32(m, n, k, <const float *>cnp.PyArray_DATA(a), ar, ac,
+                              <const float *>cnp.PyArray_DATA(b), br, bc, pc, c1, accumulate)
+    name = "gemm_bf16" if bf16 else "sgemm"
     if rc == -2:
-        raise MemoryError("sgemm: no memory for the packed panels")
+        raise MemoryError(f"{name}: no memory for the packed panels")
     if rc != 0:
-        raise ValueError(f"sgemm: the kernel refused the layout of a {(<object>a).strides}, "
+        raise ValueError(f"{name}: the kernel refused the layout of a {(<object>a).strides}, "
                          f"b {(<object>b).strides}, out {(<object>out).strides}")
     return 0
 
@@ -132,3 +157,20 @@ def try_sgemm(a, b, out, bint accumulate=False):
         return False
     _run(<cnp.ndarray>a, <cnp.ndarray>b, <cnp.ndarray>out, accumulate)
     return True
+
+
+def gemm_bf16(a16, b16, out, accumulate=False):
+    """out = a16 @ b16, or out += a16 @ b16 with ``accumulate``; returns out.
+
+    a16 (m, k), b16 (k, n): uint16 bfloat16 bits, each with contiguous rows or
+    columns (an array or its transpose); out: float32 (m, n), contiguous rows,
+    writable, apart from both.  Each product of two bf16 values is exact in
+    float32 and the sums are float32, over k in pairs in order: the same bits
+    on any number of threads (on one machine: vdpbf16ps, where it runs them,
+    flushes subnormals).
+    """
+    why = _why_not(a16, b16, out, True)
+    if why is not None:
+        raise (TypeError if why[0] == "T" else ValueError)(why[1:])
+    _run(<cnp.ndarray>a16, <cnp.ndarray>b16, <cnp.ndarray>out, bool(accumulate), True)
+    return out

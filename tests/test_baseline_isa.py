@@ -108,7 +108,8 @@ def wide_instructions(disassembly):
 def test_setup_py_compiles_every_baseline_source_checked_here():
     _, sources, isa = setup_py_flags()
     assert sorted(sources) == BASELINE_SOURCES
-    assert list(isa) == ["csrc/kernels_avx2.c", "csrc/kernels_avx512.c"]
+    assert list(isa) == ["csrc/kernels_avx2.c", "csrc/kernels_avx512.c",
+                         "csrc/kernels_avx512bf16.c"]
 
 
 @pytest.mark.parametrize("source", BASELINE_SOURCES)
@@ -135,3 +136,16 @@ def test_avx512_object_does_hold_zmm(tmp_path):
     wide = wide_instructions(compile_and_disassemble(source, isa[source], tmp_path))
     assert any("zmm" in insn for insn in wide), "the AVX-512 unit shows no zmm"
     assert any(re.search(r"%k[1-7]", insn) for insn in wide), "the AVX-512 unit uses no mask"
+
+
+def test_avx512bf16_object_holds_vdpbf16ps_and_is_apart_from_the_avx512_unit(tmp_path):
+    """vdpbf16ps is in the bf16 unit alone: the avx512 unit runs on AVX-512 CPUs
+    without AVX512-BF16 (Skylake-X, Ice Lake), which would fault on it."""
+    _, _, isa = setup_py_flags()
+    bf16 = wide_instructions(compile_and_disassemble("csrc/kernels_avx512bf16.c",
+                                                     isa["csrc/kernels_avx512bf16.c"], tmp_path))
+    assert any(insn.startswith("vdpbf16ps") for insn in bf16), "the bf16 unit shows no vdpbf16ps"
+    avx512 = wide_instructions(compile_and_disassemble("csrc/kernels_avx512.c",
+                                                       isa["csrc/kernels_avx512.c"], tmp_path))
+    assert not any(insn.startswith(("vdpbf16ps", "vcvtne2ps2bf16", "vcvtneps2bf16"))
+                   for insn in avx512), "the avx512 unit uses AVX512-BF16"

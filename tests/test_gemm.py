@@ -1,12 +1,10 @@
-"""The products' engines (ggmlopt.gemm): float32 on NumPy's BLAS and on MKL,
-and MKL's bf16 products, against float64 references of the same operands.
+"""The products' float32 engines (ggmlopt.gemm): NumPy's BLAS, MKL and
+ggmlopt's own, against float64 references of the same operands (the bf16
+products: test_kernels_gemm_bf16.py).
 
 A float32 product of inner length k is within gamma_k = k u / (1 - k u) (u =
 2^-24) of sum_j |a_ij b_jk| from the exact one (any order of the sums, blocked
-or fused, obeys it); a bf16 product is the float32 sum of exact products of the
-bf16-rounded operands, so the same bound holds against the float64 product of
-those rounded operands.
-"""
+or fused, obeys it)."""
 import os
 import subprocess
 import sys
@@ -104,58 +102,6 @@ def test_float32_product_into_rows_of_a_wider_array(engine, rng):
     assert (out == 0).all()
 
 
-def bf16(x):
-    return kernels.to_bfloat16(np.ascontiguousarray(x, F32))
-
-
-def widened(bits):
-    return (bits.astype(np.uint32) << 16).view(F32).astype(np.float64)
-
-
-@needs_mkl
-@pytest.mark.parametrize("m,k,n", SHAPES)
-@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True)])
-def test_bf16_product_sums_exact_products_in_float32(rng, m, k, n, ta, tb):
-    a16 = bf16(rng.standard_normal((m, k)) * 3)
-    b16 = bf16(rng.standard_normal((k, n)))
-    a_op = np.ascontiguousarray(a16.T).T if ta else a16
-    b_op = np.ascontiguousarray(b16.T).T if tb else b16
-    out = np.full((m, n), np.nan, F32)
-    gemm.matmul_bf16(a_op, b_op, out)
-    assert_product_close(out, widened(a16), widened(b16))
-    base = rng.standard_normal((m, n), dtype=F32)
-    acc = base.copy()
-    gemm.matmul_bf16(a_op, b_op, acc, accumulate=True)
-    assert_product_close(acc, widened(a16), widened(b16), base.astype(np.float64))
-
-
-@needs_mkl
-def test_bf16_product_is_not_a_float32_product(rng):
-    # the operands really are rounded: a float32 product of the unrounded values
-    # misses the bf16 product by far more than float32 rounding
-    a = rng.standard_normal((16, 64), dtype=F32)
-    b = rng.standard_normal((64, 8), dtype=F32)
-    out = np.empty((16, 8), F32)
-    gemm.matmul_bf16(bf16(a), bf16(b), out)
-    exact = a.astype(np.float64) @ b.astype(np.float64)
-    assert np.max(np.abs(out - exact)) > 100 * gamma(64) * np.max(np.abs(a) @ np.abs(b))
-
-
-@needs_mkl
-def test_bf16_product_refuses_bad_operands():
-    out = np.zeros((2, 2), F32)
-    with pytest.raises(TypeError, match="uint16"):
-        gemm.matmul_bf16(np.zeros((2, 2), F32), np.zeros((2, 2), np.uint16), out)
-    with pytest.raises(TypeError, match="out"):
-        gemm.matmul_bf16(np.zeros((2, 2), np.uint16), np.zeros((2, 2), np.uint16),
-                         np.zeros((2, 2)))
-    with pytest.raises(ValueError, match="shapes"):
-        gemm.matmul_bf16(np.zeros((2, 3), np.uint16), np.zeros((2, 2), np.uint16), out)
-    with pytest.raises(ValueError, match="contiguous"):
-        gemm.matmul_bf16(np.zeros((2, 4), np.uint16)[:, ::2], np.zeros((2, 2), np.uint16), out)
-    assert (out == 0).all()
-
-
 def test_unknown_engine_is_refused():
     with pytest.raises(ValueError, match="numpy, mkl"):
         gemm.use_engine("blis")
@@ -240,20 +186,6 @@ def test_broadcast_operand_on_the_native_engine(m, k, rng):
                 assert_product_close(out, a.astype(np.float64), b.astype(np.float64))
     finally:
         gemm.use_engine(before)
-
-
-@needs_mkl
-@pytest.mark.parametrize("m,k,n", [(0, 4, 3), (3, 0, 4), (3, 4, 0)])
-def test_bf16_product_of_empty_operands(m, k, n):
-    """Empty operands (NumPy gives them zero strides) make an empty product, or
-    zeros when only the inner length is 0, as in float32."""
-    out = np.full((m, n), 7.0, F32)
-    gemm.matmul_bf16(np.zeros((m, k), np.uint16), np.zeros((k, n), np.uint16), out)
-    assert (out == 0).all()
-    out[...] = 7.0
-    gemm.matmul_bf16(np.zeros((m, k), np.uint16), np.zeros((k, n), np.uint16), out,
-                     accumulate=True)
-    assert (out == 7.0).all()
 
 
 def test_show_config_says_where_the_engine_came_from(capsys):

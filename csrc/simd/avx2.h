@@ -146,6 +146,22 @@ static inline __m256 go_vload_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
+/* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
+ * even one in its low half; a pair vector from 8 values of each of two rows,
+ * and each half of a pair vector as float32 */
+static inline __m256 go_vpair_bf16(const uint16_t *even, const uint16_t *odd) {
+    const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)even));
+    const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)odd));
+    return _mm256_castsi256_ps(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+}
+static inline __m256 go_vbf16_even(__m256 v) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(v), 16));
+}
+static inline __m256 go_vbf16_odd(__m256 v) {
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32((int)0xffff0000u)));
+}
+
 /* 8 floats to bfloat16 bits at p, as go_f32_to_bf16 rounds each. */
 static inline void go_vstore_bf16(uint16_t *p, __m256 v) {
     const __m256i u = _mm256_castps_si256(v);

@@ -139,6 +139,22 @@ static inline __m512 go_vload_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
+/* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
+ * even one in its low half; a pair vector from 16 values of each of two rows,
+ * and each half of a pair vector as float32 */
+static inline __m512 go_vpair_bf16(const uint16_t *even, const uint16_t *odd) {
+    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)even));
+    const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)odd));
+    return _mm512_castsi512_ps(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+}
+static inline __m512 go_vbf16_even(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(v), 16));
+}
+static inline __m512 go_vbf16_odd(__m512 v) {
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0xffff0000u)));
+}
+
 /* 16 floats to bfloat16 bits at p, as go_f32_to_bf16 rounds each (integer
  * arithmetic: vcvtneps2bf16 would flush subnormals and needs AVX512-BF16). */
 static inline void go_vstore_bf16(uint16_t *p, __m512 v) {

@@ -246,6 +246,19 @@ static inline float32x4_t go_vload_f16(const uint16_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
 }
 
+/* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
+ * even one in its low half; a pair vector from 4 values of each of two rows,
+ * and each half of a pair vector as float32 */
+static inline float32x4_t go_vpair_bf16(const uint16_t *even, const uint16_t *odd) {
+    return vreinterpretq_f32_u32(vorrq_u32(vmovl_u16(vld1_u16(even)), vshll_n_u16(vld1_u16(odd), 16)));
+}
+static inline float32x4_t go_vbf16_even(float32x4_t v) {
+    return vreinterpretq_f32_u32(vshlq_n_u32(vreinterpretq_u32_f32(v), 16));
+}
+static inline float32x4_t go_vbf16_odd(float32x4_t v) {
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), vdupq_n_u32(0xffff0000u)));
+}
+
 /* 4 floats to bfloat16 bits at p, as go_f32_to_bf16 rounds each. */
 static inline void go_vstore_bf16(uint16_t *p, float32x4_t v) {
     const uint32x4_t u = vreinterpretq_u32_f32(v);

@@ -43,6 +43,13 @@ typedef double go_dacc;
 
 #define go_vgather(p, idx) ((p)[(idx)[0]])
 
+/* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
+ * even one in its low half; a pair vector from two rows of bf16, and each half
+ * of a pair vector as float32 */
+#define go_vpair_bf16(even, odd) go_bf16_pair(*(even), *(odd))
+#define go_vbf16_even(v) go_bits_to_f32(go_f32_to_bits(v) << 16)
+#define go_vbf16_odd(v) go_bits_to_f32(go_f32_to_bits(v) & 0xffff0000u)
+
 #define go_vload_u8(p) ((float)*(p))
 #define go_vload_i8(p) ((float)*(p))
 static inline void go_nibbles16(const uint8_t *src, uint8_t *lo, uint8_t *hi) {

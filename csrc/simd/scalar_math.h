@@ -9,6 +9,19 @@
 static inline float go_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t go_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
+/* Two bfloat16 values as the bits of one float, the even one in the low half:
+ * a k pair of the bf16 products (kernels/gemm_bf16.inc), carried in float
+ * storage so every path loads and broadcasts it as a float.  go_bf16_pair_at
+ * reads p[0], p[1] in one 32-bit load (little-endian, as x86-64 and aarch64). */
+static inline float go_bf16_pair(uint16_t even, uint16_t odd) {
+    return go_bits_to_f32((uint32_t)even | (uint32_t)odd << 16);
+}
+static inline float go_bf16_pair_at(const uint16_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return go_bits_to_f32(u);
+}
+
 /* Ask for the cache line at p ahead of its use (a read, kept in every level):
  * a no-op where the compiler has no prefetch; never faults, even past an array. */
 #if defined(__GNUC__) || defined(__clang__)

@@ -1,6 +1,6 @@
 # Sourced by the run_*.sh scripts: compiles the C test harness and the kernels
 # the way setup.py does (baseline flags for every file, the ISA flags only for
-# kernels_avx2.c and kernels_avx512.c), so the harness tests the objects the package ships.
+# kernels_avx2.c, kernels_avx512.c and kernels_avx512bf16.c), so the harness tests the objects the package ships.
 #
 #   build_harness CC OUTDIR [extra flags for compiling and linking...]
 # Leaves the program at OUTDIR/test_kernels.
@@ -36,10 +36,12 @@ build_harness() {
         "csrc/tests/test_quant.c:"
         "csrc/tests/test_decode_block.c:"
         "csrc/tests/test_gemm.c:"
+        "csrc/tests/test_gemm_bf16.c:"
     )
     case "$machine" in
         x86_64*) units+=("csrc/kernels_avx2.c:-mavx2 -mfma -mf16c"
-                         "csrc/kernels_avx512.c:-mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c") ;;
+                         "csrc/kernels_avx512.c:-mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c"
+                         "csrc/kernels_avx512bf16.c:-mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c -mavx512bf16") ;;
         aarch64*) units+=("csrc/kernels_neon.c:") ;;
     esac
 

@@ -36,6 +36,8 @@ void test_decode_block_public(void);
 void test_gemm_kernels(const ggmlopt_kernel_table *k);
 void test_gemm_thin_bits(const ggmlopt_kernel_table *k);
 void test_gemm_public(void);
+void test_gemm_bf16_kernels(const ggmlopt_kernel_table *k);
+void test_gemm_bf16_public(void);
 void test_quantize_k(void);
 
 static const ggmlopt_kernel_table *const SCALAR = &ggmlopt_kernels_scalar;
@@ -710,6 +712,7 @@ static void test_table(const ggmlopt_kernel_table *k) {
     test_quant_kernels(k);
     test_gemm_kernels(k);
     test_gemm_thin_bits(k);
+    test_gemm_bf16_kernels(k);
 }
 
 int main(int argc, char **argv) {
@@ -744,6 +747,7 @@ int main(int argc, char **argv) {
     test_quantize_k();
     test_decode_block_public();
     test_gemm_public();
+    test_gemm_bf16_public();
 
     printf("%d passed, %d failed\n", th_passed, th_failed);
     return th_failed ? 1 : 0;
