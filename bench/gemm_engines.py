@@ -1,7 +1,9 @@
 """Float32 products at a language model's training shapes on each GEMM engine
 (numpy: NumPy's OpenBLAS; native: ggmlopt's own kernels; mkl where installed),
-GFLOP/s, medians of repeats over 8 different weights a shape (so the weights
-come from memory, as in a step, not from cache).
+and bf16 products on each bf16 engine where the CPU has bf16 products
+(bf16-native: ggmlopt's own kernels; bf16-mkl where installed; operands rounded
+beforehand), GFLOP/s, medians of repeats over 8 different weights a shape (so
+the weights come from memory, as in a step, not from cache).
 
     python bench/gemm_engines.py [threads]
 
@@ -30,7 +32,11 @@ def child(engine, threads):
     import ggmlopt as go
     from ggmlopt import gemm
 
-    gemm.use_engine(engine)
+    bf16 = engine.startswith("bf16-")
+    if bf16:
+        gemm.use_bf16_engine(engine[5:])
+    else:
+        gemm.use_engine(engine)
     go.set_num_threads(threads)
     rng = np.random.default_rng(0)
     for m, k, n, trans in SHAPES:
@@ -38,12 +44,18 @@ def child(engine, threads):
         a = a.T if trans == "a" else a
         ws = [rng.standard_normal((n, k), dtype=np.float32).T if trans == "b"
               else rng.standard_normal((k, n), dtype=np.float32) for _ in range(8)]
+        if bf16:
+            a = go.kernels.to_bfloat16(np.ascontiguousarray(a.T)).T if trans == "a" \
+                else go.kernels.to_bfloat16(a)
+            ws = [go.kernels.to_bfloat16(np.ascontiguousarray(w.T)).T if trans == "b"
+                  else go.kernels.to_bfloat16(w) for w in ws]
+        product = gemm.matmul_bf16 if bf16 else gemm.matmul
         out = np.empty((m, n), np.float32)
         times = []
         for _ in range(7):
             t0 = time.perf_counter()
             for w in ws:
-                gemm.matmul(a, w, out)
+                product(a, w, out)
             times.append((time.perf_counter() - t0) / len(ws))
         t = sorted(times)[len(times) // 2]
         print(f"{m}x{k}x{n}{'' if trans == '-' else ' ' + trans + '^T'} {2 * m * k * n / t / 1e9:.0f}")
@@ -52,11 +64,14 @@ def child(engine, threads):
 def main():
     threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     from ggmlopt import gemm
-    engines = ["numpy", "native"] + (["mkl"] if gemm.mkl_library() else [])
+    mkl = gemm.mkl_library() is not None
+    engines = ["numpy", "native"] + (["mkl"] if mkl else [])
+    if gemm.bf16_support()[0]:
+        engines += ["bf16-native"] + (["bf16-mkl"] if mkl else [])
     columns = {}
     for engine in engines:
         env = dict(os.environ, MKL_NUM_THREADS=str(threads),
-                   OPENBLAS_NUM_THREADS="1" if engine == "native" else str(threads))
+                   OPENBLAS_NUM_THREADS="1" if "native" in engine else str(threads))
         out = subprocess.run([sys.executable, __file__, "--child", engine, str(threads)],
                              env=env, capture_output=True, text=True, check=True).stdout
         columns[engine] = dict(line.rsplit(" ", 1) for line in out.splitlines())
