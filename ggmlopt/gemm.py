@@ -24,7 +24,7 @@ reports both.
 
 Operands are 2-D float32 (bf16: uint16 bit patterns) whose rows or columns are
 contiguous, so transposed views (``w.T``) need no copy; anything else goes to
-NumPy.
+NumPy (a bf16 product: a ValueError).
 """
 from __future__ import annotations
 
@@ -269,8 +269,12 @@ def bf16_support() -> tuple[bool, str]:
         return True, "ggmlopt's own kernels (AVX512-BF16 vdpbf16ps)"
     from . import kernels
 
-    return False, (f"the active SIMD path ({kernels.simd_info()['active']}) has no bf16 "
-                   f"instruction, and Intel MKL is not there to run them: {_mkl_error}")
+    path = kernels.simd_info()["active"]
+    if _bf16_choice == "native":
+        return False, (f"the bf16 engine is ggmlopt's own (GGMLOPT_GEMM_BF16=native) and the "
+                       f"active SIMD path ({path}) has no bf16 instruction")
+    return False, (f"the active SIMD path ({path}) has no bf16 instruction, and Intel MKL "
+                   f"is not installed to run them: {_mkl_error}")
 
 
 def _operand(a):
@@ -332,11 +336,15 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = Fal
             else (a, out)
         if _call(_mkl.sgemm, a2, b, out2, accumulate):
             return out
-    if (_engine == "native" if not _bf16_active else not _bf16_on_mkl) \
-            and a.ndim == 2 and b.ndim == 2 \
-            and a.shape[0] >= _NATIVE_MIN_ROWS \
-            and _native_sgemm(a, b, out, accumulate):
-        return out
+    if not _bf16_active:
+        if _engine == "native" and a.ndim == 2 and b.ndim == 2 \
+                and a.shape[0] >= _NATIVE_MIN_ROWS and _native_sgemm(a, b, out, accumulate):
+            return out
+    elif not _bf16_on_mkl and b.ndim == 2 and (a.ndim == 2 or a.ndim == out.ndim == 1):
+        # every row count, a single row too: no OpenBLAS thread wakes in the pass
+        a2, out2 = (a.reshape(1, -1), out.reshape(1, -1)) if a.ndim == 1 else (a, out)
+        if _native_sgemm(a2, b, out2, accumulate):
+            return out
     if accumulate:
         if _numpy_sgemm is not None and a.ndim == b.ndim == out.ndim == 2 \
                 and a.dtype == b.dtype == out.dtype == np.float32 \
@@ -357,7 +365,8 @@ def matmul_bf16(a16: np.ndarray, b16: np.ndarray, out: np.ndarray,
         raise TypeError(f"a16, b16: expected uint16 bfloat16 bits, got {a16.dtype}, {b16.dtype}")
     if out.dtype != np.float32:
         raise TypeError(f"out: expected float32, got {out.dtype}")
-    if bf16_engine() == "native":
+    # a bf16 pass decided its engine on entry (products_in); bf16_engine asks the CPU
+    if not (_bf16_on_mkl if _bf16_active else bf16_engine() == "mkl"):
         from .kernels_gemm import gemm_bf16
 
         return gemm_bf16(a16, b16, out, accumulate)
@@ -442,14 +451,14 @@ class products_in:
 
     def __init__(self, precision: str) -> None:
         self._bf16 = precision == "bf16"
-        self._before = False
+        self._before = (False, False)
         self._lingers = False
 
     def __enter__(self) -> None:
         global _bf16_active, _bf16_on_mkl
-        self._before, _bf16_active = _bf16_active, self._bf16
-        if self._bf16:
-            _bf16_on_mkl = bf16_engine() == "mkl"
+        on_mkl = bf16_engine() == "mkl" if self._bf16 else _bf16_on_mkl
+        self._before = (_bf16_active, _bf16_on_mkl)
+        _bf16_active, _bf16_on_mkl = self._bf16, on_mkl
         # the kernel threads multiply this pass: float32 on the native engine, or
         # bf16 on ggmlopt's own kernels
         self._lingers = (not self._bf16 and _engine == "native") or \
@@ -458,8 +467,8 @@ class products_in:
             _native_passes(1)
 
     def __exit__(self, *exc: object) -> None:
-        global _bf16_active
-        _bf16_active = self._before
+        global _bf16_active, _bf16_on_mkl
+        _bf16_active, _bf16_on_mkl = self._before
         if self._lingers:
             _native_passes(-1)
             self._lingers = False

@@ -73,7 +73,8 @@ cdef str _why_not(object a, object b, object out, bint bf16=False):
         return "Vout: the array is read-only, it must be writable"
     cdef int64_t s0, s1
     if not (_stride(<cnp.ndarray>out, 0, &s0) and _stride(<cnp.ndarray>out, 1, &s1)) \
-            or (s1 not in (0, 1)) or (out.shape[0] > 1 and s0 < out.shape[1]):
+            or not (s1 == 1 or out.shape[1] <= 1 or out.size == 0) \
+            or (out.shape[0] > 1 and s0 < out.shape[1]):
         return "Vout: expected rows of contiguous float32 values, apart from each other"
     # an axis of stride 1, or of one element (stride 0 here); a broadcast axis
     # (stride 0 over several elements) is neither

@@ -131,6 +131,13 @@ def test_refusals_name_the_argument_and_write_nothing():
     with pytest.raises(ValueError, match="a and out overlap"):
         kernels_gemm.sgemm(buf[:, :5], b, buf[:, 10:16])
     assert (buf == 1).all()
+    # a row of one float seen 6 times (a zero column stride): the kernel would write
+    # the 5 floats after it
+    mem = np.full(8, 3.0, np.float32)
+    row = np.lib.stride_tricks.as_strided(mem[:1], shape=(1, 6), strides=(24, 0), writeable=True)
+    with pytest.raises(ValueError, match="out: expected rows of contiguous"):
+        kernels_gemm.sgemm(a[:1], b, row)
+    assert (mem == 3.0).all()
 
 
 def test_the_engine_routes_products_to_it(simd_path):

@@ -61,10 +61,11 @@ def bf16_engine(request):
     gemm.use_bf16_engine(before)
 
 
-# odd k, k past a chunk (1537: three of 513), rows around the tiles and a
-# vector, columns around the panel (32 on AVX-512) and the column block (256)
+# odd k, k past a chunk (1537: 514 + 514 + 509), rows around the tiles and a
+# vector, columns around the panel (32 on AVX-512) and the column block (256),
+# A's rows 16 KB apart (8192 values: its tiles packed from its rows)
 SHAPES = [(1, 1, 1), (7, 13, 5), (33, 17, 65), (128, 96, 1), (1, 300, 129), (64, 257, 31),
-          (15, 1537, 33), (31, 8, 300), (45, 64, 8), (17, 2, 530)]
+          (15, 1537, 33), (31, 8, 300), (45, 64, 8), (17, 2, 530), (9, 8192, 33)]
 LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]
 
 
@@ -148,6 +149,13 @@ def test_own_kernel_names_the_argument_it_refuses():
         with pytest.raises(kind, match=message):
             kernels_gemm.gemm_bf16(*args)
     assert (out == 4.0).all()
+    # a row of one float seen 3 times (a zero column stride): the kernel would write
+    # the 2 floats after it
+    mem = np.full(4, 4.0, F32)
+    row = np.lib.stride_tricks.as_strided(mem[:1], shape=(1, 3), strides=(12, 0), writeable=True)
+    with pytest.raises(ValueError, match="out: expected rows of contiguous"):
+        kernels_gemm.gemm_bf16(u16[:1], u16, row)
+    assert (mem == 4.0).all()
 
 
 @pytest.mark.parametrize("m,k,n", [(0, 4, 3), (3, 0, 4), (3, 4, 0)])
@@ -182,9 +190,33 @@ def test_auto_picks_the_bf16_engine_for_the_cpu(monkeypatch, features, instructi
         if not features:
             assert "AVX512-BF16" in why
         elif not native:
-            assert "no bf16 instruction" in why and "MKL" in why
+            assert "no bf16 instruction" in why and "MKL is not installed" in why
     finally:
         gemm.use_bf16_engine(before)
+
+
+def test_a_forced_native_engine_without_the_instruction_says_so(monkeypatch):
+    # MKL may well be installed: the reason is the choice, not a missing MKL
+    monkeypatch.setattr(gemm, "_cpu_bf16", lambda: (["avx512_bf16"], False))
+    before = gemm.use_bf16_engine("native")
+    try:
+        native, why = gemm.bf16_support()
+        assert not native and "GGMLOPT_GEMM_BF16=native" in why and "MKL" not in why
+    finally:
+        gemm.use_bf16_engine(before)
+
+
+def test_a_pass_puts_back_the_engine_of_the_pass_around_it(monkeypatch):
+    engines = iter(["native", "mkl"])
+    monkeypatch.setattr(gemm, "bf16_engine", lambda: next(engines))
+    with gemm.products_in("bf16"):
+        with gemm.products_in("bf16"):
+            assert gemm._bf16_on_mkl
+        assert gemm.bf16_active() and not gemm._bf16_on_mkl
+        with gemm.products_in("f32"):
+            assert not gemm.bf16_active()
+        assert gemm.bf16_active() and not gemm._bf16_on_mkl
+    assert not gemm.bf16_active() and not gemm._bf16_on_mkl
 
 
 def test_unknown_bf16_engine_is_refused():
@@ -233,7 +265,10 @@ def test_float32_products_of_a_bf16_pass_go_where_its_bf16_products_go(bf16_engi
         out = np.empty((64, 24), F32)
         with gemm.products_in("bf16"):
             gemm.matmul(a, b, out)
-        assert seen == [bf16_engine]
+            # a few rows, and one row as a vector (a bias's sum), likewise
+            gemm.matmul(a[:3], b, out[:3])
+            gemm.matmul(a[5], b, out[5])
+        assert seen == [bf16_engine] * 3
         assert_product_close(out, a.astype(np.float64), b.astype(np.float64))
         seen.clear()
         with gemm.products_in("f32"):    # a float32 pass keeps the float32 engine

@@ -3,8 +3,9 @@
  * float64 reference of the exact products of the bf16 operands: every path's
  * block kernel (each pair as two FMAs) and, on a CPU with AVX512-BF16, the
  * vdpbf16ps kernel, over whole products and blocks inside them (nothing written
- * outside), the four operand layouts (A's rows or a transposed A, B's rows or
- * a transposed B, rows longer than the matrix), accumulation, odd k and k
+ * outside), the four operand layouts (A's rows, read in place or packed when
+ * they are 16 KB apart, or a transposed A; B's rows or a transposed B; rows
+ * longer than the matrix), accumulation, odd k and k
  * chunks whose last is odd, sizes around the tile, the panel and the vector,
  * buffers of the exact size at unaligned offsets (the sanitizers see any stray
  * access); the paths that add with FMAs giving the same bits; the public
@@ -89,14 +90,16 @@ static const bgemm_case CASES[] = {
     {1, 1, 1, 0, 0, 0},     {1, 5, 7, 0, 1, 0},     {5, 9, 1, 1, 0, 0},    {3, 1, 2, 1, 1, 3},
     {13, 31, 17, 0, 0, 1},  {15, 33, 16, 0, 1, 0},  {16, 32, 64, 1, 0, 5}, {29, 47, 65, 1, 1, 0},
     {14, 64, 9, 0, 0, 0},   {28, 96, 2, 1, 1, 1},   {30, 257, 30, 1, 0, 0}, {61, 8, 300, 0, 0, 0},
-    /* k chunks: 1537 = 3 chunks of 513 (odd: a lone last value in each), 1600
-     * = 3 of 534 and a last of 532, 800 = 2 of 400 */
+    /* k chunks (the float32 ones made even): 1537 = 514 + 514 + 509 (a lone
+     * last value), 1600 = 534 + 534 + 532, 800 = 400 + 400 */
     {7, 20, 1537, 0, 0, 0}, {45, 4, 1600, 1, 1, 2}, {43, 70, 800, 0, 1, 2}, {17, 40, 1537, 1, 0, 1},
     /* a transposed A's tiles packed a vector of rows at a time, the last rows
      * one at a time (m around 16, 14 and their multiples) */
     {31, 33, 19, 1, 0, 0},  {17, 45, 6, 1, 1, 3},   {42, 64, 11, 1, 0, 0},
     /* several column blocks, cut into even whole panels */
     {20, 600, 50, 0, 1, 0}, {17, 530, 33, 1, 0, 1},
+    /* A's rows 16 KB apart (8192 values): its tiles packed from its rows */
+    {20, 40, 8190, 0, 0, 2}, {29, 33, 8192, 0, 1, 0}, {3, 50, 8191, 0, 0, 1},
 };
 #define NCASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 

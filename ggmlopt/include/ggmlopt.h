@@ -537,13 +537,15 @@ int ggmlopt_sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
  * where A and B hold bfloat16 bits: A[i, p] = a[i * a_row + p * a_col]
  * (a_col == 1, or a_row == 1 for a transposed view), B[p, j] = b[p * b_row + j
  * * b_col] (b_col == 1, or b_row == 1 for a transposed view).  Each product
- * of two bf16 values is exact in float32; the sums are float32, over k in
- * pairs (the odd product of a pair first), in chunks that depend on k alone:
+ * of two bf16 values is exact in float32 (barring underflow); the sums are
+ * float32, over k in pairs (the odd product of a pair first), in chunks that
+ * depend on k alone:
  * the same bits on any number of threads.  With AVX512-BF16 (see
  * ggmlopt_gemm_bf16_instruction) the pairs go through vdpbf16ps, which flushes
  * subnormal inputs and sums to zero.  C must not overlap A or B.  Returns 0;
- * -1 for a negative size or stride, ldc < n, or an operand with neither
- * stride 1; -2 when its scratch cannot be allocated (C untouched). */
+ * -1 for a negative size or stride, ldc < n, an A with neither stride 1, or a
+ * B with neither stride 1 when k > 1; -2 when its scratch cannot be allocated
+ * (C untouched). */
 int ggmlopt_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t a_row,
                       int64_t a_col, const uint16_t *b, int64_t b_row, int64_t b_col, float *c,
                       int64_t ldc, int accumulate);
