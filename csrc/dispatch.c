@@ -1794,9 +1794,12 @@ int ggmlopt_sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
     const double madds = (double)m * (double)n * (double)k;
     const int64_t threads = madds < GO_GEMM_PARALLEL_MIN ? 1 : go_pool_threads();
     /* the columns split evenly among the threads (each block packs its own
-     * panels), or, with fewer panels than threads, the rows too */
-    int64_t col_groups = panels < threads ? panels : threads;
-    int64_t row_groups = panels < threads ? (threads < tiles ? threads : tiles) : 1;
+     * panels), or, with fewer panels than threads, the rows too; rows alone when
+     * A is over four times B's size, as the bf16 products split (below) */
+    const int rows_first = m > 4 * n && tiles >= threads;
+    int64_t col_groups = rows_first ? 1 : panels < threads ? panels : threads;
+    int64_t row_groups = rows_first ? threads
+                         : panels < threads ? (threads < tiles ? threads : tiles) : 1;
     gemm_job job;
     job.cols_per = (panels + col_groups - 1) / col_groups * nr;
     job.col_groups = (n + job.cols_per - 1) / job.cols_per;
