@@ -1760,19 +1760,69 @@ static void gemm_scratch_done(float *buf, int cached) {
     pthread_mutex_unlock(&gemm_cache.mu);
 }
 
+/* How a product's C is shared out among the threads: items of rows_per rows x
+ * cols_per columns, col_groups of them across, each with a scratch of
+ * block_cols packed columns (whole panels).  The columns split evenly (each
+ * block packs its own panels), or with fewer panels than threads the rows too;
+ * or the rows alone when A is over four times B's size, so that each thread
+ * reads its part of A instead of all of it (on a Zen 4, 2 threads: float32
+ * 2048 x 288 x 288 195 -> 220 GFLOP/s, bf16 365-380 -> 430).  The split
+ * changes no value: each is one chain over k whatever the cut. */
+typedef struct {
+    int64_t col_groups, rows_per, cols_per, items, block_cols;
+} gemm_split;
+
+static gemm_split split_product(int64_t m, int64_t n, int64_t k) {
+    const ggmlopt_kernel_table *kt = kernels();
+    const int64_t nr = kt->sgemm_panel_cols(), mr = kt->sgemm_tile_rows();
+    const int64_t panels = (n + nr - 1) / nr, tiles = (m + mr - 1) / mr;
+    const double madds = (double)m * (double)n * (double)k;
+    const int64_t threads = madds < GO_GEMM_PARALLEL_MIN ? 1 : go_pool_threads();
+    const int rows_first = m > 4 * n && tiles >= threads;
+    const int64_t col_groups = rows_first ? 1 : panels < threads ? panels : threads;
+    int64_t row_groups = rows_first ? threads
+                         : panels < threads ? (threads < tiles ? threads : tiles) : 1;
+    gemm_split sp;
+    sp.cols_per = (panels + col_groups - 1) / col_groups * nr;
+    sp.col_groups = (n + sp.cols_per - 1) / sp.cols_per;
+    sp.rows_per = (tiles + row_groups - 1) / row_groups * mr;
+    row_groups = (m + sp.rows_per - 1) / sp.rows_per;
+    sp.items = row_groups * sp.col_groups;
+    sp.block_cols = sp.cols_per < GO_GEMM_NC ? sp.cols_per : GO_GEMM_NC;
+    return sp;
+}
+
+/* item it's rows [*r0, *r1) and columns [*j0, *j1) of an m x n product; 0 when empty */
+static int split_item(const gemm_split *sp, int64_t m, int64_t n, int it, int64_t *r0,
+                      int64_t *r1, int64_t *j0, int64_t *j1) {
+    *r0 = (it / sp->col_groups) * sp->rows_per;
+    *j0 = (it % sp->col_groups) * sp->cols_per;
+    *r1 = *r0 + sp->rows_per < m ? *r0 + sp->rows_per : m;
+    *j1 = *j0 + sp->cols_per < n ? *j0 + sp->cols_per : n;
+    return *r0 < *r1 && *j0 < *j1;
+}
+
+/* The products with nothing to multiply: m or n zero (nothing), k zero (C
+ * zeroed, or left as it is when accumulating).  1 when it was one of them. */
+static int empty_product(int64_t m, int64_t n, int64_t k, float *c, int64_t ldc, int accumulate) {
+    if (m == 0 || n == 0) return 1;
+    if (k != 0) return 0;
+    if (!accumulate)
+        for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
+    return 1;
+}
+
 typedef struct {
     go_gemm_args g;
-    int64_t col_groups, rows_per, cols_per, work_floats;
+    gemm_split sp;
+    int64_t work_floats;
     float *work;
 } gemm_job;
 
 static void gemm_item(void *p, int it) {
     const gemm_job *job = (const gemm_job *)p;
-    const int64_t r0 = (it / job->col_groups) * job->rows_per;
-    const int64_t j0 = (it % job->col_groups) * job->cols_per;
-    const int64_t r1 = r0 + job->rows_per < job->g.m ? r0 + job->rows_per : job->g.m;
-    const int64_t j1 = j0 + job->cols_per < job->g.n ? j0 + job->cols_per : job->g.n;
-    if (r0 < r1 && j0 < j1)
+    int64_t r0, r1, j0, j1;
+    if (split_item(&job->sp, job->g.m, job->g.n, it, &r0, &r1, &j0, &j1))
         kernels()->sgemm_block_f32(&job->g, r0, r1, j0, j1, job->work + it * job->work_floats);
 }
 
@@ -1782,38 +1832,16 @@ int ggmlopt_sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
     if (m < 0 || n < 0 || k < 0 || ldc < n || a_row < 0 || a_col < 0 || b_row < 0 || b_col < 0)
         return -1;
     if (a_col != 1 && a_row != 1) return -1;
-    if (m == 0 || n == 0) return 0;
-    if (k == 0) {
-        if (!accumulate)
-            for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
-        return 0;
-    }
-    const ggmlopt_kernel_table *kt = kernels();
-    const int64_t nr = kt->sgemm_panel_cols(), mr = kt->sgemm_tile_rows();
-    const int64_t panels = (n + nr - 1) / nr, tiles = (m + mr - 1) / mr;
-    const double madds = (double)m * (double)n * (double)k;
-    const int64_t threads = madds < GO_GEMM_PARALLEL_MIN ? 1 : go_pool_threads();
-    /* the columns split evenly among the threads (each block packs its own
-     * panels), or, with fewer panels than threads, the rows too; rows alone when
-     * A is over four times B's size, as the bf16 products split (below) */
-    const int rows_first = m > 4 * n && tiles >= threads;
-    int64_t col_groups = rows_first ? 1 : panels < threads ? panels : threads;
-    int64_t row_groups = rows_first ? threads
-                         : panels < threads ? (threads < tiles ? threads : tiles) : 1;
+    if (empty_product(m, n, k, c, ldc, accumulate)) return 0;
     gemm_job job;
-    job.cols_per = (panels + col_groups - 1) / col_groups * nr;
-    job.col_groups = (n + job.cols_per - 1) / job.cols_per;
-    job.rows_per = (tiles + row_groups - 1) / row_groups * mr;
-    row_groups = (m + job.rows_per - 1) / job.rows_per;
-    const int64_t block_cols = job.cols_per < GO_GEMM_NC ? job.cols_per : GO_GEMM_NC;
-    job.work_floats = block_cols * go_gemm_kc(k);
-    const int64_t items = row_groups * job.col_groups;
+    job.sp = split_product(m, n, k);
+    job.work_floats = job.sp.block_cols * go_gemm_kc(k);
     int cached = 0;
-    job.work = gemm_scratch(items * job.work_floats, &cached);
+    job.work = gemm_scratch(job.sp.items * job.work_floats, &cached);
     if (!job.work) return -2;
     job.g = (go_gemm_args){m, n, k, a, a_row, a_col, b, b_row, b_col, c, ldc, accumulate != 0};
-    if (items > 1)
-        go_pool_for((int)items, gemm_item, &job);
+    if (job.sp.items > 1)
+        go_pool_for((int)job.sp.items, gemm_item, &job);
     else
         gemm_item(&job, 0);
     gemm_scratch_done(job.work, cached);
@@ -1846,17 +1874,16 @@ int ggmlopt_gemm_bf16_instruction(void) {
 typedef struct {
     go_gemm_bf16_args g;
     bgemm_block_fn block;
-    int64_t col_groups, rows_per, cols_per, work_floats;
+    gemm_split sp;
+    int64_t work_floats;
     float *work;
 } bgemm_job;
 
 static void bgemm_item(void *p, int it) {
     const bgemm_job *job = (const bgemm_job *)p;
-    const int64_t r0 = (it / job->col_groups) * job->rows_per;
-    const int64_t j0 = (it % job->col_groups) * job->cols_per;
-    const int64_t r1 = r0 + job->rows_per < job->g.m ? r0 + job->rows_per : job->g.m;
-    const int64_t j1 = j0 + job->cols_per < job->g.n ? j0 + job->cols_per : job->g.n;
-    if (r0 < r1 && j0 < j1) job->block(&job->g, r0, r1, j0, j1, job->work + it * job->work_floats);
+    int64_t r0, r1, j0, j1;
+    if (split_item(&job->sp, job->g.m, job->g.n, it, &r0, &r1, &j0, &j1))
+        job->block(&job->g, r0, r1, j0, j1, job->work + it * job->work_floats);
 }
 
 int ggmlopt_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t a_row,
@@ -1866,41 +1893,18 @@ int ggmlopt_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_
         return -1;
     if (a_col != 1 && a_row != 1) return -1;
     if (b_col != 1 && b_row != 1 && k > 1) return -1;
-    if (m == 0 || n == 0) return 0;
-    if (k == 0) {
-        if (!accumulate)
-            for (int64_t i = 0; i < m; ++i) memset(c + i * ldc, 0, (size_t)n * sizeof(float));
-        return 0;
-    }
-    const ggmlopt_kernel_table *kt = kernels();
-    const int64_t nr = kt->sgemm_panel_cols(), mr = kt->sgemm_tile_rows();
-    const int64_t panels = (n + nr - 1) / nr, tiles = (m + mr - 1) / mr;
-    const double madds = (double)m * (double)n * (double)k;
-    const int64_t threads = madds < GO_GEMM_PARALLEL_MIN ? 1 : go_pool_threads();
-    /* columns split among the threads (each block packs its own panels), or rows
-     * too when the panels are few; or rows alone when A is over four times B's
-     * size, so that each thread reads its part of A instead of all of it (on a
-     * Zen 4, 2 threads: 2048 x 288 x 288 365-380 -> 430 GFLOP/s, 2048 x 768 x 288
-     * with B = W^T 387-393 -> 430) */
-    const int rows_first = m > 4 * n && tiles >= threads;
-    int64_t col_groups = rows_first ? 1 : panels < threads ? panels : threads;
-    int64_t row_groups = rows_first ? threads
-                         : panels < threads ? (threads < tiles ? threads : tiles) : 1;
+    if (empty_product(m, n, k, c, ldc, accumulate)) return 0;
+    /* the tiles and panels of the float32 products: split the same way */
     bgemm_job job;
     job.block = bgemm_block();
-    job.cols_per = (panels + col_groups - 1) / col_groups * nr;
-    job.col_groups = (n + job.cols_per - 1) / job.cols_per;
-    job.rows_per = (tiles + row_groups - 1) / row_groups * mr;
-    row_groups = (m + job.rows_per - 1) / job.rows_per;
-    const int64_t block_cols = job.cols_per < GO_GEMM_NC ? job.cols_per : GO_GEMM_NC;
-    job.work_floats = block_cols * (go_gemm_bf16_kc(k) / 2);
-    const int64_t items = row_groups * job.col_groups;
+    job.sp = split_product(m, n, k);
+    job.work_floats = job.sp.block_cols * (go_gemm_bf16_kc(k) / 2);
     int cached = 0;
-    job.work = gemm_scratch(items * job.work_floats, &cached);
+    job.work = gemm_scratch(job.sp.items * job.work_floats, &cached);
     if (!job.work) return -2;
     job.g = (go_gemm_bf16_args){m, n, k, a, a_row, a_col, b, b_row, b_col, c, ldc, accumulate != 0};
-    if (items > 1)
-        go_pool_for((int)items, bgemm_item, &job);
+    if (job.sp.items > 1)
+        go_pool_for((int)job.sp.items, bgemm_item, &job);
     else
         bgemm_item(&job, 0);
     gemm_scratch_done(job.work, cached);
