@@ -2,37 +2,19 @@
 ggmlopt's own, against float64 references of the same operands (the bf16
 products: test_kernels_gemm_bf16.py).
 
-A float32 product of inner length k is within gamma_k = k u / (1 - k u) (u =
-2^-24) of sum_j |a_ij b_jk| from the exact one (any order of the sums, blocked
-or fused, obeys it)."""
+Each product within gamma_(k+1) of sum |a||b| (tests/product_bounds.py)."""
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from product_bounds import U, assert_product_close, needs_mkl
 
 from ggmlopt import gemm, kernels
 
 F32 = np.float32
-U = 2.0 ** -24
-
-needs_mkl = pytest.mark.skipif(gemm.mkl_library() is None, reason="Intel MKL not installed "
-                               "(pip install mkl)")
 ENGINES = ["numpy", pytest.param("mkl", marks=needs_mkl)]
-
-
-def gamma(k):
-    return k * U / (1 - k * U)
-
-
-def assert_product_close(got, a64, b64, base=None):
-    """got within gamma_k of |a||b| of a64 @ b64 (+ base)."""
-    k = a64.shape[1]
-    want = a64 @ b64 + (0.0 if base is None else base)
-    bound = gamma(k + 1) * (np.abs(a64) @ np.abs(b64) + (0.0 if base is None else np.abs(base)))
-    err = np.abs(got.astype(np.float64) - want)
-    assert (err <= bound + 1e-300).all(), f"worst excess {np.max(err - bound):.3g}"
 
 
 @pytest.fixture(params=ENGINES)

@@ -6,8 +6,8 @@ same bf16 operands; the engine chosen per CPU and by GGMLOPT_GEMM_BF16.
 
 A bf16 product is the float32 sum of exact products of the bf16 operands, so
 it is within gamma_(k+1) of sum |a_ij b_jk| from the float64 product of those
-operands (any order of the sums, paired or not).  The operands are normal
-numbers: vdpbf16ps flushes subnormals.
+operands (tests/product_bounds.py).  The operands are normal numbers:
+vdpbf16ps flushes subnormals.
 """
 import os
 import subprocess
@@ -15,19 +15,12 @@ import sys
 
 import numpy as np
 import pytest
+from product_bounds import assert_product_close, gamma, needs_mkl
 
 from ggmlopt import gemm, kernels, kernels_gemm
 
 F32 = np.float32
-U = 2.0 ** -24
-
-needs_mkl = pytest.mark.skipif(gemm.mkl_library() is None, reason="Intel MKL not installed "
-                               "(pip install mkl)")
 BF16_ENGINES = ["native", pytest.param("mkl", marks=needs_mkl)]
-
-
-def gamma(k):
-    return k * U / (1 - k * U)
 
 
 def bf16(x):
@@ -36,15 +29,6 @@ def bf16(x):
 
 def widened(bits):
     return (np.ascontiguousarray(bits).astype(np.uint32) << 16).view(F32).astype(np.float64)
-
-
-def assert_product_close(got, a64, b64, base=None):
-    """got within gamma_(k+1) of |a||b| (+ |base|) of a64 @ b64 (+ base)."""
-    k = a64.shape[1]
-    want = a64 @ b64 + (0.0 if base is None else base)
-    bound = gamma(k + 1) * (np.abs(a64) @ np.abs(b64) + (0.0 if base is None else np.abs(base)))
-    err = np.abs(got.astype(np.float64) - want)
-    assert (err <= bound + 1e-300).all(), f"worst excess {np.max(err - bound):.3g}"
 
 
 def operand16(rng, rows, cols, transposed, scale=1.0):
