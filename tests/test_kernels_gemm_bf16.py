@@ -166,28 +166,22 @@ def test_bf16_product_of_empty_operands(bf16_engine, m, k, n):
 def test_auto_picks_the_bf16_engine_for_the_cpu(monkeypatch, features, instruction, mkl, want):
     monkeypatch.setattr(gemm, "_cpu_bf16", lambda: (features, instruction))
     monkeypatch.setattr(gemm, "_load_mkl", lambda: object() if mkl else None)
-    before = gemm.use_bf16_engine("auto")
-    try:
-        assert gemm.bf16_engine() == want
-        native, why = gemm.bf16_support()
-        assert native == bool(features and (instruction or want == "mkl")), why
-        if not features:
-            assert "AVX512-BF16" in why
-        elif not native:
-            assert "no bf16 instruction" in why and "MKL is not installed" in why
-    finally:
-        gemm.use_bf16_engine(before)
+    monkeypatch.setattr(gemm, "_bf16_choice", "auto")   # put back whatever the run chose
+    assert gemm.bf16_engine() == want
+    native, why = gemm.bf16_support()
+    assert native == bool(features and (instruction or want == "mkl")), why
+    if not features:
+        assert "AVX512-BF16" in why
+    elif not native:
+        assert "no bf16 instruction" in why and "MKL is not installed" in why
 
 
 def test_a_forced_native_engine_without_the_instruction_says_so(monkeypatch):
     # MKL may well be installed: the reason is the choice, not a missing MKL
     monkeypatch.setattr(gemm, "_cpu_bf16", lambda: (["avx512_bf16"], False))
-    before = gemm.use_bf16_engine("native")
-    try:
-        native, why = gemm.bf16_support()
-        assert not native and "GGMLOPT_GEMM_BF16=native" in why and "MKL" not in why
-    finally:
-        gemm.use_bf16_engine(before)
+    monkeypatch.setattr(gemm, "_bf16_choice", "native")
+    native, why = gemm.bf16_support()
+    assert not native and "GGMLOPT_GEMM_BF16=native" in why and "MKL" not in why
 
 
 def test_a_pass_puts_back_the_engine_of_the_pass_around_it(monkeypatch):
@@ -218,7 +212,8 @@ def run_import(value, hide_mkl=False):
         if hide_mkl else ""
     code = hide + "import ggmlopt, ggmlopt.gemm as g; print(g.bf16_engine()); ggmlopt.show_config()"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, GGMLOPT_GEMM_BF16=value), check=False)
+                          env=dict(os.environ, GGMLOPT_GEMM_BF16=value, GGMLOPT_GEMM="numpy"),
+                          check=False)
 
 
 def test_environment_variable_picks_the_bf16_engine():
