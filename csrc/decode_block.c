@@ -1,6 +1,7 @@
 /*
  * A decode step of a Llama-layout block in one call (ggmlopt.h,
- * ggmlopt_decode_block_f32): the block's dozen kernels for one new token,
+ * ggmlopt_decode_block_f32): the block's dozen kernels for one new token
+ * (weights kept in their file's types, or a Linear's float32 ones),
  * one after the other, with q, k and v as one threaded product and gate and up
  * as another.  Decoding a small model is some 200 calls a token of a few
  * microseconds of work each; from Python every call also paid its argument
@@ -19,6 +20,7 @@
 typedef struct {
     float *normed, *q, *attended, *out, *gate, *up, *rstd, *scores, *xd, *xsum, *lora_t;
     int8_t *xqs;
+    float *partials;   /* ggmlopt_matmul_columns_many's, for Linear weights */
     int64_t bytes;
 } block_work;
 
@@ -44,12 +46,26 @@ static block_work work_layout(const ggmlopt_llama_block *blk, int64_t batch, int
     for (int m = 0; m < 7; ++m)
         if (weight_of(blk, m)->lora_a != NULL && weight_of(blk, m)->rank > rank)
             rank = weight_of(blk, m)->rank;
+    /* the widest group of Linear weights: its partial sums */
+    int64_t partials = 0;
+    {
+        const int groups[4][3] = {{0, 1, 2}, {3, -1, -1}, {4, 5, -1}, {6, -1, -1}};
+        const int64_t inputs[4] = {blk->dim, nq, blk->dim, blk->ffn_dim};
+        for (int g = 0; g < 4; ++g) {
+            int64_t nout = 0;
+            for (int i = 0; i < 3 && groups[g][i] >= 0; ++i)
+                if (weight_of(blk, groups[g][i])->columns_ld != 0)
+                    nout += weight_of(blk, groups[g][i])->nout;
+            const int64_t floats = ggmlopt_matmul_columns_scratch(batch, inputs[g], nout);
+            if (floats > partials) partials = floats;
+        }
+    }
     const int64_t sizes[] = {
         batch * blk->dim * 4, batch * nq * 4, batch * nq * 4, batch * blk->dim * 4,
         batch * blk->ffn_dim * 4, batch * blk->ffn_dim * 4,
         batch * (blk->n_heads > blk->n_kv_heads ? blk->n_heads : blk->n_kv_heads) * 4,
         blk->n_heads * max_len * 4, batch * (widest / 32 + 1) * 4, batch * (widest / 32 + 1) * 4,
-        rank * 4, batch * (widest + 32),
+        rank * 4, batch * (widest + 32), partials * 4,
     };
     void *parts[sizeof sizes / sizeof sizes[0]];
     int64_t at = 0;
@@ -58,7 +74,7 @@ static block_work work_layout(const ggmlopt_llama_block *blk, int64_t batch, int
         at += lines(sizes[i]);
     }
     block_work w = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6],
-                    parts[7], parts[8], parts[9], parts[10], parts[11], at};
+                    parts[7], parts[8], parts[9], parts[10], parts[11], parts[12], at};
     return w;
 }
 
@@ -66,6 +82,8 @@ static int weight_ok(const ggmlopt_block_weight *w, int64_t nout, int64_t ncols)
     if (w->lora_a != NULL &&
         (w->lora_b == NULL || w->rank < 1 || w->lora_b_stride < nout || !isfinite(w->lora_scale)))
         return 0;
+    if (w->columns_ld != 0)   /* a Linear's float32 (ncols, columns_ld) weight */
+        return w->w != NULL && w->nout == nout && w->type == 0 && w->columns_ld >= nout;
     return w->w != NULL && w->nout == nout && ggmlopt_quant_row_bytes(w->type, ncols) >= 0;
 }
 
@@ -136,16 +154,30 @@ static void add_adapter(const ggmlopt_block_weight *w, int64_t batch, int64_t nc
 static void products(const ggmlopt_llama_block *blk, int n, const ggmlopt_block_weight *const *w,
                      float *const *y, const int64_t *y_stride, int64_t batch, int64_t ncols,
                      const float *x, const block_work *work) {
-    ggmlopt_qproduct p[3];
+    ggmlopt_qproduct kept[3];            /* weights in their file's types */
+    ggmlopt_columns_product linear[3];   /* Linear's float32 ones */
+    int nk = 0, nl = 0;
     for (int m = 0; m < n; ++m) {
-        p[m].type = w[m]->type;
-        p[m].nout = w[m]->nout;
-        p[m].w = w[m]->w;
-        p[m].y = y[m];
-        p[m].y_stride = y_stride[m];
+        if (w[m]->columns_ld != 0) {
+            ggmlopt_columns_product *p = &linear[nl++];
+            p->nout = w[m]->nout;
+            p->w = (const float *)w[m]->w;
+            p->ld = w[m]->columns_ld;
+            p->y = y[m];
+            p->y_stride = y_stride[m];
+        } else {
+            ggmlopt_qproduct *p = &kept[nk++];
+            p->type = w[m]->type;
+            p->nout = w[m]->nout;
+            p->w = w[m]->w;
+            p->y = y[m];
+            p->y_stride = y_stride[m];
+        }
     }
-    ggmlopt_quant_matmul_many(n, p, batch, ncols, x, ncols, blk->q8, work->xqs, work->xd,
-                              work->xsum);
+    if (nk > 0)
+        ggmlopt_quant_matmul_many(nk, kept, batch, ncols, x, ncols, blk->q8, work->xqs, work->xd,
+                                  work->xsum);
+    if (nl > 0) ggmlopt_matmul_columns_many(nl, linear, batch, ncols, x, ncols, work->partials);
     for (int m = 0; m < n; ++m) {
         add_bias(w[m]->bias, batch, w[m]->nout, y[m], y_stride[m]);
         add_adapter(w[m], batch, ncols, x, y[m], y_stride[m], work->lora_t);

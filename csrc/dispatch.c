@@ -1586,6 +1586,116 @@ int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
     return 0;
 }
 
+/* ---- a few rows times Linear weights (kernels/matmul_columns.inc) ---------- */
+
+/* Rows of w a partial sum covers.  Fixed, so the bits do not depend on the
+ * threads: each y value is the sum, in order, of its chunks' chains. */
+#define GO_COLUMN_CHUNK 64
+
+static int64_t column_chunks(int64_t ncols) {
+    return (ncols + GO_COLUMN_CHUNK - 1) / GO_COLUMN_CHUNK;
+}
+
+int64_t ggmlopt_matmul_columns_scratch(int64_t nx, int64_t ncols, int64_t nout) {
+    if (nx < 0 || ncols < 0 || nout < 0) return -1;
+    return column_chunks(ncols) > 1 ? nx * column_chunks(ncols) * nout : 0;
+}
+
+/* The products' work: item b is chunk b % nchunks of product b / nchunks, its
+ * partial sums at row (chunk, i) of partials, columns [first[m], + nout) of
+ * total; with a single chunk, y itself. */
+typedef struct {
+    int n;
+    const ggmlopt_columns_product *p;
+    int64_t nx, ncols, x_stride, nchunks, total;
+    int64_t first[GGMLOPT_QPRODUCTS_MAX];
+    const float *x;
+    float *partials;
+} columns_job;
+
+static void columns_chunk(void *ctx, int b) {
+    const columns_job *a = (const columns_job *)ctx;
+    const ggmlopt_columns_product *p = &a->p[b / a->nchunks];
+    const int64_t c = b % a->nchunks, k0 = c * GO_COLUMN_CHUNK;
+    const int64_t rows = a->ncols - k0 < GO_COLUMN_CHUNK ? a->ncols - k0 : GO_COLUMN_CHUNK;
+    const float *w = p->w + k0 * p->ld;
+    if (a->nchunks == 1)
+        kernels()->matmul_columns_f32(a->nx, rows, a->x, a->x_stride, w, p->ld, 0, p->nout,
+                                      p->y, p->y_stride);
+    else
+        kernels()->matmul_columns_f32(a->nx, rows, a->x + k0, a->x_stride, w, p->ld, 0,
+                                      p->nout, a->partials + c * a->nx * a->total +
+                                                   a->first[b / a->nchunks],
+                                      a->total);
+}
+
+/* y = the chunks' partial sums added in chunk order, for columns [b, e) of
+ * every product laid side by side */
+static double columns_sum(const void *pa, int64_t b, int64_t e) {
+    const columns_job *a = (const columns_job *)pa;
+    for (int m = 0; m < a->n; ++m) {
+        const ggmlopt_columns_product *p = &a->p[m];
+        const int64_t lo = a->first[m], hi = lo + p->nout;
+        const int64_t j0 = b > lo ? b : lo, j1 = e < hi ? e : hi;
+        for (int64_t i = 0; i < a->nx; ++i) {
+            float *restrict yi = p->y + i * p->y_stride - lo;
+            const float *part = a->partials + i * a->total;
+            for (int64_t j = j0; j < j1; ++j) yi[j] = part[j];
+            for (int64_t c = 1; c < a->nchunks; ++c) {
+                const float *restrict pc = part + c * a->nx * a->total;
+                for (int64_t j = j0; j < j1; ++j) yi[j] += pc[j];
+            }
+        }
+    }
+    return 0.0;
+}
+
+int ggmlopt_matmul_columns_many(int n, const ggmlopt_columns_product *products, int64_t nx,
+                                int64_t ncols, const float *x, int64_t x_stride,
+                                float *partials) {
+    if (n < 0 || n > GGMLOPT_QPRODUCTS_MAX) return -3;
+    columns_job a = {n, products, nx, ncols, x_stride, column_chunks(ncols), 0, {0}, x, partials};
+    for (int m = 0; m < n; ++m) {
+        const ggmlopt_columns_product *p = &products[m];
+        if (p->nout < 0 || p->ld < p->nout || p->ld < 1) return -1;
+        a.first[m] = a.total;
+        a.total += p->nout;
+    }
+    if (nx <= 0 || a.total == 0) return 0;
+    if (ncols == 0) {
+        for (int m = 0; m < n; ++m)
+            for (int64_t i = 0; i < nx; ++i)
+                for (int64_t j = 0; j < products[m].nout; ++j)
+                    products[m].y[i * products[m].y_stride + j] = 0.0f;
+        return 0;
+    }
+    if (a.nchunks > INT32_MAX / GGMLOPT_QPRODUCTS_MAX) return -1;
+    float *own = NULL;
+    if (a.nchunks > 1 && partials == NULL) {
+        own = (float *)malloc((size_t)(a.nchunks * nx * a.total) * sizeof(float));
+        if (own == NULL) return -2;
+        a.partials = own;
+    }
+    const int items = (int)(n * a.nchunks);
+    /* threads join from 64 Ki multiply-adds: below, waking one costs more */
+    if (nx * ncols * a.total >= 65536 && go_pool_threads() > 1) {
+        go_pool_for(items, columns_chunk, &a);
+    } else {
+        for (int b = 0; b < items; ++b) columns_chunk(&a, b);
+    }
+    if (a.nchunks > 1) columns_sum(&a, 0, a.total);   /* a pass over L2: one thread */
+    free(own);
+    return 0;
+}
+
+int ggmlopt_matmul_columns_f32(int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                               int64_t nout, const float *w, int64_t ld, float *y,
+                               int64_t y_stride, float *partials) {
+    const ggmlopt_columns_product p = {nout, w, ld, y, y_stride};
+    if (nout < 1) return ld < 0 ? -1 : 0;
+    return ggmlopt_matmul_columns_many(1, &p, nx, ncols, x, x_stride, partials);
+}
+
 /* Several products of the same rows x, one pool job over all their weight
  * rows (a decode step's q, k and v; gate and up): global row r of the job is
  * row r - first of the product whose rows [first, first + nout) hold it. */

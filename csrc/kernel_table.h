@@ -314,6 +314,11 @@ typedef struct ggmlopt_kernel_table {
     int (*quant_dot_q8_rows)(int type, int64_t ncols, const int8_t *xqs, const float *xd,
                              const float *xsum, const uint8_t *w, int64_t row_bytes, int64_t j0,
                              int64_t j1, float *y);
+    /* columns [j0, j1) of x (nx rows) times a float32 weight stored (ncols, ld)
+     * (kernels/matmul_columns.inc): a Linear's few-rows product */
+    void (*matmul_columns_f32)(int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                               const float *w, int64_t ld, int64_t j0, int64_t j1, float *y,
+                               int64_t y_stride);
     /* float32 products (kernels/gemm.inc): C rows [r0, r1) x columns [j0, j1)
      * with scratch of GO_GEMM_NC * go_gemm_kc(k) floats; the packed panels'
      * width and the micro-tile's rows */

@@ -191,6 +191,7 @@ cdef extern from "ggmlopt.h" nogil:
         const float *lora_b
         int64_t rank, lora_b_stride
         float lora_scale
+        int64_t columns_ld
     ctypedef struct ggmlopt_llama_block:
         int64_t dim, n_heads, n_kv_heads, head_dim, ffn_dim
         float eps
@@ -217,6 +218,9 @@ cdef int quantize_rows_f32(int type, int64_t nrows, int64_t ncols, const float *
 cdef int sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_row, int64_t a_col,
                    const float *b, int64_t b_row, int64_t b_col, float *c, int64_t ldc,
                    int accumulate) noexcept nogil
+cdef int matmul_columns_f32(int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                            int64_t nout, const float *w, int64_t ld, float *y,
+                            int64_t y_stride, float *partials) noexcept nogil
 cdef int gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t a_row,
                    int64_t a_col, const uint16_t *b, int64_t b_row, int64_t b_col, float *c,
                    int64_t ldc, int accumulate) noexcept nogil

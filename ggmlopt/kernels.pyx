@@ -1821,6 +1821,17 @@ cdef int sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_ro
 
 
 cdef extern from "ggmlopt.h" nogil:
+    int ggmlopt_matmul_columns_f32(int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                                   int64_t nout, const float *w, int64_t ld, float *y,
+                                   int64_t y_stride, float *partials)
+
+cdef int matmul_columns_f32(int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                            int64_t nout, const float *w, int64_t ld, float *y,
+                            int64_t y_stride, float *partials) noexcept nogil:
+    return ggmlopt_matmul_columns_f32(nx, ncols, x, x_stride, nout, w, ld, y, y_stride, partials)
+
+
+cdef extern from "ggmlopt.h" nogil:
     int ggmlopt_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t a_row,
                           int64_t a_col, const uint16_t *b, int64_t b_row, int64_t b_col,
                           float *c, int64_t ldc, int accumulate)

@@ -3,8 +3,8 @@
 ``ggmlopt_decode_block_f32``): the kernels a LlamaDecoderLayer's ``decode``
 calls one by one (norms, the q/k/v products, RoPE, the cache's new row,
 attention, the output product, the MLP), for one new token of each of a few
-sequences, over frozen weights kept in their file's types.  Decoding a small
-model is a few hundred calls a token of a few microseconds each: in one C call
+sequences, over weights kept in their file's types or a Linear's float32
+ones.  Decoding a small model is a few hundred calls a token of a few microseconds each: in one C call
 a block pays none of the interpreter's round trips, and its q, k and v (and
 its gate and up) are one threaded product.
 
@@ -40,10 +40,12 @@ cdef class LlamaBlockStep:
     """LlamaBlockStep(projections, attn_norm, ffn_norm, *, n_heads, n_kv_heads,
     eps, q_norm=None, k_norm=None, window=None, activations="f32")
 
-    One Llama-layout block's frozen weights for decode steps.  projections: a
+    One Llama-layout block's weights for decode steps.  projections: a
     mapping of "q", "k", "v", "o", "gate", "up", "down" to (qtype, raw, bias)
     or (qtype, raw, bias, adapter): raw the C-contiguous rows of the weight's
-    transpose in qtype (a QuantizedLinear's ``qweight``), bias None or float32
+    transpose in qtype (a QuantizedLinear's ``qweight``), or with qtype
+    "linear" a Linear's float32 (in, out) weight with contiguous rows (read in
+    place: a column range of a fused one will do), bias None or float32
     (rows,), adapter None or a LoRA adapter (lora_a, lora_b, scale) adding
     scale * (x lora_a) lora_b (a LoRALinear's lora_a (in, rank) and lora_b
     (rank, out) data, read in place: an optimizer's steps on them count; B may
@@ -100,9 +102,16 @@ cdef class LlamaBlockStep:
         for i, p in enumerate(_PROJECTIONS):
             qtype, raw, bias = projections[p][:3]
             nout, ncols = want[p]
-            a = _checked_raw(qtype, raw, nout, ncols, p)
             w = ws[i]
-            w.type = kernels_quant.QTYPES[qtype.upper()] if isinstance(qtype, str) else int(qtype)
+            if _is_linear(qtype):
+                w.columns_ld = _checked_linear(raw, nout, ncols, p)
+                w.type = 0   # float32, read by columns
+                a = raw
+            else:
+                a = _checked_raw(qtype, raw, nout, ncols, p)
+                w.columns_ld = 0
+                w.type = kernels_quant.QTYPES[qtype.upper()] if isinstance(qtype, str) \
+                    else int(qtype)
             w.nout = nout
             w.w = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>a)
             w.bias = NULL
@@ -201,7 +210,8 @@ cdef class LlamaBlockStep:
 
 
 def _raw_rows(entry, name):
-    """The row count of a projection's (qtype, raw, bias[, adapter]) entry."""
+    """The output width of a projection's (qtype, raw, bias[, adapter]) entry:
+    raw's rows, or its columns for a Linear's weight ("linear")."""
     if not isinstance(entry, tuple) or len(entry) not in (3, 4):
         raise TypeError(f"projections[{name!r}]: expected (qtype, raw, bias) or (qtype, raw, "
                         f"bias, (lora_a, lora_b, scale)), got {type(entry).__name__}")
@@ -209,7 +219,23 @@ def _raw_rows(entry, name):
     if not isinstance(raw, np.ndarray) or raw.ndim != 2:
         raise ValueError(f"projections[{name!r}]: expected raw rows as a 2-D numpy array, got "
                          f"{getattr(raw, 'shape', type(raw).__name__)}")
-    return raw.shape[0]
+    return raw.shape[1] if _is_linear(entry[0]) else raw.shape[0]
+
+
+def _is_linear(qtype):
+    return isinstance(qtype, str) and qtype.lower() == "linear"
+
+
+def _checked_linear(raw, nout, ncols, name):
+    """raw checked as a Linear's float32 weight (ncols, nout) with contiguous
+    rows (a column range of a wider one will do); its row stride in floats."""
+    if raw.dtype != np.float32 or raw.shape != (ncols, nout) or \
+            (nout > 1 and raw.strides[1] != 4) or raw.strides[0] % 4 or \
+            (ncols > 1 and raw.strides[0] < 4 * nout):
+        raise ValueError(f"projections[{name!r}]: expected a float32 ({ncols}, {nout}) weight "
+                         f"with contiguous rows, got shape {raw.shape} of {raw.dtype}, "
+                         f"strides {raw.strides}")
+    return raw.strides[0] // 4 if ncols > 1 else nout
 
 
 def _checked_raw(qtype, raw, nout, ncols, name):

@@ -12,6 +12,11 @@ ValueError naming the argument before anything is written; ``try_sgemm`` is the
 engine's fast path: False (nothing written) where ``sgemm`` would refuse.  The
 C-level form is ``ggmlopt.kernels.sgemm_f32``.
 
+``matmul_columns`` is the product of a few rows (decoding's one) by a weight
+stored (in, out), as a Linear keeps it: each weight byte read once, each thread
+a run of whole rows of it; each out value the sum, in order, of FMA chains over
+32 rows each (``ggmlopt.kernels.matmul_columns_f32``).
+
 ``gemm_bf16`` multiplies bfloat16 bits (uint16, from ``kernels.to_bfloat16``)
 into float32: each product of two bf16 values is exact, the sums float32
 (``ggmlopt.kernels.gemm_bf16``; AVX512-BF16's vdpbf16ps where the CPU has it,
@@ -174,4 +179,68 @@ def gemm_bf16(a16, b16, out, accumulate=False):
     if why is not None:
         raise (TypeError if why[0] == "T" else ValueError)(why[1:])
     _run(<cnp.ndarray>a16, <cnp.ndarray>b16, <cnp.ndarray>out, bool(accumulate), True)
+    return out
+
+
+cdef str _columns_why_not(object x, object w, object out):
+    """None when (x, w, out) suit matmul_columns, else what is wrong, naming the
+    argument (T: a TypeError, V: a ValueError)."""
+    for name, a in (("x", x), ("w", w), ("out", out)):
+        if not isinstance(a, np.ndarray):
+            return f"T{name}: expected a numpy.ndarray of float32, got {type(a).__name__}"
+        if a.dtype != np.float32:
+            return f"T{name}: expected dtype float32, got {a.dtype}"
+        if a.ndim != 2:
+            return f"V{name}: expected a 2-D array, got {a.ndim} dimensions"
+    if x.shape[1] != w.shape[0] or out.shape != (x.shape[0], w.shape[1]):
+        return (f"Vout: shapes {x.shape} @ {w.shape} -> {out.shape} do not match "
+                f"(expected ({x.shape[0]}, {w.shape[1]}) and x.shape[1] == w.shape[0])")
+    if not out.flags.writeable:
+        return "Vout: the array is read-only, it must be writable"
+    cdef int64_t s0, s1
+    for name, a in (("x", x), ("w", w), ("out", out)):
+        # rows of contiguous values, each row starting past the last one's end
+        # (a one-row or one-column axis reads as any stride)
+        if a.size and (not (_stride(<cnp.ndarray>a, 0, &s0) and _stride(<cnp.ndarray>a, 1, &s1))
+                       or not (s1 == 1 or a.shape[1] <= 1)
+                       or (a.shape[0] > 1 and s0 < a.shape[1])):
+            return f"V{name}: expected rows of contiguous float32 values, apart from each other"
+    if out.size and x.size and not _apart(<cnp.ndarray>out, <cnp.ndarray>x):
+        return "Vx and out overlap in memory; they must be distinct arrays"
+    if out.size and w.size and not _apart(<cnp.ndarray>out, <cnp.ndarray>w):
+        return "Vw and out overlap in memory; they must be distinct arrays"
+    return None
+
+
+def matmul_columns(x, w, out):
+    """out = x @ w; returns out.
+
+    x: float32 (m, k), w: float32 (k, n), out: float32 (m, n), each with rows of
+    contiguous values (a row-major array, or a range of its rows or columns);
+    out writable and apart from x and w.  Made for few rows (decoding's one): w
+    is read once for each row of x.  Each out value is the sum, in order, of
+    chains of float32 FMAs over 32 values of k each: the same bits on any
+    number of threads.
+    """
+    why = _columns_why_not(x, w, out)
+    if why is not None:
+        raise (TypeError if why[0] == "T" else ValueError)(why[1:])
+    cdef cnp.ndarray xa = <cnp.ndarray>x, wa = <cnp.ndarray>w, oa = <cnp.ndarray>out
+    cdef int64_t m = cnp.PyArray_DIM(oa, 0), n = cnp.PyArray_DIM(oa, 1)
+    cdef int64_t k = cnp.PyArray_DIM(xa, 1)
+    cdef int64_t xs = 0, ws = 0, ys = 0
+    _stride(xa, 0, &xs)
+    _stride(wa, 0, &ws)
+    _stride(oa, 0, &ys)
+    if k <= 1:   # one row of w, or none: its stride is any
+        ws = n
+    cdef int rc
+    with nogil:
+        rc = _k.matmul_columns_f32(m, k, <const float *>cnp.PyArray_DATA(xa), xs, n,
+                                   <const float *>cnp.PyArray_DATA(wa), ws,
+                                   <float *>cnp.PyArray_DATA(oa), ys, NULL)
+    if rc == -2:
+        raise MemoryError("matmul_columns: no memory for the partial sums")
+    if rc != 0:
+        raise ValueError(f"matmul_columns: the kernel refused w's strides {w.strides}")
     return out

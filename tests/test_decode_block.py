@@ -1,20 +1,21 @@
 """A decode step of a Llama-layout block in one C call (kernels_decode.LlamaBlockStep,
-taken by LlamaDecoderLayer.decode over a base kept in its file's types): the same
-bits as the layers called one by one, for every family with that block (Llama,
-Qwen2's biases, Qwen3's q/k norms, Mistral's window, SmolLM3's layers without
-RoPE, Phi-3's fused projections), both activation settings, one and several
-sequences, every SIMD path; within float32 rounding of a float64 block, LoRA
-adapters included; the layer-by-layer path wherever the parts are others (float32
-weights, an adapter dropping out); the products of one input by several weights
-(kernels_quant.matmul_many) the same bits as one by one."""
+taken by LlamaDecoderLayer.decode over a base kept in its file's types or float32
+Linear weights): over kept types the same bits as the layers called one by one,
+for every family with that block (Llama, Qwen2's biases, Qwen3's q/k norms,
+Mistral's window, SmolLM3's layers without RoPE, Phi-3's fused projections), both
+activation settings, one and several sequences, every SIMD path; within float32
+rounding of a float64 block over kept and over Linear weights, LoRA adapters
+included; the layer-by-layer path wherever the parts are others (an adapter
+dropping out, a bf16 pass, a weight without contiguous rows); the products of one
+input by several weights (kernels_quant.matmul_many) the same bits as one by one."""
 import copy
 import pickle
 
 import numpy as np
 import pytest
 
+from ggmlopt import gemm, lora, models
 from ggmlopt import kernels_quant as kq
-from ggmlopt import lora, models
 from ggmlopt.kernels_decode import LlamaBlockStep
 from ggmlopt.models import _decode_step
 from ggmlopt.nn import Linear, QuantizedLinear
@@ -56,14 +57,15 @@ def quantized(lin, qtype, rng):
     return QuantizedLinear(raw, qtype, lin.in_features, lin.out_features, bias=bias)
 
 
-def keep_types(model):
+def keep_types(model, kept=True):
     """model with every block's projections kept in MIX's types (as
-    load_gguf(keep_types=True) gives them) and norm weights that are not ones."""
+    load_gguf(keep_types=True) gives them; with kept False left float32 Linear
+    layers) and norm weights that are not ones."""
     rng = np.random.default_rng(0)
     for layer in model.layers:
         for part in (layer.self_attn, layer.mlp):
             for name, qtype in MIX.items():
-                if hasattr(part, name):
+                if hasattr(part, name) and kept:
                     setattr(part, name, quantized(getattr(part, name), qtype, rng))
         for norm in (layer.input_layernorm, layer.post_attention_layernorm,
                      getattr(layer.self_attn, "q_norm", None),
@@ -111,9 +113,11 @@ def test_a_step_gives_the_bits_of_the_layers_one_by_one(simd_path, family, activ
 
 
 def effective_weight(layer):
-    """A kept projection's float64 (in, out) weight, its adapter's s A B added."""
+    """A projection's float64 (in, out) weight, its adapter's s A B added."""
     if isinstance(layer, QuantizedLinear):
         return layer.dequantize().astype(np.float64)
+    if type(layer) is Linear:
+        return layer.weight.data.astype(np.float64)
     return effective_weight(layer._base) + layer.scaling * (
         layer.lora_a.data.astype(np.float64) @ layer.lora_b.data.astype(np.float64))
 
@@ -165,10 +169,12 @@ def reference_block(layer, x, cache_k, cache_v, pos):
 
 @pytest.mark.parametrize("family", ["llama", "phi3-fused"])
 @pytest.mark.parametrize("adapters", [False, True])
-def test_a_step_within_float32_of_a_float64_block(simd_path, family, adapters):
-    """Over the kept weights, and with LoRA adapters on every projection (for
-    Phi-3 its fused q|k|v and gate|up: B's columns cut as the weight's rows)."""
-    model = keep_types(FAMILIES[family]())
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "linear"])
+def test_a_step_within_float32_of_a_float64_block(simd_path, family, adapters, kept):
+    """Over the kept weights or float32 Linear ones, and with LoRA adapters on
+    every projection (for Phi-3 its fused q|k|v and gate|up: B's columns cut as
+    the weight's rows, and a Linear weight's columns likewise)."""
+    model = keep_types(FAMILIES[family](), kept)
     if adapters:
         lora.apply(model, rank=5, targets="all-linear", seed=0)
         rng = np.random.default_rng(1)
@@ -187,10 +193,26 @@ def test_a_step_within_float32_of_a_float64_block(simd_path, family, adapters):
     assert np.abs(got[0, 0] - want).max() <= bound
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_linear_weights_take_the_step(monkeypatch, batch):
+    """float32 Linear weights decode in one call too: logits within float32
+    rounding of the layers one by one (both within it of the exact products:
+    the bound of test_a_step_within_float32_of_a_float64_block per block, here
+    a loose multiple of the logits' magnitudes for two blocks and the head)."""
+    model = keep_types(FAMILIES["qwen2-biases"](), kept=False)
+    fast, _ = decode_tokens(model, batch, 4, False, monkeypatch)
+    assert taken(model) == len(model.layers)
+    slow, _ = decode_tokens(model, batch, 4, True, monkeypatch)
+    for a, b in zip(fast, slow):
+        scale = np.abs(b).max()
+        assert np.abs(a - b).max() <= 64 * (256 + 512) * U * scale
+
+
 def test_other_parts_decode_layer_by_layer(monkeypatch):
-    plain = FAMILIES["llama"]()   # float32 Linear weights
-    decode_tokens(plain, 1, 2, False, monkeypatch)
-    assert taken(plain) == 0
+    bf16 = FAMILIES["llama"]()   # float32 Linear weights inside a bf16 pass: bf16 products
+    with gemm.products_in("bf16"):
+        assert all(_decode_step.block_step(layer) is None for layer in bf16.layers)
+    assert all(_decode_step.block_step(layer) is not None for layer in bf16.layers)
     dropping = keep_types(FAMILIES["llama"]())
     lora.apply(dropping, rank=4, dropout=0.1, seed=0)
     assert all(_decode_step.block_step(layer) is not None for layer in dropping.layers)

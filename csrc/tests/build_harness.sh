@@ -37,6 +37,7 @@ build_harness() {
         "csrc/tests/test_decode_block.c:"
         "csrc/tests/test_gemm.c:"
         "csrc/tests/test_gemm_bf16.c:"
+        "csrc/tests/test_matmul_columns.c:"
     )
     case "$machine" in
         x86_64*) units+=("csrc/kernels_avx2.c:-mavx2 -mfma -mf16c"

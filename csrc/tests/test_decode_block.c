@@ -1,6 +1,7 @@
 /*
- * A decode step of a Llama-layout block in one call (decode_block.c) and the
- * products of one input by several weights in one job it runs on
+ * A decode step of a Llama-layout block in one call (decode_block.c), over
+ * weights kept in their file's types and Linear float32 ones, and the products
+ * of one input by several weights in one job it runs on
  * (ggmlopt_quant_matmul_many): each the same bits as the public kernels called
  * one by one, as the layers call them (each of those is checked against a
  * float64 reference in its own test; a LoRA adapter's two small products in
@@ -173,8 +174,21 @@ static void ref_adapter(const ggmlopt_block_weight *w, int64_t batch, int64_t nc
     }
 }
 
+/* y = x times a block's weight as the layer's product calls it: a kept type's
+ * product, or a Linear's by columns */
+static void weight_product(const ggmlopt_block_weight *w, int q8, int64_t nx, int64_t ncols,
+                           const float *x, float *y, int64_t y_stride) {
+    if (w->columns_ld != 0)
+        ggmlopt_matmul_columns_f32(nx, ncols, x, ncols, w->nout, (const float *)w->w,
+                                   w->columns_ld, y, y_stride, NULL);
+    else
+        one_product(w->type, q8, nx, ncols, x, w->nout, w->w, y, y_stride);
+}
+
+/* linear: q, v, gate and down are Linear float32 (in, out) weights, their rows
+ * wider than the product (a fused one's column range), beside kept types */
 static void make_block(block_case *c, int q8, int qk_norm, int64_t window, int rope,
-                       int adapters) {
+                       int adapters, int linear) {
     ggmlopt_llama_block *b = &c->blk;
     memset(b, 0, sizeof *b);
     b->dim = 256;
@@ -198,6 +212,11 @@ static void make_block(block_case *c, int q8, int qk_norm, int64_t window, int r
         ws[m]->type = types[m];
         ws[m]->nout = nouts[m];
         ws[m]->w = weight(types[m], nouts[m], ins[m], 0.08f);
+        if (linear && (m == 0 || m == 2 || m == 4 || m == 6)) {
+            ws[m]->type = 0;
+            ws[m]->columns_ld = nouts[m] + 3;
+            ws[m]->w = (const uint8_t *)th_rand_f32(ins[m] * ws[m]->columns_ld, 1, -0.08f, 0.08f);
+        }
         ws[m]->bias = m < 3 ? th_rand_f32(nouts[m], 0, -0.1f, 0.1f) : NULL;   /* Qwen2's */
         if (adapters && m != 1 && m != 4) {   /* all but k and gate; B a column range */
             static const int64_t ranks[7] = {8, 0, 11, 1, 0, 16, 5};   /* whole eights, and not */
@@ -235,9 +254,9 @@ static void step_call_by_call(const block_case *c, float *x, float *ck, float *c
     float *g = th_alloc(4, B * ffn, 0), *u = th_alloc(4, B * ffn, 0);
     float *scores = th_alloc(4, b->n_heads * c->max_len, 0);
     ggmlopt_rmsnorm_f32(B, dim, x, b->attn_norm, b->eps, n1, rstd);
-    one_product(b->q.type, b->q8, B, dim, n1, nq, b->q.w, q, nq);
-    one_product(b->k.type, b->q8, B, dim, n1, kv, b->k.w, k, kv);
-    one_product(b->v.type, b->q8, B, dim, n1, kv, b->v.w, v, kv);
+    weight_product(&b->q, b->q8, B, dim, n1, q, nq);
+    weight_product(&b->k, b->q8, B, dim, n1, k, kv);
+    weight_product(&b->v, b->q8, B, dim, n1, v, kv);
     ggmlopt_add_bias_rows_f32(B, nq, q, b->q.bias);
     ref_adapter(&b->q, B, dim, n1, q, nq);
     ggmlopt_add_bias_rows_f32(B, kv, k, b->k.bias);
@@ -261,27 +280,27 @@ static void step_call_by_call(const block_case *c, float *x, float *ck, float *c
     ggmlopt_attention_decode_f32(B, b->n_heads, b->n_kv_heads, hd, c->pos + 1 - first, q,
                                  ck + first * kv, cv + first * kv, item, att, scores,
                                  1.0f / sqrtf((float)hd));
-    one_product(b->o.type, b->q8, B, nq, att, dim, b->o.w, o, dim);
+    weight_product(&b->o, b->q8, B, nq, att, o, dim);
     ref_adapter(&b->o, B, nq, att, o, dim);
     for (int64_t i = 0; i < B * dim; ++i) x[i] = x[i] + o[i];
     ggmlopt_rmsnorm_f32(B, dim, x, b->ffn_norm, b->eps, n1, rstd);
-    one_product(b->gate.type, b->q8, B, dim, n1, ffn, b->gate.w, g, ffn);
+    weight_product(&b->gate, b->q8, B, dim, n1, g, ffn);
     ref_adapter(&b->gate, B, dim, n1, g, ffn);
-    one_product(b->up.type, b->q8, B, dim, n1, ffn, b->up.w, u, ffn);
+    weight_product(&b->up, b->q8, B, dim, n1, u, ffn);
     ref_adapter(&b->up, B, dim, n1, u, ffn);
     ggmlopt_swiglu_f32(B * ffn, g, u, g);
-    one_product(b->down.type, b->q8, B, ffn, g, dim, b->down.w, o, dim);
+    weight_product(&b->down, b->q8, B, ffn, g, o, dim);
     ref_adapter(&b->down, B, ffn, g, o, dim);
     for (int64_t i = 0; i < B * dim; ++i) x[i] = x[i] + o[i];
 }
 
 static void one_block(const char *path, int threads, int q8, int qk_norm, int64_t window,
-                      int rope, int64_t batch, int adapters) {
+                      int rope, int64_t batch, int adapters, int linear) {
     block_case c;
     c.batch = batch;
     c.max_len = 9;
     c.pos = 6;
-    make_block(&c, q8, qk_norm, window, rope, adapters);
+    make_block(&c, q8, qk_norm, window, rope, adapters, linear);
     const ggmlopt_llama_block *b = &c.blk;
     const int64_t kv = b->n_kv_heads * b->head_dim, item = c.max_len * kv;
     float *x = th_rand_f32(batch * b->dim, 1, -2.0f, 2.0f);
@@ -296,8 +315,8 @@ static void one_block(const char *path, int threads, int q8, int qk_norm, int64_
     const int64_t bytes = ggmlopt_decode_block_work_size(b, batch, c.max_len);
     char ctx[160];
     snprintf(ctx, sizeof ctx, "decode_block q8=%d qk_norm=%d window=%lld rope=%d batch=%lld "
-             "adapters=%d [%s, %d threads]", q8, qk_norm, (long long)window, rope,
-             (long long)batch, adapters, path, threads);
+             "adapters=%d linear=%d [%s, %d threads]", q8, qk_norm, (long long)window, rope,
+             (long long)batch, adapters, linear, path, threads);
     th_check(bytes > 0, "%s: work size %lld", ctx, (long long)bytes);
     void *work = th_alloc(64, (bytes + 63) / 64, 0);
     const int rc = ggmlopt_decode_block_f32(b, batch, c.pos, x, ck, cv, c.max_len,
@@ -323,7 +342,7 @@ static void block_refused(void) {
     c.batch = 1;
     c.max_len = 4;
     c.pos = 0;
-    make_block(&c, 0, 0, 0, 1, 0);
+    make_block(&c, 0, 0, 0, 1, 0, 0);
     const ggmlopt_llama_block good = c.blk;
     float *x = th_rand_f32(good.dim, 0, -1.0f, 1.0f), *x0 = th_dup(x, 4, good.dim);
     const int64_t item = c.max_len * good.n_kv_heads * good.head_dim;
@@ -332,8 +351,8 @@ static void block_refused(void) {
     th_check(ggmlopt_decode_block_f32(&good, 1, 4, x, ck, cv, 4, c.cos, c.sin, work) == -2 &&
                  ggmlopt_decode_block_f32(&good, 1, -1, x, ck, cv, 4, c.cos, c.sin, work) == -2,
              "decode_block: a position outside the cache not refused");
-    ggmlopt_llama_block bad[10];
-    for (int i = 0; i < 10; ++i) bad[i] = good;
+    ggmlopt_llama_block bad[12];
+    for (int i = 0; i < 12; ++i) bad[i] = good;
     bad[0].n_kv_heads = 3;             /* heads not a multiple of kv heads */
     bad[1].k.nout = 64;                /* k's rows are not the kv heads' width */
     bad[2].down.type = 99;             /* no type */
@@ -348,7 +367,11 @@ static void block_refused(void) {
     bad[9].o.rank = 1;
     bad[9].o.lora_b_stride = good.dim - 1;
     bad[9].o.lora_scale = 1.0f;
-    for (int i = 0; i < 10; ++i) {
+    bad[10].up.columns_ld = good.ffn_dim - 1;   /* a Linear's rows narrower than up's */
+    bad[10].up.type = 0;
+    bad[11].up.columns_ld = good.ffn_dim;       /* a Linear's weight that is not float32 */
+    bad[11].up.type = 8;
+    for (int i = 0; i < 12; ++i) {
         th_check(ggmlopt_decode_block_work_size(&bad[i], 1, 4) == -1,
                  "decode_block_work_size: bad block %d not refused", i);
         th_check(ggmlopt_decode_block_f32(&bad[i], 1, 0, x, ck, cv, 4, c.cos, c.sin, work) == -1,
@@ -373,11 +396,13 @@ void test_decode_block_public(void) {
             ggmlopt_set_num_threads(threads);
             many_products(path, threads);
             for (int q8 = 0; q8 <= 1; ++q8) {
-                one_block(path, threads, q8, 0, 0, 1, 1, 0);
-                one_block(path, threads, q8, 1, 0, 1, 3, 0);  /* Qwen3's q/k norms, a batch */
-                one_block(path, threads, q8, 0, 4, 1, 2, 0);  /* a window shorter than pos */
-                one_block(path, threads, q8, 0, 0, 0, 1, 0);  /* SmolLM3's layers without RoPE */
-                one_block(path, threads, q8, 0, 0, 1, 2, 1);  /* LoRA adapters */
+                one_block(path, threads, q8, 0, 0, 1, 1, 0, 0);
+                one_block(path, threads, q8, 1, 0, 1, 3, 0, 0);  /* Qwen3's q/k norms, a batch */
+                one_block(path, threads, q8, 0, 4, 1, 2, 0, 0);  /* a window shorter than pos */
+                one_block(path, threads, q8, 0, 0, 0, 1, 0, 0);  /* SmolLM3's: no RoPE */
+                one_block(path, threads, q8, 0, 0, 1, 2, 1, 0);  /* LoRA adapters */
+                one_block(path, threads, q8, 0, 0, 1, 1, 0, 1);  /* Linear weights */
+                one_block(path, threads, q8, 0, 0, 1, 3, 1, 1);  /* the same, adapters, a batch */
             }
             th_release_all();
         }

@@ -38,6 +38,7 @@ void test_gemm_thin_bits(const ggmlopt_kernel_table *k);
 void test_gemm_public(void);
 void test_gemm_bf16_kernels(const ggmlopt_kernel_table *k);
 void test_gemm_bf16_public(void);
+void test_matmul_columns_public(void);
 void test_quantize_k(void);
 
 static const ggmlopt_kernel_table *const SCALAR = &ggmlopt_kernels_scalar;
@@ -748,6 +749,7 @@ int main(int argc, char **argv) {
     test_decode_block_public();
     test_gemm_public();
     test_gemm_bf16_public();
+    test_matmul_columns_public();
 
     printf("%d passed, %d failed\n", th_passed, th_failed);
     return th_failed ? 1 : 0;

@@ -436,6 +436,18 @@ void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *sca
 int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
                             int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                             int64_t y_stride, int8_t *xqs, float *xd, float *xsum);
+/* y (nx rows of y_stride, nout columns) = x (nx rows of x_stride, ncols) times
+ * w, a float32 (ncols, ld) weight (ld >= nout) as a Linear stores it, of which
+ * the first nout columns: the product of a few rows (decoding's), each weight
+ * byte read once, each thread a run of whole rows of w.  A y value is the sum,
+ * in order, of chains of multiply-adds over 32 rows of w each: the same bits
+ * on any number of threads.  partials: scratch of
+ * ggmlopt_matmul_columns_scratch(nx, ncols, nout) floats, or NULL (then the
+ * call allocates it).  Returns 0, -1 for ld < nout, -2 with no memory. */
+int64_t ggmlopt_matmul_columns_scratch(int64_t nx, int64_t ncols, int64_t nout);
+int ggmlopt_matmul_columns_f32(int64_t nx, int64_t ncols, const float *x, int64_t x_stride,
+                               int64_t nout, const float *w, int64_t ld, float *y,
+                               int64_t y_stride, float *partials);
 /* One product of ggmlopt_quant_matmul_many: y (nx rows of y_stride) = x times
  * the transpose of w (nout rows of ncols values of type `type`). */
 typedef struct {
@@ -456,11 +468,31 @@ typedef struct {
 int ggmlopt_quant_matmul_many(int n, const ggmlopt_qproduct *products, int64_t nx,
                               int64_t ncols, const float *x, int64_t x_stride, int q8,
                               int8_t *xqs, float *xd, float *xsum);
+/* One product of ggmlopt_matmul_columns_many: y (nx rows of y_stride) = x
+ * times w, a float32 weight of ncols rows of ld >= nout floats (a Linear's),
+ * of which the first nout columns. */
+typedef struct {
+    int64_t nout;
+    const float *w;
+    int64_t ld;
+    float *y;
+    int64_t y_stride;
+} ggmlopt_columns_product;
+/* The n (at most GGMLOPT_QPRODUCTS_MAX) products of the same rows x as one
+ * threaded job, each y the bits ggmlopt_matmul_columns_f32 gives it alone.
+ * partials: scratch of nx * ceil(ncols / 32) * (the products' nout summed)
+ * floats when ncols > 32, or NULL (then the call allocates it).  Returns 0, -1
+ * for a product's ld < nout, -2 with no memory, -3 for n out of range. */
+int ggmlopt_matmul_columns_many(int n, const ggmlopt_columns_product *products, int64_t nx,
+                                int64_t ncols, const float *x, int64_t x_stride,
+                                float *partials);
 
 /* ---- a decode step of a Llama-layout block ------------------------------------ */
 
 /* A frozen weight of the block: nout rows of the block's input width ncols in
- * type `type` (as ggmlopt_quant_matmul_f32 reads them), a bias (nout) or NULL,
+ * type `type` (as ggmlopt_quant_matmul_f32 reads them), or with columns_ld > 0
+ * a float32 (ncols, columns_ld) weight whose first nout columns are the
+ * product's (a Linear's, as ggmlopt_matmul_columns_f32), a bias (nout) or NULL,
  * and a LoRA adapter or none (lora_a NULL): y += lora_scale * (x A) B, A
  * (ncols, rank) float32 rows of rank, B (rank, nout) rows of lora_b_stride
  * floats (>= nout: a column range of a fused projection's B). */
@@ -472,6 +504,7 @@ typedef struct {
     const float *lora_a, *lora_b;
     int64_t rank, lora_b_stride;
     float lora_scale;
+    int64_t columns_ld;
 } ggmlopt_block_weight;
 
 /* Llama's pre-norm block (Mistral's, Qwen2's, Qwen3's, SmolLM's):

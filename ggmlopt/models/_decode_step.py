@@ -1,12 +1,17 @@
 """A Llama-layout block's decode step in one C call (kernels_decode.LlamaBlockStep)
 when its parts are the ones that call reads: RMSNorms, attention without Gemma's
-query scale, a SwiGLU, and q, k, v, o, gate, up and down weights all kept in their
-file's types (QuantizedLinear layers, ``load_gguf(..., keep_types=True)``), bare or
-under LoRA adapters, multiplying their activations one way.  A block names the
+query scale, a SwiGLU, and q, k, v, o, gate, up and down weights kept in their
+file's types (QuantizedLinear layers, ``load_gguf(..., keep_types=True)``) or
+float32 Linear layers, bare or under LoRA adapters, the kept ones multiplying
+their activations one way.  A block names the
 weight rows of each (``step_projections``): Llama's seven layers, or Phi-3's fused
 q|k|v and gate|up cut into row ranges.  Any other block (float32 Linear weights,
 other norms) decodes layer by layer as before.  Without adapters both ways give the
-same bits; an adapter's two small products are the C call's own float32 sums.
+same bits for kept weights; a Linear's product sums over 32 inputs at a time
+(each weight byte read once, threads on whole rows of it) where BLAS sums its
+own way, both within float32 rounding of the exact product; an adapter's two
+small products are the C call's own float32 sums.  A bf16 pass
+(precision="bf16") decodes layer by layer, as its products are bf16.
 
 The step object is made once per block and kept beside it (not on it: a model
 pickles and copies without it); it is made again whenever a part it read has
@@ -18,9 +23,11 @@ import weakref
 
 import numpy as np
 
+from .. import gemm
 from ..kernels_decode import LlamaBlockStep
 from ..lora import LoRALinear
 from ..nn.attention import RotaryEmbedding
+from ..nn.linear import Linear
 from ..nn.norm import RMSNorm
 from ..nn.quantized import FEW_ROWS, QuantizedLinear, _activations
 
@@ -52,13 +59,13 @@ def _parts_read(block):
     kept = [_kept_weight(p) for p, _, _ in rows]
     if any(k is None for k in kept):
         return None
-    activations = {_activations(base) for base, _ in kept}
-    if len(activations) != 1:
+    activations = _step_activations(kept)
+    if activations is None:
         return None
     parts = [*norms, *(n.weight.data for n in norms), norm1.eps, attn.rotary,
-             attn.sliding_window, *activations]
+             attn.sliding_window, activations]
     for (p, first, count), (base, adapter) in zip(rows, kept):
-        parts += [p, base.qweight, base.qtype, p.bias, None if p.bias is None else p.bias.data,
+        parts += [p, *_weight_read(base), p.bias, None if p.bias is None else p.bias.data,
                   first, count]
         if adapter is not None:
             parts += [adapter.lora_a.data, adapter.lora_b.data, adapter.scaling]
@@ -66,15 +73,40 @@ def _parts_read(block):
 
 
 def _kept_weight(layer):
-    """(QuantizedLinear, its LoRALinear or None) of a projection a step takes:
-    a weight kept in its file's type, bare or under an adapter that is not
-    dropping out (not training); None for any other layer."""
-    if type(layer) is QuantizedLinear:
+    """(base layer, its LoRALinear or None) of a projection a step takes: a
+    weight kept in its file's type or a Linear's float32 one, bare or under an
+    adapter that is not dropping out (not training); None for any other layer."""
+    if _step_reads(layer):
         return layer, None
-    if (type(layer) is LoRALinear and type(layer._base) is QuantizedLinear
+    if (type(layer) is LoRALinear and _step_reads(layer._base)
             and not (layer.training and layer.lora_dropout.p > 0)):
         return layer._base, layer
     return None
+
+
+def _step_activations(kept) -> str | None:
+    """How a step multiplies the activations of its kept weights: their one
+    setting ("f32" when every weight is a Linear's), None when they differ."""
+    settings = {_activations(base) for base, _ in kept if type(base) is QuantizedLinear}
+    if len(settings) > 1:
+        return None
+    return settings.pop() if settings else "f32"
+
+
+def _step_reads(layer) -> bool:
+    """Whether a step multiplies by layer's weight: a QuantizedLinear's, or a
+    Linear's (float32 (in, out), C-contiguous as every Parameter) outside a
+    bf16 pass (whose products are bf16)."""
+    if type(layer) is QuantizedLinear:
+        return True
+    return type(layer) is Linear and not gemm.bf16_active()
+
+
+def _weight_read(base) -> tuple:
+    """What a step reads of a base layer's weight: the array and its type."""
+    if type(base) is QuantizedLinear:
+        return base.qweight, base.qtype
+    return base.weight.data, "linear"
 
 
 def _same(a, b):
@@ -103,14 +135,18 @@ def block_step(block) -> LlamaBlockStep | None:
         lora = None if adapter is None else (   # B's columns of the range (a fused part's)
             adapter.lora_a.data, adapter.lora_b.data[:, first:first + count],
             np.float32(adapter.scaling))
-        projections[name] = (base.qtype, base.qweight[first:first + count], bias, lora)
+        weight, qtype = _weight_read(base)
+        part = weight[:, first:first + count] if qtype == "linear" else weight[first:first + count]
+        projections[name] = (qtype, part, bias, lora)
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
     q_norm = None if q_norm is None else q_norm.weight.data
     k_norm = None if k_norm is None else k_norm.weight.data
+    activations = _step_activations([_kept_weight(p) for p, _, _ in rows])
+    assert activations is not None   # _parts_read saw one setting
     step = LlamaBlockStep(projections, norm1.weight.data, norm2.weight.data,
                           n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, eps=norm1.eps,
                           q_norm=q_norm, k_norm=k_norm, window=attn.sliding_window,
-                          activations=_activations(_kept_weight(rows[0][0])[0]))
+                          activations=activations)
     _steps[block] = (parts, step)
     return step
 
