@@ -5,7 +5,8 @@ Q4_K_M, each case in a fresh process.
 
     python bench/qlora_step.py            # SmolLM2-135M's shape, 1 x 256, 2 threads
     python bench/qlora_step.py --small    # a quick run on a stories15M-sized model
-    python bench/qlora_step.py --decode   # greedy decoding, tokens/s, beside llama.cpp
+    python bench/qlora_step.py --decode [--rounds 5]
+                                          # greedy decoding, tokens/s, beside llama.cpp
                                           # (float32 activations, rounded to Q8_0, and
                                           # with rank-8 LoRA adapters on q/k/v/o)
     python bench/qlora_step.py --llama-1b --tokens 512 [--checkpointing]
@@ -207,6 +208,23 @@ def _files(cfg: dict, folder: str) -> dict[str, str]:
     return files
 
 
+def _median_row(rounds: list[dict]) -> dict:
+    """The median of each figure over rounds, and of each round's ratios to
+    llama.cpp (a shared machine's speed drifts between rounds: the ratio of
+    two runs side by side drifts less than either)."""
+    import statistics
+    row = dict(rounds[0])
+    for key, value in rounds[0].items():
+        if isinstance(value, float):
+            row[key] = statistics.median(r[key] for r in rounds)
+    if "llama_cpp_tok_s" in row:
+        for key in ("ggmlopt_f32_tok_s", "ggmlopt_q8_0_tok_s"):
+            if key in row:
+                row[key.replace("_tok_s", "_ratio")] = statistics.median(
+                    r[key] / r["llama_cpp_tok_s"] for r in rounds)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
@@ -217,6 +235,9 @@ def main() -> None:
     ap.add_argument("--llama-1b", action="store_true",
                     help="Llama-3.2-1B's shape and vocabulary, Q4_K_M only (peak memory)")
     ap.add_argument("--tokens", type=int, default=256, help="tokens of the batch of one")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --decode: rounds of each file, ggmlopt and llama.cpp side by "
+                         "side in each; the medians of the rates and of the rounds' ratios")
     ap.add_argument("--case", nargs=2, metavar=("PATH", "KEEP"))
     ap.add_argument("--llama-cpp-case", nargs=3, metavar=("PATH", "EXTRA_BUFTS", "N"))
     args = ap.parse_args()
@@ -237,14 +258,17 @@ def main() -> None:
         rows = []
         for name, path in files.items():
             keep = name != "f32"
-            out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps),
-                                  "--tokens", str(T),
-                                  *(["--decode"] if args.decode else []),
-                                  *(["--checkpointing"] if args.checkpointing else []),
-                                  "--case", path, "1" if keep else "0"],
-                                 check=True, capture_output=True, text=True).stdout
-            # llama.cpp's loader and quantizer print to stderr; only the JSON matters
-            row = json.loads(out.strip().splitlines()[-1])
+            rounds = []
+            for _ in range(args.rounds if args.decode else 1):
+                out = subprocess.run([sys.executable, __file__, "--steps", str(args.steps),
+                                      "--tokens", str(T),
+                                      *(["--decode"] if args.decode else []),
+                                      *(["--checkpointing"] if args.checkpointing else []),
+                                      "--case", path, "1" if keep else "0"],
+                                     check=True, capture_output=True, text=True).stdout
+                # llama.cpp's loader and quantizer print to stderr; only the JSON matters
+                rounds.append(json.loads(out.strip().splitlines()[-1]))
+            row = _median_row(rounds)
             row.update(case=name, file_mib=os.path.getsize(path) / 2**20)
             rows.append(row)
     if args.decode:
@@ -256,8 +280,10 @@ def main() -> None:
             with_lora = r.get("ggmlopt_lora_tok_s", float("nan"))
             note = "" if r.get("llama_cpp_extra_bufts", True) else \
                 "  (llama.cpp without AMX/repacked buffers: it crashed with them)"
+            ratio = r.get("ggmlopt_f32_ratio", ours / theirs)
+            ratio_q8 = r.get("ggmlopt_q8_0_ratio", q8 / theirs)
             print(f"{r['case']:8} {ours:14.1f} {q8:12.1f} {with_lora:8.1f} {theirs:16.1f} "
-                  f"{ours / theirs:6.2f} {q8 / theirs:7.2f}{note}")
+                  f"{ratio:6.2f} {ratio_q8:7.2f}{note}")
         return
     base = rows[0]["step_s"] if not args.llama_1b else float("nan")
     print(f"{'base':8} {'file MiB':>9} {'step s':>8} {'x f32 LoRA':>11} {'peak MiB':>9}")

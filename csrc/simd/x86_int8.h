@@ -57,6 +57,33 @@ static inline go_vq go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const i
     return _mm256_fmadd_ps(go_dot_i8x32(go_q4_0_quants(nb), xb), _mm256_set1_ps(sb), acc);
 }
 
+/* Q4_0 blocks without the signs: the nibbles as they are (0..15, unsigned:
+ * maddubs takes them) times x, less 8 times x's sums over each lane's four
+ * values, which go_q4_x_lanes gives once per block of x (every weight row
+ * reads them): each lane's integer is go_dot_q4_pair's, exactly, in two
+ * operations fewer a block. */
+#define GO_Q4_LANES 1
+typedef __m256i go_q4_lanes;
+static inline go_q4_lanes go_q4_x_lanes(const int8_t *x) {
+    return _mm256_madd_epi16(
+        _mm256_maddubs_epi16(_mm256_set1_epi8(8), _mm256_loadu_si256((const __m256i *)x)),
+        _mm256_set1_epi16(1));
+}
+static inline __m256 go_dot_q4_lanes(const uint8_t *nibbles, const int8_t *x, go_q4_lanes lanes) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)nibbles);
+    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw),
+                                       _mm256_set1_epi8(15));
+    const __m256i p = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)x)), _mm256_set1_epi16(1));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(p, lanes));
+}
+static inline go_vq go_dot_q4_pair_lanes(const uint8_t *na, const uint8_t *nb, const int8_t *x,
+                                         const go_q4_lanes *lanes, float sa, float sb,
+                                         go_vq acc) {
+    acc = _mm256_fmadd_ps(go_dot_q4_lanes(na, x, lanes[0]), _mm256_set1_ps(sa), acc);
+    return _mm256_fmadd_ps(go_dot_q4_lanes(nb, x + 32, lanes[1]), _mm256_set1_ps(sb), acc);
+}
+
 /* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
  * nibbles of q[0:32], x[32:64]): a Q4_K super-block's 32 bytes of two
  * sub-blocks, each nibble 0..15 (unsigned, so maddubs takes it as it is) */
