@@ -11,6 +11,8 @@ its gate and up) are one threaded product.
 ``LlamaBlockStep`` holds one block's weights (checked once, kept alive while it
 lives); ``step`` runs a token.  The C-level form is ``kernels.decode_block_f32``.
 """
+import threading
+
 import numpy as np
 
 cimport numpy as cnp
@@ -26,6 +28,22 @@ from ggmlopt import kernels_quant
 cnp.import_array()
 
 _PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+
+# A step's work area holds only that call's temporaries, so every step of a
+# thread shares one (a Linear's products keep their partial sums there: a
+# block's own would be megabytes a block for a 2048-wide model); each thread
+# has its own, as steps of two threads may run at once.
+_work_areas = threading.local()
+
+
+def _work_area(size):
+    """A 64-byte aligned uint8 array of at least size bytes, this thread's."""
+    area = getattr(_work_areas, "area", None)
+    if area is None or area.shape[0] < size:
+        buf = np.empty(size + 64, np.uint8)
+        start = (-buf.ctypes.data) % 64
+        area = _work_areas.area = buf[start:start + size]
+    return area
 
 
 def _vector(a, n, name):
@@ -60,7 +78,7 @@ cdef class LlamaBlockStep:
 
     cdef _k.ggmlopt_llama_block blk
     cdef object kept      # the arrays blk points into
-    cdef object work      # the step's work area, made for (batch, max_len)
+    cdef object work      # the bytes of the work area a step of (batch, max_len) takes
     cdef object work_for
     cdef readonly int64_t dim, n_heads, n_kv_heads, head_dim, ffn_dim
 
@@ -194,12 +212,9 @@ cdef class LlamaBlockStep:
             pc, ps = _f32(ac), _f32(as_)
         _no_overlap([("x", ax), ("cache_k", ak), ("cache_v", av)])
         if self.work_for != (batch, max_len):
-            size = _k.decode_block_work_size(&self.blk, batch, max_len)
-            buf = np.empty(size + 64, np.uint8)
-            start = (-buf.ctypes.data) % 64
-            self.work = buf[start:start + size]
+            self.work = _k.decode_block_work_size(&self.blk, batch, max_len)
             self.work_for = (batch, max_len)
-        cdef void *work = cnp.PyArray_DATA(<cnp.ndarray>self.work)
+        cdef void *work = cnp.PyArray_DATA(<cnp.ndarray>_work_area(self.work))
         cdef int64_t p = pos
         cdef float *px = _f32(ax)
         cdef float *pk = _f32(ak)

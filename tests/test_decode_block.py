@@ -7,7 +7,8 @@ activation settings, one and several sequences, every SIMD path; within float32
 rounding of a float64 block over kept and over Linear weights, LoRA adapters
 included; the layer-by-layer path wherever the parts are others (an adapter
 dropping out, a bf16 pass, a weight without contiguous rows); the products of one
-input by several weights (kernels_quant.matmul_many) the same bits as one by one."""
+input by several weights (kernels_quant.matmul_many) the same bits as one by one;
+two threads decoding at once each with their own numbers."""
 import copy
 import pickle
 
@@ -355,3 +356,35 @@ def test_a_step_reads_the_adapters_in_place(monkeypatch):
     assert not np.array_equal(before[-1], after[-1])
     for a, b in zip(after, fresh):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "linear"])
+def test_threads_decoding_at_once_each_get_their_own_numbers(kept):
+    """The steps of a thread share one work area of that thread: two threads
+    decoding the same model at once (each its own cache) give what each gives
+    alone."""
+    import threading
+
+    model = keep_types(FAMILIES["llama"](), kept)
+    prompts = [np.random.default_rng(s).integers(0, 97, (1, 6)) for s in (1, 2)]
+
+    def run(prompt, out):
+        cache = model.make_cache(1, 40)
+        logits = [model.decode(prompt, cache).copy()]
+        for t in range(30):
+            logits.append(model.decode(np.array([[t % 97]]), cache).copy())
+        out.extend(logits)
+
+    alone = [[], []]
+    for p, o in zip(prompts, alone):
+        run(p, o)
+    together = [[], []]
+    threads = [threading.Thread(target=run, args=(p, o)) for p, o in zip(prompts, together)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(alone, together):
+        assert len(a) == len(b) == 31
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
