@@ -33,9 +33,10 @@ import ctypes.util
 import glob
 import os
 import sys
-import threading
 
 import numpy as np
+
+from . import _pool_linger
 
 __all__ = ["BF16_ENGINES", "ENGINES", "PRECISIONS", "accumulates_in_place", "bf16_active",
            "bf16_engine", "bf16_support", "check_precision", "engine", "engine_source",
@@ -421,23 +422,15 @@ def bf16_active() -> bool:
 # (a LoRA step 0.665 -> 0.632 s); no BLAS thread spins beside them then, as it
 # would under the numpy engine (there the linger cost a step 5%)
 NATIVE_TRAINING_LINGER_S = 0.002
-# passes inside products_in under the native engine, and the linger before the
-# first of them: ranks run as threads of one process enter and leave in any order
-_lingering = {"passes": 0, "before": 0.0}
-_lingering_lock = threading.Lock()
 
 
 def _native_passes(delta: int) -> None:
-    """One more (delta 1) or one fewer (-1) native training pass: the first
-    sets the kernel threads' linger, the last puts the setting before back."""
-    from . import kernels
-
-    with _lingering_lock:
-        if delta > 0 and _lingering["passes"] == 0:
-            _lingering["before"] = kernels.set_pool_linger(NATIVE_TRAINING_LINGER_S)
-        _lingering["passes"] += delta
-        if delta < 0 and _lingering["passes"] == 0:
-            kernels.set_pool_linger(_lingering["before"])
+    """One more (delta 1) or one fewer (-1) native training pass: each holds the
+    kernel threads' linger (ranks run as threads enter and leave in any order)."""
+    if delta > 0:
+        _pool_linger.hold(NATIVE_TRAINING_LINGER_S)
+    else:
+        _pool_linger.release(NATIVE_TRAINING_LINGER_S)
 
 
 class products_in:

@@ -8,14 +8,14 @@ rounding of a float64 block over kept and over Linear weights, LoRA adapters
 included; the layer-by-layer path wherever the parts are others (an adapter
 dropping out, a bf16 pass, a weight without contiguous rows); the products of one
 input by several weights (kernels_quant.matmul_many) the same bits as one by one;
-two threads decoding at once each with their own numbers."""
+two threads decoding at once, a model each, with their own numbers."""
 import copy
 import pickle
 
 import numpy as np
 import pytest
 
-from ggmlopt import gemm, lora, models
+from ggmlopt import gemm, kernels, lora, models
 from ggmlopt import kernels_quant as kq
 from ggmlopt.kernels_decode import LlamaBlockStep
 from ggmlopt.models import _decode_step
@@ -361,14 +361,16 @@ def test_a_step_reads_the_adapters_in_place(monkeypatch):
 @pytest.mark.parametrize("kept", [True, False], ids=["kept", "linear"])
 def test_threads_decoding_at_once_each_get_their_own_numbers(kept):
     """The steps of a thread share one work area of that thread: two threads
-    decoding the same model at once (each its own cache) give what each gives
-    alone."""
+    decoding at once (each its own copy of a model: a layer's forward buffers
+    are its own, so a prompt's layer-by-layer pass is one thread's at a time)
+    give what each gives alone."""
     import threading
 
-    model = keep_types(FAMILIES["llama"](), kept)
+    first = keep_types(FAMILIES["llama"](), kept)
+    models_ = [first, copy.deepcopy(first)]
     prompts = [np.random.default_rng(s).integers(0, 97, (1, 6)) for s in (1, 2)]
 
-    def run(prompt, out):
+    def run(model, prompt, out):
         cache = model.make_cache(1, 40)
         logits = [model.decode(prompt, cache).copy()]
         for t in range(30):
@@ -376,15 +378,70 @@ def test_threads_decoding_at_once_each_get_their_own_numbers(kept):
         out.extend(logits)
 
     alone = [[], []]
-    for p, o in zip(prompts, alone):
-        run(p, o)
+    for m, p, o in zip(models_, prompts, alone):
+        run(m, p, o)
     together = [[], []]
-    threads = [threading.Thread(target=run, args=(p, o)) for p, o in zip(prompts, together)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    threads = [threading.Thread(target=run, args=(m, p, o))
+               for m, p, o in zip(models_, prompts, together)]
+    before = kernels.set_pool_linger(0.0125)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # each thread's decode held the pool's linger; the last to leave put it back
+        assert kernels.set_pool_linger(before) == 0.0125
+    finally:
+        kernels.set_pool_linger(before)
     for a, b in zip(alone, together):
         assert len(a) == len(b) == 31
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
+
+
+def test_a_kept_step_is_read_again_after_any_change_to_its_parts(monkeypatch):
+    """Between changes a block's step is not read again (nn._parts_version);
+    each kind of change a step reads makes it read again, and decoding then
+    gives the layers' numbers: a Linear weight's array replaced, an adapter's
+    scale, a bias, a storage move (an OptContext's arena), a norm's eps, the
+    layers' mode, a bf16 pass."""
+    model = keep_types(FAMILIES["qwen2-biases"](), kept=False)
+    lora.apply(model, rank=4, targets=("q_proj", "down_proj"), seed=0)
+    for _, a in lora.named_adapters(model):
+        a.lora_b.data[...] = 0.01
+    layer = model.layers[0]
+    step = _decode_step.block_step(layer)
+    assert step is not None and _decode_step.block_step(layer) is step
+    rng = np.random.default_rng(5)
+    attn, mlp = layer.self_attn, layer.mlp
+
+    def changes():
+        k = attn.k_proj.weight
+        yield lambda: setattr(k, "data", rng.standard_normal(k.data.shape).astype(np.float32))
+        yield lambda: setattr(attn.q_proj, "scaling", attn.q_proj.scaling * 3)
+        yield lambda: setattr(attn.v_proj.bias, "data", np.full(attn.v_proj.bias.shape, 0.5,
+                                                                  np.float32))
+        w = mlp.up_proj.weight
+        yield lambda: w._set_storage(w.data * 2, None)
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):   # one eps
+            yield lambda norm=norm: setattr(norm, "eps", 0.5)
+
+    for i, change in enumerate(changes()):
+        before = _decode_step.block_step(layer)
+        change()
+        after = _decode_step.block_step(layer)
+        if i == 4:   # the first norm's eps alone: norms unlike each other, no step
+            assert after is None
+            continue
+        assert after is not None and after is not before
+        fast, _ = decode_tokens(model, 1, 2, False, monkeypatch)
+        slow, _ = decode_tokens(model, 1, 2, True, monkeypatch)
+        for a, b in zip(fast, slow):
+            assert np.abs(a - b).max() <= 64 * (256 + 512) * U * np.abs(b).max()
+    model.layers[1].mlp.down_proj.lora_dropout.p = 0.5
+    model.train()   # an adapter dropping out: the layers' own way, read at once
+    assert _decode_step.block_step(model.layers[1]) is None
+    model.eval()
+    assert _decode_step.block_step(model.layers[1]) is not None
+    with gemm.products_in("bf16"):
+        assert _decode_step.block_step(layer) is None

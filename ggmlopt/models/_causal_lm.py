@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import kernels, kernels_attention
+from .. import _pool_linger, kernels_attention
 from .._blas_threads import (
     _blas,
     _usable_cpus,
@@ -106,11 +106,11 @@ def pool_lingering(rows):
     if rows > FEW_ROWS:
         yield
         return
-    before = kernels.set_pool_linger(DECODE_LINGER_S)
+    _pool_linger.hold(DECODE_LINGER_S)   # threads decoding at once: each its hold
     try:
         yield
     finally:
-        kernels.set_pool_linger(before)
+        _pool_linger.release(DECODE_LINGER_S)
 
 
 def attend_cached(q, cache_k, cache_v, pos, window=None):

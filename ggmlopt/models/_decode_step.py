@@ -15,8 +15,11 @@ small products are the C call's own float32 sums.  A bf16 pass
 
 The step object is made once per block and kept beside it (not on it: a model
 pickles and copies without it); it is made again whenever a part it read has
-changed (an adapter applied, a norm's weight replaced, set_activations).  It reads
-every weight in place, so an optimizer's steps on the adapters count at once."""
+changed (an adapter applied, a norm's weight replaced, set_activations).  The
+parts are read again only after a change nn._parts_version counts (an attribute
+set on a module of a block that has a step, a Parameter's data assigned), or in
+a bf16 pass.  It reads every weight in place, so an optimizer's steps on the
+adapters count at once."""
 from __future__ import annotations
 
 import operator
@@ -27,12 +30,15 @@ import numpy as np
 from .. import gemm
 from ..kernels_decode import LlamaBlockStep
 from ..lora import LoRALinear
+from ..nn._parts_version import parts_version, watch
 from ..nn.attention import RotaryEmbedding
 from ..nn.linear import Linear
+from ..nn.module import Module, modules
 from ..nn.norm import RMSNorm
 from ..nn.quantized import FEW_ROWS, QuantizedLinear, _activations
 
-# block -> (the parts the step read, the step)
+# block -> (the parts the step read, the step, nn._parts_version's count when they
+# were read)
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -123,11 +129,15 @@ def _same(a, b):
 def block_step(block) -> LlamaBlockStep | None:
     """The LlamaBlockStep of block's parts as they are now, or None when they
     are not the ones it takes."""
+    kept = _steps.get(block)
+    version = parts_version()
+    if kept is not None and kept[2] == version and not gemm.bf16_active():
+        return kept[1]   # nothing under any block's watch changed since it was read
     parts = _parts_read(block)
     if parts is None:
         return None
-    kept = _steps.get(block)
     if kept is not None and _same(kept[0], parts):
+        _steps[block] = (kept[0], kept[1], version)
         return kept[1]
     norm1, attn, norm2, _ = block._parts()
     names = ("q", "k", "v", "o", "gate", "up", "down")
@@ -151,7 +161,13 @@ def block_step(block) -> LlamaBlockStep | None:
                           n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, eps=norm1.eps,
                           q_norm=q_norm, k_norm=k_norm, window=attn.sliding_window,
                           activations=activations)
-    _steps[block] = (parts, step)
+    # every module of the block: an attribute set on any of them counts as a
+    # change (and a Parameter's data assignment anywhere), so until one comes
+    # the next tokens need not read the parts again
+    for module in modules(block):
+        if isinstance(module, Module):
+            watch(module)
+    _steps[block] = (parts, step, version)
     return step
 
 

@@ -87,6 +87,7 @@ from typing import Any
 
 import numpy as np
 
+from ._parts_version import parts_changed
 from .parameter import Parameter
 
 __all__ = ["Module", "TrainingProtocol", "eval_mode", "grads_ready", "modules",
@@ -124,6 +125,13 @@ class Module:
     needs_input_grad = True
     training = False
     output_is_scratch = False
+    # something keeps a reading of this module's attributes (_parts_version.watch)
+    _parts_watched = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if self._parts_watched:
+            parts_changed()
 
     def __deepcopy__(self, memo):
         """A deep copy whose forward buffers are made anew on its next forward: a

@@ -5,6 +5,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ._parts_version import parts_changed
+
 __all__ = ["Parameter"]
 
 
@@ -90,6 +92,7 @@ class Parameter:
             raise ValueError(f"data{self._label()}: expected a C-contiguous array (use "
                              "numpy.ascontiguousarray)")
         self._data = value
+        parts_changed()   # a decode step that read the old array reads again
 
     @property
     def grad(self) -> np.ndarray | None:
@@ -115,6 +118,7 @@ class Parameter:
         self._data = data
         self._grad = grad
         self._lender = lender
+        parts_changed()
 
     @property
     def requires_grad(self) -> bool:

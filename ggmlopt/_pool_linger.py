@@ -1,0 +1,34 @@
+"""Holding the kernel threads' linger (kernels.set_pool_linger: how long an idle
+worker polls for the next call before it sleeps) while some work runs whose
+calls come close together: a native training pass, a decode step.  Holds come
+and go from any thread in any order (ranks run as threads, two threads
+decoding at once): the longest held linger is in force, and the setting from
+before the first hold comes back when the last one ends."""
+from __future__ import annotations
+
+import threading
+
+_holds: list[float] = []
+_before = 0.0
+_lock = threading.Lock()
+
+
+def hold(seconds: float) -> None:
+    """One more hold of at least seconds."""
+    global _before
+    from . import kernels
+
+    with _lock:
+        if not _holds:
+            _before = kernels.set_pool_linger(seconds)
+        _holds.append(seconds)
+        kernels.set_pool_linger(max(_holds))
+
+
+def release(seconds: float) -> None:
+    """The end of a hold(seconds)."""
+    from . import kernels
+
+    with _lock:
+        _holds.remove(seconds)
+        kernels.set_pool_linger(max(_holds) if _holds else _before)
