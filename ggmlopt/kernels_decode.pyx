@@ -78,8 +78,6 @@ cdef class LlamaBlockStep:
 
     cdef _k.ggmlopt_llama_block blk
     cdef object kept      # the arrays blk points into
-    cdef object work      # the bytes of the work area a step of (batch, max_len) takes
-    cdef object work_for
     cdef readonly int64_t dim, n_heads, n_kv_heads, head_dim, ffn_dim
 
     def __init__(self, projections, attn_norm, ffn_norm, *, n_heads, n_kv_heads, eps,
@@ -166,8 +164,6 @@ cdef class LlamaBlockStep:
         self.kept = kept
         self.dim, self.n_heads, self.n_kv_heads, self.head_dim, self.ffn_dim = \
             dim, n_heads, n_kv_heads, hd, ffn
-        self.work = None
-        self.work_for = None
 
     def step(self, x, cache_k, cache_v, pos, cos=None, sin=None):
         """The block's decode step, in place: x float32 (batch, dim) C-contiguous,
@@ -211,10 +207,10 @@ cdef class LlamaBlockStep:
                                  f"{(<object>ac).shape} and {(<object>as_).shape}")
             pc, ps = _f32(ac), _f32(as_)
         _no_overlap([("x", ax), ("cache_k", ak), ("cache_v", av)])
-        if self.work_for != (batch, max_len):
-            self.work = _k.decode_block_work_size(&self.blk, batch, max_len)
-            self.work_for = (batch, max_len)
-        cdef void *work = cnp.PyArray_DATA(<cnp.ndarray>_work_area(self.work))
+        # the size each call (a cheap C call): a step two threads share keeps no
+        # state of its own between calls
+        cdef void *work = cnp.PyArray_DATA(<cnp.ndarray>_work_area(
+            _k.decode_block_work_size(&self.blk, batch, max_len)))
         cdef int64_t p = pos
         cdef float *px = _f32(ax)
         cdef float *pk = _f32(ak)

@@ -15,7 +15,7 @@ C-level form is ``ggmlopt.kernels.sgemm_f32``.
 ``matmul_columns`` is the product of a few rows (decoding's one) by a weight
 stored (in, out), as a Linear keeps it: each weight byte read once, each thread
 a run of whole rows of it; each out value the sum, in order, of FMA chains over
-32 rows each (``ggmlopt.kernels.matmul_columns_f32``).
+64 rows each (``ggmlopt.kernels.matmul_columns_f32``).
 
 ``gemm_bf16`` multiplies bfloat16 bits (uint16, from ``kernels.to_bfloat16``)
 into float32: each product of two bf16 values is exact, the sums float32
@@ -219,7 +219,7 @@ def matmul_columns(x, w, out):
     contiguous values (a row-major array, or a range of its rows or columns);
     out writable and apart from x and w.  Made for few rows (decoding's one): w
     is read once for each row of x.  Each out value is the sum, in order, of
-    chains of float32 FMAs over 32 values of k each: the same bits on any
+    chains of float32 FMAs over 64 values of k each: the same bits on any
     number of threads.
     """
     why = _columns_why_not(x, w, out)

@@ -445,3 +445,35 @@ def test_a_kept_step_is_read_again_after_any_change_to_its_parts(monkeypatch):
     assert _decode_step.block_step(model.layers[1]) is not None
     with gemm.products_in("bf16"):
         assert _decode_step.block_step(layer) is None
+
+
+def test_a_step_over_adapted_kept_weights_follows_their_bases(monkeypatch):
+    """An adapter's base layer is held outside the sub-modules: its settings
+    count too (set_activations on every projection under an adapter; a base's
+    setting deleted); and a block part replaced by a new object holding the
+    same layers is watched from then on."""
+    model = keep_types(FAMILIES["llama"]())
+    lora.apply(model, rank=4, targets="all-linear", seed=0)
+    for _, a in lora.named_adapters(model):
+        a.lora_b.data[...] = 0.01
+    layer = model.layers[0]
+    first = _decode_step.block_step(layer)
+    set_activations(model, "q8_0")
+    second = _decode_step.block_step(layer)
+    assert second is not first
+    fast, _ = decode_tokens(model, 1, 3, False, monkeypatch)
+    slow, _ = decode_tokens(model, 1, 3, True, monkeypatch)
+    for a, b in zip(fast, slow):   # the adapters' sums are the step's own: not bits
+        assert np.abs(a - b).max() <= 64 * (256 + 512) * U * np.abs(b).max()
+    for p, _, _ in layer.step_projections():
+        del p._base.activations   # back to the class's setting, "f32"
+    assert _decode_step.block_step(layer) is not second
+    # the same layers in a new container: the same step, and the container watched
+    old = layer.mlp
+    new = type(old).__new__(type(old))   # a new SwiGLU holding the same layers
+    vars(new).update({k: v for k, v in vars(old).items() if k != "_parts_watched"})
+    layer.mlp = new
+    third = _decode_step.block_step(layer)
+    new.down_proj = Linear(512, 256, bias=False, rng=0)   # float32 weights now
+    fourth = _decode_step.block_step(layer)
+    assert third is not None and fourth is not None and fourth is not third

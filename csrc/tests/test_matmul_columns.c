@@ -2,7 +2,7 @@
  * A few rows times a float32 weight stored (in, out), as a Linear keeps it
  * (kernels/matmul_columns.inc, ggmlopt_matmul_columns_f32 and _many): within
  * float32 rounding of a float64 product for awkward sizes (inputs and outputs
- * not multiples of a vector or of the 32-row chunks, one of each, a column
+ * not multiples of a vector or of the 64-row chunks, one of each, a column
  * range of a wider weight, unaligned rows), on every path this CPU runs; the
  * same bits on 1 and 2 threads and with the caller's scratch or its own; the
  * several-products job the same bits as each product alone; nothing past an
@@ -32,7 +32,7 @@ static void expect_same(const float *got, const float *want, int64_t n, const ch
 }
 
 /* y = x w checked against float64: each value within gamma_k of sum |x||w|
- * (chains of at most 32 products, then up to k/32 partial sums: k roundings
+ * (chains of at most 64 products, then up to k/64 partial sums: k roundings
  * along any path, bounded by k u (1 + k u)) */
 static void check_product(int64_t nx, int64_t k, int64_t n, const float *x, int64_t xs,
                           const float *w, int64_t ld, const float *y, int64_t ys,
@@ -140,7 +140,7 @@ void test_matmul_columns_public(void) {
     const int threads_before = ggmlopt_get_num_threads();
     th_set_stage("matmul columns");
     th_seed(0xc01u);
-    static const int64_t ks[] = {1, 7, 31, 32, 33, 97, 576};
+    static const int64_t ks[] = {1, 7, 33, 63, 64, 65, 129, 576};
     static const int64_t ns[] = {1, 5, 16, 17, 100, 300};
     for (int p = 0; p < ggmlopt_simd_count(); ++p) {
         if (!ggmlopt_simd_supported(p)) continue;

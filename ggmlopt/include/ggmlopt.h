@@ -440,7 +440,7 @@ int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
  * w, a float32 (ncols, ld) weight (ld >= nout) as a Linear stores it, of which
  * the first nout columns: the product of a few rows (decoding's), each weight
  * byte read once, each thread a run of whole rows of w.  A y value is the sum,
- * in order, of chains of multiply-adds over 32 rows of w each: the same bits
+ * in order, of chains of multiply-adds over 64 rows of w each: the same bits
  * on any number of threads.  partials: scratch of
  * ggmlopt_matmul_columns_scratch(nx, ncols, nout) floats, or NULL (then the
  * call allocates it).  Returns 0, -1 for ld < nout, -2 with no memory. */
@@ -480,8 +480,8 @@ typedef struct {
 } ggmlopt_columns_product;
 /* The n (at most GGMLOPT_QPRODUCTS_MAX) products of the same rows x as one
  * threaded job, each y the bits ggmlopt_matmul_columns_f32 gives it alone.
- * partials: scratch of nx * ceil(ncols / 32) * (the products' nout summed)
- * floats when ncols > 32, or NULL (then the call allocates it).  Returns 0, -1
+ * partials: scratch of nx * ceil(ncols / 64) * (the products' nout summed)
+ * floats when ncols > 64, or NULL (then the call allocates it).  Returns 0, -1
  * for a product's ld < nout, -2 with no memory, -3 for n out of range. */
 int ggmlopt_matmul_columns_many(int n, const ggmlopt_columns_product *products, int64_t nx,
                                 int64_t ncols, const float *x, int64_t x_stride,

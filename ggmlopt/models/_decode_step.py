@@ -7,7 +7,7 @@ their activations one way.  A block names the
 weight rows of each (``step_projections``): Llama's seven layers, or Phi-3's fused
 q|k|v and gate|up cut into row ranges.  Any other block (float32 Linear weights,
 other norms) decodes layer by layer as before.  Without adapters both ways give the
-same bits for kept weights; a Linear's product sums over 32 inputs at a time
+same bits for kept weights; a Linear's product sums over 64 inputs at a time
 (each weight byte read once, threads on whole rows of it) where BLAS sums its
 own way, both within float32 rounding of the exact product; an adapter's two
 small products are the C call's own float32 sums.  A bf16 pass
@@ -33,7 +33,7 @@ from ..lora import LoRALinear
 from ..nn._parts_version import parts_version, watch
 from ..nn.attention import RotaryEmbedding
 from ..nn.linear import Linear
-from ..nn.module import Module, modules
+from ..nn.module import Module, modules, with_followers
 from ..nn.norm import RMSNorm
 from ..nn.quantized import FEW_ROWS, QuantizedLinear, _activations
 
@@ -137,6 +137,7 @@ def block_step(block) -> LlamaBlockStep | None:
     if parts is None:
         return None
     if kept is not None and _same(kept[0], parts):
+        _watch_parts(block)   # a part may be a new object holding the same ones
         _steps[block] = (kept[0], kept[1], version)
         return kept[1]
     norm1, attn, norm2, _ = block._parts()
@@ -161,14 +162,23 @@ def block_step(block) -> LlamaBlockStep | None:
                           n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, eps=norm1.eps,
                           q_norm=q_norm, k_norm=k_norm, window=attn.sliding_window,
                           activations=activations)
-    # every module of the block: an attribute set on any of them counts as a
-    # change (and a Parameter's data assignment anywhere), so until one comes
-    # the next tokens need not read the parts again
-    for module in modules(block):
-        if isinstance(module, Module):
-            watch(module)
+    _watch_parts(block)
     _steps[block] = (parts, step, version)
     return step
+
+
+def _watch_parts(block) -> None:
+    """Every module of block, an adapter's base layer included (held outside
+    the sub-modules), and each projection's base and adapter: an attribute set
+    on (or deleted from) any of them counts as a change, as a Parameter's data
+    assignment anywhere does, so until one comes the next tokens need not read
+    the parts again."""
+    found = with_followers(modules(block))
+    for p, _, _ in block.step_projections() or ():
+        found += [m for m in _kept_weight(p) or () if m is not None]
+    for module in found:
+        if isinstance(module, Module):
+            watch(module)
 
 
 def decode_in_one_call(block, x, cache_k, cache_v, pos):

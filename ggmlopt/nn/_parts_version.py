@@ -4,9 +4,11 @@ layers, their weights' arrays and their settings once, and checks this count
 before each token instead of reading them all again (a few microseconds a
 block, a tenth of a small model's token).
 
-What counts: any attribute set on a module marked as read (``watch``), and any
-Parameter's ``data`` (or storage) assignment.  Arrays changed in place do not
-count: the step reads them in place."""
+What counts: any attribute set on (or deleted from) a module marked as read
+(``watch``), and any Parameter's ``data`` (or storage) assignment.  Arrays
+changed in place do not count: the step reads them in place.  Nor does a class
+attribute changed on the class (a layer class's default setting): a reader
+that depends on one reads it again after the next counted change only."""
 from __future__ import annotations
 
 _version = 0

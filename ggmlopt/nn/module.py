@@ -133,6 +133,11 @@ class Module:
         if self._parts_watched:
             parts_changed()
 
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        if self._parts_watched:
+            parts_changed()
+
     def __deepcopy__(self, memo):
         """A deep copy whose forward buffers are made anew on its next forward: a
         layer writes into 2-D views of the arrays it returns, and a deep copy
