@@ -1588,6 +1588,12 @@ int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
 
 /* ---- a few rows times Linear weights (kernels/matmul_columns.inc) ---------- */
 
+/* y's nx rows (y_stride apart) of nout zeros: a product over no inputs */
+static void zero_rows(int64_t nx, int64_t nout, float *y, int64_t y_stride) {
+    for (int64_t i = 0; i < nx; ++i)
+        for (int64_t j = 0; j < nout; ++j) y[i * y_stride + j] = 0.0f;
+}
+
 /* Rows of w a partial sum covers.  Fixed, so the bits do not depend on the
  * threads: each y value is the sum, in order, of its chunks' chains. */
 #define GO_COLUMN_CHUNK 64
@@ -1664,9 +1670,7 @@ int ggmlopt_matmul_columns_many(int n, const ggmlopt_columns_product *products, 
     if (nx <= 0 || a.total == 0) return 0;
     if (ncols == 0) {
         for (int m = 0; m < n; ++m)
-            for (int64_t i = 0; i < nx; ++i)
-                for (int64_t j = 0; j < products[m].nout; ++j)
-                    products[m].y[i * products[m].y_stride + j] = 0.0f;
+            zero_rows(nx, products[m].nout, products[m].y, products[m].y_stride);
         return 0;
     }
     if (a.nchunks > INT32_MAX / GGMLOPT_QPRODUCTS_MAX) return -1;
@@ -1746,9 +1750,7 @@ int ggmlopt_quant_matmul_many(int n, const ggmlopt_qproduct *products, int64_t n
     if (nx <= 0 || total == 0) return 0;
     if (ncols == 0) {
         for (int m = 0; m < n; ++m)
-            for (int64_t i = 0; i < nx; ++i)
-                for (int64_t j = 0; j < products[m].nout; ++j)
-                    products[m].y[i * products[m].y_stride + j] = 0.0f;
+            zero_rows(nx, products[m].nout, products[m].y, products[m].y_stride);
         return 0;
     }
     if (any_q8) {

@@ -57,25 +57,34 @@ cdef inline bint _apart(cnp.ndarray x, cnp.ndarray y):
     return x1 <= y0 or y1 <= x0
 
 
+cdef str _operands_why_not(str an, object a, str bn, object b, object out, object want):
+    """None when a and b (named an, bn) are 2-D arrays of dtype want and out a
+    writable 2-D float32 array of their product's shape, else what is wrong."""
+    for name, x, dtype in ((an, a, want), (bn, b, want), ("out", out, np.float32)):
+        what = "uint16 bfloat16 bits" if dtype == np.uint16 else "float32"
+        if not isinstance(x, np.ndarray):
+            return f"T{name}: expected a numpy.ndarray of {what}, got {type(x).__name__}"
+        if x.dtype != dtype:
+            return f"T{name}: expected dtype {np.dtype(dtype)} ({what}), got {x.dtype}"
+        if x.ndim != 2:
+            return f"V{name}: expected a 2-D array, got {x.ndim} dimensions"
+    if a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
+        return (f"Vout: shapes {a.shape} @ {b.shape} -> {out.shape} do not match "
+                f"(expected ({a.shape[0]}, {b.shape[1]}) and {an}.shape[1] == "
+                f"{bn}.shape[0])")
+    if not out.flags.writeable:
+        return "Vout: the array is read-only, it must be writable"
+    return None
+
+
 cdef str _why_not(object a, object b, object out, bint bf16=False):
     """None when (a, b, out) suit the kernel, else what is wrong, naming the
     argument (checked in the order sgemm reports them).  bf16: a and b hold
     bfloat16 bits (uint16), and b too needs contiguous rows or columns."""
     cdef str an = "a16" if bf16 else "a", bn = "b16" if bf16 else "b"
-    for name, x, want in ((an, a, np.uint16 if bf16 else np.float32),
-                          (bn, b, np.uint16 if bf16 else np.float32), ("out", out, np.float32)):
-        what = "uint16 bfloat16 bits" if want == np.uint16 else "float32"
-        if not isinstance(x, np.ndarray):
-            return f"T{name}: expected a numpy.ndarray of {what}, got {type(x).__name__}"
-        if x.dtype != want:
-            return f"T{name}: expected dtype {np.dtype(want)} ({what}), got {x.dtype}"
-        if x.ndim != 2:
-            return f"V{name}: expected a 2-D array, got {x.ndim} dimensions"
-    if a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
-        return (f"Vout: shapes {a.shape} @ {b.shape} -> {out.shape} do not match "
-                f"(expected ({a.shape[0]}, {b.shape[1]}) and a.shape[1] == b.shape[0])")
-    if not out.flags.writeable:
-        return "Vout: the array is read-only, it must be writable"
+    cdef str why = _operands_why_not(an, a, bn, b, out, np.uint16 if bf16 else np.float32)
+    if why is not None:
+        return why
     cdef int64_t s0, s1
     if not (_stride(<cnp.ndarray>out, 0, &s0) and _stride(<cnp.ndarray>out, 1, &s1)) \
             or not (s1 == 1 or out.shape[1] <= 1 or out.size == 0) \
@@ -185,18 +194,9 @@ def gemm_bf16(a16, b16, out, accumulate=False):
 cdef str _columns_why_not(object x, object w, object out):
     """None when (x, w, out) suit matmul_columns, else what is wrong, naming the
     argument (T: a TypeError, V: a ValueError)."""
-    for name, a in (("x", x), ("w", w), ("out", out)):
-        if not isinstance(a, np.ndarray):
-            return f"T{name}: expected a numpy.ndarray of float32, got {type(a).__name__}"
-        if a.dtype != np.float32:
-            return f"T{name}: expected dtype float32, got {a.dtype}"
-        if a.ndim != 2:
-            return f"V{name}: expected a 2-D array, got {a.ndim} dimensions"
-    if x.shape[1] != w.shape[0] or out.shape != (x.shape[0], w.shape[1]):
-        return (f"Vout: shapes {x.shape} @ {w.shape} -> {out.shape} do not match "
-                f"(expected ({x.shape[0]}, {w.shape[1]}) and x.shape[1] == w.shape[0])")
-    if not out.flags.writeable:
-        return "Vout: the array is read-only, it must be writable"
+    cdef str why = _operands_why_not("x", x, "w", w, out, np.float32)
+    if why is not None:
+        return why
     cdef int64_t s0, s1
     for name, a in (("x", x), ("w", w), ("out", out)):
         # rows of contiguous values, each row starting past the last one's end

@@ -177,3 +177,16 @@ double th_cross_entropy_row_ref(int64_t n, const float *x, const float *l, doubl
     }
     return loss;
 }
+
+float th_sentinel(void) {
+    const uint32_t u = 0x7f7fdeadu;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float *th_sentinels(int64_t n) {
+    float *p = th_alloc(4, n, 0);
+    for (int64_t i = 0; i < n; ++i) p[i] = th_sentinel();
+    return p;
+}

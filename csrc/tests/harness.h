@@ -98,6 +98,10 @@ void *th_dup(const void *src, size_t elem_size, int64_t n);
 void th_release_all(void);
 
 float *th_rand_f32(int64_t n, int off, float lo, float hi);
+/* a float no kernel computes (a NaN-free pattern near FLT_MAX), and n of them
+ * in a buffer: what an output's padding must still hold after a call */
+float th_sentinel(void);
+float *th_sentinels(int64_t n);
 
 /* ---- float64 references ---------------------------------------------------- */
 

@@ -11,20 +11,6 @@
  */
 #include "harness.h"
 
-#define SENTINEL_BITS 0x7f7fdeadu
-
-static float sentinel(void) {
-    const uint32_t u = SENTINEL_BITS;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static float *sentinels(int64_t n) {
-    float *p = th_alloc(4, n, 0);
-    for (int64_t i = 0; i < n; ++i) p[i] = sentinel();
-    return p;
-}
 
 static int has_q8_dot(int type) {
     return type == 2 || type == 6 || type == 8 || type == 12 || type == 14;
@@ -104,7 +90,7 @@ static void many_products(const char *path, int threads) {
                 p[m].nout = nouts[m];
                 p[m].w = w[m];
                 p[m].y_stride = nouts[m] + 3;
-                p[m].y = sentinels(nx * p[m].y_stride);
+                p[m].y = th_sentinels(nx * p[m].y_stride);
             }
             int8_t *xq = th_alloc(1, nx * (ncols + 32), 0);
             float *xd = th_alloc(4, nx * ncols / 32, 0), *xs = th_alloc(4, nx * ncols / 32, 0);
@@ -114,7 +100,7 @@ static void many_products(const char *path, int threads) {
                      (long long)nx, q8, path, threads);
             th_check(rc == 0, "%s: return code %d", ctx, rc);
             for (int m = 0; m < n; ++m) {
-                float *want = sentinels(nx * p[m].y_stride);
+                float *want = th_sentinels(nx * p[m].y_stride);
                 one_product(types[m], q8, nx, ncols, x, nouts[m], w[m], want, p[m].y_stride);
                 char c2[160];
                 snprintf(c2, sizeof c2, "%s: product %d (type %d) vs alone", ctx, m, types[m]);
@@ -129,7 +115,7 @@ static void many_refused(void) {
     const int64_t ncols = 64;
     const uint8_t *w = weight(8, 4, ncols, 0.1f);
     const float *x = th_rand_f32(ncols, 0, -1.0f, 1.0f);
-    float *y = sentinels(8);
+    float *y = th_sentinels(8);
     ggmlopt_qproduct p[2] = {{8, 4, w, y, 4}, {12, 4, w, y + 4, 4}};   /* Q4_K: 64 is no block */
     int8_t xq[96];
     float xd[2], xs[2];
@@ -139,7 +125,7 @@ static void many_refused(void) {
                                        NULL, NULL) == -3 &&
                  ggmlopt_quant_matmul_many(-1, p, 1, ncols, x, ncols, 0, NULL, NULL, NULL) == -3,
              "quant_matmul_many: a count out of range not refused");
-    float *none = sentinels(8);
+    float *none = th_sentinels(8);
     expect_same(y, none, 8, "quant_matmul_many: refused calls write nothing");
     th_check(ggmlopt_quant_matmul_many(0, p, 1, ncols, x, ncols, 0, NULL, NULL, NULL) == 0,
              "quant_matmul_many: no products is a call that does nothing");
@@ -304,7 +290,7 @@ static void one_block(const char *path, int threads, int q8, int qk_norm, int64_
     const ggmlopt_llama_block *b = &c.blk;
     const int64_t kv = b->n_kv_heads * b->head_dim, item = c.max_len * kv;
     float *x = th_rand_f32(batch * b->dim, 1, -2.0f, 2.0f);
-    float *ck = sentinels(batch * item), *cv = sentinels(batch * item);
+    float *ck = th_sentinels(batch * item), *cv = th_sentinels(batch * item);
     for (int64_t i = 0; i < batch; ++i)   /* the earlier positions' keys and values */
         for (int64_t j = 0; j < c.pos * kv; ++j) {
             ck[i * item + j] = th_uniform(-1.0f, 1.0f);
@@ -346,7 +332,7 @@ static void block_refused(void) {
     const ggmlopt_llama_block good = c.blk;
     float *x = th_rand_f32(good.dim, 0, -1.0f, 1.0f), *x0 = th_dup(x, 4, good.dim);
     const int64_t item = c.max_len * good.n_kv_heads * good.head_dim;
-    float *ck = sentinels(item), *cv = sentinels(item), *none = sentinels(item);
+    float *ck = th_sentinels(item), *cv = th_sentinels(item), *none = th_sentinels(item);
     void *work = th_alloc(64, ggmlopt_decode_block_work_size(&good, 1, c.max_len) / 64 + 1, 0);
     th_check(ggmlopt_decode_block_f32(&good, 1, 4, x, ck, cv, 4, c.cos, c.sin, work) == -2 &&
                  ggmlopt_decode_block_f32(&good, 1, -1, x, ck, cv, 4, c.cos, c.sin, work) == -2,

@@ -10,20 +10,6 @@
  */
 #include "harness.h"
 
-#define SENTINEL_BITS 0x7f7fdeadu
-
-static float sentinel(void) {
-    const uint32_t u = SENTINEL_BITS;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static float *sentinels(int64_t n) {
-    float *p = th_alloc(4, n, 0);
-    for (int64_t i = 0; i < n; ++i) p[i] = sentinel();
-    return p;
-}
 
 static void expect_same(const float *got, const float *want, int64_t n, const char *ctx) {
     th_miss m = TH_MISS_INIT;
@@ -49,7 +35,7 @@ static void check_product(int64_t nx, int64_t k, int64_t n, const float *x, int6
             th_expect(&m, "y", i * n + j, y[i * ys + j], want, gamma * mag);
         }
         for (int64_t j = n; j < ys; ++j)   /* the row's padding never written */
-            th_expect_bits(&m, "padding", i * ys + j, y[i * ys + j], sentinel());
+            th_expect_bits(&m, "padding", i * ys + j, y[i * ys + j], th_sentinel());
     }
     th_report(&m, ctx);
 }
@@ -58,7 +44,7 @@ static void one_case(const char *path, int64_t nx, int64_t k, int64_t n, int64_t
     const int64_t ld = n + pad, xs = k + 1, ys = n + 3;
     const float *x = th_rand_f32(nx * xs, 1, -2.0f, 2.0f);
     const float *w = th_rand_f32(k * ld + 1, 1, -1.0f, 1.0f) + 1;   /* rows not 64-byte aligned */
-    float *y1 = sentinels(nx * ys), *y2 = sentinels(nx * ys), *y3 = sentinels(nx * ys);
+    float *y1 = th_sentinels(nx * ys), *y2 = th_sentinels(nx * ys), *y3 = th_sentinels(nx * ys);
     char ctx[160];
     snprintf(ctx, sizeof ctx, "matmul_columns nx=%lld k=%lld n=%lld ld=%lld [%s]",
              (long long)nx, (long long)k, (long long)n, (long long)ld, path);
@@ -93,19 +79,19 @@ static void many(const char *path) {
         p[m].w = w + at;
         p[m].ld = ld;
         p[m].y_stride = nouts[m] + 1;
-        p[m].y = sentinels(nx * p[m].y_stride);
+        p[m].y = th_sentinels(nx * p[m].y_stride);
         at += nouts[m];
     }
     for (int threads = 1; threads <= 2; ++threads) {
         ggmlopt_set_num_threads(threads);
         for (int m = 0; m < 3; ++m)
-            for (int64_t i = 0; i < nx * p[m].y_stride; ++i) p[m].y[i] = sentinel();
+            for (int64_t i = 0; i < nx * p[m].y_stride; ++i) p[m].y[i] = th_sentinel();
         const int rc = ggmlopt_matmul_columns_many(3, p, nx, k, x, k, NULL);
         char ctx[160];
         snprintf(ctx, sizeof ctx, "matmul_columns_many [%s, %d threads]", path, threads);
         th_check(rc == 0, "%s: return code %d", ctx, rc);
         for (int m = 0; m < 3; ++m) {
-            float *want = sentinels(nx * p[m].y_stride);
+            float *want = th_sentinels(nx * p[m].y_stride);
             ggmlopt_matmul_columns_f32(nx, k, x, k, nouts[m], p[m].w, ld, want,
                                        p[m].y_stride, NULL);
             char c2[200];
@@ -117,7 +103,7 @@ static void many(const char *path) {
 
 static void refused(void) {
     const float *x = th_rand_f32(8, 0, -1.0f, 1.0f), *w = th_rand_f32(64, 0, -1.0f, 1.0f);
-    float *y = sentinels(8), *none = sentinels(8);
+    float *y = th_sentinels(8), *none = th_sentinels(8);
     th_check(ggmlopt_matmul_columns_f32(1, 8, x, 8, 8, w, 7, y, 8, NULL) == -1,
              "matmul_columns: ld < nout not refused");
     ggmlopt_columns_product p = {8, w, 7, y, 8};   /* rows narrower than the product */
@@ -132,7 +118,7 @@ static void refused(void) {
              "matmul_columns: no rows or no columns is a call that does nothing");
     expect_same(y, none, 8, "matmul_columns: empty calls write nothing");
     ggmlopt_matmul_columns_f32(1, 0, x, 8, 5, w, 8, y, 8, NULL);   /* no inputs: zeros */
-    th_check(y[0] == 0.0f && y[4] == 0.0f && th_same_f32(y[5], sentinel()),
+    th_check(y[0] == 0.0f && y[4] == 0.0f && th_same_f32(y[5], th_sentinel()),
              "matmul_columns: an empty sum is not zero, or wrote past its columns");
 }
 

@@ -3,11 +3,10 @@ when its parts are the ones that call reads: RMSNorms, attention without Gemma's
 query scale, a SwiGLU, and q, k, v, o, gate, up and down weights kept in their
 file's types (QuantizedLinear layers, ``load_gguf(..., keep_types=True)``) or
 float32 Linear layers, bare or under LoRA adapters, the kept ones multiplying
-their activations one way.  A block names the
-weight rows of each (``step_projections``): Llama's seven layers, or Phi-3's fused
-q|k|v and gate|up cut into row ranges.  Any other block (float32 Linear weights,
-other norms) decodes layer by layer as before.  Without adapters both ways give the
-same bits for kept weights; a Linear's product sums over 64 inputs at a time
+their activations one way.  A block names the weight rows of each
+(``step_projections``): Llama's seven layers, or Phi-3's fused q|k|v and gate|up
+cut into row ranges.  Any other block (other norms, other layers) decodes layer
+by layer.  Without adapters both ways give the same bits for kept weights; a Linear's product sums over 64 inputs at a time
 (each weight byte read once, threads on whole rows of it) where BLAS sums its
 own way, both within float32 rounding of the exact product; an adapter's two
 small products are the C call's own float32 sums.  A bf16 pass
