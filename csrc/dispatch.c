@@ -1635,25 +1635,20 @@ static void columns_chunk(void *ctx, int b) {
                                       a->total);
 }
 
-/* y = the chunks' partial sums added in chunk order, for columns [b, e) of
- * every product laid side by side */
-static double columns_sum(const void *pa, int64_t b, int64_t e) {
-    const columns_job *a = (const columns_job *)pa;
+/* each product's y = its chunks' partial sums, added in chunk order */
+static void columns_sum(const columns_job *a) {
     for (int m = 0; m < a->n; ++m) {
         const ggmlopt_columns_product *p = &a->p[m];
-        const int64_t lo = a->first[m], hi = lo + p->nout;
-        const int64_t j0 = b > lo ? b : lo, j1 = e < hi ? e : hi;
         for (int64_t i = 0; i < a->nx; ++i) {
-            float *restrict yi = p->y + i * p->y_stride - lo;
-            const float *part = a->partials + i * a->total;
-            for (int64_t j = j0; j < j1; ++j) yi[j] = part[j];
+            float *restrict yi = p->y + i * p->y_stride;
+            const float *part = a->partials + i * a->total + a->first[m];
+            for (int64_t j = 0; j < p->nout; ++j) yi[j] = part[j];
             for (int64_t c = 1; c < a->nchunks; ++c) {
                 const float *restrict pc = part + c * a->nx * a->total;
-                for (int64_t j = j0; j < j1; ++j) yi[j] += pc[j];
+                for (int64_t j = 0; j < p->nout; ++j) yi[j] += pc[j];
             }
         }
     }
-    return 0.0;
 }
 
 int ggmlopt_matmul_columns_many(int n, const ggmlopt_columns_product *products, int64_t nx,
@@ -1687,7 +1682,7 @@ int ggmlopt_matmul_columns_many(int n, const ggmlopt_columns_product *products, 
     } else {
         for (int b = 0; b < items; ++b) columns_chunk(&a, b);
     }
-    if (a.nchunks > 1) columns_sum(&a, 0, a.total);   /* a pass over L2: one thread */
+    if (a.nchunks > 1) columns_sum(&a);   /* a pass over L2: one thread */
     free(own);
     return 0;
 }
