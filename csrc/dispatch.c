@@ -1869,15 +1869,24 @@ static void gemm_scratch_done(float *buf, int cached) {
 
 /* How a product's C is shared out among the threads: items of rows_per rows x
  * cols_per columns, col_groups of them across, each with a scratch of
- * block_cols packed columns (whole panels).  The columns split evenly (each
+ * split_work_floats (a column block's packed panels).  The columns split evenly (each
  * block packs its own panels), or with fewer panels than threads the rows too;
  * or the rows alone when A is over four times B's size, so that each thread
  * reads its part of A instead of all of it (on a Zen 4, 2 threads: float32
- * 2048 x 288 x 288 195 -> 220 GFLOP/s, bf16 365-380 -> 430).  The split
- * changes no value: each is one chain over k whatever the cut. */
+ * 2048 x 288 x 288 195 -> 220 GFLOP/s, bf16 365-380 -> 430), or when the
+ * panels share out less evenly than the tiles (9 panels on 2 threads: 5 and
+ * 4, where 15 and 15 of 30 tiles are even; a head's bf16 input gradient, 410 x
+ * 288 x 32000, 314 -> 360 GFLOP/s).  The split changes no value: each is one
+ * chain over k whatever the cut. */
 typedef struct {
-    int64_t col_groups, rows_per, cols_per, items, block_cols;
+    int64_t col_groups, rows_per, cols_per, items;
 } gemm_split;
+
+/* the largest item's work, in panel-tiles, when panels x tiles split into
+ * groups across and down (a panel's packing counted as one more tile) */
+static int64_t split_load(int64_t panels, int64_t tiles, int64_t across, int64_t down) {
+    return (panels + across - 1) / across * ((tiles + down - 1) / down + 1);
+}
 
 static gemm_split split_product(int64_t m, int64_t n, int64_t k) {
     const ggmlopt_kernel_table *kt = kernels();
@@ -1885,7 +1894,9 @@ static gemm_split split_product(int64_t m, int64_t n, int64_t k) {
     const int64_t panels = (n + nr - 1) / nr, tiles = (m + mr - 1) / mr;
     const double madds = (double)m * (double)n * (double)k;
     const int64_t threads = madds < GO_GEMM_PARALLEL_MIN ? 1 : go_pool_threads();
-    const int rows_first = m > 4 * n && tiles >= threads;
+    const int rows_first = tiles >= threads && threads > 1 &&
+                           (m > 4 * n || split_load(panels, tiles, 1, threads) <
+                                             split_load(panels, tiles, threads, 1));
     const int64_t col_groups = rows_first ? 1 : panels < threads ? panels : threads;
     int64_t row_groups = rows_first ? threads
                          : panels < threads ? (threads < tiles ? threads : tiles) : 1;
@@ -1895,8 +1906,14 @@ static gemm_split split_product(int64_t m, int64_t n, int64_t k) {
     sp.rows_per = (tiles + row_groups - 1) / row_groups * mr;
     row_groups = (m + sp.rows_per - 1) / sp.rows_per;
     sp.items = row_groups * sp.col_groups;
-    sp.block_cols = sp.cols_per < GO_GEMM_NC ? sp.cols_per : GO_GEMM_NC;
     return sp;
+}
+
+/* an item's scratch, depth floats a packed column (a k chunk, or its bf16
+ * pairs): its columns, or the kernels' widest block of them */
+static int64_t split_work_floats(const gemm_split *sp, int64_t depth) {
+    const int64_t widest = go_gemm_block_cols(depth);
+    return (sp->cols_per < widest ? sp->cols_per : widest) * depth;
 }
 
 /* item it's rows [*r0, *r1) and columns [*j0, *j1) of an m x n product; 0 when empty */
@@ -1942,7 +1959,7 @@ int ggmlopt_sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
     if (empty_product(m, n, k, c, ldc, accumulate)) return 0;
     gemm_job job;
     job.sp = split_product(m, n, k);
-    job.work_floats = job.sp.block_cols * go_gemm_kc(k);
+    job.work_floats = split_work_floats(&job.sp, go_gemm_kc(k));
     int cached = 0;
     job.work = gemm_scratch(job.sp.items * job.work_floats, &cached);
     if (!job.work) return -2;
@@ -2005,7 +2022,7 @@ int ggmlopt_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_
     bgemm_job job;
     job.block = bgemm_block();
     job.sp = split_product(m, n, k);
-    job.work_floats = job.sp.block_cols * (go_gemm_bf16_kc(k) / 2);
+    job.work_floats = split_work_floats(&job.sp, go_gemm_bf16_kc(k) / 2);
     int cached = 0;
     job.work = gemm_scratch(job.sp.items * job.work_floats, &cached);
     if (!job.work) return -2;

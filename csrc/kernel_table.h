@@ -194,6 +194,28 @@ static inline int64_t go_gemm_kc(int64_t k) {
  * but the last holds whole pairs (768 is even: still at most GO_GEMM_KC_MAX) */
 static inline int64_t go_gemm_bf16_kc(int64_t k) { return (go_gemm_kc(k) + 1) / 2 * 2; }
 
+/* The widest column block a product packs at once, its packed panels depth
+ * floats a column (a k chunk of float32, or its bf16 pairs): as many columns as
+ * fit the floats of GO_GEMM_NC columns of the longest bf16 chunk (393 KB), a
+ * multiple of 32 (every path's panel width divides it), and at least
+ * GO_GEMM_NC.  A short k packs more columns: each block is a pass over A's
+ * rows, and 288 columns of a k of 410 in one block instead of 160 + 128 took a
+ * head's bf16 weight gradient (32000 x 288 x 410, A transposed) from 332 to
+ * 367 GFLOP/s on a Zen 4.  (Float32 blocks of twice those bytes, 672 columns of
+ * a k of 288, took a head's forward from 190 down to 170.) */
+static inline int64_t go_gemm_block_cols(int64_t depth) {
+    const int64_t budget = (int64_t)GO_GEMM_NC * (GO_GEMM_KC_MAX / 2);
+    const int64_t cols = depth > 0 ? budget / depth / 32 * 32 : GO_GEMM_NC;
+    return cols > GO_GEMM_NC ? cols : GO_GEMM_NC;
+}
+/* the scratch floats of one block of a float32 / a bf16 product of depth k */
+static inline int64_t go_gemm_work_floats(int64_t k) {
+    return go_gemm_block_cols(go_gemm_kc(k)) * go_gemm_kc(k);
+}
+static inline int64_t go_gemm_bf16_work_floats(int64_t k) {
+    return go_gemm_block_cols(go_gemm_bf16_kc(k) / 2) * (go_gemm_bf16_kc(k) / 2);
+}
+
 typedef struct ggmlopt_kernel_table {
     const char *name;
     void (*adamw_step_f32)(int64_t n, float *w, const float *g, float *m, float *v,
@@ -320,14 +342,14 @@ typedef struct ggmlopt_kernel_table {
                                const float *w, int64_t ld, int64_t j0, int64_t j1, float *y,
                                int64_t y_stride);
     /* float32 products (kernels/gemm.inc): C rows [r0, r1) x columns [j0, j1)
-     * with scratch of GO_GEMM_NC * go_gemm_kc(k) floats; the packed panels'
+     * with scratch of go_gemm_work_floats(k) floats; the packed panels'
      * width and the micro-tile's rows */
     void (*sgemm_block_f32)(const go_gemm_args *g, int64_t r0, int64_t r1, int64_t j0,
                             int64_t j1, float *work);
     int (*sgemm_panel_cols)(void);
     int (*sgemm_tile_rows)(void);
     /* bfloat16 products (kernels/gemm_bf16.inc), the same blocks, panels and
-     * tiles; scratch of GO_GEMM_NC * go_gemm_bf16_kc(k) / 2 floats (pairs) */
+     * tiles; scratch of go_gemm_bf16_work_floats(k) floats (pairs) */
     void (*gemm_block_bf16)(const go_gemm_bf16_args *g, int64_t r0, int64_t r1, int64_t j0,
                             int64_t j1, float *work);
 } ggmlopt_kernel_table;

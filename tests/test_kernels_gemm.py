@@ -18,7 +18,12 @@ SHAPES = [(1, 1, 1), (1, 7, 5), (5, 1, 9), (2, 3, 1), (13, 17, 31), (15, 16, 33)
           # no wider than a vector: an adapter's rank side (one-vector tiles)
           (61, 300, 8), (576, 256, 8), (45, 1600, 4), (59, 40, 16), (30, 17, 1),
           # A's rows 64 KB apart (a head's input gradient over a vocabulary of 49152)
-          (20, 16384, 24)]
+          (20, 16384, 24),
+          # nine panels (AVX-512's 32 columns, AVX2's 16) of many tiles: the
+          # threads split the rows; a short k: a block wider than 256 columns
+          (430, 410, 288), (430, 410, 144), (50, 300, 600)]
+# the shapes whose threads split the columns, the rows, or blocks wider than 256
+THREAD_SHAPES = [(70, 1300, 300), (430, 410, 288), (430, 410, 144), (50, 300, 600)]
 
 
 def operands(rng, m, k, n, a_t, b_t):
@@ -93,15 +98,18 @@ def test_non_finite_values_propagate(simd_path):
     assert (out[mask] == 40).all()
 
 
-def test_threads_give_the_same_bits(simd_path, restore_threads):
+@pytest.mark.parametrize("shape", THREAD_SHAPES)
+def test_threads_give_the_same_bits(simd_path, restore_threads, shape):
+    m, k, n = shape
     rng = np.random.default_rng(2)
-    a, b = operands(rng, 70, 1300, 300, False, True)
+    a, b = operands(rng, m, k, n, False, True)
     runs = []
     for threads in (1, 2, 3):
         kernels.set_num_threads(threads)
-        out = np.empty((70, 300), np.float32)
+        out = np.empty((m, n), np.float32)
         kernels_gemm.sgemm(a, b, out)
         runs.append(out)
+    check(runs[0], a, b)
     assert all(np.array_equal(runs[0], r) for r in runs[1:])
 
 

@@ -47,9 +47,13 @@ def bf16_engine(request):
 
 # odd k, k past a chunk (1537: 514 + 514 + 509), rows around the tiles and a
 # vector, columns around the panel (32 on AVX-512) and the column block (256),
-# A's rows 16 KB apart (8192 values: its tiles packed from its rows)
+# A's rows 16 KB apart (8192 values: its tiles packed from its rows), nine
+# panels of many tiles (the threads split the rows) and a short k (blocks wider
+# than 256 columns)
 SHAPES = [(1, 1, 1), (7, 13, 5), (33, 17, 65), (128, 96, 1), (1, 300, 129), (64, 257, 31),
-          (15, 1537, 33), (31, 8, 300), (45, 64, 8), (17, 2, 530), (9, 8192, 33)]
+          (15, 1537, 33), (31, 8, 300), (45, 64, 8), (17, 2, 530), (9, 8192, 33),
+          (430, 411, 288), (430, 410, 144), (50, 300, 600)]
+THREAD_SHAPES = [(300, 1000, 200), (430, 411, 288), (430, 410, 144), (50, 300, 600)]
 LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]
 
 
@@ -90,16 +94,18 @@ def test_bf16_product_is_not_a_float32_product(bf16_engine, rng):
     assert np.max(np.abs(out - exact)) > 100 * gamma(64) * np.max(np.abs(a) @ np.abs(b))
 
 
-def test_own_kernel_gives_the_same_bits_on_any_number_of_threads(rng):
-    a16, b16 = operand16(rng, 300, 1000, False), operand16(rng, 1000, 200, True)
+@pytest.mark.parametrize("m,k,n", THREAD_SHAPES)
+def test_own_kernel_gives_the_same_bits_on_any_number_of_threads(rng, m, k, n):
+    a16, b16 = operand16(rng, m, k, False), operand16(rng, k, n, True)
     outs = []
     before = kernels.get_num_threads()
     try:
         for threads in (1, 2, 3):
             kernels.set_num_threads(threads)
-            outs.append(kernels_gemm.gemm_bf16(a16, b16, np.empty((300, 200), F32)))
+            outs.append(kernels_gemm.gemm_bf16(a16, b16, np.empty((m, n), F32)))
     finally:
         kernels.set_num_threads(before)
+    assert_product_close(outs[0], widened(a16), widened(b16))
     assert all(np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)) for o in outs[1:])
 
 

@@ -102,7 +102,7 @@ void test_gemm_kernels(const ggmlopt_kernel_table *k) {
             /* a block of whole tiles and panels from the second on, or the whole */
             const int64_t r0 = c->m > mr ? mr : 0, j0 = c->n > nr ? nr : 0;
             const int64_t r1 = c->m, j1 = c->n;
-            float *work = th_alloc(4, GO_GEMM_NC * go_gemm_kc(c->k), 0);
+            float *work = th_alloc(4, go_gemm_work_floats(c->k), 0);
             k->sgemm_block_f32(&g, r0, r1, j0, j1, work);
             snprintf(ctx, sizeof ctx, "sgemm_block[%s] m=%lld n=%lld k=%lld a_t=%d b_t=%d acc=%d",
                      k->name, (long long)c->m, (long long)c->n, (long long)c->k, c->a_t, c->b_t,
@@ -127,7 +127,7 @@ void test_gemm_thin_bits(const ggmlopt_kernel_table *k) {
             const int64_t ldc = c->n + c->pad;
             float *whole = th_rand_f32(c->m * ldc, t % 4, -1.0f, 1.0f);
             float *cut = th_dup(whole, 4, c->m * ldc);
-            float *work = th_alloc(4, GO_GEMM_NC * go_gemm_kc(c->k), 0);
+            float *work = th_alloc(4, go_gemm_work_floats(c->k), 0);
             go_gemm_args g = {c->m, c->n, c->k, o.a, o.a_row, o.a_col, o.b, o.b_row,
                               o.b_col, whole, ldc, accumulate};
             k->sgemm_block_f32(&g, 0, c->m, 0, c->n, work);   /* the tiles */

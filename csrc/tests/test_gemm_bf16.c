@@ -120,7 +120,7 @@ static void check_block_kernel(const char *name, bgemm_block_fn block, int nr, i
                                          o.b_row, o.b_col, cm, ldc, accumulate};
             /* a block of whole tiles and panels from the second on, or the whole */
             const int64_t r0 = c->m > mr ? mr : 0, j0 = c->n > nr ? nr : 0;
-            float *work = th_alloc(4, GO_GEMM_NC * (go_gemm_bf16_kc(c->k) / 2), 0);
+            float *work = th_alloc(4, go_gemm_bf16_work_floats(c->k), 0);
             block(&g, r0, c->m, j0, c->n, work);
             snprintf(ctx, sizeof ctx, "gemm_block_bf16[%s] m=%lld n=%lld k=%lld a_t=%d b_t=%d acc=%d",
                      name, (long long)c->m, (long long)c->n, (long long)c->k, c->a_t, c->b_t,
@@ -138,7 +138,7 @@ static float *whole_product(bgemm_block_fn block, const bgemm_case *c, int off) 
     float *cm = th_alloc(4, c->m * c->n, 0);
     const go_gemm_bf16_args g = {c->m, c->n, c->k, o.a, o.a_row, o.a_col, o.b,
                                  o.b_row, o.b_col, cm, c->n, 0};
-    float *work = th_alloc(4, GO_GEMM_NC * (go_gemm_bf16_kc(c->k) / 2), 0);
+    float *work = th_alloc(4, go_gemm_bf16_work_floats(c->k), 0);
     block(&g, 0, c->m, 0, c->n, work);
     return cm;
 }
