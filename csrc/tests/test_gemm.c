@@ -74,7 +74,9 @@ static const gemm_case CASES[] = {
     {45, 4, 1600, 0, 0, 2}, {30, 1, 17, 0, 1, 0},
     /* A's rows 64 KB apart: a tile's rows copied out of their shared cache sets */
     {20, 40, 16380, 0, 0, 4}, {29, 33, 16384, 0, 1, 0},
-    /* several column blocks, cut into even whole panels */
+    /* several column blocks, cut into even whole panels (a long k: blocks of
+     * 256 columns), and one block wider than 256 (a short k) */
+    {20, 900, 700, 0, 1, 0}, {17, 530, 800, 1, 0, 1},
     {20, 600, 50, 0, 1, 0}, {17, 530, 33, 1, 0, 1},
     /* at most GO_GEMM_THIN rows, B's rows in place (every k % 4, column tails;
      * a 20 x 20 product's row groups on several threads end in a thin one) */

@@ -96,7 +96,9 @@ static const bgemm_case CASES[] = {
     /* a transposed A's tiles packed a vector of rows at a time, the last rows
      * one at a time (m around 16, 14 and their multiples) */
     {31, 33, 19, 1, 0, 0},  {17, 45, 6, 1, 1, 3},   {42, 64, 11, 1, 0, 0},
-    /* several column blocks, cut into even whole panels */
+    /* several column blocks, cut into even whole panels (a long k: blocks of
+     * 256 columns), and one block wider than 256 (a short k) */
+    {20, 900, 700, 0, 1, 0}, {17, 530, 800, 1, 0, 1},
     {20, 600, 50, 0, 1, 0}, {17, 530, 33, 1, 0, 1},
     /* A's rows 16 KB apart (8192 values): its tiles packed from its rows */
     {20, 40, 8190, 0, 0, 2}, {29, 33, 8192, 0, 1, 0}, {3, 50, 8191, 0, 0, 1},
