@@ -381,6 +381,20 @@ def _target_pattern(targets):
                          f"({e})") from None
 
 
+def _warn_short_name_matches(pattern, names, hf) -> None:
+    """Warn when a targets regular expression picks layers by ggmlopt's names
+    alone: PEFT matches the transformers names only, so the same
+    target_modules there adapts fewer layers (or none)."""
+    extra = [name for name in names if not pattern.fullmatch(hf(name))]
+    if extra:
+        shown = ", ".join(f"{name!r} (not {hf(name)!r})" for name in extra[:2])
+        more = f" and {len(extra) - 2} more" if len(extra) > 2 else ""
+        warnings.warn(f"targets: the regular expression matches {len(extra)} layer(s) only by "
+                      f"ggmlopt's name, not by the transformers name PEFT matches: {shown}"
+                      f"{more}; PEFT would not adapt them; write the expression for the "
+                      f"transformers names to adapt what PEFT adapts", stacklevel=3)
+
+
 def _targets_arg(targets) -> tuple[str, ...]:
     return _names_arg(targets, "targets", "Linear layers", allow_empty=False)
 
@@ -619,7 +633,9 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     ``"all-linear"``: every Linear but the output head (``lm_head``), PEFT's
     shortcut, or, as PEFT's target_modules string, a regular expression that
     matches a layer's whole name (``r".*\\.(q_proj|v_proj)"``; the transformers
-    name, ``model.layers.0.self_attn.q_proj``, or ggmlopt's).  rank (int >= 1),
+    name, ``model.layers.0.self_attn.q_proj``, or ggmlopt's, with a UserWarning
+    for the layers matched by ggmlopt's name alone, which PEFT, matching the
+    transformers names, would not adapt).  rank (int >= 1),
     alpha (finite, nonzero): every adapter's A is (in, rank), B (rank, out), its
     output scaled by alpha / rank.  dropout: the drop probability in [0, 1) on
     the adapters' input while training.  seed: the
@@ -673,6 +689,8 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
         chosen = [entry for entry in linears if not _matches(entry[0], _OUTPUT_HEADS)]
     else:
         chosen = [entry for entry in linears if selects(entry[0])]
+    if pattern is not None:
+        _warn_short_name_matches(pattern, [e[0] for e in chosen + embeddings], hf)
     _refuse_a_tied_head(model, targets, linears, hf, selects)
     if not chosen and not embeddings:
         if not linears:

@@ -702,6 +702,21 @@ def test_targets_and_trainable_take_peft_s_full_names():
     assert lora.other_trainable(gpt2) == ["ln_f.weight", "ln_f.bias"]
 
 
+def test_a_regular_expression_matching_ggmlopt_s_names_only_warns():
+    # PEFT fullmatches target_modules against transformers' names alone: layer 1's
+    # projections match "layers\.1\..*" here by ggmlopt's names, not in PEFT
+    model = Llama(CFG, seed=1)
+    with pytest.warns(UserWarning, match=r"matches 6 layer\(s\) only by ggmlopt's name.*"
+                                         r"'layers\.1\.self_attn\.k_proj' \(not "
+                                         r"'model\.layers\.1\.self_attn\.k_proj'\).*"
+                                         r"and 4 more; PEFT would not adapt them"):
+        lora.apply(model, rank=2, targets=r"layers\.1\..*|.*q_proj")
+    assert len(lora.named_adapters(model)) == 8   # still what the expression says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the transformers names: PEFT's choice, no warning
+        lora.apply(Llama(CFG, seed=1), rank=2, targets=r"model\.layers\.1\..*|.*q_proj")
+
+
 def test_a_tied_head_named_in_targets_is_refused():
     # PEFT adapts a tied lm_head apart from the embedding; a tied model here has no
     # head layer to wrap: refused, where it was silently left out
