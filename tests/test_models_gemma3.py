@@ -144,7 +144,15 @@ def test_what_is_not_implemented_is_refused(tmp_path):
                         ({"attn_logit_softcapping": 50.0}, "soft-capping"),
                         ({"use_bidirectional_attention": True}, "causal"),
                         ({"hidden_activation": "gelu"}, "gelu_pytorch_tanh"),
-                        ({"some_new_key": 1}, r"keys \['some_new_key'\]")]:
+                        ({"some_new_key": 1}, r"keys \['some_new_key'\]"),
+                        # RoPE keys beside the per-layer-type dicts: transformers ignores them
+                        ({"rope_parameters": {**cfg["rope_parameters"], "rope_type": "linear",
+                                              "factor": 8.0}},
+                         r"got \['factor', 'rope_type'\] beside them"),
+                        # the old 'type' key: applied by transformers 4, ignored by 5
+                        ({"rope_parameters": None, "rope_theta": 10000.0,
+                          "rope_scaling": {"type": "linear", "factor": 8.0}},
+                         "by the old key 'type'")]:
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
         with pytest.raises(ValueError, match=match):
             load_hf(tmp_path)

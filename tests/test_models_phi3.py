@@ -139,7 +139,12 @@ def test_what_is_not_implemented_is_refused(tmp_path):
                          "with LongRoPE only"),
                         ({"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 3,
                                            "long_factor": [1.0] * 3}},
-                         "3 LongRoPE factors for head_dim 8")]:
+                         "3 LongRoPE factors for head_dim 8"),
+                        # both dicts: transformers reads rope_scaling and the top level
+                        ({"rope_parameters": {"rope_type": "default",
+                                              "partial_rotary_factor": 0.5},
+                          "rope_scaling": {"rope_type": "default"}},
+                         r"top-level partial_rotary_factor \(1.0\), not rope_parameters' 0.5")]:
         (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
         with pytest.raises(ValueError, match=match):
             load_hf(tmp_path)

@@ -161,6 +161,10 @@ def test_save_hf_writes_the_scaling_back(tmp_path):
     ({"attention_bias": True}, "attention_bias"),
     ({"quantization_config": {"quant_method": "gptq"}}, r"keys \['quantization_config'\]"),
     ({"head_dim": 16}, "head_dim"),
+    # transformers refuses these too (factor is required): none is guessed
+    ({"rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 32}},
+     "a 'yarn' scaling needs its factor"),
+    ({"rope_scaling": {"rope_type": "linear"}}, "a 'linear' scaling needs its factor"),
 ])
 def test_config_fields_ggmlopt_does_not_implement_are_refused(tmp_path, edit, match):
     pytest.importorskip("safetensors")
@@ -181,6 +185,30 @@ def test_rope_theta_inside_rope_parameters_is_read(tmp_path):
     cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 250000.0}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert load_hf(tmp_path).config.rope_base == 250000.0
+
+
+@pytest.mark.parametrize("top_level, refused", [(None, True), (500.0, False)])
+def test_both_rope_dicts_are_read_as_transformers_reads_them_or_refused(tmp_path, top_level,
+                                                                         refused):
+    # with rope_scaling given, transformers takes it whole and rope_theta from the top
+    # level (10000 when absent), never rope_parameters' own rope_theta
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf, save_hf
+    save_hf(Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=4), seed=0), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["rope_theta"]
+    if top_level is not None:
+        cfg["rope_theta"] = top_level
+    cfg["rope_parameters"] = {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 4.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    if refused:
+        with pytest.raises(ValueError, match=r"top-level rope_theta \(10000.0, the default\), "
+                                             r"not rope_parameters' rope_theta 500.0"):
+            load_hf(tmp_path)
+    else:
+        config = load_hf(tmp_path).config
+        assert config.rope_base == 500.0 and config.rope_scaling.factor == 4.0
 
 
 # ---- GGUF: llama.cpp's forms of the scalings --------------------------------------------

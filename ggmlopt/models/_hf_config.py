@@ -128,6 +128,14 @@ def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False
     if params and legacy and {k: v for k, v in legacy.items() if k != "type"} != {
             k: v for k, v in params.items() if k not in ("rope_theta", "type")}:
         raise ValueError(f"rope_scaling {legacy} and rope_parameters {params} disagree")
+    if params and legacy and "rope_theta" in params and \
+            params["rope_theta"] != hf.get("rope_theta", theta):
+        # transformers takes rope_scaling whole and its theta from the top level
+        raise ValueError(f"rope_parameters and rope_scaling are both given: transformers reads "
+                         f"rope_scaling and the top-level rope_theta "
+                         f"({hf.get('rope_theta', theta)}"
+                         f"{'' if 'rope_theta' in hf else ', the default'}), not rope_parameters' "
+                         f"rope_theta {params['rope_theta']}; keep one of the two")
     theta = params.get("rope_theta", hf.get("rope_theta", theta))
     if "rope_theta" in params and "rope_theta" in hf and params["rope_theta"] != hf["rope_theta"]:
         raise ValueError(f"rope_theta {hf['rope_theta']} and rope_parameters' "

@@ -318,6 +318,11 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
     # transformers 5: rope_parameters per layer type; 4.x: rope_theta, rope_local_base_freq
     # and rope_scaling (the global layers')
     params = hf.get("rope_parameters") or {}
+    flat = sorted(set(params) - {"full_attention", "sliding_attention"})
+    if flat:
+        raise ValueError(f"rope_parameters: a Gemma 3's are given per layer type "
+                         f"(full_attention, sliding_attention), got {flat} beside them, which "
+                         f"transformers ignores; move them into full_attention")
     full = dict(params.get("full_attention") or {})
     local = dict(params.get("sliding_attention") or {})
     theta = full.pop("rope_theta", hf.get("rope_theta", 1000000.0))
@@ -325,6 +330,11 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
     if local.get("rope_type", "default") != "default" or len(set(local) - {"rope_type"}):
         raise ValueError(f"rope_parameters: the local layers' RoPE must be plain, got {local}")
     legacy = hf.get("rope_scaling") or {}
+    if "type" in legacy and "rope_type" not in legacy:
+        # transformers 4 applied it to the global layers, transformers 5 ignores it
+        raise ValueError(f"rope_scaling: {legacy} names its kind by the old key 'type', which "
+                         f"transformers 5 ignores on a Gemma 3 (4.x applied it); rename it "
+                         f"'rope_type' to scale the global layers, or remove it")
     if full and legacy and {k: v for k, v in legacy.items() if k != "type"} != full:
         raise ValueError(f"rope_scaling {legacy} and rope_parameters {full} disagree")
     scaling_hf = dict(full or legacy)

@@ -279,6 +279,14 @@ def _as_longrope(hf: Mapping[str, Any], original: int) -> tuple[Mapping[str, Any
     partial_rotary_factor, from the top level or the rope parameters)."""
     hf = dict(hf)
     partial = hf.pop("partial_rotary_factor", 1.0)
+    given = hf.get("rope_parameters")
+    if isinstance(given, dict) and hf.get("rope_scaling") and \
+            given.get("partial_rotary_factor", partial) != partial:
+        # transformers takes rope_scaling whole, the factor from the top level
+        raise ValueError(f"rope_parameters and rope_scaling are both given: transformers reads "
+                         f"rope_scaling and the top-level partial_rotary_factor ({partial}), "
+                         f"not rope_parameters' {given['partial_rotary_factor']}; keep one of "
+                         f"the two")
     for key in ("rope_parameters", "rope_scaling"):
         params = hf.get(key)
         if not isinstance(params, dict):

@@ -183,8 +183,9 @@ class RopeScaling:
         if unknown:
             raise ValueError(f"rope_scaling: keys {unknown} of a {kind!r} scaling are not "
                              "understood")
-        if kind == "yarn" and params.get("factor") is None:
-            params["factor"] = max_position_embeddings / params["original_max_position_embeddings"]
+        if "factor" in required and params.get("factor") is None:
+            # transformers refuses it too (a KeyError): no factor is guessed
+            raise ValueError(f"rope_scaling: a {kind!r} scaling needs its factor, got {params}")
         return cls(kind, **params)
 
     def to_hf(self) -> dict[str, Any]:
