@@ -125,6 +125,26 @@ static inline void go_vstore_partial(float *p, __m256 v, int64_t n) {
 #define go_vgather(p, idx) \
     _mm256_i32gather_ps((p), _mm256_loadu_si256((const __m256i *)(idx)), 4)
 
+/* r[0..7] transposed in place (lane j of r[i] <-> lane i of r[j]): pairs, pairs
+ * of pairs, then the 128-bit halves */
+static inline void go_vtranspose(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
 static inline __m256 go_vload_u8(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
@@ -149,6 +169,10 @@ static inline __m256 go_vload_f16(const uint16_t *p) {
 /* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
  * even one in its low half; a pair vector from 8 values of each of two rows,
  * and each half of a pair vector as float32 */
+/* the pairs of 16 consecutive bf16 values of one row (p[2i], p[2i + 1] in lane i) */
+static inline __m256 go_vload_bf16_pairs(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)p));
+}
 static inline __m256 go_vpair_bf16(const uint16_t *even, const uint16_t *odd) {
     const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)even));
     const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)odd));

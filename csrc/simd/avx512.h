@@ -123,6 +123,33 @@ static inline __m512 go_vexp_nonpos(__m512 x) {
 #define go_vgather(p, idx) \
     _mm512_i32gather_ps(_mm512_loadu_si512((const void *)(idx)), (p), 4)
 
+/* r[0..15] transposed in place (lane j of r[i] <-> lane i of r[j]): pairs, then
+ * pairs of pairs, then 128-bit lanes twice; 64 shuffles for 256 values, where
+ * a gather per row of a transposed panel costs 16 loads (kernels/gemm.inc) */
+static inline void go_vtranspose(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    for (int i = 0; i < 4; ++i) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; ++i) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
 static inline __m512 go_vload_u8(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
@@ -142,6 +169,10 @@ static inline __m512 go_vload_f16(const uint16_t *p) {
 /* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
  * even one in its low half; a pair vector from 16 values of each of two rows,
  * and each half of a pair vector as float32 */
+/* the pairs of 32 consecutive bf16 values of one row (p[2i], p[2i + 1] in lane i) */
+static inline __m512 go_vload_bf16_pairs(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_loadu_si512((const void *)p));
+}
 static inline __m512 go_vpair_bf16(const uint16_t *even, const uint16_t *odd) {
     const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)even));
     const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)odd));

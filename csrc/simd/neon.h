@@ -111,6 +111,14 @@ static inline float32x4_t go_vgather(const float *p, const int32_t *idx) {
     const float lanes[4] = {p[idx[0]], p[idx[1]], p[idx[2]], p[idx[3]]};
     return vld1q_f32(lanes);
 }
+/* r[0..3] transposed in place (lane j of r[i] <-> lane i of r[j]) */
+static inline void go_vtranspose(float32x4_t r[4]) {
+    const float32x4x2_t p01 = vtrnq_f32(r[0], r[1]), p23 = vtrnq_f32(r[2], r[3]);
+    r[0] = vcombine_f32(vget_low_f32(p01.val[0]), vget_low_f32(p23.val[0]));
+    r[1] = vcombine_f32(vget_low_f32(p01.val[1]), vget_low_f32(p23.val[1]));
+    r[2] = vcombine_f32(vget_high_f32(p01.val[0]), vget_high_f32(p23.val[0]));
+    r[3] = vcombine_f32(vget_high_f32(p01.val[1]), vget_high_f32(p23.val[1]));
+}
 
 static inline float32x4_t go_vload_u8(const uint8_t *p) {
     uint32_t four;
@@ -249,6 +257,10 @@ static inline float32x4_t go_vload_f16(const uint16_t *p) {
 /* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
  * even one in its low half; a pair vector from 4 values of each of two rows,
  * and each half of a pair vector as float32 */
+/* the pairs of 8 consecutive bf16 values of one row (p[2i], p[2i + 1] in lane i) */
+static inline float32x4_t go_vload_bf16_pairs(const uint16_t *p) {
+    return vreinterpretq_f32_u16(vld1q_u16(p));
+}
 static inline float32x4_t go_vpair_bf16(const uint16_t *even, const uint16_t *odd) {
     return vreinterpretq_f32_u32(vorrq_u32(vmovl_u16(vld1_u16(even)), vshll_n_u16(vld1_u16(odd), 16)));
 }

@@ -42,11 +42,14 @@ typedef double go_dacc;
 #define go_vstore_partial(p, v, n) ((void)((n) > 0 ? (*(p) = (v)) : 0.0f))
 
 #define go_vgather(p, idx) ((p)[(idx)[0]])
+/* one lane: a 1 x 1 block is its own transpose */
+static inline void go_vtranspose(float r[1]) { (void)r; }
 
 /* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
  * even one in its low half; a pair vector from two rows of bf16, and each half
  * of a pair vector as float32 */
 #define go_vpair_bf16(even, odd) go_bf16_pair(*(even), *(odd))
+#define go_vload_bf16_pairs(p) go_bf16_pair_at(p)
 #define go_vbf16_even(v) go_bits_to_f32(go_f32_to_bits(v) << 16)
 #define go_vbf16_odd(v) go_bits_to_f32(go_f32_to_bits(v) & 0xffff0000u)
 
