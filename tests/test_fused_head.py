@@ -144,6 +144,31 @@ def test_a_non_finite_head_changes_nothing(name):
         np.testing.assert_array_equal(p.data, w)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("bad", [-5, -100, V])
+def test_a_label_out_of_range_is_refused_fused_or_not_and_changes_nothing(fused, bad):
+    # -1 is the one mask: the fused head keeps the rows labelled >= 0, and took
+    # transformers' -100 (or any other negative) for a mask unnoticed
+    model = MODELS["llama"]()
+    model.fused_head = fused
+    x, y = _batch(3)
+    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32,
+                        opt_period=2)
+    ctx.alloc(True)
+    ctx.eval(None, inputs=x, labels=y)     # a first micro-batch: gradients accumulated
+    before = [ctx.grad_acc(p).copy() for p in ctx.parameters()]
+    weights = [p.data.copy() for p in ctx.parameters()]
+    y = y.copy()
+    y[1, 7] = bad
+    ctx.alloc(True)
+    with pytest.raises(IndexError, match=r"labels: class.*-1") as info:
+        ctx.eval(None, inputs=x, labels=y)
+    assert str(bad) in str(info.value)
+    for p, g, w in zip(ctx.parameters(), before, weights):
+        np.testing.assert_array_equal(ctx.grad_acc(p), g)
+        np.testing.assert_array_equal(p.data, w)
+
+
 def test_fit_trains_the_same_fused_or_not():
     """SGD: its step is linear in the gradient, so the two heads' gradients, equal
     within 1e-6 of their scale each step (above), give weights within that times

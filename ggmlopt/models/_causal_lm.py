@@ -39,6 +39,18 @@ def normal_init(std):
     return init
 
 
+
+def _check_labels(labels: np.ndarray, vocab: int) -> None:
+    """IndexError, before any work, unless every label is a class in [0, vocab)
+    or -1 (masked): the fused head keeps the rows labelled >= 0, so another
+    negative label (transformers' -100) would pass as a mask unnoticed."""
+    flat = labels.reshape(-1)
+    bad = np.flatnonzero((flat < -1) | (flat >= vocab))
+    if bad.size:
+        raise IndexError(f"labels: class {int(flat[bad[0]])} at position {int(bad[0])} is out "
+                         f"of range; expected class indices in [0, {vocab}) or -1 "
+                         f"(ignore_index: a masked position)")
+
 class KVCache:
     """The keys and values of the positions a model has seen, per layer:
     k[i], v[i] float32 (batch, max_len, n_kv_heads, head_dim), positions
@@ -412,6 +424,7 @@ class CausalLM(Module):
         if labels.dtype != np.int32 or labels.shape != tokens.shape:
             raise ValueError(f"labels: expected int32 next-token labels of shape "
                              f"{tokens.shape} like tokens, got {labels.dtype} {labels.shape}")
+        _check_labels(labels, self.config.vocab_size)
         h = self._hidden(tokens, 0 if pos is None else pos)
         b, t, d = h.shape
         loss, self._head_grad_rows = head_loss(self, h.reshape(b * t, d), labels.reshape(-1),
