@@ -33,6 +33,18 @@ def test_a_gpt2_file_reads_back_bit_for_bit(tmp_path):
     assert GgufFile(str(tmp_path / "generic.gguf")).fields["general.architecture"] == "ggmlopt"
 
 
+def test_a_float16_gpt2_file_keeps_its_position_rows_in_float32(tmp_path):
+    # llama.cpp's converter and llama-quantize keep position_embd float32 in any file type
+    from ggmlopt.io.gguf_reader import GgufFile
+    model = GPT2(CFG, seed=3)
+    save_gguf(model, tmp_path / "g.gguf", tokenizer=ByteTokenizer(), dtype=np.float16)
+    types = {name: t.type_name for name, t in GgufFile(str(tmp_path / "g.gguf")).tensors.items()}
+    assert types["position_embd.weight"] == "F32"
+    assert types["token_embd.weight"] == types["blk.0.ffn_down.weight"] == "F16"
+    back, _ = load_gguf(tmp_path / "g.gguf")
+    np.testing.assert_array_equal(back.wpe.weight.data, model.wpe.weight.data)
+
+
 def test_gpt2_adapters_round_trip(tmp_path):
     model = GPT2(CFG, seed=4)
     lora.apply(model, rank=4, targets=("c_attn", "c_fc"), seed=0)
