@@ -104,7 +104,7 @@ def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
         data = np.ascontiguousarray(data, dtype=np.float32)
         # the position rows stay float32 in a float16 file, as llama.cpp's converter
         # and llama-quantize keep position_embd
-        kept = np.float32 if pname == "wpe.weight" else dtype
+        kept = np.dtype(np.float32) if pname == "wpe.weight" else dtype
         arrays.append((gguf_name_gpt2(pname), stored(pname, data, kept)))
     file_type = (gguf.LlamaFileType.ALL_F32 if dtype == np.float32
                  else gguf.LlamaFileType.MOSTLY_F16)
