@@ -169,14 +169,14 @@ static inline __m256 go_vload_f16(const uint16_t *p) {
 /* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
  * even one in its low half; a pair vector from 8 values of each of two rows,
  * and each half of a pair vector as float32 */
-/* the pairs of 16 consecutive bf16 values of one row (p[2i], p[2i + 1] in lane i) */
-static inline __m256 go_vload_bf16_pairs(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)p));
-}
 static inline __m256 go_vpair_bf16(const uint16_t *even, const uint16_t *odd) {
     const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)even));
     const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)odd));
     return _mm256_castsi256_ps(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+}
+/* the pairs of 16 consecutive bf16 values of one row (p[2i], p[2i + 1] in lane i) */
+static inline __m256 go_vload_bf16_pairs(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 static inline __m256 go_vbf16_even(__m256 v) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(v), 16));

@@ -169,14 +169,14 @@ static inline __m512 go_vload_f16(const uint16_t *p) {
 /* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
  * even one in its low half; a pair vector from 16 values of each of two rows,
  * and each half of a pair vector as float32 */
-/* the pairs of 32 consecutive bf16 values of one row (p[2i], p[2i + 1] in lane i) */
-static inline __m512 go_vload_bf16_pairs(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_loadu_si512((const void *)p));
-}
 static inline __m512 go_vpair_bf16(const uint16_t *even, const uint16_t *odd) {
     const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)even));
     const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)odd));
     return _mm512_castsi512_ps(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+}
+/* the pairs of 32 consecutive bf16 values of one row (p[2i], p[2i + 1] in lane i) */
+static inline __m512 go_vload_bf16_pairs(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_loadu_si512((const void *)p));
 }
 static inline __m512 go_vbf16_even(__m512 v) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(v), 16));

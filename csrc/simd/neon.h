@@ -257,12 +257,12 @@ static inline float32x4_t go_vload_f16(const uint16_t *p) {
 /* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
  * even one in its low half; a pair vector from 4 values of each of two rows,
  * and each half of a pair vector as float32 */
+static inline float32x4_t go_vpair_bf16(const uint16_t *even, const uint16_t *odd) {
+    return vreinterpretq_f32_u32(vorrq_u32(vmovl_u16(vld1_u16(even)), vshll_n_u16(vld1_u16(odd), 16)));
+}
 /* the pairs of 8 consecutive bf16 values of one row (p[2i], p[2i + 1] in lane i) */
 static inline float32x4_t go_vload_bf16_pairs(const uint16_t *p) {
     return vreinterpretq_f32_u16(vld1q_u16(p));
-}
-static inline float32x4_t go_vpair_bf16(const uint16_t *even, const uint16_t *odd) {
-    return vreinterpretq_f32_u32(vorrq_u32(vmovl_u16(vld1_u16(even)), vshll_n_u16(vld1_u16(odd), 16)));
 }
 static inline float32x4_t go_vbf16_even(float32x4_t v) {
     return vreinterpretq_f32_u32(vshlq_n_u32(vreinterpretq_u32_f32(v), 16));
