@@ -178,6 +178,8 @@ def test_a_gguf_round_trip_keeps_the_fused_weights_and_the_window(tmp_path):
                 save_gguf(model, path, tokenizer=ByteTokenizer())
         f = GgufFile(str(path))
         assert f.fields["general.architecture"] == "phi3"
+        # 0 without a window, as llama.cpp's converter writes it
+        assert f.fields["phi3.attention.sliding_window"] == (window or 0)
         assert "blk.0.attn_qkv.weight" in f.tensors and "blk.1.ffn_up.weight" in f.tensors
         assert "blk.0.attn_q.weight" not in f.tensors
         back, _ = load_gguf(path)

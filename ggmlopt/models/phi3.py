@@ -340,8 +340,8 @@ def _gguf_fields(fields, key, head_dim, where) -> dict[str, Any]:
 
 def _gguf_write(writer, cfg: Phi3Config, arch: str) -> None:
     writer.add_uint32(f"{arch}.rope.scaling.original_context_length", cfg.original_max_seq_len)
-    if cfg.sliding_window is not None:
-        writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
+    # 0 without a window, as llama.cpp's converter writes it (its mark of a Phi-4)
+    writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window or 0)
 
 
 def _gguf_check(cfg: Phi3Config) -> None:
