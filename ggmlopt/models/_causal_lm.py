@@ -39,7 +39,6 @@ def normal_init(std):
     return init
 
 
-
 def _check_labels(labels: np.ndarray, vocab: int) -> None:
     """IndexError, before any work, unless every label is a class in [0, vocab)
     or -1 (masked): the fused head keeps the rows labelled >= 0, so another
@@ -50,6 +49,7 @@ def _check_labels(labels: np.ndarray, vocab: int) -> None:
         raise IndexError(f"labels: class {int(flat[bad[0]])} at position {int(bad[0])} is out "
                          f"of range; expected class indices in [0, {vocab}) or -1 "
                          f"(ignore_index: a masked position)")
+
 
 class KVCache:
     """The keys and values of the positions a model has seen, per layer:
