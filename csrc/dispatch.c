@@ -1894,7 +1894,7 @@ static gemm_split split_product(int64_t m, int64_t n, int64_t k) {
     const int64_t panels = (n + nr - 1) / nr, tiles = (m + mr - 1) / mr;
     const double madds = (double)m * (double)n * (double)k;
     const int64_t threads = madds < GO_GEMM_PARALLEL_MIN ? 1 : go_pool_threads();
-    const int rows_first = tiles >= threads && threads > 1 &&
+    const int rows_first = tiles >= threads &&
                            (m > 4 * n || split_load(panels, tiles, 1, threads) <
                                              split_load(panels, tiles, threads, 1));
     const int64_t col_groups = rows_first ? 1 : panels < threads ? panels : threads;

@@ -6,7 +6,8 @@ float32 Linear layers, bare or under LoRA adapters, the kept ones multiplying
 their activations one way.  A block names the weight rows of each
 (``step_projections``): Llama's seven layers, or Phi-3's fused q|k|v and gate|up
 cut into row ranges.  Any other block (other norms, other layers) decodes layer
-by layer.  Without adapters both ways give the same bits for kept weights; a Linear's product sums over 64 inputs at a time
+by layer.  Without adapters both ways give the same bits for kept weights; a
+Linear's product sums over 64 inputs at a time
 (each weight byte read once, threads on whole rows of it) where BLAS sums its
 own way, both within float32 rounding of the exact product; an adapter's two
 small products are the C call's own float32 sums.  A bf16 pass

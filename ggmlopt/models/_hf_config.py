@@ -128,18 +128,18 @@ def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False
     if params and legacy and {k: v for k, v in legacy.items() if k != "type"} != {
             k: v for k, v in params.items() if k not in ("rope_theta", "type")}:
         raise ValueError(f"rope_scaling {legacy} and rope_parameters {params} disagree")
-    if params and legacy and "rope_theta" in params and \
-            params["rope_theta"] != hf.get("rope_theta", theta):
-        # transformers takes rope_scaling whole and its theta from the top level
-        raise ValueError(f"rope_parameters and rope_scaling are both given: transformers reads "
-                         f"rope_scaling and the top-level rope_theta "
-                         f"({hf.get('rope_theta', theta)}"
-                         f"{'' if 'rope_theta' in hf else ', the default'}), not rope_parameters' "
-                         f"rope_theta {params['rope_theta']}; keep one of the two")
-    theta = params.get("rope_theta", hf.get("rope_theta", theta))
-    if "rope_theta" in params and "rope_theta" in hf and params["rope_theta"] != hf["rope_theta"]:
-        raise ValueError(f"rope_theta {hf['rope_theta']} and rope_parameters' "
-                         f"{params['rope_theta']} disagree")
+    # a top-level rope_theta beside rope_parameters' must agree with it; beside a
+    # rope_scaling transformers reads the top-level one (its default when absent)
+    top = hf.get("rope_theta", theta)
+    if "rope_theta" in params and (legacy or "rope_theta" in hf) and params["rope_theta"] != top:
+        if legacy:
+            raise ValueError(f"rope_parameters and rope_scaling are both given: transformers "
+                             f"reads rope_scaling and the top-level rope_theta ({top}"
+                             f"{'' if 'rope_theta' in hf else ', the default'}), not "
+                             f"rope_parameters' rope_theta {params['rope_theta']}; keep one of "
+                             f"the two")
+        raise ValueError(f"rope_theta {top} and rope_parameters' {params['rope_theta']} disagree")
+    theta = params.get("rope_theta", top)
     max_len = hf.get("max_position_embeddings", max_len)
     scaling = RopeScaling.from_hf(params or legacy, max_len)
     return {"vocab_size": hf["vocab_size"], "dim": dim, "n_layers": hf["num_hidden_layers"],
