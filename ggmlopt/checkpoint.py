@@ -40,6 +40,8 @@
                              (the one asked for: a machine without bf16 products runs
                              float32); optional on load (older files lack it, meaning
                              "f32")
+    precision_run     str    the precision the products ran in, "f32" or "bf16": a
+                             resume that runs in the other one warns; optional on load
     trainable         int8 (all the model's parameters,): 1 where a parameter trains,
                       0 where it is frozen (requires_grad=False); optional on load
                       (older files lack it, meaning every parameter trains)
@@ -82,6 +84,7 @@ import json
 import math
 import numbers
 import os
+import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -139,8 +142,9 @@ _INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_
                       + ("fit.step",))
 _STR_KEYS = frozenset(("format", "rng_state", "optimizer_name"))
 # strings a state may hold or lack: the ranks' own generators (ggmlopt.rank_rng),
-# the precision (files written before bf16 lack it)
-_OPTIONAL_STR_KEYS = ("rank_rng_states", "precision", "trainable_names")
+# the precision asked for and the one that ran (files written before bf16 lack
+# both, before the second the second)
+_OPTIONAL_STR_KEYS = ("rank_rng_states", "precision", "precision_run", "trainable_names")
 # the fields of training.EpochStats (10 before blas_threads, 11 before exchange_wait_s)
 HISTORY_COLUMNS = 12
 EVAL_COLUMNS = 7      # the fields of training.EvalStats
@@ -261,6 +265,9 @@ class _Layout:
         self.state = self.optimizer.state_names if self.build_type == BuildType.OPT else ()
         self.bit_generator_type = bit_generator_type
         self.precision = precision
+        # the precision the products run in: the one asked for, or float32 on a
+        # machine without bf16 products
+        self.precision_run = precision
 
     @classmethod
     def of(cls, ctx):
@@ -268,6 +275,7 @@ class _Layout:
         lay = cls(ctx.loss_type, ctx.optimizer, ctx.build_type, ctx.opt_period, shapes,
                   type(ctx.rng.bit_generator), ctx.trainable_mask,
                   parameter_names(ctx.model, ctx.model_parameters), ctx.precision_asked)
+        lay.precision_run = ctx.precision
         return lay
 
     @property
@@ -393,6 +401,14 @@ def _validate(sd, layout):
                              f"precision={saved!r}, this context has "
                              f"precision={layout.precision!r}; a resume goes on in the "
                              "precision it started in")
+    if "precision_run" in sd:
+        ran = _get_str(sd, "precision_run")
+        if ran != layout.precision_run:
+            warnings.warn(f"state_dict['precision_run']: the saved run multiplied in {ran} "
+                          f"and this machine multiplies in {layout.precision_run} (precision="
+                          f"{layout.precision!r} runs float32 where a CPU has no bf16 "
+                          "products): the run goes on, but neither machine alone would "
+                          "give its result", UserWarning, stacklevel=3)
     _check_split(sd, layout)
     if "trainable_names" in sd:
         _check_names(sd, layout)
@@ -501,6 +517,7 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
         sd["rank_rng_states"] = rank_rng.gather_states(dist, ctx.model_rng)
     sd["trainable"] = np.array(lay.trainable, dtype=np.int8)
     sd["precision"] = lay.precision
+    sd["precision_run"] = lay.precision_run
     sd["trainable_names"] = json.dumps([n for n, t in zip(lay.names, lay.trainable) if t])
     return sd
 

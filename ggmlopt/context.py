@@ -131,6 +131,22 @@ def _checked_precision(precision: object) -> str:
     return name
 
 
+def _warn_float32_convolutions(model) -> None:
+    """precision='bf16' reaches Linear layers and output heads; a convolution
+    multiplies in float32 whatever the precision (its direct kernels and im2col
+    products have no bf16 form): a model with some says so, so that a CNN's
+    speed is not taken for bf16's."""
+    from .nn.conv import Conv2d
+    from .nn.module import modules
+
+    convs = sum(isinstance(m, Conv2d) for m in modules(model))
+    if convs:
+        warnings.warn(f"precision='bf16': the model's {convs} Conv2d layer"
+                      f"{'s multiply' if convs > 1 else ' multiplies'} in float32 (bf16 "
+                      "products are Linear layers' and output heads' only)", UserWarning,
+                      stacklevel=4)
+
+
 def _nonfinite_cause(x, y, out) -> str:
     """Why a loss is not finite, for its error message: a NaN in the inputs may come
     from an inf there (inf - inf), so the inputs and labels are named first."""
@@ -356,6 +372,8 @@ class OptContext:
                              f"requires_grad=False: {frozen}{', ...' if len(params) > 4 else ''})"
                              f"; set requires_grad=True on the ones to train, or build the "
                              f"context with build_type=FORWARD")
+        if self._precision == "bf16":
+            _warn_float32_convolutions(model)
         if self._wants_step_in_backward:
             self._check_step_in_backward(trainable, clip_grad_norm)
         # the frozen/trainable split, over model.parameters() (distributed and the

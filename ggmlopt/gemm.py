@@ -33,6 +33,7 @@ import ctypes.util
 import glob
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -165,11 +166,20 @@ def mkl_library() -> str | None:
     return lib.path if lib is not None else None
 
 
+def _engine_name(name: object, what: str, names: tuple[str, ...]) -> str:
+    """name, one of names in any case and with spaces around (as the environment
+    variables are read), as its lower-case self."""
+    if not isinstance(name, str):
+        raise TypeError(f"{what}: expected a str, one of {', '.join(names)}, got "
+                        f"{type(name).__name__}")
+    if name.strip().lower() not in names:
+        raise ValueError(f"{what}: expected one of {', '.join(names)}, got {name!r}")
+    return name.strip().lower()
+
+
 def _engine_from_env():
-    name = os.environ.get("GGMLOPT_GEMM", "numpy").strip().lower() or "numpy"
-    if name not in ENGINES:
-        raise ValueError(f"GGMLOPT_GEMM: expected one of {', '.join(ENGINES)}, got {name!r}")
-    return name
+    return _engine_name(os.environ.get("GGMLOPT_GEMM", "").strip() or "numpy",
+                        "GGMLOPT_GEMM", ENGINES)
 
 
 _engine = "numpy"
@@ -182,14 +192,11 @@ def use_engine(name: str | None = None) -> str:
     GGMLOPT_GEMM says, else numpy) and return the previous engine's name.
     ImportError when MKL is asked for and not installed."""
     global _engine, _engine_source
-    if name is None:
-        name = _engine_from_env()
+    name = _engine_from_env() if name is None else _engine_name(name, "name", ENGINES)
     # the engine GGMLOPT_GEMM (or the default) names, set again (a test's restore), is
     # still theirs
     source = "call" if name != _engine_from_env() else \
         "env" if os.environ.get("GGMLOPT_GEMM", "").strip() else "default"
-    if name not in ENGINES:
-        raise ValueError(f"name: expected one of {', '.join(ENGINES)}, got {name!r}")
     if name == "mkl" and _load_mkl() is None:
         raise ImportError(f"GEMM engine 'mkl': {_mkl_error}")
     previous, _engine, _engine_source = _engine, name, source
@@ -211,11 +218,8 @@ BF16_ENGINES = ("auto", "native", "mkl")
 
 
 def _bf16_engine_from_env():
-    name = os.environ.get("GGMLOPT_GEMM_BF16", "auto").strip().lower() or "auto"
-    if name not in BF16_ENGINES:
-        raise ValueError(f"GGMLOPT_GEMM_BF16: expected one of {', '.join(BF16_ENGINES)}, "
-                         f"got {name!r}")
-    return name
+    return _engine_name(os.environ.get("GGMLOPT_GEMM_BF16", "").strip() or "auto",
+                        "GGMLOPT_GEMM_BF16", BF16_ENGINES)
 
 
 # the bf16 engine asked for ('auto' picks per CPU: bf16_engine)
@@ -227,10 +231,7 @@ def use_bf16_engine(name: str | None = None) -> str:
     GGMLOPT_GEMM_BF16 says, else auto) and return the previous choice.
     ImportError when MKL is asked for and not installed."""
     global _bf16_choice
-    if name is None:
-        name = _bf16_engine_from_env()
-    if name not in BF16_ENGINES:
-        raise ValueError(f"name: expected one of {', '.join(BF16_ENGINES)}, got {name!r}")
+    name = _bf16_engine_from_env() if name is None else _engine_name(name, "name", BF16_ENGINES)
     if name == "mkl" and _load_mkl() is None:
         raise ImportError(f"bf16 engine 'mkl': {_mkl_error}")
     previous, _bf16_choice = _bf16_choice, name
@@ -329,7 +330,8 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = Fal
         if isinstance(b, np.ndarray) and np.may_share_memory(out, b):
             b = b.copy()
     # a bf16 pass's float32 products go where its bf16 products go
-    on_mkl = _engine == "mkl" if not _bf16_active else _bf16_on_mkl
+    bf16_pass, bf16_on_mkl = _pass.bf16, _pass.on_mkl
+    on_mkl = _engine == "mkl" if not bf16_pass else bf16_on_mkl
     if on_mkl and _mkl is not None and a.dtype == b.dtype == out.dtype == np.float32:
         # a row vector with real strides (a[None, :] has a 0 row stride, which reads as
         # a transposed operand and would leave the product to NumPy)
@@ -337,11 +339,11 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = Fal
             else (a, out)
         if _call(_mkl.sgemm, a2, b, out2, accumulate):
             return out
-    if not _bf16_active:
+    if not bf16_pass:
         if _engine == "native" and a.ndim == 2 and b.ndim == 2 \
                 and a.shape[0] >= _NATIVE_MIN_ROWS and _native_sgemm(a, b, out, accumulate):
             return out
-    elif not _bf16_on_mkl and b.ndim == 2 and (a.ndim == 2 or a.ndim == out.ndim == 1):
+    elif not bf16_on_mkl and b.ndim == 2 and (a.ndim == 2 or a.ndim == out.ndim == 1):
         # every row count, a single row too: no OpenBLAS thread wakes in the pass
         a2, out2 = (a.reshape(1, -1), out.reshape(1, -1)) if a.ndim == 1 else (a, out)
         if _native_sgemm(a2, b, out2, accumulate):
@@ -367,13 +369,21 @@ def matmul_bf16(a16: np.ndarray, b16: np.ndarray, out: np.ndarray,
     if out.dtype != np.float32:
         raise TypeError(f"out: expected float32, got {out.dtype}")
     # a bf16 pass decided its engine on entry (products_in); bf16_engine asks the CPU
-    if not (_bf16_on_mkl if _bf16_active else bf16_engine() == "mkl"):
+    if not (_pass.on_mkl if _pass.bf16 else bf16_engine() == "mkl"):
         from .kernels_gemm import gemm_bf16
 
         return gemm_bf16(a16, b16, out, accumulate)
     lib = _load_mkl()
     if lib is None:
         raise ImportError(f"bf16 products: {_mkl_error}")
+    if not out.flags.writeable:
+        raise ValueError("out: the array is read-only")
+    # MKL reads the operands while it writes out: an operand that shares its
+    # memory is copied first, as matmul does
+    if np.may_share_memory(out, a16):
+        a16 = a16.copy()
+    if np.may_share_memory(out, b16):
+        b16 = b16.copy()
     if not _call(lib.bf16gemm, a16, b16, out, accumulate):
         raise ValueError("a16, b16, out: expected 2-D operands with contiguous rows or "
                          "columns and an output with contiguous rows")
@@ -396,9 +406,19 @@ for _use, _var in ((use_engine, "GGMLOPT_GEMM"), (use_bf16_engine, "GGMLOPT_GEMM
 
 PRECISIONS = {"f32": "f32", "float32": "f32", "fp32": "f32",
               "bf16": "bf16", "bfloat16": "bf16"}
-_bf16_active = False
-# within a bf16 pass: whether its bf16 products run on MKL (its float32 ones follow)
-_bf16_on_mkl = False
+
+
+class _PassState(threading.local):
+    """The precision of the pass the calling thread is in: each thread its own,
+    so a float32 forward in one thread never multiplies in bf16 because another
+    thread is inside a bf16 training pass (ranks run as threads do both)."""
+
+    bf16 = False
+    # within a bf16 pass: whether its bf16 products run on MKL (its float32 ones follow)
+    on_mkl = False
+
+
+_pass = _PassState()
 
 
 def check_precision(precision: object) -> str:
@@ -412,8 +432,9 @@ def check_precision(precision: object) -> str:
 
 
 def bf16_active() -> bool:
-    """Whether the layers multiply in bf16 now (inside a bf16 context's eval)."""
-    return _bf16_active
+    """Whether the layers multiply in bf16 now: the calling thread is inside a
+    bf16 context's pass."""
+    return _pass.bf16
 
 
 # how long the kernel threads poll for the next call while the native engine
@@ -435,33 +456,32 @@ def _native_passes(delta: int) -> None:
 
 class products_in:
     """``with products_in('bf16'):`` the layers' forward and backward products
-    take bf16 operands (float32 master weights and gradients stay); 'f32' leaves
-    them in float32, and under the native engine keeps the kernel threads
-    polling between its products (NATIVE_TRAINING_LINGER_S, set by the first
-    pass that enters and put back by the last that leaves, from any thread).
-    The bf16 switch is not re-entrant across threads: one bf16 training context
-    runs at a time in a process."""
+    in the calling thread take bf16 operands (float32 master weights and
+    gradients stay); 'f32' leaves them in float32, and under the native engine
+    keeps the kernel threads polling between its products
+    (NATIVE_TRAINING_LINGER_S, set by the first pass that enters and put back
+    by the last that leaves, from any thread).  precision as check_precision
+    takes it.  Each thread's passes are its own: other threads multiply as
+    their own passes say."""
 
     def __init__(self, precision: str) -> None:
-        self._bf16 = precision == "bf16"
+        self._bf16 = check_precision(precision) == "bf16"
         self._before = (False, False)
         self._lingers = False
 
     def __enter__(self) -> None:
-        global _bf16_active, _bf16_on_mkl
-        on_mkl = bf16_engine() == "mkl" if self._bf16 else _bf16_on_mkl
-        self._before = (_bf16_active, _bf16_on_mkl)
-        _bf16_active, _bf16_on_mkl = self._bf16, on_mkl
+        on_mkl = bf16_engine() == "mkl" if self._bf16 else _pass.on_mkl
+        self._before = (_pass.bf16, _pass.on_mkl)
+        _pass.bf16, _pass.on_mkl = self._bf16, on_mkl
         # the kernel threads multiply this pass: float32 on the native engine, or
         # bf16 on ggmlopt's own kernels
         self._lingers = (not self._bf16 and _engine == "native") or \
-            (self._bf16 and not _bf16_on_mkl)
+            (self._bf16 and not on_mkl)
         if self._lingers:
             _native_passes(1)
 
     def __exit__(self, *exc: object) -> None:
-        global _bf16_active, _bf16_on_mkl
-        _bf16_active, _bf16_on_mkl = self._before
+        _pass.bf16, _pass.on_mkl = self._before
         if self._lingers:
             _native_passes(-1)
             self._lingers = False

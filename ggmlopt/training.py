@@ -156,7 +156,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     it continues across epochs and resumes exactly.
     precision: "f32" (default) or "bf16": the layers' matrix products in bf16
     with float32 sums, weights, gradients and optimizer state, where the CPU
-    multiplies bf16 natively (see OptContext; elsewhere a warning and float32).
+    multiplies bf16 natively (see OptContext; elsewhere a warning and float32),
+    the validation batches' losses included; convolutions stay float32.
     optimizer_in_backward: True steps each parameter in the backward pass as soon
     as its gradient is final, with gradients lent from a small pool (a full
     fine-tune holds about one block's gradients instead of every parameter's):

@@ -248,3 +248,18 @@ def test_mkl_s_64_bit_interface_setting_is_overridden():
                          check=False)
     assert run.returncode == 0, run.stderr
     assert float(run.stdout) < 18 * U * 17
+
+
+def test_engine_names_as_the_environment_reads_them():
+    before = gemm.use_engine(" NumPy ")
+    try:
+        assert gemm.engine() == "numpy"
+        with pytest.raises(TypeError, match="name: expected a str"):
+            gemm.use_engine(3)
+        assert gemm.engine() == "numpy"
+        bf16_before = gemm.use_bf16_engine(" Native")
+        assert gemm.use_bf16_engine(bf16_before) == "native"
+        with pytest.raises(TypeError, match="name: expected a str"):
+            gemm.use_bf16_engine(b"native")
+    finally:
+        gemm.use_engine(before)

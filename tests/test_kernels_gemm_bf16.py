@@ -195,12 +195,12 @@ def test_a_pass_puts_back_the_engine_of_the_pass_around_it(monkeypatch):
     monkeypatch.setattr(gemm, "bf16_engine", lambda: next(engines))
     with gemm.products_in("bf16"):
         with gemm.products_in("bf16"):
-            assert gemm._bf16_on_mkl
-        assert gemm.bf16_active() and not gemm._bf16_on_mkl
+            assert gemm._pass.on_mkl
+        assert gemm.bf16_active() and not gemm._pass.on_mkl
         with gemm.products_in("f32"):
             assert not gemm.bf16_active()
-        assert gemm.bf16_active() and not gemm._bf16_on_mkl
-    assert not gemm.bf16_active() and not gemm._bf16_on_mkl
+        assert gemm.bf16_active() and not gemm._pass.on_mkl
+    assert not gemm.bf16_active() and not gemm._pass.on_mkl
 
 
 def test_unknown_bf16_engine_is_refused():
@@ -261,3 +261,72 @@ def test_float32_products_of_a_bf16_pass_go_where_its_bf16_products_go(bf16_engi
         assert "native" not in seen and "mkl" not in seen
     finally:
         gemm.use_engine(before)
+
+
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_bf16_product_into_an_operands_memory(bf16_engine, rng, which):
+    # out's bytes are an operand's: the product of the operands as they were
+    # before the call, or a refusal; never a product of half-written values (MKL
+    # wrote over its operands at 512 and not below)
+    m = k = n = 520
+    a = operand16(rng, m, k, False)
+    b = operand16(rng, k, n, False)
+    want = widened(a) @ widened(b)
+    store = np.zeros((m, n), F32)
+    shared = store.view(np.uint16)[:, :k] if which == "a" else store.view(np.uint16)[:k, :n]
+    shared[...] = a if which == "a" else b
+    ops = (shared, b) if which == "a" else (a, shared)
+    try:
+        gemm.matmul_bf16(*ops, store)
+    except ValueError as e:
+        assert "out" in str(e) or "overlap" in str(e) or "share" in str(e)
+        return
+    assert_product_close(store, widened(a), widened(b))
+    assert np.abs(store - want).max() < 1e-3 * np.abs(want).max()
+
+
+def test_bf16_product_refuses_a_read_only_out(bf16_engine, rng):
+    a, b = operand16(rng, 4, 6, False), operand16(rng, 6, 5, False)
+    out = np.full((4, 5), 7.0, F32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        gemm.matmul_bf16(a, b, out)
+    assert (out == 7.0).all()
+
+
+def test_a_pass_takes_precision_names_and_refuses_others():
+    with gemm.products_in("BFloat16"):
+        assert gemm.bf16_active()
+    with gemm.products_in("float32"):
+        assert not gemm.bf16_active()
+    for bad, err in (("fp16", ValueError), (None, TypeError), (16, TypeError)):
+        with pytest.raises(err, match="precision"):
+            gemm.products_in(bad)
+    assert not gemm.bf16_active()
+
+
+def test_a_bf16_pass_is_the_threads_own():
+    # another thread's products stay float32 while this one is in a bf16 pass,
+    # and the other's pass leaves this one's precision as it was
+    import threading
+
+    seen = {}
+    inside, done = threading.Event(), threading.Event()
+
+    def other():
+        seen["before"] = gemm.bf16_active()
+        inside.wait(10)
+        seen["during"] = gemm.bf16_active()
+        with gemm.products_in("bf16"):
+            seen["own"] = gemm.bf16_active()
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with gemm.products_in("bf16"):
+        inside.set()
+        done.wait(10)
+        assert gemm.bf16_active()
+    t.join()
+    assert seen == {"before": False, "during": False, "own": True}
+    assert not gemm.bf16_active()

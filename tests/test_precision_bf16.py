@@ -195,6 +195,25 @@ def test_without_native_bf16_the_context_says_so_and_trains_float32(monkeypatch)
     assert ctx.precision == "f32"
 
 
+def test_a_model_with_convolutions_says_they_stay_float32(monkeypatch):
+    # a CNN under bf16 multiplies only its Linear layers in bf16: said when the
+    # context is made, and not for a model without convolutions
+    import warnings
+
+    monkeypatch.setattr(gemm, "bf16_support", lambda: (True, "bf16 here"))
+    cnn = go.nn.Sequential(go.nn.Conv2d(1, 4, 3, padding=1, rng=0), go.nn.ReLU(),
+                           go.nn.Conv2d(4, 2, 3, padding=1, rng=1), go.nn.Flatten(),
+                           go.nn.Linear(2 * 5 * 5, 3, rng=2))
+    with pytest.warns(UserWarning, match="2 Conv2d layers multiply in float32"):
+        ctx = go.OptContext(cnn, loss_type="cross_entropy", precision="bf16")
+    assert ctx.precision == "bf16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        go.OptContext(cnn, loss_type="cross_entropy", precision="f32")
+        go.OptContext(tiny_llama(), loss_type="cross_entropy", inputs_dtype=np.int32,
+                      precision="bf16")
+
+
 def test_bad_precision_is_refused():
     with pytest.raises(ValueError, match="precision"):
         go.OptContext(tiny_llama(), loss_type="cross_entropy", inputs_dtype=np.int32,

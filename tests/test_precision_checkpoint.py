@@ -4,7 +4,8 @@ and by fit's resume, so a run goes on in the precision it started in (another
 precision would take neither run's trajectory).
 
 The precision saved is the one asked for: on a machine without bf16 products a
-bf16 context warns and runs float32, and its checkpoint still says bf16.
+bf16 context warns and runs float32, and its checkpoint still says bf16; it
+also says the precision that ran, and a resume that runs in the other one warns.
 """
 import warnings
 
@@ -94,3 +95,35 @@ def test_a_precision_of_the_wrong_type_is_a_type_error():
         with pytest.raises(TypeError, match="precision"):
             go.fit(model(), dataset(), "cross_entropy", nbatch_logical=10, silent=True,
                    precision=bad)
+
+
+def test_a_resume_that_multiplies_otherwise_than_the_saved_run_warns(tmp_path, monkeypatch):
+    # bf16 asked for on a machine without bf16 products ran float32; resumed where
+    # they run, the products change mid-run: allowed, and said
+    from ggmlopt import gemm
+
+    native, _ = gemm.bf16_support()
+    if not native:
+        pytest.skip("this machine has no bf16 products to resume on")
+    with monkeypatch.context() as m:
+        m.setattr(gemm, "bf16_support", lambda: (False, "no bf16 products here"))
+        fell_back = context("bf16")
+    assert fell_back.precision == "f32"
+    sd = fell_back.state_dict()
+    assert (sd["precision"], sd["precision_run"]) == ("bf16", "f32")
+    resumed = context("bf16")
+    assert resumed.precision == "bf16"
+    with pytest.warns(UserWarning, match="multiplied in f32 and this machine multiplies in bf16"):
+        resumed.load_state_dict(sd)
+    np.testing.assert_array_equal(resumed.state_dict()["param.0"], sd["param.0"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        context("bf16").load_state_dict(resumed.state_dict())   # the same: no word
+
+
+def test_a_state_without_the_run_s_precision_loads_quietly():
+    sd = context("bf16").state_dict()
+    del sd["precision_run"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        context("bf16").load_state_dict(sd)
