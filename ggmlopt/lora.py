@@ -61,6 +61,8 @@ __all__ = [
     "trainable_parameters",
 ]
 
+# the attention's projections by the Llama layout's names: what apply adapts by
+# default in a model of no family (a family names its own: Phi-3's fused qkv_proj)
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -381,6 +383,37 @@ def _target_pattern(targets):
                          f"({e})") from None
 
 
+def _refuse_no_match(model, targets, pattern, linears) -> None:
+    """The ValueError of targets that adapt nothing: the names the model's layers
+    have, and for a regular expression how it is matched."""
+    how = ""
+    if pattern is not None:
+        how = (" (read as a regular expression, which must match a layer's whole dotted "
+               "name, as PEFT's target_modules string does: e.g. r'.*\\.(q_proj|v_proj)')")
+    if not linears:
+        raise ValueError(f"targets: no Linear layer of the model is named {list(targets)}"
+                         f"{how}; the model has no Linear layers")
+    short = ", ".join(dict.fromkeys(name.rsplit(".", 1)[-1] for name, *_ in linears))
+    embeds = ", ".join(dict.fromkeys(e[0].rsplit(".", 1)[-1]
+                                     for e in _layers(model, EMBEDDINGS)))
+    raise ValueError(f"targets: no Linear layer of the model is named {list(targets)}{how}; "
+                     f"its {len(linears)} Linear layers are named {short} (e.g. "
+                     f"{linears[0][0]})" + (f", its embeddings {embeds}" if embeds else ""))
+
+
+def _warn_unmatched_targets(targets, chosen_names, hf) -> None:
+    """Warn about target names that adapt nothing while others do: a misspelt
+    name (``qproj``) would otherwise leave its layers without adapters unsaid."""
+    unmatched = [t for t in targets
+                 if not any(_matches(hf(name), (t,)) or _matches(name, (t,))
+                            for name in chosen_names)]
+    if unmatched:
+        warnings.warn(f"targets: {', '.join(map(repr, unmatched))} "
+                      f"match{'es' if len(unmatched) == 1 else ''} no layer of the model; "
+                      f"the other names adapt {len(chosen_names)} layer(s)", UserWarning,
+                      stacklevel=3)
+
+
 def _warn_short_name_matches(pattern, names, hf) -> None:
     """Warn when a targets regular expression picks layers by ggmlopt's names
     alone: PEFT matches the transformers names only, so the same
@@ -393,6 +426,16 @@ def _warn_short_name_matches(pattern, names, hf) -> None:
                       f"ggmlopt's name, not by the transformers name PEFT matches: {shown}"
                       f"{more}; PEFT would not adapt them; write the expression for the "
                       f"transformers names to adapt what PEFT adapts", stacklevel=3)
+
+
+def _default_targets(model) -> tuple[str, ...]:
+    """The attention's projections of model's family (the Llama layout's names
+    for a model of no family)."""
+    from .models.registry import family_of  # models import lora: not at import time
+    try:
+        return family_of(model).lora_targets
+    except TypeError:
+        return DEFAULT_TARGETS
 
 
 def _targets_arg(targets) -> tuple[str, ...]:
@@ -621,8 +664,8 @@ def other_trainable(model) -> list[str]:
             if p.requires_grad and id(p) not in adapters]
 
 
-def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=0,
-          trainable=()):
+def apply(model, rank=8, alpha=16.0, targets=None, dropout=0.0, seed=0,
+          trainable=(), use_rslora=False):
     """Wrap model's Linear layers named in targets in LoRALinear adapters, in place,
     and freeze everything else, as PEFT's ``get_peft_model`` does.
 
@@ -631,7 +674,10 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     dotted module name or to a dot-separated suffix of it (``q_proj``,
     ``mlp.up_proj``, ``layers.0.self_attn.v_proj``; GPT-2's ``c_attn``...), or
     ``"all-linear"``: every Linear but the output head (``lm_head``), PEFT's
-    shortcut, or, as PEFT's target_modules string, a regular expression that
+    shortcut; default (None): the attention's projections, ``q_proj``,
+    ``k_proj``, ``v_proj`` and ``o_proj`` (Phi-3's ``qkv_proj`` and ``o_proj``,
+    GPT-2's ``c_attn`` and ``attn.c_proj``); or, as PEFT's target_modules
+    string, a regular expression that
     matches a layer's whole name (``r".*\\.(q_proj|v_proj)"``; the transformers
     name, ``model.layers.0.self_attn.q_proj``, or ggmlopt's, with a UserWarning
     for the layers matched by ggmlopt's name alone, which PEFT, matching the
@@ -647,7 +693,9 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     name may not cover a layer that targets adapt.  PEFT matches
     modules_to_save on any suffix (its "norm" also trains every
     ``input_layernorm``): where a name would train more there, a UserWarning
-    names the modules to add.
+    names the modules to add.  use_rslora: PEFT's rank-stabilised scaling,
+    alpha / sqrt(rank) (the adapters then hold alpha * sqrt(rank) as their
+    alpha, which PEFT's and llama.cpp's alpha / rank make the same scale).
 
     Afterwards only the adapters (and what trainable names) train: every other
     parameter is frozen (``requires_grad=False``: no gradient, no optimizer
@@ -666,6 +714,12 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
     rank = _rank_arg(rank)
     alpha = _alpha_arg(alpha)
     dropout = _dropout_arg(dropout)
+    if not isinstance(use_rslora, (bool, np.bool_)):
+        raise TypeError(f"use_rslora: expected a bool, got {type(use_rslora).__name__}")
+    if use_rslora:
+        alpha = alpha * math.sqrt(rank)
+    if targets is None:
+        targets = _default_targets(model)
     # PEFT takes its shortcut in any case ("ALL-LINEAR")
     all_linear = isinstance(targets, str) and targets.lower() == ALL_LINEAR
     pattern = _target_pattern(targets)
@@ -693,13 +747,9 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
         _warn_short_name_matches(pattern, [e[0] for e in chosen + embeddings], hf)
     _refuse_a_tied_head(model, targets, linears, hf, selects)
     if not chosen and not embeddings:
-        if not linears:
-            raise ValueError(f"targets: no Linear layer of the model is named {list(targets)}; "
-                             "the model has no Linear layers")
-        short = ", ".join(dict.fromkeys(name.rsplit(".", 1)[-1] for name, *_ in linears))
-        raise ValueError(f"targets: no Linear layer of the model is named {list(targets)}; "
-                         f"its {len(linears)} Linear layers are named {short} (e.g. "
-                         f"{linears[0][0]})")
+        _refuse_no_match(model, targets, pattern, linears)
+    if pattern is None and not all_linear:
+        _warn_unmatched_targets(targets, [e[0] for e in chosen + embeddings], hf)
     params = named_parameters(model)
     to_adapt = [name for name, *_ in chosen + embeddings]
     kept = [(name, layer) for name, layer in quantized_layers(model) if name not in to_adapt]
@@ -716,8 +766,8 @@ def apply(model, rank=8, alpha=16.0, targets=DEFAULT_TARGETS, dropout=0.0, seed=
         if not any(_kept_trainable(hf(name), (t,)) for name, _ in params):
             raise ValueError(f"trainable: {t!r} names no module or parameter of the model "
                              f"(its parameters are named like {params[0][0]!r})")
-        # a layer is adapted or trained whole, never both (PEFT refuses it too): the
-        # adapter would freeze the weight the name asked to train
+        # a layer is adapted or trained whole, never both: the adapter would freeze
+        # the weight the name asked to train
         both = [name for name in to_adapt if _kept_trainable(hf(name), (t,))]
         # ... and a name inside an adapted layer (its bias) would stay frozen
         both += [name for name, _ in params if _kept_trainable(hf(name), (t,))
@@ -764,9 +814,12 @@ def freeze_all_but_adapters(model, trainable=(), *, skip=frozenset()) -> None:
     for name, p in named_parameters(model):
         if id(p) in skip or id(p) in adapters:
             continue  # an adapter froze its base itself and gives it back on merge
-        if p.requires_grad and not _kept_trainable(hf(name), trainable):
-            p.requires_grad = False
-            frozen.append(p)
+        if not _kept_trainable(hf(name), trainable):
+            if p.requires_grad:
+                p.requires_grad = False
+                frozen.append(p)
+        else:   # as PEFT's modules_to_save: what it names trains, frozen before or not
+            p.requires_grad = True
     _frozen_by_apply.setdefault(id(model), set()).update(id(p) for p in frozen)
     try:   # the entry goes with the model where it can be weakly referenced
         weakref.finalize(model, _frozen_by_apply.pop, id(model), None)

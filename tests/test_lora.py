@@ -745,3 +745,56 @@ def test_a_parameter_inside_an_adapted_layer_is_refused_as_trainable():
     assert {n: p.requires_grad for n, p in model.named_parameters()} == before
     lora.apply(model, rank=2, targets=("v_proj",), trainable=("q_proj.bias",))
     assert lora.other_trainable(model) == ["layers.0.self_attn.q_proj.bias"]
+
+
+def test_by_default_every_family_s_attention_projections_are_adapted():
+    # Phi-3 fuses q, k and v into qkv_proj, GPT-2 names them c_attn and attn.c_proj:
+    # apply(model) adapts the attention there too, not o_proj alone or nothing
+    from ggmlopt.models import Phi3, Phi3Config
+    phi3 = Phi3(Phi3Config(vocab_size=67, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                           ffn_dim=48, max_seq_len=64), seed=0)
+    gpt2 = GPT2(GPT2Config(vocab_size=29, dim=16, n_layers=2, n_heads=2, max_seq_len=12))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = {type(m).__name__: [n for n, _ in lora.apply(m)] for m in (phi3, gpt2, Llama(CFG))}
+    assert got["Phi3"] == [f"layers.{i}.self_attn.{p}" for i in range(2)
+                           for p in ("qkv_proj", "o_proj")]
+    assert got["GPT2"] == [f"h.{i}.attn.{p}" for i in range(2) for p in ("c_attn", "c_proj")]
+    assert got["Llama"] == [f"layers.{i}.self_attn.{p}" for i in range(2)
+                            for p in lora.DEFAULT_TARGETS]
+
+
+def test_a_target_that_matches_nothing_beside_others_warns():
+    model = Llama(CFG)
+    with pytest.warns(UserWarning, match=r"targets: 'qproj' matches no layer of the model; "
+                                         r"the other names adapt 2 layer\(s\)"):
+        lora.apply(model, rank=2, targets=("qproj", "v_proj"))
+    assert [n for n, _ in lora.named_adapters(model)] == \
+        ["layers.0.self_attn.v_proj", "layers.1.self_attn.v_proj"]
+
+
+def test_a_regular_expression_matching_nothing_says_how_it_is_read():
+    model = Llama(CFG)
+    with pytest.raises(ValueError, match=r"regular expression, which must match a layer's "
+                                         r"whole dotted name.*its embeddings embed_tokens"):
+        lora.apply(model, targets="q_proj|v_proj")
+    assert not lora.named_adapters(model)
+
+
+def test_trainable_names_train_even_when_frozen_before():
+    # PEFT's modules_to_save trains what it names whatever it was before
+    model = Llama(CFG)
+    model.norm.weight.requires_grad = False
+    lora.apply(model, rank=2, targets=("q_proj",), trainable=("model.norm",))
+    assert model.norm.weight.requires_grad
+    assert lora.other_trainable(model) == ["norm.weight"]
+
+
+def test_rslora_scales_by_the_square_root_of_the_rank():
+    model, plain = Llama(CFG, seed=2), Llama(CFG, seed=2)
+    lora.apply(model, rank=4, alpha=8.0, targets=("q_proj",), use_rslora=True, seed=1)
+    lora.apply(plain, rank=4, alpha=16.0, targets=("q_proj",), seed=1)   # 8 * sqrt(4)
+    a, b = lora.named_adapters(model)[0][1], lora.named_adapters(plain)[0][1]
+    assert a.alpha == b.alpha == 16.0 and a.rank == 4
+    with pytest.raises(TypeError, match="use_rslora"):
+        lora.apply(Llama(CFG), use_rslora="yes")

@@ -392,3 +392,49 @@ def test_embedding_layers_peft_saves_beside_an_adapter(tmp_path, tie, modules_to
     theirs_count = sum(p.numel() for n, p in theirs.named_parameters()
                        if p.requires_grad and "original_module" not in n)
     assert lora.trainable_parameters(ours)[0] == theirs_count
+
+
+@pytest.mark.parametrize("entry", ["mlp", "layers.1.mlp", "model.layers.0.mlp"])
+def test_modules_to_save_naming_a_container_trains_what_is_inside(tmp_path, entry):
+    # PEFT's modules_to_save=["mlp"] trains every weight under each matching module
+    # and saves them under their own names (...mlp.gate_proj.weight): loaded, they
+    # train, so save_peft writes them back and PEFT's count is kept
+    from ggmlopt.io import load_peft, save_peft
+    make = FAMILIES["llama"][0]
+    model = make()
+    lora.apply(model, rank=4, targets=("q_proj",), trainable=("mlp",), seed=1)
+    _randomise_adapters(model, 2)
+    save_peft(model, tmp_path / "a")
+    path = tmp_path / "a" / "adapter_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "modules_to_save": [entry]}))
+    fresh = make()
+    load_peft(tmp_path / "a", fresh)
+    layers = (0, 1) if entry == "mlp" else (int(entry.split(".")[-2]),)
+    want = sorted(f"layers.{i}.mlp.{p}_proj.weight" for i in layers
+                  for p in ("gate", "up", "down"))
+    assert sorted(lora.other_trainable(fresh)) == want
+    tokens = np.random.default_rng(3).integers(0, 67, (2, 12))
+    np.testing.assert_array_equal(fresh.forward(tokens), model.forward(tokens))
+
+
+def test_a_tied_head_s_adapter_peft_ties_is_refused_by_what_it_is(tmp_path):
+    # PEFT's ensure_weight_tying adapts lm_head beside a tied embedding: a tied
+    # head here is the embedding itself, so the message says so and how to go on
+    from safetensors.numpy import load_file, save_file
+
+    from ggmlopt.io import load_peft, save_peft
+    make = lambda: Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=4,
+                                     n_kv_heads=2, ffn_dim=48, max_seq_len=64,
+                                     tie_embeddings=True), seed=0)
+    model = make()
+    lora.apply(model, rank=2, targets=("embed_tokens", "q_proj"), seed=1)
+    save_peft(model, tmp_path / "a")
+    file = tmp_path / "a" / "adapter_model.safetensors"
+    tensors = load_file(file)
+    tensors["base_model.model.lm_head.lora_A.weight"] = np.zeros((2, 32), np.float32)
+    tensors["base_model.model.lm_head.lora_B.weight"] = np.zeros((67, 2), np.float32)
+    save_file(tensors, file)
+    fresh = make()
+    with pytest.raises(ValueError, match="tied embedding.*ensure_weight_tying.*merge_and_unload"):
+        load_peft(tmp_path / "a", fresh)
+    assert not lora.named_adapters(fresh)

@@ -260,13 +260,17 @@ def _read_tensors(path: str) -> dict[str, np.ndarray]:
 
 
 def _in_modules_to_save(config, hf_module: str, path: str) -> bool:
-    """PEFT's modules_to_save rule: a module whose name ends with an entry."""
+    """PEFT's modules_to_save rule: hf_module, or a module it is inside (an entry
+    "mlp" trains the whole MLP: its projections' weights are saved under their
+    own names), has a name that ends with an entry."""
     entries = config.get("modules_to_save") or []
     if isinstance(entries, str) or not isinstance(entries, list) or \
             not all(isinstance(e, str) for e in entries):
         raise ValueError(f"{path}: adapter_config.json's modules_to_save: expected a list of "
                          f"module names, got {entries!r}")
-    return any(hf_module.endswith(e) for e in entries)
+    parts = hf_module.split(".")
+    return any(".".join(parts[:i]).endswith(e) for i in range(len(parts), 0, -1)
+               for e in entries)
 
 
 def _tie_loaded_embedding(model, loaded: dict[str, np.ndarray], path: str) -> None:
@@ -477,6 +481,12 @@ def load_peft(directory, model, *, dropout: float | None = None
                 loaded[ours] = value
             continue
         ours = _our_name(model, m.group(1))
+        if m.group(1) == "lm_head" and _tied(model) and (ours is None or ours not in layers):
+            raise ValueError(f"{path}: {key!r} adapts 'lm_head', this model's tied embedding "
+                             "(PEFT's ensure_weight_tying adapts the output head beside the "
+                             "embedding), which ggmlopt's tied head cannot hold: merge the "
+                             "adapter in PEFT (merge_and_unload) and load the merged model, or "
+                             "train the adapter without ensure_weight_tying")
         if ours is None or ours not in layers:
             raise ValueError(f"{path}: {key!r} adapts {m.group(1)!r}, which the model does "
                              "not have")

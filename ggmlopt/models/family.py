@@ -53,6 +53,9 @@ class Family:
     beyond the layout's, ``gguf_norm_offset`` is added to the norm weights in
     the file (Gemma's 1 + w), and ``parameter_shapes(config)`` lists (name,
     shape) of the model's parameters without building it (None: Llama's).
+
+    ``lora_targets``: the attention's projections by name, what
+    ``lora.apply`` adapts by default.
     """
 
     name: str
@@ -75,3 +78,5 @@ class Family:
     gguf_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
     gguf_norm_offset: float = 0.0
     parameter_shapes: Callable[[Any], list[tuple[str, tuple[int, ...]]]] | None = None
+    # the attention's projections, as lora.apply adapts them when not told which
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -188,4 +188,4 @@ FAMILY = Family("gpt2", GPT2, GPT2Config, hf_model_type="gpt2",
                 hf_architecture="GPT2LMHeadModel", from_hf=_from_hf, to_hf=_to_hf,
                 hf_prefix="transformer.", hf_transposed=False, hf_padding=False,
                 gguf_arch="gpt2",
-                gguf_layout="gpt2")
+                gguf_layout="gpt2", lora_targets=("c_attn", "attn.c_proj"))

@@ -378,4 +378,4 @@ FAMILY = Family("phi3", Phi3, Phi3Config, hf_model_type="phi3",
                 gguf_fields=_gguf_fields, gguf_write=_gguf_write, gguf_check=_gguf_check,
                 gguf_names={"self_attn.qkv_proj.weight": "attn_qkv.weight",
                             "mlp.gate_up_proj.weight": "ffn_up.weight"},
-                parameter_shapes=_parameter_shapes)
+                parameter_shapes=_parameter_shapes, lora_targets=("qkv_proj", "o_proj"))
