@@ -275,3 +275,44 @@ def test_an_embedding_adapter_on_a_tied_head_is_refused_for_llama_cpp(tmp_path):
     lora.apply(model, rank=2, targets=("embed_tokens",))
     with pytest.raises(ValueError, match="tied to the output head"):
         save_gguf_lora(model, tmp_path / "t.gguf")
+
+
+def test_an_adapter_quantized_as_the_converter_writes_it_loads_dequantized(tmp_path):
+    # convert_lora_to_gguf --outtype q8_0: the pairs whose rows hold whole blocks
+    # (lora_a's input side) are Q8_0, the others F32; llama.cpp applies the
+    # dequantized values, and so does load_gguf_lora
+    cfg = LlamaConfig(vocab_size=29, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=64,
+                      max_seq_len=16)
+    model = Llama(cfg, seed=7)
+    lora.apply(model, rank=3, alpha=6.0, targets=("q_proj", "down_proj"), seed=0)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_b.data[...] = np.random.default_rng(1).normal(0, 0.2, layer.lora_b.shape)
+    save_gguf_lora(model, tmp_path / "f32.gguf")
+    reader = gguf.GGUFReader(tmp_path / "f32.gguf")
+    writer = gguf.GGUFWriter(tmp_path / "q8.gguf", "llama")
+    writer.add_type("adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", 6.0)
+    want = {}
+    for t in reader.tensors:
+        data = np.array(t.data, np.float32).reshape(tuple(int(n) for n in t.shape[::-1]))
+        if data.shape[-1] % 32 == 0:
+            q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(t.name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            want[t.name] = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(t.name, data)
+            want[t.name] = data
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert any(t.tensor_type.name == "Q8_0" for t in gguf.GGUFReader(tmp_path / "q8.gguf").tensors)
+    fresh = Llama(cfg, seed=7)
+    load_gguf_lora(tmp_path / "q8.gguf", fresh)
+    down = fresh.layers[0].mlp.down_proj
+    np.testing.assert_array_equal(down.lora_a.data, want["blk.0.ffn_down.weight.lora_a"].T)
+    np.testing.assert_array_equal(down.lora_b.data, want["blk.0.ffn_down.weight.lora_b"].T)
+    assert not np.array_equal(down.lora_a.data, model.layers[0].mlp.down_proj.lora_a.data)
+    np.testing.assert_allclose(down.lora_a.data, model.layers[0].mlp.down_proj.lora_a.data,
+                               atol=np.abs(down.lora_a.data).max() / 127)

@@ -17,6 +17,7 @@ import warnings
 
 import numpy as np
 
+from .. import kernels_quant
 from .._optional import import_optional
 from ..lora import (
     ADAPTERS,
@@ -202,9 +203,16 @@ def _read(path: str, gguf, arch: str = "llama"):
             elif t.tensor_type == kind.BF16:
                 raw = np.ascontiguousarray(t.data).view(np.uint16).astype(np.uint32) << 16
                 data = raw.view(np.float32)
+            elif t.tensor_type.name in kernels_quant.QTYPES:
+                # convert_lora_to_gguf --outtype q8_0 writes Q8_0 pairs, which
+                # llama.cpp applies dequantized: the same values here
+                data = kernels_quant.dequantize(t.tensor_type.name,
+                                                np.ascontiguousarray(t.data).view(np.uint8),
+                                                int(t.shape[0]))
             else:
                 raise TypeError(f"path: tensor {t.name!r} of {path!r} has type "
-                                f"{t.tensor_type.name}; adapters are read from F32, F16 or BF16")
+                                f"{t.tensor_type.name}; adapters are read from "
+                                f"{', '.join(kernels_quant.QTYPES)}")
             tensors[t.name] = data.reshape(tuple(int(n) for n in t.shape[::-1]))
     except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
         if isinstance(e, ValueError) and str(e).startswith("path:"):
@@ -277,7 +285,8 @@ def _pairs(tensors: dict[str, np.ndarray], path: str,
 def load_gguf_lora(path, model, *, dropout=0.0
                    ) -> list[tuple[str, LoRALinear | LoRAEmbedding]]:
     """Put the LoRA adapter of a GGUF file (save_gguf_lora's, or llama.cpp's
-    convert_lora_to_gguf's in F32, F16 or BF16) onto a Llama, in place.
+    convert_lora_to_gguf's in F32, F16, BF16 or Q8_0, or another type ggml
+    dequantizes: kernels_quant.QTYPES) onto a Llama, in place.
 
     A model without adapters gets a LoRALinear (the file's rank and alpha,
     dropout as given) on each Linear the file adapts, and everything else frozen
@@ -289,8 +298,8 @@ def load_gguf_lora(path, model, *, dropout=0.0
     Returns named_adapters(model).  Raises ValueError for a file that is not a
     llama LoRA adapter, truncated, with unpaired or wrongly shaped tensors, or
     adapting layers the model lacks (or other adapters than the model has);
-    TypeError for a model that is not a Llama or a quantized tensor;
-    FileNotFoundError for a missing file.  On any error the model is unchanged.
+    TypeError for a model that is not a Llama or a tensor of a type ggml does
+    not dequantize; FileNotFoundError for a missing file.  On any error the model is unchanged.
     """
     config = _llama_config(model)
     dropout = _dropout_arg(dropout)   # checked before any layer changes
