@@ -199,8 +199,9 @@ def _assistant_spans(template, messages, train_on, kwargs,
         # earlier turn's reasoning, Phi-3.5 ends the conversation with its EOS): in
         # the whole text it runs from the generation prompt through its end-of-turn
         # token and the line break after it (what a turn renders when it is last)
-        content_end = _content_end(text, len(before), len(text), messages[i], eog_texts, others)
-        end = _first_eog(text, content_end, eog_texts) if text.startswith(before) else -1
+        start = _turn_start(template, messages, i, kwargs, before, text)
+        content_end = _content_end(text, start, len(text), messages[i], eog_texts, others)
+        end = _first_eog(text, content_end, eog_texts) if start >= 0 else -1
         after = messages[i + 1].get("content") if i + 1 < len(messages) else None
         if isinstance(after, str) and after.strip() and end >= 0:
             # the next message found before that end-of-turn token: the token is
@@ -215,8 +216,43 @@ def _assistant_spans(template, messages, train_on, kwargs,
             raise ValueError(f"the chat template renders message {i} differently depending on "
                              "what follows it, so its assistant text cannot be told apart; use "
                              "a template with {% generation %} markers or train_on='all'")
-        spans.append((len(before), end))
+        spans.append((start, end))
     return text, spans
+
+
+def _turn_start(template, messages, i, kwargs, before: str, text: str) -> int:
+    """Where assistant turn i starts in text: after the generation prompt
+    (before ends with it), or, for a template whose rendered turns do not begin
+    with its whole generation prompt (DeepSeek-R1's and QwQ's open a reasoning
+    block there, '<think>\\n', that a finished turn does not hold), where the
+    two part, once the messages before the turn are all behind (or where the
+    turn's content begins, when they part inside it); -1 when they part before
+    that (the template renders the earlier messages otherwise)."""
+    if text.startswith(before):
+        return len(before)
+    history = template.render(messages[:i], False, **kwargs)
+    if not (text.startswith(history) and before.startswith(history)):
+        return -1
+    start = len(history)
+    while start < min(len(before), len(text)) and before[start] == text[start]:
+        start += 1
+    # the two may part a few characters into the reply, where it begins as the rest
+    # of the generation prompt does ('<' of Gemma 4's '<|channel>' and of a reply's
+    # '<think>'): the reply is the turn's from its first character
+    content = messages[i].get("content")
+    if isinstance(content, str):
+        for piece in (content, content.strip()):
+            at = text.find(piece, len(history)) if piece else -1
+            if 0 <= at < start and at + len(piece) > start:
+                start = at
+                break
+    warnings.warn(f"the chat template's generation prompt ends in "
+                  f"{before[start:][:40]!r}, which its rendering of a finished assistant "
+                  f"turn does not hold: the turns are trained from where the two part, "
+                  f"after {before[max(len(history), start - 40):start]!r}, as the template "
+                  f"writes them (at inference the generation prompt adds that text)",
+                  UserWarning, stacklevel=5)
+    return start
 
 
 def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

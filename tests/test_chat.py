@@ -837,3 +837,65 @@ def test_a_turn_s_words_again_in_a_later_turn_are_not_its_end(between):
     _, y = go.instruct.chat_windows([chat], tok, 96)
     assert _labelled_runs(tok, y[0]) == ["Yes.<|im_end|>\n",
                                          "<think>\n\n</think>\n\nYes. And more.<|im_end|>\n"]
+
+
+# DeepSeek-R1's way: the generation prompt opens a reasoning block that a finished
+# turn, rendered with its reasoning dropped, does not hold
+OPENS_A_THOUGHT = ("{% for m in messages %}{% if m.role == 'assistant' %}<a>"
+                   "{{ m.content.split('</think>')[-1] }}<|im_end|>{% else %}<u>{{ m.content }}"
+                   "<|im_end|>{% endif %}{% endfor %}"
+                   "{% if add_generation_prompt %}<a><think>\n{% endif %}")
+
+
+@pytest.mark.parametrize("first", ["a1", "<think>r1</think>a1", "<b>a1"])
+def test_a_generation_prompt_a_finished_turn_lacks_trains_the_turn_as_written(first):
+    # the turn is trained from where the generation prompt and the rendered turn
+    # part, and from a reply's first character when they part inside it
+    # ('<' of '<b>'); said, since at inference the prompt adds '<think>\n'
+    tok = _ImEnd(chat_template=OPENS_A_THOUGHT)
+    chat = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": first},
+            {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
+    with pytest.warns(UserWarning, match=r"generation prompt ends in '<think>\\n', which its "
+                                         r"rendering of a finished assistant turn does not "
+                                         r"hold.*after '<a>'"):
+        _, y = go.instruct.chat_windows([chat], tok, 128)
+    reply = first.split("</think>")[-1]
+    assert _labelled_runs(tok, y[0]) == [f"{reply}<|im_end|>", "a2<|im_end|>"]
+
+
+def test_a_template_that_renders_earlier_messages_otherwise_is_still_refused():
+    # the rendering parts from the generation prompt's before the turn: no start to find
+    template = ("{% for m in messages %}{% if loop.last and add_generation_prompt %}!{% endif %}"
+                "{{ m.role }}:{{ m.content }}<|im_end|>{% endfor %}"
+                "{% if add_generation_prompt %}assistant:{% endif %}")
+    tok = _ImEnd(chat_template=template)
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    with pytest.raises(ValueError, match="renders message 1 differently"):
+        go.instruct.chat_windows([chat], tok, 64)
+
+
+@pytest.mark.skipif(not _llama_cpp_templates(),
+                    reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
+@pytest.mark.parametrize("template, vocab, want", [
+    ("Qwen-QwQ-32B.jinja", "qwen2", ["a1<|im_end|>\n", "a2<|im_end|>\n"]),
+    ("google-gemma-4-31B-it.jinja", "gemma-4", ["a1<turn|>\n", "a2<turn|>\n"]),
+    ("MiniMax-M2.jinja", "qwen2", ["a1[e~[\n", "a2[e~[\n"]),
+])
+def test_thinking_models_templates_label_their_answers(template, vocab, want, monkeypatch):
+    # QwQ, Gemma 4 and MiniMax-M2 open a thought in their generation prompts
+    pytest.importorskip("tokenizers")
+    from ggmlopt.io import load_gguf_tokenizer
+    models = os.path.join(os.environ["GGMLOPT_LLAMA_CPP_SRC"], "models")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = load_gguf_tokenizer(os.path.join(models, f"ggml-vocab-{vocab}.gguf"))
+    with open(os.path.join(models, "templates", template), encoding="utf-8") as f:
+        tok.chat_template = f.read()
+    if vocab != "gemma-4":   # MiniMax's end of turn is not a token of Qwen's vocabulary
+        eogs = go.instruct._eog_texts(tok)
+        monkeypatch.setattr(go.instruct, "_eog_texts", lambda t: ("[e~[",) + tuple(eogs))
+    chat = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+            {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
+    with pytest.warns(UserWarning, match="generation prompt ends in"):
+        _, y = go.instruct.chat_windows([chat], tok, 128)
+    assert _labelled_runs(tok, y[0]) == want
