@@ -660,11 +660,22 @@ void ggmlopt_leaky_relu_backward_f32(int64_t n, const float *x, const float *g, 
 
 typedef struct {
     int64_t ncols; const float *x; const int32_t *c; float *grad; float scale; int32_t *pred;
+    uint16_t *grad16;   /* instead of grad: the gradient as bfloat16 bits */
 } ce_index_args;
 /* Rows from which a row's argmax and its loss run one after the other (the row
  * still in cache for the second); narrower rows take the block's argmax first,
  * keeping the loss kernel's rows-at-once path. */
 #define GO_CE_ROWWISE_ARGMAX_MIN 1024
+/* rows [b, e) of the loss, their gradient in float32 or bf16 */
+static double ce_index_rows(const ce_index_args *a, int64_t b, int64_t e) {
+    const int64_t n = a->ncols;
+    if (a->grad16)
+        return kernels()->cross_entropy_index_rows_g16_f32(e - b, n, a->x + b * n, a->c + b,
+                                                           a->grad16 + b * n, a->scale);
+    return kernels()->cross_entropy_index_rows_f32(e - b, n, a->x + b * n, a->c + b,
+                                                   a->grad ? a->grad + b * n : NULL, a->scale);
+}
+
 static double ce_index_block(const void *p, int64_t b, int64_t e) {
     const ce_index_args *a = (const ce_index_args *)p;
     const int64_t n = a->ncols;
@@ -672,16 +683,12 @@ static double ce_index_block(const void *p, int64_t b, int64_t e) {
         double total = 0.0;
         for (int64_t r = b; r < e; ++r) {
             kernels()->argmax_rows_f32(1, n, a->x + r * n, a->pred + r);
-            total += kernels()->cross_entropy_index_rows_f32(1, n, a->x + r * n, a->c + r,
-                                                             a->grad ? a->grad + r * n : NULL,
-                                                             a->scale);
+            total += ce_index_rows(a, r, r + 1);
         }
         return total;
     }
     if (a->pred) kernels()->argmax_rows_f32(e - b, n, a->x + b * n, a->pred + b);
-    return kernels()->cross_entropy_index_rows_f32(e - b, n, a->x + b * n, a->c + b,
-                                                   a->grad ? a->grad + b * n : NULL,
-                                                   a->scale);
+    return ce_index_rows(a, b, e);
 }
 double ggmlopt_cross_entropy_index_argmax_f32(int64_t nrows, int64_t ncols, const float *logits,
                                               const int32_t *classes, float *grad,
@@ -691,8 +698,21 @@ double ggmlopt_cross_entropy_index_argmax_f32(int64_t nrows, int64_t ncols, cons
     int64_t labelled = 0;
     for (int64_t r = 0; r < nrows; ++r) labelled += classes[r] >= 0;
     const int64_t denom = labelled > 0 ? labelled : 1;
-    ce_index_args a = {ncols, logits, classes, grad, grad_scale / (float)denom, pred};
+    ce_index_args a = {ncols, logits, classes, grad, grad_scale / (float)denom, pred, NULL};
     /* the blocks of the one-hot path, so both sum the same rows in the same order */
+    const double total = run_blocks(nrows, rows_for(ncols, 1024), rows_for(ncols, 4096),
+                                    ce_index_block, &a);
+    return total / (double)denom;
+}
+double ggmlopt_cross_entropy_index_g16_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                           const int32_t *classes, uint16_t *grad16,
+                                           float grad_scale, int32_t *pred) {
+    if (nrows <= 0) return 0.0;
+    int64_t labelled = 0;
+    for (int64_t r = 0; r < nrows; ++r) labelled += classes[r] >= 0;
+    const int64_t denom = labelled > 0 ? labelled : 1;
+    ce_index_args a = {ncols, logits, classes, NULL, grad_scale / (float)denom, pred, grad16};
+    /* the float32 call's blocks: the same rows summed in the same order */
     const double total = run_blocks(nrows, rows_for(ncols, 1024), rows_for(ncols, 4096),
                                     ce_index_block, &a);
     return total / (double)denom;

@@ -272,6 +272,11 @@ typedef struct ggmlopt_kernel_table {
     /* cross_entropy_rows_f32 with labels one-hot at classes[r] (each in [0, ncols)) */
     double (*cross_entropy_index_rows_f32)(int64_t nrows, int64_t ncols, const float *logits,
                                            const int32_t *classes, float *grad, float grad_scale);
+    /* the same, its gradient (never NULL) as bfloat16 bits: the float32 values
+     * rounded as convert_f32_bf16 rounds them */
+    double (*cross_entropy_index_rows_g16_f32)(int64_t nrows, int64_t ncols, const float *logits,
+                                               const int32_t *classes, uint16_t *grad16,
+                                               float grad_scale);
     /* direct stride-1 convolution of nimages images (kernels/conv_direct.inc):
      * y = w * x (+ bias, may be NULL); scratch holds go_direct_padded_size +
      * cout * go_direct_wide_stride floats */

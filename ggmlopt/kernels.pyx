@@ -47,6 +47,10 @@ cdef extern from "ggmlopt.h" nogil:
     double ggmlopt_cross_entropy_index_argmax_f32(int64_t nrows, int64_t ncols,
                                                   const float *logits, const int32_t *classes,
                                                   float *grad, float grad_scale, int32_t *pred)
+    double ggmlopt_cross_entropy_index_g16_f32(int64_t nrows, int64_t ncols,
+                                               const float *logits, const int32_t *classes,
+                                               uint16_t *grad16, float grad_scale,
+                                               int32_t *pred)
     void ggmlopt_convert_u8_f32(int64_t n, const uint8_t *src, float *dst, float scale)
     void ggmlopt_convert_f16_f32(int64_t n, const uint16_t *src, float *dst, float scale)
     void ggmlopt_convert_f32_bf16(int64_t n, const float *src, uint16_t *dst)
@@ -594,7 +598,12 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=Non
     gradient's 1/rows over the labelled rows only (loss 0 when none is).
     pred: None, or an int32 array of rows elements (class indices only) that
     receives each row's argmax as argmax_rows gives it (masked rows included),
-    read in the same pass as the loss."""
+    read in the same pass as the loss.
+
+    With class indices, grad may be uint16, of logits' size and not sharing its
+    memory: it receives the gradient as bfloat16 bits, the float32 gradient's
+    values rounded as to_bfloat16 rounds them (what a bf16 backward multiplies),
+    with the same loss; no float32 gradient is written."""
     if ignore_index is not None and (isinstance(ignore_index, bool) or ignore_index != -1):
         raise ValueError(f"ignore_index: expected None or -1, got {ignore_index!r}")
     cdef cnp.ndarray ax = _array(logits, "logits", np.float32, False)
@@ -620,8 +629,18 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=Non
     cdef float scale_ = _finite_float(grad_scale, "grad_scale")
     cdef cnp.ndarray agr = None
     cdef float *pgrad = NULL
+    cdef uint16_t *pgrad16 = NULL
     cdef bint in_place = False
-    if grad is not None:
+    if isinstance(grad, np.ndarray) and grad.dtype == np.uint16:
+        if not by_class:
+            raise ValueError("grad: a bfloat16 (uint16) gradient only with int32 class indices "
+                             "as labels")
+        agr = _array(grad, "grad", np.uint16, True)
+        if agr.size != ax.size:
+            raise ValueError(f"grad: expected {ax.size} elements like logits, got {agr.size}")
+        _no_overlap([("grad", agr), ("logits", ax), ("labels", al)])
+        pgrad16 = <uint16_t *>cnp.PyArray_DATA(agr)
+    elif grad is not None:
         agr = _array(grad, "grad", np.float32, True)
         if agr.size != ax.size:
             raise ValueError(f"grad: expected {ax.size} elements like logits, got {agr.size}")
@@ -659,7 +678,10 @@ def cross_entropy(logits, labels, grad=None, grad_scale=1.0, *, ignore_index=Non
     else:
         _p1 = _f32(al)
     with nogil:
-        if by_class:
+        if pgrad16 != NULL:
+            loss = ggmlopt_cross_entropy_index_g16_f32(nrows, ncols, _p0, _pc, pgrad16, scale_,
+                                                       ppred)
+        elif by_class:
             loss = ggmlopt_cross_entropy_index_argmax_f32(nrows, ncols, _p0, _pc, pgrad, scale_,
                                                           ppred)
         else:

@@ -217,3 +217,32 @@ def test_a_static_context_makes_no_logits_for_its_output_shape(tie):
     with pytest.raises(ValueError, match="max_seq_len=32"):
         go.OptContext(model, batch_size=2, ne_datapoint=33, loss_type="cross_entropy",
                       class_labels=True, inputs_dtype=np.int32)
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-tied", "gpt2", "llama-lora-on-the-head"])
+def test_a_bf16_head_takes_the_loss_kernels_bf16_gradient_bit_for_bit(name, small_chunks,
+                                                                      monkeypatch):
+    # under precision="bf16" the loss kernel writes the gradient's bf16 bits for a
+    # plain head: the same bits the head's own rounding of a float32 gradient gave
+    from ggmlopt import gemm
+    if not gemm.bf16_support()[0]:
+        pytest.skip("no native bf16 products here")
+    take = _fused_head._takes_bf16_gradient
+    calls = []
+
+    def step(choose):
+        monkeypatch.setattr(_fused_head, "_takes_bf16_gradient", choose)
+        model = MODELS[name]()
+        ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32,
+                            precision="bf16")
+        ctx.alloc(True)
+        x, y = _batch(11)
+        ctx.eval(None, inputs=x, labels=y)
+        return float(ctx.loss), [ctx.grad_acc(p).copy() for p in ctx.parameters()]
+
+    direct = step(lambda head: calls.append(take(head)) or calls[-1])
+    assert any(calls) == (name != "llama-lora-on-the-head")   # a wrapped head rounds itself
+    rounded = step(lambda head: False)
+    assert direct[0] == rounded[0]
+    for a, b in zip(direct[1], rounded[1]):
+        np.testing.assert_array_equal(a, b)

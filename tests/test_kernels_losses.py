@@ -206,3 +206,42 @@ def test_squared_error_of_equal_arrays_is_zero(simd_path, rng):
 def test_squared_error_of_empty_arrays_is_zero(simd_path):
     e = np.zeros(0, F32)
     assert kernels.squared_error(e, e.copy()) == 0.0
+
+
+@pytest.mark.parametrize("ncols", [1, 3, 10, 17, 40, 41, 300, 1027])
+def test_a_bf16_gradient_is_the_float32_one_rounded(ncols):
+    # the class-index loss into a uint16 gradient: to_bfloat16 of the float32
+    # gradient, bit for bit, with the same loss and argmax (narrow rows take the
+    # transposed kernel, wide ones the row kernel; masked rows get zeros)
+    rng = np.random.default_rng(ncols)
+    rows = 37
+    x = (rng.standard_normal((rows, ncols)) * 4).astype(F32)
+    c = rng.integers(0, ncols, rows).astype(np.int32)
+    c[::5] = -1
+    g = np.empty_like(x)
+    pred, pred16 = np.empty(rows, np.int32), np.empty(rows, np.int32)
+    loss = kernels.cross_entropy(x, c, g, 0.7, ignore_index=-1, pred=pred)
+    g16 = np.full(x.shape, 0x7FC1, np.uint16)
+    before = x.copy()
+    loss16 = kernels.cross_entropy(x, c, g16, 0.7, ignore_index=-1, pred=pred16)
+    assert loss16 == loss
+    np.testing.assert_array_equal(g16, kernels.to_bfloat16(g))
+    np.testing.assert_array_equal(pred16, pred)
+    np.testing.assert_array_equal(x, before)
+    assert (g16[c < 0] == 0).all()
+
+
+def test_a_bf16_gradient_is_refused_where_it_cannot_be_written():
+    x = np.zeros((4, 6), F32)
+    c = np.zeros(4, np.int32)
+    with pytest.raises(ValueError, match="only with int32 class indices"):
+        kernels.cross_entropy(x, np.zeros((4, 6), F32), np.zeros((4, 6), np.uint16))
+    with pytest.raises(ValueError, match="expected 24 elements"):
+        kernels.cross_entropy(x, c, np.zeros((4, 5), np.uint16))
+    shared = np.zeros(24, F32)
+    with pytest.raises(ValueError, match="grad"):   # the logits' own memory
+        kernels.cross_entropy(shared.reshape(4, 6), c, shared.view(np.uint16)[:24].reshape(4, 6))
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.zeros((4, 6), np.uint16)
+        ro.flags.writeable = False
+        kernels.cross_entropy(x, c, ro)

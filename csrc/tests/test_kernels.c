@@ -450,6 +450,18 @@ static void test_cross_entropy_index(const ggmlopt_kernel_table *k, int64_t ncol
         th_check(loss_in_place == loss, "%s rows=%lld: loss in place = %.17g, apart %.17g", ctx,
                  (long long)rows, loss_in_place, loss);
         for (int64_t i = 0; i < n; ++i) th_expect_bits(&ref, "grad in place", i, xg[i], g[i]);
+        /* the gradient as bf16 bits: the float32 one's values rounded, the same loss */
+        uint16_t *g16 = (uint16_t *)th_alloc(2, n, off), *want16 = (uint16_t *)th_alloc(2, n, 0);
+        for (int64_t i = 0; i < n; ++i) g16[i] = 0x7fc1;  /* a NaN each cell must replace */
+        k->convert_f32_bf16(n, g, want16);
+        const double loss16 = k->cross_entropy_index_rows_g16_f32(rows, ncols, x, c, g16, gs);
+        th_check(loss16 == loss, "%s rows=%lld: loss with a bf16 gradient = %.17g, float32 %.17g",
+                 ctx, (long long)rows, loss16, loss);
+        for (int64_t i = 0; i < n; ++i) {
+            th_expect_bits(&ref, "bf16 grad vs the float32 one rounded", i,
+                           (float)g16[i], (float)want16[i]);
+            th_expect_bits(&ref, "logits (an input, changed by the bf16 call)", i, x[i], x0[i]);
+        }
         report(k, &ref, &cross, ctx);
     }
 }
@@ -471,6 +483,14 @@ static void test_cross_entropy_index_wide(const ggmlopt_kernel_table *k) {
              ctx, loss, loss_hot);
     th_miss ref = TH_MISS_INIT;
     for (int64_t i = 0; i < ncols; ++i) th_expect(&ref, "grad vs one-hot", i, g[i], gh[i], 1e-9);
+    uint16_t *g16 = (uint16_t *)th_alloc(2, ncols, 0), *want16 = (uint16_t *)th_alloc(2, ncols, 0);
+    k->convert_f32_bf16(ncols, g, want16);
+    const double loss16 = k->cross_entropy_index_rows_g16_f32(1, ncols, x, &c, g16, 1.0f);
+    th_check(loss16 == loss, "%s: loss with a bf16 gradient = %.17g, float32 %.17g", ctx, loss16,
+             loss);
+    for (int64_t i = 0; i < ncols; ++i)
+        th_expect_bits(&ref, "bf16 grad vs the float32 one rounded", i, (float)g16[i],
+                       (float)want16[i]);
     th_report(&ref, ctx);
 }
 

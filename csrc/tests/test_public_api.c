@@ -166,6 +166,29 @@ static void api_run(int64_t n, const char *tag, api_out *o) {
              (long long)crows, CE_COLS);
     th_report(&imiss, ctx);
 
+    /* and with the gradient as bf16 bits: the float32 gradient rounded, its argmax
+     * and loss the argmax call's */
+    if (crows > 0) {
+        uint16_t *g16 = (uint16_t *)th_alloc(2, ctotal, 1), *want16 = (uint16_t *)th_alloc(2, ctotal, 0);
+        int32_t *pred = (int32_t *)th_alloc(4, crows, 0), *pred16 = (int32_t *)th_alloc(4, crows, 0);
+        float *agrad = th_rand_f32(ctotal, 2, -9.0f, 9.0f);
+        const double aloss = ggmlopt_cross_entropy_index_argmax_f32(crows, CE_COLS, logits, classes,
+                                                                    agrad, gs, pred);
+        ggmlopt_convert_f32_bf16(ctotal, agrad, want16);
+        const double loss16 = ggmlopt_cross_entropy_index_g16_f32(crows, CE_COLS, logits, classes,
+                                                                  g16, gs, pred16);
+        th_check(loss16 == aloss, "ggmlopt_cross_entropy_index_g16_f32 %s: loss %.17g, the "
+                 "float32 call's %.17g", tag, loss16, aloss);
+        th_miss bmiss = TH_MISS_INIT;
+        for (int64_t i = 0; i < ctotal; ++i)
+            th_expect_bits(&bmiss, "bf16 grad", i, (float)g16[i], (float)want16[i]);
+        for (int64_t r = 0; r < crows; ++r)
+            th_expect_bits(&bmiss, "argmax", r, (float)pred16[r], (float)pred[r]);
+        snprintf(ctx, sizeof ctx, "ggmlopt_cross_entropy_index_g16_f32 %s nrows=%lld ncols=%d", tag,
+                 (long long)crows, CE_COLS);
+        th_report(&bmiss, ctx);
+    }
+
     /* squared error */
     float *sgrad = th_rand_f32(n, 2, -9.0f, 9.0f);
     o->se_loss = ggmlopt_squared_error_f32(n, w0, g0, sgrad, 0.25f);

@@ -99,6 +99,13 @@ double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float
 double ggmlopt_cross_entropy_index_argmax_f32(int64_t nrows, int64_t ncols, const float *logits,
                                               const int32_t *classes, float *grad,
                                               float grad_scale, int32_t *pred);
+/* The same with the gradient written as bfloat16 bits into grad16 (nrows,
+ * ncols; not NULL, not overlapping logits): the float32 gradient's values
+ * rounded to nearest even, as ggmlopt_convert_f32_bf16 rounds them, and the
+ * same loss.  What a bf16 backward multiplies, without the float32 gradient. */
+double ggmlopt_cross_entropy_index_g16_f32(int64_t nrows, int64_t ncols, const float *logits,
+                                           const int32_t *classes, uint16_t *grad16,
+                                           float grad_scale, int32_t *pred);
 
 /* ---- datasets ------------------------------------------------------------- */
 

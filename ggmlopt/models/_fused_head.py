@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from .. import kernels
-from ..nn._bf16 import weight_fixed
+from ..nn._bf16 import bf16_buffer, weight_fixed
 from ..nn._buffers import empty, trains
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
@@ -43,6 +43,12 @@ _SAFE_PRODUCT = 1e37
 def _head(model):
     """The layer that makes the logits: the model's own head, or the tied embedding."""
     return model.lm_head if model.lm_head is not None else model._embedding
+
+
+def _takes_bf16_gradient(head) -> bool:
+    """Whether head (a plain Linear or a tied Embedding, nothing wrapped) took
+    its last forward in a bf16 pass that can take the gradient's bf16 bits."""
+    return type(head) in (Linear, Embedding) and head.takes_bf16_gradient()
 
 
 def _head_trains(model) -> bool:
@@ -137,6 +143,7 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
     # rows and the weight, never the logits): one chunk buffer, no layer keeps it
     lbuf = empty((rows, vocab), np.float32)
     pbuf = empty(rows if pred is not None else 0, np.int32)
+    head = _head(model)
     total = 0.0
     for s in range(0, n, step):
         hc, yc = h[s:s + step], y[s:s + step]
@@ -145,7 +152,12 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
             logits = model.lm_head.forward(hc, out=lbuf[:m])
         else:
             logits = model._embedding.project(hc, out=lbuf[:m])
-        g = logits if with_grads else None
+        # a bf16 pass's head multiplies the gradient's bf16 bits: the loss kernel
+        # writes them (into the buffer the head's own rounding would fill) in
+        # place of a float32 gradient read again to be rounded
+        g16 = bf16_buffer(head, "_g16", logits.shape) \
+            if with_grads and _takes_bf16_gradient(head) else None
+        g = (logits if g16 is None else g16) if with_grads else None
         # the chunk's mean times m / n: its share of the mean over every labelled row
         # (the predictions read in the loss's pass over the logits)
         pc = pbuf[:m] if pred is not None else None
@@ -159,8 +171,10 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
         if with_grads:
             if model.lm_head is not None:
                 model.lm_head.needs_input_grad = True
-                dh = model.lm_head.backward(g)
+                dh = model.lm_head.backward(g) if g16 is None else \
+                    model.lm_head.backward_bf16(g16)
             else:
-                dh = model._embedding.project_backward(g, hc)
+                dh = model._embedding.project_backward(g, hc) if g16 is None else \
+                    model._embedding.project_backward_bf16(g16)
             grad_rows[labelled[s:s + m]] = dh
     return float(np.float32(total / n))

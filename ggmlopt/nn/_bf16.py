@@ -12,13 +12,19 @@ from .. import gemm, kernels
 from ._buffers import trains
 
 
+def bf16_buffer(owner, key: str, shape: tuple[int, ...]) -> np.ndarray:
+    """owner's uint16 buffer ``key`` of shape (made or resized as needed)."""
+    buf = getattr(owner, key, None)
+    if buf is None or buf.shape != shape:
+        buf = np.empty(shape, dtype=np.uint16)
+        setattr(owner, key, buf)
+    return buf
+
+
 def bf16_copy(owner, key: str, a: np.ndarray) -> np.ndarray:
     """a (float32) rounded to bfloat16 into owner's buffer ``key`` (made or
     resized as needed), returned as uint16 of a's shape."""
-    buf = getattr(owner, key, None)
-    if buf is None or buf.shape != a.shape:
-        buf = np.empty(a.shape, dtype=np.uint16)
-        setattr(owner, key, buf)
+    buf = bf16_buffer(owner, key, a.shape)
     kernels.to_bfloat16(np.ascontiguousarray(a), out=buf)
     return buf
 

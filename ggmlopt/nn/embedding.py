@@ -157,13 +157,23 @@ class Embedding(Module):
         returns the rows' gradient g W (n, embedding_dim)."""
         w = self.weight
         if self._bf16_pass and self._w16 is not None and self._h16 is not None:
-            g16 = bf16_copy(self, "_g16", g)
-            dh = gemm.matmul_bf16(g16, self._w16,
-                                  empty((g.shape[0], self.embedding_dim), np.float32))
-            add_product_bf16(w, g16.T, self._h16)
-            return dh
+            return self.project_backward_bf16(bf16_copy(self, "_g16", g))
         dh = gemm.matmul(g, w.data, empty((g.shape[0], self.embedding_dim), np.float32))
         add_product(w, g.T, rows, self, "weight")
+        return dh
+
+    def takes_bf16_gradient(self) -> bool:
+        """Whether the last project() was a bf16 pass whose backward can take
+        the logits' gradient as bf16 bits (project_backward_bf16)."""
+        return bool(self._bf16_pass) and self._w16 is not None and self._h16 is not None
+
+    def project_backward_bf16(self, g16):
+        """project_backward of a bf16 pass for the logits' gradient already
+        rounded to bfloat16 bits (uint16 (n, num_embeddings)): what
+        project_backward multiplies after rounding a float32 gradient."""
+        dh = gemm.matmul_bf16(g16, self._w16, empty((g16.shape[0], self.embedding_dim),
+                                                    np.float32))
+        add_product_bf16(self.weight, g16.T, self._h16)
         return dh
 
     def __repr__(self):

@@ -178,9 +178,31 @@ class Linear(Module):
         grad_in = empty(self._shape, np.float32)
         return grad_in, grad_in.reshape(-1, self.in_features)
 
-    def _backward_bf16(self, g):
-        """backward with the forward's bf16 operands and g rounded to bf16."""
-        g16 = bf16_copy(self, "_g16", g)
+    def takes_bf16_gradient(self) -> bool:
+        """Whether the last forward was a bf16 pass whose backward can take the
+        output gradient as bf16 bits (backward_bf16): no bias, whose gradient
+        sums the float32 one."""
+        return bool(self._bf16_pass) and self._x16 is not None and self._w16 is not None \
+            and self.bias is None
+
+    def backward_bf16(self, g16):
+        """backward of a bf16 pass (takes_bf16_gradient()) for the output
+        gradient already rounded to bfloat16 bits (uint16 (rows, out_features)):
+        what backward multiplies after rounding a float32 gradient."""
+        if not self.takes_bf16_gradient():
+            raise RuntimeError("backward_bf16: the last forward was not a bf16 pass of a "
+                               "Linear without bias")
+        if g16.dtype != np.uint16 or g16.shape != (self._x16.shape[0], self.out_features):
+            raise ValueError(f"g16: expected uint16 of shape "
+                             f"{(self._x16.shape[0], self.out_features)}, got {g16.dtype} "
+                             f"{g16.shape}")
+        return self._backward_bf16(None, g16)
+
+    def _backward_bf16(self, g, g16=None):
+        """backward with the forward's bf16 operands and g rounded to bf16 (or
+        g16, g's bf16 bits, when given: then there is no bias)."""
+        if g16 is None:
+            g16 = bf16_copy(self, "_g16", g)
         add_product_bf16(self.weight, self._x16.T, g16)
         if trains(self.bias):
             ones = self._ones
