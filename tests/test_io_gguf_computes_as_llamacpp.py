@@ -193,3 +193,17 @@ def test_a_phi3_with_its_own_head_width_is_refused(tmp_path):
     with pytest.raises(ValueError, match="phi3 takes heads of dim / heads = 8"):
         save_gguf(model, tmp_path / "p.gguf", tokenizer=ByteTokenizer())
     assert not (tmp_path / "p.gguf").exists()
+
+
+@pytest.mark.parametrize("keep_types", [False, True])
+def test_a_llama_file_with_its_own_head_width_reads_as_a_mistral(tmp_path, keep_types):
+    # llama.cpp's llama architecture takes key_length as the head width (Mistral
+    # Nemo's files); transformers' Llama has no head_dim, its Mistral has
+    from ggmlopt.models import Mistral, MistralConfig
+    model = Mistral(MistralConfig(**SHAPE, head_dim=16), seed=0)
+    save_gguf(model, tmp_path / "m.gguf", tokenizer=ByteTokenizer())
+    back, _ = load_gguf(tmp_path / "m.gguf", keep_types=keep_types)
+    assert type(back) is Mistral and back.config.head_dim == 16
+    want = model.forward(TOKENS)
+    np.testing.assert_allclose(back.forward(TOKENS), want, rtol=0,
+                               atol=0 if not keep_types else 1e-6 * np.abs(want).max())

@@ -189,6 +189,25 @@ def test_a_tied_config_with_a_head_of_its_own_loads_that_head(tmp_path):
     np.testing.assert_array_equal(tied(TOKENS), model(TOKENS))
 
 
+
+def test_a_head_that_differs_in_its_last_row_alone_is_its_own(tmp_path, monkeypatch):
+    # the comparison runs a few rows at a time (both whole in float32 would hold four
+    # times a kept model's bytes): a difference past the first rows still unties
+    from ggmlopt.io import hf_format
+    model = MODELS["llama-tied"]()
+    save_hf(model, tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = _file_tensors(path)
+    embedding = tensors["model.embed_tokens.weight"]
+    head = embedding.copy()
+    head[-1, -1] += 1.0
+    _rewrite_safetensors(path, {**tensors, "lm_head.weight": head})
+    monkeypatch.setattr(hf_format, "_COMPARE_BYTES", 1)   # one row a step
+    with pytest.warns(UserWarning, match="loaded untied"):
+        untied = load_hf(tmp_path, keep_types=True)
+    assert not untied.config.tie_embeddings
+
+
 def _sharded_llama(tmp_path, torch_dtype):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")

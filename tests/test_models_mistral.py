@@ -99,10 +99,14 @@ def test_what_llama_cpp_cannot_hold_is_refused(tmp_path):
                                      max_seq_len=64, sliding_window=8))
     with pytest.raises(ValueError, match="sliding window"):
         save_gguf(windowed, tmp_path / "w.gguf", tokenizer=tok)
-    wide = Mistral(MistralConfig(vocab_size=257, dim=16, n_layers=1, n_heads=2, head_dim=12))
-    with pytest.raises(ValueError, match="head_dim"):
-        save_gguf(wide, tmp_path / "h.gguf", tokenizer=tok)
     assert not list(tmp_path.glob("*.gguf"))
+    # a head width of its own is llama.cpp's key_length (Mistral Nemo's files): written
+    wide = randomised(Mistral(MistralConfig(vocab_size=257, dim=16, n_layers=1, n_heads=2,
+                                            head_dim=12, max_seq_len=64)), 4)
+    save_gguf(wide, tmp_path / "h.gguf", tokenizer=tok)
+    back, _ = load_gguf(tmp_path / "h.gguf")
+    assert back.config.head_dim == 12
+    np.testing.assert_array_equal(back(np.arange(20)[None]), wide(np.arange(20)[None]))
     # without a window (or one over every position) it is llama.cpp's llama, as
     # convert_hf_to_gguf writes a Mistral
     plain = randomised(Mistral(MistralConfig(vocab_size=257, dim=16, n_layers=1, n_heads=2,

@@ -33,7 +33,7 @@ import numpy as np
 from .. import kernels_quant
 from ..models import Llama, LlamaConfig
 from ..models.llama import llama_parameter_shapes
-from ..models.registry import family_for_gguf, family_of, gguf_archs
+from ..models.registry import FAMILIES, family_for_gguf, family_of, gguf_archs
 from ..nn.init import skip_init
 from ..nn.module import get_submodule, set_submodule
 from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
@@ -422,7 +422,13 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
     head_dim = dim // n_heads if isinstance(dim, int) and isinstance(n_heads, int) and n_heads \
         else None
     head_dim_given = bool(getattr(family.config_class, "explicit_head_dim", False))
-    if head_dim_given:   # qwen3: the head width is the file's key_length
+    if not head_dim_given and arch == LLAMA_ARCH and \
+            key("attention.key_length", head_dim, required=False) != head_dim:
+        # heads wider or narrower than embedding_length // head_count (Mistral Nemo's
+        # 128 of 5120 / 32): transformers' MistralConfig holds a head_dim, Llama's not
+        family = next(f for f in FAMILIES if f.name == "mistral")
+        head_dim_given = True
+    if head_dim_given:   # qwen3, a Mistral: the head width is the file's key_length
         head_dim = key("attention.key_length", head_dim, required=False)
     partial = "partial_rotary_factor" in {f.name for f in dataclasses.fields(family.config_class)}
     for name in ("attention.key_length", "attention.value_length", "rope.dimension_count"):

@@ -95,13 +95,10 @@ def _gguf_check(cfg: MistralConfig) -> None:
         raise ValueError(f"model: llama.cpp's llama architecture (a Mistral's GGUF) has no "
                          f"sliding window; this Mistral attends over {cfg.sliding_window} "
                          f"keys of {cfg.max_seq_len} (save_hf keeps it)")
-    if cfg.head_dim != cfg.dim // cfg.n_heads:
-        raise ValueError(f"model: a Mistral with head_dim {cfg.head_dim} other than dim // "
-                         f"n_heads = {cfg.dim // cfg.n_heads} is not written to GGUF yet "
-                         "(save_hf keeps it)")
 
 
-# llama.cpp runs a Mistral as its llama architecture: such a file reads back as a Llama
+# llama.cpp runs a Mistral as its llama architecture: such a file reads back as a
+# Llama, or as a Mistral when its heads are not dim // n_heads wide (key_length)
 FAMILY = Family("mistral", Mistral, MistralConfig, hf_model_type="mistral",
                 hf_architecture="MistralForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
                 gguf_arch="llama", gguf_check=_gguf_check)

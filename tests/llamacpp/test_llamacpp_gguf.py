@@ -347,6 +347,23 @@ def test_a_qwen3_file_gives_llama_cpp_our_logits(tmp_path, head_dim, tied):
     assert relative_error(our_logits(model, ids), want) > 1e-2
 
 
+def test_a_mistral_with_its_own_head_width_gives_llama_cpp_our_logits(tmp_path):
+    # Mistral Nemo's heads (128 of 5120 / 32): llama.cpp's llama architecture reads
+    # the width from key_length; the file loads back as a Mistral
+    from ggmlopt.io import load_gguf
+    from ggmlopt.models import Mistral, MistralConfig
+    model = Mistral(MistralConfig(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                  head_dim=24, ffn_dim=96, max_seq_len=N_CTX), seed=0)
+    spread(model, 6)
+    save_gguf(model, tmp_path / "nemo.gguf", tokenizer=ByteTokenizer())
+    ids = ByteTokenizer().encode(TEXT)[:N_CTX]
+    want = llama_cpp_logits(open_llama(tmp_path / "nemo.gguf"), ids)
+    assert relative_error(our_logits(model, ids), want) < 1e-4
+    back, _ = load_gguf(tmp_path / "nemo.gguf")
+    assert type(back) is Mistral and back.config.head_dim == 24
+    assert relative_error(our_logits(back, ids), want) < 1e-4
+
+
 def test_a_smollm3_file_gives_llama_cpp_our_logits(tmp_path):
     # llama.cpp's smollm3: layer 3 (every fourth) attends without RoPE
     from ggmlopt.models import SmolLM3, SmolLM3Config
