@@ -1,9 +1,21 @@
-"""python -m ggmlopt: show the build configuration and run one AdamW step."""
+"""python -m ggmlopt: show the build configuration and run one AdamW step.
+python -m ggmlopt finetune ...: the fine-tuning command (python -m ggmlopt.finetune)."""
+import sys
+
 import numpy as np
 
 import ggmlopt
 from ggmlopt import kernels
 
+if sys.argv[1:2] == ["finetune"]:
+    from ggmlopt.finetune import main
+
+    sys.exit(main(sys.argv[2:]))
+if sys.argv[1:]:
+    print(f"python -m ggmlopt: takes no arguments (it shows the configuration and runs one "
+          f"AdamW step), got {' '.join(sys.argv[1:])!r}; the fine-tuning command is "
+          f"python -m ggmlopt finetune ... (or python -m ggmlopt.finetune ...)", file=sys.stderr)
+    sys.exit(2)
 ggmlopt.show_config()
 rng = np.random.default_rng(0)
 n = 1_000_003

@@ -66,9 +66,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-rank", type=int, default=8, help="adapter rank (default 8)")
     p.add_argument("--lora-alpha", type=float, default=16.0,
                    help="adapter scale alpha: outputs scaled by alpha / rank (default 16)")
-    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj",
-                   help="comma-separated Linear names, or all-linear (default "
-                        "q_proj,k_proj,v_proj,o_proj)")
+    p.add_argument("--lora-targets", default=None,
+                   help="comma-separated Linear names, or all-linear (default: the "
+                        "attention's projections by the family's names: "
+                        "q_proj,k_proj,v_proj,o_proj; Phi-3's qkv_proj,o_proj; GPT-2's "
+                        "c_attn,attn.c_proj)")
     p.add_argument("--lora-dropout", type=float, default=0.0,
                    help="dropout on the adapters' input while training (default 0)")
     p.add_argument("--gradient-checkpointing", action="store_true",
@@ -128,7 +130,8 @@ def parser() -> argparse.ArgumentParser:
                                           "q5_k_s", "q5_k", "q5_1", "q5_0", "q4_k_m", "q4_k_s",
                                           "q4_k", "q4_1", "q4_0"), default="f16",
                    help="the merged model's file type, as llama-quantize names them "
-                        "(default f16)")
+                        "(default f16); with --keep-types the weights kept in the base "
+                        "file's types stay in them")
     p.add_argument("--plot", help="the loss curves as an image (matplotlib)")
     p.add_argument("--silent", action="store_true", help="no progress bars")
     return p
@@ -449,7 +452,7 @@ def _digest_file(path: str, h) -> None:
             h.update(f.read(chunk))
 
 
-def _run_info(args, train) -> dict:
+def _run_info(args, train, model) -> dict:
     """What makes this run what it is beyond fit's own checks (the dataset's shape,
     the seed, the schedule): the model file, the data, the LoRA and optimizer
     options; a --resume that differs in one is refused naming it."""
@@ -470,8 +473,10 @@ def _run_info(args, train) -> dict:
     if args.full:
         info["--full"] = True
     else:
+        from .lora import _default_targets
+        targets = args.lora_targets or ",".join(_default_targets(model))
         info.update({"--lora-rank": int(args.lora_rank), "--lora-alpha": float(args.lora_alpha),
-                     "--lora-targets": args.lora_targets,
+                     "--lora-targets": targets,
                      "--lora-dropout": float(args.lora_dropout)})
     return info
 
@@ -486,6 +491,29 @@ def _input_problem(train, model) -> str | None:
         return (f"--tokenizer: the data holds token id {int(ids.max())}, but the model's "
                 f"vocabulary has {vocab} ids; give the model's own tokenizer")
     return None
+
+
+# the library's words for what the command calls by its options
+_OPTION_WORDS = (
+    ("pass too_long='drop' or 'truncate'", "pass --too-long drop or --too-long truncate"),
+    ("raise n_ctx,", "raise --ctx,"),
+    ("train_on='all'", "--train-on all"),
+    ("raise nepoch or pass nepoch=None", "give more --epochs, or --max-steps alone"),
+    ("or train it whole (trainable)",
+     "(--lora-targets embed_tokens), or train the whole model (--full)"),
+)
+
+
+def _in_options(message: str) -> str:
+    """message with the library's argument names said as the command's options,
+    and a --data digest that differs explained."""
+    for words, option in _OPTION_WORDS:
+        message = message.replace(words, option)
+    if "--data=" in message:
+        message += (" (the data gives other tokens than the run that wrote the checkpoint: "
+                    "another file or other --ctx, --train-on or --packing, or a chat "
+                    "template that writes the day's date, as Llama 3's does, on another day)")
+    return message
 
 
 def main(argv=None) -> int:
@@ -503,8 +531,7 @@ def main(argv=None) -> int:
         model, tok = _load(args)
         train, what = _dataset(args, tok)
     except (ValueError, TypeError) as e:
-        p.error(str(e).replace("pass too_long='drop' or 'truncate'",
-                               "pass --too-long drop or --too-long truncate"))
+        p.error(_in_options(str(e)))
     if args.ctx > model.config.max_seq_len:
         p.error(f"--ctx: {args.ctx} is more than the model's max_seq_len "
                 f"{model.config.max_seq_len}")
@@ -522,7 +549,8 @@ def main(argv=None) -> int:
                     f"--tokenizer FILE.gguf (the model's vocabulary), or write the adapter "
                     f"(--peft-out, --out)")
     if not args.full:
-        targets = "all-linear" if args.lora_targets == "all-linear" else \
+        targets = None if args.lora_targets is None else "all-linear" \
+            if args.lora_targets == "all-linear" else \
             tuple(t for t in args.lora_targets.split(",") if t)
         try:
             lora.apply(model, rank=args.lora_rank, alpha=args.lora_alpha, targets=targets,
@@ -530,7 +558,7 @@ def main(argv=None) -> int:
         except (ValueError, TypeError) as e:
             option = {"rank": "--lora-rank", "alpha": "--lora-alpha", "seed": "--seed",
                       "dropout": "--lora-dropout"}.get(str(e).split(":")[0], "--lora-targets")
-            p.error(f"{option}: {e}")
+            p.error(_in_options(f"{option}: {e}"))
         if args.out:   # what llama.cpp could not apply is said now, not after the training
             from .io.gguf_lora import check_writable
             try:
@@ -571,11 +599,16 @@ def main(argv=None) -> int:
                              optimizer_in_backward=args.optimizer_in_backward,
                              # a text's windows in order, the last ones validating
                              # (llama-finetune); chats and completions shuffled
-                             shuffle=not args.file, run_info=_run_info(args, train))
+                             shuffle=not args.file, run_info=_run_info(args, train, model))
     except UserWarning as e:
         p.error(f"--resume: {e}; give the options of the run that wrote it")
     except (ValueError, TypeError) as e:   # (a checkpoint of another run, a split too small)
-        p.error(str(e))
+        p.error(_in_options(str(e)))
+    except KeyboardInterrupt:
+        saved = f"; {args.checkpoint} holds the last state saved (run again with --resume " \
+                "to go on)" if os.path.exists(args.checkpoint) else ""
+        print(f"finetune: interrupted{saved}", file=sys.stderr)
+        return 130
     if not args.silent and len(history):
         print(f"finetune: train loss {history[-1].train_loss:.4f}", file=out)
     from .io import save_gguf, save_gguf_lora
@@ -583,7 +616,9 @@ def main(argv=None) -> int:
         save_gguf_lora(model, args.out)
     if args.peft_out:
         from .io import save_peft
-        save_peft(model, args.peft_out, base_model_name_or_path=args.model)
+        # PEFT loads its base by this name: a checkpoint's directory, not a GGUF file
+        save_peft(model, args.peft_out, base_model_name_or_path=args.model
+                  if os.path.isdir(args.model) else None)
     if args.merge_out:
         if not args.full:
             lora.merge(model)

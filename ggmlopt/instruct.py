@@ -665,10 +665,11 @@ def _example_form(obj, where: str) -> str:
         if not isinstance(messages, list) or not messages:
             raise ValueError(f"{where}: 'messages' must be a non-empty list")
         for i, m in enumerate(messages):
+            # an assistant's tool calls may stand without a content (OpenAI's form)
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                    or "content" not in m:
+                    or ("content" not in m and "tool_calls" not in m):
                 raise ValueError(f"{where}: message {i} must be an object with a str 'role' "
-                                 f"and a 'content', got {m!r}")
+                                 f"and a 'content' (or 'tool_calls'), got {m!r}")
     elif key == "prompt":
         if not isinstance(obj.get("prompt"), str) or not isinstance(obj.get("completion"), str):
             raise ValueError(f"{where}: 'prompt' and 'completion' must both be strings")

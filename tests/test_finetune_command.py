@@ -505,3 +505,88 @@ def test_what_would_fail_after_training_is_refused_before(files, capsys, tmp_pat
     assert info.value.code == 2
     assert "--merge-out: the GGUF needs a tokenizer llama.cpp reads" in capsys.readouterr().err
     assert not (files / "m.gguf").exists()
+
+
+def test_by_default_a_phi3_gets_adapters_on_its_fused_attention(tmp_path, capsys):
+    # the command's default targets are lora.apply's: each family's attention
+    # projections (Phi-3's qkv_proj and o_proj, not o_proj alone)
+    from ggmlopt.io import load_gguf_lora, save_gguf
+    from ggmlopt.models import Phi3, Phi3Config
+    model = Phi3(Phi3Config(vocab_size=257, dim=32, n_layers=2, n_heads=2, max_seq_len=128),
+                 seed=0)
+    save_gguf(model, tmp_path / "phi3.gguf", tokenizer=ByteTokenizer(chat_template=CHATML))
+    with open(tmp_path / "train.jsonl", "w") as f:
+        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
+                                             {"role": "assistant", "content": "Quimby."}]})
+                     + "\n" for q in QUESTIONS)
+    assert finetune.main(["-m", str(tmp_path / "phi3.gguf"), "--data",
+                          str(tmp_path / "train.jsonl"), "-c", "96", "--batch", "5",
+                          "--epochs", "1", "--out", str(tmp_path / "a.gguf"),
+                          "--silent"]) == 0
+    fresh = Phi3(Phi3Config(vocab_size=257, dim=32, n_layers=2, n_heads=2, max_seq_len=128),
+                 seed=0)
+    names = [n for n, _ in load_gguf_lora(tmp_path / "a.gguf", fresh)]
+    assert names == [f"layers.{i}.self_attn.{p}" for i in range(2)
+                     for p in ("qkv_proj", "o_proj")]
+
+
+def test_the_package_command_forwards_finetune_and_refuses_other_arguments():
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-m", "ggmlopt", "finetune", "--help"],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0 and "--lora-targets" in run.stdout
+    run = subprocess.run([sys.executable, "-m", "ggmlopt", "--model", "x.gguf"],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 2 and "takes no arguments" in run.stderr
+    assert "python -m ggmlopt finetune" in run.stderr and not run.stdout
+
+
+def test_an_interrupted_run_says_how_to_go_on(files, monkeypatch, capsys):
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(kwargs["checkpoint"])
+        with open(kwargs["checkpoint"], "wb") as f:   # as a checkpoint_every save would
+            f.write(b"x")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(go, "fit", interrupted)
+    ckpt = files / "run.npz"
+    assert finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+                          "-c", "96", "--batch", "4", "--checkpoint", str(ckpt),
+                          "--out", str(files / "a.gguf"), "--silent"]) == 130
+    assert calls == [str(ckpt)]
+    err = capsys.readouterr().err
+    assert "interrupted" in err and f"{ckpt} holds the last state saved" in err
+    assert "--resume" in err
+
+
+def test_a_resume_over_other_data_says_what_changes_it(files, capsys):
+    args = ["-m", str(files / "base.gguf"), "-c", "96", "--batch", "5", "--epochs", "1",
+            "--checkpoint", str(files / "run.npz"), "--out", str(files / "a.gguf"), "--silent"]
+    assert finetune.main(args + ["--data", str(files / "train.jsonl")]) == 0
+    with open(files / "other.jsonl", "w") as f:
+        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
+                                             {"role": "assistant", "content": "Grobnik."}]})
+                     + "\n" for q in QUESTIONS * 3)
+    with pytest.raises(SystemExit):
+        finetune.main(args + ["--data", str(files / "other.jsonl"), "--resume"])
+    err = capsys.readouterr().err
+    assert "--data=" in err and "writes the day's date" in err
+
+
+def test_a_tool_call_without_content_is_a_message(tmp_path):
+    from ggmlopt.datasets import read_jsonl
+    path = tmp_path / "tools.jsonl"
+    call = {"role": "assistant", "tool_calls": [{"type": "function", "function": {
+        "name": "weather", "arguments": {"city": "Paris"}}}]}
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "Weather?"}, call,
+                                             {"role": "tool", "content": "sunny"},
+                                             {"role": "assistant", "content": "Sunny."}]})
+                    + "\n")
+    rows = read_jsonl(path)
+    assert rows[0]["messages"][1] == call
+    path.write_text(json.dumps({"messages": [{"role": "user"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"'content' \(or 'tool_calls'\)"):
+        read_jsonl(path)
