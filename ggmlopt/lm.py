@@ -382,7 +382,11 @@ def generate(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
                        dtype=np.int32)
 
 
-def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int = 256, *,
+# chat's reply length when not given (within the model's context)
+CHAT_MAX_NEW_TOKENS = 256
+
+
+def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int | None = None, *,
          template_kwargs: dict[str, Any] | None = None, **sampling: Any) -> str:
     """The model's reply to a conversation, as text.
 
@@ -390,7 +394,9 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int = 256, *
     by the tokenizer's chat template with the generation prompt
     (``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``),
     the reply is generated until one of the tokenizer's end-of-generation ids
-    (``eog_ids``) or max_new_tokens, and decoded without its special tokens.
+    (``eog_ids``) or max_new_tokens, and decoded without its special tokens
+    (max_new_tokens None: 256, or as many as the model's context leaves after
+    the prompt when fewer; a number that overruns the context is refused).
     sampling: generate's options (temperature, top_k, top_p, min_p,
     repetition_penalty, seed, stop_ids).  template_kwargs: further template
     variables, as transformers' apply_chat_template takes them (Qwen3's
@@ -414,6 +420,10 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int = 256, *
                                                                       or ids[0] != bos):
         ids = np.concatenate([[bos], ids]).astype(np.int32)
     sampling.setdefault("tokenizer", tokenizer)
+    if max_new_tokens is None:
+        limit = getattr(getattr(model, "config", None), "max_seq_len", None)
+        max_new_tokens = CHAT_MAX_NEW_TOKENS if limit is None else \
+            max(1, min(CHAT_MAX_NEW_TOKENS, limit - ids.size))
     reply = generate(model, ids, max_new_tokens, **sampling)
     stops = _stop_ids(sampling.get("stop_ids"), tokenizer, model)
     if reply.size and int(reply[-1]) in stops:

@@ -899,3 +899,26 @@ def test_thinking_models_templates_label_their_answers(template, vocab, want, mo
     with pytest.warns(UserWarning, match="generation prompt ends in"):
         _, y = go.instruct.chat_windows([chat], tok, 128)
     assert _labelled_runs(tok, y[0]) == want
+
+
+def test_chat_s_default_length_stays_within_the_context():
+    # 256 new tokens by default, or what the context leaves after the prompt; a
+    # number given that overruns the context is refused, as generate refuses it
+    from ggmlopt.models import Llama, LlamaConfig
+    tok = ByteTokenizer(chat_template=MARKED)
+    model = Llama(LlamaConfig(vocab_size=257, dim=16, n_layers=1, n_heads=2, max_seq_len=48),
+                  seed=0)
+    messages = [{"role": "user", "content": "hi"}]
+    prompt = len(tok.apply_chat_template(messages, add_generation_prompt=True))
+    from ggmlopt import lm
+    asked = []
+    generate = lm.generate
+    lm.generate = lambda m, ids, n, **kw: asked.append(n) or generate(m, ids, n, **kw)
+    try:
+        go.chat(model, tok, messages, temperature=0, stop_ids=[])
+        go.chat(model, tok, messages, 5, temperature=0, stop_ids=[])
+    finally:
+        lm.generate = generate
+    assert asked == [48 - prompt, 5]
+    with pytest.raises(ValueError, match="max_new_tokens: .* exceed the model's max_seq_len"):
+        go.chat(model, tok, messages, 256)
