@@ -690,32 +690,29 @@ static double ce_index_block(const void *p, int64_t b, int64_t e) {
     if (a->pred) kernels()->argmax_rows_f32(e - b, n, a->x + b * n, a->pred + b);
     return ce_index_rows(a, b, e);
 }
+/* the mean over the labelled rows (masked ones, class < 0, count for nothing), in
+ * the blocks of the one-hot path, so every call sums the same rows in the same order */
+static double ce_index_mean(ce_index_args a, int64_t nrows) {
+    if (nrows <= 0) return 0.0;
+    int64_t labelled = 0;
+    for (int64_t r = 0; r < nrows; ++r) labelled += a.c[r] >= 0;
+    const int64_t denom = labelled > 0 ? labelled : 1;
+    a.scale /= (float)denom;
+    const double total = run_blocks(nrows, rows_for(a.ncols, 1024), rows_for(a.ncols, 4096),
+                                    ce_index_block, &a);
+    return total / (double)denom;
+}
 double ggmlopt_cross_entropy_index_argmax_f32(int64_t nrows, int64_t ncols, const float *logits,
                                               const int32_t *classes, float *grad,
                                               float grad_scale, int32_t *pred) {
-    if (nrows <= 0) return 0.0;
-    /* the mean over the labelled rows: masked ones (class < 0) count for nothing */
-    int64_t labelled = 0;
-    for (int64_t r = 0; r < nrows; ++r) labelled += classes[r] >= 0;
-    const int64_t denom = labelled > 0 ? labelled : 1;
-    ce_index_args a = {ncols, logits, classes, grad, grad_scale / (float)denom, pred, NULL};
-    /* the blocks of the one-hot path, so both sum the same rows in the same order */
-    const double total = run_blocks(nrows, rows_for(ncols, 1024), rows_for(ncols, 4096),
-                                    ce_index_block, &a);
-    return total / (double)denom;
+    const ce_index_args a = {ncols, logits, classes, grad, grad_scale, pred, NULL};
+    return ce_index_mean(a, nrows);
 }
 double ggmlopt_cross_entropy_index_g16_f32(int64_t nrows, int64_t ncols, const float *logits,
                                            const int32_t *classes, uint16_t *grad16,
                                            float grad_scale, int32_t *pred) {
-    if (nrows <= 0) return 0.0;
-    int64_t labelled = 0;
-    for (int64_t r = 0; r < nrows; ++r) labelled += classes[r] >= 0;
-    const int64_t denom = labelled > 0 ? labelled : 1;
-    ce_index_args a = {ncols, logits, classes, NULL, grad_scale / (float)denom, pred, grad16};
-    /* the float32 call's blocks: the same rows summed in the same order */
-    const double total = run_blocks(nrows, rows_for(ncols, 1024), rows_for(ncols, 4096),
-                                    ce_index_block, &a);
-    return total / (double)denom;
+    const ce_index_args a = {ncols, logits, classes, NULL, grad_scale, pred, grad16};
+    return ce_index_mean(a, nrows);
 }
 double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,
                                        const int32_t *classes, float *grad, float grad_scale) {

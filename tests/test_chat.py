@@ -730,14 +730,8 @@ def test_an_end_of_turn_text_after_a_header_is_the_reply_s(template):
     assert "Thanks" not in "".join(runs)
 
 
-@pytest.mark.skipif(not _llama_cpp_templates(),
-                    reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
-@pytest.mark.parametrize("template, vocab, want", [
-    ("Qwen-Qwen3-0.6B.jinja", "qwen2", ["a1<|im_end|>\n", "<think>\nr2\n</think>\n\na2<|im_end|>\n"]),
-    ("microsoft-Phi-3.5-mini-instruct.jinja", "phi-3", ["a1<|end|>", "a2<|end|><|endoftext|>"]),
-])
-def test_qwen3_and_phi35_multi_turn_chats_are_masked(template, vocab, want):
-    # what TRL's training templates for them mark: each turn's text and its end
+def _llama_cpp_tokenizer(vocab, template):
+    """llama.cpp's vocabulary ggml-vocab-{vocab}.gguf with its template file."""
     pytest.importorskip("tokenizers")
     from ggmlopt.io import load_gguf_tokenizer
     models = os.path.join(os.environ["GGMLOPT_LLAMA_CPP_SRC"], "models")
@@ -746,6 +740,18 @@ def test_qwen3_and_phi35_multi_turn_chats_are_masked(template, vocab, want):
         tok = load_gguf_tokenizer(os.path.join(models, f"ggml-vocab-{vocab}.gguf"))
     with open(os.path.join(models, "templates", template), encoding="utf-8") as f:
         tok.chat_template = f.read()
+    return tok
+
+
+@pytest.mark.skipif(not _llama_cpp_templates(),
+                    reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source) is not set")
+@pytest.mark.parametrize("template, vocab, want", [
+    ("Qwen-Qwen3-0.6B.jinja", "qwen2", ["a1<|im_end|>\n", "<think>\nr2\n</think>\n\na2<|im_end|>\n"]),
+    ("microsoft-Phi-3.5-mini-instruct.jinja", "phi-3", ["a1<|end|>", "a2<|end|><|endoftext|>"]),
+])
+def test_qwen3_and_phi35_multi_turn_chats_are_masked(template, vocab, want):
+    # what TRL's training templates for them mark: each turn's text and its end
+    tok = _llama_cpp_tokenizer(vocab, template)
     think = vocab == "qwen2"
     chat = [{"role": "user", "content": "q1"},
             {"role": "assistant", "content": "<think>\nr1\n</think>\n\na1" if think else "a1"},
@@ -883,14 +889,7 @@ def test_a_template_that_renders_earlier_messages_otherwise_is_still_refused():
 ])
 def test_thinking_models_templates_label_their_answers(template, vocab, want, monkeypatch):
     # QwQ, Gemma 4 and MiniMax-M2 open a thought in their generation prompts
-    pytest.importorskip("tokenizers")
-    from ggmlopt.io import load_gguf_tokenizer
-    models = os.path.join(os.environ["GGMLOPT_LLAMA_CPP_SRC"], "models")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tok = load_gguf_tokenizer(os.path.join(models, f"ggml-vocab-{vocab}.gguf"))
-    with open(os.path.join(models, "templates", template), encoding="utf-8") as f:
-        tok.chat_template = f.read()
+    tok = _llama_cpp_tokenizer(vocab, template)
     if vocab != "gemma-4":   # MiniMax's end of turn is not a token of Qwen's vocabulary
         eogs = go.instruct._eog_texts(tok)
         monkeypatch.setattr(go.instruct, "_eog_texts", lambda t: ("[e~[",) + tuple(eogs))
