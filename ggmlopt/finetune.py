@@ -93,7 +93,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=0,
                    help="warmup steps (cosine schedule; default 0)")
     p.add_argument("-wd", "--weight-decay", type=float, default=0.0,
-                   help="decoupled weight decay (default 0)")
+                   help="decoupled weight decay of every trainable tensor, norms and biases "
+                        "included (default 0)")
+    p.add_argument("--max-grad-norm", type=float, default=None,
+                   help="clip the gradients' global L2 norm to this (torch's "
+                        "clip_grad_norm_; default: no clipping, as llama-finetune; "
+                        "Hugging Face's Trainer clips to 1.0)")
     p.add_argument("-opt", "--optimizer", choices=("adamw", "sgd"), default="adamw",
                    help="default adamw")
     p.add_argument("--batch", type=int, default=None,
@@ -184,6 +189,12 @@ def _problems(args) -> list[str]:
         bad.append(f"--lr: expected > 0 and finite, got {args.lr}")
     if not 0 <= args.weight_decay <= 1:
         bad.append(f"--weight-decay: expected 0 <= wd <= 1, got {args.weight_decay}")
+    if args.max_grad_norm is not None and not (args.max_grad_norm > 0
+                                               and math.isfinite(args.max_grad_norm)):
+        bad.append(f"--max-grad-norm: expected a finite norm > 0, got {args.max_grad_norm}")
+    if args.max_grad_norm is not None and args.optimizer_in_backward:
+        bad.append("--max-grad-norm: the norm needs every gradient before any step; not with "
+                   "--optimizer-in-backward")
     if not 0 <= args.val_split < 1:
         bad.append(f"--val-split: expected 0 <= split < 1, got {args.val_split}")
     if args.max_steps is not None and args.max_steps < 1:
@@ -469,6 +480,8 @@ def _run_info(args, train, model) -> dict:
     info = {"--model": model.hexdigest(), "--data": data.hexdigest(),
             "--keep-types": bool(args.keep_types), "-lr": float(args.lr),
             "-wd": float(args.weight_decay), "-opt": args.optimizer,
+            "--max-grad-norm": "none" if args.max_grad_norm is None
+            else float(args.max_grad_norm),
             "--lr-schedule": args.lr_schedule, "--warmup": int(args.warmup)}
     if args.full:
         info["--full"] = True
@@ -595,6 +608,7 @@ def main(argv=None) -> int:
                              silent=args.silent, optimizer=args.optimizer, seed=args.seed,
                              checkpoint=args.checkpoint, resume=args.resume,
                              max_steps=args.max_steps, eval_every=args.eval_every,
+                             clip_grad_norm=args.max_grad_norm,
                              checkpoint_every=args.checkpoint_every,
                              optimizer_in_backward=args.optimizer_in_backward,
                              # a text's windows in order, the last ones validating

@@ -221,6 +221,9 @@ def test_checkpoints_inside_an_epoch_and_a_first_resume(files, capsys, monkeypat
     # options that would change nothing in the mode given
     (["--full", "--lora-rank", "4"], "--lora-rank: LoRA options; --full trains every weight"),
     (["--out-type", "q4_0"], "--out-type: the type of --merge-out's weights; give --merge-out"),
+    (["--max-grad-norm", "0"], "--max-grad-norm: expected a finite norm > 0"),
+    (["--max-grad-norm", "1", "--optimizer-in-backward"],
+     "--max-grad-norm: the norm needs every gradient"),
 ])
 def test_bad_arguments_are_refused_before_training(files, capsys, extra, match):
     argv = ["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
@@ -590,3 +593,16 @@ def test_a_tool_call_without_content_is_a_message(tmp_path):
     path.write_text(json.dumps({"messages": [{"role": "user"}]}) + "\n")
     with pytest.raises(ValueError, match=r"'content' \(or 'tool_calls'\)"):
         read_jsonl(path)
+
+
+def test_max_grad_norm_clips_as_fit_does(files, monkeypatch):
+    # --max-grad-norm is fit's clip_grad_norm (Trainer's max_grad_norm); none by default
+    seen = []
+    fit = go.fit
+    monkeypatch.setattr(go, "fit", lambda *a, **kw: seen.append(kw["clip_grad_norm"])
+                        or fit(*a, **kw))
+    base = ["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"), "-c", "96",
+            "--batch", "5", "--epochs", "1", "--out", str(files / "a.gguf"), "--silent"]
+    assert finetune.main(base) == 0
+    assert finetune.main(base + ["--max-grad-norm", "0.5"]) == 0
+    assert seen == [None, 0.5]
