@@ -103,15 +103,45 @@ def _mib(n: int) -> str:
 
 
 def available_memory() -> int | None:
-    """Bytes the system can still give this process (Linux's MemAvailable), or
-    None where it is not known."""
+    """Bytes the system can still give this process (Linux's MemAvailable, or
+    less where the process's cgroup has a memory limit: what the limit leaves
+    above its usage), or None where it is not known."""
+    free = None
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
+                    break
     except OSError:
         return None
+    room = _cgroup_room()
+    if room is not None:
+        free = room if free is None else min(free, room)
+    return free
+
+
+# the cgroup files of a memory limit and its usage: v2's, then v1's
+_CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                  "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def _cgroup_room() -> int | None:
+    """What this process's cgroup memory limit leaves above its usage, or None
+    without a limit (a container's limit, which MemAvailable does not see)."""
+    for limit_file, usage_file in _CGROUP_FILES:
+        try:
+            with open(limit_file, encoding="ascii") as f:
+                limit = f.read().strip()
+            with open(usage_file, encoding="ascii") as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        # "max" (v2) or a page-rounded 2^63 (v1): no limit
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
+            return None
+        return max(0, int(limit) - usage)
     return None
 
 
@@ -222,8 +252,10 @@ def _parameter_bytes(model) -> tuple[int, int]:
         if getattr(p, "requires_grad", True):
             trainable += p.data.size
     for m in modules(model):
-        if isinstance(m, (QuantizedLinear, QuantizedEmbedding)):
-            weights += int(m.nbytes)
+        # a kept layer, or one under a LoRA adapter (the adapter's base is no sub-module)
+        for layer in (m, getattr(m, "_base", None)):
+            if isinstance(layer, (QuantizedLinear, QuantizedEmbedding)):
+                weights += int(layer.nbytes)
     metadata = getattr(model, "gguf_metadata", None) or {}
     weights += sum(_object_bytes(metadata[key]) for key in metadata)
     return weights, trainable
@@ -250,13 +282,8 @@ def _bf16_copies(model) -> tuple[int, int, bool]:
     its own type and keeps none."""
     from .nn.embedding import Embedding
     from .nn.linear import Linear
-    from .nn.module import modules
-    weights = per_token = 0
     head, float_head = model.lm_head, False
-    for m in modules(model):
-        if isinstance(m, Linear) and m.weight is not None and m is not head:
-            weights += 2 * m.weight.data.size
-            per_token += m.in_features + m.out_features
+    weights, per_token = _bf16_linears(model, head)
     if isinstance(head, Linear) and head.weight is not None:
         weights += 2 * head.weight.data.size
         float_head = True
@@ -265,6 +292,19 @@ def _bf16_copies(model) -> tuple[int, int, bool]:
         weights += 2 * model._embedding.weight.data.size
         float_head = True
     return weights, per_token, float_head
+
+
+def _bf16_linears(module, head=None) -> tuple[int, int]:
+    """(bytes of the bf16 weight copies, bf16 values per token) of the float
+    Linear layers in module but head."""
+    from .nn.linear import Linear
+    from .nn.module import modules
+    weights = per_token = 0
+    for m in modules(module):
+        if isinstance(m, Linear) and m.weight is not None and m is not head:
+            weights += 2 * m.weight.data.size
+            per_token += m.in_features + m.out_features
+    return weights, per_token
 
 
 def _lent_gradient_bytes(model, blocks) -> int:
@@ -356,6 +396,12 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
                         f"{type(optimizer_in_backward).__name__}")
     if check_precision(precision) == "bf16" and bf16_support()[0]:
         copies, per_token, float_head = _bf16_copies(lm)
+        if checkpointing and blocks:
+            # each block's bf16 copies go with its buffers (release_buffers): one
+            # block's at a time
+            parts = [_bf16_linears(b) for b in blocks]
+            copies -= sum(w for w, _ in parts) - max(w for w, _ in parts)
+            per_token -= sum(t for _, t in parts) - max(t for _, t in parts)
         head_rows = chunk_rows(rows, lm.config.vocab_size) if float_head else 0
         weights += copies
         kept = per_token * tokens * 2 + head_rows * (lm.config.vocab_size + dim) * 2
@@ -371,19 +417,36 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
 
 
 def check_fits(report: MemoryReport) -> None:
-    """MemoryError, naming the ways out, when report's total exceeds what this
-    process holds now plus what the system can still give it."""
+    """MemoryError, naming the ways out, when report's total exceeds what the
+    system can still give this process plus the weights it already holds
+    (the report counts them; the rest of its memory is not the step's)."""
     free, held = available_memory(), resident_memory()
-    if free is None or held is None or report.total <= free + held:
+    if free is None or held is None:
         return
+    budget = free + min(held, report.weights)
+    if report.total <= budget:
+        return
+    parts = [("weights", report.weights), ("gradients", report.gradients),
+             ("optimizer state", report.optimizer_state), ("activations", report.activations),
+             ("head", report.head), ("runtime", report.runtime)]
+    # the ways out of the parts that weigh (the runtime is what it is)
+    largest = max(parts[:-1], key=lambda part: part[1])
+    quarter = (report.total - report.runtime) / 4
+    ways: list[str] = []
+    if report.activations + report.head >= quarter:
+        ways.append(f"use a smaller physical batch (nbatch_physical; {report.batch_size} "
+                    f"now) or shorter windows ({report.n_ctx} tokens now)")
+        if not report.checkpointing:
+            ways.append("turn on activation checkpointing "
+                        "(model.gradient_checkpointing_enable())")
+    if report.gradients + report.optimizer_state >= quarter:
+        ways.append("train LoRA adapters (ggmlopt.lora.apply)")
+        ways.append("step the optimizer in the backward pass (optimizer_in_backward=True: no "
+                    "gradient for every weight at once)")
+    if report.weights >= quarter:
+        ways.append("keep a GGUF base in its types (load_gguf(path, keep_types=True))")
     raise MemoryError(
-        f"training needs about {_mib(report.total)} (weights {_mib(report.weights)}, "
-        f"gradients {_mib(report.gradients)}, optimizer state "
-        f"{_mib(report.optimizer_state)}, activations {_mib(report.activations)}), more than "
-        f"the {_mib(free + held)} this machine has for it; train LoRA adapters "
-        "(ggmlopt.lora.apply), turn on activation checkpointing "
-        "(model.gradient_checkpointing_enable()), step the optimizer in the backward "
-        "pass (optimizer_in_backward=True: no gradient for every weight at once), use a "
-        "smaller physical batch "
-        "(nbatch_physical) or shorter windows, or keep a GGUF base in its types "
-        "(load_gguf(path, keep_types=True))")
+        f"training needs about {_mib(report.total)} ("
+        + ", ".join(f"{name} {_mib(n)}" for name, n in parts)
+        + f"), more than the {_mib(budget)} this machine has for it; the largest part is "
+        f"the {largest[0]}: " + "; ".join(ways or ["use a smaller physical batch or model"]))

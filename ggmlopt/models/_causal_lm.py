@@ -33,10 +33,22 @@ def normal_init(std):
     """An init for Linear and Embedding: weights N(0, std), biases zero (Hugging
     Face's _init_weights with initializer_range = std)."""
     def init(weight, bias, rng):
-        weight[...] = rng.normal(0.0, std, weight.shape)
-        if bias is not None:
-            bias.fill(0.0)
+        # a few MiB of float64 draws at a time (the same values as one draw: the
+        # generator's stream in order), not a float64 copy of a whole head
+        if not weight.flags.c_contiguous or weight.ndim == 0:
+            weight[...] = rng.normal(0.0, std, weight.shape)
+            return _zero(bias)
+        flat = weight.reshape(weight.shape[0], -1)
+        step = max(1, (4 << 20) // (8 * max(1, flat.shape[1])))
+        for r in range(0, flat.shape[0], step):
+            flat[r:r + step] = rng.normal(0.0, std, flat[r:r + step].shape)
+        _zero(bias)
     return init
+
+
+def _zero(bias) -> None:
+    if bias is not None:
+        bias.fill(0.0)
 
 
 def _check_labels(labels: np.ndarray, vocab: int) -> None:
