@@ -404,9 +404,7 @@ def _refuse_no_match(model, targets, pattern, linears) -> None:
 def _warn_unmatched_targets(targets, chosen_names, hf) -> None:
     """Warn about target names that adapt nothing while others do: a misspelt
     name (``qproj``) would otherwise leave its layers without adapters unsaid."""
-    unmatched = [t for t in targets
-                 if not any(_matches(hf(name), (t,)) or _matches(name, (t,))
-                            for name in chosen_names)]
+    unmatched = [t for t in targets if not any(_matches(hf(name), (t,)) for name in chosen_names)]
     if unmatched:
         warnings.warn(f"targets: {', '.join(map(repr, unmatched))} "
                       f"match{'es' if len(unmatched) == 1 else ''} no layer of the model; "
