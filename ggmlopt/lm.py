@@ -8,8 +8,9 @@ and ``decode(tokens, cache)`` (logits of new positions, the cache extended).
 """
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -262,13 +263,20 @@ def _stop_ids(stop_ids, tokenizer, model) -> set[int]:
             if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
                 raise TypeError(f"stop_ids: expected int token ids, got {i!r}")
         return {int(i) for i in ids}
+    model_eog = {int(i) for i in getattr(model, "eog_ids", ())}
     if tokenizer is not None:
         eog = getattr(tokenizer, "eog_ids", None)
-        if eog is None:
-            eos = getattr(tokenizer, "eos_id", None)
-            eog = () if eos is None else (eos,)
-        return {int(i) for i in eog}
-    return {int(i) for i in getattr(model, "eog_ids", ())}
+        if eog is not None:
+            return {int(i) for i in eog}
+        # a tokenizer without them (transformers' names its eos eos_token_id): its eos
+        # and the model's own, which a checkpoint's generation_config gives (without
+        # these a reply ran on past its end of turn)
+        eos = getattr(tokenizer, "eos_id", None)
+        if eos is None:
+            eos = getattr(tokenizer, "eos_token_id", None)
+        ids = eos if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)
+        return model_eog | {int(i) for i in ids}
+    return model_eog
 
 
 def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
@@ -301,13 +309,15 @@ def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
                    stops, repetition_penalty)
 
 
-# the recompute's parts: a whole pass at once would hold a T x T score matrix a head
+# the parts of a prompt's pass (and of a recompute): a whole pass at once would hold a
+# T x T score matrix a head (a 3000-token prompt over 32 heads: 3 GiB at its peak)
 _RECOMPUTE_CHUNK = 256
 
 
 def _recompute(model, ids, cache):
-    """The cache of ids recomputed as one pass over them (LongRoPE's long factors
-    for every position), a chunk at a time; the last position's logits."""
+    """The cache of ids computed as one pass over them (LongRoPE's long factors
+    for every position when they go past its pretraining length), a chunk at a
+    time; the last position's logits."""
     from .nn.module import modules
     rotaries = [r for m in modules(model) if (r := getattr(m, "rotary", None)) is not None]
     cache.length = 0
@@ -333,7 +343,8 @@ def _stream(model, prompt, max_new_tokens, sampling, rng, stops, repetition_pena
     recompute_at = getattr(model, "recompute_cache_at", None)
     with eval_mode(model):
         cache = model.make_cache(1, prompt.size + max_new_tokens)
-        logits = model.decode(prompt[None].astype(np.int32), cache)[0, -1]
+        # the prompt a chunk at a time, as one pass (its memory grows with its length)
+        logits = _recompute(model, ids, cache)
         for i in range(max_new_tokens):
             token = _pick(_penalized(logits, seen, repetition_penalty), temperature, top_k,
                           top_p, rng, min_p)
@@ -369,8 +380,10 @@ def generate(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
     the prompt or the reply (Hugging Face's and llama.cpp's penalty).  Generation stops after max_new_tokens, or after an id of stop_ids
     (which is returned).  stop_ids None (the default) stops at the end-of-generation
     ids (``eog_ids``, llama.cpp's EOG set: eos, eot, ``<|im_end|>``,
-    ``<|eot_id|>`` ...) of tokenizer when one is given, else of the model
-    (``load_gguf`` gives a model its tokenizer's); ``stop_ids=()`` never stops
+    ``<|eot_id|>`` ...) of tokenizer when one is given (one without ``eog_ids``:
+    its eos, ``eos_id`` or transformers' ``eos_token_id``, and the model's), else
+    of the model (``load_gguf`` gives a model its tokenizer's, ``load_hf`` its
+    generation_config's eos_token_id); ``stop_ids=()`` never stops
     early.  The prompt and the new tokens must fit the model's
     max_seq_len (ValueError before any work); an id outside the vocabulary is an
     IndexError.  ``stream`` gives the same ids one by one.
@@ -403,7 +416,9 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int | None =
     ``enable_thinking``; ``continue_final_message``: the reply goes on from the
     last message, an assistant's prefilled start, with no generation prompt).
     A BOS is put first when the tokenizer says so (add_bos) and the template
-    did not write one.
+    did not write one.  A transformers tokenizer works too: its
+    BatchEncoding's input_ids, its eos_token_id and the model's eog_ids as the
+    stops, its decode(skip_special_tokens=True).
     """
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise TypeError(f"template_kwargs: expected a dict or None, got "
@@ -413,8 +428,11 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int | None =
                         f"(apply_chat_template), got {type(tokenizer).__name__}")
     # continue_final_message: the model goes on with the last (assistant) message
     continues = bool((template_kwargs or {}).get("continue_final_message"))
-    ids = np.asarray(tokenizer.apply_chat_template(messages, add_generation_prompt=not continues,
-                                                   **(template_kwargs or {})), np.int32)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=not continues,
+                                        **(template_kwargs or {}))
+    if isinstance(ids, Mapping):   # transformers' tokenizers give a BatchEncoding
+        ids = ids["input_ids"]
+    ids = np.asarray(ids, np.int32)
     bos = getattr(tokenizer, "bos_id", None)
     if getattr(tokenizer, "add_bos", False) and bos is not None and (ids.size == 0
                                                                       or ids[0] != bos):
@@ -425,10 +443,22 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int | None =
         max_new_tokens = CHAT_MAX_NEW_TOKENS if limit is None else \
             max(1, min(CHAT_MAX_NEW_TOKENS, limit - ids.size))
     reply = generate(model, ids, max_new_tokens, **sampling)
-    stops = _stop_ids(sampling.get("stop_ids"), tokenizer, model)
+    stops = _stop_ids(sampling.get("stop_ids"), sampling["tokenizer"], model)   # generate's
     if reply.size and int(reply[-1]) in stops:
         reply = reply[:-1]
+    # transformers' decode takes any keyword and names its flag skip_special_tokens:
+    # skip_special would pass unnoticed, the end-of-turn tokens left in the reply
+    if "skip_special_tokens" in _parameters(tokenizer.decode):
+        return tokenizer.decode(reply, skip_special_tokens=True)
     try:
         return tokenizer.decode(reply, skip_special=True)
     except TypeError:   # a tokenizer whose decode has no skip_special
         return tokenizer.decode(reply)
+
+
+def _parameters(function) -> Mapping[str, Any]:
+    """function's parameters by name (none when its signature cannot be read)."""
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return {}

@@ -1,5 +1,7 @@
 """ggmlopt.generate: a key/value cache whose every step equals a full recompute,
 greedy and seeded sampling, stop ids, streaming, and clear errors."""
+import types
+
 import numpy as np
 import pytest
 
@@ -48,6 +50,27 @@ def test_greedy_generation_is_the_argmax_of_a_full_recompute(arch):
     for step in range(200):
         logits = model.forward(np.array([seq]))[0, -1]
         assert ids[step] == int(np.argmax(logits)), step
+        seq.append(int(ids[step]))
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_a_long_prompt_is_read_a_chunk_at_a_time(arch, monkeypatch):
+    # the prompt in one decode call held a T x T score matrix a head (a 3000-token
+    # prompt over 32 heads: 3 GiB at the peak); in chunks it is the same pass
+    from ggmlopt import lm
+    monkeypatch.setattr(lm, "_RECOMPUTE_CHUNK", 7)
+    model = sharpen(MODELS[arch]())
+    widths = []
+    decode = model.decode
+    monkeypatch.setattr(model, "decode",
+                        lambda tokens, cache: widths.append(tokens.shape[1]) or
+                        decode(tokens, cache))
+    prompt = np.random.default_rng(4).integers(0, 41, 40)
+    ids = go.generate(model, prompt, 12, temperature=0, stop_ids=())
+    assert max(widths) <= 7 and sum(widths) == 40 + 11
+    seq = list(prompt)
+    for step in range(12):
+        assert ids[step] == int(np.argmax(model.forward(np.array([seq]))[0, -1])), step
         seq.append(int(ids[step]))
 
 
@@ -295,3 +318,78 @@ def test_top_p_of_one_keeps_every_id():
     assert rng.n == 5 and rng.p[1:].sum() > 0
     _pick(z, 1.0, 5, 0.5, rng)   # a real cut still cuts
     assert rng.n == 1
+
+
+# ---- a tokenizer of transformers' -----------------------------------------------------
+
+def test_a_tokenizer_without_end_of_generation_ids_stops_at_its_eos_and_the_model_s():
+    # a tokenizer naming no eog_ids (transformers': eos_token_id) left no stop at all,
+    # the model's own eog_ids (a checkpoint's generation_config) ignored
+    model = sharpen(MODELS["llama"]())
+    greedy = go.generate(model, [5], 30, temperature=0, stop_ids=())
+    a, b = int(greedy[6]), int(greedy[3])
+    model.eog_ids = frozenset({a})
+
+    class Bare:
+        pass
+
+    class Transformers:
+        eos_token_id = b
+
+    for tok, stop in ((Bare(), a), (Transformers(), b)):
+        first = int(np.flatnonzero(greedy == stop)[0])
+        np.testing.assert_array_equal(go.generate(model, [5], 30, temperature=0, tokenizer=tok),
+                                      greedy[:first + 1])
+
+
+class Scripted:
+    """A language model whose greedy reply is script, whatever the prompt (one
+    decode call reads a prompt of fewer than 256 tokens)."""
+
+    config = None
+
+    def __init__(self, script, vocab):
+        self.script, self.vocab = script, vocab
+
+    def make_cache(self, batch, max_len):
+        self.step = 0
+        return types.SimpleNamespace(length=0, batch=batch, max_len=max_len)
+
+    def decode(self, tokens, cache):
+        cache.length += tokens.shape[1]
+        logits = np.zeros((1, tokens.shape[1], self.vocab), np.float32)
+        logits[0, -1, self.script[self.step]] = 1.0
+        self.step += 1
+        return logits
+
+
+def test_chat_with_a_transformers_tokenizer():
+    # its apply_chat_template gives a BatchEncoding (transformers 5) or a list, it
+    # names its eos eos_token_id (no eog_ids), its decode takes skip_special_tokens
+    # (and swallows skip_special): the reply ran on past the end of turn, with the
+    # special tokens written out
+    pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tm
+    words = [chr(c) for c in range(97, 97 + 26)] + ["\n"]
+    vocab = {w: i for i, w in enumerate(words)}
+    vocab.update({"<|im_start|>": 27, "<|im_end|>": 28})
+    tk = Tokenizer(tm.WordLevel(vocab, unk_token="z"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                         "<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    o, k, y, z = (vocab[c] for c in "okyz")
+    messages = [{"role": "user", "content": "hi"}]
+    want = tok.decode([o, k, 27, y], skip_special_tokens=True)
+    assert "im_" not in want
+    for kwargs in (None, {"return_dict": False}):
+        model = Scripted([o, k, 27, y, 28, z, z, z], 29)
+        assert go.chat(model, tok, messages, 8, temperature=0, template_kwargs=kwargs) == want
+    # the model's own end-of-generation ids stop it too (a checkpoint's generation_config)
+    model = Scripted([o, k, y, z, 28, z], 29)
+    model.eog_ids = frozenset({y})
+    assert go.chat(model, tok, messages, 6, temperature=0) == tok.decode([o, k])
