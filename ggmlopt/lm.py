@@ -426,6 +426,10 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int | None =
     if not callable(getattr(tokenizer, "apply_chat_template", None)):
         raise TypeError(f"tokenizer: expected a tokenizer with a chat template "
                         f"(apply_chat_template), got {type(tokenizer).__name__}")
+    if "add_generation_prompt" in (template_kwargs or {}):
+        raise ValueError("template_kwargs: add_generation_prompt is chat's own (a reply "
+                         "always follows the generation prompt); pass "
+                         "continue_final_message=True to go on from an assistant's message")
     # continue_final_message: the model goes on with the last (assistant) message
     continues = bool((template_kwargs or {}).get("continue_final_message"))
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=not continues,

@@ -134,6 +134,16 @@ def test_numpy_scalars_are_numbers_and_chat_names_its_tokenizer():
             go.chat(model, tokenizer, [{"role": "user", "content": "hi"}], 4)
 
 
+def test_chat_names_add_generation_prompt_as_its_own():
+    class Templated:
+        def apply_chat_template(self, messages, **kw):
+            return [1, 2]
+
+    with pytest.raises(ValueError, match="add_generation_prompt is chat's own"):
+        go.chat(MODELS["llama"](), Templated(), [{"role": "user", "content": "hi"}], 4,
+                template_kwargs={"add_generation_prompt": False})
+
+
 def test_a_temperature_or_penalty_past_float_range_draws_the_limit():
     # logits / 1e-320 overflow: the limit of the softmax is the greedy choice,
     # not NaN probabilities
