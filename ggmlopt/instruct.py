@@ -163,8 +163,10 @@ def _turn_end(text: str, start: int, end: int, last: bool, eog_texts,
 
 
 def _assistant_spans(template, messages, train_on, kwargs,
-                     eog_texts: tuple[str, ...] = ()) -> tuple[str, list[tuple[int, int]]]:
-    """(rendered text, character spans of the turns trained on)."""
+                     eog_texts: tuple[str, ...] = (), tokenizer=None
+                     ) -> tuple[str, list[tuple[int, int]]]:
+    """(rendered text, character spans of the turns trained on); tokenizer (as
+    _turn_start's) places a turn that does not begin with the generation prompt."""
     if train_on == "all":
         text = template.render(messages, False, **kwargs)
         return text, [(0, len(text))]
@@ -199,7 +201,7 @@ def _assistant_spans(template, messages, train_on, kwargs,
         # earlier turn's reasoning, Phi-3.5 ends the conversation with its EOS): in
         # the whole text it runs from the generation prompt through its end-of-turn
         # token and the line break after it (what a turn renders when it is last)
-        start = _turn_start(template, messages, i, kwargs, before, text)
+        start = _turn_start(template, messages, i, kwargs, before, text, tokenizer)
         content_end = _content_end(text, start, len(text), messages[i], eog_texts, others)
         end = _first_eog(text, content_end, eog_texts) if start >= 0 else -1
         after = messages[i + 1].get("content") if i + 1 < len(messages) else None
@@ -220,14 +222,19 @@ def _assistant_spans(template, messages, train_on, kwargs,
     return text, spans
 
 
-def _turn_start(template, messages, i, kwargs, before: str, text: str) -> int:
+def _turn_start(template, messages, i, kwargs, before: str, text: str, tokenizer=None) -> int:
     """Where assistant turn i starts in text: after the generation prompt
     (before ends with it), or, for a template whose rendered turns do not begin
     with its whole generation prompt (DeepSeek-R1's and QwQ's open a reasoning
     block there, '<think>\\n', that a finished turn does not hold), where the
     two part, once the messages before the turn are all behind (or where the
     turn's content begins, when they part inside it); -1 when they part before
-    that (the template renders the earlier messages otherwise)."""
+    that (the template renders the earlier messages otherwise).  With a
+    tokenizer that spells its tokens, where they part is taken back to the end
+    of the last token both tokenizations share: Qwen3's generation prompt
+    without thinking ends in '<think>\\n\\n</think>\\n\\n', and a finished
+    tool call or empty reply begins with a '<' too, of '<tool_call>' or
+    '<|im_end|>', that is the reply's."""
     if text.startswith(before):
         return len(before)
     history = template.render(messages[:i], False, **kwargs)
@@ -236,6 +243,10 @@ def _turn_start(template, messages, i, kwargs, before: str, text: str) -> int:
     start = len(history)
     while start < min(len(before), len(text)) and before[start] == text[start]:
         start += 1
+    if start > len(history) and tokenizer is not None and _spells_its_tokens(tokenizer):
+        # parting inside a token (the '<' of the prompt's '<think>' and of a reply's
+        # '<tool_call>'): the reply starts after the last token the two share
+        start = max(len(history), _token_start(tokenizer, before, text, start))
     # the two may part a few characters into the reply, where it begins as the rest
     # of the generation prompt does ('<' of Gemma 4's '<|channel>' and of a reply's
     # '<think>'): the reply is the turn's from its first character
@@ -253,6 +264,25 @@ def _turn_start(template, messages, i, kwargs, before: str, text: str) -> int:
                   f"writes them (at inference the generation prompt adds that text)",
                   UserWarning, stacklevel=5)
     return start
+
+
+def _token_start(tokenizer, before: str, text: str, at: int) -> int:
+    """Where the tokens of before and of text stop being the same, as a
+    character offset (at most at, which is where their characters part): the
+    end of the last token both begin with, at itself where the tokens cannot
+    be placed."""
+    try:
+        a_ids, a_offsets = _ids_and_offsets(tokenizer, before, "text")
+        b_ids, b_offsets = _ids_and_offsets(tokenizer, text, "text")
+    except ValueError:
+        return at
+    n = min(a_ids.size, b_ids.size)
+    same = (a_ids[:n] == b_ids[:n]) & (a_offsets[1:n + 1] == b_offsets[1:n + 1])
+    k = int(np.argmin(np.append(same, False)))   # the tokens before k are the same
+    byte_end = min(int(a_offsets[k]), len(before[:at].encode("utf-8")))
+    # back to the character holding that byte
+    chars = np.cumsum([0] + [len(c.encode("utf-8")) for c in before[:at]])
+    return int(np.searchsorted(chars, byte_end, side="right")) - 1
 
 
 def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -470,6 +500,7 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
         raise ValueError(f"train_on: expected one of {TRAIN_ON}, got {train_on!r}")
     eog_texts = _eog_texts(tokenizer)
     examples = []
+    unwritten = []   # conversations with tool calls their template leaves out
     if isinstance(conversations, (str, Mapping)) or not isinstance(conversations, Iterable):
         raise TypeError(f"conversations: expected a list of conversations, got "
                         f"{type(conversations).__name__}")
@@ -487,7 +518,8 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
             for j, message in enumerate(messages):   # before the template moves them
                 if isinstance(message.get("content"), str):
                     check_text(message["content"], f"conversations[{k}][{j}]['content']")
-            text, spans = _assistant_spans(template, messages, train_on, kwargs, eog_texts)
+            text, spans = _assistant_spans(template, messages, train_on, kwargs, eog_texts,
+                                           tokenizer)
         except (ValueError, TypeError) as e:
             # (a TypeError: the template met a content it cannot render, e.g. None)
             msg = str(e)
@@ -495,6 +527,8 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
                 msg = f"the chat template failed on it ({msg}): is every 'content' a str?"
             raise type(e)(msg if msg.startswith("conversations[")
                           else f"conversations[{k}]: {msg}") from None
+        if train_on != "all" and _drops_tool_calls(messages, train_on, text, spans):
+            unwritten.append(k)
         ids, offsets = _ids_and_offsets(tokenizer, text, f"conversations[{k}]")
         byte_spans = [_byte_span(text, a, b) for a, b in spans]
         mask = _spans_to_mask(offsets, byte_spans, _own_ends(tokenizer, ids, offsets))
@@ -506,7 +540,32 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
         examples.append((ids, mask))
     if not examples:
         raise ValueError("conversations: expected at least one conversation")
+    if unwritten:
+        # SmolLM3's template writes no tool call: such a turn would teach an empty reply
+        warnings.warn(f"conversations: in {len(unwritten)} conversation(s) (the first: "
+                      f"conversations[{unwritten[0]}]) an assistant turn's tool_calls are not "
+                      "in what the chat template writes for it, so they are not trained on; "
+                      "the template does not render tool calls (its own, or the row's "
+                      "'tools', may be needed)", UserWarning, stacklevel=2)
     return _windows(examples, n_ctx, pad, too_long, "conversations", packing)
+
+
+def _drops_tool_calls(messages, train_on, text: str, spans) -> bool:
+    """Whether a trained assistant turn has tool calls whose function names are
+    not in its span of text (the template leaves them out)."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if train_on == "last":
+        turns = turns[-1:]
+    for i, (start, end) in zip(turns, spans):
+        calls = messages[i].get("tool_calls")
+        if not isinstance(calls, (list, tuple)):
+            continue
+        for call in calls:
+            function = call.get("function", call) if isinstance(call, Mapping) else None
+            name = function.get("name") if isinstance(function, Mapping) else None
+            if isinstance(name, str) and name and name not in text[start:end]:
+                return True
+    return False
 
 
 def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str = "error",
