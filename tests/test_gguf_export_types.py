@@ -241,3 +241,23 @@ def test_quantization_version_is_the_writers(tmp_path):
     with pytest.raises(ValueError, match="general.quantization_version.*reserved"):
         save_gguf(llama(n_layers=1), tmp_path / "x.gguf", tokenizer=TOK, dtype="q8_0",
                   metadata={"general.quantization_version": 7})
+
+
+# weights whose block scale (float16: up to 65504) overflows under each type: Q8_0's
+# d = max / 127, Q4_0's max / 8, Q4_1's min itself, the K types' d of sub-block
+# scales; BF16 rounds past its largest finite value.  llama-quantize refuses such a
+# row (ggml_validate_row_data); written, llama.cpp would read inf / NaN
+@pytest.mark.parametrize("dtype,big,fine", [("q8_0", 1e7, 1e6), ("q4_0", 1e6, 1e5),
+                                            ("q4_1", -1e5, -1e4), ("q5_1", 4e6, 1e5),
+                                            ("q4_k_m", 1e9, 1e6), ("q6_k", 1e9, 1e6),
+                                            ("bf16", 3.4e38, 3.3e38)])
+def test_weights_beyond_a_types_scales_are_refused_before_writing(tmp_path, dtype, big, fine):
+    model = llama(n_layers=1)
+    up = model.layers[0].mlp.up_proj.weight.data
+    up[2, 3] = fine   # within range: written, and reads back finite
+    save_gguf(model, tmp_path / "ok.gguf", tokenizer=TOK, dtype=dtype)
+    assert np.isfinite(GgufFile(str(tmp_path / "ok.gguf")).float32("blk.0.ffn_up.weight")).all()
+    up[2, 3] = big
+    with pytest.raises(ValueError, match=r"up_proj\.weight holds values too large for"):
+        save_gguf(model, tmp_path / "x.gguf", tokenizer=TOK, dtype=dtype)
+    assert not (tmp_path / "x.gguf").exists()

@@ -165,6 +165,33 @@ def test_a_phi3_vocabulary_is_written_under_a_name_llamacpp_applies_its_rule_by(
     assert not (tmp_path / "q.gguf").exists()
 
 
+def test_a_name_given_as_metadata_keeps_the_phi3_rule_too(tmp_path):
+    # metadata's general.name is the file's name (written after the writer's own):
+    # one without "phi3" would silently drop the rule in llama.cpp's tokenizer
+    tok = _phi3_vocabulary()
+    model = Phi3(Phi3Config(**{**SHAPE, "vocab_size": len(tok.tokens)}), seed=0)
+    save_gguf(model, tmp_path / "p.gguf", tokenizer=tok, metadata={"general.name": "a phi3 tune"})
+    assert load_gguf_tokenizer(tmp_path / "p.gguf").rstrip_ids == {2, 3, 4}
+    with pytest.raises(ValueError, match="name: 'my-tune'.*'phi3' or 'phi-3'"):
+        save_gguf(model, tmp_path / "q.gguf", tokenizer=tok, metadata={"general.name": "my-tune"})
+    with pytest.raises(TypeError, match="'general.name' must be a str"):
+        save_gguf(model, tmp_path / "q.gguf", tokenizer=tok, metadata={"general.name": 3})
+    assert not (tmp_path / "q.gguf").exists()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "ggmlopt"])
+def test_the_alignment_is_the_writers(tmp_path, arch):
+    # the tensor offsets follow the writer's alignment: a general.alignment of the
+    # caller's (an int64, or another value) would leave a file no reader can use
+    from ggmlopt.models import GPT2, GPT2Config
+    model = GPT2(GPT2Config(vocab_size=257, dim=32, n_layers=1, n_heads=4, max_seq_len=16)) \
+        if arch == "gpt2" else Llama(LlamaConfig(**SHAPE), seed=0)
+    kw = {"arch": "ggmlopt"} if arch == "ggmlopt" else {"tokenizer": ByteTokenizer()}
+    with pytest.raises(ValueError, match="'general.alignment' is the file's tensor data"):
+        save_gguf(model, tmp_path / "a.gguf", metadata={"general.alignment": 64}, **kw)
+    assert not (tmp_path / "a.gguf").exists()
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "phi3", "smollm3"])
 def test_llama3_scaling_is_refused_where_llamacpp_reads_no_rope_freqs(tmp_path, family):
     # only llama.cpp's llama architecture reads the rope_freqs tensor; the others

@@ -5,6 +5,7 @@ import pytest
 
 from ggmlopt import lora
 from ggmlopt.io import load_gguf, load_gguf_lora, save_gguf, save_gguf_lora
+from ggmlopt.io.gguf_gpt2 import gguf_name_gpt2
 from ggmlopt.models import GPT2, GPT2Config
 from ggmlopt.text import ByteTokenizer
 
@@ -107,3 +108,41 @@ def test_a_gpt2_read_from_a_gguf_writes_back_what_its_file_said(tmp_path):
     save_gguf(model, tmp_path / "out.gguf", tokenizer=tok)
     f = GgufFile(str(tmp_path / "out.gguf"))
     assert f.fields["general.name"] == "Tiny GPT" and f.fields["general.license"] == "mit"
+
+
+@pytest.mark.parametrize("dtype,head,qkv", [("q4_k_m", "Q6_K", "Q6_K"), ("q8_0", "Q8_0", "Q8_0"),
+                                            ("bf16", "BF16", "BF16")])
+def test_a_gpt2_takes_llama_quantizes_file_types(tmp_path, dtype, head, qkv):
+    # llama-quantize's choices for llama.cpp's gpt2 (bytes against its own:
+    # tests/llamacpp/test_llamacpp_quantize.py): the token embedding is the head,
+    # attn_qkv holds the value projection (more bits in the last of two layers under
+    # the _M mixes),
+    # position rows, norms and biases stay float32; it reads back dequantized
+    from ggmlopt.io.gguf_reader import GgufFile
+    model = GPT2(GPT2Config(vocab_size=257, dim=256, n_layers=2, n_heads=4, max_seq_len=48),
+                 seed=3)
+    save_gguf(model, tmp_path / "q.gguf", tokenizer=ByteTokenizer(), dtype=dtype)
+    f = GgufFile(str(tmp_path / "q.gguf"))
+    types = {n: t.type_name for n, t in f.tensors.items()}
+    assert types["token_embd.weight"] == head and types["blk.1.attn_qkv.weight"] == qkv
+    assert types["position_embd.weight"] == types["blk.0.attn_qkv.bias"] == "F32"
+    assert f.fields["general.file_type"] == {"q4_k_m": 15, "q8_0": 7, "bf16": 32}[dtype]
+    with pytest.warns(UserWarning, match="dequantized") if dtype != "bf16" else \
+            _no_warning():
+        back, _ = load_gguf(tmp_path / "q.gguf")
+    for (name, p), (_, q) in zip(model.named_parameters(), back.named_parameters()):
+        if p.data.ndim == 2 and name != "wpe.weight":
+            want = f.float32(gguf_name_gpt2(name))
+            np.testing.assert_array_equal(q.data, want if name == "wte.weight" else want.T,
+                                          err_msg=name)
+        else:
+            np.testing.assert_array_equal(q.data, p.data, err_msg=name)
+
+
+def _no_warning():
+    import contextlib
+    import warnings
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("error")
+    return stack

@@ -18,6 +18,7 @@ __all__ = ["dtype_arg", "gguf_module", "metadata_items", "model_file_items", "re
 _F16_MAX = float(np.finfo(np.float16).max)
 # keys the writers set themselves
 RESERVED_KEYS = ("general.architecture", "ggmlopt.tensor_layout")
+ALIGNMENT_KEY = "general.alignment"
 
 
 def gguf_module():
@@ -49,6 +50,11 @@ def metadata_items(metadata, gguf):
             raise TypeError(f"metadata: keys must be non-empty str, got {key!r}")
         if key in RESERVED_KEYS or key.startswith("GGUF."):
             raise ValueError(f"metadata: key {key!r} is reserved (written by save_gguf)")
+        if key == ALIGNMENT_KEY:
+            # the offsets are laid out at the writer's alignment: another value (or
+            # this one as an int64, not gguf's uint32) makes every tensor unreadable
+            raise ValueError(f"metadata: key {key!r} is the file's tensor data alignment, "
+                             "set by the writer; it cannot be given")
         if isinstance(value, bool):
             items.append((key, value, vt.BOOL))
         elif isinstance(value, numbers.Integral):

@@ -91,9 +91,9 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
     stored as GGUF key-values (int64 / float64 / string).
     dtype: np.float32 (default) or np.float16 for the weights (two or more
     dimensions), or llama.cpp's names "f32" and "f16"; biases stay float32.  mnist-cnn is float32 only (mnist-eval
-    asserts it).  A Llama-family model written for llama.cpp also takes
-    llama-quantize's file types ("q8_0", "q4_k_m", "q6_k", ...: see
-    save_llama_gguf).
+    asserts it).  A Llama-family model or a GPT2 written for llama.cpp also
+    takes llama-quantize's file types ("q8_0", "q4_k_m", "q6_k", "bf16", ...:
+    see save_llama_gguf).
 
     Raises ValueError for a model that does not fit arch, an unnamed parameter,
     a tensor name longer than 63 bytes or a weight beyond float16's range;

@@ -12,6 +12,7 @@ feed-forward lengths, block and head counts, the LayerNorm epsilon.
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,6 @@ from ..models import GPT2, GPT2Config
 from ..nn.init import skip_init
 from ._files import atomic_output, input_path, output_path
 from ._gguf_common import (
-    dtype_arg,
     gguf_module,
     model_file_items,
     refuse_adapter_file,
@@ -29,6 +29,7 @@ from ._gguf_common import (
 )
 from ._gguf_length import gguf_truncation
 from ._gguf_tokenizer import add_tokenizer, tokenizer_keys
+from ._quant_mix import FILE_TYPES, tensor_type
 from .gguf_metadata import GgufMetadata
 from .gguf_reader import GgufFile
 
@@ -50,7 +51,8 @@ _GLOBAL_BACK = {v: k for k, v in _GLOBAL.items()}
 _OURS = re.compile(r"h\.(\d+)\.(.+)")
 _THEIRS = re.compile(r"blk\.(\d+)\.(.+)")
 _EMBEDDINGS = ("wte.weight", "wpe.weight")
-_RESERVED = ("general.architecture", "general.file_type", "gpt2.", "tokenizer.")
+_RESERVED = ("general.architecture", "general.file_type", "general.quantization_version", "gpt2.",
+             "tokenizer.")
 
 
 def gguf_name_gpt2(name: str) -> str:
@@ -78,7 +80,10 @@ def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     """Write a ggmlopt.models.GPT2 to path as llama.cpp's gpt2 GGUF
     (atomically), with its tokenizer (ByteTokenizer, BPETokenizer or
     SPMTokenizer; its token count must be vocab_size).  dtype: float32 or
-    float16 for the matrices (norms and biases stay float32).  metadata: extra
+    float16 for the matrices (norms, biases and the position rows stay
+    float32), or a file type as llama-quantize names it ("q8_0", "q4_k_m",
+    "bf16", ...: each matrix gets the type llama-quantize gives it, the tied
+    token embedding as the output head; see save_llama_gguf).  metadata: extra
     keys other than general.architecture, general.file_type, gpt2.* and
     tokenizer.*.  TypeError for another model or tokenizer; ValueError for a
     tokenizer of another size or a weight beyond float16's range.  A model
@@ -91,23 +96,18 @@ def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     if name is None:
         name = str(carried.get("general.name", "ggmlopt-gpt2")) if carried else "ggmlopt-gpt2"
     items = model_file_items(model, name, metadata, _RESERVED)
-    dtype = dtype_arg(dtype)
+    from .gguf_llama import _save_dtype_arg
+    dtype = _save_dtype_arg(dtype)
     path = output_path(path)
     cfg = model.config
     tok = tokenizer_keys(tokenizer, cfg.vocab_size)
     gguf = gguf_module()
-    arrays = []
-    for pname, p in model.named_parameters():
-        data = p.data
-        if data.ndim == 2 and pname not in _EMBEDDINGS:
-            data = data.T   # (in, out) -> ggml's (out, in) rows
-        data = np.ascontiguousarray(data, dtype=np.float32)
-        # the position rows stay float32 in a float16 file, as llama.cpp's converter
-        # and llama-quantize keep position_embd
-        kept = np.dtype(np.float32) if pname == "wpe.weight" else dtype
-        arrays.append((gguf_name_gpt2(pname), stored(pname, data, kept)))
-    file_type = (gguf.LlamaFileType.ALL_F32 if dtype == np.float32
-                 else gguf.LlamaFileType.MOSTLY_F16)
+    arrays = _gpt2_arrays(model, dtype, gguf)
+    if isinstance(dtype, str):
+        file_type = getattr(gguf.LlamaFileType, FILE_TYPES[dtype][0])
+    else:
+        file_type = (gguf.LlamaFileType.ALL_F32 if dtype == np.float32
+                     else gguf.LlamaFileType.MOSTLY_F16)
     with atomic_output(path) as tmp:
         writer = gguf.GGUFWriter(tmp, GPT2_ARCH)
         try:
@@ -123,15 +123,54 @@ def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             add_tokenizer(writer, tok, tokenizer)
             for key, value, vtype in items:
                 writer.add_key_value(key, value, vtype)
+            if any(raw is not None for _, _, raw in arrays):
+                writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
             if isinstance(carried, GgufMetadata):
                 carried.add_to(writer, tok["tokens"])
-            for tname, array in arrays:
-                writer.add_tensor(tname, array)
+            for tname, array, raw_dtype in arrays:
+                writer.add_tensor(tname, array, raw_dtype=raw_dtype)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_tensors_to_file()
         finally:
             writer.close()
+
+
+def _gpt2_arrays(model, dtype, gguf) -> list[tuple[str, np.ndarray, Any]]:
+    """(llama.cpp name, array in ggml's row order, raw ggml type or None) of every
+    parameter: the matrices in dtype (a file type: the block type llama-quantize
+    gives each, with its fall-backs), the rest float32."""
+    from .gguf_llama import _quantized_rows
+    arrays = []
+    fallbacks = []
+    for pname, p in model.named_parameters():
+        data = p.data
+        if data.ndim == 2 and pname not in _EMBEDDINGS:
+            data = data.T   # (in, out) -> ggml's (out, in) rows
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        gname = gguf_name_gpt2(pname)
+        if isinstance(dtype, str) and data.ndim == 2 and pname != "wpe.weight":
+            if not np.isfinite(data).all():
+                raise ValueError(f"model: {pname} holds a non-finite value; it cannot be "
+                                 f"quantized to {dtype}")
+            # llama.cpp's gpt2 has no output tensor: the token embedding is the head
+            qtype, preferred = tensor_type(dtype, gname, data.shape[1], model.config.n_layers,
+                                           tied=True)
+            if qtype != preferred and not (gname == "token_embd.weight" and qtype == "Q8_0"):
+                fallbacks.append(f"{gname} {preferred} -> {qtype}")
+            arrays.append((gname, *_quantized_rows(gguf, pname, data, qtype)))
+            continue
+        # the position rows stay float32 in a float16 or quantized file, as llama.cpp's
+        # converter and llama-quantize keep position_embd
+        kept = np.dtype(np.float32) if pname == "wpe.weight" or isinstance(dtype, str) \
+            else dtype
+        arrays.append((gname, stored(pname, data, kept), None))
+    if fallbacks:
+        warnings.warn(f"dtype: {len(fallbacks)} matrices' rows are not whole blocks of "
+                      f"the types {dtype} gives them; as llama-quantize does, they fall back "
+                      f"to a smaller block or f16: {', '.join(fallbacks[:6])}"
+                      f"{', ...' if len(fallbacks) > 6 else ''}", UserWarning, stacklevel=4)
+    return arrays
 
 
 _KEYS = frozenset({"context_length", "embedding_length", "feed_forward_length", "block_count",
@@ -185,9 +224,10 @@ def _refuse_more_than_the_file_holds(config: GPT2Config, reader, where: str) -> 
 
 def load_gpt2_gguf(path) -> tuple[GPT2, Any]:
     """(GPT2, tokenizer or None) of llama.cpp's gpt2 GGUF (save_gpt2_gguf's, or
-    llama.cpp's converter's in F32, F16 or BF16).  ValueError for another
-    architecture, missing keys or tensors, wrong shapes, other tensor types or
-    a truncated file."""
+    llama.cpp's converter's in F32, F16 or BF16; quantized tensors are
+    dequantized to float32, with a UserWarning naming their types).  ValueError
+    for another architecture, missing keys or tensors, wrong shapes, a type
+    gguf-py cannot dequantize or a truncated file."""
     from .gguf_llama import tokenizer_from_fields
     path = input_path(path)
     gguf = gguf_module()
@@ -218,12 +258,16 @@ def load_gpt2_gguf(path) -> tuple[GPT2, Any]:
         raise ValueError(f"{where} has an output.weight of its own; ggmlopt's GPT2 ties the "
                          "head to the token embedding")
     arrays = {}
+    quantized = set()
     for gname, pname in names.items():
         t = reader.tensors[gname]
         if t.type_name not in ("F32", "F16", "BF16"):
-            raise ValueError(f"{where}: tensor {gname!r} is {t.type_name}; a GPT-2 is read from "
-                             "F32, F16 or BF16")
-        rows = reader.float32(gname)
+            quantized.add(t.type_name)   # (save_gguf's quantized files): dequantized
+        try:
+            rows = reader.float32(gname)
+        except NotImplementedError:
+            raise ValueError(f"{where}: tensor {gname!r} has type {t.type_name}, which gguf-py "
+                             "cannot dequantize") from None
         shape = params[pname].shape
         want = shape if len(shape) == 1 or pname in _EMBEDDINGS else shape[::-1]
         if rows.shape != tuple(want):
@@ -232,6 +276,10 @@ def load_gpt2_gguf(path) -> tuple[GPT2, Any]:
         arrays[pname] = rows if rows.ndim == 1 or pname in _EMBEDDINGS else rows.T
     for pname, data in arrays.items():   # every tensor checked before any is written
         params[pname].data[...] = data
+    if quantized:
+        warnings.warn(f"{path}: tensors of type {', '.join(sorted(quantized))} were dequantized "
+                      "to float32 (training continues from the dequantized values)",
+                      UserWarning, stacklevel=3)
     model.gguf_metadata = GgufMetadata.from_file(reader)
     tokenizer = tokenizer_from_fields(fields, path)
     if tokenizer is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -131,8 +132,39 @@ def _quantized_rows(gguf, name: str, rows: np.ndarray, qtype: str):
         return stored(name, rows, np.dtype(np.float16)), None   # (beyond float16: ValueError)
     t = gguf.GGMLQuantizationType[qtype]
     if qtype in kernels_quant.QUANTIZE_TYPES:
-        return kernels_quant.quantize(rows, qtype), t
-    return gguf.quants.quantize(rows, t), t
+        array = kernels_quant.quantize(rows, qtype)
+    else:
+        array = gguf.quants.quantize(rows, t)
+    _check_scales(name, rows, array, qtype)
+    return array, t
+
+
+# byte offsets of each block's float16 scales (d, and m / dmin) in ggml's block
+# structs; a bf16 tensor is all float16-like words to check instead
+_SCALE_OFFSETS = {"Q4_0": (18, (0,)), "Q4_1": (20, (0, 2)), "Q5_0": (22, (0,)),
+                  "Q5_1": (24, (0, 2)), "Q8_0": (34, (0,)), "Q4_K": (144, (0, 2)),
+                  "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
+
+
+def _check_scales(name: str, rows: np.ndarray, array: np.ndarray, qtype: str) -> None:
+    """ValueError when a block's float16 scale (or a bf16 value) came out infinite:
+    weights too large for the type, which would read back as inf / NaN in llama.cpp
+    (llama-quantize refuses such a row: ggml_validate_row_data)."""
+    raw = np.ascontiguousarray(array).view(np.uint8)
+    if qtype == "BF16":
+        bad = (raw.view(np.uint16) & 0x7FFF) >= 0x7F80
+    else:
+        size, offsets = _SCALE_OFFSETS[qtype]
+        blocks = raw.reshape(-1, size)
+        bad = np.zeros(len(blocks), bool)
+        for at in offsets:
+            half = np.ascontiguousarray(blocks[:, at:at + 2]).view(np.float16)
+            bad |= ~np.isfinite(half).ravel()
+    if bad.any():
+        why = "they round to inf" if qtype == "BF16" else "a block's float16 scale overflows"
+        raise ValueError(f"dtype: {name} holds values too large for {qtype} (|x| up to "
+                         f"{float(np.abs(rows).max()):g}: {why}, and llama.cpp would read "
+                         f"inf / NaN); save it as f32, or bring the weights back into range")
 
 
 def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
@@ -212,8 +244,10 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     wants.  Weights a model keeps in their file's types (``load_gguf(...,
     keep_types=True)``) are written as they are, whatever dtype says.  metadata: extra
     keys (str -> bool, int, float or str) other than general.architecture,
-    general.file_type, llama.* and tokenizer.*.  name: general.name (None:
-    the source file's, else "ggmlopt-llama").
+    general.file_type, general.alignment, llama.* and tokenizer.*; its
+    general.name, a str, is the name.  name: general.name (None: the source
+    file's, else "ggmlopt-llama"); a Phi-3 vocabulary's name must hold "phi3"
+    or "phi-3" (see _name_for_vocabulary).
 
     A model read by load_gguf carries its file's own key-values
     (``model.gguf_metadata``: general.* such as the license and base model,
@@ -228,6 +262,13 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
         raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
     family = family_of(model)
     carried = getattr(model, "gguf_metadata", None)
+    if isinstance(metadata, Mapping) and "general.name" in metadata:
+        # the name the file gets (metadata's keys are written last): checked as name= is
+        name = metadata["general.name"]
+        if not isinstance(name, str):
+            raise TypeError(f"metadata: 'general.name' must be a str (llama.cpp reads a "
+                            f"string), got {type(name).__name__}")
+        metadata = {k: v for k, v in metadata.items() if k != "general.name"}
     chosen = name is not None or bool(carried and "general.name" in carried)
     if name is None:
         name = str(carried.get("general.name", "ggmlopt-llama")) if carried else "ggmlopt-llama"

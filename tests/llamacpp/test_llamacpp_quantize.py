@@ -125,3 +125,37 @@ def test_llama_cpp_runs_a_q4_k_m_file_with_ggmlopts_logits(tmp_path):
     scale = np.abs(theirs).max()
     err = np.abs(ours - theirs).max() / scale
     assert err < 0.5 * np.abs(f32 - theirs).max() / scale, err
+
+
+@pytest.mark.parametrize("dtype,ftype,dim", [("q4_k_m", "LLAMA_FTYPE_MOSTLY_Q4_K_M", 256),
+                                             ("q8_0", "LLAMA_FTYPE_MOSTLY_Q8_0", 64),
+                                             ("q5_k_s", "LLAMA_FTYPE_MOSTLY_Q5_K_S", 64),
+                                             ("bf16", "LLAMA_FTYPE_MOSTLY_BF16", 64)])
+def test_a_gpt2_file_is_what_llama_quantize_writes(tmp_path, dtype, ftype, dim):
+    """llama.cpp's gpt2: its token embedding is the head (Q6_K in the K mixes,
+    Q8_0 where rows of 64 are no super-block), attn_qkv a value projection,
+    position_embd float32; and llama.cpp runs the file."""
+    from ggmlopt.models import GPT2, GPT2Config
+    model = GPT2(GPT2Config(vocab_size=TOK.vocab_size, dim=dim, n_layers=4, n_heads=4,
+                            max_seq_len=64), seed=5)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 2:
+            p.data *= 4.0
+    f32, theirs, ours = tmp_path / "f32.gguf", tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    save_gguf(model, f32, tokenizer=TOK)
+    _quantize(f32, theirs, ftype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the fall-backs' warning
+        save_gguf(model, ours, tokenizer=TOK, dtype=dtype)
+    a, b = GgufFile(str(ours)), GgufFile(str(theirs))
+    assert set(a.tensors) == set(b.tensors)
+    for name in b.tensors:
+        assert a.tensors[name].type_name == b.tensors[name].type_name, name
+        np.testing.assert_array_equal(a.raw(name), b.raw(name), err_msg=name)
+    for key in ("general.file_type", "general.quantization_version"):
+        assert a.fields[key] == b.fields[key], key
+    ids = [int(i) for i in TOK.encode("a quantized GPT-2 read by llama.cpp: é ✓")]
+    llm = llama_cpp.Llama(model_path=str(ours), n_ctx=64, n_batch=64, n_ubatch=64,
+                          logits_all=True, type_k=0, type_v=0, n_threads=1, verbose=False)
+    llm.eval(ids)
+    assert np.isfinite(np.array(llm.scores[:len(ids)])).all()
