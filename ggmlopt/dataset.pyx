@@ -337,8 +337,9 @@ cdef class Dataset:
         """Token windows of conversations for supervised fine-tuning.
 
         conversations: an iterable of conversations, each a list of messages
-        (dicts with ``role`` and ``content``) or a dict with ``messages`` (the
-        JSONL form ggmlopt.datasets.read_jsonl reads).  Each is rendered by the
+        (dicts with ``role`` and ``content``) or a dict with ``messages``, or
+        ShareGPT's ``conversations`` of ``from``/``value`` turns (the JSONL
+        forms ggmlopt.datasets.read_jsonl reads).  Each is rendered by the
         tokenizer's chat template (``tokenizer.apply_chat_template``) and
         tokenized once; datapoint i holds its tokens but the last (int32, n_ctx,
         padded with eos) and the labels the next tokens of the trained turns, -1

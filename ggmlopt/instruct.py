@@ -26,7 +26,7 @@ from .nn.positions import mark_document_starts
 from .text import check_text
 
 __all__ = ["TOO_LONG", "TRAIN_ON", "chat_windows", "completion_windows", "document_ids",
-           "pack_examples", "read_jsonl", "text_windows", "token_offsets"]
+           "pack_examples", "read_jsonl", "sharegpt_messages", "text_windows", "token_offsets"]
 
 TRAIN_ON = ("assistant", "last", "all")
 TOO_LONG = ("error", "drop", "truncate")
@@ -489,7 +489,8 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
                  too_long: str = "error", packing: bool = False, **template_kwargs: Any
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, labels) int32 (n, n_ctx) of conversations (lists of messages, or
-    dicts with ``messages`` and, as TRL's datasets have them, the row's own
+    dicts with ``messages`` (or ShareGPT's ``conversations``: sharegpt_messages)
+    and, as TRL's datasets have them, the row's own
     ``tools`` and ``chat_template_kwargs``, which take precedence over the
     call's template_kwargs), labels on the trained turns: train_on "assistant"
     (every assistant turn), "last" (the last one) or "all" (every token).
@@ -509,7 +510,11 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
         if isinstance(conversation, Mapping):
             # a row's own tools and template variables (TRL's dataset columns)
             kwargs = _row_template_kwargs(conversation, template_kwargs, f"conversations[{k}]")
-            conversation = conversation.get("messages")
+            if "messages" not in conversation and "conversations" in conversation:
+                conversation = sharegpt_messages(conversation["conversations"],
+                                                 f"conversations[{k}]")
+            else:
+                conversation = conversation.get("messages")
         tools = kwargs.get("tools")
         template = tokenizer.compiled_chat_template(tools=tools) if tools is not None else \
             tokenizer.compiled_chat_template()
@@ -665,15 +670,42 @@ def text_windows(texts: Iterable, tokenizer, n_ctx: int, *, too_long: str = "err
 
 # ---- JSONL files as TRL and MLX-LM write them ----------------------------------------
 
-_FORMATS = {"messages": "chat", "prompt": "completions", "text": "text"}
+_FORMATS = {"messages": "chat", "conversations": "chat", "prompt": "completions",
+            "text": "text"}
+# ShareGPT's speakers ("from") as the chat template's roles
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
+                  "assistant": "assistant", "model": "assistant", "tool": "tool",
+                  "function_response": "tool", "observation": "tool"}
+
+
+def sharegpt_messages(turns, where: str = "conversations") -> list[dict[str, Any]]:
+    """ShareGPT's turns (``[{"from": "human", "value": ...}, ...]``) as chat
+    messages (``{"role": "user", "content": ...}``; SHAREGPT_ROLES maps the
+    speakers).  ValueError naming the turn for another form or speaker."""
+    if not isinstance(turns, list) or not turns:
+        raise ValueError(f"{where}: 'conversations' must be a non-empty list of "
+                         "{'from', 'value'} turns")
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, Mapping) or not isinstance(turn.get("value"), str) \
+                or not isinstance(turn.get("from"), str):
+            raise ValueError(f"{where}: turn {i} must be an object with a str 'from' and a "  # noqa: TRY004
+                             f"str 'value' (ShareGPT's form), got {turn!r}")
+        role = SHAREGPT_ROLES.get(turn["from"].strip().lower())
+        if role is None:
+            raise ValueError(f"{where}: turn {i} is from {turn['from']!r}; ShareGPT's "
+                             f"speakers read are {sorted(SHAREGPT_ROLES)}")
+        messages.append({"role": role, "content": turn["value"]})
+    return messages
 
 
 def read_jsonl(path) -> list[dict[str, Any]]:
     """The examples of a JSON Lines file, one JSON object a line (blank lines
     skipped), in the forms TRL and MLX-LM read: ``{"messages": [{"role": ...,
-    "content": ...}, ...]}`` (chat), ``{"prompt": ..., "completion": ...}``
-    (completions) or ``{"text": ...}``; every line of one form.  Returns the
-    objects as dicts.  ValueError naming the line (1-based) for invalid JSON, an
+    "content": ...}, ...]}`` (chat; ShareGPT's ``{"conversations": [{"from":
+    "human", "value": ...}, ...]}`` too, read as messages: sharegpt_messages),
+    ``{"prompt": ..., "completion": ...}`` (completions) or ``{"text": ...}``;
+    every line of one form.  Returns the objects as dicts.  ValueError naming the line (1-based) for invalid JSON, an
     object of none of the forms, a malformed message or a mix of forms;
     FileNotFoundError for a missing file."""
     import json
@@ -699,6 +731,9 @@ def read_jsonl(path) -> list[dict[str, Any]]:
                 raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") \
                     from None
             kind = _example_form(obj, where)
+            if "conversations" in obj:   # ShareGPT's rows, as the messages they are
+                rest = {k: v for k, v in obj.items() if k != "conversations"}
+                obj = {**rest, "messages": sharegpt_messages(obj["conversations"], where)}
             if form is None:
                 form = kind
             elif kind != form:
@@ -716,10 +751,13 @@ def _example_form(obj, where: str) -> str:
                          f"{type(obj).__name__}")
     kinds = [k for k in _FORMATS if k in obj]
     if len(kinds) != 1:
-        raise ValueError(f"{where}: expected one of the keys 'messages', 'prompt' (with "
-                         f"'completion') or 'text', got {sorted(obj)}")
+        raise ValueError(f"{where}: expected one of the keys 'messages' (or ShareGPT's "
+                         f"'conversations'), 'prompt' (with 'completion') or 'text', got "
+                         f"{sorted(obj)}")
     key = kinds[0]
-    if key == "messages":
+    if key == "conversations":
+        sharegpt_messages(obj["conversations"], where)
+    elif key == "messages":
         messages = obj["messages"]
         if not isinstance(messages, list) or not messages:
             raise ValueError(f"{where}: 'messages' must be a non-empty list")

@@ -413,6 +413,29 @@ def test_read_jsonl_reads_the_three_forms_and_names_the_bad_line(tmp_path):
     assert ds.ndata == 2
 
 
+def test_sharegpt_rows_read_as_the_messages_they_are(tmp_path):
+    from ggmlopt.datasets import read_jsonl
+    speakers = {"user": "human", "assistant": "gpt", "system": "system"}
+    rows = [{"conversations": [{"from": speakers[m["role"]], "value": m["content"]}
+                               for m in c], "id": i} for i, c in enumerate(CONVERSATIONS)]
+    path = tmp_path / "sharegpt.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    read = read_jsonl(path)
+    assert [e["messages"] for e in read] == CONVERSATIONS
+    assert [e["id"] for e in read] == [0, 1] and all("conversations" not in e for e in read)
+    tok = ByteTokenizer(chat_template=CHATML)
+    want = go.Dataset.from_chat(CONVERSATIONS, tok, 200)
+    for given in (read, rows):   # the file's rows, and the rows themselves
+        got = go.Dataset.from_chat(given, tok, 200)
+        np.testing.assert_array_equal(got.data, want.data)
+        np.testing.assert_array_equal(got.labels, want.labels)
+    for turn, match in [({"from": "narrator", "value": "x"}, r":1: turn 0 is from 'narrator'"),
+                        ({"from": "human"}, r":1: turn 0 must be an object with a str 'from'")]:
+        path.write_text(json.dumps({"conversations": [turn]}) + "\n")
+        with pytest.raises(ValueError, match=match):
+            read_jsonl(path)
+
+
 # ---- the made-up fact, taught and asked -------------------------------------------------
 
 def test_a_fine_tuned_model_answers_what_it_was_taught():
