@@ -125,8 +125,9 @@ def _checked_precision(precision: object) -> str:
     if name == "bf16":
         native, why = gemm.bf16_support()
         if not native:
+            # (called by OptContext.__init__'s checks: the warning names its caller)
             warnings.warn(f"precision='bf16': {why}; training in float32", UserWarning,
-                          stacklevel=3)
+                          stacklevel=4)
             return "f32"
     return name
 
@@ -288,16 +289,21 @@ class OptContext:
                  inputs_dtype: npt.DTypeLike | None = None,
                  bucket_cap_mb: float | None = 25.0, precision: str = "f32",
                  optimizer_in_backward: bool = False) -> None:
-        # the precision asked for is the checkpoint's setting; the one that runs is
-        # float32 where this machine has no bf16 products
-        self._precision_asked = gemm.check_precision(precision)
-        self._precision = _checked_precision(self._precision_asked)
-        if not isinstance(optimizer_in_backward, (bool, np.bool_)):
-            raise TypeError(f"optimizer_in_backward: expected a bool, got "
-                            f"{type(optimizer_in_backward).__name__}")
-        if optimizer_in_backward and (comm is not None or shard_optimizer):
-            raise ValueError("optimizer_in_backward: not with comm (the ranks sum every "
-                             "gradient before any step); build the context without one of them")
+        def checks():
+            # the precision asked for is the checkpoint's setting; the one that runs is
+            # float32 where this machine has no bf16 products
+            self._precision_asked = gemm.check_precision(precision)
+            self._precision = _checked_precision(self._precision_asked)
+            if not isinstance(optimizer_in_backward, (bool, np.bool_)):
+                raise TypeError(f"optimizer_in_backward: expected a bool, got "
+                                f"{type(optimizer_in_backward).__name__}")
+            if optimizer_in_backward and (comm is not None or shard_optimizer):
+                raise ValueError("optimizer_in_backward: not with comm (the ranks sum every "
+                                 "gradient before any step); build the context without one of "
+                                 "them")
+
+        if comm is None and shard_optimizer is False:
+            checks()
         self._wants_step_in_backward = bool(optimizer_in_backward)
         self._in_backward: StepInBackward | None = None
         args = (model, batch_size, ne_datapoint, loss_type, build_type, opt_period, optimizer,
@@ -311,6 +317,8 @@ class OptContext:
         else:  # many processes: ggmlopt.distributed wraps the construction
             from .distributed import Distributed
             self._dist = Distributed(comm, shard_optimizer, bucket_cap_mb)
+            with self._dist.reporting("OptContext"):  # a bad argument on one rank stops all
+                checks()
             self._dist.init_context(
                 self, lambda check: OptContext._init(self, *args, _before_taking=check),
                 before_taking, model, clip_grad_norm)

@@ -141,11 +141,11 @@ class Distributed:
     """
 
     def __init__(self, comm, shard_optimizer=False, bucket_cap_mb=DEFAULT_BUCKET_CAP_MB):
-        bucket_cap_mb = check_bucket_cap_mb(bucket_cap_mb)
-        if not isinstance(shard_optimizer, bool):
-            raise TypeError(f"shard_optimizer: expected a bool, got "
-                            f"{type(shard_optimizer).__name__}")
         if comm is None:
+            check_bucket_cap_mb(bucket_cap_mb)
+            if not isinstance(shard_optimizer, bool):
+                raise TypeError(f"shard_optimizer: expected a bool, got "
+                                f"{type(shard_optimizer).__name__}")
             raise ValueError("shard_optimizer: needs comm= (an mpi4py communicator); without "
                              "one there is nothing to shard over")
         missing = [m for m in _COMM_METHODS if not callable(getattr(comm, m, None))]
@@ -156,12 +156,19 @@ class Distributed:
         self.comm = comm
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
-        self.shard = shard_optimizer
-        self.parts = False  # fit(dataset_is_part=True): each rank's dataset is its own part
         self._mpi = None
         if type(comm).__module__.startswith("mpi4py"):
             from mpi4py import MPI  # only here: the core never needs it
             self._mpi = MPI
+        # a bad argument on one rank only: the others hear of it at their next
+        # agreement instead of waiting there for this rank
+        with self.reporting("OptContext"):
+            bucket_cap_mb = check_bucket_cap_mb(bucket_cap_mb)
+            if not isinstance(shard_optimizer, bool):
+                raise TypeError(f"shard_optimizer: expected a bool, got "
+                                f"{type(shard_optimizer).__name__}")
+        self.shard = shard_optimizer
+        self.parts = False  # fit(dataset_is_part=True): each rank's dataset is its own part
         # filled by attach()
         self.evals_per_step = None
         self.chunk = self.lo = self.n = 0
@@ -614,7 +621,9 @@ def _context_token(dist, ctx, model, clip_grad_norm):
     trained = [p for p, t in zip(ctx.model_parameters, ctx.trainable_mask) if t]
     shapes = hashlib.blake2b(repr([tuple(p.data.shape) for p in trained]).encode(),
                              digest_size=4).hexdigest()
-    return (f"{ctx.optimizer.name} {ctx.precision_asked} clip={clip_grad_norm} "
+    # the precision that runs too: a rank without native bf16 products multiplies in
+    # float32 (a warning there), and the ranks' gradients would mix the two
+    return (f"{ctx.optimizer.name} {ctx.precision_asked}->{ctx.precision} clip={clip_grad_norm} "
             f"shard={bool(dist.shard)} bucket={dist.bucket_cap_mb} shapes {shapes} "
             f"{_frozen_token(ctx, model)}")
 
@@ -717,10 +726,37 @@ def local_ranks(comm):
             return node.Get_size()
         finally:
             node.Free()
+    return _launcher_local_ranks(comm)
+
+
+def _launcher_local_ranks(comm, unknown=None):
+    """Ranks of comm on this machine as the MPI launcher's environment says
+    (no collective); else unknown, or comm's size when unknown is None."""
     for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
-    return int(comm.Get_size())
+    return int(comm.Get_size()) if unknown is None else unknown
+
+
+def rank_memory(report, comm, shard_optimizer):
+    """fit's memory check over comm: (this rank's ggmlopt.MemoryReport, the
+    ranks on this machine that share its memory).  Sharded, a rank keeps
+    1/P of the optimizer state and a shard of the summed gradient beside its
+    whole gradient.  The ranks on the machine come from the launcher's
+    environment, without a collective (a rank that failed before this would
+    meet it with its report, see Distributed.agree); an mpi4py communicator
+    without them counts 1 (no worse than one process's check), any other (a
+    communicator of threads: one process) its size."""
+    import dataclasses
+    nranks = int(comm.Get_size())
+    if shard_optimizer is True and nranks > 1:
+        state = -(-report.optimizer_state // nranks)
+        grad_shard = -(-report.gradients // nranks)
+        report = dataclasses.replace(
+            report, optimizer_state=state, gradients=report.gradients + grad_shard,
+            total=report.total - report.optimizer_state + state + grad_shard)
+    mpi = type(comm).__module__.startswith("mpi4py")
+    return report, _launcher_local_ranks(comm, 1 if mpi else None)
 
 
 def _cores():

@@ -416,14 +416,16 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
                         batch_size=batch_size, n_ctx=n_ctx, checkpointing=bool(checkpointing))
 
 
-def check_fits(report: MemoryReport) -> None:
+def check_fits(report: MemoryReport, ranks: int = 1) -> None:
     """MemoryError, naming the ways out, when report's total exceeds what the
     system can still give this process plus the weights it already holds
-    (the report counts them; the rest of its memory is not the step's)."""
+    (the report counts them; the rest of its memory is not the step's).
+    ranks: the processes on this machine that each train as report says (MPI
+    ranks): each gets its share of what the system can still give."""
     free, held = available_memory(), resident_memory()
     if free is None or held is None:
         return
-    budget = free + min(held, report.weights)
+    budget = free // max(1, ranks) + min(held, report.weights)
     if report.total <= budget:
         return
     parts = [("weights", report.weights), ("gradients", report.gradients),
@@ -445,8 +447,12 @@ def check_fits(report: MemoryReport) -> None:
                     "gradient for every weight at once)")
     if report.weights >= quarter:
         ways.append("keep a GGUF base in its types (load_gguf(path, keep_types=True))")
+    if ranks > 1:
+        ways.append("run fewer ranks on this machine")
     raise MemoryError(
         f"training needs about {_mib(report.total)} ("
         + ", ".join(f"{name} {_mib(n)}" for name, n in parts)
-        + f"), more than the {_mib(budget)} this machine has for it; the largest part is "
+        + f"), more than the {_mib(budget)} this machine has for it"
+        + (f" (per rank: {ranks} ranks on this machine share it)" if ranks > 1 else "")
+        + "; the largest part is "
         f"the {largest[0]}: " + "; ".join(ways or ["use a smaller physical batch or model"]))

@@ -181,7 +181,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     if comm is not None:
         silent = silent or comm.Get_rank() != 0  # rank 0 alone prints
     plan.check_schedule(get_opt_pars, optimizer)
-    _check_memory(model, dataset, plan, optimizer, silent, optimizer_in_backward, precision)
+    _check_memory(model, dataset, plan, optimizer, silent, optimizer_in_backward, precision,
+                  comm, shard_optimizer)
     data = dataset.data
     ckpt = None
     if checkpoint is not None:
@@ -275,10 +276,11 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
 
 
 def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False,
-                  precision="f32"):
+                  precision="f32", comm=None, shard_optimizer=False):
     """For a language model: the memory estimate of its training (printed unless
     silent), and MemoryError naming the ways out, before anything is allocated,
-    when the machine cannot hold it."""
+    when the machine cannot hold it (with comm: this rank's estimate, and the
+    machine holding every rank on it, see ggmlopt.distributed.rank_memory)."""
     from .memory_estimate import check_fits, memory_report
     from .models import CausalLM
     if not isinstance(model, CausalLM) or dataset.data.shape[1] > model.config.max_seq_len:
@@ -289,9 +291,14 @@ def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False,
     report = memory_report(model, plan.nbatch_physical, dataset.data.shape[1],
                            optimizer=optimizer, labelled=share,
                            optimizer_in_backward=bool(in_backward), precision=precision)
+    ranks = 1
+    if comm is not None:
+        from .distributed import rank_memory
+        report, ranks = rank_memory(report, comm, shard_optimizer)
     if not silent:
-        sys.stderr.write(f"fit: {report}\n")
-    check_fits(report)
+        per_rank = f" (per rank, {ranks} on this machine)" if comm is not None else ""
+        sys.stderr.write(f"fit{per_rank}: {report}\n")
+    check_fits(report, ranks)
 
 
 def _schedule_record(get_opt_pars) -> str | None:

@@ -233,6 +233,50 @@ def test_a_failing_rank_stops_every_rank_at_setup():
         assert "rank 1 of 3 failed (ValueError: " in str(e)
 
 
+@pytest.mark.parametrize(("bad", "error"), [
+    ({"precision": "fp8"}, ValueError), ({"shard_optimizer": 1}, TypeError),
+    ({"bucket_cap_mb": -1.0}, ValueError), ({"optimizer_in_backward": "yes"}, TypeError)])
+def test_a_bad_context_argument_on_one_rank_stops_every_rank(bad, error):
+    # checked before the construction's agreement: rank 1 raised alone and the
+    # others waited for it in that agreement for ever
+    def on_rank(comm):
+        model, _ = make_problem(0)
+        return go.OptContext(model, batch_size=10, ne_datapoint=13, opt_period=6, comm=comm,
+                             **(bad if comm.Get_rank() == 1 else {}))
+
+    out = run_ranks(2, on_rank)
+    assert isinstance(out[1][1], error), repr(out[1][1])
+    assert isinstance(out[0][1], distributed.RankFailed), repr(out[0][1])
+    assert f"rank 1 of 2 failed ({error.__name__}: " in str(out[0][1])
+
+
+def test_a_bad_fit_argument_on_one_rank_stops_every_rank():
+    out = run_ranks(2, lambda c: run(c, "ADAMW", shard_optimizer=1 if c.Get_rank() else False))
+    assert isinstance(out[1][1], TypeError), repr(out[1][1])
+    assert isinstance(out[0][1], distributed.RankFailed), repr(out[0][1])
+
+
+def test_ranks_that_multiply_in_other_precisions_are_refused(monkeypatch):
+    # bf16 asked for everywhere, but one rank's CPU has no bf16 products: it trains
+    # in float32 (a warning there) and the summed gradients would mix the two
+    import threading
+
+    from ggmlopt import context
+    native = threading.local()
+    monkeypatch.setattr(context, "_checked_precision",
+                        lambda p: p if getattr(native, "bf16", True) else "f32")
+
+    def on_rank(comm):
+        native.bf16 = comm.Get_rank() == 0
+        model, _ = make_problem(0)
+        return go.OptContext(model, batch_size=10, ne_datapoint=13, opt_period=6, comm=comm,
+                             precision="bf16")
+
+    for _, e in run_ranks(2, on_rank):
+        assert isinstance(e, ValueError) and "ranks disagree" in str(e), repr(e)
+        assert "bf16->bf16" in str(e) and "bf16->f32" in str(e)
+
+
 def test_a_nan_on_one_rank_stops_every_rank_in_training():
     def on_rank(comm):
         _model, ds = make_problem(0)

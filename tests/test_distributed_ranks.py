@@ -16,7 +16,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TESTS)
 import lm_dist_problem as lm
 from dist_problem import make_problem, run
-from thread_comm import ThreadComm, ThreadGroup, results
+from thread_comm import ThreadComm, ThreadGroup, results, run_ranks
 
 
 def _masks_of_one_step(comm, seed=0):
@@ -389,3 +389,46 @@ def test_a_context_over_a_thread_comm_keeps_the_threads(fresh_threads):
     results(2, lambda c: go.OptContext(make_problem(0)[0], batch_size=10, ne_datapoint=13,
                                        opt_period=2, comm=c))
     assert go.get_num_threads() == before
+
+
+# ---- fit's memory check over the ranks ---------------------------------------------------
+
+_LOCAL_ENV = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+
+
+def _room(monkeypatch, free):
+    """A machine with free bytes left and nothing of the step's held yet."""
+    from ggmlopt import memory_estimate
+    monkeypatch.setattr(memory_estimate, "available_memory", lambda: free)
+    monkeypatch.setattr(memory_estimate, "resident_memory", lambda: 0)
+
+
+def test_fit_checks_the_memory_of_the_ranks_sharing_a_machine(monkeypatch):
+    # room for one training, not for two: two ranks on this machine each hold a model,
+    # its gradients, state and activations (each rank checked the whole machine's room
+    # for itself alone, so both started, to be killed for memory later)
+    for var in _LOCAL_ENV:
+        monkeypatch.delenv(var, raising=False)
+    report = go.memory_report(lm.make_model(), lm.NBATCH_PHYSICAL, lm.N_CTX)
+    _room(monkeypatch, report.total * 3 // 2)
+    lm.fit_lm(None)   # one process fits
+    for _, error in run_ranks(2, lambda c: lm.fit_lm(c)):
+        assert isinstance(error, MemoryError), error
+        assert "2 ranks on this machine" in str(error)
+    monkeypatch.setenv("MPI_LOCALNRANKS", "1")   # the launcher says: one rank a machine
+    results(2, lambda c: lm.fit_lm(c))
+
+
+def test_fit_counts_a_sharded_optimizer_state_per_rank(monkeypatch):
+    # a rank keeps 1/P of AdamW's moments (and a shard of the summed gradient):
+    # refusing it for the whole state asked for memory the run never takes
+    monkeypatch.setenv("MPI_LOCALNRANKS", "1")
+    report = go.memory_report(lm.make_model(), lm.NBATCH_PHYSICAL, lm.N_CTX)
+    # the state is two gradients' worth: a rank of two saves half a gradient
+    _room(monkeypatch, report.total - report.gradients // 4)
+    for _, error in run_ranks(2, lambda c: lm.fit_lm(c)):
+        assert isinstance(error, MemoryError), error
+    results(2, lambda c: go.fit(lm.make_model(), go.Dataset.from_arrays(*lm.token_windows()),
+                                "cross_entropy", lambda ep: lm.PARS, nbatch_logical=24,
+                                nbatch_physical=6, silent=True, comm=c,
+                                shard_optimizer=True))

@@ -94,6 +94,7 @@ def test_resume_on_another_number_of_ranks(tmp_path):
 
 
 @pytest.mark.parametrize("scenario,error", [("fail-setup", "ValueError"),
+                                            ("fail-argument", "ValueError"),
                                             ("fail-training", "FloatingPointError")])
 def test_a_failing_rank_stops_every_rank(tmp_path, scenario, error):
     ranks = mpirun(3, tmp_path, scenario)
@@ -101,6 +102,14 @@ def test_a_failing_rank_stops_every_rank(tmp_path, scenario, error):
     for r in (0, 2):
         assert str(ranks[r]["kind"]) == "RankFailed"
         assert f"rank 1 of 3 failed ({error}" in str(ranks[r]["msg"])
+
+
+def test_the_memory_check_counts_every_rank_on_the_machine(tmp_path):
+    # each rank has room for its own training, the machine not for both: fit
+    # refuses on every rank before anything is allocated (it checked each rank alone)
+    for got in mpirun(2, tmp_path, "memory"):
+        assert str(got["kind"]) == "MemoryError", got["msg"]
+        assert "2 ranks on this machine" in str(got["msg"])
 
 
 def test_uneven_logical_batch_on_three_ranks(tmp_path):

@@ -114,6 +114,20 @@ def main(scenario, out, *args):
                                         np.eye(5, dtype=np.float32)[np.zeros(360, int)])
         kind, msg = outcome(lambda: run(comm, "ADAMW", dataset=ds))
         save(out, kind=kind, msg=msg)
+    elif scenario == "fail-argument":  # a bad context argument on rank 1 alone
+        model, _ = make_problem(0)
+        bad = {"precision": "fp8"} if comm.Get_rank() == 1 else {}
+        kind, msg = outcome(lambda: go.OptContext(model, batch_size=10, ne_datapoint=13,
+                                                  opt_period=6, comm=comm, **bad))
+        save(out, kind=kind, msg=msg)
+    elif scenario == "memory":  # room for one rank's training, not for every rank's here
+        from ggmlopt import memory_estimate
+        report = go.memory_report(lm.make_model(), lm.NBATCH_PHYSICAL, lm.N_CTX)
+        memory_estimate.available_memory = lambda: report.total * 3 // 2
+        memory_estimate.resident_memory = lambda: 0
+        kind, msg = outcome(lambda: lm.fit_lm(comm, nbatch_logical=lm.logical_batch(
+            comm.Get_size())))
+        save(out, kind=kind, msg=msg)
     elif scenario == "fail-training":
         _, ds = make_problem(0)
         if comm.Get_rank() == 1:
