@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 import ggmlopt as go
+from ggmlopt.models import _fused_head
 from ggmlopt.nn.attention import CausalSelfAttention
 from ggmlopt.nn.embedding import Embedding
 from ggmlopt.nn.linear import Linear
@@ -81,7 +82,12 @@ def instrument(model, ctx):
             continue
         timed(m, "forward", f"{kind} fwd")
         timed(m, "backward", f"{kind} bwd")
+        if kind == "lm_head matmuls":
+            # the fused head's backward in a bf16 pass takes the gradient's bf16 bits
+            timed(m, "backward_bf16", f"{kind} bwd")
     timed(ctx, "_loss", "cross-entropy loss + gradient")
+    # the fused head's loss kernel, chunk by chunk (the unfused path times _loss)
+    timed(_fused_head.kernels, "cross_entropy", "cross-entropy loss + gradient")
     timed(ctx, "_zero_grads", "gradient zeroing")
     ctx.arena = TimedArena(ctx.arena)
     timed(ctx, "eval", "eval total")
