@@ -274,8 +274,8 @@ def _stop_ids(stop_ids, tokenizer, model) -> set[int]:
         eos = getattr(tokenizer, "eos_id", None)
         if eos is None:
             eos = getattr(tokenizer, "eos_token_id", None)
-        ids = eos if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)
-        return model_eog | {int(i) for i in ids}
+        eos_ids = eos if isinstance(eos, (list, tuple)) else () if eos is None else (eos,)
+        return model_eog | {int(i) for i in eos_ids}
     return model_eog
 
 
