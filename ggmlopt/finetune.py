@@ -139,7 +139,43 @@ def parser() -> argparse.ArgumentParser:
                         "file's types stay in them")
     p.add_argument("--plot", help="the loss curves as an image (matplotlib)")
     p.add_argument("--silent", action="store_true", help="no progress bars")
+    p.add_argument("--mpi", action="store_true",
+                   help="train data-parallel over the MPI ranks this runs as (mpiexec -n P "
+                        "python -m ggmlopt.finetune ... --mpi; needs mpi4py): each rank takes "
+                        "its share of every batch, rank 0 prints and writes the outputs")
     return p
+
+
+# the ranks an MPI launcher started, by its environment (MPICH's hydra, Open MPI)
+_LAUNCHER_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+
+
+def _launched_ranks() -> int:
+    """How many ranks the MPI launcher that started this process runs (1 when
+    none did)."""
+    for var in _LAUNCHER_SIZE:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
+
+
+def _mpi_problems(args) -> list[str]:
+    """--mpi without mpi4py, and mpiexec's ranks without --mpi (each would run
+    the whole fine-tune, every core of its own, and write the same files)."""
+    if args.mpi:
+        try:
+            import mpi4py  # noqa: F401
+        except ImportError:
+            return ["--mpi: needs mpi4py (pip install 'ggmlopt[mpi]')"]
+        if args.optimizer_in_backward:   # (the ranks sum every gradient before a step)
+            return ["--optimizer-in-backward: not with --mpi"]
+        return []
+    ranks = _launched_ranks()
+    if ranks > 1:
+        why = (f"this runs as one of {ranks} MPI ranks (mpiexec): give --mpi to train "
+               "data-parallel; without it every rank runs the whole fine-tune")
+        return [why]
+    return []
 
 
 def _windows_from_tokens(args) -> list[str]:
@@ -173,7 +209,7 @@ def _windows_from_tokens(args) -> list[str]:
 
 def _problems(args) -> list[str]:
     """What is wrong with the arguments, before any file is read."""
-    bad = _windows_from_tokens(args)
+    bad = _windows_from_tokens(args) + _mpi_problems(args)
     for name in ("ctx", "epochs", "batch", "lora_rank"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             bad.append(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
@@ -540,6 +576,12 @@ def main(argv=None) -> int:
     import ggmlopt as go
 
     from . import lora
+    comm = None
+    if args.mpi:
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+    # every rank trains; rank 0 alone prints and writes (fit's checkpoint as well)
+    writes = comm is None or comm.Get_rank() == 0
     try:
         model, tok = _load(args)
         train, what = _dataset(args, tok)
@@ -581,10 +623,19 @@ def main(argv=None) -> int:
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     out = sys.stdout
-    if not args.silent:
+    if not args.silent and writes:
         print(f"finetune: {what}", file=out)
         if not args.full:
             lora.print_trainable_parameters(model)
+    if comm is not None:
+        # each rank's share of a batch, in micro-batches of its share by default
+        ranks = comm.Get_size()
+        share = args.micro_batch or args.batch // ranks
+        if args.batch % (ranks * max(1, share)) or share < 1:
+            p.error(f"--batch: with --mpi over {ranks} ranks each takes --batch / {ranks} "
+                    f"windows a step in micro-batches: expected a multiple of {ranks} x "
+                    f"--micro-batch ({ranks * max(1, share)}), got {args.batch}")
+        args.micro_batch = share
     # the optimizer steps of an epoch as fit splits the data
     from ._fit_plan import training_batches
     steps_per_epoch = training_batches(train.ndata // args.batch, args.val_split)
@@ -593,7 +644,7 @@ def main(argv=None) -> int:
         p.error(f"--warmup: {args.warmup} steps of warmup, but the run takes {total} optimizer "
                 f"steps; give fewer (the cosine decay follows the warmup)")
     nepoch = args.epochs if args.epochs is not None else None if args.max_steps else 1
-    if args.resume and not os.path.exists(args.checkpoint):
+    if args.resume and not os.path.exists(args.checkpoint) and writes:
         print(f"finetune: no checkpoint at {args.checkpoint} yet: training from the start",
               file=sys.stderr)
     try:
@@ -610,7 +661,7 @@ def main(argv=None) -> int:
                              max_steps=args.max_steps, eval_every=args.eval_every,
                              clip_grad_norm=args.max_grad_norm,
                              checkpoint_every=args.checkpoint_every,
-                             optimizer_in_backward=args.optimizer_in_backward,
+                             optimizer_in_backward=args.optimizer_in_backward, comm=comm,
                              # a text's windows in order, the last ones validating
                              # (llama-finetune); chats and completions shuffled
                              shuffle=not args.file, run_info=_run_info(args, train, model))
@@ -623,6 +674,8 @@ def main(argv=None) -> int:
                 "to go on)" if os.path.exists(args.checkpoint) else ""
         print(f"finetune: interrupted{saved}", file=sys.stderr)
         return 130
+    if not writes:
+        return 0
     if not args.silent and len(history):
         print(f"finetune: train loss {history[-1].train_loss:.4f}", file=out)
     from .io import save_gguf, save_gguf_lora

@@ -606,3 +606,15 @@ def test_max_grad_norm_clips_as_fit_does(files, monkeypatch):
     assert finetune.main(base) == 0
     assert finetune.main(base + ["--max-grad-norm", "0.5"]) == 0
     assert seen == [None, 0.5]
+
+
+@pytest.mark.parametrize("var", ["PMI_SIZE", "OMPI_COMM_WORLD_SIZE"])
+def test_a_rank_of_mpiexec_without_mpi_is_refused(files, capsys, monkeypatch, var):
+    # each rank would run the whole fine-tune on every core and write the same files
+    monkeypatch.setenv(var, "3")
+    with pytest.raises(SystemExit) as e:
+        finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+                       "--out", str(files / "a.gguf"), "--silent"])
+    assert e.value.code == 2
+    assert "one of 3 MPI ranks (mpiexec): give --mpi" in capsys.readouterr().err
+    assert not (files / "a.gguf").exists()
