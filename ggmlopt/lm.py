@@ -288,8 +288,9 @@ def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
     """generate's ids one by one, as they are made (for printing as they come).
     All arguments are checked before the first id is computed.  The model is
     in eval mode (no dropout) from the first id until the stream ends or is
-    closed (``close()``, or the end of a ``for`` loop left by ``break``): close
-    a stream left part-way before training the model."""
+    closed (``close()``; CPython closes one that only a ``for`` loop held when
+    the loop is left): close a stream kept part-way before training the
+    model."""
     prompt = _token_ids(prompt_ids, "prompt_ids")
     if prompt.size == 0:
         raise ValueError("prompt_ids: expected at least one token")
