@@ -71,7 +71,8 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
     ``apply_chat_template``."""
 
     def __init__(self, tokenizer_json: str | os.PathLike[str],
-                 config: dict[str, Any] | None = None, eos_ids: Iterable[int] = ()):
+                 config: dict[str, Any] | None = None, eos_ids: Iterable[int] = (),
+                 config_token_ids: dict[str, int] | None = None):
         tk = import_optional("tokenizers", "tokenizers", "load_hf_tokenizer")
         self.path = os.fspath(tokenizer_json)
         self._tk: Any = tk.Tokenizer.from_file(self.path)
@@ -81,8 +82,15 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         self._flag_lock = threading.Lock()
         config = dict(config or {})
         self.vocab_size = int(self._tk.get_vocab_size(with_added_tokens=True))
-        self._special = {t.content for t in self._tk.get_added_tokens_decoder().values()
-                         if t.special}
+        added = self._tk.get_added_tokens_decoder()
+        self._special = {t.content for t in added.values() if t.special}
+        # the added tokens that take the whitespace after them (Phi-3's)
+        self.rstrip_ids = frozenset(int(i) for i, t in added.items() if t.rstrip)
+        # config.json's bos/eos/pad/unk/sep ids: where llama.cpp's converter looks for a
+        # special token tokenizer_config.json does not name (Qwen2's bos)
+        self.config_token_ids = {k: int(v) for k, v in (config_token_ids or {}).items()
+                                 if isinstance(v, int) and not isinstance(v, bool)
+                                 and 0 <= v < self.vocab_size}
         _refuse_what_is_not_read(self._tk, config, self.path)
         self._texts = {k: _token_text(config.get(k)) for k in _SPECIAL_KEYS}
         self.bos_id = self.token_to_id(self._texts["bos_token"]) if self._texts["bos_token"] \
@@ -326,7 +334,21 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
         config["chat_template"] = templates["default"]
     elif templates:
         config["chat_template"] = [{"name": k, "template": v} for k, v in templates.items()]
-    return HFTokenizer(path, config, generation_eos_ids(directory))
+    return HFTokenizer(path, config, generation_eos_ids(directory), _config_token_ids(directory))
+
+
+def _config_token_ids(directory: str) -> dict[str, int]:
+    """config.json's bos/eos/pad/unk/sep token ids (an id each; a list is left out)."""
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    return {k: v for k in ("bos", "eos", "pad", "unk", "sep")
+            if isinstance(v := config.get(f"{k}_token_id"), int) and not isinstance(v, bool)}
 
 
 def generation_eos_ids(directory: str | os.PathLike[str]) -> tuple[int, ...]:

@@ -48,10 +48,14 @@ def byte_vocabulary() -> list[str]:
 
 
 def tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
-    """The tokenizer.ggml.* values for tokenizer (ByteTokenizer, BPETokenizer or
-    SPMTokenizer)."""
+    """The tokenizer.ggml.* values for tokenizer (ByteTokenizer, BPETokenizer,
+    SPMTokenizer, or load_hf_tokenizer's HFTokenizer: ggmlopt.io._hf_gguf_vocab)."""
+    from ..hf_tokenizer import HFTokenizer
     from ..spm import SPMTokenizer
     from ..text import BPETokenizer
+    if isinstance(tokenizer, HFTokenizer):
+        from ._hf_gguf_vocab import hf_tokenizer_keys
+        return hf_tokenizer_keys(tokenizer, vocab_size)
     if isinstance(tokenizer, ByteTokenizer):
         tokens = byte_vocabulary()
         keys: dict[str, Any] = {
@@ -78,8 +82,8 @@ def tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
                 "add_bos": tokenizer.add_bos, "add_space_prefix": tokenizer.add_space_prefix,
                 "eot": tokenizer.eot_id, "eom": tokenizer.eom_id}
     else:
-        raise TypeError(f"tokenizer: expected a ggmlopt.text.ByteTokenizer, BPETokenizer or "
-                        f"SPMTokenizer, got {type(tokenizer).__name__}")
+        raise TypeError(f"tokenizer: expected a ggmlopt.text.ByteTokenizer, BPETokenizer, "
+                        f"SPMTokenizer or HFTokenizer, got {type(tokenizer).__name__}")
     if len(tokens) != vocab_size:
         raise ValueError(f"tokenizer: it has {len(tokens)} tokens but the model's vocab_size is "
                          f"{vocab_size}; llama.cpp needs them equal")
@@ -103,9 +107,11 @@ def add_tokenizer(writer, tok: dict[str, Any], tokenizer) -> None:
     # vocabulary's unknown token, the padding token (llama_vocab_pad)
     ids = {**tok, "unk": tok.get("unk") if tok.get("unk") is not None
            else _id_in(tokenizer, "unk_id", len(tok["tokens"])),
-           "pad": _id_in(tokenizer, "pad_id", len(tok["tokens"]))}
+           "pad": tok.get("pad") if tok.get("pad") is not None
+           else _id_in(tokenizer, "pad_id", len(tok["tokens"]))}
     for which, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
-                       ("unk", writer.add_unk_token_id), ("pad", writer.add_pad_token_id)):
+                       ("unk", writer.add_unk_token_id), ("sep", writer.add_sep_token_id),
+                       ("pad", writer.add_pad_token_id)):
         if ids.get(which) is not None:
             add(ids[which])
     writer.add_add_bos_token(tok["add_bos"])

@@ -83,7 +83,8 @@ def save_gguf(model, path, arch=None, metadata=None, *, dtype=np.float32,
     "mnist-cnn" for ggml's MNIST models as ggml's mnist-eval loads them (the
     model must have exactly that model's parameters).  A ggmlopt.models.Llama
     with arch None (or "llama") is written as llama.cpp loads it, with its
-    tokenizer (required: a ByteTokenizer, BPETokenizer or SPMTokenizer; see
+    tokenizer (required: a ByteTokenizer, BPETokenizer, SPMTokenizer or a Hugging
+    Face checkpoint's HFTokenizer from load_hf_tokenizer; see
     ggmlopt.io.gguf_llama.save_llama_gguf); a ggmlopt.models.GPT2 given a
     tokenizer as llama.cpp's gpt2 (ggmlopt.io.gguf_gpt2; without one, the
     generic layout).

@@ -79,7 +79,8 @@ def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
                    name: str | None = None) -> None:
     """Write a ggmlopt.models.GPT2 to path as llama.cpp's gpt2 GGUF
     (atomically), with its tokenizer (ByteTokenizer, BPETokenizer or
-    SPMTokenizer; its token count must be vocab_size).  dtype: float32 or
+    SPMTokenizer; its token count must be vocab_size; or a Hugging Face
+    checkpoint's HFTokenizer, written as save_llama_gguf writes one).  dtype: float32 or
     float16 for the matrices (norms, biases and the position rows stay
     float32), or a file type as llama-quantize names it ("q8_0", "q4_k_m",
     "bf16", ...: each matrix gets the type llama-quantize gives it, the tied

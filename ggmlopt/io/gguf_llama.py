@@ -232,7 +232,13 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     its q/k/v biases and rows as they are) to path as llama.cpp's GGUF (atomically).
 
     tokenizer: the ByteTokenizer, BPETokenizer or SPMTokenizer the model was trained with
-    (its token count must be the model's vocab_size).  dtype: np.float32 or
+    (its token count must be the model's vocab_size), or a Hugging Face checkpoint's
+    HFTokenizer (load_hf_tokenizer): written as llama.cpp's converter writes its
+    tokenizer.json (byte-level BPE with a pre-tokenizer llama.cpp names, or
+    SentencePiece's BPE with byte fallback, scores ordering the merges as the file
+    does; ggmlopt.io._hf_gguf_vocab), a model with more rows than tokens padded
+    with unused ``[PAD<id>]`` tokens; ValueError for one llama.cpp would tokenize
+    otherwise (an unknown pre-tokenizer, a Metaspace one, ...).  dtype: np.float32 or
     np.float16 for the matrices (the token embedding and the Linear weights),
     or a file type as llama-quantize names it ("q8_0", "q4_0", "q4_1", "q5_0",
     "q5_1", "q4_k_s", "q4_k_m" or "q4_k", "q5_k_s", "q5_k_m" or "q5_k",
@@ -256,7 +262,9 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     they are written back unless metadata or the writer sets the same key.
 
     Raises TypeError for another model or tokenizer; ValueError for a
-    tokenizer whose size is not vocab_size or a weight beyond float16's range.
+    tokenizer whose size is not vocab_size (an HFTokenizer's: more than
+    vocab_size), an HFTokenizer llama.cpp would tokenize otherwise, or a weight
+    beyond float16's range.
     """
     if not isinstance(model, Llama):
         raise TypeError(f"model: expected a ggmlopt.models.Llama, got {type(model).__name__}")
