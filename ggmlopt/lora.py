@@ -13,8 +13,10 @@ Kaiming-uniform (torch's ``kaiming_uniform_(a=sqrt(5))``, fan_in = in) and B
 zero, so the wrapped model starts equal to the base.  An OptContext or ``fit``
 over the wrapped model holds (and its optimizer and checkpoints keep) only the
 adapters.  ``merge(model)`` folds each adapter into its weight and puts the
-plain Linear back.  ``ggmlopt.io.save_gguf_lora`` writes the adapters as
-llama.cpp loads them::
+plain Linear back.  ``apply(model, config=lora_config)`` takes a PEFT
+``LoraConfig`` (or a dict of its keys) and adapts what ``peft.get_peft_model``
+would, refusing by key what it cannot honour.  ``ggmlopt.io.save_gguf_lora``
+writes the adapters as llama.cpp loads them::
 
     lora.apply(llama, rank=8, alpha=16.0)            # q, k, v, o projections
     windows = ggmlopt.Dataset.from_tokens(ids, n_ctx=256)
@@ -409,7 +411,7 @@ def _warn_unmatched_targets(targets, chosen_names, hf) -> None:
         warnings.warn(f"targets: {', '.join(map(repr, unmatched))} "
                       f"match{'es' if len(unmatched) == 1 else ''} no layer of the model; "
                       f"the other names adapt {len(chosen_names)} layer(s)", UserWarning,
-                      stacklevel=3)
+                      stacklevel=4)
 
 
 def _warn_short_name_matches(pattern, names, hf) -> None:
@@ -423,7 +425,7 @@ def _warn_short_name_matches(pattern, names, hf) -> None:
         warnings.warn(f"targets: the regular expression matches {len(extra)} layer(s) only by "
                       f"ggmlopt's name, not by the transformers name PEFT matches: {shown}"
                       f"{more}; PEFT would not adapt them; write the expression for the "
-                      f"transformers names to adapt what PEFT adapts", stacklevel=3)
+                      f"transformers names to adapt what PEFT adapts", stacklevel=4)
 
 
 def _default_targets(model) -> tuple[str, ...]:
@@ -662,8 +664,25 @@ def other_trainable(model) -> list[str]:
             if p.requires_grad and id(p) not in adapters]
 
 
-def apply(model, rank=8, alpha=16.0, targets=None, dropout=0.0, seed=0,
-          trainable=(), use_rslora=False):
+class _Default:
+    """An argument's default, told apart from the same value given (which
+    clashes with apply's config); repr: the value's, as help() shows it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+# apply's defaults (help() shows the values)
+_RANK, _ALPHA, _TARGETS = _Default(8), _Default(16.0), _Default(None)
+_DROPOUT, _TRAINABLE, _USE_RSLORA = _Default(0.0), _Default(()), _Default(False)
+
+def apply(model, rank=_RANK, alpha=_ALPHA, targets=_TARGETS, dropout=_DROPOUT, seed=0,
+          trainable=_TRAINABLE, use_rslora=_USE_RSLORA, *, config=None):
     """Wrap model's Linear layers named in targets in LoRALinear adapters, in place,
     and freeze everything else, as PEFT's ``get_peft_model`` does.
 
@@ -703,12 +722,89 @@ def apply(model, rank=8, alpha=16.0, targets=None, dropout=0.0, seed=0,
     OptContext (or call fit) after apply; ``print_trainable_parameters(model)``
     shows what trains.  Returns the list of named_adapters(model).
 
+    config: a ``peft.LoraConfig``, a dict with its keys (as adapter_config.json
+    holds them) or any object with its attributes: the layers and settings
+    ``peft.get_peft_model(hf_model, config)`` gives the transformers model of
+    model's family, matched on the transformers module names
+    (``model.layers.0.self_attn.q_proj``) as PEFT matches them.  It takes the
+    place of rank, alpha, targets, dropout, trainable and use_rslora (giving
+    one of those too is a TypeError); seed still draws the A matrices.  The
+    keys (a missing one takes LoraConfig's default: r 8, lora_alpha 8, so a
+    scaling of 1): r, lora_alpha, lora_dropout, use_rslora as those arguments;
+    target_modules a list of names (PEFT's rule: a whole name or a dotted
+    suffix), a regular expression string over the whole name, "all-linear",
+    or None: PEFT's default for the model type (``q_proj`` and ``v_proj`` for
+    Llama, Mistral, Qwen2, Qwen3 and Gemma 3, ``c_attn`` for GPT-2; Phi-3 and
+    SmolLM3 have none, so PEFT and apply refuse None); exclude_modules,
+    layers_to_transform and layers_pattern as PEFT selects with them;
+    rank_pattern and alpha_pattern give the matched layers their own rank and
+    alpha (PEFT's first matching key); modules_to_save trains whole every
+    module whose name ends with an entry (PEFT's rule: ``"norm"`` takes
+    ``input_layernorm`` too), and no adapter goes inside one; init_lora_weights
+    True (Kaiming-uniform A, torch's ``kaiming_uniform_(a=sqrt(5))`` as PEFT
+    draws it, from seed's generator rather than torch's) or "gaussian" (A ~
+    N(0, (1/rank)^2)).  Accepted as they change nothing computed here:
+    task_type, peft_type "LORA", base_model_name_or_path, revision,
+    fan_in_fan_out (PEFT sets it from the layer type), ensure_weight_tying on
+    an untied model, and the settings of refused options left at their
+    defaults.  Refused (ValueError naming the key): use_dora, bias other than
+    "none", lora_bias, use_qalora, target_parameters, any other
+    init_lora_weights (False starts B nonzero; PiSSA, OLoRA, LoftQ, EVA...
+    compute the start from the base or data), inference_mode=True (PEFT then
+    trains nothing; adapter_config.json files hold it: set it False to train,
+    or load a trained adapter with ggmlopt.io.load_peft), layer replication,
+    trainable tokens, aLoRA and the other variants with tensors of their own,
+    and on a model whose head is its token embedding (tied) what PEFT would
+    untie: modules_to_save naming the embedding or head without
+    ensure_weight_tying, an embedding adapter with it; any other key that is
+    set and unknown.  A modules_to_save entry, rank_pattern or alpha_pattern
+    key that matches nothing is warned about (PEFT ignores it too).
+
     Raises ValueError when no Linear matches (the message lists the Linear
     names the model has), when a trainable name matches no parameter or covers
     a layer that targets adapt, when the model already has adapters (merge
-    first), for rank < 1 or a bad alpha or dropout; TypeError for arguments of
-    the wrong type.  On an error the model is unchanged.
+    first), for rank < 1 or a bad alpha or dropout, for a config setting
+    ggmlopt cannot honour (naming the key); TypeError for arguments of
+    the wrong type, a config of another kind, or config with one of the
+    arguments it replaces.  On an error the model is unchanged.
     """
+    given = [name for name, value in (("rank", rank), ("alpha", alpha), ("targets", targets),
+                                      ("dropout", dropout), ("trainable", trainable),
+                                      ("use_rslora", use_rslora))
+             if not isinstance(value, _Default)]
+    if config is not None:
+        # (the plan reads lora's own helpers: imported here, not at lora's import)
+        from ._lora_config import CONFIG_KEY_OF, config_plan
+        if given:
+            raise TypeError(f"apply: {', '.join(given)} given with config, which sets "
+                            f"{', '.join(CONFIG_KEY_OF[g] for g in given)} itself; "
+                            f"set {'them' if len(given) > 1 else 'it'} in config, or pass no "
+                            f"config")
+        plan = config_plan(model, config)
+        try:
+            return _apply(model, 8, 8.0, plan.targets, plan.dropout, seed, plan.trainable,
+                          False, layers=plan.layers, init=plan.init, exact=True)
+        except ValueError as e:   # the core's message names its argument: say the key
+            arg = str(e).partition(":")[0]
+            if arg in ("targets", "trainable"):
+                key = CONFIG_KEY_OF[arg]
+                raise ValueError(f"config's {key} (apply's {arg}): "
+                                 f"{str(e).partition(': ')[2]}") from None
+            raise
+    rank, alpha, targets, dropout, trainable, use_rslora = (
+        v.value if isinstance(v, _Default) else v
+        for v in (rank, alpha, targets, dropout, trainable, use_rslora))
+    return _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora)
+
+
+def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
+           layers=None, init=True, exact=False):
+    """apply's work, its arguments resolved.  layers: {ggmlopt module name:
+    (rank, alpha)} of layers whose adapter differs from rank and alpha (a
+    PEFT config's rank_pattern and alpha_pattern); init: True (Kaiming-uniform
+    A) or "gaussian" (PEFT's A ~ N(0, (1/rank)^2)); B is zero either way.
+    exact: targets are whole transformers names, matched whole (a config's
+    choice: a suffix rule would add a nested layer PEFT left out)."""
     rank = _rank_arg(rank)
     alpha = _alpha_arg(alpha)
     dropout = _dropout_arg(dropout)
@@ -726,7 +822,10 @@ def apply(model, rank=8, alpha=16.0, targets=None, dropout=0.0, seed=0,
     seed = int_arg(seed, "seed", 0)
     linears = _linears(model)
     hf = _hf_names(model)
-    if pattern is not None:   # PEFT's regular expression over the whole module name
+    if exact:
+        def selects(name):
+            return hf(name) in targets
+    elif pattern is not None:   # PEFT's regular expression over the whole module name
         def selects(name):
             return bool(pattern.fullmatch(hf(name)) or pattern.fullmatch(name))
     else:
@@ -786,7 +885,7 @@ def apply(model, rank=8, alpha=16.0, targets=None, dropout=0.0, seed=0,
             warnings.warn(f"trainable: {t!r} keeps the modules whose dotted name is or ends "
                           f"in .{t} training; PEFT's modules_to_save=[{t!r}] matches any name "
                           f"ending in {t!r} and would also train {shown}: name those to "
-                          f"train them too", UserWarning, stacklevel=2)
+                          f"train them too", UserWarning, stacklevel=3)
     chosen_weights = {id(p) for *_, layer in chosen
                       for p in (getattr(layer, "weight", None), layer.bias)
                       if p is not None} | {id(layer.weight) for *_, layer in embeddings
@@ -795,9 +894,14 @@ def apply(model, rank=8, alpha=16.0, targets=None, dropout=0.0, seed=0,
     gen = np.random.default_rng(int(seed))
     # in the order of the parameter names (an embedding's first), one generator
     targets_found = chosen + embeddings
-    for _, parent, key, layer in sorted(targets_found, key=_order_in(model, targets_found)):
-        adapter = LoRAEmbedding(layer, rank, alpha, rng=gen) if isinstance(layer, EMBEDDINGS) \
-            else LoRALinear(layer, rank, alpha, dropout=dropout, rng=gen)
+    for name, parent, key, layer in sorted(targets_found, key=_order_in(model, targets_found)):
+        r, a = (layers or {}).get(name, (rank, alpha))
+        adapter = LoRAEmbedding(layer, r, a, rng=gen) if isinstance(layer, EMBEDDINGS) \
+            else LoRALinear(layer, r, a, dropout=dropout, rng=gen)
+        if init == "gaussian" and isinstance(adapter, LoRALinear):
+            # PEFT's "gaussian" redraws A (B stays zero; an embedding's init is
+            # the same either way there)
+            adapter.lora_a.data[...] = gen.normal(0.0, 1.0 / r, adapter.lora_a.data.shape)
         _replace(parent, key, adapter)
     freeze_all_but_adapters(model, trainable, skip=chosen_weights)
     return named_adapters(model)
