@@ -2012,6 +2012,43 @@ int ggmlopt_gemm_bf16_instruction(void) {
 #endif
 }
 
+/* A product's C written around the caches: a fresh C (not accumulated) on whole
+ * cache lines that the last-level cache could not hold anyway (at least
+ * GO_STREAM_C_BYTES).  Through the caches each store first reads its line from
+ * memory: a head chunk's 52 MB of logits were read once before being written
+ * and once after, by the loss.  Around them (Zen 4, 32 MB L3): the 410 x 288 x
+ * 32000 bf16 product 19.7 -> 18.8 ms, the stories15M bf16 step 1-3% less. */
+#define GO_STREAM_C_BYTES ((int64_t)32 << 20)
+static _Atomic int64_t stream_c_bytes;
+
+/* the level-3 cache of CPU 0 as Linux describes it ("32768K"), 0 where unknown;
+ * not glibc's sysconf, which on a Zen 4 VM sums the host's ten 32 MB caches */
+static int64_t l3_cache_bytes(void) {
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    if (!f) return 0;
+    long long size = 0;
+    char unit = 0;
+    const int got = fscanf(f, "%lld%c", &size, &unit);
+    fclose(f);
+    if (got < 1 || size <= 0) return 0;
+    return unit == 'K' ? size << 10 : unit == 'M' ? size << 20 : size;
+}
+
+static int64_t stream_c_min_bytes(void) {
+    int64_t bytes = atomic_load_explicit(&stream_c_bytes, memory_order_relaxed);
+    if (bytes == 0) {
+        const int64_t l3 = l3_cache_bytes();
+        bytes = l3 > GO_STREAM_C_BYTES ? l3 : GO_STREAM_C_BYTES;
+        atomic_store_explicit(&stream_c_bytes, bytes, memory_order_relaxed);
+    }
+    return bytes;
+}
+
+static int stream_c(int64_t m, int64_t n, const float *c, int64_t ldc, int accumulate) {
+    return !accumulate && (uintptr_t)c % 64 == 0 && (ldc * (int64_t)sizeof(float)) % 64 == 0 &&
+           m * n * (int64_t)sizeof(float) >= stream_c_min_bytes();
+}
+
 typedef struct {
     go_gemm_bf16_args g;
     bgemm_block_fn block;
@@ -2043,7 +2080,8 @@ int ggmlopt_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_
     int cached = 0;
     job.work = gemm_scratch(job.sp.items * job.work_floats, &cached);
     if (!job.work) return -2;
-    job.g = (go_gemm_bf16_args){m, n, k, a, a_row, a_col, b, b_row, b_col, c, ldc, accumulate != 0};
+    job.g = (go_gemm_bf16_args){m, n, k, a, a_row, a_col, b, b_row, b_col, c, ldc, accumulate != 0,
+                                stream_c(m, n, c, ldc, accumulate)};
     if (job.sp.items > 1)
         go_pool_for((int)job.sp.items, bgemm_item, &job);
     else

@@ -173,6 +173,9 @@ typedef struct {
     float *c;
     int64_t ldc;
     int accumulate;
+    /* C written around the caches (not accumulate; C and ldc on whole cache lines):
+     * a C larger than the last-level cache, read once afterwards (a head's logits) */
+    int stream_c;
 } go_gemm_bf16_args;
 
 /* columns of C per packed block (a multiple of every path's panel width) and

@@ -13,6 +13,10 @@ typedef struct { __m256d lo, hi; } go_dacc;
 
 #define go_vload(p) _mm256_loadu_ps(p)
 #define go_vstore(p, v) _mm256_storeu_ps((p), (v))
+/* a store around the caches (p on a whole vector's alignment): go_vstream_done()
+ * after the last, before another thread reads what they wrote */
+#define go_vstream(p, v) _mm256_stream_ps((p), (v))
+#define go_vstream_done() _mm_sfence()
 #define go_vset1(x) _mm256_set1_ps(x)
 #define go_vadd(a, b) _mm256_add_ps((a), (b))
 #define go_vsub(a, b) _mm256_sub_ps((a), (b))

@@ -13,6 +13,9 @@ typedef struct { float64x2_t lo, hi; } go_dacc;
 
 #define go_vload(p) vld1q_f32(p)
 #define go_vstore(p, v) vst1q_f32((p), (v))
+/* stores around the caches: a plain store here */
+#define go_vstream(p, v) vst1q_f32((p), (v))
+#define go_vstream_done() ((void)0)
 #define go_vset1(x) vdupq_n_f32(x)
 #define go_vadd(a, b) vaddq_f32((a), (b))
 #define go_vsub(a, b) vsubq_f32((a), (b))

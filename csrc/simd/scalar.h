@@ -13,6 +13,9 @@ typedef double go_dacc;
 
 #define go_vload(p) (*(p))
 #define go_vstore(p, v) (*(p) = (v))
+/* stores around the caches: a plain store here */
+#define go_vstream(p, v) (*(p) = (v))
+#define go_vstream_done() ((void)0)
 #define go_vset1(x) ((float)(x))
 #define go_vadd(a, b) ((a) + (b))
 #define go_vsub(a, b) ((a) - (b))

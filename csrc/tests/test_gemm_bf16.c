@@ -119,7 +119,7 @@ static void check_block_kernel(const char *name, bgemm_block_fn block, int nr, i
             float *cm = th_rand_f32(c->m * ldc, off, -1.0f, 1.0f);
             float *old = th_dup(cm, 4, c->m * ldc);
             const go_gemm_bf16_args g = {c->m, c->n, c->k, o.a, o.a_row, o.a_col, o.b,
-                                         o.b_row, o.b_col, cm, ldc, accumulate};
+                                         o.b_row, o.b_col, cm, ldc, accumulate, 0};
             /* a block of whole tiles and panels from the second on, or the whole */
             const int64_t r0 = c->m > mr ? mr : 0, j0 = c->n > nr ? nr : 0;
             float *work = th_alloc(4, go_gemm_bf16_work_floats(c->k), 0);
@@ -139,10 +139,44 @@ static float *whole_product(bgemm_block_fn block, const bgemm_case *c, int off) 
     bgemm_operands o = make_operands(c, off);
     float *cm = th_alloc(4, c->m * c->n, 0);
     const go_gemm_bf16_args g = {c->m, c->n, c->k, o.a, o.a_row, o.a_col, o.b,
-                                 o.b_row, o.b_col, cm, c->n, 0};
+                                 o.b_row, o.b_col, cm, c->n, 0, 0};
     float *work = th_alloc(4, go_gemm_bf16_work_floats(c->k), 0);
     block(&g, 0, c->m, 0, c->n, work);
     return cm;
+}
+
+/* C written around the caches (stream_c: a C 64-byte aligned, rows a whole number
+ * of cache lines apart) holds the bits of C written through them, for every case,
+ * the whole product and a block from the second tile and panel on */
+static void check_streamed(const char *name, bgemm_block_fn block, int nr, int mr) {
+    char ctx[192];
+    for (int t = 0; t < NCASES; ++t) {
+        const bgemm_case *c = &CASES[t];
+        const int64_t ldc = (c->n + 15) / 16 * 16;
+        for (int whole = 0; whole <= 1; ++whole) {
+            bgemm_operands o = make_operands(c, t % 4);
+            const int64_t r0 = whole || c->m <= mr ? 0 : mr, j0 = whole || c->n <= nr ? 0 : nr;
+            float *want = th_rand_f32(c->m * ldc, 0, -1.0f, 1.0f);
+            /* exactly C's bytes (a multiple of 64): a write past them is caught */
+            float *got = (float *)aligned_alloc(64, (size_t)(c->m * ldc) * sizeof(float));
+            memcpy(got, want, (size_t)(c->m * ldc) * sizeof(float));
+            go_gemm_bf16_args g = {c->m, c->n, c->k, o.a, o.a_row, o.a_col, o.b,
+                                   o.b_row, o.b_col, want, ldc, 0, 0};
+            float *work = th_alloc(4, go_gemm_bf16_work_floats(c->k), 0);
+            block(&g, r0, c->m, j0, c->n, work);
+            g.c = got;
+            g.stream_c = 1;
+            block(&g, r0, c->m, j0, c->n, work);
+            th_miss same = TH_MISS_INIT;
+            for (int64_t i = 0; i < c->m * ldc; ++i) th_expect_bits(&same, "C", i, got[i], want[i]);
+            snprintf(ctx, sizeof ctx, "gemm_block_bf16[%s] stream_c m=%lld n=%lld k=%lld from (%lld, %lld)",
+                     name, (long long)c->m, (long long)c->n, (long long)c->k, (long long)r0,
+                     (long long)j0);
+            th_report(&same, ctx);
+            free(got);
+            th_release_all();
+        }
+    }
 }
 
 /* one path's block kernel (the pairs as two FMAs); on the avx512 table, also
@@ -151,9 +185,12 @@ static float *whole_product(bgemm_block_fn block, const bgemm_case *c, int off) 
 void test_gemm_bf16_kernels(const ggmlopt_kernel_table *k) {
     const int nr = k->sgemm_panel_cols(), mr = k->sgemm_tile_rows();
     check_block_kernel(k->name, k->gemm_block_bf16, nr, mr);
+    check_streamed(k->name, k->gemm_block_bf16, nr, mr);
 #if defined(__x86_64__) || defined(_M_X64)
-    if (k == &ggmlopt_kernels_avx512 && strstr(ggmlopt_cpu_features(), "avx512_bf16=1"))
+    if (k == &ggmlopt_kernels_avx512 && strstr(ggmlopt_cpu_features(), "avx512_bf16=1")) {
         check_block_kernel("avx512 vdpbf16ps", ggmlopt_gemm_block_bf16_avx512bf16, nr, mr);
+        check_streamed("avx512 vdpbf16ps", ggmlopt_gemm_block_bf16_avx512bf16, nr, mr);
+    }
     else if (k == &ggmlopt_kernels_avx512)
         printf("note: this CPU lacks AVX512-BF16: the vdpbf16ps kernel is not tested\n");
 #endif
