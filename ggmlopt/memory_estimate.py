@@ -214,8 +214,9 @@ def _floats_per_token(module) -> tuple[int, int]:
                    output_not_kept(module.o_proj))
     if isinstance(module, Phi3Attention):
         q, kv = module.q_width, module.kv_width
-        # q, k, v copies, o, their gradients, the fused gradient, lse: all kept
-        own = (2 * (q + 2 * kv) + q + (q + 2 * kv) + module.n_heads, 0)
+        # kept: the q, k, v copies of the fused product, o and lse; made in the
+        # backward pass: dO, dq, dk, dv and their concatenation for qkv_proj
+        own = (q + 2 * kv + q + module.n_heads, q + 2 * (q + 2 * kv))
         return seq(own, *sub(module.qkv_proj, module.o_proj))
     if isinstance(module, GPT2Attention):
         own = (module.dim + module.n_heads + 3 * module.dim, 0)   # o, lse, dqkv (kept)
@@ -224,8 +225,10 @@ def _floats_per_token(module) -> tuple[int, int]:
         return seq((module.hidden, 2 * module.hidden + module.dim),
                    *sub(module.gate_proj, module.up_proj), output_not_kept(module.down_proj))
     if isinstance(module, Phi3MLP):
-        # gate and up copies, their product, the gradients and their concatenation
-        return seq((6 * module.hidden, 0), *sub(module.gate_up_proj, module.down_proj))
+        # kept: the gate and up copies and their product; made in the backward
+        # pass: dh, d gate, d up and their concatenation for gate_up_proj
+        return seq((3 * module.hidden, 5 * module.hidden),
+                   *sub(module.gate_up_proj, module.down_proj))
     if isinstance(module, GPT2MLP):
         return seq((2 * module.hidden + module.dim, 0), *sub(module.c_fc, module.c_proj))
     if isinstance(module, Gemma3DecoderLayer):

@@ -66,8 +66,10 @@ import numpy as np
 import ggmlopt as go
 from ggmlopt import lora
 from ggmlopt.models import Llama, LlamaConfig
+from ggmlopt.models.phi3 import Phi3, Phi3Config
 cfg, b, t, how = json.loads(sys.argv[1])
-model = Llama(LlamaConfig(**cfg), seed=0)
+# Phi-3: its fused q|k|v and gate|up products, split into copies
+model = Phi3(Phi3Config(**cfg), seed=0) if "phi3" in how else Llama(LlamaConfig(**cfg), seed=0)
 if "lora" in how:
     lora.apply(model, rank=8, targets="all-linear", dropout=0.1 if "dropout" in how else 0.0)
 if "checkpointing" in how:
@@ -98,7 +100,8 @@ MEDIUM = {"vocab_size": 16000, "dim": 384, "n_layers": 6, "n_heads": 6, "n_kv_he
 @pytest.mark.parametrize("b,t,how", [(2, 256, "full"), (1, 1024, "checkpointing"),
                                      (2, 512, "lora"), (1, 1024, "fit-lora"),
                                      (2, 512, "lora-dropout"),
-                                     (2, 512, "lora-bf16"), (2, 256, "full-bf16")])
+                                     (2, 512, "lora-bf16"), (2, 256, "full-bf16"),
+                                     (2, 512, "phi3-full"), (2, 512, "phi3-lora-bf16")])
 def test_the_estimate_is_within_15_percent_of_the_measured_peak(b, t, how):
     if "bf16" in how and not gemm.bf16_support()[0]:
         pytest.skip(f"bf16 runs as float32 here: {gemm.bf16_support()[1]}")
