@@ -148,6 +148,33 @@ def _warn_float32_convolutions(model) -> None:
                       stacklevel=4)
 
 
+def _warn_nothing_in_bf16(model) -> None:
+    """precision='bf16' reaches float32 Linear layers and output heads; a base
+    kept in its file's types (QLoRA) multiplies its blocks in float32 and an
+    adapter's thin products stay float32, so a kept model with nothing else
+    trains exactly as precision='f32' would: said, not left silent."""
+    from .nn.embedding import Embedding
+    from .nn.linear import Linear
+    from .nn.module import modules
+    from .nn.quantized import quantized_layers
+
+    kept = quantized_layers(model)
+    if not kept:
+        return
+    tied = bool(getattr(getattr(model, "config", None), "tie_embeddings", False))
+    for m in modules(model):
+        # (a LoRALinear over a kept base is a Linear whose weight is None)
+        if isinstance(m, Linear) and getattr(m, "weight", None) is not None:
+            return
+        if tied and isinstance(m, Embedding) and getattr(m, "weight", None) is not None:
+            return   # a float32 tied head multiplies in bf16
+    warnings.warn(f"precision='bf16': nothing in this model multiplies in bf16, so it trains "
+                  f"in float32 as precision='f32' does: its {len(kept)} layers kept in their "
+                  f"file's types (keep_types=True) multiply their blocks in float32, and LoRA "
+                  f"adapters' products stay float32 (load with keep_types=False for bf16 "
+                  f"products of float32 weights)", UserWarning, stacklevel=4)
+
+
 def _nonfinite_cause(x, y, out) -> str:
     """Why a loss is not finite, for its error message: a NaN in the inputs may come
     from an inf there (inf - inf), so the inputs and labels are named first."""
@@ -382,6 +409,7 @@ class OptContext:
                              f"context with build_type=FORWARD")
         if self._precision == "bf16":
             _warn_float32_convolutions(model)
+            _warn_nothing_in_bf16(model)
         if self._wants_step_in_backward:
             self._check_step_in_backward(trainable, clip_grad_norm)
         # the frozen/trainable split, over model.parameters() (distributed and the

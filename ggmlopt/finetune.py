@@ -61,8 +61,9 @@ def parser() -> argparse.ArgumentParser:
                         "attending to itself only (the same loss, far less padding)")
     p.add_argument("--full", action="store_true", help="train every weight, not LoRA")
     p.add_argument("--keep-types", action="store_true",
-                   help="keep the GGUF's weights in their types (Q8_0, Q4_K, ...), read in "
-                        "place, and train LoRA adapters over them (QLoRA)")
+                   help="keep the model's weights in their file's types (a GGUF's Q8_0, "
+                        "Q4_K, ...; a checkpoint's F16, BF16), read in place, and train "
+                        "LoRA adapters over them (QLoRA)")
     p.add_argument("--lora-rank", type=int, default=8, help="adapter rank (default 8)")
     p.add_argument("--lora-alpha", type=float, default=16.0,
                    help="adapter scale alpha: outputs scaled by alpha / rank (default 16)")
@@ -263,9 +264,6 @@ def _problems(args) -> list[str]:
     if args.full and args.keep_types:
         bad.append("--keep-types: a kept (quantized) base trains through LoRA adapters; drop "
                    "--full, or drop --keep-types to fine-tune every weight in float32")
-    if args.keep_types and os.path.isdir(args.model):
-        bad.append("--keep-types: reads a GGUF file's types; --model is a Hugging Face "
-                   "directory")
     if args.full and args.out:
         bad.append("--out: writes a LoRA adapter; with --full write the model (--merge-out)")
     if args.full and args.peft_out:
@@ -548,6 +546,8 @@ _OPTION_WORDS = (
     ("raise n_ctx,", "raise --ctx,"),
     ("train_on='all'", "--train-on all"),
     ("raise nepoch or pass nepoch=None", "give more --epochs, or --max-steps alone"),
+    ("keep_types: reads", "--keep-types: reads"),
+    ("load it with keep_types=False", "drop --keep-types"),
     ("or train it whole (trainable)",
      "(--lora-targets embed_tokens), or train the whole model (--full)"),
 )
@@ -673,6 +673,13 @@ def main(argv=None) -> int:
         saved = f"; {args.checkpoint} holds the last state saved (run again with --resume " \
                 "to go on)" if os.path.exists(args.checkpoint) else ""
         print(f"finetune: interrupted{saved}", file=sys.stderr)
+        if comm is not None and comm.Get_size() > 1:
+            # another rank may wait for this one in a collective it will never join
+            # (Ctrl-C reaches each rank somewhere else): take them all down rather
+            # than leave them waiting; the checkpoint is written atomically
+            sys.stdout.flush()
+            sys.stderr.flush()
+            comm.Abort(130)
         return 130
     if not writes:
         return 0

@@ -175,6 +175,12 @@ def _assistant_spans(template, messages, train_on, kwargs,
         raise ValueError("has no assistant message to train on")
     if train_on == "last":
         turns = turns[-1:]
+    # a turn's "weight" (OpenAI's fine-tuning files, axolotl's ShareGPT): 0 keeps it
+    # out of the loss, as those trainers do; read, not passed over silently
+    turns = [i for i in turns if _turn_weight(messages[i], i)]
+    if not turns:
+        raise ValueError("has no assistant message to train on: every one it would train "
+                         "on has 'weight' 0")
     if template.has_generation_markers:
         text, spans = template.render_spans(messages, False, **kwargs)
         marked = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -220,6 +226,15 @@ def _assistant_spans(template, messages, train_on, kwargs,
                              "a template with {% generation %} markers or train_on='all'")
         spans.append((start, end))
     return text, spans
+
+
+def _turn_weight(message, i: int) -> int:
+    """An assistant message's 'weight': 1 (trained, also when absent) or 0."""
+    weight = message.get("weight", 1)
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise ValueError(f"message {i}: 'weight' must be 0 (not trained on) or 1, "
+                         f"got {weight!r}")
+    return int(weight)
 
 
 def _turn_start(template, messages, i, kwargs, before: str, text: str, tokenizer=None) -> int:
@@ -493,7 +508,8 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
     and, as TRL's datasets have them, the row's own
     ``tools`` and ``chat_template_kwargs``, which take precedence over the
     call's template_kwargs), labels on the trained turns: train_on "assistant"
-    (every assistant turn), "last" (the last one) or "all" (every token).
+    (every assistant turn), "last" (the last one) or "all" (every token); an
+    assistant message with "weight" 0 (OpenAI's files) is left out of the first two.
     packing: several conversations a window, marked as ggmlopt.nn.positions
     says."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
@@ -561,6 +577,7 @@ def _drops_tool_calls(messages, train_on, text: str, spans) -> bool:
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if train_on == "last":
         turns = turns[-1:]
+    turns = [i for i in turns if messages[i].get("weight", 1)]   # as _assistant_spans
     for i, (start, end) in zip(turns, spans):
         calls = messages[i].get("tool_calls")
         if not isinstance(calls, (list, tuple)):
@@ -695,7 +712,10 @@ def sharegpt_messages(turns, where: str = "conversations") -> list[dict[str, Any
         if role is None:
             raise ValueError(f"{where}: turn {i} is from {turn['from']!r}; ShareGPT's "
                              f"speakers read are {sorted(SHAREGPT_ROLES)}")
-        messages.append({"role": role, "content": turn["value"]})
+        message = {"role": role, "content": turn["value"]}
+        if "weight" in turn:   # axolotl's ShareGPT: 0 leaves the turn out of the loss
+            message["weight"] = turn["weight"]
+        messages.append(message)
     return messages
 
 

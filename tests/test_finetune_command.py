@@ -618,3 +618,44 @@ def test_a_rank_of_mpiexec_without_mpi_is_refused(files, capsys, monkeypatch, va
     assert e.value.code == 2
     assert "one of 3 MPI ranks (mpiexec): give --mpi" in capsys.readouterr().err
     assert not (files / "a.gguf").exists()
+
+
+def test_keep_types_trains_adapters_over_a_hugging_face_checkpoint(files, capsys):
+    """--keep-types on a checkpoint directory: load_hf(keep_types=True) keeps its
+    weights in their types, read in place (QLoRA); the PEFT adapter it writes
+    puts the same model on the float32 base.  A family load_hf cannot keep
+    (GPT-2's Conv1D weights) is refused before training, naming the option."""
+    from ggmlopt.io import load_hf, load_peft
+    from ggmlopt.models import GPT2, GPT2Config
+    from ggmlopt.nn.quantized import quantized_layers
+    hf = files / "hf"
+    go.io.save_hf(Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2,
+                                    max_seq_len=128), seed=0), hf,
+                  tokenizer=ByteTokenizer(chat_template=CHATML))
+    assert finetune.main(["-m", str(hf), "--data", str(files / "train.jsonl"), "--keep-types",
+                          "--lora-rank", "4", "-c", "96", "--batch", "5", "--epochs", "2",
+                          "-lr", "1e-2", "--peft-out", str(files / "peft"), "--silent"]) == 0
+    ids = np.arange(20).reshape(1, 20)
+    kept = load_hf(hf, keep_types=True)
+    assert quantized_layers(kept)
+    before = kept(ids)
+    load_peft(files / "peft", kept)
+    plain = load_hf(hf)
+    load_peft(files / "peft", plain)
+    adapted = kept(ids)
+    assert np.abs(adapted - before).max() > 1e-3 * np.abs(before).max()   # it learned
+    # F32 kept weights are float32's values: the same model to float32 rounding
+    np.testing.assert_allclose(plain(ids), adapted, rtol=0,
+                               atol=1e-5 * np.abs(adapted).max())
+    gpt2 = files / "gpt2"
+    go.io.save_hf(GPT2(GPT2Config(vocab_size=257, dim=32, n_layers=1, n_heads=2,
+                                  max_seq_len=128)), gpt2,
+                  tokenizer=ByteTokenizer(chat_template=CHATML))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        finetune.main(["-m", str(gpt2), "--data", str(files / "train.jsonl"), "--keep-types",
+                       "-c", "96", "--peft-out", str(files / "peft2"), "--silent"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--keep-types: reads" in err and "drop --keep-types" in err
+    assert not (files / "peft2").exists()

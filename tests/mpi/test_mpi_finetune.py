@@ -92,3 +92,21 @@ def test_mpiexec_without_mpi_is_refused(files):
 def test_a_batch_the_ranks_cannot_share_is_refused(files):
     proc = _mpiexec(2, _command(files, files / "x.gguf", "--mpi", "--batch", "3"))
     assert proc.returncode == 2 and "--batch: with --mpi over 2 ranks" in proc.stderr
+
+
+def test_an_interrupted_rank_takes_the_others_down(files):
+    """Ctrl-C reaches each rank at another point: one leaving fit while the others
+    wait for it in a collective must end the run, not leave them waiting."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS,
+                                                       os.environ.get("PYTHONPATH", "")]),
+               OPENBLAS_NUM_THREADS="1", GGMLOPT_NUM_THREADS="1")
+    cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(TESTS, "mpi", "interrupt_rank1.py"),
+           *_command(files, files / "x.gguf", "--mpi", "--checkpoint", str(files / "c.npz"))]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env,
+                              check=False)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"rank 0 waits for ever for the interrupted rank 1: {e.stderr}")
+    assert proc.returncode != 0
+    assert "finetune: interrupted" in proc.stderr
+    assert not (files / "x.gguf").exists()
