@@ -139,7 +139,12 @@ def parser() -> argparse.ArgumentParser:
                         "(default f16); with --keep-types the weights kept in the base "
                         "file's types stay in them")
     p.add_argument("--plot", help="the loss curves as an image (matplotlib)")
-    p.add_argument("--silent", action="store_true", help="no progress bars")
+    p.add_argument("--silent", action="store_true",
+                   help="no progress bars and no summary lines (errors are still said)")
+    p.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                   help="bf16: multiply float32 weights and activations as bfloat16, "
+                        "accumulating in float32 (fit's precision='bf16'; float32 with a "
+                        "warning on a CPU without bf16 products); default f32")
     p.add_argument("--mpi", action="store_true",
                    help="train data-parallel over the MPI ranks this runs as (mpiexec -n P "
                         "python -m ggmlopt.finetune ... --mpi; needs mpi4py): each rank takes "
@@ -502,16 +507,16 @@ def _run_info(args, train, model) -> dict:
     the seed, the schedule): the model file, the data, the LoRA and optimizer
     options; a --resume that differs in one is refused naming it."""
     import hashlib
-    model = hashlib.blake2b(digest_size=8)
+    model_digest = hashlib.blake2b(digest_size=8)
     files = [args.model] if os.path.isfile(args.model) else sorted(
         os.path.join(args.model, n) for n in os.listdir(args.model)
         if n.endswith(".safetensors") or n == "config.json")
     for path in files:
-        _digest_file(path, model)   # the bytes, whatever the file is called
+        _digest_file(path, model_digest)   # the bytes, whatever the file is called
     data = hashlib.blake2b(digest_size=8)
     data.update(np.ascontiguousarray(train.data).tobytes())
     data.update(np.ascontiguousarray(train.labels).tobytes())
-    info = {"--model": model.hexdigest(), "--data": data.hexdigest(),
+    info = {"--model": model_digest.hexdigest(), "--data": data.hexdigest(),
             "--keep-types": bool(args.keep_types), "-lr": float(args.lr),
             "-wd": float(args.weight_decay), "-opt": args.optimizer,
             "--max-grad-norm": "none" if args.max_grad_norm is None
@@ -657,6 +662,7 @@ def main(argv=None) -> int:
                              nepoch=nepoch, nbatch_logical=args.batch,
                              nbatch_physical=args.micro_batch, val_split=args.val_split,
                              silent=args.silent, optimizer=args.optimizer, seed=args.seed,
+                             precision=args.precision,
                              checkpoint=args.checkpoint, resume=args.resume,
                              max_steps=args.max_steps, eval_every=args.eval_every,
                              clip_grad_norm=args.max_grad_norm,
@@ -690,8 +696,9 @@ def main(argv=None) -> int:
         save_gguf_lora(model, args.out)
     if args.peft_out:
         from .io import save_peft
-        # PEFT loads its base by this name: a checkpoint's directory, not a GGUF file
-        save_peft(model, args.peft_out, base_model_name_or_path=args.model
+        # PEFT loads its base by this name: a checkpoint's directory (absolute: found
+        # from wherever the adapter is loaded), not a GGUF file
+        save_peft(model, args.peft_out, base_model_name_or_path=os.path.abspath(args.model)
                   if os.path.isdir(args.model) else None)
     if args.merge_out:
         if not args.full:

@@ -83,7 +83,10 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     no logical batch is left to train (History.ndata_train / ndata_val say what
     was used).  The dataset is
     shuffled once (when nbatch_logical < ndata) and its training part every epoch
-    (when nbatch_logical < the training datapoints).  get_opt_pars(epoch) receives
+    (when nbatch_logical < the training datapoints), in place, as ggml_opt_fit
+    shuffles its dataset: a second fit over the same Dataset starts from the
+    order the first left (the same seed gives another run; build the Dataset
+    again, or save a checkpoint, to repeat one).  get_opt_pars(epoch) receives
     the 1-based epoch (a get_opt_pars whose ``unit`` is "step" gets the context).
     Unless silent, progress goes to stderr.  Returns a History.
 

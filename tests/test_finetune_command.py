@@ -4,6 +4,7 @@ llama-finetune's flag names, and every bad argument refused before training."""
 import json
 import os
 import re
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -659,3 +660,24 @@ def test_keep_types_trains_adapters_over_a_hugging_face_checkpoint(files, capsys
     err = capsys.readouterr().err
     assert "--keep-types: reads" in err and "drop --keep-types" in err
     assert not (files / "peft2").exists()
+
+
+def test_precision_is_fits_and_a_peft_base_is_named_from_anywhere(files, monkeypatch):
+    # --precision reaches fit; the PEFT adapter names its checkpoint base by an
+    # absolute path (a relative one is lost once the adapter is loaded elsewhere)
+    seen = []
+    fit = go.fit
+    monkeypatch.setattr(go, "fit", lambda *a, **kw: seen.append(kw["precision"])
+                        or fit(*a, **kw))
+    go.io.save_hf(Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2,
+                                    max_seq_len=128), seed=0), files / "hf",
+                  tokenizer=ByteTokenizer(chat_template=CHATML))
+    monkeypatch.chdir(files)
+    base = ["-m", "hf", "--data", "train.jsonl", "-c", "96", "--batch", "5", "--epochs", "1",
+            "--silent"]
+    assert finetune.main(base + ["--peft-out", "peft"]) == 0
+    with pytest.warns(UserWarning) if not go.gemm.bf16_support()[0] else nullcontext():
+        assert finetune.main(base + ["--out", "a.gguf", "--precision", "bf16"]) == 0
+    assert seen == ["f32", "bf16"]
+    with open(files / "peft" / "adapter_config.json") as f:
+        assert json.load(f)["base_model_name_or_path"] == str(files / "hf")
