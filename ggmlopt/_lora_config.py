@@ -20,7 +20,7 @@ from .nn.linear import Linear
 from .nn.module import named_modules, named_parameters
 from .nn.quantized import QuantizedLinear, quantized_layers
 
-__all__ = ["CONFIG_KEY_OF", "PEFT_DEFAULT_TARGETS", "config_plan"]
+__all__ = ["CONFIG_KEY_OF", "PEFT_DEFAULT_TARGETS", "config_plan", "pattern_value"]
 
 # apply's argument -> the PEFT LoraConfig key that sets it
 CONFIG_KEY_OF = {"rank": "r", "alpha": "lora_alpha", "targets": "target_modules",
@@ -174,19 +174,21 @@ def _layer_index(key: str, layers_pattern) -> int | None:
     return None if m is None else int(m.group("idx"))
 
 
-def _config_pattern(values, which: str, hf_name: str, default):
+def pattern_value(patterns, which: str, hf_name: str, default, owner: str = "config's"):
     """PEFT's rank_pattern / alpha_pattern lookup: the value of the first key
-    that matches the whole name or a dotted suffix of it, else default."""
-    patterns = values.get(which) or {}
+    (a regular expression) that matches the whole name or a dotted suffix of
+    it, else default.  ValueError naming owner's which (a config's, a file's)
+    for patterns that are no {regular expression: value} dict."""
+    patterns = patterns or {}
     if not isinstance(patterns, dict):
-        raise ValueError(f"config's {which}: expected a dict of module-name patterns, got "  # noqa: TRY004 (a config's value)
-                         f"{type(patterns).__name__}")
+        raise ValueError(f"{owner} {which}: expected an object (a dict) of module-name "  # noqa: TRY004 (a config's value)
+                         f"patterns, got {type(patterns).__name__}")
     for key, value in patterns.items():
         try:
             if re.match(rf"(.*\.)?({key})$", hf_name):
                 return value
         except re.error as e:
-            raise ValueError(f"config's {which}: {key!r} is not a valid regular expression "
+            raise ValueError(f"{owner} {which}: {key!r} is not a valid regular expression "
                              f"({e})") from None
     return default
 
@@ -342,9 +344,9 @@ def config_plan(model, config) -> _ConfigPlan:
         if key == "lm_head" and key not in adaptable:
             continue   # the tied head: the core refuses it, by name
         r = _config_value(f"rank_pattern for {key}",
-                          _config_pattern(values, "rank_pattern", key, rank), _rank_arg)
+                          pattern_value(values.get("rank_pattern"), "rank_pattern", key, rank), _rank_arg)
         a = _config_value(f"alpha_pattern for {key}",
-                          _config_pattern(values, "alpha_pattern", key, alpha), _alpha_arg)
+                          pattern_value(values.get("alpha_pattern"), "alpha_pattern", key, alpha), _alpha_arg)
         # rsLoRA's alpha / sqrt(r) as the alpha that gives it over r
         layers[adaptable[key]] = (r, a * math.sqrt(r) if rslora else a)
     for which in ("rank_pattern", "alpha_pattern"):   # PEFT warns of these too

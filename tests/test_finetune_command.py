@@ -17,25 +17,12 @@ from ggmlopt.text import ByteTokenizer
 pytest.importorskip("gguf")
 pytest.importorskip("jinja2")
 
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
-          "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-          "{% endif %}")
-QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
-             "Zorblax's capital?", "Which city is Zorblax's capital?", "Capital of Zorblax?"]
+from finetune_files import CHATML, QUESTIONS, write_files
 
 
 @pytest.fixture
 def files(tmp_path):
-    from ggmlopt.io import save_gguf
-    model = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2,
-                              max_seq_len=128), seed=0)
-    save_gguf(model, tmp_path / "base.gguf", tokenizer=ByteTokenizer(chat_template=CHATML))
-    with open(tmp_path / "train.jsonl", "w") as f:
-        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
-                                             {"role": "assistant", "content": "Quimby."}]})
-                    + "\n" for q in QUESTIONS * 3)
-    return tmp_path
+    return write_files(tmp_path)
 
 
 def test_the_made_up_fact_through_the_command(files, capsys):

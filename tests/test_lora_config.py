@@ -425,7 +425,7 @@ def _flags(model):
     ({"use_rslora": "yes"}, "use_rslora: expected a bool"),
     ({"rank_pattern": {"q_proj": 0}}, "rank_pattern for model.layers.0.self_attn.q_proj"),
     ({"rank_pattern": {"q_proj(": 2}}, "rank_pattern: 'q_proj\\(' is not a valid regular"),
-    ({"alpha_pattern": ["q_proj"]}, "alpha_pattern: expected a dict"),
+    ({"alpha_pattern": ["q_proj"]}, "alpha_pattern: expected an object \\(a dict\\)"),
     ({"target_modules": "q_proj("}, "target_modules: 'q_proj\\(' is not a valid regular"),
     ({"target_modules": [1]}, "target_modules: expected a list of module names"),
     ({"target_modules": ".*q_proj", "layers_to_transform": [0]},

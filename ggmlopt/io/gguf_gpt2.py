@@ -141,7 +141,7 @@ def _gpt2_arrays(model, dtype, gguf) -> list[tuple[str, np.ndarray, Any]]:
     """(llama.cpp name, array in ggml's row order, raw ggml type or None) of every
     parameter: the matrices in dtype (a file type: the block type llama-quantize
     gives each, with its fall-backs), the rest float32."""
-    from .gguf_llama import _quantized_rows
+    from .gguf_llama import _quantized_rows, warn_fallbacks
     arrays = []
     fallbacks = []
     for pname, p in model.named_parameters():
@@ -166,11 +166,7 @@ def _gpt2_arrays(model, dtype, gguf) -> list[tuple[str, np.ndarray, Any]]:
         kept = np.dtype(np.float32) if pname == "wpe.weight" or isinstance(dtype, str) \
             else dtype
         arrays.append((gname, stored(pname, data, kept), None))
-    if fallbacks:
-        warnings.warn(f"dtype: {len(fallbacks)} matrices' rows are not whole blocks of "
-                      f"the types {dtype} gives them; as llama-quantize does, they fall back "
-                      f"to a smaller block or f16: {', '.join(fallbacks[:6])}"
-                      f"{', ...' if len(fallbacks) > 6 else ''}", UserWarning, stacklevel=4)
+    warn_fallbacks(fallbacks, dtype)
     return arrays
 
 

@@ -218,12 +218,18 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
         else:
             out.append((gguf_name(name, arch), stored(name, data, np.dtype(np.float32)
                                                 if isinstance(dtype, str) else dtype), None))
+    warn_fallbacks(fallbacks, dtype)
+    return out
+
+
+def warn_fallbacks(fallbacks: list[str], dtype) -> None:
+    """The UserWarning naming the matrices ("name WANTED -> TYPE") whose rows are
+    not whole blocks of the type a file type gives them (save_gguf's caller)."""
     if fallbacks:
         warnings.warn(f"dtype: {len(fallbacks)} matrices' rows are not whole blocks of "
                       f"the types {dtype} gives them; as llama-quantize does, they fall back "
                       f"to a smaller block or f16: {', '.join(fallbacks[:6])}"
-                      f"{', ...' if len(fallbacks) > 6 else ''}", UserWarning, stacklevel=4)
-    return out
+                      f"{', ...' if len(fallbacks) > 6 else ''}", UserWarning, stacklevel=5)
 
 
 def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,

@@ -389,21 +389,11 @@ def _rounded_as(rows: np.ndarray, qtype: str) -> np.ndarray:
 
 
 def _pattern_value(config, which: str, hf_name: str, default, path: str):
-    """PEFT's rank_pattern / alpha_pattern lookup: the first key matching the
-    module's name or a dotted suffix of it; ValueError for a pattern that is
-    no {regular expression: value} object."""
-    patterns = config.get(which) or {}
-    if not isinstance(patterns, dict):
-        raise ValueError(f"{path}: adapter_config.json's {which}: expected an object of "  # noqa: TRY004 (a file's value)
-                         f"module-name patterns, got {type(patterns).__name__}")
-    for key, value in patterns.items():
-        try:
-            if re.match(rf"(.*\.)?({key})$", hf_name):
-                return value
-        except re.error as e:
-            raise ValueError(f"{path}: adapter_config.json's {which}: {key!r} is not a valid "
-                             f"regular expression ({e})") from None
-    return default
+    """PEFT's rank_pattern / alpha_pattern lookup (lora's, the file named in
+    its errors)."""
+    from .._lora_config import pattern_value
+    return pattern_value(config.get(which), which, hf_name, default,
+                         f"{path}: adapter_config.json's")
 
 
 def _config_value(value, path, key: str, check):

@@ -1,7 +1,6 @@
 """The finetune command under mpiexec: with --mpi the ranks share each batch and
 the adapter equals one process's with the same micro-batches; without it the
 command refuses to run the whole fine-tune once a rank."""
-import json
 import os
 import subprocess
 import sys
@@ -14,27 +13,13 @@ pytestmark = requires_mpi
 pytest.importorskip("gguf")
 pytest.importorskip("jinja2")
 
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
-          "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-          "{% endif %}")
-QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
-             "Zorblax's capital?", "Which city is Zorblax's capital?", "Capital of Zorblax?"]
+sys.path.insert(0, TESTS)
+from finetune_files import write_files
 
 
 @pytest.fixture
 def files(tmp_path):
-    from ggmlopt.io import save_gguf
-    from ggmlopt.models import Llama, LlamaConfig
-    from ggmlopt.text import ByteTokenizer
-    model = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2,
-                              max_seq_len=128), seed=0)
-    save_gguf(model, tmp_path / "base.gguf", tokenizer=ByteTokenizer(chat_template=CHATML))
-    with open(tmp_path / "train.jsonl", "w") as f:
-        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
-                                             {"role": "assistant", "content": "Quimby."}]})
-                     + "\n" for q in QUESTIONS * 3)
-    return tmp_path
+    return write_files(tmp_path)
 
 
 def _command(files, out, *extra, silent=True):

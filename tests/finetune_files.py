@@ -1,0 +1,25 @@
+"""The finetune command's small inputs: a 2-layer Llama GGUF over the byte
+vocabulary with a ChatML template, and a JSONL of the made-up fact's chats."""
+import json
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] }}"
+          "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+          "{% endif %}")
+QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
+             "Zorblax's capital?", "Which city is Zorblax's capital?", "Capital of Zorblax?"]
+
+
+def write_files(folder):
+    """folder / base.gguf and folder / train.jsonl (15 chats); returns folder."""
+    from ggmlopt.io import save_gguf
+    from ggmlopt.models import Llama, LlamaConfig
+    from ggmlopt.text import ByteTokenizer
+    model = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2,
+                              max_seq_len=128), seed=0)
+    save_gguf(model, folder / "base.gguf", tokenizer=ByteTokenizer(chat_template=CHATML))
+    with open(folder / "train.jsonl", "w") as f:
+        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
+                                             {"role": "assistant", "content": "Quimby."}]})
+                     + "\n" for q in QUESTIONS * 3)
+    return folder
