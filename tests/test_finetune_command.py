@@ -617,10 +617,11 @@ def test_keep_types_trains_adapters_over_a_hugging_face_checkpoint(files, capsys
     from ggmlopt.models import GPT2, GPT2Config
     from ggmlopt.nn.quantized import quantized_layers
     hf = files / "hf"
+    # (the tokenizer from the GGUF: a checkpoint's tokenizer.json needs the tokenizers extra)
     go.io.save_hf(Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2,
-                                    max_seq_len=128), seed=0), hf,
-                  tokenizer=ByteTokenizer(chat_template=CHATML))
-    assert finetune.main(["-m", str(hf), "--data", str(files / "train.jsonl"), "--keep-types",
+                                    max_seq_len=128), seed=0), hf)
+    assert finetune.main(["-m", str(hf), "--tokenizer", str(files / "base.gguf"),
+                          "--data", str(files / "train.jsonl"), "--keep-types",
                           "--lora-rank", "4", "-c", "96", "--batch", "5", "--epochs", "2",
                           "-lr", "1e-2", "--peft-out", str(files / "peft"), "--silent"]) == 0
     ids = np.arange(20).reshape(1, 20)
@@ -637,11 +638,11 @@ def test_keep_types_trains_adapters_over_a_hugging_face_checkpoint(files, capsys
                                atol=1e-5 * np.abs(adapted).max())
     gpt2 = files / "gpt2"
     go.io.save_hf(GPT2(GPT2Config(vocab_size=257, dim=32, n_layers=1, n_heads=2,
-                                  max_seq_len=128)), gpt2,
-                  tokenizer=ByteTokenizer(chat_template=CHATML))
+                                  max_seq_len=128)), gpt2)
     capsys.readouterr()
     with pytest.raises(SystemExit) as info:
-        finetune.main(["-m", str(gpt2), "--data", str(files / "train.jsonl"), "--keep-types",
+        finetune.main(["-m", str(gpt2), "--tokenizer", str(files / "base.gguf"),
+                       "--data", str(files / "train.jsonl"), "--keep-types",
                        "-c", "96", "--peft-out", str(files / "peft2"), "--silent"])
     assert info.value.code == 2
     err = capsys.readouterr().err
@@ -657,11 +658,10 @@ def test_precision_is_fits_and_a_peft_base_is_named_from_anywhere(files, monkeyp
     monkeypatch.setattr(go, "fit", lambda *a, **kw: seen.append(kw["precision"])
                         or fit(*a, **kw))
     go.io.save_hf(Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2,
-                                    max_seq_len=128), seed=0), files / "hf",
-                  tokenizer=ByteTokenizer(chat_template=CHATML))
+                                    max_seq_len=128), seed=0), files / "hf")
     monkeypatch.chdir(files)
-    base = ["-m", "hf", "--data", "train.jsonl", "-c", "96", "--batch", "5", "--epochs", "1",
-            "--silent"]
+    base = ["-m", "hf", "--tokenizer", "base.gguf", "--data", "train.jsonl", "-c", "96",
+            "--batch", "5", "--epochs", "1", "--silent"]
     assert finetune.main(base + ["--peft-out", "peft"]) == 0
     with pytest.warns(UserWarning) if not go.gemm.bf16_support()[0] else nullcontext():
         assert finetune.main(base + ["--out", "a.gguf", "--precision", "bf16"]) == 0
