@@ -130,6 +130,16 @@ class RankFailed(RuntimeError):
     """Raised on every rank when another rank failed: training stops everywhere."""
 
 
+def _check_arguments(bucket_cap_mb, shard_optimizer):
+    """Distributed's own arguments checked: the bucket size (returned as
+    check_bucket_cap_mb gives it) and shard_optimizer a bool."""
+    bucket_cap_mb = check_bucket_cap_mb(bucket_cap_mb)
+    if not isinstance(shard_optimizer, bool):
+        raise TypeError(f"shard_optimizer: expected a bool, got "
+                        f"{type(shard_optimizer).__name__}")
+    return bucket_cap_mb
+
+
 class Distributed:
     """The collectives of one context over comm (see the module docstring); the
     context's GradientExchange (ggmlopt.context) over many processes.
@@ -142,10 +152,7 @@ class Distributed:
 
     def __init__(self, comm, shard_optimizer=False, bucket_cap_mb=DEFAULT_BUCKET_CAP_MB):
         if comm is None:
-            check_bucket_cap_mb(bucket_cap_mb)
-            if not isinstance(shard_optimizer, bool):
-                raise TypeError(f"shard_optimizer: expected a bool, got "
-                                f"{type(shard_optimizer).__name__}")
+            _check_arguments(bucket_cap_mb, shard_optimizer)
             raise ValueError("shard_optimizer: needs comm= (an mpi4py communicator); without "
                              "one there is nothing to shard over")
         missing = [m for m in _COMM_METHODS if not callable(getattr(comm, m, None))]
@@ -163,10 +170,7 @@ class Distributed:
         # a bad argument on one rank only: the others hear of it at their next
         # agreement instead of waiting there for this rank
         with self.reporting("OptContext"):
-            bucket_cap_mb = check_bucket_cap_mb(bucket_cap_mb)
-            if not isinstance(shard_optimizer, bool):
-                raise TypeError(f"shard_optimizer: expected a bool, got "
-                                f"{type(shard_optimizer).__name__}")
+            bucket_cap_mb = _check_arguments(bucket_cap_mb, shard_optimizer)
         self.shard = shard_optimizer
         self.parts = False  # fit(dataset_is_part=True): each rank's dataset is its own part
         # filled by attach()

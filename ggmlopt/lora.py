@@ -681,6 +681,7 @@ class _Default:
 _RANK, _ALPHA, _TARGETS = _Default(8), _Default(16.0), _Default(None)
 _DROPOUT, _TRAINABLE, _USE_RSLORA = _Default(0.0), _Default(()), _Default(False)
 
+
 def apply(model, rank=_RANK, alpha=_ALPHA, targets=_TARGETS, dropout=_DROPOUT, seed=0,
           trainable=_TRAINABLE, use_rslora=_USE_RSLORA, *, config=None):
     """Wrap model's Linear layers named in targets in LoRALinear adapters, in place,
