@@ -48,13 +48,23 @@
     trainable_names   str    the dotted names of the nparams parameters in the state,
                              a JSON list (``parameters()[i]`` where the model names
                              none); optional on load (older files lack it)
+    model_info        str    what the trainable parameters' names and shapes leave
+                             open, per layer (an adapter's rank, alpha and dropout, the
+                             type a frozen base is kept in: checkpoint.model_info), a
+                             JSON object; optional on load (older files lack it)
+    frozen_digest     str    a digest of the frozen weights (frozen parameters, layers
+                             kept in their file's types), sampled (frozen_digest);
+                             optional on load (older files lack it)
 
 Only the trainable parameters are in the state (``nparams`` of them, in the
 context's order): a frozen parameter is part of the model, not of its training.
 A state loads only into a model with the same frozen/trainable split and the
 same parameter names (adapters on the same layers: over a frozen base kept in its
 file's types, adapters on k_proj have the shapes of those on v_proj); a
-different one raises ValueError naming the first parameter that differs.
+different one raises ValueError naming the first parameter that differs.  Nor
+does it load into a model whose adapters have another alpha or dropout, whose
+kept layers other types (model_info), or whose frozen weights differ
+(frozen_digest: a resume over another base file is refused).
 
 ``load_state_dict(sd)`` checks every name (none missing, none extra), every
 dtype (ints, floats, strings, float32 arrays) and shape, the format version and
@@ -80,6 +90,7 @@ reached in it and its training statistics, and fit's evaluations every N steps.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -106,9 +117,9 @@ if TYPE_CHECKING:
     from .context import OptContext
     from .dataset import Dataset
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "FitProgress", "context_state_dict",
-           "fit_seed_id", "load_context", "load_context_state_dict", "load_state", "parameter_names",
-           "save_state"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "FitProgress", "check_model",
+           "context_state_dict", "fit_seed_id", "frozen_digest", "load_context",
+           "load_context_state_dict", "load_state", "parameter_names", "save_state"]
 
 FORMAT = "ggmlopt.OptContext"
 FORMAT_VERSION = 1
@@ -143,8 +154,9 @@ _INT_KEYS = frozenset(_SETTING_KEYS + _FIT_INT_KEYS + _FIT_RUN_KEYS + _OPTIONAL_
 _STR_KEYS = frozenset(("format", "rng_state", "optimizer_name"))
 # strings a state may hold or lack: the ranks' own generators (ggmlopt.rank_rng),
 # the precision asked for and the one that ran (files written before bf16 lack
-# both, before the second the second)
-_OPTIONAL_STR_KEYS = ("rank_rng_states", "precision", "precision_run", "trainable_names")
+# both, before the second the second), the model's layers and frozen weights
+_OPTIONAL_STR_KEYS = ("rank_rng_states", "precision", "precision_run", "trainable_names",
+                      "model_info", "frozen_digest")
 # the fields of training.EpochStats (10 before blas_threads, 11 before exchange_wait_s)
 HISTORY_COLUMNS = 12
 EVAL_COLUMNS = 7      # the fields of training.EvalStats
@@ -335,6 +347,12 @@ def _check_split(sd, layout):
         raise ValueError(f"state_dict['trainable']: the state is of a model with {len(saved)} "
                          f"parameters ({sum(saved)} trainable), this model has {len(mine)} "
                          f"({sum(mine)} trainable)")
+    if "trainable_names" in sd and sum(saved) == sum(mine) and \
+            _get_str(sd, "trainable_names") != json.dumps(
+                [n for n, t in zip(layout.names, saved) if t]):
+        # not another split of these parameters but other parameters (adapters on
+        # other layers): their names say which
+        _check_names(sd, layout)
     i = next(i for i, (a, b) in enumerate(zip(saved, mine)) if a != b)
     state = "trainable" if saved[i] else "frozen"
     here = "trainable" if mine[i] else "frozen (requires_grad=False)"
@@ -519,6 +537,8 @@ def context_state_dict(ctx: OptContext) -> dict[str, Any]:
     sd["precision"] = lay.precision
     sd["precision_run"] = lay.precision_run
     sd["trainable_names"] = json.dumps([n for n, t in zip(lay.names, lay.trainable) if t])
+    sd["model_info"] = json.dumps(model_info(ctx.model), sort_keys=True)
+    sd["frozen_digest"] = frozen_digest(ctx.model, ctx.frozen_parameters())
     return sd
 
 
@@ -548,6 +568,7 @@ def load_context_state_dict(ctx: OptContext, sd: Mapping[str, Any]) -> None:
                            "call eval() first")
     lay = _Layout.of(ctx)
     (it, opt_i, last), in_force, rng_state = _validate(sd, lay)
+    check_model(sd, ctx.model, ctx.frozen_parameters())
     dist = ctx.distributed
     rank_states = None
     if dist is not None and "rank_rng_states" in sd:
@@ -590,7 +611,7 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
     (optimizer: None, or the optimizer the checkpoint was saved with; needed for
     one defined outside ggmlopt)."""
     sd = load_state(path)
-    ctx_sd, _ = split_fit_entries(sd)
+    ctx_sd, fit_sd = split_fit_entries(sd)
     try:
         _check_format(ctx_sd)
         settings = {k: _get_int(ctx_sd, k) for k in _SETTING_KEYS if k in ctx_sd}
@@ -647,6 +668,9 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
                              f"(param.{i})")
     try:
         _validate(ctx_sd, lay)
+        if _FIT_MODEL in fit_sd:   # written by fit (before the state had model_info)
+            _check_model_info(fit_sd, _FIT_MODEL, model_info(model))
+        check_model(ctx_sd, model, [p for p, t in zip(params, trainable) if not t])
     except (ValueError, TypeError) as e:
         raise type(e)(f"model or checkpoint {os.fspath(path)!r} do not match: {e}") from None
 
@@ -850,11 +874,12 @@ class FitCheckpoint:
         return os.path.exists(self.path)
 
     def read(self, dataset: Dataset, nepoch: int, layout_args: tuple[Any, ...],
-             steps_per_epoch: int | None = None) -> FitProgress:
+             steps_per_epoch: int | None = None, model: Any = None,
+             frozen: list[Any] | None = None) -> FitProgress:
         """The checkpoint checked whole against this fit (its configuration, the
         dataset, and the context it will build: layout_args are _Layout's
-        arguments; steps_per_epoch bounds fit.step) before fit touches the
-        model."""
+        arguments; steps_per_epoch bounds fit.step; model and its frozen
+        parameters, for check_model) before fit touches the model."""
         sd = load_state(self.path)
         ctx_sd, fit_sd = split_fit_entries(sd)
         where = f"checkpoint: {self.path!r}"
@@ -895,6 +920,8 @@ class FitCheckpoint:
         try:
             # after the parameters' names and shapes, which say more where they differ
             self._check_model_info(fit_sd)
+            if model is not None:
+                check_model(ctx_sd, model, frozen or [])
             self._check_run(fit_sd, ("fit.seed",))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
@@ -960,14 +987,8 @@ class FitCheckpoint:
         """Refuse a checkpoint of a model whose layers differ from this one's where
         the parameters' names and shapes do not tell (a checkpoint written before
         fit recorded it is not checked)."""
-        if _FIT_MODEL not in fit_sd:
-            return
-        saved = _json_object(fit_sd, _FIT_MODEL)
-        for name in sorted(set(saved) | set(self.model_info)):
-            was, now = saved.get(name, "float32"), self.model_info.get(name, "float32")
-            if was != now:
-                raise ValueError(f"{_FIT_MODEL}: the checkpoint's model has {name}: {was}, "
-                                 f"this model has {now}; resume the same model")
+        if _FIT_MODEL in fit_sd:
+            _check_model_info(fit_sd, _FIT_MODEL, self.model_info)
 
     def save(self, ctx: OptContext, dataset: Dataset, epoch: int,
              history_rows: list[tuple[float, ...]], step: int = 0,
@@ -1011,6 +1032,71 @@ def _json_object(fit_sd: Mapping[str, Any], key: str) -> dict[str, Any]:
     if not isinstance(saved, dict):
         raise ValueError(f"{key}: not a JSON object")  # noqa: TRY004 (a file's value)
     return saved
+
+
+def _check_model_info(sd: Mapping[str, Any], key: str, info: Mapping[str, str],
+                      where: str | None = None) -> None:
+    """Refuse a state whose entry key (a model_info as JSON) differs from info
+    (where: the entry's name in the message, default key)."""
+    saved = _json_object(sd, key)
+    for name in sorted(set(saved) | set(info)):
+        was, now = saved.get(name, "float32"), info.get(name, "float32")
+        if was != now:
+            raise ValueError(f"{where or key}: the checkpoint's model has {name}: {was}, this "
+                             f"model has {now}; resume the same model")
+
+
+def check_model(sd: Mapping[str, Any], model: Any, frozen: Iterable[Any]) -> None:
+    """Refuse a state of a model that differs from model where the trainable
+    parameters' names and shapes do not tell: its layers (the state's
+    model_info) and its frozen weights (frozen: model's frozen parameters;
+    the state's frozen_digest).  A state without these entries (written before
+    them) is not checked."""
+    if "model_info" in sd:
+        _check_model_info(sd, "model_info", model_info(model), "state_dict['model_info']")
+    if "frozen_digest" in sd:
+        saved, now = _get_str(sd, "frozen_digest"), frozen_digest(model, frozen)
+        if saved != now:
+            raise ValueError(f"state_dict['frozen_digest']: the state was trained over other "
+                             f"frozen weights than this model's (digest {saved}, this model "
+                             f"{now}): another base model file, or another seed; resume over "
+                             "the base the run started from")
+
+
+# the stretches of an array frozen_digest reads: a few pages of a memory-mapped base
+_DIGEST_STRETCH, _DIGEST_STRETCHES = 4096, 16
+
+
+def _digest_array(h: Any, a: np.ndarray) -> None:
+    """Feed h a's dtype, shape and bytes: all of them, or 16 stretches of 4 KiB
+    spread over them (the first and last among them)."""
+    h.update(f"{a.dtype.str}{a.shape};".encode())
+    raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    size, chunk, count = raw.size, _DIGEST_STRETCH, _DIGEST_STRETCHES
+    if size <= chunk * count:
+        h.update(raw)
+        return
+    for i in range(count):
+        at = (size - chunk) * i // (count - 1)
+        h.update(raw[at:at + chunk])
+
+
+def frozen_digest(model: Any, frozen: Iterable[Any]) -> str:
+    """A digest (16 hex digits) of what trains nowhere in model: its frozen
+    parameters (frozen, in order) and the weights of its layers kept in their
+    file's types (a QLoRA base), each array sampled (_digest_array: a base of
+    gigabytes in milliseconds; any two trained weights differ everywhere)."""
+    from .nn.module import modules
+    h = hashlib.blake2b(digest_size=8)
+    for p in frozen:
+        _digest_array(h, p.data)
+    for m in modules(model):
+        # an adapter's base layer is its own (not a sub-module): reached through it
+        for layer in (m, getattr(m, "_base", None)):
+            qweight = getattr(layer, "qweight", None)
+            if isinstance(qweight, np.ndarray):
+                _digest_array(h, qweight)
+    return h.hexdigest()
 
 
 def model_info(model) -> dict[str, str]:

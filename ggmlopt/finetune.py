@@ -677,7 +677,7 @@ def main(argv=None) -> int:
         p.error(_in_options(str(e)))
     except KeyboardInterrupt:
         saved = f"; {args.checkpoint} holds the last state saved (run again with --resume " \
-                "to go on)" if os.path.exists(args.checkpoint) else ""
+                "to go on)" if args.checkpoint and os.path.exists(args.checkpoint) else ""
         print(f"finetune: interrupted{saved}", file=sys.stderr)
         if comm is not None and comm.Get_size() > 1:
             # another rank may wait for this one in a collective it will never join

@@ -106,8 +106,9 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     keys only one side has are not compared.  With comm, give every rank the
     same run_info (rank 0 writes its own, and every rank compares with it).
     The checkpoint also records each LoRA adapter's rank, alpha and dropout and
-    the type each frozen layer is kept in (checkpoint.model_info): a resume
-    into a model that differs there is refused too.
+    the type each frozen layer is kept in (checkpoint.model_info), and a digest
+    of the frozen weights (checkpoint.frozen_digest: another base file): a
+    resume into a model that differs there is refused too.
 
     The model's ``training`` flag follows each eval (see ggmlopt.nn.module); fit
     leaves it in eval mode (training False) on every exit, also when it raises or
@@ -358,7 +359,8 @@ def _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer, pre
                                                 plan.opt_period, shapes, bit_generator,
                                                 trainable, parameter_names(model, params),
                                                 precision),
-                         plan.steps_per_epoch)
+                         plan.steps_per_epoch, model,
+                         [p for p, t in zip(params, trainable) if not t])
     trained = progress.epochs_done * plan.steps_per_epoch + progress.step
     if trained > plan.total_steps:
         raise ValueError(f"max_steps: the checkpoint {ckpt.path!r} has already trained "
