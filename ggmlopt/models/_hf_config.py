@@ -104,12 +104,13 @@ def no_sliding_window(hf: Mapping[str, Any], *, window_default: int | None = 409
 
 
 def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False, *,
-                 max_len: int = 2048, theta: float = 10000.0,
-                 eps: float = 1e-6) -> dict[str, Any]:
+                 max_len: int = 2048, theta: float = 10000.0, eps: float = 1e-6,
+                 kv_heads: int | None = None) -> dict[str, Any]:
     """The LlamaConfig fields of a Llama-layout config; head_dim_given: the
     family reads head_dim itself (Qwen3), else it must be hidden_size //
-    num_attention_heads.  max_len, theta, eps: the family's transformers
-    defaults where the file says nothing."""
+    num_attention_heads.  max_len, theta, eps, kv_heads: the family's
+    transformers defaults where the file says nothing (kv_heads None: one
+    key/value head per query head)."""
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act: only silu (Llama's SwiGLU) is supported, got {act!r}")
@@ -143,7 +144,7 @@ def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False
     max_len = hf.get("max_position_embeddings", max_len)
     scaling = RopeScaling.from_hf(params or legacy, max_len)
     return {"vocab_size": hf["vocab_size"], "dim": dim, "n_layers": hf["num_hidden_layers"],
-            "n_heads": heads, "n_kv_heads": hf.get("num_key_value_heads"),
+            "n_heads": heads, "n_kv_heads": hf.get("num_key_value_heads", kv_heads),
             "ffn_dim": hf["intermediate_size"], "max_seq_len": max_len,
             "norm_eps": float(hf.get("rms_norm_eps", eps)), "rope_base": float(theta),
             "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),

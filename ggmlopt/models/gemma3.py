@@ -358,7 +358,7 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
                          f"{sorted(set(types))}")
     return Gemma3Config(
         vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=n_layers,
-        n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads"),
+        n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads", 4),
         ffn_dim=hf["intermediate_size"], max_seq_len=max_len,
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_base=float(theta),
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)), rope_scaling=scaling,

@@ -73,12 +73,14 @@ class Mistral(Llama):
 # ---- the family: a Mistral is llama.cpp's llama when it has no active window ---------
 
 # Mistral's config.json: Llama's keys without the biases and pretraining_tp, with its window
-_HF_KEYS = (LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) | {"sliding_window"}
+# attention_bias and mlp_bias: transformers' Mistral never reads them (no layer of
+# its has a bias), so they change nothing; a file with biases is refused by its tensors
+_HF_KEYS = (LLAMA_KEYS - {"pretraining_tp"}) | {"sliding_window"}
 
 
 def _from_hf(hf: Mapping[str, Any], where: str) -> MistralConfig:
     check_keys(hf, _HF_KEYS, "mistral")
-    fields = llama_fields(hf, where, head_dim_given=True, max_len=131072)
+    fields = llama_fields(hf, where, head_dim_given=True, max_len=131072, kv_heads=8)
     # MistralConfig's default window is 4096: a config without the key has it
     window = hf.get("sliding_window", 4096)
     return MistralConfig(**fields, head_dim=hf.get("head_dim"), sliding_window=window)

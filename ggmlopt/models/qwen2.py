@@ -53,18 +53,24 @@ class Qwen2(Llama):
 
 # ---- the family: its Hugging Face config and llama.cpp's qwen2 architecture ----------
 
-# Qwen2's config.json: Llama's keys but the biases (fixed: q, k, v), plus its sliding
-# window (refused when used) and the layer types it implies
-HF_KEYS = (LLAMA_KEYS - {"attention_bias", "mlp_bias", "pretraining_tp"}) | {
+# Qwen2's config.json: Llama's keys, plus its sliding window (refused when used) and
+# the layer types it implies.  Its biases are fixed (q, k, v): transformers' Qwen2
+# never reads attention_bias or mlp_bias, so whatever they say changes nothing
+HF_KEYS = (LLAMA_KEYS - {"pretraining_tp"}) | {
     "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
 }
 
 
 def _from_hf(hf: Mapping[str, Any], where: str) -> Qwen2Config:
-    check_keys(hf, HF_KEYS, "qwen2")
+    # DeepSeek-R1-Distill-Qwen's files carry Qwen2-VL's use_mrope (false), which
+    # transformers' Qwen2 never reads; a true one describes a multimodal RoPE
+    check_keys(hf, HF_KEYS | {"use_mrope"}, "qwen2")
+    if hf.get("use_mrope"):
+        raise ValueError("use_mrope: multimodal rotary embeddings (Qwen2-VL's) are not "
+                         "supported")
     no_sliding_window(hf)
     # transformers' Qwen2Config defaults where the file says nothing
-    return Qwen2Config(**llama_fields(hf, where, max_len=32768))
+    return Qwen2Config(**llama_fields(hf, where, max_len=32768, kv_heads=32))
 
 
 def _to_hf(cfg: Qwen2Config) -> dict[str, Any]:

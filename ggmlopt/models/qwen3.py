@@ -68,8 +68,9 @@ class Qwen3(Llama):
 
 # ---- the family: its Hugging Face config and llama.cpp's qwen3 architecture ----------
 
-# Qwen3's config.json: Qwen2's keys, with attention_bias (which must be False)
-_HF_KEYS = QWEN2_HF_KEYS | {"attention_bias"}
+# Qwen3's config.json: Qwen2's keys, where attention_bias (read by transformers'
+# Qwen3) must be False; mlp_bias it never reads
+_HF_KEYS = QWEN2_HF_KEYS
 
 
 def _from_hf(hf: Mapping[str, Any], where: str) -> Qwen3Config:
@@ -77,7 +78,7 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Qwen3Config:
     if hf.get("attention_bias"):
         raise ValueError("attention_bias: a Qwen3 with biases is not supported")
     no_sliding_window(hf)
-    fields = llama_fields(hf, where, head_dim_given=True, max_len=32768)
+    fields = llama_fields(hf, where, head_dim_given=True, max_len=32768, kv_heads=32)
     return Qwen3Config(**fields, head_dim=hf.get("head_dim", 128))   # HF's default
 
 

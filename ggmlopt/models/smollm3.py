@@ -107,7 +107,8 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> SmolLM3Config:
     rope = hf.get("no_rope_layers") or default_rope_layers(
         hf["num_hidden_layers"], hf.get("no_rope_layer_interval", 4))
     no_sliding_window(hf, window_default=None, sliding=[not r for r in rope])
-    fields = llama_fields(hf, where, max_len=32768, theta=2000000.0)   # HF's defaults
+    fields = llama_fields(hf, where, max_len=32768, theta=2000000.0,   # HF's defaults
+                          kv_heads=4)
     fields["tie_embeddings"] = bool(hf.get("tie_word_embeddings", True))
     layers = hf.get("no_rope_layers")
     n_layers = fields["n_layers"]
