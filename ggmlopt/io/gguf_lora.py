@@ -35,6 +35,7 @@ from ..models.registry import family_of
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
 from .gguf_gpt2 import GPT2_ARCH, gguf_name_gpt2, hf_name_gpt2
+from .gguf_llama import _rope_scaling_out
 from .llama_names import gguf_name, hf_name, permute_qk, unpermute_qk
 
 __all__ = ["load_gguf_lora", "save_gguf_lora"]
@@ -93,7 +94,8 @@ def check_writable(model) -> None:
     """ValueError where save_gguf_lora could not write model's adapters as a file
     llama.cpp applies to reproduce the model (what a command checks before it
     trains, not after): no adapters, one on a tied embedding, other trainable
-    parameters, several alphas, a layer llama.cpp has no tensor for."""
+    parameters, several alphas, a layer llama.cpp has no tensor for, a config
+    llama.cpp's architecture cannot hold (what save_gguf refuses)."""
     adapters = named_adapters(model)
     if not adapters:
         raise ValueError("model: it has no LoRA adapters (see ggmlopt.lora.apply)")
@@ -127,6 +129,25 @@ def check_writable(model) -> None:
                          "adapter file holds one")
     for name, _ in adapters:
         _weight_name(name, _arch(model))
+    _check_architecture(model)
+
+
+def _check_architecture(model) -> None:
+    """What save_gguf refuses of a model's config (a Mistral's sliding window, a
+    rope scaling or a Gemma 3 score scale llama.cpp's architecture does not
+    hold) is refused for its adapter too, and warned about where save_gguf
+    warns (a Phi-3's window): llama.cpp would apply the adapter over a base that
+    computes another model than the one that trained."""
+    family = family_of(model)
+    if family.gguf_layout != "llama":
+        return
+    try:
+        family.gguf_check(model.config)
+        _rope_scaling_out(model.config, _arch(model))
+    except ValueError as e:
+        raise ValueError(f"{e}; llama.cpp would apply an adapter file over a base that "
+                         "computes another model, so none is written (save_peft writes the "
+                         "adapter for transformers)") from None
 
 
 def save_gguf_lora(model, path) -> None:
@@ -140,8 +161,11 @@ def save_gguf_lora(model, path) -> None:
 
     Raises TypeError for a model that is not a Llama; ValueError when it has no
     adapters, when anything else in it is trainable (the file would not hold
-    it), when they have different alphas (llama.cpp reads one per file) or
-    when one sits on a layer llama.cpp has no tensor for.
+    it), when they have different alphas (llama.cpp reads one per file), when
+    one sits on a layer llama.cpp has no tensor for, or when llama.cpp's
+    architecture cannot hold the model's config (what save_gguf refuses: a
+    Mistral's sliding window, a rope scaling it has no form of...; warned
+    about where save_gguf warns).
     """
     config = _llama_config(model)
     path = output_path(path)

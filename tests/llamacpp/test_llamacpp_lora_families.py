@@ -1,0 +1,288 @@
+"""LoRA adapters of the families test_llamacpp_lora leaves out (Mistral, Gemma 3,
+Phi-3, GPT-2), written by ggmlopt.io.save_gguf_lora and applied by llama.cpp itself
+(through llama-cpp-python, an optional package: these tests skip without it).
+
+Each adapted model is checked twice: llama.cpp (base + adapter) against ggmlopt's
+logits, and against llama.cpp's own logits of the merged model (lora.merge, then
+save_gguf), which isolates how llama.cpp applies the adapter from how it runs the
+base (ggml's GELU reads a float16 table: Gemma 3 and GPT-2 agree with ggmlopt to
+about 2^-11 of the logits' scale, as test_llamacpp_gguf finds for their bases).
+llama.cpp runs with an f32 KV cache (type_k=0, type_v=0)."""
+import warnings
+
+import numpy as np
+import pytest
+
+from ggmlopt import lora
+from ggmlopt.io import load_gguf, save_gguf, save_gguf_lora
+from ggmlopt.models import (
+    GPT2,
+    Gemma3,
+    Gemma3Config,
+    GPT2Config,
+    Mistral,
+    MistralConfig,
+    Phi3,
+    Phi3Config,
+)
+from ggmlopt.nn import RopeScaling
+from ggmlopt.text import ByteTokenizer
+
+llama_cpp = pytest.importorskip("llama_cpp")
+gguf = pytest.importorskip("gguf")
+
+TOK = ByteTokenizer()
+V = TOK.vocab_size
+F32 = 0   # GGML_TYPE_F32, for llama.cpp's KV cache
+TEXT = "LoRA adapters of four more families, applied by llama.cpp: é ✓ and some words"
+GELU_TOL = 2e-3   # ggml's float16 GELU table (test_llamacpp_gguf's bound for these bases)
+
+
+def _mistral(**kw):
+    return Mistral(MistralConfig(vocab_size=V, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                 ffn_dim=96, max_seq_len=64, **kw), seed=3)
+
+
+def _gemma3(**kw):
+    # query_pre_attn_scalar = head_dim: how llama.cpp's gemma3 scales the scores
+    return Gemma3(Gemma3Config(vocab_size=V, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                               head_dim=16, query_pre_attn_scalar=16.0, ffn_dim=96,
+                               max_seq_len=64, **kw), seed=3)
+
+
+def _phi3(**kw):
+    return Phi3(Phi3Config(vocab_size=V, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                           ffn_dim=96, max_seq_len=64, **kw), seed=3)
+
+
+def _gpt2():
+    return GPT2(GPT2Config(vocab_size=V, dim=64, n_layers=2, n_heads=4, max_seq_len=64), seed=3)
+
+
+def _vectors(model, rng, spread=0.3):
+    """Norms and biases drawn (zeros and ones would test nothing of them)."""
+    for _, p in model.named_parameters():
+        if p.data.ndim == 1:
+            p.data[...] += rng.normal(0, spread, p.shape)
+
+
+def _llama_cpp(base, adapter=None):
+    kw = {"lora_path": str(adapter)} if adapter is not None else {}
+    return llama_cpp.Llama(model_path=str(base), n_ctx=64, n_batch=64, n_ubatch=64,
+                           logits_all=True, type_k=F32, type_v=F32, n_threads=1,
+                           verbose=False, **kw)
+
+
+def _logits(llm, ids):
+    llm.reset()
+    llm.eval([int(i) for i in ids])
+    return np.array(llm.scores[:len(ids)], dtype=np.float64)
+
+
+def _relative(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def _random_adapters(model, targets, rng):
+    lora.apply(model, rank=4, alpha=8.0, targets=targets, seed=1)
+    for _, layer in lora.named_adapters(model):   # zeros would test nothing
+        layer.lora_a.data[...] = rng.normal(0, 0.05, layer.lora_a.shape)
+        layer.lora_b.data[...] = rng.normal(0, 0.05, layer.lora_b.shape)
+
+
+def _adapted_through_llama_cpp(tmp_path, model, targets, rng, tol=1e-4):
+    """model saved as the base, adapted on targets with random A and B, the adapter
+    written: llama.cpp (base + adapter) gives model's logits within tol of their
+    scale and the merged model's (through llama.cpp too) within 1e-4, and the
+    adapter moves its logits."""
+    base = tmp_path / "base.gguf"
+    save_gguf(model, base, tokenizer=TOK)
+    _random_adapters(model, targets, rng)
+    adapter = tmp_path / "adapter.gguf"
+    save_gguf_lora(model, adapter)
+    ids = TOK.encode(TEXT)[:64]
+    ours = model(ids[None])[0].astype(np.float64)
+    theirs = _logits(_llama_cpp(base, adapter), ids)
+    without = _logits(_llama_cpp(base), ids)
+    assert _relative(theirs, ours) <= tol
+    assert _relative(without, ours) > 1e-2   # the adapter is applied
+    lora.merge(model)
+    merged = tmp_path / "merged.gguf"
+    save_gguf(model, merged, tokenizer=TOK)
+    assert _relative(theirs, _logits(_llama_cpp(merged), ids)) <= 1e-4
+
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+# ---- Mistral: llama.cpp's llama architecture ------------------------------------------
+
+@pytest.mark.parametrize("kw,targets", [
+    ({}, "all-linear"),
+    # an embedding adapter and the untied head; heads wider than dim / n_heads
+    ({"head_dim": 24}, ALL + ("embed_tokens", "lm_head")),
+    # a window as long as the context changes nothing: save_gguf writes it
+    ({"sliding_window": 64}, "all-linear"),
+])
+def test_llama_cpp_applies_our_adapter_to_a_mistral(tmp_path, kw, targets):
+    _adapted_through_llama_cpp(tmp_path, _mistral(**kw), targets, np.random.default_rng(4))
+
+
+def test_an_adapter_of_a_windowed_mistral_is_refused(tmp_path):
+    """llama.cpp's llama architecture has no sliding window: save_gguf refuses such a
+    Mistral, and save_gguf_lora wrote its adapter, which llama.cpp applied over the
+    same weights without a window (as its converter writes a windowed Mistral) to
+    other logits past the window: up to 1.14x their scale with a window of 8."""
+    model = _mistral(sliding_window=8)
+    with pytest.raises(ValueError, match="sliding window"):
+        save_gguf(model, tmp_path / "refused.gguf", tokenizer=TOK)
+    _random_adapters(model, "all-linear", np.random.default_rng(4))
+    with pytest.raises(ValueError, match="sliding window"):
+        save_gguf_lora(model, tmp_path / "adapter.gguf")
+    assert not (tmp_path / "adapter.gguf").exists()
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: _mistral(rope_scaling=RopeScaling("yarn", 4.0, original_max_position_embeddings=16)),
+     "yarn"),
+    # Gemma3Config's default scalar (256) with heads of 16: llama.cpp scales by 16 ** -0.5
+    (lambda: Gemma3(Gemma3Config(vocab_size=V, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                 head_dim=16, ffn_dim=96, max_seq_len=64)),
+     "query_pre_attn_scalar")])
+def test_adapters_of_models_llama_cpp_computes_otherwise_are_refused(tmp_path, make, match):
+    # what save_gguf refuses of the base, save_gguf_lora refuses of the adapter
+    model = make()
+    with pytest.raises(ValueError, match=match):
+        save_gguf(model, tmp_path / "base.gguf", tokenizer=TOK)
+    lora.apply(model, rank=4, alpha=8.0, targets="all-linear")
+    with pytest.raises(ValueError, match=match):
+        save_gguf_lora(model, tmp_path / "adapter.gguf")
+
+
+# ---- Gemma 3: its 1 + w norms, local and global RoPE bases, sqrt(dim) embedding --------
+
+def test_llama_cpp_applies_our_adapter_to_a_gemma3(tmp_path):
+    # a local layer (window 8, RoPE base 10000) and a global one (base 1e6)
+    model = _gemma3(sliding_window=8, sliding_layers=(True, False))
+    rng = np.random.default_rng(5)
+    _vectors(model, rng)
+    _adapted_through_llama_cpp(tmp_path, model, "all-linear", rng, tol=GELU_TOL)
+
+
+def test_a_gemma3s_tied_embedding_and_head_take_no_adapter(tmp_path):
+    # llama.cpp's head is the token embedding's tensor: its adapter would adapt both
+    model = _gemma3()
+    lora.apply(model, rank=4, alpha=8.0, targets=("embed_tokens", "q_proj"), seed=1)
+    with pytest.raises(ValueError, match="tied to the output head"):
+        save_gguf_lora(model, tmp_path / "adapter.gguf")
+    with pytest.raises(ValueError, match="names the output head"):
+        lora.apply(_gemma3(), rank=4, alpha=8.0, targets=("lm_head", "q_proj"))
+
+
+# ---- Phi-3: fused qkv_proj and gate_up_proj --------------------------------------------
+
+@pytest.mark.parametrize("targets", [
+    "all-linear", ("qkv_proj", "gate_up_proj", "embed_tokens", "lm_head")])
+def test_llama_cpp_applies_our_adapter_to_a_phi3(tmp_path, targets):
+    _adapted_through_llama_cpp(tmp_path, _phi3(), targets, np.random.default_rng(6))
+
+
+def test_a_phi3_refuses_the_unfused_projections_by_name():
+    # transformers' Phi-3 has no q_proj or gate_proj either: PEFT adapts nothing there
+    model = _phi3()
+    for targets in (("q_proj", "v_proj"), ("gate_proj", "up_proj")):
+        with pytest.raises(ValueError, match="qkv_proj, o_proj, gate_up_proj"):
+            lora.apply(model, rank=4, alpha=8.0, targets=targets)
+    assert not lora.named_adapters(model)
+
+
+def test_an_adapter_of_a_windowed_phi3_is_warned_about(tmp_path):
+    # llama.cpp's phi3 ignores the window: warned about, as save_gguf warns
+    model = _phi3(sliding_window=16)
+    _random_adapters(model, "all-linear", np.random.default_rng(6))
+    with pytest.warns(UserWarning, match="ignores the sliding window"):
+        save_gguf_lora(model, tmp_path / "adapter.gguf")
+
+
+# ---- GPT-2: c_attn, c_proj, c_fc with their biases -------------------------------------
+
+def test_llama_cpp_applies_our_adapter_to_a_gpt2(tmp_path):
+    model = _gpt2()
+    rng = np.random.default_rng(7)
+    _vectors(model, rng)
+    _adapted_through_llama_cpp(tmp_path, model, "all-linear", rng, tol=GELU_TOL)
+
+
+@pytest.mark.parametrize("targets,match", [
+    (("wte", "c_fc"), "tied to the output head"),
+    (("wpe", "c_fc"), "other than the token embedding")])
+def test_a_gpt2s_embedding_adapters_are_refused(tmp_path, targets, match):
+    model = _gpt2()
+    lora.apply(model, rank=4, alpha=8.0, targets=targets, seed=1)
+    with pytest.raises(ValueError, match=match):
+        save_gguf_lora(model, tmp_path / "adapter.gguf")
+
+
+# ---- every family: modules trained whole are not in an adapter file --------------------
+
+@pytest.mark.parametrize("make,trainable", [
+    (_mistral, ("norm",)), (_gemma3, ("post_feedforward_layernorm",)),
+    (_phi3, ("lm_head",)), (_gpt2, ("ln_f",))])
+def test_trained_modules_are_refused(tmp_path, make, trainable):
+    model = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # PEFT's suffix rule would train more
+        lora.apply(model, rank=4, alpha=8.0, targets="all-linear", trainable=trainable)
+    with pytest.raises(ValueError, match="other than the LoRA adapters are trainable"):
+        save_gguf_lora(model, tmp_path / "adapter.gguf")
+    assert not (tmp_path / "adapter.gguf").exists()
+
+
+# ---- over a base kept in its file's Q8_0 -----------------------------------------------
+
+def _eight_bit_error(model, ids):
+    """How far rounding every matrix to Q8_0 moves the logits: the scale of the error
+    llama.cpp's 8-bit activations add (test_llamacpp_qlora's measure)."""
+    import copy
+    rounded = copy.deepcopy(model)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for name, p in rounded.named_parameters():
+        if p.data.ndim == 2:
+            rows = p.data if name == "embed_tokens.weight" else p.data.T
+            r = gguf.quants.dequantize(gguf.quants.quantize(np.ascontiguousarray(rows), q8), q8)
+            p.data[...] = r if name == "embed_tokens.weight" else r.T
+    return _relative(rounded(ids[None])[0], model(ids[None])[0])
+
+
+@pytest.mark.parametrize("make,targets,tol", [
+    (_phi3, ("embed_tokens", "qkv_proj", "gate_up_proj", "down_proj", "lm_head"), 1e-4),
+    (_gemma3, "all-linear", GELU_TOL)])
+def test_llama_cpp_applies_our_adapter_over_a_kept_q8_0_base(tmp_path, make, targets, tol):
+    """save_gguf's q8_0 file loaded with keep_types=True, adapted and the adapter
+    written: llama.cpp applies it to that file within its 8-bit activations'
+    error, and to a float32 file of the same (dequantized) weights exactly."""
+    model = make()
+    rng = np.random.default_rng(8)
+    _vectors(model, rng)
+    for _, p in model.named_parameters():
+        if p.data.ndim == 2:
+            p.data *= 4.0   # logits that depend on the weights more than on rounding
+    path = tmp_path / "q8_0.gguf"
+    save_gguf(model, path, tokenizer=TOK, dtype="q8_0")
+    kept, _ = load_gguf(path, keep_types=True)
+    assert type(kept.layers[0].mlp.down_proj).__name__ == "QuantizedLinear"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # it dequantizes
+        widened, _ = load_gguf(path)
+    wide = tmp_path / "widened.gguf"
+    save_gguf(widened, wide, tokenizer=TOK)
+    _random_adapters(kept, targets, rng)
+    adapter = tmp_path / "adapter.gguf"
+    save_gguf_lora(kept, adapter)
+    ids = np.array(TOK.encode(TEXT)[:64])
+    ours = kept(ids[None])[0].astype(np.float64)
+    theirs = _logits(_llama_cpp(path, adapter), ids)
+    err = _relative(theirs, ours)
+    assert err <= 2 * _eight_bit_error(model, ids) + tol
+    assert _relative(theirs, _logits(_llama_cpp(path), ids)) > 5 * err
+    assert _relative(_logits(_llama_cpp(wide, adapter), ids), ours) <= tol
