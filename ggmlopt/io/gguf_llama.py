@@ -432,6 +432,12 @@ def _longrope_in(fields, tensors, key, scaling, arch, where):
     as transformers, for a pass over it."""
     found = {n: tensors.get(f"rope_factors_{n}.weight") for n in ("long", "short")}
     if all(t is None for t in found.values()):
+        attention = key("rope.scaling.attn_factor", 1.0, required=False)
+        if float(attention) != 1.0:
+            # llama.cpp scales the rotated q and k by it on every layer, factors or not
+            raise ValueError(f"{where}: {arch}.rope.scaling.attn_factor = {attention} without "
+                             "LongRoPE's rope_factors_long/short tensors is not supported "
+                             "(llama.cpp scales q and k by it)")
         return scaling
     if any(t is None for t in found.values()) or scaling is not None or arch != "phi3":
         raise ValueError(f"{where}: LongRoPE's factors are read as a phi3 file's "
@@ -511,6 +517,10 @@ def _config(fields: dict[str, Any], tensors: dict[str, Any], where: str,
                          "linear, or Llama 3's rope_freqs tensor)")
     freqs = tensors.get("rope_freqs.weight")
     if freqs is not None:
+        if arch not in _ROPE_FREQS_ARCHS:
+            # (llama.cpp refuses such a file: "wrong number of tensors")
+            raise ValueError(f"{where}: a rope_freqs.weight tensor, which llama.cpp's {arch} "
+                             "architecture does not read (its llama does)")
         if scaling is not None:
             raise ValueError(f"{where}: both llama.rope.scaling.type and rope_freqs.weight")
         data = freqs[1].float32("rope_freqs.weight").ravel()   # (ne, the GgufFile)
