@@ -182,12 +182,17 @@ static void blocks_one(void *ctx, int b) {
  * so threads never share a cache line of output) and returns the sum of what
  * the blocks return, added in block order.  Threads join in only once n reaches
  * parallel_min. */
+/* the length of run_blocks' blocks of n items */
+static int64_t block_length(int64_t n, int64_t block_min) {
+    int64_t block = (n + GO_MAX_BLOCKS - 1) / GO_MAX_BLOCKS;
+    if (block < block_min) block = block_min;
+    return (block + 15) & ~(int64_t)15;
+}
+
 static double run_blocks(int64_t n, int64_t block_min, int64_t parallel_min, go_block_fn fn,
                          const void *args) {
     if (n <= 0) return 0.0;
-    int64_t block = (n + GO_MAX_BLOCKS - 1) / GO_MAX_BLOCKS;
-    if (block < block_min) block = block_min;
-    block = (block + 15) & ~(int64_t)15;
+    const int64_t block = block_length(n, block_min);
     const int nblocks = (int)((n + block - 1) / block);
     if (nblocks == 1) return fn(args, 0, n);
 
@@ -658,20 +663,31 @@ void ggmlopt_leaky_relu_backward_f32(int64_t n, const float *x, const float *g, 
 
 /* ---- cross-entropy against class indices ------------------------------------ */
 
+/* the matrix products' cached scratch (below), lent to other kernels between them */
+static float *gemm_scratch(int64_t floats, int *cached);
+static void gemm_scratch_done(float *buf, int cached);
+
 typedef struct {
     int64_t ncols; const float *x; const int32_t *c; float *grad; float scale; int32_t *pred;
     uint16_t *grad16;   /* instead of grad: the gradient as bfloat16 bits */
+    float *keep;        /* with grad16: ncols floats of scratch a block (or NULL) */
+    int64_t block;      /* run_blocks' block length: row r's block is r / block */
 } ce_index_args;
+/* Rows from which a bf16 gradient's exponentials are kept between the sum and the
+ * gradient (kernels/loss.inc), not taken twice */
+#define GO_CE_KEEP_MIN 1024
 /* Rows from which a row's argmax and its loss run one after the other (the row
  * still in cache for the second); narrower rows take the block's argmax first,
  * keeping the loss kernel's rows-at-once path. */
 #define GO_CE_ROWWISE_ARGMAX_MIN 1024
-/* rows [b, e) of the loss, their gradient in float32 or bf16 */
+/* rows [b, e) of the loss, their gradient in float32 or bf16 (the rows' argmax
+ * in pred already, when asked for) */
 static double ce_index_rows(const ce_index_args *a, int64_t b, int64_t e) {
     const int64_t n = a->ncols;
     if (a->grad16)
-        return kernels()->cross_entropy_index_rows_g16_f32(e - b, n, a->x + b * n, a->c + b,
-                                                           a->grad16 + b * n, a->scale);
+        return kernels()->cross_entropy_index_rows_g16_f32(
+            e - b, n, a->x + b * n, a->c + b, a->grad16 + b * n, a->scale,
+            a->pred ? a->pred + b : NULL, a->keep ? a->keep + b / a->block * n : NULL);
     return kernels()->cross_entropy_index_rows_f32(e - b, n, a->x + b * n, a->c + b,
                                                    a->grad ? a->grad + b * n : NULL, a->scale);
 }
@@ -698,20 +714,27 @@ static double ce_index_mean(ce_index_args a, int64_t nrows) {
     for (int64_t r = 0; r < nrows; ++r) labelled += a.c[r] >= 0;
     const int64_t denom = labelled > 0 ? labelled : 1;
     a.scale /= (float)denom;
+    a.block = block_length(nrows, rows_for(a.ncols, 1024));
+    /* the products' scratch (free between products) holds the kept exponentials */
+    int cached = 0;
+    a.keep = a.grad16 && a.ncols >= GO_CE_KEEP_MIN
+                 ? gemm_scratch((nrows + a.block - 1) / a.block * a.ncols, &cached)
+                 : NULL;
     const double total = run_blocks(nrows, rows_for(a.ncols, 1024), rows_for(a.ncols, 4096),
                                     ce_index_block, &a);
+    if (a.keep) gemm_scratch_done(a.keep, cached);
     return total / (double)denom;
 }
 double ggmlopt_cross_entropy_index_argmax_f32(int64_t nrows, int64_t ncols, const float *logits,
                                               const int32_t *classes, float *grad,
                                               float grad_scale, int32_t *pred) {
-    const ce_index_args a = {ncols, logits, classes, grad, grad_scale, pred, NULL};
+    const ce_index_args a = {ncols, logits, classes, grad, grad_scale, pred, NULL, NULL, 1};
     return ce_index_mean(a, nrows);
 }
 double ggmlopt_cross_entropy_index_g16_f32(int64_t nrows, int64_t ncols, const float *logits,
                                            const int32_t *classes, uint16_t *grad16,
                                            float grad_scale, int32_t *pred) {
-    const ce_index_args a = {ncols, logits, classes, NULL, grad_scale, pred, grad16};
+    const ce_index_args a = {ncols, logits, classes, NULL, grad_scale, pred, grad16, NULL, 1};
     return ce_index_mean(a, nrows);
 }
 double ggmlopt_cross_entropy_index_f32(int64_t nrows, int64_t ncols, const float *logits,

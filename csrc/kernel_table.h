@@ -276,10 +276,12 @@ typedef struct ggmlopt_kernel_table {
     double (*cross_entropy_index_rows_f32)(int64_t nrows, int64_t ncols, const float *logits,
                                            const int32_t *classes, float *grad, float grad_scale);
     /* the same, its gradient (never NULL) as bfloat16 bits: the float32 values
-     * rounded as convert_f32_bf16 rounds them */
+     * rounded as convert_f32_bf16 rounds them; argmax (or NULL): each row's
+     * argmax, known already; keep (or NULL): ncols floats of scratch */
     double (*cross_entropy_index_rows_g16_f32)(int64_t nrows, int64_t ncols, const float *logits,
                                                const int32_t *classes, uint16_t *grad16,
-                                               float grad_scale);
+                                               float grad_scale, const int32_t *argmax,
+                                               float *keep);
     /* direct stride-1 convolution of nimages images (kernels/conv_direct.inc):
      * y = w * x (+ bias, may be NULL); scratch holds go_direct_padded_size +
      * cout * go_direct_wide_stride floats */

@@ -26,8 +26,12 @@ static inline float go_bf16_pair_at(const uint16_t *p) {
  * a no-op where the compiler has no prefetch; never faults, even past an array. */
 #if defined(__GNUC__) || defined(__clang__)
 #define go_prefetch(p) __builtin_prefetch((p), 0, 3)
+/* the same into the level-2 cache and below, not level 1 (prefetcht1): data for
+ * later, kept out of the way of what the loop reads now */
+#define go_prefetch_l2(p) __builtin_prefetch((p), 0, 2)
 #else
 #define go_prefetch(p) ((void)(p))
+#define go_prefetch_l2(p) ((void)(p))
 #endif
 
 /* IEEE half to float, exact for every input (subnormals, inf, NaN). */

@@ -454,7 +454,8 @@ static void test_cross_entropy_index(const ggmlopt_kernel_table *k, int64_t ncol
         uint16_t *g16 = (uint16_t *)th_alloc(2, n, off), *want16 = (uint16_t *)th_alloc(2, n, 0);
         for (int64_t i = 0; i < n; ++i) g16[i] = 0x7fc1;  /* a NaN each cell must replace */
         k->convert_f32_bf16(n, g, want16);
-        const double loss16 = k->cross_entropy_index_rows_g16_f32(rows, ncols, x, c, g16, gs);
+        const double loss16 = k->cross_entropy_index_rows_g16_f32(rows, ncols, x, c, g16, gs,
+                                                                  NULL, NULL);
         th_check(loss16 == loss, "%s rows=%lld: loss with a bf16 gradient = %.17g, float32 %.17g",
                  ctx, (long long)rows, loss16, loss);
         for (int64_t i = 0; i < n; ++i) {
@@ -462,6 +463,19 @@ static void test_cross_entropy_index(const ggmlopt_kernel_table *k, int64_t ncol
                            (float)g16[i], (float)want16[i]);
             th_expect_bits(&ref, "logits (an input, changed by the bf16 call)", i, x[i], x0[i]);
         }
+        /* with each row's argmax known and the exponentials kept in scratch: the
+         * same loss and bits */
+        int32_t *amax = (int32_t *)th_alloc(4, rows, 0);
+        float *keep = (float *)th_alloc(4, ncols, off);
+        k->argmax_rows_f32(rows, ncols, x, amax);
+        for (int64_t i = 0; i < n; ++i) g16[i] = 0x7fc1;
+        const double loss16k = k->cross_entropy_index_rows_g16_f32(rows, ncols, x, c, g16, gs,
+                                                                   amax, keep);
+        th_check(loss16k == loss, "%s rows=%lld: loss with argmax and kept exps = %.17g, "
+                 "float32 %.17g", ctx, (long long)rows, loss16k, loss);
+        for (int64_t i = 0; i < n; ++i)
+            th_expect_bits(&ref, "bf16 grad (argmax, kept exps) vs the float32 one rounded", i,
+                           (float)g16[i], (float)want16[i]);
         report(k, &ref, &cross, ctx);
     }
 }
@@ -485,12 +499,18 @@ static void test_cross_entropy_index_wide(const ggmlopt_kernel_table *k) {
     for (int64_t i = 0; i < ncols; ++i) th_expect(&ref, "grad vs one-hot", i, g[i], gh[i], 1e-9);
     uint16_t *g16 = (uint16_t *)th_alloc(2, ncols, 0), *want16 = (uint16_t *)th_alloc(2, ncols, 0);
     k->convert_f32_bf16(ncols, g, want16);
-    const double loss16 = k->cross_entropy_index_rows_g16_f32(1, ncols, x, &c, g16, 1.0f);
-    th_check(loss16 == loss, "%s: loss with a bf16 gradient = %.17g, float32 %.17g", ctx, loss16,
-             loss);
-    for (int64_t i = 0; i < ncols; ++i)
-        th_expect_bits(&ref, "bf16 grad vs the float32 one rounded", i, (float)g16[i],
-                       (float)want16[i]);
+    int32_t amax = 0;
+    k->argmax_rows_f32(1, ncols, x, &amax);
+    float *keep = (float *)th_alloc(4, ncols, 0);
+    for (int pass = 0; pass < 2; ++pass) {   /* recomputed, then argmax and kept exps */
+        const double loss16 = k->cross_entropy_index_rows_g16_f32(
+            1, ncols, x, &c, g16, 1.0f, pass ? &amax : NULL, pass ? keep : NULL);
+        th_check(loss16 == loss, "%s pass %d: loss with a bf16 gradient = %.17g, float32 %.17g",
+                 ctx, pass, loss16, loss);
+        for (int64_t i = 0; i < ncols; ++i)
+            th_expect_bits(&ref, "bf16 grad vs the float32 one rounded", i, (float)g16[i],
+                           (float)want16[i]);
+    }
     th_report(&ref, ctx);
 }
 
