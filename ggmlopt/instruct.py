@@ -469,7 +469,8 @@ def _ids_and_offsets(tokenizer, text: str, where: str) -> tuple[np.ndarray, np.n
 
 
 def _common_args(tokenizer, n_ctx, too_long, packing):
-    if not callable(getattr(tokenizer, "encode", None)):
+    if isinstance(tokenizer, (str, bytes)) or not callable(getattr(tokenizer, "encode", None)):
+        # (a str has an encode method too: a model name given for the tokenizer)
         raise TypeError(f"tokenizer: expected a ggmlopt tokenizer, got {type(tokenizer).__name__}")
     if not isinstance(packing, bool):
         raise TypeError(f"packing: expected a bool, got {type(packing).__name__}")
@@ -605,6 +606,9 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
     warns of the same mismatch).  packing: as chat_windows'."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     add_eos = bool_arg(add_eos, "add_eos")
+    if isinstance(pairs, (str, bytes, Mapping)) or not isinstance(pairs, Iterable):
+        raise TypeError(f"pairs: expected a list of (prompt, completion) pairs, got "
+                        f"{type(pairs).__name__}")
     examples = []
     straddling = 0
     for k, pair in enumerate(pairs):
@@ -661,6 +665,8 @@ def text_windows(texts: Iterable, tokenizer, n_ctx: int, *, too_long: str = "err
     (as chat_windows'); packing: as chat_windows'."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     add_eos = bool_arg(add_eos, "add_eos")
+    if isinstance(texts, (str, bytes, Mapping)) or not isinstance(texts, Iterable):
+        raise TypeError(f"texts: expected a list of texts, got {type(texts).__name__}")
     examples = []
     for k, row in enumerate(texts):
         text = row.get("text") if isinstance(row, Mapping) else row

@@ -113,7 +113,7 @@ class LoRALinear(_AdapterTraining, Linear):
         rank = _rank_arg(rank)
         alpha = _alpha_arg(alpha)
         dropout = _dropout_arg(dropout)
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        gen = init._generator(rng)   # (TypeError naming rng before the base changes)
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = getattr(base, "weight", None)   # None over a QuantizedLinear
         self.bias = base.bias
@@ -245,7 +245,7 @@ class LoRAEmbedding(_AdapterTraining, Embedding):
                             f"adapter, got {type(base).__name__}")
         rank = _rank_arg(rank)
         alpha = _alpha_arg(alpha)
-        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        gen = init._generator(rng)   # (TypeError naming rng before the base changes)
         self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
         # PEFT gathers A with the base's padding_idx: that row of A never trains
         self.padding_idx = getattr(base, "padding_idx", None)
@@ -354,7 +354,7 @@ def _names_arg(names, arg: str, what: str, allow_empty: bool) -> tuple[str, ...]
     ValueError naming arg otherwise."""
     if isinstance(names, str):
         names = (names,)
-    if not isinstance(names, Iterable):
+    if isinstance(names, (bytes, bytearray)) or not isinstance(names, Iterable):
         raise TypeError(f"{arg}: expected names of {what} (a tuple of str), got "
                         f"{type(names).__name__}")
     names = tuple(names)
@@ -436,6 +436,15 @@ def _default_targets(model) -> tuple[str, ...]:
         return family_of(model).lora_targets
     except TypeError:
         return DEFAULT_TARGETS
+
+
+def _model_arg(model) -> None:
+    """TypeError naming model unless it is a module tree: a Module, or an object
+    with parameters() or named_parameters() (the model protocol)."""
+    if not (isinstance(model, Module) or callable(getattr(model, "parameters", None))
+            or callable(getattr(model, "named_parameters", None))):
+        raise TypeError(f"model: expected a model (a ggmlopt.nn.Module or an object with "
+                        f"parameters()), got {type(model).__name__}")
 
 
 def _targets_arg(targets) -> tuple[str, ...]:
@@ -633,6 +642,7 @@ def trainable_parameters(model) -> tuple[int, int]:
     PEFT's modules_to_save) counts twice in the total: PEFT keeps its frozen
     original beside the trained copy (ggmlopt trains the module itself, but the
     line stays PEFT's)."""
+    _model_arg(model)
     trainable = total = 0
     for _, p in named_parameters(model):
         total += p.data.size
@@ -769,6 +779,7 @@ def apply(model, rank=_RANK, alpha=_ALPHA, targets=_TARGETS, dropout=_DROPOUT, s
     the wrong type, a config of another kind, or config with one of the
     arguments it replaces.  On an error the model is unchanged.
     """
+    _model_arg(model)
     given = [name for name, value in (("rank", rank), ("alpha", alpha), ("targets", targets),
                                       ("dropout", dropout), ("trainable", trainable),
                                       ("use_rslora", use_rslora))
@@ -970,6 +981,7 @@ def merge(model):
     equals the adapted model's (to float32 rounding).  Returns model.
 
     Raises ValueError when model has no adapters."""
+    _model_arg(model)
     adapters = [(parent, key, layer) for _, parent, key, layer in _adaptable(model)
                 if isinstance(layer, ADAPTERS)]
     if not adapters:

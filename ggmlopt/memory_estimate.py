@@ -365,13 +365,16 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
                          f"{lm.config.max_seq_len}")
     if isinstance(optimizer, Optimizer):
         nstate = len(optimizer.state_names)
-    elif optimizer in ("adamw", "sgd"):
+    elif isinstance(optimizer, str) and optimizer in ("adamw", "sgd"):
         nstate = 2 if optimizer == "adamw" else 0
     else:
-        raise ValueError(f"optimizer: expected 'adamw', 'sgd' or a ggmlopt.optimizers."
-                         f"Optimizer, got {optimizer!r}")
-    if isinstance(labelled, bool) or not isinstance(labelled, (int, float)) \
-            or not 0.0 <= labelled <= 1.0:
+        error = ValueError if isinstance(optimizer, str) else TypeError
+        raise error(f"optimizer: expected 'adamw', 'sgd' or a ggmlopt.optimizers."
+                    f"Optimizer, got {optimizer!r}")
+    if isinstance(labelled, bool) or not isinstance(labelled, (int, float)):
+        raise TypeError(f"labelled: expected a float share in [0, 1], got "
+                        f"{type(labelled).__name__}")
+    if not 0.0 <= labelled <= 1.0:
         raise ValueError(f"labelled: expected a share in [0, 1], got {labelled!r}")
     if checkpointing is None:
         checkpointing = lm.is_gradient_checkpointing

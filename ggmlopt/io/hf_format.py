@@ -26,7 +26,7 @@ from ..nn.init import skip_init
 from ..nn.linear import Linear
 from ..nn.module import get_submodule, named_modules, set_submodule
 from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, refuse_quantized
-from ._files import atomic_output
+from ._files import atomic_output, path_arg, read_json_object
 
 __all__ = ["load_hf", "save_hf"]
 
@@ -85,7 +85,7 @@ def save_hf(model, directory, *, tokenizer=None) -> None:
     refuse_adapters(model, "save_hf")
     refuse_quantized(model, "save_hf")
     st = _safetensors()
-    directory = os.fspath(directory)
+    directory = path_arg(directory, "directory")
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ValueError(f"directory: {directory!r} is a file")
     tokenizer_files = _tokenizer_files(tokenizer, model.config) if tokenizer is not None \
@@ -132,8 +132,7 @@ def _read_config(directory: str) -> dict[str, Any]:
     path = os.path.join(directory, CONFIG)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"directory: no {CONFIG} in {directory!r}")
-    with open(path) as f:
-        return json.load(f)
+    return read_json_object(path)
 
 
 def _model_from_config(hf: dict[str, Any], where: str):
@@ -380,7 +379,7 @@ def load_hf(directory, *, keep_types=False):
     from the memory-mapped safetensors, as frozen QuantizedLinear /
     QuantizedEmbedding layers, for LoRA over them; norms and biases are
     float32 Parameters."""
-    directory = os.fspath(directory)
+    directory = path_arg(directory, "directory")
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"directory: no such directory {directory!r}")
     if not isinstance(keep_types, (bool, np.bool_)):

@@ -41,7 +41,7 @@ from ..lora import (
 )
 from ..models.registry import family_of
 from ..nn.module import named_parameters
-from ._files import atomic_output
+from ._files import atomic_output, path_arg, read_json_object
 from .hf_format import _as_float32, _tied, map_safetensors_file, transposed_weights
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "load_peft", "save_peft"]
@@ -86,6 +86,10 @@ def save_peft(model, directory, *, base_model_name_or_path: str | None = None) -
     adapters, when their dropouts differ (PEFT keeps one) or when a module
     trained whole is partly frozen; TypeError for a model of no family."""
     family = family_of(model)   # TypeError for another model
+    directory = path_arg(directory, "directory")
+    if base_model_name_or_path is not None and not isinstance(base_model_name_or_path, str):
+        raise TypeError(f"base_model_name_or_path: expected a str or None, got "
+                        f"{type(base_model_name_or_path).__name__}")
     st = _safetensors()
     adapters = named_adapters(model)
     if not adapters:
@@ -135,7 +139,6 @@ def save_peft(model, directory, *, base_model_name_or_path: str | None = None) -
         "layers_to_transform": None, "layers_pattern": None,
         "ensure_weight_tying": bool(tied_whole),
         "base_model_name_or_path": base_model_name_or_path, "revision": None}
-    directory = os.fspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ValueError(f"directory: {directory!r} is a file")
     os.makedirs(directory, exist_ok=True)
@@ -176,10 +179,7 @@ def _read_config(directory: str) -> dict[str, Any]:
     path = os.path.join(directory, ADAPTER_CONFIG)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"directory: no {ADAPTER_CONFIG} in {directory!r}")
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
-    if not isinstance(config, dict):
-        raise ValueError(f"{path}: expected a JSON object")  # noqa: TRY004 (a file's value)
+    config = read_json_object(path)
     if config.get("peft_type") != "LORA":
         raise ValueError(f"{path}: peft_type {config.get('peft_type')!r}; only LORA adapters "
                          "are read")
@@ -428,7 +428,7 @@ def load_peft(directory, model, *, dropout: float | None = None
     already has adapters; TypeError for a model of no family.  On any error the
     model is unchanged."""
     family_of(model)
-    directory = os.fspath(directory)
+    directory = path_arg(directory, "directory")
     config = _read_config(directory)
     path = os.path.join(directory, ADAPTER_WEIGHTS)
     if not os.path.isfile(path):

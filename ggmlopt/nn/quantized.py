@@ -128,13 +128,18 @@ def _qtype_arg(qtype) -> str:
     return name
 
 
-def _rows_arg(qweight, qtype, nrows, ncols) -> np.ndarray:
+def _rows_arg(qweight, qtype, nrows, ncols, ncols_name) -> np.ndarray:
     """qweight as a C-contiguous 2-D array of nrows rows of the bytes of ncols
-    values of qtype (any dtype: uint8 blocks, float16 or uint16 words)."""
+    values of qtype (any dtype: uint8 blocks, float16 or uint16 words);
+    ncols_name: the argument that gave ncols, named when rows of ncols values
+    are not whole blocks of qtype."""
     if not isinstance(qweight, np.ndarray):
         raise TypeError(f"qweight: expected a numpy.ndarray of the rows' bytes, got "
                         f"{type(qweight).__name__}")
-    want = kernels_quant.row_bytes(qtype, ncols)
+    try:
+        want = kernels_quant.row_bytes(qtype, ncols)
+    except ValueError as e:   # the kernel names its own argument, ncols
+        raise ValueError(f"{ncols_name}: {str(e).partition(': ')[2] or e}") from None
     if qweight.ndim != 2 or qweight.shape[0] != nrows or \
             qweight.shape[1] * qweight.itemsize != want:
         raise ValueError(f"qweight: expected {nrows} rows of {want} bytes ({ncols} {qtype} "
@@ -178,7 +183,8 @@ class QuantizedLinear(Module):
         self.in_features = _size_arg(in_features, "in_features")
         self.out_features = _size_arg(out_features, "out_features")
         self.qtype = _qtype_arg(qtype)
-        self.qweight = _rows_arg(qweight, self.qtype, self.out_features, self.in_features)
+        self.qweight = _rows_arg(qweight, self.qtype, self.out_features, self.in_features,
+                                 "in_features")
         if bias is not None and not isinstance(bias, Parameter):
             b = np.asarray(bias)
             if b.shape != (self.out_features,):
@@ -304,7 +310,8 @@ class QuantizedEmbedding(Module):
         # (no gradient here; an adapter over it trains no row of this id, as PEFT's)
         self.padding_idx = padding_index(padding_idx, self.num_embeddings)
         self.qtype = _qtype_arg(qtype)
-        self.qweight = _rows_arg(qweight, self.qtype, self.num_embeddings, self.embedding_dim)
+        self.qweight = _rows_arg(qweight, self.qtype, self.num_embeddings, self.embedding_dim,
+                                 "embedding_dim")
         self._shape = None
         self._ids = None
 
