@@ -2100,11 +2100,14 @@ int ggmlopt_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_
     job.block = bgemm_block();
     job.sp = split_product(m, n, k);
     job.work_floats = split_work_floats(&job.sp, go_gemm_bf16_kc(k) / 2);
+    /* a packed A once per k chunk, in front of each item's panels */
+    if (!go_gemm_bf16_a_direct(a_row, a_col))
+        job.work_floats += go_gemm_bf16_a_floats(job.sp.rows_per, k);
     int cached = 0;
     job.work = gemm_scratch(job.sp.items * job.work_floats, &cached);
     if (!job.work) return -2;
     job.g = (go_gemm_bf16_args){m, n, k, a, a_row, a_col, b, b_row, b_col, c, ldc, accumulate != 0,
-                                stream_c(m, n, c, ldc, accumulate)};
+                                stream_c(m, n, c, ldc, accumulate), 1};
     if (job.sp.items > 1)
         go_pool_for((int)job.sp.items, bgemm_item, &job);
     else

@@ -176,7 +176,18 @@ typedef struct {
     /* C written around the caches (not accumulate; C and ldc on whole cache lines):
      * a C larger than the last-level cache, read once afterwards (a head's logits) */
     int stream_c;
+    /* an A that is packed (not read in place: go_gemm_bf16_a_direct) is packed
+     * once per k chunk into the first go_gemm_bf16_a_floats(rows, k) floats of
+     * the block's scratch, not again for every column block */
+    int pack_a_once;
 } go_gemm_bf16_args;
+
+/* whether a bf16 product reads A's pairs in place from its rows: contiguous
+ * rows not a multiple of 16 KB apart (rows that far apart share their cache
+ * sets, more rows than the sets have ways) */
+static inline int go_gemm_bf16_a_direct(int64_t a_row, int64_t a_col) {
+    return a_col == 1 && (a_row * 2) % 16384 != 0;
+}
 
 /* columns of C per packed block (a multiple of every path's panel width) and
  * the longest k chunk; a block's scratch is at most their product in floats */
@@ -217,6 +228,12 @@ static inline int64_t go_gemm_work_floats(int64_t k) {
 }
 static inline int64_t go_gemm_bf16_work_floats(int64_t k) {
     return go_gemm_block_cols(go_gemm_bf16_kc(k) / 2) * (go_gemm_bf16_kc(k) / 2);
+}
+/* the floats of rows of a packed A over one k chunk, on any path: tiles of MR
+ * rows padded to AP lanes a pair (14 in 16, 6 in 8, 12 in 12, 4 in 4), at most
+ * ceil(rows / 6) * 8 + 16 lanes */
+static inline int64_t go_gemm_bf16_a_floats(int64_t rows, int64_t k) {
+    return ((rows + 5) / 6 * 8 + 16) * ((go_gemm_bf16_kc(k) + 1) / 2);
 }
 
 typedef struct ggmlopt_kernel_table {

@@ -112,21 +112,27 @@ static void check_block_kernel(const char *name, bgemm_block_fn block, int nr, i
     char ctx[192];
     for (int t = 0; t < NCASES; ++t) {
         const bgemm_case *c = &CASES[t];
-        for (int accumulate = 0; accumulate <= 1; ++accumulate) {
+        /* accumulate, and a packed A packed once per k chunk (pack_a_once, in front
+         * of the panels: the scratch just large enough) or per row tile */
+        for (int variant = 0; variant < 4; ++variant) {
+            const int accumulate = variant & 1, once = variant >> 1;
             const int off = (t + accumulate) % 4;
             bgemm_operands o = make_operands(c, off);
             const int64_t ldc = c->n + c->pad;
             float *cm = th_rand_f32(c->m * ldc, off, -1.0f, 1.0f);
             float *old = th_dup(cm, 4, c->m * ldc);
             const go_gemm_bf16_args g = {c->m, c->n, c->k, o.a, o.a_row, o.a_col, o.b,
-                                         o.b_row, o.b_col, cm, ldc, accumulate, 0};
+                                         o.b_row, o.b_col, cm, ldc, accumulate, 0, once};
             /* a block of whole tiles and panels from the second on, or the whole */
             const int64_t r0 = c->m > mr ? mr : 0, j0 = c->n > nr ? nr : 0;
-            float *work = th_alloc(4, go_gemm_bf16_work_floats(c->k), 0);
+            const int64_t apart = once && !go_gemm_bf16_a_direct(o.a_row, o.a_col)
+                                      ? go_gemm_bf16_a_floats(c->m - r0, c->k) : 0;
+            float *work = th_alloc(4, go_gemm_bf16_work_floats(c->k) + apart, 0);
             block(&g, r0, c->m, j0, c->n, work);
-            snprintf(ctx, sizeof ctx, "gemm_block_bf16[%s] m=%lld n=%lld k=%lld a_t=%d b_t=%d acc=%d",
-                     name, (long long)c->m, (long long)c->n, (long long)c->k, c->a_t, c->b_t,
-                     accumulate);
+            snprintf(ctx, sizeof ctx,
+                     "gemm_block_bf16[%s] m=%lld n=%lld k=%lld a_t=%d b_t=%d acc=%d once=%d", name,
+                     (long long)c->m, (long long)c->n, (long long)c->k, c->a_t, c->b_t,
+                     accumulate, once);
             check_product(c, &o, cm, ldc, old, accumulate, r0, c->m, j0, c->n, ctx);
             th_release_all();
         }
