@@ -150,9 +150,12 @@ def _real_arg(value, name):
 def _penalty_args(repetition_penalty, min_p):
     if repetition_penalty is not None:
         repetition_penalty = _real_arg(repetition_penalty, "repetition_penalty")
-        if not (math.isfinite(repetition_penalty) and repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty: expected a finite value > 0, got "
-                             f"{repetition_penalty}")
+        # (the logits are float32: a penalty that float32 rounds to 0 or inf is none)
+        as_f32 = float(np.float32(repetition_penalty)) if abs(repetition_penalty) < 1e39 \
+            else math.inf
+        if not (math.isfinite(as_f32) and as_f32 > 0):
+            raise ValueError(f"repetition_penalty: expected a value > 0 and finite in "
+                             f"float32, got {repetition_penalty}")
     if min_p is not None:
         min_p = _real_arg(min_p, "min_p")
         if not 0 <= min_p <= 1:

@@ -114,6 +114,9 @@ def test_stop_ids_and_streaming():
     ([1], 5, {"temperature": 10**400}, ValueError, "temperature: expected a finite"),
     ([1], 5, {"min_p": 10**400}, ValueError, "min_p: expected a finite"),
     ([1], 5, {"repetition_penalty": -10**400}, ValueError, "repetition_penalty: expected"),
+    # 0 in float32, the logits' type: no penalty to divide by
+    ([1], 5, {"repetition_penalty": 1e-300}, ValueError, "repetition_penalty: expected"),
+    ([1], 5, {"repetition_penalty": 1e39}, ValueError, "repetition_penalty: expected"),
     ([[1, 2], [3]], 5, {}, ValueError, "prompt_ids: expected a flat sequence"),
 ])
 def test_bad_arguments_fail_before_generating(prompt, n, kw, exc, match):
