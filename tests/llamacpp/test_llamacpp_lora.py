@@ -5,6 +5,7 @@ llama.cpp runs with an f32 KV cache (type_k=0, type_v=0): its default f16 cache
 alone moves the logits by about 2e-4 of their scale."""
 import numpy as np
 import pytest
+from llamacpp_run import logits_of, open_llama
 
 import ggmlopt as go
 from ggmlopt import lora
@@ -18,7 +19,6 @@ pytest.importorskip("gguf")
 TOK = ByteTokenizer()
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 N_CTX = 32
-F32 = 0   # GGML_TYPE_F32, for llama.cpp's KV cache
 
 
 def _config(**kw):
@@ -27,26 +27,13 @@ def _config(**kw):
     return LlamaConfig(**{**args, **kw})
 
 
-def _llama_cpp(base, adapter=None, n_ctx=64):
-    kw = {"lora_path": str(adapter)} if adapter is not None else {}
-    return llama_cpp.Llama(model_path=str(base), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
-                           logits_all=True, type_k=F32, type_v=F32, n_threads=1,
-                           verbose=False, **kw)
-
-
-def _logits(llm, ids):
-    llm.reset()
-    llm.eval([int(i) for i in ids])
-    return np.array(llm.scores[:len(ids)], dtype=np.float64)
-
-
-def _perplexity_of_llama_cpp(llm, ids, n_ctx):
+def _perplexity_ofopen_llama(llm, ids, n_ctx):
     """llama-perplexity's protocol on llama.cpp's logits: chunks of n_ctx ids (no
     BOS: a byte vocabulary has none), positions n_ctx/2 .. n_ctx-2 scored."""
     nll = []
     for c in range(len(ids) // n_ctx):
         chunk = ids[c * n_ctx:(c + 1) * n_ctx]
-        logits = _logits(llm, chunk)
+        logits = logits_of(llm, chunk)
         first = n_ctx // 2
         for j in range(first, n_ctx - 1):
             row = logits[j]
@@ -57,7 +44,7 @@ def _perplexity_of_llama_cpp(llm, ids, n_ctx):
 
 @pytest.mark.parametrize("targets,tied", [(("q_proj", "k_proj", "v_proj", "o_proj"), False),
                                           (ALL + ("lm_head",), False), (ALL, True)])
-def test_llama_cpp_with_our_adapter_gives_our_logits(tmp_path, targets, tied):
+def test_llama_cpp_with_our_adapter_gives_ourlogits_of(tmp_path, targets, tied):
     model = Llama(_config(tie_embeddings=tied), seed=3)
     base = tmp_path / "base.gguf"
     save_gguf(model, base, tokenizer=TOK)
@@ -69,8 +56,8 @@ def test_llama_cpp_with_our_adapter_gives_our_logits(tmp_path, targets, tied):
     save_gguf_lora(model, adapter)
     ids = TOK.encode("LoRA adapters, written by ggmlopt and applied by llama.cpp: é ✓")[:64]
     ours = model(ids[None])[0].astype(np.float64)
-    theirs = _logits(_llama_cpp(base, adapter), ids)
-    without = _logits(_llama_cpp(base), ids)
+    theirs = logits_of(open_llama(base, adapter), ids)
+    without = logits_of(open_llama(base), ids)
     scale = np.abs(ours).max()
     assert np.abs(theirs - ours).max() <= 1e-4 * scale
     assert np.abs(without - ours).max() > 1e-2 * scale   # the adapter is applied
@@ -97,8 +84,8 @@ def test_a_lora_fine_tune_lowers_llama_cpp_perplexity(tmp_path):
     save_gguf_lora(model, adapter)
 
     scored = ids[:4 * N_CTX * 8]
-    before = _perplexity_of_llama_cpp(_llama_cpp(base, n_ctx=N_CTX), scored, N_CTX)
-    after = _perplexity_of_llama_cpp(_llama_cpp(base, adapter, n_ctx=N_CTX), scored, N_CTX)
+    before = _perplexity_ofopen_llama(open_llama(base, n_ctx=N_CTX), scored, N_CTX)
+    after = _perplexity_ofopen_llama(open_llama(base, adapter, n_ctx=N_CTX), scored, N_CTX)
     ours = go.lm.perplexity(model, scored, N_CTX).ppl
     print(f"llama.cpp's perplexity of the text: {before:.2f} base, {after:.2f} with the "
           f"adapter (ggmlopt: {ours:.2f})")
@@ -106,7 +93,7 @@ def test_a_lora_fine_tune_lowers_llama_cpp_perplexity(tmp_path):
     assert after < 0.5 * before
 
 
-def _adapted_through_llama_cpp(tmp_path, model, targets, text, rng):
+def _adapted_throughopen_llama(tmp_path, model, targets, text, rng):
     """model saved as the base, adapted on targets with random A and B, the adapter
     written; asserts llama.cpp (base + adapter) gives model's logits within 1e-4 of
     scale, and that the adapter changes them."""
@@ -120,8 +107,8 @@ def _adapted_through_llama_cpp(tmp_path, model, targets, text, rng):
     save_gguf_lora(model, adapter)
     ids = TOK.encode(text)[:64]
     ours = model(ids[None])[0].astype(np.float64)
-    theirs = _logits(_llama_cpp(base, adapter), ids)
-    without = _logits(_llama_cpp(base), ids)
+    theirs = logits_of(open_llama(base, adapter), ids)
+    without = logits_of(open_llama(base), ids)
     scale = np.abs(ours).max()
     assert np.abs(theirs - ours).max() <= 1e-4 * scale
     assert np.abs(without - ours).max() > 1e-2 * scale
@@ -136,7 +123,7 @@ def test_llama_cpp_applies_our_adapter_to_a_qwen2(tmp_path):
     for name, p in model.named_parameters():
         if name.endswith(".bias"):
             p.data[...] = rng.normal(0, 0.5, p.shape)
-    _adapted_through_llama_cpp(tmp_path, model, ALL, "Qwen2 with an adapter, applied by "
+    _adapted_throughopen_llama(tmp_path, model, ALL, "Qwen2 with an adapter, applied by "
                                "llama.cpp: é ✓", rng)
 
 
@@ -151,7 +138,7 @@ def test_llama_cpp_applies_our_adapter_to_a_qwen3(tmp_path):
     for _, p in model.named_parameters():
         if p.data.ndim == 1:
             p.data[...] = rng.uniform(0.5, 1.5, p.shape)
-    _adapted_through_llama_cpp(tmp_path, model, ALL, "Qwen3 with an adapter, applied by "
+    _adapted_throughopen_llama(tmp_path, model, ALL, "Qwen3 with an adapter, applied by "
                                "llama.cpp: é ✓", rng)
 
 
@@ -159,11 +146,11 @@ def test_llama_cpp_applies_our_adapter_to_a_smollm3(tmp_path):
     from ggmlopt.models import SmolLM3, SmolLM3Config
     model = SmolLM3(SmolLM3Config(vocab_size=TOK.vocab_size, dim=64, n_layers=4, n_heads=4,
                                   n_kv_heads=2, ffn_dim=96, max_seq_len=64), seed=3)
-    _adapted_through_llama_cpp(tmp_path, model, ALL, "SmolLM3 with an adapter, applied by "
+    _adapted_throughopen_llama(tmp_path, model, ALL, "SmolLM3 with an adapter, applied by "
                                "llama.cpp: é ✓", np.random.default_rng(7))
 
 
 def test_llama_cpp_applies_our_embedding_adapter(tmp_path):
-    _adapted_through_llama_cpp(tmp_path, Llama(_config(), seed=3), ("embed_tokens", "q_proj"),
+    _adapted_throughopen_llama(tmp_path, Llama(_config(), seed=3), ("embed_tokens", "q_proj"),
                                "an adapter on the token embedding: é ✓",
                                np.random.default_rng(2))

@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+from llamacpp_run import logits_of, open_llama
 
 from ggmlopt import lora
 from ggmlopt.io import load_gguf, save_gguf, save_gguf_lora
@@ -33,7 +34,6 @@ gguf = pytest.importorskip("gguf")
 
 TOK = ByteTokenizer()
 V = TOK.vocab_size
-F32 = 0   # GGML_TYPE_F32, for llama.cpp's KV cache
 TEXT = "LoRA adapters of four more families, applied by llama.cpp: é ✓ and some words"
 GELU_TOL = 2e-3   # ggml's float16 GELU table (test_llamacpp_gguf's bound for these bases)
 
@@ -66,19 +66,6 @@ def _vectors(model, rng, spread=0.3):
             p.data[...] += rng.normal(0, spread, p.shape)
 
 
-def _llama_cpp(base, adapter=None):
-    kw = {"lora_path": str(adapter)} if adapter is not None else {}
-    return llama_cpp.Llama(model_path=str(base), n_ctx=64, n_batch=64, n_ubatch=64,
-                           logits_all=True, type_k=F32, type_v=F32, n_threads=1,
-                           verbose=False, **kw)
-
-
-def _logits(llm, ids):
-    llm.reset()
-    llm.eval([int(i) for i in ids])
-    return np.array(llm.scores[:len(ids)], dtype=np.float64)
-
-
 def _relative(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
@@ -90,7 +77,7 @@ def _random_adapters(model, targets, rng):
         layer.lora_b.data[...] = rng.normal(0, 0.05, layer.lora_b.shape)
 
 
-def _adapted_through_llama_cpp(tmp_path, model, targets, rng, tol=1e-4):
+def _adapted_throughopen_llama(tmp_path, model, targets, rng, tol=1e-4):
     """model saved as the base, adapted on targets with random A and B, the adapter
     written: llama.cpp (base + adapter) gives model's logits within tol of their
     scale and the merged model's (through llama.cpp too) within 1e-4, and the
@@ -102,14 +89,14 @@ def _adapted_through_llama_cpp(tmp_path, model, targets, rng, tol=1e-4):
     save_gguf_lora(model, adapter)
     ids = TOK.encode(TEXT)[:64]
     ours = model(ids[None])[0].astype(np.float64)
-    theirs = _logits(_llama_cpp(base, adapter), ids)
-    without = _logits(_llama_cpp(base), ids)
+    theirs = logits_of(open_llama(base, adapter), ids)
+    without = logits_of(open_llama(base), ids)
     assert _relative(theirs, ours) <= tol
     assert _relative(without, ours) > 1e-2   # the adapter is applied
     lora.merge(model)
     merged = tmp_path / "merged.gguf"
     save_gguf(model, merged, tokenizer=TOK)
-    assert _relative(theirs, _logits(_llama_cpp(merged), ids)) <= 1e-4
+    assert _relative(theirs, logits_of(open_llama(merged), ids)) <= 1e-4
 
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -125,7 +112,7 @@ ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
     ({"sliding_window": 64}, "all-linear"),
 ])
 def test_llama_cpp_applies_our_adapter_to_a_mistral(tmp_path, kw, targets):
-    _adapted_through_llama_cpp(tmp_path, _mistral(**kw), targets, np.random.default_rng(4))
+    _adapted_throughopen_llama(tmp_path, _mistral(**kw), targets, np.random.default_rng(4))
 
 
 def test_an_adapter_of_a_windowed_mistral_is_refused(tmp_path):
@@ -166,7 +153,7 @@ def test_llama_cpp_applies_our_adapter_to_a_gemma3(tmp_path):
     model = _gemma3(sliding_window=8, sliding_layers=(True, False))
     rng = np.random.default_rng(5)
     _vectors(model, rng)
-    _adapted_through_llama_cpp(tmp_path, model, "all-linear", rng, tol=GELU_TOL)
+    _adapted_throughopen_llama(tmp_path, model, "all-linear", rng, tol=GELU_TOL)
 
 
 def test_a_gemma3s_tied_embedding_and_head_take_no_adapter(tmp_path):
@@ -184,7 +171,7 @@ def test_a_gemma3s_tied_embedding_and_head_take_no_adapter(tmp_path):
 @pytest.mark.parametrize("targets", [
     "all-linear", ("qkv_proj", "gate_up_proj", "embed_tokens", "lm_head")])
 def test_llama_cpp_applies_our_adapter_to_a_phi3(tmp_path, targets):
-    _adapted_through_llama_cpp(tmp_path, _phi3(), targets, np.random.default_rng(6))
+    _adapted_throughopen_llama(tmp_path, _phi3(), targets, np.random.default_rng(6))
 
 
 def test_a_phi3_refuses_the_unfused_projections_by_name():
@@ -210,7 +197,7 @@ def test_llama_cpp_applies_our_adapter_to_a_gpt2(tmp_path):
     model = _gpt2()
     rng = np.random.default_rng(7)
     _vectors(model, rng)
-    _adapted_through_llama_cpp(tmp_path, model, "all-linear", rng, tol=GELU_TOL)
+    _adapted_throughopen_llama(tmp_path, model, "all-linear", rng, tol=GELU_TOL)
 
 
 @pytest.mark.parametrize("targets,match", [
@@ -281,8 +268,8 @@ def test_llama_cpp_applies_our_adapter_over_a_kept_q8_0_base(tmp_path, make, tar
     save_gguf_lora(kept, adapter)
     ids = np.array(TOK.encode(TEXT)[:64])
     ours = kept(ids[None])[0].astype(np.float64)
-    theirs = _logits(_llama_cpp(path, adapter), ids)
+    theirs = logits_of(open_llama(path, adapter), ids)
     err = _relative(theirs, ours)
     assert err <= 2 * _eight_bit_error(model, ids) + tol
-    assert _relative(theirs, _logits(_llama_cpp(path), ids)) > 5 * err
-    assert _relative(_logits(_llama_cpp(wide, adapter), ids), ours) <= tol
+    assert _relative(theirs, logits_of(open_llama(path), ids)) > 5 * err
+    assert _relative(logits_of(open_llama(wide, adapter), ids), ours) <= tol

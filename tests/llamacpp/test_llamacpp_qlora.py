@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from llamacpp_run import logits_of, open_llama
 
 from ggmlopt import lora
 from ggmlopt.io import load_gguf, save_gguf, save_gguf_lora
@@ -25,7 +26,6 @@ llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
 
 TOK = ByteTokenizer()
-F32 = 0   # GGML_TYPE_F32, for llama.cpp's KV cache
 TEXT = "QLoRA: adapters over a quantized base, applied by llama.cpp: é ✓ " * 2
 
 
@@ -39,19 +39,6 @@ def _model(seed=7, gain=4.0, tie=False):
         if p.data.ndim == 2:
             p.data *= gain
     return model
-
-
-def _llama_cpp(path, adapter=None):
-    kw = {"lora_path": str(adapter)} if adapter is not None else {}
-    return llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_ubatch=64,
-                           logits_all=True, type_k=F32, type_v=F32, n_threads=1,
-                           verbose=False, **kw)
-
-
-def _logits(llm, ids):
-    llm.reset()
-    llm.eval([int(i) for i in ids])
-    return np.array(llm.scores[:len(ids)], dtype=np.float64)
 
 
 def _quantize(src, dst, ftype):
@@ -94,7 +81,7 @@ def f32_file(tmp_path_factory):
 
 
 @pytest.mark.parametrize("ftype", FTYPES)
-def test_kept_types_give_llama_cpps_logits(f32_file, tmp_path, ftype):
+def test_kept_types_give_llama_cppslogits_of(f32_file, tmp_path, ftype):
     model, f32 = f32_file
     path = tmp_path / "q.gguf"
     _quantize(f32, path, ftype)
@@ -106,7 +93,7 @@ def test_kept_types_give_llama_cpps_logits(f32_file, tmp_path, ftype):
     assert types - {"F32"}, types   # something quantized is read as it is
     ids = np.array(TOK.encode(TEXT)[:64])
     ours = kept(ids[None])[0].astype(np.float64)
-    theirs = _logits(_llama_cpp(path), ids)
+    theirs = logits_of(open_llama(path), ids)
     err = _relative(ours, theirs)
     assert err <= 2 * _eight_bit_error(model, ids), (ftype, types, err)
     # and the file's values are what is read: the float32 model is further away
@@ -128,8 +115,8 @@ def test_llama_cpp_applies_an_adapter_trained_over_the_quantized_file(f32_file, 
     save_gguf_lora(kept, adapter)
     ids = np.array(TOK.encode(TEXT)[:64])
     ours = kept(ids[None])[0].astype(np.float64)
-    theirs = _logits(_llama_cpp(path, adapter), ids)
-    without = _logits(_llama_cpp(path), ids)
+    theirs = logits_of(open_llama(path, adapter), ids)
+    without = logits_of(open_llama(path), ids)
     # llama.cpp (quantized file + adapter) is as close to ggmlopt's adapted model
     # as its 8-bit activations allow, and the adapter moves its logits far more
     err = _relative(ours, theirs)
@@ -139,7 +126,7 @@ def test_llama_cpp_applies_an_adapter_trained_over_the_quantized_file(f32_file, 
     # file of the dequantized weights, which llama.cpp multiplies in float32
     widened = tmp_path / "widened.gguf"
     save_gguf(model_of(path), widened, tokenizer=TOK)
-    exact = _logits(_llama_cpp(widened, adapter), ids)
+    exact = logits_of(open_llama(widened, adapter), ids)
     assert np.abs(exact - ours).max() <= 1e-4 * np.abs(ours).max()
 
 
@@ -152,13 +139,13 @@ def model_of(path):
 
 
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q5_1"])
-def test_quantized_files_of_save_gguf_load_in_llama_cpp(tmp_path, dtype):
+def test_quantized_files_of_save_gguf_load_inopen_llama(tmp_path, dtype):
     model = _model(tie=True)
     path = tmp_path / f"{dtype}.gguf"
     save_gguf(model, path, tokenizer=TOK, dtype=dtype)
     kept, _ = load_gguf(path, keep_types=True)
     ids = np.array(TOK.encode(TEXT)[:64])
-    theirs = _logits(_llama_cpp(path), ids)
+    theirs = logits_of(open_llama(path), ids)
     err = _relative(kept(ids[None])[0], theirs)
     assert err <= 2 * _eight_bit_error(model, ids)
 
@@ -181,10 +168,10 @@ def test_llama_cpp_applies_an_embedding_adapter_over_a_kept_embedding(f32_file, 
     save_gguf_lora(kept, adapter)
     ids = np.array(TOK.encode(TEXT)[:64])
     ours = kept(ids[None])[0].astype(np.float64)
-    theirs = _logits(_llama_cpp(path, adapter), ids)
+    theirs = logits_of(open_llama(path, adapter), ids)
     assert _relative(ours, theirs) <= 2 * _eight_bit_error(model, ids)
-    assert _relative(theirs, _logits(_llama_cpp(path), ids)) > 5 * _relative(ours, theirs)
+    assert _relative(theirs, logits_of(open_llama(path), ids)) > 5 * _relative(ours, theirs)
     widened = tmp_path / "widened.gguf"
     save_gguf(model_of(path), widened, tokenizer=TOK)
-    exact = _logits(_llama_cpp(widened, adapter), ids)
+    exact = logits_of(open_llama(widened, adapter), ids)
     assert np.abs(exact - ours).max() <= 1e-4 * np.abs(ours).max()
