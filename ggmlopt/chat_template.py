@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import numpy as np
+
 from ._optional import import_optional
 
 __all__ = ["ChatTemplate", "check_messages"]
@@ -45,8 +47,8 @@ def check_messages(messages, name: str = "messages") -> list[dict[str, Any]]:
     out (an OpenAI message's ``content=None`` beside its tool calls; templates
     test for a missing key, and some would write "None"), and the reasoning
     under every name templates read (``reasoning_content`` and ``thinking``,
-    from any of REASONING_FIELDS).  TypeError or ValueError naming the message
-    otherwise."""
+    from any of REASONING_FIELDS), numpy scalars as their Python values (_plain).
+    TypeError or ValueError naming the message otherwise."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TypeError(f"{name}: expected a list of messages (dicts with 'role' and "
                         f"'content'), got {type(messages).__name__}")
@@ -57,12 +59,43 @@ def check_messages(messages, name: str = "messages") -> list[dict[str, Any]]:
                             f"{type(m).__name__}")
         if not isinstance(m.get("role"), str):
             raise TypeError(f"{name}[{i}]: expected a str 'role', got {m.get('role')!r}")
-        message = {k: v for k, v in m.items() if v is not None}
+        message = {k: _plain(v) for k, v in m.items() if v is not None}
         reasoning = next((message[k] for k in REASONING_FIELDS if k in message), None)
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         out.append(message)
     return out
+
+
+def _plain(value):
+    """value with its numpy scalars (a dataset column's np.False_, np.int64)
+    as the Python values transformers' copy of a template's inputs makes them:
+    np.False_ ``is false`` to the template."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def _check_listed(value, name: str, what: str) -> None:
+    """TypeError unless value (tools, documents) is None or a list of dicts
+    (what: the kind of dict), as transformers refuses others (a function among
+    the tools: transformers turns it into its JSON schema, which a template
+    reads; the function itself would be rendered without its name)."""
+    if value is None:
+        return
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name}: expected a list, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            hint = " (transformers.utils.get_json_schema(f) makes one of a function)" \
+                if callable(item) else ""
+            raise TypeError(f"{name}[{i}]: expected a {what}, got {type(item).__name__}{hint}")
 
 
 class ChatTemplate:
@@ -203,9 +236,11 @@ class ChatTemplate:
         """The rendered text's chunks as Jinja streams them (self._streamed
         counts the characters before the one being rendered)."""
         messages = check_messages(messages)
-        variables = {**self.special_tokens, **kwargs}
+        variables = {**self.special_tokens, **_plain(kwargs)}
         variables.setdefault("tools", None)
         variables.setdefault("documents", None)
+        _check_listed(variables["tools"], "tools", "JSON schema (dict)")
+        _check_listed(variables["documents"], "documents", "dict")
         chunks = []
         self._streamed = 0
         try:

@@ -42,6 +42,8 @@ __all__ = ["HFTokenizer", "load_hf_tokenizer"]
 SPACE = "\u2581"   # SentencePiece's visible space
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+# transformers' SPECIAL_TOKENS_ATTRIBUTES: the named tokens a chat template sees
+_NAMED_KEYS = (*_SPECIAL_KEYS, "sep_token", "cls_token", "mask_token")
 # transformers' clean_up_tokenization, in its order
 _CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
              (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
@@ -93,6 +95,13 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
                                  and 0 <= v < self.vocab_size}
         _refuse_what_is_not_read(self._tk, config, self.path)
         self._texts = {k: _token_text(config.get(k)) for k in _SPECIAL_KEYS}
+        # what a chat template sees, as transformers' special_tokens_map: the named
+        # tokens and a config's model-specific ones (any key ending in _token,
+        # extra_special_tokens given by name: image_token, boi_token ...)
+        extra = config.get("extra_special_tokens")
+        named = {**config, **(extra if isinstance(extra, dict) else {})}
+        self._named_texts = {k: t for k, v in named.items()
+                             if k.endswith("_token") and (t := _token_text(v)) is not None}
         self.bos_id = self.token_to_id(self._texts["bos_token"]) if self._texts["bos_token"] \
             else None
         self.eos_id = self.token_to_id(self._texts["eos_token"]) if self._texts["eos_token"] \
@@ -166,7 +175,7 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
     def special_tokens_map(self) -> dict[str, str]:
         """bos_token, eos_token ... as tokenizer_config.json names them (what a chat
         template sees)."""
-        return {k: v for k, v in self._texts.items() if v is not None}
+        return dict(self._named_texts)
 
     def token_to_id(self, token: str | None) -> int | None:
         """The id of a token's text, or None."""
@@ -315,7 +324,7 @@ def load_hf_tokenizer(directory: str | os.PathLike[str]) -> HFTokenizer:
             except json.JSONDecodeError as e:
                 raise ValueError(f"directory: {map_path!r} is not valid JSON: {e}") from None
         if isinstance(special, dict):
-            for key in _SPECIAL_KEYS:
+            for key in _NAMED_KEYS:
                 if special.get(key) is not None:
                     config[key] = special[key]
     # template files win over the config's entries, as transformers reads them:

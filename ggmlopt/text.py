@@ -78,8 +78,10 @@ class _ChatTemplated:
         variables (with ``tools``, a checkpoint's ``tool_use`` template renders
         where it has one, as transformers picks it; ``chat_template``: one of the
         named templates, or a template's source, as transformers takes it).
-        ValueError when the tokenizer has no chat_template; the ``chat`` extra
-        (jinja2) renders it."""
+        ValueError when the tokenizer has no chat_template or messages is empty (as
+        transformers refuses it); the ``chat`` extra (jinja2) renders it."""
+        if isinstance(messages, (list, tuple)) and not messages:
+            raise ValueError("messages: an empty conversation (give at least one message)")
         template = self.compiled_chat_template(tools=kwargs.get("tools"),
                                                chat_template=kwargs.pop("chat_template", None))
         text = template.render(messages, add_generation_prompt, **kwargs)

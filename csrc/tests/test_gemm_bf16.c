@@ -145,7 +145,7 @@ static float *whole_product(bgemm_block_fn block, const bgemm_case *c, int off) 
     bgemm_operands o = make_operands(c, off);
     float *cm = th_alloc(4, c->m * c->n, 0);
     const go_gemm_bf16_args g = {c->m, c->n, c->k, o.a, o.a_row, o.a_col, o.b,
-                                 o.b_row, o.b_col, cm, c->n, 0, 0};
+                                 o.b_row, o.b_col, cm, c->n, 0, 0, 0};
     float *work = th_alloc(4, go_gemm_bf16_work_floats(c->k), 0);
     block(&g, 0, c->m, 0, c->n, work);
     return cm;
@@ -167,7 +167,7 @@ static void check_streamed(const char *name, bgemm_block_fn block, int nr, int m
             float *got = (float *)aligned_alloc(64, (size_t)(c->m * ldc) * sizeof(float));
             memcpy(got, want, (size_t)(c->m * ldc) * sizeof(float));
             go_gemm_bf16_args g = {c->m, c->n, c->k, o.a, o.a_row, o.a_col, o.b,
-                                   o.b_row, o.b_col, want, ldc, 0, 0};
+                                   o.b_row, o.b_col, want, ldc, 0, 0, 0};
             float *work = th_alloc(4, go_gemm_bf16_work_floats(c->k), 0);
             block(&g, r0, c->m, j0, c->n, work);
             g.c = got;
