@@ -354,7 +354,9 @@ cdef class Dataset:
         (ggmlopt.nn.positions; ``split_documents`` reads ids, positions and
         document starts back): the loss and gradients are those of the
         conversations alone, with far fewer padded positions.
-        template_kwargs: further template variables.  See ggmlopt.instruct.
+        template_kwargs: further template variables, as keywords
+        (``enable_thinking=False``; not chat's ``template_kwargs=`` dict, which
+        is refused).  See ggmlopt.instruct.
         """
         from ggmlopt.instruct import chat_windows
         x, y = chat_windows(conversations, tokenizer, n_ctx, train_on=train_on,

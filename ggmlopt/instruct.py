@@ -514,6 +514,13 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
     packing: several conversations a window, marked as ggmlopt.nn.positions
     says."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
+    for name in ("template_kwargs", "chat_template_kwargs"):
+        # (ggmlopt.chat's and a row's spelling: as a variable the template would not
+        # read it, and the data would render otherwise than chat renders the prompt)
+        if name in template_kwargs:
+            raise TypeError(f"{name}: the template variables are keywords here "
+                            f"(from_chat(..., enable_thinking=False)), or a row's "
+                            f"'chat_template_kwargs'; not a dict named {name}")
     if train_on not in TRAIN_ON:
         raise ValueError(f"train_on: expected one of {TRAIN_ON}, got {train_on!r}")
     eog_texts = _eog_texts(tokenizer)
