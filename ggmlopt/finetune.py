@@ -53,6 +53,11 @@ def parser() -> argparse.ArgumentParser:
                    help="tokens per window (n_ctx; default 512)")
     p.add_argument("--train-on", choices=("assistant", "last", "all"), default=None,
                    help="chat data: the turns the loss counts (default assistant)")
+    p.add_argument("--chat-template-kwargs", type=_json_object, default=None,
+                   metavar="JSON",
+                   help="chat data: template variables for every conversation, a JSON "
+                        "object ('{\"enable_thinking\": false}'); a row's own "
+                        "chat_template_kwargs take precedence")
     p.add_argument("--too-long", choices=("error", "drop", "truncate"), default="error",
                    help="what to do with an example longer than the window (default "
                         "error)")
@@ -156,6 +161,18 @@ def parser() -> argparse.ArgumentParser:
 _LAUNCHER_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 
 
+def _json_object(text: str) -> dict:
+    """An option's JSON object (argparse reports the ArgumentTypeError by option)."""
+    import json
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def _launched_ranks() -> int:
     """How many ranks the MPI launcher that started this process runs (1 when
     none did)."""
@@ -255,6 +272,9 @@ def _problems(args) -> list[str]:
     if args.train_on is not None and args.file:
         bad.append("--train-on: chooses the turns of chat data (--data); a raw text file "
                    "trains on every token")
+    if args.chat_template_kwargs is not None and args.file:
+        bad.append("--chat-template-kwargs: renders chat data (--data); a raw text file has "
+                   "no template")
     if args.packing and args.file:
         bad.append("--packing: packs chat and completion examples (--data); a raw text file "
                    "is cut into whole windows already")
@@ -443,9 +463,12 @@ def _dataset(args, tok):
                                  "chat template (tokenizer.chat_template)")
             ds = go.Dataset.from_chat(examples, tok, args.ctx,
                                       train_on=args.train_on or "assistant",
-                                      too_long=args.too_long, packing=args.packing)
-        elif args.train_on is not None:
-            raise ValueError(f"--train-on: chooses the turns of chat data; {args.data} holds "
+                                      too_long=args.too_long, packing=args.packing,
+                                      **(args.chat_template_kwargs or {}))
+        elif args.train_on is not None or args.chat_template_kwargs is not None:
+            option = "--train-on: chooses the turns" if args.train_on is not None else \
+                "--chat-template-kwargs: renders the conversations"
+            raise ValueError(f"{option} of chat data; {args.data} holds "
                              f"{'prompt/completion pairs' if 'prompt' in first else 'text'}")
         elif "prompt" in first:
             ds = go.Dataset.from_completions(examples, tok, args.ctx, too_long=args.too_long,

@@ -668,3 +668,38 @@ def test_precision_is_fits_and_a_peft_base_is_named_from_anywhere(files, monkeyp
     assert seen == ["f32", "bf16"]
     with open(files / "peft" / "adapter_config.json") as f:
         assert json.load(f)["base_model_name_or_path"] == str(files / "hf")
+
+
+def test_template_variables_render_every_conversation(files, capsys, monkeypatch):
+    # a Qwen3 trained without thinking needs enable_thinking=False in every row's
+    # rendering: --chat-template-kwargs gives it once (a row's own still wins)
+    from ggmlopt import instruct
+    seen = []
+    real = instruct.chat_windows
+
+    def chat_windows(conversations, tok, n_ctx, **kw):
+        seen.append(kw)
+        return real(conversations, tok, n_ctx, **kw)
+
+    monkeypatch.setattr(instruct, "chat_windows", chat_windows)
+    assert finetune.main(["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"),
+                          "-c", "96", "--max-steps", "1", "--silent",
+                          "--chat-template-kwargs", '{"enable_thinking": false, "n": 2}',
+                          "--out", str(files / "a.gguf")]) == 0
+    assert seen[-1]["enable_thinking"] is False and seen[-1]["n"] == 2
+    (files / "text.txt").write_text("the cat sat on the mat. " * 40)
+    (files / "pairs.jsonl").write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
+    for extra, match in [
+            (["--data", str(files / "train.jsonl"), "--chat-template-kwargs", "[1]"],
+             "--chat-template-kwargs: expected a JSON object"),
+            (["--data", str(files / "train.jsonl"), "--chat-template-kwargs", "{x"],
+             "--chat-template-kwargs: not valid JSON"),
+            (["-f", str(files / "text.txt"), "--chat-template-kwargs", "{}"],
+             "--chat-template-kwargs: renders chat data"),
+            (["--data", str(files / "pairs.jsonl"), "--chat-template-kwargs", "{}"],
+             "--chat-template-kwargs: renders the conversations of chat data")]:
+        with pytest.raises(SystemExit) as info:
+            finetune.main(["-m", str(files / "base.gguf"), "--out", str(files / "b.gguf"),
+                           "-c", "32"] + extra)
+        assert info.value.code == 2 and match in capsys.readouterr().err
+    assert not (files / "b.gguf").exists()
