@@ -217,8 +217,10 @@ def _edited(tmp_path, source, edit, name="edited"):
 
 
 def _refused(model, tok, path, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as info:
         _quiet(save_gguf, model, path, tokenizer=tok)
+    # and what to do instead
+    assert "load_gguf_tokenizer(path)" in str(info.value)
     assert not os.path.exists(path)
 
 

@@ -105,11 +105,25 @@ _PROBES = (
     "\n", " ", "")
 
 
+# what a refusal of hf_tokenizer_keys leaves a user to do
+_WAY_OUT = ("; save with the tokenizer of a GGUF of this model instead "
+            "(load_gguf_tokenizer(path); the finetune command's --tokenizer), whose "
+            "vocabulary llama.cpp's converter wrote")
+
+
 def hf_tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
     """tokenizer_keys' dict for an HFTokenizer and a model of vocab_size tokens
     (a vocabulary shorter than the model's is padded with ``[PAD<id>]`` tokens
     as the converter pads it); ValueError for a tokenizer llama.cpp would not
-    tokenize as it does (see the module's docstring)."""
+    tokenize as it does (see the module's docstring), saying what to do
+    instead."""
+    try:
+        return _hf_tokenizer_keys(tokenizer, vocab_size)
+    except ValueError as e:
+        raise ValueError(f"{e}{_WAY_OUT}") from None
+
+
+def _hf_tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
     spec = json.loads(tokenizer._tk.to_str())
     model = spec.get("model") or {}
     where = f"tokenizer: {tokenizer.path!r}"
