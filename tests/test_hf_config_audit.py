@@ -107,3 +107,26 @@ def test_bias_keys_transformers_never_reads_change_nothing(tmp_path, cls, config
     want = _logits(again, tokens)
     np.testing.assert_allclose(load_hf(tmp_path).forward(tokens), want, rtol=0,
                                atol=1e-4 * np.abs(want).max())
+
+
+def test_phi4_mini_s_own_keys_load_at_their_values_and_others_are_refused(tmp_path):
+    # Phi-4-mini's config.json (model_type phi3) carries full_attn_mod, interpolate_factor
+    # and lm_head_bias for its own code; transformers' Phi3 never reads them
+    torch.manual_seed(0)
+    hf = transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **SMALL, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        pad_token_id=0)).eval()
+    hf.save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    phi4 = {"full_attn_mod": 1, "interpolate_factor": 1, "lm_head_bias": False}
+    path.write_text(json.dumps({**config, **phi4}))
+    tokens = np.random.default_rng(3).integers(0, 67, (2, 9))
+    want = _logits(hf, tokens)
+    np.testing.assert_allclose(load_hf(tmp_path).forward(tokens), want, rtol=0,
+                               atol=1e-4 * np.abs(want).max())
+    for key, value in [("full_attn_mod", 2), ("interpolate_factor", 2), ("lm_head_bias", True),
+                       ("lm_head_bias", 0)]:
+        path.write_text(json.dumps({**config, **phi4, key: value}))
+        with pytest.raises(ValueError, match=key):
+            load_hf(tmp_path)

@@ -257,13 +257,22 @@ class Phi3(Llama):
 # LongRoPE's pretraining length (original_max_position_embeddings);
 # attention_bias, mlp_bias and pretraining_tp are read by no layer of transformers'
 # Phi3 (its projections have no bias: a file's bias tensors would be refused as unknown)
+# Phi-4-mini's config.json (model_type phi3) carries its own code's keys, which
+# transformers' Phi3 never reads: at these values (every layer full attention, no
+# interpolation, no head bias) they describe the model transformers runs; others not
+_PHI4_MINI_KEYS = (("full_attn_mod", 1), ("interpolate_factor", 1), ("lm_head_bias", False))
 _HF_KEYS = LLAMA_KEYS | {
     "sliding_window", "resid_pdrop", "embd_pdrop", "original_max_position_embeddings",
-    "partial_rotary_factor"}
+    "partial_rotary_factor", *(k for k, _ in _PHI4_MINI_KEYS)}
 
 
 def _from_hf(hf: Mapping[str, Any], where: str) -> Phi3Config:
     check_keys(hf, _HF_KEYS, "phi3")
+    for key, neutral in _PHI4_MINI_KEYS:
+        if key in hf and (isinstance(hf[key], bool) != isinstance(neutral, bool)
+                          or hf[key] != neutral):
+            raise ValueError(f"{key}: {hf[key]!r} is not supported (only {neutral!r}, Phi-4-mini's, "
+                             "which transformers' Phi3 computes)")
     no_dropout(hf, ("resid_pdrop", "embd_pdrop"), where)
     original = hf.get("original_max_position_embeddings", 4096)
     hf, partial = _as_longrope(hf, original)
