@@ -105,6 +105,9 @@ MEDIUM = {"vocab_size": 16000, "dim": 384, "n_layers": 6, "n_heads": 6, "n_kv_he
 def test_the_estimate_is_within_15_percent_of_the_measured_peak(b, t, how):
     if "bf16" in how and not gemm.bf16_support()[0]:
         pytest.skip(f"bf16 runs as float32 here: {gemm.bf16_support()[1]}")
+    if "bf16" in how and gemm.bf16_engine() == "mkl":
+        # (memory_report's docstring: MKL's buffers are not modelled)
+        pytest.skip("bf16 products on Intel MKL, whose own buffers the estimate does not model")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", PEAK, json.dumps([MEDIUM, b, t, how])],
                          capture_output=True, text=True, cwd=root, check=True,
