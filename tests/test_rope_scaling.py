@@ -75,7 +75,7 @@ def test_the_rotary_tables_carry_the_yarn_attention_factor():
 
 
 @pytest.mark.parametrize("params, match", [
-    ({"rope_type": "dynamic", "factor": 2.0}, "rope_type 'dynamic' is not supported"),
+    ({"rope_type": "mrope", "factor": 2.0}, "rope_type 'mrope' is not supported"),
     ({"rope_type": "longrope", "short_factor": [1.0]}, r"needs \['long_factor'\]"),
     ({"rope_type": "llama3", "factor": 8.0}, "needs"),
     ({"rope_type": "linear", "factor": 2.0, "beta": 1}, r"keys \['beta'\]"),
@@ -154,8 +154,8 @@ def test_save_hf_writes_the_scaling_back(tmp_path):
 
 
 @pytest.mark.parametrize("edit, match", [
-    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
-     "'dynamic' is not supported"),
+    ({"rope_parameters": {"rope_type": "proportional", "factor": 2.0, "rope_theta": 1e4}},
+     "'proportional' is not supported"),
     ({"sliding_window": 4096},
      r"keys \['sliding_window'\] of a 'llama' config are not implemented"),
     ({"attention_bias": True}, "attention_bias"),
@@ -249,3 +249,124 @@ def test_yarn_is_not_written_to_gguf(tmp_path):
     with pytest.raises(ValueError, match="'yarn' rope scaling is not written to GGUF"):
         save_gguf(model, tmp_path / "m.gguf", tokenizer=ByteTokenizer())
     assert not (tmp_path / "m.gguf").exists()
+
+
+# ---- dynamic NTK: the base raised by the pass's length past max_position_embeddings ----
+
+DYNAMIC = {"rope_type": "dynamic", "factor": 3.0}
+
+
+def _hf_dynamic(transformers, torch, tmp_path, max_pos):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=67, hidden_size=32, intermediate_size=40,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=max_pos,
+                                   rope_parameters={**DYNAMIC, "rope_theta": 10000.0})
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    return hf
+
+
+@pytest.mark.parametrize("length", [16, 17, 40, 100])
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_dynamic_frequencies_equal_transformers_at_each_length(length, head_dim):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    cfg = transformers.LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2,
+                                   max_position_embeddings=16,
+                                   rope_parameters={**DYNAMIC, "rope_theta": 10000.0})
+    # the pass's length as dynamic_rope_update gives it: a tensor
+    want, _ = ROPE_INIT_FUNCTIONS["dynamic"](cfg, "cpu", seq_len=torch.tensor(length))
+    scaling = RopeScaling.from_hf(DYNAMIC, 16)
+    got, attention = rope_inv_freq(head_dim, 10000.0, scaling, n_positions=length)
+    assert attention == 1.0
+    np.testing.assert_allclose(got, want.numpy(), rtol=ULPS, atol=0)
+    if length <= 16:   # within the original length: the plain frequencies
+        np.testing.assert_array_equal(got, default_inv_freq(head_dim, 10000.0))
+    else:
+        assert not np.allclose(got, default_inv_freq(head_dim, 10000.0), rtol=1e-3)
+
+
+@pytest.mark.parametrize("T", [9, 20, 45])
+def test_a_dynamic_llama_gives_transformers_logits_and_gradients(tmp_path, T):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf, save_hf
+    hf = _hf_dynamic(transformers, torch, tmp_path, max_pos=16)
+    model = load_hf(tmp_path)
+    assert model.config.rope_scaling.rope_type == "dynamic"
+    tokens = np.random.default_rng(T).integers(0, 67, (2, T))
+    logits = hf(torch.tensor(tokens)).logits
+    want = logits.detach().numpy()
+    np.testing.assert_allclose(model.forward(tokens), want, rtol=0,
+                               atol=1e-4 * np.abs(want).max())
+    g = np.random.default_rng(1).normal(size=want.shape).astype(np.float32)
+    (logits * torch.tensor(g)).sum().backward()
+    model.zero_grad()
+    model.backward(g)
+    grads = dict(model.named_parameters())
+    theirs = hf.model.layers[0].self_attn.q_proj.weight.grad.numpy()
+    np.testing.assert_allclose(grads["layers.0.self_attn.q_proj.weight"].grad.T, theirs, rtol=0,
+                               atol=1e-4 * np.abs(theirs).max())
+    # and back: transformers reads the scaling ggmlopt writes
+    save_hf(model, tmp_path / "again")
+    back = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "again").eval()
+    np.testing.assert_allclose(back(torch.tensor(tokens)).logits.detach().numpy(), want,
+                               rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_dynamic_llama_generates_as_transformers_past_its_length(tmp_path):
+    # greedy decoding past max_position_embeddings: each step's new token rotated by
+    # the frequencies of its pass's length, the cached keys keeping theirs
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    import ggmlopt as go
+    from ggmlopt.io import load_hf
+    hf = _hf_dynamic(transformers, torch, tmp_path, max_pos=16)
+    with torch.no_grad():   # sharpen the random model so greedy choices are clear
+        for p in hf.parameters():
+            p.mul_(3.0)
+    hf.save_pretrained(tmp_path)
+    model = load_hf(tmp_path)
+    prompt = np.random.default_rng(4).integers(0, 67, 10)
+    want = hf.generate(torch.tensor(prompt[None]), attention_mask=torch.ones(1, 10, dtype=torch.long),
+                       max_new_tokens=20, do_sample=False, pad_token_id=0)[0, 10:].numpy()
+    got = go.generate(model, prompt, 20, temperature=0)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_dynamic_scaling_reads_transformers_length_only():
+    s = RopeScaling.from_hf(DYNAMIC, 128)
+    assert s.original_max_position_embeddings == 128 and s.factor == 3.0
+    assert s.to_hf() == DYNAMIC
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        RopeScaling.from_hf({**DYNAMIC, "original_max_position_embeddings": 64}, 128)
+    with pytest.raises(ValueError, match="factor must be >= 1.0"):
+        RopeScaling.from_hf({"rope_type": "dynamic", "factor": 0.5}, 128)
+
+
+def test_a_packed_dynamic_document_is_rotated_as_it_alone_is():
+    # a packed window: each document by its own length's frequencies (one past the
+    # original length, one within it), the logits each document alone gives
+    from ggmlopt.nn.positions import mark_document_starts
+    cfg = LlamaConfig(vocab_size=67, dim=32, n_layers=2, n_heads=4, max_seq_len=48,
+                      rope_scaling=RopeScaling("dynamic", 3.0,
+                                               original_max_position_embeddings=16))
+    model = Llama(cfg, seed=0)
+    rng = np.random.default_rng(7)
+    long, short = rng.integers(0, 67, 29), rng.integers(0, 67, 11)
+    starts = np.zeros((1, 40), bool)
+    starts[0, [0, 29]] = True
+    packed = model.forward(mark_document_starts(np.concatenate([long, short])[None], starts))
+    for part, alone in ((packed[0, :29], model.forward(long[None])[0]),
+                        (packed[0, 29:], model.forward(short[None])[0])):
+        np.testing.assert_allclose(part, alone, rtol=0, atol=1e-5 * np.abs(alone).max())
+    # the long document's own frequencies, not the plain ones
+    plain = Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=2, n_heads=4, max_seq_len=48),
+                  seed=0).forward(long[None])[0]
+    # (a random model moves little with its rotation: 6e-4 of the scale, float32 ~1e-6)
+    assert np.abs(plain - packed[0, :29]).max() > 1e-4 * np.abs(plain).max()

@@ -143,6 +143,10 @@ def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False
     theta = params.get("rope_theta", top)
     max_len = hf.get("max_position_embeddings", max_len)
     scaling = RopeScaling.from_hf(params or legacy, max_len)
+    if scaling is not None and scaling.rope_type == "dynamic":
+        # dynamic NTK scaling stretches max_position_embeddings (its original length)
+        # by its factor: the positions the model may take (transformers sets no limit)
+        max_len = int(max_len * scaling.factor)
     return {"vocab_size": hf["vocab_size"], "dim": dim, "n_layers": hf["num_hidden_layers"],
             "n_heads": heads, "n_kv_heads": hf.get("num_key_value_heads", kv_heads),
             "ffn_dim": hf["intermediate_size"], "max_seq_len": max_len,
@@ -157,7 +161,10 @@ def llama_hf_config(cfg) -> dict[str, Any]:
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim,
         "intermediate_size": cfg.ffn_dim, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-        "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
+        # (a dynamic scaling's original length, which max_seq_len stretches)
+        "max_position_embeddings": cfg.rope_scaling.original_max_position_embeddings
+        if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type == "dynamic"
+        else cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_base,
         "rope_scaling": None if cfg.rope_scaling is None else cfg.rope_scaling.to_hf(),
         "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",

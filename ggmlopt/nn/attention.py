@@ -91,8 +91,8 @@ class RotaryEmbedding(Module):
     """RotaryEmbedding(head_dim, base=10000.0, scaling=None, *, rotary_dim=None):
     rotary position embedding as Hugging Face's Llama applies it (``rotate_half``);
     scaling, a ggmlopt.nn.RopeScaling, scales the frequencies as the config's
-    rope_scaling says (Llama 3's ``llama3``, ``linear``, ``yarn``, Phi-3's
-    ``longrope``).  rotary_dim (default head_dim): only the first rotary_dim
+    rope_scaling says (Llama 3's ``llama3``, ``linear``, ``dynamic``, ``yarn``,
+    Phi-3's ``longrope``).  rotary_dim (default head_dim): only the first rotary_dim
     features of each head rotate, by frequencies of that width, the others pass
     through (a partial_rotary_factor below 1: Phi-4-mini's).
 
@@ -102,7 +102,12 @@ class RotaryEmbedding(Module):
     angles position * theta_i.  LongRoPE: a pass over more positions than the
     original length takes the long factors for all of them (transformers'
     choice; a row padded past it too), a packed window each document by its own
-    length (as the document alone).
+    length (as the document alone).  Dynamic NTK likewise: a pass of L positions
+    past the original length rotates all of them by the base L raises (a decode
+    step's new tokens by their pass's L, the cached keys keeping theirs, as
+    transformers' generate does; transformers also keeps a longer pass's
+    frequencies for later shorter ones still past the original length, where
+    ggmlopt takes each pass's own).
     The cos/sin table (computed as HF does, float32 angles, cos and sin in
     float64) is cached and grown as positions demand.  No parameters.
 
@@ -112,7 +117,8 @@ class RotaryEmbedding(Module):
     """
 
     # the cos/sin tables outlive a pass (activation checkpointing keeps them)
-    _kept_arrays = ("_cos", "_sin", "_scaled", "_long", "_long_cos", "_long_sin")
+    _kept_arrays = ("_cos", "_sin", "_scaled", "_long", "_long_cos", "_long_sin", "_dyn_cos",
+                    "_dyn_sin")
     #: the positions of a whole pass that runs in parts (generation recomputing its
     #: cache a chunk at a time): LongRoPE chooses its factors by it
     pass_positions: int | None = None
@@ -139,7 +145,15 @@ class RotaryEmbedding(Module):
         self.base = float(base)
         self.scaling = scaling
         # a scaled table: its frequencies and the attention factor on cos and sin
-        self._scaled = None if scaling is None else rope_inv_freq(rotary_dim, self.base, scaling)
+        # (dynamic NTK's, within its original length, is the plain one)
+        self._scaled = None if scaling is None or scaling.rope_type == "dynamic" else \
+            rope_inv_freq(rotary_dim, self.base, scaling)
+        # dynamic NTK: a pass whose positions go past the original length takes the
+        # frequencies of its length, every position of it (transformers' per pass)
+        self._dynamic_from = None
+        if scaling is not None and scaling.rope_type == "dynamic":
+            self._dynamic_from = scaling.original_max_position_embeddings
+            self._dyn_len, self._dyn_cos, self._dyn_sin = 0, None, None
         # LongRoPE: a pass whose positions go past the pretraining length takes the
         # long factors' table, every position of it (transformers' choice per pass)
         self._long_from = None
@@ -158,7 +172,20 @@ class RotaryEmbedding(Module):
         if self._long_from is not None and \
                 max(n_positions, self.pass_positions or 0) > self._long_from:
             return self._long_tables(n_positions)
+        if self._dynamic_from is not None and \
+                max(n_positions, self.pass_positions or 0) > self._dynamic_from:
+            return self._dynamic_tables(max(n_positions, self.pass_positions or 0))
         return self._short_tables(n_positions)
+
+    def _dynamic_tables(self, length):
+        """Dynamic NTK's (cos, sin) of a pass of length positions (past the
+        original length): the base raised by that length, kept for the next
+        pass of the same length (a decode step's is one longer)."""
+        if self._dyn_len != length:
+            inv, _ = rope_inv_freq(self.rotary_dim, self.base, self.scaling, n_positions=length)
+            self._dyn_cos, self._dyn_sin = rope_tables(inv, length, 1.0)
+            self._dyn_len = length
+        return self._dyn_cos, self._dyn_sin
 
     def _long_tables(self, n_positions):
         """LongRoPE's long factors' (cos, sin), grown as the short ones are."""
@@ -216,6 +243,16 @@ class RotaryEmbedding(Module):
                 for a, b in zip(starts, ends):
                     if b - a > self._long_from:
                         cos[r, a:b], sin[r, a:b] = long_cos[row[a:b]], long_sin[row[a:b]]
+        if self._dynamic_from is not None and n > self._dynamic_from:
+            # dynamic NTK: a document longer than the original length by its own
+            # length's frequencies (as it alone is rotated)
+            for r, row in enumerate(positions):
+                starts = np.flatnonzero(row == 0)
+                ends = np.append(starts[1:], row.size)
+                for a, b in zip(starts, ends):
+                    if b - a > self._dynamic_from:
+                        dyn_cos, dyn_sin = self._dynamic_tables(int(b - a))
+                        cos[r, a:b], sin[r, a:b] = dyn_cos[row[a:b]], dyn_sin[row[a:b]]
         return cos, sin
 
     def _rotate_part(self, x, cos, sin, out, inverse):

@@ -1,13 +1,16 @@
 """RoPE frequency scaling: the ``rope_scaling`` / ``rope_parameters`` of Hugging Face
-configs (``linear``, ``llama3``, ``yarn``, ``longrope``) and llama.cpp's per-frequency factors
+configs (``linear``, ``dynamic``, ``llama3``, ``yarn``, ``longrope``) and llama.cpp's per-frequency factors
 (a GGUF's ``rope_freqs.weight``), computed as transformers' modeling_rope_utils
 does in float32, so the rotary tables equal Hugging Face's.
 
-A rope type ggmlopt does not compute (``dynamic``, ...) or a key it does not know
-is refused, never dropped: a dropped scaling changes every logit.  LongRoPE has two
-sets of frequencies, its short factors' for a pass whose positions stay within
+A rope type ggmlopt does not compute or a key it does not know is refused, never
+dropped: a dropped scaling changes every logit.  LongRoPE has two sets of
+frequencies, its short factors' for a pass whose positions stay within
 ``original_max_position_embeddings`` and its long factors' beyond, chosen per pass
-as transformers chooses them (``rope_inv_freq(..., long=True)``).
+as transformers chooses them (``rope_inv_freq(..., long=True)``).  Dynamic NTK
+scaling leaves the frequencies alone for a pass within the config's
+``max_position_embeddings`` and raises the base for a longer one by its length
+(``rope_inv_freq(..., n_positions=L)``), as transformers' _compute_dynamic_ntk_parameters.
 """
 from __future__ import annotations
 
@@ -35,8 +38,11 @@ _KEYS = {
     # past the pretraining length), cos and sin times an attention factor
     "longrope": ({"short_factor", "long_factor", "original_max_position_embeddings"},
                  {"attention_factor", "factor"}),
+    # dynamic NTK: the base raised past original_max_position_embeddings (the config's
+    # max_position_embeddings, which transformers reads) by the pass's length
+    "dynamic": ({"factor", "original_max_position_embeddings"}, set()),
 }
-_NOT_COMPUTED = ("dynamic", "proportional", "mrope", "default-axial")
+_NOT_COMPUTED = ("proportional", "mrope", "default-axial")
 
 
 def _real(value, name, minimum=None):
@@ -161,7 +167,17 @@ class RopeScaling:
             return None
         if kind in _NOT_COMPUTED or kind not in _KEYS or kind == "freq_factors":
             raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported (ggmlopt "
-                             "computes linear, llama3, yarn and longrope)")
+                             "computes linear, dynamic, llama3, yarn and longrope)")
+        if kind == "dynamic":
+            # transformers scales from the config's max_position_embeddings, whatever
+            # else the dict says
+            given = params.pop("original_max_position_embeddings", max_position_embeddings)
+            if given != max_position_embeddings:
+                raise ValueError(f"rope_scaling: a dynamic scaling's original_max_position_"
+                                 f"embeddings ({given}) is not read by transformers, which "
+                                 f"scales from max_position_embeddings "
+                                 f"({max_position_embeddings}); give one length")
+            params["original_max_position_embeddings"] = max_position_embeddings
         required, optional = _KEYS[kind]
         if kind in ("llama3", "yarn", "longrope"):
             # transformers' standardize_rope_params: the pretraining length defaults to
@@ -194,6 +210,9 @@ class RopeScaling:
             raise ValueError("rope_scaling: llama.cpp's per-frequency factors have no Hugging "
                              "Face form")
         required, optional = _KEYS[self.rope_type]
+        if self.rope_type == "dynamic":
+            # transformers' dynamic reads the config's max_position_embeddings instead
+            required = required - {"original_max_position_embeddings"}
         out: dict[str, Any] = {"rope_type": self.rope_type}
         for name in sorted(required | optional):
             value = getattr(self, name)
@@ -210,11 +229,16 @@ def default_inv_freq(head_dim: int, base: float) -> np.ndarray:
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None, *,
-                  long: bool = False) -> tuple[np.ndarray, float]:
+                  long: bool = False, n_positions: int | None = None
+                  ) -> tuple[np.ndarray, float]:
     """(inv_freq float32 (head_dim // 2,), attention_factor) for a scaling, each
     step in float32 as transformers' _compute_<type>_parameters; long: LongRoPE's
-    long factors' (a pass past original_max_position_embeddings)."""
+    long factors' (a pass past original_max_position_embeddings); n_positions:
+    the length of the pass, which a dynamic scaling's base grows with past
+    original_max_position_embeddings (None: within it)."""
     f32 = np.float32
+    if scaling is not None and scaling.rope_type == "dynamic":
+        return _dynamic(head_dim, base, scaling, n_positions), 1.0
     inv = default_inv_freq(head_dim, base)
     if scaling is None:
         return inv, 1.0
@@ -244,6 +268,21 @@ def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None
         return np.where(medium, smoothed, llama).astype(f32), 1.0
     assert kind == "yarn"
     return _yarn(head_dim, base, scaling)
+
+
+def _dynamic(dim, base, s, n_positions):
+    """Dynamic NTK's inv_freq for a pass of n_positions: the plain one within the
+    original length; past it the base times ((factor L / original) - (factor -
+    1)) ** (dim / (dim - 2)), in float32 as transformers computes it from the
+    pass's length (a tensor) in dynamic_rope_update."""
+    f32 = np.float32
+    original = s.original_max_position_embeddings
+    if n_positions is None or n_positions <= original:
+        return default_inv_freq(dim, base)
+    grown = f32(f32(s.factor) * f32(n_positions) / f32(original)) - f32(s.factor - 1.0)
+    new_base = f32(f32(base) * (grown ** f32(dim / (dim - 2))))
+    exponent = np.arange(0, dim, 2, dtype=np.int64).astype(f32) / f32(dim)
+    return (f32(1.0) / (new_base ** exponent)).astype(f32)
 
 
 def _longrope(dim, base, s, long):
