@@ -85,6 +85,17 @@ class _AdapterTraining:
         eval_mode and the inference helpers put back)."""
         return (self._base,)
 
+    @property
+    def base_layer(self):
+        """The wrapped layer (a Linear or QuantizedLinear, an Embedding or
+        QuantizedEmbedding), PEFT's ``base_layer``: read-only, and not a sub-module,
+        so the base weight keeps the adapter's own name (``q_proj.weight``)."""
+        return self._base
+
+    def get_base_layer(self):
+        """PEFT's accessor: the wrapped layer (``base_layer``)."""
+        return self._base
+
 
 class LoRALinear(_AdapterTraining, Linear):
     """LoRALinear(base, rank, alpha, *, dropout=0.0, rng=None): a Linear with a
@@ -685,6 +696,14 @@ class _Default:
 
     def __repr__(self):
         return repr(self.value)
+
+    # equal to its value, as the plain default it stands for is (a test or tool
+    # reading inspect.signature(apply) sees trainable=() and rank=8)
+    def __eq__(self, other):
+        return self.value == (other.value if isinstance(other, _Default) else other)
+
+    def __hash__(self):
+        return hash(self.value)
 
 
 # apply's defaults (help() shows the values)
