@@ -3,6 +3,8 @@ GPT-2's (one fused q|k|v projection), both on the fused attention kernel of
 ggmlopt.kernels_attention."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import kernels_attention as ka
@@ -85,6 +87,16 @@ def _linear_backward(layer, grad, need_input):
         return layer.product_transposed(grad, out)   # in bf16 when its forward was
     layer.needs_input_grad = need_input
     return layer.backward(grad)
+
+
+@functools.lru_cache(maxsize=4)
+def _dynamic_rope_tables(rotary_dim, base, scaling, length):
+    """Dynamic NTK's read-only (cos, sin) of a pass of length positions, one for
+    every layer of a model (each layer's RotaryEmbedding asks for the same)."""
+    inv, _ = rope_inv_freq(rotary_dim, base, scaling, n_positions=length)
+    cos, sin = rope_tables(inv, length, 1.0)
+    cos.flags.writeable = sin.flags.writeable = False
+    return cos, sin
 
 
 class RotaryEmbedding(Module):
@@ -180,10 +192,11 @@ class RotaryEmbedding(Module):
     def _dynamic_tables(self, length):
         """Dynamic NTK's (cos, sin) of a pass of length positions (past the
         original length): the base raised by that length, kept for the next
-        pass of the same length (a decode step's is one longer)."""
+        pass of the same length (a decode step's is one longer; the model's
+        layers share one computation of it)."""
         if self._dyn_len != length:
-            inv, _ = rope_inv_freq(self.rotary_dim, self.base, self.scaling, n_positions=length)
-            self._dyn_cos, self._dyn_sin = rope_tables(inv, length, 1.0)
+            self._dyn_cos, self._dyn_sin = _dynamic_rope_tables(
+                self.rotary_dim, self.base, self.scaling, length)
             self._dyn_len = length
         return self._dyn_cos, self._dyn_sin
 
