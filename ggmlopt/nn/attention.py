@@ -3,8 +3,6 @@ GPT-2's (one fused q|k|v projection), both on the fused attention kernel of
 ggmlopt.kernels_attention."""
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from .. import kernels_attention as ka
@@ -89,14 +87,25 @@ def _linear_backward(layer, grad, need_input):
     return layer.backward(grad)
 
 
-@functools.lru_cache(maxsize=4)
-def _dynamic_rope_tables(rotary_dim, base, scaling, length):
+# dynamic NTK's tables by (rotary_dim, base, scaling, length), the last few: every
+# layer of a model asks for the same one in a pass
+_dynamic_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _dynamic_rope_tables(rotary_dim: int, base: float, scaling: RopeScaling, length: int
+                         ) -> tuple[np.ndarray, np.ndarray]:
     """Dynamic NTK's read-only (cos, sin) of a pass of length positions, one for
     every layer of a model (each layer's RotaryEmbedding asks for the same)."""
-    inv, _ = rope_inv_freq(rotary_dim, base, scaling, n_positions=length)
-    cos, sin = rope_tables(inv, length, 1.0)
-    cos.flags.writeable = sin.flags.writeable = False
-    return cos, sin
+    key = (rotary_dim, base, scaling, length)
+    tables = _dynamic_cache.get(key)
+    if tables is None:
+        inv, _ = rope_inv_freq(rotary_dim, base, scaling, n_positions=length)
+        cos, sin = rope_tables(inv, length, 1.0)
+        cos.flags.writeable = sin.flags.writeable = False
+        if len(_dynamic_cache) >= 4:
+            _dynamic_cache.pop(next(iter(_dynamic_cache)))
+        _dynamic_cache[key] = tables = (cos, sin)
+    return tables
 
 
 class RotaryEmbedding(Module):
