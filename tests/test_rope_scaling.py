@@ -370,3 +370,134 @@ def test_a_packed_dynamic_document_is_rotated_as_it_alone_is():
                   seed=0).forward(long[None])[0]
     # (a random model moves little with its rotation: 6e-4 of the scale, float32 ~1e-6)
     assert np.abs(plain - packed[0, :29]).max() > 1e-4 * np.abs(plain).max()
+
+
+# ---- dynamic NTK in the other families that read a config's rope scaling ---------------
+
+_FAMILIES = {   # transformers' config and model classes, each family's own fields
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layer_interval": 2}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               {"head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 5,
+                "layer_types": ["sliding_attention", "full_attention"]}),
+}
+
+
+def _hf_dynamic_family(transformers, torch, tmp_path, family, spelling):
+    """A tiny dynamic-NTK model of family saved to tmp_path (max_position_embeddings
+    16, factor 3), its weights times 3 so greedy choices are clear; spelling
+    "rope_parameters" (transformers 5's; a Gemma 3's global layers') or
+    "rope_scaling" (4.x's {"type": "dynamic"}; a Gemma 3's rope_type, as 4.x read
+    it and 5 still does).  The model as transformers reads the file back."""
+    config_class, model_class, extra = _FAMILIES[family]
+    rope = {**DYNAMIC, "rope_theta": 10000.0}
+    if family == "gemma3":
+        rope = {"full_attention": rope,
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config_class)(
+        vocab_size=67, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+        pad_token_id=0, rope_parameters=rope, **extra)
+    hf = getattr(transformers, model_class)(cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.mul_(3.0)
+    hf.save_pretrained(tmp_path)
+    if spelling == "rope_scaling":
+        cfg = json.loads((tmp_path / "config.json").read_text())
+        del cfg["rope_parameters"]
+        cfg["rope_theta"] = 10000.0
+        if family == "gemma3":
+            cfg["rope_local_base_freq"] = 10000.0
+            cfg["rope_scaling"] = {"rope_type": "dynamic", "factor": 3.0}
+        else:
+            cfg["rope_scaling"] = {"type": "dynamic", "factor": 3.0}
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return getattr(transformers, model_class).from_pretrained(tmp_path).eval()
+
+
+@pytest.mark.parametrize("spelling", ["rope_parameters", "rope_scaling"])
+@pytest.mark.parametrize("family", list(_FAMILIES))
+def test_a_dynamic_checkpoint_of_each_family_runs_as_transformers_past_its_length(
+        tmp_path, family, spelling):
+    # a Gemma 3 scales its global layers only; its max_seq_len was left at
+    # max_position_embeddings, so no pass could go past it
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    import ggmlopt as go
+    from ggmlopt.io import load_hf, save_hf
+    hf = _hf_dynamic_family(transformers, torch, tmp_path, family, spelling)
+    model = load_hf(tmp_path)
+    assert model.config.rope_scaling.rope_type == "dynamic"
+    assert model.config.max_seq_len == 48   # max_position_embeddings x factor
+    prompt = np.random.default_rng(4).integers(0, 67, 10)
+    want = hf.generate(torch.tensor(prompt[None]), attention_mask=torch.ones(1, 10, dtype=torch.long),
+                       max_new_tokens=20, do_sample=False, pad_token_id=0)[0, 10:].numpy()
+    np.testing.assert_array_equal(go.generate(model, prompt, 20, temperature=0), want)
+    tokens = np.random.default_rng(40).integers(0, 67, (2, 40))
+    with torch.no_grad():
+        want = hf(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(model.forward(tokens), want, rtol=0,
+                               atol=1e-4 * np.abs(want).max())
+    save_hf(model, tmp_path / "again")
+    back = type(hf).from_pretrained(tmp_path / "again").eval()
+    with torch.no_grad():
+        again = back(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(again, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    assert load_hf(tmp_path / "again").config == model.config
+
+
+def test_rope_dicts_naming_their_kind_by_either_key_agree(tmp_path):
+    # rope_scaling's 4.x key 'type' and rope_parameters' rope_type name one kind
+    # (transformers reads rope_scaling, its rope_type taken from 'type'): they were
+    # refused as disagreeing
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf, save_hf
+    save_hf(Llama(LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=4, max_seq_len=16),
+                  seed=0), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["rope_scaling"] = {"type": "dynamic", "factor": 3.0}
+    cfg["rope_parameters"] = {**DYNAMIC, "rope_theta": cfg["rope_theta"]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    config = load_hf(tmp_path).config
+    assert config.rope_scaling == RopeScaling.from_hf(DYNAMIC, 16)
+    assert config.max_seq_len == 48
+    cfg["rope_scaling"]["factor"] = 2.0
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="disagree"):
+        load_hf(tmp_path)
+
+
+def test_a_gemma3_s_dynamic_scaling_under_the_old_key_is_refused(tmp_path):
+    # transformers 5 ignores a Gemma 3's old key 'type' (4.x applied it)
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf, save_hf
+    from ggmlopt.models import Gemma3, Gemma3Config
+    save_hf(Gemma3(Gemma3Config(vocab_size=67, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                head_dim=8, max_seq_len=16), seed=0), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["rope_scaling"] = {"type": "dynamic", "factor": 3.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="names its kind by the old key 'type'"):
+        load_hf(tmp_path)
+
+
+@pytest.mark.parametrize("edit", [
+    {"rope_parameters": {**DYNAMIC, "rope_theta": 10000.0}},
+    {"rope_scaling": {"type": "dynamic", "factor": 3.0}, "rope_theta": 10000.0},
+])
+def test_a_dynamic_phi3_is_refused_as_transformers_refuses_it(tmp_path, edit):
+    pytest.importorskip("safetensors")
+    from ggmlopt.io import load_hf, save_hf
+    from ggmlopt.models import Phi3, Phi3Config
+    save_hf(Phi3(Phi3Config(vocab_size=67, dim=32, n_layers=1, n_heads=4, max_seq_len=16,
+                            original_max_seq_len=16), seed=0), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("rope_scaling", None)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ValueError, match="LongRoPE only .*'dynamic'"):
+        load_hf(tmp_path)

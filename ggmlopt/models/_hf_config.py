@@ -103,6 +103,15 @@ def no_sliding_window(hf: Mapping[str, Any], *, window_default: int | None = 409
                          f"{sorted(set(layers))}")
 
 
+def _rope_kind_named(params: Mapping[str, Any], *drop: str) -> dict[str, Any]:
+    """A rope dict as transformers reads it, for comparing two: its kind under
+    rope_type (the 4.x key 'type' where rope_type is absent), without drop."""
+    out = {k: v for k, v in params.items() if k != "type" and k not in drop}
+    if "type" in params and "rope_type" not in params:
+        out["rope_type"] = params["type"]
+    return out
+
+
 def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False, *,
                  max_len: int = 2048, theta: float = 10000.0, eps: float = 1e-6,
                  kv_heads: int | None = None) -> dict[str, Any]:
@@ -126,8 +135,7 @@ def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False
         raise ValueError(f"rope_parameters: expected a dict, got "  # noqa: TRY004
                          f"{type(params).__name__}")
     legacy = hf.get("rope_scaling") or {}
-    if params and legacy and {k: v for k, v in legacy.items() if k != "type"} != {
-            k: v for k, v in params.items() if k not in ("rope_theta", "type")}:
+    if params and legacy and _rope_kind_named(legacy) != _rope_kind_named(params, "rope_theta"):
         raise ValueError(f"rope_scaling {legacy} and rope_parameters {params} disagree")
     # a top-level rope_theta beside rope_parameters' must agree with it; beside a
     # rope_scaling transformers reads the top-level one (its default when absent)
