@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
-from llamacpp_run import logits_of, open_llama
+from llamacpp_run import eight_bit_error, logits_of, open_llama, relative
 
 from ggmlopt import lora
 from ggmlopt.io import load_gguf, save_gguf, save_gguf_lora
@@ -66,10 +66,6 @@ def _vectors(model, rng, spread=0.3):
             p.data[...] += rng.normal(0, spread, p.shape)
 
 
-def _relative(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
 def _random_adapters(model, targets, rng):
     lora.apply(model, rank=4, alpha=8.0, targets=targets, seed=1)
     for _, layer in lora.named_adapters(model):   # zeros would test nothing
@@ -91,12 +87,12 @@ def _adapted_throughopen_llama(tmp_path, model, targets, rng, tol=1e-4):
     ours = model(ids[None])[0].astype(np.float64)
     theirs = logits_of(open_llama(base, adapter), ids)
     without = logits_of(open_llama(base), ids)
-    assert _relative(theirs, ours) <= tol
-    assert _relative(without, ours) > 1e-2   # the adapter is applied
+    assert relative(theirs, ours) <= tol
+    assert relative(without, ours) > 1e-2   # the adapter is applied
     lora.merge(model)
     merged = tmp_path / "merged.gguf"
     save_gguf(model, merged, tokenizer=TOK)
-    assert _relative(theirs, logits_of(open_llama(merged), ids)) <= 1e-4
+    assert relative(theirs, logits_of(open_llama(merged), ids)) <= 1e-4
 
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -227,20 +223,6 @@ def test_trained_modules_are_refused(tmp_path, make, trainable):
 
 # ---- over a base kept in its file's Q8_0 -----------------------------------------------
 
-def _eight_bit_error(model, ids):
-    """How far rounding every matrix to Q8_0 moves the logits: the scale of the error
-    llama.cpp's 8-bit activations add (test_llamacpp_qlora's measure)."""
-    import copy
-    rounded = copy.deepcopy(model)
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    for name, p in rounded.named_parameters():
-        if p.data.ndim == 2:
-            rows = p.data if name == "embed_tokens.weight" else p.data.T
-            r = gguf.quants.dequantize(gguf.quants.quantize(np.ascontiguousarray(rows), q8), q8)
-            p.data[...] = r if name == "embed_tokens.weight" else r.T
-    return _relative(rounded(ids[None])[0], model(ids[None])[0])
-
-
 @pytest.mark.parametrize("make,targets,tol", [
     (_phi3, ("embed_tokens", "qkv_proj", "gate_up_proj", "down_proj", "lm_head"), 1e-4),
     (_gemma3, "all-linear", GELU_TOL)])
@@ -269,7 +251,7 @@ def test_llama_cpp_applies_our_adapter_over_a_kept_q8_0_base(tmp_path, make, tar
     ids = np.array(TOK.encode(TEXT)[:64])
     ours = kept(ids[None])[0].astype(np.float64)
     theirs = logits_of(open_llama(path, adapter), ids)
-    err = _relative(theirs, ours)
-    assert err <= 2 * _eight_bit_error(model, ids) + tol
-    assert _relative(theirs, logits_of(open_llama(path), ids)) > 5 * err
-    assert _relative(logits_of(open_llama(wide, adapter), ids), ours) <= tol
+    err = relative(theirs, ours)
+    assert err <= 2 * eight_bit_error(model, ids) + tol
+    assert relative(theirs, logits_of(open_llama(path), ids)) > 5 * err
+    assert relative(logits_of(open_llama(wide, adapter), ids), ours) <= tol

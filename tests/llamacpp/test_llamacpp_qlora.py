@@ -8,13 +8,12 @@ llama.cpp multiplies a quantized weight by activations it quantizes to 8 bits
 (its vec_dot types Q8_0 / Q8_K), which ggmlopt does not: the logits differ by
 what an 8-bit rounding moves them, measured here on the same model as the
 error of rounding its weights to Q8_0 (as test_llamacpp_gguf does)."""
-import copy
 import ctypes
 import warnings
 
 import numpy as np
 import pytest
-from llamacpp_run import logits_of, open_llama
+from llamacpp_run import eight_bit_error, logits_of, open_llama, relative
 
 from ggmlopt import lora
 from ggmlopt.io import load_gguf, save_gguf, save_gguf_lora
@@ -49,23 +48,6 @@ def _quantize(src, dst, ftype):
                                           ctypes.byref(params)) == 0
 
 
-def _relative(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
-def _eight_bit_error(model, ids):
-    """How far rounding every matrix to Q8_0 moves the logits: the scale of the
-    error llama.cpp's 8-bit activations add."""
-    rounded = copy.deepcopy(model)
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    for name, p in rounded.named_parameters():
-        if p.data.ndim == 2:
-            rows = p.data if name == "embed_tokens.weight" else p.data.T
-            r = gguf.quants.dequantize(gguf.quants.quantize(np.ascontiguousarray(rows), q8), q8)
-            p.data[...] = r if name == "embed_tokens.weight" else r.T
-    return _relative(rounded(ids[None])[0], model(ids[None])[0])
-
-
 FTYPES = ["LLAMA_FTYPE_MOSTLY_Q8_0", "LLAMA_FTYPE_MOSTLY_Q4_0", "LLAMA_FTYPE_MOSTLY_Q4_1",
           "LLAMA_FTYPE_MOSTLY_Q5_0", "LLAMA_FTYPE_MOSTLY_Q5_1", "LLAMA_FTYPE_MOSTLY_Q4_K_M",
           "LLAMA_FTYPE_MOSTLY_Q5_K_M", "LLAMA_FTYPE_MOSTLY_Q6_K", "LLAMA_FTYPE_MOSTLY_BF16",
@@ -94,10 +76,10 @@ def test_kept_types_give_llama_cppslogits_of(f32_file, tmp_path, ftype):
     ids = np.array(TOK.encode(TEXT)[:64])
     ours = kept(ids[None])[0].astype(np.float64)
     theirs = logits_of(open_llama(path), ids)
-    err = _relative(ours, theirs)
-    assert err <= 2 * _eight_bit_error(model, ids), (ftype, types, err)
+    err = relative(ours, theirs)
+    assert err <= 2 * eight_bit_error(model, ids), (ftype, types, err)
     # and the file's values are what is read: the float32 model is further away
-    assert _relative(model(ids[None])[0], theirs) > err
+    assert relative(model(ids[None])[0], theirs) > err
 
 
 @pytest.mark.parametrize("ftype", ["LLAMA_FTYPE_MOSTLY_Q4_K_M", "LLAMA_FTYPE_MOSTLY_Q8_0"])
@@ -119,9 +101,9 @@ def test_llama_cpp_applies_an_adapter_trained_over_the_quantized_file(f32_file, 
     without = logits_of(open_llama(path), ids)
     # llama.cpp (quantized file + adapter) is as close to ggmlopt's adapted model
     # as its 8-bit activations allow, and the adapter moves its logits far more
-    err = _relative(ours, theirs)
-    assert err <= 2 * _eight_bit_error(model_of(f32), ids)
-    assert _relative(theirs, without) > 5 * err
+    err = relative(ours, theirs)
+    assert err <= 2 * eight_bit_error(model_of(f32), ids)
+    assert relative(theirs, without) > 5 * err
     # exactly so without the activations' rounding: the same adapter on a float32
     # file of the dequantized weights, which llama.cpp multiplies in float32
     widened = tmp_path / "widened.gguf"
@@ -146,8 +128,8 @@ def test_quantized_files_of_save_gguf_load_inopen_llama(tmp_path, dtype):
     kept, _ = load_gguf(path, keep_types=True)
     ids = np.array(TOK.encode(TEXT)[:64])
     theirs = logits_of(open_llama(path), ids)
-    err = _relative(kept(ids[None])[0], theirs)
-    assert err <= 2 * _eight_bit_error(model, ids)
+    err = relative(kept(ids[None])[0], theirs)
+    assert err <= 2 * eight_bit_error(model, ids)
 
 
 def test_llama_cpp_applies_an_embedding_adapter_over_a_kept_embedding(f32_file, tmp_path):
@@ -169,8 +151,8 @@ def test_llama_cpp_applies_an_embedding_adapter_over_a_kept_embedding(f32_file, 
     ids = np.array(TOK.encode(TEXT)[:64])
     ours = kept(ids[None])[0].astype(np.float64)
     theirs = logits_of(open_llama(path, adapter), ids)
-    assert _relative(ours, theirs) <= 2 * _eight_bit_error(model, ids)
-    assert _relative(theirs, logits_of(open_llama(path), ids)) > 5 * _relative(ours, theirs)
+    assert relative(ours, theirs) <= 2 * eight_bit_error(model, ids)
+    assert relative(theirs, logits_of(open_llama(path), ids)) > 5 * relative(ours, theirs)
     widened = tmp_path / "widened.gguf"
     save_gguf(model_of(path), widened, tokenizer=TOK)
     exact = logits_of(open_llama(widened, adapter), ids)

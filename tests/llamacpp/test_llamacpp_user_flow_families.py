@@ -14,14 +14,13 @@ end of turn, in ggmlopt and in llama.cpp.
 Gemma 3's own vocabulary is not in llama.cpp's source: Gemma 4's (the same ids for
 the turn tokens' places, <|turn> and <turn|>) and its template stand in, read from
 the vocabulary GGUF (save_gguf refuses the tokenizer.json written from it)."""
-import copy
 import json
 import os
 import warnings
 
 import numpy as np
 import pytest
-from llamacpp_run import logits_of, open_llama
+from llamacpp_run import eight_bit_error, logits_of, open_llama, relative
 
 import ggmlopt as go
 from ggmlopt import finetune, lora
@@ -123,26 +122,9 @@ def checkpoints(tmp_path_factory):
     return get
 
 
-def _relative(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
 
 def _llama_cpp_logits(base, adapter, ids):
     return logits_of(open_llama(base, adapter, n_ctx=256), ids)
-
-
-def _eight_bit_error(model, ids):
-    """How far rounding every matrix of the float model to Q8_0 moves its logits: the
-    scale of the error llama.cpp's 8-bit activations add (test_llamacpp_qlora's)."""
-    rounded = copy.deepcopy(model)
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    for name, p in rounded.named_parameters():
-        if p.data.ndim == 2:
-            rows = p.data if name == "embed_tokens.weight" else p.data.T
-            r = gguf.quants.dequantize(gguf.quants.quantize(np.ascontiguousarray(rows), q8), q8)
-            p.data[...] = r if name == "embed_tokens.weight" else r.T
-    return _relative(rounded(ids[None])[0], model(ids[None])[0])
 
 
 def _prompt(tok, messages, variables):
@@ -197,15 +179,15 @@ def test_qlora_over_a_transformers_checkpoint_of_each_family(family, checkpoints
     ids = _prompt(ktok, [{"role": "user", "content": "What is 2 plus 3?"}], variables)
     ours = kept(ids[None])[0].astype(np.float64)
     theirs = _llama_cpp_logits(base, adapter, ids)
-    err = _relative(theirs, ours)
-    assert err <= 2 * _eight_bit_error(floats, ids) + TOLERANCE.get(family, 1e-4)
-    assert _relative(_llama_cpp_logits(base, None, ids), ours) > 5 * err
+    err = relative(theirs, ours)
+    assert err <= 2 * eight_bit_error(floats, ids) + TOLERANCE.get(family, 1e-4)
+    assert relative(_llama_cpp_logits(base, None, ids), ours) > 5 * err
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)   # it dequantizes
         widened, _ = load_gguf(base)
     wide = tmp_path / "wide.gguf"
     save_gguf(widened, wide, tokenizer=ktok)
-    assert _relative(_llama_cpp_logits(wide, adapter, ids), ours) <= TOLERANCE.get(family, 1e-4)
+    assert relative(_llama_cpp_logits(wide, adapter, ids), ours) <= TOLERANCE.get(family, 1e-4)
 
     # (2) transformers + peft over the float checkpoint
     load_peft(tmp_path / "peft", floats)
@@ -216,7 +198,7 @@ def test_qlora_over_a_transformers_checkpoint_of_each_family(family, checkpoints
         tuned = peft.PeftModel.from_pretrained(hf_model, tmp_path / "peft").eval()
     with torch.no_grad():
         theirs = tuned(torch.tensor(ids[None].astype(np.int64))).logits[0].double().numpy()
-    assert _relative(theirs, ours) <= 1e-4
+    assert relative(theirs, ours) <= 1e-4
 
 
 def test_from_chat_refuses_template_variables_given_as_chats_dict(checkpoints):
