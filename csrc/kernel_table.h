@@ -376,7 +376,8 @@ typedef struct ggmlopt_kernel_table {
     int (*sgemm_panel_cols)(void);
     int (*sgemm_tile_rows)(void);
     /* bfloat16 products (kernels/gemm_bf16.inc), the same blocks, panels and
-     * tiles; scratch of go_gemm_bf16_work_floats(k) floats (pairs) */
+     * tiles; scratch of go_gemm_bf16_work_floats(k) floats (pairs), and
+     * go_gemm_bf16_a_floats(r1 - r0, k) more with g->pack_a_once */
     void (*gemm_block_bf16)(const go_gemm_bf16_args *g, int64_t r0, int64_t r1, int64_t j0,
                             int64_t j1, float *work);
 } ggmlopt_kernel_table;
