@@ -151,10 +151,8 @@ def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False
     theta = params.get("rope_theta", top)
     max_len = hf.get("max_position_embeddings", max_len)
     scaling = RopeScaling.from_hf(params or legacy, max_len)
-    if scaling is not None and scaling.rope_type == "dynamic":
-        # dynamic NTK scaling stretches max_position_embeddings (its original length)
-        # by its factor: the positions the model may take (transformers sets no limit)
-        max_len = int(max_len * scaling.factor)
+    if scaling is not None:
+        max_len = scaling.context_length(max_len)
     return {"vocab_size": hf["vocab_size"], "dim": dim, "n_layers": hf["num_hidden_layers"],
             "n_heads": heads, "n_kv_heads": hf.get("num_key_value_heads", kv_heads),
             "ffn_dim": hf["intermediate_size"], "max_seq_len": max_len,

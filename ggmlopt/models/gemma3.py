@@ -346,9 +346,8 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
                       stacklevel=3)
         scaling_hf.pop("truncate")
     scaling = RopeScaling.from_hf(scaling_hf, max_len)
-    if scaling is not None and scaling.rope_type == "dynamic":
-        # as llama_fields: dynamic NTK stretches max_position_embeddings by its factor
-        max_len = int(max_len * scaling.factor)
+    if scaling is not None:
+        max_len = scaling.context_length(max_len)
     types = hf.get("layer_types")
     if types is None:
         # transformers reads sliding_window_pattern alone (its own _sliding_window_pattern

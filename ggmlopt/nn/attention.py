@@ -190,13 +190,18 @@ class RotaryEmbedding(Module):
     def tables(self, n_positions):
         """(cos, sin), float32 (>= n_positions, rotary_dim // 2), from the cache:
         those of a pass over positions 0 .. n_positions - 1."""
-        if self._long_from is not None and \
-                max(n_positions, self.pass_positions or 0) > self._long_from:
-            return self._long_tables(n_positions)
-        if self._dynamic_from is not None and \
-                max(n_positions, self.pass_positions or 0) > self._dynamic_from:
-            return self._dynamic_tables(max(n_positions, self.pass_positions or 0))
-        return self._short_tables(n_positions)
+        scaled = self._pass_tables(max(n_positions, self.pass_positions or 0))
+        return self._short_tables(n_positions) if scaled is None else scaled
+
+    def _pass_tables(self, length):
+        """The (cos, sin) of a pass of length positions where it is not the
+        short (or only) table: LongRoPE's long factors', or dynamic NTK's of
+        that length, past their original length; None otherwise."""
+        if self._long_from is not None and length > self._long_from:
+            return self._long_tables(length)
+        if self._dynamic_from is not None and length > self._dynamic_from:
+            return self._dynamic_tables(length)
+        return None
 
     def _dynamic_tables(self, length):
         """Dynamic NTK's (cos, sin) of a pass of length positions (past the
@@ -250,31 +255,22 @@ class RotaryEmbedding(Module):
 
     def _document_tables(self, positions):
         """(cos, sin) rows of each token (batch, T, rotary_dim // 2), by its
-        position in its document.  LongRoPE: its document's long factors' where
-        that document is longer than the original length, the short ones'
-        elsewhere (each document as it alone is rotated; a window's padding, its
-        own document, moves no other)."""
+        position in its document.  LongRoPE (dynamic NTK): its document's long
+        factors' (its length's) where that document is longer than the original
+        length, the short (plain) ones' elsewhere (each document as it alone is
+        rotated; a window's padding, its own document, moves no other)."""
         n = int(positions.max(initial=0)) + 1
         short_cos, short_sin = self._short_tables(n)
         cos, sin = short_cos[positions], short_sin[positions]
-        if self._long_from is not None and n > self._long_from:
-            long_cos, long_sin = self._long_tables(n)
+        past = self._long_from if self._long_from is not None else self._dynamic_from
+        if past is not None and n > past:
             for r, row in enumerate(positions):
                 starts = np.flatnonzero(row == 0)
                 ends = np.append(starts[1:], row.size)
                 for a, b in zip(starts, ends):
-                    if b - a > self._long_from:
-                        cos[r, a:b], sin[r, a:b] = long_cos[row[a:b]], long_sin[row[a:b]]
-        if self._dynamic_from is not None and n > self._dynamic_from:
-            # dynamic NTK: a document longer than the original length by its own
-            # length's frequencies (as it alone is rotated)
-            for r, row in enumerate(positions):
-                starts = np.flatnonzero(row == 0)
-                ends = np.append(starts[1:], row.size)
-                for a, b in zip(starts, ends):
-                    if b - a > self._dynamic_from:
-                        dyn_cos, dyn_sin = self._dynamic_tables(int(b - a))
-                        cos[r, a:b], sin[r, a:b] = dyn_cos[row[a:b]], dyn_sin[row[a:b]]
+                    scaled = self._pass_tables(int(b - a))
+                    if scaled is not None:
+                        cos[r, a:b], sin[r, a:b] = scaled[0][row[a:b]], scaled[1][row[a:b]]
         return cos, sin
 
     def _rotate_part(self, x, cos, sin, out, inverse):

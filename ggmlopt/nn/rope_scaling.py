@@ -204,6 +204,14 @@ class RopeScaling:
             raise ValueError(f"rope_scaling: a {kind!r} scaling needs its factor, got {params}")
         return cls(kind, **params)
 
+    def context_length(self, max_position_embeddings: int) -> int:
+        """The positions a model of this scaling may take, its config saying
+        max_position_embeddings: that, or (dynamic NTK, which stretches it and
+        for which transformers sets no limit) that times the factor."""
+        if self.rope_type == "dynamic":
+            return int(max_position_embeddings * self.factor)
+        return max_position_embeddings
+
     def to_hf(self) -> dict[str, Any]:
         """The Hugging Face rope_scaling dict (``rope_type`` and this type's keys)."""
         if self.rope_type == "freq_factors":
