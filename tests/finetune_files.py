@@ -23,3 +23,16 @@ def write_files(folder):
                                              {"role": "assistant", "content": "Quimby."}]})
                      + "\n" for q in QUESTIONS * 3)
     return folder
+
+
+def labelled_runs(tok, labels):
+    """The texts of the runs of labelled ids (>= 0) in a window's labels, in order:
+    what supervised fine-tuning trains on."""
+    runs, run = [], []
+    for t in list(labels) + [-1]:
+        if t >= 0:
+            run.append(int(t))
+        elif run:
+            runs.append(tok.decode(run))
+            run = []
+    return runs

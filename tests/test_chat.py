@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+from finetune_files import labelled_runs
 
 import ggmlopt as go
 from ggmlopt.chat_template import ChatTemplate
@@ -529,17 +530,6 @@ def test_the_byte_pieces_of_an_answers_first_character_are_all_labelled():
         [False, False, True, True]
 
 
-def _labelled_runs(tok, y):
-    runs, run = [], []
-    for t in y.tolist() + [-1]:
-        if t >= 0:
-            run.append(t)
-        elif run:
-            runs.append(tok.decode(run))
-            run = []
-    return runs
-
-
 def test_an_end_of_turn_written_only_before_the_next_message_is_labelled():
     # Apertus' way: <|end|> closes an assistant turn only when a message follows,
     # so the rendering through the turn stops at the answer
@@ -552,7 +542,7 @@ def test_an_end_of_turn_written_only_before_the_next_message_is_labelled():
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Hi"},
             {"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]
     _, y = go.instruct.chat_windows([chat], tok, 32)
-    assert _labelled_runs(tok, y[0]) == ["Hi<|end|>", "x"]
+    assert labelled_runs(tok, y[0]) == ["Hi<|end|>", "x"]
 
 
 def test_what_a_template_appends_after_the_last_turn_is_not_the_answer():
@@ -566,7 +556,7 @@ def test_what_a_template_appends_after_the_last_turn_is_not_the_answer():
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Hi"}]
     for train_on in ("assistant", "last"):
         _, y = go.instruct.chat_windows([chat], tok, 32, train_on=train_on)
-        assert _labelled_runs(tok, y[0]) == ["Hi<|end|>"]
+        assert labelled_runs(tok, y[0]) == ["Hi<|end|>"]
 
 
 def test_tools_render_with_the_checkpoints_tool_use_template(tmp_path):
@@ -652,7 +642,7 @@ def test_turns_rendered_otherwise_when_followed_end_at_their_end_of_turn():
             {"role": "user", "content": "q2"},
             {"role": "assistant", "content": "<think>r2</think>a2"}]
     _, y = go.instruct.chat_windows([chat], tok, 128)
-    assert _labelled_runs(tok, y[0]) == ["a1<|im_end|>\n", "<think>r2</think>a2<|im_end|>\n"]
+    assert labelled_runs(tok, y[0]) == ["a1<|im_end|>\n", "<think>r2</think>a2<|im_end|>\n"]
 
 
 def test_a_system_message_s_words_inside_a_turn_s_header_are_no_later_turn():
@@ -665,7 +655,7 @@ def test_a_system_message_s_words_inside_a_turn_s_header_are_no_later_turn():
             {"role": "user", "content": "Thanks"},
             {"role": "assistant", "content": "Welcome."}]
     _, y = go.instruct.chat_windows([chat], tok, 320)
-    runs = _labelled_runs(tok, y[0])
+    runs = labelled_runs(tok, y[0])
     assert runs[0] == "<|channel|>final<|message|>Say <|im_end|> then stop.<|im_end|>\n"
 
 
@@ -721,7 +711,7 @@ def test_the_next_message_s_words_inside_a_turn_are_the_turn_s(after):
             {"role": "user", "content": after},
             {"role": "assistant", "content": "<think>r2</think>Hi again."}]
     _, y = go.instruct.chat_windows([chat], tok, 160)
-    assert _labelled_runs(tok, y[0]) == ["Hello there, nice to meet you.<|im_end|>\n",
+    assert labelled_runs(tok, y[0]) == ["Hello there, nice to meet you.<|im_end|>\n",
                                          "<think>r2</think>Hi again.<|im_end|>\n"]
 
 
@@ -747,7 +737,7 @@ def test_an_end_of_turn_text_after_a_header_is_the_reply_s(template):
             {"role": "user", "content": "Thanks"},
             {"role": "assistant", "content": "Welcome, <|im_end|> again."}]
     _, y = go.instruct.chat_windows([chat], tok, 256)
-    runs = _labelled_runs(tok, y[0])
+    runs = labelled_runs(tok, y[0])
     assert runs[-1] == "<|channel|>final<|message|>Welcome, <|im_end|> again.<|im_end|>\n"
     assert len(runs) == 2 and runs[0].endswith("Write <|im_end|> after it. Done.<|im_end|>\n")
     assert "Thanks" not in "".join(runs)
@@ -781,7 +771,7 @@ def test_qwen3_and_phi35_multi_turn_chats_are_masked(template, vocab, want):
             {"role": "user", "content": "q2"},
             {"role": "assistant", "content": "<think>\nr2\n</think>\n\na2" if think else "a2"}]
     _, y = go.instruct.chat_windows([chat], tok, 96)
-    assert _labelled_runs(tok, y[0]) == want
+    assert labelled_runs(tok, y[0]) == want
 
 
 # a turn's text in one block and, after the last turn, the EOS in a block of its own
@@ -797,7 +787,7 @@ def test_blocks_that_touch_are_one_turn():
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"},
             {"role": "user", "content": "r"}, {"role": "assistant", "content": "a2"}]
     _, y = go.instruct.chat_windows([chat], tok, 64)
-    assert _labelled_runs(tok, y[0]) == ["a1<|end|>", "a2<|end|><|endoftext|>"]
+    assert labelled_runs(tok, y[0]) == ["a1<|end|>", "a2<|end|><|endoftext|>"]
 
 
 def test_a_turn_without_an_end_of_its_own_is_refused():
@@ -839,7 +829,7 @@ def test_an_end_of_turn_text_inside_a_reply_is_the_reply_s(template, vocab, eog)
             {"role": "user", "content": "Thanks"},
             {"role": "assistant", "content": f"Welcome. {eog} again."}]
     _, y = go.instruct.chat_windows([chat], tok, 160)
-    runs = _labelled_runs(tok, y[0])
+    runs = labelled_runs(tok, y[0])
     assert len(runs) == 2 and reply in runs[0] and "Welcome. " + eog + " again." in runs[1]
     assert "Thanks" not in "".join(runs)
 
@@ -864,7 +854,7 @@ def test_a_turn_s_words_again_in_a_later_turn_are_not_its_end(between):
             {"role": "user", "content": between},
             {"role": "assistant", "content": "<think>\n\n</think>\n\nYes. And more."}]
     _, y = go.instruct.chat_windows([chat], tok, 96)
-    assert _labelled_runs(tok, y[0]) == ["Yes.<|im_end|>\n",
+    assert labelled_runs(tok, y[0]) == ["Yes.<|im_end|>\n",
                                          "<think>\n\n</think>\n\nYes. And more.<|im_end|>\n"]
 
 
@@ -889,7 +879,7 @@ def test_a_generation_prompt_a_finished_turn_lacks_trains_the_turn_as_written(fi
                                          r"hold.*after '<a>'"):
         _, y = go.instruct.chat_windows([chat], tok, 128)
     reply = first.split("</think>")[-1]
-    assert _labelled_runs(tok, y[0]) == [f"{reply}<|im_end|>", "a2<|im_end|>"]
+    assert labelled_runs(tok, y[0]) == [f"{reply}<|im_end|>", "a2<|im_end|>"]
 
 
 def test_a_template_that_renders_earlier_messages_otherwise_is_still_refused():
@@ -920,7 +910,7 @@ def test_thinking_models_templates_label_their_answers(template, vocab, want, mo
             {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
     with pytest.warns(UserWarning, match="generation prompt ends in"):
         _, y = go.instruct.chat_windows([chat], tok, 128)
-    assert _labelled_runs(tok, y[0]) == want
+    assert labelled_runs(tok, y[0]) == want
 
 
 def test_chat_s_default_length_stays_within_the_context():

@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+from finetune_files import labelled_runs
 
 import ggmlopt as go
 from ggmlopt.chat_template import ChatTemplate
@@ -220,17 +221,6 @@ def test_the_special_tokens_bound_are_transformers_special_tokens_map(tmp_path):
 
 # ---- from_chat's labels: each assistant turn's content and its end of turn -----------
 
-def _labelled_runs(tok, y):
-    runs, run = [], []
-    for t in y.tolist() + [-1]:
-        if t >= 0:
-            run.append(t)
-        elif run:
-            runs.append(tok.decode(run))
-            run = []
-    return runs
-
-
 TURNS = [SYSTEM, _user("a?"), _assistant("one"), _user("b?"), _assistant("À bientôt 👋"),
          _user("c?"), _assistant("three")]
 
@@ -260,4 +250,4 @@ def test_from_chat_labels_each_answer_and_its_end_of_turn(template, vocab, syste
     chat = TURNS if system else TURNS[1:]
     _, y = go.instruct.chat_windows([chat], tok, 1024)
     answers = [m["content"] for m in chat if m["role"] == "assistant"]
-    assert _labelled_runs(tok, y[0]) == [a + e for a, e in zip(answers, ends)]
+    assert labelled_runs(tok, y[0]) == [a + e for a, e in zip(answers, ends)]
