@@ -5,7 +5,8 @@ does not write."""
 import warnings
 
 import pytest
-from test_chat import _labelled_runs, _llama_cpp_templates, _llama_cpp_tokenizer
+from finetune_files import labelled_runs
+from test_chat import _llama_cpp_templates, _llama_cpp_tokenizer
 
 import ggmlopt as go
 
@@ -41,7 +42,7 @@ def test_a_reply_beginning_as_the_prompt_s_last_token_does_is_trained_whole(firs
             {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
     with pytest.warns(UserWarning, match="generation prompt ends in '<tool>'"):
         _, y = go.instruct.chat_windows([chat], tok, 96)
-    assert _labelled_runs(tok, y[0]) == [want, "a2<|im_end|>\n"]
+    assert labelled_runs(tok, y[0]) == [want, "a2<|im_end|>\n"]
 
 
 @pytest.mark.skipif(not _llama_cpp_templates(),
@@ -62,8 +63,8 @@ def test_qwen3_without_thinking_trains_tool_calls_and_empty_replies_whole():
         _, y = go.instruct.chat_windows(chats, tok, 256, enable_thinking=False)
     call_text = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
                  '</tool_call><|im_end|>\n')
-    assert _labelled_runs(tok, y[0]) == [call_text, "It is 20 C.<|im_end|>\n"]
-    assert _labelled_runs(tok, y[1]) == ["<|im_end|>\n", "a2<|im_end|>\n"]
+    assert labelled_runs(tok, y[0]) == [call_text, "It is 20 C.<|im_end|>\n"]
+    assert labelled_runs(tok, y[1]) == ["<|im_end|>\n", "a2<|im_end|>\n"]
 
 
 # SmolLM3's and Granite 3.3's way: an assistant turn's tool_calls are not written
@@ -80,7 +81,7 @@ def test_tool_calls_a_template_does_not_write_are_said_not_trained():
     with pytest.warns(UserWarning, match=r"in 1 conversation\(s\) \(the first: "
                                          r"conversations\[1\]\) an assistant turn's tool_calls"):
         _, y = go.instruct.chat_windows([chat[:1] + chat[-1:], chat], tok, 96)
-    assert _labelled_runs(tok, y[1]) == ["<|im_end|>\n", "a<|im_end|>\n"]   # an empty reply
+    assert labelled_runs(tok, y[1]) == ["<|im_end|>\n", "a<|im_end|>\n"]   # an empty reply
     # a template that writes them: nothing to say
     tok = _ImEnd(chat_template=DROPS_CALLS.replace(
         "{{ m.content }}", "{{ m.content }}{% for c in m.tool_calls or [] %}"
@@ -88,4 +89,4 @@ def test_tool_calls_a_template_does_not_write_are_said_not_trained():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _, y = go.instruct.chat_windows([chat], tok, 96)
-    assert _labelled_runs(tok, y[0]) == ["[he]<|im_end|>\n", "a<|im_end|>\n"]
+    assert labelled_runs(tok, y[0]) == ["[he]<|im_end|>\n", "a<|im_end|>\n"]
