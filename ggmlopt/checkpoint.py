@@ -1086,16 +1086,12 @@ def frozen_digest(model: Any, frozen: Iterable[Any]) -> str:
     parameters (frozen, in order) and the weights of its layers kept in their
     file's types (a QLoRA base), each array sampled (_digest_array: a base of
     gigabytes in milliseconds; any two trained weights differ everywhere)."""
-    from .nn.module import modules
+    from .nn.quantized import quantized_layers
     h = hashlib.blake2b(digest_size=8)
     for p in frozen:
         _digest_array(h, p.data)
-    for m in modules(model):
-        # an adapter's base layer is its own (not a sub-module): reached through it
-        for layer in (m, getattr(m, "_base", None)):
-            qweight = getattr(layer, "qweight", None)
-            if isinstance(qweight, np.ndarray):
-                _digest_array(h, qweight)
+    for _, layer in quantized_layers(model):
+        _digest_array(h, layer.qweight)
     return h.hexdigest()
 
 

@@ -247,18 +247,13 @@ def _floats_per_token(module) -> tuple[int, int]:
 
 def _parameter_bytes(model) -> tuple[int, int]:
     """(bytes of every weight, float elements that train)."""
-    from .nn.module import modules
-    from .nn.quantized import QuantizedEmbedding, QuantizedLinear
+    from .nn.quantized import quantized_layers
     weights = trainable = 0
     for _, p in model.named_parameters():
         weights += p.data.nbytes
         if getattr(p, "requires_grad", True):
             trainable += p.data.size
-    for m in modules(model):
-        # a kept layer, or one under a LoRA adapter (the adapter's base is no sub-module)
-        for layer in (m, getattr(m, "_base", None)):
-            if isinstance(layer, (QuantizedLinear, QuantizedEmbedding)):
-                weights += int(layer.nbytes)
+    weights += sum(int(layer.nbytes) for _, layer in quantized_layers(model))
     metadata = getattr(model, "gguf_metadata", None) or {}
     weights += sum(_object_bytes(metadata[key]) for key in metadata)
     return weights, trainable

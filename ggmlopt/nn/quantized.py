@@ -17,7 +17,7 @@ import numpy as np
 from .. import gemm, kernels, kernels_quant
 from ._buffers import add_into, as_rows, empty, output_array, rows2d
 from .embedding import padding_index
-from .module import Module, modules
+from .module import Module, named_modules
 from .parameter import Parameter
 
 __all__ = ["ACTIVATIONS", "QuantizedEmbedding", "QuantizedLinear", "is_quantized",
@@ -109,12 +109,9 @@ def set_activations(model, activations) -> int:
         raise ValueError(f"activations: expected one of {', '.join(ACTIVATIONS)}, got "
                          f"{activations!r}")
     count = 0
-    for m in modules(model):
-        # a LoRA adapter's base layer is its own (not a sub-module): reached through it
-        for layer in (m, getattr(m, "_base", None)):
-            if isinstance(layer, (QuantizedLinear, QuantizedEmbedding)):
-                layer.activations = activations
-                count += activations == "q8_0" and layer.qtype in kernels_quant.Q8_ACTIVATION_TYPES
+    for _, layer in quantized_layers(model):
+        layer.activations = activations
+        count += activations == "q8_0" and layer.qtype in kernels_quant.Q8_ACTIVATION_TYPES
     return count
 
 
@@ -391,7 +388,6 @@ def is_quantized(layer) -> bool:
 def quantized_layers(model) -> list[tuple[str, QuantizedLinear | QuantizedEmbedding]]:
     """(dotted name, layer) of every QuantizedLinear and QuantizedEmbedding of
     model, an adapter's base included."""
-    from .module import named_modules
     found: list[tuple[str, QuantizedLinear | QuantizedEmbedding]] = []
     for name, m in named_modules(model):
         if isinstance(m, QUANTIZED):
@@ -406,7 +402,6 @@ def refuse_full_finetune_of_quantized(model) -> None:
     """ValueError when model keeps weights in their file's types and holds no
     LoRA adapter: a full fine-tune cannot change a quantized weight, and
     training the rest alone is rarely what was meant."""
-    from .module import named_modules
     quantized = quantized_layers(model)
     if not quantized:
         return
