@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -631,6 +632,7 @@ def main(argv=None) -> int:
             p.error(f"--merge-out: the GGUF needs a tokenizer llama.cpp reads: {e}; give "
                     f"--tokenizer FILE.gguf (the model's vocabulary), or write the adapter "
                     f"(--peft-out, --out)")
+    out_warned: list[str] = []   # what --out's early check warned about
     if not args.full:
         targets = None if args.lora_targets is None else "all-linear" \
             if args.lora_targets == "all-linear" else \
@@ -645,9 +647,15 @@ def main(argv=None) -> int:
         if args.out:   # what llama.cpp could not apply is said now, not after the training
             from .io.gguf_lora import check_writable
             try:
-                check_writable(model)
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    check_writable(model)
             except (ValueError, TypeError) as e:
                 p.error(f"--out: {e}")
+            for w in said:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            # said once, before the training: not again when the file is written
+            out_warned = [str(w.message) for w in said]
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     out = sys.stdout
@@ -716,7 +724,10 @@ def main(argv=None) -> int:
         print(f"finetune: train loss {history[-1].train_loss:.4f}", file=out)
     from .io import save_gguf, save_gguf_lora
     if args.out:
-        save_gguf_lora(model, args.out)
+        with warnings.catch_warnings():
+            for message in out_warned:
+                warnings.filterwarnings("ignore", message=re.escape(message))
+            save_gguf_lora(model, args.out)
     if args.peft_out:
         from .io import save_peft
         # PEFT loads its base by this name: a checkpoint's directory (absolute: found

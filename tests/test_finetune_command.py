@@ -521,6 +521,34 @@ def test_by_default_a_phi3_gets_adapters_on_its_fused_attention(tmp_path, capsys
                      for p in ("qkv_proj", "o_proj")]
 
 
+def test_out_warns_once_that_llamacpp_ignores_a_phi3_window(tmp_path):
+    # said before the training (so a user can stop it), not again when the
+    # adapter is written
+    import warnings
+
+    from ggmlopt.io import save_gguf
+    from ggmlopt.models import Phi3, Phi3Config
+    config = Phi3Config(vocab_size=257, dim=32, n_layers=2, n_heads=2, max_seq_len=128,
+                        sliding_window=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save_gguf(Phi3(config, seed=0), tmp_path / "phi3.gguf",
+                  tokenizer=ByteTokenizer(chat_template=CHATML))
+    with open(tmp_path / "train.jsonl", "w") as f:
+        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
+                                             {"role": "assistant", "content": "Quimby."}]})
+                     + "\n" for q in QUESTIONS)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert finetune.main(["-m", str(tmp_path / "phi3.gguf"), "--data",
+                              str(tmp_path / "train.jsonl"), "-c", "96", "--batch", "5",
+                              "--epochs", "1", "--out", str(tmp_path / "a.gguf"),
+                              "--silent"]) == 0
+    ignored = [w for w in said if "phi3 ignores the sliding window" in str(w.message)]
+    assert len(ignored) == 1
+    assert (tmp_path / "a.gguf").exists()
+
+
 def test_the_package_command_forwards_finetune_and_refuses_other_arguments():
     import subprocess
     import sys
