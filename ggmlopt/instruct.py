@@ -169,6 +169,7 @@ def _assistant_spans(template, messages, train_on, kwargs,
     _turn_start's) places a turn that does not begin with the generation prompt."""
     if train_on == "all":
         text = template.render(messages, False, **kwargs)
+        _check_system_written(messages, text)
         return text, [(0, len(text))]
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
@@ -183,6 +184,7 @@ def _assistant_spans(template, messages, train_on, kwargs,
                          "on has 'weight' 0")
     if template.has_generation_markers:
         text, spans = template.render_spans(messages, False, **kwargs)
+        _check_system_written(messages, text)
         marked = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if len(spans) > len(marked):
             spans = _joined(spans)
@@ -191,7 +193,9 @@ def _assistant_spans(template, messages, train_on, kwargs,
                              f"one per assistant message ({len(marked)})")
         return text, [spans[marked.index(i)] for i in turns]
     text = template.render(messages, False, **kwargs)
+    _check_system_written(messages, text)
     spans = []
+    moved = None   # _turns_in_order's finds, made when a turn needs them
     for i in turns:
         before = template.render(messages[:i], True, **kwargs)
         through = template.render(messages[:i + 1], False, **kwargs)
@@ -220,12 +224,61 @@ def _assistant_spans(template, messages, train_on, kwargs,
                 end = -1
         while 0 <= end < len(text) and text[end] in "\r\n":
             end += 1
+        if start < 0:
+            # the messages before the turn render otherwise once more follow (Mistral
+            # Nemo writes the system prompt and the tools into the last user message
+            # only): the turn is found as it renders last, in the order of the messages
+            moved = _turns_in_order(template, messages, text, kwargs) if moved is None \
+                else moved
+            if i in moved:
+                start, stop = moved[i]
+                content_end = _content_end(text, start, stop, messages[i], eog_texts, others)
+                end = _turn_end(text, start, stop, i == len(messages) - 1, eog_texts,
+                                content_end)
         if end < 0:
             raise ValueError(f"the chat template renders message {i} differently depending on "
                              "what follows it, so its assistant text cannot be told apart; use "
                              "a template with {% generation %} markers or train_on='all'")
         spans.append((start, end))
     return text, spans
+
+
+def _check_system_written(messages, text: str) -> None:
+    """ValueError when the template leaves a system message's text out of the
+    conversation's: nothing would train with it."""
+    content = messages[0].get("content") if messages[0]["role"] == "system" else None
+    if isinstance(content, str) and content.strip() and content.strip() not in text:
+        raise ValueError("the chat template leaves the system message out of this "
+                         "conversation (Mistral Nemo's writes it into the last message only "
+                         "when that is the user's, so never into a conversation that ends "
+                         "with an answer): nothing would train with it; give its text in "
+                         "the first user message, or leave it out")
+
+
+def _turns_in_order(template, messages, text: str, kwargs) -> dict[int, tuple[int, int]]:
+    """{i: (start, end)} of assistant turns i in text, each where the text it
+    renders after the generation prompt as the last message is found after the
+    turns and the contents of the user and tool messages before it (not the
+    system message's: a template may write it elsewhere); the first turn not so
+    found and those after it are left out."""
+    found: dict[int, tuple[int, int]] = {}
+    at = 0
+    for k, m in enumerate(messages):
+        if m["role"] == "assistant":
+            before = template.render(messages[:k], True, **kwargs)
+            through = template.render(messages[:k + 1], False, **kwargs)
+            piece = through[len(before):] if through.startswith(before) else ""
+        elif m["role"] != "system" and isinstance(m.get("content"), str):
+            piece = m["content"].strip()
+        else:
+            continue
+        start = text.find(piece, at) if piece or m["role"] != "assistant" else -1
+        if start < 0:
+            break
+        at = start + len(piece)
+        if m["role"] == "assistant":
+            found[k] = (start, at)
+    return found
 
 
 def _turn_weight(message, i: int) -> int:

@@ -251,3 +251,44 @@ def test_from_chat_labels_each_answer_and_its_end_of_turn(template, vocab, syste
     _, y = go.instruct.chat_windows([chat], tok, 1024)
     answers = [m["content"] for m in chat if m["role"] == "assistant"]
     assert labelled_runs(tok, y[0]) == [a + e for a, e in zip(answers, ends)]
+
+
+def _nemo_tokenizer():
+    from ggmlopt.io import load_gguf_tokenizer
+    models = os.path.dirname(_templates_folder())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = load_gguf_tokenizer(os.path.join(models, "ggml-vocab-llama-spm.gguf"))
+    name = "mistralai-Mistral-Nemo-Instruct-2407.jinja"
+    with open(os.path.join(_templates_folder(), name), encoding="utf-8") as f:
+        tok.chat_template = f.read()
+    return tok
+
+
+@needs_llama_cpp
+def test_from_chat_finds_the_answers_when_the_tools_move_to_the_last_user_message():
+    # Mistral Nemo writes the tools before the last user message: a turn renders
+    # otherwise when more follow, and each answer is found in the order of the
+    # messages; two equal answers stay each in its own turn (labelled_runs: one
+    # run a turn)
+    pytest.importorskip("tokenizers")
+    tok = _nemo_tokenizer()
+    chat = TURNS[1:3] + [_user("b?"), _assistant("one"), _user("c?"), _assistant("three")]
+    text = tok.apply_chat_template(chat, tools=TOOLS, tokenize=False)
+    assert text.index("[AVAILABLE_TOOLS]") > text.rindex("one</s>")
+    for train_on, answers in (("assistant", ["one", "one", "three"]), ("last", ["three"])):
+        _, y = go.instruct.chat_windows([chat], tok, 512, train_on=train_on, tools=TOOLS)
+        assert labelled_runs(tok, y[0]) == [a + "</s>" for a in answers]
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("train_on", ["assistant", "last", "all"])
+def test_from_chat_refuses_a_system_message_the_template_leaves_out(train_on):
+    # Mistral Nemo writes the system prompt into the last message only when that
+    # is the user's: a conversation ending with an answer renders without it
+    pytest.importorskip("tokenizers")
+    tok = _nemo_tokenizer()
+    assert SYSTEM["content"] not in tok.apply_chat_template(TURNS, tokenize=False)
+    with pytest.raises(ValueError, match=r"conversations\[0\]: the chat template leaves the "
+                                         r"system message out"):
+        go.instruct.chat_windows([TURNS], tok, 512, train_on=train_on)
