@@ -242,6 +242,9 @@ def config_plan(model, config) -> _ConfigPlan:
                              f"{model_type or 'a model of no family'}; name the layers (e.g. "
                              f"[\"q_proj\", \"v_proj\"] or \"all-linear\")")
         target = list(PEFT_DEFAULT_TARGETS[model_type])
+    # PEFT refuses layers_to_transform with any target_modules string, "all-linear"
+    # too (expanded below into names that would escape the layer filter)
+    given_str = isinstance(target, str)
     if isinstance(target, str) and target.lower() == ALL_LINEAR:
         # PEFT's shortcut: every Linear (GPT-2's Conv1D) but the output head
         target = [hf(name) for name, _, _, layer in entries
@@ -257,7 +260,7 @@ def config_plan(model, config) -> _ConfigPlan:
         target = _config_names("target_modules", target)
     to_transform = values.get("layers_to_transform")
     layers_pattern = values.get("layers_pattern")
-    if regex is not None and (to_transform is not None or layers_pattern is not None):
+    if given_str and (to_transform is not None or layers_pattern is not None):
         raise ValueError("config's layers_to_transform / layers_pattern: PEFT refuses them "
                          "with a target_modules string; give target_modules as a list")
     if layers_pattern and to_transform is None:

@@ -416,14 +416,17 @@ def load_peft(directory, model, *, dropout: float | None = None
     as in PEFT.  Float16 and bfloat16 tensors are widened to float32.  Plain
     weights the config's modules_to_save does not name (PEFT's
     save_embedding_layers) load frozen, as PEFT loads them; tensors PEFT would
-    not load are left out with a UserWarning.  Over a base kept in its file's
+    not load (an adapter of a module the config's target_modules,
+    exclude_modules and layers_to_transform do not select) are left out with a
+    UserWarning.  Over a base kept in its file's
     types (keep_types=True) a base weight in the file is compared with the kept
     one in that type's rounding (see _check_kept_base), and a module trained
     whole must be float32.  dropout: the adapters' (default the file's
     lora_dropout).
 
     Returns named_adapters(model).  Raises FileNotFoundError for a missing
-    file; ValueError for another adapter type (DoRA, trained biases), a tensor
+    file; ValueError for another adapter type (DoRA, trained biases, adapters
+    on parameters other than torch Linear weights: target_parameters), a tensor
     naming a module the model lacks, shapes that do not fit, or a model that
     already has adapters; TypeError for a model of no family.  On any error the
     model is unchanged."""
@@ -442,6 +445,7 @@ def load_peft(directory, model, *, dropout: float | None = None
     bases: dict[str, np.ndarray] = {}   # an adapted layer's own weight (PEFT saves an
     # embedding's with its adapter: save_embedding_layers)
     loaded: dict[str, np.ndarray] = {}   # a frozen layer's weight, not in modules_to_save
+    plain_pairs: set[str] = set()   # adapted by lora_A / lora_B keys (not lora_embedding_)
     adapter_key = re.compile(r"(.+)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)"
                              r"(?:\.default)?(?:\.weight)?$")
     for key, value in tensors.items():
@@ -481,6 +485,10 @@ def load_peft(directory, model, *, dropout: float | None = None
             raise ValueError(f"{path}: {key!r} adapts {m.group(1)!r}, which the model does "
                              "not have")
         pairs.setdefault(ours, {})[m.group(2).replace("embedding_", "")] = value
+        if "embedding_" not in m.group(2):
+            plain_pairs.add(ours)
+    _refuse_parameter_adapters(model, config, layers, plain_pairs, path)
+    _drop_untargeted_pairs(model, config, pairs, directory)
     _drop_what_peft_ignores(bases, (whole, loaded), set(pairs), path)
     params = dict(named_parameters(model))
     if config.get("ensure_weight_tying") and "lm_head.weight" in loaded and \
@@ -557,6 +565,59 @@ def load_peft(directory, model, *, dropout: float | None = None
         for _, adapter in named_adapters(model):
             adapter.lora_b.requires_grad = False
     return named_adapters(model)
+
+
+def _drop_untargeted_pairs(model, config, pairs: dict, directory: str) -> None:
+    """PEFT puts adapters only on the modules its config selects (target_modules,
+    exclude_modules, layers_to_transform, layers_pattern) and loads the file
+    into those, ignoring, without a word, the adapter tensors of any other
+    module: those are dropped here too, with a UserWarning, rather than
+    applied."""
+    if config.get("target_parameters"):
+        return   # (its parameters' modules are targets beside target_modules)
+    from .._lora_config import config_plan
+    selection = {k: config[k] for k in ("target_modules", "exclude_modules",
+                                        "layers_to_transform", "layers_pattern")
+                 if k in config}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # (apply's advice, not load_peft's)
+            targeted = set(config_plan(model, selection).targets)
+    except ValueError as e:
+        raise ValueError(f"{os.path.join(directory, ADAPTER_CONFIG)}: {e}") from None
+    stray = [name for name in pairs if _hf_name(model, name) not in targeted]
+    for name in stray:
+        del pairs[name]
+    if stray:
+        warnings.warn(f"{os.path.join(directory, ADAPTER_CONFIG)}: the adapters of "
+                      f"{len(stray)} modules ({', '.join(stray[:3])}"
+                      f"{', ...' if len(stray) > 3 else ''}) are not loaded: the config's "
+                      f"target_modules, exclude_modules and layers_to_transform do not "
+                      f"select them, so PEFT does not load them either", UserWarning,
+                      stacklevel=3)
+
+
+def _refuse_parameter_adapters(model, config, layers: dict, plain_pairs: set,
+                               path: str) -> None:
+    """PEFT's adapters on parameters (target_parameters) add B A in the
+    parameter's own layout: a LoRA layer's for a torch Linear weight (out, in),
+    but transposed for GPT-2's Conv1D weights (in, out) and an embedding's
+    (vocab, dim), where a square matrix would load with no error.  Those are
+    refused."""
+    targets = config.get("target_parameters")
+    if not targets:
+        return
+    if not family_of(model).hf_transposed:
+        raise ValueError(f"{path}: target_parameters={targets!r}: PEFT's adapters on "
+                         f"parameters of Conv1D weights (in, out) add B A transposed from a "
+                         f"LoRA layer's, which is not supported; train the adapter with "
+                         f"target_modules")
+    odd = [name for name in sorted(plain_pairs) if isinstance(layers[name][2], EMBEDDINGS)]
+    if odd:
+        raise ValueError(f"{path}: target_parameters={targets!r}: {odd[0]} is an embedding "
+                         f"adapted on its weight parameter, whose B A is (vocab, dim), not "
+                         f"PEFT's embedding adapter; not supported (train it with "
+                         f"target_modules)")
 
 
 def _frozen_b(config) -> bool:
