@@ -892,8 +892,10 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
                              f"({layer.qtype}), which cannot train whole; give it an adapter "
                              f"(targets) or load the model with keep_types=False")
         if not any(_kept_trainable(hf(name), (t,)) for name, _ in params):
-            raise ValueError(f"trainable: {t!r} names no module or parameter of the model "
-                             f"(its parameters are named like {params[0][0]!r})")
+            tied = " (its output head is the token embedding, tied: name that, " \
+                "'embed_tokens', or 'wte' for GPT-2)" if _matches("lm_head", (t,)) else ""
+            raise ValueError(f"trainable: {t!r} names no module or parameter of the model"
+                             f"{tied} (its parameters are named like {params[0][0]!r})")
         # a layer is adapted or trained whole, never both: the adapter would freeze
         # the weight the name asked to train
         both = [name for name in to_adapt if _kept_trainable(hf(name), (t,))]

@@ -798,3 +798,13 @@ def test_rslora_scales_by_the_square_root_of_the_rank():
     assert a.alpha == b.alpha == 16.0 and a.rank == 4
     with pytest.raises(TypeError, match="use_rslora"):
         lora.apply(Llama(CFG), use_rslora="yes")
+
+
+def test_trainable_lm_head_of_a_tied_model_is_refused_naming_the_embedding():
+    model = Llama(LlamaConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, max_seq_len=32,
+                              tie_embeddings=True), seed=0)
+    before = [p.requires_grad for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"trainable: 'lm_head' .*token embedding, tied: "
+                                         r"name that, 'embed_tokens'"):
+        lora.apply(model, rank=2, trainable=("lm_head",))
+    assert [p.requires_grad for p in model.parameters()] == before

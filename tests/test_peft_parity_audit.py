@@ -207,3 +207,32 @@ def test_adapters_the_config_does_not_select_are_not_loaded(checkpoints, tmp_pat
         set(theirs.targeted_module_names)
     tokens = np.random.default_rng(3).integers(0, 67, (2, 12))
     _close(model.forward(tokens), _logits(theirs, tokens), "logits")
+
+
+@pytest.mark.parametrize("init", [True, False])
+def test_a_selected_module_without_tensors_loads_as_peft_starts_it(checkpoints, tmp_path,  # noqa: F811
+                                                                  init):
+    # a module the config selects and the file holds nothing for: PEFT starts its
+    # B at zero (init_lora_weights true: no change, as no adapter) or A and B at
+    # random (false: no one can reproduce it, so refused)
+    peft = pytest.importorskip("peft")
+    from ggmlopt.io import load_hf, load_peft
+    path = checkpoints("llama")
+    _peft_adapter("llama", path, tmp_path / "a", r=4, target_modules=["q_proj", "v_proj"])
+    config_path = tmp_path / "a" / "adapter_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()),
+                                       "target_modules": ["q_proj", "k_proj", "v_proj"],
+                                       "init_lora_weights": init}))
+    model = load_hf(path)
+    if not init:
+        with pytest.raises(ValueError, match=r"init_lora_weights is false and the file has "
+                                             r"no adapter for .*k_proj"):
+            load_peft(tmp_path / "a", model)
+        assert lora.named_adapters(model) == []
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = peft.PeftModel.from_pretrained(_hf_model("llama", path), tmp_path / "a")
+    load_peft(tmp_path / "a", model)
+    tokens = np.random.default_rng(3).integers(0, 67, (2, 12))
+    _close(model.forward(tokens), _logits(theirs.eval(), tokens), "logits")

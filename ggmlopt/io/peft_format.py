@@ -585,6 +585,17 @@ def _drop_untargeted_pairs(model, config, pairs: dict, directory: str) -> None:
             targeted = set(config_plan(model, selection).targets)
     except ValueError as e:
         raise ValueError(f"{os.path.join(directory, ADAPTER_CONFIG)}: {e}") from None
+    if config.get("init_lora_weights", True) is False:
+        # PEFT starts a selected module the file has no tensors for with random A
+        # and B (init_lora_weights false), a model no one can reproduce
+        held = {_hf_name(model, name) for name in pairs}
+        missing = sorted(targeted - held)
+        if missing:
+            raise ValueError(f"{os.path.join(directory, ADAPTER_CONFIG)}: init_lora_weights "
+                             f"is false and the file has no adapter for {len(missing)} of the "
+                             f"modules the config selects ({', '.join(missing[:3])}"
+                             f"{', ...' if len(missing) > 3 else ''}): PEFT would start them "
+                             f"at random")
     stray = [name for name in pairs if _hf_name(model, name) not in targeted]
     for name in stray:
         del pairs[name]
