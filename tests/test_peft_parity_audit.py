@@ -186,6 +186,14 @@ def test_parameter_adapters_on_linear_weights_are_peft_s(checkpoints, tmp_path):
     _close(model.forward(tokens), _logits(peft_model, tokens), "logits")
 
 
+def _q_v_adapter_edited(path, directory, edit):
+    """A PEFT adapter of the llama checkpoint at path on q_proj and v_proj, saved
+    to directory, its adapter_config.json then updated with edit."""
+    _peft_adapter("llama", path, directory, r=4, target_modules=["q_proj", "v_proj"])
+    config_path = directory / "adapter_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **edit}))
+
+
 @pytest.mark.parametrize("edit", [{"target_modules": ["q_proj"]},
                                   {"layers_to_transform": [0]},
                                   {"exclude_modules": ["v_proj"]}])
@@ -196,9 +204,7 @@ def test_adapters_the_config_does_not_select_are_not_loaded(checkpoints, tmp_pat
     peft = pytest.importorskip("peft")
     from ggmlopt.io import load_hf, load_peft
     path = checkpoints("llama")
-    _peft_adapter("llama", path, tmp_path / "a", r=4, target_modules=["q_proj", "v_proj"])
-    config_path = tmp_path / "a" / "adapter_config.json"
-    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **edit}))
+    _q_v_adapter_edited(path, tmp_path / "a", edit)
     theirs = peft.PeftModel.from_pretrained(_hf_model("llama", path), tmp_path / "a").eval()
     model = load_hf(path)
     with pytest.warns(UserWarning, match="not loaded.*PEFT does not load them"):
@@ -218,11 +224,8 @@ def test_a_selected_module_without_tensors_loads_as_peft_starts_it(checkpoints, 
     peft = pytest.importorskip("peft")
     from ggmlopt.io import load_hf, load_peft
     path = checkpoints("llama")
-    _peft_adapter("llama", path, tmp_path / "a", r=4, target_modules=["q_proj", "v_proj"])
-    config_path = tmp_path / "a" / "adapter_config.json"
-    config_path.write_text(json.dumps({**json.loads(config_path.read_text()),
-                                       "target_modules": ["q_proj", "k_proj", "v_proj"],
-                                       "init_lora_weights": init}))
+    _q_v_adapter_edited(path, tmp_path / "a", {"target_modules": ["q_proj", "k_proj", "v_proj"],
+                                               "init_lora_weights": init})
     model = load_hf(path)
     if not init:
         with pytest.raises(ValueError, match=r"init_lora_weights is false and the file has "
