@@ -4,19 +4,17 @@ and user-defined tokens and the end-of-generation texts llama.cpp makes control
 tokens whatever the file says ("</s>", "<|endoftext|>"...), whitespace around
 them (Phi-3's special tokens drop the whitespace after them), parsed as special
 and not: ggmlopt's ids are llama.cpp's."""
-import os
 import warnings
 
 import pytest
+from llama_cpp_source import SRC, vocabulary
 
 from ggmlopt.text import EOG_TEXTS, TOKEN_CONTROL, TOKEN_USER_DEFINED
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("tokenizers")
-SRC = os.environ.get("GGMLOPT_LLAMA_CPP_SRC")
 pytestmark = pytest.mark.skipif(not SRC, reason="GGMLOPT_LLAMA_CPP_SRC (llama.cpp's source, "
                                 "as llama-cpp-python's sdist holds it) is not set")
-MODELS = os.path.join(SRC or "", "models")
 # WordPiece (bert types) has no special-token partition of this kind in llama.cpp's tests
 VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "qwen35", "gemma-4", "command-r",
           "deepseek-llm", "gpt-2", "starcoder", "falcon", "mpt"]
@@ -31,21 +29,9 @@ def _specials(tok, most=6):
     return [t for t in dict.fromkeys(control[:most] + user[:most] + eog) if t.strip()]
 
 
-def _vocabulary(name):
-    """(path, ggmlopt's tokenizer) of llama.cpp's vocabulary file name; a skip where
-    this llama.cpp has none."""
-    from ggmlopt.io import load_gguf_tokenizer
-    path = os.path.join(MODELS, f"ggml-vocab-{name}.gguf")
-    if not os.path.isfile(path):
-        pytest.skip(f"{path} is not in this llama.cpp")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return path, load_gguf_tokenizer(path)
-
-
 @pytest.mark.parametrize("name", VOCABS)
 def test_special_tokens_and_the_whitespace_beside_them(name):
-    path, tok = _vocabulary(name)
+    path, tok = vocabulary(name)
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     specials = _specials(tok)
     assert specials
@@ -70,7 +56,7 @@ def test_end_of_generation_ids_are_llama_cpp_s(name):
     """eog_ids, where generate and chat stop, equal llama.cpp's end-of-generation
     set: eos, eot, the texts it knows, and its fill-in-the-middle pad, repository
     and file-separator tokens (starcoder's <|fim_pad|>, command-r's <PAD> ...)."""
-    path, tok = _vocabulary(name)
+    path, tok = vocabulary(name)
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(path.encode(), params)
@@ -92,7 +78,7 @@ def test_a_document_is_tokenized_with_llama_cpps_bos_and_eos(name, add_eos):
     from ggmlopt.instruct import document_ids
     from ggmlopt.io.gguf_llama import tokenizer_from_fields
     from ggmlopt.io.gguf_reader import GgufFile
-    path, _ = _vocabulary(name)
+    path, _ = vocabulary(name)
     fields = dict(GgufFile(path).fields)
     fields["tokenizer.ggml.add_eos_token"] = add_eos
     with warnings.catch_warnings():
@@ -111,7 +97,7 @@ def test_special_tokens_that_overlap_are_cut_longest_first(name):
     # is: where a shorter one ends inside it (falcon's ">>TITLE<<" then
     # "<|endoftext|>"), the leftmost match would take the shorter one
     from ggmlopt.text import _leftmost_can_differ
-    path, tok = _vocabulary(name)
+    path, tok = vocabulary(name)
     texts = [tok.tokens[i] for i in tok._control + tok._user if tok.tokens[i]]
     pairs = [(a, b, i) for a in texts for b in texts for i in range(1, len(a))
              if _leftmost_can_differ([a, b]) and b.startswith(a[i:])][:40]
@@ -128,7 +114,7 @@ def test_non_ascii_spaces_before_deepseek_llm_punctuation():
     # llama.cpp matches deepseek-llm's patterns without a \p class with every
     # non-ASCII space turned into \v: an ideographic space is not in the CJK
     # punctuation class there
-    path, tok = _vocabulary("deepseek-llm")
+    path, tok = vocabulary("deepseek-llm")
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     for text in ("  \u3000", "\t \u3000", "a\u3000\u3001!", "\u3000\u3000x", "\xa0\u3000。",
                  "x \u3000 y\u2003\u3000"):
@@ -207,7 +193,7 @@ def test_a_vocabulary_written_with_another_model_keeps_its_special_ids(tmp_path,
     templates (Command R's tool_use and rag)."""
     from ggmlopt.io import save_gguf
     from ggmlopt.models import Llama, LlamaConfig
-    path, tok = _vocabulary(name)
+    path, tok = vocabulary(name)
     model = Llama(LlamaConfig(vocab_size=tok.vocab_size, dim=16, n_layers=1, n_heads=2,
                               max_seq_len=32), seed=0)
     with warnings.catch_warnings():
