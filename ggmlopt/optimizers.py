@@ -98,7 +98,13 @@ class Optimizer:
         """One optimizer step, in place on weights and state: flat float32
         arrays of one size (all parameters, or this rank's shard of them);
         hyper: what hyperparameters returned; iteration: ggml's iter, the
-        1-based count of optimizer steps (this one included)."""
+        1-based count of optimizer steps (this one included).
+
+        Each element must be stepped on its own, as AdamW and SGD step it:
+        the arrays may be any contiguous part of the parameters (a rank's
+        shard under shard_optimizer, one parameter at a time under
+        optimizer_in_backward), so a quantity taken over all of them (a
+        global norm, LAMB's trust ratio) would be taken over that part only."""
         raise NotImplementedError(f"{type(self).__name__}.step")
 
     def __repr__(self) -> str:

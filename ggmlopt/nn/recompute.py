@@ -2,11 +2,11 @@
 recompute its forward pass just before its backward pass.
 
 The recomputation runs the same kernels on the same input in the same order,
-and replays the random numbers its Dropout layers drew (their generators are
-put back to where they stood before the block's first forward, then to where
-they stood after it), so the gradients are bit-identical to a run without
-checkpointing.  Memory: one block's activations at a time, plus every block's
-input.
+and replays the random numbers its Dropout layers, and any layer keeping the
+generator ``set_rng`` gave it, drew (their generators are put back to where
+they stood before the block's first forward, then to where they stood after
+it), so the gradients are bit-identical to a run without checkpointing.
+Memory: one block's activations at a time, plus every block's input.
 """
 from __future__ import annotations
 
@@ -40,12 +40,41 @@ def release_buffers(block) -> None:
 
 
 def _generators(block):
-    """The distinct generators the Dropout layers of block draw from."""
+    """The distinct generators the modules of block draw from: Dropout's, and
+    those a user's layer keeps from ``set_rng`` (ggmlopt.nn.module's protocol for
+    layers that draw random numbers).  TypeError for a layer with ``set_rng``
+    that keeps no Generator in its attributes: its draws could not be replayed,
+    and a recomputation drawing other numbers gives wrong gradients silently."""
     found = {}
-    for m in modules(block):
+    for m in _with_wrapped(block):
+        if isinstance(m, Checkpoint):
+            continue   # its set_rng forwards to the module it wraps, walked too
         if isinstance(m, Dropout):
             found[id(m.rng)] = m.rng
+        elif callable(getattr(m, "set_rng", None)):
+            gens = [v for v in getattr(m, "__dict__", {}).values()
+                    if isinstance(v, np.random.Generator)]
+            if not gens:
+                raise TypeError(f"{type(m).__name__}: has set_rng() but keeps no "
+                                "numpy.random.Generator attribute, so a checkpointed "
+                                "recomputation cannot replay its random draws; keep the "
+                                "generator set_rng receives as an attribute")
+            for g in gens:
+                found[id(g)] = g
     return list(found.values())
+
+
+def _with_wrapped(block):
+    """modules(block) and the modules the Checkpoint wrappers among them wrap
+    (the walk of the tree reaches a wrapped module's children, not it), each once."""
+    seen, stack = set(), [block]
+    while stack:
+        for m in modules(stack.pop()):
+            if id(m) not in seen:
+                seen.add(id(m))
+                yield m
+                if isinstance(m, Checkpoint):
+                    stack.append(m.module)
 
 
 class _Saved:
@@ -89,7 +118,7 @@ class Checkpoint(Module):
     """Checkpoint(module): module with activation checkpointing while training.
 
     forward(x) runs module.forward(x) and keeps only x (and the random state
-    of module's Dropout layers); backward(grad_out) recomputes the forward and
+    of module's random layers); backward(grad_out) recomputes the forward and
     then runs module.backward: the same gradients, bit for bit, for about one
     more forward pass of the time.  Outside training it is module itself.
     Parameters keep module's names (the wrapper adds no level).
@@ -113,6 +142,15 @@ class Checkpoint(Module):
 
     def parameters(self):
         return self.module.parameters()
+
+    def set_rng(self, rng):
+        """module.set_rng(rng) when it has one: the walk of the tree (set_rng,
+        on every alloc) skips the wrapped module itself, which would otherwise
+        keep drawing from a generator of its own (another run than without the
+        wrapper, and one a checkpoint cannot restore)."""
+        bind = getattr(self.module, "set_rng", None)
+        if callable(bind):
+            bind(rng)
 
     def forward(self, x):
         """module.forward(x): outside training the buffer module reuses; while
