@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .lora import ALL_LINEAR, _adaptable, _alpha_arg, _dropout_arg, _hf_names, _rank_arg
+from .lora import ALL_LINEAR, _adaptable, _hf_names
+from .models.registry import family_of
 from .nn.linear import Linear
+from .nn.lora_layers import alpha_arg, dropout_arg, rank_arg
 from .nn.module import named_modules, named_parameters
 from .nn.quantized import QuantizedLinear, quantized_layers
 
@@ -212,13 +214,12 @@ def config_plan(model, config) -> _ConfigPlan:
     ``peft.get_peft_model(hf_model, config)`` gives the transformers model of
     model's family, by ggmlopt's layer names; ValueError naming the key of a
     setting that cannot be honoured (nothing changes)."""
-    from .models.registry import family_of  # models import lora: not at import time
     values = _config_dict(config)
     _refuse_config_settings(values)
     hf = _hf_names(model)
-    rank = _config_value("r", values.get("r", 8), _rank_arg)
-    alpha = _config_value("lora_alpha", values.get("lora_alpha", 8), _alpha_arg)
-    dropout = _config_value("lora_dropout", values.get("lora_dropout", 0.0) or 0.0, _dropout_arg)
+    rank = _config_value("r", values.get("r", 8), rank_arg)
+    alpha = _config_value("lora_alpha", values.get("lora_alpha", 8), alpha_arg)
+    dropout = _config_value("lora_dropout", values.get("lora_dropout", 0.0) or 0.0, dropout_arg)
     rslora = values.get("use_rslora", False)
     if not isinstance(rslora, (bool, np.bool_)):
         raise ValueError(f"config's use_rslora: expected a bool, got {rslora!r}")  # noqa: TRY004 (a config's value)
@@ -347,9 +348,9 @@ def config_plan(model, config) -> _ConfigPlan:
         if key == "lm_head" and key not in adaptable:
             continue   # the tied head: the core refuses it, by name
         r = _config_value(f"rank_pattern for {key}",
-                          pattern_value(values.get("rank_pattern"), "rank_pattern", key, rank), _rank_arg)
+                          pattern_value(values.get("rank_pattern"), "rank_pattern", key, rank), rank_arg)
         a = _config_value(f"alpha_pattern for {key}",
-                          pattern_value(values.get("alpha_pattern"), "alpha_pattern", key, alpha), _alpha_arg)
+                          pattern_value(values.get("alpha_pattern"), "alpha_pattern", key, alpha), alpha_arg)
         # rsLoRA's alpha / sqrt(r) as the alpha that gives it over r
         layers[adaptable[key]] = (r, a * math.sqrt(r) if rslora else a)
     for which in ("rank_pattern", "alpha_pattern"):   # PEFT warns of these too

@@ -162,13 +162,13 @@ def _floats_per_token(module) -> tuple[int, int]:
     (and buffers a layer keeps between steps), and the buffers its backward
     pass makes and drops (the input gradients: Linear, the norms, the
     attention, SwiGLU and the blocks make them per call)."""
-    from .lora import LoRALinear
     from .models._causal_lm import PreNormBlock
     from .models.gemma3 import GeGLU, Gemma3DecoderLayer
     from .models.phi3 import Phi3Attention, Phi3MLP
     from .nn.activation import GELU
     from .nn.attention import CausalSelfAttention, GPT2Attention
     from .nn.linear import Linear
+    from .nn.lora_layers import LoRALinear
     from .nn.mlp import GPT2MLP, SwiGLU
     from .nn.norm import LayerNorm, RMSNorm
     from .nn.quantized import QuantizedLinear

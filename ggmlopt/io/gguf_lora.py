@@ -25,13 +25,13 @@ from ..lora import (
     LoRAEmbedding,
     LoRALinear,
     _adaptable,
-    _dropout_arg,
     _replace,
     freeze_all_but_adapters,
     named_adapters,
     other_trainable,
 )
 from ..models.registry import family_of
+from ..nn.lora_layers import dropout_arg
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
 from .gguf_gpt2 import GPT2_ARCH, gguf_name_gpt2, hf_name_gpt2
@@ -327,7 +327,7 @@ def load_gguf_lora(path, model, *, dropout=0.0
     model is unchanged.
     """
     config = _llama_config(model)
-    dropout = _dropout_arg(dropout)   # checked before any layer changes
+    dropout = dropout_arg(dropout)   # checked before any layer changes
     path = input_path(path)
     gguf = _gguf()
     arch = _arch(model)

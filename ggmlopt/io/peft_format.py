@@ -31,15 +31,13 @@ from ..lora import (
     LoRAEmbedding,
     LoRALinear,
     _adaptable,
-    _alpha_arg,
-    _dropout_arg,
-    _rank_arg,
     _replace,
     freeze_all_but_adapters,
     named_adapters,
     other_trainable,
 )
 from ..models.registry import family_of
+from ..nn.lora_layers import alpha_arg, dropout_arg, rank_arg
 from ..nn.module import named_parameters
 from ._files import atomic_output, path_arg, read_json_object
 from .hf_format import _as_float32, _tied, map_safetensors_file, transposed_weights
@@ -518,10 +516,10 @@ def load_peft(directory, model, *, dropout: float | None = None
             raise ValueError(f"{path}: modules_to_save tensor {name!r} "
                              f"{tuple(value.shape)} fits no parameter of the model"
                              + ("" if p is None else f" (it is {want})"))
-    rate = _config_value(config.get("lora_dropout") or 0.0, path, "lora_dropout", _dropout_arg) \
-        if dropout is None else _dropout_arg(dropout)
-    default_rank = _config_value(config.get("r", 8), path, "r", _rank_arg)
-    default_alpha = _config_value(config.get("lora_alpha", 8), path, "lora_alpha", _alpha_arg)
+    rate = _config_value(config.get("lora_dropout") or 0.0, path, "lora_dropout", dropout_arg) \
+        if dropout is None else dropout_arg(dropout)
+    default_rank = _config_value(config.get("r", 8), path, "r", rank_arg)
+    default_alpha = _config_value(config.get("lora_alpha", 8), path, "lora_alpha", alpha_arg)
     made = []
     for name, pair in pairs.items():
         if set(pair) != {"lora_A", "lora_B"}:
@@ -539,9 +537,9 @@ def load_peft(directory, model, *, dropout: float | None = None
                              f"model's layer needs (rank, {n_in}) and ({n_out}, rank)")
         hf = _hf_name(model, name)
         alpha = _config_value(_pattern_value(config, "alpha_pattern", hf, default_alpha, path),
-                              path, f"alpha_pattern for {hf}", _alpha_arg)
+                              path, f"alpha_pattern for {hf}", alpha_arg)
         want = _config_value(_pattern_value(config, "rank_pattern", hf, default_rank, path),
-                             path, f"rank_pattern for {hf}", _rank_arg)
+                             path, f"rank_pattern for {hf}", rank_arg)
         if rank != want:
             raise ValueError(f"{path}: {name}'s tensors have rank {rank}, the config says {want}")
         if config.get("use_rslora"):

@@ -29,10 +29,10 @@ import numpy as np
 
 from .. import gemm
 from ..kernels_decode import LlamaBlockStep
-from ..lora import LoRALinear
 from ..nn._parts_version import parts_version, watch
 from ..nn.attention import RotaryEmbedding
 from ..nn.linear import Linear
+from ..nn.lora_layers import LoRALinear
 from ..nn.module import Module, modules, with_followers
 from ..nn.norm import RMSNorm
 from ..nn.quantized import FEW_ROWS, QuantizedLinear, _activations
