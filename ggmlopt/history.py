@@ -164,10 +164,13 @@ class History:
         return self._column("blas_threads")  # type: ignore[return-value]
 
     def to_dict(self) -> dict[str, list]:
-        """The epochs as columns, {field name: list}; see ggmlopt.plotting.history_to_dict."""
-        from .plotting import history_to_dict
-
-        return history_to_dict(self)
+        """The epochs as columns: ``{"epoch": [1, 2, ...], "train_loss": [...],
+        "train_loss_unc": [...], ..., "seconds": [...]}``, one list per
+        EpochStats field (ints for epoch, floats, NaN where undefined), each as
+        long as the history, so ``pandas.DataFrame(history.to_dict())`` is a
+        table of one row per epoch."""
+        return {f.name: [getattr(e, f.name) for e in self.epochs]
+                for f in fields(EpochStats)}
 
     def plot(self, path: str | os.PathLike | None = None, **kwargs: Any) -> Any:
         """Loss and accuracy curves with uncertainty bands, written to path when given;

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import fields
 
 import numpy as np
 
@@ -13,14 +12,9 @@ __all__ = ["history_to_dict", "plot_history"]
 
 
 def history_to_dict(history) -> dict[str, list]:
-    """The History's epochs as columns: ``{"epoch": [1, 2, ...], "train_loss":
-    [...], "train_loss_unc": [...], ..., "seconds": [...]}``, one list per
-    EpochStats field (ints for epoch, floats, NaN where undefined), each as long
-    as the history, so ``pandas.DataFrame(history.to_dict())`` is a table of
-    one row per epoch."""
-    from .history import EpochStats
-
-    return {f.name: [getattr(e, f.name) for e in history.epochs] for f in fields(EpochStats)}
+    """The History's epochs as columns (``history.to_dict()``, see
+    ggmlopt.history.History.to_dict)."""
+    return history.to_dict()
 
 
 def _has_values(values) -> bool:
