@@ -9,7 +9,7 @@ It calls the public API only (load_gguf / load_hf, lora.apply, Dataset.from_chat
 from_completions / from_texts / from_tokens, read_jsonl, fit, save_gguf_lora, save_peft,
 save_gguf), so everything it does can be written in Python.  llama.cpp's ``llama-finetune`` flag
 names are accepted with their meaning (``-m``, ``-f`` for a raw text file, ``-c``,
-``-b`` and ``-ub`` in tokens, ``-lr``, ``-wd``, ``--epochs``, ``-val-split``, ``-opt``); a
+``-b`` and ``-ub`` in tokens, ``-lr``, ``-wd``, ``-epochs``, ``-val-split``, ``-opt``); a
 text file (``-f``) is read as llama-finetune reads it (one trailing line break dropped,
 special tokens written in it read as text, the windows trained in order and the last ones
 validating).  The defaults are those of a LoRA fine-tune (``--help`` lists them), not
@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
                    help="step each weight in the backward pass as soon as its gradient is "
                         "final: a full fine-tune holds one block's gradients, not all; the "
                         "same result (needs --micro-batch equal to --batch)")
-    p.add_argument("--epochs", type=int, default=None,
+    p.add_argument("-epochs", "--epochs", type=int, default=None,
                    help="passes over the data (default 1, or as many as --max-steps needs)")
     p.add_argument("--max-steps", type=int, default=None,
                    help="optimizer steps of the run: it stops there, and the learning-rate "
@@ -96,12 +96,20 @@ def parser() -> argparse.ArgumentParser:
                    help="learning rate (AdamW or SGD alpha; default 1e-4, llama-finetune's "
                         "1e-5)")
     p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant",
-                   help="per optimizer step (default constant)")
+                   help="per optimizer step (default constant, as llama-finetune; Hugging "
+                        "Face's Trainer defaults to linear): linear and cosine decay to 0 "
+                        "after the run's last step, the rate of each step that of Hugging "
+                        "Face's get_linear_schedule_with_warmup / "
+                        "get_cosine_schedule_with_warmup without warmup")
     p.add_argument("--warmup", type=int, default=0,
-                   help="warmup steps (cosine schedule; default 0)")
+                   help="warmup steps of the cosine schedule (default 0): step t <= N "
+                        "trains at --lr x t/N, so the first step is not at 0 and steps N "
+                        "and N+1 are both at --lr (Hugging Face's warmup starts at 0 and "
+                        "reaches --lr one step later); the cosine after it is Hugging "
+                        "Face's")
     p.add_argument("-wd", "--weight-decay", type=float, default=0.0,
                    help="decoupled weight decay of every trainable tensor, norms and biases "
-                        "included (default 0)")
+                        "included (Hugging Face's Trainer leaves those out; default 0)")
     p.add_argument("--max-grad-norm", type=float, default=None,
                    help="clip the gradients' global L2 norm to this (torch's "
                         "clip_grad_norm_; default: no clipping, as llama-finetune; "
