@@ -80,6 +80,8 @@ def save_hf(model, directory, *, tokenizer=None) -> None:
     that transformers' AutoTokenizer encodes as the tokenizer does
     (ggmlopt.io.hf_tokenizer_files); ValueError when it has more tokens than
     the model's vocab_size, TypeError for what is no ggmlopt tokenizer.
+    Without a tokenizer, a model with ``eog_ids`` (load_hf's, load_gguf's)
+    gets a generation_config.json of those ids, where generation stops.
     Everything is checked before any file is written."""
     family_of(model)   # TypeError for another model
     refuse_adapters(model, "save_hf")
@@ -89,7 +91,7 @@ def save_hf(model, directory, *, tokenizer=None) -> None:
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ValueError(f"directory: {directory!r} is a file")
     tokenizer_files = _tokenizer_files(tokenizer, model.config) if tokenizer is not None \
-        else {}   # made (and checked) before anything is written
+        else _eog_files(model)   # made (and checked) before anything is written
     config = _hf_config(model)   # (a config transformers could not read is refused here)
     os.makedirs(directory, exist_ok=True)
     for name, text in tokenizer_files.items():
@@ -104,6 +106,18 @@ def save_hf(model, directory, *, tokenizer=None) -> None:
     with atomic_output(os.path.join(directory, CONFIG)) as tmp, open(tmp, "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
+
+
+def _eog_files(model) -> dict[str, str]:
+    """generation_config.json of a model without its tokenizer: the ids its
+    generation stops at (load_hf's and load_gguf's eog_ids), else transformers'
+    generate, reading none, would never stop where the model does."""
+    eog = sorted(int(i) for i in getattr(model, "eog_ids", ()))
+    if not eog:
+        return {}
+    from . import hf_tokenizer_files as files
+    return {"generation_config.json": files.dumps(
+        {"_from_model_config": False, "eos_token_id": eog[0] if len(eog) == 1 else eog})}
 
 
 def _tokenizer_files(tokenizer, config) -> dict[str, str]:

@@ -175,4 +175,7 @@ def llama_hf_config(cfg) -> dict[str, Any]:
         "rope_scaling": None if cfg.rope_scaling is None else cfg.rope_scaling.to_hf(),
         "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
         "initializer_range": 0.02, "torch_dtype": "float32", "use_cache": True,
+        # not LlamaConfig's 1 and 2 (another vocabulary's): where generation stops is
+        # generation_config.json's, written from the tokenizer or the model's eog_ids
+        "bos_token_id": None, "eos_token_id": None,
     }

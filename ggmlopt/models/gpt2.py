@@ -179,6 +179,8 @@ def _to_hf(cfg: GPT2Config) -> dict[str, Any]:
         "n_inner": None, "layer_norm_epsilon": cfg.norm_eps, "activation_function": "gelu_new",
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": 0.02,
         "tie_word_embeddings": True, "torch_dtype": "float32", "use_cache": True,
+        # not GPT2Config's 50256 (the real vocabulary's): see llama_hf_config
+        "bos_token_id": None, "eos_token_id": None,
     }
 
 
