@@ -819,9 +819,13 @@ class OptContext:
         # Gradients are zeroed lazily, as a logical batch begins: ggml_opt_alloc resets
         # its accumulators after an OPT step when opt_period > 1, and with opt_period 1
         # its OPT graph computes gradients afresh.  A GRAD context accumulates until
-        # reset().
+        # reset().  The rule reads the whole opt_period, not this rank's share of it: a
+        # rank evaluating one batch a step of opt_period > 1 leaves the gradients as one
+        # process does (zero after the step once an eval follows), so its checkpoints
+        # resume on any number of ranks (not the last step's sum, which a process with
+        # several batches a step would add its first batch to).
         if self._built == BuildType.OPT and self.opt_i == 0 and (
-                (self._build_type == BuildType.OPT and self._evals_per_step > 1)
+                (self._build_type == BuildType.OPT and self._opt_period > 1)
                 or (self._evals_per_step == 1 and backward)):
             self._zero_grads()
         self._build_type = bt

@@ -162,7 +162,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi", action="store_true",
                    help="train data-parallel over the MPI ranks this runs as (mpiexec -n P "
                         "python -m ggmlopt.finetune ... --mpi; needs mpi4py): each rank takes "
-                        "its share of every batch, rank 0 prints and writes the outputs")
+                        "its share of every batch, --batch / P windows as its micro-batch by "
+                        "default, so the result is one process's with that --micro-batch "
+                        "(each micro-batch's mean loss weighs the same); rank 0 prints and "
+                        "writes the outputs")
     return p
 
 
