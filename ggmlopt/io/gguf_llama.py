@@ -330,7 +330,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             if any(raw is not None for _, _, raw in arrays):
                 writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
             if isinstance(carried, GgufMetadata):
-                carried.add_to(writer, tok["tokens"])
+                carried.add_to(writer, tok["tokens"], tokenizer)
             for tensor_name, array, raw_dtype in arrays:
                 writer.add_tensor(tensor_name, array, raw_dtype=raw_dtype)
             writer.write_header_to_file()
