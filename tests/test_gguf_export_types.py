@@ -15,6 +15,7 @@ from ggmlopt.io._quant_mix import tensor_type
 from ggmlopt.io.gguf_llama import save_llama_gguf
 from ggmlopt.io.gguf_reader import GgufFile
 from ggmlopt.models import Llama, LlamaConfig
+from ggmlopt.nn.quantized import quantized_layers
 from ggmlopt.text import ByteTokenizer
 
 gguf = pytest.importorskip("gguf")
@@ -210,6 +211,18 @@ def test_a_kept_model_written_back_keeps_its_files_type(tmp_path, dtype):
         save_gguf(kept, tmp_path / "merged.gguf", tokenizer=tok, dtype="q4_0")
     assert GgufFile(str(tmp_path / "merged.gguf")).fields["general.file_type"] == \
         gguf.LlamaFileType.MOSTLY_Q4_0
+    # ... or left in float beside the matrices still kept: the float ones outnumber
+    # them, and the label is theirs (it was the kept ones' mix)
+    for asked, want in ((np.float32, gguf.LlamaFileType.ALL_F32),
+                        (np.float16, gguf.LlamaFileType.MOSTLY_F16)):
+        kept, tok = load_gguf(src, keep_types=True)
+        lora.apply(kept, rank=2, targets="all-linear")
+        lora.merge(kept)
+        assert quantized_layers(kept)   # (the embedding)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            save_gguf(kept, tmp_path / "float.gguf", tokenizer=tok, dtype=asked)
+        assert GgufFile(str(tmp_path / "float.gguf")).fields["general.file_type"] == want
 
 
 def test_a_70b_gives_its_value_projections_more_bits():

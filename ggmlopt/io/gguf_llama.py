@@ -344,8 +344,9 @@ def _file_type(gguf, model, dtype, carried, arrays):
     """general.file_type as llama-quantize labels a file: when every weight
     matrix is kept in its source file's types (written as it was), the
     source's own label (llama.cpp names a mix, Q4_K_M, not its most common
-    type); else the file type dtype asks for; else, beside kept weights, their
-    most common type (a K type as its _M mix); else F32 or F16 by dtype."""
+    type); else the file type dtype asks for; else, beside kept weights, the
+    written matrices' most common type (a K type as its _M mix; float ones, a
+    merge's, as F32 or F16 by dtype); else F32 or F16 by dtype."""
     types = gguf.LlamaFileType
     kept = [layer.qtype for _, layer in quantized_layers(model)]
     from_float = any(p.data.ndim == 2 for _, p in model.named_parameters()) \
@@ -356,7 +357,10 @@ def _file_type(gguf, model, dtype, carried, arrays):
     if isinstance(dtype, str):
         return getattr(types, FILE_TYPES[dtype][0])
     if kept:
-        common = max(set(kept), key=kept.count)
+        # the written matrices' most common type, the float ones (a merge's) counted
+        floats = sum(p.data.ndim == 2 for _, p in model.named_parameters())
+        written = kept + ["float"] * floats
+        common = max(sorted(set(written)), key=written.count)
         common = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}.get(common, common)
         if hasattr(types, "MOSTLY_" + common):
             return getattr(types, "MOSTLY_" + common)
