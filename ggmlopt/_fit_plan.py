@@ -87,7 +87,7 @@ class FitPlan:
     total_steps: int
     eval_every: int | None = None
     checkpoint_every: int | None = None
-    shuffle: bool = True
+    shuffle: bool | str = True
 
     @property
     def ndata_used(self) -> int:
@@ -115,14 +115,15 @@ class FitPlan:
 
     @property
     def shuffle_all(self) -> bool:
-        """Whether fit shuffles the whole dataset once (ggml: nbatch_logical < ndata)."""
-        return self.shuffle and self.nbatch_logical < self.ndata
+        """Whether fit shuffles the whole dataset once (ggml: nbatch_logical < ndata;
+        not with shuffle="train", whose validation part stays the data's last)."""
+        return self.shuffle is True and self.nbatch_logical < self.ndata
 
     @property
     def shuffle_train(self) -> bool:
         """Whether each epoch shuffles its training part (nbatch_logical <
         shuffle_extent: ggml's idata_split)."""
-        return self.shuffle and self.nbatch_logical < self.shuffle_extent
+        return bool(self.shuffle) and self.nbatch_logical < self.shuffle_extent
 
     @property
     def validates(self) -> bool:
@@ -188,8 +189,11 @@ class FitPlan:
             raise TypeError(f"dataset: expected a ggmlopt.Dataset, got {type(dataset).__name__}")
         if not isinstance(drop_last, bool):
             raise TypeError(f"drop_last: expected a bool, got {type(drop_last).__name__}")
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle: expected a bool, got {type(shuffle).__name__}")
+        if not isinstance(shuffle, (bool, str)):
+            raise TypeError(f"shuffle: expected True, False or 'train', got "
+                            f"{type(shuffle).__name__}")
+        if isinstance(shuffle, str) and shuffle != "train":
+            raise ValueError(f"shuffle: expected True, False or 'train', got {shuffle!r}")
         ndata = data.shape[0]
         rest = ndata % nbatch_logical
         if rest and not drop_last:

@@ -50,6 +50,8 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--data", help="training data, JSON Lines: {'messages': [...]}, "
                       "{'prompt', 'completion'} or {'text'}")
     data.add_argument("-f", "--file", help="a raw text file (llama-finetune's -f)")
+    p.add_argument("--valid", help="validation data, JSON Lines as --data (instead of "
+                   "-val-split): evaluated after each epoch and every --eval-every steps")
     p.add_argument("-c", "--ctx", type=int, default=512,
                    help="tokens per window (n_ctx; default 512)")
     p.add_argument("--train-on", choices=("assistant", "last", "all"), default=None,
@@ -279,8 +281,15 @@ def _problems(args) -> list[str]:
                    f"{args.lr_schedule}")
     if args.eval_every is not None and args.eval_every < 1:
         bad.append(f"--eval-every: expected >= 1, got {args.eval_every}")
-    elif args.eval_every is not None and args.val_split == 0:
-        bad.append("--eval-every: evaluates the validation split; give -val-split too")
+    elif args.eval_every is not None and args.val_split == 0 and not args.valid:
+        bad.append("--eval-every: evaluates the validation split; give -val-split or "
+                   "--valid too")
+    if args.valid and args.file:
+        bad.append("--valid: validation JSON Lines go with --data; a raw text file (-f) "
+                   "validates its last windows with -val-split")
+    elif args.valid and args.val_split:
+        bad.append(f"--valid: the validation data is {args.valid}; -val-split "
+                   f"{args.val_split} would hold out training data too: give one of them")
     if args.train_on is not None and args.file:
         bad.append("--train-on: chooses the turns of chat data (--data); a raw text file "
                    "trains on every token")
@@ -443,12 +452,74 @@ def _load(args):
     return model, tok
 
 
+def _jsonl_arrays(args, tok, path):
+    """(data, labels, what they hold) of a JSON Lines file of chats, completions or texts."""
+    import ggmlopt as go
+
+    from .instruct import read_jsonl
+    examples = read_jsonl(path)
+    first = examples[0]
+    if "messages" in first:
+        if not getattr(tok, "chat_template", None):
+            raise SystemExit(f"finetune: {path} holds chats, but the tokenizer has no "
+                             "chat template (tokenizer.chat_template)")
+        ds = go.Dataset.from_chat(examples, tok, args.ctx,
+                                  train_on=args.train_on or "assistant",
+                                  too_long=args.too_long, packing=args.packing,
+                                  **(args.chat_template_kwargs or {}))
+    elif args.train_on is not None or args.chat_template_kwargs is not None:
+        option = "--train-on: chooses the turns" if args.train_on is not None else \
+            "--chat-template-kwargs: renders the conversations"
+        raise ValueError(f"{option} of chat data; {path} holds "
+                         f"{'prompt/completion pairs' if 'prompt' in first else 'text'}")
+    elif "prompt" in first:
+        ds = go.Dataset.from_completions(examples, tok, args.ctx, too_long=args.too_long,
+                                         packing=args.packing)
+    else:
+        # one document a row, trained on whole (TRL's and MLX-LM's text rows), not
+        # one stream cut into llama-finetune's overlapping windows: those attend
+        # across rows and leave the stream's tail untrained
+        ds = go.Dataset.from_texts(examples, tok, args.ctx, too_long=args.too_long,
+                                   packing=args.packing)
+    x, y = np.asarray(ds.data), np.asarray(ds.labels)
+    what = (f"{len(examples)} examples from {path} packed into {x.shape[0]} windows"
+            if args.packing else f"{x.shape[0]} examples from {path}")
+    return x, y, what
+
+
+def _padded(x, y, batch, tok):
+    """x, y with masked rows to whole logical batches of `batch`, and how many."""
+    pad = -x.shape[0] % batch
+    if pad:
+        # rows with every label masked change no gradient within their physical batch
+        # (its loss is the mean over its labelled positions); a physical batch of them
+        # alone still counts in the logical batch's mean (ggml's loss), a smaller last step
+        pad_id = tok.eos_id if tok.eos_id is not None else 0
+        x = np.concatenate([x, np.full((pad, x.shape[1]), pad_id, np.int32)])
+        y = np.concatenate([y, np.full((pad, y.shape[1]), -1, np.int32)])
+    return x, y, pad
+
+
+def _valid_split(ntrain: int, nvalid: int) -> float:
+    """The val_split whose held-out part fit computes (in float32, as ggml) as exactly
+    the last nvalid of ntrain + nvalid logical batches."""
+    from ._fit_plan import training_batches
+    total = ntrain + nvalid
+    split = np.float32(nvalid / total)
+    for _ in range(64):
+        got = training_batches(total, float(split))
+        if got == ntrain:
+            return float(split)
+        split = np.nextafter(split, np.float32(0 if got < ntrain else 1))
+    raise AssertionError(f"no float32 split leaves {ntrain} of {total} batches to train")
+
+
 def _dataset(args, tok):
     """(Dataset, what it holds) from --data or -f, padded with masked rows to whole
     logical batches."""
     import ggmlopt as go
 
-    from .instruct import document_ids, read_jsonl
+    from .instruct import document_ids
     if args.file:
         with open(args.file, "rb") as f:
             raw = f.read()
@@ -467,43 +538,18 @@ def _dataset(args, tok):
         x, y = np.asarray(ds.data), np.asarray(ds.labels)
         what = f"{x.shape[0]} windows of {args.ctx} tokens from {args.file}"
     else:
-        examples = read_jsonl(args.data)
-        first = examples[0]
-        if "messages" in first:
-            if not getattr(tok, "chat_template", None):
-                raise SystemExit(f"finetune: {args.data} holds chats, but the tokenizer has no "
-                                 "chat template (tokenizer.chat_template)")
-            ds = go.Dataset.from_chat(examples, tok, args.ctx,
-                                      train_on=args.train_on or "assistant",
-                                      too_long=args.too_long, packing=args.packing,
-                                      **(args.chat_template_kwargs or {}))
-        elif args.train_on is not None or args.chat_template_kwargs is not None:
-            option = "--train-on: chooses the turns" if args.train_on is not None else \
-                "--chat-template-kwargs: renders the conversations"
-            raise ValueError(f"{option} of chat data; {args.data} holds "
-                             f"{'prompt/completion pairs' if 'prompt' in first else 'text'}")
-        elif "prompt" in first:
-            ds = go.Dataset.from_completions(examples, tok, args.ctx, too_long=args.too_long,
-                                             packing=args.packing)
-        else:
-            # one document a row, trained on whole (TRL's and MLX-LM's text rows), not
-            # one stream cut into llama-finetune's overlapping windows: those attend
-            # across rows and leave the stream's tail untrained
-            ds = go.Dataset.from_texts(examples, tok, args.ctx, too_long=args.too_long,
-                                       packing=args.packing)
-        x, y = np.asarray(ds.data), np.asarray(ds.labels)
-        what = (f"{len(examples)} examples from {args.data} packed into {x.shape[0]} windows"
-                if args.packing else f"{x.shape[0]} examples from {args.data}")
-    rest = x.shape[0] % args.batch
-    if rest:
-        # rows with every label masked change no gradient within their physical batch
-        # (its loss is the mean over its labelled positions); a physical batch of them
-        # alone still counts in the logical batch's mean (ggml's loss), a smaller last step
-        pad = args.batch - rest
-        pad_id = tok.eos_id if tok.eos_id is not None else 0
-        x = np.concatenate([x, np.full((pad, x.shape[1]), pad_id, np.int32)])
-        y = np.concatenate([y, np.full((pad, y.shape[1]), -1, np.int32)])
+        x, y, what = _jsonl_arrays(args, tok, args.data)
+    x, y, pad = _padded(x, y, args.batch, tok)
+    if pad:
         what += f" (+{pad} masked rows to fill the last batch of {args.batch})"
+    if args.valid:
+        # the validation examples after the training ones, held out by the split that
+        # covers exactly their logical batches (fit validates on the data's last part)
+        vx, vy, what_valid = _jsonl_arrays(args, tok, args.valid)
+        vx, vy, vpad = _padded(vx, vy, args.batch, tok)
+        args.val_split = _valid_split(x.shape[0] // args.batch, vx.shape[0] // args.batch)
+        x, y = np.concatenate([x, vx]), np.concatenate([y, vy])
+        what += f"; validating on {what_valid}" + (f" (+{vpad} masked rows)" if vpad else "")
     return go.Dataset.from_arrays(x, y), what
 
 
@@ -711,8 +757,10 @@ def main(argv=None) -> int:
                              checkpoint_every=args.checkpoint_every,
                              optimizer_in_backward=args.optimizer_in_backward, comm=comm,
                              # a text's windows in order, the last ones validating
-                             # (llama-finetune); chats and completions shuffled
-                             shuffle=not args.file, run_info=_run_info(args, train, model))
+                             # (llama-finetune); chats and completions shuffled, a
+                             # --valid file kept last, the validation part
+                             shuffle=False if args.file else "train" if args.valid else True,
+                             run_info=_run_info(args, train, model))
     except UserWarning as e:
         p.error(f"--resume: {e}; give the options of the run that wrote it")
     except (ValueError, TypeError) as e:   # (a checkpoint of another run, a split too small)

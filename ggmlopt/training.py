@@ -62,7 +62,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         bucket_cap_mb: float | None = 25.0, max_steps: int | None = None,
         eval_every: int | None = None, checkpoint_every: int | None = None,
         precision: str = "f32", drop_last: bool = False,
-        optimizer_in_backward: bool = False, shuffle: bool = True,
+        optimizer_in_backward: bool = False, shuffle: bool | str = True,
         run_info: Mapping[str, Any] | None = None) -> History:
     """Train model on dataset, as ggml_opt_fit.
 
@@ -98,7 +98,11 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     global gradient L2 norm each optimizer step is clipped to.
     shuffle (keyword-only, beyond ggml): False trains and validates in the
     dataset's order, never shuffled (llama-finetune's epochs over a text's
-    windows: the last windows validate); True is ggml_opt_fit's shuffling.
+    windows: the last windows validate); True is ggml_opt_fit's shuffling (the
+    whole dataset once, so the validation part is a random one, then the
+    training part each epoch); "train" shuffles the training part each epoch
+    and leaves the validation part the dataset's last datapoints (a validation
+    set of its own, appended).
     run_info (keyword-only): None or a dict of str to str, int, float or bool
     naming what else makes this run what it is (a data file's digest, the LoRA
     options...): written into the checkpoint, and a resume whose run_info gives
@@ -200,7 +204,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                                  # whether this fit shuffles at all (a checkpoint
                                  # without the entry was written by one that did
                                  # whenever nbatch_logical < ndata)
-                                 "fit.shuffle": int(plan.shuffle_all)}, run_info,
+                                 "fit.shuffle": 2 if plan.shuffle == "train"
+                                 else int(plan.shuffle_all)}, run_info,
                              model_info(model),
                              _schedule_record(get_opt_pars))
         if not resume and ckpt.exists():

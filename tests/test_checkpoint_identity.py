@@ -156,6 +156,30 @@ def test_shuffle_false_keeps_the_dataset_s_order(tmp_path):
         _small_fit(tmp_path, resume=True, shuffle=True)
 
 
+def test_shuffle_train_keeps_the_last_datapoints_validating(tmp_path):
+    # a validation set of its own appended to the training data (finetune --valid):
+    # each epoch shuffles the training part only, never the whole dataset once
+    history, ds, model = _small_fit(tmp_path, shuffle="train")
+    np.testing.assert_array_equal(ds.permutation[16:], np.arange(16, 24))
+    assert not np.array_equal(ds.permutation[:16], np.arange(16))
+    tail = go.evaluate(model, (ds.data[16:], ds.labels[16:, 0]), "cross_entropy",
+                       batch_size=4)
+    np.testing.assert_allclose(history[-1].val_loss, tail.loss()[0], rtol=1e-6)
+    # True takes its validation part from one shuffle of the whole dataset
+    (tmp_path / "other").mkdir()
+    _, shuffled, _ = _small_fit(tmp_path / "other", shuffle=True)
+    assert not np.array_equal(np.sort(shuffled.permutation[16:]), np.arange(16, 24))
+    # a resume that would shuffle otherwise is another run
+    for other in (True, False):
+        with pytest.raises(ValueError, match="fit.shuffle: the checkpoint was made with "
+                                             "shuffle=2"):
+            _small_fit(tmp_path, resume=True, shuffle=other)
+    history, *_ = _small_fit(tmp_path, resume=True, shuffle="train")
+    assert len(history) == 2
+    with pytest.raises(ValueError, match="shuffle: expected True, False or 'train', got 'all'"):
+        _small_fit(tmp_path / "other", shuffle="all")
+
+
 def test_a_checkpoint_from_before_the_shuffle_entry_shuffled(tmp_path):
     # fit shuffled whenever nbatch_logical < ndata before shuffle= existed: such a
     # checkpoint resumes only a fit that shuffles
