@@ -673,9 +673,10 @@ class LlamaGguf:
         return list(self._names)
 
     def array(self, name: str) -> np.ndarray:
-        """Parameter name as a new float32 array in ggmlopt's layout."""
+        """Parameter name as float32 in ggmlopt's layout (a transposed view of a
+        new array, for writing into the parameter: no second copy of a matrix)."""
         rows = _dequantized(self._reader, self._names[name], set())
-        return np.ascontiguousarray(_our_layout(name, rows, self.config))
+        return _our_layout(name, rows, self.config)
 
     def stored(self, name: str) -> tuple[str, np.ndarray] | None:
         """(type name, rows) of weight matrix name as the file stores it: a
@@ -1011,7 +1012,11 @@ def load_llama_gguf(path, model=None, *, keep_types=False):
                               "dequantized to float32 (ggmlopt's kernels do not read them)",
                               UserWarning, stacklevel=2)
         else:
-            built = family_of(read.config).model_class(read.config)
+            # every parameter is written from the file below: no random draws, and
+            # weights not yet written take no memory (the load peaks at the weights
+            # plus one tensor, not the weights twice over while they are replaced)
+            with skip_init():
+                built = family_of(read.config).model_class(read.config)
         for name, p in built.named_parameters():
             p.data[...] = read.array(name)   # one tensor in memory twice at a time
         if tokenizer is not None:

@@ -67,11 +67,12 @@ class Embedding(Module):
             self.weight = Parameter.zeros((self.num_embeddings, self.embedding_dim), "weight")
         else:
             gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-            w = np.zeros((self.num_embeddings, self.embedding_dim), dtype=np.float32)
+            # initialised in the Parameter's own array: no transient copy of the table
+            self.weight = Parameter.zeros((self.num_embeddings, self.embedding_dim), "weight")
+            w = self.weight.data
             (init or standard_normal)(w, None, gen)
             if self.padding_idx is not None:
                 w[self.padding_idx] = 0.0
-            self.weight = Parameter(w, name="weight")
         self._shape = None
         self._ids = None
         self._have_ids = False

@@ -59,11 +59,12 @@ class Linear(Module):
             self.bias = Parameter.zeros(self.out_features, "bias") if bias else None
         else:
             gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-            w = np.zeros((self.in_features, self.out_features), dtype=np.float32)
-            b = np.zeros(self.out_features, dtype=np.float32) if bias else None
-            (init or kaiming_uniform)(w, b, gen)
-            self.weight = Parameter(w, name="weight")
-            self.bias = Parameter(b, name="bias") if bias else None
+            # initialised in the Parameters' own arrays: no transient copy of a weight
+            # (a model's build peaks at its weights' bytes, not plus its largest matrix)
+            self.weight = Parameter.zeros((self.in_features, self.out_features), "weight")
+            self.bias = Parameter.zeros(self.out_features, "bias") if bias else None
+            (init or kaiming_uniform)(self.weight.data,
+                                      self.bias.data if bias else None, gen)
         self._shape = None   # the last forward input's shape
         self._x = None
         self._scratch = {}
