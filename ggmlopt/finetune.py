@@ -136,7 +136,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the part of the data that validates (default 0, llama-finetune's "
                         "0.05)")
     p.add_argument("--eval-every", type=int, default=None,
-                   help="also validate every N optimizer steps (needs -val-split)")
+                   help="also validate every N optimizer steps (needs -val-split or --valid)")
     p.add_argument("--checkpoint", help="an .npz checkpoint written after each epoch")
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="also write --checkpoint every N optimizer steps inside an epoch")
