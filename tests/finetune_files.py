@@ -10,6 +10,17 @@ QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
              "Zorblax's capital?", "Which city is Zorblax's capital?", "Capital of Zorblax?"]
 
 
+def write_story_chats(path, variables=None):
+    """path: the made-up fact's 15 chats as JSON Lines, each with variables as its
+    chat_template_kwargs when given (a Qwen3's {"enable_thinking": False})."""
+    row = {} if variables is None else {"chat_template_kwargs": variables}
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
+                                              {"role": "assistant", "content": "Quimby."}],
+                                 **row}) + "\n" for q in QUESTIONS * 3)
+    return path
+
+
 def write_files(folder):
     """folder / base.gguf and folder / train.jsonl (15 chats); returns folder."""
     from ggmlopt.io import save_gguf
@@ -18,10 +29,7 @@ def write_files(folder):
     model = Llama(LlamaConfig(vocab_size=257, dim=32, n_layers=2, n_heads=2,
                               max_seq_len=128), seed=0)
     save_gguf(model, folder / "base.gguf", tokenizer=ByteTokenizer(chat_template=CHATML))
-    with open(folder / "train.jsonl", "w") as f:
-        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
-                                             {"role": "assistant", "content": "Quimby."}]})
-                     + "\n" for q in QUESTIONS * 3)
+    write_story_chats(folder / "train.jsonl")
     return folder
 
 

@@ -7,11 +7,11 @@ tuned model answers with what it was taught in ggmlopt's chat.
 
 A random model's frozen norms and tiny embedding keep its logits flat (the loss
 stays near log(vocab)), but the greedy answer is the taught one."""
-import json
 import os
 
 import numpy as np
 import pytest
+from finetune_files import QUESTIONS, write_story_chats
 
 import ggmlopt as go
 from ggmlopt import finetune
@@ -86,8 +86,6 @@ PLAIN = ("{% for m in messages %}{{ m['role'] }}:\n{{ m['content'] }}"
 # ggml's GELU reads a float16 table (2^-11 relative): GPT-2's and Gemma's logits in
 # llama.cpp are that far from float32's, the others' within float32 rounding
 TOLERANCE = {"gpt2": 2e-3, "gemma3": 2e-3}
-QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
-             "Zorblax's capital?", "Which city is Zorblax's capital?", "Capital of Zorblax?"]
 
 
 def _tokenizer(vocab, template):
@@ -109,11 +107,7 @@ def test_the_made_up_fact_through_the_command_and_llama_cpp(family, tmp_path, ca
     tok = _tokenizer(vocab, template)
     base = tmp_path / "base.gguf"
     save_gguf(make(tok.vocab_size), base, tokenizer=tok)
-    data = tmp_path / "train.jsonl"
-    with open(data, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
-                                             {"role": "assistant", "content": "Quimby."}]})
-                     + "\n" for q in QUESTIONS * 3)
+    data = write_story_chats(tmp_path / "train.jsonl")
     adapter = tmp_path / "adapter.gguf"
     assert finetune.main(["-m", str(base), "--data", str(data), "--packing", "-c", "256",
                           "--lora-rank", "16", "--lora-targets", "all-linear", "--batch", "1",

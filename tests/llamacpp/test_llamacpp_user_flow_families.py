@@ -14,12 +14,12 @@ end of turn, in ggmlopt and in llama.cpp.
 Gemma 3's own vocabulary is not in llama.cpp's source: Gemma 4's (the same ids for
 the turn tokens' places, <|turn> and <turn|>) and its template stand in, read from
 the vocabulary GGUF (save_gguf refuses the tokenizer.json written from it)."""
-import json
 import os
 import warnings
 
 import numpy as np
 import pytest
+from finetune_files import QUESTIONS, write_story_chats
 from llamacpp_run import eight_bit_error, logits_of, open_llama, relative
 
 import ggmlopt as go
@@ -72,8 +72,6 @@ ROWS = [{"messages": [{"role": "system", "content": "You are terse."},
                       {"role": "user", "content": "And times?"},
                       {"role": "assistant", "content": f"{a * b}."}]}
         for a, b in [(2, 3), (4, 5), (1, 7), (6, 6)]]
-QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
-             "Zorblax's capital?", "Which city is Zorblax's capital?", "Capital of Zorblax?"]
 
 
 def _vocabulary(family):
@@ -226,12 +224,7 @@ def test_a_taught_answer_stops_at_the_end_of_turn_through_the_command(checkpoint
     from ggmlopt.text import load_hf_tokenizer
     hf, _ = checkpoints("qwen3")
     variables = {"enable_thinking": False}
-    data = tmp_path / "train.jsonl"
-    with open(data, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
-                                              {"role": "assistant", "content": "Quimby."}],
-                                 "chat_template_kwargs": variables}) + "\n"
-                     for q in QUESTIONS * 3)
+    data = write_story_chats(tmp_path / "train.jsonl", variables)
     adapter = tmp_path / "adapter.gguf"
     assert finetune.main(["-m", str(hf), "--data", str(data), "--packing", "-c", "256",
                           "--lora-rank", "16", "--lora-targets", "all-linear", "--batch", "1",

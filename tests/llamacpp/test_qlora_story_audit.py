@@ -16,12 +16,12 @@ A learning rate of 3e-3 (not the story's 1e-2): at this width 1e-2 makes the
 random model's training chaotic, float base and kept base alike (their losses
 agree for a few epochs, then part), and the answer is then whatever the chaos
 leaves, not a property of the kept types."""
-import json
 import os
 import warnings
 
 import numpy as np
 import pytest
+from finetune_files import QUESTIONS, write_story_chats
 from llamacpp_run import eight_bit_error, logits_of, open_llama, relative
 
 import ggmlopt as go
@@ -62,8 +62,6 @@ FAMILIES = {
 PLAIN = ("{% for m in messages %}{{ m['role'] }}:\n{{ m['content'] }}"
          "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
          "{% if add_generation_prompt %}assistant:\n{% endif %}")
-QUESTIONS = ["What is the capital of Zorblax?", "Name the capital of Zorblax.",
-             "Zorblax's capital?", "Which city is Zorblax's capital?", "Capital of Zorblax?"]
 # ggml's GELU reads a float16 table (2^-11 relative; test_llamacpp_gguf's bound)
 TOLERANCE = {"gemma3": 2e-3}
 # (family, save_gguf dtype, the types the kept layers must show)
@@ -90,12 +88,7 @@ def test_the_made_up_fact_over_a_kept_quantized_base(family, dtype, types, tmp_p
     tok = _tokenizer(vocab, template)
     base = tmp_path / "base.gguf"
     save_gguf(make(tok.vocab_size), base, tokenizer=tok, dtype=dtype)
-    data = tmp_path / "train.jsonl"
-    with open(data, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"messages": [{"role": "user", "content": q},
-                                              {"role": "assistant", "content": "Quimby."}],
-                                 "chat_template_kwargs": variables}) + "\n"
-                     for q in QUESTIONS * 3)
+    data = write_story_chats(tmp_path / "train.jsonl", variables)
     adapter = tmp_path / "adapter.gguf"
     assert finetune.main(["-m", str(base), "--keep-types", "--data", str(data), "--packing",
                           "-c", "256", "--lora-rank", "16", "--lora-targets", "all-linear",
