@@ -805,7 +805,8 @@ def read_jsonl(path) -> list[dict[str, Any]]:
         for lineno, raw in enumerate(f, 1):
             where = f"{path}:{lineno}"
             try:
-                line = raw.decode("utf-8")
+                # (a byte-order mark before the first line, as some editors save UTF-8)
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start} of "
                                  "the line)") from None

@@ -392,6 +392,18 @@ def test_read_jsonl_names_a_file_that_is_not_utf8(tmp_path):
         read_jsonl(path)
 
 
+def test_read_jsonl_reads_a_file_saved_with_a_byte_order_mark(tmp_path):
+    # as some editors save UTF-8 (and Windows' line ends): the mark is no text; one
+    # inside the file is a line's own text, not valid JSON
+    from ggmlopt.datasets import read_jsonl
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "hello"}\r\n{"text": "world"}\r\n')
+    assert read_jsonl(path) == [{"text": "hello"}, {"text": "world"}]
+    path.write_bytes(b'{"text": "hello"}\n\xef\xbb\xbf{"text": "world"}\n')
+    with pytest.raises(ValueError, match=r"bom.jsonl:2: not valid JSON"):
+        read_jsonl(path)
+
+
 def test_read_jsonl_reads_the_three_forms_and_names_the_bad_line(tmp_path):
     from ggmlopt.datasets import read_jsonl
     path = tmp_path / "chat.jsonl"
