@@ -235,6 +235,16 @@ class FitPlan:
         _check_split(ndata_used, nbatch_logical, float(val_split),
                      ibatch_split * nbatch_physical)
         steps_per_epoch = ibatch_split // batches_per_step
+        if shuffle == "train" and rest and ibatch_split * nbatch_physical < ndata_used:
+            # the datapoints drop_last leaves out are the unshuffled tail: the held-out
+            # set's own last ones, and as many training ones would validate instead
+            raise ValueError(
+                f"drop_last: shuffle='train' validates on the dataset's last datapoints, but "
+                f"ndata={ndata} leaves its last {rest} out of logical batches of "
+                f"{nbatch_logical}, so datapoints {ibatch_split * nbatch_physical}.."
+                f"{ndata_used - 1} would validate instead of the last "
+                f"{ndata_used - ibatch_split * nbatch_physical}; pad the dataset to whole "
+                "logical batches (masked rows), or pass shuffle=True")
 
         if nepoch is None:
             if max_steps is None:

@@ -326,14 +326,14 @@ def _problems(args) -> list[str]:
         bad.append("--tokenizer: the Hugging Face directory has no tokenizer.json; give a GGUF "
                    "file holding its tokenizer (llama.cpp's vocabulary files, or the model's "
                    "own GGUF)")
-    for name in ("data", "file", "tokenizer"):
+    for name in ("data", "valid", "file", "tokenizer"):
         path = getattr(args, name)
         if path and not os.path.isfile(path):
             bad.append(f"--{name}: no such file {path!r}")
     # an output over an input (or over another output) would destroy it
     written: dict[str, str] = {}
-    for name, flag in (("model", "--model"), ("data", "--data"), ("file", "-f"),
-                       ("tokenizer", "--tokenizer")):
+    for name, flag in (("model", "--model"), ("data", "--data"), ("valid", "--valid"),
+                       ("file", "-f"), ("tokenizer", "--tokenizer")):
         if getattr(args, name):
             written.setdefault(os.path.abspath(getattr(args, name)), flag)
     for name in ("out", "merge_out", "checkpoint", "plot", "peft_out"):
@@ -545,7 +545,11 @@ def _dataset(args, tok):
     if args.valid:
         # the validation examples after the training ones, held out by the split that
         # covers exactly their logical batches (fit validates on the data's last part)
-        vx, vy, what_valid = _jsonl_arrays(args, tok, args.valid)
+        try:
+            vx, vy, what_valid = _jsonl_arrays(args, tok, args.valid)
+        except ValueError as e:   # (the library's words do not say which file)
+            raise ValueError(f"--valid: {e}" if args.valid in str(e)
+                             else f"--valid: {args.valid}: {e}") from None
         vx, vy, vpad = _padded(vx, vy, args.batch, tok)
         args.val_split = _valid_split(x.shape[0] // args.batch, vx.shape[0] // args.batch)
         x, y = np.concatenate([x, vx]), np.concatenate([y, vy])
@@ -646,8 +650,9 @@ def _in_options(message: str) -> str:
         message = message.replace(words, option)
     if "--data=" in message:
         message += (" (the data gives other tokens than the run that wrote the checkpoint: "
-                    "another file or other --ctx, --train-on or --packing, or a chat "
-                    "template that writes the day's date, as Llama 3's does, on another day)")
+                    "another --data or --valid file or other --ctx, --train-on or --packing, "
+                    "or a chat template that writes the day's date, as Llama 3's does, on "
+                    "another day)")
     return message
 
 
