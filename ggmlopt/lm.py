@@ -71,11 +71,13 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
     ids: int token ids (ntokens,) exactly as llama.cpp tokenizes the text (with
     the BOS it puts first when the vocabulary adds one); at least 2 * n_ctx.
     The stream is cut into ntokens // n_ctx chunks of n_ctx tokens (the rest is
-    dropped); when add_bos (default: bos_id given) the first token of each chunk
-    is replaced by bos_id for the forward pass; in each chunk only the positions
-    n_ctx/2 .. n_ctx-2 are scored (position j predicting token j+1, so every
-    scored token has at least half a window of context).  batch_size: chunks
-    per forward pass (the numbers do not depend on it).  A model with
+    dropped; n_ctx at most the model's config.max_seq_len); when add_bos
+    (default: bos_id given) the first token of each chunk is replaced by bos_id
+    for the forward pass; in each chunk only the positions n_ctx/2 .. n_ctx-2
+    are scored (position j predicting token j+1, so every scored token has at
+    least half a window of context).  batch_size: chunks per forward pass (the
+    numbers do not depend on it beyond float32 rounding: a quantized base's
+    products may sum in another order for another row count).  A model with
     ``logits_between(tokens, start, stop)`` (ggmlopt's language models) is asked
     only for the scored positions' logits; any other needs ``forward``.
 
@@ -95,6 +97,12 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
         if bos_id is None:
             raise ValueError("bos_id: required with add_bos=True")
         bos_id = int_arg(bos_id, "bos_id", 0)
+    # the model's own limit, refused by the argument that asks for more (its forward
+    # would name its tokens' T instead)
+    max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+    if isinstance(max_len, (int, np.integer)) and not isinstance(max_len, bool) \
+            and n_ctx > max_len:
+        raise ValueError(f"n_ctx: {n_ctx} is more than the model's max_seq_len={max_len}")
     if tokens.size < 2 * n_ctx:
         raise ValueError(f"ids: you need at least {2 * n_ctx} tokens to evaluate perplexity "
                          f"with a context of {n_ctx}; got {tokens.size}")
