@@ -35,7 +35,7 @@ from .context import OptContext
 from .dataset import Dataset
 from .inference import evaluate, predict
 from .kernels import get_num_threads, set_num_threads, simd_info
-from .lm import chat, generate
+from .lm import chat, generate, perplexity
 from .memory_estimate import MemoryReport, memory_report
 from .optim_params import (
     AdamWParams,
@@ -91,6 +91,7 @@ __all__ = [
     "models",
     "nn",
     "optimizers",
+    "perplexity",
     "predict",
     "progress_bar",
     "schedules",

@@ -9,7 +9,8 @@ It calls the public API only (load_gguf / load_hf, lora.apply, Dataset.from_chat
 from_completions / from_texts / from_tokens, read_jsonl, fit, save_gguf_lora, save_peft,
 save_gguf), so everything it does can be written in Python.  llama.cpp's ``llama-finetune`` flag
 names are accepted with their meaning (``-m``, ``-f`` for a raw text file, ``-c``,
-``-b`` and ``-ub`` in tokens, ``-lr``, ``-wd``, ``-epochs``, ``-val-split``, ``-opt``); a
+``-b`` and ``-ub`` in tokens, ``-lr``, ``-wd``, ``-epochs``, ``-val-split``, ``-opt``, their
+long forms such as ``--ctx-size`` and ``--learning-rate``, and type names in any case); a
 text file (``-f``) is read as llama-finetune reads it (one trailing line break dropped,
 special tokens written in it read as text, the windows trained in order and the last ones
 validating).  The defaults are those of a LoRA fine-tune (``--help`` lists them), not
@@ -35,6 +36,12 @@ __all__ = ["main", "parser"]
 SCHEDULES = ("constant", "cosine", "linear")
 
 
+def _precision(value: str) -> str:
+    """--precision's value with fit's spellings (bfloat16, float32, any case) as f32/bf16."""
+    from .gemm import PRECISIONS
+    return PRECISIONS.get(value.lower(), value)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command's argument parser."""
     p = argparse.ArgumentParser(prog="python -m ggmlopt.finetune",
@@ -52,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("-f", "--file", help="a raw text file (llama-finetune's -f)")
     p.add_argument("--valid", help="validation data, JSON Lines as --data (instead of "
                    "-val-split): evaluated after each epoch and every --eval-every steps")
-    p.add_argument("-c", "--ctx", type=int, default=512,
+    p.add_argument("-c", "--ctx", "--ctx-size", type=int, default=512,
                    help="tokens per window (n_ctx; default 512)")
     p.add_argument("--train-on", choices=("assistant", "last", "all"), default=None,
                    help="chat data: the turns the loss counts (default assistant)")
@@ -94,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None,
                    help="optimizer steps of the run: it stops there, and the learning-rate "
                         "schedule spans them (a later --resume must give the same)")
-    p.add_argument("-lr", "--lr", type=float, default=1e-4,
+    p.add_argument("-lr", "--lr", "--learning-rate", type=float, default=1e-4,
                    help="learning rate (AdamW or SGD alpha; default 1e-4, llama-finetune's "
                         "1e-5)")
     p.add_argument("--lr-schedule", choices=SCHEDULES, default="constant",
@@ -116,7 +123,9 @@ def parser() -> argparse.ArgumentParser:
                    help="clip the gradients' global L2 norm to this (torch's "
                         "clip_grad_norm_; default: no clipping, as llama-finetune; "
                         "Hugging Face's Trainer clips to 1.0)")
-    p.add_argument("-opt", "--optimizer", choices=("adamw", "sgd"), default="adamw",
+    # any case, as llama-finetune's -opt and llama-quantize's type names take it
+    p.add_argument("-opt", "--optimizer", type=str.lower, choices=("adamw", "sgd"),
+                   default="adamw",
                    help="default adamw")
     p.add_argument("--batch", type=int, default=None,
                    help="windows per optimizer step (logical batch; default 8)")
@@ -124,10 +133,10 @@ def parser() -> argparse.ArgumentParser:
                    help="windows per forward/backward pass (physical batch); below "
                         "--batch, each micro-batch's mean loss weighs the same (ggml's "
                         "accumulation), whatever its number of answer tokens")
-    p.add_argument("-b", dest="tokens_batch", type=int, default=None,
+    p.add_argument("-b", "--batch-size", dest="tokens_batch", type=int, default=None,
                    help="llama-finetune's: tokens per optimizer step; at least -c (it "
                         "takes one window a step then), as ggmlopt steps on whole windows")
-    p.add_argument("-ub", dest="tokens_ubatch", type=int, default=None,
+    p.add_argument("-ub", "--ubatch-size", dest="tokens_ubatch", type=int, default=None,
                    help="llama-finetune's: tokens per pass, dividing min(-b, -c); checked and "
                         "otherwise unused, as each window runs in one pass here (llama.cpp's "
                         "passes shorter than -c leave K and V without the later passes' "
@@ -148,16 +157,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--peft-out", help="the LoRA adapter as PEFT saves it (a directory: "
                                       "adapter_config.json, adapter_model.safetensors)")
     p.add_argument("--merge-out", help="the merged model (GGUF) for llama.cpp")
-    p.add_argument("--out-type", choices=("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m",
-                                          "q5_k_s", "q5_k", "q5_1", "q5_0", "q4_k_m", "q4_k_s",
-                                          "q4_k", "q4_1", "q4_0"), default="f16",
+    p.add_argument("--out-type", type=str.lower,
+                   choices=("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q5_k_s", "q5_k",
+                            "q5_1", "q5_0", "q4_k_m", "q4_k_s", "q4_k", "q4_1", "q4_0"),
+                   default="f16",
                    help="the merged model's file type, as llama-quantize names them "
                         "(default f16); with --keep-types the weights kept in the base "
                         "file's types stay in them")
     p.add_argument("--plot", help="the loss curves as an image (matplotlib)")
     p.add_argument("--silent", action="store_true",
                    help="no progress bars and no summary lines (errors are still said)")
-    p.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+    p.add_argument("--precision", type=_precision, choices=("f32", "bf16"), default="f32",
                    help="bf16: multiply float32 weights and activations as bfloat16, "
                         "accumulating in float32 (fit's precision='bf16'; float32 with a "
                         "warning on a CPU without bf16 products); default f32")

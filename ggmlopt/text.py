@@ -111,6 +111,10 @@ class _ChatTemplated:
         return cache[source]
 
 
+# ByteTokenizer's vocabulary as its files store it: byte i is GPT-2's string of it
+_BYTE_STRING_IDS = {text: i for i, text in enumerate(GPT2_BYTE_STRINGS)}
+
+
 class ByteTokenizer(_ChatTemplated):
     """ByteTokenizer(chat_template=None, add_eos=False): the 256 byte values of
     UTF-8 as tokens 0..255, and ``<|endoftext|>`` as token 256 (``vocab_size``
@@ -123,7 +127,8 @@ class ByteTokenizer(_ChatTemplated):
     joins the bytes and decodes them as UTF-8 with invalid sequences replaced by
     U+FFFD, writing the end-of-text token as ``<|endoftext|>`` (or dropping it
     with ``skip_special=True``).  ``decode(encode(s)) == s`` for every valid
-    Unicode string.
+    Unicode string.  ``token_to_id`` / ``id_to_token`` name the tokens as its
+    GGUF and tokenizer.json files store them (GPT-2's byte strings).
     """
 
     vocab_size = 257
@@ -144,6 +149,23 @@ class ByteTokenizer(_ChatTemplated):
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes token_id stands for in text (``<|endoftext|>``'s text for 256)."""
         return self.eos_text.encode() if token_id == self.eos_id else bytes([token_id])
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token's text as the vocabulary save_gguf and save_hf write
+        stores it (GPT-2's byte-to-unicode string of byte i for i < 256, then
+        ``<|endoftext|>``; the tokenizer load_gguf or load_hf_tokenizer reads back
+        from such a file says the same), or None."""
+        if token == self.eos_text:
+            return self.eos_id
+        return _BYTE_STRING_IDS.get(token)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary's text of an id as token_to_id reads it (IndexError
+        outside [0, 257))."""
+        if not 0 <= int(token_id) < self.vocab_size:
+            raise IndexError(f"token_id: {token_id} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+        return self.eos_text if int(token_id) == self.eos_id else GPT2_BYTE_STRINGS[int(token_id)]
 
     def encode(self, text: str, *, parse_special: bool = False) -> npt.NDArray[np.int32]:
         """text (str) -> int32 ids of shape (number of UTF-8 bytes,); with

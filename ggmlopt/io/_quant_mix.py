@@ -29,8 +29,9 @@ FILE_TYPES = {
     "q5_k_m": ("MOSTLY_Q5_K_M", "Q5_K"),
     "q6_k": ("MOSTLY_Q6_K", "Q6_K"),
 }
-# llama-quantize's own aliases: Q4_K is Q4_K_M, Q5_K is Q5_K_M
-ALIASES = {"q4_k": "q4_k_m", "q5_k": "q5_k_m"}
+# llama-quantize's own aliases: Q4_K is Q4_K_M, Q5_K is Q5_K_M; and bfloat16 for bf16, as
+# float16 and float32 are taken for f16 and f32 (NumPy's names) and fit's precision takes it
+ALIASES = {"q4_k": "q4_k_m", "q5_k": "q5_k_m", "bfloat16": "bf16"}
 
 _BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32,
           "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "BF16": 1, "F16": 1}

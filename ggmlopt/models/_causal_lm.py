@@ -297,11 +297,26 @@ class CausalLM(Module):
 
     _checkpointing = False
 
-    def gradient_checkpointing_enable(self) -> None:
+    def gradient_checkpointing_enable(
+            self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
         """While training, keep only each decoder block's input and recompute the
         block in the backward pass: one block's activations at a time instead of
         every block's, for about one more forward pass of time; the gradients
-        are bit-identical."""
+        are bit-identical.  gradient_checkpointing_kwargs: as Hugging Face's
+        models take it (torch.utils.checkpoint's options), None or a dict of
+        ``use_reentrant`` (either value: the recomputation is the same) and
+        ``preserve_rng_state=True`` (random masks are always replayed); other
+        options are refused by name."""
+        kwargs = {} if gradient_checkpointing_kwargs is None else gradient_checkpointing_kwargs
+        if not isinstance(kwargs, dict):
+            raise TypeError(f"gradient_checkpointing_kwargs: expected a dict or None, got "
+                            f"{type(kwargs).__name__}")
+        for key, value in kwargs.items():
+            if key == "use_reentrant" or (key == "preserve_rng_state" and value is True):
+                continue
+            raise ValueError(f"gradient_checkpointing_kwargs: {key}={value!r} is not supported "
+                             f"(ggmlopt takes use_reentrant, either value, and "
+                             f"preserve_rng_state=True: it always replays random masks)")
         self._checkpointing = True
 
     def gradient_checkpointing_disable(self) -> None:

@@ -10,6 +10,7 @@ LoRA adapters wrap these layers as they wrap Linear and Embedding (QLoRA).
 """
 from __future__ import annotations
 
+import enum
 import threading
 
 import numpy as np
@@ -105,6 +106,9 @@ def set_activations(model, activations) -> int:
     half-step otherwise about once in a million), those of Q4_K and Q6_K
     weights to 256-value Q8_K blocks: there the two differ by their
     roundings.  Returns how many layers multiply in integers now."""
+    # any case, as save_gguf's dtype and QuantizedLinear's qtype take a type's name
+    if isinstance(activations, str) and activations.lower() in ACTIVATIONS:
+        activations = activations.lower()
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations: expected one of {', '.join(ACTIVATIONS)}, got "
                          f"{activations!r}")
@@ -116,6 +120,8 @@ def set_activations(model, activations) -> int:
 
 
 def _qtype_arg(qtype) -> str:
+    if isinstance(qtype, enum.Enum):   # gguf-py's GGMLQuantizationType, as its reader gives it
+        qtype = qtype.name
     if not isinstance(qtype, str):
         raise TypeError(f"qtype: expected a type name such as 'Q4_K', got {type(qtype).__name__}")
     name = qtype.upper()
@@ -161,7 +167,8 @@ class QuantizedLinear(Module):
     frozen weight W (in, out) stored as a GGUF file stores it: qweight holds
     out_features rows, row j the in_features values of W's column j in type
     qtype ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K",
-    "Q5_K", "Q6_K"): the uint8 blocks, or the float16 / uint16 words of F16 /
+    "Q5_K", "Q6_K", any case, or gguf-py's GGMLQuantizationType; ``.qtype`` is
+    the upper-case name): the uint8 blocks, or the float16 / uint16 words of F16 /
     BF16.  qweight may be read-only (a view of a mapped file); it is read in
     place, never copied.  bias: None, an array (out_features,) (a frozen
     Parameter of it), or a Parameter (kept as it is).
