@@ -46,6 +46,9 @@ def llama_cpp_models():
 
 
 def vocab(name):
+    # (BPE vocabularies read through the tokenizers package, which the README install
+    # lacks; the llama.cpp step has it)
+    pytest.importorskip("tokenizers")
     path = llama_cpp_models() / f"ggml-vocab-{name}.gguf"
     if not path.is_file():
         pytest.skip(f"{path} is missing")
@@ -186,7 +189,10 @@ def test_lora_docstring_shows_fits_signature():
 
 
 def test_getting_started_lists_the_extras():
-    text = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    page = ROOT / "docs" / "getting-started.md"
+    if not page.is_file():
+        pytest.skip("the docs are not beside these tests (an installed wheel's run)")
+    text = page.read_text(encoding="utf-8")
     for extra in ("tokenizers", "examples"):
         assert f"`{extra}`" in text or f"[{extra}]" in text, extra
 
