@@ -24,11 +24,16 @@ __all__ = ["LoRAEmbedding", "LoRALinear", "alpha_arg", "dropout_arg", "rank_arg"
 
 
 class _AdapterTraining:
-    """train() of an adapter layer: its base layer (``_base``, not a sub-module:
-    its weight keeps the adapter's name) follows, so a kept weight's products
-    of few rows see the training flag (float32 while training)."""
+    """What both adapter layers share: the base layer and the merged weight, and
+    train(): the base layer (``_base``, not a sub-module: its weight keeps the
+    adapter's name) follows, so a kept weight's products of few rows see the
+    training flag (float32 while training)."""
 
     _base: Any
+    weight: Any
+    lora_a: Parameter
+    lora_b: Parameter
+    scaling: float
 
     def train(self, mode: bool = True):
         super().train(mode)  # type: ignore[misc]
@@ -50,6 +55,13 @@ class _AdapterTraining:
     def get_base_layer(self):
         """PEFT's accessor: the wrapped layer (``base_layer``)."""
         return self._base
+
+    def merged_weight(self) -> np.ndarray:
+        """W + scaling * A B as a new float32 array of W's shape, (in, out) or
+        (vocab, dim) (summed in float64; a quantized W dequantized first)."""
+        delta = self.lora_a.data.astype(np.float64) @ self.lora_b.data.astype(np.float64)
+        w = self._base.dequantize() if self.weight is None else self.weight.data
+        return (w.astype(np.float64) + self.scaling * delta).astype(np.float32)
 
 
 class LoRALinear(_AdapterTraining, Linear):
@@ -175,13 +187,6 @@ class LoRALinear(_AdapterTraining, Linear):
         np.add(grad_in2, self.lora_dropout.backward(lora_in), out=grad_in2)
         return grad_in
 
-    def merged_weight(self) -> np.ndarray:
-        """W + scaling * A B as a new float32 (in, out) array (summed in float64;
-        a quantized W dequantized first)."""
-        delta = self.lora_a.data.astype(np.float64) @ self.lora_b.data.astype(np.float64)
-        w = self._base.dequantize() if self.weight is None else self.weight.data
-        return (w.astype(np.float64) + self.scaling * delta).astype(np.float32)
-
     def __repr__(self):
         return (f"LoRALinear(in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, rank={self.rank}, alpha={self.alpha}, "
@@ -276,13 +281,6 @@ class LoRAEmbedding(_AdapterTraining, Embedding):
         if self.weight is None:
             return self._base.project_backward(g, rows)
         return super().project_backward(g, rows)
-
-    def merged_weight(self) -> np.ndarray:
-        """W + scaling * A B as a new float32 (vocab, dim) array (summed in float64;
-        a quantized W dequantized first)."""
-        delta = self.lora_a.data.astype(np.float64) @ self.lora_b.data.astype(np.float64)
-        w = self._base.dequantize() if self.weight is None else self.weight.data
-        return (w.astype(np.float64) + self.scaling * delta).astype(np.float32)
 
     def __repr__(self):
         return (f"LoRAEmbedding({self.num_embeddings}, {self.embedding_dim}, rank={self.rank}, "
