@@ -105,11 +105,12 @@ cdef class ParamArena:
 
     cdef double clip_grad_norm_c(self, double max_norm) noexcept nogil:
         # torch.nn.utils.clip_grad_norm_'s rule: one sum-of-squares pass over the
-        # whole gradient section, then one scale when the global norm is too large
+        # whole gradient section, then one scale by min(1, max / (norm + 1e-6)),
+        # which is below 1 from norm > max - 1e-6 on, as torch's clamp has it
         if self._g == NULL:
             return 0.0
         cdef double norm = sqrt(sumsq_f32(self.size, self._g))
-        if norm > max_norm:
+        if norm + 1e-6 > max_norm:
             scale_f32(self.size, <float>(max_norm / (norm + 1e-6)), self._g)
         return norm
 
@@ -205,7 +206,8 @@ cdef class ParamArena:
 
     def clip_grad_norm(self, double max_norm):
         """Clip the gradients to global L2 norm max_norm: when
-        norm = sqrt(sum(g^2)) > max_norm, g *= max_norm / (norm + 1e-6).
+        norm = sqrt(sum(g^2)) > max_norm - 1e-6, g *= max_norm / (norm + 1e-6)
+        (torch's clip_grad_norm_).
         Returns the norm before clipping (float)."""
         cdef double norm
         self._need_grads("clip_grad_norm")

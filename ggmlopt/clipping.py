@@ -6,7 +6,9 @@ measures the L2 norm of the gradient the step uses, over every parameter at once
 double), and when it is too large scales that gradient in place:
 
     norm = sqrt(sum over all parameter elements of g^2)
-    if norm > max_norm:  g *= max_norm / (norm + 1e-6)
+    g *= min(1, max_norm / (norm + 1e-6))
+
+(torch's clamp: the scale is below 1 from norm > max_norm - 1e-6 on).
 
 The step then runs on the clipped gradient, so ``ctx.grad_acc(param)`` shows the
 clipped gradient afterwards, and ``ctx.grad_norm`` holds the norm measured

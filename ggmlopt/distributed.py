@@ -478,7 +478,7 @@ class Distributed:
             self._allreduce_sum(total)
             self._wait += time.perf_counter() - t0
             norm = math.sqrt(total[0])
-            if norm > ctx.clip_grad_norm:  # clipping.py's rule over the whole gradient
+            if norm + 1e-6 > ctx.clip_grad_norm:  # clipping.py's rule over the whole gradient
                 kernels.scale(g[:n], np.float32(ctx.clip_grad_norm / (norm + 1e-6)))
             ctx.grad_norm = norm
         if n > 0:  # the optimizer over this rank's shard

@@ -33,12 +33,11 @@ class Scale:
 
 
 def reference_clip(g, max_norm):
-    """torch's rule in float64: (clipped gradient, norm)."""
+    """torch's rule in float64: (clipped gradient, norm); torch clamps the factor
+    max / (norm + 1e-6) at 1, so it scales from norm > max - 1e-6 on."""
     g = g.astype(np.float64)
     norm = math.sqrt(float(np.sum(g * g)))
-    if norm > max_norm:
-        g = g * (max_norm / (norm + 1e-6))
-    return g, norm
+    return g * min(1.0, max_norm / (norm + 1e-6)), norm
 
 
 def one_step(sizes, clip, optimizer=go.OptimizerType.SGD, x=None, opt_period=1):
@@ -107,6 +106,41 @@ def test_below_the_limit_nothing_changes(optimizer):
     # a limit below the norm scales the gradient the step used, for either optimizer
     ctx, _, g, w = one_step([33], raw_norm / 4, optimizer, x=x)
     np.testing.assert_allclose(g, g_free * (raw_norm / 4) / (raw_norm + 1e-6), rtol=2e-6)
+
+
+def test_a_limit_within_1e6_above_the_norm_scales_as_torch_clamps():
+    # torch's factor max / (norm + 1e-6) is below 1 for max - 1e-6 < norm <= max
+    # too; with a small norm the factor (norm + 4e-7) / (norm + 1e-6) is 3e-4 off 1,
+    # far beyond float32 rounding
+    rng = np.random.default_rng(4)
+    x = (rng.normal(size=(1, 2, 21)) * 1e-4).astype(np.float32)
+    raw = x[0].sum(axis=0, dtype=np.float32)
+    _, norm = reference_clip(raw, 1.0)
+    assert norm < 3e-3
+    max_norm = norm + 4e-7
+    ctx, _, g, _ = one_step([21], max_norm, x=x)
+    want, _ = reference_clip(raw, max_norm)
+    assert abs(want[0] / raw[0] - 1) > 1e-4
+    np.testing.assert_allclose(g, want, rtol=2e-6, atol=0)
+    # and a limit that far above the norm leaves it
+    ctx, _, g, _ = one_step([21], norm + 2e-6, x=x)
+    assert g.tobytes() == raw.tobytes()
+
+
+def test_clipping_equals_torch_clip_grad_norm():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    for scale, offset in ((1.0, -0.5), (1e-4, 4e-7), (1e-4, 2e-6)):
+        x = (rng.normal(size=(1, 2, 37)) * scale).astype(np.float32)
+        raw = x[0].sum(axis=0, dtype=np.float32)
+        max_norm = float(np.sqrt(np.sum(raw.astype(np.float64) ** 2))) + offset
+        t = torch.nn.Parameter(torch.zeros(37))
+        t.grad = torch.from_numpy(raw.copy())
+        torch.nn.utils.clip_grad_norm_([t], max_norm)
+        _, _, g, _ = one_step([37], max_norm, x=x)
+        # torch's norm and factor in float32 against ours in double: a few float32 ulps
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=4 * np.finfo(np.float32).eps,
+                                   atol=0)
 
 
 def test_manual_clip_and_arena_entry_point():
