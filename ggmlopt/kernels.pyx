@@ -1488,8 +1488,9 @@ def _paths():
 
 
 def use_simd(name=None):
-    """Pin the SIMD path ('scalar', 'avx2', 'avx512', 'neon'), or None for the best one this
-    CPU runs.  Returns the name of the path that was active before."""
+    """Pin the SIMD path ('scalar', 'avx2', 'avx512', 'neon', in any case, as the
+    GEMM engine's names), or None for the best one this CPU runs.  Returns the
+    name of the path that was active before."""
     previous = ggmlopt_simd_active().decode()
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name: expected a str or None, got {type(name).__name__}")
@@ -1497,7 +1498,7 @@ def use_simd(name=None):
     if name is None:
         rc = ggmlopt_simd_select(NULL)
     else:
-        bname = name.encode()
+        bname = name.strip().lower().encode()
         rc = ggmlopt_simd_select(bname)
     if rc == -1:
         raise ValueError(f"SIMD path {name!r} is unknown; expected one of "

@@ -83,6 +83,18 @@ def test_without_override_the_best_path_is_active(subprocess_env):
     assert info["active"] == kernels.simd_paths()[0]
 
 
+def test_override_in_any_case(subprocess_env):
+    # as GGMLOPT_GEMM's names: "AVX2" or " Scalar " pin the path, not an ImportError
+    proc = run_python(PRINT_INFO, subprocess_env, GGMLOPT_SIMD=" Scalar ")
+    assert proc.returncode == 0, proc.stderr
+    assert ast.literal_eval(proc.stdout.strip())["active"] == "scalar"
+    previous = kernels.use_simd(kernels.simd_paths()[0].upper())
+    try:
+        assert kernels.simd_info()["active"] == kernels.simd_paths()[0]
+    finally:
+        kernels.use_simd(previous)
+
+
 @pytest.mark.skipif("avx2" not in kernels.simd_paths(), reason="this CPU cannot run AVX2")
 def test_override_avx2_is_reported(subprocess_env):
     proc = run_python(PRINT_INFO, subprocess_env, GGMLOPT_SIMD="avx2")
