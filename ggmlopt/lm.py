@@ -19,6 +19,7 @@ import numpy.typing as npt
 from . import kernels
 from ._args import bool_arg, int_arg
 from ._blas_threads import blas_threads_for_training
+from .instruct import document_ids
 from .nn.module import eval_mode
 
 __all__ = ["Perplexity", "chat", "generate", "perplexity", "stream"]
@@ -63,17 +64,24 @@ def _nll_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
                      for i in range(logits.shape[0])], dtype=np.float64)
 
 
-def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | None = None,
-               bos_id: int | None = None, batch_size: int = 1) -> Perplexity:
+def perplexity(model: Any, ids: npt.ArrayLike | str, n_ctx: int, *, tokenizer: Any = None,
+               add_bos: bool | None = None, bos_id: int | None = None,
+               batch_size: int = 1) -> Perplexity:
     """The perplexity of model on the token stream ids, by llama.cpp's
     ``llama-perplexity`` protocol, so a model scores the same in both programs.
 
     ids: int token ids (ntokens,) exactly as llama.cpp tokenizes the text (with
-    the BOS it puts first when the vocabulary adds one); at least 2 * n_ctx.
+    the BOS it puts first when the vocabulary adds one), or, with a tokenizer,
+    the text itself, which it then tokenizes as llama-perplexity does (its
+    special tokens added as the vocabulary asks, BOS first and EOS last; special
+    tokens written in the text read as text); at least 2 * n_ctx tokens.
+    tokenizer: gives add_bos and bos_id their defaults, the tokenizer's own
+    (llama-perplexity reads both from the vocabulary), so
+    ``perplexity(model, text, n_ctx, tokenizer=tok)`` is its protocol.
     The stream is cut into ntokens // n_ctx chunks of n_ctx tokens (the rest is
     dropped; n_ctx at most the model's config.max_seq_len); when add_bos
-    (default: bos_id given) the first token of each chunk is replaced by bos_id
-    for the forward pass; in each chunk only the positions n_ctx/2 .. n_ctx-2
+    (default: the tokenizer's add_bos, else whether bos_id is given) the first
+    token of each chunk is replaced by bos_id for the forward pass; in each chunk only the positions n_ctx/2 .. n_ctx-2
     are scored (position j predicting token j+1, so every scored token has at
     least half a window of context).  batch_size: chunks per forward pass (the
     numbers do not depend on it beyond float32 rounding: a quantized base's
@@ -87,10 +95,23 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
     estimate: PPL = ppl +/- unc".  The model runs in eval mode, with the BLAS
     threads an epoch would use (GGMLOPT_BLAS_THREADS).
     """
-    tokens = _token_ids(ids)
+    add_bos = bool_arg(add_bos, "add_bos", allow_none=True)
+    if tokenizer is not None:
+        if not callable(getattr(tokenizer, "encode", None)):
+            raise TypeError(f"tokenizer: expected a tokenizer with encode(text), got "
+                            f"{type(tokenizer).__name__}")
+        if bos_id is None:
+            bos_id = getattr(tokenizer, "bos_id", None)
+        if add_bos is None:
+            add_bos = bool(getattr(tokenizer, "add_bos", False)) and bos_id is not None
+    if isinstance(ids, str):
+        if tokenizer is None:
+            raise TypeError("ids: a text needs tokenizer= to tokenize it (or pass token ids)")
+        tokens = _text_ids(tokenizer, ids)
+    else:
+        tokens = _token_ids(ids)
     n_ctx = int_arg(n_ctx, "n_ctx", 3)
     batch_size = int_arg(batch_size, "batch_size", 1)
-    add_bos = bool_arg(add_bos, "add_bos", allow_none=True)
     if add_bos is None:
         add_bos = bos_id is not None
     if add_bos:
@@ -144,6 +165,16 @@ def perplexity(model: Any, ids: npt.ArrayLike, n_ctx: int, *, add_bos: bool | No
     ppl = math.exp(mean)
     unc = ppl * math.sqrt(var / (count - 1)) if var > 0 and count > 1 else math.nan
     return Perplexity(ppl, unc, mean, count, tuple(per_chunk))
+
+
+def _text_ids(tokenizer, text: str) -> np.ndarray:
+    """text as llama-perplexity tokenizes it: common_tokenize(text, add_special=true),
+    so BOS and EOS as the vocabulary adds them, and special tokens written in the
+    text read as text (its parse_special is false)."""
+    try:
+        return document_ids(tokenizer, text, parse_special=False)
+    except TypeError:   # an encode(text) without the flag (the Tokenizer protocol's)
+        return document_ids(tokenizer, text)
 
 
 def _real_arg(value, name):

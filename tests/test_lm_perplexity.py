@@ -122,3 +122,76 @@ def test_a_model_s_scored_logits_give_its_forward_s_perplexity():
         assert got.scored == want.scored
         assert got.ppl == pytest.approx(want.ppl, rel=1e-6)
         assert got.per_chunk == pytest.approx(want.per_chunk, rel=1e-6)
+
+
+class WaveModel:
+    """A vocabulary of any size without a (vocab, vocab) table: the logits of a
+    position are waves of its token and of its chunk's first token, so a BOS put
+    first changes every score."""
+
+    def __init__(self, vocab):
+        self.cols = np.arange(vocab, dtype=np.float64)
+        self.training = True
+
+    def forward(self, tokens):
+        t = tokens.astype(np.float64)[..., None]
+        first = tokens[:, :1].astype(np.float64)[..., None]
+        return (np.sin(0.37 * t + 0.011 * self.cols) +
+                np.cos(0.13 * first + 0.007 * self.cols)).astype(np.float32)
+
+
+class BosByteTokenizer:
+    """The tokenizer protocol with a BOS it adds and an EOS it appends, as a
+    SentencePiece vocabulary's add_bos_token / add_eos_token ask for."""
+
+    vocab_size, bos_id, eos_id, add_bos, add_eos = 258, 256, 257, True, True
+
+    def encode(self, text, *, parse_special=False):
+        return np.frombuffer(text.encode(), np.uint8).astype(np.int32)
+
+
+TEXT = "The quick brown fox jumps over the lazy dog. " * 4
+
+
+@pytest.mark.parametrize("n_ctx", [8, 13])
+def test_a_text_with_its_tokenizer_is_llama_perplexitys_protocol(n_ctx):
+    # llama-perplexity: common_tokenize(text, add_special=true) puts BOS first and
+    # EOS last as the vocabulary says, and each chunk's first token becomes BOS
+    tok, model = BosByteTokenizer(), WaveModel(258)
+    tokens = np.r_[256, np.frombuffer(TEXT.encode(), np.uint8).astype(np.int32), 257]
+    want = llama_perplexity(model, tokens, n_ctx, 256)
+    for got in (perplexity(model, TEXT, n_ctx, tokenizer=tok),
+                perplexity(model, tokens, n_ctx, tokenizer=tok),   # ids: add_bos from it
+                perplexity(model, tokens, n_ctx, add_bos=True, bos_id=256)):
+        assert got.ppl == pytest.approx(want[0], rel=1e-6)
+        assert got.scored == want[2]
+    # the ids alone score without the chunks' BOS: another number
+    plain = perplexity(model, tokens, n_ctx)
+    assert abs(plain.ppl - want[0]) > 1e-3 * want[0]
+    # add_bos=False over the tokenizer's default, as llama-perplexity of a
+    # vocabulary that adds none
+    off = perplexity(model, TEXT, n_ctx, tokenizer=tok, add_bos=False)
+    assert off.ppl == pytest.approx(llama_perplexity(model, tokens, n_ctx, None)[0], rel=1e-6)
+
+
+def test_a_text_needs_a_tokenizer_and_a_byte_tokenizer_adds_no_bos():
+    from ggmlopt.text import ByteTokenizer
+    model = WaveModel(257)
+    with pytest.raises(TypeError, match="tokenizer="):
+        perplexity(model, TEXT, 8)
+    with pytest.raises(TypeError, match="tokenizer: expected"):
+        perplexity(model, TEXT, 8, tokenizer=object())
+    tok = ByteTokenizer()
+    got = perplexity(model, TEXT, 8, tokenizer=tok)
+    want = llama_perplexity(model, np.frombuffer(TEXT.encode(), np.uint8), 8, None)
+    assert got.ppl == pytest.approx(want[0], rel=1e-6)
+
+
+def test_special_tokens_written_in_the_text_read_as_text():
+    # llama-perplexity tokenizes with parse_special false
+    from ggmlopt.text import ByteTokenizer
+    tok, model = ByteTokenizer(), WaveModel(257)
+    text = "<|endoftext|>" + TEXT
+    got = perplexity(model, text, 8, tokenizer=tok)
+    want = llama_perplexity(model, np.frombuffer(text.encode(), np.uint8), 8, None)
+    assert got.ppl == pytest.approx(want[0], rel=1e-6)

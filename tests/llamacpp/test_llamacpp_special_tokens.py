@@ -200,3 +200,18 @@ def test_a_vocabulary_written_with_another_model_keeps_its_special_ids(tmp_path,
         warnings.simplefilter("ignore")
         save_gguf(model, tmp_path / "w.gguf", tokenizer=tok)
     assert _special_ids(tmp_path / "w.gguf") == _special_ids(path)
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_perplexity_tokenizes_a_text_as_llama_perplexity(name):
+    """lm.perplexity(model, text, n_ctx, tokenizer=tok) reads the text as
+    llama-perplexity does: common_tokenize(text, add_special=true, parse_special
+    false), so BOS and EOS as the vocabulary adds them, a special token written in
+    the text read as text."""
+    from ggmlopt.lm import _text_ids
+    path, tok = vocabulary(name)
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    specials = _specials(tok, most=2)
+    text = f"{specials[0]} Once upon a time,\n  there was {specials[-1]} a fox."
+    want = llm.tokenize(text.encode(), add_bos=True, special=False)
+    assert _text_ids(tok, text).tolist() == want, name
