@@ -630,14 +630,28 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
     gen = np.random.default_rng(int(seed))
     # in the order of the parameter names (an embedding's first), one generator
     targets_found = chosen + embeddings
-    for name, parent, key, layer in sorted(targets_found, key=_order_in(model, targets_found)):
-        r, a = (layers or {}).get(name, (rank, alpha))
-        adapter = LoRAEmbedding(layer, r, a, rng=gen) if isinstance(layer, EMBEDDINGS) \
-            else LoRALinear(layer, r, a, dropout=dropout, rng=gen)
-        if init == "gaussian" and isinstance(adapter, LoRALinear):
-            # PEFT's "gaussian" redraws A (B stays zero; an embedding's init is
-            # the same either way there)
-            adapter.lora_a.data[...] = gen.normal(0.0, 1.0 / r, adapter.lora_a.data.shape)
+    # every adapter is made before any goes in: one that fails (a MemoryError of a
+    # big rank_pattern rank) leaves the model as it was, not half adapted
+    built = []
+    try:
+        for name, parent, key, layer in sorted(targets_found,
+                                               key=_order_in(model, targets_found)):
+            r, a = (layers or {}).get(name, (rank, alpha))
+            adapter = LoRAEmbedding(layer, r, a, rng=gen) if isinstance(layer, EMBEDDINGS) \
+                else LoRALinear(layer, r, a, dropout=dropout, rng=gen)
+            built.append((parent, key, adapter))
+            if init == "gaussian" and isinstance(adapter, LoRALinear):
+                # PEFT's "gaussian" redraws A (B stays zero; an embedding's init is
+                # the same either way there)
+                adapter.lora_a.data[...] = gen.normal(0.0, 1.0 / r, adapter.lora_a.data.shape)
+    except BaseException:
+        for *_, adapter in built:   # an adapter froze its base: give that back
+            for p, trained in zip((adapter.weight, getattr(adapter, "bias", None)),
+                                  adapter._base_trains):
+                if p is not None:
+                    p.requires_grad = trained
+        raise
+    for parent, key, adapter in built:
         _replace(parent, key, adapter)
     freeze_all_but_adapters(model, trainable, skip=chosen_weights)
     return named_adapters(model)

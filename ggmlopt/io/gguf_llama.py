@@ -689,6 +689,8 @@ class LlamaGguf:
         if t.type_name not in kernels_quant.QTYPES:
             return None
         raw = self._reader.raw(gname)
+        if not raw.dtype.isnative:   # a big-endian file's words: the kernels read native ones
+            raw = raw.astype(raw.dtype.newbyteorder("="))
         if self.config.llama_cpp_permutes_qk and name.endswith(("q_proj.weight",
                                                                 "k_proj.weight")):
             heads = self.config.n_heads if name.endswith("q_proj.weight") else \

@@ -224,6 +224,12 @@ def _read(path: str, gguf, arch: str = "llama"):
         for t in reader.tensors:
             if t.tensor_type in (kind.F32, kind.F16):
                 data = np.array(t.data, dtype=np.float32)
+            elif reader.endianess == gguf.GGUFEndian.BIG:
+                # gguf-py swaps the plain floats only: these words (a BF16's, a
+                # block's scales) would read as garbage
+                raise ValueError(f"path: {path!r} is a big-endian GGUF file; its tensor "
+                                 f"{t.name!r} of type {t.tensor_type.name} cannot be read "
+                                 f"(llama.cpp refuses the file)")
             elif t.tensor_type == kind.BF16:
                 raw = np.ascontiguousarray(t.data).view(np.uint16).astype(np.uint32) << 16
                 data = raw.view(np.float32)

@@ -149,6 +149,9 @@ def _rows_arg(qweight, qtype, nrows, ncols, ncols_name) -> np.ndarray:
                          f"values each), got shape {qweight.shape} of {qweight.dtype}")
     if not qweight.flags.c_contiguous:
         raise ValueError("qweight: expected a C-contiguous array")
+    if not qweight.dtype.isnative:   # the kernels read its bytes as native words
+        raise ValueError(f"qweight: expected the native byte order, got {qweight.dtype.str} "
+                         f"(qweight.astype(qweight.dtype.newbyteorder('=')) converts it)")
     return qweight
 
 
