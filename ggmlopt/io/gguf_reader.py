@@ -29,6 +29,39 @@ _PLAIN = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32,
           27: np.int64, 28: np.float64, 30: np.uint16}   # 30: BF16, as raw 16-bit words
 
 
+# the key-value readers: module functions, not closures in _parse (value calls
+# itself: a closure doing so holds itself, a cycle through the map that kept the
+# file mapped and open, an fd, after its last view was gone, until the garbage
+# collector ran)
+def _string(buf, order: Literal["<", ">"], pos: int) -> tuple[str, int]:
+    n = struct.unpack_from(order + "Q", buf, pos)[0]
+    start = pos + 8
+    return bytes(buf[start:start + n]).decode("utf-8"), start + n
+
+
+def _value(buf, order: Literal["<", ">"], vtype: int, pos: int, path: str) -> tuple[Any, int]:
+    if vtype in _SCALARS:
+        code, size = _SCALARS[vtype]
+        v = struct.unpack_from(order + code, buf, pos)[0]
+        return (bool(v) if vtype == 7 else v), pos + size
+    if vtype == _STRING:
+        return _string(buf, order, pos)
+    if vtype != _ARRAY:
+        raise ValueError(f"path: {path!r}: unknown value type {vtype}")
+    item, n = struct.unpack_from(order + "IQ", buf, pos)
+    pos += 12
+    if item in _SCALARS:
+        size = _SCALARS[item][1]
+        dt = np.dtype(_NUMPY[item]).newbyteorder(order)
+        arr = np.frombuffer(buf, dt, n, pos)
+        return arr.tolist(), pos + n * size
+    out = []
+    for _ in range(n):
+        v, pos = _value(buf, order, item, pos, path)
+        out.append(v)
+    return out, pos
+
+
 class TensorInfo(NamedTuple):
     """One tensor of the file: ggml dims ``ne`` (fastest first), ggml type number
     and name, byte offset from the data start, byte size."""
@@ -78,31 +111,7 @@ class GgufFile:
         u32 = struct.Struct(order + "I")
 
         def string(pos):
-            n = u64.unpack_from(buf, pos)[0]
-            start = pos + 8
-            return bytes(buf[start:start + n]).decode("utf-8"), start + n
-
-        def value(vtype, pos):
-            if vtype in _SCALARS:
-                code, size = _SCALARS[vtype]
-                v = struct.unpack_from(order + code, buf, pos)[0]
-                return (bool(v) if vtype == 7 else v), pos + size
-            if vtype == _STRING:
-                return string(pos)
-            if vtype != _ARRAY:
-                raise ValueError(f"path: {self.path!r}: unknown value type {vtype}")
-            item, n = u32.unpack_from(buf, pos)[0], u64.unpack_from(buf, pos + 4)[0]
-            pos += 12
-            if item in _SCALARS:
-                size = _SCALARS[item][1]
-                dt = np.dtype(_NUMPY[item]).newbyteorder(order)
-                arr = np.frombuffer(buf, dt, n, pos)
-                return arr.tolist(), pos + n * size
-            out = []
-            for _ in range(n):
-                v, pos = value(item, pos)
-                out.append(v)
-            return out, pos
+            return _string(buf, order, pos)
 
         fields: dict[str, Any] = {}
         field_types: dict[str, tuple[int, int | None]] = {}
@@ -113,7 +122,7 @@ class GgufFile:
             vtype = u32.unpack_from(buf, pos)[0]
             item = u32.unpack_from(buf, pos + 4)[0] if vtype == _ARRAY else None
             field_types[key] = (vtype, item)
-            fields[key], pos = value(vtype, pos + 4)
+            fields[key], pos = _value(buf, order, vtype, pos + 4, self.path)
         sizes = {int(k): v for k, v in gguf.GGML_QUANT_SIZES.items()}
         names = {int(t): t.name for t in gguf.GGMLQuantizationType}
         infos: list[TensorInfo] = []
@@ -177,6 +186,13 @@ class GgufFile:
             dt = np.dtype(_PLAIN[t.type]).newbyteorder(self._order)
             count = t.nbytes // dt.itemsize
             return np.frombuffer(self._buf, dt, count, start).reshape(t.ne[::-1])
+        if self._order == ">":
+            # a block's scales are swapped there, and ggml's and gguf-py's block
+            # readers read little-endian words: garbage, not an error, otherwise
+            raise ValueError(f"path: {self.path!r} is a big-endian GGUF file; its tensor "
+                             f"{name!r} of type {t.type_name} cannot be read (llama.cpp "
+                             f"refuses the file): convert it with gguf_convert_endian.py "
+                             f"little")
         row = t.nbytes // max(1, int(np.prod(t.ne[1:], dtype=np.int64)))
         data = np.frombuffer(self._buf, np.uint8, t.nbytes, start)
         return data.reshape(tuple(t.ne[1:][::-1]) + (row,))

@@ -1,0 +1,294 @@
+"""Resources: memory that plateaus over repeated rounds of the common work
+(RSS: the arenas are aligned C allocations tracemalloc does not see), file
+descriptors and maps of a GGUF file given back when what read it is gone (at
+once, not when the garbage collector runs), a model that maps its file kept
+whole when the file is written over by ggmlopt or the model copied, and no
+kernel thread left spinning."""
+import contextlib
+import copy
+import gc
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import ggmlopt as go
+from ggmlopt import lora
+from ggmlopt.models import Llama, LlamaConfig
+from ggmlopt.text import ByteTokenizer
+
+gguf = pytest.importorskip("gguf")
+from ggmlopt.io import load_gguf, load_gguf_tokenizer, save_gguf, save_gguf_lora
+from ggmlopt.io.gguf_reader import GgufFile
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/status"),
+                                reason="reads /proc (Linux)")
+
+CFG = LlamaConfig(vocab_size=257, dim=128, n_layers=2, n_heads=4, ffn_dim=256, max_seq_len=64)
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] }}"
+          "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _maps(path) -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if str(path) in line)
+
+
+@contextlib.contextmanager
+def _gc_off():
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("res")
+    model = Llama(CFG, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # K rows that are not whole blocks fall back
+        save_gguf(model, d / "q8.gguf", dtype="q8_0", tokenizer=ByteTokenizer())
+        save_gguf(model, d / "q4k.gguf", dtype="q4_k", tokenizer=ByteTokenizer())
+    return d
+
+
+def _data():
+    ids = np.random.default_rng(1).integers(0, 257, size=8 * 32 + 33).astype(np.int32)
+    return go.Dataset.from_tokens(ids, 32, stride=32)
+
+
+def _kept(path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_gguf(path, keep_types=True)
+
+
+def _plateaus(work, per_round: int, rounds: int = 24, tail: int = 12) -> list[int]:
+    """RSS after each of rounds calls of work (and a collection); the last tail
+    rounds must not grow by one round's allocation (per_round bytes): a leak of
+    what a round allocates would add that every round."""
+    rss = []
+    for _ in range(rounds):
+        work()
+        gc.collect()
+        rss.append(_rss())
+    growth = rss[-1] - rss[-tail]
+    assert growth < per_round, (f"RSS grew {growth} bytes over the last {tail} rounds, "
+                                f"one round allocates ~{per_round}: {rss}")
+    return rss
+
+
+def _trained_bytes(model) -> int:
+    """A fit's allocation for model: each trainable float as weight, gradient
+    and AdamW's two moments, plus the frozen weights."""
+    params = model.parameters()
+    trained = sum(p.data.size for p in params if p.requires_grad)
+    return 4 * (4 * trained + sum(p.data.size for p in params if not p.requires_grad))
+
+
+def test_fit_with_lora_plateaus():
+    data = _data()
+    per_round = _trained_bytes(Llama(CFG, seed=0))   # the model, as built before apply
+
+    def work():
+        model = Llama(CFG, seed=0)
+        lora.apply(model, rank=4, seed=0)
+        go.fit(model, data, "cross_entropy", nbatch_logical=4, nbatch_physical=2,
+               silent=True, seed=0)
+
+    assert per_round > 2 << 20
+    _plateaus(work, per_round)
+
+
+@pytest.mark.parametrize("name", ["q8.gguf", "q4k.gguf"])
+def test_kept_file_plateaus_and_gives_back_its_map_and_fd(files, name):
+    path = files / name
+    data = _data()
+    gc.collect()
+    fds, maps = _fds(), _maps(path)
+
+    def work():
+        model, _ = _kept(path)
+        assert _maps(path) == maps + 1 and _fds() == fds + 1   # one map, its fd
+        lora.apply(model, rank=4, seed=0)
+        go.fit(model, data, "cross_entropy", nbatch_logical=4, silent=True, seed=0)
+        go.generate(model, [1, 2, 3], 8, temperature=0)
+
+    _plateaus(work, os.path.getsize(path) + _trained_bytes(Llama(CFG, seed=0)) // 8)
+    assert (_fds(), _maps(path)) == (fds, maps)
+
+
+def test_generate_from_chat_and_checkpoints_plateau(tmp_path):
+    model = Llama(CFG, seed=0)
+    # generate: the cache of 60 positions, keys and values of every layer
+    cache = 2 * CFG.n_layers * 60 * CFG.dim * 4
+    _plateaus(lambda: go.generate(model, [1, 2, 3], 57, temperature=0.8, seed=0),
+              max(cache, 1 << 20))
+    tok = ByteTokenizer(chat_template=CHATML)
+    chats = [[{"role": "user", "content": f"question {i} " * 3},
+              {"role": "assistant", "content": "an answer " * 4}] for i in range(300)]
+    per_round = 2 * 300 * 128 * 4   # int32 windows and labels
+    _plateaus(lambda: go.Dataset.from_chat(chats, tok, n_ctx=128), per_round, rounds=16,
+              tail=8)
+    data = _data()
+    ck = tmp_path / "ck.npz"
+
+    def resume():
+        ck.unlink(missing_ok=True)
+        go.fit(Llama(CFG, seed=0), data, "cross_entropy", nepoch=1, nbatch_logical=4,
+               silent=True, seed=0, checkpoint=ck)
+        go.fit(Llama(CFG, seed=0), data, "cross_entropy", nepoch=2, nbatch_logical=4,
+               silent=True, seed=0, checkpoint=ck, resume=True)
+
+    fds = _fds()
+    _plateaus(resume, _trained_bytes(model), rounds=16, tail=8)
+    assert _fds() == fds
+
+
+def test_a_gguf_read_gives_back_its_map_and_fd_at_once(files, tmp_path):
+    """GgufFile's key-value reader was a closure calling itself: a reference cycle
+    through the file's map, so each read kept the file mapped and open (an fd)
+    until the garbage collector ran; with it off (or just not run yet) 250 reads
+    ran out of a 256-descriptor limit."""
+    path = files / "q8.gguf"
+    bad = tmp_path / "bad.gguf"
+    # one key-value of an unknown type: refused while the key-values are read
+    bad.write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1) + b"a" + struct.pack("<I", 99))
+    with _gc_off():
+        fds, maps = _fds(), _maps(path)
+        assert GgufFile(str(path)).fields["general.architecture"] == "llama"
+        assert (_fds(), _maps(path)) == (fds, maps)
+        load_gguf_tokenizer(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # Q8_0 dequantized
+            model, tok = load_gguf(path)   # float32: the file is done with once loaded
+        assert (_fds(), _maps(path)) == (fds, maps)
+        del model, tok
+        model, tok = _kept(path)   # mapped while the model lives
+        assert (_fds(), _maps(path)) == (fds + 1, maps + 1)
+        lora.apply(model, rank=2, seed=0)
+        del model, tok
+        assert (_fds(), _maps(path)) == (fds, maps)
+        for _ in range(5):
+            with pytest.raises(ValueError, match="unknown value type 99"):
+                GgufFile(str(bad))
+        assert _fds() == fds and _maps(bad) == 0
+
+
+def _logits(model):
+    return np.array(model(np.arange(8, dtype=np.int32)[None]), copy=True)
+
+
+def _randomised(model):
+    rng = np.random.default_rng(0)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_b.data[...] = rng.normal(0, 0.3, layer.lora_b.shape)
+    return model
+
+
+def test_writing_over_the_mapped_file_keeps_the_model(files, tmp_path):
+    """ggmlopt's writers replace a file by a rename: a model mapping the old one
+    keeps its weights, and the new file is what a write elsewhere gives."""
+    path = tmp_path / "base.gguf"
+    path.write_bytes((files / "q4k.gguf").read_bytes())
+    model, tok = _kept(path)
+    before = _logits(model)
+    save_gguf(model, tmp_path / "other.gguf", tokenizer=tok)
+    save_gguf(model, path, tokenizer=tok)
+    assert path.read_bytes() == (tmp_path / "other.gguf").read_bytes()
+    np.testing.assert_array_equal(_logits(model), before)
+    lora.apply(model, rank=4, seed=0)
+    _randomised(model)
+    adapted = _logits(model)
+    save_gguf_lora(model, path)   # an adapter file over its own base's
+    np.testing.assert_array_equal(_logits(model), adapted)
+    again, _ = _kept(tmp_path / "other.gguf")
+    go.io.load_gguf_lora(path, again)
+    np.testing.assert_array_equal(_logits(again), adapted)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_of_a_mapped_model_outlives_the_file(files, tmp_path, how):
+    path = tmp_path / "base.gguf"
+    path.write_bytes((files / "q8.gguf").read_bytes())
+    model, _ = _kept(path)
+    lora.apply(model, rank=4, seed=0)
+    _randomised(model)
+    ids = go.generate(model, [1, 2, 3], 12, temperature=0, stop_ids=())
+    logits = _logits(model)
+    twin = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    del model
+    gc.collect()
+    path.unlink()
+    assert _maps(path) == 0   # the copy holds its own bytes
+    np.testing.assert_array_equal(go.generate(twin, [1, 2, 3], 12, temperature=0,
+                                              stop_ids=()), ids)
+    np.testing.assert_array_equal(_logits(twin), logits)
+
+
+def test_no_thread_spins_after_fit_and_generate(files):
+    """CPU time of every thread of the process over a second of sleep, after a
+    two-thread fit and a generation (the pool lingers 2 ms by design)."""
+    code = textwrap.dedent(f"""
+        import glob, os, time, warnings
+        import numpy as np
+        import ggmlopt as go
+        from ggmlopt import lora
+        from ggmlopt.io import load_gguf
+        from ggmlopt.models import Llama, LlamaConfig
+        warnings.simplefilter("ignore")
+        go.set_num_threads(2)
+
+        def ticks():
+            out = {{}}
+            for d in glob.glob("/proc/self/task/*/stat"):
+                with open(d) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[d] = int(fields[11]) + int(fields[12])
+            return out
+
+        def busiest():
+            time.sleep(0.1)
+            a = ticks(); time.sleep(1.0); b = ticks()
+            return max((b[k] - a.get(k, 0)) / os.sysconf("SC_CLK_TCK") for k in b)
+
+        ids = np.random.default_rng(1).integers(0, 257, size=8 * 32 + 33).astype(np.int32)
+        data = go.Dataset.from_tokens(ids, 32, stride=32)
+        model, _ = load_gguf({str(files / "q4k.gguf")!r}, keep_types=True)
+        lora.apply(model, rank=4, seed=0)
+        go.fit(model, data, "cross_entropy", nepoch=2, nbatch_logical=4, silent=True)
+        after_fit = busiest()
+        go.generate(model, [1, 2, 3], 40, temperature=0)
+        print(after_fit, busiest(), go.kernels.set_pool_linger(0))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    after_fit, after_generate, linger = map(float, proc.stdout.split())
+    # a spinning thread takes a whole second of CPU: an idle one none
+    assert after_fit < 0.5 and after_generate < 0.5, proc.stdout
+    assert linger == 0.0   # the holds of the passes and decode steps all released
+
