@@ -64,9 +64,9 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
 
     ``encode(text, parse_special=True)`` -> int32 ids without the BOS
     (``add_bos`` says whether the model wants one first, ``add_eos`` whether a
-    text is a document ending with the EOS: tokenizer_config.json's
-    add_eos_token, else whether the tokenizer.json's post-processor appends it,
-    as llama.cpp's converter reads them); ``decode(ids,
+    text is a document ending with the EOS: what the tokenizer.json's
+    post-processor adds, as transformers and llama.cpp's converter read it, the
+    config's add_bos_token / add_eos_token where it says nothing); ``decode(ids,
     skip_special=False)``; ``token_to_id``, ``id_to_token``; ``bos_id``,
     ``eos_id``, ``eog_ids`` (eos and the end-of-turn tokens llama.cpp knows by
     their text, ``<|im_end|>``, ``<|eot_id|>`` ...); ``chat_template`` and
@@ -120,15 +120,16 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
                              f"{names[0]} before a text and {names[1]} after it; "
                              "ggmlopt adds the BOS first and the EOS last only (bos_token "
                              "and eos_token in tokenizer_config.json)")
-        add_bos = config.get("add_bos_token")
-        # transformers adds the BOS where the tokenizer.json's post-processor does
-        # (Llama 3's TemplateProcessing) or where the config says so
-        self.add_bos = True if adopted else bool(add_bos) if add_bos is not None else \
-            bool(before)
-        # as llama.cpp's converter reads it (gguf-py's SpecialVocab: the config's key,
-        # else what the post-processor appends); nothing to append without an eos
-        add_eos = config.get("add_eos_token")
-        add_eos = add_eos if add_eos is not None else bool(after)
+        # the post-processor decides where it says something: transformers adds what
+        # it adds whatever the config's add_bos_token / add_eos_token say, and
+        # llama.cpp's converter (gguf-py's SpecialVocab) opts for it over a config
+        # key that disagrees; the key decides only where the post-processor says
+        # nothing (none, or a template without a special token at that end)
+        says_none = "ByteLevel" in self._post_processor_types()
+        add_bos = _added(bool(before), says_none, config.get("add_bos_token"))
+        self.add_bos = True if adopted else add_bos
+        add_eos = _added(bool(after), says_none, config.get("add_eos_token"))
+        # nothing to append without an eos
         self.add_eos = add_eos_flag(add_eos and self.eos_id is not None, self.eos_id)
         # what transformers' decode(skip_special_tokens=True) leaves out: the added
         # special tokens and every token the config names (an eos that is a word too)
@@ -170,6 +171,15 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         at = next((i for i in range(len(full) - len(plain) + 1)
                    if full[i:i + len(plain)] == plain), 0)
         return list(full[:at]), list(full[at + len(plain):])
+
+    def _post_processor_types(self) -> list[str]:
+        """The types of the tokenizer.json's post-processor (a Sequence's parts)."""
+        processor = self._tk.post_processor
+        if processor is None:
+            return []
+        spec = json.loads(processor.__getstate__())
+        return [str(p.get("type")) for p in spec.get("processors", [spec])
+                if isinstance(p, dict)]
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
@@ -272,6 +282,17 @@ def _refuse_what_is_not_read(tk: Any, config: dict[str, Any], path: str) -> None
             _GENERIC_CLASSES and bool(config["add_prefix_space"]) != _writes_space_prefix(tk):
         raise ValueError(f"{where}: add_prefix_space={bool(config['add_prefix_space'])} "
                          f"disagrees with {path!r}'s pre-tokenizer, which ggmlopt runs as it is")
+
+
+def _added(by_post_processor: bool, says_none: bool, config_key: Any) -> bool:
+    """Whether a BOS (EOS) is added, as gguf-py's SpecialVocab reads it: a
+    post-processor's special token at that end says yes, a ByteLevel one says no
+    (its setdefault), and otherwise tokenizer_config.json's boolean key decides."""
+    if by_post_processor:
+        return True
+    if says_none:
+        return False
+    return bool(config_key) if isinstance(config_key, bool) else False
 
 
 def _extra_specials(config: dict[str, Any]) -> list[str | None]:
