@@ -14,7 +14,7 @@ from llama_cpp_source import SRC
 
 tokenizers = pytest.importorskip("tokenizers")
 
-from ggmlopt.hf_tokenizer import load_hf_tokenizer  # noqa: E402
+from ggmlopt.hf_tokenizer import load_hf_tokenizer
 
 VOCAB = {"<s>": 0, "</s>": 1, "a": 2, "b": 3, "ab": 4}
 POSTS = ["bos", "eos", "both", "bytelevel", "bytelevel+bos", "plain-template", None]
