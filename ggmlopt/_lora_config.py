@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .lora import ALL_LINEAR, _adaptable, _hf_names
+from ._lora_tree import ALL_LINEAR, adaptable_layers, hf_names
 from .models.registry import family_of
 from .nn.linear import Linear
 from .nn.lora_layers import alpha_arg, dropout_arg, rank_arg
@@ -198,7 +198,7 @@ def pattern_value(patterns, which: str, hf_name: str, default, owner: str = "con
 def _module_names(model, hf) -> dict[str, str]:
     """{transformers name: ggmlopt name} of the model's modules that hold weights:
     its layers and every module above a parameter (a norm, an mlp, a layer)."""
-    names = {hf(name): name for name, *_ in _adaptable(model)}
+    names = {hf(name): name for name, *_ in adaptable_layers(model)}
     weights = [name for name, _ in named_parameters(model)] + \
         [f"{name}.weight" for name, _ in quantized_layers(model)]
     for name in weights:
@@ -216,7 +216,7 @@ def config_plan(model, config) -> _ConfigPlan:
     setting that cannot be honoured (nothing changes)."""
     values = _config_dict(config)
     _refuse_config_settings(values)
-    hf = _hf_names(model)
+    hf = hf_names(model)
     rank = _config_value("r", values.get("r", 8), rank_arg)
     alpha = _config_value("lora_alpha", values.get("lora_alpha", 8), alpha_arg)
     dropout = _config_value("lora_dropout", values.get("lora_dropout", 0.0) or 0.0, dropout_arg)
@@ -231,7 +231,7 @@ def config_plan(model, config) -> _ConfigPlan:
     # layer here, where transformers has one that PEFT can match
     tied = family is not None and getattr(model, "lm_head", True) is None
     modules = _module_names(model, hf)
-    entries = _adaptable(model)
+    entries = adaptable_layers(model)
     adaptable = {hf(name): name for name, *_ in entries}
     keys = list(modules) + (["lm_head"] if tied and "lm_head" not in modules else [])
     target = values.get("target_modules")

@@ -36,13 +36,26 @@ from collections.abc import Iterable
 import numpy as np
 
 from ._args import int_arg
+from ._lora_tree import (
+    ADAPTERS,
+    ALL_LINEAR,
+    EMBEDDINGS,
+    adaptable_layers,
+    hf_names,
+    layers_of,
+    linears_of,
+    matches,
+    named_adapters,
+    order_in,
+    replace_layer,
+)
 from .models.registry import family_of
 from .nn import init
 from .nn.embedding import Embedding
 from .nn.linear import Linear
 from .nn.lora_layers import LoRAEmbedding, LoRALinear, alpha_arg, dropout_arg, rank_arg
-from .nn.module import Module, named_modules, named_parameters
-from .nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
+from .nn.module import Module, named_parameters
+from .nn.quantized import quantized_layers
 
 __all__ = [
     "ALL_LINEAR",
@@ -114,7 +127,7 @@ def _refuse_no_match(model, targets, pattern, linears) -> None:
                          f"{how}; the model has no Linear layers")
     short = ", ".join(dict.fromkeys(name.rsplit(".", 1)[-1] for name, *_ in linears))
     embeds = ", ".join(dict.fromkeys(e[0].rsplit(".", 1)[-1]
-                                     for e in _layers(model, EMBEDDINGS)))
+                                     for e in layers_of(model, EMBEDDINGS)))
     raise ValueError(f"targets: no Linear layer of the model is named {list(targets)}{how}; "
                      f"its {len(linears)} Linear layers are named {short} (e.g. "
                      f"{linears[0][0]})" + (f", its embeddings {embeds}" if embeds else ""))
@@ -123,7 +136,7 @@ def _refuse_no_match(model, targets, pattern, linears) -> None:
 def _warn_unmatched_targets(targets, chosen_names, hf) -> None:
     """Warn about target names that adapt nothing while others do: a misspelt
     name (``qproj``) would otherwise leave its layers without adapters unsaid."""
-    unmatched = [t for t in targets if not any(_matches(hf(name), (t,)) for name in chosen_names)]
+    unmatched = [t for t in targets if not any(matches(hf(name), (t,)) for name in chosen_names)]
     if unmatched:
         warnings.warn(f"targets: {', '.join(map(repr, unmatched))} "
                       f"match{'es' if len(unmatched) == 1 else ''} no layer of the model; "
@@ -167,117 +180,7 @@ def _targets_arg(targets) -> tuple[str, ...]:
     return _names_arg(targets, "targets", "Linear layers", allow_empty=False)
 
 
-# ---- the module tree ---------------------------------------------------------------------
-
-def _matches(name: str, targets) -> bool:
-    """PEFT's rule: a module matches a target that is its whole dotted name or a
-    suffix of it on a dot (``q_proj`` and ``self_attn.q_proj`` both match
-    ``layers.0.self_attn.q_proj``)."""
-    return any(name == t or name.endswith("." + t) for t in targets)
-
-
-def _hf_names(model):
-    """name -> the module's name in the transformers model of model's family
-    (``model.layers.0.self_attn.q_proj``; the head is ``lm_head`` in both), where
-    PEFT matches its target_modules and modules_to_save: a target written as
-    PEFT's full name matches as it does there.  The name itself for a model of
-    no family (a user's Sequential)."""
-    try:
-        prefix = family_of(model).hf_prefix
-    except TypeError:
-        return lambda name: name
-    return lambda name: name if name == "lm_head" or name.startswith("lm_head.") \
-        else prefix + name
-
-
-def _linears(model):
-    """(dotted name, parent, key in parent, layer) of every Linear and
-    QuantizedLinear in model's tree; key is an attribute name or (attribute,
-    index) for a list element."""
-    return _layers(model, (Linear, QuantizedLinear))
-
-
-# the layers an adapter wraps, float32 or kept in their file's types
-EMBEDDINGS = (Embedding, QuantizedEmbedding)
-ADAPTABLE = (Linear, QuantizedLinear, Embedding, QuantizedEmbedding)
-
-
-def _adaptable(model):
-    """_layers of the kinds an adapter wraps: Linear and Embedding, float32 or
-    quantized."""
-    return _layers(model, ADAPTABLE)
-
-
-ADAPTERS = (LoRALinear, LoRAEmbedding)
-
-
-def _layers(model, kinds, *, sort=True):
-    """(dotted name, parent, key in parent, layer) of every layer of kinds in
-    model's tree, in the order of the model's parameter names (in the tree's
-    order without sort)."""
-    found = []
-    for parent_name, parent in named_modules(model):
-        prefix = f"{parent_name}." if parent_name else ""
-        children = parent.named_children() if callable(getattr(parent, "named_children", None)) \
-            else Module.named_children(parent) if hasattr(parent, "__dict__") else ()
-        for child_name, child in children:
-            if isinstance(child, kinds):
-                found.append((prefix + child_name, parent, child_name, child))
-    seen, unique = set(), []
-    for entry in found:
-        if id(entry[3]) not in seen:
-            seen.add(id(entry[3]))
-            unique.append(entry)
-    if not sort:
-        return unique
-    # in the order of the model's parameter names (lm_head after the layers)
-    return sorted(unique, key=_order_in(model, unique))
-
-
-def _order_in(model, entries):
-    """A sort key of the _layers entries: the position of each layer's weight
-    among named_parameters; where some layer holds no weight Parameter (a kept
-    QuantizedLinear), the layer's place in the module tree walked depth first,
-    parents before children (named_modules), which is the same order for
-    ggmlopt's models: the same seed draws the same adapters over a kept base as
-    over its float32 copy."""
-    order = {id(p): i for i, (_, p) in enumerate(named_parameters(model))}
-    weights = [getattr(entry[3], "weight", None) for entry in entries]
-    if all(id(w) in order for w in weights):
-        keys = {id(e[3]): order[id(w)] for e, w in zip(entries, weights)}
-    else:
-        place = {id(m): i for i, (_, m) in enumerate(named_modules(model))}
-        keys = {id(e[3]): place.get(id(e[3]), len(place)) for e in entries}
-    return lambda entry: keys[id(entry[3])]
-
-
-def _replace(parent, key: str, new) -> None:
-    """Put new where parent's child named key (``attr`` or ``attr.i``; a
-    Sequential's ``i``) was."""
-    layers = getattr(parent, "layers", None)
-    if key.isdigit() and isinstance(layers, list):   # Sequential: ("0", layer)...
-        layers[int(key)] = new
-        return
-    attr, _, index = key.partition(".")
-    if not index:
-        setattr(parent, attr, new)
-        return
-    holder = getattr(parent, attr)
-    if isinstance(holder, list):
-        holder[int(index)] = new
-    else:
-        items = list(holder)
-        items[int(index)] = new
-        setattr(parent, attr, type(holder)(items))
-
-
-def named_adapters(model) -> list[tuple[str, LoRALinear | LoRAEmbedding]]:
-    """(dotted module name, LoRALinear or LoRAEmbedding) of every adapted layer of
-    model, in the order of named_parameters (``embed_tokens``,
-    ``layers.0.self_attn.q_proj``, ...)."""
-    return [(name, layer) for name, _, _, layer in _adaptable(model)
-            if isinstance(layer, ADAPTERS)]
-
+# ---- adapters in the tree (walked in ggmlopt._lora_tree) -------------------------------
 
 def refuse_adapters(model, saver: str) -> None:
     """Raise ValueError when model holds LoRA adapters: a model file written by
@@ -291,7 +194,6 @@ def refuse_adapters(model, saver: str) -> None:
                          f"ggmlopt.io.save_gguf_lora")
 
 
-ALL_LINEAR = "all-linear"   # PEFT's shortcut: every Linear but the output head
 _OUTPUT_HEADS = ("lm_head",)
 
 
@@ -304,7 +206,7 @@ def _kept_trainable(name: str, trainable) -> bool:
     name of a module above it (its layer, ``mlp``, ``layers.0``...) equals an
     entry or ends with "." + the entry, as targets match."""
     while name:
-        if _matches(name, trainable):
+        if matches(name, trainable):
             return True
         name = name.rpartition(".")[0]
     return False
@@ -319,12 +221,12 @@ def _refuse_a_tied_head(model, targets, linears, hf, selects) -> None:
         family_of(model)
     except TypeError:
         return   # a user's model: its names are its own
-    if any(_matches(hf(name), _OUTPUT_HEADS) for name, *_ in linears):
+    if any(matches(hf(name), _OUTPUT_HEADS) for name, *_ in linears):
         return   # an untied head: a Linear like the others
     if not selects("lm_head"):
         return
     # the target that names it (a regular expression is the one target)
-    t = next((t for t in targets if _matches("lm_head", (t,))), targets[0])
+    t = next((t for t in targets if matches("lm_head", (t,))), targets[0])
     raise ValueError(f"targets: {t!r} names the output head, which is the token "
                      f"embedding in this model (tied embeddings); PEFT would adapt "
                      f"the tied lm_head apart, ggmlopt has no adapter for it: adapt "
@@ -554,8 +456,8 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
     targets = _targets_arg(targets)
     trainable = _trainable_arg(trainable)
     seed = int_arg(seed, "seed", 0)
-    linears = _linears(model)
-    hf = _hf_names(model)
+    linears = linears_of(model)
+    hf = hf_names(model)
     if exact:
         def selects(name):
             return hf(name) in targets
@@ -564,14 +466,14 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
             return bool(pattern.fullmatch(hf(name)) or pattern.fullmatch(name))
     else:
         def selects(name):
-            return _matches(hf(name), targets)
-    embeddings = [e for e in _layers(model, EMBEDDINGS) if selects(e[0]) and not all_linear]
+            return matches(hf(name), targets)
+    embeddings = [e for e in layers_of(model, EMBEDDINGS) if selects(e[0]) and not all_linear]
     adapted = [name for name, layer in named_adapters(model)]
     if adapted:
         raise ValueError(f"model: it already has LoRA adapters ({', '.join(adapted[:3])}"
                          f"{', ...' if len(adapted) > 3 else ''}); merge(model) first")
     if all_linear:
-        chosen = [entry for entry in linears if not _matches(entry[0], _OUTPUT_HEADS)]
+        chosen = [entry for entry in linears if not matches(entry[0], _OUTPUT_HEADS)]
     else:
         chosen = [entry for entry in linears if selects(entry[0])]
     if pattern is not None:
@@ -596,7 +498,7 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
                              f"(targets) or load the model with keep_types=False")
         if not any(_kept_trainable(hf(name), (t,)) for name, _ in params):
             tied = " (its output head is the token embedding, tied: name that, " \
-                "'embed_tokens', or 'wte' for GPT-2)" if _matches("lm_head", (t,)) else ""
+                "'embed_tokens', or 'wte' for GPT-2)" if matches("lm_head", (t,)) else ""
             raise ValueError(f"trainable: {t!r} names no module or parameter of the model"
                              f"{tied} (its parameters are named like {params[0][0]!r})")
         # a layer is adapted or trained whole, never both: the adapter would freeze
@@ -635,7 +537,7 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
     built = []
     try:
         for name, parent, key, layer in sorted(targets_found,
-                                               key=_order_in(model, targets_found)):
+                                               key=order_in(model, targets_found)):
             r, a = (layers or {}).get(name, (rank, alpha))
             adapter = LoRAEmbedding(layer, r, a, rng=gen) if isinstance(layer, EMBEDDINGS) \
                 else LoRALinear(layer, r, a, dropout=dropout, rng=gen)
@@ -652,7 +554,7 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
                     p.requires_grad = trained
         raise
     for parent, key, adapter in built:
-        _replace(parent, key, adapter)
+        replace_layer(parent, key, adapter)
     freeze_all_but_adapters(model, trainable, skip=chosen_weights)
     return named_adapters(model)
 
@@ -661,7 +563,7 @@ def freeze_all_but_adapters(model, trainable=(), *, skip=frozenset()) -> None:
     """Freeze every parameter of model that is not a LoRA adapter and not named in
     trainable (apply's rule); merge gives their trainability back."""
     adapters = {id(p) for _, layer in named_adapters(model) for p in (layer.lora_a, layer.lora_b)}
-    hf = _hf_names(model)
+    hf = hf_names(model)
     frozen = []
     for name, p in named_parameters(model):
         if id(p) in skip or id(p) in adapters:
@@ -720,7 +622,7 @@ def merge(model):
 
     Raises ValueError when model has no adapters."""
     _model_arg(model)
-    adapters = [(parent, key, layer) for _, parent, key, layer in _adaptable(model)
+    adapters = [(parent, key, layer) for _, parent, key, layer in adaptable_layers(model)
                 if isinstance(layer, ADAPTERS)]
     if not adapters:
         raise ValueError("model: it has no LoRA adapters to merge (see ggmlopt.lora.apply)")
@@ -734,7 +636,7 @@ def merge(model):
                       stacklevel=2)
     for parent, key, layer in adapters:
         if layer.weight is None:   # over a quantized base: a float32 layer comes back
-            _replace(parent, key, _merged_embedding(layer) if isinstance(layer, LoRAEmbedding)
+            replace_layer(parent, key, _merged_embedding(layer) if isinstance(layer, LoRAEmbedding)
                      else _merged_linear(layer))
             continue
         layer.weight.data[...] = layer.merged_weight()
@@ -749,7 +651,7 @@ def merge(model):
         if "needs_input_grad" in vars(layer):
             base.needs_input_grad = layer.needs_input_grad
         base._shape = None   # its buffers are stale: the next forward makes new ones
-        _replace(parent, key, base)
+        replace_layer(parent, key, base)
     frozen = _frozen_by_apply.pop(id(model), set())
     for _, p in named_parameters(model):
         if id(p) in frozen:

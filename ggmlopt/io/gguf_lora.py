@@ -18,20 +18,11 @@ import warnings
 import numpy as np
 
 from .. import kernels_quant
+from .._lora_tree import ADAPTERS, EMBEDDINGS, adaptable_layers, named_adapters, replace_layer
 from .._optional import import_optional
-from ..lora import (
-    ADAPTERS,
-    EMBEDDINGS,
-    LoRAEmbedding,
-    LoRALinear,
-    _adaptable,
-    _replace,
-    freeze_all_but_adapters,
-    named_adapters,
-    other_trainable,
-)
+from ..lora import freeze_all_but_adapters, other_trainable
 from ..models.registry import family_of
-from ..nn.lora_layers import dropout_arg
+from ..nn.lora_layers import LoRAEmbedding, LoRALinear, dropout_arg
 from ._files import atomic_output, input_path, output_path
 from ._gguf_length import gguf_truncation
 from .gguf_gpt2 import GPT2_ARCH, gguf_name_gpt2, hf_name_gpt2
@@ -339,7 +330,7 @@ def load_gguf_lora(path, model, *, dropout=0.0
     arch = _arch(model)
     alpha, tensors = _read(path, gguf, arch)
     pairs = _pairs(tensors, path, arch)
-    linears = {name: (parent, key, layer) for name, parent, key, layer in _adaptable(model)}
+    linears = {name: (parent, key, layer) for name, parent, key, layer in adaptable_layers(model)}
     existing = {name for name, (_, _, layer) in linears.items() if isinstance(layer, ADAPTERS)}
     if existing and existing != set(pairs):
         raise ValueError(f"model: its adapters ({len(existing)} layers) are not the file's "
@@ -368,7 +359,7 @@ def load_gguf_lora(path, model, *, dropout=0.0
         if not existing:
             layer = LoRAEmbedding(layer, rank, alpha) if isinstance(layer, EMBEDDINGS) \
                 else LoRALinear(layer, rank, alpha, dropout=dropout)
-            _replace(parent, key, layer)
+            replace_layer(parent, key, layer)
         elif layer.alpha != alpha:
             layer.alpha, layer.scaling = alpha, alpha / layer.rank
         layer.lora_a.data[...] = a

@@ -25,19 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from .._lora_tree import EMBEDDINGS, adaptable_layers, named_adapters, replace_layer
 from .._optional import import_optional
-from ..lora import (
-    EMBEDDINGS,
-    LoRAEmbedding,
-    LoRALinear,
-    _adaptable,
-    _replace,
-    freeze_all_but_adapters,
-    named_adapters,
-    other_trainable,
-)
+from ..lora import freeze_all_but_adapters, other_trainable
 from ..models.registry import family_of
-from ..nn.lora_layers import alpha_arg, dropout_arg, rank_arg
+from ..nn.lora_layers import LoRAEmbedding, LoRALinear, alpha_arg, dropout_arg, rank_arg
 from ..nn.module import named_parameters
 from ._files import atomic_output, path_arg, read_json_object
 from .hf_format import _as_float32, _tied, map_safetensors_file, transposed_weights
@@ -437,7 +429,7 @@ def load_peft(directory, model, *, dropout: float | None = None
     tensors = _read_tensors(path)
     if named_adapters(model):
         raise ValueError("model: it already has LoRA adapters; load into the base model")
-    layers = {name: (parent, key, layer) for name, parent, key, layer in _adaptable(model)}
+    layers = {name: (parent, key, layer) for name, parent, key, layer in adaptable_layers(model)}
     pairs: dict[str, dict[str, np.ndarray]] = {}
     whole: dict[str, np.ndarray] = {}
     bases: dict[str, np.ndarray] = {}   # an adapted layer's own weight (PEFT saves an
@@ -553,7 +545,7 @@ def load_peft(directory, model, *, dropout: float | None = None
             else LoRALinear(layer, rank, alpha, dropout=rate)
         adapter.lora_a.data[...] = a.T
         adapter.lora_b.data[...] = b.T
-        _replace(parent, key, adapter)
+        replace_layer(parent, key, adapter)
     for name, value in {**whole, **bases}.items():
         p = params[name]
         p.data[...] = value.T if id(p) in transposed else value
