@@ -369,7 +369,9 @@ cdef class Dataset:
         """Token windows of (prompt, completion) pairs (tuples or dicts with
         ``prompt`` and ``completion``), the loss on the completion only (and its
         eos, appended unless add_eos is False); otherwise (packing too) as
-        from_chat."""
+        from_chat.  A prompt and completion that are lists of messages (TRL's
+        conversational form) are rendered by the tokenizer's chat template as
+        TRL's SFTTrainer renders them (see ggmlopt.instruct.completion_windows)."""
         from ggmlopt.instruct import completion_windows
         x, y = completion_windows(pairs, tokenizer, n_ctx, too_long=too_long, add_eos=add_eos,
                                   packing=packing)

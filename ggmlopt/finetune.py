@@ -65,7 +65,8 @@ def parser() -> argparse.ArgumentParser:
                    help="chat data: the turns the loss counts (default assistant)")
     p.add_argument("--chat-template-kwargs", type=_json_object, default=None,
                    metavar="JSON",
-                   help="chat data: template variables for every conversation, a JSON "
+                   help="chat data (and prompts/completions of messages): template "
+                        "variables for every conversation, a JSON "
                         "object ('{\"enable_thinking\": false}'); a row's own "
                         "chat_template_kwargs take precedence")
     p.add_argument("--too-long", choices=("error", "drop", "truncate"), default="error",
@@ -477,12 +478,21 @@ def _jsonl_arrays(args, tok, path):
                                   train_on=args.train_on or "assistant",
                                   too_long=args.too_long, packing=args.packing,
                                   **(args.chat_template_kwargs or {}))
-    elif args.train_on is not None or args.chat_template_kwargs is not None:
+    elif args.train_on is not None or (args.chat_template_kwargs is not None
+                                       and not any(map(_conversational, examples))):
         option = "--train-on: chooses the turns" if args.train_on is not None else \
             "--chat-template-kwargs: renders the conversations"
         raise ValueError(f"{option} of chat data; {path} holds "
                          f"{'prompt/completion pairs' if 'prompt' in first else 'text'}")
     elif "prompt" in first:
+        if any(map(_conversational, examples)) and not getattr(tok, "chat_template", None):
+            raise SystemExit(f"finetune: {path} holds prompts and completions of messages, "
+                             "but the tokenizer has no chat template "
+                             "(tokenizer.chat_template)")
+        if args.chat_template_kwargs is not None:
+            # the command's template variables under each row's own (TRL's precedence)
+            examples = [_with_template_kwargs(row, args.chat_template_kwargs)
+                        if _conversational(row) else row for row in examples]
         ds = go.Dataset.from_completions(examples, tok, args.ctx, too_long=args.too_long,
                                          packing=args.packing)
     else:
@@ -495,6 +505,21 @@ def _jsonl_arrays(args, tok, path):
     what = (f"{len(examples)} examples from {path} packed into {x.shape[0]} windows"
             if args.packing else f"{x.shape[0]} examples from {path}")
     return x, y, what
+
+
+def _conversational(row) -> bool:
+    """Whether a prompt/completion row is TRL's conversational form (lists of messages)."""
+    return isinstance(row.get("prompt"), list)
+
+
+def _with_template_kwargs(row, variables):
+    """row with variables under its own chat_template_kwargs (which win, as in TRL's
+    datasets); a row whose chat_template_kwargs is not an object is left for
+    from_completions to refuse, naming it."""
+    own = row.get("chat_template_kwargs")
+    if own is not None and not isinstance(own, dict):
+        return row
+    return {**row, "chat_template_kwargs": {**variables, **(own or {})}}
 
 
 def _padded(x, y, batch, tok):

@@ -663,7 +663,16 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
     tokenizer's add_bos says so and the text does not start with it.  A token
     holding the prompt's last bytes and the completion's first (``"A: " +
     "Paris"`` as ``"ĠParis"``) is trained on, and counted in a UserWarning (TRL
-    warns of the same mismatch).  packing: as chat_windows'."""
+    warns of the same mismatch).  packing: as chat_windows'.
+
+    A pair whose prompt and completion are lists of messages (TRL's conversational
+    prompt/completion rows, with the row's ``tools`` and ``chat_template_kwargs``)
+    is rendered by the tokenizer's chat template as TRL's SFTTrainer tokenizes it:
+    the ids of prompt + completion, the loss on those after the prompt's own ids
+    rendered with the generation prompt (its completion_mask); the template writes
+    the turn's end, so add_eos adds nothing to it.  Where the prompt's ids are not
+    the first ids of the whole, TRL warns and masks by position, which would train
+    on the wrong tokens: such a row is refused.  Rows of both kinds may be mixed."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     add_eos = bool_arg(add_eos, "add_eos")
     if isinstance(pairs, (str, bytes, Mapping)) or not isinstance(pairs, Iterable):
@@ -679,8 +688,14 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
         else:
             raise TypeError(f"pairs[{k}]: expected (prompt, completion) or a dict with "
                             f"'prompt' and 'completion', got {type(pair).__name__}")
+        if _a_message_list(prompt) and _a_message_list(completion):
+            examples.append(_conversational_pair(pair, prompt, completion, tokenizer,
+                                                 f"pairs[{k}]"))
+            continue
         if not isinstance(prompt, str) or not isinstance(completion, str):
-            raise TypeError(f"pairs[{k}]: prompt and completion must be str")
+            raise TypeError(f"pairs[{k}]: prompt and completion must both be str, or both "
+                            f"lists of messages (TRL's conversational form), got "
+                            f"{type(prompt).__name__} and {type(completion).__name__}")
         check_text(prompt, f"pairs[{k}] prompt")
         check_text(completion, f"pairs[{k}] completion")
         text = prompt + completion
@@ -713,6 +728,61 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
     if not examples:
         raise ValueError("pairs: expected at least one (prompt, completion) pair")
     return _windows(examples, n_ctx, pad, too_long, "pairs", packing)
+
+
+def _a_message_list(value) -> bool:
+    """Whether value is a conversational prompt or completion: a list (not a text)."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _conversational_pair(row, prompt, completion, tokenizer, where: str
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, trained mask) of a pair of message lists, as TRL's SFTTrainer tokenizes
+    it: apply_chat_template(prompt + completion) and, trained on, the ids after
+    those of apply_chat_template(prompt, add_generation_prompt=True), each with
+    the row's tools and chat_template_kwargs."""
+    kwargs = _row_template_kwargs(row, {}, where) if isinstance(row, Mapping) else {}
+    messages = {}
+    for name, value in (("prompt", prompt), ("completion", completion)):
+        if not value:
+            raise ValueError(f"{where}: the {name} is an empty list of messages")
+        messages[name] = check_messages(value, f"{where} {name}")
+        for j, message in enumerate(messages[name]):
+            if isinstance(message.get("content"), str):
+                check_text(message["content"], f"{where} {name}[{j}]['content']")
+    try:
+        tools = kwargs.get("tools")
+        template = tokenizer.compiled_chat_template(tools=tools) if tools is not None else \
+            tokenizer.compiled_chat_template()
+    except (AttributeError, ValueError):
+        raise ValueError(f"{where}: a prompt and completion of messages are rendered by "
+                         "the tokenizer's chat template, and it has none (give one: "
+                         "tokenizer.chat_template = '...jinja...')") from None
+    try:
+        head_text = template.render(messages["prompt"], True, **kwargs)
+        text = template.render(messages["prompt"] + messages["completion"], False, **kwargs)
+    except (ValueError, TypeError) as e:
+        # (a TypeError: the template met a content it cannot render, e.g. None)
+        raise type(e)(f"{where}: the chat template failed on it ({e})") from None
+    head, ids = _encode(tokenizer, head_text), _encode(tokenizer, text)
+    if head.size > ids.size or not np.array_equal(ids[:head.size], head):
+        # TRL warns and masks the first len(head) ids all the same: here that would
+        # train on the prompt's tokens or leave the completion's out
+        same = int(np.argmin(np.append(ids[:head.size] == head[:ids.size], False)))
+        raise ValueError(f"{where}: the prompt's ids rendered with the generation prompt "
+                         f"are not the first ids of prompt + completion (they part at id "
+                         f"{same}: the template renders the prompt's end {head_text[-40:]!r} "
+                         f"otherwise once the completion follows), so the completion's "
+                         "tokens cannot be told apart; give the row as "
+                         "{'messages': prompt + completion} (Dataset.from_chat)")
+    mask = np.arange(ids.size) >= head.size
+    if not mask.any():
+        raise ValueError(f"{where}: the completion is empty (the chat template writes "
+                         "nothing for it)")
+    if _wants_bos(tokenizer, ids):   # as chat_windows: one BOS, never trained on
+        ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)
+        mask = np.concatenate([[False], mask])
+    return ids, mask
 
 
 def text_windows(texts: Iterable, tokenizer, n_ctx: int, *, too_long: str = "error",
@@ -790,7 +860,8 @@ def read_jsonl(path) -> list[dict[str, Any]]:
     skipped), in the forms TRL and MLX-LM read: ``{"messages": [{"role": ...,
     "content": ...}, ...]}`` (chat; ShareGPT's ``{"conversations": [{"from":
     "human", "value": ...}, ...]}`` too, read as messages: sharegpt_messages),
-    ``{"prompt": ..., "completion": ...}`` (completions) or ``{"text": ...}``;
+    ``{"prompt": ..., "completion": ...}`` (completions: two strings, or two lists of
+    messages, TRL's conversational form) or ``{"text": ...}``;
     every line of one form.  Returns the objects as dicts.  ValueError naming the line (1-based) for invalid JSON, an
     object of none of the forms, a malformed message or a mix of forms;
     FileNotFoundError for a missing file."""
@@ -845,18 +916,29 @@ def _example_form(obj, where: str) -> str:
     if key == "conversations":
         sharegpt_messages(obj["conversations"], where)
     elif key == "messages":
-        messages = obj["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise ValueError(f"{where}: 'messages' must be a non-empty list")
-        for i, m in enumerate(messages):
-            # an assistant's tool calls may stand without a content (OpenAI's form)
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                    or ("content" not in m and "tool_calls" not in m):
-                raise ValueError(f"{where}: message {i} must be an object with a str 'role' "
-                                 f"and a 'content' (or 'tool_calls'), got {m!r}")
+        _check_jsonl_messages(obj["messages"], where, "messages")
     elif key == "prompt":
-        if not isinstance(obj.get("prompt"), str) or not isinstance(obj.get("completion"), str):
-            raise ValueError(f"{where}: 'prompt' and 'completion' must both be strings")
+        prompt, completion = obj.get("prompt"), obj.get("completion")
+        if isinstance(prompt, list) and isinstance(completion, list):
+            # TRL's conversational prompt/completion: both lists of messages
+            _check_jsonl_messages(prompt, where, "prompt")
+            _check_jsonl_messages(completion, where, "completion")
+        elif not isinstance(prompt, str) or not isinstance(completion, str):
+            raise ValueError(f"{where}: 'prompt' and 'completion' must both be strings, or "
+                             "both non-empty lists of messages (TRL's conversational form), "
+                             f"got {type(prompt).__name__} and {type(completion).__name__}")
     elif not isinstance(obj["text"], str):
         raise ValueError(f"{where}: 'text' must be a string")
     return _FORMATS[key]
+
+
+def _check_jsonl_messages(messages, where: str, key: str) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: '{key}' must be a non-empty list")
+    for i, m in enumerate(messages):
+        # an assistant's tool calls may stand without a content (OpenAI's form)
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
+                or ("content" not in m and "tool_calls" not in m):
+            what = "message" if key == "messages" else f"{key} message"
+            raise ValueError(f"{where}: {what} {i} must be an object with a str 'role' "
+                             f"and a 'content' (or 'tool_calls'), got {m!r}")
