@@ -391,9 +391,10 @@ def parameter_names(model: Any, params: list[Any]) -> list[str]:
     return [names.get(id(p), f"parameters()[{i}]") for i, p in enumerate(params)]
 
 
-def _validate(sd, layout):
+def _validate(sd, layout, *, warn=True):
     """Everything load_state_dict checks; returns (counters, opt_pars_in_force, rng_state)
-    without changing anything."""
+    without changing anything.  warn=False: a check ahead of the load_state_dict that
+    follows, which gives the warnings (once, not twice)."""
     _check_format(sd)
     # the settings first: "another optimizer" says more than the names it changes
     for key, want in (("loss_type", layout.loss_type), ("build_type", layout.build_type)):
@@ -421,7 +422,7 @@ def _validate(sd, layout):
                              "precision it started in")
     if "precision_run" in sd:
         ran = _get_str(sd, "precision_run")
-        if ran != layout.precision_run:
+        if ran != layout.precision_run and warn:
             warnings.warn(f"state_dict['precision_run']: the saved run multiplied in {ran} "
                           f"and this machine multiplies in {layout.precision_run} (precision="
                           f"{layout.precision!r} runs float32 where a CPU has no bf16 "
@@ -667,7 +668,7 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
                              f"checkpoint {os.fspath(path)!r} has shape {saved.shape} for it "
                              f"(param.{i})")
     try:
-        _validate(ctx_sd, lay)
+        _validate(ctx_sd, lay, warn=False)   # (the context's load_state_dict warns)
         if _FIT_MODEL in fit_sd:   # written by fit (before the state had model_info)
             _check_model_info(fit_sd, _FIT_MODEL, model_info(model))
         check_model(ctx_sd, model, [p for p, t in zip(params, trainable) if not t])
@@ -914,7 +915,7 @@ class FitCheckpoint:
             raise ValueError(f"nepoch: the checkpoint {self.path!r} has already trained {done} "
                              f"epochs{more}, more than nepoch={nepoch}")
         try:
-            _validate(ctx_sd, _Layout(*layout_args))
+            _validate(ctx_sd, _Layout(*layout_args), warn=False)   # (load_state_dict warns)
         except (ValueError, TypeError) as e:
             raise type(e)(f"model or {where} do not match: {e}") from None
         try:

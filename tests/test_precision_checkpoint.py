@@ -121,6 +121,26 @@ def test_a_resume_that_multiplies_otherwise_than_the_saved_run_warns(tmp_path, m
         context("bf16").load_state_dict(resumed.state_dict())   # the same: no word
 
 
+def test_a_resume_across_the_products_warns_once(tmp_path, monkeypatch):
+    # fit's resume and OptContext.load check the state before the context's
+    # load_state_dict does: the warning comes from the latter alone
+    from ggmlopt import gemm
+
+    if not gemm.bf16_support()[0]:
+        pytest.skip("this machine has no bf16 products to resume on")
+    with monkeypatch.context() as m:
+        m.setattr(gemm, "bf16_support", lambda: (False, "no bf16 products here"))
+        fit(model(), tmp_path / "run.npz", "bf16")
+        context("bf16").save(tmp_path / "ctx.npz")
+    for resume in (lambda: fit(model(), tmp_path / "run.npz", "bf16", nepoch=2, resume=True),
+                   lambda: go.OptContext.load(tmp_path / "ctx.npz", model())):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            resume()
+        said = [w for w in seen if "precision_run" in str(w.message)]
+        assert len(said) == 1, [str(w.message) for w in said]
+
+
 def test_a_state_without_the_run_s_precision_loads_quietly():
     sd = context("bf16").state_dict()
     del sd["precision_run"]
