@@ -432,26 +432,30 @@ def _windows(examples: list[tuple[np.ndarray, np.ndarray]], n_ctx: int, pad_id: 
 
 def pack_examples(lengths: Sequence[int], n_ctx: int) -> list[list[int]]:
     """Which examples share a window: best-fit decreasing (the longest first,
-    each into the fullest window it still fits, TRL's "bfd"), every length <=
-    n_ctx.  Returns the windows' example indices, each in the examples' order."""
+    each into the fullest window it still fits, among equally full ones the one
+    that came to that room first: TRL's "bfd"), every length <= n_ctx.  Returns
+    the windows' example indices, each in the examples' order."""
     import bisect
     order = sorted(range(len(lengths)), key=lambda k: (-lengths[k], k))
-    free: list[tuple[int, int]] = []     # (room left, window), sorted
+    # (room left, when it was left with that room, window), sorted: of the windows
+    # with the least room that fits, the one that came to it first, as TRL's
+    # per-room queues take them (so the same examples share a window as there)
+    free: list[tuple[int, int, int]] = []
     windows: list[list[int]] = []
-    for k in order:
+    for step, k in enumerate(order):
         n = int(lengths[k])
         if not 0 < n <= n_ctx:
             raise ValueError(f"lengths[{k}]: expected 1 .. n_ctx={n_ctx} tokens, got {n}")
-        i = bisect.bisect_left(free, (n, -1))
+        i = bisect.bisect_left(free, (n, -1, -1))
         if i == len(free):
             windows.append([k])
             room, w = n_ctx - n, len(windows) - 1
         else:
-            room, w = free.pop(i)
+            room, _, w = free.pop(i)
             windows[w].append(k)
             room -= n
         if room:
-            bisect.insort(free, (room, w))
+            bisect.insort(free, (room, step, w))
     return [sorted(w) for w in windows]
 
 
@@ -671,8 +675,9 @@ def completion_windows(pairs: Iterable, tokenizer, n_ctx: int, *, too_long: str 
     the ids of prompt + completion, the loss on those after the prompt's own ids
     rendered with the generation prompt (its completion_mask); the template writes
     the turn's end, so add_eos adds nothing to it.  Where the prompt's ids are not
-    the first ids of the whole, TRL warns and masks by position, which would train
-    on the wrong tokens: such a row is refused.  Rows of both kinds may be mixed."""
+    the first ids of the whole, TRL warns and trains from where the two part (TRL
+    1.16; older versions masked by position, training the wrong tokens): such a
+    row is refused.  Rows of both kinds may be mixed."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     add_eos = bool_arg(add_eos, "add_eos")
     if isinstance(pairs, (str, bytes, Mapping)) or not isinstance(pairs, Iterable):
