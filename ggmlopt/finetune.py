@@ -112,11 +112,12 @@ def parser() -> argparse.ArgumentParser:
                         "Face's get_linear_schedule_with_warmup / "
                         "get_cosine_schedule_with_warmup without warmup")
     p.add_argument("--warmup", type=int, default=0,
-                   help="warmup steps of the cosine schedule (default 0): step t <= N "
+                   help="warmup steps of the schedule (default 0): step t <= N "
                         "trains at --lr x t/N, so the first step is not at 0 and steps N "
                         "and N+1 are both at --lr (Hugging Face's warmup starts at 0 and "
-                        "reaches --lr one step later); the cosine after it is Hugging "
-                        "Face's")
+                        "reaches --lr one step later); the linear or cosine decay after it "
+                        "is Hugging Face's, and constant with warmup is its "
+                        "constant_with_warmup so shifted")
     p.add_argument("-wd", "--weight-decay", type=float, default=0.0,
                    help="decoupled weight decay of every trainable tensor, norms and biases "
                         "included (Hugging Face's Trainer leaves those out; default 0)")
@@ -287,9 +288,6 @@ def _problems(args) -> list[str]:
         bad.append(f"--seed: expected >= 0, got {args.seed}")
     if args.warmup < 0:
         bad.append(f"--warmup: expected >= 0, got {args.warmup}")
-    elif args.warmup and args.lr_schedule != "cosine":
-        bad.append(f"--warmup: warms up the cosine schedule; --lr-schedule is "
-                   f"{args.lr_schedule}")
     if args.eval_every is not None and args.eval_every < 1:
         bad.append(f"--eval-every: expected >= 1, got {args.eval_every}")
     elif args.eval_every is not None and args.val_split == 0 and not args.valid:
@@ -603,6 +601,10 @@ def _optimizer(args, steps_per_epoch):
         if args.warmup:
             return schedules.WarmupCosine(args.warmup, total, base=base, unit="step")
         return schedules.Cosine(total, base=base, unit="step")
+    if args.warmup:   # linear decays to 0 after it; constant stays at --lr
+        end = 0.0 if args.lr_schedule == "linear" else 1.0
+        return schedules.WarmupLinear(args.warmup, total, end_factor=end, base=base,
+                                      unit="step")
     if args.lr_schedule == "linear":
         return schedules.Linear(total, base=base, unit="step")
     # a Schedule, so that a resume with another -lr or -wd is seen and refused
@@ -775,7 +777,7 @@ def main(argv=None) -> int:
     total = args.max_steps or max(1, (args.epochs or 1) * steps_per_epoch)
     if args.warmup >= total:
         p.error(f"--warmup: {args.warmup} steps of warmup, but the run takes {total} optimizer "
-                f"steps; give fewer (the cosine decay follows the warmup)")
+                f"steps; give fewer (the schedule's decay or constant rate follows it)")
     nepoch = args.epochs if args.epochs is not None else None if args.max_steps else 1
     if args.resume and not os.path.exists(args.checkpoint) and writes:
         print(f"finetune: no checkpoint at {args.checkpoint} yet: training from the start",

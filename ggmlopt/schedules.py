@@ -23,6 +23,8 @@ step or epoch t begins):
 - Cosine:        f(t) = m + (1 - m) * (1 + cos(pi * p)) / 2,  p = min(t - 1, T) / T
 - WarmupCosine:  f(t) = t / W for t <= W, then the cosine above over the
                  remaining T - W with p = min(t - 1 - W, T - W) / (T - W)
+- WarmupLinear:  f(t) = t / W for t <= W, then 1 + (end - 1) * p with the same p
+                 (end = 1: a constant rate after the warmup)
 
 Linear and Cosine are torch's LinearLR and CosineAnnealingLR with t - 1 as
 torch's 0-based counter: f(1) is the start, and t = T is the last step before
@@ -46,8 +48,8 @@ from typing import Any
 from ._args import int_arg
 from .optim_params import OptimizerParams
 
-__all__ = ["Constant", "Cosine", "Linear", "Schedule", "Step", "WarmupCosine", "constant",
-           "cosine", "linear", "step", "warmup_cosine"]
+__all__ = ["Constant", "Cosine", "Linear", "Schedule", "Step", "WarmupCosine", "WarmupLinear",
+           "constant", "cosine", "linear", "step", "warmup_cosine", "warmup_linear"]
 
 _UNITS = ("epoch", "step")
 
@@ -239,9 +241,47 @@ class WarmupCosine(Schedule):
         return _cosine(min(t - 1 - self.warmup, decay) / decay, self.min_factor)
 
 
+class WarmupLinear(Schedule):
+    """WarmupLinear(warmup, total, end_factor=0.0, base=None, unit="epoch"):
+    a linear warmup over the first `warmup` steps or epochs, then a linear decay:
+
+        f(t) = t / warmup                                 for t <= warmup
+        f(t) = 1 + (end - 1) * p,  p = min(t - 1 - warmup, total - warmup)
+                                       / (total - warmup)          after
+
+    so f(1) = 1/warmup, f(warmup) = 1 = f(warmup + 1), and the decay reaches
+    end_factor at t = total + 1: Hugging Face's get_linear_schedule_with_warmup
+    (Trainer's default "linear"), whose decay it equals step for step, with the
+    warmup shifted by one step so that no step has a zero rate, as WarmupCosine's.
+    end_factor=1.0 is Trainer's "constant_with_warmup" so shifted.  warmup = 0 is
+    Linear(total, end_factor=end_factor).
+
+    warmup: 0 <= warmup <= total.  total: int >= 1.  end_factor: float >= 0.
+    """
+
+    def __init__(self, warmup: int, total: int, end_factor: float = 0.0,
+                 base: OptimizerParams | None = None, unit: str = "epoch") -> None:
+        super().__init__(base, unit)
+        self.total = int_arg(total, "total", 1)
+        self.warmup = int_arg(warmup, "warmup", 0)
+        if self.warmup > self.total:
+            raise ValueError(f"warmup: expected at most total={self.total}, got {self.warmup}")
+        self.end_factor = _real(end_factor, "end_factor", 0.0)
+
+    def factor(self, t: int) -> float:
+        if t <= self.warmup:
+            return t / self.warmup
+        self._end_reached(t, self.total, self.end_factor, "end_factor")
+        decay = self.total - self.warmup
+        if decay == 0:
+            return self.end_factor
+        return 1.0 + (self.end_factor - 1.0) * min(t - 1 - self.warmup, decay) / decay
+
+
 # lower-case names, as the spec lists the schedules
 constant = Constant
 step = Step
 linear = Linear
 cosine = Cosine
 warmup_cosine = WarmupCosine
+warmup_linear = WarmupLinear

@@ -200,7 +200,7 @@ def test_checkpoints_inside_an_epoch_and_a_first_resume(files, capsys, monkeypat
     (["-c", "4096"], "--ctx: 4096 is more than the model's max_seq_len 128"),
     (["--out", "/no/such/dir/a.gguf"], "--out: no directory"),
     (["--eval-every", "1"], "--eval-every: evaluates the validation split; give -val-split"),
-    (["--warmup", "5"], "--warmup: warms up the cosine schedule; --lr-schedule is constant"),
+    (["--warmup", "-1"], "--warmup: expected >= 0, got -1"),
     (["--lora-alpha", "0"], "--lora-alpha: alpha: expected a finite nonzero number"),
     (["--lora-dropout", "1.5"], "--lora-dropout: dropout: expected a drop probability"),
     (["--epochs", "1", "--max-steps", "50"], "max_steps"),

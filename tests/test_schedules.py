@@ -28,6 +28,9 @@ def reference(kind, t, **kw):
     W, T = kw["warmup"], kw["total"]
     if t <= W:
         return t / W
+    if kind == "warmup_linear":
+        e = kw.get("end_factor", 0.0)
+        return e if T == W else 1 + (e - 1) * min(t - 1 - W, T - W) / (T - W)
     if T == W:
         return m
     return m + (1 - m) * (1 + math.cos(math.pi * min(t - 1 - W, T - W) / (T - W))) / 2
@@ -45,6 +48,10 @@ CASES = [
     ("warmup_cosine", S.WarmupCosine, {"warmup": 3, "total": 10}),
     ("warmup_cosine", S.WarmupCosine, {"warmup": 0, "total": 6, "min_factor": 0.1}),
     ("warmup_cosine", S.WarmupCosine, {"warmup": 4, "total": 4, "min_factor": 0.3}),
+    ("warmup_linear", S.WarmupLinear, {"warmup": 3, "total": 10}),
+    ("warmup_linear", S.WarmupLinear, {"warmup": 0, "total": 6, "end_factor": 0.1}),
+    ("warmup_linear", S.WarmupLinear, {"warmup": 2, "total": 7, "end_factor": 1.0}),
+    ("warmup_linear", S.WarmupLinear, {"warmup": 4, "total": 4, "end_factor": 0.3}),
 ]
 
 
@@ -53,7 +60,8 @@ def test_factors_match_the_formulas(kind, cls, kw):
     sched = cls(base=BASE, **kw)
     total = kw.get("total", 12)
     end = {"linear": kw.get("end_factor", 0.0), "cosine": kw.get("min_factor", 0.0),
-           "warmup_cosine": kw.get("min_factor", 0.0)}.get(kind, 1.0)
+           "warmup_cosine": kw.get("min_factor", 0.0),
+           "warmup_linear": kw.get("end_factor", 0.0)}.get(kind, 1.0)
     last = total + 3 if end > 0 else total
     for t in range(1, last + 1):
         f = reference(kind, t, **kw)
@@ -80,6 +88,32 @@ def test_landmarks():
     # the default base is ggml's default parameters
     assert S.Constant()(1) == go.default_optimizer_params()
     assert S.cosine is S.Cosine and S.warmup_cosine is S.WarmupCosine
+    wl = S.WarmupLinear(warmup=4, total=12)
+    assert [wl.factor(t) for t in (1, 2, 4, 5, 9, 12)] == pytest.approx([0.25, 0.5, 1, 1, 0.5,
+                                                                         0.125])
+    assert S.warmup_linear is S.WarmupLinear
+
+
+def test_warmup_linear_is_hugging_faces_schedule_shifted_into_the_warmup():
+    # get_linear_schedule_with_warmup / get_constant_schedule_with_warmup at the 0-based
+    # step t - 1: the decay step for step, the warmup one step ahead (no rate 0)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    for warmup, total, end, make in (
+            (3, 10, 0.0, lambda o: transformers.get_linear_schedule_with_warmup(o, 3, 10)),
+            (1, 5, 0.0, lambda o: transformers.get_linear_schedule_with_warmup(o, 1, 5)),
+            (4, 9, 1.0, lambda o: transformers.get_constant_schedule_with_warmup(o, 4))):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        hf = make(opt)
+        factors = []
+        for _ in range(total):
+            factors.append(opt.param_groups[0]["lr"])
+            opt.step()
+            hf.step()
+        ours = S.WarmupLinear(warmup, total, end_factor=end)
+        for t in range(1, total + 1):
+            want = t / warmup if t <= warmup else factors[t - 1]
+            assert ours.factor(t) == pytest.approx(want, rel=1e-12, abs=1e-15), (warmup, t)
 
 
 def test_argument_errors():
@@ -89,6 +123,8 @@ def test_argument_errors():
         (lambda: S.Cosine(total=True), TypeError, "total"),
         (lambda: S.WarmupCosine(warmup=5, total=4), ValueError, "warmup.*total=4"),
         (lambda: S.WarmupCosine(warmup=-1, total=4), ValueError, "warmup.*>= 0"),
+        (lambda: S.WarmupLinear(warmup=5, total=4), ValueError, "warmup.*total=4"),
+        (lambda: S.WarmupLinear(warmup=1, total=4, end_factor=-1), ValueError, "end_factor"),
         (lambda: S.Cosine(total=3, min_factor=1.5), ValueError, "min_factor"),
         (lambda: S.Cosine(total=3, min_factor=float("nan")), ValueError, "min_factor"),
         (lambda: S.Linear(total=3, start_factor=0), ValueError, "start_factor.*> 0"),

@@ -237,6 +237,14 @@ def test_finetune_schedules_are_what_its_help_says():
     for t in range(1, 10):   # --warmup N: step t <= N at lr * t / N, the cosine HF's
         expected = 1e-3 * t / 3 if t <= 3 else 1e-3 * hf_warm[t - 1]
         assert warm.lr(t) == pytest.approx(expected, rel=1e-12)
+    # the linear decay and the constant rate after a warmup, HF's likewise
+    warm_lin = finetune._optimizer(_args(lr_schedule="linear", warmup=2, max_steps=8), spe)
+    warm_const = finetune._optimizer(_args(warmup=2, max_steps=8), spe)
+    hf_warm_lin = torch_lrs(lambda o: transformers.get_linear_schedule_with_warmup(o, 2, 8), 8)
+    for t in range(1, 9):
+        assert warm_lin.lr(t) == pytest.approx(1e-3 * t / 2 if t <= 2 else
+                                               1e-3 * hf_warm_lin[t - 1], rel=1e-12)
+        assert warm_const.lr(t) == pytest.approx(1e-3 * min(t / 2, 1), rel=1e-12)
     helps = {a.dest: a.help for a in finetune.parser()._actions}
     assert "t/N" in helps["warmup"] and "Hugging Face's warmup starts at 0" in helps["warmup"]
     assert "decay to 0" in helps["lr_schedule"]
