@@ -14,6 +14,7 @@ call these.
 """
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -544,11 +545,18 @@ def _row_template_kwargs(row: Mapping, template_kwargs: dict[str, Any], where: s
     and ``chat_template_kwargs`` over them, as TRL's SFTTrainer passes a dataset's
     columns to apply_chat_template."""
     kwargs = dict(template_kwargs)
-    if row.get("tools") is not None:
-        if not isinstance(row["tools"], list):
-            raise TypeError(f"{where}: 'tools' must be a list of tool definitions, got "
-                            f"{type(row['tools']).__name__}")
-        kwargs["tools"] = row["tools"]
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        # a JSON string, as TRL's datasets may store the column (SFTTrainer decodes it)
+        try:
+            tools = json.loads(tools)
+        except ValueError as e:
+            raise ValueError(f"{where}: 'tools' is a string that is not JSON ({e})") from None
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise TypeError(f"{where}: 'tools' must be a list of tool definitions (or its "
+                            f"JSON text), got {type(tools).__name__}")
+        kwargs["tools"] = tools
     extra = row.get("chat_template_kwargs")
     if extra is not None:
         if not isinstance(extra, Mapping):

@@ -306,8 +306,16 @@ def test_a_rows_own_tools_and_template_variables_reach_the_template():
     # the row's take precedence over the call's
     x, _ = go.instruct.chat_windows(rows[2:], tok, 64, mode="plain")
     assert tok.decode(x[0][x[0] != tok.eos_id]).startswith("[think]")
-    with pytest.raises(TypeError, match=r"conversations\[0\]: 'tools' must be a list"):
+    # a JSON string, as TRL's datasets may hold the column, reads as its list
+    as_json, _ = go.instruct.chat_windows([{"messages": chat, "tools": json.dumps(tools)}],
+                                          tok, 64)
+    as_list, _ = go.instruct.chat_windows(rows[:1], tok, 64)
+    np.testing.assert_array_equal(as_json, as_list)
+    with pytest.raises(ValueError, match=r"conversations\[0\]: 'tools' is a string that is "
+                                         r"not JSON"):
         go.instruct.chat_windows([{"messages": chat, "tools": "get_weather"}], tok, 64)
+    with pytest.raises(TypeError, match=r"conversations\[0\]: 'tools' must be a list"):
+        go.instruct.chat_windows([{"messages": chat, "tools": '{"name": "x"}'}], tok, 64)
 
 
 PLAIN_CHAT = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}"

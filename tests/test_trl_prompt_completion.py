@@ -204,6 +204,9 @@ def test_too_long_rows_are_cut_dropped_or_named():
      r"pairs\[1\] prompt\[1\]: expected a dict"),
     ({"prompt": [{"role": "user", "content": "Q"}],
       "completion": [{"role": "assistant", "content": "A"}], "tools": "get_weather"},
+     ValueError, r"pairs\[1\]: 'tools' is a string that is not JSON"),
+    ({"prompt": [{"role": "user", "content": "Q"}],
+      "completion": [{"role": "assistant", "content": "A"}], "tools": 3},
      TypeError, r"pairs\[1\]: 'tools' must be a list"),
 ])
 def test_bad_rows_are_refused_naming_the_row(bad, error, match):
