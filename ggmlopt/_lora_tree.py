@@ -41,8 +41,9 @@ def hf_names(model):
 
 def linears_of(model):
     """(dotted name, parent, key in parent, layer) of every Linear and
-    QuantizedLinear in model's tree; key is an attribute name or (attribute,
-    index) for a list element."""
+    QuantizedLinear in model's tree; key is an attribute name, ``attr.i`` for
+    an element of a list or tuple, or a Sequential's ``i`` (what replace_layer
+    takes)."""
     return layers_of(model, (Linear, QuantizedLinear))
 
 
@@ -117,7 +118,9 @@ def replace_layer(parent, key: str, new) -> None:
     else:
         items = list(holder)
         items[int(index)] = new
-        setattr(parent, attr, type(holder)(items))
+        # a namedtuple takes its items one by one (its _make takes the list)
+        make = getattr(holder, "_make", None) or type(holder)
+        setattr(parent, attr, make(items))
 
 
 def named_adapters(model) -> list[tuple[str, LoRALinear | LoRAEmbedding]]:

@@ -532,9 +532,11 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
     gen = np.random.default_rng(int(seed))
     # in the order of the parameter names (an embedding's first), one generator
     targets_found = chosen + embeddings
-    # every adapter is made before any goes in: one that fails (a MemoryError of a
-    # big rank_pattern rank) leaves the model as it was, not half adapted
-    built = []
+    # every adapter is made before any goes in, and a failure anywhere (a MemoryError
+    # of a big rank_pattern rank, a layer that cannot be put in its place) puts the
+    # model back as it was: its layers in their places, every parameter's flag
+    flags = [(p, p.requires_grad) for _, p in named_parameters(model)]
+    built, replaced = [], []
     try:
         for name, parent, key, layer in sorted(targets_found,
                                                key=order_in(model, targets_found)):
@@ -546,16 +548,17 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
                 # PEFT's "gaussian" redraws A (B stays zero; an embedding's init is
                 # the same either way there)
                 adapter.lora_a.data[...] = gen.normal(0.0, 1.0 / r, adapter.lora_a.data.shape)
+        for parent, key, adapter in built:
+            replace_layer(parent, key, adapter)
+            replaced.append((parent, key, adapter))
+        freeze_all_but_adapters(model, trainable, skip=chosen_weights)
     except BaseException:
-        for *_, adapter in built:   # an adapter froze its base: give that back
-            for p, trained in zip((adapter.weight, getattr(adapter, "bias", None)),
-                                  adapter._base_trains):
-                if p is not None:
-                    p.requires_grad = trained
+        for parent, key, adapter in reversed(replaced):
+            replace_layer(parent, key, adapter._base)
+        for p, trained in flags:
+            p.requires_grad = trained
+        _frozen_by_apply.pop(id(model), None)
         raise
-    for parent, key, adapter in built:
-        replace_layer(parent, key, adapter)
-    freeze_all_but_adapters(model, trainable, skip=chosen_weights)
     return named_adapters(model)
 
 

@@ -105,6 +105,56 @@ def test_apply_failing_on_a_later_layer_gives_the_earlier_bases_back(monkeypatch
     assert len(lora.named_adapters(model)) == 8
 
 
+def test_a_failed_apply_gives_a_shared_weight_back_its_training(monkeypatch):
+    # two layers over one weight: the second adapter saw it frozen by the first,
+    # so giving the bases back in the order they were made would leave it frozen
+    import ggmlopt as go
+    first, second = go.nn.Linear(4, 4), go.nn.Linear(4, 4)
+    second.weight = first.weight
+    model = go.nn.Sequential(first, go.nn.ReLU(), second, go.nn.ReLU(), go.nn.Linear(4, 4))
+    made = []
+
+    class Failing(lora.LoRALinear):
+        def __init__(self, *args, **kwargs):
+            if len(made) == 2:
+                raise MemoryError("the third adapter")
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(lora, "LoRALinear", Failing)
+    _refused(MemoryError, "third", lambda: lora.apply(model, rank=2, targets=("0", "2", "4")),
+             model)
+    assert first.weight.requires_grad and len(made) == 2
+
+
+@pytest.mark.parametrize("where", ["replacing the third layer", "freezing the others"])
+def test_apply_failing_after_the_adapters_are_made_puts_the_model_back(monkeypatch, where):
+    # the layers already replaced go back, every flag is as it was, and a later
+    # apply works
+    model = _llama()
+    model.layers[0].self_attn.q_proj.weight.requires_grad = False   # a flag that was not True
+    replace = lora.replace_layer
+    calls = []
+
+    def failing_replace(parent, key, new):
+        calls.append(key)
+        if len(calls) == 3:
+            raise TypeError("cannot put it there")
+        replace(parent, key, new)
+
+    def failing_freeze(*args, **kwargs):
+        raise RuntimeError("cannot freeze")
+
+    if where == "replacing the third layer":
+        monkeypatch.setattr(lora, "replace_layer", failing_replace)
+        _refused(TypeError, "cannot put it there", lambda: lora.apply(model, rank=2), model)
+    else:
+        monkeypatch.setattr(lora, "freeze_all_but_adapters", failing_freeze)
+        _refused(RuntimeError, "cannot freeze", lambda: lora.apply(model, rank=2), model)
+    monkeypatch.undo()
+    assert len(lora.apply(model, rank=2)) == 8
+
+
 def test_apply_on_an_adapted_model_and_merge_without_adapters_change_nothing():
     model = _llama()
     with pytest.raises(ValueError, match="^model: it has no LoRA adapters"):

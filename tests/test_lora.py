@@ -808,3 +808,28 @@ def test_trainable_lm_head_of_a_tied_model_is_refused_naming_the_embedding():
                                          r"name that, 'embed_tokens'"):
         lora.apply(model, rank=2, trainable=("lm_head",))
     assert [p.requires_grad for p in model.parameters()] == before
+
+
+def test_adapters_go_into_tuples_and_namedtuples_of_layers():
+    # named_children names a tuple's layers attr.i: the tuple is rebuilt with the
+    # adapter in, a namedtuple as its own type (its constructor takes the items
+    # one by one; the list given whole used to raise half way through apply)
+    import collections
+
+    from ggmlopt.nn.module import Module
+
+    Pair = collections.namedtuple("Pair", "q k")
+
+    class Model(Module):
+        def __init__(self):
+            self.first = Linear(4, 4)
+            self.pair = Pair(Linear(4, 4), Linear(4, 4))
+            self.plain = (Linear(4, 4),)
+
+    model = Model()
+    lora.apply(model, rank=2, targets=("first", "pair.0", "plain.0"))
+    assert [name for name, _ in lora.named_adapters(model)] == ["first", "pair.0", "plain.0"]
+    assert type(model.pair) is Pair and type(model.plain) is tuple
+    assert isinstance(model.pair.q, lora.LoRALinear) and type(model.pair.k) is Linear
+    lora.merge(model)
+    assert type(model.pair) is Pair and type(model.pair.q) is Linear
