@@ -14,6 +14,7 @@ call these.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -481,13 +482,11 @@ def document_ids(tokenizer, text: str, *, eos: bool | None = None,
     default), True as control tokens."""
     if parse_special is None:
         ids = np.asarray(tokenizer.encode(text), np.int32)
+    elif not takes_parse_special(tokenizer):   # the Tokenizer protocol's encode(text)
+        raise TypeError(f"parse_special: {type(tokenizer).__name__}.encode takes no "
+                        f"parse_special flag")
     else:
-        try:
-            ids = np.asarray(tokenizer.encode(text, parse_special=bool(parse_special)),
-                             np.int32)
-        except TypeError:   # the ggmlopt.text.Tokenizer protocol's encode(text)
-            raise TypeError(f"parse_special: {type(tokenizer).__name__}.encode takes no "
-                            f"parse_special flag") from None
+        ids = np.asarray(tokenizer.encode(text, parse_special=bool(parse_special)), np.int32)
     if _wants_bos(tokenizer, ids):
         ids = np.concatenate([[tokenizer.bos_id], ids])
     if eos is None:
@@ -503,12 +502,21 @@ def _spells_its_tokens(tokenizer) -> bool:
         callable(getattr(tokenizer, "token_bytes", None))
 
 
+def takes_parse_special(tokenizer) -> bool:
+    """Whether tokenizer.encode takes a parse_special flag (ggmlopt's tokenizers;
+    the ggmlopt.text.Tokenizer protocol's encode(text) need not).  Asked of the
+    signature, not by catching a TypeError, which would hide the encoder's own."""
+    try:
+        return "parse_special" in inspect.signature(tokenizer.encode).parameters
+    except (TypeError, ValueError):   # a callable without a signature
+        return False
+
+
 def _encode(tokenizer, text: str) -> np.ndarray:
     """text's int32 ids, special tokens parsed where the tokenizer takes the flag."""
-    try:
+    if takes_parse_special(tokenizer):
         return np.asarray(tokenizer.encode(text, parse_special=True), np.int32)
-    except TypeError:   # the ggmlopt.text.Tokenizer protocol's encode(text)
-        return np.asarray(tokenizer.encode(text), np.int32)
+    return np.asarray(tokenizer.encode(text), np.int32)
 
 
 def _ids_and_offsets(tokenizer, text: str, where: str) -> tuple[np.ndarray, np.ndarray]:

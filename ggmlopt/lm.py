@@ -19,7 +19,7 @@ import numpy.typing as npt
 from . import kernels
 from ._args import bool_arg, int_arg
 from ._blas_threads import blas_threads_for_training
-from .instruct import document_ids
+from .instruct import document_ids, takes_parse_special
 from .nn.module import eval_mode
 
 __all__ = ["Perplexity", "chat", "generate", "perplexity", "stream"]
@@ -74,7 +74,8 @@ def perplexity(model: Any, ids: npt.ArrayLike | str, n_ctx: int, *, tokenizer: A
     the BOS it puts first when the vocabulary adds one), or, with a tokenizer,
     the text itself, which it then tokenizes as llama-perplexity does (its
     special tokens added as the vocabulary asks, BOS first and EOS last; special
-    tokens written in the text read as text); at least 2 * n_ctx tokens.
+    tokens written in the text read as text, where the tokenizer's encode takes
+    parse_special); at least 2 * n_ctx tokens.
     tokenizer: gives add_bos and bos_id their defaults, the tokenizer's own
     (llama-perplexity reads both from the vocabulary), so
     ``perplexity(model, text, n_ctx, tokenizer=tok)`` is its protocol.
@@ -170,11 +171,11 @@ def perplexity(model: Any, ids: npt.ArrayLike | str, n_ctx: int, *, tokenizer: A
 def _text_ids(tokenizer, text: str) -> np.ndarray:
     """text as llama-perplexity tokenizes it: common_tokenize(text, add_special=true),
     so BOS and EOS as the vocabulary adds them, and special tokens written in the
-    text read as text (its parse_special is false)."""
-    try:
-        return document_ids(tokenizer, text, parse_special=False)
-    except TypeError:   # an encode(text) without the flag (the Tokenizer protocol's)
-        return document_ids(tokenizer, text)
+    text read as text (its parse_special is false) where the tokenizer's encode
+    takes the flag; an encode(text) without it (the Tokenizer protocol's) reads
+    them as it does."""
+    return document_ids(tokenizer, text,
+                        parse_special=False if takes_parse_special(tokenizer) else None)
 
 
 def _real_arg(value, name):

@@ -195,3 +195,24 @@ def test_special_tokens_written_in_the_text_read_as_text():
     got = perplexity(model, text, 8, tokenizer=tok)
     want = llama_perplexity(model, np.frombuffer(text.encode(), np.uint8), 8, None)
     assert got.ppl == pytest.approx(want[0], rel=1e-6)
+
+
+def test_a_tokenizer_without_the_flag_reads_the_text_its_own_way():
+    # an encode(text) of the Tokenizer protocol: its own reading, no retry that
+    # would hide a TypeError of its own
+    class Plain:
+        bos_id, eos_id, add_bos = None, None, False
+
+        def encode(self, text):
+            return np.frombuffer(text.encode(), np.uint8).astype(np.int32)
+
+    class Broken(Plain):
+        def encode(self, text, *, parse_special=False):
+            raise TypeError("a bug of its own")
+
+    model = WaveModel(256)
+    got = perplexity(model, TEXT, 8, tokenizer=Plain())
+    want = llama_perplexity(model, np.frombuffer(TEXT.encode(), np.uint8), 8, None)
+    assert got.ppl == pytest.approx(want[0], rel=1e-6)
+    with pytest.raises(TypeError, match="a bug of its own"):
+        perplexity(model, TEXT, 8, tokenizer=Broken())
