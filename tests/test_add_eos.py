@@ -110,11 +110,12 @@ def _hf_checkpoint(directory, *, eos_in_post_processor, config_says):
 
 
 @pytest.mark.parametrize("post, config, want", [(True, None, True), (False, None, False),
-                                                (False, True, True), (True, False, False)])
+                                                (False, True, True), (True, False, True)])
 def test_a_hugging_face_tokenizer_adds_the_eos_where_the_converter_would(tmp_path, post,
                                                                          config, want):
-    # the config's add_eos_token first, else what the tokenizer.json's post-processor
-    # appends: what llama.cpp's converter (gguf-py's SpecialVocab) writes as the flag
+    # what the tokenizer.json's post-processor appends, over a config's add_eos_token
+    # that disagrees, and the key where it appends nothing: what llama.cpp's converter
+    # (gguf-py's SpecialVocab) writes as the flag (and transformers appends)
     pytest.importorskip("tokenizers")
     from ggmlopt.hf_tokenizer import load_hf_tokenizer
     eos = _hf_checkpoint(tmp_path / "c", eos_in_post_processor=post, config_says=config)
