@@ -141,7 +141,9 @@ _OPTIONAL_KEYS = ("class_labels", "trainable")
 # before these entries existed lack them).  fit.seed: the int seed, -1 for None (the
 # default seed), -2 for a numpy Generator.
 _FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.seed",
-                 "fit.shuffle")
+                 "fit.shuffle", "fit.accumulate")
+# fit.accumulate: 0 for accumulate="batches", 1 for "tokens"
+_ACCUMULATE = ("batches", "tokens")
 # fit's run_info: JSON of what else identifies the run (a resume compares it key by key)
 _FIT_RUN_INFO = "fit.run_info"
 # fit's schedule: the repr of a ggmlopt.schedules schedule (its kind, length and warmup)
@@ -958,20 +960,24 @@ class FitCheckpoint:
 
     def _check_run(self, fit_sd: Mapping[str, Any], keys: Iterable[str]) -> None:
         """Refuse a checkpoint of another run (the entries in keys it has, and
-        fit.shuffle, which a checkpoint written before the entry existed holds as
-        fit always did it: whenever nbatch_logical < ndata)."""
-        shuffled = int(self.config["fit.nbatch_logical"] < self.config["fit.ndata"])
+        fit.shuffle and fit.accumulate, which a checkpoint written before the entry
+        existed holds as fit always did it: shuffling whenever nbatch_logical <
+        ndata, accumulating ggml's way)."""
+        before = {"fit.shuffle": int(self.config["fit.nbatch_logical"]
+                                     < self.config["fit.ndata"]),
+                  "fit.accumulate": 0}
         for key in keys:
-            if key not in self.run or (key not in fit_sd and key != "fit.shuffle"):
+            if key not in self.run or (key not in fit_sd and key not in before):
                 continue
-            got = _get_int(fit_sd, key) if key in fit_sd else shuffled
+            got = _get_int(fit_sd, key) if key in fit_sd else before[key]
             want = self.run[key]
             if got != want:
                 name = key.split(".", 1)[1]
+                how = (f"pass accumulate={_run_value(key, got)}" if key == "fit.accumulate"
+                       else "same dataset and seed")
                 raise ValueError(f"{key}: the checkpoint was made with {name}="
                                  f"{_run_value(key, got)}, this fit has {name}="
-                                 f"{_run_value(key, want)}; resume only the same run (same "
-                                 "dataset and seed)")
+                                 f"{_run_value(key, want)}; resume only the same run ({how})")
 
     def _check_run_info(self, fit_sd: Mapping[str, Any]) -> None:
         """Refuse a checkpoint whose run_info gives a key of this fit's another value."""
@@ -1152,6 +1158,8 @@ def run_info_arg(run_info: Any) -> dict[str, Any]:
 
 
 def _run_value(key: str, value: int) -> str:
+    if key == "fit.accumulate" and value in (0, 1):
+        return repr(_ACCUMULATE[value])
     if key == "fit.seed" and value < 0:
         return "None" if value == -1 else "a numpy Generator"
     return str(value)

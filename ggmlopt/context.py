@@ -483,6 +483,10 @@ class OptContext:
         self._clip_grad_norm = clip_grad_norm
         self.grad_norm: float | None = None  # the step gradient's norm before the last clipping
         self._opt_pars_in_force = None   # the validated parameters of the last step
+        # fit(accumulate="tokens") sets "tokens" and, before each logical batch's first
+        # micro-batch, _step_labelled (its labelled positions); see _token_weight
+        self._accumulate = "batches"
+        self._step_labelled: int | None = None
 
     # ---- construction ---------------------------------------------------------------
 
@@ -960,12 +964,13 @@ class OptContext:
         step = self._opt_step_params() if bt == BuildType.OPT else None
 
         backward = bt != BuildType.FORWARD
+        weight = self._token_weight(y) if backward else None
         if self._fuses_head(x, y):
             out, grad = None, None   # backward(None): the head's gradient is in place
-            loss, pred, ncorrect, nlabelled = self._fused_head_loss(x, y, backward)
+            loss, pred, ncorrect, nlabelled = self._fused_head_loss(x, y, backward, weight)
         else:
             out, grad, loss, pred, ncorrect, nlabelled = self._outputs_and_loss(
-                x, y, batch, backward)
+                x, y, batch, backward, weight)
         if ncorrect is not None and nlabelled == 0 and bt != BuildType.FORWARD:
             warnings.warn(f"eval: physical batch {self.opt_i + 1}/{self._opt_period} of "
                           f"logical batch {self.iter} has no labelled position (every "
@@ -1003,8 +1008,11 @@ class OptContext:
         self.pred = pred if ncorrect is not None else None
         self.ncorrect = ncorrect
         if result is not None:
+            # token-weighted, a micro-batch without labelled positions is 0 of its
+            # step's token mean: it counts, unless the whole step has none
             result._add(batch, loss, self._per_datapoint, self._opt_period,
-                        self.pred, ncorrect, nlabelled)
+                        self.pred, ncorrect, nlabelled,
+                        counted=weight is not None and bool(self._step_labelled))
 
     # ---- checkpoints (ggmlopt.checkpoint) -------------------------------------------------
 
@@ -1081,20 +1089,40 @@ class OptContext:
                 and bool(getattr(self.model, "fused_head", False))
                 and callable(getattr(self.model, "fused_cross_entropy", None)))
 
-    def _fused_head_loss(self, x, y, backward):
+    def _token_weight(self, labels) -> np.float32 | None:
+        """fit(accumulate="tokens"), on a training micro-batch of a logical batch of
+        several: the micro-batch's labelled positions over the logical batch's, which
+        scales its mean loss and gradient instead of ggml's 1/opt_period, so the
+        step's gradient is the mean over every labelled position of the step
+        (Hugging Face Trainer's num_items_in_batch).  None: ggml's rule."""
+        step = self._step_labelled
+        if self._accumulate != "tokens" or self._opt_period == 1 or labels is None \
+                or labels.dtype != np.int32:
+            return None
+        if step is None:
+            raise RuntimeError("eval: accumulate='tokens' needs the logical batch's labelled "
+                               "positions before its first micro-batch (fit sets them)")
+        n = int(np.count_nonzero(labels >= 0))
+        return F32(n / step) if step else F32(0)
+
+    def _fused_head_loss(self, x, y, backward, weight=None):
         """(loss, pred, ncorrect, nlabelled) of the model's fused head and loss:
         no logits are kept (ctx.outputs is None), the masked positions'
-        predictions are -1; the head's gradient is in place when backward."""
+        predictions are -1; the head's gradient is in place when backward.
+        weight: the token weight of this micro-batch (_token_weight) or None."""
         rows = x.size
         if self._fused_pred is None or self._fused_pred.shape[0] != rows:
             self._fused_pred = np.empty(rows, dtype=np.int32)
         pred = self._fused_pred
         period = self._opt_period
         inv_period = F32(1) / F32(period)
+        scale = inv_period if weight is None else weight
         with gemm.products_in(self._precision):
-            loss = F32(self.model.fused_cross_entropy(x, y, grad_scale=inv_period,
+            loss = F32(self.model.fused_cross_entropy(x, y, grad_scale=scale,
                                                       backward=backward, pred=pred))
-        if period > 1:
+        if weight is not None:
+            loss = F32(loss * weight)
+        elif period > 1:
             loss = F32(loss * inv_period)
         self._refuse_nonfinite(loss, x, y, None)
         labels = y.reshape(-1)
@@ -1102,9 +1130,9 @@ class OptContext:
         ncorrect = int(np.count_nonzero((pred == labels) & labelled))
         return loss, pred, ncorrect, int(np.count_nonzero(labelled))
 
-    def _outputs_and_loss(self, x, y, batch, backward):
+    def _outputs_and_loss(self, x, y, batch, backward, weight=None):
         """(outputs, d loss / d outputs or None, loss, pred, ncorrect, nlabelled)
-        of model.forward and the loss on its outputs."""
+        of model.forward and the loss on its outputs (weight: _token_weight's)."""
         with gemm.products_in(self._precision):
             out = self._check_outputs(self.model.forward(x), batch)
         by_class = y is not None and y.dtype == np.int32
@@ -1120,7 +1148,7 @@ class OptContext:
             bufs = self._batch_buffers
         assert bufs is not None
         _, grad, pred, label_arg = bufs
-        loss = self._loss(out, y, grad if backward else None, pred)
+        loss = self._loss(out, y, grad if backward else None, pred, weight)
         self._refuse_nonfinite(loss, x, y, out)
         ncorrect = nlabelled = None
         if self._loss_type == LossType.CROSS_ENTROPY:
@@ -1137,9 +1165,10 @@ class OptContext:
                 nlabelled = pred.size
         return out, grad if backward else None, loss, pred, ncorrect, nlabelled
 
-    def _loss(self, out, labels, grad, pred=None):
+    def _loss(self, out, labels, grad, pred=None, weight=None):
         """The float32 loss as ggml computes it; grad (if given) receives d loss / d out;
-        pred (if given) each row's argmax, with cross-entropy on class indices."""
+        pred (if given) each row's argmax, with cross-entropy on class indices;
+        weight: cross-entropy's scale instead of 1/opt_period (_token_weight)."""
         lt = self._loss_type
         period = self._opt_period
         if lt == LossType.SUM:
@@ -1153,8 +1182,11 @@ class OptContext:
             by_class = labels.dtype == np.int32
             loss = F32(kernels.cross_entropy(
                 out.reshape(-1, n), labels.reshape(-1) if by_class else labels.reshape(-1, n),
-                None if grad is None else grad.reshape(-1, n), grad_scale=inv_period,
+                None if grad is None else grad.reshape(-1, n),
+                grad_scale=inv_period if weight is None else weight,
                 ignore_index=-1 if by_class else None, pred=pred if by_class else None))
+            if weight is not None:
+                return F32(loss * weight)
             return F32(loss * inv_period) if period > 1 else loss
         scale = F32(1) / F32(period * out.size)
         if lt == LossType.MEAN:

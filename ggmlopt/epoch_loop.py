@@ -120,6 +120,9 @@ def eval_batch(ctx: OptContext, dataset: Dataset, result: Result | None, ibatch:
     last = ctx.build_type_last
     inputs = ctx.inputs
     assert inputs is not None  # epoch checked the context is static
+    if backward and ctx._accumulate == "tokens" and ctx.opt_i == 0:
+        # token-weighted accumulation scales each micro-batch by the whole step's count
+        ctx._step_labelled = labelled_in_step(ctx, dataset, ibatch)
     ctx.alloc(backward)
     try:
         dataset.get_batch(inputs, ctx.labels, ibatch)
@@ -132,6 +135,20 @@ def eval_batch(ctx: OptContext, dataset: Dataset, result: Result | None, ibatch:
             raise FloatingPointError(f"{e} [{phase} batch {ibatch} of the dataset "
                                      f"({nbatches} batches){where}]") from None
         raise
+
+
+def labelled_in_step(ctx: OptContext, dataset: Dataset, ibatch: int) -> int:
+    """The labelled positions (labels >= 0) of the logical batch whose first
+    physical batch is ibatch: its opt_period batches in the dataset's permuted
+    order, as get_batch gathers them."""
+    shard = dataset.ndata_shard
+    assert ctx.batch_size is not None  # static, as epoch checked
+    per = ctx.batch_size // shard   # shards per physical batch
+    shards = np.asarray(dataset.permutation)[ibatch * per:(ibatch + ctx.opt_period) * per]
+    rows = (shards[:, None] * shard + np.arange(shard)).reshape(-1)
+    labels = dataset.labels
+    assert labels is not None  # fit checked accumulate="tokens" has class labels
+    return int(np.count_nonzero(labels[rows] >= 0))
 
 
 def _nonfinite_datapoint(ctx, dataset, ibatch) -> str:

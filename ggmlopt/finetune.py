@@ -134,7 +134,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=None,
                    help="windows per forward/backward pass (physical batch); below "
                         "--batch, each micro-batch's mean loss weighs the same (ggml's "
-                        "accumulation), whatever its number of answer tokens")
+                        "accumulation), whatever its number of answer tokens (see "
+                        "--accumulate)")
+    p.add_argument("--accumulate", choices=("batches", "tokens"), default="batches",
+                   help="how --micro-batch's micro-batches add up to a step: batches "
+                        "(default, ggml's) weighs each micro-batch's mean loss the same; "
+                        "tokens is Hugging Face Trainer's rule (num_items_in_batch): the "
+                        "step's loss is the mean over all its answer tokens")
     p.add_argument("-b", "--batch-size", dest="tokens_batch", type=int, default=None,
                    help="llama-finetune's: tokens per optimizer step; at least -c (it "
                         "takes one window a step then), as ggmlopt steps on whole windows")
@@ -218,6 +224,8 @@ def _mpi_problems(args) -> list[str]:
             return ["--mpi: needs mpi4py (pip install 'ggmlopt[mpi]')"]
         if args.optimizer_in_backward:   # (the ranks sum every gradient before a step)
             return ["--optimizer-in-backward: not with --mpi"]
+        if args.accumulate == "tokens":   # (a rank sees its share of a step, not its count)
+            return ["--accumulate tokens: not with --mpi"]
         return []
     ranks = _launched_ranks()
     if ranks > 1:
@@ -677,6 +685,8 @@ _OPTION_WORDS = (
     ("load it with keep_types=False", "drop --keep-types"),
     ("or train it whole (trainable)",
      "(--lora-targets embed_tokens), or train the whole model (--full)"),
+    ("pass accumulate='tokens'", "give --accumulate tokens"),
+    ("pass accumulate='batches'", "give --accumulate batches"),
 )
 
 
@@ -798,6 +808,7 @@ def main(argv=None) -> int:
                              clip_grad_norm=args.max_grad_norm,
                              checkpoint_every=args.checkpoint_every,
                              optimizer_in_backward=args.optimizer_in_backward, comm=comm,
+                             accumulate=args.accumulate,
                              # a text's windows in order, the last ones validating
                              # (llama-finetune); chats and completions shuffled, a
                              # --valid file kept last, the validation part

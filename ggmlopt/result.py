@@ -100,10 +100,12 @@ class Result:
                              f"has {batch}; only a smaller last batch is supported")
 
     def _add(self, batch: int, loss: np.float32, per_datapoint: bool, opt_period: int,
-             pred: np.ndarray | None, ncorrect: int | None, nlabelled: int | None = None) -> None:
+             pred: np.ndarray | None, ncorrect: int | None, nlabelled: int | None = None,
+             counted: bool = False) -> None:
         """Record one eval (call _check first).  pred: int32 (batch,) (or one per
         position with sequence labels) or None; ncorrect: int or None; nlabelled:
-        the labelled positions (default batch)."""
+        the labelled positions (default batch); counted: its loss counts even
+        without a labelled position (a token-weighted micro-batch: 0 of its step's)."""
         if self._nbatches == 0:
             self._per_datapoint = per_datapoint
             self._opt_period = opt_period
@@ -111,7 +113,7 @@ class Result:
         # as ggml: float loss_scaled = loss*opt_period, and loss_scaled*loss_scaled,
         # both in float32, summed in double
         scaled = np.float32(loss) * np.float32(opt_period) if per_datapoint else np.float32(loss)
-        empty = nlabelled is not None and int(nlabelled) == 0
+        empty = nlabelled is not None and int(nlabelled) == 0 and not counted
         if batch < self._batch:
             self._tail = (batch, None if empty else float(scaled))
         self._ndata += batch

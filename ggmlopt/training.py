@@ -63,7 +63,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         eval_every: int | None = None, checkpoint_every: int | None = None,
         precision: str = "f32", drop_last: bool = False,
         optimizer_in_backward: bool = False, shuffle: bool | str = True,
-        run_info: Mapping[str, Any] | None = None) -> History:
+        run_info: Mapping[str, Any] | None = None, accumulate: str = "batches") -> History:
     """Train model on dataset, as ggml_opt_fit.
 
     nbatch_logical datapoints per optimizer step, in physical batches of
@@ -171,6 +171,17 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     fine-tune holds about one block's gradients instead of every parameter's):
     the same numbers, bit for bit; needs nbatch_physical == nbatch_logical, no
     clip_grad_norm and no comm (see OptContext, ggmlopt.step_in_backward).
+    accumulate (keyword-only, beyond ggml): "batches" (default) is ggml's
+    gradient accumulation: with several physical batches a step each one's mean
+    loss is scaled by 1/opt_period, so every micro-batch weighs the same.
+    "tokens" is Hugging Face Trainer's rule (num_items_in_batch, transformers
+    4.46): for CROSS_ENTROPY on int32 class labels (-1 masking a position), each
+    micro-batch's mean loss and gradient are scaled by its labelled positions
+    over those of the whole logical batch, so the step's gradient, and the loss
+    fit reports for it, is the mean over every labelled position of the step
+    (validation losses are unchanged).  With one physical batch a step both are
+    the same, bit for bit.  Refused (ValueError) with another loss, float labels
+    or comm; a checkpoint resumes only in the mode it was written in.
     """
     if not isinstance(resume, bool):
         raise TypeError(f"resume: expected a bool, got {type(resume).__name__}")
@@ -182,6 +193,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
     loss_type = enum_arg(loss_type, LossType, "loss_type")
     optimizer = optimizer_arg(optimizer)
     precision = check_precision(precision)
+    _check_accumulate(accumulate, loss_type, dataset, comm)
 
     plan = FitPlan.from_args(dataset, nepoch, nbatch_logical, nbatch_physical, val_split, comm,
                              dataset_is_part, max_steps, eval_every, checkpoint_every,
@@ -205,7 +217,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                                  # without the entry was written by one that did
                                  # whenever nbatch_logical < ndata)
                                  "fit.shuffle": 2 if plan.shuffle == "train"
-                                 else int(plan.shuffle_all)}, run_info,
+                                 else int(plan.shuffle_all),
+                                 "fit.accumulate": int(accumulate == "tokens")}, run_info,
                              model_info(model),
                              _schedule_record(get_opt_pars))
         if not resume and ckpt.exists():
@@ -237,6 +250,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                              inputs_dtype=inputs_dtype, bucket_cap_mb=bucket_cap_mb,
                              precision=precision,
                              optimizer_in_backward=optimizer_in_backward)
+        ctx._accumulate = accumulate
         if comm is not None:
             ctx.distributed.parts = dataset_is_part
             # every rank runs the same steps from the same point: a rank that stopped
@@ -282,6 +296,33 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         sys.stderr.write(f"fit: training took {format_hms(time_us() - t_start_us)}\n")
         sys.stderr.flush()
     return history
+
+
+def _check_accumulate(accumulate, loss_type, dataset, comm):
+    """ValueError (TypeError for a non-str) unless fit can accumulate as asked:
+    "tokens" weighs the labelled positions of int32 class labels in cross-entropy."""
+    values = "expected 'batches' (ggml's: each micro-batch's mean loss weighs the same) or " \
+             "'tokens' (Trainer's: each labelled position of the step weighs the same)"
+    if not isinstance(accumulate, str):
+        raise TypeError(f"accumulate: {values}, got {type(accumulate).__name__}")
+    if accumulate not in ("batches", "tokens"):
+        raise ValueError(f"accumulate: {values}, got {accumulate!r}")
+    if accumulate == "batches":
+        return
+    if loss_type != LossType.CROSS_ENTROPY:
+        raise ValueError(f"accumulate: 'tokens' weighs the labelled positions of "
+                         f"cross-entropy's class labels; loss_type is {loss_type.name}: pass "
+                         "accumulate='batches'")
+    form = label_form(dataset)
+    if form not in ("classes", "sequence"):
+        raise ValueError(f"accumulate: 'tokens' counts labelled positions of int32 class "
+                         f"labels (-1 masking one); this dataset's labels are "
+                         f"{form or 'absent'}: pass accumulate='batches'")
+    if comm is not None:
+        # each rank sees only its share of a logical batch, not the step's count
+        raise ValueError("accumulate: 'tokens' is not supported with comm (the ranks would "
+                         "need the labelled positions of the whole logical batch); pass "
+                         "accumulate='batches'")
 
 
 def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False,
