@@ -1530,7 +1530,8 @@ def simd_info():
         "compiled": [p[0] for p in reversed(_paths()) if p[1]],
         "cpu": cpu,
         "active": ggmlopt_simd_active().decode(),
-        "override": _override,
+        # the path's name as use_simd reads it (" Scalar " pins "scalar")
+        "override": _override.strip().lower() if _override is not None else None,
     }
 
 

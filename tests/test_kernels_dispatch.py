@@ -87,7 +87,8 @@ def test_override_in_any_case(subprocess_env):
     # as GGMLOPT_GEMM's names: "AVX2" or " Scalar " pin the path, not an ImportError
     proc = run_python(PRINT_INFO, subprocess_env, GGMLOPT_SIMD=" Scalar ")
     assert proc.returncode == 0, proc.stderr
-    assert ast.literal_eval(proc.stdout.strip())["active"] == "scalar"
+    info = ast.literal_eval(proc.stdout.strip())
+    assert info["active"] == info["override"] == "scalar"
     previous = kernels.use_simd(kernels.simd_paths()[0].upper())
     try:
         assert kernels.simd_info()["active"] == kernels.simd_paths()[0]
