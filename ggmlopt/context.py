@@ -487,6 +487,7 @@ class OptContext:
         # micro-batch, _step_labelled (its labelled positions); see _token_weight
         self._accumulate = "batches"
         self._step_labelled: int | None = None
+        self._step_seen = 0   # the labelled positions of the step's micro-batches so far
 
     # ---- construction ---------------------------------------------------------------
 
