@@ -107,11 +107,16 @@ def _plateaus(work, per_round: int, rounds: int = 24, tail: int = 12) -> list[in
 
 
 def test_the_plateau_check_sees_a_leak():
-    # the control: work that keeps what it allocates each round is caught
+    # the control: work that keeps what it allocates each round is caught.  Its
+    # pages are mapped anew (an array could reuse the allocator's freed, still
+    # resident memory of earlier tests, which RSS does not see grow)
+    import mmap
     kept = []
 
     def leak():
-        kept.append(np.ones(1 << 20, np.float32))   # 4 MiB, touched
+        pages = mmap.mmap(-1, 4 << 20)
+        pages.write(b"\1" * (4 << 20))   # touched: resident
+        kept.append(pages)
 
     with pytest.raises(AssertionError, match="floor grew"):
         _plateaus(leak, 4 << 20, rounds=12, tail=8)
