@@ -207,7 +207,38 @@ class Cosine(Schedule):
         return _cosine(min(t - 1, self.total) / self.total, self.min_factor)
 
 
-class WarmupCosine(Schedule):
+class _Warmup(Schedule):
+    """A linear warmup over the first `warmup` steps or epochs, f(t) = t / warmup
+    (so f(1) = 1/warmup and f(warmup) = 1: no step has a zero rate), then a decay
+    from 1 at t = warmup + 1 to the end value at t = total + 1, the end value after:
+    a subclass gives the decay's shape (_decay of the fraction p done) and the name
+    of its end value's attribute (_end_name)."""
+
+    _end_name: str
+
+    def __init__(self, warmup: int, total: int, base: OptimizerParams | None,
+                 unit: str) -> None:
+        super().__init__(base, unit)
+        self.total = int_arg(total, "total", 1)
+        self.warmup = int_arg(warmup, "warmup", 0)
+        if self.warmup > self.total:
+            raise ValueError(f"warmup: expected at most total={self.total}, got {self.warmup}")
+
+    def _decay(self, p: float) -> float:
+        raise NotImplementedError
+
+    def factor(self, t: int) -> float:
+        if t <= self.warmup:
+            return t / self.warmup
+        end = getattr(self, self._end_name)
+        self._end_reached(t, self.total, end, self._end_name)
+        decay = self.total - self.warmup
+        if decay == 0:
+            return end
+        return self._decay(min(t - 1 - self.warmup, decay) / decay)
+
+
+class WarmupCosine(_Warmup):
     """WarmupCosine(warmup, total, min_factor=0.0, base=None, unit="epoch"):
     a linear warmup over the first `warmup` steps or epochs, then a cosine decay:
 
@@ -222,26 +253,18 @@ class WarmupCosine(Schedule):
     warmup: 0 <= warmup <= total.  total: int >= 1.  min_factor: 0 <= m <= 1.
     """
 
+    _end_name = "min_factor"
+
     def __init__(self, warmup: int, total: int, min_factor: float = 0.0,
                  base: OptimizerParams | None = None, unit: str = "epoch") -> None:
-        super().__init__(base, unit)
-        self.total = int_arg(total, "total", 1)
-        self.warmup = int_arg(warmup, "warmup", 0)
-        if self.warmup > self.total:
-            raise ValueError(f"warmup: expected at most total={self.total}, got {self.warmup}")
+        super().__init__(warmup, total, base, unit)
         self.min_factor = _real(min_factor, "min_factor", 0.0, maximum=1.0)
 
-    def factor(self, t: int) -> float:
-        if t <= self.warmup:
-            return t / self.warmup
-        self._end_reached(t, self.total, self.min_factor, "min_factor")
-        decay = self.total - self.warmup
-        if decay == 0:
-            return self.min_factor
-        return _cosine(min(t - 1 - self.warmup, decay) / decay, self.min_factor)
+    def _decay(self, p: float) -> float:
+        return _cosine(p, self.min_factor)
 
 
-class WarmupLinear(Schedule):
+class WarmupLinear(_Warmup):
     """WarmupLinear(warmup, total, end_factor=0.0, base=None, unit="epoch"):
     a linear warmup over the first `warmup` steps or epochs, then a linear decay:
 
@@ -259,23 +282,15 @@ class WarmupLinear(Schedule):
     warmup: 0 <= warmup <= total.  total: int >= 1.  end_factor: float >= 0.
     """
 
+    _end_name = "end_factor"
+
     def __init__(self, warmup: int, total: int, end_factor: float = 0.0,
                  base: OptimizerParams | None = None, unit: str = "epoch") -> None:
-        super().__init__(base, unit)
-        self.total = int_arg(total, "total", 1)
-        self.warmup = int_arg(warmup, "warmup", 0)
-        if self.warmup > self.total:
-            raise ValueError(f"warmup: expected at most total={self.total}, got {self.warmup}")
+        super().__init__(warmup, total, base, unit)
         self.end_factor = _real(end_factor, "end_factor", 0.0)
 
-    def factor(self, t: int) -> float:
-        if t <= self.warmup:
-            return t / self.warmup
-        self._end_reached(t, self.total, self.end_factor, "end_factor")
-        decay = self.total - self.warmup
-        if decay == 0:
-            return self.end_factor
-        return 1.0 + (self.end_factor - 1.0) * min(t - 1 - self.warmup, decay) / decay
+    def _decay(self, p: float) -> float:
+        return 1.0 + (self.end_factor - 1.0) * p
 
 
 # lower-case names, as the spec lists the schedules
