@@ -1439,13 +1439,30 @@ int ggmlopt_attention_forward_ranged_f32(int64_t batch, int64_t seq, int64_t n_h
                                          const float *v, int64_t v_stride, float *out,
                                          int64_t out_stride, float *lse,
                                          const int32_t *kv_start) {
+    return ggmlopt_attention_forward_capped_f32(batch, seq, n_heads, n_kv_heads, head_dim, q,
+                                                q_stride, k, k_stride, v, v_stride, out,
+                                                out_stride, lse, kv_start, 0.0f);
+}
+
+/* 0 (no cap) or a finite cap > 0 */
+static int attn_softcap_ok(float softcap) {
+    return softcap == 0.0f || (softcap > 0.0f && isfinite(softcap));
+}
+
+int ggmlopt_attention_forward_capped_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                         int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                         int64_t q_stride, const float *k, int64_t k_stride,
+                                         const float *v, int64_t v_stride, float *out,
+                                         int64_t out_stride, float *lse, const int32_t *kv_start,
+                                         float softcap) {
     if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
-    if (!attn_starts_ok(batch, seq, kv_start)) return -1;
+    if (!attn_starts_ok(batch, seq, kv_start) || !attn_softcap_ok(softcap)) return -1;
     if (batch == 0 || seq == 0) return 0;
     attn_job job;
     attn_job_init(&job, batch, seq, n_heads, n_kv_heads, head_dim, q, q_stride, k, k_stride, v,
                   v_stride, out, out_stride, lse);
     job.a.kv_start = kv_start;
+    job.a.softcap = softcap;
     job.rows = go_attn_forward_rows(head_dim);
     job.nblocks = (seq + job.rows - 1) / job.rows;
     attn_run(batch * n_heads * job.nblocks, batch * n_heads * seq * seq * head_dim,
@@ -1471,8 +1488,21 @@ int ggmlopt_attention_backward_ranged_f32(int64_t batch, int64_t seq, int64_t n_
                                           int64_t out_stride, const float *lse,
                                           const float *dout, float *dq, float *dk, float *dv,
                                           const int32_t *kv_start) {
+    return ggmlopt_attention_backward_capped_f32(batch, seq, n_heads, n_kv_heads, head_dim, q,
+                                                 q_stride, k, k_stride, v, v_stride, out,
+                                                 out_stride, lse, dout, dq, dk, dv, kv_start,
+                                                 0.0f);
+}
+
+int ggmlopt_attention_backward_capped_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                          int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                          int64_t q_stride, const float *k, int64_t k_stride,
+                                          const float *v, int64_t v_stride, const float *out,
+                                          int64_t out_stride, const float *lse,
+                                          const float *dout, float *dq, float *dk, float *dv,
+                                          const int32_t *kv_start, float softcap) {
     if (!attn_shape_ok(batch, seq, n_heads, n_kv_heads, head_dim)) return -1;
-    if (!attn_starts_ok(batch, seq, kv_start)) return -1;
+    if (!attn_starts_ok(batch, seq, kv_start) || !attn_softcap_ok(softcap)) return -1;
     if (batch == 0 || seq == 0) return 0;
     attn_job job;
     /* out and lse are only read in the backward */
@@ -1480,6 +1510,7 @@ int ggmlopt_attention_backward_ranged_f32(int64_t batch, int64_t seq, int64_t n_
                   v_stride, (float *)out, out_stride, (float *)lse);
     job.a.dout = dout;
     job.a.kv_start = kv_start;
+    job.a.softcap = softcap;
     job.a.dq = dq;
     job.a.dk = dk;
     job.a.dv = dv;
@@ -1497,15 +1528,23 @@ int ggmlopt_attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_he
                                  int64_t head_dim, int64_t length, const float *q,
                                  const float *k, const float *v, int64_t kv_item_stride,
                                  float *out, float *scores, float scale) {
+    return ggmlopt_attention_decode_capped_f32(batch, n_heads, n_kv_heads, head_dim, length, q, k,
+                                               v, kv_item_stride, out, scores, scale, 0.0f);
+}
+
+int ggmlopt_attention_decode_capped_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads,
+                                        int64_t head_dim, int64_t length, const float *q,
+                                        const float *k, const float *v, int64_t kv_item_stride,
+                                        float *out, float *scores, float scale, float softcap) {
     if (batch < 0 || n_heads < 1 || n_kv_heads < 1 || n_heads % n_kv_heads != 0 ||
-        head_dim < 1 || length < 1)
+        head_dim < 1 || length < 1 || !attn_softcap_ok(softcap))
         return -1;
     /* a step's heads are a few thousand multiply-adds each: one thread, no wake-ups */
     for (int64_t b = 0; b < batch; ++b) {
         const go_attn_decode_args a = {n_heads, n_kv_heads, head_dim, length,
                                        n_kv_heads * head_dim, q + b * n_heads * head_dim,
                                        k + b * kv_item_stride, v + b * kv_item_stride,
-                                       out + b * n_heads * head_dim, scores, scale};
+                                       out + b * n_heads * head_dim, scores, scale, softcap};
         kernels()->attention_decode_f32(&a, 0, n_heads);
     }
     return 0;

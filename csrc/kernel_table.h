@@ -61,6 +61,8 @@ typedef struct {
      * kv_start[b * seq + i] .. i (0 <= kv_start[i] <= i, non-decreasing in i):
      * documents packed into one window, or a sliding window */
     const int32_t *kv_start;
+    /* 0, or Gemma 2's soft cap c on the scores: s -> c * tanh(s / c) */
+    float softcap;
 } go_attn_args;
 
 /* One new query per head (a decode step) over `length` cached keys and values:
@@ -73,6 +75,7 @@ typedef struct {
     const float *q, *k, *v;
     float *out, *scores;
     float scale;
+    float softcap; /* 0, or the scores' soft cap (as go_attn_args) */
 } go_attn_decode_args;
 
 /* keys per tile (forward, backward), query rows per backward block, the widest head */

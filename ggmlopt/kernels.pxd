@@ -163,6 +163,25 @@ cdef int attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads
                               int64_t head_dim, int64_t length, const float *q, const float *k,
                               const float *v, int64_t kv_item_stride, float *out, float *scores,
                               float scale) noexcept nogil
+# the ranged ones and the decode step with Gemma 2's soft cap on the scores (0: none)
+cdef int attention_forward_capped_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                      int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                      int64_t q_stride, const float *k, int64_t k_stride,
+                                      const float *v, int64_t v_stride, float *out,
+                                      int64_t out_stride, float *lse, const int32_t *kv_start,
+                                      float softcap) noexcept nogil
+cdef int attention_backward_capped_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                       int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                       int64_t q_stride, const float *k, int64_t k_stride,
+                                       const float *v, int64_t v_stride, const float *out,
+                                       int64_t out_stride, const float *lse, const float *dout,
+                                       float *dq, float *dk, float *dv, const int32_t *kv_start,
+                                       float softcap) noexcept nogil
+cdef int attention_decode_capped_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads,
+                                     int64_t head_dim, int64_t length, const float *q,
+                                     const float *k, const float *v, int64_t kv_item_stride,
+                                     float *out, float *scores, float scale,
+                                     float softcap) noexcept nogil
 # GGUF block types (see ggmlopt.h; wrapped in kernels_quant)
 cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil
 cdef int dequantize_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const uint8_t *src,

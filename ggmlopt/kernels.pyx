@@ -1695,6 +1695,25 @@ cdef extern from "ggmlopt.h" nogil:
                                      int64_t head_dim, int64_t length, const float *q,
                                      const float *k, const float *v, int64_t kv_item_stride,
                                      float *out, float *scores, float scale)
+    int ggmlopt_attention_forward_capped_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                             int64_t n_kv_heads, int64_t head_dim,
+                                             const float *q, int64_t q_stride, const float *k,
+                                             int64_t k_stride, const float *v, int64_t v_stride,
+                                             float *out, int64_t out_stride, float *lse,
+                                             const int32_t *kv_start, float softcap)
+    int ggmlopt_attention_backward_capped_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                              int64_t n_kv_heads, int64_t head_dim,
+                                              const float *q, int64_t q_stride, const float *k,
+                                              int64_t k_stride, const float *v,
+                                              int64_t v_stride, const float *out,
+                                              int64_t out_stride, const float *lse,
+                                              const float *dout, float *dq, float *dk,
+                                              float *dv, const int32_t *kv_start, float softcap)
+    int ggmlopt_attention_decode_capped_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads,
+                                            int64_t head_dim, int64_t length, const float *q,
+                                            const float *k, const float *v,
+                                            int64_t kv_item_stride, float *out, float *scores,
+                                            float scale, float softcap)
 
 
 cdef int attention_forward_f32(int64_t batch, int64_t seq, int64_t n_heads, int64_t n_kv_heads,
@@ -1749,6 +1768,36 @@ cdef int attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads
                               float scale) noexcept nogil:
     return ggmlopt_attention_decode_f32(batch, n_heads, n_kv_heads, head_dim, length, q, k, v,
                                         kv_item_stride, out, scores, scale)
+
+cdef int attention_forward_capped_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                      int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                      int64_t q_stride, const float *k, int64_t k_stride,
+                                      const float *v, int64_t v_stride, float *out,
+                                      int64_t out_stride, float *lse, const int32_t *kv_start,
+                                      float softcap) noexcept nogil:
+    return ggmlopt_attention_forward_capped_f32(batch, seq, n_heads, n_kv_heads, head_dim, q,
+                                                q_stride, k, k_stride, v, v_stride, out,
+                                                out_stride, lse, kv_start, softcap)
+
+cdef int attention_backward_capped_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                       int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                       int64_t q_stride, const float *k, int64_t k_stride,
+                                       const float *v, int64_t v_stride, const float *out,
+                                       int64_t out_stride, const float *lse, const float *dout,
+                                       float *dq, float *dk, float *dv, const int32_t *kv_start,
+                                       float softcap) noexcept nogil:
+    return ggmlopt_attention_backward_capped_f32(batch, seq, n_heads, n_kv_heads, head_dim, q,
+                                                 q_stride, k, k_stride, v, v_stride, out,
+                                                 out_stride, lse, dout, dq, dk, dv, kv_start,
+                                                 softcap)
+
+cdef int attention_decode_capped_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads,
+                                     int64_t head_dim, int64_t length, const float *q,
+                                     const float *k, const float *v, int64_t kv_item_stride,
+                                     float *out, float *scores, float scale,
+                                     float softcap) noexcept nogil:
+    return ggmlopt_attention_decode_capped_f32(batch, n_heads, n_kv_heads, head_dim, length, q,
+                                               k, v, kv_item_stride, out, scores, scale, softcap)
 
 
 cdef extern from "ggmlopt.h" nogil:

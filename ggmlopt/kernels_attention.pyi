@@ -11,6 +11,7 @@ def attention_forward(
     out: npt.NDArray[np.float32] | None = ...,
     lse: npt.NDArray[np.float32] | None = ...,
     kv_start: npt.NDArray[np.int32] | None = ...,
+    softcap: float | None = ...,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 def document_starts(doc_ids: npt.ArrayLike) -> npt.NDArray[np.int32]: ...
 def window_starts(batch: int, t: int, window: int) -> npt.NDArray[np.int32]: ...
@@ -25,6 +26,7 @@ def attention_backward(
     dk: npt.NDArray[np.float32] | None = ...,
     dv: npt.NDArray[np.float32] | None = ...,
     kv_start: npt.NDArray[np.int32] | None = ...,
+    softcap: float | None = ...,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 def attention_forward_qkv(
     qkv: npt.NDArray[np.float32],
@@ -33,6 +35,7 @@ def attention_forward_qkv(
     out: npt.NDArray[np.float32] | None = ...,
     lse: npt.NDArray[np.float32] | None = ...,
     kv_start: npt.NDArray[np.int32] | None = ...,
+    softcap: float | None = ...,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 def attention_backward_qkv(
     qkv: npt.NDArray[np.float32],
@@ -43,6 +46,7 @@ def attention_backward_qkv(
     n_kv_heads: int | None = ...,
     dqkv: npt.NDArray[np.float32] | None = ...,
     kv_start: npt.NDArray[np.int32] | None = ...,
+    softcap: float | None = ...,
 ) -> npt.NDArray[np.float32]: ...
 def rope(
     x: npt.NDArray[np.float32],
@@ -63,4 +67,5 @@ def attention_decode(
     length: int,
     out: npt.NDArray[np.float32] | None = ...,
     start: int = ...,
+    softcap: float | None = ...,
 ) -> npt.NDArray[np.float32]: ...

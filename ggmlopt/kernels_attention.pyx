@@ -18,10 +18,11 @@ from ggmlopt._kernel_args cimport as_array as _array
 from ggmlopt._kernel_args cimport f32_ptr as _f32
 from ggmlopt._kernel_args cimport outputs_apart as _outputs_apart
 from ggmlopt.kernels cimport attention_backward_f32 as _attention_backward
-from ggmlopt.kernels cimport attention_backward_ranged_f32 as _attention_backward_ranged
+from ggmlopt.kernels cimport attention_backward_capped_f32 as _attention_backward_capped
 from ggmlopt.kernels cimport attention_forward_f32 as _attention_forward
-from ggmlopt.kernels cimport attention_forward_ranged_f32 as _attention_forward_ranged
+from ggmlopt.kernels cimport attention_decode_capped_f32 as _attention_decode_capped
 from ggmlopt.kernels cimport attention_decode_f32 as _attention_decode
+from ggmlopt.kernels cimport attention_forward_capped_f32 as _attention_forward_capped
 from ggmlopt.kernels cimport rope_f32 as _rope
 
 cnp.import_array()
@@ -94,6 +95,17 @@ cdef cnp.ndarray _out(object out, tuple shape, str name):
     return ao
 
 
+cdef float _softcap(object softcap) except -1.0:
+    """0 for None, else the cap: a finite real number > 0."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, (bool, str, bytes)) or not isinstance(softcap, (int, float, np.number)):
+        raise TypeError(f"softcap: expected None or a real number, got {type(softcap).__name__}")
+    if not (np.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap: expected None or a finite number > 0, got {softcap}")
+    return <float>softcap
+
+
 cdef tuple _qkv_shapes(object q, object k, object v):
     cdef cnp.ndarray aq = _array(q, "q", np.float32, False)
     cdef cnp.ndarray ak = _array(k, "k", np.float32, False)
@@ -113,7 +125,7 @@ cdef tuple _qkv_shapes(object q, object k, object v):
     return aq, ak, av, b, t, hq, ks[2], d
 
 
-def attention_forward(q, k, v, out=None, lse=None, kv_start=None):
+def attention_forward(q, k, v, out=None, lse=None, kv_start=None, softcap=None):
     """Causal scaled dot-product attention with grouped-query heads.
 
     q: float32 (batch, T, n_heads, head_dim); k, v: float32 (batch, T,
@@ -130,13 +142,16 @@ def attention_forward(q, k, v, out=None, lse=None, kv_start=None):
     (``window_starts``); the work follows the keys seen.  The keys before a
     row's first are masked by exact zeros: exact for finite inputs, but an inf
     or NaN in a key or value a row cannot see reaches it as NaN.
+    softcap: None, or Gemma 2's cap c > 0: each score s becomes c * tanh(s / c)
+    before the softmax (transformers' attn_logit_softcapping).
     """
+    cdef float cap = _softcap(softcap)
     aq, ak, av, b, t, hq, hkv, d = _qkv_shapes(q, k, v)
     cdef cnp.ndarray ao = _out(out, (b, t, hq, d), "out")
     cdef cnp.ndarray al = _out(lse, (b, hq, t), "lse")
     starts = _starts(kv_start, b, t)
     _outputs_apart([("q", aq), ("k", ak), ("v", av)], [("out", ao), ("lse", al)])
-    _forward(b, t, hq, hkv, d, aq, hq * d, ak, hkv * d, av, hkv * d, ao, al, starts)
+    _forward(b, t, hq, hkv, d, aq, hq * d, ak, hkv * d, av, hkv * d, ao, al, starts, cap)
     return ao, al
 
 
@@ -187,7 +202,7 @@ def window_starts(batch, t, window):
 
 cdef _forward(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, cnp.ndarray aq,
               int64_t qs, cnp.ndarray ak, int64_t ks, cnp.ndarray av, int64_t vs,
-              cnp.ndarray ao, cnp.ndarray al, object starts=None):
+              cnp.ndarray ao, cnp.ndarray al, object starts=None, float cap=0.0):
     cdef const float *pq = _f32(aq)
     cdef const float *pk = _f32(ak)
     cdef const float *pv = _f32(av)
@@ -200,18 +215,21 @@ cdef _forward(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, cnp.ndar
         pk = pq + hq * d
         pv = pk + hkv * d
     with nogil:
-        _attention_forward_ranged(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl, pst)
+        _attention_forward_capped(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl, pst,
+                                  cap)
 
 
-def attention_backward(q, k, v, out, lse, grad_out, dq=None, dk=None, dv=None, kv_start=None):
+def attention_backward(q, k, v, out, lse, grad_out, dq=None, dk=None, dv=None, kv_start=None,
+                       softcap=None):
     """Gradients of attention_forward for grad_out = d loss / d out.
 
     q, k, v, out, lse: the forward's inputs and outputs (shapes as there);
     grad_out: float32 like out.  Returns (dq, dk, dv), float32 like q, k, v
     (for grouped heads dk, dv summed over the query heads of each group),
     written (not added to); any may be given.  Deterministic: the same bits
-    for any number of threads.  kv_start: the forward's.
+    for any number of threads.  kv_start, softcap: the forward's.
     """
+    cdef float cap = _softcap(softcap)
     aq, ak, av, b, t, hq, hkv, d = _qkv_shapes(q, k, v)
     cdef cnp.ndarray ao = _array(out, "out", np.float32, False)
     cdef cnp.ndarray al = _array(lse, "lse", np.float32, False)
@@ -230,14 +248,14 @@ def attention_backward(q, k, v, out, lse, grad_out, dq=None, dk=None, dv=None, k
                     ("grad_out", ag)], [("dq", adq), ("dk", adk), ("dv", adv)])
     starts = _starts(kv_start, b, t)
     _backward(b, t, hq, hkv, d, aq, hq * d, ak, hkv * d, av, hkv * d, ao, al, ag, adq, adk, adv,
-              starts)
+              starts, cap)
     return adq, adk, adv
 
 
 cdef _backward(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, cnp.ndarray aq,
                int64_t qs, cnp.ndarray ak, int64_t ks, cnp.ndarray av, int64_t vs,
                cnp.ndarray ao, cnp.ndarray al, cnp.ndarray ag, cnp.ndarray adq,
-               cnp.ndarray adk, cnp.ndarray adv, object starts=None):
+               cnp.ndarray adk, cnp.ndarray adv, object starts=None, float cap=0.0):
     cdef const float *pq = _f32(aq)
     cdef const float *pk = _f32(ak)
     cdef const float *pv = _f32(av)
@@ -256,8 +274,8 @@ cdef _backward(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, cnp.nda
     if starts is not None:
         pst = <const int32_t *>cnp.PyArray_DATA(<cnp.ndarray>starts)
     with nogil:
-        _attention_backward_ranged(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl, pg,
-                                   pdq, pdk, pdv, pst)
+        _attention_backward_capped(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl, pg,
+                                   pdq, pdk, pdv, pst, cap)
 
 
 cdef tuple _fused_shape(cnp.ndarray a, int64_t hq, int64_t hkv):
@@ -281,11 +299,13 @@ cdef tuple _fused_heads(object n_heads, object n_kv_heads):
     return hq, hkv
 
 
-def attention_forward_qkv(qkv, n_heads, n_kv_heads=None, out=None, lse=None, kv_start=None):
+def attention_forward_qkv(qkv, n_heads, n_kv_heads=None, out=None, lse=None, kv_start=None,
+                          softcap=None):
     """attention_forward on fused rows: qkv float32 (batch, T, (n_heads + 2 *
     n_kv_heads) * head_dim), each row q | k | v (GPT-2's c_attn output, read in
     place).  n_kv_heads defaults to n_heads.  Returns (out (batch, T, n_heads,
-    head_dim), lse (batch, n_heads, T)).  kv_start: as attention_forward's."""
+    head_dim), lse (batch, n_heads, T)).  kv_start, softcap: as attention_forward's."""
+    cdef float cap = _softcap(softcap)
     hq, hkv = _fused_heads(n_heads, n_kv_heads)
     cdef cnp.ndarray a = _array(qkv, "qkv", np.float32, False)
     b, t, d = _fused_shape(a, hq, hkv)
@@ -294,14 +314,15 @@ def attention_forward_qkv(qkv, n_heads, n_kv_heads=None, out=None, lse=None, kv_
     starts = _starts(kv_start, b, t)
     _outputs_apart([("qkv", a)], [("out", ao), ("lse", al)])
     cdef int64_t w = (hq + 2 * hkv) * d
-    _forward(b, t, hq, hkv, d, a, w, a, w, a, w, ao, al, starts)
+    _forward(b, t, hq, hkv, d, a, w, a, w, a, w, ao, al, starts, cap)
     return ao, al
 
 
 def attention_backward_qkv(qkv, n_heads, out, lse, grad_out, n_kv_heads=None, dqkv=None,
-                           kv_start=None):
+                           kv_start=None, softcap=None):
     """attention_backward on fused rows: returns dqkv, float32 like qkv, each
-    row dq | dk | dv (written, not added to).  kv_start: the forward's."""
+    row dq | dk | dv (written, not added to).  kv_start, softcap: the forward's."""
+    cdef float cap = _softcap(softcap)
     hq, hkv = _fused_heads(n_heads, n_kv_heads)
     cdef cnp.ndarray a = _array(qkv, "qkv", np.float32, False)
     b, t, d = _fused_shape(a, hq, hkv)
@@ -319,7 +340,7 @@ def attention_backward_qkv(qkv, n_heads, out, lse, grad_out, n_kv_heads=None, dq
     _outputs_apart([("qkv", a), ("out", ao), ("lse", al), ("grad_out", ag)], [("dqkv", ad)])
     starts = _starts(kv_start, b, t)
     cdef int64_t w = (hq + 2 * hkv) * d
-    _backward(b, t, hq, hkv, d, a, w, a, w, a, w, ao, al, ag, ad, ad, ad, starts)
+    _backward(b, t, hq, hkv, d, a, w, a, w, a, w, ao, al, ag, ad, ad, ad, starts, cap)
     return ad
 
 
@@ -384,14 +405,16 @@ def rope_table(head_dim, n_positions, base=10000.0):
     return np.cos(angles64).astype(np.float32), np.sin(angles64).astype(np.float32)
 
 
-def attention_decode(q, cache_k, cache_v, length, out=None, start=0):
+def attention_decode(q, cache_k, cache_v, length, out=None, start=0, softcap=None):
     """One decode step's attention over a key/value cache: q float32 (batch,
     n_heads, head_dim), one new query per head; cache_k, cache_v float32
     (batch, max_len, n_kv_heads, head_dim), of which positions 0 .. length-1
     are read (the new one's key and value among them), or positions start ..
     length-1 (a sliding window); query head h reads kv head h // (n_heads //
     n_kv_heads).  out (batch, n_heads * head_dim) = softmax(q . k_l /
-    sqrt(head_dim)) weighting v_l, into out when given.  Returns out."""
+    sqrt(head_dim)) weighting v_l, into out when given; softcap: as
+    attention_forward's.  Returns out."""
+    cdef float cap = _softcap(softcap)
     cdef cnp.ndarray aq = _array(q, "q", np.float32, False)
     cdef cnp.ndarray ak = _array(cache_k, "cache_k", np.float32, False)
     cdef cnp.ndarray av = _array(cache_v, "cache_v", np.float32, False)
@@ -427,5 +450,6 @@ def attention_decode(q, cache_k, cache_v, length, out=None, start=0):
     cdef float *ps = <float *>cnp.PyArray_DATA(scores)
     if b:
         with nogil:
-            _attention_decode(bb, h, hk, hd, n - first, pq, pk, pv, item, po, ps, scale)
+            _attention_decode_capped(bb, h, hk, hd, n - first, pq, pk, pv, item, po, ps, scale,
+                                     cap)
     return ao

@@ -15,6 +15,7 @@
 typedef struct {
     int64_t b, t, h, hkv, d;
     const int32_t *starts; /* NULL, or (b, t) first keys (the kernels' kv_start) */
+    float softcap;         /* 0, or the scores' soft cap */
 } attn_shape;
 
 static int64_t q_size(const attn_shape *s) { return s->b * s->t * s->h * s->d; }
@@ -28,6 +29,8 @@ static void attention_ref(const attn_shape *s, const float *q, const float *k, c
     const int64_t T = s->t, D = s->d, H = s->h, HK = s->hkv, group = H / HK;
     const double scale = 1.0 / sqrt((double)D);
     double *p = malloc(sizeof(double) * (size_t)T), *ds = malloc(sizeof(double) * (size_t)T);
+    double *slope = malloc(sizeof(double) * (size_t)T); /* d capped / d score */
+    const double cap = s->softcap;
     *smax = 0.0;
     for (int64_t i = 0; i < kv_size(s); ++i) dk[i] = dv[i] = 0.0;
     for (int64_t b = 0; b < s->b; ++b)
@@ -46,6 +49,12 @@ static void attention_ref(const attn_shape *s, const float *q, const float *k, c
                         mag += fabs((double)QA(q, i)[c] * KA(k, j)[c]);
                     }
                     p[j] = acc * scale;
+                    slope[j] = 1.0;
+                    if (cap > 0.0) {
+                        const double t = tanh(p[j] / cap);
+                        p[j] = cap * t;
+                        slope[j] = 1.0 - t * t;
+                    }
                     if (isnan(p[j])) nan = 1;
                     if (p[j] > m) m = p[j];
                     if (mag * scale > sabs) sabs = mag * scale;
@@ -71,7 +80,7 @@ static void attention_ref(const attn_shape *s, const float *q, const float *k, c
                 for (int64_t j = j0; j <= i; ++j) {
                     double dp = 0.0;
                     for (int64_t c = 0; c < D; ++c) dp += (double)QA(dout, i)[c] * KA(v, j)[c];
-                    ds[j] = p[j] * (dp - delta) * scale;
+                    ds[j] = p[j] * (dp - delta) * slope[j] * scale;
                 }
                 for (int64_t c = 0; c < D; ++c) {
                     double acc = 0.0;
@@ -89,6 +98,7 @@ static void attention_ref(const attn_shape *s, const float *q, const float *k, c
         }
     free(p);
     free(ds);
+    free(slope);
 }
 
 /* The table's kernels over the whole problem, in the dispatcher's items. */
@@ -111,6 +121,7 @@ static void run_forward(const ggmlopt_kernel_table *k, const attn_shape *s, cons
     a.lse = lse;
     a.scale = (float)(1.0 / sqrt((double)s->d));
     a.kv_start = s->starts;
+    a.softcap = s->softcap;
     const int64_t rows = go_attn_forward_rows(s->d);
     for (int64_t b = 0; b < s->b; ++b)
         for (int64_t h = 0; h < s->h; ++h)
@@ -142,6 +153,7 @@ static void run_backward(const ggmlopt_kernel_table *k, const attn_shape *s, con
     a.dv = dv;
     a.scale = (float)(1.0 / sqrt((double)s->d));
     a.kv_start = s->starts;
+    a.softcap = s->softcap;
     for (int64_t b = 0; b < s->b; ++b)
         for (int64_t g = 0; g < s->hkv; ++g) k->attention_backward_f32(&a, b, g);
 }
@@ -168,10 +180,10 @@ static void expect_all(th_miss *m, const char *what, const float *got, const dou
 static void test_one(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar,
                      const attn_shape *s, float magnitude, int specials) {
     char ctx[200];
-    snprintf(ctx, sizeof ctx, "attention[%s] b=%lld t=%lld h=%lld kv=%lld d=%lld mag=%g%s%s",
+    snprintf(ctx, sizeof ctx, "attention[%s] b=%lld t=%lld h=%lld kv=%lld d=%lld mag=%g%s%s cap=%g",
              k->name, (long long)s->b, (long long)s->t, (long long)s->h, (long long)s->hkv,
              (long long)s->d, magnitude, specials ? " nan/inf" : "",
-             s->starts ? " kv_start" : "");
+             s->starts ? " kv_start" : "", (double)s->softcap);
     th_set_stage("%s", ctx);
     const int64_t nq = q_size(s), nkv = kv_size(s), nl = s->b * s->h * s->t;
     float *q = th_rand_f32(nq, 1, -magnitude, magnitude);
@@ -188,6 +200,9 @@ static void test_one(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *
     double *rdq = malloc(sizeof(double) * (size_t)nq), *rdk = malloc(sizeof(double) * (size_t)nkv);
     double *rdv = malloc(sizeof(double) * (size_t)nkv), smax;
     attention_ref(s, q, kk, v, specials ? NULL : dout, ro, rl, rdq, rdk, rdv, &smax);
+    /* a capped score: its tanh within a few ulps of the cap (the score's own
+     * rounding only shrinks through the cap's slope <= 1) */
+    smax += 4.0 * s->softcap;
     run_forward(k, s, q, kk, v, out, lse);
     th_miss m = TH_MISS_INIT;
     if (specials) {
@@ -288,10 +303,10 @@ static void test_rope(const ggmlopt_kernel_table *k, int64_t d, int64_t pos0, in
  * a float64 softmax-weighted sum; head 0's output untouched. */
 #define U (1.0 / 16777216.0)
 static void test_decode(const ggmlopt_kernel_table *k, int64_t nh, int64_t nkv, int64_t d,
-                        int64_t length) {
+                        int64_t length, float cap) {
     char ctx[160];
-    snprintf(ctx, sizeof ctx, "attention_decode_f32[%s] heads %lld/%lld d=%lld length=%lld",
-             k->name, (long long)nh, (long long)nkv, (long long)d, (long long)length);
+    snprintf(ctx, sizeof ctx, "attention_decode_f32[%s] heads %lld/%lld d=%lld length=%lld cap=%g",
+             k->name, (long long)nh, (long long)nkv, (long long)d, (long long)length, (double)cap);
     th_set_stage("%s", ctx);
     const int64_t max_len = length + 3, stride = nkv * d;
     const float *q = th_rand_f32(nh * d, 1, -2.0f, 2.0f);
@@ -301,7 +316,7 @@ static void test_decode(const ggmlopt_kernel_table *k, int64_t nh, int64_t nkv, 
     float *out = th_alloc(4, nh * d, 0), *scores = th_alloc(4, nh * length, 1);
     for (int64_t i = 0; i < d; ++i) out[i] = 7.0f;
     const go_attn_decode_args a = {nh, nkv, d, length, stride, q, kc, vc, out, scores,
-                                   (float)(1.0 / sqrt((double)d))};
+                                   (float)(1.0 / sqrt((double)d)), cap};
     k->attention_decode_f32(&a, 1, nh);
     th_miss m = TH_MISS_INIT;
     for (int64_t i = 0; i < d; ++i) th_expect_bits(&m, "head 0 (not asked)", i, out[i], 7.0f);
@@ -313,6 +328,7 @@ static void test_decode(const ggmlopt_kernel_table *k, int64_t nh, int64_t nkv, 
             double dot = 0.0;
             for (int64_t i = 0; i < d; ++i) dot += (double)q[h * d + i] * kc[l * stride + g * d + i];
             p[l] = dot / sqrt((double)d);
+            if (cap > 0.0f) p[l] = cap * tanh(p[l] / cap);
             if (p[l] > mx) mx = p[l];
         }
         for (int64_t l = 0; l < length; ++l) sum += (p[l] = exp(p[l] - mx));
@@ -340,7 +356,7 @@ static void test_ranged(const ggmlopt_kernel_table *k, const ggmlopt_kernel_tabl
             for (int64_t r = 0; r < b; ++r)
                 for (int64_t i = 0; i < t; ++i)
                     starts[r * t + i] = (int32_t)(i - W[wi] + 1 > 0 ? i - W[wi] + 1 : 0);
-            const attn_shape s = {b, t, 4, 2, 16, starts};
+            const attn_shape s = {b, t, 4, 2, 16, starts, 0.0f};
             test_one(k, scalar, &s, 1.0f, 0);
         }
         for (int64_t r = 0; r < b; ++r) {   /* documents: a new one with probability 1/9 */
@@ -350,8 +366,28 @@ static void test_ranged(const ggmlopt_kernel_table *k, const ggmlopt_kernel_tabl
                 starts[r * t + i] = start;
             }
         }
-        const attn_shape docs = {b, t, 4, 1, 9, starts};
+        const attn_shape docs = {b, t, 4, 1, 9, starts, 0.0f};
         test_one(k, scalar, &docs, 1.0f, 0);
+        th_release_all();
+    }
+}
+
+/* Gemma 2's soft cap on the scores: caps below, near and above the scores'
+ * range, plain, grouped, windowed and packed rows, forward and backward. */
+static void test_capped(const ggmlopt_kernel_table *k, const ggmlopt_kernel_table *scalar) {
+    static const float CAP[] = {0.5f, 3.0f, 50.0f};
+    for (size_t ci = 0; ci < sizeof CAP / sizeof CAP[0]; ++ci) {
+        const attn_shape plain = {2, 70, 4, 2, 24, NULL, CAP[ci]};
+        const attn_shape odd = {1, 33, 3, 1, 9, NULL, CAP[ci]};
+        test_one(k, scalar, &plain, 4.0f, 0);
+        test_one(k, scalar, &odd, 1.0f, 0);
+        th_release_all();
+        const int64_t b = 2, t = 70;
+        int32_t *starts = (int32_t *)th_alloc(4, b * t, 0);
+        for (int64_t r = 0; r < b; ++r)
+            for (int64_t i = 0; i < t; ++i) starts[r * t + i] = (int32_t)(i - 32 > 0 ? i - 32 : 0);
+        const attn_shape window = {b, t, 4, 1, 16, starts, CAP[ci]};
+        test_one(k, scalar, &window, 4.0f, 0);
         th_release_all();
     }
 }
@@ -363,11 +399,11 @@ void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_
     for (size_t ti = 0; ti < sizeof T / sizeof T[0]; ++ti)
         for (size_t di = 0; di < sizeof D / sizeof D[0]; ++di) {
             const attn_shape s = {ti % 2 ? 2 : 1, T[ti], 4, di % 3 == 0 ? 1 : di % 3 == 1 ? 2 : 4,
-                                  D[di], NULL};
+                                  D[di], NULL, 0.0f};
             test_one(k, scalar, &s, 1.0f, 0);
             th_release_all();
         }
-    const attn_shape wide = {1, 40, 2, 1, 256, NULL}, big = {1, 300, 2, 2, 32, NULL};
+    const attn_shape wide = {1, 40, 2, 1, 256, NULL, 0.0f}, big = {1, 300, 2, 2, 32, NULL, 0.0f};
     test_one(k, scalar, &wide, 1.0f, 0);
     test_one(k, scalar, &big, 1.0f, 0);
     th_release_all();
@@ -375,11 +411,11 @@ void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_
      * (stories15M's 48, Phi-2's 80): the accumulations' narrow tails */
     static const int64_t TAIL_D[] = {12, 24, 48, 56, 80};
     for (size_t di = 0; di < sizeof TAIL_D / sizeof TAIL_D[0]; ++di) {
-        const attn_shape s = {2, 37, 4, di % 2 ? 2 : 1, TAIL_D[di], NULL};
+        const attn_shape s = {2, 37, 4, di % 2 ? 2 : 1, TAIL_D[di], NULL, 0.0f};
         test_one(k, scalar, &s, 1.0f, 0);
         th_release_all();
     }
-    const attn_shape mid = {2, 45, 2, 1, 16, NULL};
+    const attn_shape mid = {2, 45, 2, 1, 16, NULL, 0.0f};
     test_one(k, scalar, &mid, 30.0f, 0); /* scores up to a few thousand */
     test_one(k, scalar, &mid, 1.0f, 1);
     th_release_all();
@@ -387,9 +423,11 @@ void test_attention_kernels(const ggmlopt_kernel_table *k, const ggmlopt_kernel_
     static const int64_t DD[][4] = {{9, 3, 64, 80}, {4, 4, 17, 1}, {8, 2, 7, 33},
                                     {2, 1, 128, 130}, {3, 1, 1, 5}};
     for (size_t i = 0; i < sizeof DD / sizeof DD[0]; ++i) {
-        test_decode(k, DD[i][0], DD[i][1], DD[i][2], DD[i][3]);
+        test_decode(k, DD[i][0], DD[i][1], DD[i][2], DD[i][3], 0.0f);
+        test_decode(k, DD[i][0], DD[i][1], DD[i][2], DD[i][3], 1.5f);  /* scores up to ~2 sqrt(d) */
         th_release_all();
     }
+    test_capped(k, scalar);
     static const int64_t RD[] = {2, 6, 8, 16, 18, 34, 64, 128};
     for (size_t i = 0; i < sizeof RD / sizeof RD[0]; ++i)
         for (int inverse = 0; inverse <= 1; ++inverse) {
@@ -412,7 +450,7 @@ static void random_inputs(const attn_shape *s, float **q, float **k, float **v, 
 void test_attention_public(void) {
     th_set_stage("attention public api");
     th_seed(0xa77f);
-    const attn_shape s = {3, 150, 4, 2, 24, NULL};
+    const attn_shape s = {3, 150, 4, 2, 24, NULL, 0.0f};
     const int64_t nq = q_size(&s), nkv = kv_size(&s), nl = s.b * s.h * s.t;
     float *q, *kk, *v, *dout;
     random_inputs(&s, &q, &kk, &v, &dout);
@@ -466,7 +504,7 @@ void test_attention_public(void) {
 void test_attention_public_waves(void) {
     th_set_stage("attention backward in waves");
     th_seed(0x3a7e);
-    const attn_shape s = {1, 301, 6, 3, 40, NULL};
+    const attn_shape s = {1, 301, 6, 3, 40, NULL, 0.0f};
     const int64_t nq = q_size(&s), nkv = kv_size(&s), nl = s.b * s.h * s.t;
     float *q, *kk, *v, *dout;
     random_inputs(&s, &q, &kk, &v, &dout);

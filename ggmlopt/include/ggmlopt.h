@@ -379,6 +379,23 @@ int ggmlopt_attention_backward_ranged_f32(int64_t batch, int64_t seq, int64_t n_
                                           int64_t out_stride, const float *lse,
                                           const float *dout, float *dq, float *dk, float *dv,
                                           const int32_t *kv_start);
+/* The two above with Gemma 2's soft cap on the scores: softcap 0 (none, the
+ * same as above) or c > 0, each score s becoming c * tanh(s / c) before the
+ * softmax (the backward through the cap's slope); -1 for a cap that is
+ * negative or not finite. */
+int ggmlopt_attention_forward_capped_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                         int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                         int64_t q_stride, const float *k, int64_t k_stride,
+                                         const float *v, int64_t v_stride, float *out,
+                                         int64_t out_stride, float *lse, const int32_t *kv_start,
+                                         float softcap);
+int ggmlopt_attention_backward_capped_f32(int64_t batch, int64_t seq, int64_t n_heads,
+                                          int64_t n_kv_heads, int64_t head_dim, const float *q,
+                                          int64_t q_stride, const float *k, int64_t k_stride,
+                                          const float *v, int64_t v_stride, const float *out,
+                                          int64_t out_stride, const float *lse,
+                                          const float *dout, float *dq, float *dk, float *dv,
+                                          const int32_t *kv_start, float softcap);
 /* Rotary position embedding (Hugging Face's Llama, rotate_half): nrows rows
  * of n_heads heads of head_dim (even) floats, row r at position
  * pos0 + r % seq; with c = cos[p, :], s = sin[p, :] ((positions, head_dim/2)
@@ -396,6 +413,12 @@ int ggmlopt_attention_decode_f32(int64_t batch, int64_t n_heads, int64_t n_kv_he
                                  int64_t head_dim, int64_t length, const float *q,
                                  const float *k, const float *v, int64_t kv_item_stride,
                                  float *out, float *scores, float scale);
+/* The same with the scores soft-capped (softcap 0: none; as the capped
+ * attention above). */
+int ggmlopt_attention_decode_capped_f32(int64_t batch, int64_t n_heads, int64_t n_kv_heads,
+                                        int64_t head_dim, int64_t length, const float *q,
+                                        const float *k, const float *v, int64_t kv_item_stride,
+                                        float *out, float *scores, float scale, float softcap);
 void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
                       int64_t head_dim, const float *x, int64_t x_stride, float *y,
                       int64_t y_stride, const float *cos, const float *sin, int inverse);
