@@ -25,6 +25,7 @@ from ..nn.parameter import Parameter
 from ..nn.positions import split_documents
 from ..nn.recompute import checkpointed_backward, checkpointed_forward
 from ._fused_head import head_loss
+from ._logit_softcap import soft_cap, soft_cap_backward
 
 __all__ = ["CausalLM", "KVCache", "PreNormBlock", "cached_self_attention", "normal_init"]
 
@@ -137,11 +138,12 @@ def pool_lingering(rows):
         _pool_linger.release(DECODE_LINGER_S)
 
 
-def attend_cached(q, cache_k, cache_v, pos, window=None):
+def attend_cached(q, cache_k, cache_v, pos, window=None, softcap=None):
     """Causal attention of new queries q (batch, t, n_heads, head_dim), at
     positions pos .. pos+t-1, over the cached keys and values of positions
     0 .. pos+t-1 (grouped-query: query head h reads kv head h // group); with
-    window, query i sees the keys i - window + 1 .. i only.
+    window, query i sees the keys i - window + 1 .. i only; softcap: None or
+    Gemma 2's cap on the scores.
     Returns (batch, t, n_heads * head_dim) float32.  A decode step (t = 1) is
     one fused kernel; a few tokens' scores (t x pos+t per head) are plain NumPy."""
     b, t, n_heads, hd = q.shape
@@ -150,12 +152,14 @@ def attend_cached(q, cache_k, cache_v, pos, window=None):
         first = 0 if window is None else max(0, pos + 1 - window)
         return kernels_attention.attention_decode(
             q.reshape(b, n_heads, hd), cache_k, cache_v, pos + 1,
-            start=first).reshape(b, 1, n_heads * hd)
+            start=first, softcap=softcap).reshape(b, 1, n_heads * hd)
     group = n_heads // n_kv
     keys = cache_k[:, :pos + t]                       # (b, L, kv, hd)
     values = cache_v[:, :pos + t]
     qg = q.reshape(b, t, n_kv, group, hd)
     scores = np.einsum("btkgd,blkd->bkgtl", qg, keys) * np.float32(1.0 / np.sqrt(hd))
+    if softcap is not None:
+        scores = np.tanh(scores / np.float32(softcap)) * np.float32(softcap)
     key_pos, query_pos = np.arange(pos + t)[None, :], (pos + np.arange(t))[:, None]
     visible = key_pos <= query_pos   # (t, L)
     if window is not None:
@@ -184,7 +188,7 @@ def cached_self_attention(attn, rows, b, t, pos, cache_k, cache_v):
         q *= attn.query_scale
     cache_k[:, pos:pos + t] = k
     cache_v[:, pos:pos + t] = v
-    o = attend_cached(q, cache_k, cache_v, pos, attn.sliding_window)
+    o = attend_cached(q, cache_k, cache_v, pos, attn.sliding_window, attn.logit_softcap)
     return attn.o_proj.forward(o.reshape(b * t, -1)).reshape(b, t, -1)
 
 
@@ -417,7 +421,9 @@ class CausalLM(Module):
             if getattr(self, "_logits", None) is None or self._logits.shape[0] != b * t:
                 self._logits = empty((b * t, self.config.vocab_size), np.float32)
             logits = self._embedding.project(rows, out=self._logits)
-        self._rows, self._b, self._t = rows, b, t
+        if self.final_logit_softcap is not None:
+            soft_cap(logits, self.final_logit_softcap)
+        self._rows, self._b, self._t, self._capped = rows, b, t, logits
         return logits.reshape(b, t, self.config.vocab_size)
 
     def outputs_shape(self, tokens) -> tuple[int, int, int]:
@@ -426,6 +432,10 @@ class CausalLM(Module):
         from it without a forward pass."""
         ids, _ = self._tokens(tokens, packed=True)
         return (*ids.shape, self.config.vocab_size)
+
+    # None, or Gemma 2's cap c on the final logits (z -> c * tanh(z / c)), which every
+    # way to the logits applies (forward, the fused head's loss, decode, the head alone)
+    final_logit_softcap: float | None = None
 
     # ---- the head and its loss fused, chunk by chunk (ggmlopt.models._fused_head) -----
 
@@ -483,6 +493,8 @@ class CausalLM(Module):
             raise ValueError(f"grad_logits: expected shape {want} like the last logits, got "
                              f"{g.shape}")
         g = np.ascontiguousarray(g, dtype=np.float32).reshape(-1, self.config.vocab_size)
+        if self.final_logit_softcap is not None:   # through the cap, on a copy of the caller's
+            g = soft_cap_backward(np.array(g, copy=True), self._capped, self.final_logit_softcap)
         if self.lm_head is not None:
             self.lm_head.needs_input_grad = True
             dh = self.lm_head.backward(g)
@@ -553,6 +565,8 @@ class CausalLM(Module):
         """The logits of hidden rows (n, dim) as a new array, keeping nothing for
         a backward pass: lm_head's ``infer`` (so an adapter wrapping it counts),
         or the tied embedding's transpose."""
-        if self.lm_head is not None:
-            return self.lm_head.infer(rows)
-        return self._embedding.project(rows, keep=False)
+        logits = self.lm_head.infer(rows) if self.lm_head is not None else \
+            self._embedding.project(rows, keep=False)
+        if self.final_logit_softcap is not None:
+            soft_cap(logits, self.final_logit_softcap)
+        return logits

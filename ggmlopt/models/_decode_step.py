@@ -1,6 +1,6 @@
 """A Llama-layout block's decode step in one C call (kernels_decode.LlamaBlockStep)
 when its parts are the ones that call reads: RMSNorms, attention without Gemma's
-query scale, a SwiGLU, and q, k, v, o, gate, up and down weights kept in their
+query scale or soft cap, a SwiGLU, and q, k, v, o, gate, up and down weights kept in their
 file's types (QuantizedLinear layers, ``load_gguf(..., keep_types=True)``) or
 float32 Linear layers, bare or under LoRA adapters, the kept ones multiplying
 their activations one way.  A block names the weight rows of each
@@ -47,7 +47,8 @@ def _parts_read(block):
     None when block's parts are not the ones a step takes."""
     norm1, attn, norm2, _ = block._parts()
     if (type(norm1) is not RMSNorm or type(norm2) is not RMSNorm
-            or getattr(attn, "query_scale", None) is not None):
+            or getattr(attn, "query_scale", None) is not None
+            or getattr(attn, "logit_softcap", None) is not None):
         return None
     if attn.rotary is not None and (type(attn.rotary) is not RotaryEmbedding
                                     or attn.rotary.rotary_dim != attn.rotary.head_dim):

@@ -29,6 +29,7 @@ from ..nn._bf16 import bf16_buffer, weight_fixed
 from ..nn._buffers import empty, trains
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
+from ._logit_softcap import soft_cap, soft_cap_with_slope
 
 __all__ = ["CHUNK_BYTES", "chunk_rows", "head_loss"]
 
@@ -144,6 +145,10 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
     lbuf = empty((rows, vocab), np.float32)
     pbuf = empty(rows if pred is not None else 0, np.int32)
     head = _head(model)
+    cap = getattr(model, "final_logit_softcap", None)
+    # Gemma 2's capped logits: the cap's slope, read after the loss kernel has
+    # written the gradient over the logits
+    sbuf = empty((rows, vocab), np.float32) if cap is not None and with_grads else None
     total = 0.0
     for s in range(0, n, step):
         hc, yc = h[s:s + step], y[s:s + step]
@@ -152,11 +157,15 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
             logits = model.lm_head.forward(hc, out=lbuf[:m])
         else:
             logits = model._embedding.project(hc, out=lbuf[:m])
+        if sbuf is not None:
+            soft_cap_with_slope(logits, cap, sbuf[:m])
+        elif cap is not None:
+            soft_cap(logits, cap)
         # a bf16 pass's head multiplies the gradient's bf16 bits: the loss kernel
         # writes them (into the buffer the head's own rounding would fill) in
         # place of a float32 gradient read again to be rounded
         g16 = bf16_buffer(head, "_g16", logits.shape) \
-            if with_grads and _takes_bf16_gradient(head) else None
+            if with_grads and cap is None and _takes_bf16_gradient(head) else None
         g = (logits if g16 is None else g16) if with_grads else None
         # the chunk's mean times m / n: its share of the mean over every labelled row
         # (the predictions read in the loss's pass over the logits)
@@ -169,6 +178,8 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
         if pred is not None:
             pred[labelled[s:s + m]] = pc
         if with_grads:
+            if sbuf is not None:
+                np.multiply(g, sbuf[:m], out=g)
             if model.lm_head is not None:
                 model.lm_head.needs_input_grad = True
                 dh = model.lm_head.backward(g) if g16 is None else \

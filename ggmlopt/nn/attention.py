@@ -344,7 +344,8 @@ class RotaryEmbedding(Module):
 class CausalSelfAttention(Module):
     """CausalSelfAttention(dim, n_heads, n_kv_heads=None, *, rope=True,
     rope_base=10000.0, rope_scaling=None, bias=False, out_bias=None, init=None, rng=None,
-    head_dim=None, qk_norm=False, norm_eps=1e-6, sliding_window=None)
+    head_dim=None, qk_norm=False, norm_eps=1e-6, sliding_window=None, norm_class=None,
+    query_pre_attn_scalar=None, logit_softcap=None)
 
     Hugging Face's LlamaAttention: x (batch, T, dim) float32 ->
     o_proj(attention(rope(q_proj(x)), rope(k_proj(x)), v_proj(x))), causal,
@@ -363,6 +364,8 @@ class CausalSelfAttention(Module):
     O(T x W) work in the fused kernel.  norm_class: the per-head norm's class
     (RMSNorm; Gemma's keeps 1 + weight).  query_pre_attn_scalar: None (scores
     scaled by 1/sqrt(head_dim)) or Gemma's s: scaled by 1/sqrt(s).
+    logit_softcap: None, or Gemma 2's cap c > 0 on the scaled scores: s ->
+    c * tanh(s / c) before the softmax (``attn_logit_softcapping``).
 
     ``forward(x, pos=0)``: token t at position pos + t (for cached generation
     later); returns a new array (o_proj writes it and keeps no output buffer:
@@ -377,8 +380,17 @@ class CausalSelfAttention(Module):
     def __init__(self, dim, n_heads, n_kv_heads=None, *, rope=True, rope_base=10000.0,
                  rope_scaling=None, bias=False, out_bias=None, init=None, rng=None,
                  head_dim=None, qk_norm=False, norm_eps=1e-6, sliding_window=None,
-                 norm_class=None, query_pre_attn_scalar=None):
+                 norm_class=None, query_pre_attn_scalar=None, logit_softcap=None):
         dim = _positive_int(dim, "dim")
+        if logit_softcap is not None:
+            if isinstance(logit_softcap, bool) or not isinstance(logit_softcap,
+                                                                 (int, float, np.number)):
+                raise TypeError(f"logit_softcap: expected None or a real number, got "
+                                f"{type(logit_softcap).__name__}")
+            if not (np.isfinite(logit_softcap) and logit_softcap > 0):
+                raise ValueError(f"logit_softcap: expected None or a finite number > 0, got "
+                                 f"{logit_softcap}")
+            logit_softcap = float(logit_softcap)
         if sliding_window is not None:
             sliding_window = _positive_int(sliding_window, "sliding_window")
         n_heads = _positive_int(n_heads, "n_heads")
@@ -421,6 +433,7 @@ class CausalSelfAttention(Module):
             self.query_scale = None if ratio == 1.0 else np.float32(ratio)
         self._rotary = RotaryEmbedding(head_dim, rope_base, rope_scaling) if rope else None
         self.sliding_window = sliding_window
+        self.logit_softcap = logit_softcap
         self._saved = None
         self._o = None
 
@@ -462,7 +475,8 @@ class CausalSelfAttention(Module):
             self._o = empty(shape_q, dtype=np.float32)
             self._lse = empty((b, self.n_heads, t), dtype=np.float32)
         starts = window_kv_start(self.sliding_window, b, t, pos)
-        o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse, kv_start=starts)
+        o, lse = ka.attention_forward(q, k, v, out=self._o, lse=self._lse, kv_start=starts,
+                                      softcap=self.logit_softcap)
         self._saved = (q, k, v, o, lse, pos, starts)
         # a new array: the caller (a block's residual sum) reads it at once, so no
         # projection keeps a dead copy between steps
@@ -494,7 +508,8 @@ class CausalSelfAttention(Module):
         # the backward buffers are made here and not kept (as Linear's input gradient)
         dq, dk, dv = ka.attention_backward(q, k, v, o, lse, do, empty(q.shape, np.float32),
                                            empty(k.shape, np.float32),
-                                           empty(v.shape, np.float32), kv_start=starts)
+                                           empty(v.shape, np.float32), kv_start=starts,
+                                           softcap=self.logit_softcap)
         del do
         if self.query_scale is not None:
             np.multiply(dq, self.query_scale, out=dq)
@@ -522,6 +537,8 @@ class CausalSelfAttention(Module):
         extra += ", qk_norm=True" if self.q_norm is not None else ""
         if self.sliding_window is not None:
             extra += f", sliding_window={self.sliding_window}"
+        if self.logit_softcap is not None:
+            extra += f", logit_softcap={self.logit_softcap}"
         return (f"CausalSelfAttention(dim={self.dim}, n_heads={self.n_heads}, "
                 f"n_kv_heads={self.n_kv_heads}, rope={self._rotary is not None}{rope}, "
                 f"bias={self.q_proj.bias is not None}{extra})")
