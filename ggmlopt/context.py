@@ -484,10 +484,11 @@ class OptContext:
         self.grad_norm: float | None = None  # the step gradient's norm before the last clipping
         self._opt_pars_in_force = None   # the validated parameters of the last step
         # fit(accumulate="tokens") sets "tokens" and, before each logical batch's first
-        # micro-batch, _step_labelled (its labelled positions); see _token_weight
+        # micro-batch, calls _begin_token_step; see _token_weight
         self._accumulate = "batches"
-        self._step_labelled: int | None = None
-        self._step_seen = 0   # the labelled positions of the step's micro-batches so far
+        self._step_labelled: int | None = None   # the logical batch's labelled positions
+        self._step_seen = 0   # those of its micro-batches so far
+        self._step_source = "get_batch"   # what gathers the micro-batches, for messages
 
     # ---- construction ---------------------------------------------------------------
 
@@ -962,10 +963,10 @@ class OptContext:
         batch = x.shape[0]
         if result is not None:
             result._check(batch, self._per_datapoint, self._opt_period)
+        backward = bt != BuildType.FORWARD
+        weight = self._token_weight(y) if backward else None   # may refuse: nothing changed yet
         step = self._opt_step_params() if bt == BuildType.OPT else None
 
-        backward = bt != BuildType.FORWARD
-        weight = self._token_weight(y) if backward else None
         if self._fuses_head(x, y):
             out, grad = None, None   # backward(None): the head's gradient is in place
             loss, pred, ncorrect, nlabelled = self._fused_head_loss(x, y, backward, weight)
@@ -1090,12 +1091,23 @@ class OptContext:
                 and bool(getattr(self.model, "fused_head", False))
                 and callable(getattr(self.model, "fused_cross_entropy", None)))
 
+    def _begin_token_step(self, labelled: int, source: str) -> None:
+        """accumulate="tokens": the logical batch whose first micro-batch comes
+        next holds labelled positions (counted in the dataset's labels), its
+        micro-batches gathered by source (named in the error when they differ)."""
+        self._step_labelled, self._step_seen, self._step_source = labelled, 0, source
+
     def _token_weight(self, labels) -> np.float32 | None:
         """fit(accumulate="tokens"), on a training micro-batch of a logical batch of
         several: the micro-batch's labelled positions over the logical batch's, which
         scales its mean loss and gradient instead of ggml's 1/opt_period, so the
         step's gradient is the mean over every labelled position of the step
-        (Hugging Face Trainer's num_items_in_batch).  None: ggml's rule."""
+        (Hugging Face Trainer's num_items_in_batch).  None: ggml's rule.
+
+        ValueError, before anything changes, when the micro-batches hold other
+        labelled positions than the step's count (a get_batch that masks or
+        changes labels, as a Dataset subclass may): the step's weights would not
+        sum to 1, a gradient and loss off the token mean."""
         step = self._step_labelled
         if self._accumulate != "tokens" or self._opt_period == 1 or labels is None \
                 or labels.dtype != np.int32:
@@ -1104,6 +1116,15 @@ class OptContext:
             raise RuntimeError("eval: accumulate='tokens' needs the logical batch's labelled "
                                "positions before its first micro-batch (fit sets them)")
         n = int(np.count_nonzero(labels >= 0))
+        seen = self._step_seen + n
+        if seen > step or (self.opt_i == self._opt_period - 1 and seen != step):
+            raise ValueError(
+                f"dataset: accumulate='tokens' counted {step} labelled positions in the "
+                f"dataset's labels for logical batch {self.iter}, but its micro-batches from "
+                f"{self._step_source} hold {seen} by physical batch {self.opt_i + 1}/"
+                f"{self._opt_period}; get_batch must gather dataset.labels unchanged (mask "
+                "labels in the dataset), or pass accumulate='batches'")
+        self._step_seen = seen
         return F32(n / step) if step else F32(0)
 
     def _fused_head_loss(self, x, y, backward, weight=None):

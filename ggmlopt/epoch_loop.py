@@ -124,13 +124,11 @@ def eval_batch(ctx: OptContext, dataset: Dataset, result: Result | None, ibatch:
     tokens = backward and ctx._accumulate == "tokens" and ctx.opt_period > 1
     if tokens and ctx.opt_i == 0:
         # token-weighted accumulation scales each micro-batch by the whole step's count
-        ctx._step_labelled = labelled_in_step(ctx, dataset, ibatch)
-        ctx._step_seen = 0
+        ctx._begin_token_step(labelled_in_step(ctx, dataset, ibatch),
+                              f"{type(dataset).__name__}.get_batch")
     ctx.alloc(backward)
     try:
         dataset.get_batch(inputs, ctx.labels, ibatch)
-        if tokens:
-            _check_step_count(ctx, dataset)
         ctx.eval(result)
     except BaseException as e:
         # the alloc was ours: undo it, so the context is not left waiting for an eval
@@ -154,26 +152,6 @@ def labelled_in_step(ctx: OptContext, dataset: Dataset, ibatch: int) -> int:
     labels = dataset.labels
     assert labels is not None  # fit checked accumulate="tokens" has class labels
     return int(np.count_nonzero(labels[rows] >= 0))
-
-
-def _check_step_count(ctx: OptContext, dataset: Dataset) -> None:
-    """accumulate="tokens": the micro-batches get_batch gathered hold the labelled
-    positions labelled_in_step counted in dataset.labels (a get_batch that masks
-    or changes labels, as a Dataset subclass may, would leave the step's weights
-    not summing to 1: a gradient and loss off the token mean).  Raised before
-    the eval, so the step's optimizer update does not run."""
-    assert ctx.labels is not None
-    seen = ctx._step_seen + int(np.count_nonzero(ctx.labels >= 0))
-    step = ctx._step_labelled
-    assert step is not None
-    if seen > step or (ctx.opt_i == ctx.opt_period - 1 and seen != step):
-        raise ValueError(
-            f"dataset: accumulate='tokens' counted {step} labelled positions in the "
-            f"dataset's labels for logical batch {ctx.iter}, but its micro-batches from "
-            f"{type(dataset).__name__}.get_batch hold {seen} by physical batch "
-            f"{ctx.opt_i + 1}/{ctx.opt_period}; get_batch must gather dataset.labels "
-            "unchanged (mask labels in the dataset), or pass accumulate='batches'")
-    ctx._step_seen = seen
 
 
 def _nonfinite_datapoint(ctx, dataset, ibatch) -> str:
