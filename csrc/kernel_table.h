@@ -112,8 +112,9 @@ typedef struct {
  * their values per block and bytes per block. */
 enum {
     GO_QTYPE_F32 = 0, GO_QTYPE_F16 = 1, GO_QTYPE_Q4_0 = 2, GO_QTYPE_Q4_1 = 3,
-    GO_QTYPE_Q5_0 = 6, GO_QTYPE_Q5_1 = 7, GO_QTYPE_Q8_0 = 8, GO_QTYPE_Q4_K = 12,
-    GO_QTYPE_Q5_K = 13, GO_QTYPE_Q6_K = 14, GO_QTYPE_BF16 = 30
+    GO_QTYPE_Q5_0 = 6, GO_QTYPE_Q5_1 = 7, GO_QTYPE_Q8_0 = 8, GO_QTYPE_Q2_K = 10,
+    GO_QTYPE_Q3_K = 11, GO_QTYPE_Q4_K = 12, GO_QTYPE_Q5_K = 13, GO_QTYPE_Q6_K = 14,
+    GO_QTYPE_IQ4_NL = 20, GO_QTYPE_IQ4_XS = 23, GO_QTYPE_BF16 = 30
 };
 /* the weight types quant_dot_q8_rows multiplies by activations rounded to Q8_0 */
 static inline int go_qtype_has_q8_dot(int type) {
@@ -124,8 +125,9 @@ static inline int64_t go_qtype_block(int type) {
     switch (type) {
     case GO_QTYPE_F32: case GO_QTYPE_F16: case GO_QTYPE_BF16: return 1;
     case GO_QTYPE_Q4_0: case GO_QTYPE_Q4_1: case GO_QTYPE_Q5_0: case GO_QTYPE_Q5_1:
-    case GO_QTYPE_Q8_0: return 32;
-    case GO_QTYPE_Q4_K: case GO_QTYPE_Q5_K: case GO_QTYPE_Q6_K: return 256;
+    case GO_QTYPE_Q8_0: case GO_QTYPE_IQ4_NL: return 32;
+    case GO_QTYPE_Q2_K: case GO_QTYPE_Q3_K: case GO_QTYPE_Q4_K: case GO_QTYPE_Q5_K:
+    case GO_QTYPE_Q6_K: case GO_QTYPE_IQ4_XS: return 256;
     default: return 0;
     }
 }
@@ -141,6 +143,10 @@ static inline int64_t go_qtype_size(int type) {
     case GO_QTYPE_Q4_K: return 144;
     case GO_QTYPE_Q5_K: return 176;
     case GO_QTYPE_Q6_K: return 210;
+    case GO_QTYPE_Q2_K: return 84;
+    case GO_QTYPE_Q3_K: return 110;
+    case GO_QTYPE_IQ4_NL: return 18;
+    case GO_QTYPE_IQ4_XS: return 136;
     default: return 0;
     }
 }

@@ -31,7 +31,8 @@ cnp.import_array()
 
 # the types these kernels read, by llama.cpp's names, with ggml's type numbers
 QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
-          "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+          "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20,
+          "IQ4_XS": 23, "BF16": 30}
 _NAMES = {v: k for k, v in QTYPES.items()}
 # the weight types matmul(..., activations="q8_0") multiplies in integers
 Q8_ACTIVATION_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
@@ -86,12 +87,18 @@ cdef int _qtype(object qtype) except -1:
 
 
 cdef int _block(int t):
-    return 32 if t in (2, 3, 6, 7, 8) else 256 if t in (12, 13, 14) else 1
+    """Values per block of type t, as the kernels' own table gives them (the
+    shortest row they take)."""
+    for n in (1, 32, 256):
+        if _k.quant_row_bytes(t, n) >= 0:
+            return n
+    return 0
 
 
 def row_bytes(qtype, ncols):
     """The bytes of one row of ncols values of qtype (ValueError when ncols is
-    not a whole number of the type's blocks: 32 values, 256 for the K types)."""
+    not a whole number of the type's blocks: 32 values, 256 for the K types and
+    IQ4_XS)."""
     cdef int t = _qtype(qtype)
     if isinstance(ncols, bool) or not isinstance(ncols, (int, np.integer)):
         raise TypeError(f"ncols: expected an int, got {type(ncols).__name__}")

@@ -12,7 +12,9 @@ T = gguf.GGMLQuantizationType
 # type: (values per block, bytes per block, byte offsets of the f16 scales)
 BLOCKS = {"Q4_0": (32, 18, (0,)), "Q4_1": (32, 20, (0, 2)), "Q5_0": (32, 22, (0,)),
           "Q5_1": (32, 24, (0, 2)), "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)),
-          "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}
+          "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,)),
+          "Q2_K": (256, 84, (80, 82)), "Q3_K": (256, 110, (108,)), "IQ4_NL": (32, 18, (0,)),
+          "IQ4_XS": (256, 136, (0,))}
 PLAIN = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 ALL = list(BLOCKS) + list(PLAIN)
 
@@ -147,10 +149,12 @@ def test_row_bytes():
 
 def test_bad_input_names_the_argument():
     raw = random_rows("Q4_0", 2, 1, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="qtype.*Q2_K.*Q4_0"):
+    with pytest.raises(ValueError, match="qtype.*IQ2_XXS.*Q4_0"):
+        kq.dequantize("IQ2_XXS", raw, 32)
+    with pytest.raises(ValueError, match="qtype: ggml type 16"):
+        kq.dequantize(16, raw, 32)
+    with pytest.raises(ValueError, match="ncols: Q2_K rows hold whole blocks of 256 values"):
         kq.dequantize("Q2_K", raw, 32)
-    with pytest.raises(ValueError, match="qtype: ggml type 10"):
-        kq.dequantize(10, raw, 32)
     with pytest.raises(TypeError, match="qtype"):
         kq.dequantize(2.0, raw, 32)
     with pytest.raises(ValueError, match="raw: a row of 64 Q4_0 values is 36 bytes"):

@@ -69,8 +69,8 @@ def test_quantized_linear_bias_and_bad_input():
     np.testing.assert_allclose(q(x), x @ q.dequantize() + np.arange(8), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="qweight: expected 8 rows of 34 bytes"):
         QuantizedLinear(raw[:4], "Q8_0", 32, 8)
-    with pytest.raises(ValueError, match="qtype: 'Q2_K'"):
-        QuantizedLinear(raw, "Q2_K", 32, 8)
+    with pytest.raises(ValueError, match="qtype: 'IQ2_XXS'"):
+        QuantizedLinear(raw, "IQ2_XXS", 32, 8)
     with pytest.raises(ValueError, match="bias: expected shape"):
         QuantizedLinear(raw, "Q8_0", 32, 8, bias=np.zeros(3))
     with pytest.raises(ValueError, match="x: expected"):

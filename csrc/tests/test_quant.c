@@ -39,6 +39,10 @@ static const qtype TYPES[] = {
     {12, "Q4_K", 256, 144, 2, {0, 2}, {256, 512, 768}},
     {13, "Q5_K", 256, 176, 2, {0, 2}, {256, 512, 768}},
     {14, "Q6_K", 256, 210, 1, {208, 0}, {256, 512, 768}},
+    {10, "Q2_K", 256, 84, 2, {80, 82}, {256, 512, 768}},
+    {11, "Q3_K", 256, 110, 1, {108, 0}, {256, 512, 768}},
+    {20, "IQ4_NL", 32, 18, 1, {0, 0}, {32, 96, 608}},
+    {23, "IQ4_XS", 256, 136, 1, {0, 0}, {256, 512, 768}},
 };
 #define NTYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
 
@@ -157,6 +161,58 @@ static void ref_block(int type, const uint8_t *b, float *y) {
             const uint8_t lo = ql[64 * h + l + 32 * (c % 2)];
             const int q = (c < 2 ? lo & 15 : lo >> 4) | ((qh[32 * h + l] >> (2 * c)) & 3) << 4;
             y[v] = d * (float)sc[8 * h + l / 16 + 2 * c] * (float)(q - 32);
+        }
+        break;
+    }
+    case 10: { /* Q2_K: scales[16] (scale | min << 4) | qs[64] | d, dmin.  Value v:
+                * half h = v / 128, quarter c = (v % 128) / 32, l = v % 32; two bits at
+                * 2c of qs[32 h + l], sub-block 8 h + 2 c + l / 16: y = (d sc) q - dmin m */
+        const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        for (int v = 0; v < 256; ++v) {
+            const int h = v / 128, c = (v % 128) / 32, l = v % 32;
+            const int q = (b[16 + 32 * h + l] >> (2 * c)) & 3;
+            const uint8_t sm = b[8 * h + 2 * c + l / 16];
+            y[v] = d * (float)(sm & 15) * (float)q - dmin * (float)(sm >> 4);
+        }
+        break;
+    }
+    case 11: { /* Q3_K: hmask[32] | qs[64] | scales[12] | d.  Value v as Q2_K's, its
+                * third bit bit 4 h + c of hmask[l] (clear: q - 4); the 16 six-bit
+                * scales: low four bits in the nibbles of bytes 0..7 (scale i < 8 the
+                * low nibble of byte i, i >= 8 the high of byte i - 8), high two bits
+                * bits 2 (i / 4) of byte 8 + i % 4 */
+        const float d = f16_at(b + 108);
+        const uint8_t *raw = b + 96;
+        for (int v = 0; v < 256; ++v) {
+            const int h = v / 128, c = (v % 128) / 32, l = v % 32, i = 8 * h + 2 * c + l / 16;
+            const int low = i < 8 ? raw[i] & 15 : raw[i - 8] >> 4;
+            const int sc = (low | ((raw[8 + i % 4] >> (2 * (i / 4))) & 3) << 4) - 32;
+            int q = (b[32 + 32 * h + l] >> (2 * c)) & 3;
+            if (!((b[l] >> (4 * h + c)) & 1)) q -= 4;
+            y[v] = d * (float)sc * (float)q;
+        }
+        break;
+    }
+    case 20:
+    case 23: { /* IQ4_NL: d | qs[16]; IQ4_XS: d | scales_h | scales_l[4] | qs[128], sub-block
+                * s of 32 scaled by its six-bit ls - 32 (four bits in a nibble of scales_l,
+                * two from scales_h).  Value l of a block of 32 in the low (l < 16) or high
+                * nibble of qs[l % 16], mapped through the non-linear grid */
+        static const int grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
+        const float d = f16_at(b);
+        const int nsub = type == 20 ? 1 : 8;
+        for (int sb = 0; sb < nsub; ++sb) {
+            float dl = d;
+            const uint8_t *qs = b + 2 + 16 * sb;
+            if (type == 23) {
+                const int ls = ((b[4 + sb / 2] >> (4 * (sb % 2))) & 15) |
+                               (int)((le16(b + 2) >> (2 * sb)) & 3) << 4;
+                dl = d * (float)(ls - 32);
+                qs = b + 8 + 16 * sb;
+            }
+            for (int l = 0; l < 32; ++l)
+                y[32 * sb + l] = dl * (float)grid[l < 16 ? qs[l] & 15 : qs[l - 16] >> 4];
         }
         break;
     }
@@ -599,9 +655,10 @@ static void public_q8(const char **paths, int npaths) {
 
 static void public_errors(void) {
     th_set_stage("quantized public API, errors");
-    /* ggml types these kernels do not read (removed Q4_2/Q4_3, Q8_1, Q2_K, Q3_K,
-     * Q8_K, IQ types, I8, F64, MXFP4, ...) and numbers that are no type */
-    static const int bad_types[] = {-1, 4, 5, 9, 10, 11, 15, 16, 20, 23, 24, 28, 29, 31, 39, 1000};
+    /* ggml types these kernels do not read (removed Q4_2/Q4_3, Q8_1, Q8_K, the IQ
+     * types but IQ4_NL and IQ4_XS, I8, F64, MXFP4, ...) and numbers that are no type */
+    static const int bad_types[] = {-1, 4, 5, 9, 15, 16, 17, 18, 19, 21, 22, 24, 28, 29, 31,
+                                    39, 1000};
     for (size_t b = 0; b < sizeof bad_types / sizeof bad_types[0]; ++b)
         for (int64_t ncols = 0; ncols <= 512; ncols += 256)
             th_check(ggmlopt_quant_row_bytes(bad_types[b], ncols) == -1,
@@ -637,7 +694,7 @@ static void public_errors(void) {
     struct {
         int type;
         int64_t ncols;
-    } bad[] = {{4, 32}, {9, 32}, {10, 256}, {1000, 32}, {-1, 32}, {2, 33}, {2, 16},
+    } bad[] = {{4, 32}, {9, 32}, {16, 256}, {1000, 32}, {-1, 32}, {2, 33}, {2, 16},
                {8, 48}, {12, 32}, {13, 255}, {14, 257}, {12, 512 + 32}, {0, -1}};
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; ++b) {
         const int type = bad[b].type;

@@ -426,9 +426,10 @@ void ggmlopt_rope_f32(int64_t nrows, int64_t seq, int64_t pos0, int64_t n_heads,
 /* ---- GGUF block types ---------------------------------------------------------- */
 
 /* The bytes of a row of ncols values of ggml type `type` (ggml.h's numbers:
- * F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q5_K 13,
- * Q6_K 14, BF16 30), or -1 when these kernels do not read the type or ncols is
- * not a whole number of its blocks (32 values, 256 for the K types). */
+ * F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q2_K 10, Q3_K 11,
+ * Q4_K 12, Q5_K 13, Q6_K 14, IQ4_NL 20, IQ4_XS 23, BF16 30), or -1 when these
+ * kernels do not read the type or ncols is not a whole number of its blocks (32
+ * values, 256 for the K types and IQ4_XS). */
 int64_t ggmlopt_quant_row_bytes(int type, int64_t ncols);
 /* Rows [r0, r1) of src (rows of row_bytes = ggmlopt_quant_row_bytes(type,
  * ncols)) as float32 into dst (row r at dst + (r - r0) * dst_stride),

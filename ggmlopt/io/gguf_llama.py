@@ -990,7 +990,7 @@ def load_llama_gguf(path, model=None, *, keep_types=False):
     ggmlopt.nn.QuantizedLinear (QuantizedEmbedding for the token embedding):
     the model takes the file's size, not float32's, and trains through LoRA
     adapters (QLoRA).  Norms and biases are float32 Parameters.  A matrix of a
-    type the kernels do not read (Q2_K, Q3_K, the IQ types) is dequantized to
+    type the kernels do not read (the IQ types but IQ4_NL and IQ4_XS) is dequantized to
     float32, with a UserWarning naming the types.
     """
     path = input_path(path)

@@ -169,8 +169,9 @@ class QuantizedLinear(Module):
     y = x W + b over the last axis, x (..., in_features) float32, with the
     frozen weight W (in, out) stored as a GGUF file stores it: qweight holds
     out_features rows, row j the in_features values of W's column j in type
-    qtype ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K",
-    "Q5_K", "Q6_K", any case, or gguf-py's GGMLQuantizationType; ``.qtype`` is
+    qtype ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K",
+    "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", any case, or gguf-py's
+    GGMLQuantizationType; ``.qtype`` is
     the upper-case name): the uint8 blocks, or the float16 / uint16 words of F16 /
     BF16.  qweight may be read-only (a view of a mapped file); it is read in
     place, never copied.  bias: None, an array (out_features,) (a frozen

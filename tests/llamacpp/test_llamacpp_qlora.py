@@ -51,7 +51,8 @@ def _quantize(src, dst, ftype):
 FTYPES = ["LLAMA_FTYPE_MOSTLY_Q8_0", "LLAMA_FTYPE_MOSTLY_Q4_0", "LLAMA_FTYPE_MOSTLY_Q4_1",
           "LLAMA_FTYPE_MOSTLY_Q5_0", "LLAMA_FTYPE_MOSTLY_Q5_1", "LLAMA_FTYPE_MOSTLY_Q4_K_M",
           "LLAMA_FTYPE_MOSTLY_Q5_K_M", "LLAMA_FTYPE_MOSTLY_Q6_K", "LLAMA_FTYPE_MOSTLY_BF16",
-          "LLAMA_FTYPE_MOSTLY_F16"]
+          "LLAMA_FTYPE_MOSTLY_F16", "LLAMA_FTYPE_MOSTLY_Q2_K", "LLAMA_FTYPE_MOSTLY_Q3_K_M",
+          "LLAMA_FTYPE_MOSTLY_IQ4_NL", "LLAMA_FTYPE_MOSTLY_IQ4_XS"]
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,29 @@ def test_kept_types_give_llama_cppslogits_of(f32_file, tmp_path, ftype):
     assert err <= 2 * eight_bit_error(model, ids), (ftype, types, err)
     # and the file's values are what is read: the float32 model is further away
     assert relative(model(ids[None])[0], theirs) > err
+
+
+@pytest.mark.parametrize("ftype,qtype", [("LLAMA_FTYPE_MOSTLY_Q2_K", "Q2_K"),
+                                         ("LLAMA_FTYPE_MOSTLY_Q3_K_M", "Q3_K"),
+                                         ("LLAMA_FTYPE_MOSTLY_IQ4_NL", "IQ4_NL"),
+                                         ("LLAMA_FTYPE_MOSTLY_IQ4_XS", "IQ4_XS")])
+def test_the_low_bit_and_iq4_types_are_kept_not_widened(f32_file, tmp_path, ftype, qtype):
+    """Q2_K, Q3_K, IQ4_NL and IQ4_XS matrices stay in their type (no float32 copy,
+    no warning) and their values are gguf-py's dequantization of the file's bytes."""
+    _, f32 = f32_file
+    path = tmp_path / "q.gguf"
+    _quantize(f32, path, ftype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kept, _ = load_gguf(path, keep_types=True)
+    layers = [m for _, m in kept.named_modules() if isinstance(m, QuantizedLinear)]
+    assert qtype in {m.qtype for m in layers}
+    gguf = pytest.importorskip("gguf")
+    for m in layers:
+        if m.qtype == qtype:
+            raw = np.asarray(m.qweight)
+            want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
+            np.testing.assert_array_equal(m.dequantize().T, want)
 
 
 @pytest.mark.parametrize("ftype", ["LLAMA_FTYPE_MOSTLY_Q4_K_M", "LLAMA_FTYPE_MOSTLY_Q8_0"])
