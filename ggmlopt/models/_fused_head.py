@@ -157,10 +157,11 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
             logits = model.lm_head.forward(hc, out=lbuf[:m])
         else:
             logits = model._embedding.project(hc, out=lbuf[:m])
-        if sbuf is not None:
-            soft_cap_with_slope(logits, cap, sbuf[:m])
-        elif cap is not None:
-            soft_cap(logits, cap)
+        if cap is not None:
+            if sbuf is not None:
+                soft_cap_with_slope(logits, cap, sbuf[:m])
+            else:
+                soft_cap(logits, cap)
         # a bf16 pass's head multiplies the gradient's bf16 bits: the loss kernel
         # writes them (into the buffer the head's own rounding would fill) in
         # place of a float32 gradient read again to be rounded
@@ -178,7 +179,7 @@ def _chunks(model, h, y, labelled, grad_scale, grad_rows=None, pred=None) -> flo
         if pred is not None:
             pred[labelled[s:s + m]] = pc
         if with_grads:
-            if sbuf is not None:
+            if sbuf is not None and g is not None:
                 np.multiply(g, sbuf[:m], out=g)
             if model.lm_head is not None:
                 model.lm_head.needs_input_grad = True
