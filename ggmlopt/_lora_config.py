@@ -35,6 +35,7 @@ CONFIG_KEY_OF = {"rank": "r", "alpha": "lora_alpha", "targets": "target_modules"
 PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "llama": ("q_proj", "v_proj"), "mistral": ("q_proj", "v_proj"),
     "qwen2": ("q_proj", "v_proj"), "qwen3": ("q_proj", "v_proj"),
+    "gemma": ("q_proj", "v_proj"), "gemma2": ("q_proj", "v_proj"),
     "gemma3_text": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
 
 # keys that change nothing ggmlopt computes (metadata; fan_in_fan_out PEFT sets from

@@ -503,3 +503,16 @@ def test_a_config_over_a_base_kept_in_its_file_s_types(tmp_path):
         lora.apply(again, config={"r": 4, "target_modules": ["q_proj"],
                                   "modules_to_save": ["mlp"]})
     assert not lora.named_adapters(again)
+
+
+def test_every_family_s_default_targets_are_peft_s():
+    """PEFT_DEFAULT_TARGETS against the installed PEFT for every registered family
+    (a family added without its line would refuse target_modules=None that PEFT takes)."""
+    pytest.importorskip("peft")
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as peft_s
+
+    from ggmlopt.models.registry import FAMILIES as registered
+    for family in registered:
+        want = peft_s.get(family.hf_model_type)
+        got = _lora_config.PEFT_DEFAULT_TARGETS.get(family.hf_model_type)
+        assert got == (None if want is None else tuple(want)), family.hf_model_type

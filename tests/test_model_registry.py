@@ -18,7 +18,8 @@ from ggmlopt.models.family import Family
 from ggmlopt.models.llama import FAMILY as LLAMA
 
 FAMILY_CLASSES = {"Mistral", "MistralConfig", "Qwen2", "Qwen2Config", "Qwen3", "Qwen3Config",
-                  "Phi3", "Phi3Config", "SmolLM3", "SmolLM3Config", "Gemma3", "Gemma3Config"}
+                  "Phi3", "Phi3Config", "SmolLM3", "SmolLM3Config", "Gemma", "GemmaConfig",
+                  "Gemma2", "Gemma2Config", "Gemma3", "Gemma3Config"}
 
 
 def test_every_family_is_found_three_ways():

@@ -4,7 +4,7 @@ config, model and ``FAMILY``) and one line in ``FAMILIES``; see the docs page
 "Adding an architecture"."""
 from __future__ import annotations
 
-from . import gemma3, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3
+from . import gemma, gemma2, gemma3, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3
 from .family import Family
 
 __all__ = ["FAMILIES", "Family", "family_for_gguf", "family_for_hf", "family_of", "gguf_archs"]
@@ -16,6 +16,8 @@ FAMILIES: tuple[Family, ...] = (
     qwen3.FAMILY,
     phi3.FAMILY,
     smollm3.FAMILY,
+    gemma.FAMILY,
+    gemma2.FAMILY,
     gemma3.FAMILY,
     gpt2.FAMILY,
 )
