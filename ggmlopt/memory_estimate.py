@@ -19,7 +19,8 @@ The parts, in bytes:
   gradients a backward pass makes are dropped block by block: the peak holds
   one block's of them (or the head's buffers, the larger);
 - head: the fused head's chunk buffer (the logits, then their gradient over
-  them, at most ``ggmlopt.models._fused_head.CHUNK_BYTES``) and the hidden rows it reads
+  them, at most ``ggmlopt.models._fused_head.CHUNK_BYTES``; two under Gemma 2's
+  final soft cap, whose slope waits beside them) and the hidden rows it reads
   and writes;
 - runtime: the interpreter, NumPy and the BLAS's thread buffers (a constant).
 
@@ -385,7 +386,10 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     outside = (dim + 2 * dim + 2 + dim) * tokens * F32
     rows = max(1, round(labelled * tokens))
     chunk = chunk_rows(rows, lm.config.vocab_size) * lm.config.vocab_size * F32
-    head = chunk + 2 * rows * dim * F32   # the logits, their gradient over them
+    # the logits, their gradient over them; under Gemma 2's final cap, the cap's
+    # slope beside them (the loss kernel writes the gradient over the logits)
+    capped = getattr(lm, "final_logit_softcap", None) is not None
+    head = chunk * (2 if capped else 1) + 2 * rows * dim * F32
     # one block's backward buffers: made and dropped block by block
     backward = max((b for _, b in per_block), default=0) * tokens * F32
     if checkpointing:   # every block's input kept; one block's buffers, or the head's

@@ -130,3 +130,14 @@ def test_bf16_fused_head_equals_bf16_full_logits(monkeypatch):
     scale = max(np.abs(g).max() for g in full[1])
     for a, b in zip(fused[1], full[1]):
         np.testing.assert_allclose(a, b, rtol=0, atol=2.0 ** -7 * scale)
+
+
+def test_memory_report_counts_the_slope_buffer():
+    """The capped head holds the cap's slope beside each chunk of logits: the
+    report's head grows by one chunk buffer."""
+    capped, plain = model_pair(False)
+    report_c = go.memory_report(capped, 2, 23)
+    report_p = go.memory_report(plain, 2, 23)
+    chunk = _fused_head.chunk_rows(2 * 23, V) * V * 4
+    assert report_c.head - report_p.head == chunk
+    assert report_c.total - report_p.total == chunk
