@@ -5,7 +5,7 @@ Q4_K_M, each case in a fresh process.
 
     python bench/qlora_step.py            # SmolLM2-135M's shape, 1 x 256, 2 threads
     python bench/qlora_step.py --small    # a quick run on a stories15M-sized model
-    python bench/qlora_step.py --decode [--rounds 5]
+    python bench/qlora_step.py --decode [--rounds 5] [--quantize q4_k_m,q3_k_m,iq4_xs]
                                           # greedy decoding, tokens/s, beside llama.cpp
                                           # (float32 activations, rounded to Q8_0, and
                                           # with rank-8 LoRA adapters on q/k/v/o)
@@ -177,7 +177,7 @@ def _large_file(cfg: dict, folder: str) -> dict[str, str]:
     return {"q4_k_m": path}
 
 
-def _files(cfg: dict, folder: str) -> dict[str, str]:
+def _files(cfg: dict, folder: str, quantize: tuple[str, ...] = ("q4_k_m",)) -> dict[str, str]:
     import warnings
 
     from ggmlopt.io import save_gguf
@@ -195,16 +195,17 @@ def _files(cfg: dict, folder: str) -> dict[str, str]:
         import ctypes
 
         import llama_cpp
-        files["q4_k_m"] = os.path.join(folder, "q4_k_m.gguf")
+    except ImportError:
+        return files
+    for name in quantize:   # llama-quantize's own files of these mixes
+        files[name] = os.path.join(folder, f"{name}.gguf")
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+        params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name.upper()}")
         params.nthread = 2
-        rc = llama_cpp.llama_model_quantize(files["f32"].encode(), files["q4_k_m"].encode(),
+        rc = llama_cpp.llama_model_quantize(files["f32"].encode(), files[name].encode(),
                                             ctypes.byref(params))
         if rc != 0:
-            del files["q4_k_m"]
-    except ImportError:
-        pass
+            del files[name]
     return files
 
 
@@ -238,6 +239,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="with --decode: rounds of each file, ggmlopt and llama.cpp side by "
                          "side in each; the medians of the rates and of the rounds' ratios")
+    ap.add_argument("--quantize", default="q4_k_m",
+                    help="llama-quantize's mixes to add, comma-separated (q4_k_m, q3_k_m, "
+                         "q2_k, iq4_xs, iq4_nl, ...)")
     ap.add_argument("--case", nargs=2, metavar=("PATH", "KEEP"))
     ap.add_argument("--llama-cpp-case", nargs=3, metavar=("PATH", "EXTRA_BUFTS", "N"))
     args = ap.parse_args()
@@ -254,7 +258,8 @@ def main() -> None:
         return
     cfg = SMALL if args.small else LLAMA_3_2_1B if args.llama_1b else SMOLLM2_135M
     with tempfile.TemporaryDirectory() as folder:
-        files = _large_file(cfg, folder) if args.llama_1b else _files(cfg, folder)
+        files = _large_file(cfg, folder) if args.llama_1b else \
+            _files(cfg, folder, tuple(q for q in args.quantize.split(",") if q))
         rows = []
         for name, path in files.items():
             keep = name != "f32"

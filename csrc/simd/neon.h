@@ -245,6 +245,19 @@ static inline void go_merge16(const uint8_t *lo, const uint8_t *hi, int8_t off, 
     const uint8x16_t v = vorrq_u8(vld1q_u8(lo), vshlq_n_u8(vld1q_u8(hi), 4));
     vst1q_s8(out, vreinterpretq_s8_u8(vsubq_u8(v, vdupq_n_u8((uint8_t)off))));
 }
+/* out[j] = lo[j] + 4 hi[j] - off for 16 bytes (see simd/x86_bytes.h) */
+static inline void go_merge16_2(const uint8_t *lo, const uint8_t *hi, int8_t off, int8_t *out) {
+    const uint8x16_t v = vorrq_u8(vld1q_u8(lo), vshlq_n_u8(vld1q_u8(hi), 2));
+    vst1q_s8(out, vreinterpretq_s8_u8(vsubq_u8(v, vdupq_n_u8((uint8_t)off))));
+}
+/* lo[j] = grid[src[j] & 15], hi[j] = grid[src[j] >> 4] for 16 bytes (see
+ * simd/x86_bytes.h): one table lookup a vector */
+static inline void go_grid16(const uint8_t *src, const int8_t *grid, int8_t *lo, int8_t *hi) {
+    const int8x16_t t = vld1q_s8(grid);
+    const uint8x16_t v = vld1q_u8(src);
+    vst1q_s8(lo, vqtbl1q_s8(t, vandq_u8(v, vdupq_n_u8(15))));
+    vst1q_s8(hi, vqtbl1q_s8(t, vshrq_n_u8(v, 4)));
+}
 /* lanes (float)((x >> (j0 + lane)) & 1) */
 static inline float32x4_t go_vbits(uint32_t x, int j0) {
     const int32_t shifts[4] = {-j0, -j0 - 1, -j0 - 2, -j0 - 3};

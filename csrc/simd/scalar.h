@@ -141,6 +141,17 @@ static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, ui
 static inline void go_merge16(const uint8_t *lo, const uint8_t *hi, int8_t off, int8_t *out) {
     for (int j = 0; j < 16; ++j) out[j] = (int8_t)(lo[j] + 16 * hi[j] - off);
 }
+/* out[j] = lo[j] + 4 hi[j] - off for 16 bytes (see simd/x86_bytes.h) */
+static inline void go_merge16_2(const uint8_t *lo, const uint8_t *hi, int8_t off, int8_t *out) {
+    for (int j = 0; j < 16; ++j) out[j] = (int8_t)(lo[j] + 4 * hi[j] - off);
+}
+/* lo[j] = grid[src[j] & 15], hi[j] = grid[src[j] >> 4] for 16 bytes */
+static inline void go_grid16(const uint8_t *src, const int8_t *grid, int8_t *lo, int8_t *hi) {
+    for (int j = 0; j < 16; ++j) {
+        lo[j] = grid[src[j] & 15];
+        hi[j] = grid[src[j] >> 4];
+    }
+}
 #define go_vbits(x, j0) ((float)(((x) >> (j0)) & 1u))
 /* v + 16 in the lanes whose bit (j0 + lane) of x is set */
 #define go_vadd16_bits(v, x, j0) go_vfma(go_vbits((x), (j0)), go_vset1(16.0f), (v))

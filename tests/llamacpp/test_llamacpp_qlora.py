@@ -106,7 +106,8 @@ def test_the_low_bit_and_iq4_types_are_kept_not_widened(f32_file, tmp_path, ftyp
             np.testing.assert_array_equal(m.dequantize().T, want)
 
 
-@pytest.mark.parametrize("ftype", ["LLAMA_FTYPE_MOSTLY_Q4_K_M", "LLAMA_FTYPE_MOSTLY_Q8_0"])
+@pytest.mark.parametrize("ftype", ["LLAMA_FTYPE_MOSTLY_Q4_K_M", "LLAMA_FTYPE_MOSTLY_Q8_0",
+                                   "LLAMA_FTYPE_MOSTLY_Q3_K_M", "LLAMA_FTYPE_MOSTLY_IQ4_XS"])
 def test_llama_cpp_applies_an_adapter_trained_over_the_quantized_file(f32_file, tmp_path,
                                                                        ftype):
     _, f32 = f32_file
