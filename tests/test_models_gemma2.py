@@ -444,14 +444,16 @@ def test_load_gguf_reads_save_ggufs_file_as_the_model(tmp_path, kind):
     np.testing.assert_array_equal(other(ids[None]), model(ids[None]))
 
 
-def test_a_gemma2_without_local_layers_round_trips(tmp_path):
+def test_a_gemma2_without_local_layers_is_refused_by_save_gguf(tmp_path):
+    """llama.cpp's gemma2 always has local layers: a context over a file with none
+    aborts the process on an assertion, so save_gguf refuses it, pointing to save_hf."""
     pytest.importorskip("gguf")
-    from ggmlopt.io import load_gguf, save_gguf
+    from ggmlopt.io import save_gguf
     from ggmlopt.text import ByteTokenizer
     model = _gguf_gemma2(sliding_layers=(False,) * 4)
-    save_gguf(model, tmp_path / "g.gguf", tokenizer=ByteTokenizer())
-    back, _ = load_gguf(tmp_path / "g.gguf")
-    assert back.config == model.config
+    with pytest.raises(ValueError, match="every layer of this Gemma 2 is global.*save_hf"):
+        save_gguf(model, tmp_path / "g.gguf", tokenizer=ByteTokenizer())
+    assert not (tmp_path / "g.gguf").exists()
 
 
 def test_llama_cpps_keys_are_read_with_its_defaults():
@@ -600,12 +602,13 @@ def test_llama_cpp_applies_our_adapter_to_a_gemma2(tmp_path):
     assert run.relative(theirs, ours) <= GELU_TOL
     # the adapter is applied: without it llama.cpp is farther than the bound
     assert run.relative(run.logits_of(run.open_llama(base), ids), ours) > 10 * GELU_TOL
-    # and applied as merging it into the weights: both through llama.cpp's same GELU,
-    # float32 rounding of the merged weights apart (the families' 1e-4 of scale)
+    # and applied as merging it into the weights: float32 rounding of the merged
+    # weights apart, which can move a GELU input across a step of llama.cpp's float16
+    # table (2^-11 of it): the GELU families' bound, not the others' 1e-4
     lora.merge(model)
     merged = tmp_path / "merged.gguf"
     save_gguf(model, merged, tokenizer=ByteTokenizer())
-    assert run.relative(theirs, run.logits_of(run.open_llama(merged), ids)) <= 1e-4
+    assert run.relative(theirs, run.logits_of(run.open_llama(merged), ids)) <= GELU_TOL
 
 
 def test_a_fine_tune_over_a_kept_q8_0_base_is_applied_by_llama_cpp(tmp_path):

@@ -201,3 +201,32 @@ def test_yarn_untruncated_is_computed_as_transformers_computes_it(tmp_path):
         Gemma3Config(vocab_size=67, dim=32, n_layers=1, n_heads=2, head_dim=16,
                      rope_scaling=RopeScaling("yarn", 8.0, original_max_position_embeddings=32,
                                               truncate=False))
+
+
+def test_a_window_with_no_local_layer_is_written_as_none(tmp_path):
+    """llama.cpp's gemma3 with a window needs a local layer (a context over a file
+    without one stops the process on an assertion); a Gemma 3 whose layers are
+    all global computes the same without the window, so save_gguf leaves it out,
+    and the file computes the model's logits in ggmlopt and in llama.cpp."""
+    pytest.importorskip("gguf")
+    from ggmlopt.io import load_gguf, save_gguf
+    from ggmlopt.io.gguf_reader import GgufFile
+    from ggmlopt.text import ByteTokenizer
+    model = Gemma3(Gemma3Config(vocab_size=257, dim=32, n_layers=2, n_heads=2, head_dim=16,
+                                query_pre_attn_scalar=16.0, ffn_dim=64, max_seq_len=64,
+                                sliding_window=8, sliding_layers=(False, False)), seed=1)
+    path = tmp_path / "g.gguf"
+    save_gguf(model, path, tokenizer=ByteTokenizer())
+    assert "gemma3.attention.sliding_window" not in GgufFile(path).fields
+    ids = np.arange(1, 30, dtype=np.int32)[None]
+    back, _ = load_gguf(path)
+    assert back.config.sliding_window is None and not any(back.config.sliding_layers)
+    np.testing.assert_array_equal(back(ids), model(ids))
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False,
+                          type_k=0, type_v=0)
+    llm.eval(ids[0].tolist())
+    theirs = np.asarray(llm.scores[:ids.shape[1]], np.float64)
+    ours = model(ids)[0].astype(np.float64)
+    # ggml's GELU reads a float16 table: the family's 2e-3 of scale (docs/model-families)
+    assert np.abs(ours - theirs).max() <= 2e-3 * np.abs(theirs).max()

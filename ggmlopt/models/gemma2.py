@@ -328,6 +328,12 @@ def _gguf_check(cfg: Gemma2Config) -> None:
         if getattr(cfg, name) is None:
             raise ValueError(f"model: llama.cpp's gemma2 always soft-caps (50 and 30 by "
                              f"default); this Gemma 2 has {name}=None (save_hf keeps it)")
+    if not any(cfg.sliding_layers or ()):
+        # llama.cpp's gemma2 always has local layers: a context over a file without
+        # one stops the process on an assertion (no error a caller could catch)
+        raise ValueError("model: llama.cpp's gemma2 always has local (sliding-window) layers; "
+                         "every layer of this Gemma 2 is global, which llama.cpp cannot load "
+                         "(save_hf keeps it)")
     if not cfg.tie_embeddings:
         # its output is the token embedding's tensor; an output.weight fails to load
         raise ValueError("model: llama.cpp's gemma2 takes its head from the token embedding; "

@@ -418,7 +418,10 @@ def _gguf_fields(fields, key, head_dim, where) -> dict[str, Any]:
 
 
 def _gguf_write(writer, cfg: Gemma3Config, arch: str) -> None:
-    if cfg.sliding_window is not None:
+    # a window with no local layer is written as none: llama.cpp's gemma3 with a
+    # window needs a local layer (a context over such a file stops the process on
+    # an assertion); without one every layer is global, as here
+    if cfg.sliding_window is not None and any(cfg.sliding_layers or ()):
         writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
         writer.add_array(f"{arch}.attention.sliding_window_pattern",
                          [bool(v) for v in cfg.sliding_layers or ()])
