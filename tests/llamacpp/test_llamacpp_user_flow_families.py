@@ -1,5 +1,5 @@
 """A user's QLoRA fine-tune of the families people fine-tune besides Llama (Qwen3,
-Qwen2.5, Phi-3, Gemma 3), each a tiny random Hugging Face checkpoint made by
+Qwen2.5, Phi-3, Gemma, Gemma 2, Gemma 3), each a tiny random Hugging Face checkpoint made by
 transformers with a real vocabulary and chat template from llama.cpp's source
 (GGMLOPT_LLAMA_CPP_SRC): load_hf, save_gguf(dtype="q8_0"), load_gguf(keep_types=True),
 lora.apply with PEFT's defaults, Dataset.from_chat, fit, save_gguf_lora and save_peft.
@@ -11,8 +11,8 @@ peft load the PEFT directory over the float checkpoint with ggmlopt's logits; th
 labels are the assistant answers; a model taught an answer stops at the template's
 end of turn, in ggmlopt and in llama.cpp.
 
-Gemma 3's own vocabulary is not in llama.cpp's source: Gemma 4's (the same ids for
-the turn tokens' places, <|turn> and <turn|>) and its template stand in, read from
+The Gemmas' own vocabularies are not in llama.cpp's source: Gemma 4's (the same ids
+for the turn tokens' places, <|turn> and <turn|>) and its template stand in, read from
 the vocabulary GGUF (save_gguf refuses the tokenizer.json written from it)."""
 import os
 import warnings
@@ -63,9 +63,24 @@ FAMILIES = {
                                                        bos_token_id=2, eos_token_id=1,
                                                        **SHAPE),
                {}, {}),
+    # heads wider than hidden / heads, as gemma-2b's
+    "gemma": ("gemma-4", "google-gemma-4-31B-it",
+              lambda v: transformers.GemmaConfig(vocab_size=v, head_dim=24, pad_token_id=0,
+                                                 bos_token_id=2, eos_token_id=1, **SHAPE),
+              {}, {}),
+    # caps that bite on these logits, a window shorter than the prompt
+    "gemma2": ("gemma-4", "google-gemma-4-31B-it",
+               lambda v: transformers.Gemma2Config(vocab_size=v, head_dim=16,
+                                                   query_pre_attn_scalar=16,
+                                                   sliding_window=8,
+                                                   attn_logit_softcapping=2.0,
+                                                   final_logit_softcapping=3.0,
+                                                   pad_token_id=0, bos_token_id=2,
+                                                   eos_token_id=1, **SHAPE),
+               {}, {}),
 }
 # ggml's GELU reads a float16 table (test_llamacpp_gguf's bound for Gemma 3)
-TOLERANCE = {"gemma3": 2e-3}
+TOLERANCE = {"gemma": 2e-3, "gemma2": 2e-3, "gemma3": 2e-3}
 ROWS = [{"messages": [{"role": "system", "content": "You are terse."},
                       {"role": "user", "content": f"What is {a} plus {b}?"},
                       {"role": "assistant", "content": f"{a + b}."},
@@ -151,7 +166,7 @@ def test_qlora_over_a_transformers_checkpoint_of_each_family(family, checkpoints
     hf, vocab = checkpoints(family)
     variables = FAMILIES[family][4]
     floats = load_hf(hf)
-    tok = load_hf_tokenizer(hf) if family != "gemma3" else vocab
+    tok = load_hf_tokenizer(hf) if FAMILIES[family][0] != "gemma-4" else vocab
     base = tmp_path / "base.q8_0.gguf"
     save_gguf(floats, base, tokenizer=tok, dtype="q8_0")
 
