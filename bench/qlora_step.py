@@ -242,6 +242,10 @@ def main() -> None:
     ap.add_argument("--quantize", default="q4_k_m",
                     help="llama-quantize's mixes to add, comma-separated (q4_k_m, q3_k_m, "
                          "q2_k, iq4_xs, iq4_nl, ...)")
+    ap.add_argument("--config", default=None,
+                    help="JSON of LlamaConfig fields over the shape's (e.g. '{\"dim\": 512}': "
+                         "widths that are multiples of 256 keep the K and IQ4_XS types "
+                         "llama-quantize otherwise falls back from)")
     ap.add_argument("--case", nargs=2, metavar=("PATH", "KEEP"))
     ap.add_argument("--llama-cpp-case", nargs=3, metavar=("PATH", "EXTRA_BUFTS", "N"))
     args = ap.parse_args()
@@ -257,6 +261,8 @@ def main() -> None:
         print(json.dumps(run))
         return
     cfg = SMALL if args.small else LLAMA_3_2_1B if args.llama_1b else SMOLLM2_135M
+    if args.config:
+        cfg = {**cfg, **json.loads(args.config)}
     with tempfile.TemporaryDirectory() as folder:
         files = _large_file(cfg, folder) if args.llama_1b else \
             _files(cfg, folder, tuple(q for q in args.quantize.split(",") if q))
