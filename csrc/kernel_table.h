@@ -119,7 +119,8 @@ enum {
 /* the weight types quant_dot_q8_rows multiplies by activations rounded to Q8_0 */
 static inline int go_qtype_has_q8_dot(int type) {
     return type == GO_QTYPE_Q8_0 || type == GO_QTYPE_Q4_0 || type == GO_QTYPE_Q5_0 ||
-           type == GO_QTYPE_Q4_K || type == GO_QTYPE_Q6_K;
+           type == GO_QTYPE_Q4_K || type == GO_QTYPE_Q6_K || type == GO_QTYPE_IQ4_NL ||
+           type == GO_QTYPE_IQ4_XS;
 }
 static inline int64_t go_qtype_block(int type) {
     switch (type) {

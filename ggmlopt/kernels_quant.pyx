@@ -35,7 +35,7 @@ QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0"
           "IQ4_XS": 23, "BF16": 30}
 _NAMES = {v: k for k, v in QTYPES.items()}
 # the weight types matmul(..., activations="q8_0") multiplies in integers
-Q8_ACTIVATION_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+Q8_ACTIVATION_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
 cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil:
@@ -177,7 +177,7 @@ def matmul(x, qtype, raw, out=None, activations="f32"):
     rows of x (decoding), where the weight's bytes bound the time.
 
     activations="q8_0", for a weight of a type in Q8_ACTIVATION_TYPES (Q8_0,
-    Q4_0, Q5_0, Q4_K, Q6_K): each row of x is first rounded to Q8_0 blocks and
+    Q4_0, Q5_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS): each row of x is first rounded to Q8_0 blocks and
     each block's dot taken in integers, as llama.cpp multiplies these types
     (for the K types it rounds x in blocks of 256, Q8_K: the 32-value blocks
     here round finer); the result is off the float product by that rounding of

@@ -63,7 +63,18 @@ def test_a_non_finite_value_makes_its_block_nan_and_nothing_else():
     assert np.isnan(y).all()
 
 
+# the IQ4 types' blocks (values, bytes, the f16 scale's offset): random bytes under a
+# finite scale, as no Python quantizer writes them
+IQ4 = {"IQ4_NL": (32, 18), "IQ4_XS": (256, 136)}
+
+
 def random_weight(qtype, nout, ncols, rng):
+    if qtype in IQ4:
+        values, size = IQ4[qtype]
+        raw = rng.integers(0, 256, (nout, ncols // values, size), dtype=np.uint8)
+        d = (rng.standard_normal((nout, ncols // values)) * 0.002).astype(np.float16)
+        raw[..., 0:2] = d.view(np.uint8).reshape(nout, ncols // values, 2)
+        return raw.reshape(nout, -1)
     w = (rng.standard_normal((nout, ncols)) * 0.05).astype(np.float32)
     return kq.quantize(w, qtype) if qtype.endswith("_K") else gguf.quants.quantize(w, T[qtype])
 
@@ -95,12 +106,12 @@ def q8_product_and_bound(x, qtype, raw):
     return exact, (m + 1) * U / (1 - (m + 1) * U) * (np.abs(xr) @ mag.T) + U * np.abs(exact)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 @pytest.mark.parametrize("nx,nblocks,nout", [(1, 1, 1), (1, 2, 13), (3, 3, 7), (4, 5, 40),
                                              (11, 19, 13), (1, 48, 600)])
 def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path, qtype, nx,
                                                                        nblocks, nout):
-    if qtype in ("Q4_K", "Q6_K"):   # super-blocks of 256 values
+    if qtype in ("Q4_K", "Q6_K", "IQ4_XS"):   # super-blocks of 256 values
         nblocks *= 8
     rng = np.random.default_rng(nblocks * 7 + nout)
     ncols = 32 * nblocks
@@ -150,7 +161,7 @@ def test_other_types_multiply_the_float32_activations():
     x = rng.standard_normal((1, 256)).astype(np.float32)
     np.testing.assert_array_equal(kq.matmul(x, "Q5_K", raw, activations="q8_0"),
                                   kq.matmul(x, "Q5_K", raw))
-    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
 def test_bad_arguments():

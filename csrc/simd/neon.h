@@ -258,6 +258,16 @@ static inline void go_grid16(const uint8_t *src, const int8_t *grid, int8_t *lo,
     vst1q_s8(lo, vqtbl1q_s8(t, vandq_u8(v, vdupq_n_u8(15))));
     vst1q_s8(hi, vqtbl1q_s8(t, vshrq_n_u8(v, 4)));
 }
+/* acc plus sa * dot(grid[a's nibbles], x[0:32]) + sb * dot(grid[b's], x[32:64]) for
+ * two IQ4_NL-coded runs of 32 (see simd/x86_int8.h): the values looked up into
+ * bytes, then go_dot_q8_pair's integer dots */
+static inline go_vq go_dot_iq4_pair(const uint8_t *qa, const uint8_t *qb, const int8_t *grid,
+                                    const int8_t *x, float sa, float sb, go_vq acc) {
+    int8_t wa[32], wb[32];
+    go_grid16(qa, grid, wa, wa + 16);
+    go_grid16(qb, grid, wb, wb + 16);
+    return go_dot_q8_pair(wa, wb, x, sa, sb, acc);
+}
 /* lanes (float)((x >> (j0 + lane)) & 1) */
 static inline float32x4_t go_vbits(uint32_t x, int j0) {
     const int32_t shifts[4] = {-j0, -j0 - 1, -j0 - 2, -j0 - 3};

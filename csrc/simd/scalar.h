@@ -152,6 +152,16 @@ static inline void go_grid16(const uint8_t *src, const int8_t *grid, int8_t *lo,
         hi[j] = grid[src[j] >> 4];
     }
 }
+/* acc plus sa * dot(grid[a's nibbles], x[0:32]) + sb * dot(grid[b's], x[32:64]) for
+ * two IQ4_NL-coded runs of 32 (see simd/x86_int8.h): the values looked up into
+ * bytes, then go_dot_q8_pair's integer dots */
+static inline go_vq go_dot_iq4_pair(const uint8_t *qa, const uint8_t *qb, const int8_t *grid,
+                                    const int8_t *x, float sa, float sb, go_vq acc) {
+    int8_t wa[32], wb[32];
+    go_grid16(qa, grid, wa, wa + 16);
+    go_grid16(qb, grid, wb, wb + 16);
+    return go_dot_q8_pair(wa, wb, x, sa, sb, acc);
+}
 #define go_vbits(x, j0) ((float)(((x) >> (j0)) & 1u))
 /* v + 16 in the lanes whose bit (j0 + lane) of x is set */
 #define go_vadd16_bits(v, x, j0) go_vfma(go_vbits((x), (j0)), go_vset1(16.0f), (v))

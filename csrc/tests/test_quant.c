@@ -376,7 +376,8 @@ static float *check_matmul(const ggmlopt_kernel_table *k, const qtype *t, const 
     return y;
 }
 
-/* quant_dot_q8_rows of table k for a Q8_0, Q4_0, Q5_0, Q4_K or Q6_K weight: x rounded to Q8_0
+/* quant_dot_q8_rows of table k for a Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, IQ4_NL or IQ4_XS weight:
+ * x rounded to Q8_0
  * (the public, portable ggmlopt_quantize_q8_0_row; its bytes are checked
  * against gguf-py in tests/test_kernels_quant_q8.py), the 32 quants past the
  * row random (an odd last block reads them unscaled), weight rows [2, 9) of 11
@@ -483,7 +484,8 @@ void test_quant_kernels(const ggmlopt_kernel_table *k) {
                 check_matmul(k, t, &c, 2, 9, ctx);
             }
         }
-        if (t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 || t->type == 14) {
+        if (t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 || t->type == 14 ||
+            t->type == 20 || t->type == 23) {
             static const int64_t widths[] = {32, 64, 96, 160, 608, 256, 512, 768, 1280, 2560};
             const int k_type = t->block == 256;
             for (int wi = k_type ? 5 : 0; wi < (k_type ? 10 : 5); ++wi) {
@@ -619,7 +621,8 @@ static void public_q8(const char **paths, int npaths) {
         const float *x = th_rand_f32(nx * (ncols + 5), 0, -1.0f, 1.0f);
         int8_t *xq = th_alloc(1, ncols + 32, 0);
         float *xd = th_alloc(4, ncols / 32, 0), *xs = th_alloc(4, ncols / 32, 0);
-        const int q8 = t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 || t->type == 14;
+        const int q8 = t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 ||
+                       t->type == 14 || t->type == 20 || t->type == 23;
         float *first = NULL;
         for (int p = 0; p < npaths; ++p) {
             if (!select_path(paths[p])) continue;

@@ -450,8 +450,8 @@ int ggmlopt_dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t n
 int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
                              int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                              int64_t y_stride);
-/* y as ggmlopt_quant_matmul_f32 for a Q8_0 (8), Q4_0 (2), Q5_0 (6), Q4_K (12) or
- * Q6_K (14) weight, each x row
+/* y as ggmlopt_quant_matmul_f32 for a Q8_0 (8), Q4_0 (2), Q5_0 (6), Q4_K (12),
+ * Q6_K (14), IQ4_NL (20) or IQ4_XS (23) weight, each x row
  * first rounded to Q8_0 blocks (ggml's quantize_row_q8_0_ref) and each block's
  * dot taken in integers, as llama.cpp multiplies these types: the result
  * differs from the float product by that rounding of x.  xqs, xd and xsum:
