@@ -32,7 +32,7 @@ from ._causal_lm import normal_init
 from ._hf_config import LLAMA_KEYS, check_keys, llama_fields, llama_hf_config
 from .config import LlamaConfig
 from .family import Family
-from .gemma3 import GeGLU, Gemma3, Gemma3DecoderLayer, GemmaRMSNorm
+from .gemma3 import FOUR_NORM_GGUF_NAMES, GeGLU, Gemma3, Gemma3DecoderLayer, GemmaRMSNorm
 from .llama import INIT_STD, Llama, with_layers
 
 __all__ = ["FAMILY", "Gemma2", "Gemma2Config", "Gemma2DecoderLayer"]
@@ -363,7 +363,5 @@ FAMILY = Family("gemma2", Gemma2, Gemma2Config, hf_model_type="gemma2",
                                      "attention.sliding_window_pattern", "rope.freq_base_swa",
                                      "attn_logit_softcapping", "final_logit_softcapping"}),
                 gguf_fields=_gguf_fields, gguf_write=_gguf_write, gguf_check=_gguf_check,
-                gguf_names={"post_attention_layernorm.weight": "post_attention_norm.weight",
-                            "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-                            "post_feedforward_layernorm.weight": "post_ffw_norm.weight"},
+                gguf_names=FOUR_NORM_GGUF_NAMES,
                 gguf_norm_offset=1.0, parameter_shapes=_parameter_shapes)

@@ -39,7 +39,8 @@ from .config import LlamaConfig
 from .family import Family
 from .llama import INIT_STD, Llama, with_layers
 
-__all__ = ["FAMILY", "GeGLU", "Gemma3", "Gemma3Config", "Gemma3DecoderLayer", "GemmaRMSNorm"]
+__all__ = ["FAMILY", "FOUR_NORM_GGUF_NAMES", "GeGLU", "Gemma3", "Gemma3Config", "Gemma3DecoderLayer",
+           "GemmaRMSNorm"]
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -460,9 +461,14 @@ def _parameter_shapes(config: Gemma3Config) -> list[tuple[str, tuple[int, ...]]]
         ("mlp.down_proj.weight", (f, d)), ("post_feedforward_layernorm.weight", (d,))])
 
 
-# llama.cpp's gemma3: norm weights stored as 1 + w, four norms a block (the one Llama
-# calls post_attention_layernorm, before the MLP, is Gemma's pre_feedforward_layernorm),
-# its window, which layers are local and their RoPE base
+# llama.cpp's names of the four norms of Gemma 2's and Gemma 3's blocks (the one Llama
+# calls post_attention_layernorm, before the MLP, is their pre_feedforward_layernorm)
+FOUR_NORM_GGUF_NAMES = {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                        "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+
+# llama.cpp's gemma3: norm weights stored as 1 + w, four norms a block, its window, which
+# layers are local and their RoPE base
 FAMILY = Family("gemma3", Gemma3, Gemma3Config, hf_model_type="gemma3_text",
                 hf_architecture="Gemma3ForCausalLM", from_hf=_from_hf, to_hf=_to_hf,
                 hf_pad_default=0,
@@ -471,7 +477,5 @@ FAMILY = Family("gemma3", Gemma3, Gemma3Config, hf_model_type="gemma3_text",
                                      "attention.sliding_window_pattern", "rope.freq_base_swa",
                                      "final_logit_softcapping"}),
                 gguf_fields=_gguf_fields, gguf_write=_gguf_write, gguf_check=_gguf_check,
-                gguf_names={"post_attention_layernorm.weight": "post_attention_norm.weight",
-                            "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-                            "post_feedforward_layernorm.weight": "post_ffw_norm.weight"},
+                gguf_names=FOUR_NORM_GGUF_NAMES,
                 gguf_norm_offset=1.0, parameter_shapes=_parameter_shapes)
