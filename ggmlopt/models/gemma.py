@@ -19,19 +19,16 @@ layers and its own score scale to this; its norm and MLP are these.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
-
-import numpy as np
 
 from ..nn.attention import CausalSelfAttention
 from ._causal_lm import PreNormBlock, cached_self_attention, normal_init
 from ._hf_config import LLAMA_KEYS, check_keys, llama_fields, llama_hf_config
 from .config import LlamaConfig
 from .family import Family
-from .gemma3 import GeGLU, Gemma3, GemmaRMSNorm
-from .llama import INIT_STD, Llama, with_layers
+from .gemma3 import GeGLU, GemmaLM, GemmaRMSNorm
+from .llama import INIT_STD, with_layers
 
 __all__ = ["FAMILY", "Gemma", "GemmaConfig", "GemmaDecoderLayer"]
 
@@ -93,30 +90,14 @@ class GemmaDecoderLayer(PreNormBlock):
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
 
 
-class Gemma(Llama):
+class Gemma(GemmaLM):
     """Gemma(config, *, seed=0): a Gemma (1) model (config a GemmaConfig).
     Parameters as Hugging Face's GemmaForCausalLM names them (without
     ``model.``): Llama's, the norms' weights Gemma's (the scale is 1 +
     weight), with ``self_attn.{q,k,v,o}_proj.bias`` under attention_bias."""
 
     layer_class = GemmaDecoderLayer
-
-    def __init__(self, config: GemmaConfig, *, seed: int = 0):
-        if not isinstance(config, GemmaConfig):
-            raise TypeError(f"config: expected a GemmaConfig, got {type(config).__name__}")
-        super().__init__(config, seed=seed)
-        self.norm = GemmaRMSNorm(config.dim, config.norm_eps)
-        # HF's embed_scale: sqrt(hidden_size) as a float32
-        self._embed_scale = np.float32(math.sqrt(config.dim))
-
-    # the embedding scaled by sqrt(hidden) and the final norm: Gemma 3's, the same here
-    _embed = Gemma3._embed
-    _hidden = Gemma3._hidden
-    _hidden_backward = Gemma3._hidden_backward
-    _decode_hidden = Gemma3._decode_hidden
-
-    def __repr__(self):
-        return f"Gemma({self.config})"
+    config_class = GemmaConfig
 
 
 # ---- the family: its Hugging Face config and llama.cpp's gemma architecture -----------

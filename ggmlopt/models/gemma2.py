@@ -32,8 +32,15 @@ from ._causal_lm import normal_init
 from ._hf_config import LLAMA_KEYS, check_keys, llama_fields, llama_hf_config
 from .config import LlamaConfig
 from .family import Family
-from .gemma3 import FOUR_NORM_GGUF_NAMES, GeGLU, Gemma3, Gemma3DecoderLayer, GemmaRMSNorm
-from .llama import INIT_STD, Llama, with_layers
+from .gemma3 import (
+    FOUR_NORM_GGUF_NAMES,
+    GeGLU,
+    Gemma3DecoderLayer,
+    GemmaLM,
+    GemmaRMSNorm,
+    WindowLayers,
+)
+from .llama import INIT_STD, with_layers
 
 __all__ = ["FAMILY", "Gemma2", "Gemma2Config", "Gemma2DecoderLayer"]
 
@@ -52,7 +59,7 @@ def _cap(obj, name: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Gemma2Config(LlamaConfig):
+class Gemma2Config(WindowLayers, LlamaConfig):
     """Gemma2Config(vocab_size, dim, n_layers, n_heads, n_kv_heads=None,
     ffn_dim=None, max_seq_len=8192, norm_eps=1e-6, rope_base=10000.0,
     tie_embeddings=True, rope_scaling=None, qkv_bias=False, head_dim=None,
@@ -119,13 +126,6 @@ class Gemma2Config(LlamaConfig):
         _cap(self, "attn_logit_softcap")
         _cap(self, "final_logit_softcap")
 
-    def is_sliding(self, layer: int) -> bool:
-        """Whether layer attends over the sliding window (a local layer)."""
-        assert self.sliding_layers is not None
-        return self.sliding_layers[layer]
-
-    def sliding_window_of(self, layer: int) -> int | None:
-        return self.sliding_window if self.is_sliding(layer) else None
 
 
 class Gemma2DecoderLayer(Gemma3DecoderLayer):
@@ -149,7 +149,7 @@ class Gemma2DecoderLayer(Gemma3DecoderLayer):
         self.post_feedforward_layernorm = GemmaRMSNorm(d, eps)
 
 
-class Gemma2(Llama):
+class Gemma2(GemmaLM):
     """Gemma2(config, *, seed=0): a Gemma 2 model (config a Gemma2Config).
     Parameters as Hugging Face's Gemma2ForCausalLM names them (without
     ``model.``): Llama's with ``layers.{i}.pre_feedforward_layernorm`` and
@@ -159,24 +159,11 @@ class Gemma2(Llama):
     set from its config."""
 
     layer_class = Gemma2DecoderLayer
+    config_class = Gemma2Config
 
     def __init__(self, config: Gemma2Config, *, seed: int = 0):
-        if not isinstance(config, Gemma2Config):
-            raise TypeError(f"config: expected a Gemma2Config, got {type(config).__name__}")
         super().__init__(config, seed=seed)
-        self.norm = GemmaRMSNorm(config.dim, config.norm_eps)
-        # HF's embed_scale: sqrt(hidden_size) as a float32
-        self._embed_scale = np.float32(math.sqrt(config.dim))
         self.final_logit_softcap = config.final_logit_softcap
-
-    # the embedding scaled by sqrt(hidden) and the final norm: Gemma 3's, the same here
-    _embed = Gemma3._embed
-    _hidden = Gemma3._hidden
-    _hidden_backward = Gemma3._hidden_backward
-    _decode_hidden = Gemma3._decode_hidden
-
-    def __repr__(self):
-        return f"Gemma2({self.config})"
 
 
 # ---- the family: its Hugging Face config and llama.cpp's gemma2 architecture ----------

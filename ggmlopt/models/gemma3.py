@@ -40,7 +40,7 @@ from .family import Family
 from .llama import INIT_STD, Llama, with_layers
 
 __all__ = ["FAMILY", "FOUR_NORM_GGUF_NAMES", "GeGLU", "Gemma3", "Gemma3Config", "Gemma3DecoderLayer",
-           "GemmaRMSNorm"]
+           "GemmaLM", "GemmaRMSNorm", "WindowLayers"]
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -120,8 +120,24 @@ class GeGLU(Module):
         return (dx + dx_up).reshape(self._shape)
 
 
+class WindowLayers:
+    """A config whose layers are local (a sliding window) or global, as its
+    sliding_layers flags say: Gemma 2's and Gemma 3's."""
+
+    sliding_window: int | None
+    sliding_layers: tuple[bool, ...] | None
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer attends over the sliding window (a local layer)."""
+        assert self.sliding_layers is not None
+        return self.sliding_layers[layer]
+
+    def sliding_window_of(self, layer: int) -> int | None:
+        return self.sliding_window if self.is_sliding(layer) else None
+
+
 @dataclasses.dataclass(frozen=True)
-class Gemma3Config(LlamaConfig):
+class Gemma3Config(WindowLayers, LlamaConfig):
     """Gemma3Config(vocab_size, dim, n_layers, n_heads, n_kv_heads=None,
     ffn_dim=None, max_seq_len=131072, norm_eps=1e-6, rope_base=1000000.0,
     tie_embeddings=True, rope_scaling=None, qkv_bias=False, head_dim=None,
@@ -178,13 +194,6 @@ class Gemma3Config(LlamaConfig):
         """Each head normalises its q and k: True for every Gemma 3."""
         return True
 
-    def is_sliding(self, layer: int) -> bool:
-        """Whether layer attends over the sliding window (a local layer)."""
-        assert self.sliding_layers is not None
-        return self.sliding_layers[layer]
-
-    def sliding_window_of(self, layer: int) -> int | None:
-        return self.sliding_window if self.is_sliding(layer) else None
 
 
 class Gemma3DecoderLayer(Module):
@@ -245,21 +254,20 @@ class Gemma3DecoderLayer(Module):
         return h + self.post_feedforward_layernorm.forward(m)
 
 
-class Gemma3(Llama):
-    """Gemma3(config, *, seed=0): a Gemma 3 text model (config a Gemma3Config).
-    Parameters as Hugging Face's Gemma3ForCausalLM names them (without
-    ``model.``): Llama's with ``layers.{i}.pre_feedforward_layernorm``,
-    ``post_feedforward_layernorm`` and the attention's ``q_norm`` / ``k_norm``;
-    the norms' weights are Gemma's (the scale is 1 + weight)."""
+class GemmaLM(Llama):
+    """What every Gemma adds to Llama's model: token embeddings scaled by
+    sqrt(hidden_size) (HF's embed_scale, a float32) and Gemma's final norm;
+    Gemma, Gemma 2 and Gemma 3 differ in their blocks.  config_class: the
+    config a subclass takes (TypeError for another)."""
 
-    layer_class = Gemma3DecoderLayer
+    config_class: ClassVar[type[LlamaConfig]] = LlamaConfig
 
-    def __init__(self, config: Gemma3Config, *, seed: int = 0):
-        if not isinstance(config, Gemma3Config):
-            raise TypeError(f"config: expected a Gemma3Config, got {type(config).__name__}")
+    def __init__(self, config: LlamaConfig, *, seed: int = 0):
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"config: expected a {self.config_class.__name__}, got "
+                            f"{type(config).__name__}")
         super().__init__(config, seed=seed)
         self.norm = GemmaRMSNorm(config.dim, config.norm_eps)
-        # HF's embed_scale: sqrt(hidden_size) as a float32
         self._embed_scale = np.float32(math.sqrt(config.dim))
 
     def _embed(self, tokens):
@@ -286,7 +294,18 @@ class Gemma3(Llama):
         return self.norm.forward(h)
 
     def __repr__(self):
-        return f"Gemma3({self.config})"
+        return f"{type(self).__name__}({self.config})"
+
+
+class Gemma3(GemmaLM):
+    """Gemma3(config, *, seed=0): a Gemma 3 text model (config a Gemma3Config).
+    Parameters as Hugging Face's Gemma3ForCausalLM names them (without
+    ``model.``): Llama's with ``layers.{i}.pre_feedforward_layernorm``,
+    ``post_feedforward_layernorm`` and the attention's ``q_norm`` / ``k_norm``;
+    the norms' weights are Gemma's (the scale is 1 + weight)."""
+
+    layer_class = Gemma3DecoderLayer
+    config_class = Gemma3Config
 
 
 # ---- the family: its Hugging Face config and llama.cpp's gemma3 architecture ---------
