@@ -1624,6 +1624,29 @@ int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x
     return 0;
 }
 
+/* Activations rounded as llama.cpp rounds them for a weight's integer dot
+ * products, one row of ncols values: to Q8_0 blocks (quants, a scale and a
+ * sum of quants per 32) or, for the K types, to Q8_K blocks (quants, a scale
+ * per 256 in xd, a sum per 16 quants as int16 in xsum's bytes: the same
+ * scratch holds either); the 32 quants past the row zeroed (an odd last Q8_0
+ * block reads them unscaled). */
+static void quantize_activations(int form, const float *x, int64_t ncols, int8_t *xqs, float *xd,
+                                 float *xsum) {
+    if (form == GO_Q8_K) go_quantize_q8_k_row(x, ncols, xqs, xd, (int16_t *)(void *)xsum);
+    else go_quantize_q8_0_row(x, ncols, xqs, xd, xsum);
+    memset(xqs + ncols, 0, 32);
+}
+/* weight rows [j0, j1) times one row so rounded */
+static void dot_rounded_rows(int form, int type, int64_t ncols, const int8_t *xqs, const float *xd,
+                             const float *xsum, const uint8_t *w, int64_t row_bytes, int64_t j0,
+                             int64_t j1, float *y) {
+    if (form == GO_Q8_K)
+        kernels()->quant_dot_q8k_rows(type, ncols, xqs, xd, (const int16_t *)(const void *)xsum,
+                                      w, row_bytes, j0, j1, y);
+    else
+        kernels()->quant_dot_q8_rows(type, ncols, xqs, xd, w, row_bytes, j0, j1, y);
+}
+
 typedef struct {
     int type;
     int64_t ncols, row_bytes;
@@ -1635,13 +1658,17 @@ typedef struct {
 
 static double quant_dot_q8_block(const void *p, int64_t b, int64_t e) {
     const quant_q8_args *a = (const quant_q8_args *)p;
-    kernels()->quant_dot_q8_rows(a->type, a->ncols, a->xqs, a->xd, a->xsum, a->w, a->row_bytes,
-                                 b, e, a->y);
+    dot_rounded_rows(go_qtype_q8_form(a->type), a->type, a->ncols, a->xqs, a->xd, a->xsum, a->w,
+                     a->row_bytes, b, e, a->y);
     return 0.0;
 }
 void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales,
                                float *sums) {
     go_quantize_q8_0_row(x, n, qs, scales, sums);
+}
+void ggmlopt_quantize_q8_k_row(const float *x, int64_t n, int8_t *qs, float *scales,
+                               int16_t *sums) {
+    go_quantize_q8_k_row(x, n, qs, scales, sums);
 }
 int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
                             int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
@@ -1657,8 +1684,7 @@ int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
             continue;
         }
         /* the row's quants once, in this thread: every weight row reads them */
-        go_quantize_q8_0_row(x + i * x_stride, ncols, xqs, xd, xsum);
-        memset(xqs + ncols, 0, 32);
+        quantize_activations(go_qtype_q8_form(type), x + i * x_stride, ncols, xqs, xd, xsum);
         quant_q8_args a = {type, ncols, row_bytes, xqs, xd, xsum, w, yi};
         run_weight_rows(nout, ncols, quant_dot_q8_block, &a);
     }
@@ -1776,9 +1802,11 @@ int ggmlopt_matmul_columns_f32(int64_t nx, int64_t ncols, const float *x, int64_
 
 /* Several products of the same rows x, one pool job over all their weight
  * rows (a decode step's q, k and v; gate and up): global row r of the job is
- * row r - first of the product whose rows [first, first + nout) hold it. */
+ * row r - first of the product whose rows [first, first + nout) hold it.  The
+ * products whose rounding form is `form` multiply x so rounded (xqs, xd and
+ * xsum: every row's), the others float32 x. */
 typedef struct {
-    int n, q8;
+    int n, form;
     const ggmlopt_qproduct *p;
     const int64_t *first, *row_bytes;
     int64_t nx, ncols, x_stride;
@@ -1795,11 +1823,11 @@ static double quant_many_block(const void *pa, int64_t b, int64_t e) {
         const int64_t lo = a->first[m], hi = lo + p->nout;
         if (b >= hi) continue;
         const int64_t j0 = b - lo, j1 = (e < hi ? e : hi) - lo;
-        if (a->q8 && go_qtype_has_q8_dot(p->type)) {
+        if (a->form != GO_Q8_NONE && go_qtype_q8_form(p->type) == a->form) {
             for (int64_t i = 0; i < a->nx; ++i)
-                kernels()->quant_dot_q8_rows(p->type, a->ncols, a->xqs + i * (a->ncols + 32),
-                                             a->xd + i * nb, a->xsum + i * nb, p->w,
-                                             a->row_bytes[m], j0, j1, p->y + i * p->y_stride);
+                dot_rounded_rows(a->form, p->type, a->ncols, a->xqs + i * (a->ncols + 32),
+                                 a->xd + i * nb, a->xsum + i * nb, p->w, a->row_bytes[m], j0, j1,
+                                 p->y + i * p->y_stride);
         } else {
             kernels()->quant_matmul_rows(p->type, a->nx, a->ncols, a->x, a->x_stride, p->w,
                                          a->row_bytes[m], j0, j1, p->y, p->y_stride);
@@ -1808,37 +1836,60 @@ static double quant_many_block(const void *pa, int64_t b, int64_t e) {
     }
     return 0.0;
 }
+
+/* the n products (rows checked) as one job, x rounded to form first */
+static void quant_many_job(int n, const ggmlopt_qproduct *products, int64_t nx, int64_t ncols,
+                           const float *x, int64_t x_stride, int form, int8_t *xqs, float *xd,
+                           float *xsum) {
+    int64_t first[GGMLOPT_QPRODUCTS_MAX], row_bytes[GGMLOPT_QPRODUCTS_MAX], total = 0;
+    for (int m = 0; m < n; ++m) {
+        row_bytes[m] = ggmlopt_quant_row_bytes(products[m].type, ncols);
+        first[m] = total;
+        total += products[m].nout > 0 ? products[m].nout : 0;
+    }
+    if (total == 0) return;
+    if (form != GO_Q8_NONE) {
+        /* every row's quants once, in this thread: every weight row reads them */
+        const int64_t nb = ncols / 32;
+        for (int64_t i = 0; i < nx; ++i)
+            quantize_activations(form, x + i * x_stride, ncols, xqs + i * (ncols + 32),
+                                 xd + i * nb, xsum + i * nb);
+    }
+    quant_many_args a = {n, form, products, first, row_bytes, nx, ncols, x_stride, x,
+                         xqs, xd, xsum};
+    run_weight_rows(total, ncols * (nx < GO_QMM_ROWS ? nx : GO_QMM_ROWS), quant_many_block, &a);
+}
+
 int ggmlopt_quant_matmul_many(int n, const ggmlopt_qproduct *products, int64_t nx,
                               int64_t ncols, const float *x, int64_t x_stride, int q8,
                               int8_t *xqs, float *xd, float *xsum) {
-    int64_t first[GGMLOPT_QPRODUCTS_MAX], row_bytes[GGMLOPT_QPRODUCTS_MAX], total = 0;
-    int any_q8 = 0;
+    int has[3] = {0, 0, 0};   /* products of each rounding form */
     if (n < 0 || n > GGMLOPT_QPRODUCTS_MAX) return -3;
     for (int m = 0; m < n; ++m) {
-        row_bytes[m] = ggmlopt_quant_row_bytes(products[m].type, ncols);
-        if (row_bytes[m] < 0) return -1;
-        first[m] = total;
-        total += products[m].nout > 0 ? products[m].nout : 0;
-        any_q8 |= q8 && go_qtype_has_q8_dot(products[m].type);
+        if (ggmlopt_quant_row_bytes(products[m].type, ncols) < 0) return -1;
+        has[q8 ? go_qtype_q8_form(products[m].type) : GO_Q8_NONE] = 1;
     }
-    if (nx <= 0 || total == 0) return 0;
+    if (nx <= 0) return 0;
     if (ncols == 0) {
         for (int m = 0; m < n; ++m)
             zero_rows(nx, products[m].nout, products[m].y, products[m].y_stride);
         return 0;
     }
-    if (any_q8) {
-        /* every row's quants once, in this thread: every weight row reads them */
-        const int64_t nb = ncols / 32;
-        for (int64_t i = 0; i < nx; ++i) {
-            go_quantize_q8_0_row(x + i * x_stride, ncols, xqs + i * (ncols + 32), xd + i * nb,
-                                 xsum + i * nb);
-            memset(xqs + i * (ncols + 32) + ncols, 0, 32);
-        }
+    if (!(has[GO_Q8_0] && has[GO_Q8_K])) {
+        quant_many_job(n, products, nx, ncols, x, x_stride,
+                       has[GO_Q8_K] ? GO_Q8_K : has[GO_Q8_0] ? GO_Q8_0 : GO_Q8_NONE, xqs, xd,
+                       xsum);
+        return 0;
     }
-    quant_many_args a = {n, any_q8, products, first, row_bytes, nx, ncols, x_stride, x,
-                         xqs, xd, xsum};
-    run_weight_rows(total, ncols * (nx < GO_QMM_ROWS ? nx : GO_QMM_ROWS), quant_many_block, &a);
+    /* both forms: x rounded one way, then the other, in the same scratch */
+    ggmlopt_qproduct by_form[GGMLOPT_QPRODUCTS_MAX];
+    int nk = 0, n0 = 0;
+    for (int m = 0; m < n; ++m)
+        if (go_qtype_q8_form(products[m].type) == GO_Q8_K) by_form[nk++] = products[m];
+    for (int m = 0; m < n; ++m)
+        if (go_qtype_q8_form(products[m].type) != GO_Q8_K) by_form[nk + n0++] = products[m];
+    quant_many_job(nk, by_form, nx, ncols, x, x_stride, GO_Q8_K, xqs, xd, xsum);
+    quant_many_job(n0, by_form + nk, nx, ncols, x, x_stride, GO_Q8_0, xqs, xd, xsum);
     return 0;
 }
 

@@ -116,12 +116,20 @@ enum {
     GO_QTYPE_Q3_K = 11, GO_QTYPE_Q4_K = 12, GO_QTYPE_Q5_K = 13, GO_QTYPE_Q6_K = 14,
     GO_QTYPE_IQ4_NL = 20, GO_QTYPE_IQ4_XS = 23, GO_QTYPE_BF16 = 30
 };
-/* the weight types quant_dot_q8_rows multiplies by activations rounded to Q8_0 */
-static inline int go_qtype_has_q8_dot(int type) {
-    return type == GO_QTYPE_Q8_0 || type == GO_QTYPE_Q4_0 || type == GO_QTYPE_Q5_0 ||
-           type == GO_QTYPE_Q4_K || type == GO_QTYPE_Q6_K || type == GO_QTYPE_IQ4_NL ||
-           type == GO_QTYPE_IQ4_XS;
+/* How llama.cpp rounds the activations a weight type multiplies in integers:
+ * to Q8_0 blocks of 32 (quant_dot_q8_rows) or, for the K types, to Q8_K
+ * blocks of 256 (quant_dot_q8k_rows), whose one scale a super-block lets its
+ * sub-blocks' products add up in integers; GO_Q8_NONE: float32 activations. */
+enum { GO_Q8_NONE = 0, GO_Q8_0 = 1, GO_Q8_K = 2 };
+static inline int go_qtype_q8_form(int type) {
+    switch (type) {
+    case GO_QTYPE_Q8_0: case GO_QTYPE_Q4_0: case GO_QTYPE_Q5_0: case GO_QTYPE_IQ4_NL:
+    case GO_QTYPE_IQ4_XS: return GO_Q8_0;
+    case GO_QTYPE_Q4_K: case GO_QTYPE_Q5_K: case GO_QTYPE_Q6_K: return GO_Q8_K;
+    default: return GO_Q8_NONE;
+    }
 }
+static inline int go_qtype_has_q8_dot(int type) { return go_qtype_q8_form(type) != GO_Q8_NONE; }
 static inline int64_t go_qtype_block(int type) {
     switch (type) {
     case GO_QTYPE_F32: case GO_QTYPE_F16: case GO_QTYPE_BF16: return 1;
@@ -368,11 +376,16 @@ typedef struct ggmlopt_kernel_table {
     void (*quant_matmul_rows)(int type, int64_t nx, int64_t ncols, const float *x,
                               int64_t x_stride, const uint8_t *w, int64_t row_bytes, int64_t j0,
                               int64_t j1, float *y, int64_t y_stride);
-    /* dot(x rounded to Q8_0 blocks, weight rows [j0, j1)) of a Q8_0, Q4_0,
-     * Q5_0, Q4_K or Q6_K weight (0 returned for another type) */
+    /* dot(x rounded to Q8_0 blocks, weight rows [j0, j1)) of a weight whose
+     * go_qtype_q8_form is GO_Q8_0 (0 returned for another type) */
     int (*quant_dot_q8_rows)(int type, int64_t ncols, const int8_t *xqs, const float *xd,
-                             const float *xsum, const uint8_t *w, int64_t row_bytes, int64_t j0,
-                             int64_t j1, float *y);
+                             const uint8_t *w, int64_t row_bytes, int64_t j0, int64_t j1,
+                             float *y);
+    /* the same with x rounded to Q8_K blocks (go_quantize_q8_k_row: xd a
+     * scale per 256 values, xsums a sum per 16 quants) for a GO_Q8_K type */
+    int (*quant_dot_q8k_rows)(int type, int64_t ncols, const int8_t *xqs, const float *xd,
+                              const int16_t *xsums, const uint8_t *w, int64_t row_bytes,
+                              int64_t j0, int64_t j1, float *y);
     /* columns [j0, j1) of x (nx rows) times a float32 weight stored (ncols, ld)
      * (kernels/matmul_columns.inc): a Linear's few-rows product */
     void (*matmul_columns_f32)(int64_t nx, int64_t ncols, const float *x, int64_t x_stride,

@@ -394,3 +394,41 @@ void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales, 
         if (sums) sums[i] = (float)sum;
     }
 }
+
+/* ggml's quantize_row_q8_K_ref: per 256 values the one of largest magnitude,
+ * max (the first such, with its sign), iscale = -127 / max, each quant
+ * nearest(iscale * x) (at most 127), the scale 1 / iscale.  A block of zeros
+ * gets a zero scale; a block holding a non-finite value a NaN scale and zero
+ * quants (no NaN is converted to an integer). */
+void go_quantize_q8_k_row(const float *x, int64_t n, int8_t *qs, float *scales, int16_t *sums) {
+    for (int64_t i = 0; i < n / 256; ++i) {
+        const float *v = x + i * 256;
+        int8_t *q = qs + i * 256;
+        float max = 0.0f, amax = 0.0f;
+        int finite = 1;
+        for (int j = 0; j < 256; ++j) {
+            const float a = fabsf(v[j]);
+            if (!(a <= FLT_MAX)) finite = 0;
+            else if (a > amax) {
+                amax = a;
+                max = v[j];
+            }
+        }
+        if (!finite || amax == 0.0f) {
+            memset(q, 0, 256);
+            scales[i] = finite ? 0.0f : NAN;
+        } else {
+            const float iscale = -127.0f / max;
+            for (int j = 0; j < 256; ++j) {
+                const int r = nearest_int(iscale * v[j]);
+                q[j] = (int8_t)(r < 127 ? r : 127);
+            }
+            scales[i] = 1.0f / iscale;
+        }
+        for (int j = 0; j < 16; ++j) {
+            int32_t sum = 0;
+            for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
+            sums[i * 16 + j] = (int16_t)sum;
+        }
+    }
+}

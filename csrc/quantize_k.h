@@ -1,6 +1,6 @@
 /* ggml's K block types from float32 rows (quantize_k.c): the bytes
  * llama-quantize writes without an importance matrix; and activations as
- * Q8_0 blocks, as llama.cpp rounds them for its integer dot products. */
+ * Q8_0 and Q8_K blocks, as llama.cpp rounds them for its integer dot products. */
 #ifndef GGMLOPT_QUANTIZE_K_H
 #define GGMLOPT_QUANTIZE_K_H
 
@@ -21,5 +21,11 @@ void go_quantize_k_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const f
  * them), each block's scale, the f16 it stores as a float, into scales and,
  * unless sums is NULL, the sum of its quants into sums */
 void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales, float *sums);
+
+/* n floats (a multiple of 256) as Q8_K blocks, as llama.cpp rounds activations
+ * for the K types' dot products: the int8 quants into qs (n of them), each
+ * 256-value block's scale into scales (n / 256) and the sums of each 16
+ * quants into sums (n / 16) */
+void go_quantize_q8_k_row(const float *x, int64_t n, int8_t *qs, float *scales, int16_t *sums);
 
 #endif

@@ -7,7 +7,7 @@
 # Each forwards to the function of the same name with a ggmlopt_ prefix in
 # ggmlopt.h (see ggmlopt.get_include()), which documents the formulas.  They
 # take raw pointers, check nothing, never allocate and never need the GIL.
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t
 
 cdef void adamw_step_f32(int64_t n, float *w, const float *g, float *m, float *v,
                          const float *params) noexcept nogil
@@ -193,6 +193,8 @@ cdef int quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x, in
                          int64_t nout, const uint8_t *w, float *y, int64_t y_stride,
                          int8_t *xqs, float *xd, float *xsum) noexcept nogil
 cdef void quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) noexcept nogil
+cdef void quantize_q8_k_row(const float *x, int64_t n, int8_t *qs, float *scales,
+                            int16_t *sums) noexcept nogil
 cdef extern from "ggmlopt.h" nogil:
     ctypedef struct ggmlopt_qproduct:
         int type

@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t
 
 from ggmlopt._kernel_args cimport as_array as _array
 from ggmlopt._kernel_args cimport f32_ptr as _f32
@@ -1813,6 +1813,8 @@ cdef extern from "ggmlopt.h" nogil:
                                   uint8_t *dst)
     void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales,
                                    float *sums)
+    void ggmlopt_quantize_q8_k_row(const float *x, int64_t n, int8_t *qs, float *scales,
+                                   int16_t *sums)
     int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
                                 int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                                 int64_t y_stride, int8_t *xqs, float *xd, float *xsum)
@@ -1841,6 +1843,11 @@ cdef int quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x, in
 
 cdef void quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales) noexcept nogil:
     ggmlopt_quantize_q8_0_row(x, n, qs, scales, NULL)
+
+
+cdef void quantize_q8_k_row(const float *x, int64_t n, int8_t *qs, float *scales,
+                            int16_t *sums) noexcept nogil:
+    ggmlopt_quantize_q8_k_row(x, n, qs, scales, sums)
 
 
 cdef extern from "ggmlopt.h" nogil:

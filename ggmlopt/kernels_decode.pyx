@@ -71,8 +71,8 @@ cdef class LlamaBlockStep:
     ffn_norm: the two RMSNorms' weights (dim,); q_norm, k_norm: the per-head
     RMSNorms' (head_dim,), or None; eps: every norm's.  window: None, or a
     sliding window of that many positions.  activations: "f32", or "q8_0" (the
-    types with integer products multiply activations rounded to Q8_0, as
-    kernels_quant.matmul's).  ValueError or TypeError naming the argument when
+    types with integer products multiply activations rounded to Q8_0 or, for
+    the K types, Q8_K blocks, as kernels_quant.matmul's).  ValueError or TypeError naming the argument when
     the shapes do not fit one block.
     """
 

@@ -18,7 +18,7 @@ touched; the work then runs without the GIL.  The C-level forms are in
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t
 
 from ggmlopt.kernels_embedding cimport check_ids as _check_ids
 
@@ -34,8 +34,10 @@ QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0"
           "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20,
           "IQ4_XS": 23, "BF16": 30}
 _NAMES = {v: k for k, v in QTYPES.items()}
-# the weight types matmul(..., activations="q8_0") multiplies in integers
-Q8_ACTIVATION_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+# the weight types matmul(..., activations="q8_0") multiplies in integers: x
+# rounded to Q8_0 blocks for the first five, to Q8_K blocks for the K types
+Q8_ACTIVATION_TYPES = ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K")
+Q8_K_ACTIVATION_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 
 
 cdef int64_t quant_row_bytes(int type, int64_t ncols) noexcept nogil:
@@ -176,13 +178,15 @@ def matmul(x, qtype, raw, out=None, activations="f32"):
     weight row is dequantized a chunk at a time, never whole; meant for few
     rows of x (decoding), where the weight's bytes bound the time.
 
-    activations="q8_0", for a weight of a type in Q8_ACTIVATION_TYPES (Q8_0,
-    Q4_0, Q5_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS): each row of x is first rounded to Q8_0 blocks and
-    each block's dot taken in integers, as llama.cpp multiplies these types
-    (for the K types it rounds x in blocks of 256, Q8_K: the 32-value blocks
-    here round finer); the result is off the float product by that rounding of
-    x (at most half of 1/127 of each block's largest value, per value).
-    Weights of other types multiply the float32 rows either way."""
+    activations="q8_0", for a weight of a type in Q8_ACTIVATION_TYPES: each
+    row of x is first rounded as llama.cpp rounds it for that type and each
+    block's dot taken in integers, as llama.cpp multiplies these types: to
+    Q8_0 blocks of 32 (quantize_q8_0_activations) for Q8_0, Q4_0, Q5_0,
+    IQ4_NL and IQ4_XS, to Q8_K blocks of 256 (quantize_q8_k_activations) for
+    the K types in Q8_K_ACTIVATION_TYPES, whose super-blocks then sum in
+    integers.  The result is off the float product by that rounding of x (at
+    most half a block's scale per value).  Weights of other types multiply
+    the float32 rows either way."""
     if activations not in ("f32", "q8_0"):
         raise ValueError(f"activations: expected 'f32' or 'q8_0', got {activations!r}")
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
@@ -286,6 +290,31 @@ def quantize_q8_0_activations(x):
             for i in range(nx):
                 _k.quantize_q8_0_row(px + i * ncols, ncols, &q[i, 0], &d[i, 0])
     return quants, scales
+
+
+def quantize_q8_k_activations(x):
+    """x (n, ncols) float32 rounded as matmul(..., activations="q8_0") rounds it
+    for the K types (ggml's quantize_row_q8_K_ref): (quants int8 (n, ncols),
+    scales float32 (n, ncols // 256), sums int16 (n, ncols // 16)); ncols a
+    multiple of 256.  Value j of row i stands for quants[i, j] * scales[i, j //
+    256]; sums[i, k] is the sum of quants[i, 16 k: 16 k + 16]."""
+    cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
+    if ax.ndim != 2 or ax.shape[1] % 256:
+        raise ValueError(f"x: expected shape (rows, a multiple of 256), got "
+                         f"{(<object>ax).shape}")
+    cdef int64_t nx = ax.shape[0], ncols = ax.shape[1], i
+    quants = np.empty((nx, ncols), np.int8)
+    scales = np.empty((nx, ncols // 256), np.float32)
+    sums = np.empty((nx, ncols // 16), np.int16)
+    cdef int8_t[:, ::1] q = quants
+    cdef float[:, ::1] d = scales
+    cdef int16_t[:, ::1] s = sums
+    cdef const float *px = _f32(ax)
+    if nx and ncols:
+        with nogil:
+            for i in range(nx):
+                _k.quantize_q8_k_row(px + i * ncols, ncols, &q[i, 0], &d[i, 0], &s[i, 0])
+    return quants, scales, sums
 
 
 def gather(ids, qtype, raw, ncols, out=None):

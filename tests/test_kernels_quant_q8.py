@@ -1,10 +1,13 @@
-"""Products of few rows with the activations rounded to Q8_0 blocks, as llama.cpp
-multiplies Q8_0, Q4_0, Q5_0, Q4_K and Q6_K weights (kernels_quant.matmul(..., activations="q8_0")):
-the rounding byte for byte gguf-py's (ggml's quantize_row_q8_0_ref), the product
-within float32 rounding of a float64 product of the rounded activations and the
-decoded weights on every SIMD path, the same bits on any number of threads;
-QuantizedLinear and QuantizedEmbedding multiply so when set_activations says so,
-outside training only; decoding's kernel threads linger only while it runs."""
+"""Products of few rows with the activations rounded as llama.cpp rounds them
+for its integer dot products (kernels_quant.matmul(..., activations="q8_0")):
+to Q8_0 blocks for Q8_0, Q4_0, Q5_0, IQ4_NL and IQ4_XS weights, byte for byte
+gguf-py's (ggml's quantize_row_q8_0_ref), and to Q8_K blocks for Q4_K, Q5_K and
+Q6_K, as ggml's quantize_row_q8_K_ref; the product within float32 rounding of
+a float64 product of the rounded activations and the decoded weights on every
+SIMD path, the same bits on any number of threads and in one job of products
+of either rounding; QuantizedLinear and QuantizedEmbedding multiply so when
+set_activations says so, outside training only; decoding's kernel threads
+linger only while it runs."""
 import numpy as np
 import pytest
 
@@ -24,6 +27,38 @@ def gguf_q8_0(x):
     scales = raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
     quants = raw[..., 2:].view(np.int8).reshape(x.shape)
     return quants, scales
+
+
+def ggml_q8_k(x):
+    """ggml's quantize_row_q8_K_ref in NumPy (float32 arithmetic, as in C):
+    per 256 values max = the first value of largest magnitude, iscale = -127 /
+    max, quants nearest(iscale * x) (ties to even) at most 127, scale 1 /
+    iscale, sums of 16 quants; a block of zeros all zeros."""
+    n, ncols = x.shape
+    xb = x.reshape(n, ncols // 256, 256)
+    first = np.abs(xb).argmax(axis=2)[..., None]
+    peak = np.take_along_axis(xb, first, 2)
+    zero = peak == 0
+    with np.errstate(divide="ignore"):
+        iscale = np.where(zero, np.float32(0), np.float32(-127) / np.where(zero, 1, peak))
+    quants = np.minimum(np.rint(iscale * xb), 127).astype(np.int8)
+    with np.errstate(divide="ignore"):
+        scales = np.where(zero, np.float32(0), np.float32(1) / np.where(zero, 1, iscale))
+    sums = quants.reshape(n, -1, 16).astype(np.int32).sum(axis=2).astype(np.int16)
+    return quants.reshape(n, ncols), scales[..., 0].astype(np.float32), sums
+
+
+def rounded_activations(x, qtype):
+    """x as the integer products of qtype see it, float64: Q8_K blocks for the
+    K types, Q8_0 blocks for the others; and each value's quantum (its block's
+    scale)."""
+    if qtype in kq.Q8_K_ACTIVATION_TYPES:
+        quants, scales, _ = kq.quantize_q8_k_activations(x)
+        step = np.repeat(scales.astype(np.float64), 256, axis=1)
+    else:
+        quants, scales = kq.quantize_q8_0_activations(x)
+        step = np.repeat(scales.astype(np.float64), 32, axis=1)
+    return quants.astype(np.float64) * step, step
 
 
 def awkward_activations(rng, nx, ncols):
@@ -48,6 +83,40 @@ def test_the_rounding_is_gguf_pys(nx, ncols):
     np.testing.assert_array_equal(quants, want_q)
     np.testing.assert_array_equal(scales.view(np.uint32), want_s.view(np.uint32))
     assert np.abs(quants.astype(np.int32)).max() <= 127
+
+
+@pytest.mark.parametrize("nx,ncols", [(1, 256), (3, 512), (2, 1536)])
+def test_the_q8_k_rounding_is_ggmls(nx, ncols):
+    rng = np.random.default_rng(ncols * 3 + nx)
+    x = awkward_activations(rng, nx, ncols)
+    x[0, 256 - 40:] = 0.0 if ncols == 256 else x[0, 256 - 40:]
+    if ncols >= 512:
+        x[1 % nx, 256:512] = 0.0                                  # a block of zeros
+        x[-1, 300] = -np.abs(x[-1, 256:512]).max() * 2            # its largest value negative
+    if ncols >= 1536:   # ties: 127 * (k + 0.5) / 127 of the largest, and the same magnitude twice
+        x[0, 1024:1280] = (np.arange(256) % 64 - 31.5) / 63.5 * 3.0
+        x[0, 1024] = -3.0
+        x[0, 1100] = 3.0
+    quants, scales, sums = kq.quantize_q8_k_activations(x)
+    want_q, want_s, want_sums = ggml_q8_k(x)
+    np.testing.assert_array_equal(quants, want_q)
+    np.testing.assert_array_equal(scales.view(np.uint32), want_s.view(np.uint32))
+    np.testing.assert_array_equal(sums, want_sums)
+    assert np.abs(quants.astype(np.int32)).max() <= 127
+    assert quants.dtype == np.int8 and scales.dtype == np.float32 and sums.dtype == np.int16
+
+
+def test_a_non_finite_value_makes_its_q8_k_block_nan_and_nothing_else():
+    x = np.ones((2, 768), np.float32)
+    x[0, 300] = np.inf
+    x[1, 600] = np.nan
+    quants, scales, sums = kq.quantize_q8_k_activations(x)
+    assert np.isnan(scales[0, 1]) and np.isnan(scales[1, 2])
+    assert (quants[0, 256:512] == 0).all() and (quants[1, 512:768] == 0).all()
+    assert (sums[0, 16:32] == 0).all() and (sums[1, 32:48] == 0).all()
+    assert np.isfinite(scales[0, [0, 2]]).all() and np.isfinite(scales[1, :2]).all()
+    w = kq.quantize(np.ones((3, 768), np.float32), "Q4_K")
+    assert np.isnan(kq.matmul(x, "Q4_K", w, activations="q8_0")).all()
 
 
 def test_a_non_finite_value_makes_its_block_nan_and_nothing_else():
@@ -79,10 +148,10 @@ def random_weight(qtype, nout, ncols, rng):
     return kq.quantize(w, qtype) if qtype.endswith("_K") else gguf.quants.quantize(w, T[qtype])
 
 
-def q4_k_mins(raw, ncols):
-    """A Q4_K weight's value is d * sc * q - dmin * m: the second part of each
-    value, (nout, ncols), which the kernel sums apart from the first."""
-    blocks = raw.reshape(-1, 144)
+def k_mins(raw, qtype, ncols):
+    """A Q4_K or Q5_K weight's value is d * sc * q - dmin * m: the second part
+    of each value, (nout, ncols), which the kernel sums apart from the first."""
+    blocks = raw.reshape(-1, 144 if qtype == "Q4_K" else 176)
     dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float64)
     _, m = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16].copy())
     mins = np.repeat(dmin * m.astype(np.float64), 32, axis=1)
@@ -91,27 +160,29 @@ def q4_k_mins(raw, ncols):
 
 def q8_product_and_bound(x, qtype, raw):
     """The float64 product of the rounded activations and the decoded weights,
-    and its float32 bound: every block's integer dot is exact and its scale
-    product (two f16 values) exact in float32, so only the accumulation rounds:
-    within gamma_m sum |w x| over the blocks' m = nblocks + 8 steps (two sums of
-    pairs of blocks, the lanes' sum, the final rounding)."""
-    quants, scales = kq.quantize_q8_0_activations(x)
-    xr = quants.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=1)
+    and its float32 bound: every block's integer dot is exact (a K type's
+    super-block's whole sum) and its scale product rounds once at most, so only
+    the accumulation rounds: within gamma_m sum |w x| over m = nblocks + 8
+    steps (nblocks of 32 values: sums of pairs of blocks, the lanes' sum, the
+    final rounding)."""
+    xr, _ = rounded_activations(x, qtype)
     w = np.asarray(gguf.quants.dequantize(raw, T[qtype]), np.float64)
     exact = xr @ w.T
     m = x.shape[1] // 32 + 8
-    # Q4_K: its two parts are summed apart (a value's may cancel), each scale
-    # product rounds once
-    mag = np.abs(w) + (2 * np.abs(q4_k_mins(raw, x.shape[1])) if qtype == "Q4_K" else 0)
+    # Q4_K, Q5_K: their two parts are summed apart (a value's may cancel), each
+    # scale product rounds once
+    mag = np.abs(w) + (2 * np.abs(k_mins(raw, qtype, x.shape[1]))
+                       if qtype in ("Q4_K", "Q5_K") else 0)
     return exact, (m + 1) * U / (1 - (m + 1) * U) * (np.abs(xr) @ mag.T) + U * np.abs(exact)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K",
+                                   "Q6_K"])
 @pytest.mark.parametrize("nx,nblocks,nout", [(1, 1, 1), (1, 2, 13), (3, 3, 7), (4, 5, 40),
                                              (11, 19, 13), (1, 48, 600)])
 def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path, qtype, nx,
                                                                        nblocks, nout):
-    if qtype in ("Q4_K", "Q6_K", "IQ4_XS"):   # super-blocks of 256 values
+    if qtype in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS"):   # super-blocks of 256 values
         nblocks *= 8
     rng = np.random.default_rng(nblocks * 7 + nout)
     ncols = 32 * nblocks
@@ -124,8 +195,10 @@ def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path
     # and off the float32 product by the activations' rounding: at most half a
     # quantum (the block's scale) per value
     w = np.asarray(gguf.quants.dequantize(raw, T[qtype]), np.float64)
-    _, scales = kq.quantize_q8_0_activations(x)
-    half = np.repeat(scales.astype(np.float64), 32, axis=1) / 2
+    # (a Q8_K scale is 1 / iscale, of either sign, and iscale * x rounds in
+    # float32 before its rounding to an integer: 256 units more of slack)
+    _, step = rounded_activations(x, qtype)
+    half = np.abs(step) * (0.5 + 256 * U)
     float_product = x.astype(np.float64) @ w.T
     assert (np.abs(got - float_product) <= half @ np.abs(w).T + 2 * bound).all()
     assert qtype in kq.Q8_ACTIVATION_TYPES
@@ -146,7 +219,7 @@ def test_an_input_off_the_vector_alignment(simd_path):
 
 def test_the_same_bits_on_any_number_of_threads(restore_threads):
     rng = np.random.default_rng(9)
-    for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K"):
+    for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"):
         raw = random_weight(qtype, 1536, 768, rng)
         x = rng.standard_normal((2, 768)).astype(np.float32)
         ggmlopt.set_num_threads(1)
@@ -155,13 +228,38 @@ def test_the_same_bits_on_any_number_of_threads(restore_threads):
         np.testing.assert_array_equal(kq.matmul(x, qtype, raw, activations="q8_0"), one)
 
 
+def test_one_job_of_both_roundings_gives_each_product_s_bits_alone(simd_path):
+    """matmul_many over Q8_0-rounded and Q8_K-rounded types at once (x rounded
+    one way, then the other, in the same scratch) and float32 ones."""
+    rng = np.random.default_rng(12)
+    ncols = 512
+    types = ["Q4_K", "Q4_0", "Q6_K", "Q3_K", "IQ4_NL", "Q5_K"]
+    raws = [random_q3_k(9, ncols, rng) if t == "Q3_K" else random_weight(t, 7 + 5 * i, ncols, rng)
+            for i, t in enumerate(types)]
+    x = awkward_activations(rng, 3, ncols)
+    outs = kq.matmul_many(x, list(zip(types, raws)), activations="q8_0")
+    for t, raw, out in zip(types, raws, outs):
+        np.testing.assert_array_equal(out, kq.matmul(x, t, raw, activations="q8_0"))
+
+
+def random_q3_k(nout, ncols, rng):
+    """Q3_K rows of random bytes under a small finite scale (110 bytes a
+    super-block, d the last two)."""
+    raw = rng.integers(0, 256, (nout, ncols // 256, 110), dtype=np.uint8)
+    d = (rng.standard_normal((nout, ncols // 256)) * 0.002).astype(np.float16)
+    raw[..., 108:110] = d.view(np.uint8).reshape(nout, ncols // 256, 2)
+    return raw.reshape(nout, -1)
+
+
 def test_other_types_multiply_the_float32_activations():
     rng = np.random.default_rng(4)
-    raw = kq.quantize(rng.standard_normal((5, 256)).astype(np.float32), "Q5_K")
+    raw = random_q3_k(5, 256, rng)
     x = rng.standard_normal((1, 256)).astype(np.float32)
-    np.testing.assert_array_equal(kq.matmul(x, "Q5_K", raw, activations="q8_0"),
-                                  kq.matmul(x, "Q5_K", raw))
-    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+    np.testing.assert_array_equal(kq.matmul(x, "Q3_K", raw, activations="q8_0"),
+                                  kq.matmul(x, "Q3_K", raw))
+    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K",
+                                      "Q5_K", "Q6_K")
+    assert kq.Q8_K_ACTIVATION_TYPES == ("Q4_K", "Q5_K", "Q6_K")
 
 
 def test_bad_arguments():
@@ -174,6 +272,12 @@ def test_bad_arguments():
         kq.quantize_q8_0_activations(np.ones((1, 32), np.float64))
     quants, scales = kq.quantize_q8_0_activations(np.ones((0, 64), np.float32))
     assert quants.shape == (0, 64) and scales.shape == (0, 2)
+    with pytest.raises(ValueError, match="x"):
+        kq.quantize_q8_k_activations(np.ones((1, 288), np.float32))
+    with pytest.raises(TypeError, match="x"):
+        kq.quantize_q8_k_activations(np.ones((1, 256), np.float64))
+    quants, scales, sums = kq.quantize_q8_k_activations(np.ones((0, 512), np.float32))
+    assert quants.shape == (0, 512) and scales.shape == (0, 2) and sums.shape == (0, 32)
 
 
 def test_layers_multiply_so_when_set_and_not_training():
@@ -182,15 +286,15 @@ def test_layers_multiply_so_when_set_and_not_training():
     emb_raw = random_weight("Q8_0", 50, 96, rng)
     layer = QuantizedLinear(raw, "Q4_0", 96, 40)
     emb = QuantizedEmbedding(emb_raw, "Q8_0", 50, 96)
-    q5k = QuantizedLinear(kq.quantize(np.ones((3, 256), np.float32), "Q5_K"), "Q5_K", 256, 3)
+    q3k = QuantizedLinear(random_q3_k(3, 256, rng), "Q3_K", 256, 3)
     x = rng.standard_normal((1, 96)).astype(np.float32)
     exact = layer(x)
     many = rng.standard_normal((FEW_ROWS + 1, 96)).astype(np.float32)
     exact_many = layer(many)
     assert layer.activations == "f32" and emb.activations == "f32"
-    model = ggmlopt.nn.Sequential(layer, emb, q5k)
-    assert set_activations(model, "q8_0") == 2   # the Q5_K layer keeps float32
-    assert layer.activations == emb.activations == q5k.activations == "q8_0"
+    model = ggmlopt.nn.Sequential(layer, emb, q3k)
+    assert set_activations(model, "q8_0") == 2   # the Q3_K layer keeps float32
+    assert layer.activations == emb.activations == q3k.activations == "q8_0"
     np.testing.assert_array_equal(layer(x), kq.matmul(x, "Q4_0", raw, activations="q8_0"))
     np.testing.assert_array_equal(emb.project(x),
                                   kq.matmul(x, "Q8_0", emb_raw, activations="q8_0"))

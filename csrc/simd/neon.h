@@ -147,15 +147,23 @@ typedef float32x4_t go_vq;
 #define go_vq_zero() vdupq_n_f32(0.0f)
 #define go_vq_reduce(v) vaddvq_f32(v)
 
-/* lanes summing to dot(a, b) over 32 int8 pairs: int16 products (at most
- * 128 * 128) added pairwise into int32, exact */
-static inline float32x4_t go_dot_i8x32(int8x16_t a0, int8x16_t a1, const int8_t *b) {
+/* int32 lanes summing to dot(a, b) over 32 int8 pairs: int16 products (at
+ * most 128 * 128) added pairwise into int32, exact */
+static inline int32x4_t go_idot_i8x32(int8x16_t a0, int8x16_t a1, const int8_t *b) {
     const int8x16_t b0 = vld1q_s8(b), b1 = vld1q_s8(b + 16);
     int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(a0), vget_low_s8(b0)));
     s = vpadalq_s16(s, vmull_s8(vget_high_s8(a0), vget_high_s8(b0)));
     s = vpadalq_s16(s, vmull_s8(vget_low_s8(a1), vget_low_s8(b1)));
-    s = vpadalq_s16(s, vmull_s8(vget_high_s8(a1), vget_high_s8(b1)));
-    return vcvtq_f32_s32(s);
+    return vpadalq_s16(s, vmull_s8(vget_high_s8(a1), vget_high_s8(b1)));
+}
+/* the same over 16 pairs */
+static inline int32x4_t go_idot_i8x16(int8x16_t a, const int8_t *b) {
+    const int8x16_t v = vld1q_s8(b);
+    const int32x4_t s = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(v)));
+    return vpadalq_s16(s, vmull_s8(vget_high_s8(a), vget_high_s8(v)));
+}
+static inline float32x4_t go_dot_i8x32(int8x16_t a0, int8x16_t a1, const int8_t *b) {
+    return vcvtq_f32_s32(go_idot_i8x32(a0, a1, b));
 }
 /* acc plus sa * dot(wa, x[0:32]) + sb * dot(wb, x[32:64]) for two Q8_0
  * blocks' quants, and for two Q4_0 blocks' nibbles (see the scalar path) */
@@ -176,8 +184,6 @@ static inline float32x4_t go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, c
     acc = vfmaq_f32(acc, go_dot_i8x32(alo, ahi, x), vdupq_n_f32(sa));
     return vfmaq_f32(acc, go_dot_i8x32(blo, bhi, x + 32), vdupq_n_f32(sb));
 }
-/* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
- * nibbles of q[0:32], x[32:64]) (a Q4_K super-block's two sub-blocks) */
 /* a Q5_0 block's quants (nibble | fifth bit << 4, minus 16; low nibbles
  * first) as two vectors, from its 4 bytes of fifth bits on */
 static inline void go_q5_0_quants(const uint8_t *blk, int8x16_t *lo, int8x16_t *hi) {
@@ -204,36 +210,50 @@ static inline float32x4_t go_dot_q5_pair(const uint8_t *a, const uint8_t *b, con
     go_q5_0_quants(b, &lo, &hi);
     return vfmaq_f32(acc, go_dot_i8x32(lo, hi, x + 32), vdupq_n_f32(sb));
 }
-/* acc plus s0 * dot(q[0:16], x[0:16]) + s1 * dot(q[16:32], x[16:32]) for 32
- * values of a Q6_K super-block: q = ((ql >> lshift) & 15 | ((qh >> hshift) & 3)
- * << 4) - 32 */
-static inline float32x4_t go_dot_q6k_32(const uint8_t *ql, int lshift, const uint8_t *qh,
-                                        int hshift, const int8_t *x, float s0, float s1,
-                                        float32x4_t acc) {
+/* The K types against activations rounded to Q8_K (see simd/x86_int8.h): a
+ * super-block's sub-block products times their integer scales, in int32 lanes */
+typedef int32x4_t go_vqi;
+#define go_vqi_zero() vdupq_n_s32(0)
+#define go_vqi_add_int(s, v) vaddq_s32((s), vsetq_lane_s32((v), vdupq_n_s32(0), 0))
+#define go_vq_add_scaled(s, d, acc) vfmaq_f32((acc), vcvtq_f32_s32(s), vdupq_n_f32(d))
+/* two Q4_K sub-blocks from their 32 bytes: low nibbles then high ones */
+static inline int32x4_t go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, int s_lo, int s_hi,
+                                          int32x4_t acc) {
+    const uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16), m = vdupq_n_u8(15);
+    acc = vmlaq_n_s32(acc, go_idot_i8x32(vreinterpretq_s8_u8(vandq_u8(q0, m)),
+                                         vreinterpretq_s8_u8(vandq_u8(q1, m)), x), s_lo);
+    return vmlaq_n_s32(acc, go_idot_i8x32(vreinterpretq_s8_u8(vshrq_n_u8(q0, 4)),
+                                          vreinterpretq_s8_u8(vshrq_n_u8(q1, 4)), x + 32), s_hi);
+}
+/* two Q5_K sub-blocks, pair c: the fifth bits bits 2c and 2c + 1 of qh */
+static inline int32x4_t go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, int c,
+                                          const int8_t *x, int s_lo, int s_hi, int32x4_t acc) {
+    const int8x16_t lo_shift = vdupq_n_s8((int8_t)(-2 * c)), hi_shift = vdupq_n_s8((int8_t)(-2 * c - 1));
+    const uint8x16_t m = vdupq_n_u8(15), one = vdupq_n_u8(1);
+    int8x16_t lo[2], hi[2];
+    for (int k = 0; k < 2; ++k) {
+        const uint8x16_t q = vld1q_u8(ql + 16 * k), h = vld1q_u8(qh + 16 * k);
+        lo[k] = vreinterpretq_s8_u8(vorrq_u8(
+            vandq_u8(q, m), vshlq_n_u8(vandq_u8(vshlq_u8(h, lo_shift), one), 4)));
+        hi[k] = vreinterpretq_s8_u8(vorrq_u8(
+            vshrq_n_u8(q, 4), vshlq_n_u8(vandq_u8(vshlq_u8(h, hi_shift), one), 4)));
+    }
+    acc = vmlaq_n_s32(acc, go_idot_i8x32(lo[0], lo[1], x), s_lo);
+    return vmlaq_n_s32(acc, go_idot_i8x32(hi[0], hi[1], x + 32), s_hi);
+}
+/* 32 values of a Q6_K super-block without their offset of 32: q = ((ql >>
+ * lshift) & 15 | ((qh >> hshift) & 3) << 4), the first 16 times s0, the next s1 */
+static inline int32x4_t go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
+                                        int hshift, const int8_t *x, int s0, int s1,
+                                        int32x4_t acc) {
     const int8x16_t ls = vdupq_n_s8((int8_t)-lshift), hs = vdupq_n_s8((int8_t)-hshift);
-    int8x16_t q[2];
     for (int k = 0; k < 2; ++k) {
         const uint8x16_t l = vandq_u8(vshlq_u8(vld1q_u8(ql + 16 * k), ls), vdupq_n_u8(15));
         const uint8x16_t h = vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * k), hs), vdupq_n_u8(3));
-        q[k] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(h, 4))), vdupq_n_s8(32));
+        const int8x16_t q = vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(h, 4)));
+        acc = vmlaq_n_s32(acc, go_idot_i8x16(q, x + 16 * k), k ? s1 : s0);
     }
-    const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
-    int32x4_t a = vpaddlq_s16(vmull_s8(vget_low_s8(q[0]), vget_low_s8(x0)));
-    a = vpadalq_s16(a, vmull_s8(vget_high_s8(q[0]), vget_high_s8(x0)));
-    int32x4_t b = vpaddlq_s16(vmull_s8(vget_low_s8(q[1]), vget_low_s8(x1)));
-    b = vpadalq_s16(b, vmull_s8(vget_high_s8(q[1]), vget_high_s8(x1)));
-    acc = vfmaq_f32(acc, vcvtq_f32_s32(a), vdupq_n_f32(s0));
-    return vfmaq_f32(acc, vcvtq_f32_s32(b), vdupq_n_f32(s1));
-}
-static inline float32x4_t go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_lo,
-                                          float s_hi, float32x4_t acc) {
-    const uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16), m = vdupq_n_u8(15);
-    const int8x16_t lo0 = vreinterpretq_s8_u8(vandq_u8(q0, m));
-    const int8x16_t lo1 = vreinterpretq_s8_u8(vandq_u8(q1, m));
-    const int8x16_t hi0 = vreinterpretq_s8_u8(vshrq_n_u8(q0, 4));
-    const int8x16_t hi1 = vreinterpretq_s8_u8(vshrq_n_u8(q1, 4));
-    acc = vfmaq_f32(acc, go_dot_i8x32(lo0, lo1, x), vdupq_n_f32(s_lo));
-    return vfmaq_f32(acc, go_dot_i8x32(hi0, hi1, x + 32), vdupq_n_f32(s_hi));
+    return acc;
 }
 /* out[j] = (src[j] >> shift) & mask for 16 bytes */
 static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {

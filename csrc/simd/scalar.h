@@ -92,8 +92,6 @@ static inline float go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const i
     }
     return (float)b * sb + ((float)a * sa + acc);
 }
-/* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
- * nibbles of q[0:32], x[32:64]) (a Q4_K super-block's two sub-blocks) */
 /* acc plus sa * dot(a's quants, x[0:32]) + sb * dot(b's, x[32:64]) for two
  * Q5_0 blocks, each from its 4 bytes of fifth bits on (value j: nibble |
  * bit j << 4, minus 16; low nibbles the first 16) */
@@ -112,27 +110,43 @@ static inline float go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int
     const int32_t da = go_q5_0_dot_scalar(a, x), db = go_q5_0_dot_scalar(b, x + 32);
     return (float)db * sb + ((float)da * sa + acc);
 }
-/* acc plus s0 * dot(q[0:16], x[0:16]) + s1 * dot(q[16:32], x[16:32]) for 32
- * values of a Q6_K super-block: q = ((ql >> lshift) & 15 | ((qh >> hshift) & 3)
- * << 4) - 32 */
-static inline float go_dot_q6k_32(const uint8_t *ql, int lshift, const uint8_t *qh, int hshift,
-                                  const int8_t *x, float s0, float s1, float acc) {
-    int32_t a = 0, b = 0;
-    for (int i = 0; i < 16; ++i) {
-        a += ((int)(((ql[i] >> lshift) & 15) | ((qh[i] >> hshift) & 3) << 4) - 32) * x[i];
-        b += ((int)(((ql[16 + i] >> lshift) & 15) | ((qh[16 + i] >> hshift) & 3) << 4) - 32) *
-             x[16 + i];
-    }
-    return (float)b * s1 + ((float)a * s0 + acc);
-}
-static inline float go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_lo, float s_hi,
-                                    float acc) {
+/* The K types against activations rounded to Q8_K (see simd/x86_int8.h): a
+ * super-block's sub-block products times their integer scales, in int32 */
+typedef int32_t go_vqi;
+#define go_vqi_zero() 0
+#define go_vqi_add_int(s, v) ((s) + (v))
+#define go_vq_add_scaled(s, d, acc) ((float)(s) * (d) + (acc))
+/* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
+ * nibbles, x[32:64]): two Q4_K sub-blocks */
+static inline int32_t go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, int s_lo, int s_hi,
+                                        int32_t acc) {
     int32_t a = 0, b = 0;
     for (int i = 0; i < 32; ++i) {
         a += (q[i] & 15) * x[i];
         b += (q[i] >> 4) * x[32 + i];
     }
-    return (float)b * s_hi + ((float)a * s_lo + acc);
+    return acc + s_lo * a + s_hi * b;
+}
+/* two Q5_K sub-blocks, pair c: the fifth bits bits 2c and 2c + 1 of qh */
+static inline int32_t go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, int c,
+                                        const int8_t *x, int s_lo, int s_hi, int32_t acc) {
+    int32_t a = 0, b = 0;
+    for (int i = 0; i < 32; ++i) {
+        a += ((ql[i] & 15) | ((qh[i] >> (2 * c)) & 1) << 4) * x[i];
+        b += ((ql[i] >> 4) | ((qh[i] >> (2 * c + 1)) & 1) << 4) * x[32 + i];
+    }
+    return acc + s_lo * a + s_hi * b;
+}
+/* 32 values of a Q6_K super-block without their offset of 32: q = ((ql >>
+ * lshift) & 15 | ((qh >> hshift) & 3) << 4), the first 16 times s0, the next s1 */
+static inline int32_t go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
+                                      int hshift, const int8_t *x, int s0, int s1, int32_t acc) {
+    int32_t a = 0, b = 0;
+    for (int i = 0; i < 16; ++i) {
+        a += (((ql[i] >> lshift) & 15) | ((qh[i] >> hshift) & 3) << 4) * x[i];
+        b += (((ql[16 + i] >> lshift) & 15) | ((qh[16 + i] >> hshift) & 3) << 4) * x[16 + i];
+    }
+    return acc + s0 * a + s1 * b;
 }
 static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
     for (int j = 0; j < 16; ++j) out[j] = (uint8_t)((src[j] >> shift) & mask);

@@ -104,22 +104,6 @@ static inline go_vq go_dot_q4_pair_lanes(const uint8_t *na, const uint8_t *nb, c
     return _mm256_fmadd_ps(go_dot_q4_lanes(nb, x + 32, lanes[1]), _mm256_set1_ps(sb), acc);
 }
 
-/* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
- * nibbles of q[0:32], x[32:64]): a Q4_K super-block's 32 bytes of two
- * sub-blocks, each nibble 0..15 (unsigned, so maddubs takes it as it is) */
-static inline go_vq go_dot_q4k_pair(const uint8_t *q, const int8_t *x, float s_lo, float s_hi,
-                                    go_vq acc) {
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)q), m = _mm256_set1_epi8(15);
-    const __m256i lo = _mm256_and_si256(raw, m), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m);
-    const __m256i one = _mm256_set1_epi16(1);
-    const __m256i plo = _mm256_madd_epi16(
-        _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), one);
-    const __m256i phi = _mm256_madd_epi16(
-        _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), one);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_set1_ps(s_lo), acc);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_set1_ps(s_hi), acc);
-}
-
 /* a Q5_0 block's 32 quants (nibble | fifth bit << 4, minus 16; low nibbles
  * first) from its 4 bytes of fifth bits and 16 of nibbles: bit j of the 32
  * becomes byte j (each byte of the word spread over 8 bytes, or-ed with all
@@ -148,21 +132,65 @@ static inline go_vq go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int
     return _mm256_fmadd_ps(go_dot_i8x32(go_q5_0_quants(b), xb), _mm256_set1_ps(sb), acc);
 }
 
-/* acc plus s0 * dot(q[0:16], x[0:16]) + s1 * dot(q[16:32], x[16:32]) for 32
- * values of a Q6_K super-block: q = ((ql >> lshift) & 15 | ((qh >> hshift) & 3)
- * << 4) - 32 over 32 bytes of each; lanes 0-3 of the sums hold bytes 0-15 */
-static inline go_vq go_dot_q6k_32(const uint8_t *ql, int lshift, const uint8_t *qh, int hshift,
-                                  const int8_t *x, float s0, float s1, go_vq acc) {
+/* The K types against activations rounded to Q8_K (kernels/quant.inc's
+ * quant_dot_q8k_rows): a super-block's sub-block products, each times its
+ * integer scale, summed in int32 lanes (exact), one float product a
+ * super-block.  The quants are unsigned (0..63: maddubs takes them as they
+ * are, pairs within int16), their offsets summed apart. */
+typedef __m256i go_vqi;
+static inline go_vqi go_vqi_zero(void) { return _mm256_setzero_si256(); }
+/* s plus v in one lane */
+static inline go_vqi go_vqi_add_int(go_vqi s, int32_t v) {
+    return _mm256_add_epi32(s, _mm256_castsi128_si256(_mm_cvtsi32_si128(v)));
+}
+/* acc plus d times s's lanes */
+static inline go_vq go_vq_add_scaled(go_vqi s, float d, go_vq acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
+}
+/* acc plus s_lo * dot(lo, x[0:32]) + s_hi * dot(hi, x[32:64]), lo and hi 32
+ * unsigned quants each */
+static inline go_vqi go_dot_u8_pair_i(__m256i lo, __m256i hi, const int8_t *x, int s_lo,
+                                      int s_hi, go_vqi acc) {
+    const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
+    const __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)s_lo)));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)s_hi)));
+}
+/* two Q4_K sub-blocks from their 32 bytes: low nibbles then high ones */
+static inline go_vqi go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, int s_lo, int s_hi,
+                                       go_vqi acc) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)q), m = _mm256_set1_epi8(15);
+    return go_dot_u8_pair_i(_mm256_and_si256(raw, m),
+                            _mm256_and_si256(_mm256_srli_epi16(raw, 4), m), x, s_lo, s_hi, acc);
+}
+/* two Q5_K sub-blocks, pair c of a super-block: ql's nibbles, the fifth bits
+ * bits 2c and 2c + 1 of the 32 bytes qh */
+static inline go_vqi go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, int c,
+                                       const int8_t *x, int s_lo, int s_hi, go_vqi acc) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)ql), m = _mm256_set1_epi8(15);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh), one = _mm256_set1_epi8(1);
+    const __m256i h_lo = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * c)), one);
+    const __m256i h_hi = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * c + 1)), one);
+    const __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, m), _mm256_slli_epi16(h_lo, 4));
+    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m),
+                                       _mm256_slli_epi16(h_hi, 4));
+    return go_dot_u8_pair_i(lo, hi, x, s_lo, s_hi, acc);
+}
+/* 32 values of a Q6_K super-block without their offset of 32: q =
+ * (ql >> lshift) & 15 | ((qh >> hshift) & 3) << 4, the first 16 times s0, the
+ * next 16 times s1 (lanes 0-3 hold bytes 0-15) */
+static inline go_vqi go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
+                                     int hshift, const int8_t *x, int s0, int s1, go_vqi acc) {
     const __m256i l = _mm256_and_si256(
         _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)ql), _mm_cvtsi32_si128(lshift)),
         _mm256_set1_epi8(15));
     const __m256i h = _mm256_and_si256(
         _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), _mm_cvtsi32_si128(hshift)),
         _mm256_set1_epi8(3));
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(h, 4)),
-                                      _mm256_set1_epi8(32));
-    const __m256 s = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
-    return _mm256_fmadd_ps(go_dot_i8x32(q, _mm256_loadu_si256((const __m256i *)x)), s, acc);
+    const __m256i q = _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
+    const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)x));
+    const __m256i s = _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
 }
 
 #endif

@@ -376,39 +376,88 @@ static float *check_matmul(const ggmlopt_kernel_table *k, const qtype *t, const 
     return y;
 }
 
-/* quant_dot_q8_rows of table k for a Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, IQ4_NL or IQ4_XS weight:
- * x rounded to Q8_0
- * (the public, portable ggmlopt_quantize_q8_0_row; its bytes are checked
- * against gguf-py in tests/test_kernels_quant_q8.py), the 32 quants past the
- * row random (an odd last block reads them unscaled), weight rows [2, 9) of 11
- * within float32 rounding of the float64 product of the decoded weights and
- * the rounded x: each block's integer dot is exact, its scale product rounds
+/* ggml's quantize_row_q8_K_ref, written out here apart from the library's:
+ * per 256 values the first of largest magnitude, iscale = -127 / it, quants
+ * rounded to nearest, ties to even (at most 127), scale 1 / iscale, sums of 16 */
+static void ref_q8_k(const float *x, int64_t n, int8_t *qs, float *d, int16_t *sums) {
+    for (int64_t i = 0; i < n / 256; ++i) {
+        float max = 0.0f, amax = 0.0f;
+        for (int j = 0; j < 256; ++j)
+            if (fabsf(x[i * 256 + j]) > amax) {
+                amax = fabsf(x[i * 256 + j]);
+                max = x[i * 256 + j];
+            }
+        const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
+        for (int j = 0; j < 256; ++j) {
+            const float r = nearbyintf(iscale * x[i * 256 + j]);
+            qs[i * 256 + j] = (int8_t)(r < 127.0f ? r : 127.0f);
+        }
+        d[i] = amax != 0.0f ? 1.0f / iscale : 0.0f;
+        for (int k = 0; k < 16; ++k) {
+            int s = 0;
+            for (int j = 0; j < 16; ++j) s += qs[i * 256 + 16 * k + j];
+            sums[i * 16 + k] = (int16_t)s;
+        }
+    }
+}
+
+/* The integer product of table k for a weight whose rounding form is Q8_0
+ * (Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS: quant_dot_q8_rows, x rounded by the
+ * public, portable ggmlopt_quantize_q8_0_row, its bytes checked against
+ * gguf-py in tests/test_kernels_quant_q8.py; the 32 quants past the row
+ * random, as an odd last block reads them unscaled) or Q8_K (Q4_K, Q5_K, Q6_K:
+ * quant_dot_q8k_rows, x rounded by ggmlopt_quantize_q8_k_row, checked here
+ * against ref_q8_k): weight rows [2, 9) of 11 within float32 rounding of the
+ * float64 product of the decoded weights and the rounded x: each block's
+ * integer dot is exact (a K super-block's whole sum), its scale product rounds
  * once at most, the accumulation takes nblocks / 2 + 8 roundings at most (a
- * Q4_K value's two parts, d sc q and dmin m, summed apart: the bound takes
- * both); rows outside untouched.
- * Another type returns 0 and writes nothing. */
+ * Q4_K or Q5_K value's two parts, d sc q and dmin m, summed apart: the bound
+ * takes both); rows outside untouched.  The other form's kernel refuses the
+ * type (returns 0, writes nothing). */
 static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t ncols,
                          const char *ctx) {
     const int64_t nout = 11, nb = ncols / 32, rb = row_bytes_of(t, ncols);
+    const int k_form = t->type == 12 || t->type == 13 || t->type == 14;
     const uint8_t *w = rand_rows(t, nout, ncols, 0, 3);
     const float *x = th_rand_f32(ncols, 1, -2.0f, 2.0f);
     int8_t *xq = th_alloc(1, ncols + 32, 1);
     float *xd = th_alloc(4, nb, 0), *xs = th_alloc(4, nb, 1);
-    ggmlopt_quantize_q8_0_row(x, ncols, xq, xd, xs);
-    for (int i = 0; i < 32; ++i) xq[ncols + i] = (int8_t)(th_next() >> 56);
     float *wf = th_alloc(4, ncols, 0);
-    float *y = sentinel_f32(nout);
-    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, xs, w, rb, 2, 9, y);
-    th_check(rc == 1, "%s: return code %d", ctx, rc);
-    for (int64_t b = 0; b < nb; ++b) {   /* the sums of quants, exact */
-        int32_t sum = 0;
-        for (int i = 0; i < 32; ++i) sum += xq[b * 32 + i];
-        th_check(xs[b] == (float)sum, "%s: block %lld's sum %g, want %d", ctx, (long long)b,
-                 (double)xs[b], sum);
+    float *y = sentinel_f32(nout), *other = sentinel_f32(nout);
+    int rc, rc_other;
+    if (k_form) {
+        int16_t *sums = (int16_t *)(void *)xs;
+        ggmlopt_quantize_q8_k_row(x, ncols, xq, xd, sums);
+        int8_t *want_q = th_alloc(1, ncols, 0);
+        float *want_d = th_alloc(4, ncols / 256, 0);
+        int16_t *want_s = th_alloc(2, ncols / 16, 0);
+        ref_q8_k(x, ncols, want_q, want_d, want_s);
+        th_check(memcmp(want_q, xq, (size_t)ncols) == 0 &&
+                 memcmp(want_d, xd, (size_t)(ncols / 256) * 4) == 0 &&
+                 memcmp(want_s, sums, (size_t)(ncols / 16) * 2) == 0,
+                 "%s: ggmlopt_quantize_q8_k_row differs from ggml's rounding", ctx);
+        rc = k->quant_dot_q8k_rows(t->type, ncols, xq, xd, sums, w, rb, 2, 9, y);
+        rc_other = k->quant_dot_q8_rows(t->type, ncols, xq, xd, w, rb, 2, 9, other);
+    } else {
+        ggmlopt_quantize_q8_0_row(x, ncols, xq, xd, xs);
+        for (int i = 0; i < 32; ++i) xq[ncols + i] = (int8_t)(th_next() >> 56);
+        for (int64_t b = 0; b < nb; ++b) {   /* the sums of quants, exact */
+            int32_t sum = 0;
+            for (int i = 0; i < 32; ++i) sum += xq[b * 32 + i];
+            th_check(xs[b] == (float)sum, "%s: block %lld's sum %g, want %d", ctx, (long long)b,
+                     (double)xs[b], sum);
+        }
+        rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, w, rb, 2, 9, y);
+        rc_other = k->quant_dot_q8k_rows(t->type, ncols, xq, xd, (const int16_t *)(void *)xs, w,
+                                         rb, 2, 9, other);
     }
+    th_check(rc == 1 && rc_other == 0, "%s: return codes %d, %d from the other form", ctx, rc,
+             rc_other);
     const double m = (double)(nb / 2 + 9), g = m * U32 / (1.0 - m * U32);
     th_miss miss = TH_MISS_INIT;
     for (int64_t j = 0; j < nout; ++j) {
+        th_expect_bits(&miss, "y of the other form's kernel (written)", j, other[j],
+                       bits_f32(SENTINEL_BITS));
         if (j < 2 || j >= 9) {
             th_expect_bits(&miss, "y outside the rows (written)", j, y[j], bits_f32(SENTINEL_BITS));
             continue;
@@ -416,11 +465,12 @@ static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t 
         ref_row(t, w + j * rb, ncols, wf);
         double s = 0.0, a = 0.0;
         for (int64_t i = 0; i < ncols; ++i) {
-            const double xi = (double)xq[i] * xd[i / 32], p = (double)wf[i] * xi;
+            const double xi = (double)xq[i] * xd[k_form ? i / 256 : i / 32],
+                         p = (double)wf[i] * xi;
             s += p;
             a += fabs(p);
-            if (t->type == 12) {   /* Q4_K: dmin * m of value i's sub-block */
-                const uint8_t *blk = w + j * rb + (i / 256) * 144;
+            if (t->type == 12 || t->type == 13) {   /* Q4_K, Q5_K: dmin * m of value i's sub-block */
+                const uint8_t *blk = w + j * rb + (i / 256) * t->bytes;
                 int sc[8], mn[8];
                 k_scales_mins(blk + 4, sc, mn);
                 a += 2.0 * fabs(f16_at(blk + 2)) * mn[(i % 256) / 32] * fabs(xi);
@@ -439,8 +489,10 @@ static void check_q8_dot_refuses(const ggmlopt_kernel_table *k, const qtype *t) 
     memset(xq, 0, (size_t)(ncols + 32));
     for (int64_t i = 0; i <= ncols / 32; ++i) xd[i] = 1.0f;
     float *y = sentinel_f32(2);
-    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, xd, w, row_bytes_of(t, ncols), 0,
-                                        2, y);
+    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, w, row_bytes_of(t, ncols), 0, 2,
+                                        y) +
+                   k->quant_dot_q8k_rows(t->type, ncols, xq, xd, (const int16_t *)(void *)xd, w,
+                                         row_bytes_of(t, ncols), 0, 2, y);
     th_miss m = TH_MISS_INIT;
     for (int j = 0; j < 2; ++j) th_expect_bits(&m, "y of a refused type", j, y[j], bits_f32(SENTINEL_BITS));
     char ctx[96];
@@ -484,12 +536,12 @@ void test_quant_kernels(const ggmlopt_kernel_table *k) {
                 check_matmul(k, t, &c, 2, 9, ctx);
             }
         }
-        if (t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 || t->type == 14 ||
-            t->type == 20 || t->type == 23) {
+        if (t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 || t->type == 13 ||
+            t->type == 14 || t->type == 20 || t->type == 23) {
             static const int64_t widths[] = {32, 64, 96, 160, 608, 256, 512, 768, 1280, 2560};
             const int k_type = t->block == 256;
             for (int wi = k_type ? 5 : 0; wi < (k_type ? 10 : 5); ++wi) {
-                snprintf(ctx, sizeof ctx, "quant_dot_q8_rows[%s] %s ncols=%lld rows [2, 9) of 11",
+                snprintf(ctx, sizeof ctx, "integer dot rows[%s] %s ncols=%lld rows [2, 9) of 11",
                          k->name, t->name, (long long)widths[wi]);
                 check_q8_dot(k, t, widths[wi], ctx);
             }
@@ -612,7 +664,7 @@ static void public_empty(void) {
  * table kernel's on the row's rounding, the same bits for any split; -2 and
  * nothing written for a type without integer products, -1 for a bad width */
 static void public_q8(const char **paths, int npaths) {
-    th_set_stage("quantized public API, Q8_0 activations");
+    th_set_stage("quantized public API, Q8_0 and Q8_K activations");
     for (int ti = 0; ti < NTYPES; ++ti) {
         const qtype *t = &TYPES[ti];
         if (t->block < 32) continue;
@@ -622,7 +674,7 @@ static void public_q8(const char **paths, int npaths) {
         int8_t *xq = th_alloc(1, ncols + 32, 0);
         float *xd = th_alloc(4, ncols / 32, 0), *xs = th_alloc(4, ncols / 32, 0);
         const int q8 = t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 ||
-                       t->type == 14 || t->type == 20 || t->type == 23;
+                       t->type == 13 || t->type == 14 || t->type == 20 || t->type == 23;
         float *first = NULL;
         for (int p = 0; p < npaths; ++p) {
             if (!select_path(paths[p])) continue;

@@ -450,13 +450,15 @@ int ggmlopt_dequantize_gather(int type, int64_t n, const int32_t *ids, int64_t n
 int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x,
                              int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                              int64_t y_stride);
-/* y as ggmlopt_quant_matmul_f32 for a Q8_0 (8), Q4_0 (2), Q5_0 (6), Q4_K (12),
- * Q6_K (14), IQ4_NL (20) or IQ4_XS (23) weight, each x row
- * first rounded to Q8_0 blocks (ggml's quantize_row_q8_0_ref) and each block's
- * dot taken in integers, as llama.cpp multiplies these types: the result
- * differs from the float product by that rounding of x.  xqs, xd and xsum:
- * scratch of ncols + 32 int8 and ncols / 32 floats each.  Returns 0, -1 as
- * ggmlopt_dequantize_rows, -2 for another type. */
+/* y as ggmlopt_quant_matmul_f32 for a weight llama.cpp multiplies in
+ * integers, each x row first rounded as llama.cpp rounds it for that type:
+ * to Q8_0 blocks (ggml's quantize_row_q8_0_ref) for a Q8_0 (8), Q4_0 (2),
+ * Q5_0 (6), IQ4_NL (20) or IQ4_XS (23) weight, to Q8_K blocks
+ * (quantize_row_q8_K_ref) for a Q4_K (12), Q5_K (13) or Q6_K (14) one; each
+ * block's dot is taken in integers (a K type's super-block's in one integer
+ * sum): the result differs from the float product by that rounding of x.
+ * xqs, xd and xsum: scratch of ncols + 32 int8 and ncols / 32 floats each.
+ * Returns 0, -1 as ggmlopt_dequantize_rows, -2 for another type. */
 /* n floats (a multiple of 32) rounded to Q8_0 blocks as ggml's
  * quantize_row_q8_0_ref rounds them: the int8 quants into qs (n of them) and
  * each block's scale (the f16 it stores, as a float) into scales and, unless
@@ -464,6 +466,14 @@ int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x
  * non-finite value gets zero quants and a NaN scale. */
 void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales,
                                float *sums);
+/* n floats (a multiple of 256) rounded to Q8_K blocks as ggml's
+ * quantize_row_q8_K_ref rounds them: per 256 values, iscale = -127 / (the
+ * value of largest magnitude), each quant iscale * x rounded to nearest, ties
+ * to even (at most 127), the scale 1 / iscale into scales (n / 256), each 16
+ * quants' sum into sums (n / 16); a block of zeros gets a zero scale, a block
+ * holding a non-finite value zero quants and a NaN scale. */
+void ggmlopt_quantize_q8_k_row(const float *x, int64_t n, int8_t *qs, float *scales,
+                               int16_t *sums);
 int ggmlopt_quant_matmul_q8(int type, int64_t nx, int64_t ncols, const float *x,
                             int64_t x_stride, int64_t nout, const uint8_t *w, float *y,
                             int64_t y_stride, int8_t *xqs, float *xd, float *xsum);
@@ -549,7 +559,7 @@ typedef struct {
     const float *q_norm, *k_norm;       /* (head_dim): per-head RMSNorms, or both NULL */
     ggmlopt_block_weight q, k, v, o, gate, up, down;
     int64_t window;                     /* a query sees this many positions; 0: all */
-    int q8;                             /* activations rounded to Q8_0 (see quant_matmul_q8) */
+    int q8;                             /* activations rounded (see quant_matmul_q8) */
 } ggmlopt_llama_block;
 
 /* Bytes of the work area ggmlopt_decode_block_f32 needs for batch rows over a

@@ -96,16 +96,18 @@ def set_activations(model, activations) -> int:
     """Sets how every QuantizedLinear and QuantizedEmbedding under model (model
     included) multiplies products of few rows (decoding) outside training:
     "f32" (the default: the float32 activations, the same numbers as a
-    product of many rows) or "q8_0" (each row first rounded to Q8_0 blocks and
-    multiplied in integers, for Q8_0, Q4_0, Q5_0, Q4_K, Q6_K, IQ4_NL and IQ4_XS weights
-    (kernels_quant.Q8_ACTIVATION_TYPES): faster, and off by that rounding of
-    the activations; weights of other types keep float32).  llama.cpp rounds
-    the activations of Q8_0, Q4_0, Q5_0 and IQ4_NL weights to Q8_0 blocks too (ggml's
-    reference rounding, x / (amax / 127), which ggmlopt and gguf-py use; its
-    x86 kernels multiply by 127 / amax instead, which rounds a value on a
-    half-step otherwise about once in a million), those of Q4_K, Q6_K and IQ4_XS
-    weights to 256-value Q8_K blocks: there the two differ by their
-    roundings.  Returns how many layers multiply in integers now."""
+    product of many rows) or "q8_0" (each row first rounded as llama.cpp
+    rounds it and multiplied in integers, for the weights of
+    kernels_quant.Q8_ACTIVATION_TYPES: faster, and off by that rounding of the
+    activations; weights of other types keep float32).  As in llama.cpp, Q8_0,
+    Q4_0, Q5_0, IQ4_NL and IQ4_XS weights take activations rounded to Q8_0
+    blocks of 32 (ggml's reference rounding, x / (amax / 127), which ggmlopt
+    and gguf-py use; llama.cpp's x86 kernels multiply by 127 / amax instead,
+    which rounds a value on a half-step otherwise about once in a million;
+    llama.cpp gives IQ4_XS Q8_K blocks), and Q4_K, Q5_K and Q6_K weights
+    activations rounded to Q8_K blocks of 256, exactly as ggml's
+    quantize_row_q8_K_ref rounds them, each super-block's products summed in
+    integers.  Returns how many layers multiply in integers now."""
     # any case, as save_gguf's dtype and QuantizedLinear's qtype take a type's name
     if isinstance(activations, str) and activations.lower() in ACTIVATIONS:
         activations = activations.lower()
