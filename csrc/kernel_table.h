@@ -117,15 +117,17 @@ enum {
     GO_QTYPE_IQ4_NL = 20, GO_QTYPE_IQ4_XS = 23, GO_QTYPE_BF16 = 30
 };
 /* How llama.cpp rounds the activations a weight type multiplies in integers:
- * to Q8_0 blocks of 32 (quant_dot_q8_rows) or, for the K types, to Q8_K
- * blocks of 256 (quant_dot_q8k_rows), whose one scale a super-block lets its
- * sub-blocks' products add up in integers; GO_Q8_NONE: float32 activations. */
+ * to Q8_0 blocks of 32 (quant_dot_q8_rows) or, for the types of 256-value
+ * super-blocks, to Q8_K blocks (quant_dot_q8k_rows), whose one scale a
+ * super-block lets its sub-blocks' products add up in integers; GO_Q8_NONE:
+ * float32 activations. */
 enum { GO_Q8_NONE = 0, GO_Q8_0 = 1, GO_Q8_K = 2 };
 static inline int go_qtype_q8_form(int type) {
     switch (type) {
     case GO_QTYPE_Q8_0: case GO_QTYPE_Q4_0: case GO_QTYPE_Q5_0: case GO_QTYPE_IQ4_NL:
-    case GO_QTYPE_IQ4_XS: return GO_Q8_0;
-    case GO_QTYPE_Q4_K: case GO_QTYPE_Q5_K: case GO_QTYPE_Q6_K: return GO_Q8_K;
+        return GO_Q8_0;
+    case GO_QTYPE_Q2_K: case GO_QTYPE_Q3_K: case GO_QTYPE_Q4_K: case GO_QTYPE_Q5_K:
+    case GO_QTYPE_Q6_K: case GO_QTYPE_IQ4_XS: return GO_Q8_K;
     default: return GO_Q8_NONE;
     }
 }

@@ -1,8 +1,8 @@
 """Products of few rows with the activations rounded as llama.cpp rounds them
 for its integer dot products (kernels_quant.matmul(..., activations="q8_0")):
-to Q8_0 blocks for Q8_0, Q4_0, Q5_0, IQ4_NL and IQ4_XS weights, byte for byte
-gguf-py's (ggml's quantize_row_q8_0_ref), and to Q8_K blocks for Q4_K, Q5_K and
-Q6_K, as ggml's quantize_row_q8_K_ref; the product within float32 rounding of
+to Q8_0 blocks for Q8_0, Q4_0, Q5_0 and IQ4_NL weights, byte for byte gguf-py's
+(ggml's quantize_row_q8_0_ref), and to Q8_K blocks for the types of 256-value
+super-blocks (Q2_K to Q6_K, IQ4_XS), as ggml's quantize_row_q8_K_ref; the product within float32 rounding of
 a float64 product of the rounded activations and the decoded weights on every
 SIMD path, the same bits on any number of threads and in one job of products
 of either rounding; QuantizedLinear and QuantizedEmbedding multiply so when
@@ -132,25 +132,33 @@ def test_a_non_finite_value_makes_its_block_nan_and_nothing_else():
     assert np.isnan(y).all()
 
 
-# the IQ4 types' blocks (values, bytes, the f16 scale's offset): random bytes under a
-# finite scale, as no Python quantizer writes them
-IQ4 = {"IQ4_NL": (32, 18), "IQ4_XS": (256, 136)}
+# the types no Python quantizer writes: (values, bytes, the offsets of its f16
+# scales) of a block, random bytes under small finite scales
+RANDOM_BYTES = {"IQ4_NL": (32, 18, (0,)), "IQ4_XS": (256, 136, (0,)), "Q2_K": (256, 84, (80, 82)),
+                "Q3_K": (256, 110, (108,))}
 
 
 def random_weight(qtype, nout, ncols, rng):
-    if qtype in IQ4:
-        values, size = IQ4[qtype]
+    if qtype in RANDOM_BYTES:
+        values, size, offsets = RANDOM_BYTES[qtype]
         raw = rng.integers(0, 256, (nout, ncols // values, size), dtype=np.uint8)
-        d = (rng.standard_normal((nout, ncols // values)) * 0.002).astype(np.float16)
-        raw[..., 0:2] = d.view(np.uint8).reshape(nout, ncols // values, 2)
+        for at in offsets:
+            d = (rng.standard_normal((nout, ncols // values)) * 0.002).astype(np.float16)
+            raw[..., at:at + 2] = d.view(np.uint8).reshape(nout, ncols // values, 2)
         return raw.reshape(nout, -1)
     w = (rng.standard_normal((nout, ncols)) * 0.05).astype(np.float32)
     return kq.quantize(w, qtype) if qtype.endswith("_K") else gguf.quants.quantize(w, T[qtype])
 
 
 def k_mins(raw, qtype, ncols):
-    """A Q4_K or Q5_K weight's value is d * sc * q - dmin * m: the second part
-    of each value, (nout, ncols), which the kernel sums apart from the first."""
+    """A Q4_K, Q5_K or Q2_K weight's value is d * sc * q - dmin * m: the second
+    part of each value, (nout, ncols), which the kernel sums apart from the
+    first."""
+    if qtype == "Q2_K":   # a min per 16 values, the high nibble of its scale byte
+        blocks = raw.reshape(-1, 84)
+        dmin = blocks[:, 82:84].copy().view(np.float16).astype(np.float64)
+        mins = np.repeat(dmin * (blocks[:, :16] >> 4).astype(np.float64), 16, axis=1)
+        return mins.reshape(raw.shape[0], ncols)
     blocks = raw.reshape(-1, 144 if qtype == "Q4_K" else 176)
     dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float64)
     _, m = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16].copy())
@@ -169,20 +177,20 @@ def q8_product_and_bound(x, qtype, raw):
     w = np.asarray(gguf.quants.dequantize(raw, T[qtype]), np.float64)
     exact = xr @ w.T
     m = x.shape[1] // 32 + 8
-    # Q4_K, Q5_K: their two parts are summed apart (a value's may cancel), each
-    # scale product rounds once
+    # Q4_K, Q5_K, Q2_K: their two parts are summed apart (a value's may
+    # cancel), each scale product rounds once
     mag = np.abs(w) + (2 * np.abs(k_mins(raw, qtype, x.shape[1]))
-                       if qtype in ("Q4_K", "Q5_K") else 0)
+                       if qtype in ("Q4_K", "Q5_K", "Q2_K") else 0)
     return exact, (m + 1) * U / (1 - (m + 1) * U) * (np.abs(xr) @ mag.T) + U * np.abs(exact)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K",
-                                   "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K",
+                                   "Q5_K", "Q6_K", "IQ4_XS"])
 @pytest.mark.parametrize("nx,nblocks,nout", [(1, 1, 1), (1, 2, 13), (3, 3, 7), (4, 5, 40),
                                              (11, 19, 13), (1, 48, 600)])
 def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path, qtype, nx,
                                                                        nblocks, nout):
-    if qtype in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS"):   # super-blocks of 256 values
+    if qtype in kq.Q8_K_ACTIVATION_TYPES:   # super-blocks of 256 values
         nblocks *= 8
     rng = np.random.default_rng(nblocks * 7 + nout)
     ncols = 32 * nblocks
@@ -219,7 +227,7 @@ def test_an_input_off_the_vector_alignment(simd_path):
 
 def test_the_same_bits_on_any_number_of_threads(restore_threads):
     rng = np.random.default_rng(9)
-    for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"):
+    for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"):
         raw = random_weight(qtype, 1536, 768, rng)
         x = rng.standard_normal((2, 768)).astype(np.float32)
         ggmlopt.set_num_threads(1)
@@ -233,33 +241,23 @@ def test_one_job_of_both_roundings_gives_each_product_s_bits_alone(simd_path):
     one way, then the other, in the same scratch) and float32 ones."""
     rng = np.random.default_rng(12)
     ncols = 512
-    types = ["Q4_K", "Q4_0", "Q6_K", "Q3_K", "IQ4_NL", "Q5_K"]
-    raws = [random_q3_k(9, ncols, rng) if t == "Q3_K" else random_weight(t, 7 + 5 * i, ncols, rng)
-            for i, t in enumerate(types)]
+    types = ["Q4_K", "Q4_0", "Q6_K", "Q4_1", "IQ4_NL", "Q3_K", "IQ4_XS", "Q8_0"]
+    raws = [random_weight(t, 7 + 5 * i, ncols, rng) for i, t in enumerate(types)]
     x = awkward_activations(rng, 3, ncols)
     outs = kq.matmul_many(x, list(zip(types, raws)), activations="q8_0")
     for t, raw, out in zip(types, raws, outs):
         np.testing.assert_array_equal(out, kq.matmul(x, t, raw, activations="q8_0"))
 
 
-def random_q3_k(nout, ncols, rng):
-    """Q3_K rows of random bytes under a small finite scale (110 bytes a
-    super-block, d the last two)."""
-    raw = rng.integers(0, 256, (nout, ncols // 256, 110), dtype=np.uint8)
-    d = (rng.standard_normal((nout, ncols // 256)) * 0.002).astype(np.float16)
-    raw[..., 108:110] = d.view(np.uint8).reshape(nout, ncols // 256, 2)
-    return raw.reshape(nout, -1)
-
-
 def test_other_types_multiply_the_float32_activations():
     rng = np.random.default_rng(4)
-    raw = random_q3_k(5, 256, rng)
+    raw = random_weight("Q4_1", 5, 256, rng)
     x = rng.standard_normal((1, 256)).astype(np.float32)
-    np.testing.assert_array_equal(kq.matmul(x, "Q3_K", raw, activations="q8_0"),
-                                  kq.matmul(x, "Q3_K", raw))
-    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K",
-                                      "Q5_K", "Q6_K")
-    assert kq.Q8_K_ACTIVATION_TYPES == ("Q4_K", "Q5_K", "Q6_K")
+    np.testing.assert_array_equal(kq.matmul(x, "Q4_1", raw, activations="q8_0"),
+                                  kq.matmul(x, "Q4_1", raw))
+    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K",
+                                      "Q5_K", "Q6_K", "IQ4_XS")
+    assert kq.Q8_K_ACTIVATION_TYPES == ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 
 
 def test_bad_arguments():
@@ -286,15 +284,15 @@ def test_layers_multiply_so_when_set_and_not_training():
     emb_raw = random_weight("Q8_0", 50, 96, rng)
     layer = QuantizedLinear(raw, "Q4_0", 96, 40)
     emb = QuantizedEmbedding(emb_raw, "Q8_0", 50, 96)
-    q3k = QuantizedLinear(random_q3_k(3, 256, rng), "Q3_K", 256, 3)
+    q41 = QuantizedLinear(random_weight("Q4_1", 3, 256, rng), "Q4_1", 256, 3)
     x = rng.standard_normal((1, 96)).astype(np.float32)
     exact = layer(x)
     many = rng.standard_normal((FEW_ROWS + 1, 96)).astype(np.float32)
     exact_many = layer(many)
     assert layer.activations == "f32" and emb.activations == "f32"
-    model = ggmlopt.nn.Sequential(layer, emb, q3k)
-    assert set_activations(model, "q8_0") == 2   # the Q3_K layer keeps float32
-    assert layer.activations == emb.activations == q3k.activations == "q8_0"
+    model = ggmlopt.nn.Sequential(layer, emb, q41)
+    assert set_activations(model, "q8_0") == 2   # the Q4_1 layer keeps float32
+    assert layer.activations == emb.activations == q41.activations == "q8_0"
     np.testing.assert_array_equal(layer(x), kq.matmul(x, "Q4_0", raw, activations="q8_0"))
     np.testing.assert_array_equal(emb.project(x),
                                   kq.matmul(x, "Q8_0", emb_raw, activations="q8_0"))

@@ -255,6 +255,47 @@ static inline int32x4_t go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uin
     }
     return acc;
 }
+/* s0 * dot(u[0:16], x[0:16]) + s1 * dot(u[16:32], x[16:32]) added to acc for
+ * quants u of at most 127 as two vectors */
+static inline int32x4_t go_dot_u8_halves_i(uint8x16_t u0, uint8x16_t u1, const int8_t *x, int s0,
+                                           int s1, int32x4_t acc) {
+    acc = vmlaq_n_s32(acc, go_idot_i8x16(vreinterpretq_s8_u8(u0), x), s0);
+    return vmlaq_n_s32(acc, go_idot_i8x16(vreinterpretq_s8_u8(u1), x + 16), s1);
+}
+/* 32 values of a Q2_K super-block without their mins: (q >> shift) & 3 */
+static inline int32x4_t go_dot_q2k_32_i(const uint8_t *q, int shift, const int8_t *x, int s0,
+                                        int s1, int32x4_t acc) {
+    const int8_t sh = (int8_t)-shift;
+    const uint8x16_t m = vdupq_n_u8(3);
+    return go_dot_u8_halves_i(vandq_u8(vshlq_u8(vld1q_u8(q), vdupq_n_s8(sh)), m),
+                              vandq_u8(vshlq_u8(vld1q_u8(q + 16), vdupq_n_s8(sh)), m), x, s0,
+                              s1, acc);
+}
+/* 32 values of a Q3_K super-block without their offset of 4: (q >> shift) & 3
+ * | ((hm >> hbit) & 1) << 2 */
+static inline int32x4_t go_dot_q3k_32_i(const uint8_t *q, int shift, const uint8_t *hm, int hbit,
+                                        const int8_t *x, int s0, int s1, int32x4_t acc) {
+    const int8x16_t sh = vdupq_n_s8((int8_t)-shift), hb = vdupq_n_s8((int8_t)-hbit);
+    uint8x16_t u[2];
+    for (int k = 0; k < 2; ++k)
+        u[k] = vorrq_u8(vandq_u8(vshlq_u8(vld1q_u8(q + 16 * k), sh), vdupq_n_u8(3)),
+                        vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(hm + 16 * k), hb), vdupq_n_u8(1)),
+                                   2));
+    return go_dot_u8_halves_i(u[0], u[1], x, s0, s1, acc);
+}
+/* two IQ4-coded runs of 32 (16 bytes each, low nibbles first), the grid's
+ * values looked up by a table instruction, times x[0:64], each run times its
+ * integer scale */
+static inline int32x4_t go_dot_iq4_pair_i(const uint8_t *qa, const uint8_t *qb,
+                                          const int8_t *grid, const int8_t *x, int sa, int sb,
+                                          int32x4_t acc) {
+    const int8x16_t g = vld1q_s8(grid);
+    const uint8x16_t a = vld1q_u8(qa), b = vld1q_u8(qb), m = vdupq_n_u8(15);
+    acc = vmlaq_n_s32(acc, go_idot_i8x32(vqtbl1q_s8(g, vandq_u8(a, m)),
+                                         vqtbl1q_s8(g, vshrq_n_u8(a, 4)), x), sa);
+    return vmlaq_n_s32(acc, go_idot_i8x32(vqtbl1q_s8(g, vandq_u8(b, m)),
+                                          vqtbl1q_s8(g, vshrq_n_u8(b, 4)), x + 32), sb);
+}
 /* out[j] = (src[j] >> shift) & mask for 16 bytes */
 static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
     const uint8x16_t v = vshlq_u8(vld1q_u8(src), vdupq_n_s8((int8_t)-shift));

@@ -148,6 +148,38 @@ static inline int32_t go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8
     }
     return acc + s0 * a + s1 * b;
 }
+/* 32 values of a Q2_K super-block without their mins: (q >> shift) & 3 */
+static inline int32_t go_dot_q2k_32_i(const uint8_t *q, int shift, const int8_t *x, int s0,
+                                      int s1, int32_t acc) {
+    int32_t a = 0, b = 0;
+    for (int i = 0; i < 16; ++i) {
+        a += ((q[i] >> shift) & 3) * x[i];
+        b += ((q[16 + i] >> shift) & 3) * x[16 + i];
+    }
+    return acc + s0 * a + s1 * b;
+}
+/* 32 values of a Q3_K super-block without their offset of 4: (q >> shift) & 3
+ * | ((hm >> hbit) & 1) << 2 */
+static inline int32_t go_dot_q3k_32_i(const uint8_t *q, int shift, const uint8_t *hm, int hbit,
+                                      const int8_t *x, int s0, int s1, int32_t acc) {
+    int32_t a = 0, b = 0;
+    for (int i = 0; i < 16; ++i) {
+        a += (((q[i] >> shift) & 3) | ((hm[i] >> hbit) & 1) << 2) * x[i];
+        b += (((q[16 + i] >> shift) & 3) | ((hm[16 + i] >> hbit) & 1) << 2) * x[16 + i];
+    }
+    return acc + s0 * a + s1 * b;
+}
+/* two IQ4-coded runs of 32 (16 bytes each, low nibbles first) times x[0:64],
+ * each run times its integer scale */
+static inline int32_t go_dot_iq4_pair_i(const uint8_t *qa, const uint8_t *qb, const int8_t *grid,
+                                        const int8_t *x, int sa, int sb, int32_t acc) {
+    int32_t a = 0, b = 0;
+    for (int i = 0; i < 16; ++i) {
+        a += grid[qa[i] & 15] * x[i] + grid[qa[i] >> 4] * x[16 + i];
+        b += grid[qb[i] & 15] * x[32 + i] + grid[qb[i] >> 4] * x[48 + i];
+    }
+    return acc + sa * a + sb * b;
+}
 static inline void go_bitfield16(const uint8_t *src, int shift, uint8_t mask, uint8_t *out) {
     for (int j = 0; j < 16; ++j) out[j] = (uint8_t)((src[j] >> shift) & mask);
 }

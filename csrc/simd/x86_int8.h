@@ -176,21 +176,61 @@ static inline go_vqi go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, int
                                        _mm256_slli_epi16(h_hi, 4));
     return go_dot_u8_pair_i(lo, hi, x, s_lo, s_hi, acc);
 }
-/* 32 values of a Q6_K super-block without their offset of 32: q =
- * (ql >> lshift) & 15 | ((qh >> hshift) & 3) << 4, the first 16 times s0, the
- * next 16 times s1 (lanes 0-3 hold bytes 0-15) */
-static inline go_vqi go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
-                                     int hshift, const int8_t *x, int s0, int s1, go_vqi acc) {
-    const __m256i l = _mm256_and_si256(
-        _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)ql), _mm_cvtsi32_si128(lshift)),
-        _mm256_set1_epi8(15));
-    const __m256i h = _mm256_and_si256(
-        _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh), _mm_cvtsi32_si128(hshift)),
-        _mm256_set1_epi8(3));
-    const __m256i q = _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
-    const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)x));
+/* acc plus s0 * dot(u[0:16], x[0:16]) + s1 * dot(u[16:32], x[16:32]) for 32
+ * unsigned quants u (lanes 0-3 hold bytes 0-15) */
+static inline go_vqi go_dot_u8_halves_i(__m256i u, const int8_t *x, int s0, int s1, go_vqi acc) {
+    const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)x));
     const __m256i s = _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+}
+/* (v >> shift) & mask in each of 32 bytes */
+static inline __m256i go_bits32(const uint8_t *v, int shift, int mask) {
+    return _mm256_and_si256(
+        _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)v), _mm_cvtsi32_si128(shift)),
+        _mm256_set1_epi8((char)mask));
+}
+/* 32 values of a Q6_K super-block without their offset of 32: q =
+ * (ql >> lshift) & 15 | ((qh >> hshift) & 3) << 4, the first 16 times s0, the
+ * next 16 times s1 */
+static inline go_vqi go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
+                                     int hshift, const int8_t *x, int s0, int s1, go_vqi acc) {
+    const __m256i q = _mm256_or_si256(go_bits32(ql, lshift, 15),
+                                      _mm256_slli_epi16(go_bits32(qh, hshift, 3), 4));
+    return go_dot_u8_halves_i(q, x, s0, s1, acc);
+}
+/* 32 values of a Q2_K super-block without their mins: (q >> shift) & 3 */
+static inline go_vqi go_dot_q2k_32_i(const uint8_t *q, int shift, const int8_t *x, int s0, int s1,
+                                     go_vqi acc) {
+    return go_dot_u8_halves_i(go_bits32(q, shift, 3), x, s0, s1, acc);
+}
+/* 32 values of a Q3_K super-block without their offset of 4: (q >> shift) & 3
+ * | ((hm >> hbit) & 1) << 2 */
+static inline go_vqi go_dot_q3k_32_i(const uint8_t *q, int shift, const uint8_t *hm, int hbit,
+                                     const int8_t *x, int s0, int s1, go_vqi acc) {
+    const __m256i u = _mm256_or_si256(go_bits32(q, shift, 3),
+                                      _mm256_slli_epi16(go_bits32(hm, hbit, 1), 2));
+    return go_dot_u8_halves_i(u, x, s0, s1, acc);
+}
+/* two IQ4-coded runs of 32 (16 bytes each, low nibbles first), the grid's
+ * values looked up by a byte shuffle, times x[0:64], each run times its
+ * integer scale (the grid's values are signed: maddubs takes |w| and x with
+ * w's sign, pairs at most 2 * 127 * 127 within int16) */
+static inline go_vqi go_dot_iq4_pair_i(const uint8_t *qa, const uint8_t *qb, const int8_t *grid,
+                                       const int8_t *x, int sa, int sb, go_vqi acc) {
+    const __m256i g = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)grid));
+    const __m256i m = _mm256_set1_epi8(15);
+    const __m128i ra = _mm_loadu_si128((const __m128i *)qa);
+    const __m128i rb = _mm_loadu_si128((const __m128i *)qb);
+    const __m256i wa = _mm256_shuffle_epi8(
+        g, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(ra, 4), ra), m));
+    const __m256i wb = _mm256_shuffle_epi8(
+        g, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(rb, 4), rb), m));
+    const __m256i xa = _mm256_loadu_si256((const __m256i *)x);
+    const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
+    const __m256i pa = _mm256_maddubs_epi16(_mm256_sign_epi8(wa, wa), _mm256_sign_epi8(xa, wa));
+    const __m256i pb = _mm256_maddubs_epi16(_mm256_sign_epi8(wb, wb), _mm256_sign_epi8(xb, wb));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pa, _mm256_set1_epi16((short)sa)));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pb, _mm256_set1_epi16((short)sb)));
 }
 
 #endif

@@ -402,22 +402,22 @@ static void ref_q8_k(const float *x, int64_t n, int8_t *qs, float *d, int16_t *s
 }
 
 /* The integer product of table k for a weight whose rounding form is Q8_0
- * (Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS: quant_dot_q8_rows, x rounded by the
+ * (Q8_0, Q4_0, Q5_0, IQ4_NL: quant_dot_q8_rows, x rounded by the
  * public, portable ggmlopt_quantize_q8_0_row, its bytes checked against
  * gguf-py in tests/test_kernels_quant_q8.py; the 32 quants past the row
- * random, as an odd last block reads them unscaled) or Q8_K (Q4_K, Q5_K, Q6_K:
+ * random, as an odd last block reads them unscaled) or Q8_K (Q2_K .. Q6_K, IQ4_XS:
  * quant_dot_q8k_rows, x rounded by ggmlopt_quantize_q8_k_row, checked here
  * against ref_q8_k): weight rows [2, 9) of 11 within float32 rounding of the
  * float64 product of the decoded weights and the rounded x: each block's
  * integer dot is exact (a K super-block's whole sum), its scale product rounds
  * once at most, the accumulation takes nblocks / 2 + 8 roundings at most (a
- * Q4_K or Q5_K value's two parts, d sc q and dmin m, summed apart: the bound
+ * Q4_K, Q5_K or Q2_K value's two parts, d sc q and dmin m, summed apart: the bound
  * takes both); rows outside untouched.  The other form's kernel refuses the
  * type (returns 0, writes nothing). */
 static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t ncols,
                          const char *ctx) {
     const int64_t nout = 11, nb = ncols / 32, rb = row_bytes_of(t, ncols);
-    const int k_form = t->type == 12 || t->type == 13 || t->type == 14;
+    const int k_form = t->block == 256;   /* Q2_K .. Q6_K, IQ4_XS */
     const uint8_t *w = rand_rows(t, nout, ncols, 0, 3);
     const float *x = th_rand_f32(ncols, 1, -2.0f, 2.0f);
     int8_t *xq = th_alloc(1, ncols + 32, 1);
@@ -474,6 +474,10 @@ static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t 
                 int sc[8], mn[8];
                 k_scales_mins(blk + 4, sc, mn);
                 a += 2.0 * fabs(f16_at(blk + 2)) * mn[(i % 256) / 32] * fabs(xi);
+            }
+            if (t->type == 10) {   /* Q2_K: dmin * m, m the high nibble of its 16 values' byte */
+                const uint8_t *blk = w + j * rb + (i / 256) * t->bytes;
+                a += 2.0 * fabs(f16_at(blk + 82)) * (blk[(i % 256) / 16] >> 4) * fabs(xi);
             }
         }
         th_expect(&miss, "y", j, y[j], s, g * a + U32 * fabs(s));
@@ -536,8 +540,7 @@ void test_quant_kernels(const ggmlopt_kernel_table *k) {
                 check_matmul(k, t, &c, 2, 9, ctx);
             }
         }
-        if (t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 || t->type == 13 ||
-            t->type == 14 || t->type == 20 || t->type == 23) {
+        if (t->type == 2 || t->type == 6 || t->type == 8 || t->type == 20 || t->block == 256) {
             static const int64_t widths[] = {32, 64, 96, 160, 608, 256, 512, 768, 1280, 2560};
             const int k_type = t->block == 256;
             for (int wi = k_type ? 5 : 0; wi < (k_type ? 10 : 5); ++wi) {
@@ -673,8 +676,8 @@ static void public_q8(const char **paths, int npaths) {
         const float *x = th_rand_f32(nx * (ncols + 5), 0, -1.0f, 1.0f);
         int8_t *xq = th_alloc(1, ncols + 32, 0);
         float *xd = th_alloc(4, ncols / 32, 0), *xs = th_alloc(4, ncols / 32, 0);
-        const int q8 = t->type == 2 || t->type == 6 || t->type == 8 || t->type == 12 ||
-                       t->type == 13 || t->type == 14 || t->type == 20 || t->type == 23;
+        const int q8 = t->type == 2 || t->type == 6 || t->type == 8 || t->type == 20 ||
+                       t->block == 256;
         float *first = NULL;
         for (int p = 0; p < npaths; ++p) {
             if (!select_path(paths[p])) continue;
