@@ -214,7 +214,6 @@ static inline float32x4_t go_dot_q5_pair(const uint8_t *a, const uint8_t *b, con
  * super-block's sub-block products times their integer scales, in int32 lanes */
 typedef int32x4_t go_vqi;
 #define go_vqi_zero() vdupq_n_s32(0)
-#define go_vqi_add_int(s, v) vaddq_s32((s), vsetq_lane_s32((v), vdupq_n_s32(0), 0))
 #define go_vq_add_scaled(s, d, acc) vfmaq_f32((acc), vcvtq_f32_s32(s), vdupq_n_f32(d))
 /* two Q4_K sub-blocks from their 32 bytes: low nibbles then high ones */
 static inline int32x4_t go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, int s_lo, int s_hi,
@@ -241,8 +240,8 @@ static inline int32x4_t go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, 
     acc = vmlaq_n_s32(acc, go_idot_i8x32(lo[0], lo[1], x), s_lo);
     return vmlaq_n_s32(acc, go_idot_i8x32(hi[0], hi[1], x + 32), s_hi);
 }
-/* 32 values of a Q6_K super-block without their offset of 32: q = ((ql >>
- * lshift) & 15 | ((qh >> hshift) & 3) << 4), the first 16 times s0, the next s1 */
+/* 32 values of a Q6_K super-block: q = ((ql >> lshift) & 15 | ((qh >> hshift)
+ * & 3) << 4) - 32, the first 16 times s0, the next s1 */
 static inline int32x4_t go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
                                         int hshift, const int8_t *x, int s0, int s1,
                                         int32x4_t acc) {
@@ -250,17 +249,19 @@ static inline int32x4_t go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uin
     for (int k = 0; k < 2; ++k) {
         const uint8x16_t l = vandq_u8(vshlq_u8(vld1q_u8(ql + 16 * k), ls), vdupq_n_u8(15));
         const uint8x16_t h = vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * k), hs), vdupq_n_u8(3));
-        const int8x16_t q = vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(h, 4)));
+        const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(h, 4))),
+                                     vdupq_n_s8(32));
         acc = vmlaq_n_s32(acc, go_idot_i8x16(q, x + 16 * k), k ? s1 : s0);
     }
     return acc;
 }
-/* s0 * dot(u[0:16], x[0:16]) + s1 * dot(u[16:32], x[16:32]) added to acc for
- * quants u of at most 127 as two vectors */
-static inline int32x4_t go_dot_u8_halves_i(uint8x16_t u0, uint8x16_t u1, const int8_t *x, int s0,
-                                           int s1, int32x4_t acc) {
-    acc = vmlaq_n_s32(acc, go_idot_i8x16(vreinterpretq_s8_u8(u0), x), s0);
-    return vmlaq_n_s32(acc, go_idot_i8x16(vreinterpretq_s8_u8(u1), x + 16), s1);
+/* s0 * dot(u[0:16] - off, x[0:16]) + s1 * dot(u[16:32] - off, x[16:32]) added
+ * to acc for quants u of at most 127 as two vectors */
+static inline int32x4_t go_dot_u8_halves_i(uint8x16_t u0, uint8x16_t u1, int off, const int8_t *x,
+                                           int s0, int s1, int32x4_t acc) {
+    const int8x16_t o = vdupq_n_s8((int8_t)off);
+    acc = vmlaq_n_s32(acc, go_idot_i8x16(vsubq_s8(vreinterpretq_s8_u8(u0), o), x), s0);
+    return vmlaq_n_s32(acc, go_idot_i8x16(vsubq_s8(vreinterpretq_s8_u8(u1), o), x + 16), s1);
 }
 /* 32 values of a Q2_K super-block without their mins: (q >> shift) & 3 */
 static inline int32x4_t go_dot_q2k_32_i(const uint8_t *q, int shift, const int8_t *x, int s0,
@@ -268,11 +269,11 @@ static inline int32x4_t go_dot_q2k_32_i(const uint8_t *q, int shift, const int8_
     const int8_t sh = (int8_t)-shift;
     const uint8x16_t m = vdupq_n_u8(3);
     return go_dot_u8_halves_i(vandq_u8(vshlq_u8(vld1q_u8(q), vdupq_n_s8(sh)), m),
-                              vandq_u8(vshlq_u8(vld1q_u8(q + 16), vdupq_n_s8(sh)), m), x, s0,
+                              vandq_u8(vshlq_u8(vld1q_u8(q + 16), vdupq_n_s8(sh)), m), 0, x, s0,
                               s1, acc);
 }
-/* 32 values of a Q3_K super-block without their offset of 4: (q >> shift) & 3
- * | ((hm >> hbit) & 1) << 2 */
+/* 32 values of a Q3_K super-block: (q >> shift) & 3 | ((hm >> hbit) & 1) << 2,
+ * less 4 */
 static inline int32x4_t go_dot_q3k_32_i(const uint8_t *q, int shift, const uint8_t *hm, int hbit,
                                         const int8_t *x, int s0, int s1, int32x4_t acc) {
     const int8x16_t sh = vdupq_n_s8((int8_t)-shift), hb = vdupq_n_s8((int8_t)-hbit);
@@ -281,7 +282,7 @@ static inline int32x4_t go_dot_q3k_32_i(const uint8_t *q, int shift, const uint8
         u[k] = vorrq_u8(vandq_u8(vshlq_u8(vld1q_u8(q + 16 * k), sh), vdupq_n_u8(3)),
                         vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(hm + 16 * k), hb), vdupq_n_u8(1)),
                                    2));
-    return go_dot_u8_halves_i(u[0], u[1], x, s0, s1, acc);
+    return go_dot_u8_halves_i(u[0], u[1], 4, x, s0, s1, acc);
 }
 /* two IQ4-coded runs of 32 (16 bytes each, low nibbles first), the grid's
  * values looked up by a table instruction, times x[0:64], each run times its

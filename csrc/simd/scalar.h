@@ -114,7 +114,6 @@ static inline float go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int
  * super-block's sub-block products times their integer scales, in int32 */
 typedef int32_t go_vqi;
 #define go_vqi_zero() 0
-#define go_vqi_add_int(s, v) ((s) + (v))
 #define go_vq_add_scaled(s, d, acc) ((float)(s) * (d) + (acc))
 /* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
  * nibbles, x[32:64]): two Q4_K sub-blocks */
@@ -137,14 +136,15 @@ static inline int32_t go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, in
     }
     return acc + s_lo * a + s_hi * b;
 }
-/* 32 values of a Q6_K super-block without their offset of 32: q = ((ql >>
- * lshift) & 15 | ((qh >> hshift) & 3) << 4), the first 16 times s0, the next s1 */
+/* 32 values of a Q6_K super-block: q = ((ql >> lshift) & 15 | ((qh >> hshift)
+ * & 3) << 4) - 32, the first 16 times s0, the next s1 */
 static inline int32_t go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
                                       int hshift, const int8_t *x, int s0, int s1, int32_t acc) {
     int32_t a = 0, b = 0;
     for (int i = 0; i < 16; ++i) {
-        a += (((ql[i] >> lshift) & 15) | ((qh[i] >> hshift) & 3) << 4) * x[i];
-        b += (((ql[16 + i] >> lshift) & 15) | ((qh[16 + i] >> hshift) & 3) << 4) * x[16 + i];
+        a += ((((ql[i] >> lshift) & 15) | ((qh[i] >> hshift) & 3) << 4) - 32) * x[i];
+        b += ((((ql[16 + i] >> lshift) & 15) | ((qh[16 + i] >> hshift) & 3) << 4) - 32) *
+             x[16 + i];
     }
     return acc + s0 * a + s1 * b;
 }
@@ -158,14 +158,14 @@ static inline int32_t go_dot_q2k_32_i(const uint8_t *q, int shift, const int8_t 
     }
     return acc + s0 * a + s1 * b;
 }
-/* 32 values of a Q3_K super-block without their offset of 4: (q >> shift) & 3
- * | ((hm >> hbit) & 1) << 2 */
+/* 32 values of a Q3_K super-block: (q >> shift) & 3 | ((hm >> hbit) & 1) << 2,
+ * less 4 */
 static inline int32_t go_dot_q3k_32_i(const uint8_t *q, int shift, const uint8_t *hm, int hbit,
                                       const int8_t *x, int s0, int s1, int32_t acc) {
     int32_t a = 0, b = 0;
     for (int i = 0; i < 16; ++i) {
-        a += (((q[i] >> shift) & 3) | ((hm[i] >> hbit) & 1) << 2) * x[i];
-        b += (((q[16 + i] >> shift) & 3) | ((hm[16 + i] >> hbit) & 1) << 2) * x[16 + i];
+        a += ((((q[i] >> shift) & 3) | ((hm[i] >> hbit) & 1) << 2) - 4) * x[i];
+        b += ((((q[16 + i] >> shift) & 3) | ((hm[16 + i] >> hbit) & 1) << 2) - 4) * x[16 + i];
     }
     return acc + s0 * a + s1 * b;
 }

@@ -136,13 +136,9 @@ static inline go_vq go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int
  * quant_dot_q8k_rows): a super-block's sub-block products, each times its
  * integer scale, summed in int32 lanes (exact), one float product a
  * super-block.  The quants are unsigned (0..63: maddubs takes them as they
- * are, pairs within int16), their offsets summed apart. */
+ * are, pairs within int16), their offsets taken off within each lane. */
 typedef __m256i go_vqi;
 static inline go_vqi go_vqi_zero(void) { return _mm256_setzero_si256(); }
-/* s plus v in one lane */
-static inline go_vqi go_vqi_add_int(go_vqi s, int32_t v) {
-    return _mm256_add_epi32(s, _mm256_castsi128_si256(_mm_cvtsi32_si128(v)));
-}
 /* acc plus d times s's lanes */
 static inline go_vq go_vq_add_scaled(go_vqi s, float d, go_vq acc) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
@@ -176,10 +172,15 @@ static inline go_vqi go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, int
                                        _mm256_slli_epi16(h_hi, 4));
     return go_dot_u8_pair_i(lo, hi, x, s_lo, s_hi, acc);
 }
-/* acc plus s0 * dot(u[0:16], x[0:16]) + s1 * dot(u[16:32], x[16:32]) for 32
- * unsigned quants u (lanes 0-3 hold bytes 0-15) */
-static inline go_vqi go_dot_u8_halves_i(__m256i u, const int8_t *x, int s0, int s1, go_vqi acc) {
-    const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)x));
+/* acc plus s0 * dot(u[0:16] - off, x[0:16]) + s1 * dot(u[16:32] - off,
+ * x[16:32]) for 32 unsigned quants u (lanes 0-3 hold bytes 0-15): the offset
+ * taken off each pair's product within int16 (u x and off x at most 2 * 63 *
+ * 127 each), so each lane holds its own values' sum, as ggml's kernels do */
+static inline go_vqi go_dot_u8_halves_i(__m256i u, int off, const int8_t *x, int s0, int s1,
+                                        go_vqi acc) {
+    const __m256i vx = _mm256_loadu_si256((const __m256i *)x);
+    __m256i p = _mm256_maddubs_epi16(u, vx);
+    if (off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8((char)off), vx));
     const __m256i s = _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
 }
@@ -189,27 +190,26 @@ static inline __m256i go_bits32(const uint8_t *v, int shift, int mask) {
         _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)v), _mm_cvtsi32_si128(shift)),
         _mm256_set1_epi8((char)mask));
 }
-/* 32 values of a Q6_K super-block without their offset of 32: q =
- * (ql >> lshift) & 15 | ((qh >> hshift) & 3) << 4, the first 16 times s0, the
- * next 16 times s1 */
+/* 32 values of a Q6_K super-block: q = (ql >> lshift) & 15 | ((qh >> hshift) &
+ * 3) << 4, less 32, the first 16 times s0, the next 16 times s1 */
 static inline go_vqi go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
                                      int hshift, const int8_t *x, int s0, int s1, go_vqi acc) {
     const __m256i q = _mm256_or_si256(go_bits32(ql, lshift, 15),
                                       _mm256_slli_epi16(go_bits32(qh, hshift, 3), 4));
-    return go_dot_u8_halves_i(q, x, s0, s1, acc);
+    return go_dot_u8_halves_i(q, 32, x, s0, s1, acc);
 }
 /* 32 values of a Q2_K super-block without their mins: (q >> shift) & 3 */
 static inline go_vqi go_dot_q2k_32_i(const uint8_t *q, int shift, const int8_t *x, int s0, int s1,
                                      go_vqi acc) {
-    return go_dot_u8_halves_i(go_bits32(q, shift, 3), x, s0, s1, acc);
+    return go_dot_u8_halves_i(go_bits32(q, shift, 3), 0, x, s0, s1, acc);
 }
-/* 32 values of a Q3_K super-block without their offset of 4: (q >> shift) & 3
- * | ((hm >> hbit) & 1) << 2 */
+/* 32 values of a Q3_K super-block: (q >> shift) & 3 | ((hm >> hbit) & 1) << 2,
+ * less 4 */
 static inline go_vqi go_dot_q3k_32_i(const uint8_t *q, int shift, const uint8_t *hm, int hbit,
                                      const int8_t *x, int s0, int s1, go_vqi acc) {
     const __m256i u = _mm256_or_si256(go_bits32(q, shift, 3),
                                       _mm256_slli_epi16(go_bits32(hm, hbit, 1), 2));
-    return go_dot_u8_halves_i(u, x, s0, s1, acc);
+    return go_dot_u8_halves_i(u, 4, x, s0, s1, acc);
 }
 /* two IQ4-coded runs of 32 (16 bytes each, low nibbles first), the grid's
  * values looked up by a byte shuffle, times x[0:64], each run times its
