@@ -215,9 +215,24 @@ static inline float32x4_t go_dot_q5_pair(const uint8_t *a, const uint8_t *b, con
 typedef int32x4_t go_vqi;
 #define go_vqi_zero() vdupq_n_s32(0)
 #define go_vq_add_scaled(s, d, acc) vfmaq_f32((acc), vcvtq_f32_s32(s), vdupq_n_f32(d))
+/* a super-block's (or half's) 8 integer scales (see simd/x86_int8.h) */
+typedef struct {
+    int s[8];
+} go_ksc;
+static inline go_ksc go_ksc_i8(const int8_t *sc, int bias) {
+    go_ksc k;
+    for (int i = 0; i < 8; ++i) k.s[i] = sc[i] - bias;
+    return k;
+}
+static inline go_ksc go_ksc_low_nibbles(const uint8_t *b) {
+    go_ksc k;
+    for (int i = 0; i < 8; ++i) k.s[i] = b[i] & 15;
+    return k;
+}
 /* two Q4_K sub-blocks from their 32 bytes: low nibbles then high ones */
-static inline int32x4_t go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, int s_lo, int s_hi,
+static inline int32x4_t go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, go_ksc sc, int c,
                                           int32x4_t acc) {
+    const int s_lo = sc.s[2 * c], s_hi = sc.s[2 * c + 1];
     const uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16), m = vdupq_n_u8(15);
     acc = vmlaq_n_s32(acc, go_idot_i8x32(vreinterpretq_s8_u8(vandq_u8(q0, m)),
                                          vreinterpretq_s8_u8(vandq_u8(q1, m)), x), s_lo);
@@ -226,7 +241,8 @@ static inline int32x4_t go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, int
 }
 /* two Q5_K sub-blocks, pair c: the fifth bits bits 2c and 2c + 1 of qh */
 static inline int32x4_t go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, int c,
-                                          const int8_t *x, int s_lo, int s_hi, int32x4_t acc) {
+                                          const int8_t *x, go_ksc sc, int32x4_t acc) {
+    const int s_lo = sc.s[2 * c], s_hi = sc.s[2 * c + 1];
     const int8x16_t lo_shift = vdupq_n_s8((int8_t)(-2 * c)), hi_shift = vdupq_n_s8((int8_t)(-2 * c - 1));
     const uint8x16_t m = vdupq_n_u8(15), one = vdupq_n_u8(1);
     int8x16_t lo[2], hi[2];
@@ -240,49 +256,45 @@ static inline int32x4_t go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, 
     acc = vmlaq_n_s32(acc, go_idot_i8x32(lo[0], lo[1], x), s_lo);
     return vmlaq_n_s32(acc, go_idot_i8x32(hi[0], hi[1], x + 32), s_hi);
 }
-/* 32 values of a Q6_K super-block: q = ((ql >> lshift) & 15 | ((qh >> hshift)
- * & 3) << 4) - 32, the first 16 times s0, the next s1 */
-static inline int32x4_t go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
-                                        int hshift, const int8_t *x, int s0, int s1,
-                                        int32x4_t acc) {
-    const int8x16_t ls = vdupq_n_s8((int8_t)-lshift), hs = vdupq_n_s8((int8_t)-hshift);
-    for (int k = 0; k < 2; ++k) {
-        const uint8x16_t l = vandq_u8(vshlq_u8(vld1q_u8(ql + 16 * k), ls), vdupq_n_u8(15));
-        const uint8x16_t h = vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * k), hs), vdupq_n_u8(3));
-        const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(h, 4))),
-                                     vdupq_n_s8(32));
-        acc = vmlaq_n_s32(acc, go_idot_i8x16(q, x + 16 * k), k ? s1 : s0);
-    }
-    return acc;
-}
-/* s0 * dot(u[0:16] - off, x[0:16]) + s1 * dot(u[16:32] - off, x[16:32]) added
- * to acc for quants u of at most 127 as two vectors */
+/* sc[2c] * dot(u[0:16] - off, x[0:16]) + sc[2c + 1] * dot(u[16:32] - off,
+ * x[16:32]) added to acc for quants u of at most 127 as two vectors */
 static inline int32x4_t go_dot_u8_halves_i(uint8x16_t u0, uint8x16_t u1, int off, const int8_t *x,
-                                           int s0, int s1, int32x4_t acc) {
+                                           go_ksc sc, int c, int32x4_t acc) {
     const int8x16_t o = vdupq_n_s8((int8_t)off);
-    acc = vmlaq_n_s32(acc, go_idot_i8x16(vsubq_s8(vreinterpretq_s8_u8(u0), o), x), s0);
-    return vmlaq_n_s32(acc, go_idot_i8x16(vsubq_s8(vreinterpretq_s8_u8(u1), o), x + 16), s1);
+    acc = vmlaq_n_s32(acc, go_idot_i8x16(vsubq_s8(vreinterpretq_s8_u8(u0), o), x), sc.s[2 * c]);
+    return vmlaq_n_s32(acc, go_idot_i8x16(vsubq_s8(vreinterpretq_s8_u8(u1), o), x + 16),
+                       sc.s[2 * c + 1]);
 }
-/* 32 values of a Q2_K super-block without their mins: (q >> shift) & 3 */
-static inline int32x4_t go_dot_q2k_32_i(const uint8_t *q, int shift, const int8_t *x, int s0,
-                                        int s1, int32x4_t acc) {
-    const int8_t sh = (int8_t)-shift;
-    const uint8x16_t m = vdupq_n_u8(3);
-    return go_dot_u8_halves_i(vandq_u8(vshlq_u8(vld1q_u8(q), vdupq_n_s8(sh)), m),
-                              vandq_u8(vshlq_u8(vld1q_u8(q + 16), vdupq_n_s8(sh)), m), 0, x, s0,
-                              s1, acc);
+/* (v >> shift) & mask for 16 bytes */
+static inline uint8x16_t go_bits16(const uint8_t *v, int shift, int mask) {
+    return vandq_u8(vshlq_u8(vld1q_u8(v), vdupq_n_s8((int8_t)-shift)), vdupq_n_u8((uint8_t)mask));
 }
-/* 32 values of a Q3_K super-block: (q >> shift) & 3 | ((hm >> hbit) & 1) << 2,
- * less 4 */
-static inline int32x4_t go_dot_q3k_32_i(const uint8_t *q, int shift, const uint8_t *hm, int hbit,
-                                        const int8_t *x, int s0, int s1, int32x4_t acc) {
-    const int8x16_t sh = vdupq_n_s8((int8_t)-shift), hb = vdupq_n_s8((int8_t)-hbit);
+/* 32 values of a Q6_K super-block, block c of a half: ((ql >> 4 (c >> 1)) & 15
+ * | ((qh >> 2c) & 3) << 4) - 32, the first 16 times sc[2c], the next sc[2c + 1] */
+static inline int32x4_t go_dot_q6k_32_i(const uint8_t *ql, const uint8_t *qh, int c,
+                                        const int8_t *x, go_ksc sc, int32x4_t acc) {
     uint8x16_t u[2];
     for (int k = 0; k < 2; ++k)
-        u[k] = vorrq_u8(vandq_u8(vshlq_u8(vld1q_u8(q + 16 * k), sh), vdupq_n_u8(3)),
-                        vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(hm + 16 * k), hb), vdupq_n_u8(1)),
-                                   2));
-    return go_dot_u8_halves_i(u[0], u[1], 4, x, s0, s1, acc);
+        u[k] = vorrq_u8(go_bits16(ql + 16 * k, 4 * (c >> 1), 15),
+                        vshlq_n_u8(go_bits16(qh + 16 * k, 2 * c, 3), 4));
+    return go_dot_u8_halves_i(u[0], u[1], 32, x, sc, c, acc);
+}
+/* 32 values of a Q2_K super-block without their mins, block c of a half:
+ * (q >> 2c) & 3 */
+static inline int32x4_t go_dot_q2k_32_i(const uint8_t *q, int c, const int8_t *x, go_ksc sc,
+                                        int32x4_t acc) {
+    return go_dot_u8_halves_i(go_bits16(q, 2 * c, 3), go_bits16(q + 16, 2 * c, 3), 0, x, sc, c,
+                              acc);
+}
+/* 32 values of a Q3_K super-block, block c of half n: ((q >> 2c) & 3 | ((hm >>
+ * (4n + c)) & 1) << 2) - 4 */
+static inline int32x4_t go_dot_q3k_32_i(const uint8_t *q, const uint8_t *hm, int n, int c,
+                                        const int8_t *x, go_ksc sc, int32x4_t acc) {
+    uint8x16_t u[2];
+    for (int k = 0; k < 2; ++k)
+        u[k] = vorrq_u8(go_bits16(q + 16 * k, 2 * c, 3),
+                        vshlq_n_u8(go_bits16(hm + 16 * k, 4 * n + c, 1), 2));
+    return go_dot_u8_halves_i(u[0], u[1], 4, x, sc, c, acc);
 }
 /* two IQ4-coded runs of 32 (16 bytes each, low nibbles first), the grid's
  * values looked up by a table instruction, times x[0:64], each run times its

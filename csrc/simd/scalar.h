@@ -115,59 +115,75 @@ static inline float go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int
 typedef int32_t go_vqi;
 #define go_vqi_zero() 0
 #define go_vq_add_scaled(s, d, acc) ((float)(s) * (d) + (acc))
+/* a super-block's (or half's) 8 integer scales (see simd/x86_int8.h) */
+typedef struct {
+    int s[8];
+} go_ksc;
+static inline go_ksc go_ksc_i8(const int8_t *sc, int bias) {
+    go_ksc k;
+    for (int i = 0; i < 8; ++i) k.s[i] = sc[i] - bias;
+    return k;
+}
+static inline go_ksc go_ksc_low_nibbles(const uint8_t *b) {
+    go_ksc k;
+    for (int i = 0; i < 8; ++i) k.s[i] = b[i] & 15;
+    return k;
+}
 /* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
  * nibbles, x[32:64]): two Q4_K sub-blocks */
-static inline int32_t go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, int s_lo, int s_hi,
+static inline int32_t go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, go_ksc sc, int c,
                                         int32_t acc) {
     int32_t a = 0, b = 0;
     for (int i = 0; i < 32; ++i) {
         a += (q[i] & 15) * x[i];
         b += (q[i] >> 4) * x[32 + i];
     }
-    return acc + s_lo * a + s_hi * b;
+    return acc + sc.s[2 * c] * a + sc.s[2 * c + 1] * b;
 }
 /* two Q5_K sub-blocks, pair c: the fifth bits bits 2c and 2c + 1 of qh */
 static inline int32_t go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, int c,
-                                        const int8_t *x, int s_lo, int s_hi, int32_t acc) {
+                                        const int8_t *x, go_ksc sc, int32_t acc) {
     int32_t a = 0, b = 0;
     for (int i = 0; i < 32; ++i) {
         a += ((ql[i] & 15) | ((qh[i] >> (2 * c)) & 1) << 4) * x[i];
         b += ((ql[i] >> 4) | ((qh[i] >> (2 * c + 1)) & 1) << 4) * x[32 + i];
     }
-    return acc + s_lo * a + s_hi * b;
+    return acc + sc.s[2 * c] * a + sc.s[2 * c + 1] * b;
 }
-/* 32 values of a Q6_K super-block: q = ((ql >> lshift) & 15 | ((qh >> hshift)
- * & 3) << 4) - 32, the first 16 times s0, the next s1 */
-static inline int32_t go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
-                                      int hshift, const int8_t *x, int s0, int s1, int32_t acc) {
+/* 32 values of a Q6_K super-block, block c of a half: ((ql >> 4 (c >> 1)) & 15
+ * | ((qh >> 2c) & 3) << 4) - 32, the first 16 times sc[2c], the next sc[2c + 1] */
+static inline int32_t go_dot_q6k_32_i(const uint8_t *ql, const uint8_t *qh, int c, const int8_t *x,
+                                      go_ksc sc, int32_t acc) {
+    const int ls = 4 * (c >> 1), hs = 2 * c;
     int32_t a = 0, b = 0;
     for (int i = 0; i < 16; ++i) {
-        a += ((((ql[i] >> lshift) & 15) | ((qh[i] >> hshift) & 3) << 4) - 32) * x[i];
-        b += ((((ql[16 + i] >> lshift) & 15) | ((qh[16 + i] >> hshift) & 3) << 4) - 32) *
-             x[16 + i];
+        a += ((((ql[i] >> ls) & 15) | ((qh[i] >> hs) & 3) << 4) - 32) * x[i];
+        b += ((((ql[16 + i] >> ls) & 15) | ((qh[16 + i] >> hs) & 3) << 4) - 32) * x[16 + i];
     }
-    return acc + s0 * a + s1 * b;
+    return acc + sc.s[2 * c] * a + sc.s[2 * c + 1] * b;
 }
-/* 32 values of a Q2_K super-block without their mins: (q >> shift) & 3 */
-static inline int32_t go_dot_q2k_32_i(const uint8_t *q, int shift, const int8_t *x, int s0,
-                                      int s1, int32_t acc) {
+/* 32 values of a Q2_K super-block without their mins, block c of a half:
+ * (q >> 2c) & 3 */
+static inline int32_t go_dot_q2k_32_i(const uint8_t *q, int c, const int8_t *x, go_ksc sc,
+                                      int32_t acc) {
     int32_t a = 0, b = 0;
     for (int i = 0; i < 16; ++i) {
-        a += ((q[i] >> shift) & 3) * x[i];
-        b += ((q[16 + i] >> shift) & 3) * x[16 + i];
+        a += ((q[i] >> (2 * c)) & 3) * x[i];
+        b += ((q[16 + i] >> (2 * c)) & 3) * x[16 + i];
     }
-    return acc + s0 * a + s1 * b;
+    return acc + sc.s[2 * c] * a + sc.s[2 * c + 1] * b;
 }
-/* 32 values of a Q3_K super-block: (q >> shift) & 3 | ((hm >> hbit) & 1) << 2,
- * less 4 */
-static inline int32_t go_dot_q3k_32_i(const uint8_t *q, int shift, const uint8_t *hm, int hbit,
-                                      const int8_t *x, int s0, int s1, int32_t acc) {
+/* 32 values of a Q3_K super-block, block c of half n: ((q >> 2c) & 3 | ((hm >>
+ * (4n + c)) & 1) << 2) - 4 */
+static inline int32_t go_dot_q3k_32_i(const uint8_t *q, const uint8_t *hm, int n, int c,
+                                      const int8_t *x, go_ksc sc, int32_t acc) {
+    const int hb = 4 * n + c;
     int32_t a = 0, b = 0;
     for (int i = 0; i < 16; ++i) {
-        a += ((((q[i] >> shift) & 3) | ((hm[i] >> hbit) & 1) << 2) - 4) * x[i];
-        b += ((((q[16 + i] >> shift) & 3) | ((hm[16 + i] >> hbit) & 1) << 2) - 4) * x[16 + i];
+        a += ((((q[i] >> (2 * c)) & 3) | ((hm[i] >> hb) & 1) << 2) - 4) * x[i];
+        b += ((((q[16 + i] >> (2 * c)) & 3) | ((hm[16 + i] >> hb) & 1) << 2) - 4) * x[16 + i];
     }
-    return acc + s0 * a + s1 * b;
+    return acc + sc.s[2 * c] * a + sc.s[2 * c + 1] * b;
 }
 /* two IQ4-coded runs of 32 (16 bytes each, low nibbles first) times x[0:64],
  * each run times its integer scale */

@@ -143,26 +143,58 @@ static inline go_vqi go_vqi_zero(void) { return _mm256_setzero_si256(); }
 static inline go_vq go_vq_add_scaled(go_vqi s, float d, go_vq acc) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), acc);
 }
-/* acc plus s_lo * dot(lo, x[0:32]) + s_hi * dot(hi, x[32:64]), lo and hi 32
- * unsigned quants each */
-static inline go_vqi go_dot_u8_pair_i(__m256i lo, __m256i hi, const int8_t *x, int s_lo,
-                                      int s_hi, go_vqi acc) {
+/* A super-block's (or half's) 8 integer scales as 16-bit words in both
+ * 128-bit lanes, built once (from 8 signed bytes less bias, or 8 bytes' low
+ * nibbles); the products take each with one byte shuffle where a broadcast
+ * from an integer register took two operations (Q6_K 20 -> 27 G values/s) */
+typedef __m256i go_ksc;
+static inline go_ksc go_ksc_i8(const int8_t *sc, int bias) {
+    const __m128i w = _mm_sub_epi16(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)sc)),
+                                    _mm_set1_epi16((short)bias));
+    return _mm256_broadcastsi128_si256(w);
+}
+static inline go_ksc go_ksc_low_nibbles(const uint8_t *b) {
+    const __m128i v = _mm_and_si128(_mm_loadl_epi64((const __m128i *)b), _mm_set1_epi8(15));
+    return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));
+}
+/* byte shuffles of a go_ksc: lane 0 word 2c, lane 1 word 2c + 1, repeated */
+static const uint8_t go_ksc_pick[4][32] = {
+#define GO_W(k) (k) * 2, (k) * 2 + 1
+#define GO_W8(k) GO_W(k), GO_W(k), GO_W(k), GO_W(k), GO_W(k), GO_W(k), GO_W(k), GO_W(k)
+    {GO_W8(0), GO_W8(1)}, {GO_W8(2), GO_W8(3)}, {GO_W8(4), GO_W8(5)}, {GO_W8(6), GO_W8(7)},
+};
+/* and word k in both lanes */
+static const uint8_t go_ksc_one[8][32] = {
+#define GO_W16(k) GO_W8(k), GO_W8(k)
+    {GO_W16(0)}, {GO_W16(1)}, {GO_W16(2)}, {GO_W16(3)},
+    {GO_W16(4)}, {GO_W16(5)}, {GO_W16(6)}, {GO_W16(7)},
+#undef GO_W16
+#undef GO_W8
+#undef GO_W
+};
+static inline __m256i go_ksc_word(go_ksc sc, int k) {
+    return _mm256_shuffle_epi8(sc, _mm256_loadu_si256((const __m256i *)go_ksc_one[k]));
+}
+/* acc plus sc[2c] * dot(lo, x[0:32]) + sc[2c + 1] * dot(hi, x[32:64]), lo and
+ * hi 32 unsigned quants each */
+static inline go_vqi go_dot_u8_pair_i(__m256i lo, __m256i hi, const int8_t *x, go_ksc sc, int c,
+                                      go_vqi acc) {
     const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
     const __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)s_lo)));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)s_hi)));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, go_ksc_word(sc, 2 * c)));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(phi, go_ksc_word(sc, 2 * c + 1)));
 }
-/* two Q4_K sub-blocks from their 32 bytes: low nibbles then high ones */
-static inline go_vqi go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, int s_lo, int s_hi,
+/* two Q4_K sub-blocks, pair c, from their 32 bytes: low nibbles then high ones */
+static inline go_vqi go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, go_ksc sc, int c,
                                        go_vqi acc) {
     const __m256i raw = _mm256_loadu_si256((const __m256i *)q), m = _mm256_set1_epi8(15);
     return go_dot_u8_pair_i(_mm256_and_si256(raw, m),
-                            _mm256_and_si256(_mm256_srli_epi16(raw, 4), m), x, s_lo, s_hi, acc);
+                            _mm256_and_si256(_mm256_srli_epi16(raw, 4), m), x, sc, c, acc);
 }
 /* two Q5_K sub-blocks, pair c of a super-block: ql's nibbles, the fifth bits
  * bits 2c and 2c + 1 of the 32 bytes qh */
 static inline go_vqi go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, int c,
-                                       const int8_t *x, int s_lo, int s_hi, go_vqi acc) {
+                                       const int8_t *x, go_ksc sc, go_vqi acc) {
     const __m256i raw = _mm256_loadu_si256((const __m256i *)ql), m = _mm256_set1_epi8(15);
     const __m256i h = _mm256_loadu_si256((const __m256i *)qh), one = _mm256_set1_epi8(1);
     const __m256i h_lo = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * c)), one);
@@ -170,18 +202,18 @@ static inline go_vqi go_dot_q5k_pair_i(const uint8_t *ql, const uint8_t *qh, int
     const __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, m), _mm256_slli_epi16(h_lo, 4));
     const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m),
                                        _mm256_slli_epi16(h_hi, 4));
-    return go_dot_u8_pair_i(lo, hi, x, s_lo, s_hi, acc);
+    return go_dot_u8_pair_i(lo, hi, x, sc, c, acc);
 }
-/* acc plus s0 * dot(u[0:16] - off, x[0:16]) + s1 * dot(u[16:32] - off,
- * x[16:32]) for 32 unsigned quants u (lanes 0-3 hold bytes 0-15): the offset
- * taken off each pair's product within int16 (u x and off x at most 2 * 63 *
- * 127 each), so each lane holds its own values' sum, as ggml's kernels do */
-static inline go_vqi go_dot_u8_halves_i(__m256i u, int off, const int8_t *x, int s0, int s1,
+/* acc plus sc[2c] * dot(u[0:16] - off, x[0:16]) + sc[2c + 1] * dot(u[16:32] -
+ * off, x[16:32]) for 32 unsigned quants u (lanes 0-3 hold bytes 0-15): the
+ * offset taken off each pair's product within int16 (u x and off x at most 2 *
+ * 63 * 127 each), so each lane holds its own values' sum, as ggml's kernels do */
+static inline go_vqi go_dot_u8_halves_i(__m256i u, int off, const int8_t *x, go_ksc sc, int c,
                                         go_vqi acc) {
     const __m256i vx = _mm256_loadu_si256((const __m256i *)x);
     __m256i p = _mm256_maddubs_epi16(u, vx);
     if (off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8((char)off), vx));
-    const __m256i s = _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+    const __m256i s = _mm256_shuffle_epi8(sc, _mm256_loadu_si256((const __m256i *)go_ksc_pick[c]));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
 }
 /* (v >> shift) & mask in each of 32 bytes */
@@ -190,26 +222,28 @@ static inline __m256i go_bits32(const uint8_t *v, int shift, int mask) {
         _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)v), _mm_cvtsi32_si128(shift)),
         _mm256_set1_epi8((char)mask));
 }
-/* 32 values of a Q6_K super-block: q = (ql >> lshift) & 15 | ((qh >> hshift) &
- * 3) << 4, less 32, the first 16 times s0, the next 16 times s1 */
-static inline go_vqi go_dot_q6k_32_i(const uint8_t *ql, int lshift, const uint8_t *qh,
-                                     int hshift, const int8_t *x, int s0, int s1, go_vqi acc) {
-    const __m256i q = _mm256_or_si256(go_bits32(ql, lshift, 15),
-                                      _mm256_slli_epi16(go_bits32(qh, hshift, 3), 4));
-    return go_dot_u8_halves_i(q, 32, x, s0, s1, acc);
+/* 32 values of a Q6_K super-block, block c of a half: q = (ql >> 4 (c >> 1)) &
+ * 15 | ((qh >> 2c) & 3) << 4, less 32, the first 16 times sc[2c], the next 16
+ * times sc[2c + 1] */
+static inline go_vqi go_dot_q6k_32_i(const uint8_t *ql, const uint8_t *qh, int c, const int8_t *x,
+                                     go_ksc sc, go_vqi acc) {
+    const __m256i q = _mm256_or_si256(go_bits32(ql, 4 * (c >> 1), 15),
+                                      _mm256_slli_epi16(go_bits32(qh, 2 * c, 3), 4));
+    return go_dot_u8_halves_i(q, 32, x, sc, c, acc);
 }
-/* 32 values of a Q2_K super-block without their mins: (q >> shift) & 3 */
-static inline go_vqi go_dot_q2k_32_i(const uint8_t *q, int shift, const int8_t *x, int s0, int s1,
+/* 32 values of a Q2_K super-block without their mins, block c of a half:
+ * (q >> 2c) & 3 */
+static inline go_vqi go_dot_q2k_32_i(const uint8_t *q, int c, const int8_t *x, go_ksc sc,
                                      go_vqi acc) {
-    return go_dot_u8_halves_i(go_bits32(q, shift, 3), 0, x, s0, s1, acc);
+    return go_dot_u8_halves_i(go_bits32(q, 2 * c, 3), 0, x, sc, c, acc);
 }
-/* 32 values of a Q3_K super-block: (q >> shift) & 3 | ((hm >> hbit) & 1) << 2,
- * less 4 */
-static inline go_vqi go_dot_q3k_32_i(const uint8_t *q, int shift, const uint8_t *hm, int hbit,
-                                     const int8_t *x, int s0, int s1, go_vqi acc) {
-    const __m256i u = _mm256_or_si256(go_bits32(q, shift, 3),
-                                      _mm256_slli_epi16(go_bits32(hm, hbit, 1), 2));
-    return go_dot_u8_halves_i(u, 4, x, s0, s1, acc);
+/* 32 values of a Q3_K super-block, block c of half n: (q >> 2c) & 3 | ((hm >>
+ * (4n + c)) & 1) << 2, less 4 */
+static inline go_vqi go_dot_q3k_32_i(const uint8_t *q, const uint8_t *hm, int n, int c,
+                                     const int8_t *x, go_ksc sc, go_vqi acc) {
+    const __m256i u = _mm256_or_si256(go_bits32(q, 2 * c, 3),
+                                      _mm256_slli_epi16(go_bits32(hm, 4 * n + c, 1), 2));
+    return go_dot_u8_halves_i(u, 4, x, sc, c, acc);
 }
 /* two IQ4-coded runs of 32 (16 bytes each, low nibbles first), the grid's
  * values looked up by a byte shuffle, times x[0:64], each run times its
