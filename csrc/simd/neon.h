@@ -3,6 +3,7 @@
 #define GGMLOPT_SIMD_NEON_H
 
 #include <arm_neon.h>
+#include "simd/k_scales.h"
 #include "simd/scalar_math.h"
 
 #define GO_FN(name) name##_neon
@@ -215,20 +216,6 @@ static inline float32x4_t go_dot_q5_pair(const uint8_t *a, const uint8_t *b, con
 typedef int32x4_t go_vqi;
 #define go_vqi_zero() vdupq_n_s32(0)
 #define go_vq_add_scaled(s, d, acc) vfmaq_f32((acc), vcvtq_f32_s32(s), vdupq_n_f32(d))
-/* a super-block's (or half's) 8 integer scales (see simd/x86_int8.h) */
-typedef struct {
-    int s[8];
-} go_ksc;
-static inline go_ksc go_ksc_i8(const int8_t *sc, int bias) {
-    go_ksc k;
-    for (int i = 0; i < 8; ++i) k.s[i] = sc[i] - bias;
-    return k;
-}
-static inline go_ksc go_ksc_low_nibbles(const uint8_t *b) {
-    go_ksc k;
-    for (int i = 0; i < 8; ++i) k.s[i] = b[i] & 15;
-    return k;
-}
 /* two Q4_K sub-blocks from their 32 bytes: low nibbles then high ones */
 static inline int32x4_t go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, go_ksc sc, int c,
                                           int32x4_t acc) {

@@ -3,6 +3,7 @@
 #ifndef GGMLOPT_SIMD_SCALAR_H
 #define GGMLOPT_SIMD_SCALAR_H
 
+#include "simd/k_scales.h"
 #include "simd/scalar_math.h"
 
 #define GO_FN(name) name##_scalar
@@ -115,20 +116,6 @@ static inline float go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int
 typedef int32_t go_vqi;
 #define go_vqi_zero() 0
 #define go_vq_add_scaled(s, d, acc) ((float)(s) * (d) + (acc))
-/* a super-block's (or half's) 8 integer scales (see simd/x86_int8.h) */
-typedef struct {
-    int s[8];
-} go_ksc;
-static inline go_ksc go_ksc_i8(const int8_t *sc, int bias) {
-    go_ksc k;
-    for (int i = 0; i < 8; ++i) k.s[i] = sc[i] - bias;
-    return k;
-}
-static inline go_ksc go_ksc_low_nibbles(const uint8_t *b) {
-    go_ksc k;
-    for (int i = 0; i < 8; ++i) k.s[i] = b[i] & 15;
-    return k;
-}
 /* acc plus s_lo * dot(low nibbles of q[0:32], x[0:32]) + s_hi * dot(high
  * nibbles, x[32:64]): two Q4_K sub-blocks */
 static inline int32_t go_dot_q4k_pair_i(const uint8_t *q, const int8_t *x, go_ksc sc, int c,

@@ -57,20 +57,21 @@ static inline go_vq go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const i
     return _mm256_fmadd_ps(go_dot_i8x32(go_q4_0_quants(nb), xb), _mm256_set1_ps(sb), acc);
 }
 
+/* the 32 values an IQ4-coded run of 16 bytes stands for (low nibbles first):
+ * the 16-entry grid looked up in registers by a byte shuffle (built in bytes
+ * on the stack, a 32-byte load of two 16-byte stores would wait on their
+ * forwarding) */
+static inline __m256i go_iq4_values32(const uint8_t *q, const int8_t *grid) {
+    const __m256i g = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)grid));
+    const __m128i r = _mm_loadu_si128((const __m128i *)q);
+    return _mm256_shuffle_epi8(
+        g, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(r, 4), r), _mm256_set1_epi8(15)));
+}
 /* acc plus sa * dot(grid[a's nibbles], x[0:32]) + sb * dot(grid[b's], x[32:64]) for
- * two IQ4_NL-coded runs of 32 (16 bytes each, low nibbles first): the 16-entry
- * grid looked up in registers by a byte shuffle (built in bytes on the stack, a
- * 32-byte load of two 16-byte stores would wait on their forwarding) */
+ * two IQ4_NL-coded runs of 32 */
 static inline go_vq go_dot_iq4_pair(const uint8_t *qa, const uint8_t *qb, const int8_t *grid,
                                     const int8_t *x, float sa, float sb, go_vq acc) {
-    const __m256i g = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)grid));
-    const __m256i m = _mm256_set1_epi8(15);
-    const __m128i ra = _mm_loadu_si128((const __m128i *)qa);
-    const __m128i rb = _mm_loadu_si128((const __m128i *)qb);
-    const __m256i wa = _mm256_shuffle_epi8(
-        g, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(ra, 4), ra), m));
-    const __m256i wb = _mm256_shuffle_epi8(
-        g, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(rb, 4), rb), m));
+    const __m256i wa = go_iq4_values32(qa, grid), wb = go_iq4_values32(qb, grid);
     acc = _mm256_fmadd_ps(go_dot_i8x32(wa, _mm256_loadu_si256((const __m256i *)x)),
                           _mm256_set1_ps(sa), acc);
     return _mm256_fmadd_ps(go_dot_i8x32(wb, _mm256_loadu_si256((const __m256i *)(x + 32))),
@@ -251,14 +252,7 @@ static inline go_vqi go_dot_q3k_32_i(const uint8_t *q, const uint8_t *hm, int n,
  * w's sign, pairs at most 2 * 127 * 127 within int16) */
 static inline go_vqi go_dot_iq4_pair_i(const uint8_t *qa, const uint8_t *qb, const int8_t *grid,
                                        const int8_t *x, int sa, int sb, go_vqi acc) {
-    const __m256i g = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)grid));
-    const __m256i m = _mm256_set1_epi8(15);
-    const __m128i ra = _mm_loadu_si128((const __m128i *)qa);
-    const __m128i rb = _mm_loadu_si128((const __m128i *)qb);
-    const __m256i wa = _mm256_shuffle_epi8(
-        g, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(ra, 4), ra), m));
-    const __m256i wb = _mm256_shuffle_epi8(
-        g, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(rb, 4), rb), m));
+    const __m256i wa = go_iq4_values32(qa, grid), wb = go_iq4_values32(qb, grid);
     const __m256i xa = _mm256_loadu_si256((const __m256i *)x);
     const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
     const __m256i pa = _mm256_maddubs_epi16(_mm256_sign_epi8(wa, wa), _mm256_sign_epi8(xa, wa));
