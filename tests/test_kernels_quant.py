@@ -114,6 +114,21 @@ def test_matmul_equals_the_product_with_the_dequantized_weight(simd_path, qtype,
     assert (np.abs(got - exact) <= matmul_bound(x, w)).all()
 
 
+@pytest.mark.parametrize("qtype", ["F16", "BF16"])
+@pytest.mark.parametrize("ncols", [1, 7, 37, 100, 129])
+@pytest.mark.parametrize("nx", [1, 2])
+def test_half_matmul_of_any_width(simd_path, qtype, ncols, nx):
+    """16-bit rows are any number of values wide: the vectors' tails count."""
+    rng = np.random.default_rng(ncols)
+    w = (rng.standard_normal((5, ncols)) * 0.05).astype(np.float32)
+    raw = (w.view(np.uint32) >> 16).astype(np.uint16) if qtype == "BF16" else w.astype(np.float16)
+    x = rng.standard_normal((nx, ncols)).astype(np.float32)
+    w = reference(qtype, raw)
+    got = kq.matmul(x, qtype, raw)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    assert (np.abs(got - exact) <= matmul_bound(x, w)).all()
+
+
 def test_matmul_is_the_same_bits_on_any_number_of_threads(restore_threads):
     import ggmlopt
     rng = np.random.default_rng(9)

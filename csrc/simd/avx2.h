@@ -169,6 +169,11 @@ static inline __m256 go_vbits(uint32_t x, int j0) {
 static inline __m256 go_vload_f16(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
+/* bfloat16 is float32's upper half: widen, shift into place */
+static inline __m256 go_vload_bf16(const uint16_t *p) {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
 
 /* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
  * even one in its low half; a pair vector from 8 values of each of two rows,

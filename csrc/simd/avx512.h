@@ -169,6 +169,11 @@ static inline __m512 go_vadd16_bits(__m512 v, uint32_t x, int j0) {
 static inline __m512 go_vload_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
+/* bfloat16 is float32's upper half: widen, shift into place */
+static inline __m512 go_vload_bf16(const uint16_t *p) {
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
 
 /* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
  * even one in its low half; a pair vector from 16 values of each of two rows,

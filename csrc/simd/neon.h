@@ -340,6 +340,10 @@ static inline float32x4_t go_vbits(uint32_t x, int j0) {
 static inline float32x4_t go_vload_f16(const uint16_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
 }
+/* bfloat16 is float32's upper half: widen, shift into place */
+static inline float32x4_t go_vload_bf16(const uint16_t *p) {
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
+}
 
 /* bfloat16 pairs (kernels/gemm_bf16.inc): each lane holds two bf16 values, the
  * even one in its low half; a pair vector from 4 values of each of two rows,

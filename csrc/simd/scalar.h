@@ -215,6 +215,7 @@ static inline go_vq go_dot_iq4_pair(const uint8_t *qa, const uint8_t *qb, const 
 /* v + 16 in the lanes whose bit (j0 + lane) of x is set */
 #define go_vadd16_bits(v, x, j0) go_vfma(go_vbits((x), (j0)), go_vset1(16.0f), (v))
 #define go_vload_f16(p) go_f16_to_f32(*(p))
+#define go_vload_bf16(p) go_bits_to_f32((uint32_t)*(p) << 16)
 #define go_vstore_bf16(p, v) (*(p) = go_f32_to_bf16(v))
 
 #define go_count_eq_i32(a, b) ((int64_t)(*(a) == *(b)))
