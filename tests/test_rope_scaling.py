@@ -211,6 +211,43 @@ def test_both_rope_dicts_are_read_as_transformers_reads_them_or_refused(tmp_path
         assert config.rope_base == 500.0 and config.rope_scaling.factor == 4.0
 
 
+FAMILIES = {   # a family's model and the rope_theta it defaults to (its global layers' for Gemma 3)
+    "llama": (lambda m: m.Llama(m.LlamaConfig(vocab_size=67, dim=32, n_layers=1, n_heads=4)),
+              10000.0),
+    "qwen2": (lambda m: m.Qwen2(m.Qwen2Config(vocab_size=67, dim=32, n_layers=1, n_heads=4)),
+              10000.0),
+    "gemma3": (lambda m: m.Gemma3(m.Gemma3Config(vocab_size=67, dim=32, n_layers=2, n_heads=4,
+                                                  head_dim=8, sliding_window=4)), 1e6),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("top_level", [None, 10000.0, 500.0])
+def test_a_rope_theta_inside_rope_scaling_is_refused_unless_it_is_the_base_anyway(
+        tmp_path, family, top_level):
+    # transformers 5 reads a rope_theta inside rope_scaling over the top-level one,
+    # transformers 4 ignored it: a file where the two differ means two models
+    pytest.importorskip("safetensors")
+    from ggmlopt import models
+    from ggmlopt.io import load_hf, save_hf
+    build, default = FAMILIES[family]
+    save_hf(build(models), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    for key in ("rope_theta", "rope_parameters", "rope_scaling"):
+        cfg.pop(key, None)
+    if top_level is not None:
+        cfg["rope_theta"] = top_level
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    if top_level == 500.0:
+        assert load_hf(tmp_path).config.rope_base == 500.0
+        return
+    want = top_level if top_level is not None else default
+    with pytest.raises(ValueError, match=rf"rope_scaling: its rope_theta 500.0 differs from the "
+                                         rf"model's rope_theta {want}"):
+        load_hf(tmp_path)
+
+
 # ---- GGUF: llama.cpp's forms of the scalings --------------------------------------------
 
 @pytest.mark.parametrize("kind", ["linear", "llama3"])

@@ -103,6 +103,19 @@ def no_sliding_window(hf: Mapping[str, Any], *, window_default: int | None = 409
                          f"{sorted(set(layers))}")
 
 
+def legacy_theta(legacy: Mapping[str, Any], theta: float, given: bool) -> None:
+    """Refuses a rope_theta inside rope_scaling unless it is the base the model
+    gets anyway (theta: the top-level or rope_parameters' one, given, else the
+    family's default): transformers 5 reads it over the top-level one,
+    transformers 4 ignored it, so the two disagree on such a file."""
+    if "rope_theta" in legacy and float(legacy["rope_theta"]) != float(theta):
+        raise ValueError(
+            f"rope_scaling: its rope_theta {legacy['rope_theta']} differs from the model's "
+            f"rope_theta {theta}{'' if given else ' (the default: none given)'}: transformers "
+            f"5 reads the one inside rope_scaling, transformers 4 the other; give the base once "
+            f"(the top-level rope_theta, or rope_parameters)")
+
+
 def _rope_kind_named(params: Mapping[str, Any], *drop: str) -> dict[str, Any]:
     """A rope dict as transformers reads it, for comparing two: its kind under
     rope_type (the 4.x key 'type' where rope_type is absent), without drop."""
@@ -135,11 +148,13 @@ def llama_fields(hf: Mapping[str, Any], where: str, head_dim_given: bool = False
         raise ValueError(f"rope_parameters: expected a dict, got "  # noqa: TRY004
                          f"{type(params).__name__}")
     legacy = hf.get("rope_scaling") or {}
-    if params and legacy and _rope_kind_named(legacy) != _rope_kind_named(params, "rope_theta"):
+    if params and legacy and (_rope_kind_named(legacy, "rope_theta")
+                              != _rope_kind_named(params, "rope_theta")):
         raise ValueError(f"rope_scaling {legacy} and rope_parameters {params} disagree")
     # a top-level rope_theta beside rope_parameters' must agree with it; beside a
-    # rope_scaling transformers reads the top-level one (its default when absent)
+    # rope_scaling transformers 4 reads the top-level one (its default when absent)
     top = hf.get("rope_theta", theta)
+    legacy_theta(legacy, params.get("rope_theta", top), "rope_theta" in hf or "rope_theta" in params)
     if "rope_theta" in params and (legacy or "rope_theta" in hf) and params["rope_theta"] != top:
         if legacy:
             raise ValueError(f"rope_parameters and rope_scaling are both given: transformers "

@@ -34,7 +34,7 @@ from ..nn.module import Module, grads_ready
 from ..nn.norm import RMSNorm
 from ..nn.rope_scaling import RopeScaling
 from ._causal_lm import attention_input_grad, cached_self_attention, normal_init
-from ._hf_config import LLAMA_KEYS, check_keys, llama_hf_config, no_dropout
+from ._hf_config import LLAMA_KEYS, check_keys, legacy_theta, llama_hf_config, no_dropout
 from .config import LlamaConfig
 from .family import Family
 from .llama import INIT_STD, Llama, with_layers
@@ -355,8 +355,11 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
         raise ValueError(f"rope_scaling: {legacy} names its kind by the old key 'type', which "
                          f"transformers 5 ignores on a Gemma 3 (4.x applied it); rename it "
                          f"'rope_type' to scale the global layers, or remove it")
-    if full and legacy and {k: v for k, v in legacy.items() if k != "type"} != full:
+    if full and legacy and ({k: v for k, v in legacy.items() if k not in ("type", "rope_theta")}
+                            != full):
         raise ValueError(f"rope_scaling {legacy} and rope_parameters {full} disagree")
+    legacy_theta(legacy, theta,
+                 "rope_theta" in hf or "rope_theta" in (params.get("full_attention") or {}))
     scaling_hf = dict(full or legacy)
     if scaling_hf.get("truncate", True) is False:
         # transformers looks for truncate at the top of rope_parameters, which a Gemma 3
