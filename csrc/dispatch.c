@@ -1625,15 +1625,15 @@ int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x
 }
 
 /* Activations rounded as llama.cpp rounds them for a weight's integer dot
- * products, one row of ncols values: to Q8_0 blocks (quants and a scale per
- * 32: no Q8_0-form product reads their sums) or, for the K types, to Q8_K
- * blocks (quants, a scale per 256 in xd, a sum per 16 quants as int16 in
- * xsum's bytes); the 32 quants past the row zeroed (an odd last Q8_0 block
- * reads them unscaled). */
+ * products, one row of ncols values: to Q8_0 blocks (quants, a scale and a
+ * sum of quants per 32: Q4_1 and Q5_1 read the sums) or, for the K types, to
+ * Q8_K blocks (quants, a scale per 256 in xd, a sum per 16 quants as int16 in
+ * xsum's bytes: the same scratch holds either); the 32 quants past the row
+ * zeroed (an odd last Q8_0 block reads them unscaled). */
 static void quantize_activations(int form, const float *x, int64_t ncols, int8_t *xqs, float *xd,
                                  float *xsum) {
     if (form == GO_Q8_K) go_quantize_q8_k_row(x, ncols, xqs, xd, (int16_t *)(void *)xsum);
-    else go_quantize_q8_0_row(x, ncols, xqs, xd, NULL);
+    else go_quantize_q8_0_row(x, ncols, xqs, xd, xsum);
     memset(xqs + ncols, 0, 32);
 }
 /* weight rows [j0, j1) times one row so rounded */
@@ -1644,7 +1644,7 @@ static void dot_rounded_rows(int form, int type, int64_t ncols, const int8_t *xq
         kernels()->quant_dot_q8k_rows(type, ncols, xqs, xd, (const int16_t *)(const void *)xsum,
                                       w, row_bytes, j0, j1, y);
     else
-        kernels()->quant_dot_q8_rows(type, ncols, xqs, xd, w, row_bytes, j0, j1, y);
+        kernels()->quant_dot_q8_rows(type, ncols, xqs, xd, xsum, w, row_bytes, j0, j1, y);
 }
 
 typedef struct {

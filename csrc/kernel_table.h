@@ -125,6 +125,7 @@ enum { GO_Q8_NONE = 0, GO_Q8_0 = 1, GO_Q8_K = 2 };
 static inline int go_qtype_q8_form(int type) {
     switch (type) {
     case GO_QTYPE_Q8_0: case GO_QTYPE_Q4_0: case GO_QTYPE_Q5_0: case GO_QTYPE_IQ4_NL:
+    case GO_QTYPE_Q4_1: case GO_QTYPE_Q5_1:
         return GO_Q8_0;
     case GO_QTYPE_Q2_K: case GO_QTYPE_Q3_K: case GO_QTYPE_Q4_K: case GO_QTYPE_Q5_K:
     case GO_QTYPE_Q6_K: case GO_QTYPE_IQ4_XS: return GO_Q8_K;
@@ -379,10 +380,11 @@ typedef struct ggmlopt_kernel_table {
                               int64_t x_stride, const uint8_t *w, int64_t row_bytes, int64_t j0,
                               int64_t j1, float *y, int64_t y_stride);
     /* dot(x rounded to Q8_0 blocks, weight rows [j0, j1)) of a weight whose
-     * go_qtype_q8_form is GO_Q8_0 (0 returned for another type) */
+     * go_qtype_q8_form is GO_Q8_0 (xsum: each block's sum of quants, read
+     * for Q4_1 and Q5_1; 0 returned for another type) */
     int (*quant_dot_q8_rows)(int type, int64_t ncols, const int8_t *xqs, const float *xd,
-                             const uint8_t *w, int64_t row_bytes, int64_t j0, int64_t j1,
-                             float *y);
+                             const float *xsum, const uint8_t *w, int64_t row_bytes, int64_t j0,
+                             int64_t j1, float *y);
     /* the same with x rounded to Q8_K blocks (go_quantize_q8_k_row: xd a
      * scale per 256 values, xsums a sum per 16 quants) for a GO_Q8_K type */
     int (*quant_dot_q8k_rows)(int type, int64_t ncols, const int8_t *xqs, const float *xd,

@@ -35,10 +35,11 @@ QTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0"
           "IQ4_XS": 23, "BF16": 30}
 _NAMES = {v: k for k, v in QTYPES.items()}
 # the weight types matmul(..., activations="q8_0") multiplies in integers: x
-# rounded to Q8_0 blocks for the first four, to Q8_K blocks for the types of
-# 256-value super-blocks (Q8_K_ACTIVATION_TYPES), as llama.cpp rounds it
-Q8_ACTIVATION_TYPES = ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-                       "IQ4_XS")
+# rounded to Q8_0 blocks for the first six (with each block's sum of quants for
+# Q4_1 and Q5_1, as llama.cpp's Q8_1 blocks carry it), to Q8_K blocks for the
+# types of 256-value super-blocks (Q8_K_ACTIVATION_TYPES), as llama.cpp rounds it
+Q8_ACTIVATION_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K",
+                       "Q5_K", "Q6_K", "IQ4_XS")
 Q8_K_ACTIVATION_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 
 
@@ -183,12 +184,14 @@ def matmul(x, qtype, raw, out=None, activations="f32"):
     activations="q8_0", for a weight of a type in Q8_ACTIVATION_TYPES: each
     row of x is first rounded as llama.cpp rounds it for that type and each
     block's dot taken in integers, as llama.cpp multiplies these types: to
-    Q8_0 blocks of 32 (quantize_q8_0_activations) for Q8_0, Q4_0, Q5_0 and
-    IQ4_NL, to Q8_K blocks of 256 (quantize_q8_k_activations) for the types
-    of 256-value super-blocks in Q8_K_ACTIVATION_TYPES (Q2_K to Q6_K,
-    IQ4_XS), whose super-blocks then sum in integers.  The result is off the float product by that rounding of x (at
-    most half a block's scale per value).  Weights of other types multiply
-    the float32 rows either way."""
+    Q8_0 blocks of 32 (quantize_q8_0_activations) for Q8_0, Q4_0, Q5_0,
+    IQ4_NL, Q4_1 and Q5_1 (whose values d q + m take the m part as m times
+    the block's sum of x), to Q8_K blocks of 256 (quantize_q8_k_activations)
+    for the types of 256-value super-blocks in Q8_K_ACTIVATION_TYPES (Q2_K
+    to Q6_K, IQ4_XS), whose super-blocks then sum in integers.  The result
+    is off the float product by that rounding of x (at most half a block's
+    scale per value).  F32, F16 and BF16 weights multiply the float32 rows
+    either way."""
     if activations not in ("f32", "q8_0"):
         raise ValueError(f"activations: expected 'f32' or 'q8_0', got {activations!r}")
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)

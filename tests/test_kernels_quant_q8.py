@@ -1,8 +1,9 @@
 """Products of few rows with the activations rounded as llama.cpp rounds them
 for its integer dot products (kernels_quant.matmul(..., activations="q8_0")):
-to Q8_0 blocks for Q8_0, Q4_0, Q5_0 and IQ4_NL weights, byte for byte gguf-py's
-(ggml's quantize_row_q8_0_ref), and to Q8_K blocks for the types of 256-value
-super-blocks (Q2_K to Q6_K, IQ4_XS), as ggml's quantize_row_q8_K_ref; the product within float32 rounding of
+to Q8_0 blocks for Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_1 and Q5_1 weights, byte for
+byte gguf-py's (ggml's quantize_row_q8_0_ref), and to Q8_K blocks for the types
+of 256-value super-blocks (Q2_K to Q6_K, IQ4_XS), as ggml's
+quantize_row_q8_K_ref; the product within float32 rounding of
 a float64 product of the rounded activations and the decoded weights on every
 SIMD path, the same bits on any number of threads and in one job of products
 of either rounding; QuantizedLinear and QuantizedEmbedding multiply so when
@@ -151,9 +152,13 @@ def random_weight(qtype, nout, ncols, rng):
 
 
 def k_mins(raw, qtype, ncols):
-    """A Q4_K, Q5_K or Q2_K weight's value is d * sc * q - dmin * m: the second
-    part of each value, (nout, ncols), which the kernel sums apart from the
-    first."""
+    """A Q4_K, Q5_K or Q2_K weight's value is d * sc * q - dmin * m, a Q4_1 or
+    Q5_1 weight's d * q + m: the second part of each value, (nout, ncols),
+    which the kernel sums apart from the first."""
+    if qtype in ("Q4_1", "Q5_1"):   # a min per 32 values, the f16 after d
+        blocks = raw.reshape(-1, 20 if qtype == "Q4_1" else 24)
+        m = blocks[:, 2:4].copy().view(np.float16).astype(np.float64)
+        return np.repeat(m, 32, axis=1).reshape(raw.shape[0], ncols)
     if qtype == "Q2_K":   # a min per 16 values, the high nibble of its scale byte
         blocks = raw.reshape(-1, 84)
         dmin = blocks[:, 82:84].copy().view(np.float16).astype(np.float64)
@@ -177,15 +182,15 @@ def q8_product_and_bound(x, qtype, raw):
     w = np.asarray(gguf.quants.dequantize(raw, T[qtype]), np.float64)
     exact = xr @ w.T
     m = x.shape[1] // 32 + 8
-    # Q4_K, Q5_K, Q2_K: their two parts are summed apart (a value's may
-    # cancel), each scale product rounds once
+    # Q4_K, Q5_K, Q2_K, Q4_1, Q5_1: their two parts are summed apart (a
+    # value's may cancel), each scale product rounds once
     mag = np.abs(w) + (2 * np.abs(k_mins(raw, qtype, x.shape[1]))
-                       if qtype in ("Q4_K", "Q5_K", "Q2_K") else 0)
+                       if qtype in ("Q4_K", "Q5_K", "Q2_K", "Q4_1", "Q5_1") else 0)
     return exact, (m + 1) * U / (1 - (m + 1) * U) * (np.abs(xr) @ mag.T) + U * np.abs(exact)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K",
-                                   "Q5_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "Q2_K",
+                                   "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 @pytest.mark.parametrize("nx,nblocks,nout", [(1, 1, 1), (1, 2, 13), (3, 3, 7), (4, 5, 40),
                                              (11, 19, 13), (1, 48, 600)])
 def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path, qtype, nx,
@@ -227,7 +232,8 @@ def test_an_input_off_the_vector_alignment(simd_path):
 
 def test_the_same_bits_on_any_number_of_threads(restore_threads):
     rng = np.random.default_rng(9)
-    for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"):
+    for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                  "Q6_K", "IQ4_XS"):
         raw = random_weight(qtype, 1536, 768, rng)
         x = rng.standard_normal((2, 768)).astype(np.float32)
         ggmlopt.set_num_threads(1)
@@ -241,8 +247,9 @@ def test_one_job_of_both_roundings_gives_each_product_s_bits_alone(simd_path):
     one way, then the other, in the same scratch) and float32 ones."""
     rng = np.random.default_rng(12)
     ncols = 512
-    types = ["Q4_K", "Q4_0", "Q6_K", "Q4_1", "IQ4_NL", "Q3_K", "IQ4_XS", "Q8_0"]
-    raws = [random_weight(t, 7 + 5 * i, ncols, rng) for i, t in enumerate(types)]
+    types = ["Q4_K", "Q4_0", "Q6_K", "Q4_1", "IQ4_NL", "Q3_K", "IQ4_XS", "F16"]
+    raws = [random_weight(t, 7 + 5 * i, ncols, rng) if t != "F16" else
+            rng.standard_normal((9, ncols)).astype(np.float16) for i, t in enumerate(types)]
     x = awkward_activations(rng, 3, ncols)
     outs = kq.matmul_many(x, list(zip(types, raws)), activations="q8_0")
     for t, raw, out in zip(types, raws, outs):
@@ -251,12 +258,14 @@ def test_one_job_of_both_roundings_gives_each_product_s_bits_alone(simd_path):
 
 def test_other_types_multiply_the_float32_activations():
     rng = np.random.default_rng(4)
-    raw = random_weight("Q4_1", 5, 256, rng)
+    w = rng.standard_normal((5, 256)).astype(np.float32)
     x = rng.standard_normal((1, 256)).astype(np.float32)
-    np.testing.assert_array_equal(kq.matmul(x, "Q4_1", raw, activations="q8_0"),
-                                  kq.matmul(x, "Q4_1", raw))
-    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K",
-                                      "Q5_K", "Q6_K", "IQ4_XS")
+    for qtype, raw in (("F16", w.astype(np.float16)), ("F32", w),
+                       ("BF16", (w.view(np.uint32) >> 16).astype(np.uint16))):
+        np.testing.assert_array_equal(kq.matmul(x, qtype, raw, activations="q8_0"),
+                                      kq.matmul(x, qtype, raw))
+    assert kq.Q8_ACTIVATION_TYPES == ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K",
+                                      "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
     assert kq.Q8_K_ACTIVATION_TYPES == ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 
 
@@ -284,14 +293,15 @@ def test_layers_multiply_so_when_set_and_not_training():
     emb_raw = random_weight("Q8_0", 50, 96, rng)
     layer = QuantizedLinear(raw, "Q4_0", 96, 40)
     emb = QuantizedEmbedding(emb_raw, "Q8_0", 50, 96)
-    q41 = QuantizedLinear(random_weight("Q4_1", 3, 256, rng), "Q4_1", 256, 3)
+    w16 = rng.standard_normal((3, 256)).astype(np.float16)
+    q41 = QuantizedLinear(w16, "F16", 256, 3)
     x = rng.standard_normal((1, 96)).astype(np.float32)
     exact = layer(x)
     many = rng.standard_normal((FEW_ROWS + 1, 96)).astype(np.float32)
     exact_many = layer(many)
     assert layer.activations == "f32" and emb.activations == "f32"
     model = ggmlopt.nn.Sequential(layer, emb, q41)
-    assert set_activations(model, "q8_0") == 2   # the Q4_1 layer keeps float32
+    assert set_activations(model, "q8_0") == 2   # the F16 layer keeps float32
     assert layer.activations == emb.activations == q41.activations == "q8_0"
     np.testing.assert_array_equal(layer(x), kq.matmul(x, "Q4_0", raw, activations="q8_0"))
     np.testing.assert_array_equal(emb.project(x),

@@ -174,20 +174,26 @@ static inline float32x4_t go_dot_q8_pair(const int8_t *wa, const int8_t *wb, con
     return vfmaq_f32(acc, go_dot_i8x32(vld1q_s8(wb), vld1q_s8(wb + 16), x + 32),
                      vdupq_n_f32(sb));
 }
-static inline float32x4_t go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const int8_t *x,
-                                         float sa, float sb, float32x4_t acc) {
-    const int8x16_t eight = vdupq_n_s8(8);
+/* two blocks' nibbles less off (8: Q4_0, 0: Q4_1) against x[0:64] */
+static inline float32x4_t go_dot_q4_pair_off(const uint8_t *na, const uint8_t *nb,
+                                             const int8_t *x, float sa, float sb, int8_t off,
+                                             float32x4_t acc) {
+    const int8x16_t o = vdupq_n_s8(off);
     const uint8x16_t va = vld1q_u8(na), vb = vld1q_u8(nb);
-    const int8x16_t alo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(va, vdupq_n_u8(15))), eight);
-    const int8x16_t ahi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(va, 4)), eight);
-    const int8x16_t blo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(vb, vdupq_n_u8(15))), eight);
-    const int8x16_t bhi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(vb, 4)), eight);
+    const int8x16_t alo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(va, vdupq_n_u8(15))), o);
+    const int8x16_t ahi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(va, 4)), o);
+    const int8x16_t blo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(vb, vdupq_n_u8(15))), o);
+    const int8x16_t bhi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(vb, 4)), o);
     acc = vfmaq_f32(acc, go_dot_i8x32(alo, ahi, x), vdupq_n_f32(sa));
     return vfmaq_f32(acc, go_dot_i8x32(blo, bhi, x + 32), vdupq_n_f32(sb));
 }
-/* a Q5_0 block's quants (nibble | fifth bit << 4, minus 16; low nibbles
- * first) as two vectors, from its 4 bytes of fifth bits on */
-static inline void go_q5_0_quants(const uint8_t *blk, int8x16_t *lo, int8x16_t *hi) {
+#define go_dot_q4_pair(na, nb, x, sa, sb, acc) go_dot_q4_pair_off(na, nb, x, sa, sb, 8, acc)
+/* Q4_1's nibbles as they are (see the scalar path) */
+#define go_dot_q4_1_pair(na, nb, x, sa, sb, acc) go_dot_q4_pair_off(na, nb, x, sa, sb, 0, acc)
+/* a Q5_0 (off 16) or Q5_1 (off 0) block's quants (nibble | fifth bit << 4,
+ * minus off; low nibbles first) as two vectors, from its 4 bytes of fifth
+ * bits on */
+static inline void go_q5_quants(const uint8_t *blk, int8_t off, int8x16_t *lo, int8x16_t *hi) {
     uint32_t bits;
     memcpy(&bits, blk, 4);
     static const uint8_t one_bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
@@ -199,18 +205,21 @@ static inline void go_q5_0_quants(const uint8_t *blk, int8x16_t *lo, int8x16_t *
     const uint8x16_t h0 = vandq_u8(vtstq_u8(w0, sel), vdupq_n_u8(16));
     const uint8x16_t h1 = vandq_u8(vtstq_u8(w1, sel), vdupq_n_u8(16));
     const uint8x16_t q = vld1q_u8(blk + 4);
-    *lo = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, vdupq_n_u8(15)), h0)), vdupq_n_s8(16));
-    *hi = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), h1)), vdupq_n_s8(16));
+    *lo = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, vdupq_n_u8(15)), h0)), vdupq_n_s8(off));
+    *hi = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), h1)), vdupq_n_s8(off));
 }
-/* acc plus sa * dot(a's quants, x[0:32]) + sb * dot(b's, x[32:64]) for two Q5_0 blocks */
-static inline float32x4_t go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int8_t *x,
-                                         float sa, float sb, float32x4_t acc) {
+/* acc plus sa * dot(a's quants, x[0:32]) + sb * dot(b's, x[32:64]) for two
+ * Q5_0 (off 16) or Q5_1 (off 0) blocks */
+static inline float32x4_t go_dot_q5_pair_off(const uint8_t *a, const uint8_t *b, const int8_t *x,
+                                             float sa, float sb, int8_t off, float32x4_t acc) {
     int8x16_t lo, hi;
-    go_q5_0_quants(a, &lo, &hi);
+    go_q5_quants(a, off, &lo, &hi);
     acc = vfmaq_f32(acc, go_dot_i8x32(lo, hi, x), vdupq_n_f32(sa));
-    go_q5_0_quants(b, &lo, &hi);
+    go_q5_quants(b, off, &lo, &hi);
     return vfmaq_f32(acc, go_dot_i8x32(lo, hi, x + 32), vdupq_n_f32(sb));
 }
+#define go_dot_q5_pair(a, b, x, sa, sb, acc) go_dot_q5_pair_off(a, b, x, sa, sb, 16, acc)
+#define go_dot_q5_1_pair(a, b, x, sa, sb, acc) go_dot_q5_pair_off(a, b, x, sa, sb, 0, acc)
 /* The K types against activations rounded to Q8_K (see simd/x86_int8.h): a
  * super-block's sub-block products times their integer scales, in int32 lanes */
 typedef int32x4_t go_vqi;

@@ -84,31 +84,46 @@ static inline float go_dot_q8_pair(const int8_t *wa, const int8_t *wb, const int
     }
     return (float)b * sb + ((float)a * sa + acc);
 }
+/* dot(nibbles - off, x[0:32]) of one block's 16 bytes of nibbles */
+static inline int32_t go_q4_dot_scalar(const uint8_t *n, const int8_t *x, int off) {
+    int32_t s = 0;
+    for (int i = 0; i < 16; ++i) s += ((n[i] & 15) - off) * x[i] + ((n[i] >> 4) - off) * x[16 + i];
+    return s;
+}
 static inline float go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const int8_t *x,
                                    float sa, float sb, float acc) {
-    int32_t a = 0, b = 0;
-    for (int i = 0; i < 16; ++i) {
-        a += ((na[i] & 15) - 8) * x[i] + ((na[i] >> 4) - 8) * x[16 + i];
-        b += ((nb[i] & 15) - 8) * x[32 + i] + ((nb[i] >> 4) - 8) * x[48 + i];
-    }
+    const int32_t a = go_q4_dot_scalar(na, x, 8), b = go_q4_dot_scalar(nb, x + 32, 8);
     return (float)b * sb + ((float)a * sa + acc);
 }
 /* acc plus sa * dot(a's quants, x[0:32]) + sb * dot(b's, x[32:64]) for two
  * Q5_0 blocks, each from its 4 bytes of fifth bits on (value j: nibble |
- * bit j << 4, minus 16; low nibbles the first 16) */
-static inline int32_t go_q5_0_dot_scalar(const uint8_t *blk, const int8_t *x) {
+ * bit j << 4, minus 16 (off); low nibbles the first 16) */
+static inline int32_t go_q5_dot_scalar(const uint8_t *blk, const int8_t *x, int off) {
     const uint32_t bits = (uint32_t)blk[0] | (uint32_t)blk[1] << 8 | (uint32_t)blk[2] << 16 |
                           (uint32_t)blk[3] << 24;
     int32_t s = 0;
     for (int i = 0; i < 16; ++i) {
-        s += ((int)((blk[4 + i] & 15) | ((bits >> i) & 1) << 4) - 16) * x[i];
-        s += ((int)((blk[4 + i] >> 4) | ((bits >> (i + 16)) & 1) << 4) - 16) * x[16 + i];
+        s += ((int)((blk[4 + i] & 15) | ((bits >> i) & 1) << 4) - off) * x[i];
+        s += ((int)((blk[4 + i] >> 4) | ((bits >> (i + 16)) & 1) << 4) - off) * x[16 + i];
     }
     return s;
 }
 static inline float go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int8_t *x, float sa,
                                    float sb, float acc) {
-    const int32_t da = go_q5_0_dot_scalar(a, x), db = go_q5_0_dot_scalar(b, x + 32);
+    const int32_t da = go_q5_dot_scalar(a, x, 16), db = go_q5_dot_scalar(b, x + 32, 16);
+    return (float)db * sb + ((float)da * sa + acc);
+}
+/* the same for two Q4_1 blocks' nibbles and two Q5_1 blocks: their quants as
+ * they are (nothing taken off), values d q + m, and the m parts, m times x's
+ * sum, summed apart by the caller as llama.cpp's vec_dot does */
+static inline float go_dot_q4_1_pair(const uint8_t *na, const uint8_t *nb, const int8_t *x,
+                                     float sa, float sb, float acc) {
+    const int32_t a = go_q4_dot_scalar(na, x, 0), b = go_q4_dot_scalar(nb, x + 32, 0);
+    return (float)b * sb + ((float)a * sa + acc);
+}
+static inline float go_dot_q5_1_pair(const uint8_t *a, const uint8_t *b, const int8_t *x,
+                                     float sa, float sb, float acc) {
+    const int32_t da = go_q5_dot_scalar(a, x, 0), db = go_q5_dot_scalar(b, x + 32, 0);
     return (float)db * sb + ((float)da * sa + acc);
 }
 /* The K types against activations rounded to Q8_K (see simd/x86_int8.h): a

@@ -30,12 +30,21 @@ static inline __m256 go_dot_i8x32(__m256i a, __m256i b) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
+/* lanes summing to dot(u, b) over 32 pairs, u unsigned within [0, 31]: no
+ * sign to move, maddubs takes u as it is (pairs within int16: 2 * 31 * 127) */
+static inline __m256 go_dot_u8x32(__m256i u, __m256i b) {
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, b), _mm256_set1_epi16(1)));
+}
+
+/* the 32 nibbles of 16 bytes as they are (0..15, low nibbles first): a Q4_1
+ * block's quants */
+static inline __m256i go_nibbles32(const uint8_t *nibbles) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)nibbles);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+}
 /* a Q4_0 block's 32 quants (nibble - 8, low nibbles first) from its 16 bytes */
 static inline __m256i go_q4_0_quants(const uint8_t *nibbles) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)nibbles);
-    const __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw),
-                                       _mm256_set1_epi8(15));
-    return _mm256_sub_epi8(u, _mm256_set1_epi8(8));
+    return _mm256_sub_epi8(go_nibbles32(nibbles), _mm256_set1_epi8(8));
 }
 
 /* acc plus sa * dot(wa, x[0:32]) + sb * dot(wb, x[32:64]) for two Q8_0 blocks'
@@ -105,11 +114,11 @@ static inline go_vq go_dot_q4_pair_lanes(const uint8_t *na, const uint8_t *nb, c
     return _mm256_fmadd_ps(go_dot_q4_lanes(nb, x + 32, lanes[1]), _mm256_set1_ps(sb), acc);
 }
 
-/* a Q5_0 block's 32 quants (nibble | fifth bit << 4, minus 16; low nibbles
+/* a Q5_1 block's 32 quants (nibble | fifth bit << 4, 0..31; low nibbles
  * first) from its 4 bytes of fifth bits and 16 of nibbles: bit j of the 32
  * becomes byte j (each byte of the word spread over 8 bytes, or-ed with all
  * bits but its own, equal to 0xff where that bit is set) */
-static inline __m256i go_q5_0_quants(const uint8_t *qh_qs) {
+static inline __m256i go_q5_quants(const uint8_t *qh_qs) {
     uint32_t bits;
     memcpy(&bits, qh_qs, 4);
     const __m256i spread = _mm256_shuffle_epi8(
@@ -117,11 +126,11 @@ static inline __m256i go_q5_0_quants(const uint8_t *qh_qs) {
         _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
     const __m256i set = _mm256_cmpeq_epi8(
         _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
-    const __m128i raw = _mm_loadu_si128((const __m128i *)(qh_qs + 4));
-    const __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw),
-                                       _mm256_set1_epi8(15));
-    return _mm256_sub_epi8(_mm256_or_si256(u, _mm256_and_si256(set, _mm256_set1_epi8(16))),
-                           _mm256_set1_epi8(16));
+    return _mm256_or_si256(go_nibbles32(qh_qs + 4), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+}
+/* a Q5_0 block's: the same minus 16 */
+static inline __m256i go_q5_0_quants(const uint8_t *qh_qs) {
+    return _mm256_sub_epi8(go_q5_quants(qh_qs), _mm256_set1_epi8(16));
 }
 /* acc plus sa * dot(a's quants, x[0:32]) + sb * dot(b's, x[32:64]) for two
  * Q5_0 blocks (each from its fifth bits on) */
@@ -131,6 +140,24 @@ static inline go_vq go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int
     const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
     acc = _mm256_fmadd_ps(go_dot_i8x32(go_q5_0_quants(a), xa), _mm256_set1_ps(sa), acc);
     return _mm256_fmadd_ps(go_dot_i8x32(go_q5_0_quants(b), xb), _mm256_set1_ps(sb), acc);
+}
+
+/* acc plus sa * dot(a's quants, x[0:32]) + sb * dot(b's, x[32:64]) for two
+ * Q4_1 blocks' nibbles and for two Q5_1 blocks (each from its fifth bits on):
+ * their quants unsigned, their mins summed apart (see the scalar path) */
+static inline go_vq go_dot_q4_1_pair(const uint8_t *na, const uint8_t *nb, const int8_t *x,
+                                     float sa, float sb, go_vq acc) {
+    const __m256i xa = _mm256_loadu_si256((const __m256i *)x);
+    const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
+    acc = _mm256_fmadd_ps(go_dot_u8x32(go_nibbles32(na), xa), _mm256_set1_ps(sa), acc);
+    return _mm256_fmadd_ps(go_dot_u8x32(go_nibbles32(nb), xb), _mm256_set1_ps(sb), acc);
+}
+static inline go_vq go_dot_q5_1_pair(const uint8_t *a, const uint8_t *b, const int8_t *x,
+                                     float sa, float sb, go_vq acc) {
+    const __m256i xa = _mm256_loadu_si256((const __m256i *)x);
+    const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
+    acc = _mm256_fmadd_ps(go_dot_u8x32(go_q5_quants(a), xa), _mm256_set1_ps(sa), acc);
+    return _mm256_fmadd_ps(go_dot_u8x32(go_q5_quants(b), xb), _mm256_set1_ps(sb), acc);
 }
 
 /* The K types against activations rounded to Q8_K (kernels/quant.inc's

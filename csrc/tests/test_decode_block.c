@@ -13,8 +13,8 @@
 
 
 static int has_q8_dot(int type) {
-    return type == 2 || type == 6 || type == 8 || (type >= 10 && type <= 14) || type == 20 ||
-           type == 23;
+    return type == 2 || type == 3 || type == 6 || type == 7 || type == 8 ||
+           (type >= 10 && type <= 14) || type == 20 || type == 23;
 }
 
 /* f16 bits of a finite v (round toward zero: any finite weight will do) */

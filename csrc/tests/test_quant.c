@@ -402,7 +402,7 @@ static void ref_q8_k(const float *x, int64_t n, int8_t *qs, float *d, int16_t *s
 }
 
 /* The integer product of table k for a weight whose rounding form is Q8_0
- * (Q8_0, Q4_0, Q5_0, IQ4_NL: quant_dot_q8_rows, x rounded by the
+ * (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL: quant_dot_q8_rows, x rounded by the
  * public, portable ggmlopt_quantize_q8_0_row, its bytes checked against
  * gguf-py in tests/test_kernels_quant_q8.py; the 32 quants past the row
  * random, as an odd last block reads them unscaled) or Q8_K (Q2_K .. Q6_K, IQ4_XS:
@@ -411,9 +411,16 @@ static void ref_q8_k(const float *x, int64_t n, int8_t *qs, float *d, int16_t *s
  * float64 product of the decoded weights and the rounded x: each block's
  * integer dot is exact (a K super-block's whole sum), its scale product rounds
  * once at most, the accumulation takes nblocks / 2 + 8 roundings at most (a
- * Q4_K, Q5_K or Q2_K value's two parts, d sc q and dmin m, summed apart: the bound
- * takes both); rows outside untouched.  The other form's kernel refuses the
+ * Q4_K, Q5_K or Q2_K value's two parts, d sc q and dmin m, and a Q4_1 or Q5_1
+ * value's, d q and m, summed apart: the bound takes both); rows outside
+ * untouched.  The other form's kernel refuses the
  * type (returns 0, writes nothing). */
+/* the types llama.cpp multiplies with rounded activations, as ggmlopt does:
+ * all block types here (Q4_0 .. Q8_0, IQ4_NL, the 256-value ones) */
+static int has_integer_dot(const qtype *t) {
+    return t->block >= 32;
+}
+
 static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t ncols,
                          const char *ctx) {
     const int64_t nout = 11, nb = ncols / 32, rb = row_bytes_of(t, ncols);
@@ -437,7 +444,7 @@ static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t 
                  memcmp(want_s, sums, (size_t)(ncols / 16) * 2) == 0,
                  "%s: ggmlopt_quantize_q8_k_row differs from ggml's rounding", ctx);
         rc = k->quant_dot_q8k_rows(t->type, ncols, xq, xd, sums, w, rb, 2, 9, y);
-        rc_other = k->quant_dot_q8_rows(t->type, ncols, xq, xd, w, rb, 2, 9, other);
+        rc_other = k->quant_dot_q8_rows(t->type, ncols, xq, xd, xs, w, rb, 2, 9, other);
     } else {
         ggmlopt_quantize_q8_0_row(x, ncols, xq, xd, xs);
         for (int i = 0; i < 32; ++i) xq[ncols + i] = (int8_t)(th_next() >> 56);
@@ -447,7 +454,7 @@ static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t 
             th_check(xs[b] == (float)sum, "%s: block %lld's sum %g, want %d", ctx, (long long)b,
                      (double)xs[b], sum);
         }
-        rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, w, rb, 2, 9, y);
+        rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, xs, w, rb, 2, 9, y);
         rc_other = k->quant_dot_q8k_rows(t->type, ncols, xq, xd, (const int16_t *)(void *)xs, w,
                                          rb, 2, 9, other);
     }
@@ -475,6 +482,8 @@ static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t 
                 k_scales_mins(blk + 4, sc, mn);
                 a += 2.0 * fabs(f16_at(blk + 2)) * mn[(i % 256) / 32] * fabs(xi);
             }
+            if (t->type == 3 || t->type == 7)   /* Q4_1, Q5_1: m of value i's block */
+                a += 2.0 * fabs(f16_at(w + j * rb + (i / 32) * t->bytes + 2)) * fabs(xi);
             if (t->type == 10) {   /* Q2_K: dmin * m, m the high nibble of its 16 values' byte */
                 const uint8_t *blk = w + j * rb + (i / 256) * t->bytes;
                 a += 2.0 * fabs(f16_at(blk + 82)) * (blk[(i % 256) / 16] >> 4) * fabs(xi);
@@ -493,8 +502,8 @@ static void check_q8_dot_refuses(const ggmlopt_kernel_table *k, const qtype *t) 
     memset(xq, 0, (size_t)(ncols + 32));
     for (int64_t i = 0; i <= ncols / 32; ++i) xd[i] = 1.0f;
     float *y = sentinel_f32(2);
-    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, w, row_bytes_of(t, ncols), 0, 2,
-                                        y) +
+    const int rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, xd, w, row_bytes_of(t, ncols), 0,
+                                        2, y) +
                    k->quant_dot_q8k_rows(t->type, ncols, xq, xd, (const int16_t *)(void *)xd, w,
                                          row_bytes_of(t, ncols), 0, 2, y);
     th_miss m = TH_MISS_INIT;
@@ -540,7 +549,7 @@ void test_quant_kernels(const ggmlopt_kernel_table *k) {
                 check_matmul(k, t, &c, 2, 9, ctx);
             }
         }
-        if (t->type == 2 || t->type == 6 || t->type == 8 || t->type == 20 || t->block == 256) {
+        if (has_integer_dot(t)) {
             static const int64_t widths[] = {32, 64, 96, 160, 608, 256, 512, 768, 1280, 2560};
             const int k_type = t->block == 256;
             for (int wi = k_type ? 5 : 0; wi < (k_type ? 10 : 5); ++wi) {
@@ -548,7 +557,7 @@ void test_quant_kernels(const ggmlopt_kernel_table *k) {
                          k->name, t->name, (long long)widths[wi]);
                 check_q8_dot(k, t, widths[wi], ctx);
             }
-        } else if (t->block >= 32) {   /* the types without integer products */
+        } else {   /* F32, F16, BF16: no integer products */
             check_q8_dot_refuses(k, t);
         }
         th_release_all();
@@ -676,8 +685,7 @@ static void public_q8(const char **paths, int npaths) {
         const float *x = th_rand_f32(nx * (ncols + 5), 0, -1.0f, 1.0f);
         int8_t *xq = th_alloc(1, ncols + 32, 0);
         float *xd = th_alloc(4, ncols / 32, 0), *xs = th_alloc(4, ncols / 32, 0);
-        const int q8 = t->type == 2 || t->type == 6 || t->type == 8 || t->type == 20 ||
-                       t->block == 256;
+        const int q8 = has_integer_dot(t);
         float *first = NULL;
         for (int p = 0; p < npaths; ++p) {
             if (!select_path(paths[p])) continue;

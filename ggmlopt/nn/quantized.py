@@ -99,14 +99,16 @@ def set_activations(model, activations) -> int:
     product of many rows) or "q8_0" (each row first rounded as llama.cpp
     rounds it and multiplied in integers, for the weights of
     kernels_quant.Q8_ACTIVATION_TYPES: faster, and off by that rounding of the
-    activations; weights of other types keep float32).  As in llama.cpp, Q8_0,
-    Q4_0, Q5_0 and IQ4_NL weights take activations rounded to Q8_0 blocks of
-    32 (ggml's reference rounding, x / (amax / 127), which ggmlopt and gguf-py
-    use; llama.cpp's x86 kernels multiply by 127 / amax instead, which rounds
-    a value on a half-step otherwise about once in a million), and the types
-    of 256-value super-blocks (Q2_K to Q6_K, IQ4_XS) activations rounded to
-    Q8_K blocks of 256, exactly as ggml's quantize_row_q8_K_ref rounds them,
-    each super-block's products summed in integers.  Returns how many layers multiply in integers now."""
+    activations; F32, F16 and BF16 weights keep float32).  As in llama.cpp,
+    Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_1 and Q5_1 weights take activations rounded
+    to Q8_0 blocks of 32 (ggml's reference rounding, x / (amax / 127), which
+    ggmlopt and gguf-py use; llama.cpp's x86 kernels multiply by 127 / amax
+    instead, which rounds a value on a half-step otherwise about once in a
+    million; Q4_1 and Q5_1 also take each block's sum, as llama.cpp's Q8_1
+    blocks), and the types of 256-value super-blocks (Q2_K to Q6_K, IQ4_XS)
+    activations rounded to Q8_K blocks of 256, exactly as ggml's
+    quantize_row_q8_K_ref rounds them, each super-block's products summed in
+    integers.  Returns how many layers multiply in integers now."""
     # any case, as save_gguf's dtype and QuantizedLinear's qtype take a type's name
     if isinstance(activations, str) and activations.lower() in ACTIVATIONS:
         activations = activations.lower()
