@@ -51,6 +51,35 @@ class Tokenizer(Protocol):
         ...
 
 
+
+# transformers' apply_chat_template options beyond the template's variables: the
+# value each takes by default here (what ggmlopt returns), and what else it does
+_TOKENIZER_OPTIONS = {
+    "sanitize_control_tokens": (False, "special tokens' texts in messages are their tokens"),
+    "truncation": (False, "the ids come back whole"),
+    "max_length": (None, "the ids come back whole"),
+    "padding": (False, "one conversation's ids come back unpadded"),
+    "return_dict": (False, "the ids come back as an int32 array (tokenize=True) or the text"),
+    "return_assistant_tokens_mask": (False, "Dataset.from_chat labels the assistant turns"),
+    "return_tensors": (None, "the ids come back as a NumPy int32 array"),
+    "tokenizer_kwargs": (None, "the text is encoded as the tokenizer encodes it"),
+}
+
+
+def _refuse_tokenizer_options(kwargs: dict) -> None:
+    """ValueError for a transformers tokenizer option asking for what
+    apply_chat_template does not do (the defaults, and 'np' tensors, pass)."""
+    for name, (default, does) in _TOKENIZER_OPTIONS.items():
+        if name not in kwargs:
+            continue
+        value = kwargs.pop(name)
+        if value == default or (name == "return_tensors" and value == "np") or \
+                (name == "tokenizer_kwargs" and value == {}) or \
+                (name in ("padding", "truncation") and value in ("do_not_pad", "do_not_truncate")):
+            continue
+        raise ValueError(f"{name}={value!r}: transformers' tokenizer option is not supported by "
+                         f"apply_chat_template here ({does})")
+
 class _ChatTemplated:
     """apply_chat_template for a tokenizer with ``chat_template`` (a Jinja str or
     None), ``named_chat_templates`` (the checkpoint's other templates by name:
@@ -79,9 +108,16 @@ class _ChatTemplated:
         where it has one, as transformers picks it; ``chat_template``: one of the
         named templates, or a template's source, as transformers takes it).
         ValueError when the tokenizer has no chat_template or messages is empty (as
-        transformers refuses it); the ``chat`` extra (jinja2) renders it."""
+        transformers refuses it); the ``chat`` extra (jinja2) renders it.
+        transformers' tokenizer options that change what comes back
+        (``sanitize_control_tokens``, ``truncation``, ``max_length``,
+        ``padding``, ``return_dict``, ``return_assistant_tokens_mask``,
+        ``return_tensors``, ``tokenizer_kwargs``) are refused unless they ask
+        for what this returns anyway: passed to the template as variables, they
+        would be dropped without a word."""
         if isinstance(messages, (list, tuple)) and not messages:
             raise ValueError("messages: an empty conversation (give at least one message)")
+        _refuse_tokenizer_options(kwargs)
         template = self.compiled_chat_template(tools=kwargs.get("tools"),
                                                chat_template=kwargs.pop("chat_template", None))
         text = template.render(messages, add_generation_prompt, **kwargs)

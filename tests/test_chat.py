@@ -52,6 +52,31 @@ def test_chatml_renders_as_written():
     assert ids.dtype == np.int32 and tok.decode(ids) == prompt
 
 
+@pytest.mark.parametrize("option, value", [("sanitize_control_tokens", True),
+                                           ("truncation", True), ("max_length", 5),
+                                           ("padding", "max_length"), ("return_dict", True),
+                                           ("return_assistant_tokens_mask", True),
+                                           ("return_tensors", "pt"),
+                                           ("tokenizer_kwargs", {"add_special_tokens": True})])
+def test_transformers_tokenizer_options_are_refused_not_dropped(option, value):
+    # passed on as template variables, the template would never read them: a user
+    # asking transformers' tokenizer for sanitised or truncated ids got neither
+    tok = ByteTokenizer(chat_template=CHATML)
+    with pytest.raises(ValueError, match=rf"^{option}={value!r}: transformers' tokenizer "
+                                         r"option is not supported"):
+        tok.apply_chat_template(CONVERSATIONS[0], **{option: value})
+
+
+def test_transformers_tokenizer_options_asking_for_what_comes_back_pass():
+    tok = ByteTokenizer(chat_template=CHATML)
+    want = tok.apply_chat_template(CONVERSATIONS[0])
+    got = tok.apply_chat_template(CONVERSATIONS[0], sanitize_control_tokens=False,
+                                  truncation=False, max_length=None, padding=False,
+                                  return_dict=False, return_assistant_tokens_mask=False,
+                                  return_tensors="np", tokenizer_kwargs={})
+    np.testing.assert_array_equal(got, want)
+
+
 def test_template_environment_is_transformers():
     t = ChatTemplate("{{ messages[0]['content'] | tojson }}{{ raise_exception('no') "
                      "if messages|length > 1 }}")
