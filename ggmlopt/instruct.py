@@ -599,6 +599,7 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
     eog_texts = _eog_texts(tokenizer)
     examples = []
     unwritten = []   # conversations with tool calls their template leaves out
+    unstopped = []   # conversations whose last trained answer is followed by no stop token
     if isinstance(conversations, (str, Mapping)) or not isinstance(conversations, Iterable):
         raise TypeError(f"conversations: expected a list of conversations, got "
                         f"{type(conversations).__name__}")
@@ -631,6 +632,8 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
                           else f"conversations[{k}]: {msg}") from None
         if train_on != "all" and _drops_tool_calls(messages, train_on, text, spans):
             unwritten.append(k)
+        if _teaches_no_stop(text, spans, messages, train_on, eog_texts):
+            unstopped.append(k)
         ids, offsets = _ids_and_offsets(tokenizer, text, f"conversations[{k}]")
         byte_spans = [_byte_span(text, a, b) for a, b in spans]
         mask = _spans_to_mask(offsets, byte_spans, _own_ends(tokenizer, ids, offsets))
@@ -649,7 +652,33 @@ def chat_windows(conversations: Iterable, tokenizer, n_ctx: int, *, train_on: st
                       "in what the chat template writes for it, so they are not trained on; "
                       "the template does not render tool calls (its own, or the row's "
                       "'tools', may be needed)", UserWarning, stacklevel=2)
+    if unstopped:
+        # Apertus, GLM-4: the end-of-turn token is written only when another message follows
+        warnings.warn(f"conversations: in {len(unstopped)} conversation(s) (the first: "
+                      f"conversations[{unstopped[0]}]) the last message, an assistant answer "
+                      "trained on, is followed by no end-of-generation token "
+                      f"({', '.join(eog_texts[:4])}): the chat template writes none after the "
+                      "last message, so the model is not taught to stop; end those answers' "
+                      "content with one (its text is read as the token)", UserWarning,
+                      stacklevel=2)
     return _windows(examples, n_ctx, pad, too_long, "conversations", packing)
+
+
+def _teaches_no_stop(text: str, spans, messages, train_on: str, eog_texts) -> bool:
+    """Whether the conversation's last message is an assistant answer trained on
+    (the last span) with no end-of-generation token after its content in that
+    span: the template writes one only when another message follows."""
+    last = messages[-1]
+    content = last.get("content")
+    if not eog_texts or not spans or last.get("role") != "assistant" or \
+            not isinstance(content, str) or \
+            (train_on != "all" and not _turn_weight(last, len(messages) - 1)):
+        return False
+    a, b = spans[-1]
+    piece = content.strip()
+    at = text.rfind(piece, a, b) if piece else -1
+    after = at + len(piece) if at >= 0 else a
+    return not any(e in text[after:b] or piece.endswith(e) for e in eog_texts)
 
 
 def _drops_tool_calls(messages, train_on, text: str, spans) -> bool:

@@ -586,8 +586,23 @@ def test_an_end_of_turn_written_only_before_the_next_message_is_labelled():
     tok.chat_template = template
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Hi"},
             {"role": "user", "content": "q"}, {"role": "assistant", "content": "x"}]
-    _, y = go.instruct.chat_windows([chat], tok, 32)
+    with pytest.warns(UserWarning, match=r"conversations\[0\]\) the last message, an assistant "
+                                         r"answer trained on, is followed by no "
+                                         r"end-of-generation token \(.*<\|end\|>"):
+        _, y = go.instruct.chat_windows([chat], tok, 32)
     assert labelled_runs(tok, y[0]) == ["Hi<|end|>", "x"]
+    # the way out the warning names: the token's text ends the answer, and is trained on
+    chat[-1] = {"role": "assistant", "content": "x<|end|>"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, y = go.instruct.chat_windows([chat], tok, 32)
+    assert labelled_runs(tok, y[0]) == ["Hi<|end|>", "x<|end|>"]
+    # an answer not trained on (weight 0) teaches nothing: no warning for it
+    chat[-1] = {"role": "assistant", "content": "x", "weight": 0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, y = go.instruct.chat_windows([chat], tok, 32)
+    assert labelled_runs(tok, y[0]) == ["Hi<|end|>"]
 
 
 def test_what_a_template_appends_after_the_last_turn_is_not_the_answer():
