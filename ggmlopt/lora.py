@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import re
 import warnings
-import weakref
 from collections.abc import Iterable
 
 import numpy as np
@@ -528,7 +527,7 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
                       for p in (getattr(layer, "weight", None), layer.bias)
                       if p is not None} | {id(layer.weight) for *_, layer in embeddings
                                            if getattr(layer, "weight", None) is not None}
-    _frozen_by_apply.pop(id(model), None)   # a stale entry of a model that had this id
+    _forget_frozen(model)
     gen = np.random.default_rng(int(seed))
     # in the order of the parameter names (an embedding's first), one generator
     targets_found = chosen + embeddings
@@ -557,7 +556,7 @@ def _apply(model, rank, alpha, targets, dropout, seed, trainable, use_rslora, *,
             replace_layer(parent, key, adapter._base)
         for p, trained in flags:
             p.requires_grad = trained
-        _frozen_by_apply.pop(id(model), None)
+        _forget_frozen(model)
         raise
     return named_adapters(model)
 
@@ -567,21 +566,37 @@ def freeze_all_but_adapters(model, trainable=(), *, skip=frozenset()) -> None:
     trainable (apply's rule); merge gives their trainability back."""
     adapters = {id(p) for _, layer in named_adapters(model) for p in (layer.lora_a, layer.lora_b)}
     hf = hf_names(model)
-    frozen = []
+    frozen = set()
     for name, p in named_parameters(model):
         if id(p) in skip or id(p) in adapters:
             continue  # an adapter froze its base itself and gives it back on merge
         if not _kept_trainable(hf(name), trainable):
             if p.requires_grad:
                 p.requires_grad = False
-                frozen.append(p)
+                frozen.add(name)
         else:   # as PEFT's modules_to_save: what it names trains, frozen before or not
             p.requires_grad = True
-    _frozen_by_apply.setdefault(id(model), set()).update(id(p) for p in frozen)
-    try:   # the entry goes with the model where it can be weakly referenced
-        weakref.finalize(model, _frozen_by_apply.pop, id(model), None)
-    except TypeError:
-        pass
+    _remember_frozen(model, frozen)
+
+
+# The dotted names of the parameters apply froze beside the adapted weights, so that
+# merge gives their trainability back: an attribute of the model (every model apply
+# walks has a __dict__), which goes with it, and which a deep copy or a pickle of it
+# carries, where its parameters' ids change.  Names, not Parameters: the record
+# keeps no frozen base alive.
+_FROZEN_ATTR = "_lora_frozen_names"
+
+
+def _remember_frozen(model, frozen: set[str]) -> None:
+    setattr(model, _FROZEN_ATTR, frozenset(frozen) | frozenset(getattr(model, _FROZEN_ATTR, ())))
+
+
+def _forget_frozen(model) -> frozenset[str]:
+    """What apply froze, forgotten (merge gives it back)."""
+    names = frozenset(getattr(model, _FROZEN_ATTR, ()))
+    if _FROZEN_ATTR in vars(model):
+        delattr(model, _FROZEN_ATTR)
+    return names
 
 
 def _merged_linear(layer: LoRALinear) -> Linear:
@@ -608,13 +623,6 @@ def _merged_embedding(layer: LoRAEmbedding) -> Embedding:
                            padding_idx=layer.padding_idx)
     merged.weight.data[...] = layer.merged_weight()
     return merged
-
-
-# the ids of the parameters apply froze beside the adapted weights, per model, so that
-# merge gives their trainability back (keyed by id: a model need not be weak-referable;
-# merge and a new apply replace the entry).  Ids, not the Parameters: an entry must
-# not keep a deleted model's frozen base alive (189 MiB a SmolLM2-sized model).
-_frozen_by_apply: dict[int, set[int]] = {}
 
 
 def merge(model):
@@ -655,8 +663,8 @@ def merge(model):
             base.needs_input_grad = layer.needs_input_grad
         base._shape = None   # its buffers are stale: the next forward makes new ones
         replace_layer(parent, key, base)
-    frozen = _frozen_by_apply.pop(id(model), set())
-    for _, p in named_parameters(model):
-        if id(p) in frozen:
+    frozen = _forget_frozen(model)
+    for name, p in named_parameters(model):
+        if name in frozen:
             p.requires_grad = True
     return model

@@ -545,6 +545,25 @@ def test_merge_gives_back_what_apply_froze():
     assert [n for n, p in model.named_parameters() if not p.requires_grad] == ["norm.weight"]
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_merge_of_a_copy_gives_back_what_apply_froze(how):
+    # the record of what apply froze travels with the model: a copy's parameters
+    # are other objects, and merging the copy must unfreeze its own
+    import copy
+    import pickle
+    model = Llama(CFG, seed=1)
+    model.norm.weight.requires_grad = False     # frozen by the user before apply
+    lora.apply(model, rank=2, targets="all-linear")
+    twin = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    lora.merge(twin)
+    assert [n for n, p in twin.named_parameters() if not p.requires_grad] == ["norm.weight"]
+    # the original is untouched by the copy's merge, and merges the same way
+    assert sum(p.requires_grad for p in model.parameters()) == \
+        2 * sum(p.requires_grad for _, layer in lora.named_adapters(model) for p in (layer.lora_a,))
+    lora.merge(model)
+    assert [n for n, p in model.named_parameters() if not p.requires_grad] == ["norm.weight"]
+
+
 def test_all_linear_adapts_every_linear_but_the_head():
     model = Llama(CFG, seed=1)
     names = [n for n, _ in lora.apply(model, rank=2, targets="all-linear")]
@@ -666,8 +685,8 @@ def test_a_model_s_own_parameter_order_decides_the_draws():
 
 
 def test_apply_keeps_no_reference_to_a_deleted_model_s_base():
-    """What apply records for merge (the parameters it froze) is ids, and goes
-    with the model: a deleted model's frozen base is freed."""
+    """What apply records for merge (the parameters it froze) is their names, on
+    the model itself: a deleted model's frozen base is freed."""
     import gc
     import weakref
 
@@ -675,12 +694,12 @@ def test_apply_keeps_no_reference_to_a_deleted_model_s_base():
 
     model = Llama(LlamaConfig(vocab_size=50, dim=16, n_layers=1, n_heads=2), seed=0)
     lora.apply(model, rank=2, seed=0)
-    key = id(model)
-    assert all(isinstance(i, int) for i in lora._frozen_by_apply[key])
+    assert "norm.weight" in model._lora_frozen_names
+    assert all(isinstance(n, str) for n in model._lora_frozen_names)
     norm = weakref.ref(model.norm.weight.data)   # a frozen array of the base
     del model
     gc.collect()
-    assert key not in lora._frozen_by_apply and norm() is None
+    assert norm() is None
 
 
 def test_targets_and_trainable_take_peft_s_full_names():
