@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ggmlopt import lora
+from ggmlopt import lora, models
 from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig, Phi3, Phi3Config
 
 pytest.importorskip("safetensors")
@@ -35,6 +35,25 @@ FAMILIES = {
                                      max_seq_len=64), seed=0),
              "GPT2LMHeadModel", ("c_attn", "c_proj"), ()),
 }
+_SHAPE = {"vocab_size": 67, "dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+          "ffn_dim": 48, "max_seq_len": 64}
+# the other families' layers under all-linear adapters (their biases, q/k norms, soft
+# caps, local layers and embedding scales in the way)
+FAMILIES.update({
+    "qwen2": (lambda: models.Qwen2(models.Qwen2Config(**_SHAPE), seed=0), "Qwen2ForCausalLM",
+              "all-linear", ()),
+    "qwen3": (lambda: models.Qwen3(models.Qwen3Config(**_SHAPE, head_dim=16), seed=0),
+              "Qwen3ForCausalLM", "all-linear", ()),
+    "mistral": (lambda: models.Mistral(models.MistralConfig(**_SHAPE, sliding_window=5),
+                                       seed=0), "MistralForCausalLM", "all-linear", ()),
+    "gemma": (lambda: models.Gemma(models.GemmaConfig(**_SHAPE), seed=0), "GemmaForCausalLM",
+              "all-linear", ()),
+    "gemma2": (lambda: models.Gemma2(models.Gemma2Config(**_SHAPE, sliding_window=5), seed=0),
+               "Gemma2ForCausalLM", "all-linear", ()),
+    "gemma3": (lambda: models.Gemma3(models.Gemma3Config(**{**_SHAPE, "n_layers": 3},
+                                                         head_dim=8, sliding_window=5), seed=0),
+               "Gemma3ForCausalLM", "all-linear", ()),
+})
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
