@@ -165,3 +165,21 @@ def test_a_byte_tokenizers_files_append_the_eos_where_it_does(tmp_path):
         (d / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tok, 8)))
         theirs = transformers.AutoTokenizer.from_pretrained(d)
         assert theirs("hi")["input_ids"] == document_ids(tok, "hi").tolist()
+
+
+def test_a_gpt2_vocabulary_without_its_ids_takes_llama_cpps():
+    # llama.cpp's defaults for a gpt2-type vocabulary: BOS and EOS 11 (llama-vocab.cpp),
+    # so a file without the keys starts and stops generation where llama.cpp does
+    pytest.importorskip("tokenizers")
+    tokens = [chr(c) for c in range(ord("a"), ord("a") + 14)] + ["ab"]
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+              "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": ["a b"],
+              "tokenizer.ggml.token_type": [1] * len(tokens),
+              "tokenizer.ggml.add_bos_token": True}
+    tok = tokenizer_from_fields(fields, "f")
+    assert (tok.bos_id, tok.eos_id) == (11, 11) and 11 in tok.eog_ids
+    assert list(document_ids(tok, "ab")) == [11, 14]
+    # the file's own ids win
+    tok = tokenizer_from_fields({**fields, "tokenizer.ggml.bos_token_id": 2,
+                                 "tokenizer.ggml.eos_token_id": 3}, "f")
+    assert (tok.bos_id, tok.eos_id) == (2, 3) and 11 not in tok.eog_ids

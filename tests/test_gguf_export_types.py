@@ -135,6 +135,61 @@ def test_a_model_read_from_a_gguf_writes_back_what_its_file_said(tmp_path):
     writer.close()
 
 
+def test_a_file_loaded_into_a_model_gives_it_that_file_s_metadata(tmp_path):
+    # load_gguf(path, model): the weights are the second file's, and so must be the
+    # license and provenance written back, not those of the file loaded before
+    first, second = tmp_path / "first.gguf", tmp_path / "second.gguf"
+    save_llama_gguf(llama(n_layers=2, seed=0), first, tokenizer=TOK, name="First",
+                    metadata={"general.license": "llama3.1", "general.base_model.count": 1})
+    save_llama_gguf(llama(n_layers=2, seed=1), second, tokenizer=TOK, name="Second",
+                    metadata={"general.license": "mit"})
+    model, tok = load_gguf(first)
+    load_gguf(second, model)
+    assert model.gguf_metadata["general.license"] == "mit"
+    out = tmp_path / "out.gguf"
+    save_gguf(model, out, tokenizer=tok)
+    f = GgufFile(str(out))
+    assert f.fields["general.name"] == "Second" and f.fields["general.license"] == "mit"
+    assert "general.base_model.count" not in f.fields
+    # a model built in ggmlopt takes the file's too
+    fresh = llama(n_layers=2, seed=2)
+    load_gguf(second, fresh)
+    save_gguf(fresh, out, tokenizer=tok)
+    assert GgufFile(str(out)).fields["general.license"] == "mit"
+
+
+def test_kept_weights_another_file_type_leaves_as_they_are_are_labelled_and_warned(tmp_path):
+    # an F16 base kept in its type, saved with dtype="q4_k_m": the float32
+    # weights (a merge's) are quantized, the kept F16 ones written as F16, which
+    # the label says (the most common type) and a warning names
+    from ggmlopt import lora
+    src = tmp_path / "f16.gguf"
+    save_gguf(llama(n_layers=2), src, tokenizer=TOK, dtype=np.float16)
+    model, tok = load_gguf(src, keep_types=True)
+    lora.apply(model, rank=2)
+    lora.merge(model)
+    out = tmp_path / "out.gguf"
+    with pytest.warns(UserWarning, match=r"dtype: 'q4_k_m' quantizes the float32 weights; "
+                                         r"\d+ F16 weight matrices kept in their file's types"):
+        save_gguf(model, out, tokenizer=tok, dtype="q4_k_m")
+    types = types_of(out)
+    assert types["blk.0.attn_q.weight"] == "Q4_K" and types["blk.0.ffn_up.weight"] == "F16"
+    assert GgufFile(str(out)).fields["general.file_type"] == 1      # MOSTLY_F16
+    # kept weights in the types dtype gives anyway: its label, no warning
+    q4, tok = load_gguf(_saved(tmp_path / "q4km.gguf", "q4_k_m"), keep_types=True)
+    lora.apply(q4, rank=2)
+    lora.merge(q4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_gguf(q4, out, tokenizer=tok, dtype="q4_k_m")
+    assert GgufFile(str(out)).fields["general.file_type"] == 15     # MOSTLY_Q4_K_M
+
+
+def _saved(path, dtype):
+    save_gguf(llama(n_layers=2), path, tokenizer=TOK, dtype=dtype)
+    return path
+
+
 def _add_keys(src, dst, keys):
     """A copy of the GGUF src with extra or other key-values {key: (value, GGUF
     type name)}."""

@@ -300,6 +300,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     rope_keys, rope_tensors = _rope_scaling_out(cfg, arch)
     arrays.extend((tensor_name, data, None) for tensor_name, data in rope_tensors)
     file_type = _file_type(gguf, model, dtype, carried, arrays)
+    _warn_kept_as_they_are(model, dtype, arrays)
 
     with atomic_output(path) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
@@ -340,13 +341,48 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.close()
 
 
+def _matrix_types(arrays) -> list[str]:
+    """The ggml type names of the written matrices (2-D tensors), in order."""
+    return [raw.name if raw is not None else "F32" if array.dtype == np.float32 else "F16"
+            for _, array, raw in arrays if array.ndim == 2]
+
+
+def _dtype_types(model, arrays) -> set[str]:
+    """The types dtype's quantization gave the matrices that were not kept."""
+    kept = {name for name, _ in quantized_layers(model)}
+    arch = arch_of(model)
+    kept_gguf = {gguf_name(name + ".weight", arch) for name in kept}
+    return {t for (name, array, _), t in zip([a for a in arrays if a[1].ndim == 2],
+                                             _matrix_types(arrays))
+            if name not in kept_gguf}
+
+
+def _warn_kept_as_they_are(model, dtype, arrays) -> None:
+    """A warning when a file type is asked for and weights kept in their file's
+    types are written in others than it gives (an F16 base under dtype='q4_k_m':
+    written as F16, as save_gguf's docstring says, which the label alone hides)."""
+    if not isinstance(dtype, str):
+        return
+    kept = [layer.qtype for _, layer in quantized_layers(model)]
+    allowed = _dtype_types(model, arrays) | {FILE_TYPES[dtype][1]}
+    other = sorted({t for t in kept if t not in allowed})
+    if other:
+        counts = ", ".join(f"{kept.count(t)} {t}" for t in other)
+        warnings.warn(f"dtype: {dtype!r} quantizes the float32 weights; {counts} weight "
+                      f"matrices kept in their file's types (load_gguf(..., keep_types=True)) "
+                      f"are written as they are, not in {dtype}'s types: load the model with "
+                      f"keep_types=False to write every matrix in them", UserWarning,
+                      stacklevel=4)
+
+
 def _file_type(gguf, model, dtype, carried, arrays):
     """general.file_type as llama-quantize labels a file: when every weight
     matrix is kept in its source file's types (written as it was), the
     source's own label (llama.cpp names a mix, Q4_K_M, not its most common
-    type); else the file type dtype asks for; else, beside kept weights, the
-    written matrices' most common type (a K type as its _M mix; float ones, a
-    merge's, as F32 or F16 by dtype); else F32 or F16 by dtype."""
+    type); else the file type dtype asks for, when no kept weight is written
+    in another type than it gives; else, beside kept weights, the written
+    matrices' most common type (a K type as its _M mix, dtype's own label
+    where that is its type); else F32 or F16 by dtype."""
     types = gguf.LlamaFileType
     kept = [layer.qtype for _, layer in quantized_layers(model)]
     from_float = any(p.data.ndim == 2 for _, p in model.named_parameters()) \
@@ -355,7 +391,15 @@ def _file_type(gguf, model, dtype, carried, arrays):
     if kept and not from_float and source in set(types):
         return types(source)
     if isinstance(dtype, str):
-        return getattr(types, FILE_TYPES[dtype][0])
+        allowed = _dtype_types(model, arrays) | {FILE_TYPES[dtype][1]}
+        if all(t in allowed for t in kept):
+            return getattr(types, FILE_TYPES[dtype][0])
+        written = _matrix_types(arrays)
+        common = max(sorted(set(written)), key=written.count)
+        if common == FILE_TYPES[dtype][1]:
+            return getattr(types, FILE_TYPES[dtype][0])
+        common = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "F32": "ALL_F32"}.get(common, common)
+        return getattr(types, common if common == "ALL_F32" else "MOSTLY_" + common)
     if kept:
         # the written matrices' most common type, the float ones (a merge's) counted
         floats = sum(p.data.ndim == 2 for _, p in model.named_parameters())
@@ -798,10 +842,13 @@ def _tokenizer_of_kind(fields: dict[str, Any], where: str):
         if not isinstance(tokens, list) or not isinstance(merges, list):
             raise ValueError(f"{where}: a {kind} tokenizer without tokenizer.ggml.tokens or "
                              "tokenizer.ggml.merges")
+        # llama.cpp's defaults for a gpt2-type vocabulary without the keys: 11 for both
+        default = 11 if kind == "gpt2" and len(tokens) > 11 else None
+        eos, bos = (fields.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "bos"))
         common: dict[str, Any] = {
             "token_types": fields.get("tokenizer.ggml.token_type"),
-            "eos_id": fields.get("tokenizer.ggml.eos_token_id"),
-            "bos_id": fields.get("tokenizer.ggml.bos_token_id"),
+            "eos_id": default if eos is None else eos,
+            "bos_id": default if bos is None else bos,
             "eot_id": fields.get("tokenizer.ggml.eot_token_id"),
             "eom_id": fields.get("tokenizer.ggml.eom_token_id"),
             "chat_template": template,
@@ -979,8 +1026,9 @@ def load_llama_gguf(path, model=None, *, keep_types=False):
     """Read a llama-architecture GGUF (save_gguf's or llama.cpp's).
 
     Without model: returns (Llama built from the file's keys, tokenizer or None).
-    With model (a Llama of the same shapes): loads the weights into it in place
-    and returns the file's key-values.  Tensors F32, F16, BF16, or quantized
+    With model (a Llama of the same shapes): loads the weights into it in place,
+    with the file's own key-values as its ``gguf_metadata`` (what save_gguf
+    writes back), and returns the file's key-values.  Tensors F32, F16, BF16, or quantized
     types gguf-py dequantizes (to float32, with a UserWarning naming them).
     ValueError for another architecture, missing keys or tensors, wrong shapes,
     a truncated file; the model is then unchanged.
@@ -1042,6 +1090,9 @@ def load_llama_gguf(path, model=None, *, keep_types=False):
                          f"it as a model of its own (load_gguf(path))")
     for name in read.names:
         params[name].data[...] = read.array(name)
+    # the model's weights are this file's now, and so is what it says about itself
+    # (a license and provenance of a file loaded before would be written back)
+    model.gguf_metadata = read.metadata
     _warn_quantized(read, path)
     return dict(read.fields)
 
