@@ -36,6 +36,13 @@ static inline __m256 go_dot_u8x32(__m256i u, __m256i b) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, b), _mm256_set1_epi16(1)));
 }
 
+/* acc plus sa times a's lanes plus sb times b's: a pair of blocks' dots scaled */
+static inline go_vq go_pair_scaled(__m256 a, __m256 b, float sa, float sb, go_vq acc) {
+    return _mm256_fmadd_ps(b, _mm256_set1_ps(sb), _mm256_fmadd_ps(a, _mm256_set1_ps(sa), acc));
+}
+/* the 32 int8 values at x */
+static inline __m256i go_x32(const int8_t *x) { return _mm256_loadu_si256((const __m256i *)x); }
+
 /* the 32 nibbles of 16 bytes as they are (0..15, low nibbles first): a Q4_1
  * block's quants */
 static inline __m256i go_nibbles32(const uint8_t *nibbles) {
@@ -51,19 +58,13 @@ static inline __m256i go_q4_0_quants(const uint8_t *nibbles) {
  * quants, and for two Q4_0 blocks' nibbles (see the scalar path) */
 static inline go_vq go_dot_q8_pair(const int8_t *wa, const int8_t *wb, const int8_t *x,
                                    float sa, float sb, go_vq acc) {
-    const __m256i xa = _mm256_loadu_si256((const __m256i *)x);
-    const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
-    acc = _mm256_fmadd_ps(go_dot_i8x32(_mm256_loadu_si256((const __m256i *)wa), xa),
-                          _mm256_set1_ps(sa), acc);
-    return _mm256_fmadd_ps(go_dot_i8x32(_mm256_loadu_si256((const __m256i *)wb), xb),
-                           _mm256_set1_ps(sb), acc);
+    return go_pair_scaled(go_dot_i8x32(go_x32(wa), go_x32(x)),
+                          go_dot_i8x32(go_x32(wb), go_x32(x + 32)), sa, sb, acc);
 }
 static inline go_vq go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const int8_t *x,
                                    float sa, float sb, go_vq acc) {
-    const __m256i xa = _mm256_loadu_si256((const __m256i *)x);
-    const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
-    acc = _mm256_fmadd_ps(go_dot_i8x32(go_q4_0_quants(na), xa), _mm256_set1_ps(sa), acc);
-    return _mm256_fmadd_ps(go_dot_i8x32(go_q4_0_quants(nb), xb), _mm256_set1_ps(sb), acc);
+    return go_pair_scaled(go_dot_i8x32(go_q4_0_quants(na), go_x32(x)),
+                          go_dot_i8x32(go_q4_0_quants(nb), go_x32(x + 32)), sa, sb, acc);
 }
 
 /* the 32 values an IQ4-coded run of 16 bytes stands for (low nibbles first):
@@ -80,11 +81,8 @@ static inline __m256i go_iq4_values32(const uint8_t *q, const int8_t *grid) {
  * two IQ4_NL-coded runs of 32 */
 static inline go_vq go_dot_iq4_pair(const uint8_t *qa, const uint8_t *qb, const int8_t *grid,
                                     const int8_t *x, float sa, float sb, go_vq acc) {
-    const __m256i wa = go_iq4_values32(qa, grid), wb = go_iq4_values32(qb, grid);
-    acc = _mm256_fmadd_ps(go_dot_i8x32(wa, _mm256_loadu_si256((const __m256i *)x)),
-                          _mm256_set1_ps(sa), acc);
-    return _mm256_fmadd_ps(go_dot_i8x32(wb, _mm256_loadu_si256((const __m256i *)(x + 32))),
-                           _mm256_set1_ps(sb), acc);
+    return go_pair_scaled(go_dot_i8x32(go_iq4_values32(qa, grid), go_x32(x)),
+                          go_dot_i8x32(go_iq4_values32(qb, grid), go_x32(x + 32)), sa, sb, acc);
 }
 
 /* Q4_0 blocks without the signs: the nibbles as they are (0..15, unsigned:
@@ -136,10 +134,8 @@ static inline __m256i go_q5_0_quants(const uint8_t *qh_qs) {
  * Q5_0 blocks (each from its fifth bits on) */
 static inline go_vq go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int8_t *x, float sa,
                                    float sb, go_vq acc) {
-    const __m256i xa = _mm256_loadu_si256((const __m256i *)x);
-    const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
-    acc = _mm256_fmadd_ps(go_dot_i8x32(go_q5_0_quants(a), xa), _mm256_set1_ps(sa), acc);
-    return _mm256_fmadd_ps(go_dot_i8x32(go_q5_0_quants(b), xb), _mm256_set1_ps(sb), acc);
+    return go_pair_scaled(go_dot_i8x32(go_q5_0_quants(a), go_x32(x)),
+                          go_dot_i8x32(go_q5_0_quants(b), go_x32(x + 32)), sa, sb, acc);
 }
 
 /* acc plus sa * dot(a's quants, x[0:32]) + sb * dot(b's, x[32:64]) for two
@@ -147,17 +143,13 @@ static inline go_vq go_dot_q5_pair(const uint8_t *a, const uint8_t *b, const int
  * their quants unsigned, their mins summed apart (see the scalar path) */
 static inline go_vq go_dot_q4_1_pair(const uint8_t *na, const uint8_t *nb, const int8_t *x,
                                      float sa, float sb, go_vq acc) {
-    const __m256i xa = _mm256_loadu_si256((const __m256i *)x);
-    const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
-    acc = _mm256_fmadd_ps(go_dot_u8x32(go_nibbles32(na), xa), _mm256_set1_ps(sa), acc);
-    return _mm256_fmadd_ps(go_dot_u8x32(go_nibbles32(nb), xb), _mm256_set1_ps(sb), acc);
+    return go_pair_scaled(go_dot_u8x32(go_nibbles32(na), go_x32(x)),
+                          go_dot_u8x32(go_nibbles32(nb), go_x32(x + 32)), sa, sb, acc);
 }
 static inline go_vq go_dot_q5_1_pair(const uint8_t *a, const uint8_t *b, const int8_t *x,
                                      float sa, float sb, go_vq acc) {
-    const __m256i xa = _mm256_loadu_si256((const __m256i *)x);
-    const __m256i xb = _mm256_loadu_si256((const __m256i *)(x + 32));
-    acc = _mm256_fmadd_ps(go_dot_u8x32(go_q5_quants(a), xa), _mm256_set1_ps(sa), acc);
-    return _mm256_fmadd_ps(go_dot_u8x32(go_q5_quants(b), xb), _mm256_set1_ps(sb), acc);
+    return go_pair_scaled(go_dot_u8x32(go_q5_quants(a), go_x32(x)),
+                          go_dot_u8x32(go_q5_quants(b), go_x32(x + 32)), sa, sb, acc);
 }
 
 /* The K types against activations rounded to Q8_K (kernels/quant.inc's
