@@ -398,8 +398,10 @@ def _file_type(gguf, model, dtype, carried, arrays):
         common = max(sorted(set(written)), key=written.count)
         if common == FILE_TYPES[dtype][1]:
             return getattr(types, FILE_TYPES[dtype][0])
-        common = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "F32": "ALL_F32"}.get(common, common)
-        return getattr(types, common if common == "ALL_F32" else "MOSTLY_" + common)
+        if common == "F32":
+            return types.ALL_F32
+        common = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}.get(common, common)
+        return getattr(types, "MOSTLY_" + common, getattr(types, FILE_TYPES[dtype][0]))
     if kept:
         # the written matrices' most common type, the float ones (a merge's) counted
         floats = sum(p.data.ndim == 2 for _, p in model.named_parameters())
