@@ -73,9 +73,7 @@ static inline go_vq go_dot_q4_pair(const uint8_t *na, const uint8_t *nb, const i
  * forwarding) */
 static inline __m256i go_iq4_values32(const uint8_t *q, const int8_t *grid) {
     const __m256i g = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)grid));
-    const __m128i r = _mm_loadu_si128((const __m128i *)q);
-    return _mm256_shuffle_epi8(
-        g, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(r, 4), r), _mm256_set1_epi8(15)));
+    return _mm256_shuffle_epi8(g, go_nibbles32(q));
 }
 /* acc plus sa * dot(grid[a's nibbles], x[0:32]) + sb * dot(grid[b's], x[32:64]) for
  * two IQ4_NL-coded runs of 32 */
@@ -98,18 +96,15 @@ static inline go_q4_lanes go_q4_x_lanes(const int8_t *x) {
         _mm256_set1_epi16(1));
 }
 static inline __m256 go_dot_q4_lanes(const uint8_t *nibbles, const int8_t *x, go_q4_lanes lanes) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)nibbles);
-    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw),
-                                       _mm256_set1_epi8(15));
-    const __m256i p = _mm256_madd_epi16(
-        _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)x)), _mm256_set1_epi16(1));
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(go_nibbles32(nibbles), go_x32(x)),
+                                        _mm256_set1_epi16(1));
     return _mm256_cvtepi32_ps(_mm256_sub_epi32(p, lanes));
 }
 static inline go_vq go_dot_q4_pair_lanes(const uint8_t *na, const uint8_t *nb, const int8_t *x,
                                          const go_q4_lanes *lanes, float sa, float sb,
                                          go_vq acc) {
-    acc = _mm256_fmadd_ps(go_dot_q4_lanes(na, x, lanes[0]), _mm256_set1_ps(sa), acc);
-    return _mm256_fmadd_ps(go_dot_q4_lanes(nb, x + 32, lanes[1]), _mm256_set1_ps(sb), acc);
+    return go_pair_scaled(go_dot_q4_lanes(na, x, lanes[0]), go_dot_q4_lanes(nb, x + 32, lanes[1]),
+                          sa, sb, acc);
 }
 
 /* a Q5_1 block's 32 quants (nibble | fifth bit << 4, 0..31; low nibbles
