@@ -53,7 +53,7 @@
                              type a frozen base is kept in: checkpoint.model_info), a
                              JSON object; optional on load (older files lack it)
     frozen_digest     str    a digest of the frozen weights (frozen parameters, layers
-                             kept in their file's types), sampled (frozen_digest);
+                             kept in their file's types), all bytes (frozen_digest);
                              optional on load (older files lack it)
 
 Only the trainable parameters are in the state (``nparams`` of them, in the
@@ -97,6 +97,7 @@ import numbers
 import os
 import warnings
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -1062,7 +1063,9 @@ def check_model(sd: Mapping[str, Any], model: Any, frozen: Iterable[Any]) -> Non
     if "model_info" in sd:
         _check_model_info(sd, "model_info", model_info(model), "state_dict['model_info']")
     if "frozen_digest" in sd:
-        saved, now = _get_str(sd, "frozen_digest"), frozen_digest(model, frozen)
+        saved = _get_str(sd, "frozen_digest")
+        # a state written before every byte counted holds the sampled digest
+        now = frozen_digest(model, frozen, sampled=not saved.startswith(_DIGEST_PREFIX))
         if saved != now:
             raise ValueError(f"state_dict['frozen_digest']: the state was trained over other "
                              f"frozen weights than this model's (digest {saved}, this model "
@@ -1070,16 +1073,34 @@ def check_model(sd: Mapping[str, Any], model: Any, frozen: Iterable[Any]) -> Non
                              "the base the run started from")
 
 
-# the stretches of an array frozen_digest reads: a few pages of a memory-mapped base
-_DIGEST_STRETCH, _DIGEST_STRETCHES = 4096, 16
+# the bytes a CRC-32 call reads at once (zlib releases the GIL for each)
+_CRC_CHUNK = 1 << 24
 
 
-def _digest_array(h: Any, a: np.ndarray) -> None:
-    """Feed h a's dtype, shape and bytes: all of them, or 16 stretches of 4 KiB
-    spread over them (the first and last among them)."""
+def crc32_bytes(raw: Any, value: int = 0) -> int:
+    """zlib's CRC-32 of a buffer's bytes, continued from value, a chunk at a
+    time: every byte counts (a base whose embedding differs in a few rows is
+    another base) at about the speed of memory (4 GB/s on a Zen 4 core)."""
+    view = memoryview(raw).cast("B")
+    for at in range(0, len(view), _CRC_CHUNK):
+        value = zlib.crc32(view[at:at + _CRC_CHUNK], value)
+    return value
+
+
+# the sampled digest's stretches (states written before every byte counted)
+_SAMPLED_STRETCH, _SAMPLED_STRETCHES = 4096, 16
+_DIGEST_PREFIX = "crc-"
+
+
+def _digest_array(h: Any, a: np.ndarray, sampled: bool) -> None:
+    """Feed h a's dtype, shape and the CRC-32 of all its bytes (or, sampled,
+    16 stretches of 4 KiB spread over them, as older states were written)."""
     h.update(f"{a.dtype.str}{a.shape};".encode())
     raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    size, chunk, count = raw.size, _DIGEST_STRETCH, _DIGEST_STRETCHES
+    if not sampled:
+        h.update(crc32_bytes(raw).to_bytes(4, "little"))
+        return
+    size, chunk, count = raw.size, _SAMPLED_STRETCH, _SAMPLED_STRETCHES
     if size <= chunk * count:
         h.update(raw)
         return
@@ -1088,18 +1109,19 @@ def _digest_array(h: Any, a: np.ndarray) -> None:
         h.update(raw[at:at + chunk])
 
 
-def frozen_digest(model: Any, frozen: Iterable[Any]) -> str:
-    """A digest (16 hex digits) of what trains nowhere in model: its frozen
-    parameters (frozen, in order) and the weights of its layers kept in their
-    file's types (a QLoRA base), each array sampled (_digest_array: a base of
-    gigabytes in milliseconds; any two trained weights differ everywhere)."""
+def frozen_digest(model: Any, frozen: Iterable[Any], *, sampled: bool = False) -> str:
+    """A digest ("crc-" and 16 hex digits) of what trains nowhere in model: its
+    frozen parameters (frozen, in order) and the weights of its layers kept in
+    their file's types (a QLoRA base), every byte of each array.  sampled: the
+    16 hex digits older states hold, of a few stretches of each array (which
+    missed a base that differs in a few rows)."""
     from .nn.quantized import quantized_layers
     h = hashlib.blake2b(digest_size=8)
     for p in frozen:
-        _digest_array(h, p.data)
+        _digest_array(h, p.data, sampled)
     for _, layer in quantized_layers(model):
-        _digest_array(h, layer.qweight)
-    return h.hexdigest()
+        _digest_array(h, layer.qweight, sampled)
+    return h.hexdigest() if sampled else _DIGEST_PREFIX + h.hexdigest()
 
 
 def model_info(model) -> dict[str, str]:

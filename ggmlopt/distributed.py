@@ -608,7 +608,7 @@ def _frozen_token(ctx, model=None):
         return ""
     digest = hashlib.blake2b(digest_size=8)
     for p in frozen:
-        digest.update(np.ascontiguousarray(p.data).tobytes())
+        digest.update(memoryview(np.ascontiguousarray(p.data)).cast("B"))   # no copy
     for name, layer in kept:
         digest.update(f"{name} {layer.qtype}".encode())
         digest.update(memoryview(np.ascontiguousarray(layer.qweight)).cast("B"))

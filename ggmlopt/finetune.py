@@ -622,7 +622,10 @@ def _optimizer(args, steps_per_epoch):
 def _digest_file(path: str, h) -> None:
     """Feed h a file's size and up to 64 stretches of 64 KiB spread over it (the
     first and last among them): a model file of gigabytes is told from another
-    in milliseconds; any two trained weights differ everywhere."""
+    in milliseconds.  A file that differs only between the stretches passes
+    here; the weights that matter to a resume, the frozen ones, are compared
+    byte for byte by the checkpoint's frozen_digest (the trainable ones and the
+    tokenized data come from the checkpoint and --data's digest)."""
     size = os.path.getsize(path)
     h.update(f"{size};".encode())
     chunk, count = 1 << 16, 64

@@ -264,4 +264,39 @@ def test_the_state_records_the_model_as_json(tmp_path):
     sd = ctx.state_dict()
     info = json.loads(sd["model_info"])
     assert info["layers.1.self_attn.v_proj"] == "LoRA rank=4 alpha=8.0 dropout=0.1 over float32"
+    assert sd["frozen_digest"].startswith("crc-") and len(sd["frozen_digest"]) == 20
+
+
+def test_a_base_that_differs_in_a_few_embedding_rows_is_another_base():
+    # the digest sampled 16 stretches of 4 KiB an array: ten re-initialised rows of
+    # an embedding between them resumed without a word
+    cfg = LlamaConfig(vocab_size=4096, dim=16, n_layers=1, n_heads=4, n_kv_heads=2,
+                      ffn_dim=24, max_seq_len=16)
+
+    def adapted():
+        model = Llama(cfg, seed=2)
+        lora.apply(model, rank=4, seed=0)
+        return model
+
+    sd = go.OptContext(adapted(), loss_type="cross_entropy").state_dict()
+    other = adapted()
+    table = other.embed_tokens.weight.data
+    assert table.nbytes > 16 * 4096           # more than the stretches covered
+    table[1000:1010] = np.random.default_rng(5).standard_normal((10, table.shape[1]))
+    with pytest.raises(ValueError, match="frozen_digest.*other frozen weights"):
+        go.OptContext(other, loss_type="cross_entropy").load_state_dict(sd)
+    go.OptContext(adapted(), loss_type="cross_entropy").load_state_dict(sd)   # the same base
+
+
+def test_a_state_with_the_older_sampled_digest_still_resumes(tmp_path):
+    # states written before every byte counted hold 16 hex digits of the sampled
+    # digest: they resume over their own base and not over another
+    from ggmlopt.checkpoint import frozen_digest
+    model = _adapted()
+    ctx = go.OptContext(model, loss_type="cross_entropy")
+    sd = ctx.state_dict()
+    sd["frozen_digest"] = frozen_digest(model, ctx.frozen_parameters(), sampled=True)
     assert len(sd["frozen_digest"]) == 16
+    go.OptContext(_adapted(), loss_type="cross_entropy").load_state_dict(sd)
+    with pytest.raises(ValueError, match="frozen_digest"):
+        go.OptContext(_adapted(seed=7), loss_type="cross_entropy").load_state_dict(sd)
