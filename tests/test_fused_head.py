@@ -194,6 +194,29 @@ def test_fit_trains_the_same_fused_or_not():
 
 
 
+def test_a_dropping_head_adapter_draws_the_masks_of_one_pass_fused_or_not(small_chunks):
+    # the fused head checks that the loss is finite in a pass of its own before the
+    # one that trains: the adapter's dropout drew its masks twice, so the gradient
+    # came from other masks than the unfused head's and the stream moved apart
+    def model():
+        m = Llama(LlamaConfig(**LLAMA), seed=5)
+        lora.apply(m, rank=4, seed=0, targets=("q_proj", "lm_head"), dropout=0.3)
+        for _, layer in lora.named_adapters(m):
+            layer.lora_b.data[...] = np.random.default_rng(1).normal(0, 0.1,
+                                                                     layer.lora_b.shape)
+        return m
+
+    # every row labelled: the fused head's rows are the full logits' rows, so the
+    # masks are the same draws of the stream (in chunks of 5 rows or at once)
+    runs = [_run(model(), fused, [_batch(0, masked=0.0)]) for fused in (True, False)]
+    (l0, g0, _, _, ctx0), (l1, g1, _, _, ctx1) = runs
+    np.testing.assert_allclose(l0, l1, rtol=1e-5)
+    for a, b in zip(g0, g1):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(np.abs(b).max(), 1e-30))
+    states = [ctx.model.lm_head.lora_dropout.rng.bit_generator.state for ctx in (ctx0, ctx1)]
+    assert states[0] == states[1]
+
+
 @pytest.mark.parametrize("tie", [True, False])
 def test_a_static_context_makes_no_logits_for_its_output_shape(tie):
     """A static context sizes its buffers from a language model's outputs_shape,

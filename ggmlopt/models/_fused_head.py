@@ -21,6 +21,7 @@ overflow a product); failing that, a first pass computes the loss alone.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -91,6 +92,15 @@ def _finite_by_bound(model, rows: np.ndarray) -> bool:
     return math.isfinite(bound) and bound < _SAFE_PRODUCT
 
 
+def _dropout_streams(head) -> list[tuple[np.random.Generator, Any]]:
+    """(generator, state) of each Dropout in head (a LoRA adapter's), to draw
+    the same masks again."""
+    from ..nn.dropout import Dropout
+    from ..nn.module import modules
+    return [(m.rng, m.rng.bit_generator.state) for m in modules(head)
+            if isinstance(m, Dropout) and m.p > 0]
+
+
 def head_loss(model, hidden_rows: np.ndarray, labels: np.ndarray, *, grad_scale: float,
               backward: bool, pred: np.ndarray | None) -> tuple[float, np.ndarray | None]:
     """(loss, grad_rows) of hidden_rows (rows, dim) and labels (rows,) int32 (-1:
@@ -112,8 +122,13 @@ def head_loss(model, hidden_rows: np.ndarray, labels: np.ndarray, *, grad_scale:
     if not np.isfinite(h).all():
         return float("nan"), grad_rows
     if backward and _head_trains(model) and not _finite_by_bound(model, h):
-        # the gradient changes chunk by chunk: know the loss is finite first
+        # the gradient changes chunk by chunk: know the loss is finite first, with
+        # the masks the training pass then draws again (a head adapter's dropout):
+        # the loss checked is the one trained, and the stream moves as one pass's
+        streams = _dropout_streams(_head(model))
         loss = _chunks(model, h, y, labelled, grad_scale)
+        for rng, state in streams:
+            rng.bit_generator.state = state
         if not math.isfinite(loss):
             return loss, grad_rows
     # the head's weight is the same for every chunk: its bf16 copy is made once
