@@ -11,6 +11,7 @@ from .nn.linear import Linear
 from .nn.lora_layers import LoRAEmbedding, LoRALinear
 from .nn.module import Module, named_modules, named_parameters
 from .nn.quantized import QuantizedEmbedding, QuantizedLinear
+from .nn.recompute import Checkpoint
 
 __all__ = ["ADAPTABLE", "ADAPTERS", "ALL_LINEAR", "EMBEDDINGS", "adaptable_layers", "hf_names",
            "layers_of", "linears_of", "matches", "named_adapters", "order_in", "replace_layer"]
@@ -68,9 +69,7 @@ def layers_of(model, kinds, *, sort=True):
     found = []
     for parent_name, parent in named_modules(model):
         prefix = f"{parent_name}." if parent_name else ""
-        children = parent.named_children() if callable(getattr(parent, "named_children", None)) \
-            else Module.named_children(parent) if hasattr(parent, "__dict__") else ()
-        for child_name, child in children:
+        for child_name, child in _children(parent):
             if isinstance(child, kinds):
                 found.append((prefix + child_name, parent, child_name, child))
     seen, unique = set(), []
@@ -82,6 +81,13 @@ def layers_of(model, kinds, *, sort=True):
         return unique
     # in the order of the model's parameter names (lm_head after the layers)
     return sorted(unique, key=order_in(model, unique))
+
+
+def _children(parent):
+    """(name, child) of parent's children as the tree lists them."""
+    if callable(getattr(parent, "named_children", None)):
+        return list(parent.named_children())
+    return list(Module.named_children(parent)) if hasattr(parent, "__dict__") else []
 
 
 def order_in(model, entries):
@@ -103,7 +109,23 @@ def order_in(model, entries):
 
 def replace_layer(parent, key: str, new) -> None:
     """Put new where parent's child named key (``attr`` or ``attr.i``; a
-    Sequential's ``i``) was."""
+    Sequential's ``i``) was.  parent may be a Checkpoint, which lists its
+    module's children as its own: the layer goes into that module.  TypeError
+    (parent as it was) where the tree would not then list new under key."""
+    holder = parent
+    while isinstance(holder, Checkpoint):
+        holder = holder.module
+    old = dict(_children(holder)).get(key)
+    _put(holder, key, new)
+    if dict(_children(holder)).get(key) is not new:
+        if old is not None:
+            _put(holder, key, old)
+        raise TypeError(f"parent: a {type(holder).__name__} lists {key!r} as a child but "
+                        "does not take another layer in its place")
+
+
+def _put(parent, key: str, new) -> None:
+    """replace_layer's assignment, as parent's kind of container takes it."""
     layers = getattr(parent, "layers", None)
     if key.isdigit() and isinstance(layers, list):   # Sequential: ("0", layer)...
         layers[int(key)] = new

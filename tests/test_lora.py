@@ -852,3 +852,38 @@ def test_adapters_go_into_tuples_and_namedtuples_of_layers():
     assert isinstance(model.pair.q, lora.LoRALinear) and type(model.pair.k) is Linear
     lora.merge(model)
     assert type(model.pair) is Pair and type(model.pair.q) is Linear
+
+
+def test_apply_and_merge_reach_the_layers_inside_a_checkpoint_wrapper():
+    # Checkpoint lists its module's children as its own: apply put the adapters on
+    # the wrapper as stray attributes, left the inner Linears plain and frozen, and
+    # merge left their adapters in place, all without a word
+    from ggmlopt.nn import Checkpoint
+    from ggmlopt.nn.lora_layers import LoRALinear
+
+    def model(wrapped):
+        block = Sequential(Linear(8, 16, rng=1), ReLU(), Linear(16, 8, rng=2))
+        return Sequential(Checkpoint(block) if wrapped else block, Linear(8, 4, rng=3)), block
+
+    plain, _ = model(False)
+    wrapped, block = model(True)
+    for m in (plain, wrapped):
+        lora.apply(m, rank=2, targets="all-linear", seed=0)
+    assert [n for n, _ in lora.named_adapters(wrapped)] == ["0.0", "0.2", "1"]
+    assert isinstance(block.layers[0], LoRALinear) and isinstance(block.layers[2], LoRALinear)
+    assert not [k for k in vars(wrapped.layers[0]) if k.isdigit()]
+    assert [n for n, p in wrapped.named_parameters() if p.requires_grad] == \
+        [n for n, p in plain.named_parameters() if p.requires_grad]
+    for m in (plain, wrapped):
+        for _, layer in lora.named_adapters(m):
+            layer.lora_b.data[...] = np.random.default_rng(4).normal(0, 0.3, layer.lora_b.shape)
+    x = np.random.default_rng(5).normal(size=(3, 8)).astype(np.float32)
+    want = plain(x)
+    np.testing.assert_array_equal(wrapped(x), want)
+    lora.merge(wrapped)
+    assert lora.named_adapters(wrapped) == [] and type(block.layers[0]) is Linear
+    np.testing.assert_allclose(wrapped(x), want, rtol=1e-5, atol=1e-6)
+    # an explicit target inside the wrapper is found as well
+    again, inner = model(True)
+    assert [n for n, _ in lora.apply(again, rank=2, targets=("0.0",))] == ["0.0"]
+    assert isinstance(inner.layers[0], LoRALinear)
