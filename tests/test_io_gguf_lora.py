@@ -1,4 +1,6 @@
 """ggmlopt.io.save_gguf_lora / load_gguf_lora: llama.cpp's LoRA adapter files."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -275,6 +277,23 @@ def test_an_embedding_adapter_on_a_tied_head_is_refused_for_llama_cpp(tmp_path):
     lora.apply(model, rank=2, targets=("embed_tokens",))
     with pytest.raises(ValueError, match="tied to the output head"):
         save_gguf_lora(model, tmp_path / "t.gguf")
+
+
+def test_an_embedding_adapter_loaded_onto_a_tied_head_warns_what_llama_cpp_differs_in(tmp_path):
+    # the file another model's save_gguf_lora writes (an untied head) loads onto a tied
+    # one: ggmlopt adapts the embedding only, llama.cpp's tied head reads the same tensor
+    from ggmlopt.models import LlamaConfig as Config
+    untied = Llama(Config(vocab_size=29, dim=16, n_layers=1, n_heads=4), seed=0)
+    lora.apply(untied, rank=2, targets=("embed_tokens",), seed=0)
+    save_gguf_lora(untied, tmp_path / "e.gguf")
+    tied = Llama(Config(vocab_size=29, dim=16, n_layers=1, n_heads=4, tie_embeddings=True))
+    with pytest.warns(UserWarning, match="ties to its output head.*llama.cpp applies it to "
+                                         "the head's product too"):
+        load_gguf_lora(tmp_path / "e.gguf", tied)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_gguf_lora(tmp_path / "e.gguf",
+                       Llama(Config(vocab_size=29, dim=16, n_layers=1, n_heads=4), seed=0))
 
 
 def test_an_adapter_quantized_as_the_converter_writes_it_loads_dequantized(tmp_path):

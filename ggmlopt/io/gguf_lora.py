@@ -351,6 +351,14 @@ def load_gguf_lora(path, model, *, dropout=0.0
         if existing and layer.rank != rank:
             raise ValueError(f"path: {path!r}: {name}'s rank is {rank}, the model's adapter's "
                              f"{layer.rank}")
+        if isinstance(layer, EMBEDDINGS) and model.lm_head is None:
+            # save_gguf_lora refuses to write such a file: llama.cpp's tied head is this
+            # tensor, so it applies the adapter to the head's product as well
+            warnings.warn(f"load_gguf_lora: {path!r} adapts the token embedding, which this "
+                          "model ties to its output head: ggmlopt applies the adapter to the "
+                          "embedding only (as PEFT does), while llama.cpp applies it to the "
+                          "head's product too, so the two compute different logits",
+                          UserWarning, stacklevel=2)
         heads = _qk_heads(name, config)
         b = unpermute_qk(b, heads) if heads is not None else b
         values[name] = (np.ascontiguousarray(a.T), np.ascontiguousarray(b.T), rank)
