@@ -3,17 +3,30 @@
 ``tokenizer_config.json``'s special tokens, BOS rule and chat template.
 
 ``load_hf_tokenizer(directory)`` gives the tokenizer ggmlopt's generation, chat,
-datasets and finetune command take, equal to ``AutoTokenizer.from_pretrained``:
-the same ids for the same text, special tokens written in the text matched
+datasets and finetune command take, equal to ``AutoTokenizer.from_pretrained``
+(two exceptions below): the same ids for the same text, special tokens written in the text matched
 (``parse_special=True``, transformers' default) or left as text
 (``parse_special=False``, transformers' ``split_special_tokens=True``), the
 same decoding, the same chat template rendering.
+
+The exceptions, where transformers 5 departs from the checkpoint's own files and
+ggmlopt reads them as llama.cpp's converter does:
+
+* a tokenizer_config.json ``add_bos_token`` / ``add_eos_token`` of true where the
+  tokenizer.json's post-processor adds no such token: ggmlopt adds it (with a
+  warning naming how to leave it out), transformers 5 does not;
+* a ``tokenizer_class`` of ``LlamaTokenizer`` (Llama 2, Mistral v0.1): transformers
+  5 rebuilds the pipeline (a Metaspace pre-tokenizer in place of the file's
+  Prepend + Replace normalizer), which differs for text that starts with a space
+  or follows a special token; ggmlopt runs tokenizer.json as written, as the
+  ``tokenizers`` library and llama.cpp do.
 """
 from __future__ import annotations
 
 import json
 import os
 import threading
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -131,6 +144,8 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         add_eos = _added(bool(after), says_none, config.get("add_eos_token"))
         # nothing to append without an eos
         self.add_eos = add_eos_flag(add_eos and self.eos_id is not None, self.eos_id)
+        _warn_config_only_specials(self.path, add_bos and not before and not adopted,
+                                   self.add_eos and not after)
         # what transformers' decode(skip_special_tokens=True) leaves out: the added
         # special tokens and every token the config names (an eos that is a word too)
         self._skipped = frozenset(i for t in [*self._texts.values(), *_extra_specials(config)]
@@ -293,6 +308,22 @@ def _added(by_post_processor: bool, says_none: bool, config_key: Any) -> bool:
     if says_none:
         return False
     return bool(config_key) if isinstance(config_key, bool) else False
+
+
+def _warn_config_only_specials(path: str, bos: bool, eos: bool) -> None:
+    """Warn where tokenizer_config.json's add_bos_token / add_eos_token asks for
+    a token tokenizer.json's post-processor does not add: llama.cpp's converter
+    adds it (a GGUF of the checkpoint does), transformers 5 does not."""
+    keys = [k for k, on in (("add_bos_token", bos), ("add_eos_token", eos)) if on]
+    if not keys:
+        return
+    attrs = " and ".join(f"tokenizer.{k[:-6]} = False" for k in keys)
+    warnings.warn(f"tokenizer: {path!r}'s post-processor does not add what "
+                  f"tokenizer_config.json's {' and '.join(keys)} "
+                  f"{'ask' if len(keys) > 1 else 'asks'} for; ggmlopt adds it, as "
+                  "llama.cpp's converter (a GGUF of this checkpoint) does, where transformers "
+                  f"5 leaves it out: set {attrs} for transformers' ids", UserWarning,
+                  stacklevel=4)
 
 
 def _extra_specials(config: dict[str, Any]) -> list[str | None]:

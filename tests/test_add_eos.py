@@ -6,6 +6,7 @@ so, and a file written back says what it read.  (llama-finetune's text file
 never reaches its last token: its windows stop a stride before the end.)  Against llama.cpp's own
 tokenization: tests/llamacpp/test_llamacpp_special_tokens.py."""
 import json
+import warnings
 
 import pytest
 
@@ -115,11 +116,17 @@ def test_a_hugging_face_tokenizer_adds_the_eos_where_the_converter_would(tmp_pat
                                                                          config, want):
     # what the tokenizer.json's post-processor appends, over a config's add_eos_token
     # that disagrees, and the key where it appends nothing: what llama.cpp's converter
-    # (gguf-py's SpecialVocab) writes as the flag (and transformers appends)
+    # (gguf-py's SpecialVocab) writes as the flag.  transformers 5 appends what the
+    # post-processor does only: where the key alone asks, a warning says so
     pytest.importorskip("tokenizers")
     from ggmlopt.hf_tokenizer import load_hf_tokenizer
     eos = _hf_checkpoint(tmp_path / "c", eos_in_post_processor=post, config_says=config)
-    tok = load_hf_tokenizer(tmp_path / "c")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tok = load_hf_tokenizer(tmp_path / "c")
+    said = [str(w.message) for w in caught if "post-processor does not add" in str(w.message)]
+    assert len(said) == (1 if want and not post else 0)
+    assert all("add_eos_token asks for" in m and "tokenizer.add_eos = False" in m for m in said)
     assert tok.eos_id == eos and tok.add_eos is want
     assert bool(document_ids(tok, "hi")[-1] == eos) is want
 

@@ -216,6 +216,34 @@ def test_a_wordpiece_decode_cleans_up_spaces_where_its_config_asks(tmp_path):
         transformers.AutoTokenizer.from_pretrained(directory).decode(ids)
 
 
+@pytest.mark.parametrize("clean_up", [True, False])
+def test_save_hf_keeps_the_tokenizers_clean_up_of_spaces(tmp_path, clean_up):
+    # tokenizer_config.json was written with clean_up_tokenization_spaces false for
+    # every tokenizer: a saved WordPiece checkpoint decoded "it ' s" where it had "it's"
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    from ggmlopt.io import save_hf
+    from ggmlopt.models import Llama, LlamaConfig
+    vocab = {t: i for i, t in enumerate(["[UNK]", "[SEP]", "it", "'", "s", "here", ".", ","])}
+    tk = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece()
+    source = tmp_path / "source"
+    source.mkdir()
+    tk.save(str(source / "tokenizer.json"))
+    (source / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
+         "eos_token": "[SEP]", "clean_up_tokenization_spaces": clean_up}))
+    ours = load_hf_tokenizer(source)
+    ids = ours.encode("it's here , it's here .").tolist()
+    save_hf(Llama(LlamaConfig(vocab_size=ours.vocab_size, dim=16, n_layers=1, n_heads=2,
+                              ffn_dim=16, max_seq_len=16)), tmp_path / "saved", tokenizer=ours)
+    saved = json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())
+    assert saved["clean_up_tokenization_spaces"] is clean_up
+    assert load_hf_tokenizer(tmp_path / "saved").decode(ids) == ours.decode(ids)
+
+
 def _edit(directory, *, config=None, tokenizer=None):
     """Rewrite a checkpoint's tokenizer_config.json (config: keys set, None values
     deleted) and tokenizer.json (tokenizer: a function of the tokenizers object)."""

@@ -117,7 +117,9 @@ def tokenizer_config(tokenizer, max_len: int) -> dict[str, Any]:
     a normal token."""
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
                               "model_max_length": int(max_len),
-                              "clean_up_tokenization_spaces": False,
+                              # a checkpoint's own tokenizer decodes as its config says
+                              "clean_up_tokenization_spaces":
+                                  bool(getattr(tokenizer, "_clean_up", False)),
                               "add_bos_token": bool(getattr(tokenizer, "add_bos", False)),
                               "add_eos_token": bool(getattr(tokenizer, "add_eos", False))}
     for key, token_id in (("bos_token", getattr(tokenizer, "bos_id", None)),
