@@ -1625,8 +1625,8 @@ int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x
 }
 
 /* Activations rounded as llama.cpp rounds them for a weight's integer dot
- * products, one row of ncols values: to Q8_0 blocks (quants, a scale and a
- * sum of quants per 32: Q4_1 and Q5_1 read the sums) or, for the K types, to
+ * products, one row of ncols values: to Q8_0 blocks (quants, a scale and
+ * Q8_1's s per 32: Q4_1 and Q5_1 read the s) or, for the K types, to
  * Q8_K blocks (quants, a scale per 256 in xd, a sum per 16 quants as int16 in
  * xsum's bytes: the same scratch holds either); the 32 quants past the row
  * zeroed (an odd last Q8_0 block reads them unscaled). */

@@ -367,12 +367,16 @@ void go_quantize_k_rows(int type, int64_t r0, int64_t r1, int64_t ncols, const f
             block(src + r * ncols + i * QK_K, dst + (r * nb + i) * block_bytes);
 }
 
-/* ggml's quantize_row_q8_0_ref for activations: per 32 values d = amax / 127,
- * each quant round(x * (1 / d)), and the scale as the f16 the block stores
- * (what llama.cpp's integer dot products multiply by).  A block holding a
- * non-finite value gets a NaN scale and zero quants: its products are NaN, as
- * the float product's would be non-finite, and no NaN is converted to an
- * integer. */
+/* Activations rounded to Q8_0 blocks as llama.cpp's x86 code rounds them
+ * (quantize_row_q8_0 / q8_1 on AVX, AVX2 and AVX-512; NEON's rounds as well,
+ * ggml's scalar _ref halves away from zero): per 32 values d = amax / 127,
+ * each quant x * (127 / amax) rounded to the nearest integer, halves to even,
+ * and the scale as the f16 the block stores (what the integer dot products
+ * multiply by).  sums (when wanted) gets Q8_1's s, f16(d * the block's sum of
+ * quants) with d unrounded, which a Q4_1 or Q5_1 block's m multiplies.  A
+ * block holding a non-finite value gets a NaN scale and sum and zero quants:
+ * its products are NaN, as the float product's would be non-finite, and no NaN
+ * is converted to an integer. */
 void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales, float *sums) {
     for (int64_t i = 0; i < n / 32; ++i) {
         const float *v = x + i * 32;
@@ -384,14 +388,15 @@ void go_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales, 
             else if (a > amax) amax = a;
         }
         const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
         scales[i] = finite ? f16_to_f32(f32_to_f16(d)) : NAN;
         int32_t sum = 0;
         for (int j = 0; j < 32; ++j) {
-            qs[i * 32 + j] = finite ? (int8_t)roundf(v[j] * id) : 0;
+            /* nearbyintf: the current rounding mode, to nearest with ties to even */
+            qs[i * 32 + j] = finite ? (int8_t)nearbyintf(v[j] * id) : 0;
             sum += qs[i * 32 + j];
         }
-        if (sums) sums[i] = (float)sum;
+        if (sums) sums[i] = finite ? f16_to_f32(f32_to_f16(d * (float)sum)) : NAN;
     }
 }
 

@@ -1,7 +1,8 @@
 """Products of few rows with the activations rounded as llama.cpp rounds them
 for its integer dot products (kernels_quant.matmul(..., activations="q8_0")):
 to Q8_0 blocks for Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_1 and Q5_1 weights, byte for
-byte gguf-py's (ggml's quantize_row_q8_0_ref), and to Q8_K blocks for the types
+byte llama.cpp's x86 quantize_row_q8_0 (ties to even; Q4_1 and Q5_1 with Q8_1's
+s), and to Q8_K blocks for the types
 of 256-value super-blocks (Q2_K to Q6_K, IQ4_XS), as ggml's
 quantize_row_q8_K_ref; the product within float32 rounding of
 a float64 product of the rounded activations and the decoded weights on every
@@ -22,12 +23,21 @@ T = gguf.GGMLQuantizationType
 U = 2.0 ** -24
 
 
-def gguf_q8_0(x):
-    """gguf-py's Q8_0 blocks of x's rows: (quants int8, scales as float32)."""
-    raw = gguf.quants.quantize(x, T.Q8_0).reshape(x.shape[0], -1, 34)
-    scales = raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
-    quants = raw[..., 2:].view(np.int8).reshape(x.shape)
-    return quants, scales
+def llamacpp_q8_0(x):
+    """llama.cpp's x86 quantize_row_q8_0 / q8_1 in NumPy (float32 arithmetic,
+    as in C): per 32 values d = amax / 127 (stored as f16), quants x * (127 /
+    amax) rounded to nearest, ties to even; and Q8_1's s = f16(d * the block's
+    sum of quants), d unrounded: (quants int8, scales float32, s float32)."""
+    n, ncols = x.shape
+    xb = x.reshape(n, ncols // 32, 32)
+    amax = np.abs(xb).max(axis=2, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax == 0, np.float32(0), np.float32(127) / np.where(amax == 0, 1, amax))
+    quants = np.rint(xb * inv.astype(np.float32)).astype(np.int8)
+    sums = quants.astype(np.int32).sum(axis=2).astype(np.float32)
+    s = (d[..., 0] * sums).astype(np.float16).astype(np.float32)
+    return quants.reshape(n, ncols), d[..., 0].astype(np.float16).astype(np.float32), s
 
 
 def ggml_q8_k(x):
@@ -76,11 +86,17 @@ def awkward_activations(rng, nx, ncols):
 
 
 @pytest.mark.parametrize("nx,ncols", [(1, 32), (3, 96), (2, 608), (5, 1536)])
-def test_the_rounding_is_gguf_pys(nx, ncols):
+def test_the_rounding_is_llama_cpps_x86_one(nx, ncols):
+    # x * (127 / amax) to nearest, ties to even: activations on a quantized grid
+    # (a Q4_0 embedding's rows) sit on half-steps often, where ggml's scalar
+    # reference (and gguf-py) round away from zero
     rng = np.random.default_rng(ncols + nx)
     x = awkward_activations(rng, nx, ncols)
+    x[-1, :32] = np.arange(32) - 15.5      # halves: -15.5 .. 15.5
+    x[-1, 0] = 127.0                       # amax 127: times 127 / 127 = 1, every one a tie
     quants, scales = kq.quantize_q8_0_activations(x)
-    want_q, want_s = gguf_q8_0(x)
+    want_q, want_s, _ = llamacpp_q8_0(x)
+    assert list(quants[-1, 1:5]) == [-14, -14, -12, -12]   # -14.5, -13.5, -12.5, -11.5
     np.testing.assert_array_equal(quants, want_q)
     np.testing.assert_array_equal(scales.view(np.uint32), want_s.view(np.uint32))
     assert np.abs(quants.astype(np.int32)).max() <= 127
@@ -186,7 +202,23 @@ def q8_product_and_bound(x, qtype, raw):
     # value's may cancel), each scale product rounds once
     mag = np.abs(w) + (2 * np.abs(k_mins(raw, qtype, x.shape[1]))
                        if qtype in ("Q4_K", "Q5_K", "Q2_K", "Q4_1", "Q5_1") else 0)
-    return exact, (m + 1) * U / (1 - (m + 1) * U) * (np.abs(xr) @ mag.T) + U * np.abs(exact)
+    bound = (m + 1) * U / (1 - (m + 1) * U) * (np.abs(xr) @ mag.T)
+    if qtype in ("Q4_1", "Q5_1"):
+        # a block's m multiplies Q8_1's s = f16(d * sum of quants), not the
+        # rounded values' sum (the f16 scale times it)
+        delta, mins = q8_1_s_offsets(x, raw, qtype)
+        exact = exact + delta @ mins.T
+    return exact, bound + U * np.abs(exact)
+
+
+def q8_1_s_offsets(x, raw, qtype):
+    """(s - d16 * the block's sum of quants (nx, nblocks), each block's m
+    (nout, nblocks)): what llama.cpp's Q8_1 s adds to the rounded values'
+    product of a Q4_1 or Q5_1 weight, per block and min."""
+    quants, d16, s = llamacpp_q8_0(x)
+    sums = quants.reshape(x.shape[0], -1, 32).astype(np.float64).sum(axis=2)
+    mins = k_mins(raw, qtype, x.shape[1])[:, ::32]
+    return s.astype(np.float64) - d16.astype(np.float64) * sums, mins
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "Q2_K",
@@ -213,7 +245,11 @@ def test_matmul_q8_0_activations_within_float32_of_the_rounded_product(simd_path
     _, step = rounded_activations(x, qtype)
     half = np.abs(step) * (0.5 + 256 * U)
     float_product = x.astype(np.float64) @ w.T
-    assert (np.abs(got - float_product) <= half @ np.abs(w).T + 2 * bound).all()
+    s_part = 0.0
+    if qtype in ("Q4_1", "Q5_1"):
+        delta, mins = q8_1_s_offsets(x, raw, qtype)
+        s_part = np.abs(delta) @ np.abs(mins).T
+    assert (np.abs(got - float_product) <= half @ np.abs(w).T + s_part + 2 * bound).all()
     assert qtype in kq.Q8_ACTIVATION_TYPES
 
 

@@ -72,6 +72,16 @@ static uint32_t le32(const uint8_t *p) { return le16(p) | le16(p + 2) << 16; }
 /* every f16 is exactly a float */
 static float f16_at(const uint8_t *p) { return (float)th_f16_to_double((uint16_t)le16(p)); }
 
+/* v rounded to the nearest f16 value, ties to even (v within f16's range) */
+static double f16_round(double v) {
+    if (v == 0.0 || !isfinite(v)) return v;
+    int e;
+    frexp(fabs(v), &e);
+    const int ex = e - 1 < -14 ? -14 : e - 1;   /* subnormals: the quantum of 2^-24 */
+    const double ulp = ldexp(1.0, ex - 10);
+    return copysign(nearbyint(fabs(v) / ulp) * ulp, v);
+}
+
 /* The 8 sub-block scales and mins of a Q4_K/Q5_K super-block from its 12 bytes:
  * bytes 0-3 (4-7) hold scale (min) 0-3 in their low 6 bits and the top 2 bits
  * of scale (min) 4-7 in their high 2 bits; bytes 8-11 the low 4 bits of scale
@@ -448,11 +458,16 @@ static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t 
     } else {
         ggmlopt_quantize_q8_0_row(x, ncols, xq, xd, xs);
         for (int i = 0; i < 32; ++i) xq[ncols + i] = (int8_t)(th_next() >> 56);
-        for (int64_t b = 0; b < nb; ++b) {   /* the sums of quants, exact */
+        for (int64_t b = 0; b < nb; ++b) {   /* Q8_1's s: f16(d * the sum of quants) */
             int32_t sum = 0;
+            float amax = 0.0f;
             for (int i = 0; i < 32; ++i) sum += xq[b * 32 + i];
-            th_check(xs[b] == (float)sum, "%s: block %lld's sum %g, want %d", ctx, (long long)b,
-                     (double)xs[b], sum);
+            /* (one loop of both, with fmaxf, stops GCC 12's aarch64 vectorizer) */
+            for (int i = 0; i < 32; ++i)
+                if (fabsf(x[b * 32 + i]) > amax) amax = fabsf(x[b * 32 + i]);
+            const double want = f16_round((double)(amax / 127.0f * (float)sum));
+            th_check(xs[b] == (float)want, "%s: block %lld's s %g, want %g", ctx, (long long)b,
+                     (double)xs[b], want);
         }
         rc = k->quant_dot_q8_rows(t->type, ncols, xq, xd, xs, w, rb, 2, 9, y);
         rc_other = k->quant_dot_q8k_rows(t->type, ncols, xq, xd, (const int16_t *)(void *)xs, w,
@@ -487,6 +502,17 @@ static void check_q8_dot(const ggmlopt_kernel_table *k, const qtype *t, int64_t 
             if (t->type == 10) {   /* Q2_K: dmin * m, m the high nibble of its 16 values' byte */
                 const uint8_t *blk = w + j * rb + (i / 256) * t->bytes;
                 a += 2.0 * fabs(f16_at(blk + 82)) * (blk[(i % 256) / 16] >> 4) * fabs(xi);
+            }
+        }
+        if (t->type == 3 || t->type == 7) {
+            /* a Q4_1 or Q5_1 block's m multiplies Q8_1's s, not the rounded
+             * values' sum (d16 times the sum of quants) */
+            for (int64_t b = 0; b < nb; ++b) {
+                double sum = 0.0;
+                for (int i = 0; i < 32; ++i) sum += xq[b * 32 + i];
+                const double m = f16_at(w + j * rb + b * t->bytes + 2);
+                s += m * ((double)xs[b] - (double)xd[b] * sum);
+                a += 2.0 * fabs(m) * fabs((double)xs[b]);
             }
         }
         th_expect(&miss, "y", j, y[j], s, g * a + U32 * fabs(s));

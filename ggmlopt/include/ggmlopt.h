@@ -452,18 +452,20 @@ int ggmlopt_quant_matmul_f32(int type, int64_t nx, int64_t ncols, const float *x
                              int64_t y_stride);
 /* y as ggmlopt_quant_matmul_f32 for a weight llama.cpp multiplies in
  * integers, each x row first rounded as llama.cpp rounds it for that type:
- * to Q8_0 blocks (ggml's quantize_row_q8_0_ref) for a Q8_0 (8), Q4_0 (2),
+ * to Q8_0 blocks (as llama.cpp's x86 quantize_row_q8_0) for a Q8_0 (8), Q4_0 (2),
  * Q5_0 (6), IQ4_NL (20) or IQ4_XS (23) weight, to Q8_K blocks
  * (quantize_row_q8_K_ref) for a Q4_K (12), Q5_K (13) or Q6_K (14) one; each
  * block's dot is taken in integers (a K type's super-block's in one integer
  * sum): the result differs from the float product by that rounding of x.
  * xqs, xd and xsum: scratch of ncols + 32 int8 and ncols / 32 floats each.
  * Returns 0, -1 as ggmlopt_dequantize_rows, -2 for another type. */
-/* n floats (a multiple of 32) rounded to Q8_0 blocks as ggml's
- * quantize_row_q8_0_ref rounds them: the int8 quants into qs (n of them) and
+/* n floats (a multiple of 32) rounded to Q8_0 blocks as llama.cpp's x86
+ * quantize_row_q8_0 / q8_1 round them (d = amax / 127, each quant
+ * x * (127 / amax) rounded to nearest, ties to even; ggml's scalar _ref
+ * rounds halves away from zero): the int8 quants into qs (n of them) and
  * each block's scale (the f16 it stores, as a float) into scales and, unless
- * sums is NULL, the sum of its quants into sums; a block holding a
- * non-finite value gets zero quants and a NaN scale. */
+ * sums is NULL, Q8_1's s, f16(d * the sum of its quants), into sums; a block
+ * holding a non-finite value gets zero quants and a NaN scale and s. */
 void ggmlopt_quantize_q8_0_row(const float *x, int64_t n, int8_t *qs, float *scales,
                                float *sums);
 /* n floats (a multiple of 256) rounded to Q8_K blocks as ggml's
