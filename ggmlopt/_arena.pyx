@@ -26,12 +26,25 @@ cimport numpy as cnp
 from libc.math cimport sqrt
 from libc.stdint cimport int64_t
 
+from ggmlopt._kernel_args cimport finite_float, real_number
 from ggmlopt._memory cimport AlignedBuffer
 from ggmlopt.kernels cimport adamw_step_f32, fill_f32, scale_f32, sgd_step_f32, sumsq_f32
 
 cnp.import_array()
 
 _ADAMW_STATE = ("m", "v")
+# the most bytes an arena holds (as the dataset's shards): sizes past it wrap
+_MAX_BYTES = 1 << 62
+
+
+def _count_arg(value, str name):
+    """value as a Python int >= 0 (not a bool or a float): TypeError or ValueError
+    naming name."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name}: expected >= 0, got {value}")
+    return int(value)
 
 
 cdef class ParamArena:
@@ -46,12 +59,11 @@ cdef class ParamArena:
     gradient methods then raise RuntimeError).  All sections start zeroed.
     """
 
-    def __cinit__(self, int64_t size, bint momenta=False, int64_t min_section=0,
+    def __cinit__(self, size, bint momenta=False, min_section=0,
                   state=None, bint grads=True):
+        size, min_section = _count_arg(size, "size"), _count_arg(min_section, "min_section")
         if size < 1:
             raise ValueError(f"size: expected at least 1 parameter element, got {size}")
-        if min_section < 0:
-            raise ValueError(f"min_section: expected >= 0, got {min_section}")
         if state is None:
             state = _ADAMW_STATE if momenta else ()
         if not isinstance(state, tuple) or not all(isinstance(n, str) and n for n in state):
@@ -61,8 +73,14 @@ cdef class ParamArena:
                              f"'grads', got {state!r}")
         if momenta and state != _ADAMW_STATE:
             raise ValueError(f"momenta: AdamW's state is ('m', 'v'), got state={state!r}")
+        section = (max(size, min_section) + 15) // 16 * 16
+        nsections_wanted = 1 + (1 if grads else 0) + len(state)
+        # Python ints: a product that wraps int64 would size a buffer of nothing
+        if section * nsections_wanted * 4 > _MAX_BYTES:
+            raise ValueError(f"size: {nsections_wanted} sections of {section} floats exceed "
+                             f"{_MAX_BYTES} bytes")
         self.size = size
-        self.section = (max(size, min_section) + 15) // 16 * 16
+        self.section = section
         self.state_names = state
         self.nstate = len(state)
         self.momenta = len(state) > 0
@@ -135,17 +153,18 @@ cdef class ParamArena:
                              f"{('weights', 'grads') + self.state_names}, got {which!r}")
         return k * self.section * sizeof(float)
 
-    def view(self, str which, int64_t start, tuple shape):
+    def view(self, str which, start, tuple shape):
         """A writable float32 view of `shape` starting at element `start` of the
         section `which` ('weights', 'grads', or one of state_names); it keeps the
         arena's memory alive."""
-        cdef int64_t count = 1
+        start = _count_arg(start, "start")
+        count = 1   # Python ints: no product or sum wraps
         for d in shape:
-            count *= d
-        if start < 0 or start + count > self.size:
+            count *= _count_arg(d, "shape")
+        if start + count > self.size:
             raise ValueError(f"elements [{start}, {start + count}) lie outside the "
                              f"arena's {self.size} parameter elements")
-        cdef int64_t offset = self._offset(which) + start * sizeof(float)
+        cdef int64_t offset = self._offset(which) + <int64_t>start * sizeof(float)
         return self._buf.view(np.float32, shape, offset)
 
     def flat(self, str which):
@@ -172,29 +191,30 @@ cdef class ParamArena:
         with nogil:
             self.zero_momenta_c()
 
-    def adamw_step(self, float alpha, float beta1, float beta2, float eps, float wd,
-                   float beta1h, float beta2h):
+    def adamw_step(self, alpha, beta1, beta2, eps, wd, beta1h, beta2h):
         """One AdamW step over every parameter; see ggmlopt.kernels.adamw_step for
-        the formula."""
+        the formula.  ValueError for a parameter that is not a finite float32."""
         if self._m == NULL:
             raise RuntimeError("adamw_step: this arena was built without AdamW momenta")
         self._need_grads("adamw_step")
         cdef float params[7]
-        params[0] = alpha
-        params[1] = beta1
-        params[2] = beta2
-        params[3] = eps
-        params[4] = wd
-        params[5] = beta1h
-        params[6] = beta2h
+        params[0] = finite_float(alpha, "alpha")
+        params[1] = finite_float(beta1, "beta1")
+        params[2] = finite_float(beta2, "beta2")
+        params[3] = finite_float(eps, "eps")
+        params[4] = finite_float(wd, "wd")
+        params[5] = finite_float(beta1h, "beta1h")
+        params[6] = finite_float(beta2h, "beta2h")
         with nogil:
             self.adamw_step_c(params)
 
-    def sgd_step(self, float alpha, float wd):
-        """w = w*(1 - alpha*wd) - alpha*g over every parameter."""
+    def sgd_step(self, alpha, wd):
+        """w = w*(1 - alpha*wd) - alpha*g over every parameter.  ValueError for a
+        parameter that is not a finite float32."""
         self._need_grads("sgd_step")
+        cdef float a = finite_float(alpha, "alpha"), w = finite_float(wd, "wd")
         with nogil:
-            self.sgd_step_c(alpha, wd)
+            self.sgd_step_c(a, w)
 
     def grad_sumsq(self):
         """Sum of squares of all gradients (double)."""
@@ -204,15 +224,19 @@ cdef class ParamArena:
             s = sumsq_f32(self.size, self._g)
         return s
 
-    def clip_grad_norm(self, double max_norm):
-        """Clip the gradients to global L2 norm max_norm: when
+    def clip_grad_norm(self, max_norm):
+        """Clip the gradients to global L2 norm max_norm (>= 0, inf allowed): when
         norm = sqrt(sum(g^2)) > max_norm - 1e-6, g *= max_norm / (norm + 1e-6)
         (torch's clip_grad_norm_).
         Returns the norm before clipping (float)."""
         cdef double norm
+        cdef double most = real_number(max_norm, "max_norm")
+        if not (most >= 0.0):   # inf clips nothing (the norm alone), as torch's
+            raise ValueError(f"max_norm: expected a number >= 0 (inf: no clipping), got "
+                             f"{max_norm!r}")
         self._need_grads("clip_grad_norm")
         with nogil:
-            norm = self.clip_grad_norm_c(max_norm)
+            norm = self.clip_grad_norm_c(most)
         return norm
 
     @property

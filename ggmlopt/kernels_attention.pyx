@@ -12,6 +12,7 @@ is how the projections' (batch*T, heads*head_dim) outputs lie in memory.
 import numpy as np
 
 cimport numpy as cnp
+from libc.float cimport FLT_MAX
 from libc.stdint cimport int32_t, int64_t
 
 from ggmlopt._kernel_args cimport as_array as _array
@@ -101,9 +102,21 @@ cdef float _softcap(object softcap) except -1.0:
         return 0.0
     if isinstance(softcap, (bool, str, bytes)) or not isinstance(softcap, (int, float, np.number)):
         raise TypeError(f"softcap: expected None or a real number, got {type(softcap).__name__}")
-    if not (np.isfinite(softcap) and softcap > 0):
-        raise ValueError(f"softcap: expected None or a finite number > 0, got {softcap}")
-    return <float>softcap
+    cdef float cap = 0.0
+    if np.isfinite(softcap) and abs(softcap) <= FLT_MAX:
+        cap = <float>softcap
+    # as a float32: finite and > 0 (1e39 would be inf, 1e-50 zero, which is no cap)
+    if not (cap > 0.0):
+        raise ValueError(f"softcap: expected None or a number > 0 that is finite as a float32, "
+                         f"got {softcap}")
+    return cap
+
+
+cdef _check_rc(int rc, str what):
+    """A kernel's refusal (a nonzero return: arguments the checks above let
+    through) as an error, never its unwritten output as a result."""
+    if rc != 0:
+        raise ValueError(f"{what}: the kernel refused its arguments (code {rc})")
 
 
 cdef tuple _qkv_shapes(object q, object k, object v):
@@ -117,6 +130,8 @@ cdef tuple _qkv_shapes(object q, object k, object v):
                          f"got {ks}")
     if (<object>av).shape != ks:
         raise ValueError(f"v: expected shape {ks} like k, got {(<object>av).shape}")
+    if ks[2] < 1:
+        raise ValueError(f"k: expected at least one kv head, got shape {ks}")
     if hq % ks[2] != 0:
         raise ValueError(f"k: n_heads {hq} is not a multiple of n_kv_heads {ks[2]}")
     if d < 1:
@@ -214,9 +229,11 @@ cdef _forward(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, cnp.ndar
     if (<object>aq).ndim == 3:  # fused q|k|v rows: k and v start after q's heads
         pk = pq + hq * d
         pv = pk + hkv * d
+    cdef int rc
     with nogil:
-        _attention_forward_capped(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl, pst,
-                                  cap)
+        rc = _attention_forward_capped(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl,
+                                       pst, cap)
+    _check_rc(rc, "attention_forward")
 
 
 def attention_backward(q, k, v, out, lse, grad_out, dq=None, dk=None, dv=None, kv_start=None,
@@ -273,9 +290,11 @@ cdef _backward(int64_t b, int64_t t, int64_t hq, int64_t hkv, int64_t d, cnp.nda
     cdef const int32_t *pst = NULL
     if starts is not None:
         pst = <const int32_t *>cnp.PyArray_DATA(<cnp.ndarray>starts)
+    cdef int rc
     with nogil:
-        _attention_backward_capped(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl, pg,
-                                   pdq, pdk, pdv, pst, cap)
+        rc = _attention_backward_capped(b, t, hq, hkv, d, pq, qs, pk, ks, pv, vs, po, hq * d, pl,
+                                        pg, pdq, pdk, pdv, pst, cap)
+    _check_rc(rc, "attention_backward")
 
 
 cdef tuple _fused_shape(cnp.ndarray a, int64_t hq, int64_t hkv):
@@ -448,8 +467,10 @@ def attention_decode(q, cache_k, cache_v, length, out=None, start=0, softcap=Non
     cdef const float *pv = _f32(av) + first * hk * hd
     cdef float *po = _f32(ao)
     cdef float *ps = <float *>cnp.PyArray_DATA(scores)
+    cdef int rc = 0
     if b:
         with nogil:
-            _attention_decode_capped(bb, h, hk, hd, n - first, pq, pk, pv, item, po, ps, scale,
-                                     cap)
+            rc = _attention_decode_capped(bb, h, hk, hd, n - first, pq, pk, pv, item, po, ps,
+                                          scale, cap)
+    _check_rc(rc, "attention_decode")
     return ao

@@ -255,7 +255,11 @@ def _checked_raw(qtype, raw, nout, ncols, name):
         want = kernels_quant.row_bytes(qtype, ncols)
     except ValueError as e:
         raise ValueError(f"projections[{name!r}]: {e}") from None
-    if raw.shape[0] != nout or raw.shape[1] * raw.itemsize != want or \
+    if raw.dtype.hasobject or not raw.dtype.isnative or raw.dtype.kind not in "uif":
+        raise TypeError(f"projections[{name!r}]: expected the rows' bytes as a plain array "
+                        f"(uint8, or a numeric dtype in the machine's byte order), got dtype "
+                        f"{raw.dtype}")
+    if raw.ndim != 2 or raw.shape[0] != nout or raw.shape[1] * raw.itemsize != want or \
             not raw.flags.c_contiguous:
         raise ValueError(f"projections[{name!r}]: expected {nout} C-contiguous rows of {want} "
                          f"bytes ({ncols} {qtype} values), got shape {raw.shape} of "

@@ -122,6 +122,10 @@ cdef cnp.ndarray _raw(object raw, int t, int64_t ncols, str name):
         raise TypeError(f"{name}: expected a numpy.ndarray of the rows' bytes, got "
                         f"{type(raw).__name__}")
     cdef cnp.ndarray a = <cnp.ndarray>raw
+    if a.dtype.hasobject or not a.dtype.isnative or a.dtype.kind not in "uif":
+        # the bytes are read as they lie: another kind or byte order reads wrong values
+        raise TypeError(f"{name}: expected the rows' bytes as a plain array (uint8, or a "
+                        f"numeric dtype in the machine's byte order), got dtype {a.dtype}")
     if a.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D array (rows, bytes of a row), got shape "
                          f"{(<object>a).shape}")
@@ -277,9 +281,11 @@ def matmul_many(x, weights, activations="f32"):
 
 
 def quantize_q8_0_activations(x):
-    """x (n, ncols) float32 rounded as matmul(..., activations="q8_0") rounds it:
-    (quants int8 (n, ncols), scales float32 (n, ncols // 32)); ncols a multiple
-    of 32.  Value j of row i stands for quants[i, j] * scales[i, j // 32]."""
+    """x (n, ncols) float32 rounded as matmul(..., activations="q8_0") rounds it
+    for Q8_0-form weights, as llama.cpp's x86 quantize_row_q8_0 does (x times
+    127 / amax, to nearest with ties to even): (quants int8 (n, ncols), scales
+    float32 (n, ncols // 32)); ncols a multiple of 32.  Value j of row i stands
+    for quants[i, j] * scales[i, j // 32]."""
     cdef cnp.ndarray ax = _array(x, "x", np.float32, False)
     if ax.ndim != 2 or ax.shape[1] % 32:
         raise ValueError(f"x: expected shape (rows, a multiple of 32), got "

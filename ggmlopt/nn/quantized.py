@@ -58,10 +58,34 @@ def _panels(qtype, qweight, ncols):
         yield r0, r1, kernels_quant.dequantize(qtype, qweight, ncols, r0, r1, out=buf[:r1 - r0])
 
 
+def _product_args(a, a_name, width, out, want):
+    """a (2-D float32, width columns) and out (float32, writable, of shape want)
+    checked for the products below: ValueError or TypeError naming them."""
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 2:
+        raise TypeError(f"{a_name}: expected a 2-D float32 array, got "
+                        f"{getattr(a, 'dtype', type(a).__name__)} "
+                        f"{getattr(a, 'shape', '')}")
+    if a.shape[1] != width:
+        raise ValueError(f"{a_name}: expected {width} columns, got shape {a.shape}")
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.shape != want \
+            or not out.flags.writeable:
+        raise ValueError(f"out: expected a writable float32 array of shape {want}, got "
+                         f"{getattr(out, 'dtype', type(out).__name__)} "
+                         f"{getattr(out, 'shape', '')}")
+
+
 def rows_times_transpose(x2, qtype, qweight, out, activations="f32"):
     """out (n, nrows) = x2 (n, ncols) times the transpose of qweight's rows
     (a Linear's x W with W = rows^T; the tied head's h E^T); activations: as
     kernels_quant.matmul's, for products of few rows (more go through panels)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations: expected one of {', '.join(ACTIVATIONS)}, got "
+                         f"{activations!r}")
+    ncols = x2.shape[1] if isinstance(x2, np.ndarray) and x2.ndim == 2 else -1
+    _product_args(x2, "x2", ncols, out, (x2.shape[0], qweight.shape[0]))
+    if kernels_quant.row_bytes(qtype, ncols) != qweight.shape[1] * qweight.itemsize:
+        raise ValueError(f"qweight: its rows are not {ncols} {qtype} values (shape "
+                         f"{qweight.shape}, dtype {qweight.dtype})")
     if x2.shape[0] <= FEW_ROWS:   # the block kernel reads rows of contiguous values
         return kernels_quant.matmul(np.ascontiguousarray(x2), qtype, qweight, out=out,
                                     activations=activations)
@@ -73,6 +97,9 @@ def rows_times_transpose(x2, qtype, qweight, out, activations="f32"):
 def rows_times(g, qtype, qweight, ncols, out):
     """out (n, ncols) = g (n, nrows) times qweight's rows (nrows, ncols) (a
     Linear's input gradient g W^T; the tied head's g E)."""
+    nrows = qweight.shape[0]
+    _product_args(g, "g", nrows, out, (g.shape[0] if isinstance(g, np.ndarray) and g.ndim
+                                       else -1, ncols))
     first = True
     for r0, r1, panel in _panels(qtype, qweight, ncols):
         part = g if r1 - r0 == g.shape[1] else g[:, r0:r1]
@@ -101,11 +128,12 @@ def set_activations(model, activations) -> int:
     kernels_quant.Q8_ACTIVATION_TYPES: faster, and off by that rounding of the
     activations; F32, F16 and BF16 weights keep float32).  As in llama.cpp,
     Q8_0, Q4_0, Q5_0, IQ4_NL, Q4_1 and Q5_1 weights take activations rounded
-    to Q8_0 blocks of 32 (ggml's reference rounding, x / (amax / 127), which
-    ggmlopt and gguf-py use; llama.cpp's x86 kernels multiply by 127 / amax
-    instead, which rounds a value on a half-step otherwise about once in a
-    million; Q4_1 and Q5_1 also take each block's sum, as llama.cpp's Q8_1
-    blocks), and the types of 256-value super-blocks (Q2_K to Q6_K, IQ4_XS)
+    to Q8_0 blocks of 32 as llama.cpp's x86 kernels round them (x times
+    127 / amax, to the nearest integer with ties to even: activations on a
+    quantized grid, a Q4_0 embedding's rows, sit on half-steps often, where
+    ggml's scalar reference and gguf-py round away from zero; Q4_1 and Q5_1
+    also take each block's s = f16(d * its sum of quants), llama.cpp's Q8_1),
+    and the types of 256-value super-blocks (Q2_K to Q6_K, IQ4_XS)
     activations rounded to Q8_K blocks of 256, exactly as ggml's
     quantize_row_q8_K_ref rounds them, each super-block's products summed in
     integers.  Returns how many layers multiply in integers now."""
