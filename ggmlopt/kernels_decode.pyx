@@ -21,6 +21,7 @@ from libc.stdint cimport int64_t, uint8_t
 from ggmlopt cimport kernels as _k
 from ggmlopt._kernel_args cimport as_array as _array
 from ggmlopt._kernel_args cimport f32_ptr as _f32
+from ggmlopt._kernel_args cimport finite_float
 from ggmlopt._kernel_args cimport no_overlap as _no_overlap
 
 from ggmlopt import kernels_quant
@@ -89,6 +90,9 @@ cdef class LlamaBlockStep:
                 raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads: n_heads {n_heads} is not a multiple of {n_kv_heads}")
+        cdef float norm_eps = finite_float(eps, "eps")
+        if not norm_eps > 0.0:
+            raise ValueError(f"eps: expected a number > 0, got {eps!r}")
         if window is not None and (isinstance(window, bool) or
                                    not isinstance(window, (int, np.integer)) or window < 1):
             raise ValueError(f"window: expected None or an int >= 1, got {window!r}")
@@ -156,7 +160,7 @@ cdef class LlamaBlockStep:
         self.blk.ffn_norm = _f32(<cnp.ndarray>kept[1])
         self.blk.dim, self.blk.n_heads, self.blk.n_kv_heads = dim, n_heads, n_kv_heads
         self.blk.head_dim, self.blk.ffn_dim = hd, ffn
-        self.blk.eps = eps
+        self.blk.eps = norm_eps
         self.blk.window = 0 if window is None else window
         self.blk.q8 = activations == "q8_0"
         if _k.decode_block_work_size(&self.blk, 1, 1) < 0:

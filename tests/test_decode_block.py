@@ -285,6 +285,15 @@ def test_bad_input_is_refused_and_changes_nothing():
         LlamaBlockStep(proj, n1, n2, n_heads=4, n_kv_heads=2, eps=1e-5, q_norm=np.ones(64))
     with pytest.raises(ValueError, match="activations"):
         LlamaBlockStep(proj, n1, n2, n_heads=4, n_kv_heads=2, eps=1e-5, activations="q4_0")
+    # eps named (a negative one was "the weights do not make one block"); 1e39 and inf
+    # were taken as the norms' eps, inf as a float32
+    for eps in (-1e-5, 0.0, float("nan"), float("inf"), 1e39):
+        with pytest.raises(ValueError, match="eps"):
+            LlamaBlockStep(proj, n1, n2, n_heads=4, n_kv_heads=2, eps=eps)
+    # and the rows' bytes as another dtype kind are refused by name
+    with pytest.raises(TypeError, match=r"projections\['q'\]"):
+        LlamaBlockStep(dict(proj, q=(proj["q"][0], proj["q"][1].astype(object), None)), n1, n2,
+                       n_heads=4, n_kv_heads=2, eps=1e-5)
     cache_k = np.zeros((1, 8, 2, 64), np.float32)
     cache_v = np.zeros((1, 8, 2, 64), np.float32)
     x = np.ones((1, 256), np.float32)
