@@ -633,9 +633,16 @@ cdef class Dataset:
 
 def _dataset_from_pickle(cls, ne_datapoint, ne_label, ndata, ndata_shard, data_dtype,
                          label_dtype, data_scale, data, labels, permutation):
-    """Dataset.__reduce__'s inverse: the arrays are checked by the copies below."""
+    """Dataset.__reduce__'s inverse: the arrays checked (their shapes exactly:
+    np.copyto would broadcast one row into every row) as they are copied."""
     cdef Dataset ds = cls(ne_datapoint, ne_label, ndata, ndata_shard, data_dtype, label_dtype,
                           data_scale)
+    for name, got, want in (("data", data, ds._data_view), ("labels", labels, ds._labels_view)):
+        if (got is None) != (want is None):
+            raise ValueError(f"{name}: the pickled dataset's {name} do not match its sizes")
+        if got is not None and np.shape(got) != want.shape:
+            raise ValueError(f"{name}: expected shape {want.shape} in the pickled dataset, got "
+                             f"{np.shape(got)}")
     np.copyto(ds._data_view, data, casting="no")
     if labels is not None:
         np.copyto(ds._labels_view, labels, casting="no")

@@ -118,3 +118,20 @@ def test_the_quantized_layer_products_check_their_shapes():
     got = rows_times_transpose(x, "Q8_0", raw, np.empty((20, 5), np.float32))
     want = x.astype(np.float64) @ kq.dequantize("Q8_0", raw, 32).astype(np.float64).T
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_pickled_dataset_whose_arrays_do_not_fit_its_sizes_is_refused():
+    # np.copyto broadcast one pickled row into every row of the new dataset
+    import pickle
+
+    import ggmlopt as go
+    ds = go.Dataset.from_arrays(np.arange(12, dtype=np.float32).reshape(4, 3),
+                                np.arange(4, dtype=np.int32))
+    again = pickle.loads(pickle.dumps(ds))
+    np.testing.assert_array_equal(again.data, ds.data)
+    make, args = ds.__reduce__()
+    for at, part in ((8, args[8][:1]), (9, args[9][:2])):
+        bad = list(args)
+        bad[at] = part
+        with pytest.raises(ValueError, match="pickled dataset"):
+            make(*bad)
