@@ -327,6 +327,16 @@ def test_longrope_goes_to_gguf_as_llama_cpp_reads_it(tmp_path):
     for T in (12, 40):
         np.testing.assert_array_equal(back(tokens[:, :T]), model(tokens[:, :T]))
     load_gguf(tmp_path / "m.gguf", model)   # the same model: nothing differs
+    # into a model that rotates the whole head: refused naming the rotary share (the
+    # message said the two rope_scaling, which were equal)
+    four = RopeScaling("longrope", 4.0, original_max_position_embeddings=16,
+                       short_factor=(1.5, 1.25, 1.125, 1.0), long_factor=(4.0, 3.0, 2.5, 2.0))
+    whole = Phi3(Phi3Config(vocab_size=257, dim=16, n_layers=1, n_heads=2, max_seq_len=64,
+                            original_max_seq_len=16, rope_scaling=four,
+                            partial_rotary_factor=1.0), seed=0)
+    with pytest.raises(ValueError, match=r"a head rotates 3 pairs \(the model's: 4; "
+                                         "partial_rotary_factor"):
+        load_gguf(tmp_path / "m.gguf", whole)
     # a switch length other than the config's (where transformers switches) is refused
     with pytest.raises(ValueError, match="original_max_position_embeddings 16 is not "
                                          "original_max_seq_len 32"):

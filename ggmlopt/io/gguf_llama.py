@@ -1002,14 +1002,19 @@ def _computes_otherwise(read: LlamaGguf, cfg) -> list[str]:
         head_dim = getattr(c, "rotary_dim", None) or getattr(c, "head_dim", None) \
             or c.dim // c.n_heads
         inv, attention = rope_inv_freq(head_dim, c.rope_base, c.rope_scaling)
+        pairs = inv.size
         if c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope":
             long, _ = rope_inv_freq(head_dim, c.rope_base, c.rope_scaling, long=True)
             inv = np.concatenate([inv, long])
-        return inv.astype(np.float64), attention
+        return inv.astype(np.float64), attention, pairs
 
-    (a, fa), (b, fb) = frequencies(file_cfg), frequencies(cfg)
+    (a, fa, pa), (b, fb, pb) = frequencies(file_cfg), frequencies(cfg)
     # (another base is said above; the frequencies then tell nothing more)
-    if same(file_cfg.rope_base, cfg.rope_base) and (
+    if same(file_cfg.rope_base, cfg.rope_base) and pa != pb:
+        # as many frequencies as rotated pairs: another rotary share
+        differ.append(f"a head rotates {pa} pairs (the model's: {pb}; partial_rotary_factor "
+                      "or the rotary width)")
+    elif same(file_cfg.rope_base, cfg.rope_base) and (
             a.shape != b.shape or np.float32(fa) != np.float32(fb)
             or not np.allclose(a, b, rtol=4 * 2.0 ** -24, atol=0)):
         differ.append(f"rope_scaling is {file_cfg.rope_scaling!r} (the model's: "
