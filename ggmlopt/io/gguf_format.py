@@ -250,8 +250,9 @@ def load_gguf(path, model=None, *, arch=None, keep_types=False):
     Without model, the file must be a llama-family GGUF (or llama.cpp's gpt2,
     which gives a ggmlopt.models.GPT2): returns
     ``(llama, tokenizer)``, a ggmlopt.models.Llama built from the file and its
-    tokenizer (ByteTokenizer, BPETokenizer, or None with a UserWarning for
-    another tokenizer type); see ggmlopt.io.gguf_llama.load_llama_gguf, which
+    tokenizer (ByteTokenizer, BPETokenizer, SPMTokenizer, MetaspaceBPETokenizer
+    or WordPieceTokenizer, by the file's tokenizer model; None with a
+    UserWarning for another, T5's unigram); see ggmlopt.io.gguf_llama.load_llama_gguf, which
     also reads quantized tensors (dequantized with a UserWarning).  A Llama
     model given loads a llama-architecture file the same way.
     ``keep_types=True`` keeps the weight matrices in the file's types, read in

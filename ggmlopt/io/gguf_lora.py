@@ -1,4 +1,4 @@
-"""LoRA adapters of a Llama as llama.cpp loads them (``--lora adapter.gguf``).
+"""LoRA adapters of a Llama-family model or a GPT2 as llama.cpp loads them (``--lora adapter.gguf``).
 
 The file is what llama.cpp's ``convert_lora_to_gguf.py`` writes:
 ``general.architecture`` = ``llama``, ``general.type`` = ``adapter``,
@@ -142,15 +142,16 @@ def _check_architecture(model) -> None:
 
 
 def save_gguf_lora(model, path) -> None:
-    """Write the LoRA adapters of a Llama (ggmlopt.lora.apply) to path as a GGUF
-    adapter that llama.cpp loads over the base model's GGUF (atomically).
+    """Write the LoRA adapters of a Llama-family model or a GPT2
+    (ggmlopt.lora.apply) to path as a GGUF adapter that llama.cpp loads over
+    the base model's GGUF (atomically).
 
     Tensors: ``blk.N.<weight>.lora_a`` float32 (rank, in) and ``.lora_b``
     float32 (out, rank) per adapter (torch's layout, A and B transposed from
     ggmlopt's), the rows of q_proj's and k_proj's B permuted as llama.cpp's
     Q/K weights are; keys ``adapter.lora.alpha`` (float32, one for the file).
 
-    Raises TypeError for a model that is not a Llama; ValueError when it has no
+    Raises TypeError for a model that is neither; ValueError when it has no
     adapters, when anything else in it is trainable (the file would not hold
     it), when they have different alphas (llama.cpp reads one per file), when
     one sits on a layer llama.cpp has no tensor for, or when llama.cpp's
@@ -307,7 +308,8 @@ def load_gguf_lora(path, model, *, dropout=0.0
                    ) -> list[tuple[str, LoRALinear | LoRAEmbedding]]:
     """Put the LoRA adapter of a GGUF file (save_gguf_lora's, or llama.cpp's
     convert_lora_to_gguf's in F32, F16, BF16 or Q8_0, or another type ggml
-    dequantizes: kernels_quant.QTYPES) onto a Llama, in place.
+    dequantizes: kernels_quant.QTYPES) onto a Llama-family model or a GPT2, in
+    place.
 
     A model without adapters gets a LoRALinear (the file's rank and alpha,
     dropout as given) on each Linear the file adapts, and everything else frozen
@@ -319,8 +321,8 @@ def load_gguf_lora(path, model, *, dropout=0.0
     Returns named_adapters(model).  Raises ValueError for a file that is not a
     llama LoRA adapter, truncated, with unpaired or wrongly shaped tensors, or
     adapting layers the model lacks (or other adapters than the model has);
-    TypeError for a model that is not a Llama or a tensor of a type ggml does
-    not dequantize; FileNotFoundError for a missing file.  On any error the
+    TypeError for a model that is neither a Llama-family one nor a GPT2, or a
+    tensor of a type ggml does not dequantize; FileNotFoundError for a missing file.  On any error the
     model is unchanged.
     """
     config = _llama_config(model)
