@@ -322,8 +322,8 @@ def load_gguf_lora(path, model, *, dropout=0.0
     llama LoRA adapter, truncated, with unpaired or wrongly shaped tensors, or
     adapting layers the model lacks (or other adapters than the model has);
     TypeError for a model that is neither a Llama-family one nor a GPT2, or a
-    tensor of a type ggml does not dequantize; FileNotFoundError for a missing file.  On any error the
-    model is unchanged.
+    tensor of a type ggml does not dequantize; FileNotFoundError for a missing
+    file.  On any error the model is unchanged.
     """
     config = _llama_config(model)
     dropout = dropout_arg(dropout)   # checked before any layer changes
