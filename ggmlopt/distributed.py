@@ -173,6 +173,9 @@ class Distributed:
             bucket_cap_mb = _check_arguments(bucket_cap_mb, shard_optimizer)
         self.shard = shard_optimizer
         self.parts = False  # fit(dataset_is_part=True): each rank's dataset is its own part
+        # (dataset, digest of its bytes) of the last whole dataset an epoch ran over:
+        # read once, not at every epoch (the reference keeps its id from being reused)
+        self._data_digest = (None, "")
         # filled by attach()
         self.evals_per_step = None
         self.chunk = self.lo = self.n = 0
@@ -559,7 +562,26 @@ class Distributed:
             perm = np.ascontiguousarray(dataset.permutation)
             pact.token = (f"{nbatches}/{ibatch_split}/{ctx.iter}/"
                           f"{hashlib.blake2b(perm.tobytes(), digest_size=8).hexdigest()}")
+            if not self.parts:
+                # every rank holds the same dataset: its bytes as well as its order (ranks
+                # given their own rows of the same size trained half of each, silently)
+                pact.token += f"/data {self._digest_of(dataset)}"
         return nbatches, ibatch_split
+
+    def _digest_of(self, dataset):
+        """A digest of dataset's data and labels (every byte), kept for the next
+        epochs over the same dataset."""
+        kept, digest = self._data_digest
+        if kept is not dataset:
+            from .checkpoint import crc32_bytes
+            value = crc32_bytes(np.ascontiguousarray(dataset.data).reshape(-1).view(np.uint8))
+            labels = dataset.labels
+            if labels is not None:
+                value = crc32_bytes(np.ascontiguousarray(labels).reshape(-1).view(np.uint8),
+                                    value)
+            digest = f"{value:08x}"
+            self._data_digest = (dataset, digest)
+        return digest
 
     def _local_period(self, ctx):
         """Physical batches of this rank's dataset per logical batch."""
@@ -613,7 +635,9 @@ def _frozen_token(ctx, model=None):
         digest.update(f"{name} {layer.qtype}".encode())
         digest.update(memoryview(np.ascontiguousarray(layer.qweight)).cast("B"))
     mask = "".join("t" if t else "f" for t in ctx.trainable_mask)
-    return f"frozen {mask[:48]} kept {len(kept)} {digest.hexdigest()}"
+    # the whole mask (its first 48 positions let ranks freeze others further on)
+    mask_digest = hashlib.blake2b(mask.encode(), digest_size=8).hexdigest()
+    return f"frozen {mask[:48]} ({mask_digest}) kept {len(kept)} {digest.hexdigest()}"
 
 
 def _context_token(dist, ctx, model, clip_grad_norm):

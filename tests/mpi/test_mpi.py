@@ -261,11 +261,14 @@ def test_a_rank_whose_part_is_padding_alone_trains_as_one_process(tmp_path):
         lm.nsteps_of(2, 24, ndata=24, val_split=0.0), 24)
 
 
-@pytest.mark.parametrize("what", ["optimizer", "clip", "nepoch", "bucket", "lr"])
+@pytest.mark.parametrize("what", ["optimizer", "clip", "nepoch", "bucket", "lr", "data",
+                                  "frozen-past-48"])
 def test_ranks_that_disagree_stop_with_a_clear_error(tmp_path, what):
     """A rank with another optimizer, clipping, exchange, number of epochs or
-    learning rate than the others: ValueError on every rank before any rank's
-    parameters change (it hung, aborted MPI, or trained apart)."""
+    learning rate than the others, rows of its own (as many: each rank trained
+    half of its rows, silently) or another parameter frozen past the 48th
+    (the mask compared stopped there): ValueError on every rank before any
+    rank's parameters change (it hung, aborted MPI, or trained apart)."""
     ranks = mpirun(2, tmp_path, "disagree", what)
     for got in ranks:
         assert str(got["kind"]) == "ValueError", got["msg"]

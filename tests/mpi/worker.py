@@ -149,9 +149,24 @@ def main(scenario, out, *args):
             {"clip": 0.5 if other else 0.3} if what == "clip" else \
             {"nepoch": 2 if other else 3} if what == "nepoch" else \
             {"bucket_cap_mb": None if other else 25.0} if what == "bucket" else {}
-        if what == "lr":   # another learning rate from get_opt_pars
+        if what == "frozen-past-48":   # the same shapes and values, another one frozen
+            model = go.nn.Sequential(*[go.nn.Linear(4, 4, bias=False, rng=i) for i in range(60)])
+            params = list(model.parameters())
+            params[50].data[...] = params[55].data[...] = 0.5
+            params[55 if other else 50].requires_grad = False
+            before = np.concatenate([p.data.ravel() for p in params])
+            kind, msg = outcome(lambda: go.OptContext(
+                model, batch_size=4, ne_datapoint=4, loss_type="mean_squared_error",
+                opt_period=2, comm=comm))
+            after = np.concatenate([p.data.ravel() for p in params])
+            save(out, kind=kind, msg=msg, changed=not np.array_equal(before, after))
+            return
+        if what in ("lr", "data"):   # another learning rate; rows of its own, as many
             model, ds = make_problem(0)
-            pars = go.OptimizerParams(go.AdamWParams(alpha=0.02 if other else 0.01))
+            if what == "data" and other:
+                ds = make_problem(1)[1]
+            pars = go.OptimizerParams(go.AdamWParams(alpha=0.02 if other and what == "lr"
+                                                     else 0.01))
             before = np.concatenate([p.data.ravel() for p in model.parameters()])
             kind, msg = outcome(lambda: go.fit(model, ds, go.LossType.CROSS_ENTROPY,
                                                lambda epoch: pars, nepoch=1,
