@@ -173,9 +173,10 @@ class Distributed:
             bucket_cap_mb = _check_arguments(bucket_cap_mb, shard_optimizer)
         self.shard = shard_optimizer
         self.parts = False  # fit(dataset_is_part=True): each rank's dataset is its own part
-        # (dataset, digest of its bytes) of the last whole dataset an epoch ran over:
-        # read once, not at every epoch (the reference keeps its id from being reused)
-        self._data_digest = (None, "")
+        # id -> (dataset, digest of its bytes) of the last whole datasets epochs ran
+        # over (training and validation): read once, not at every epoch (the
+        # reference keeps an id from being reused)
+        self._data_digests = {}
         # filled by attach()
         self.evals_per_step = None
         self.chunk = self.lo = self.n = 0
@@ -571,17 +572,18 @@ class Distributed:
     def _digest_of(self, dataset):
         """A digest of dataset's data and labels (every byte), kept for the next
         epochs over the same dataset."""
-        kept, digest = self._data_digest
-        if kept is not dataset:
-            from .checkpoint import crc32_bytes
-            value = crc32_bytes(np.ascontiguousarray(dataset.data).reshape(-1).view(np.uint8))
-            labels = dataset.labels
-            if labels is not None:
-                value = crc32_bytes(np.ascontiguousarray(labels).reshape(-1).view(np.uint8),
-                                    value)
-            digest = f"{value:08x}"
-            self._data_digest = (dataset, digest)
-        return digest
+        kept = self._data_digests.get(id(dataset))
+        if kept is not None:
+            return kept[1]
+        from .checkpoint import crc32_bytes
+        value = crc32_bytes(np.ascontiguousarray(dataset.data).reshape(-1).view(np.uint8))
+        labels = dataset.labels
+        if labels is not None:
+            value = crc32_bytes(np.ascontiguousarray(labels).reshape(-1).view(np.uint8), value)
+        if len(self._data_digests) >= 4:
+            self._data_digests.pop(next(iter(self._data_digests)))
+        self._data_digests[id(dataset)] = (dataset, f"{value:08x}")
+        return f"{value:08x}"
 
     def _local_period(self, ctx):
         """Physical batches of this rank's dataset per logical batch."""
