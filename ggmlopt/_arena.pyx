@@ -26,7 +26,7 @@ cimport numpy as cnp
 from libc.math cimport sqrt
 from libc.stdint cimport int64_t
 
-from ggmlopt._kernel_args cimport finite_float, real_number
+from ggmlopt._kernel_args cimport adamw_params, finite_float, real_number
 from ggmlopt._memory cimport AlignedBuffer
 from ggmlopt.kernels cimport adamw_step_f32, fill_f32, scale_f32, sgd_step_f32, sumsq_f32
 
@@ -198,13 +198,7 @@ cdef class ParamArena:
             raise RuntimeError("adamw_step: this arena was built without AdamW momenta")
         self._need_grads("adamw_step")
         cdef float params[7]
-        params[0] = finite_float(alpha, "alpha")
-        params[1] = finite_float(beta1, "beta1")
-        params[2] = finite_float(beta2, "beta2")
-        params[3] = finite_float(eps, "eps")
-        params[4] = finite_float(wd, "wd")
-        params[5] = finite_float(beta1h, "beta1h")
-        params[6] = finite_float(beta2h, "beta2h")
+        adamw_params(params, alpha, beta1, beta2, eps, wd, beta1h, beta2h)
         with nogil:
             self.adamw_step_c(params)
 

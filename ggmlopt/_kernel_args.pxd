@@ -9,6 +9,8 @@ cdef no_overlap(list named)
 cdef outputs_apart(list inputs, list outputs)
 cdef double real_number(object x, str name) except? -1
 cdef float finite_float(object x, str name) except? -1
+cdef int adamw_params(float *params, object alpha, object beta1, object beta2, object eps,
+                      object wd, object beta1h, object beta2h) except -1
 
 
 cdef inline float *f32_ptr(cnp.ndarray a) noexcept:

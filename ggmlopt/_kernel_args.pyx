@@ -77,3 +77,17 @@ cdef float finite_float(object x, str name) except? -1:
     if not fabs(v) <= FLT_MAX:  # NaN fails too
         raise ValueError(f"{name}: expected a finite float32, got {v}")
     return <float>v
+
+
+cdef int adamw_params(float *params, object alpha, object beta1, object beta2, object eps,
+                      object wd, object beta1h, object beta2h) except -1:
+    """AdamW's seven step parameters into params, in the kernel's order, each
+    checked as a finite float32 and named when it is not."""
+    params[0] = finite_float(alpha, "alpha")
+    params[1] = finite_float(beta1, "beta1")
+    params[2] = finite_float(beta2, "beta2")
+    params[3] = finite_float(eps, "eps")
+    params[4] = finite_float(wd, "wd")
+    params[5] = finite_float(beta1h, "beta1h")
+    params[6] = finite_float(beta2h, "beta2h")
+    return 0

@@ -15,6 +15,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t
 
 from ggmlopt._kernel_args cimport as_array as _array
 from ggmlopt._kernel_args cimport f32_ptr as _f32
+from ggmlopt._kernel_args cimport adamw_params
 from ggmlopt._kernel_args cimport finite_float as _finite_float
 from ggmlopt._kernel_args cimport no_overlap as _no_overlap
 from ggmlopt._kernel_args cimport outputs_apart as _outputs_apart
@@ -368,13 +369,7 @@ def adamw_step(w, g, m, v, *, alpha, beta1, beta2, eps, wd, beta1h, beta2h):
     _same_size(aw, "w", av, "v")
     _no_overlap([("w", aw), ("g", ag), ("m", am), ("v", av)])
     cdef float params[7]
-    params[0] = _finite_float(alpha, "alpha")
-    params[1] = _finite_float(beta1, "beta1")
-    params[2] = _finite_float(beta2, "beta2")
-    params[3] = _finite_float(eps, "eps")
-    params[4] = _finite_float(wd, "wd")
-    params[5] = _finite_float(beta1h, "beta1h")
-    params[6] = _finite_float(beta2h, "beta2h")
+    adamw_params(params, alpha, beta1, beta2, eps, wd, beta1h, beta2h)
     cdef int64_t n = aw.size
     cdef float *_p0 = _f32(aw)
     cdef float *_p1 = _f32(ag)

@@ -190,21 +190,26 @@ def test_special_tokens_map_names_what_the_config_does_not(tmp_path):
     assert transformers.AutoTokenizer.from_pretrained(directory).eos_token == "</s>"
 
 
-def test_a_wordpiece_decode_cleans_up_spaces_where_its_config_asks(tmp_path):
-    # transformers' clean_up_tokenization_spaces, applied to a model that is not BPE
+def _wordpiece(directory, words, config):
+    """A lower-casing WordPiece checkpoint tokenizer of words in directory
+    (tokenizer.json and tokenizer_config.json of config)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-    vocab = {t: i for i, t in enumerate(["[UNK]", "[CLS]", "[SEP]", "it", "'", "s", "here",
-                                         ".", ",", "what", "?", "yes", "!"])}
-    tk = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tk = Tokenizer(models.WordPiece({t: i for i, t in enumerate(words)}, unk_token="[UNK]"))
     tk.normalizer = normalizers.BertNormalizer(lowercase=True)
     tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tk.decoder = decoders.WordPiece()
-    directory = tmp_path / "bert"
     directory.mkdir()
     tk.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def test_a_wordpiece_decode_cleans_up_spaces_where_its_config_asks(tmp_path):
+    # transformers' clean_up_tokenization_spaces, applied to a model that is not BPE
+    directory = tmp_path / "bert"
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
               "clean_up_tokenization_spaces": True}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    _wordpiece(directory, ["[UNK]", "[CLS]", "[SEP]", "it", "'", "s", "here", ".", ",", "what",
+                           "?", "yes", "!"], config)
     ours = load_hf_tokenizer(directory)
     ids = ours.encode("what ? it's here , yes !").tolist()
     assert ours.decode(ids) == "what? it's here, yes!"
@@ -220,21 +225,13 @@ def test_a_wordpiece_decode_cleans_up_spaces_where_its_config_asks(tmp_path):
 def test_save_hf_keeps_the_tokenizers_clean_up_of_spaces(tmp_path, clean_up):
     # tokenizer_config.json was written with clean_up_tokenization_spaces false for
     # every tokenizer: a saved WordPiece checkpoint decoded "it ' s" where it had "it's"
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-
+    pytest.importorskip("tokenizers")
     from ggmlopt.io import save_hf
     from ggmlopt.models import Llama, LlamaConfig
-    vocab = {t: i for i, t in enumerate(["[UNK]", "[SEP]", "it", "'", "s", "here", ".", ","])}
-    tk = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tk.decoder = decoders.WordPiece()
     source = tmp_path / "source"
-    source.mkdir()
-    tk.save(str(source / "tokenizer.json"))
-    (source / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
-         "eos_token": "[SEP]", "clean_up_tokenization_spaces": clean_up}))
+    _wordpiece(source, ["[UNK]", "[SEP]", "it", "'", "s", "here", ".", ","],
+               {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]",
+                "eos_token": "[SEP]", "clean_up_tokenization_spaces": clean_up})
     ours = load_hf_tokenizer(source)
     ids = ours.encode("it's here , it's here .").tolist()
     save_hf(Llama(LlamaConfig(vocab_size=ours.vocab_size, dim=16, n_layers=1, n_heads=2,
