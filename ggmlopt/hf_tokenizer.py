@@ -4,8 +4,8 @@
 
 ``load_hf_tokenizer(directory)`` gives the tokenizer ggmlopt's generation, chat,
 datasets and finetune command take, equal to ``AutoTokenizer.from_pretrained``
-(two exceptions below): the same ids for the same text, special tokens written in the text matched
-(``parse_special=True``, transformers' default) or left as text
+(two exceptions below): the same ids for the same text, special tokens written
+in the text matched (``parse_special=True``, transformers' default) or left as text
 (``parse_special=False``, transformers' ``split_special_tokens=True``), the
 same decoding, the same chat template rendering.
 

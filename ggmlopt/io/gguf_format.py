@@ -252,8 +252,9 @@ def load_gguf(path, model=None, *, arch=None, keep_types=False):
     ``(llama, tokenizer)``, a ggmlopt.models.Llama built from the file and its
     tokenizer (ByteTokenizer, BPETokenizer, SPMTokenizer, MetaspaceBPETokenizer
     or WordPieceTokenizer, by the file's tokenizer model; None with a
-    UserWarning for another, T5's unigram); see ggmlopt.io.gguf_llama.load_llama_gguf, which
-    also reads quantized tensors (dequantized with a UserWarning).  A Llama
+    UserWarning for another, T5's unigram); see
+    ggmlopt.io.gguf_llama.load_llama_gguf, which also reads quantized tensors
+    (dequantized with a UserWarning).  A Llama
     model given loads a llama-architecture file the same way.
     ``keep_types=True`` keeps the weight matrices in the file's types, read in
     place (QuantizedLinear layers, for LoRA over a quantized base: QLoRA).

@@ -1,7 +1,9 @@
-"""LoRA adapters of a Llama-family model or a GPT2 as llama.cpp loads them (``--lora adapter.gguf``).
+"""LoRA adapters of a Llama-family model or a GPT2 as llama.cpp loads them
+(``--lora adapter.gguf``).
 
 The file is what llama.cpp's ``convert_lora_to_gguf.py`` writes:
-``general.architecture`` = ``llama``, ``general.type`` = ``adapter``,
+``general.architecture`` = ``llama`` (the model's, ``gpt2`` for a GPT2),
+``general.type`` = ``adapter``,
 ``adapter.type`` = ``lora``, ``adapter.lora.alpha`` (float32), and per adapted
 weight two float32 tensors named after llama.cpp's weight
 (``blk.0.attn_q.weight.lora_a`` / ``.lora_b``) in torch's layout: lora_a
