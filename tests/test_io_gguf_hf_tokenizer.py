@@ -303,6 +303,45 @@ def test_nfc_is_written_with_a_warning(tmp_path_factory, tmp_path):
     assert gguf_fields(tmp_path / "a.gguf")["tokenizer.ggml.pre"] == "qwen2"
 
 
+@needs_src
+def test_digits_split_by_a_digits_step_are_written(tmp_path_factory, tmp_path):
+    """StarCoder's and SmolLM's own tokenizer.json split digits with a Digits
+    step, not a Split: refused as a pre-tokenizer of another kind, though the
+    vocabulary's hash names llama.cpp's starcoder, which splits them alike."""
+    directory = tmp_path_factory.getbasetemp() / "hf-starcoder"
+    model, plain = checkpoint(directory, "starcoder")
+
+    def digits(spec):
+        steps = spec["pre_tokenizer"]["pretokenizers"]
+        assert steps[0]["pattern"] == {"Regex": "\\p{N}"}
+        steps[0] = {"type": "Digits", "individual_digits": True}
+    tok = _edited(tmp_path, directory, digits)
+    texts = ["x = 12345 + 0.75", "v1.2.3-rc10", "٣٤٥ and ½"]
+    assert [tok.encode(t).tolist() for t in texts] == [plain.encode(t).tolist() for t in texts]
+    _quiet(save_gguf, model, tmp_path / "a.gguf", tokenizer=tok, dtype=np.float32)
+    assert gguf_fields(tmp_path / "a.gguf")["tokenizer.ggml.pre"] == "starcoder"
+    back = _quiet(load_gguf_tokenizer, tmp_path / "a.gguf")
+    assert [back.encode(t).tolist() for t in texts] == [tok.encode(t).tolist() for t in texts]
+
+
+@needs_src
+def test_a_word_llama_cpp_makes_a_control_token_is_written_with_a_warning(tmp_path_factory,
+                                                                           tmp_path):
+    """Qwen2's own vocabulary holds </s> as a word; llama.cpp's loader makes it a
+    control token by its text (as in the converter's GGUF of any Qwen2): every
+    Qwen2 checkpoint was refused for it."""
+    directory = tmp_path_factory.getbasetemp() / "hf-qwen2"
+    model, _ = checkpoint(directory, "qwen2")
+
+    def a_word(spec):
+        spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "</s>"]
+    tok = _edited(tmp_path, directory, a_word)
+    assert len(tok.encode("</s>")) > 1          # the letters, to this tokenizer
+    with pytest.warns(UserWarning, match="makes the vocabulary's '</s>' a control token"):
+        save_gguf(model, tmp_path / "a.gguf", tokenizer=tok, dtype=np.float32)
+    assert gguf_fields(tmp_path / "a.gguf")["tokenizer.ggml.pre"] == "qwen2"
+
+
 def test_a_tokenizer_of_no_known_pre_tokenizer_is_refused(tmp_path):
     """A small byte-level BPE of its own: no hash llama.cpp's converter knows."""
     from ggmlopt.text import GPT2_BYTE_STRINGS, BPETokenizer

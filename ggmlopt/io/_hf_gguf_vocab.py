@@ -30,6 +30,7 @@ from typing import Any
 
 from ..pretokenizers import IGNORE_MERGES, PRE_TOKENIZERS
 from ..text import (
+    EOG_TEXTS,
     TOKEN_BYTE,
     TOKEN_CONTROL,
     TOKEN_NORMAL,
@@ -189,8 +190,10 @@ def _byte_level_keys(tokenizer, spec: dict[str, Any], where: str) -> dict[str, A
                       UserWarning, stacklevel=5)
     pre = spec.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    # (StarCoder's, SmolLM's and DeepSeek's split digits with a Digits step: llama.cpp's
+    # pre-tokenizer, named by the vocabulary's hash, does with a regex; the probes check)
     if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("add_prefix_space") \
-            or any(s.get("type") != "Split" for s in steps[:-1]):
+            or any(s.get("type") not in ("Split", "Digits") for s in steps[:-1]):
         raise ValueError(f"{where}: its pre-tokenizer ({pre.get('type')}) is not a byte-level "
                          "one without a space prefix (GPT-2's kind), which llama.cpp's gpt2 "
                          "vocabulary needs")
@@ -349,6 +352,17 @@ def _probe_texts(tokenizer, keys: dict[str, Any]) -> list[str]:
     return texts
 
 
+def _forced_control_texts(tokenizer, ours) -> list[str]:
+    """The texts of tokens the checkpoint holds as words (not added special
+    tokens) that llama.cpp's loader turns into control tokens by their text
+    (Qwen2's ``</s>``): ours, the model of llama.cpp's tokenizer, matches them
+    whole in text."""
+    control = getattr(ours, "_control", None) or []
+    special = {tokenizer.token_to_id(t) for t in getattr(tokenizer, "_special", ())}
+    return sorted(t for i in control if i not in special
+                  and (t := tokenizer.id_to_token(i)) in EOG_TEXTS)
+
+
 def check_reads_as(tokenizer, keys: dict[str, Any], where: str) -> None:
     """ValueError unless the tokenizer the keys describe, as load_gguf reads it
     (ggmlopt's model of llama.cpp's tokenizer), encodes the probe texts as
@@ -376,7 +390,17 @@ def check_reads_as(tokenizer, keys: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}: the added tokens that strip the whitespace after them "
                          f"({sorted(tokenizer.rstrip_ids)[:5]}...) are not those llama.cpp "
                          "strips after (Phi-3's special tokens)")
+    forced = _forced_control_texts(tokenizer, ours)
+    if forced:
+        named = ", ".join(repr(t) for t in forced)
+        kind = "a control token" if len(forced) == 1 else "control tokens"
+        warnings.warn(f"{where}: llama.cpp's loader makes the vocabulary's {named} {kind} "
+                      "(by the text), so it reads the text as that token where this tokenizer "
+                      "reads the letters; a GGUF of this model from llama.cpp's converter does "
+                      "the same", UserWarning, stacklevel=5)
     for text in _probe_texts(tokenizer, keys):
+        for t in forced:   # (the one difference said above)
+            text = text.replace(t, "")
         want = tokenizer.encode(text).tolist()
         got = None if ours is None else ours.encode(text, parse_special=True).tolist()
         if got != want:
