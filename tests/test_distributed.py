@@ -278,16 +278,35 @@ def test_ranks_that_multiply_in_other_precisions_are_refused(monkeypatch):
 
 
 def test_a_nan_on_one_rank_stops_every_rank_in_training():
+    # each rank its own part of the data (dataset_is_part), rank 1's all NaN (set
+    # after from_arrays, which refuses it)
+    def on_rank(comm):
+        _model, ds = make_problem(0)
+        n = ds.ndata // comm.Get_size()
+        rows = slice(comm.Get_rank() * n, (comm.Get_rank() + 1) * n)
+        part = go.Dataset.from_arrays(ds.data[rows], ds.labels[rows], ndata_shard=2)
+        if comm.Get_rank() == 1:
+            part.data[...] = np.nan
+        return run(comm, "ADAMW", dataset=part, dataset_is_part=True)
+
+    out = run_ranks(2, on_rank)
+    assert isinstance(out[1][1], FloatingPointError)
+    assert isinstance(out[0][1], distributed.RankFailed)
+    assert "FloatingPointError" in str(out[0][1])
+
+
+def test_a_whole_dataset_of_other_bytes_on_one_rank_is_refused_before_training():
+    # every rank holds the whole dataset: one whose rows differ (here NaN) is
+    # another dataset, which the ranks' agreement refuses before any step
     def on_rank(comm):
         _model, ds = make_problem(0)
         if comm.Get_rank() == 1:
             ds.data[...] = np.nan
         return run(comm, "ADAMW", dataset=ds)
 
-    out = run_ranks(2, on_rank)
-    assert isinstance(out[1][1], FloatingPointError)
-    assert isinstance(out[0][1], distributed.RankFailed)
-    assert "FloatingPointError" in str(out[0][1])
+    for _, e in run_ranks(2, on_rank):
+        assert isinstance(e, ValueError) and "ranks disagree" in str(e), repr(e)
+        assert "every rank must hold the same dataset" in str(e)
 
 
 def test_a_failing_callback_on_rank0_stops_every_rank():

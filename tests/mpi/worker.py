@@ -129,10 +129,14 @@ def main(scenario, out, *args):
             comm.Get_size())))
         save(out, kind=kind, msg=msg)
     elif scenario == "fail-training":
+        # each rank its own part (a whole dataset of other rows is refused at the start)
         _, ds = make_problem(0)
+        n = ds.ndata // comm.Get_size()
+        rows = slice(comm.Get_rank() * n, (comm.Get_rank() + 1) * n)
+        part = go.Dataset.from_arrays(ds.data[rows], ds.labels[rows], ndata_shard=2)
         if comm.Get_rank() == 1:
-            ds.data[200:] = np.nan  # a NaN loss on rank 1 in the middle of the epoch
-        kind, msg = outcome(lambda: run(comm, "ADAMW", dataset=ds))
+            part.data[n // 2:] = np.nan  # a NaN loss on rank 1 in the middle of the epoch
+        kind, msg = outcome(lambda: run(comm, "ADAMW", dataset=part, dataset_is_part=True))
         save(out, kind=kind, msg=msg)
     elif scenario == "lm-masked-part":  # rank 1's part: padding rows alone
         directory = args[0]
