@@ -26,7 +26,7 @@ cimport numpy as cnp
 from libc.math cimport sqrt
 from libc.stdint cimport int64_t
 
-from ggmlopt._kernel_args cimport adamw_params, finite_float, real_number
+from ggmlopt._kernel_args cimport adamw_params, count, finite_float, real_number
 from ggmlopt._memory cimport AlignedBuffer
 from ggmlopt.kernels cimport adamw_step_f32, fill_f32, scale_f32, sgd_step_f32, sumsq_f32
 
@@ -35,16 +35,6 @@ cnp.import_array()
 _ADAMW_STATE = ("m", "v")
 # the most bytes an arena holds (as the dataset's shards): sizes past it wrap
 _MAX_BYTES = 1 << 62
-
-
-def _count_arg(value, str name):
-    """value as a Python int >= 0 (not a bool or a float): TypeError or ValueError
-    naming name."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name}: expected >= 0, got {value}")
-    return int(value)
 
 
 cdef class ParamArena:
@@ -61,7 +51,7 @@ cdef class ParamArena:
 
     def __cinit__(self, size, bint momenta=False, min_section=0,
                   state=None, bint grads=True):
-        size, min_section = _count_arg(size, "size"), _count_arg(min_section, "min_section")
+        size, min_section = count(size, "size"), count(min_section, "min_section")
         if size < 1:
             raise ValueError(f"size: expected at least 1 parameter element, got {size}")
         if state is None:
@@ -157,12 +147,12 @@ cdef class ParamArena:
         """A writable float32 view of `shape` starting at element `start` of the
         section `which` ('weights', 'grads', or one of state_names); it keeps the
         arena's memory alive."""
-        start = _count_arg(start, "start")
-        count = 1   # Python ints: no product or sum wraps
+        start = count(start, "start")
+        elements = 1   # Python ints: no product or sum wraps
         for d in shape:
-            count *= _count_arg(d, "shape")
-        if start + count > self.size:
-            raise ValueError(f"elements [{start}, {start + count}) lie outside the "
+            elements *= count(d, "shape")
+        if start + elements > self.size:
+            raise ValueError(f"elements [{start}, {start + elements}) lie outside the "
                              f"arena's {self.size} parameter elements")
         cdef int64_t offset = self._offset(which) + <int64_t>start * sizeof(float)
         return self._buf.view(np.float32, shape, offset)

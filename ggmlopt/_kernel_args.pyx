@@ -58,6 +58,16 @@ cdef outputs_apart(list inputs, list outputs):
             no_overlap([inp, out])
 
 
+cdef object count(object value, str name):
+    """value as a Python int >= 0 (not a bool or a float): TypeError or ValueError
+    naming name."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name}: expected >= 0, got {value}")
+    return int(value)
+
+
 cdef double real_number(object x, str name) except? -1:
     """x as a double; TypeError for anything that is not a real number (strings too,
     which float() would parse)."""

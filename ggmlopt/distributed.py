@@ -112,6 +112,7 @@ import numpy as np
 
 from . import _global_pred, kernels
 from ._buckets import DEFAULT_BUCKET_CAP_MB, GradientBuckets, check_bucket_cap_mb
+from ._crc import crc32_bytes
 from .batch_plan import BatchPlan
 from .optim_params import BuildType
 from .result import Result
@@ -575,7 +576,6 @@ class Distributed:
         kept = self._data_digests.get(id(dataset))
         if kept is not None:
             return kept[1]
-        from .checkpoint import crc32_bytes
         value = crc32_bytes(np.ascontiguousarray(dataset.data).reshape(-1).view(np.uint8))
         labels = dataset.labels
         if labels is not None:
