@@ -380,8 +380,8 @@ typedef struct ggmlopt_kernel_table {
                               int64_t x_stride, const uint8_t *w, int64_t row_bytes, int64_t j0,
                               int64_t j1, float *y, int64_t y_stride);
     /* dot(x rounded to Q8_0 blocks, weight rows [j0, j1)) of a weight whose
-     * go_qtype_q8_form is GO_Q8_0 (xsum: each block's sum of quants, read
-     * for Q4_1 and Q5_1; 0 returned for another type) */
+     * go_qtype_q8_form is GO_Q8_0 (xsum: each block's Q8_1 s = f16(d * its sum
+     * of quants), read for Q4_1 and Q5_1; 0 returned for another type) */
     int (*quant_dot_q8_rows)(int type, int64_t ncols, const int8_t *xqs, const float *xd,
                              const float *xsum, const uint8_t *w, int64_t row_bytes, int64_t j0,
                              int64_t j1, float *y);

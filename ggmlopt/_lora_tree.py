@@ -72,6 +72,10 @@ def layers_of(model, kinds, *, sort=True):
         for child_name, child in _children(parent):
             if isinstance(child, kinds):
                 found.append((prefix + child_name, parent, child_name, child))
+            elif isinstance(child, Checkpoint) and isinstance(child.module, kinds):
+                # Checkpoint(Linear): the layer under the wrapper's name, put back
+                # into the wrapper
+                found.append((prefix + child_name, child, WRAPPED, child.module))
     seen, unique = set(), []
     for entry in found:
         if id(entry[3]) not in seen:
@@ -107,11 +111,19 @@ def order_in(model, entries):
     return lambda entry: keys[id(entry[3])]
 
 
+# layers_of's key of a layer a Checkpoint wraps itself (Checkpoint(Linear))
+WRAPPED = "<wrapped>"
+
+
 def replace_layer(parent, key: str, new) -> None:
     """Put new where parent's child named key (``attr`` or ``attr.i``; a
     Sequential's ``i``) was.  parent may be a Checkpoint, which lists its
-    module's children as its own: the layer goes into that module.  TypeError
+    module's children as its own: the layer goes into that module, or, with
+    key WRAPPED, becomes the module the Checkpoint wraps.  TypeError
     (parent as it was) where the tree would not then list new under key."""
+    if key == WRAPPED and isinstance(parent, Checkpoint):
+        parent.module = new
+        return
     holder = parent
     while isinstance(holder, Checkpoint):
         holder = holder.module

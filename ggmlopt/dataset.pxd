@@ -36,6 +36,7 @@ cdef class Dataset:
     cdef char *_data
     cdef char *_labels
     cdef int64_t *_perm
+    cdef object __weakref__           # MPI ranks keep digests of datasets, not the datasets
     cdef readonly int64_t ndata
     """Number of datapoints (int; ggml_opt_dataset_ndata); also len(dataset)."""
     cdef readonly int64_t ndata_shard

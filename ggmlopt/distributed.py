@@ -107,12 +107,13 @@ import hashlib
 import math
 import os
 import time
+import weakref
 
 import numpy as np
 
 from . import _global_pred, kernels
 from ._buckets import DEFAULT_BUCKET_CAP_MB, GradientBuckets, check_bucket_cap_mb
-from ._crc import crc32_bytes
+from ._crc import crc32_bytes, sampled_crc32
 from .batch_plan import BatchPlan
 from .optim_params import BuildType
 from .result import Result
@@ -174,9 +175,10 @@ class Distributed:
             bucket_cap_mb = _check_arguments(bucket_cap_mb, shard_optimizer)
         self.shard = shard_optimizer
         self.parts = False  # fit(dataset_is_part=True): each rank's dataset is its own part
-        # id -> (dataset, digest of its bytes) of the last whole datasets epochs ran
-        # over (training and validation): read once, not at every epoch (the
-        # reference keeps an id from being reused)
+        # id -> (weak reference to a dataset, sampled CRC, digest of all its bytes)
+        # of the whole datasets epochs ran over (training and validation): read
+        # whole again only when the sample changed (a CRC of mnist's 188 MB takes
+        # a tenth of an epoch); an entry goes with its dataset
         self._data_digests = {}
         # filled by attach()
         self.evals_per_step = None
@@ -571,18 +573,30 @@ class Distributed:
         return nbatches, ibatch_split
 
     def _digest_of(self, dataset):
-        """A digest of dataset's data and labels (every byte), kept for the next
-        epochs over the same dataset."""
-        kept = self._data_digests.get(id(dataset))
-        if kept is not None:
-            return kept[1]
-        value = crc32_bytes(np.ascontiguousarray(dataset.data).reshape(-1).view(np.uint8))
-        labels = dataset.labels
-        if labels is not None:
-            value = crc32_bytes(np.ascontiguousarray(labels).reshape(-1).view(np.uint8), value)
-        if len(self._data_digests) >= 4:
-            self._data_digests.pop(next(iter(self._data_digests)))
-        self._data_digests[id(dataset)] = (dataset, f"{value:08x}")
+        """A digest of dataset's data and labels (every byte), read again only
+        when a sample of its bytes changed since the last epoch over it: a
+        dataset refilled in place (a loader reusing one buffer) is read again;
+        a change of a few bytes between epochs may go unseen."""
+        arrays = [np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+                  for a in (dataset.data, dataset.labels) if a is not None]
+        sample = 0
+        for raw in arrays:
+            sample = sampled_crc32(raw, sample)
+        key = id(dataset)
+        kept = self._data_digests.get(key)
+        if kept is not None and kept[0]() is dataset and kept[1] == sample:
+            return kept[2]
+        value = 0
+        for raw in arrays:
+            value = crc32_bytes(raw, value)
+        digests = self._data_digests
+
+        def forget(ref, key=key):
+            # the dataset is gone: its entry with it (no dataset is kept alive)
+            if digests.get(key, (None,))[0] is ref:
+                del digests[key]
+
+        digests[key] = (weakref.ref(dataset, forget), sample, f"{value:08x}")
         return f"{value:08x}"
 
     def _local_period(self, ctx):
@@ -632,10 +646,11 @@ def _frozen_token(ctx, model=None):
         return ""
     digest = hashlib.blake2b(digest_size=8)
     for p in frozen:
-        digest.update(memoryview(np.ascontiguousarray(p.data)).cast("B"))   # no copy
+        # flat first: a shape with a zero in it does not cast (no copy either way)
+        digest.update(memoryview(np.ascontiguousarray(p.data).reshape(-1)).cast("B"))
     for name, layer in kept:
         digest.update(f"{name} {layer.qtype}".encode())
-        digest.update(memoryview(np.ascontiguousarray(layer.qweight)).cast("B"))
+        digest.update(memoryview(np.ascontiguousarray(layer.qweight).reshape(-1)).cast("B"))
     mask = "".join("t" if t else "f" for t in ctx.trainable_mask)
     # the whole mask (its first 48 positions let ranks freeze others further on)
     mask_digest = hashlib.blake2b(mask.encode(), digest_size=8).hexdigest()

@@ -144,7 +144,8 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         add_eos = _added(bool(after), says_none, config.get("add_eos_token"))
         # nothing to append without an eos
         self.add_eos = add_eos_flag(add_eos and self.eos_id is not None, self.eos_id)
-        _warn_config_only_specials(self.path, add_bos and not before and not adopted,
+        _warn_config_only_specials(self.path, add_bos and not before and not adopted
+                                   and self.bos_id is not None,
                                    self.add_eos and not after)
         # what transformers' decode(skip_special_tokens=True) leaves out: the added
         # special tokens and every token the config names (an eos that is a word too)

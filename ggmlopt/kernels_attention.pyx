@@ -132,6 +132,8 @@ cdef tuple _qkv_shapes(object q, object k, object v):
         raise ValueError(f"v: expected shape {ks} like k, got {(<object>av).shape}")
     if ks[2] < 1:
         raise ValueError(f"k: expected at least one kv head, got shape {ks}")
+    if hq < 1:
+        raise ValueError(f"q: expected at least one head, got shape {(b, t, hq, d)}")
     if hq % ks[2] != 0:
         raise ValueError(f"k: n_heads {hq} is not a multiple of n_kv_heads {ks[2]}")
     if d < 1:
@@ -447,6 +449,8 @@ def attention_decode(q, cache_k, cache_v, length, out=None, start=0, softcap=Non
         raise ValueError(f"cache_v: expected the shape of cache_k {(<object>ak).shape}, got "
                          f"{(<object>av).shape}")
     max_len, nkv = (<object>ak).shape[1], (<object>ak).shape[2]
+    if nh < 1:
+        raise ValueError(f"q: expected at least one head, got shape {(<object>aq).shape}")
     if nkv < 1 or nh % nkv != 0:
         raise ValueError(f"q: {nh} heads are not a multiple of the cache's {nkv} kv heads")
     if d < 1:

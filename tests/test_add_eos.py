@@ -131,6 +131,22 @@ def test_a_hugging_face_tokenizer_adds_the_eos_where_the_converter_would(tmp_pat
     assert bool(document_ids(tok, "hi")[-1] == eos) is want
 
 
+def test_no_warning_of_a_bos_the_tokenizer_does_not_have(tmp_path):
+    # add_bos_token: true with no bos_token: nothing is added, so nothing to warn of
+    pytest.importorskip("tokenizers")
+    from ggmlopt.hf_tokenizer import load_hf_tokenizer
+    _hf_checkpoint(tmp_path / "c", eos_in_post_processor=False, config_says=None)
+    config = json.loads((tmp_path / "c" / "tokenizer_config.json").read_text())
+    config["add_bos_token"] = True
+    (tmp_path / "c" / "tokenizer_config.json").write_text(json.dumps(config))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tok = load_hf_tokenizer(tmp_path / "c")
+    assert tok.bos_id is None
+    assert not [w for w in caught if "post-processor does not add" in str(w.message)]
+    assert document_ids(tok, "hi")[0] == tok.token_to_id("h")
+
+
 def test_hugging_face_files_written_for_an_add_eos_vocabulary_append_it(tmp_path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")

@@ -2,9 +2,11 @@
 2, 3 ranks against one process, sharded optimizer state, resume across rank
 counts, failures on one rank, the API's checks.  tests/mpi/ runs the same under
 mpiexec."""
+import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -307,6 +309,72 @@ def test_a_whole_dataset_of_other_bytes_on_one_rank_is_refused_before_training()
     for _, e in run_ranks(2, on_rank):
         assert isinstance(e, ValueError) and "ranks disagree" in str(e), repr(e)
         assert "every rank must hold the same dataset" in str(e)
+
+
+def test_a_dataset_refilled_in_place_on_one_rank_is_refused_at_the_next_epoch():
+    # a loader that reuses one Dataset's buffer for the next chunk: the ranks read
+    # its bytes again when they changed, not only the first time they see it
+    def on_rank(comm):
+        model, ds = make_problem(0)
+        ctx = go.OptContext(model, batch_size=10, ne_datapoint=ds.data.shape[1],
+                            loss_type=go.LossType.CROSS_ENTROPY, opt_period=6, comm=comm)
+        go.epoch(ctx, ds)
+        if comm.Get_rank() == 1:
+            ds.data[...] = np.random.default_rng(9).standard_normal(ds.data.shape)
+        before = np.concatenate([p.data.ravel() for p in ctx.parameters()])
+        try:
+            go.epoch(ctx, ds)
+        except ValueError:
+            after = np.concatenate([p.data.ravel() for p in ctx.parameters()])
+            assert np.array_equal(before, after)   # refused before any step
+            raise
+
+    for _, e in run_ranks(2, on_rank):
+        assert isinstance(e, ValueError) and "ranks disagree" in str(e), repr(e)
+
+
+def test_the_ranks_keep_no_dataset_alive():
+    def on_rank(comm):
+        model, ds = make_problem(0)
+        ctx = go.OptContext(model, batch_size=10, ne_datapoint=ds.data.shape[1],
+                            loss_type=go.LossType.CROSS_ENTROPY, opt_period=6, comm=comm)
+        refs = []
+        for _ in range(3):
+            chunk = go.Dataset.from_arrays(ds.data.copy(), ds.labels.copy(), ndata_shard=2)
+            go.epoch(ctx, chunk)
+            refs.append(weakref.ref(chunk))
+            del chunk
+        gc.collect()
+        return [r() is None for r in refs], len(ctx.distributed._data_digests)
+
+    for out, e in run_ranks(2, on_rank):
+        assert e is None, repr(e)
+        assert out == ([True, True, True], 0)
+
+
+def test_a_frozen_parameter_with_no_elements_over_ranks():
+    # the ranks hash their frozen parameters: one of shape (0, 4) has no bytes
+    class WithEmpty(go.nn.Module):
+        def __init__(self):
+            self.inner = go.nn.Linear(13, 3, rng=0)
+            self.empty = go.nn.Parameter(np.zeros((0, 4), np.float32))
+            self.empty.requires_grad = False
+
+        def forward(self, x):
+            return self.inner.forward(x)
+
+        def backward(self, g):
+            return self.inner.backward(g)
+
+    def on_rank(comm):
+        model = WithEmpty()
+        ctx = go.OptContext(model, batch_size=10, ne_datapoint=13,
+                            loss_type=go.LossType.CROSS_ENTROPY, opt_period=6, comm=comm)
+        return distributed._frozen_token(ctx, model)
+
+    tokens = run_ranks(2, on_rank)
+    assert [e for _, e in tokens] == [None, None]
+    assert tokens[0][0] == tokens[1][0] and tokens[0][0].startswith("frozen ")
 
 
 def test_a_failing_callback_on_rank0_stops_every_rank():

@@ -90,6 +90,16 @@ def test_attention_with_keys_of_no_head_is_a_value_error():
         ka.attention_forward(q, k, v)
 
 
+def test_attention_of_no_query_head_names_q():
+    # an empty product the kernel refuses: named, not "the kernel refused (code -1)"
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="q: expected at least one head"):
+        ka.attention_forward(q[:, :, :0], k, v)
+    cache = np.zeros((1, 4, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="q: expected at least one head"):
+        ka.attention_decode(np.zeros((1, 0, 8), np.float32), cache, cache, 3)
+
+
 @pytest.mark.parametrize("raw", [np.array([[1], [2]], dtype=object),
                                  np.ones((1, 4), ">f2"), np.ones((1, 4), np.complex64)])
 def test_quantized_bytes_of_another_kind_or_byte_order_are_refused(raw):

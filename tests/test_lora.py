@@ -887,3 +887,34 @@ def test_apply_and_merge_reach_the_layers_inside_a_checkpoint_wrapper():
     again, inner = model(True)
     assert [n for n, _ in lora.apply(again, rank=2, targets=("0.0",))] == ["0.0"]
     assert isinstance(inner.layers[0], LoRALinear)
+
+
+def test_a_checkpoint_wrapping_a_linear_itself():
+    # Checkpoint(Linear): the wrapper adds no level to the names, so the Linear's
+    # weight is "0.weight" (named_parameters lost it), and apply adapts the Linear
+    # inside the wrapper (all-linear skipped it) and merge puts it back
+    from ggmlopt.nn import Checkpoint
+    from ggmlopt.nn.lora_layers import LoRALinear
+
+    def model():
+        return Sequential(Checkpoint(Linear(8, 16, rng=1)), ReLU(), Linear(16, 8, rng=2))
+
+    plain = Sequential(Linear(8, 16, rng=1), ReLU(), Linear(16, 8, rng=2))
+    wrapped = model()
+    assert [n for n, _ in wrapped.named_parameters()] == \
+        ["0.weight", "0.bias", "2.weight", "2.bias"]
+    for m in (plain, wrapped):
+        lora.apply(m, rank=2, targets="all-linear", seed=0)
+    assert isinstance(wrapped.layers[0], Checkpoint)
+    assert isinstance(wrapped.layers[0].module, LoRALinear)
+    assert [n for n, p in wrapped.named_parameters() if p.requires_grad] == \
+        ["0.lora_a", "0.lora_b", "2.lora_a", "2.lora_b"]
+    for m in (plain, wrapped):
+        for _, layer in lora.named_adapters(m):
+            layer.lora_b.data[...] = np.random.default_rng(4).normal(0, 0.3, layer.lora_b.shape)
+    x = np.random.default_rng(5).normal(size=(3, 8)).astype(np.float32)
+    np.testing.assert_array_equal(wrapped(x), plain(x))
+    lora.merge(wrapped)
+    assert type(wrapped.layers[0].module) is Linear and lora.named_adapters(wrapped) == []
+    np.testing.assert_allclose(wrapped(x), plain(x), rtol=1e-5, atol=1e-6)
+    assert [n for n, _ in lora.apply(model(), rank=2, targets=("0",))] == ["0"]

@@ -387,6 +387,10 @@ def eval_mode(model):
 
 
 def _direct_parameters(obj) -> Iterator[tuple[str, Parameter]]:
+    # a wrapper that adds no level to the names (nn.Checkpoint) holds its
+    # module's parameters as its own: Checkpoint(Linear) has a weight
+    while getattr(type(obj), "wraps_transparently", False):
+        obj = obj.module
     for name, value in vars(obj).items():
         if name.startswith("_"):
             continue

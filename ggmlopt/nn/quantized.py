@@ -130,9 +130,10 @@ def set_activations(model, activations) -> int:
     127 / amax, to the nearest integer with ties to even: activations on a
     quantized grid, a Q4_0 embedding's rows, sit on half-steps often, where
     ggml's scalar reference and gguf-py round away from zero; Q4_1 and Q5_1
-    also take each block's s = f16(d * its sum of quants), llama.cpp's Q8_1),
-    and the types of 256-value super-blocks (Q2_K to Q6_K, IQ4_XS)
-    activations rounded to Q8_K blocks of 256, exactly as ggml's
+    also take each block's s = f16(d * its sum of quants), llama.cpp's Q8_1,
+    which overflows to inf as llama.cpp's does past 65504: a block of 32
+    activations near 2,000), and the types of 256-value super-blocks (Q2_K
+    to Q6_K, IQ4_XS) activations rounded to Q8_K blocks of 256, exactly as ggml's
     quantize_row_q8_K_ref rounds them, each super-block's products summed in
     integers.  Returns how many layers multiply in integers now."""
     # any case, as save_gguf's dtype and QuantizedLinear's qtype take a type's name

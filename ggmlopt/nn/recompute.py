@@ -124,6 +124,9 @@ class Checkpoint(Module):
     Parameters keep module's names (the wrapper adds no level).
     """
 
+    # the walks of the tree see module's parameters and children as the wrapper's
+    wraps_transparently = True
+
     def __init__(self, module):
         for method in ("forward", "backward"):
             if not callable(getattr(module, method, None)):
