@@ -405,12 +405,42 @@ def test_embedding_layers_peft_saves_beside_an_adapter(tmp_path, tie, modules_to
     tokens = np.random.default_rng(3).integers(0, 67, (2, 12))
     want = theirs.eval()(torch.tensor(tokens)).logits.detach().numpy()
     ours = load_hf(tmp_path / "base")
-    load_peft(tmp_path / "adapter", ours)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_peft(tmp_path / "adapter", ours)
     np.testing.assert_allclose(ours.forward(tokens), want, rtol=0,
                                atol=1e-4 * np.abs(want).max())
     theirs_count = sum(p.numel() for n, p in theirs.named_parameters()
                        if p.requires_grad and "original_module" not in n)
     assert lora.trainable_parameters(ours)[0] == theirs_count
+    # the saved base copies differ from the model's (moved above): their loading,
+    # which changes the model's base, is said, naming them
+    said = [str(w.message) for w in caught if "replace them" in str(w.message)]
+    assert len(said) == 1
+    moved = {"embed_tokens.weight"} if modules_to_save is None else set()
+    moved |= set() if tie else {"lm_head.weight"}
+    assert {n for n in ("embed_tokens.weight", "lm_head.weight") if n in said[0]} == moved
+
+
+def test_base_copies_equal_to_the_model_s_load_without_a_word(tmp_path):
+    # PEFT saves the embedding beside an embedding adapter: the model's own weight
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from ggmlopt.io import load_hf, load_peft, save_hf
+    save_hf(FAMILIES["llama"][0](), tmp_path / "base")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    made = peft.get_peft_model(hf, peft.LoraConfig(r=4, target_modules=["q_proj",
+                                                                        "embed_tokens"]))
+    made.save_pretrained(tmp_path / "adapter", save_embedding_layers=True)
+    ours = load_hf(tmp_path / "base")
+    before = ours.embed_tokens.weight.data.copy()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_peft(tmp_path / "adapter", ours)
+    assert not [w for w in caught if "replace them" in str(w.message)]
+    np.testing.assert_array_equal(dict(ours.named_parameters())["embed_tokens.weight"].data,
+                                  before)
 
 
 @pytest.mark.parametrize("entry", ["mlp", "layers.1.mlp", "model.layers.0.mlp"])

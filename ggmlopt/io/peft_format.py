@@ -1,7 +1,9 @@
 """LoRA adapters as Hugging Face PEFT saves them: a directory with
 ``adapter_config.json`` and ``adapter_model.safetensors``, which
 ``peft.PeftModel.from_pretrained`` puts on the transformers model of the same
-checkpoint (and llama.cpp's ``convert_lora_to_gguf.py`` converts).
+checkpoint (and llama.cpp's ``convert_lora_to_gguf.py`` converts, except
+GPT-2's, whose Conv1D pairs it writes transposed: ``save_gguf_lora`` writes
+those).
 
     lora.apply(model, rank=8)  ... fit ...
     ggmlopt.io.save_peft(model, "adapter/")     # PeftModel.from_pretrained(hf, "adapter/")
@@ -320,6 +322,30 @@ def _kept_layers(model) -> dict:
     return dict(quantized_layers(model))
 
 
+def _warn_base_copies_that_differ(params, bases, transposed, path: str) -> None:
+    """PEFT saves the base weights of an adapted embedding and head beside the
+    adapter and loads them over the model's, as load_peft does.  Where a copy
+    differs from the float32 weight the model holds (rounded by a bf16 run, or
+    saved over another checkpoint) the model's base changes: said, since an
+    adapter written from it (save_gguf_lora) then fits this base, not the
+    original file's."""
+    moved = []
+    for name, value in bases.items():
+        p = params.get(name)
+        if p is None:
+            continue
+        given = value.T if id(p) in transposed else value
+        if given.shape == p.data.shape and not np.array_equal(given, p.data):
+            worst = float(np.max(np.abs(np.asarray(given, np.float32) - p.data)))
+            moved.append(f"{name} (by up to {worst:.3g})")
+    if moved:
+        warnings.warn(f"{path}: the base weights saved with the adapter differ from the "
+                      f"model's and replace them, as PEFT loads them: {', '.join(moved[:5])}; "
+                      "the model's base is no longer its file's (an adapter written with "
+                      "save_gguf_lora then fits this base, not the file it came from)",
+                      stacklevel=3)
+
+
 def _check_kept_base(layer, name: str, value: np.ndarray, path: str) -> None:
     """PEFT saves a base weight with an adapter (an adapted embedding's, the
     embedding and head after a resize); a base kept in its file's type cannot
@@ -546,6 +572,7 @@ def load_peft(directory, model, *, dropout: float | None = None
         adapter.lora_a.data[...] = a.T
         adapter.lora_b.data[...] = b.T
         replace_layer(parent, key, adapter)
+    _warn_base_copies_that_differ(params, bases, transposed, path)
     for name, value in {**whole, **bases}.items():
         p = params[name]
         p.data[...] = value.T if id(p) in transposed else value
