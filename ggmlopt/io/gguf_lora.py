@@ -15,6 +15,7 @@ the base model's weights are.
 """
 from __future__ import annotations
 
+import collections
 import warnings
 
 import numpy as np
@@ -87,7 +88,7 @@ def check_writable(model) -> None:
     """ValueError where save_gguf_lora could not write model's adapters as a file
     llama.cpp applies to reproduce the model (what a command checks before it
     trains, not after): no adapters, one on a tied embedding, other trainable
-    parameters, several alphas, a layer llama.cpp has no tensor for, a config
+    parameters, a layer llama.cpp has no tensor for, a config
     llama.cpp's architecture cannot hold (what save_gguf refuses)."""
     adapters = named_adapters(model)
     if not adapters:
@@ -116,13 +117,20 @@ def check_writable(model) -> None:
                          "(requires_grad=False; lora.apply does unless named in trainable=), "
                          "or fold the adapters in with ggmlopt.lora.merge(model) and write "
                          "the whole model with save_gguf")
-    alphas = sorted({layer.alpha for _, layer in adapters})
-    if len(alphas) > 1:
-        raise ValueError(f"model: its adapters have different alphas {alphas}; a llama.cpp "
-                         "adapter file holds one")
     for name, _ in adapters:
         _weight_name(name, _arch(model))
     _check_architecture(model)
+
+
+def _file_alpha(adapters) -> float:
+    """The alpha an adapter file holds (llama.cpp reads one per file): the one
+    most adapters have (PEFT's alpha beside an alpha_pattern; rsLoRA's alpha
+    times the square root of each rank where the ranks differ), the first of
+    them in the model's order on a tie; an adapter of another alpha is written
+    with its B scaled by its alpha over this one, which computes the same."""
+    counts = collections.Counter(float(layer.alpha) for _, layer in adapters)
+    most = max(counts.values())
+    return next(a for a in (float(layer.alpha) for _, layer in adapters) if counts[a] == most)
 
 
 def _check_architecture(model) -> None:
@@ -151,12 +159,14 @@ def save_gguf_lora(model, path) -> None:
     Tensors: ``blk.N.<weight>.lora_a`` float32 (rank, in) and ``.lora_b``
     float32 (out, rank) per adapter (torch's layout, A and B transposed from
     ggmlopt's), the rows of q_proj's and k_proj's B permuted as llama.cpp's
-    Q/K weights are; keys ``adapter.lora.alpha`` (float32, one for the file).
+    Q/K weights are; keys ``adapter.lora.alpha`` (float32, one for the file:
+    file_alpha; an adapter of another alpha, of a PEFT alpha_pattern or an
+    rsLoRA rank_pattern, has its B scaled by its alpha over the file's, so
+    llama.cpp computes the same; load_gguf_lora reads it back as that).
 
     Raises TypeError for a model that is neither; ValueError when it has no
     adapters, when anything else in it is trainable (the file would not hold
-    it), when they have different alphas (llama.cpp reads one per file), when
-    one sits on a layer llama.cpp has no tensor for, or when llama.cpp's
+    it), when one sits on a layer llama.cpp has no tensor for, or when llama.cpp's
     architecture cannot hold the model's config (what save_gguf refuses: a
     Mistral's sliding window, a rope scaling it has no form of...; warned
     about where save_gguf warns).
@@ -165,11 +175,16 @@ def save_gguf_lora(model, path) -> None:
     path = output_path(path)
     check_writable(model)
     adapters = named_adapters(model)
+    alpha = _file_alpha(adapters)
     tensors = []
     for name, layer in adapters:
         base = _weight_name(name, _arch(model))
         a = np.ascontiguousarray(layer.lora_a.data.T)              # (rank, in)
         b = np.ascontiguousarray(layer.lora_b.data.T)              # (out, rank)
+        if layer.alpha != alpha:
+            # llama.cpp scales every layer by the file's alpha over its rank: this
+            # layer's own alpha goes into its B
+            b = (b * (np.float64(layer.alpha) / alpha)).astype(np.float32)
         heads = _qk_heads(name, config)
         if heads is not None:
             b = permute_qk(b, heads)
@@ -184,7 +199,7 @@ def save_gguf_lora(model, path) -> None:
         try:
             writer.add_string("general.type", "adapter")
             writer.add_string("adapter.type", "lora")
-            writer.add_float32("adapter.lora.alpha", float(adapters[0][1].alpha))
+            writer.add_float32("adapter.lora.alpha", alpha)
             for tname, array in tensors:
                 writer.add_tensor(tname, array)
             writer.write_header_to_file()

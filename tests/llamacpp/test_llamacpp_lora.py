@@ -63,6 +63,28 @@ def test_llama_cpp_with_our_adapter_gives_ourlogits_of(tmp_path, targets, tied):
     assert np.abs(without - ours).max() > 1e-2 * scale   # the adapter is applied
 
 
+def test_llama_cpp_with_adapters_of_several_ranks_and_alphas(tmp_path):
+    # rsLoRA over a rank_pattern and an alpha_pattern: one alpha in the file, the
+    # others folded into their B, which llama.cpp computes as the model does
+    model = Llama(_config(), seed=3)
+    base = tmp_path / "base.gguf"
+    save_gguf(model, base, tokenizer=TOK)
+    lora.apply(model, config={"r": 4, "lora_alpha": 8, "use_rslora": True,
+                              "target_modules": list(ALL),
+                              "rank_pattern": {"layers.1.mlp.down_proj": 2, "o_proj": 6},
+                              "alpha_pattern": {"layers.0.self_attn.v_proj": 3}}, seed=1)
+    rng = np.random.default_rng(2)
+    for _, layer in lora.named_adapters(model):
+        layer.lora_b.data[...] = rng.normal(0, 0.05, layer.lora_b.shape)
+    assert len({layer.alpha for _, layer in lora.named_adapters(model)}) > 2
+    adapter = tmp_path / "adapter.gguf"
+    save_gguf_lora(model, adapter)
+    ids = TOK.encode("rank and alpha patterns, applied by llama.cpp")[:64]
+    ours = model(ids[None])[0].astype(np.float64)
+    theirs = logits_of(open_llama(base, adapter), ids)
+    assert np.abs(theirs - ours).max() <= 1e-4 * np.abs(ours).max()
+
+
 def test_a_lora_fine_tune_lowers_llama_cpp_perplexity(tmp_path):
     text = go.corpora.python_docstrings(min_bytes=8000)
     ids = TOK.encode(text)[:192 * N_CTX + N_CTX + 1]     # 192 windows: 12 batches of 16
