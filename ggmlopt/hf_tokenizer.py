@@ -173,12 +173,14 @@ class HFTokenizer(_FlagLock, _ChatTemplated):
         self._clean_up = bool(config.get("clean_up_tokenization_spaces", False)) \
             and type(self._tk.model).__name__ != "BPE"
         template = config.get("chat_template")
+        named = {}
         if isinstance(template, list):   # named templates: transformers' default is "default"
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default")
-            self.named_chat_templates = {k: v for k, v in named.items()
-                                         if isinstance(k, str) and isinstance(v, str) and v}
+        # the template first: assigning it clears the named ones
         self.chat_template = template if isinstance(template, str) else None
+        self.named_chat_templates = {k: v for k, v in named.items()
+                                     if isinstance(k, str) and isinstance(v, str) and v}
 
     def _post_processor_parts(self) -> tuple[list[int], list[int]]:
         """The ids the tokenizer.json's post-processor puts before and after a text."""

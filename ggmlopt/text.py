@@ -85,8 +85,20 @@ class _ChatTemplated:
     None), ``named_chat_templates`` (the checkpoint's other templates by name:
     ``tool_use``, ``rag``) and ``special_tokens_map``."""
 
-    chat_template: str | None = None
     named_chat_templates: dict[str, str] = {}   # noqa: RUF012 (replaced, never mutated)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja chat template apply_chat_template renders (None: none).
+        Assigning one replaces the checkpoint's named templates too (its
+        ``tool_use``), as assigning transformers' ``chat_template`` does: the
+        template given renders with tools as well."""
+        return self.__dict__.get("_chat_template")
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:
+        self.__dict__["_chat_template"] = template
+        self.named_chat_templates = {}
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
@@ -98,15 +110,19 @@ class _ChatTemplated:
         """text as token ids (each tokenizer defines it)."""
         raise NotImplementedError
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = False,
+    def apply_chat_template(self, messages, tools=None, documents=None, chat_template=None,
+                            add_generation_prompt: bool = False,
+                            continue_final_message: bool | str = False,
                             tokenize: bool = True, **kwargs):
         """messages rendered by this tokenizer's chat template as transformers'
         ``apply_chat_template`` renders them: the text (tokenize=False) or its
         int32 ids (special tokens written by the template become their ids; no
-        BOS is added beyond what the template writes).  kwargs: further template
-        variables (with ``tools``, a checkpoint's ``tool_use`` template renders
-        where it has one, as transformers picks it; ``chat_template``: one of the
-        named templates, or a template's source, as transformers takes it).
+        BOS is added beyond what the template writes).  The arguments are
+        transformers', in its order: tools (a checkpoint's ``tool_use``
+        template renders them where it has one, as transformers picks it),
+        documents, chat_template (one of the named templates, or a template's
+        source), add_generation_prompt, continue_final_message, tokenize;
+        kwargs: further template variables.
         ValueError when the tokenizer has no chat_template or messages is empty (as
         transformers refuses it); the ``chat`` extra (jinja2) renders it.
         transformers' tokenizer options that change what comes back
@@ -118,8 +134,13 @@ class _ChatTemplated:
         if isinstance(messages, (list, tuple)) and not messages:
             raise ValueError("messages: an empty conversation (give at least one message)")
         _refuse_tokenizer_options(kwargs)
-        template = self.compiled_chat_template(tools=kwargs.get("tools"),
-                                               chat_template=kwargs.pop("chat_template", None))
+        # transformers' arguments in transformers' order (tools second), passed on
+        # to the template as it passes them
+        for name, value, unset in (("tools", tools, None), ("documents", documents, None),
+                                   ("continue_final_message", continue_final_message, False)):
+            if value is not unset:
+                kwargs[name] = value
+        template = self.compiled_chat_template(tools=tools, chat_template=chat_template)
         text = template.render(messages, add_generation_prompt, **kwargs)
         return self.encode(text, parse_special=True) if tokenize else text
 
@@ -138,13 +159,16 @@ class _ChatTemplated:
         if not source:
             raise ValueError(f"tokenizer: {self!r} has no chat_template (give one: "
                              "tokenizer.chat_template = '...jinja...')")
+        # the special tokens as they are now (a changed eos_id renders as its token)
+        specials = self.special_tokens_map
+        key = (source, tuple(sorted(specials.items())))
         cache = self.__dict__.setdefault("_compiled_templates", {})
-        if source not in cache:
+        if key not in cache:
             from .chat_template import ChatTemplate
             if len(cache) > 4:   # templates set and replaced by hand: keep a few
                 cache.clear()
-            cache[source] = ChatTemplate(source, special_tokens=self.special_tokens_map)
-        return cache[source]
+            cache[key] = ChatTemplate(source, special_tokens=specials)
+        return cache[key]
 
 
 # ByteTokenizer's vocabulary as its files store it: byte i is GPT-2's string of it

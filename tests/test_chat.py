@@ -994,3 +994,54 @@ def test_chat_s_default_length_stays_within_the_context():
     assert asked == [48 - prompt, 5]
     with pytest.raises(ValueError, match="max_new_tokens: .* exceed the model's max_seq_len"):
         go.chat(model, tok, messages, 256)
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "d",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+TOOLS_TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                  "{% if tools %}(tools: {{ tools | map(attribute='function.name') | join(',') }})"
+                  "{% endif %}{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_an_assigned_template_replaces_the_named_ones():
+    # as assigning transformers' chat_template: the checkpoint's tool_use template
+    # no longer renders a conversation with tools, the assigned one does
+    pytest.importorskip("jinja2")
+    tok = ByteTokenizer(chat_template="{% for m in messages %}[old]{% endfor %}")
+    tok.named_chat_templates = {"tool_use": "{% for m in messages %}[old tools]{% endfor %}"}
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False) == "[old tools]"
+    tok.chat_template = TOOLS_TEMPLATE
+    assert tok.named_chat_templates == {}
+    assert tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False) == \
+        "user: Hi\n(tools: get_weather)"
+
+
+def test_apply_chat_template_takes_transformers_positional_order():
+    # transformers' (conversation, tools, documents, chat_template,
+    # add_generation_prompt, ...): tools second was taken as add_generation_prompt
+    pytest.importorskip("jinja2")
+    tok = ByteTokenizer(chat_template=TOOLS_TEMPLATE)
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert tok.apply_chat_template(msgs, TOOLS, tokenize=False) == \
+        "user: Hi\n(tools: get_weather)"
+    assert tok.apply_chat_template(msgs, None, None, None, True, tokenize=False) == \
+        "user: Hi\nassistant:"
+
+
+def test_a_template_renders_the_special_tokens_as_they_are_now():
+    # transformers binds special_tokens_map at every call (TRL's eos_token= changes it)
+    pytest.importorskip("jinja2")
+
+    class Tok(ByteTokenizer):
+        eos = "<|endoftext|>"
+
+        @property
+        def special_tokens_map(self):
+            return {"eos_token": self.eos}
+
+    tok = Tok(chat_template="{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert tok.apply_chat_template(msgs, tokenize=False) == "Hi<|endoftext|>"
+    tok.eos = "<|im_end|>"
+    assert tok.apply_chat_template(msgs, tokenize=False) == "Hi<|im_end|>"
