@@ -676,7 +676,8 @@ def _teaches_no_stop(text: str, spans, messages, train_on: str, eog_texts) -> bo
         return False
     a, b = spans[-1]
     piece = content.strip()
-    at = text.rfind(piece, a, b) if piece else -1
+    # the first place: a short answer ("end") is in the end-of-turn token's text too
+    at = text.find(piece, a, b) if piece else -1
     after = at + len(piece) if at >= 0 else a
     return not any(e in text[after:b] or piece.endswith(e) for e in eog_texts)
 

@@ -1045,3 +1045,20 @@ def test_a_template_renders_the_special_tokens_as_they_are_now():
     assert tok.apply_chat_template(msgs, tokenize=False) == "Hi<|endoftext|>"
     tok.eos = "<|im_end|>"
     assert tok.apply_chat_template(msgs, tokenize=False) == "Hi<|im_end|>"
+
+
+@pytest.mark.parametrize("answer", ["end", "text", "Quimby."])
+def test_no_stop_warning_for_an_answer_inside_the_end_of_turn_text(answer):
+    # "end" is in "<|endoftext|>": the end-of-turn token after it was taken for
+    # the answer's own text, and a trained stop was said to be missing
+    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] }}"
+                "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\n' }}"
+                "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+                "{% endif %}")
+    pytest.importorskip("jinja2")
+    tok = ByteTokenizer(chat_template=template)
+    chat = [{"role": "user", "content": "Say a word"}, {"role": "assistant", "content": answer}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, y = go.instruct.chat_windows([chat], tok, 96)
+    assert labelled_runs(tok, y[0]) == [answer + "<|endoftext|>\n"]

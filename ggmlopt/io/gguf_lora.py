@@ -106,7 +106,9 @@ def check_writable(model) -> None:
             # embedding's adapter to the head's product too, which the model never did
             raise ValueError("model: an adapter on a token embedding tied to the output head "
                              "is not written for llama.cpp (it would apply it to the head as "
-                             "well); merge it (lora.merge) and write the model with save_gguf")
+                             "well); train without it, or merge it (lora.merge, after which "
+                             "the tied head reads the merged embedding too: other logits) and "
+                             "write the model with save_gguf")
     others = other_trainable(model)
     if others:
         # the file holds the adapters alone: llama.cpp (base + adapter) would not be the
