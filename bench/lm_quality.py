@@ -42,7 +42,13 @@ import numpy as np
 
 import ggmlopt as go
 from ggmlopt.corpora import python_docstrings
-from ggmlopt.examples.textlm import HELD_OUT, MIN_LR_FACTOR, VAL_BATCHES, make_model, windows
+from ggmlopt.examples.textlm import (
+    HELD_OUT,
+    MIN_LR_FACTOR,
+    VAL_BATCHES,
+    make_model,
+    training_windows,
+)
 from ggmlopt.text import ByteTokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -67,12 +73,12 @@ def schedule(steps):
     return go.schedules.WarmupCosine(warmup, steps, MIN_LR_FACTOR, base=base, unit="step")
 
 
-def run_ggmlopt(model, ds, steps, nval, sched, seed, precision="f32"):
+def run_ggmlopt(model, ds, steps, nval, sched, seed, precision="f32", shuffle=True):
     """fit for one epoch of steps batches, nval more validating; the History."""
     val_split = (nval - 0.25) / (steps + nval)   # rounds to exactly nval logical batches
     return go.fit(model, ds, go.LossType.CROSS_ENTROPY, sched, nepoch=1,
                   nbatch_logical=BATCH, val_split=val_split, silent=True, seed=seed,
-                  clip_grad_norm=CLIP, precision=precision)
+                  clip_grad_norm=CLIP, precision=precision, shuffle=shuffle)
 
 
 def torch_mean_batch_loss(torch, module, x, y):
@@ -171,10 +177,10 @@ def main(argv=None):
     for seed in args.seeds:
         model = make_model("llama", N_LAYERS, N_HEADS, DIM, N_CTX, seed)
         twin = torch_llama(model)            # the same initial weights
-        ds = windows(train_tokens, N_CTX, (args.steps + nval) * BATCH)
+        ds, shuffle = training_windows(train_tokens, N_CTX, args.steps * BATCH, nval * BATCH)
         sched = schedule(args.steps)
         t0 = time.perf_counter()
-        history = run_ggmlopt(model, ds, args.steps, nval, sched, seed)
+        history = run_ggmlopt(model, ds, args.steps, nval, sched, seed, shuffle=shuffle)
         t_ggmlopt = time.perf_counter() - t0
         perm = np.asarray(ds.permutation)    # ndata_shard 1: the rows in fit's order
         g_val = history[0].val_loss
@@ -183,9 +189,10 @@ def main(argv=None):
         bf16 = {}
         if args.bf16:
             model16 = make_model("llama", N_LAYERS, N_HEADS, DIM, N_CTX, seed)
-            ds16 = windows(train_tokens, N_CTX, (args.steps + nval) * BATCH)
+            ds16, _ = training_windows(train_tokens, N_CTX, args.steps * BATCH, nval * BATCH)
             t0 = time.perf_counter()
-            run_ggmlopt(model16, ds16, args.steps, nval, schedule(args.steps), seed, "bf16")
+            run_ggmlopt(model16, ds16, args.steps, nval, schedule(args.steps), seed, "bf16",
+                        shuffle)
             held16 = go.evaluate(model16, (hx, hy), go.LossType.CROSS_ENTROPY, BATCH).loss()[0]
             bf16 = {"bf16_held_out": held16, "diff_bf16_f32": held16 - g_held,
                     "bf16_seconds": time.perf_counter() - t0}

@@ -90,6 +90,26 @@ def test_windows_are_spread_and_exact():
         textlm.windows(tokens[:40], 16, 24)
 
 
+@pytest.mark.parametrize("ntrain, nval", [(24, 4), (200, 20), (40, 8)])
+def test_validation_windows_share_no_token_with_training_ones(ntrain, nval):
+    # a short text (or many steps) makes windows overlap: the validating ones then
+    # come from the text's tail and stay last, where fit's shuffle="train" keeps them
+    positions = np.arange(1000, dtype=np.int32)
+    where, shuffle = textlm.training_windows(positions, 16, ntrain, nval)
+    assert where.ndata == ntrain + nval
+    assert shuffle == (True if (1000 - 17) // (ntrain + nval) > 16 else "train")
+    ds, _ = textlm.training_windows(positions % 256, 16, ntrain, nval)   # the same layout
+    go.fit(textlm.make_model("llama", 1, 2, 16, 16, seed=0), ds, go.LossType.CROSS_ENTROPY,
+           nepoch=1, nbatch_logical=4, val_split=(nval / 4 - 0.25) / ((ntrain + nval) / 4),
+           silent=True, seed=1, shuffle=shuffle, max_steps=1)
+    order = np.asarray(ds.permutation)   # fit's order: the last nval validate
+
+    def read(rows):
+        return set(np.concatenate([where.data[rows], where.labels[rows]], axis=1).ravel())
+
+    assert not read(order[:ntrain]) & read(order[ntrain:])
+
+
 def test_sample_beyond_the_context_window():
     model = textlm.make_model("llama", 1, 2, 16, 8, seed=0)
     tok = go.text.ByteTokenizer()

@@ -27,7 +27,8 @@ Python standard library, about 1.6 MB, no download) is split as nanoGPT splits
 it: the first 90% trains, the last 10% is held out.  Each epoch trains on
 ``steps / epochs`` batches of windows spread evenly over the training text
 (llama.cpp's windows, ggmlopt.Dataset.from_tokens) and validates on 10% more
-windows from it that no training window overlaps.  Every epoch sees the same
+windows from it that no training window overlaps (from the text's last part
+where the windows would overlap: a short text, many steps an epoch).  Every epoch sees the same
 windows, so fewer epochs cover more of the text: nanoGPT draws new random
 windows at every step, and 2000 steps in 10 epochs here overfit (validation
 loss 1.51 against 1.47 in 2 epochs, the default).  The held-out 10% is scored at
@@ -134,6 +135,24 @@ def windows(tokens: np.ndarray, n_ctx: int, nwindows: int) -> go.Dataset:
                          f"{nwindows} windows of {n_ctx} an epoch needs: lower --steps per "
                          f"epoch (raise --epochs) or give a longer --text")
     return go.Dataset.from_tokens(tokens[:nwindows * stride + n_ctx + 1], n_ctx, stride)
+
+
+def training_windows(tokens: np.ndarray, n_ctx: int, ntrain: int, nval: int):
+    """(Dataset, shuffle): ntrain + nval windows of tokens (as windows makes
+    them), the last nval validating, and fit's shuffle for it.  No validation
+    window shares a token with a training one: spread over the whole text with a
+    stride past n_ctx the windows are apart, and fit's shuffle (True) may pick
+    any as validating; with a shorter stride (a short text, many steps an epoch)
+    the validation windows come from the text's own tail, past every training
+    window, and stay last (shuffle "train")."""
+    stride = (tokens.size - n_ctx - 1) // (ntrain + nval)
+    if stride > n_ctx or stride < 1:   # (windows refuses a text too short for them all)
+        return windows(tokens, n_ctx, ntrain + nval), True
+    cut = tokens.size * ntrain // (ntrain + nval)
+    train, val = windows(tokens[:cut], n_ctx, ntrain), windows(tokens[cut:], n_ctx, nval)
+    both = go.Dataset.from_arrays(np.concatenate([train.data, val.data]),
+                                  np.concatenate([train.labels, val.labels]))
+    return both, "train"
 
 
 def sample(model, tokenizer, prompt: str, max_new_tokens: int, temperature: float,
@@ -365,7 +384,8 @@ def train(model, tokens, steps, epochs, args, say) -> go.History:
             f"{per_epoch * epochs} steps ({per_epoch} an epoch)")
     nval = max(1, round(per_epoch * VAL_BATCHES))
     try:
-        ds = windows(tokens, args.n_ctx, (per_epoch + nval) * args.batch)
+        ds, shuffle = training_windows(tokens, args.n_ctx, per_epoch * args.batch,
+                                       nval * args.batch)
     except ValueError as e:
         raise SystemExit(f"textlm: {e}") from None
     total = per_epoch * epochs
@@ -376,9 +396,10 @@ def train(model, tokens, steps, epochs, args, say) -> go.History:
     say(f"textlm: model: {model!r}, {nparams / 1e6:.2f}M parameters")
     stride = (tokens.size - args.n_ctx - 1) // ds.ndata
     covered = min(1.0, ds.ndata * args.n_ctx / tokens.size)
+    apart = "" if shuffle is True else ", the validating ones from the text's last part"
     say(f"textlm: {epochs} epochs x {per_epoch} steps of {args.batch} windows of {args.n_ctx} "
         f"bytes ({ds.ndata} windows, {nval * args.batch} of them validating, stride {stride}: "
-        f"{100 * covered:.0f}% of the training text, the same windows every epoch)")
+        f"{100 * covered:.0f}% of the training text, the same windows every epoch{apart})")
     say(f"textlm: AdamW lr {args.lr:g} (warmup {warmup} steps, cosine to "
         f"{args.lr * MIN_LR_FACTOR:g}), beta2 0.99, weight decay 0.1, gradient norm clipped "
         f"to 1")
@@ -391,7 +412,7 @@ def train(model, tokens, steps, epochs, args, say) -> go.History:
                          nbatch_logical=args.batch, val_split=val_split, silent=args.silent,
                          seed=args.seed, clip_grad_norm=1.0, eval_every=eval_every,
                          checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                         resume=args.resume)
+                         resume=args.resume, shuffle=shuffle)
     except ValueError as e:   # a checkpoint of another run, a bad --checkpoint path
         if "checkpoint" not in str(e):
             raise
