@@ -508,9 +508,18 @@ def _jsonl_arrays(args, tok, path):
         ds = go.Dataset.from_texts(examples, tok, args.ctx, too_long=args.too_long,
                                    packing=args.packing)
     x, y = np.asarray(ds.data), np.asarray(ds.labels)
-    what = (f"{len(examples)} examples from {path} packed into {x.shape[0]} windows"
+    what = (f"{_packed_documents(x, y)} examples from {path} packed into {x.shape[0]} windows"
             if args.packing else f"{x.shape[0]} examples from {path}")
     return x, y, what
+
+
+def _packed_documents(x: np.ndarray, y: np.ndarray) -> int:
+    """The examples packed windows hold: their documents with a trained token
+    (not the padding's, nor the rows dropped as too long or untrained)."""
+    from .nn.positions import document_ids
+
+    rows, cols = np.nonzero(y >= 0)
+    return int(np.unique(rows * x.shape[1] + document_ids(x)[rows, cols]).size)
 
 
 def _conversational(row) -> bool:

@@ -843,7 +843,8 @@ def text_windows(texts: Iterable, tokenizer, n_ctx: int, *, too_long: str = "err
     whole: BOS first where the tokenizer adds it (never a target), the text's
     tokens (special tokens parsed, as transformers tokenizes a row), then the eos
     unless add_eos is False.  A text longer than n_ctx + 1 tokens is too_long's
-    (as chat_windows'); packing: as chat_windows'."""
+    (as chat_windows'); packing: as chat_windows'.  An empty text (no token) is
+    a ValueError naming its row, whatever add_eos says."""
     n_ctx, pad = _common_args(tokenizer, n_ctx, too_long, packing)
     add_eos = bool_arg(add_eos, "add_eos")
     if isinstance(texts, (str, bytes, Mapping)) or not isinstance(texts, Iterable):
@@ -856,6 +857,9 @@ def text_windows(texts: Iterable, tokenizer, n_ctx: int, *, too_long: str = "err
                             f"{type(text).__name__}")
         check_text(text, f"texts[{k}]")
         ids = _encode(tokenizer, text)
+        if ids.size == 0:
+            # before the BOS and EOS: a row of them alone would teach "stop at once"
+            raise ValueError(f"texts[{k}]: the text is empty (it has no token)")
         mask = np.ones(ids.size, bool)
         if _wants_bos(tokenizer, ids):
             ids = np.concatenate([[tokenizer.bos_id], ids]).astype(np.int32)
@@ -864,8 +868,6 @@ def text_windows(texts: Iterable, tokenizer, n_ctx: int, *, too_long: str = "err
         if add_eos and eos is not None and (ids.size == 0 or int(ids[-1]) != eos):
             ids = np.concatenate([ids, [eos]]).astype(np.int32)
             mask = np.concatenate([mask, [True]])
-        if not mask.any():
-            raise ValueError(f"texts[{k}]: the text is empty")
         examples.append((ids, mask))
     if not examples:
         raise ValueError("texts: expected at least one text")

@@ -77,6 +77,15 @@ def test_from_texts_refuses_texts_that_are_no_list(texts):
         go.Dataset.from_texts(texts, ByteTokenizer(), 32)
 
 
+@pytest.mark.parametrize("add_eos", [True, False])
+@pytest.mark.parametrize("text", ["", {"text": ""}])
+def test_an_empty_text_is_refused_by_its_row_whatever_add_eos_says(add_eos, text):
+    # with the EOS appended it was dropped with another reason (ByteTokenizer) or
+    # kept as a BOS -> EOS example (a vocabulary with a BOS)
+    with pytest.raises(ValueError, match=r"^texts\[1\]: the text is empty"):
+        go.Dataset.from_texts(["hello", text], ByteTokenizer(), 32, add_eos=add_eos)
+
+
 def test_quantized_layers_name_in_features_that_are_not_whole_blocks():
     with pytest.raises(ValueError, match=r"^in_features: Q4_K rows hold whole blocks of 256 "
                                          r"values; got 96"):

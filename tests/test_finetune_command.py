@@ -4,6 +4,7 @@ llama-finetune's flag names, and every bad argument refused before training."""
 import json
 import os
 import re
+import warnings
 from contextlib import nullcontext
 
 import numpy as np
@@ -135,6 +136,21 @@ def test_text_rows_train_each_row_whole(files):
             assert what.startswith("12 examples") and ds.ndata == 12
             assert sorted(tok.decode(y[r][y[r] >= 0]) for r in range(12)) == \
                 sorted(r[1:] + "<|endoftext|>" for r in rows)
+        else:
+            assert what.startswith(f"12 examples from {files / 'text.jsonl'} packed into")
+
+
+def test_packed_summary_counts_the_examples_kept(files):
+    # rows dropped as too long are not in the windows: the summary counted rows read
+    rows = ["short " * 2] * 5 + ["long " * 40] * 3
+    (files / "mixed.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
+    args = finetune.parser().parse_args(["-m", "m.gguf", "--data", str(files / "mixed.jsonl"),
+                                         "-c", "64", "--batch", "1", "--packing",
+                                         "--too-long", "drop"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, what = finetune._dataset(args, ByteTokenizer())
+    assert what.startswith("5 examples from") and "packed into" in what
 
 
 def test_a_raw_text_file_trains_as_llama_finetune_does(files):
