@@ -56,7 +56,7 @@ def python_docstrings(min_bytes: int = 0, stdlib: str | None = None) -> str:
     if not os.path.isdir(root):
         raise ValueError(f"stdlib: {root!r} is not a folder")
     parts: list[str] = []
-    size = 0
+    size = -1   # the text's bytes: each docstring and two newlines, less one at the end
     for path in _sources(root):
         for doc in _docstrings(path):
             parts.append(doc)
@@ -64,6 +64,6 @@ def python_docstrings(min_bytes: int = 0, stdlib: str | None = None) -> str:
             if min_bytes and size >= min_bytes:
                 return "\n\n".join(parts) + "\n"
     if min_bytes and size < min_bytes:
-        raise ValueError(f"min_bytes: the docstrings under {root!r} hold {size} bytes, fewer "
-                         f"than {min_bytes}")
+        raise ValueError(f"min_bytes: the docstrings under {root!r} hold {max(size, 0)} bytes, "
+                         f"fewer than {min_bytes}")
     return "\n\n".join(parts) + "\n"

@@ -473,9 +473,10 @@ def _wants_bos(tokenizer, ids) -> bool:
 def document_ids(tokenizer, text: str, *, eos: bool | None = None,
                  parse_special: bool | None = None) -> np.ndarray:
     """text's ids as a document the model reads whole: BOS first when the
-    tokenizer's add_bos says so, EOS last when its add_eos does (as llama.cpp
-    tokenizes a text with its special tokens, and llama-finetune its text file);
-    eos=True or False asks for the EOS or not whatever add_eos says; int32.
+    tokenizer's add_bos says so, EOS last when its add_eos does (SEP when a
+    WordPiece tokenizer's add_sep does), as llama.cpp tokenizes a text with its
+    special tokens and llama-finetune its text file; eos=True or False asks for
+    the EOS or not (nor SEP) whatever add_eos says; int32.
     Special tokens written in the text are read as the tokenizer's encode reads
     them by default (a BOS written first is that one BOS); parse_special=False
     reads them as text, as llama-finetune reads its file (common_tokenize's
@@ -489,10 +490,14 @@ def document_ids(tokenizer, text: str, *, eos: bool | None = None,
         ids = np.asarray(tokenizer.encode(text, parse_special=bool(parse_special)), np.int32)
     if _wants_bos(tokenizer, ids):
         ids = np.concatenate([[tokenizer.bos_id], ids])
+    asked = eos
     if eos is None:
         eos = bool(getattr(tokenizer, "add_eos", False))
     if eos and tokenizer.eos_id is not None:
         ids = np.concatenate([ids, [tokenizer.eos_id]])
+    elif asked is None and getattr(tokenizer, "add_sep", False):
+        # WordPiece: llama.cpp closes a text with SEP whenever it adds its special tokens
+        ids = np.concatenate([ids, [tokenizer.sep_id]])
     return ids.astype(np.int32)
 
 

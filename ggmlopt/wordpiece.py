@@ -140,6 +140,8 @@ class WordPieceTokenizer(Vocabulary):
         self.eot_id = self.eom_id = None
         self.add_bos = True
         self.add_eos = False   # SEP is llama.cpp's add_sep, not an EOS
+        # llama.cpp closes every text it tokenizes with its special tokens with SEP
+        self.add_sep = self.sep_id is not None
         self.lowercase = bool(lowercase)
         self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
         self.chat_template = chat_template

@@ -37,6 +37,17 @@ def test_min_bytes_stops_early_and_refuses_too_little(tmp_path):
         python_docstrings(stdlib=str(tmp_path / "missing"))
 
 
+def test_min_bytes_is_a_lower_bound_of_the_text_returned(tmp_path):
+    # the text's own bytes: each docstring's separator counted once too often
+    root = str(_tree(tmp_path))
+    whole = len(python_docstrings(stdlib=root).encode())
+    for n in range(1, whole + 1, 7):
+        assert len(python_docstrings(min_bytes=n, stdlib=root).encode()) >= n
+    assert len(python_docstrings(min_bytes=whole, stdlib=root).encode()) == whole
+    with pytest.raises(ValueError, match=f"hold {whole} bytes, fewer than {whole + 1}"):
+        python_docstrings(min_bytes=whole + 1, stdlib=root)
+
+
 def test_the_real_library_gives_the_same_text_twice():
     a = python_docstrings(min_bytes=200_000)
     assert len(a.encode()) >= 200_000

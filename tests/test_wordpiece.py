@@ -113,3 +113,13 @@ def test_read_from_a_gguf_as_llama_cpp_reads_it(tmp_path):
     cased = write("cased.gguf", lowercase=False)
     assert (cased.lowercase, cased.strip_accents) == (False, False)
     assert write("ws.gguf", pre="whitespace").lowercase is False
+
+
+def test_a_document_ends_with_sep_as_llama_cpp_adds_its_special_tokens():
+    # llama.cpp's WPM tokenize(add_special) writes CLS first and SEP last; SEP is
+    # not an EOS (add_eos stays False), and eos=False leaves it out
+    from ggmlopt.instruct import document_ids
+    t = tok()
+    assert t.add_sep and not t.add_eos
+    assert document_ids(t, "the cafe").tolist() == ids("[CLS]", S + "the", S + "cafe", "[SEP]")
+    assert document_ids(t, "the cafe", eos=False).tolist() == ids("[CLS]", S + "the", S + "cafe")
