@@ -90,7 +90,7 @@ def test_windows_are_spread_and_exact():
         textlm.windows(tokens[:40], 16, 24)
 
 
-@pytest.mark.parametrize("ntrain, nval", [(24, 4), (200, 20), (40, 8)])
+@pytest.mark.parametrize("ntrain, nval", [(24, 4), (200, 20), (40, 8), (900, 60)])
 def test_validation_windows_share_no_token_with_training_ones(ntrain, nval):
     # a short text (or many steps) makes windows overlap: the validating ones then
     # come from the text's tail and stay last, where fit's shuffle="train" keeps them
@@ -108,6 +108,15 @@ def test_validation_windows_share_no_token_with_training_ones(ntrain, nval):
         return set(np.concatenate([where.data[rows], where.labels[rows]], axis=1).ravel())
 
     assert not read(order[:ntrain]) & read(order[ntrain:])
+
+
+def test_a_text_too_short_to_hold_validation_apart_trains_as_before():
+    # the tail could not hold the validation windows: the overlapping windows any
+    # text long enough for them all trained on, and fit's shuffle
+    positions = np.arange(1000, dtype=np.int32)
+    ds, shuffle = textlm.training_windows(positions, 16, 950, 30)
+    assert shuffle is True
+    np.testing.assert_array_equal(ds.data, textlm.windows(positions, 16, 980).data)
 
 
 def test_sample_beyond_the_context_window():

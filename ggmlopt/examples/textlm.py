@@ -144,11 +144,17 @@ def training_windows(tokens: np.ndarray, n_ctx: int, ntrain: int, nval: int):
     stride past n_ctx the windows are apart, and fit's shuffle (True) may pick
     any as validating; with a shorter stride (a short text, many steps an epoch)
     the validation windows come from the text's own tail, past every training
-    window, and stay last (shuffle "train")."""
+    window, and stay last (shuffle "train"), unless the text is too short to
+    hold them apart (then any may validate, as over a long text)."""
     stride = (tokens.size - n_ctx - 1) // (ntrain + nval)
     if stride > n_ctx or stride < 1:   # (windows refuses a text too short for them all)
         return windows(tokens, n_ctx, ntrain + nval), True
-    cut = tokens.size * ntrain // (ntrain + nval)
+    # the tail holds the validation windows at a stride of at least 1
+    cut = min(tokens.size * ntrain // (ntrain + nval), tokens.size - (n_ctx + nval + 1))
+    if cut < n_ctx + ntrain + 1:
+        # too short to hold the two apart: overlapping windows, as a text this short
+        # always trained (the caller says so)
+        return windows(tokens, n_ctx, ntrain + nval), True
     train, val = windows(tokens[:cut], n_ctx, ntrain), windows(tokens[cut:], n_ctx, nval)
     both = go.Dataset.from_arrays(np.concatenate([train.data, val.data]),
                                   np.concatenate([train.labels, val.labels]))
@@ -396,7 +402,9 @@ def train(model, tokens, steps, epochs, args, say) -> go.History:
     say(f"textlm: model: {model!r}, {nparams / 1e6:.2f}M parameters")
     stride = (tokens.size - args.n_ctx - 1) // ds.ndata
     covered = min(1.0, ds.ndata * args.n_ctx / tokens.size)
-    apart = "" if shuffle is True else ", the validating ones from the text's last part"
+    apart = ", the validating ones from the text's last part" if shuffle == "train" else \
+        ", the validating ones overlapping training ones: too short a text to hold them " \
+        "apart" if stride <= args.n_ctx else ""
     say(f"textlm: {epochs} epochs x {per_epoch} steps of {args.batch} windows of {args.n_ctx} "
         f"bytes ({ds.ndata} windows, {nval * args.batch} of them validating, stride {stride}: "
         f"{100 * covered:.0f}% of the training text, the same windows every epoch{apart})")
