@@ -28,10 +28,10 @@ it: the first 90% trains, the last 10% is held out.  Each epoch trains on
 ``steps / epochs`` batches of windows spread evenly over the training text
 (llama.cpp's windows, ggmlopt.Dataset.from_tokens) and validates on 10% more
 windows from it that no training window overlaps (from the text's last part
-where the windows would overlap: a short text, many steps an epoch).  Every epoch sees the same
-windows, so fewer epochs cover more of the text: nanoGPT draws new random
-windows at every step, and 2000 steps in 10 epochs here overfit (validation
-loss 1.51 against 1.47 in 2 epochs, the default).  The held-out 10% is scored at
+where the windows would overlap: a short text, many steps an epoch).  Every
+epoch sees the same windows, so fewer epochs cover more of the text: nanoGPT
+draws new random windows at every step, and 2000 steps in 10 epochs here
+overfit (validation loss 1.51 against 1.47 in 2 epochs, the default).  The held-out 10% is scored at
 the end by ggmlopt.lm.perplexity (llama-perplexity's protocol: chunks of 64
 tokens, the second half of each scored).  The sample continues --prompt; past
 the 64 positions the model knows, each new window starts from the last 32

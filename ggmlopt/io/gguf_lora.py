@@ -162,9 +162,10 @@ def save_gguf_lora(model, path) -> None:
     float32 (out, rank) per adapter (torch's layout, A and B transposed from
     ggmlopt's), the rows of q_proj's and k_proj's B permuted as llama.cpp's
     Q/K weights are; keys ``adapter.lora.alpha`` (float32, one for the file:
-    file_alpha; an adapter of another alpha, of a PEFT alpha_pattern or an
-    rsLoRA rank_pattern, has its B scaled by its alpha over the file's, so
-    llama.cpp computes the same; load_gguf_lora reads it back as that).
+    the alpha most adapters have; an adapter of another alpha, of a PEFT
+    alpha_pattern or an rsLoRA rank_pattern, has its B scaled by its alpha over
+    the file's, so llama.cpp computes the same; load_gguf_lora reads it back as
+    that).
 
     Raises TypeError for a model that is neither; ValueError when it has no
     adapters, when anything else in it is trainable (the file would not hold
