@@ -746,7 +746,7 @@ def main(argv=None) -> int:
     if args.merge_out:
         # the merged GGUF carries the tokenizer: one llama.cpp cannot read is said now,
         # not after the training
-        from .io._gguf_tokenizer import tokenizer_keys
+        from .io._gguf_tokenizer_keys import tokenizer_keys
         try:
             tokenizer_keys(tok, model.config.vocab_size)
         except (TypeError, ValueError) as e:

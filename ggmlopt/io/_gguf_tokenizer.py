@@ -1,5 +1,8 @@
-"""A tokenizer as llama.cpp's GGUF keys hold it (tokenizer.ggml.*): what every
-architecture's writer (gguf_llama, gguf_gpt2) puts in its file."""
+"""A tokenizer as llama.cpp's GGUF keys hold it (tokenizer.ggml.*), read:
+the tokenizer a file's keys describe (tokenizer_from_fields), and the
+vocabulary facts both directions share (ByteTokenizer's byte vocabulary, the
+pre-tokenizers after which llama.cpp puts BOS first, Phi-3's rstrip rule).
+Writing the keys: ggmlopt.io._gguf_tokenizer_keys."""
 from __future__ import annotations
 
 import warnings
@@ -7,8 +10,8 @@ from typing import Any
 
 from ..text import GPT2_BYTE_STRINGS, ByteTokenizer
 
-__all__ = ["BOS_BY_DEFAULT_PRE", "BYTE_MERGES", "BYTE_PRE", "add_tokenizer", "byte_vocabulary",
-           "rstrip_ids", "tokenizer_keys"]
+__all__ = ["ADD_EOS_KEY", "BOS_BY_DEFAULT_PRE", "BYTE_MERGES", "BYTE_PRE", "byte_vocabulary",
+           "rstrip_ids", "tokenizer_from_fields"]
 
 BYTE_MERGES = ("a 1",)  # a letter then a digit: never in one word of GPT-2's pre-tokenizer
 BYTE_PRE = "gpt-2"
@@ -47,113 +50,148 @@ def byte_vocabulary() -> list[str]:
     return [*GPT2_BYTE_STRINGS, _EOT]
 
 
-def tokenizer_keys(tokenizer, vocab_size: int) -> dict[str, Any]:
-    """The tokenizer.ggml.* values for tokenizer (ByteTokenizer, BPETokenizer,
-    SPMTokenizer, or load_hf_tokenizer's HFTokenizer: ggmlopt.io._hf_gguf_vocab)."""
-    from ..hf_tokenizer import HFTokenizer
-    from ..spm import SPMTokenizer
-    from ..text import BPETokenizer
-    if isinstance(tokenizer, HFTokenizer):
-        from ._hf_gguf_vocab import hf_tokenizer_keys
-        return hf_tokenizer_keys(tokenizer, vocab_size)
-    if isinstance(tokenizer, ByteTokenizer):
-        tokens = byte_vocabulary()
-        keys: dict[str, Any] = {
-            "model": "gpt2", "pre": BYTE_PRE, "tokens": tokens,
-            "types": [TOKEN_NORMAL] * 256 + [TOKEN_CONTROL], "merges": list(BYTE_MERGES),
-            "bos": tokenizer.eos_id, "eos": tokenizer.eos_id, "add_bos": False}
-    elif isinstance(tokenizer, BPETokenizer):
-        tokens = list(tokenizer.tokens)
-        keys = {"model": tokenizer.gguf_model, "pre": tokenizer.pre, "tokens": tokens,
-                "types": list(tokenizer.token_types), "merges": list(tokenizer.merges),
-                "bos": tokenizer.bos_id if tokenizer.bos_id is not None else tokenizer.eos_id,
-                "eos": tokenizer.eos_id, "add_bos": tokenizer.add_bos,
-                "eot": tokenizer.eot_id, "eom": tokenizer.eom_id}
-        if not keys["merges"]:
-            raise ValueError(f"tokenizer: a {tokenizer.gguf_model}-type vocabulary needs at "
-                             "least one merge "
-                             "(llama.cpp refuses one without)")
-    elif isinstance(tokenizer, SPMTokenizer):
-        # llama.cpp's llama-type (SentencePiece) vocabulary: pieces with scores, no merges
-        tokens = list(tokenizer.tokens)
-        keys = {"model": "llama", "pre": "default", "tokens": tokens,
-                "types": list(tokenizer.token_types), "scores": list(tokenizer.scores),
-                "bos": tokenizer.bos_id, "eos": tokenizer.eos_id, "unk": tokenizer.unk_id,
-                "add_bos": tokenizer.add_bos, "add_space_prefix": tokenizer.add_space_prefix,
-                "eot": tokenizer.eot_id, "eom": tokenizer.eom_id}
-    else:
-        raise TypeError(f"tokenizer: expected a ggmlopt.text.ByteTokenizer, BPETokenizer, "
-                        f"SPMTokenizer or HFTokenizer, got {type(tokenizer).__name__}")
-    if len(tokens) != vocab_size:
-        raise ValueError(f"tokenizer: it has {len(tokens)} tokens but the model's vocab_size is "
-                         f"{vocab_size}; llama.cpp needs them equal")
-    return keys
+def _is_byte_vocabulary(fields: dict[str, Any]) -> bool:
+    return (fields.get("tokenizer.ggml.model") == "gpt2"
+            and fields.get("tokenizer.ggml.tokens") == byte_vocabulary()
+            and fields.get("tokenizer.ggml.merges") == list(BYTE_MERGES)
+            and fields.get("tokenizer.ggml.pre") == BYTE_PRE
+            and not fields.get("tokenizer.ggml.add_bos_token", False))
 
 
-def add_tokenizer(writer, tok: dict[str, Any], tokenizer) -> None:
-    """Write tokenizer_keys' tok (and the tokenizer's chat templates, its
-    add_eos flag, its padding id and an unknown id the vocabulary's keys
-    lack) with a gguf-py GGUFWriter."""
-    writer.add_tokenizer_model(tok["model"])
-    writer.add_tokenizer_pre(tok["pre"])
-    writer.add_token_list(tok["tokens"])
-    writer.add_token_types(tok["types"])
-    if "merges" in tok:
-        writer.add_token_merges(tok["merges"])
-    if "scores" in tok:
-        writer.add_token_scores(tok["scores"])
-        writer.add_add_space_prefix(tok["add_space_prefix"])
-    # what load_gguf_tokenizer read besides the vocabulary's own keys: a BPE
-    # vocabulary's unknown token, the padding token (llama_vocab_pad)
-    ids = {**tok, "unk": tok.get("unk") if tok.get("unk") is not None
-           else _id_in(tokenizer, "unk_id", len(tok["tokens"])),
-           "pad": tok.get("pad") if tok.get("pad") is not None
-           else _id_in(tokenizer, "pad_id", len(tok["tokens"]))}
-    for which, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
-                       ("unk", writer.add_unk_token_id), ("sep", writer.add_sep_token_id),
-                       ("pad", writer.add_pad_token_id)):
-        if ids.get(which) is not None:
-            add(ids[which])
-    writer.add_add_bos_token(tok["add_bos"])
-    writer.add_add_eos_token(bool(getattr(tokenizer, "add_eos", False)))
-    for which in ("eot", "eom"):
-        if tok.get(which) is not None:
-            writer.add_uint32(f"tokenizer.ggml.{which}_token_id", tok[which])
-    # the default template and the named ones (Command R's tool_use, rag) as
-    # llama.cpp's converter writes them: tokenizer.chat_template.<name>
-    named = getattr(tokenizer, "named_chat_templates", None) or {}
-    templates = [{"name": _gguf_template_name(name, named), "template": source}
-                 for name, source in named.items()
-                 if name != "default" and isinstance(source, str) and source]
-    default = getattr(tokenizer, "chat_template", None)
-    if default:
-        templates.append({"name": "default", "template": default})
-    if templates:
-        writer.add_chat_template(templates)
+def _add_eos(fields: dict[str, Any], where: str, eos_id: int | None = None) -> bool:
+    """tokenizer.ggml.add_eos_token (False without it, llama.cpp's default for
+    the SPM and BPE types); a file asking for an EOS it names nowhere (eos_id:
+    the one the vocabulary takes without the key, SPM's 2) is refused."""
+    add_eos = bool(fields.get(ADD_EOS_KEY, False))
+    if add_eos and fields.get("tokenizer.ggml.eos_token_id", eos_id) is None:
+        raise ValueError(f"{where}: {ADD_EOS_KEY} is true but the file has no "
+                         "tokenizer.ggml.eos_token_id")
+    return add_eos
 
 
-def _gguf_template_name(name: str, named: dict) -> str:
-    """The key name a named template gets in GGUF (gguf-py and llama.cpp's converter
-    keep ASCII letters and digits, other characters become "_"): said with a
-    warning when it differs; ValueError when two names would become one."""
-    safe = _key_safe(name)
-    if safe != name:
-        clash = [other for other in named if other != name and _key_safe(other) == safe]
-        if clash:
-            raise ValueError(f"tokenizer: named chat templates {name!r} and {clash[0]!r} would "
-                             f"both be written as tokenizer.chat_template.{safe}")
-        warnings.warn(f"tokenizer: the chat template named {name!r} is written as "
-                      f"tokenizer.chat_template.{safe} (a GGUF key keeps letters and digits)",
-                      UserWarning, stacklevel=4)
-    return safe
+def _spm_special(fields: dict[str, Any], which: str, default: int, n: int) -> int | None:
+    """A SentencePiece vocabulary's special id: the file's, else llama.cpp's
+    default for the type (bos 1, eos 2, unk 0) where the vocabulary has it."""
+    value = fields.get(f"tokenizer.ggml.{which}_token_id")
+    return value if value is not None else (default if default < n else None)
 
 
-def _key_safe(name: str) -> str:
-    return "".join(c if c.isascii() and c.isalnum() else "_" for c in name)
+def tokenizer_from_fields(fields: dict[str, Any], where: str):
+    """The tokenizer a GGUF's tokenizer.ggml.* keys describe: a ByteTokenizer for
+    save_gguf's byte vocabulary, a BPETokenizer (the ``tokenizers`` extra) for
+    another gpt2-type one, a MetaspaceBPETokenizer for a gemma4-type one, an
+    SPMTokenizer for a llama-type one, a WordPieceTokenizer for a bert-type one,
+    None with a UserWarning for any other.  Its chat template is
+    tokenizer.chat_template, and the named ones (tokenizer.chat_template.<name>:
+    Command R's tool_use and rag) are its named_chat_templates; its pad_id (and
+    an unk_id it lacks) is tokenizer.ggml.padding_token_id (unknown_token_id)
+    where the file has one in the vocabulary."""
+    tokenizer = _tokenizer_of_kind(fields, where)
+    pad = fields.get("tokenizer.ggml.padding_token_id")
+    if tokenizer is not None and isinstance(pad, int) and not isinstance(pad, bool) \
+            and 0 <= pad < tokenizer.vocab_size:
+        tokenizer.pad_id = pad   # llama_vocab_pad's (a Hugging Face pad_token)
+    unk = fields.get("tokenizer.ggml.unknown_token_id")
+    if tokenizer is not None and getattr(tokenizer, "unk_id", None) is None \
+            and isinstance(unk, int) and not isinstance(unk, bool) \
+            and 0 <= unk < tokenizer.vocab_size:
+        tokenizer.unk_id = unk   # named, for a Hugging Face unk_token
+    prefix = "tokenizer.chat_template."
+    named = {k[len(prefix):]: v for k, v in fields.items()
+             if k.startswith(prefix) and isinstance(v, str) and v}
+    if tokenizer is not None and named:
+        tokenizer.named_chat_templates = named
+    return tokenizer
 
 
-def _id_in(tokenizer, attribute: str, n: int) -> int | None:
-    """tokenizer's id of that attribute when it is one of the n tokens."""
-    value = getattr(tokenizer, attribute, None)
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n \
-        else None
+def _tokenizer_of_kind(fields: dict[str, Any], where: str):
+    kind = fields.get("tokenizer.ggml.model")
+    template = fields.get("tokenizer.chat_template")
+    template = template if isinstance(template, str) and template else None
+    if kind == "gpt2" and _is_byte_vocabulary(fields):
+        return ByteTokenizer(chat_template=template, add_eos=_add_eos(fields, where))
+    if kind in ("gpt2", "gemma4"):
+        from ..metaspace_bpe import MetaspaceBPETokenizer
+        from ..text import BPETokenizer
+        tokens = fields.get("tokenizer.ggml.tokens")
+        merges = fields.get("tokenizer.ggml.merges")
+        if not isinstance(tokens, list) or not isinstance(merges, list):
+            raise ValueError(f"{where}: a {kind} tokenizer without tokenizer.ggml.tokens or "
+                             "tokenizer.ggml.merges")
+        # llama.cpp's defaults for a gpt2-type vocabulary without the keys: 11 for both
+        default = 11 if kind == "gpt2" and len(tokens) > 11 else None
+        eos, bos = (fields.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "bos"))
+        common: dict[str, Any] = {
+            "token_types": fields.get("tokenizer.ggml.token_type"),
+            "eos_id": default if eos is None else eos,
+            "bos_id": default if bos is None else bos,
+            "eot_id": fields.get("tokenizer.ggml.eot_token_id"),
+            "eom_id": fields.get("tokenizer.ggml.eom_token_id"),
+            "chat_template": template,
+            "add_eos": _add_eos(fields, where)}
+        if kind == "gemma4":   # llama.cpp puts BOS first for it whatever add_bos_token says
+            return MetaspaceBPETokenizer(tokens, merges, add_bos=True, **common)
+        pre = fields.get("tokenizer.ggml.pre")
+        if pre is None:
+            warnings.warn(f"{where}: no tokenizer.ggml.pre; the words are cut as llama.cpp "
+                          "cuts them then (its 'default' pre-tokenizer, which it warns "
+                          "degrades the model's text)", UserWarning, stacklevel=3)
+            pre = "default"
+        # without the key, llama.cpp's default for the pre-tokenizer (BOS for Llama 3's)
+        add_bos = fields.get("tokenizer.ggml.add_bos_token", pre in BOS_BY_DEFAULT_PRE)
+        return BPETokenizer(tokens, merges, add_bos=bool(add_bos), pre=pre, **common)
+    if kind == "llama":
+        from ..spm import SPMTokenizer
+        tokens, scores = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.scores")
+        types = fields.get("tokenizer.ggml.token_type")
+        if not isinstance(tokens, list) or not isinstance(scores, list) \
+                or not isinstance(types, list):
+            warnings.warn(f"{where}: a 'llama' (SentencePiece) vocabulary without "
+                          "tokenizer.ggml.tokens, .scores or .token_type; the tokenizer is "
+                          "None, give token ids directly", UserWarning, stacklevel=3)
+            return None
+        eos = _spm_special(fields, "eos", 2, len(tokens))
+        return SPMTokenizer(tokens, scores, types,
+                            bos_id=_spm_special(fields, "bos", 1, len(tokens)),
+                            eos_id=eos,
+                            unk_id=_spm_special(fields, "unknown", 0, len(tokens)),
+                            add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", True)),
+                            add_space_prefix=bool(fields.get("tokenizer.ggml.add_space_prefix",
+                                                             True)),
+                            eot_id=fields.get("tokenizer.ggml.eot_token_id"),
+                            eom_id=fields.get("tokenizer.ggml.eom_token_id"),
+                            chat_template=template,
+                            rstrip_ids=rstrip_ids(fields.get("general.name"), tokens, types),
+                            add_eos=_add_eos(fields, where, eos))
+    if kind == "bert":
+        from ..wordpiece import WordPieceTokenizer
+        tokens, types = fields.get("tokenizer.ggml.tokens"), fields.get("tokenizer.ggml.token_type")
+        if not isinstance(tokens, list) or not isinstance(types, list):
+            raise ValueError(f"{where}: a bert (WordPiece) tokenizer without "
+                             "tokenizer.ggml.tokens or .token_type")
+
+        def special(key, default):
+            # llama.cpp's WPM ids: the key, else BERT's own id where the vocabulary has it
+            # (it reads bos_token_id for CLS and ignores cls_token_id)
+            value = fields.get(f"tokenizer.ggml.{key}")
+            return value if value is not None else (default if default < len(tokens) else None)
+
+        unk = special("unknown_token_id", 100)
+        if unk is None:
+            raise ValueError(f"{where}: a bert (WordPiece) tokenizer without "
+                             "tokenizer.ggml.unknown_token_id (and fewer than 101 tokens)")
+        # llama.cpp's defaults without the keys: lowercase (not for the 'whitespace'
+        # pre-tokenizer), and strip accents as lowercase says
+        lowercase = bool(fields.get("tokenizer.ggml.normalizer.lowercase",
+                                    fields.get("tokenizer.ggml.pre") != "whitespace"))
+        return WordPieceTokenizer(
+            tokens, types, unk_id=unk, cls_id=special("bos_token_id", 101),
+            sep_id=special("seperator_token_id", 102), lowercase=lowercase,
+            strip_accents=bool(fields.get("tokenizer.ggml.normalizer.strip_accents", lowercase)),
+            chat_template=template)
+    warnings.warn(f"{where}: tokenizer type {kind!r} is not read by ggmlopt (gpt2-type BPE, "
+                  "llama-type SentencePiece, gemma4-type and bert-type (WordPiece) vocabularies "
+                  "are); the tokenizer "
+                  "is None, "
+                  "give token ids directly", UserWarning, stacklevel=3)
+    return None

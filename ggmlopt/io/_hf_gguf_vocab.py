@@ -37,6 +37,7 @@ from ..text import (
     TOKEN_UNKNOWN,
     TOKEN_USER_DEFINED,
 )
+from ._gguf_tokenizer import tokenizer_from_fields
 
 __all__ = ["CHKTXT", "hf_tokenizer_keys"]
 
@@ -367,7 +368,6 @@ def check_reads_as(tokenizer, keys: dict[str, Any], where: str) -> None:
     """ValueError unless the tokenizer the keys describe, as load_gguf reads it
     (ggmlopt's model of llama.cpp's tokenizer), encodes the probe texts as
     tokenizer does, special tokens matched."""
-    from .gguf_llama import tokenizer_from_fields
     fields: dict[str, Any] = {
         "tokenizer.ggml.model": keys["model"], "tokenizer.ggml.pre": keys["pre"],
         "tokenizer.ggml.tokens": keys["tokens"], "tokenizer.ggml.token_type": keys["types"],

@@ -28,7 +28,7 @@ from ._gguf_common import (
     stored,
 )
 from ._gguf_length import gguf_truncation
-from ._gguf_tokenizer import add_tokenizer, tokenizer_keys
+from ._gguf_tokenizer_keys import add_tokenizer, tokenizer_keys
 from ._quant_mix import FILE_TYPES, tensor_type
 from .gguf_metadata import GgufMetadata
 from .gguf_reader import GgufFile
@@ -225,7 +225,7 @@ def load_gpt2_gguf(path) -> tuple[GPT2, Any]:
     dequantized to float32, with a UserWarning naming their types).  ValueError
     for another architecture, missing keys or tensors, wrong shapes, a type
     gguf-py cannot dequantize or a truncated file."""
-    from .gguf_llama import tokenizer_from_fields
+    from ._gguf_tokenizer import tokenizer_from_fields
     path = input_path(path)
     gguf = gguf_module()
     short = gguf_truncation(path, gguf.GGML_QUANT_SIZES)
