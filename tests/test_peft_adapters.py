@@ -443,6 +443,31 @@ def test_base_copies_equal_to_the_model_s_load_without_a_word(tmp_path):
                                   before)
 
 
+def test_the_warning_of_a_differing_base_copy_comes_before_the_model_changes(tmp_path):
+    # under warnings as errors the warning is the refusal: the model must be as it was
+    st = pytest.importorskip("safetensors.numpy")
+    from ggmlopt.io import load_peft, save_peft
+    source = FAMILIES["llama"][0]()
+    lora.apply(source, rank=2, targets=("embed_tokens", "q_proj"), seed=0)
+    save_peft(source, tmp_path / "a")
+    path = tmp_path / "a" / "adapter_model.safetensors"
+    tensors = st.load_file(path)
+    name = "base_model.model.model.embed_tokens.base_layer.weight"
+    tensors[name] = np.ones((67, 32), np.float32)   # PEFT's save_embedding_layers copy
+    st.save_file(tensors, path, metadata={"format": "pt"})
+    model = FAMILIES["llama"][0]()
+    before = {n: p.data.copy() for n, p in model.named_parameters()}
+    flags = _frozen_flags(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="replace them"):
+            load_peft(tmp_path / "a", model)
+    assert not lora.named_adapters(model)
+    assert _frozen_flags(model) == flags
+    for n, p in model.named_parameters():
+        np.testing.assert_array_equal(p.data, before[n])
+
+
 @pytest.mark.parametrize("entry", ["mlp", "layers.1.mlp", "model.layers.0.mlp"])
 def test_modules_to_save_naming_a_container_trains_what_is_inside(tmp_path, entry):
     # PEFT's modules_to_save=["mlp"] trains every weight under each matching module

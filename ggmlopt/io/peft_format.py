@@ -565,6 +565,8 @@ def load_peft(directory, model, *, dropout: float | None = None
         made.append((name, a, b, rank, alpha))
     if not made:
         raise ValueError(f"{path}: it holds no LoRA adapter tensors")
+    # said before anything changes: a warning raised as an error leaves the model as it was
+    _warn_base_copies_that_differ(params, bases, transposed, path)
     for name, a, b, rank, alpha in made:   # everything checked: now the model changes
         parent, key, layer = layers[name]
         adapter = LoRAEmbedding(layer, rank, alpha) if isinstance(layer, EMBEDDINGS) \
@@ -572,7 +574,6 @@ def load_peft(directory, model, *, dropout: float | None = None
         adapter.lora_a.data[...] = a.T
         adapter.lora_b.data[...] = b.T
         replace_layer(parent, key, adapter)
-    _warn_base_copies_that_differ(params, bases, transposed, path)
     for name, value in {**whole, **bases}.items():
         p = params[name]
         p.data[...] = value.T if id(p) in transposed else value
