@@ -548,27 +548,30 @@ class OptContext:
         if self._dist is not None:  # many processes: a sharded state lives in self._dist
             state, min_section = self._dist.arena_layout(size, state)
         lent = self._wants_step_in_backward
-        # a forward-only context of a frozen model holds nothing: one padding element
-        arena = ParamArena(max(size, 1), False, min_section, state, not lent)
+        # gradients only in a context that computes them (a FORWARD one, as ggml's
+        # forward graph, has none); a forward-only context of a frozen model holds
+        # nothing but one padding element
+        kept = not lent and self._built != BuildType.FORWARD
+        arena = ParamArena(max(size, 1), False, min_section, state, kept)
         start = 0
         for p in params:
             shape = p.data.shape
             w = arena.view("weights", start, shape)
             w[...] = p.data
-            grad = None if lent else arena.view("grads", start, shape)
+            grad = arena.view("grads", start, shape) if kept else None
             if isinstance(p, Parameter):
                 p._set_storage(w, grad)
             else:
                 p.data = w
                 p.grad = grad
             start += w.size
-        self._grads = [p.grad for p in params] if not lent else []
+        self._grads = [p.grad for p in params] if kept else []
         self._flagged = [p for p in params if hasattr(p, "grad_is_zero")]
         self.arena = arena
         if lent:
             self._in_backward = StepInBackward(self.model, params, arena, self._optimizer)
         # what the optimizer steps: flat views of the whole arena
-        self._step_arrays = (arena.flat("weights"), None if lent else arena.flat("grads"),
+        self._step_arrays = (arena.flat("weights"), arena.flat("grads") if kept else None,
                              {name: arena.flat(name) for name in arena.state_names})
         self._zero_grads()
 
@@ -777,7 +780,10 @@ class OptContext:
         arena): the gradient summed over the physical batches of the logical batch
         so far; after an optimizer step it still holds the sum the step used.
         With opt_period 1 it is the gradient of the last batch.  A context with
-        optimizer_in_backward keeps none (RuntimeError)."""
+        optimizer_in_backward keeps none, nor does a FORWARD one (RuntimeError)."""
+        if self._built == BuildType.FORWARD:
+            raise RuntimeError("grad_acc: this context was built for FORWARD (ggml's forward "
+                               "graph) and keeps no gradients; build it for GRAD or OPT")
         if self._in_backward is not None:
             raise RuntimeError("grad_acc: this context steps each parameter in the backward "
                                "pass (optimizer_in_backward=True) and keeps no gradient after "
@@ -1224,7 +1230,7 @@ class OptContext:
         return (f"OptContext({mode}, loss_type={self._loss_type.name}, build_type="
                 f"{self._built.name}, opt_period={self._opt_period}, optimizer="
                 f"{_optimizer_repr(self._optimizer)}, iter={self.iter}, parameters="
-                f"{sum(g.size for g in self._grads)}"
+                f"{sum(p.data.size for p in self._params)}"
                 + (f", frozen={sum(p.data.size for p in self._frozen)}" if self._frozen else "")
                 + ")")
 

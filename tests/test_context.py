@@ -212,6 +212,30 @@ def test_grad_context_accumulates_until_reset_and_refuses_opt():
     assert fwd.iter == 1 and fwd.opt_i == 0
 
 
+def test_a_forward_context_keeps_no_gradients(tmp_path):
+    # ggml's forward graph has no gradient accumulators; inference allocates none
+    model = _mlp(0)
+    n = sum(p.data.size for p in model.parameters())
+    x = np.random.default_rng(0).standard_normal((3, 6)).astype(np.float32)
+    want = model.forward(x).copy()
+    fwd = go.OptContext(model, batch_size=3, ne_datapoint=6, loss_type=LT.MEAN,
+                        build_type=go.BuildType.FORWARD)
+    assert not fwd.arena.has_grads and fwd.arena.nbytes < 2 * 4 * n
+    with pytest.raises(RuntimeError, match="FORWARD"):
+        fwd.grad_acc(model.parameters()[0])
+    fwd.inputs[...] = x
+    fwd.alloc(False)
+    fwd.eval()
+    np.testing.assert_array_equal(fwd.outputs, want)
+    fwd.save(tmp_path / "f.npz")
+    back = go.OptContext.load(tmp_path / "f.npz", _mlp(1))
+    for p, q in zip(back.model.parameters(), model.parameters()):
+        np.testing.assert_array_equal(p.data, q.data)
+    grad = go.OptContext(_mlp(0), batch_size=3, ne_datapoint=6, loss_type=LT.MEAN,
+                         build_type=go.BuildType.GRAD)
+    assert grad.arena.has_grads and grad.arena.nbytes >= 2 * 4 * n
+
+
 def test_counters_and_lazy_zeroing():
     """opt_i counts every eval, iter only OPT steps; with opt_period 2 a forward
     alloc right after an OPT step zeroes the accumulator (ggml_opt_alloc)."""
