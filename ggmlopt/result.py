@@ -220,7 +220,9 @@ class Result:
 
     def pred(self) -> np.ndarray:
         """The predictions of every eval in order, int32 (a copy): one per
-        datapoint, or per position with sequence labels.  After an epoch over
+        datapoint, or per position with sequence labels (-1 at a masked
+        position when a language model's fused head computed the loss, as it
+        does by default: it computes no logits there).  After an epoch over
         several ranks (comm): every rank's, in the dataset's batch order, as one
         process's would be (see ggmlopt.distributed)."""
         return self._pred[:self._npred].copy()
