@@ -279,9 +279,20 @@ def test_load_into_a_llama_of_other_shapes_is_refused(tmp_path):
     save_gguf(small(tie=False), tmp_path / "m.gguf", tokenizer=ByteTokenizer())
     for other in (small(tie=True, seed=3), small(tie=False, n_kv_heads=4, seed=3)):
         before = params(other)
-        with pytest.raises(ValueError, match="does not fit the model"):
+        with pytest.raises(ValueError, match="does not (fit|hold) the model"):
             load_gguf(tmp_path / "m.gguf", other)
         assert_params_equal(other, before)
+
+
+def test_load_into_a_model_with_adapters_says_so(tmp_path):
+    from ggmlopt import lora
+    save_gguf(small(tie=False), tmp_path / "m.gguf", tokenizer=ByteTokenizer())
+    adapted = small(tie=False, seed=3)
+    lora.apply(adapted, rank=2, targets=("q_proj",), seed=0)
+    before = params(adapted)
+    with pytest.raises(ValueError, match=r"LoRA adapters .*lora\.merge"):
+        load_gguf(tmp_path / "m.gguf", adapted)
+    assert_params_equal(adapted, before)
 
 
 def test_a_llama_file_into_another_model_is_refused(tmp_path):

@@ -873,6 +873,20 @@ def _warn_quantized(read: LlamaGguf, path: str) -> None:
                       UserWarning, stacklevel=3)
 
 
+def _refuse_other_names(path: str, params: dict[str, Any], names) -> None:
+    """ValueError naming the parameters the model and the file do not share (a
+    model holding LoRA adapters: merge them first)."""
+    extra = [n for n in params if n not in set(names)]
+    missing = [n for n in names if n not in params]
+    if any(n.endswith((".lora_a", ".lora_b")) for n in extra):
+        raise ValueError(f"model: it holds LoRA adapters ({extra[0]}, ...), which a model "
+                         f"file does not hold; load {path!r} into a model without them, or "
+                         "fold them into its weights first (ggmlopt.lora.merge)")
+    raise ValueError(f"path: {path!r} does not hold the model's parameters: the model has "
+                     f"{extra[:5] or 'none'} the file lacks, the file {missing[:5] or 'none'} "
+                     "the model lacks")
+
+
 def load_llama_gguf(path, model=None, *, keep_types=False):
     """Read a llama-architecture GGUF (save_gguf's or llama.cpp's).
 
@@ -930,8 +944,9 @@ def load_llama_gguf(path, model=None, *, keep_types=False):
         return built, tokenizer
     params = dict(model.named_parameters())
     shapes = dict(_parameter_shapes(read.config))
-    if set(params) != set(read.names) or any(params[n].data.shape != shapes[n]
-                                             for n in read.names):
+    if set(params) != set(read.names):
+        _refuse_other_names(path, params, read.names)
+    if any(params[n].data.shape != shapes[n] for n in read.names):
         raise ValueError(f"path: {path!r} holds a Llama of config {read.config}, which does "
                          f"not fit the model given ({model.config})")
     differ = _computes_otherwise(read, model.config)
