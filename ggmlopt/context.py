@@ -957,7 +957,7 @@ class OptContext:
         arrays copied into ctx.inputs / ctx.labels.
 
         Raises FloatingPointError, before any gradient or parameter changes, when
-        the loss is NaN or infinite.
+        the loss is NaN or infinite; a refused eval leaves ctx.rng as it was.
         """
         if not self._eval_ready:
             raise RuntimeError("eval: call alloc() first (one alloc before every eval)")
@@ -973,12 +973,20 @@ class OptContext:
         weight = self._token_weight(y) if backward else None   # may refuse: nothing changed yet
         step = self._opt_step_params() if bt == BuildType.OPT else None
 
-        if self._fuses_head(x, y):
-            out, grad = None, None   # backward(None): the head's gradient is in place
-            loss, pred, ncorrect, nlabelled = self._fused_head_loss(x, y, backward, weight)
-        else:
-            out, grad, loss, pred, ncorrect, nlabelled = self._outputs_and_loss(
-                x, y, batch, backward, weight)
+        # a refusal found in the forward pass or the loss (labels that do not fit the
+        # outputs, a loss that is not finite) leaves the generator as it was: the
+        # dropout masks the forward pass drew are drawn again
+        rng_state = self.rng.bit_generator.state
+        try:
+            if self._fuses_head(x, y):
+                out, grad = None, None   # backward(None): the head's gradient is in place
+                loss, pred, ncorrect, nlabelled = self._fused_head_loss(x, y, backward, weight)
+            else:
+                out, grad, loss, pred, ncorrect, nlabelled = self._outputs_and_loss(
+                    x, y, batch, backward, weight)
+        except BaseException:
+            self.rng.bit_generator.state = rng_state
+            raise
         if ncorrect is not None and nlabelled == 0 and bt != BuildType.FORWARD:
             warnings.warn(f"eval: physical batch {self.opt_i + 1}/{self._opt_period} of "
                           f"logical batch {self.iter} has no labelled position (every "

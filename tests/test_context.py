@@ -236,6 +236,35 @@ def test_a_forward_context_keeps_no_gradients(tmp_path):
     assert grad.arena.has_grads and grad.arena.nbytes >= 2 * 4 * n
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_refused_eval_leaves_the_generator_as_it_was(fused):
+    # the forward pass draws dropout masks from ctx.rng before the labels are found
+    # not to fit: the run must repeat as if the refused call had not been made
+    from ggmlopt import lora
+    from ggmlopt.models import Llama, LlamaConfig
+
+    def context():
+        model = Llama(LlamaConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                  ffn_dim=64, max_seq_len=64), seed=0)
+        lora.apply(model, rank=2, dropout=0.25, seed=0)
+        model.fused_head = fused
+        return go.OptContext(model, loss_type="cross_entropy", seed=1)
+
+    x = np.random.default_rng(0).integers(0, 64, (2, 8)).astype(np.int32)
+    y = np.roll(x, -1, axis=1)
+    refused, plain = context(), context()
+    refused.alloc(True)
+    with pytest.raises(ValueError, match="labels"):
+        refused.eval(inputs=x, labels=y[:, :7].copy())
+    refused.eval(inputs=x, labels=y)   # the alloc stands
+    plain.alloc(True)
+    plain.eval(inputs=x, labels=y)
+    assert refused.loss == plain.loss
+    assert refused.rng.bit_generator.state == plain.rng.bit_generator.state
+    for p, q in zip(refused.parameters(), plain.parameters()):
+        np.testing.assert_array_equal(p.data, q.data)
+
+
 def test_counters_and_lazy_zeroing():
     """opt_i counts every eval, iter only OPT steps; with opt_period 2 a forward
     alloc right after an OPT step zeroes the accumulator (ggml_opt_alloc)."""
