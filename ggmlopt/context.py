@@ -447,10 +447,10 @@ class OptContext:
             self._make_batch_buffers(out_shape)
 
         protocol = TrainingProtocol(model)   # reads the module tree, changes nothing
+        self.model = model   # (a caller's check reads it: a language model's token ids)
         if _before_taking is not None:  # a caller's last check (fit: the dataset)
             _before_taking(self)
         # from here on nothing can fail: take the parameters
-        self.model = model
         self._training_protocol = protocol
         self.get_opt_pars = get_opt_pars
         self.get_opt_pars_ud = get_opt_pars_ud

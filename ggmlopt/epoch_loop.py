@@ -29,6 +29,11 @@ def check_dataset(ctx: OptContext, dataset: Dataset, trains: bool = True) -> int
     if data.ndim != 2 or data.shape[1] != ctx.ne_datapoint:
         raise ValueError(f"dataset: datapoints of {data.shape[1:]} elements do not match the "
                          f"context's ne_datapoint={ctx.ne_datapoint}")
+    # a token id no forward pass reads is found now, not at its batch after steps
+    # have changed the model (a language model says which ids it reads)
+    check_tokens = getattr(ctx.model, "check_token_ids", None)
+    if data.dtype == np.int32 and callable(check_tokens):
+        check_tokens(data, "dataset")
     labels = dataset.labels
     if ctx.labels is None:
         if labels is not None:

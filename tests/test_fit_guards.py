@@ -211,3 +211,18 @@ def test_a_physical_batch_without_a_labelled_position_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         go.fit(model, ds, "cross_entropy", nbatch_logical=8, nbatch_physical=4, silent=True)
+
+
+@pytest.mark.parametrize("bad", [11, -12])
+def test_a_token_id_outside_the_vocabulary_is_refused_before_training(bad):
+    # found before the first step, not when its batch comes after steps changed the model
+    labels = np.random.default_rng(1).integers(0, 11, (8, 6)).astype(np.int32)
+    model, ds = _token_problem(labels)
+    ds.data[7, 4] = bad   # the last window; -12 marks a document starting with id 11
+    weights = [p.data.copy() for p in model.parameters()]
+    with pytest.raises(IndexError, match=rf"dataset: token id {bad} at \(7, 4\) is outside "
+                                         r"the vocabulary \[0, 11\)"):
+        go.fit(model, ds, "cross_entropy", nbatch_logical=4, silent=True)
+    untouched(model, ds, weights)
+    ds.data[7, 4] = -11   # a packed document's first token, id 10: read
+    go.fit(model, ds, "cross_entropy", nbatch_logical=4, silent=True)

@@ -399,6 +399,19 @@ class CausalLM(Module):
                              f"is outside the vocabulary [0, {cfg.vocab_size})")
         return np.ascontiguousarray(tokens, dtype=np.int32)
 
+    def check_token_ids(self, tokens: np.ndarray, name: str = "tokens") -> None:
+        """IndexError naming the first id of tokens (int32, any shape) that no
+        forward pass reads: ids are in [0, vocab_size), a packed document's
+        first token stored as -1 - id (ggmlopt.nn.positions).  fit and epoch ask
+        it of a whole dataset before the first step."""
+        v = self.config.vocab_size
+        if tokens.size and (tokens.min() < -v or tokens.max() >= v):
+            bad = np.flatnonzero(((tokens < -v) | (tokens >= v)).reshape(-1))[0]
+            where = tuple(int(i) for i in np.unravel_index(bad, tokens.shape))
+            raise IndexError(f"{name}: token id {int(tokens.reshape(-1)[bad])} at {where} is "
+                             f"outside the vocabulary [0, {v}) (a packed document's first "
+                             "token is stored as -1 - id)")
+
     def _head_weight(self) -> Parameter:
         """The (dim, vocab) matrix of the logits, or the tied (vocab, dim) one."""
         return self._embedding.weight if self.lm_head is None else self.lm_head.weight
