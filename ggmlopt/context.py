@@ -945,7 +945,12 @@ class OptContext:
         """The validated optimizer parameters of this step (before anything changes)."""
         # per-step schedules read ctx.iter, so they receive the context itself
         ud = self if getattr(self.get_opt_pars, "unit", None) == "step" else self.get_opt_pars_ud
-        return tuple(self._optimizer.hyperparameters(self.get_opt_pars(ud)))
+        returned = self.get_opt_pars(ud)
+        try:
+            return tuple(self._optimizer.hyperparameters(returned))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"get_opt_pars: what it returned for step {self.iter} is refused: "
+                          f"{e}") from None
 
     def eval(self, result: Result | None = None, inputs: npt.ArrayLike | None = None,
              labels: npt.ArrayLike | None = None) -> None:

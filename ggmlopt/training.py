@@ -269,6 +269,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         history = History(val_split=float(val_split), ndata_train=plan.idata_split * parts,
                           ndata_val=(plan.ndata_used - plan.idata_split) * parts)
         loop = FitLoop(plan, ctx, dataset, history, ckpt, None if silent else progress_bar)
+        order = dataset.permutation.copy()
         if pending is not None:
             ctx.load_state_dict(pending.ctx_sd)
             moved = _schedule_moved(get_opt_pars, ctx, pending)
@@ -282,12 +283,13 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                 where = f" and step {step} of epoch {done + 1}" if step else ""
                 sys.stderr.write(f"fit: resuming from {resumed_from} after epoch {done:04d}/"
                                  f"{plan.nepoch:04d}{where}\n")
-            loop.run(done + 1, step, pending.train_totals)
+            _run_restoring_order(loop, ctx, dataset, order, done + 1, step,
+                                 pending.train_totals)
         else:
             if plan.shuffle_all:
                 # shuffling only helps when one batch does not hold all the data
                 dataset.shuffle(ctx.rng, -1)  # all data, training and validation
-            loop.run()
+            _run_restoring_order(loop, ctx, dataset, order)
     finally:
         # every exit, also an exception or Ctrl-C in the middle of an epoch, leaves
         # the model in eval mode, so model(x) afterwards is inference (no dropout)
@@ -296,6 +298,19 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         sys.stderr.write(f"fit: training took {format_hms(time_us() - t_start_us)}\n")
         sys.stderr.flush()
     return history
+
+
+def _run_restoring_order(loop, ctx, dataset, order, *start) -> None:
+    """loop.run(*start); a refusal before its first optimizer step (a value
+    get_opt_pars returns, found at that step) leaves the dataset in the order
+    fit found it: the model has not changed either."""
+    iter_before = ctx.iter
+    try:
+        loop.run(*start)
+    except BaseException:
+        if ctx.iter == iter_before:
+            dataset._set_permutation(order)
+        raise
 
 
 def _check_accumulate(accumulate, loss_type, dataset, comm):

@@ -226,3 +226,17 @@ def test_a_token_id_outside_the_vocabulary_is_refused_before_training(bad):
     untouched(model, ds, weights)
     ds.data[7, 4] = -11   # a packed document's first token, id 10: read
     go.fit(model, ds, "cross_entropy", nbatch_logical=4, silent=True)
+
+
+def test_a_refused_get_opt_pars_leaves_the_dataset_in_its_order():
+    # a plain function is first called at the first optimizer step, after fit's
+    # shuffle: its refusal names it, and the model and the order stay as they were
+    model, ds = problem()
+    weights = [p.data.copy() for p in model.parameters()]
+
+    def bad(epoch):
+        return go.OptimizerParams(adamw=go.AdamWParams(alpha=-1.0))
+
+    with pytest.raises(ValueError, match=r"get_opt_pars: .*step 1.*adamw.alpha: expected > 0"):
+        go.fit(model, ds, go.LossType.CROSS_ENTROPY, bad, nbatch_logical=20, silent=True)
+    untouched(model, ds, weights)
