@@ -68,17 +68,11 @@ class SPMTokenizer(Vocabulary):
         if len(self.scores) != n or len(self.token_types) != n:
             raise ValueError(f"scores, token_types: expected {n} values each (one per token), "
                              f"got {len(self.scores)} and {len(self.token_types)}")
-        for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("unk_id", unk_id),
-                            ("eot_id", eot_id), ("eom_id", eom_id)):
-            if value is not None and not 0 <= int(value) < n:
-                raise IndexError(f"{name}: {value} is outside the vocabulary [0, {n})")
         self.vocab_size = n
-        self.bos_id = None if bos_id is None else int(bos_id)
-        self.eos_id = None if eos_id is None else int(eos_id)
-        self.unk_id = None if unk_id is None else int(unk_id)
-        self.eot_id = None if eot_id is None else int(eot_id)
-        self.eom_id = None if eom_id is None else int(eom_id)
-        self.add_bos = bool(add_bos)
+        # (each checked as it is set: ggmlopt.text._special_id)
+        self.bos_id, self.eos_id, self.unk_id = bos_id, eos_id, unk_id
+        self.eot_id, self.eom_id = eot_id, eom_id
+        self.add_bos = add_bos
         self.add_eos = add_eos_flag(add_eos, self.eos_id)
         self.add_space_prefix = bool(add_space_prefix)
         self.chat_template = chat_template

@@ -80,6 +80,32 @@ def _refuse_tokenizer_options(kwargs: dict) -> None:
         raise ValueError(f"{name}={value!r}: transformers' tokenizer option is not supported by "
                          f"apply_chat_template here ({does})")
 
+# a tokenizer's special ids (each None or an id of its vocabulary) and its flags
+_SPECIAL_IDS = frozenset({"bos_id", "eos_id", "eot_id", "eom_id", "pad_id", "unk_id",
+                          "sep_id", "cls_id"})
+_FLAGS = frozenset({"add_bos", "add_eos"})
+
+
+def _special_id(tokenizer: Any, name: str, value: Any) -> int | None:
+    """value as a special id of tokenizer: None, or an int in [0, vocab_size)
+    (TypeError for another type, IndexError outside the vocabulary)."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected a token id (int) or None, got "
+                        f"{type(value).__name__}")
+    n = getattr(tokenizer, "vocab_size", None)
+    if isinstance(n, int) and not 0 <= int(value) < n:
+        raise IndexError(f"{name}: {int(value)} is outside the vocabulary [0, {n})")
+    return int(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 class _ChatTemplated:
     """apply_chat_template for a tokenizer with ``chat_template`` (a Jinja str or
     None), ``named_chat_templates`` (the checkpoint's other templates by name:
@@ -97,8 +123,20 @@ class _ChatTemplated:
 
     @chat_template.setter
     def chat_template(self, template: str | None) -> None:
+        if template is not None and not isinstance(template, str):
+            raise TypeError(f"chat_template: expected a Jinja template (str) or None, got "
+                            f"{type(template).__name__}")
         self.__dict__["_chat_template"] = template
         self.named_chat_templates = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # the special ids and flags a user may set (TRL's eos_token=, a pad token)
+        # are checked as they are set, not where they are read much later
+        if name in _SPECIAL_IDS:
+            value = _special_id(self, name, value)
+        elif name in _FLAGS:
+            value = _flag(name, value)
+        super().__setattr__(name, value)
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
@@ -200,7 +238,7 @@ class ByteTokenizer(_ChatTemplated):
 
     def __init__(self, chat_template: str | None = None, add_eos: bool = False):
         self.chat_template = chat_template
-        self.add_eos = bool(add_eos)
+        self.add_eos = add_eos
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
@@ -390,6 +428,7 @@ def checked_ids(ids: npt.ArrayLike, vocab_size: int) -> np.ndarray:
 def add_eos_flag(add_eos: object, eos_id: int | None) -> bool:
     """A tokenizer's add_eos, checked: llama.cpp asserts an eos id when the flag
     asks it to append one."""
+    add_eos = _flag("add_eos", add_eos)
     if add_eos and eos_id is None:
         raise ValueError("add_eos: True needs an eos_id (the token it appends)")
     return bool(add_eos)
@@ -513,16 +552,10 @@ class BPETokenizer(Vocabulary):
         if len(self.token_types) != n:
             raise ValueError(f"token_types: expected {n} values (one per token), got "
                              f"{len(self.token_types)}")
-        for name, value in (("eos_id", eos_id), ("bos_id", bos_id), ("eot_id", eot_id),
-                            ("eom_id", eom_id)):
-            if value is not None and not 0 <= int(value) < n:
-                raise IndexError(f"{name}: {value} is outside the vocabulary [0, {n})")
         self.vocab_size = n
-        self.eos_id = None if eos_id is None else int(eos_id)
-        self.bos_id = None if bos_id is None else int(bos_id)
-        self.eot_id = None if eot_id is None else int(eot_id)
-        self.eom_id = None if eom_id is None else int(eom_id)
-        self.add_bos = bool(add_bos)
+        # (each checked as it is set: ggmlopt.text._special_id)
+        self.eos_id, self.bos_id, self.eot_id, self.eom_id = eos_id, bos_id, eot_id, eom_id
+        self.add_bos = add_bos
         self.add_eos = add_eos_flag(add_eos, self.eos_id)
         self.pre = str(pre)
         vocab = {t: i for i, t in enumerate(self.tokens)}

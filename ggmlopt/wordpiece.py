@@ -130,13 +130,13 @@ class WordPieceTokenizer(Vocabulary):
         if len(self.token_types) != n:
             raise ValueError(f"token_types: expected {n} values (one per token), got "
                              f"{len(self.token_types)}")
-        for name, value in (("unk_id", unk_id), ("cls_id", cls_id), ("sep_id", sep_id)):
-            if value is not None and not 0 <= int(value) < n:
-                raise IndexError(f"{name}: {value} is outside the vocabulary [0, {n})")
         self.vocab_size = n
-        self.unk_id = int(unk_id)
-        self.bos_id = self.cls_id = None if cls_id is None else int(cls_id)
-        self.eos_id = self.sep_id = None if sep_id is None else int(sep_id)
+        # (each checked as it is set: ggmlopt.text._special_id)
+        if unk_id is None:
+            raise TypeError("unk_id: expected a token id (int), got None")
+        self.unk_id = unk_id
+        self.bos_id = self.cls_id = cls_id
+        self.eos_id = self.sep_id = sep_id
         self.eot_id = self.eom_id = None
         self.add_bos = True
         self.add_eos = False   # SEP is llama.cpp's add_sep, not an EOS

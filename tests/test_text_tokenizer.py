@@ -289,3 +289,41 @@ def test_bpe_decode_joins_a_character_around_a_skipped_control_token():
     ids = [e_acute[0], 257, e_acute[1]]
     assert tok.decode(ids, skip_special=True) == "\u00e9"
     assert tok.decode(ids) == "\ufffd<|x|>\ufffd"
+
+
+# ---- special ids, flags and templates: checked as they are set --------------------------
+
+def _settable_tokenizers():
+    made = [ByteTokenizer(), _spm()]
+    try:
+        made.append(_byte_bpe())
+    except ImportError:   # the tokenizers extra
+        pass
+    return made
+
+
+def test_special_ids_flags_and_templates_are_checked_as_they_are_set():
+    # set late (TRL's eos_token=, a pad token), read much later: a bad value is refused
+    # where it is set, and the tokenizer keeps what it had
+    for tok in _settable_tokenizers():
+        n = tok.vocab_size
+        before = (tok.eos_id, tok.add_eos, tok.chat_template)
+        tok.named_chat_templates = {"tool_use": "{{ tools }}"}
+        for value, error in [(n, IndexError), (-1, IndexError), ("27", TypeError),
+                             (True, TypeError), (2.0, TypeError)]:
+            with pytest.raises(error, match="eos_id"):
+                tok.eos_id = value
+        with pytest.raises(TypeError, match="add_eos"):
+            tok.add_eos = "no"
+        with pytest.raises(TypeError, match="chat_template"):
+            tok.chat_template = 3
+        assert (tok.eos_id, tok.add_eos, tok.chat_template) == before
+        assert tok.named_chat_templates == {"tool_use": "{{ tools }}"}
+        tok.pad_id = np.int64(n - 1)           # a NumPy integer is an id
+        assert tok.pad_id == n - 1 and type(tok.pad_id) is int
+        tok.eos_id = None
+        assert tok.eos_id is None
+    with pytest.raises(TypeError, match="chat_template"):
+        ByteTokenizer(chat_template=b"{{ x }}")
+    with pytest.raises(TypeError, match="add_eos"):
+        ByteTokenizer(add_eos="no")
