@@ -17,6 +17,7 @@ from dataclasses import astuple
 from ._blas_threads import blas_threads_for_training, current_blas_threads
 from .epoch_loop import epoch, epoch_plan, plan_batches, run_batches
 from .history import EpochStats, EvalStats
+from .optim_params import FitEpoch
 from .progress import time_us
 from .result import Result
 
@@ -48,7 +49,7 @@ class FitLoop:
         plan, ctx, silent = self.plan, self.ctx, self.silent
         for ep in range(first_epoch, plan.nepoch + 1):
             done = first_step if ep == first_epoch else 0
-            ctx.get_opt_pars_ud = ep
+            ctx.get_opt_pars_ud = FitEpoch(ep)   # ggml's userdata: the epoch
             self.result_train.reset()
             if done > 0:  # resumed inside the epoch: its shuffle and first steps are done
                 self.result_train._set_totals(train_totals, ctx)

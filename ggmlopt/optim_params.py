@@ -11,6 +11,7 @@ import numpy as np
 __all__ = [
     "AdamWParams",
     "BuildType",
+    "FitEpoch",
     "LossType",
     "OptimizerParams",
     "OptimizerType",
@@ -18,6 +19,14 @@ __all__ = [
     "constant_optimizer_params",
     "default_optimizer_params",
 ]
+
+
+class FitEpoch(int):
+    """The 1-based epoch fit hands get_opt_pars: an int (ggml's userdata),
+    marked as fit's epoch, so that a per-step schedule called with it from a
+    function of the user's refuses it rather than read it as the step."""
+
+    __slots__ = ()
 
 
 class LossType(enum.IntEnum):

@@ -46,7 +46,7 @@ import numbers
 from typing import Any
 
 from ._args import int_arg
-from .optim_params import OptimizerParams
+from .optim_params import FitEpoch, OptimizerParams
 
 __all__ = ["Constant", "Cosine", "Linear", "Schedule", "Step", "WarmupCosine", "WarmupLinear",
            "constant", "cosine", "linear", "step", "warmup_cosine", "warmup_linear"]
@@ -95,6 +95,12 @@ class Schedule:
         raise NotImplementedError
 
     def _t(self, userdata: Any) -> int:
+        if self.unit == "step" and isinstance(userdata, FitEpoch):
+            raise ValueError(f"userdata: a per-step schedule was handed fit's epoch "
+                             f"({int(userdata)}), which it would read as the step: it is "
+                             "called from a function that fit calls with the epoch; pass "
+                             "the schedule itself as get_opt_pars (fit hands it the context, "
+                             "whose iter is the step) or make it unit='epoch'")
         if self.unit == "step" and not isinstance(userdata, numbers.Integral):
             it = getattr(userdata, "iter", None)
             if it is None:

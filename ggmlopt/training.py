@@ -24,6 +24,7 @@ from .history import EpochStats, EvalStats, History
 from .nn.module import set_training
 from .optim_params import (
     BuildType,
+    FitEpoch,
     LossType,
     OptimizerParams,
     OptimizerType,
@@ -244,7 +245,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
             ctx = OptContext(model, batch_size=plan.nbatch_physical, ne_datapoint=data.shape[1],
                              loss_type=loss_type, build_type=BuildType.OPT,
                              opt_period=plan.opt_period, optimizer=optimizer,
-                             get_opt_pars=get_opt_pars, get_opt_pars_ud=1, seed=seed,
+                             get_opt_pars=get_opt_pars, get_opt_pars_ud=FitEpoch(1), seed=seed,
                              clip_grad_norm=clip_grad_norm, comm=comm,
                              shard_optimizer=shard_optimizer, class_labels=class_labels,
                              inputs_dtype=inputs_dtype, bucket_cap_mb=bucket_cap_mb,

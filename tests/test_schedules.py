@@ -226,3 +226,20 @@ def test_per_epoch_schedule_in_fit_gets_the_epoch():
     go.fit(model, ds, go.LossType.CROSS_ENTROPY, get_opt_pars=rec, nepoch=3,
            nbatch_logical=6, silent=True)
     assert rec.seen == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_per_step_schedule_wrapped_in_a_function_refuses_fit_s_epoch():
+    # fit hands a function the epoch; a per-step schedule inside it would read the
+    # epoch as the step (and not decay within an epoch): refused, naming the way out
+    ds, model = _tiny_problem()
+    sched = S.WarmupCosine(warmup=2, total=6, base=BASE, unit="step")
+    with pytest.raises(ValueError, match="per-step schedule was handed fit's epoch"):
+        go.fit(model, ds, go.LossType.CROSS_ENTROPY, get_opt_pars=lambda ud: sched(ud),
+               nepoch=1, nbatch_logical=6, silent=True)
+    # the epoch is still the int ggml hands over: a function reading it works as before
+    seen = []
+    go.fit(model, ds, go.LossType.CROSS_ENTROPY,
+           get_opt_pars=lambda ud: seen.append(ud) or BASE, nepoch=2, nbatch_logical=6,
+           silent=True)
+    assert seen == [1, 1, 2, 2] and all(isinstance(e, int) for e in seen)
+    assert S.WarmupCosine(warmup=2, total=6, base=BASE, unit="epoch")(seen[-1]) is not None
