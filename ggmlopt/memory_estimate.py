@@ -41,6 +41,7 @@ its peak: the estimate is checked against the measured peak RSS of whole runs
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import sys
 from typing import Any, ClassVar
@@ -49,14 +50,16 @@ import numpy as np
 
 from ._args import bool_arg, int_arg
 from .gemm import bf16_support, check_precision
-from .optimizers import Optimizer
+from .optimizers import optimizer_arg
 
 __all__ = ["MemoryReport", "available_memory", "memory_report"]
 
 F32 = 4
-# the interpreter, NumPy, ggmlopt's modules and OpenBLAS's per-thread buffers, measured
-# as the peak RSS of a training step less its arrays (bench/memory_peaks.py)
-RUNTIME_BYTES = 80 << 20
+# the interpreter, NumPy, ggmlopt's modules and the BLAS's per-thread buffers: the peak
+# RSS of training steps less the arrays the other parts count, 50-62 MiB over full
+# fine-tunes and LoRA runs, float32 and bf16, tied and untied heads, on 2 threads
+# (bench/memory_peaks.py, tests/test_memory_report.py)
+RUNTIME_BYTES = 56 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +160,15 @@ def resident_memory() -> int | None:
 
 # ---- activations: ggmlopt's buffers per token ---------------------------------------------
 
+def _adapter_scratch_bytes(block) -> int:
+    """The bytes a block's LoRA adapters keep whatever the tokens: each one's
+    dA^T (rank x in float32) between its backward passes."""
+    from .nn.lora_layers import LoRALinear
+    from .nn.module import modules
+    return sum(m.rank * m.in_features * F32 for m in modules(block)
+               if isinstance(m, LoRALinear))
+
+
 def _floats_per_token(module) -> tuple[int, int]:
     """Float32 values module and its sub-modules hold per token of a training
     step: (kept, backward): the forward's outputs kept for the backward pass
@@ -189,9 +201,10 @@ def _floats_per_token(module) -> tuple[int, int]:
         return (kept - layer.out_features, backward)
 
     if isinstance(module, LoRALinear):
-        # the output and the adapter's path (rank wide: t, its transpose, u); the
-        # input gradient and the adapter's share of it in the backward pass
-        kept, backward = module.out_features + 3 * module.rank, 2 * module.in_features
+        # the output and the adapter's path (rank wide: t, u and their transposes);
+        # the input gradient and the adapter's share of it in the backward pass
+        # (dA^T, rank x in, is no token's: _adapter_scratch_bytes)
+        kept, backward = module.out_features + 4 * module.rank, 2 * module.in_features
         if module.lora_dropout.p > 0.0:
             # the dropout's buffers, kept from step to step: its mask, the dropped
             # input, the gradient through the mask (float32) and the kept flags
@@ -362,15 +375,10 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     if n_ctx > lm.config.max_seq_len:
         raise ValueError(f"n_ctx: {n_ctx} is more than the model's max_seq_len "
                          f"{lm.config.max_seq_len}")
-    if isinstance(optimizer, Optimizer):
-        nstate = len(optimizer.state_names)
-    elif isinstance(optimizer, str) and optimizer in ("adamw", "sgd"):
-        nstate = 2 if optimizer == "adamw" else 0
-    else:
-        error = ValueError if isinstance(optimizer, str) else TypeError
-        raise error(f"optimizer: expected 'adamw', 'sgd' or a ggmlopt.optimizers."
-                    f"Optimizer, got {optimizer!r}")
-    if isinstance(labelled, bool) or not isinstance(labelled, (int, float)):
+    # every form OptContext and fit take: an OptimizerType, its name in any case, an
+    # Optimizer (its state_names: one array each)
+    nstate = len(optimizer_arg(optimizer).state_names)
+    if isinstance(labelled, (bool, np.bool_)) or not isinstance(labelled, numbers.Real):
         raise TypeError(f"labelled: expected a float share in [0, 1], got "
                         f"{type(labelled).__name__}")
     if not 0.0 <= labelled <= 1.0:
@@ -382,6 +390,7 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     dim = lm.config.dim
     blocks = list(lm.layers if hasattr(lm, "layers") else lm.h)
     per_block = [_floats_per_token(b) for b in blocks]
+    scratch = [_adapter_scratch_bytes(b) for b in blocks]
     # the embedding's output, the final norm, the hidden rows' gradient
     outside = (dim + 2 * dim + 2 + dim) * tokens * F32
     rows = max(1, round(labelled * tokens))
@@ -393,15 +402,14 @@ def memory_report(model, batch_size: int, n_ctx: int, *, optimizer: Any = "adamw
     # one block's backward buffers: made and dropped block by block
     backward = max((b for _, b in per_block), default=0) * tokens * F32
     if checkpointing:   # every block's input kept; one block's buffers, or the head's
-        one_block = max((k + b for k, b in per_block), default=0) * tokens * F32
+        one_block = max((k + b for k, b in per_block), default=0) * tokens * F32 \
+            + max(scratch, default=0)
         activations = len(blocks) * dim * tokens * F32 + one_block + outside
         transient = len(blocks) * dim * tokens * F32 + outside + max(one_block, head)
     else:
-        activations = sum(k for k, _ in per_block) * tokens * F32 + outside
+        activations = sum(k for k, _ in per_block) * tokens * F32 + sum(scratch) + outside
         transient = activations + max(head, backward)
-    if not isinstance(optimizer_in_backward, bool):
-        raise TypeError(f"optimizer_in_backward: expected a bool, got "
-                        f"{type(optimizer_in_backward).__name__}")
+    optimizer_in_backward = bool_arg(optimizer_in_backward, "optimizer_in_backward")
     if check_precision(precision) == "bf16" and bf16_support()[0]:
         copies, per_token, float_head = _bf16_copies(lm)
         if checkpointing and blocks:

@@ -141,3 +141,29 @@ def test_memory_report_counts_the_slope_buffer():
     chunk = _fused_head.chunk_rows(2 * 23, V) * V * 4
     assert report_c.head - report_p.head == chunk
     assert report_c.total > report_p.total   # the head is the peak of this small model
+
+
+def test_the_cap_and_its_slope_make_no_temporary_of_the_chunk_s_size():
+    # the fused head holds the logits and the slope (two chunk buffers, as
+    # memory_report counts them): a third, a temporary of (1 + t), would be 56 MiB more
+    import tracemalloc
+
+    from ggmlopt.models._logit_softcap import soft_cap_backward, soft_cap_with_slope
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((64, 50_000)) * 40).astype(np.float32)   # 12.2 MiB
+    want = np.float32(30.0) * np.tanh(logits / np.float32(30.0))
+    t = np.tanh(logits / np.float32(30.0))
+    slope = np.empty_like(logits)
+    grad = np.ones_like(logits)
+    tracemalloc.start()
+    soft_cap_with_slope(logits, 30.0, slope)
+    _, forward_peak = tracemalloc.get_traced_memory()
+    tracemalloc.reset_peak()
+    soft_cap_backward(grad, logits, 30.0)
+    _, backward_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert max(forward_peak, backward_peak) < 4 << 20, (forward_peak, backward_peak)
+    np.testing.assert_array_equal(logits, want)
+    np.testing.assert_array_equal(slope, (np.float32(1) - t) * (np.float32(1) + t))
+    # (the backward reads the capped logits: t again from them, within rounding)
+    np.testing.assert_allclose(grad, slope, rtol=0, atol=4 * np.finfo(np.float32).eps)

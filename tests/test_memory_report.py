@@ -38,6 +38,12 @@ def test_the_parts_add_up_and_follow_what_trains():
     assert ck.total < (ck.weights + ck.gradients + ck.optimizer_state + ck.activations
                        + ck.head + ck.runtime)
     assert go.memory_report(model, 2, 64, optimizer="sgd").optimizer_state == 0
+    # every form OptContext and fit take for the same settings
+    assert go.memory_report(model, 2, 64, optimizer="SGD") == \
+        go.memory_report(model, 2, 64, optimizer=go.OptimizerType.SGD)
+    assert go.memory_report(model, 2, 64, optimizer_in_backward=np.True_,
+                            labelled=np.float32(0.5)) == \
+        go.memory_report(model, 2, 64, optimizer_in_backward=True, labelled=0.5)
     assert full["total"] == full.total and full.to_dict()["head"] == full.head
     with pytest.raises(KeyError, match="expected one of"):
         full["logits"]
@@ -66,12 +72,17 @@ import numpy as np
 import ggmlopt as go
 from ggmlopt import lora
 from ggmlopt.models import Llama, LlamaConfig
+from ggmlopt.models.gemma2 import Gemma2, Gemma2Config
 from ggmlopt.models.phi3 import Phi3, Phi3Config
 cfg, b, t, how = json.loads(sys.argv[1])
-# Phi-3: its fused q|k|v and gate|up products, split into copies
-model = Phi3(Phi3Config(**cfg), seed=0) if "phi3" in how else Llama(LlamaConfig(**cfg), seed=0)
+# Phi-3: its fused q|k|v and gate|up products, split into copies; Gemma 2: the final
+# soft cap's slope beside the head's chunk
+model = Phi3(Phi3Config(**cfg), seed=0) if "phi3" in how else \
+    Gemma2(Gemma2Config(**cfg, sliding_window=64), seed=0) if "gemma2" in how else \
+    Llama(LlamaConfig(**cfg), seed=0)
 if "lora" in how:
-    lora.apply(model, rank=8, targets="all-linear", dropout=0.1 if "dropout" in how else 0.0)
+    lora.apply(model, rank=64 if "rank64" in how else 8, targets="all-linear",
+               dropout=0.1 if "dropout" in how else 0.0)
 if "checkpointing" in how:
     model.gradient_checkpointing_enable()
 precision = "bf16" if "bf16" in how else "f32"
@@ -101,7 +112,9 @@ MEDIUM = {"vocab_size": 16000, "dim": 384, "n_layers": 6, "n_heads": 6, "n_kv_he
                                      (2, 512, "lora"), (1, 1024, "fit-lora"),
                                      (2, 512, "lora-dropout"),
                                      (2, 512, "lora-bf16"), (2, 256, "full-bf16"),
-                                     (2, 512, "phi3-full"), (2, 512, "phi3-lora-bf16")])
+                                     (2, 512, "phi3-full"), (2, 512, "phi3-lora-bf16"),
+                                     (1, 1024, "lora-bf16-checkpointing"),
+                                     (2, 512, "lora-rank64"), (4, 512, "gemma2-full")])
 def test_the_estimate_is_within_15_percent_of_the_measured_peak(b, t, how):
     if "bf16" in how and not gemm.bf16_support()[0]:
         pytest.skip(f"bf16 runs as float32 here: {gemm.bf16_support()[1]}")
@@ -269,3 +282,45 @@ def test_checkpointed_blocks_hold_their_bf16_copies_one_at_a_time():
     f32 = go.memory_report(model, 2, 16, checkpointing=True)
     assert n > 1 and plain.weights - ckpt.weights == (n - 1) * block
     assert ckpt.weights - f32.weights == block + 2 * model.lm_head.weight.data.size
+
+
+def _adapter_buffers(model):
+    """The bytes of the private arrays the model's adapters keep after a step."""
+    return sum(v.nbytes for _, layer in lora.named_adapters(model)
+               for k, v in vars(layer).items() if k.startswith("_") and isinstance(v, np.ndarray)
+               and not isinstance(v, go.nn.Parameter))
+
+
+def test_an_adapter_s_rank_costs_what_its_buffers_hold():
+    # what a higher rank adds to the estimate is what the adapters' own buffers grow
+    # by after a step (t, u, their transposes, dA^T), measured on the layers
+    tokens = np.random.default_rng(0).integers(0, SMALL["vocab_size"], (2, 65)).astype(np.int32)
+    held, estimated = [], []
+    for rank in (4, 36):
+        model = Llama(LlamaConfig(**SMALL), seed=0)
+        lora.apply(model, rank=rank, targets="all-linear", seed=0)
+        estimated.append(go.memory_report(model, 2, 64).activations)
+        ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32)
+        ctx.alloc(True)
+        ctx.eval(None, inputs=tokens[:, :-1], labels=tokens[:, 1:])
+        held.append(_adapter_buffers(model))
+    assert estimated[1] - estimated[0] == held[1] - held[0] > 0
+
+
+def test_checkpointing_releases_the_bf16_copies_an_adapter_s_base_holds():
+    # an adapter's base layer is not a sub-module: its bf16 copies (the weight's, the
+    # rows') went with no block's buffers, and every block kept them
+    if not gemm.bf16_support()[0]:
+        pytest.skip(f"bf16 runs as float32 here: {gemm.bf16_support()[1]}")
+    model = Llama(LlamaConfig(**SMALL), seed=0)
+    lora.apply(model, rank=4, targets="all-linear", seed=0)
+    model.gradient_checkpointing_enable()
+    tokens = np.random.default_rng(0).integers(0, SMALL["vocab_size"], (2, 33)).astype(np.int32)
+    ctx = go.OptContext(model, loss_type="cross_entropy", inputs_dtype=np.int32,
+                        precision="bf16")
+    ctx.alloc(True)
+    ctx.eval(None, inputs=tokens[:, :-1], labels=tokens[:, 1:])
+    kept = [name for name, layer in lora.named_adapters(model)
+            if any(isinstance(v, np.ndarray) and v.dtype == np.uint16
+                   for v in vars(layer.base_layer).values())]
+    assert kept == []

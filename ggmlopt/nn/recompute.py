@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .dropout import Dropout
-from .module import Module, modules
+from .module import Module, modules, with_followers
 
 __all__ = ["Checkpoint", "checkpointed_backward", "checkpointed_forward", "release_buffers"]
 
@@ -21,8 +21,10 @@ __all__ = ["Checkpoint", "checkpointed_backward", "checkpointed_forward", "relea
 def release_buffers(block) -> None:
     """Forget the forward and backward buffers of every module of block (their
     arrays go when nothing else holds them); the next forward makes new ones.
-    Arrays a module keeps across passes are named in its ``_kept_arrays``."""
-    for m in modules(block):
+    Arrays a module keeps across passes are named in its ``_kept_arrays``.  An
+    adapter's base layer (not a sub-module: its ``training_followers``) holds
+    the adapter's own buffers, its bf16 copies among them: released too."""
+    for m in with_followers(modules(block)):
         state = vars(m)
         kept = getattr(type(m), "_kept_arrays", ())
         for key, value in list(state.items()):
