@@ -187,7 +187,7 @@ def _rows(x: np.ndarray, start: int, stop: int, scale: float | None) -> np.ndarr
 @contextmanager
 def _borrowed(model: Any) -> Iterator[None]:
     """Give model back as it came: each parameter's .data, .grad and grad_is_zero,
-    and every module's training flag.  Inside, every ggmlopt Parameter reads as
+    every module's training flag and the generator a layer that draws holds.  Inside, every ggmlopt Parameter reads as
     frozen, so the forward-only context reads the weights where they are: no copy
     into an arena, no gradient (the flag is put back as it was, the count of
     trainability changes untouched: a training context over the model sees
@@ -200,8 +200,12 @@ def _borrowed(model: Any) -> Iterator[None]:
     trains = [(p, p._requires_grad) for p in params if isinstance(p, Parameter)]
     # every module set_training reaches (a plain object's own named_children, an
     # adapter's base), each flag as its own attribute or none
-    flags = [(m, vars(m).get("training", _ABSENT)) for m in with_followers(modules(model))
-             if hasattr(m, "__dict__")]
+    reached = [m for m in with_followers(modules(model)) if hasattr(m, "__dict__")]
+    flags = [(m, vars(m).get("training", _ABSENT)) for m in reached]
+    # the generators the layers that draw (set_rng: Dropout's) hold: the context's
+    # alloc hands them its own
+    generators = [(m, k, v) for m in reached if callable(getattr(m, "set_rng", None))
+                  for k, v in vars(m).items() if isinstance(v, np.random.Generator)]
     try:
         for p, _ in trains:
             p._requires_grad = False
@@ -214,6 +218,8 @@ def _borrowed(model: Any) -> Iterator[None]:
             p.grad = grad
             if zero is not _ABSENT:
                 p.grad_is_zero = zero
+        for m, key, generator in generators:
+            vars(m)[key] = generator
         for m, training in flags:
             if training is not _ABSENT:
                 m.training = training

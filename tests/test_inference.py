@@ -229,3 +229,22 @@ def test_non_finite_outputs_raise_naming_the_datapoints():
     x[7, 0] = 0.0   # the model was given back: it works on
     np.testing.assert_allclose(go.predict(model, x), reference_outputs(model, x), rtol=1e-5,
                                atol=1e-5)
+
+
+def test_a_dropout_layer_keeps_its_generator():
+    # evaluate's context hands the layers that draw its own generator; the model's
+    # own comes back, so a training forward afterwards draws what it would have
+    x = np.ones((2, 4), np.float32)
+
+    def make():
+        m = go.nn.Sequential(go.nn.Linear(4, 4, rng=1), go.nn.Dropout(0.5, rng=7),
+                             go.nn.Linear(4, 2, rng=2))
+        m.train(True)
+        return m
+
+    plain, used = make(), make()
+    generator = used[1].rng
+    go.evaluate(used, (x, np.array([0, 1])), "cross_entropy")
+    go.predict(used, x)
+    assert used[1].rng is generator
+    np.testing.assert_array_equal(used(x), plain(x))
