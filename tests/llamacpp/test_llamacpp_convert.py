@@ -60,7 +60,7 @@ DRIVER = textwrap.dedent('''
 
 
 def _vocabulary(tmp_path):
-    from ggmlopt.io._gguf_tokenizer import tokenizer_keys
+    from ggmlopt.io._gguf_tokenizer_keys import tokenizer_keys
     keys = tokenizer_keys(ByteTokenizer(), 257)
     path = tmp_path / "vocab.json"
     path.write_text(json.dumps({k: keys[k] for k in ("tokens", "types", "merges", "eos")}))
