@@ -137,7 +137,12 @@ def _split(data: Any, loss_type: LossType, labels_allowed: bool = False
             x, y = data
         else:
             x, y = data, None
-        x = np.asarray(x)
+        try:
+            x = np.asarray(x)
+        except ValueError:   # NumPy's "inhomogeneous shape": a list [x, y], say
+            raise ValueError(f"data: expected a Dataset, an (x, y) tuple or an array x, got "
+                             f"a {type(x).__name__} that is no array (pass x and y as a "
+                             f"tuple)") from None
         if x.dtype.kind not in "biuf":
             raise TypeError(f"x: expected real numbers, got dtype {x.dtype}")
         if x.ndim != 2:

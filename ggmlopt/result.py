@@ -144,7 +144,8 @@ class Result:
 
         With a smaller last batch the per-datapoint mean weighs each batch by its
         datapoints (the tail counts for what it holds); unc treats the batches
-        alike, as ggml's formula does.  Batches without a labelled position
+        alike, as ggml's formula does (a SUM's tail read as its sum over a full
+        batch).  Batches without a labelled position
         (masked sequence labels) have no loss and are left out."""
         n = self._nbatches - self._nempty
         if n == 0:
@@ -161,7 +162,15 @@ class Result:
                 self._ndata - self._nempty * self._batch)
         if n < 2:
             return value, math.nan
-        var = self._sum_sq / n - mean * mean  # without Bessel's correction
+        total, total_sq = self._sum, self._sum_sq
+        if tail_loss is not None and not self._per_datapoint:
+            # a sum of fewer datapoints is no sample of a full batch's sum: the spread
+            # reads the tail's sum as it would be over a full batch
+            full_size = tail_loss * self._batch / tail_batch
+            total += full_size - tail_loss
+            total_sq += full_size * full_size - tail_loss * tail_loss
+            mean = total / n
+        var = total_sq / n - mean * mean  # without Bessel's correction
         x = var / (n - 1) if self._per_datapoint else var * n / (n - 1)
         return value, (math.sqrt(x) if x >= 0 else _NEG_NAN)
 

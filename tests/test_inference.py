@@ -248,3 +248,31 @@ def test_a_dropout_layer_keeps_its_generator():
     go.predict(used, x)
     assert used[1].rng is generator
     np.testing.assert_array_equal(used(x), plain(x))
+
+
+@pytest.mark.parametrize("batch", [2, 4, 5, 9])
+def test_a_sum_s_uncertainty_reads_a_smaller_last_batch_as_a_full_one(batch):
+    # every datapoint adds exactly 2: the total has no spread, whatever the batching
+    model = go.nn.Sequential(go.nn.Linear(3, 2))
+    model.parameters()[0].data[:] = 0
+    model.parameters()[1].data[:] = 1
+    x = np.random.default_rng(0).standard_normal((10, 3)).astype(np.float32)
+    assert go.evaluate(model, x, go.LossType.SUM, batch_size=batch).loss() == (20.0, 0.0)
+    # random outputs: ggml's sqrt(var * n / (n - 1)) over the batch sums, the last one
+    # scaled to a full batch
+    model = go.nn.Sequential(go.nn.Linear(3, 2, rng=1))
+    x = np.random.default_rng(1).standard_normal((10, 3)).astype(np.float32)
+    out = model(x).astype(np.float64).sum(axis=1)
+    sums = np.array([out[i:i + batch].sum() for i in range(0, 10, batch)])
+    sums[-1] *= batch / (10 - batch * (len(sums) - 1))
+    want = np.sqrt(sums.var() * len(sums) / (len(sums) - 1))
+    value, unc = go.evaluate(model, x, go.LossType.SUM, batch_size=batch).loss()
+    np.testing.assert_allclose(value, out.sum(), rtol=1e-5)
+    np.testing.assert_allclose(unc, want, rtol=1e-4, atol=1e-5 * np.abs(sums).max())
+
+
+def test_a_list_of_x_and_y_is_refused_by_name():
+    model = go.nn.Sequential(go.nn.Linear(4, 3))
+    x, y = np.zeros((10, 4), np.float32), np.zeros(10, int)
+    with pytest.raises(ValueError, match=r"^data: .*pass x and y as a tuple"):
+        go.evaluate(model, [x, y], "cross_entropy")
