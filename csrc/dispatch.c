@@ -2018,8 +2018,8 @@ static int64_t split_load(int64_t panels, int64_t tiles, int64_t across, int64_t
     return (panels + across - 1) / across * ((tiles + down - 1) / down + 1);
 }
 
-static gemm_split split_product(int64_t m, int64_t n, int64_t k) {
-    const ggmlopt_kernel_table *kt = kernels();
+static gemm_split split_product(const ggmlopt_kernel_table *kt, int64_t m, int64_t n,
+                                int64_t k) {
     const int64_t nr = kt->sgemm_panel_cols(), mr = kt->sgemm_tile_rows();
     const int64_t panels = (n + nr - 1) / nr, tiles = (m + mr - 1) / mr;
     const double madds = (double)m * (double)n * (double)k;
@@ -2066,8 +2066,12 @@ static int empty_product(int64_t m, int64_t n, int64_t k, float *c, int64_t ldc,
     return 1;
 }
 
+/* A product reads the kernel table once: its split (the path's panel and tile
+ * sizes) and its blocks come from the same path, even when another thread
+ * switches the path (kernels.use_simd) while it runs. */
 typedef struct {
     go_gemm_args g;
+    const ggmlopt_kernel_table *kt;
     gemm_split sp;
     int64_t work_floats;
     float *work;
@@ -2077,7 +2081,7 @@ static void gemm_item(void *p, int it) {
     const gemm_job *job = (const gemm_job *)p;
     int64_t r0, r1, j0, j1;
     if (split_item(&job->sp, job->g.m, job->g.n, it, &r0, &r1, &j0, &j1))
-        kernels()->sgemm_block_f32(&job->g, r0, r1, j0, j1, job->work + it * job->work_floats);
+        job->kt->sgemm_block_f32(&job->g, r0, r1, j0, j1, job->work + it * job->work_floats);
 }
 
 int ggmlopt_sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a_row,
@@ -2088,7 +2092,8 @@ int ggmlopt_sgemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t a
     if (a_col != 1 && a_row != 1) return -1;
     if (empty_product(m, n, k, c, ldc, accumulate)) return 0;
     gemm_job job;
-    job.sp = split_product(m, n, k);
+    job.kt = kernels();
+    job.sp = split_product(job.kt, m, n, k);
     job.work_floats = split_work_floats(&job.sp, go_gemm_kc(k));
     int cached = 0;
     job.work = gemm_scratch(job.sp.items * job.work_floats, &cached);
@@ -2109,8 +2114,7 @@ typedef void (*bgemm_block_fn)(const go_gemm_bf16_args *g, int64_t r0, int64_t r
 
 /* the active path's bf16 blocks: vdpbf16ps on the avx512 path where the CPU
  * has it, else the path's own two FMAs a pair */
-static bgemm_block_fn bgemm_block(void) {
-    const ggmlopt_kernel_table *kt = kernels();
+static bgemm_block_fn bgemm_block(const ggmlopt_kernel_table *kt) {
 #if defined(__x86_64__) || defined(_M_X64)
     if (kt == &ggmlopt_kernels_avx512 && cpu_avx512_bf16) return ggmlopt_gemm_block_bf16_avx512bf16;
 #endif
@@ -2119,7 +2123,7 @@ static bgemm_block_fn bgemm_block(void) {
 
 int ggmlopt_gemm_bf16_instruction(void) {
 #if defined(__x86_64__) || defined(_M_X64)
-    return bgemm_block() == ggmlopt_gemm_block_bf16_avx512bf16;
+    return bgemm_block(kernels()) == ggmlopt_gemm_block_bf16_avx512bf16;
 #else
     return 0;
 #endif
@@ -2187,8 +2191,9 @@ int ggmlopt_gemm_bf16(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_
     if (empty_product(m, n, k, c, ldc, accumulate)) return 0;
     /* the tiles and panels of the float32 products: split the same way */
     bgemm_job job;
-    job.block = bgemm_block();
-    job.sp = split_product(m, n, k);
+    const ggmlopt_kernel_table *kt = kernels();   /* once: the split's path is the blocks' */
+    job.block = bgemm_block(kt);
+    job.sp = split_product(kt, m, n, k);
     job.work_floats = split_work_floats(&job.sp, go_gemm_bf16_kc(k) / 2);
     /* a packed A once per k chunk, in front of each item's panels */
     if (!go_gemm_bf16_a_direct(a_row, a_col))

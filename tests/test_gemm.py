@@ -263,3 +263,52 @@ def test_engine_names_as_the_environment_reads_them():
             gemm.use_bf16_engine(b"native")
     finally:
         gemm.use_engine(before)
+
+
+def test_a_path_switched_by_another_thread_leaves_a_running_product_whole():
+    # a product sizes its panels and runs its blocks on one path: a switch in between
+    # (kernels.use_simd from another thread) gave blocks of another panel width
+    import threading
+    import time
+
+    from ggmlopt import kernels_gemm
+    previous = kernels.use_simd(None)
+    paths = []
+    for p in ("avx2", "scalar", "avx512", "neon"):
+        try:
+            kernels.use_simd(p)
+            paths.append(p)
+        except (ValueError, RuntimeError):
+            pass   # not compiled in, or not this CPU's
+    kernels.use_simd(previous)
+    if len(paths) < 2:
+        pytest.skip("one SIMD path on this CPU")
+    rng = np.random.default_rng(0)
+    ops = [(rng.standard_normal((m, k), dtype=np.float32),
+            rng.standard_normal((k, n), dtype=np.float32))
+           for m, k, n in ((200, 300, 48), (130, 257, 80), (300, 96, 272))]
+    wrong, stop = [], threading.Event()
+
+    def multiply():
+        while not stop.is_set():
+            for a, b in ops:
+                out = np.empty((a.shape[0], b.shape[1]), np.float32)
+                kernels_gemm.sgemm(a, b, out)
+                err = np.abs(out - a.astype(np.float64) @ b).max()
+                if not err <= 1e-3:
+                    wrong.append(err)
+
+    previous = kernels.use_simd(paths[0])
+    worker = threading.Thread(target=multiply)
+    worker.start()
+    try:
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            for p in paths:
+                kernels.use_simd(p)
+                time.sleep(0.0005)
+    finally:
+        stop.set()
+        worker.join()
+        kernels.use_simd(previous)
+    assert wrong == []
