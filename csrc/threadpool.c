@@ -1,4 +1,4 @@
-#define _GNU_SOURCE /* sysconf, pthread_atfork */
+#define _GNU_SOURCE /* sysconf, pthread_atfork, sched_getaffinity */
 #include "threadpool.h"
 
 #include <pthread.h>
@@ -136,10 +136,22 @@ static void after_fork_child(void) {
     atomic_store(&pool.active, 0);
 }
 
+/* the CPUs this process may run on: its affinity mask (taskset, a container's
+ * cpuset), which the online count ignores; GGMLOPT_NUM_THREADS is read, checked,
+ * by the Python layer at import (ggmlopt.kernels), not here */
+static long usable_cpus(void) {
+#if defined(__linux__) && defined(CPU_COUNT)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        const int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+#endif
+    return sysconf(_SC_NPROCESSORS_ONLN);
+}
+
 static void pool_init(void) {
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    const char *env = getenv("GGMLOPT_NUM_THREADS");
-    if (env && atoi(env) > 0) ncpu = atoi(env);
+    long ncpu = usable_cpus();
     if (ncpu < 1) ncpu = 1;
     if (ncpu > GO_POOL_MAX_THREADS) ncpu = GO_POOL_MAX_THREADS;
     pool.nthreads = (int)ncpu;

@@ -1531,12 +1531,13 @@ def simd_info():
 
 
 def set_num_threads(n):
-    """Threads the kernels use for large arrays (1: only the calling thread)."""
+    """Threads the kernels use for large arrays (1: only the calling thread; at
+    most 64, the pool's limit)."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"n: expected an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"n: expected at least 1 thread, got {n}")
-    ggmlopt_set_num_threads(min(int(n), _MAX_THREADS))
+    if not 1 <= n <= _MAX_THREADS:
+        raise ValueError(f"n: expected a number of threads from 1 to {_MAX_THREADS}, got {n}")
+    ggmlopt_set_num_threads(int(n))
 
 
 def get_num_threads():

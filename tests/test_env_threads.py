@@ -40,3 +40,40 @@ def test_an_empty_value_means_unset(subprocess_env):
     want = run_python(PRINT_THREADS, unset)
     got = run_python(PRINT_THREADS, unset, GGMLOPT_NUM_THREADS="")
     assert got.returncode == 0 and got.stdout == want.stdout
+
+
+def test_set_num_threads_refuses_what_the_pool_cannot_run():
+    import ggmlopt as go
+    before = go.get_num_threads()
+    for bad in (0, -1, 65, 1000):
+        with pytest.raises(ValueError, match="from 1 to 64"):
+            go.set_num_threads(bad)
+    assert go.get_num_threads() == before
+
+
+def test_the_default_threads_are_the_cpus_this_process_may_use(subprocess_env):
+    # the affinity mask (taskset, a container's cpuset), as the BLAS counts them
+    import os
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs sched_setaffinity and two CPUs")
+    one = min(os.sched_getaffinity(0))
+    unset = dict(subprocess_env)
+    unset.pop("GGMLOPT_NUM_THREADS", None)
+    proc = subprocess.run([sys.executable, "-c", PRINT_THREADS], env=unset,
+                          capture_output=True, text=True, timeout=60, check=False,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {one}))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1"]
+
+
+def test_the_variable_is_read_at_import_only(subprocess_env):
+    # a value set afterwards (before the pool first runs) was read unchecked by the pool
+    unset = dict(subprocess_env)
+    unset.pop("GGMLOPT_NUM_THREADS", None)
+    code = ("import os, ggmlopt; os.environ['GGMLOPT_NUM_THREADS'] = '1abc'; "
+            "import numpy as np; ggmlopt.kernels.tanh(np.zeros(1 << 20, np.float32)); "
+            "print(ggmlopt.get_num_threads())")
+    want = run_python(PRINT_THREADS, unset)
+    got = run_python(code, unset)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == want.stdout.split()
