@@ -73,6 +73,12 @@ class _Mkl:
                           f"{', '.join(_MKL_THREADING)}")
         lib.MKL_Set_Threading_Layer(ctypes.c_int(_MKL_THREADING[layer]))
         lib.MKL_Get_Max_Threads()   # the threading layer loads (and libgomp with it)
+        if layer == "GNU" and hasattr(os, "register_at_fork"):
+            # GNU OpenMP's threads do not survive a fork: a child's first parallel
+            # product waited for them forever.  A forked child multiplies on one
+            # thread (a child that wants more: the spawn start method, or
+            # MKL_THREADING_LAYER=INTEL)
+            os.register_at_fork(after_in_child=lambda: lib.MKL_Set_Num_Threads(ctypes.c_int(1)))
         args = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
                                      ctypes.c_void_p, ctypes.c_int]

@@ -312,3 +312,36 @@ def test_a_path_switched_by_another_thread_leaves_a_running_product_whole():
         worker.join()
         kernels.use_simd(previous)
     assert wrong == []
+
+
+FORKED_PRODUCT = """
+import multiprocessing as mp, sys
+import numpy as np
+from ggmlopt import gemm
+a, b = np.ones((64, 256), np.float32), np.ones((256, 256), np.float32)
+def product():
+    out = np.empty((64, 256), np.float32)
+    gemm.matmul(a, b, out)
+    sys.exit(0 if out[0, 0] == 256 else 3)
+if __name__ == "__main__":
+    out = np.empty((64, 256), np.float32)
+    gemm.matmul(a, b, out)             # the parent's threads run first
+    child = mp.get_context("fork").Process(target=product)
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+    print(child.exitcode)
+"""
+
+
+@needs_mkl
+def test_a_forked_child_multiplies_on_mkl(tmp_path, subprocess_env):
+    # GNU OpenMP's threads (MKL's default layer here) do not survive a fork: the
+    # child's first product waited for them forever
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED_PRODUCT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**subprocess_env, "GGMLOPT_GEMM": "mkl"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0"]
