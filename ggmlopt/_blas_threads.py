@@ -31,9 +31,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 
-from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
+from threadpoolctl import (  # type: ignore[import-untyped]
+    OpenBLASController,
+    ThreadpoolController,
+)
 
 __all__ = ["blas_config", "blas_threads_for_training", "blas_threads_setting",
            "choose_blas_threads", "current_blas_threads", "others_running_recently",
@@ -213,17 +217,58 @@ def blas_config():
     }
 
 
+class _Training:
+    """The BLAS limit of the trainings running now, process-wide as the BLAS's
+    threads are: the first sets it, those that start while it holds train under
+    it, the last to finish puts the BLAS back (a fit in another Python thread
+    that set and restored its own limit took the first's from under it, and
+    could leave its own in force for good)."""
+
+    lock = threading.Lock()
+    count = 0
+    threads: int | None = None
+    limiter = None
+
+
 @contextlib.contextmanager
 def blas_threads_for_training(model=None):
     """Within the block BLAS uses the threads GGMLOPT_BLAS_THREADS asks for (see
     the module docstring) for training model; its previous setting comes back
     after.  Yields the BLAS threads in force in the block (None without a BLAS
-    that threadpoolctl knows)."""
+    that threadpoolctl knows).  Trainings in several Python threads at once
+    share the first one's setting."""
     setting = blas_threads_setting()
+    with _Training.lock:
+        if _Training.count == 0:
+            _Training.threads, _Training.limiter = _training_limit(setting, model)
+        _Training.count += 1
+        threads = _Training.threads
+    try:
+        yield threads
+    finally:
+        with _Training.lock:
+            _Training.count -= 1
+            if _Training.count == 0 and _Training.limiter is not None:
+                _let_this_thread_set_limits()   # (maybe not the thread that set it)
+                _Training.limiter.restore_original_limits()
+                _let_this_thread_set_limits()
+                _Training.limiter = None
+
+
+def _let_this_thread_set_limits() -> None:
+    """threadpoolctl lets only one Python thread change a process-wide OpenBLAS
+    pool (the first to, until its `with` block ends; the others' changes do
+    nothing, silently): make the calling thread able to."""
+    clear = getattr(OpenBLASController, "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
+
+
+def _training_limit(setting, model):
+    """(threads in force, the threadpoolctl limiter that set them or None)."""
     current = current_blas_threads()
     if setting == "keep" or current is None:
-        yield current
-        return
+        return current, None
     if isinstance(setting, int):
         want = setting
     else:
@@ -231,7 +276,6 @@ def blas_threads_for_training(model=None):
         want = choose_blas_threads(current, _usable_cpus(), _others_running(),
                                    kernel_bound=pool_madds > blas_madds)
     if want == current:
-        yield current
-        return
-    with _blas().limit(limits=want):
-        yield want
+        return current, None
+    _let_this_thread_set_limits()
+    return want, _blas().limit(limits=want)

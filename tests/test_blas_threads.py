@@ -239,3 +239,43 @@ import json; print(json.dumps(seen))
         pytest.skip("one BLAS library, or one already on a single thread")
     seen = json.loads(proc.stdout.strip())
     assert seen and all(all(n == 1 for n in libs) and len(libs) >= 2 for libs in seen), seen
+
+
+def test_trainings_in_two_threads_share_one_limit_and_restore_it(monkeypatch):
+    # the BLAS's threads are the process's: a fit that started second found the
+    # first's limit in force and set none; the first, finishing, put the BLAS back
+    # under the second, which trained on with threads it did not record
+    import threading
+    before = blas_threads()
+    if before is None or before < 2:
+        pytest.skip("NumPy's BLAS runs one thread here: nothing to cut")
+    monkeypatch.setenv("GGMLOPT_BLAS_THREADS", "1")
+
+    def openblas_threads():   # the process-wide pool (MKL's over OpenMP is per thread)
+        return max((i["num_threads"] for i in threadpoolctl.threadpool_info()
+                    if i["internal_api"] == "openblas"), default=1)
+
+    seen = []
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first():
+        with _blas_threads.blas_threads_for_training() as threads:
+            seen.append(("first", threads, openblas_threads()))
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second():
+        first_in.wait(5)
+        with _blas_threads.blas_threads_for_training() as threads:
+            second_in.set()
+            first_out.wait(5)     # trains on after the first has finished
+            seen.append(("second", threads, openblas_threads()))
+
+    workers = [threading.Thread(target=first), threading.Thread(target=second)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert [(t, n) for _, t, n in seen] == [(1, 1), (1, 1)], seen
+    assert blas_threads() == before
