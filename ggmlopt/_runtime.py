@@ -39,9 +39,10 @@ def _print_gemm(file: TextIO) -> None:
     name = gemm.engine()
     source = {"env": "set by GGMLOPT_GEMM", "call": "set by ggmlopt.gemm.use_engine"}.get(
         gemm.engine_source(), "the default; GGMLOPT_GEMM=mkl for MKL, =native for ggmlopt's own")
-    where = {"mkl": f" ({gemm.mkl_library()})",
-             "native": " (ggmlopt's own kernels, the active SIMD path and kernel threads)"
-             }.get(name, " (NumPy's BLAS, above)")
+    # (MKL's path only when it is the engine: asking for it loads it, and its threads)
+    where = f" ({gemm.mkl_library()})" if name == "mkl" else \
+        " (ggmlopt's own kernels, the active SIMD path and kernel threads)" \
+        if name == "native" else " (NumPy's BLAS, above)"
     print(f"  GEMM engine         : {name}{where} [{source}]", file=file)
     native, why = gemm.bf16_support()
     print(f"  bf16 products       : {'yes: ' if native else 'no: '}{why}", file=file)

@@ -200,8 +200,12 @@ def use_engine(name: str | None = None) -> str:
     global _engine, _engine_source
     name = _engine_from_env() if name is None else _engine_name(name, "name", ENGINES)
     # the engine GGMLOPT_GEMM (or the default) names, set again (a test's restore), is
-    # still theirs
-    source = "call" if name != _engine_from_env() else \
+    # still theirs; a value set since import that names none does not stop a call
+    try:
+        from_env = _engine_from_env()
+    except ValueError:
+        from_env = None
+    source = "call" if name != from_env else \
         "env" if os.environ.get("GGMLOPT_GEMM", "").strip() else "default"
     if name == "mkl" and _load_mkl() is None:
         raise ImportError(f"GEMM engine 'mkl': {_mkl_error}")

@@ -1504,6 +1504,8 @@ def use_simd(name=None):
     if rc == -3:
         raise ValueError(f"SIMD path {name!r} is compiled in but this CPU cannot run it "
                          f"(CPU: {ggmlopt_cpu_features().decode()})")
+    global _pinned
+    _pinned = None if name is None else name.strip().lower()
     return previous
 
 
@@ -1513,10 +1515,12 @@ def simd_paths():
 
 
 _override = os.environ.get("GGMLOPT_SIMD") or None
+_pinned = None   # the path use_simd (or GGMLOPT_SIMD at import) pinned, or None
 
 
 def simd_info():
-    """{'compiled': [...], 'cpu': {feature: bool}, 'active': name, 'override': env value}"""
+    """{'compiled': [...], 'cpu': {feature: bool}, 'active': name, 'override': the
+    path pinned now (GGMLOPT_SIMD at import, or use_simd since), or None}"""
     cpu = {}
     for item in ggmlopt_cpu_features().decode().split():
         key, _, val = item.partition("=")
@@ -1526,7 +1530,7 @@ def simd_info():
         "cpu": cpu,
         "active": ggmlopt_simd_active().decode(),
         # the path's name as use_simd reads it (" Scalar " pins "scalar")
-        "override": _override.strip().lower() if _override is not None else None,
+        "override": _pinned,
     }
 
 

@@ -342,6 +342,19 @@ def test_a_forked_child_multiplies_on_mkl(tmp_path, subprocess_env):
     script = tmp_path / "forked.py"
     script.write_text(FORKED_PRODUCT)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, env={**subprocess_env, "GGMLOPT_GEMM": "mkl"})
+                          timeout=120, check=False, env={**subprocess_env, "GGMLOPT_GEMM": "mkl"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0"]
+
+
+def test_use_engine_by_name_reads_no_variable_set_since_import(monkeypatch):
+    # GGMLOPT_GEMM is read at import: a bad value set later does not stop a call naming
+    # the engine
+    previous = gemm.use_engine("numpy")
+    monkeypatch.setenv("GGMLOPT_GEMM", "bogus")
+    try:
+        assert gemm.use_engine("native") == "numpy" and gemm.engine() == "native"
+        assert gemm.engine_source() == "call"
+    finally:
+        monkeypatch.delenv("GGMLOPT_GEMM")
+        gemm.use_engine(previous)

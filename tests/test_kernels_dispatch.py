@@ -139,3 +139,25 @@ def test_override_for_a_path_this_machine_lacks_fails_at_import(subprocess_env):
     assert proc.returncode == 1, (proc.returncode, proc.stderr)
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError:") and repr(missing[0]) in last
+
+
+def test_the_override_reported_is_the_pin_in_force(subprocess_env):
+    # GGMLOPT_SIMD pins at import; use_simd(None) unpins: simd_info says so (it kept
+    # reporting the variable's value)
+    code = ("from ggmlopt import kernels; kernels.use_simd(None); a = kernels.simd_info(); "
+            "kernels.use_simd('scalar'); b = kernels.simd_info(); "
+            "print(repr((a['override'], b['override'], b['active'])))")
+    proc = run_python(code, subprocess_env, GGMLOPT_SIMD="scalar")
+    assert proc.returncode == 0, proc.stderr
+    assert ast.literal_eval(proc.stdout.strip()) == (None, "scalar", "scalar")
+
+
+def test_show_config_loads_no_library_the_engines_do_not_use(subprocess_env):
+    # asking for MKL's path loads MKL (and GNU OpenMP), whose threads fit then limits
+    code = ("import io, ggmlopt; from ggmlopt import gemm; ggmlopt.show_config(io.StringIO()); "
+            "print(gemm._mkl is None)")
+    env = {k: v for k, v in subprocess_env.items() if k not in ("GGMLOPT_GEMM",
+                                                                  "GGMLOPT_GEMM_BF16")}
+    proc = run_python(code, env, GGMLOPT_GEMM="numpy", GGMLOPT_GEMM_BF16="native")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True"]
