@@ -199,7 +199,7 @@ def _assistant_spans(template, messages, train_on, kwargs,
     spans = []
     moved = None   # _turns_in_order's finds, made when a turn needs them
     for i in turns:
-        before = template.render(messages[:i], True, **kwargs)
+        before = _before_turn(template, messages, i, kwargs, text)
         through = template.render(messages[:i + 1], False, **kwargs)
         others = _later_contents(messages, i)
         if through.startswith(before) and text.startswith(through):
@@ -243,6 +243,28 @@ def _assistant_spans(template, messages, train_on, kwargs,
                              "a template with {% generation %} markers or train_on='all'")
         spans.append((start, end))
     return text, spans
+
+
+def _before_turn(template, messages, i: int, kwargs, text: str) -> str:
+    """The text before assistant turn i: the messages before it rendered with the
+    generation prompt.  A conversation that opens with the assistant (a greeting)
+    has no messages before its first turn, and most templates refuse an empty
+    conversation (Qwen2.5's and Llama 3's read messages[0]): there it is the
+    conversation's text up to where that turn's content begins."""
+    try:
+        return template.render(messages[:i], True, **kwargs)
+    except ValueError:
+        if i != 0:
+            raise
+        content = messages[0].get("content")
+        for piece in ((content, content.strip()) if isinstance(content, str) else ()):
+            at = text.find(piece) if piece else -1
+            if at >= 0:
+                return text[:at]
+        raise ValueError("opens with an assistant message whose text the chat template "
+                         "does not write as given, and the template refuses the empty "
+                         "conversation before it: its span cannot be found; start the "
+                         "conversation with a system or user message") from None
 
 
 def _check_system_written(messages, text: str) -> None:

@@ -1062,3 +1062,18 @@ def test_no_stop_warning_for_an_answer_inside_the_end_of_turn_text(answer):
         warnings.simplefilter("error")
         _, y = go.instruct.chat_windows([chat], tok, 96)
     assert labelled_runs(tok, y[0]) == [answer + "<|endoftext|>\n"]
+
+
+def test_a_conversation_that_opens_with_the_assistant_trains_its_answers():
+    # a greeting first: the template (as Qwen2.5's and Llama 3's) reads messages[0] and
+    # refuses the empty conversation before the first turn; its answers are still found,
+    # as a {% generation %} template marks them
+    reads_first = ("{% if messages[0]['role'] == 'system' %}{% set rest = messages[1:] %}"
+                   "{% else %}{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}"
+                   "{% set rest = messages %}{% endif %}" + CHATML.replace("messages", "rest"))
+    greeting = [{"role": "assistant", "content": "Hello! How can I help?"},
+                {"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    tok = ByteTokenizer(chat_template=reads_first)
+    ds = go.Dataset.from_chat([greeting], tok, 200)
+    assert _labelled_text(tok, ds.data, ds.labels) == [
+        "Hello! How can I help?<|im_end|>\nok<|im_end|>\n"]
