@@ -668,11 +668,31 @@ def _run_info(args, train, model) -> dict:
         info["--full"] = True
     else:
         from .lora import _default_targets
-        targets = args.lora_targets or ",".join(_default_targets(model))
+        # the names as they adapt (spaces around them are no part of them)
+        targets = ",".join(t.strip() for t in args.lora_targets.split(",") if t.strip()) \
+            if args.lora_targets else ",".join(_default_targets(model))
         info.update({"--lora-rank": int(args.lora_rank), "--lora-alpha": float(args.lora_alpha),
                      "--lora-targets": targets,
                      "--lora-dropout": float(args.lora_dropout)})
     return info
+
+
+def _lora_targets(p, given: str | None):
+    """--lora-targets as lora.apply's targets: None (the family's default),
+    "all-linear", or the names, each stripped of the spaces around it
+    ("q_proj, v_proj")."""
+    if given is None:
+        return None
+    names = tuple(t.strip() for t in given.split(",") if t.strip())
+    if not names:
+        p.error(f"--lora-targets: expected comma-separated layer names or all-linear, "
+                f"got {given!r}")
+    if "all-linear" in names:
+        if len(names) > 1:
+            p.error(f"--lora-targets: all-linear stands alone (it adapts every Linear but "
+                    f"the output head), got {given!r}")
+        return "all-linear"
+    return names
 
 
 def _input_problem(train, model) -> str | None:
@@ -755,16 +775,24 @@ def main(argv=None) -> int:
                     f"(--peft-out, --out)")
     out_warned: list[str] = []   # what --out's early check warned about
     if not args.full:
-        targets = None if args.lora_targets is None else "all-linear" \
-            if args.lora_targets == "all-linear" else \
-            tuple(t for t in args.lora_targets.split(",") if t)
+        targets = _lora_targets(p, args.lora_targets)
         try:
-            lora.apply(model, rank=args.lora_rank, alpha=args.lora_alpha, targets=targets,
-                       dropout=args.lora_dropout, seed=args.seed)
+            # a name that adapts nothing beside others that do (a misspelt one) is a
+            # warning in the library, refused here as every bad argument is: before
+            # the training
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                lora.apply(model, rank=args.lora_rank, alpha=args.lora_alpha,
+                           targets=targets, dropout=args.lora_dropout, seed=args.seed)
         except (ValueError, TypeError) as e:
             option = {"rank": "--lora-rank", "alpha": "--lora-alpha", "seed": "--seed",
                       "dropout": "--lora-dropout"}.get(str(e).split(":")[0], "--lora-targets")
             p.error(_in_options(f"{option}: {e}"))
+        for w in said:
+            if str(w.message).startswith("targets:") and "no layer of the model" in \
+                    str(w.message):
+                p.error(f"--lora-targets: {str(w.message).removeprefix('targets: ')}")
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         if args.out:   # what llama.cpp could not apply is said now, not after the training
             from .io.gguf_lora import check_writable
             try:

@@ -213,6 +213,10 @@ def test_checkpoints_inside_an_epoch_and_a_first_resume(files, capsys, monkeypat
     (["--full", "--peft-out", "x"], "--peft-out: writes a LoRA adapter"),
     (["--full", "--keep-types"], "--keep-types: a kept (quantized) base trains through LoRA"),
     (["--lora-targets", "nope"], "--lora-targets: targets: no Linear layer"),
+    # a misspelt name beside good ones (the library warns: PEFT ignores it too)
+    (["--lora-targets", "q_proj,qproj"], "--lora-targets: 'qproj' matches no layer"),
+    (["--lora-targets", "all-linear,q_proj"], "--lora-targets: all-linear stands alone"),
+    (["--lora-targets", " , "], "--lora-targets: expected comma-separated layer names"),
     (["-c", "4096"], "--ctx: 4096 is more than the model's max_seq_len 128"),
     (["--out", "/no/such/dir/a.gguf"], "--out: no directory"),
     (["--eval-every", "1"], "--eval-every: evaluates the validation split; give -val-split"),
@@ -747,3 +751,16 @@ def test_template_variables_render_every_conversation(files, capsys, monkeypatch
                            "-c", "32"] + extra)
         assert info.value.code == 2 and match in capsys.readouterr().err
     assert not (files / "b.gguf").exists()
+
+
+def test_lora_target_names_are_read_without_the_spaces_around_them(files, capsys):
+    argv = ["-m", str(files / "base.gguf"), "--data", str(files / "train.jsonl"), "-c", "96",
+            "--max-steps", "1", "--out", str(files / "a.gguf")]
+    finetune.main(argv + ["--lora-targets", "q_proj,v_proj"])
+    plain = capsys.readouterr().out
+    finetune.main(argv + ["--lora-targets", "q_proj, v_proj"])
+    spaced = capsys.readouterr().out
+    def counts(out):
+        return [line for line in out.splitlines() if "trainable params" in line]
+
+    assert counts(plain) and counts(spaced) == counts(plain)
