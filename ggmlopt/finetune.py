@@ -348,11 +348,17 @@ def _problems(args) -> list[str]:
         if path and not os.path.isfile(path):
             bad.append(f"--{name}: no such file {path!r}")
     # an output over an input (or over another output) would destroy it
+    # (real paths: a link to the model is the model; a file in --model's checkpoint
+    # directory is the model's too)
     written: dict[str, str] = {}
+    input_folders: list[tuple[str, str]] = []
     for name, flag in (("model", "--model"), ("data", "--data"), ("valid", "--valid"),
                        ("file", "-f"), ("tokenizer", "--tokenizer")):
         if getattr(args, name):
-            written.setdefault(os.path.abspath(getattr(args, name)), flag)
+            real = os.path.realpath(getattr(args, name))
+            written.setdefault(real, flag)
+            if os.path.isdir(real):
+                input_folders.append((real, flag))
     for name in ("out", "merge_out", "checkpoint", "plot", "peft_out"):
         path = getattr(args, name)
         if path:
@@ -373,9 +379,14 @@ def _problems(args) -> list[str]:
             if os.path.isdir(folder) and (problem := _unwritable(folder)):
                 bad.append(f"{flag}: cannot write into {folder!r} ({problem})")
             # two results into one file: the second would overwrite the first
-            other = written.setdefault(os.path.abspath(path), flag)
+            real = os.path.realpath(path)
+            other = written.setdefault(real, flag)
             if other != flag:
                 bad.append(f"{flag}: {path!r} is also {other}'s file")
+            for folder_in, flag_in in input_folders:
+                if real.startswith(folder_in + os.sep):
+                    bad.append(f"{flag}: {path!r} is inside {flag_in}'s directory "
+                               f"{folder_in!r}, whose files it would overwrite")
     if args.peft_out:
         bad += _nested_in_peft_out(args)
     return bad

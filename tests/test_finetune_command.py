@@ -764,3 +764,25 @@ def test_lora_target_names_are_read_without_the_spaces_around_them(files, capsys
         return [line for line in out.splitlines() if "trainable params" in line]
 
     assert counts(plain) and counts(spaced) == counts(plain)
+
+
+def test_an_output_over_an_input_through_a_link_or_a_directory_is_refused(files, capsys,
+                                                                           tmp_path):
+    # a link to the model is the model; a file in a checkpoint directory given as
+    # --model is the model's
+    link = tmp_path / "link.gguf"
+    link.symlink_to(files / "base.gguf")
+    before = (files / "base.gguf").read_bytes()
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    for argv, match in [
+            (["-m", str(link), "--merge-out", str(files / "base.gguf")],
+             "is also --model's file"),
+            (["-m", str(folder), "--merge-out", str(folder / "model.safetensors")],
+             "is inside --model's directory")]:
+        with pytest.raises(SystemExit) as info:
+            finetune.main(argv + ["--data", str(files / "train.jsonl"), "-c", "96"])
+        assert info.value.code == 2
+        assert match in capsys.readouterr().err
+    assert (files / "base.gguf").read_bytes() == before
+    assert not (folder / "model.safetensors").exists()
