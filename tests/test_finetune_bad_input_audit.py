@@ -95,7 +95,9 @@ def test_quantized_layers_name_in_features_that_are_not_whole_blocks():
 
 
 @pytest.mark.parametrize("bad,kind,match", [
-    ({"optimizer": 5}, TypeError, "optimizer"), ({"labelled": "1"}, TypeError, "labelled"),
+    # (the optimizer as OptContext takes it: an OptimizerType's value too)
+    ({"optimizer": 5}, ValueError, "optimizer"), ({"optimizer": 2.5}, TypeError, "optimizer"),
+    ({"labelled": "1"}, TypeError, "labelled"),
     ({"labelled": float("nan")}, ValueError, "labelled")])
 def test_memory_report_argument_kinds(bad, kind, match):
     with pytest.raises(kind, match=f"^{match}: "):
