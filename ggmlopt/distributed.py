@@ -854,11 +854,12 @@ def auto_rank_threads(comm):
     least 1) for the kernel pool unless GGMLOPT_NUM_THREADS is set, and for BLAS
     unless OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, MKL_NUM_THREADS or
     BLIS_NUM_THREADS is; nothing when set_rank_threads already ran or the kernel
-    threads were changed from their default (one per online CPU).  So
+    threads were changed from their default (one per CPU the affinity mask
+    allows).  So
     ``mpiexec -n 2`` on a 2-core machine runs one thread per rank.  Returns
     (kernel threads, BLAS threads or None when BLAS was left alone); a collective
     for an mpi4py comm (its shared-memory split)."""
-    default = min(os.cpu_count() or 1, 64)  # the kernel pool's own choice
+    default = min(_cores(), 64)  # the kernel pool's own choice: the CPUs it may use
     if _threads_chosen or kernels.get_num_threads() != default:
         return kernels.get_num_threads(), None
     nthreads = max(1, _cores() // max(1, local_ranks(comm)))

@@ -1535,13 +1535,13 @@ def simd_info():
 
 
 def set_num_threads(n):
-    """Threads the kernels use for large arrays (1: only the calling thread; at
-    most 64, the pool's limit)."""
+    """Threads the kernels use for large arrays (1: only the calling thread; more
+    than 64, the pool's limit, run as 64)."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"n: expected an int, got {type(n).__name__}")
-    if not 1 <= n <= _MAX_THREADS:
-        raise ValueError(f"n: expected a number of threads from 1 to {_MAX_THREADS}, got {n}")
-    ggmlopt_set_num_threads(int(n))
+    if n < 1:
+        raise ValueError(f"n: expected at least 1 thread, got {n}")
+    ggmlopt_set_num_threads(min(int(n), _MAX_THREADS))
 
 
 def get_num_threads():

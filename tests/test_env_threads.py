@@ -42,15 +42,6 @@ def test_an_empty_value_means_unset(subprocess_env):
     assert got.returncode == 0 and got.stdout == want.stdout
 
 
-def test_set_num_threads_refuses_what_the_pool_cannot_run():
-    import ggmlopt as go
-    before = go.get_num_threads()
-    for bad in (0, -1, 65, 1000):
-        with pytest.raises(ValueError, match="from 1 to 64"):
-            go.set_num_threads(bad)
-    assert go.get_num_threads() == before
-
-
 def test_the_default_threads_are_the_cpus_this_process_may_use(subprocess_env):
     # the affinity mask (taskset, a container's cpuset), as the BLAS counts them
     import os
@@ -77,3 +68,23 @@ def test_the_variable_is_read_at_import_only(subprocess_env):
     got = run_python(code, unset)
     assert got.returncode == 0, got.stderr
     assert got.stdout.split() == want.stdout.split()
+
+
+def test_ranks_share_the_cpus_of_the_mask_when_the_machine_has_more(subprocess_env):
+    # the pool's default is the affinity mask's CPUs: ranks sharing a mask smaller than
+    # the machine (a cpuset) split it, as they split a machine they have whole
+    unset = dict(subprocess_env)
+    unset.pop("GGMLOPT_NUM_THREADS", None)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                 "BLIS_NUM_THREADS"):
+        unset.pop(name, None)
+    code = ("import os; os.cpu_count = lambda: 64\n"
+            "from ggmlopt import distributed, kernels\n"
+            "class TwoRanks:\n"
+            "    def Get_size(self): return 2\n"
+            "mask = len(os.sched_getaffinity(0))\n"
+            "print(mask, distributed.auto_rank_threads(TwoRanks())[0])")
+    proc = run_python(code, unset)
+    assert proc.returncode == 0, proc.stderr
+    mask, threads = (int(v) for v in proc.stdout.split())
+    assert threads == max(1, mask // 2)
