@@ -981,7 +981,9 @@ class OptContext:
         # a refusal found in the forward pass or the loss (labels that do not fit the
         # outputs, a loss that is not finite) leaves the generator as it was: the
         # dropout masks the forward pass drew are drawn again
-        rng_state = self.rng.bit_generator.state
+        # (the model's generator: the context's own, or a rank's over a communicator)
+        generators = [(g, g.bit_generator.state) for g in dict.fromkeys(
+            (self.rng, self.model_rng))]
         try:
             if self._fuses_head(x, y):
                 out, grad = None, None   # backward(None): the head's gradient is in place
@@ -990,7 +992,8 @@ class OptContext:
                 out, grad, loss, pred, ncorrect, nlabelled = self._outputs_and_loss(
                     x, y, batch, backward, weight)
         except BaseException:
-            self.rng.bit_generator.state = rng_state
+            for g, state in generators:
+                g.bit_generator.state = state
             raise
         if ncorrect is not None and nlabelled == 0 and bt != BuildType.FORWARD:
             warnings.warn(f"eval: physical batch {self.opt_i + 1}/{self._opt_period} of "

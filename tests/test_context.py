@@ -236,8 +236,8 @@ def test_a_forward_context_keeps_no_gradients(tmp_path):
     assert grad.arena.has_grads and grad.arena.nbytes >= 2 * 4 * n
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_a_refused_eval_leaves_the_generator_as_it_was(fused):
+@pytest.mark.parametrize("fused, ranked", [(True, False), (False, False), (True, True)])
+def test_a_refused_eval_leaves_the_generator_as_it_was(fused, ranked):
     # the forward pass draws dropout masks from ctx.rng before the labels are found
     # not to fit: the run must repeat as if the refused call had not been made
     from ggmlopt import lora
@@ -248,7 +248,12 @@ def test_a_refused_eval_leaves_the_generator_as_it_was(fused):
                                   ffn_dim=64, max_seq_len=64), seed=0)
         lora.apply(model, rank=2, dropout=0.25, seed=0)
         model.fused_head = fused
-        return go.OptContext(model, loss_type="cross_entropy", seed=1)
+        # over a communicator the layers draw from the rank's own generator (model_rng)
+        comm = None
+        if ranked:
+            from thread_comm import ThreadComm, ThreadGroup
+            comm = ThreadComm(ThreadGroup(1), 0)
+        return go.OptContext(model, loss_type="cross_entropy", seed=1, comm=comm)
 
     x = np.random.default_rng(0).integers(0, 64, (2, 8)).astype(np.int32)
     y = np.roll(x, -1, axis=1)
@@ -261,6 +266,7 @@ def test_a_refused_eval_leaves_the_generator_as_it_was(fused):
     plain.eval(inputs=x, labels=y)
     assert refused.loss == plain.loss
     assert refused.rng.bit_generator.state == plain.rng.bit_generator.state
+    assert refused.model_rng.bit_generator.state == plain.model_rng.bit_generator.state
     for p, q in zip(refused.parameters(), plain.parameters()):
         np.testing.assert_array_equal(p.data, q.data)
 
