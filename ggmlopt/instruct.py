@@ -249,18 +249,20 @@ def _before_turn(template, messages, i: int, kwargs, text: str) -> str:
     """The text before assistant turn i: the messages before it rendered with the
     generation prompt.  A conversation that opens with the assistant (a greeting)
     has no messages before its first turn, and most templates refuse an empty
-    conversation (Qwen2.5's and Llama 3's read messages[0]): there it is the
-    conversation's text up to where that turn's content begins."""
+    conversation (Qwen2.5's and Llama 3's read messages[0]): there it is the text
+    of that turn alone up to where its content begins (the last place it is
+    found: a default system prompt before it may hold the same words)."""
     try:
         return template.render(messages[:i], True, **kwargs)
     except ValueError:
         if i != 0:
             raise
+        alone = template.render(messages[:1], False, **kwargs)
         content = messages[0].get("content")
         for piece in ((content, content.strip()) if isinstance(content, str) else ()):
-            at = text.find(piece) if piece else -1
-            if at >= 0:
-                return text[:at]
+            at = alone.rfind(piece) if piece else -1
+            if at >= 0 and text.startswith(alone[:at]):
+                return alone[:at]
         raise ValueError("opens with an assistant message whose text the chat template "
                          "does not write as given, and the template refuses the empty "
                          "conversation before it: its span cannot be found; start the "

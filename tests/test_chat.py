@@ -1067,9 +1067,11 @@ def test_no_stop_warning_for_an_answer_inside_the_end_of_turn_text(answer):
 def test_a_conversation_that_opens_with_the_assistant_trains_its_answers():
     # a greeting first: the template (as Qwen2.5's and Llama 3's) reads messages[0] and
     # refuses the empty conversation before the first turn; its answers are still found,
-    # as a {% generation %} template marks them
+    # as a {% generation %} template marks them (not the same words in the default
+    # system prompt before them)
     reads_first = ("{% if messages[0]['role'] == 'system' %}{% set rest = messages[1:] %}"
-                   "{% else %}{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}"
+                   "{% else %}{{ '<|im_start|>system\\nSay: Hello! How can I help?"
+                   "<|im_end|>\\n' }}"
                    "{% set rest = messages %}{% endif %}" + CHATML.replace("messages", "rest"))
     greeting = [{"role": "assistant", "content": "Hello! How can I help?"},
                 {"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
