@@ -384,12 +384,24 @@ def _problems(args) -> list[str]:
             if other != flag:
                 bad.append(f"{flag}: {path!r} is also {other}'s file")
             for folder_in, flag_in in input_folders:
-                if real.startswith(folder_in + os.sep):
+                if real.startswith(folder_in + os.sep) and (
+                        os.path.isfile(real) or _checkpoint_file(real)):
                     bad.append(f"{flag}: {path!r} is inside {flag_in}'s directory "
-                               f"{folder_in!r}, whose files it would overwrite")
+                               f"{folder_in!r}, one of whose files it would overwrite or "
+                               f"change")
     if args.peft_out:
         bad += _nested_in_peft_out(args)
     return bad
+
+
+def _checkpoint_file(path: str) -> bool:
+    """Whether path names a file a Hugging Face checkpoint directory is read from
+    (written there, it would change the model the directory holds)."""
+    name = os.path.basename(path)
+    return name in ("config.json", "generation_config.json", "tokenizer.json",
+                    "tokenizer_config.json", "special_tokens_map.json", "model.safetensors",
+                    "model.safetensors.index.json") or \
+        (name.startswith("model-") and name.endswith(".safetensors"))
 
 
 def _nested_in_peft_out(args) -> list[str]:

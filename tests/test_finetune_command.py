@@ -786,3 +786,9 @@ def test_an_output_over_an_input_through_a_link_or_a_directory_is_refused(files,
         assert match in capsys.readouterr().err
     assert (files / "base.gguf").read_bytes() == before
     assert not (folder / "model.safetensors").exists()
+    # a new file beside the checkpoint's own changes nothing it is read from
+    args = finetune.parser().parse_args(["-m", str(folder), "--data",
+                                         str(files / "train.jsonl"), "--out",
+                                         str(folder / "adapter.gguf"), "--plot",
+                                         str(folder / "loss.png")])
+    assert not [p for p in finetune._problems(args) if "inside" in p]
