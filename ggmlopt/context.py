@@ -949,8 +949,11 @@ class OptContext:
         try:
             return tuple(self._optimizer.hyperparameters(returned))
         except (TypeError, ValueError) as e:
-            raise type(e)(f"get_opt_pars: what it returned for step {self.iter} is refused: "
-                          f"{e}") from None
+            # (the kind, not the class: an optimizer's own exception class may take other
+            # arguments)
+            kind = TypeError if isinstance(e, TypeError) else ValueError
+            raise kind(f"get_opt_pars: what it returned for step {self.iter} is refused: "
+                       f"{e}") from e
 
     def eval(self, result: Result | None = None, inputs: npt.ArrayLike | None = None,
              labels: npt.ArrayLike | None = None) -> None:

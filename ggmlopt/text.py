@@ -134,8 +134,13 @@ class _ChatTemplated:
         # are checked as they are set, not where they are read much later
         if name in _SPECIAL_IDS:
             value = _special_id(self, name, value)
+            if name == "eos_id" and value is None and getattr(self, "add_eos", False):
+                raise ValueError("eos_id: None, but add_eos is True (it appends the eos "
+                                 "token): set add_eos False first")
         elif name in _FLAGS:
             value = _flag(name, value)
+            if name == "add_eos" and value and getattr(self, "eos_id", None) is None:
+                raise ValueError("add_eos: True needs an eos_id (the token it appends)")
         super().__setattr__(name, value)
 
     @property

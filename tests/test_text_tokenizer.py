@@ -321,8 +321,15 @@ def test_special_ids_flags_and_templates_are_checked_as_they_are_set():
         assert tok.named_chat_templates == {"tool_use": "{{ tools }}"}
         tok.pad_id = np.int64(n - 1)           # a NumPy integer is an id
         assert tok.pad_id == n - 1 and type(tok.pad_id) is int
+        if tok.eos_id is not None:
+            tok.add_eos = True
+            with pytest.raises(ValueError, match="eos_id: None, but add_eos"):
+                tok.eos_id = None
+            tok.add_eos = False
         tok.eos_id = None
         assert tok.eos_id is None
+        with pytest.raises(ValueError, match="add_eos: True needs an eos_id"):
+            tok.add_eos = True
     with pytest.raises(TypeError, match="chat_template"):
         ByteTokenizer(chat_template=b"{{ x }}")
     with pytest.raises(TypeError, match="add_eos"):
