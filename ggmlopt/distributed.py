@@ -804,11 +804,18 @@ def rank_memory(report, comm, shard_optimizer):
     return report, _launcher_local_ranks(comm, 1 if mpi else None)
 
 
-def _cores():
+def _usable_cpus():
+    """The CPUs this process may run on (its affinity mask), as the kernel pool
+    counts them for its default."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on every platform
         return os.cpu_count() or 1
+
+
+def _cores():
+    """The cores this machine's ranks share out."""
+    return _usable_cpus()
 
 
 def set_rank_threads(nthreads=None, comm=None):
@@ -859,7 +866,7 @@ def auto_rank_threads(comm):
     ``mpiexec -n 2`` on a 2-core machine runs one thread per rank.  Returns
     (kernel threads, BLAS threads or None when BLAS was left alone); a collective
     for an mpi4py comm (its shared-memory split)."""
-    default = min(_cores(), 64)  # the kernel pool's own choice: the CPUs it may use
+    default = min(_usable_cpus(), 64)  # the kernel pool's own choice: the CPUs it may use
     if _threads_chosen or kernels.get_num_threads() != default:
         return kernels.get_num_threads(), None
     nthreads = max(1, _cores() // max(1, local_ranks(comm)))
