@@ -691,13 +691,18 @@ def _run_info(args, train, model) -> dict:
         info["--full"] = True
     else:
         from .lora import _default_targets
-        # the names as they adapt (spaces around them are no part of them)
-        targets = ",".join(t.strip() for t in args.lora_targets.split(",") if t.strip()) \
+        targets = ",".join(_target_names(args.lora_targets)) \
             if args.lora_targets else ",".join(_default_targets(model))
         info.update({"--lora-rank": int(args.lora_rank), "--lora-alpha": float(args.lora_alpha),
                      "--lora-targets": targets,
                      "--lora-dropout": float(args.lora_dropout)})
     return info
+
+
+def _target_names(given: str) -> tuple[str, ...]:
+    """The names of --lora-targets, each stripped of the spaces around it
+    ("q_proj, v_proj"): spaces are no part of a layer's name."""
+    return tuple(t.strip() for t in given.split(",") if t.strip())
 
 
 def _lora_targets(p, given: str | None):
@@ -706,7 +711,7 @@ def _lora_targets(p, given: str | None):
     ("q_proj, v_proj")."""
     if given is None:
         return None
-    names = tuple(t.strip() for t in given.split(",") if t.strip())
+    names = _target_names(given)
     if not names:
         p.error(f"--lora-targets: expected comma-separated layer names or all-linear, "
                 f"got {given!r}")
