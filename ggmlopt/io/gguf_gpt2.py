@@ -28,7 +28,8 @@ from ._gguf_common import (
     stored,
 )
 from ._gguf_length import gguf_truncation
-from ._gguf_tokenizer_keys import add_tokenizer, tokenizer_keys
+from ._gguf_tokenizer_keys import tokenizer_keys
+from ._gguf_write import quantized_rows, save_dtype_arg, warn_fallbacks, write_rest
 from ._quant_mix import FILE_TYPES, tensor_type
 from .gguf_metadata import GgufMetadata
 from .gguf_reader import GgufFile
@@ -97,8 +98,7 @@ def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     if name is None:
         name = str(carried.get("general.name", "ggmlopt-gpt2")) if carried else "ggmlopt-gpt2"
     items = model_file_items(model, name, metadata, _RESERVED)
-    from .gguf_llama import _save_dtype_arg
-    dtype = _save_dtype_arg(dtype)
+    dtype = save_dtype_arg(dtype)
     path = output_path(path)
     cfg = model.config
     tok = tokenizer_keys(tokenizer, cfg.vocab_size)
@@ -121,18 +121,7 @@ def save_gpt2_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.add_block_count(cfg.n_layers)
             writer.add_head_count(cfg.n_heads)
             writer.add_layer_norm_eps(cfg.norm_eps)
-            add_tokenizer(writer, tok, tokenizer)
-            for key, value, vtype in items:
-                writer.add_key_value(key, value, vtype)
-            if any(raw is not None for _, _, raw in arrays):
-                writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-            if isinstance(carried, GgufMetadata):
-                carried.add_to(writer, tok["tokens"], tokenizer)
-            for tname, array, raw_dtype in arrays:
-                writer.add_tensor(tname, array, raw_dtype=raw_dtype)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
+            write_rest(writer, gguf, tok, tokenizer, items, arrays, carried)
         finally:
             writer.close()
 
@@ -141,7 +130,6 @@ def _gpt2_arrays(model, dtype, gguf) -> list[tuple[str, np.ndarray, Any]]:
     """(llama.cpp name, array in ggml's row order, raw ggml type or None) of every
     parameter: the matrices in dtype (a file type: the block type llama-quantize
     gives each, with its fall-backs), the rest float32."""
-    from .gguf_llama import _quantized_rows, warn_fallbacks
     arrays = []
     fallbacks = []
     for pname, p in model.named_parameters():
@@ -159,7 +147,7 @@ def _gpt2_arrays(model, dtype, gguf) -> list[tuple[str, np.ndarray, Any]]:
                                            tied=True)
             if qtype != preferred and not (gname == "token_embd.weight" and qtype == "Q8_0"):
                 fallbacks.append(f"{gname} {preferred} -> {qtype}")
-            arrays.append((gname, *_quantized_rows(gguf, pname, data, qtype)))
+            arrays.append((gname, *quantized_rows(gguf, pname, data, qtype)))
             continue
         # the position rows stay float32 in a float16 or quantized file, as llama.cpp's
         # converter and llama-quantize keep position_embd

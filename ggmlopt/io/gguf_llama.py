@@ -41,7 +41,6 @@ from ..nn.quantized import QuantizedEmbedding, QuantizedLinear, quantized_layers
 from ..nn.rope_scaling import RopeScaling, rope_inv_freq
 from ._files import atomic_output, input_path, output_path
 from ._gguf_common import (
-    dtype_arg,
     model_file_items,
     refuse_adapter_file,
     shortest_float,
@@ -49,8 +48,9 @@ from ._gguf_common import (
 )
 from ._gguf_length import gguf_truncation
 from ._gguf_tokenizer import BYTE_MERGES, byte_vocabulary, tokenizer_from_fields
-from ._gguf_tokenizer_keys import add_tokenizer, tokenizer_keys
-from ._quant_mix import FILE_TYPES, file_type_name, is_70b, tensor_type
+from ._gguf_tokenizer_keys import tokenizer_keys
+from ._gguf_write import quantized_rows, save_dtype_arg, warn_fallbacks, write_rest
+from ._quant_mix import FILE_TYPES, is_70b, tensor_type
 from .gguf_metadata import GgufMetadata
 from .gguf_reader import GgufFile
 from .llama_names import gguf_name, permute_qk, unpermute_qk
@@ -102,62 +102,6 @@ def _linear_weight(name: str, weight: np.ndarray, config: LlamaConfig) -> np.nda
     return rows
 
 
-def _save_dtype_arg(dtype):
-    """np.float32 or np.float16, or a file type llama-quantize names
-    (_quant_mix.FILE_TYPES, its aliases q4_k and q5_k included)."""
-    if isinstance(dtype, str) and file_type_name(dtype) is not None:
-        return file_type_name(dtype)
-    try:
-        return dtype_arg(dtype)
-    except TypeError:
-        raise TypeError(f"dtype: expected float32 or float16 (np.float32, 'f32', np.float16 "
-                        f"or 'f16') or a file type as llama-quantize names it "
-                        f"({', '.join(FILE_TYPES)}, q4_k, q5_k), got {dtype!r}") from None
-
-
-def _quantized_rows(gguf, name: str, rows: np.ndarray, qtype: str):
-    """(array, raw ggml type) of float32 rows in block type qtype (F16 as a
-    float16 array): the K types through ggmlopt's port of ggml's reference
-    quantizers, the 32-value ones through gguf-py's."""
-    if qtype == "F16":
-        return stored(name, rows, np.dtype(np.float16)), None   # (beyond float16: ValueError)
-    t = gguf.GGMLQuantizationType[qtype]
-    if qtype in kernels_quant.QUANTIZE_TYPES:
-        array = kernels_quant.quantize(rows, qtype)
-    else:
-        array = gguf.quants.quantize(rows, t)
-    _check_scales(name, rows, array, qtype)
-    return array, t
-
-
-# byte offsets of each block's float16 scales (d, and m / dmin) in ggml's block
-# structs; a bf16 tensor is all float16-like words to check instead
-_SCALE_OFFSETS = {"Q4_0": (18, (0,)), "Q4_1": (20, (0, 2)), "Q5_0": (22, (0,)),
-                  "Q5_1": (24, (0, 2)), "Q8_0": (34, (0,)), "Q4_K": (144, (0, 2)),
-                  "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
-
-
-def _check_scales(name: str, rows: np.ndarray, array: np.ndarray, qtype: str) -> None:
-    """ValueError when a block's float16 scale (or a bf16 value) came out infinite:
-    weights too large for the type, which would read back as inf / NaN in llama.cpp
-    (llama-quantize refuses such a row: ggml_validate_row_data)."""
-    raw = np.ascontiguousarray(array).view(np.uint8)
-    if qtype == "BF16":
-        bad = (raw.view(np.uint16) & 0x7FFF) >= 0x7F80
-    else:
-        size, offsets = _SCALE_OFFSETS[qtype]
-        blocks = raw.reshape(-1, size)
-        bad = np.zeros(len(blocks), bool)
-        for at in offsets:
-            half = np.ascontiguousarray(blocks[:, at:at + 2]).view(np.float16)
-            bad |= ~np.isfinite(half).ravel()
-    if bad.any():
-        why = "they round to inf" if qtype == "BF16" else "a block's float16 scale overflows"
-        raise ValueError(f"dtype: {name} holds values too large for {qtype} (|x| up to "
-                         f"{float(np.abs(rows).max()):g}: {why}, and llama.cpp would read "
-                         f"inf / NaN); save it as f32, or bring the weights back into range")
-
-
 def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
     """(llama.cpp name, array in ggml's row order, raw ggml type or None) for
     every tensor: Parameters stored in dtype (a block type for the matrices),
@@ -204,23 +148,13 @@ def _gguf_arrays(model: Llama, dtype) -> list[tuple[str, np.ndarray, Any]]:
             # (a head too narrow for Q6_K keeps 8 bits, its usual place in small models)
             if qtype != preferred and not (head and qtype == "Q8_0"):
                 fallbacks.append(f"{tensor} {preferred} -> {qtype}")
-            array, raw = _quantized_rows(gguf, name, data, qtype)
+            array, raw = quantized_rows(gguf, name, data, qtype)
             out.append((tensor, array, raw))
         else:
             out.append((gguf_name(name, arch), stored(name, data, np.dtype(np.float32)
                                                 if isinstance(dtype, str) else dtype), None))
     warn_fallbacks(fallbacks, dtype)
     return out
-
-
-def warn_fallbacks(fallbacks: list[str], dtype) -> None:
-    """The UserWarning naming the matrices ("name WANTED -> TYPE") whose rows are
-    not whole blocks of the type a file type gives them (save_gguf's caller)."""
-    if fallbacks:
-        warnings.warn(f"dtype: {len(fallbacks)} matrices' rows are not whole blocks of "
-                      f"the types {dtype} gives them; as llama-quantize does, they fall back "
-                      f"to a smaller block or f16: {', '.join(fallbacks[:6])}"
-                      f"{', ...' if len(fallbacks) > 6 else ''}", UserWarning, stacklevel=5)
 
 
 def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
@@ -280,7 +214,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
     if isinstance(name, str):   # (model_file_items names a name of another type)
         name = _name_for_vocabulary(name, tokenizer, chosen)
     items = model_file_items(model, name, metadata, _RESERVED_PREFIXES)
-    dtype = _save_dtype_arg(dtype)
+    dtype = save_dtype_arg(dtype)
     path = output_path(path)
     cfg = model.config
     tok = tokenizer_keys(tokenizer, cfg.vocab_size)
@@ -316,18 +250,7 @@ def save_llama_gguf(model, path, *, tokenizer, dtype=np.float32, metadata=None,
             writer.add_key_length(cfg.head_dim)
             writer.add_value_length(cfg.head_dim)
             family.gguf_write(writer, cfg, arch)   # the family's own keys
-            add_tokenizer(writer, tok, tokenizer)
-            for key, value, vtype in items:
-                writer.add_key_value(key, value, vtype)
-            if any(raw is not None for _, _, raw in arrays):
-                writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-            if isinstance(carried, GgufMetadata):
-                carried.add_to(writer, tok["tokens"], tokenizer)
-            for tensor_name, array, raw_dtype in arrays:
-                writer.add_tensor(tensor_name, array, raw_dtype=raw_dtype)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
+            write_rest(writer, gguf, tok, tokenizer, items, arrays, carried)
         finally:
             writer.close()
 
