@@ -146,31 +146,37 @@ def test_fitted_model_call_survives_training_on():
     assert not np.array_equal(model(x), kept)   # the parameters did move
 
 
-@pytest.mark.parametrize("case", sorted(LAYER_CASES))
-def test_a_deep_copy_after_a_forward_computes_afresh(case):
-    """A layer writes into views of the buffers it returns; a deep copy made
-    after a forward must not return its stale copies (it once did: the copied
-    view was no view any more, so the copy's output never changed)."""
+def _copied(layer, how):
     import copy
+    import pickle
+    return copy.deepcopy(layer) if how == "deepcopy" else pickle.loads(pickle.dumps(layer))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_a_copy_after_a_forward_computes_afresh(case, how):
+    """A layer writes into views of the buffers it returns; a deep copy or a
+    pickled copy made after a forward must not return its stale copies (each
+    once did: the copied view was no view any more, so the copy's output never
+    changed)."""
     make, shape = LAYER_CASES[case][:2]
     layer = make()
     rng = np.random.default_rng(1)
     x1, x2 = draw(case, rng, (2, *shape)), draw(case, rng, (2, *shape))
     layer.forward(x1)
-    twin = copy.deepcopy(layer)
+    twin = _copied(layer, how)
     want = np.array(layer.forward(x2), copy=True)
     np.testing.assert_array_equal(twin.forward(x2), want)
 
 
-def test_a_deep_copy_of_a_language_model_after_a_forward_follows_its_weights():
-    import copy
-
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_of_a_language_model_after_a_forward_follows_its_weights(how):
     from ggmlopt.models import Llama, LlamaConfig
     model = Llama(LlamaConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, ffn_dim=24,
                               max_seq_len=8), seed=0)
     ids = np.arange(8)[None] % 40
     before = model(ids)
-    twin = copy.deepcopy(model)
+    twin = _copied(model, how)
     for p in twin.parameters():
         p.data[...] = p.data * 1.5
     model_scaled = Llama(model.config, seed=0)
@@ -178,3 +184,22 @@ def test_a_deep_copy_of_a_language_model_after_a_forward_follows_its_weights():
         p.data[...] = q.data
     np.testing.assert_array_equal(twin(ids), model_scaled(ids))
     assert np.abs(twin(ids) - before).max() > 0
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("base", ["Linear", "QuantizedLinear"])
+def test_a_copy_of_a_lora_layer_after_a_forward_computes_afresh(base, how):
+    """LoRALinear writes the adapter's product into its base's output buffer: a
+    copy after a forward computes both parts anew (a pickled one returned the
+    original's last output)."""
+    from ggmlopt.lora import LoRALinear
+    w = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float16)
+    inner = nn.Linear(7, 5, rng=0) if base == "Linear" else nn.QuantizedLinear(w, "F16", 7, 5)
+    layer = LoRALinear(inner, rank=2, alpha=4.0, rng=1)
+    layer.lora_b.data[...] = 0.25
+    rng = np.random.default_rng(2)
+    x1, x2 = (rng.standard_normal((3, 7)).astype(np.float32) for _ in range(2))
+    layer.forward(x1)
+    twin = _copied(layer, how)
+    want = np.array(layer.forward(x2), copy=True)
+    np.testing.assert_array_equal(twin.forward(x2), want)

@@ -152,6 +152,13 @@ class Module:
             new._shape = None
         return new
 
+    def __setstate__(self, state):
+        """An unpickled (or copy.copy'd) layer makes its forward buffers anew, as a
+        deep copy does: pickle stores a view and its base as two arrays."""
+        self.__dict__.update(state)
+        if "_shape" in self.__dict__:
+            self.__dict__["_shape"] = None
+
     def parameters(self) -> list[Parameter]:
         """The trainable parameters, each once, in the order of named_parameters()."""
         return [p for _, p in self.named_parameters()]
