@@ -136,3 +136,12 @@ def test_pretraining_tp_is_accepted_only_where_no_layer_reads_it(tmp_path):
     mistral = Mistral(MistralConfig(**small), seed=0)
     with pytest.raises(ValueError, match="pretraining_tp"):
         load_hf(_edited_checkpoint(mistral, tmp_path / "mistral", pretraining_tp=2))
+
+
+def test_the_api_page_lists_every_model_class_and_config():
+    """docs/api.md's "Language models" list names each public name of
+    ggmlopt.models (the Gemma families were once missing from it)."""
+    from ggmlopt import models
+    page = _page("api.md")
+    listed = set(re.findall(r"^\s+models\.(\w+)\s*$", page, flags=re.M))
+    assert set(models.__all__) - listed == set()

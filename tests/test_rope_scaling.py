@@ -538,3 +538,22 @@ def test_a_dynamic_phi3_is_refused_as_transformers_refuses_it(tmp_path, edit):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
     with pytest.raises(ValueError, match="LongRoPE only .*'dynamic'"):
         load_hf(tmp_path)
+
+
+@pytest.mark.parametrize("scaling", [
+    RopeScaling("linear", 2.0), RopeScaling("dynamic", 2.0, original_max_position_embeddings=8),
+    RopeScaling("yarn", 2.0, original_max_position_embeddings=8),
+    RopeScaling("llama3", 2.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=8)])
+def test_save_hf_refuses_a_phi3_scaling_no_phi3_checkpoint_holds(tmp_path, scaling):
+    """transformers' Phi3 (and load_hf) read LongRoPE only: a Phi3 built with
+    another scaling is refused before a file is written, not written as a
+    checkpoint that loads nowhere (a yarn one read back as LongRoPE without its
+    factors)."""
+    from ggmlopt.io import save_hf
+    from ggmlopt.models import Phi3, Phi3Config
+    model = Phi3(Phi3Config(vocab_size=67, dim=32, n_layers=1, n_heads=4, max_seq_len=16,
+                            original_max_seq_len=8, rope_scaling=scaling), seed=0)
+    with pytest.raises(ValueError, match=f"'{scaling.rope_type}' rope scaling .*LongRoPE only"):
+        save_hf(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -319,6 +319,12 @@ def _as_longrope(hf: Mapping[str, Any], original: int) -> tuple[Mapping[str, Any
 
 
 def _to_hf(cfg: Phi3Config) -> dict[str, Any]:
+    scaling = cfg.rope_scaling
+    if scaling is not None and scaling.rope_type != "longrope":
+        # a config.json neither transformers nor load_hf would read back
+        raise ValueError(f"model: its {scaling.rope_type!r} rope scaling is no Phi-3 "
+                         f"checkpoint's: transformers' Phi3 (and load_hf) read LongRoPE only, "
+                         f"so the files would load nowhere")
     return {**llama_hf_config(cfg), "sliding_window": cfg.sliding_window,
             "original_max_position_embeddings": cfg.original_max_seq_len,
             "partial_rotary_factor": cfg.partial_rotary_factor,

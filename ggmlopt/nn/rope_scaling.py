@@ -55,14 +55,16 @@ def _real(value, name, minimum=None):
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """RopeScaling(rope_type, factor=1.0, *, low_freq_factor=None,
+    """RopeScaling(rope_type, factor=1.0, low_freq_factor=None,
     high_freq_factor=None, original_max_position_embeddings=None,
     attention_factor=None, beta_fast=None, beta_slow=None, mscale=None,
     mscale_all_dim=None, truncate=True, freq_factors=None, short_factor=None,
     long_factor=None)
 
     How the rotary frequencies of a Llama-like model are scaled, Hugging Face's
-    names: ``linear`` (inv_freq / factor), ``llama3`` (Llama 3.1's smooth
+    names: ``linear`` (inv_freq / factor), ``dynamic`` (NTK-aware: for a pass
+    longer than original_max_position_embeddings the base raised by that pass's
+    length, as transformers' dynamic rotary does), ``llama3`` (Llama 3.1's smooth
     interpolation between low and high frequencies), ``yarn`` (YaRN, with its
     attention factor on cos and sin), ``longrope`` (Phi-3's LongRoPE: inv_freq
     / short_factor[i] within original_max_position_embeddings, / long_factor[i]
