@@ -119,7 +119,7 @@ if TYPE_CHECKING:
     from .dataset import Dataset
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "FitCheckpoint", "FitProgress", "check_model",
-           "context_state_dict", "fit_seed_id", "frozen_digest", "load_context",
+           "context_state_dict", "data_digest", "fit_seed_id", "frozen_digest", "load_context",
            "load_context_state_dict", "load_state", "parameter_names", "save_state"]
 
 FORMAT = "ggmlopt.OptContext"
@@ -142,7 +142,9 @@ _OPTIONAL_KEYS = ("class_labels", "trainable")
 # before these entries existed lack them).  fit.seed: the int seed, -1 for None (the
 # default seed), -2 for a numpy Generator.
 _FIT_RUN_KEYS = ("fit.ne_datapoint", "fit.ne_label", "fit.ndata_shard", "fit.seed",
-                 "fit.shuffle", "fit.accumulate")
+                 "fit.shuffle", "fit.accumulate", "fit.data")
+# fit.data: CRC-32 of the dataset's data and labels as stored (data_digest): a
+# dataset of the same sizes but other content or order is another run
 # fit.accumulate: 0 for accumulate="batches", 1 for "tokens"
 _ACCUMULATE = ("batches", "tokens")
 # fit's run_info: JSON of what else identifies the run (a resume compares it key by key)
@@ -839,8 +841,8 @@ class FitCheckpoint:
     EvalStats rows), and the configuration that must not change between
     runs (``fit.ndata``, ``fit.nbatch_logical``, ``fit.nbatch_physical``,
     ``fit.idata_split``) or that identifies the run (``fit.ne_datapoint``,
-    ``fit.ne_label``, ``fit.ndata_shard``, ``fit.seed``: checked on resume when
-    the file has them).
+    ``fit.ne_label``, ``fit.ndata_shard``, ``fit.seed``, ``fit.data``: the
+    data's and labels' CRC-32; checked on resume when the file has them).
 
     The path is checked when fit starts: its directory must exist and be
     writable, so a typo fails before the first epoch, not after it."""
@@ -897,8 +899,9 @@ class FitCheckpoint:
                     name = key.split(".", 1)[1]
                     raise ValueError(f"{key}: the checkpoint was made with {name}={got}, this "
                                      f"fit has {name}={want}")
-            self._check_run(fit_sd, [k for k in self.run if k != "fit.seed"])
-            self._check_run_info(fit_sd)
+            self._check_run(fit_sd, [k for k in self.run if k not in ("fit.seed", "fit.data")])
+            self._check_run_info(fit_sd)   # (a caller's names for what made the data first)
+            self._check_run(fit_sd, ("fit.data",))
             done = _get_int(fit_sd, "fit.epoch")
             if done < 0:
                 raise ValueError(f"fit.epoch: expected >= 0, got {done}")
@@ -974,6 +977,12 @@ class FitCheckpoint:
             want = self.run[key]
             if got != want:
                 name = key.split(".", 1)[1]
+                if key == "fit.data":
+                    raise ValueError(f"{key}: the checkpoint was made with other data of the "
+                                     f"same sizes (CRC-32 {got:08x}, this dataset's "
+                                     f"{want:08x}: its datapoints, labels or their order "
+                                     f"differ); resume only the same run (on the data "
+                                     f"it began with)")
                 how = (f"pass accumulate={_run_value(key, got)}" if key == "fit.accumulate"
                        else "same dataset and seed")
                 raise ValueError(f"{key}: the checkpoint was made with {name}="
@@ -1163,6 +1172,16 @@ def run_info_arg(run_info: Any) -> dict[str, Any]:
                             f"got {type(value).__name__}")
         out[key] = value
     return out
+
+
+def data_digest(dataset: Any) -> int:
+    """CRC-32 of a dataset's data, then its labels, bytes as stored (their rows'
+    order included): what fit.data keeps of the run's data."""
+    value = 0
+    for a in (dataset.data, getattr(dataset, "labels", None)):
+        if a is not None:
+            value = crc32_bytes(np.ascontiguousarray(a).reshape(-1).view(np.uint8), value)
+    return value
 
 
 def _run_value(key: str, value: int) -> str:

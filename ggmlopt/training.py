@@ -15,7 +15,14 @@ from ._args import enum_arg
 from ._blas_threads import blas_threads_setting
 from ._fit_loop import FitLoop
 from ._fit_plan import FitPlan
-from .checkpoint import FitCheckpoint, fit_seed_id, model_info, parameter_names, run_info_arg
+from .checkpoint import (
+    FitCheckpoint,
+    data_digest,
+    fit_seed_id,
+    model_info,
+    parameter_names,
+    run_info_arg,
+)
 from .context import OptContext, checks_before_taking
 from .dataset import Dataset
 from .epoch_loop import EpochCallback, check_dataset, epoch, label_form
@@ -219,7 +226,10 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                                  # whenever nbatch_logical < ndata)
                                  "fit.shuffle": 2 if plan.shuffle == "train"
                                  else int(plan.shuffle_all),
-                                 "fit.accumulate": int(accumulate == "tokens")}, run_info,
+                                 "fit.accumulate": int(accumulate == "tokens"),
+                                 # (a rank's part differs from rank 0's, which writes)
+                                 **({} if dataset_is_part is True and comm is not None
+                                    else {"fit.data": data_digest(dataset)})}, run_info,
                              model_info(model),
                              _schedule_record(get_opt_pars))
         if not resume and ckpt.exists():
@@ -273,7 +283,7 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
         order = dataset.permutation.copy()
         if pending is not None:
             ctx.load_state_dict(pending.ctx_sd)
-            moved = _schedule_moved(get_opt_pars, ctx, pending)
+            moved = _opt_pars_moved(get_opt_pars, ctx, pending)
             if moved:
                 warnings.warn(f"resume: {resumed_from!r}: {moved}", UserWarning, stacklevel=2)
             dataset._set_permutation(pending.permutation)
@@ -370,18 +380,20 @@ def _check_memory(model, dataset, plan, optimizer, silent, in_backward=False,
 def _schedule_record(get_opt_pars) -> str | None:
     """What a checkpoint records of the schedule: the repr of one of
     ggmlopt.schedules' own classes (its kind, length and warmup), None for any
-    other get_opt_pars (a subclass's fields may print differently every run)."""
+    other get_opt_pars (a subclass's fields may print differently every run; a
+    wrapper around a schedule is no other run: a function's values are checked
+    instead)."""
     if isinstance(get_opt_pars, Schedule) and type(get_opt_pars).__module__ == Schedule.__module__:
         return repr(get_opt_pars)
     return None
 
 
-def _schedule_moved(get_opt_pars, ctx, progress) -> str | None:
-    """What a ggmlopt.schedules schedule gives the checkpoint's last step that
-    differs from the parameters that step ran with (a resume whose learning rate,
-    warmup or run length is not the run's that wrote it), else None."""
-    if not isinstance(get_opt_pars, Schedule):
-        return None
+def _opt_pars_moved(get_opt_pars, ctx, progress) -> str | None:
+    """What this fit's get_opt_pars gives the checkpoint's last step that differs
+    from the parameters that step ran with (a resume whose learning rate,
+    weight decay, warmup or run length is not the run's that wrote it), else None.
+    A function is called once more for it, with the last step's epoch as
+    fit's userdata."""
     # the kind, length or warmup, where the last step's rate does not tell them (a
     # step early in a warmup runs at t / warmup whatever the length)
     record = _schedule_record(get_opt_pars)
@@ -389,24 +401,29 @@ def _schedule_moved(get_opt_pars, ctx, progress) -> str | None:
         (f"its schedule was {progress.schedule}, this fit's is {record}: the run goes "
          "on with other parameters than the one that wrote the checkpoint")
     in_force = ctx.opt_pars_in_force
-    if in_force is None:
-        return other
+    unit = getattr(get_opt_pars, "unit", "epoch")
+    if in_force is None or (unit == "step" and not isinstance(get_opt_pars, Schedule)):
+        return other   # (a function of the context: what it gives is the next step's)
     # the step that ran last, or its epoch (mid-epoch: the next one's)
-    t = ctx.iter - 1 if get_opt_pars.unit == "step" else \
-        progress.epochs_done + (1 if progress.step else 0)
+    epoch = progress.epochs_done + (1 if progress.step else 0)
+    if isinstance(get_opt_pars, Schedule):
+        t, what = (ctx.iter - 1 if unit == "step" else epoch), "schedule"
+    else:
+        t, what, unit = FitEpoch(epoch), "get_opt_pars", "epoch"
     try:
         now = tuple(ctx.optimizer.hyperparameters(get_opt_pars(t)))
-    except (ValueError, TypeError):
-        return other   # past this schedule's end: check_schedule has said so
+    except Exception:   # noqa: BLE001 (past a schedule's end, or a function's own error:
+        return other    # each is said where the step calls it)
     names = ctx.optimizer.hyperparameter_names
-    moved = [f"{ctx.optimizer.name}.{n} {float(a):.6g}, this fit's schedule gives "
+    moved = [f"{ctx.optimizer.name}.{n} {float(a):.6g}, this fit's {what} gives "
              f"{float(b):.6g}" for n, a, b in zip(names, in_force, now)
              if np.float32(a) != np.float32(b)]
     if not moved:
         return other
-    return (f"its last {get_opt_pars.unit} ({get_opt_pars.unit} {t}) ran with "
-            f"{'; '.join(moved)}: the run goes on with other parameters than the one that "
-            "wrote the checkpoint (another learning rate, schedule, warmup or length?)")
+    said = (f"its last {unit} ({unit} {int(t)}) ran with {'; '.join(moved)}: the run goes "
+            "on with other parameters than the one that wrote the checkpoint (another "
+            "learning rate, schedule, warmup or length?)")
+    return said if other is None else f"{said}; {other}"
 
 
 def _read_checkpoint(ckpt, model, dataset, plan, seed, loss_type, optimizer, precision):

@@ -192,3 +192,72 @@ def test_a_resume_whose_schedule_moved_says_so(tmp_path, unit):
                                              r"with adamw\.alpha [0-9.e-]+, this fit's "
                                              r"schedule gives"):
             fit(moved, 3, True)
+
+
+def _fit_with(tmp_path, get_opt_pars, nepoch, resume):
+    model, ds, _ = make_problem("epoch")
+    return go.fit(model, ds, go.LossType.CROSS_ENTROPY, get_opt_pars=get_opt_pars,
+                  nepoch=nepoch, nbatch_logical=8, nbatch_physical=4, silent=True, seed=5,
+                  checkpoint=tmp_path / "f.npz", resume=resume)
+
+
+def _alpha(alpha):
+    return lambda epoch: go.OptimizerParams(go.AdamWParams(alpha=alpha))
+
+
+@pytest.mark.parametrize("first, then, said", [
+    (_alpha(3e-3), go.default_optimizer_params,
+     (r"its last epoch \(epoch 2\) ran with adamw\.alpha 0\.003, this fit's get_opt_pars "
+      r"gives 0\.001")),
+    (_alpha(3e-3), _alpha(1e-3), r"adamw\.alpha 0\.003, this fit's get_opt_pars gives 0\.001"),
+    (go.schedules.Cosine(total=4, min_factor=0.5), go.default_optimizer_params,
+     (r"its last epoch \(epoch 2\) ran with adamw\.alpha 0\.000926777, this fit's "
+      r"get_opt_pars gives 0\.001")),
+    (go.default_optimizer_params, go.schedules.Cosine(total=4, min_factor=0.5),
+     (r"its last epoch \(epoch 2\) ran with adamw\.alpha 0\.001, this fit's schedule "
+      r"gives 0\.000926777")),
+])
+def test_a_resume_with_other_optimizer_parameters_says_so(tmp_path, first, then, said):
+    """Not only a ggmlopt.schedules schedule: a function (the defaults among them)
+    that gives the last epoch other parameters than it ran with warns, as does a
+    schedule resumed by a function or the other way round."""
+    _fit_with(tmp_path, first, 2, False)
+    with pytest.warns(UserWarning, match="resume: .*" + said):
+        _fit_with(tmp_path, then, 3, True)
+
+
+@pytest.mark.parametrize("get_opt_pars", [_alpha(3e-3), go.default_optimizer_params])
+def test_a_resume_with_the_same_function_says_nothing(tmp_path, get_opt_pars):
+    import warnings
+    _fit_with(tmp_path, get_opt_pars, 2, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _fit_with(tmp_path, get_opt_pars, 3, True)
+
+
+@pytest.mark.parametrize("change", ["content", "order", "labels"])
+def test_a_resume_on_other_data_of_the_same_sizes_is_refused(tmp_path, change):
+    """The checkpoint's shard order and moments belong to its data: a dataset of
+    the same sizes whose datapoints, labels or row order differ is another run,
+    refused (naming fit.data) with the model and the dataset untouched; the same
+    data in a new Dataset object resumes."""
+    ckpt = tmp_path / "d.npz"
+    run("ADAMW", "epoch", 2, checkpoint=ckpt)
+    model, ds, pars = make_problem("epoch")
+    x, y = np.array(ds.data), np.array(ds.labels)
+    if change == "content":
+        x[5, 3] += 1.0
+    elif change == "order":
+        x, y = x[::-1].copy(), y[::-1].copy()
+    else:
+        y[7] = np.roll(y[7], 1)
+    other = go.Dataset.from_arrays(x, y, ndata_shard=2)
+    before = [p.data.copy() for p in model.parameters()]
+    order = other.permutation.copy()
+    with pytest.raises(ValueError, match="fit.data: the checkpoint was made with other data"):
+        go.fit(model, other, go.LossType.CROSS_ENTROPY, get_opt_pars=pars, nepoch=3,
+               nbatch_logical=8, nbatch_physical=4, val_split=0.25, silent=True, seed=5,
+               checkpoint=ckpt, resume=True, clip_grad_norm=5.0)
+    assert all(np.array_equal(a, p.data) for a, p in zip(before, model.parameters()))
+    assert np.array_equal(order, other.permutation)
+    run("ADAMW", "epoch", 3, checkpoint=ckpt, resume=True)   # the same data, anew: resumes

@@ -143,5 +143,5 @@ def test_the_api_page_lists_every_model_class_and_config():
     ggmlopt.models (the Gemma families were once missing from it)."""
     from ggmlopt import models
     page = _page("api.md")
-    listed = set(re.findall(r"^\s+models\.(\w+)\s*$", page, flags=re.M))
+    listed = set(re.findall(r"^\s+models\.(\w+)\s*$", page, flags=re.MULTILINE))
     assert set(models.__all__) - listed == set()

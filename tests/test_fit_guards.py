@@ -125,7 +125,9 @@ def test_existing_checkpoint_without_resume_warns(tmp_path):
     ({"seed": None}, r"seed=3, this fit has seed=None"),
     ({"seed": np.random.default_rng(3)}, r"this fit has seed=a numpy Generator"),
     ({"ndata_shard": 5}, r"fit.ndata_shard: the checkpoint was made with ndata_shard=2"),
-    ({"data_seed": 9}, None),   # same sizes, other values: allowed (cannot be told apart)
+    # same sizes, other values: told apart by the data's CRC-32
+    ({"data_seed": 9}, r"fit.data: the checkpoint was made with other data of the same sizes"),
+    ({}, None),   # the same data in a new Dataset: resumes
 ])
 def test_resume_refuses_another_run(tmp_path, change, match):
     path = tmp_path / "run.npz"
