@@ -778,6 +778,8 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") \
             from None
     where = repr(path)
+    if os.path.isdir(path):
+        raise ValueError(f"path: {where} is a directory; expected a checkpoint file")
     sd = {}
     with open(path, "rb") as f:
         if not zipfile.is_zipfile(f):
@@ -793,11 +795,14 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
                     # checkpoint lost this way would read as an epoch's end)
                     raise ValueError(f"the archive lists {len(npz.files)} members, its end "
                                      f"record counts {counted}")
+                if len(set(npz.files)) != len(npz.files):
+                    # a corrupted name that took another's: one of the two would be lost
+                    raise ValueError("the archive lists a member name twice")
                 for key in npz.files:
                     # reading a member to its end checks its CRC
                     sd[key] = _scalar(key, npz[key])
         except (zipfile.BadZipFile, ValueError, EOFError, KeyError, OSError,
-                NotImplementedError) as e:
+                NotImplementedError, RuntimeError) as e:   # (a flipped "encrypted" flag)
             if isinstance(e, FileNotFoundError):
                 raise
             raise ValueError(f"path: {where} is not a readable ggmlopt checkpoint (truncated "
