@@ -373,10 +373,12 @@ def _refuse_untying(saved, trained, chosen, embedding, tying) -> None:
     whole = [key for key in trained if key in ("lm_head", embedding)]
     if whole and not (tying and any(m.split(".")[-1] in ("embed_tokens", "lm_head")
                                     for m in saved)):
+        why = (f"PEFT's ensure_weight_tying ties only a module named embed_tokens or "
+               f"lm_head, so for {whole[0]} it" if tying else
+               "PEFT without ensure_weight_tying")
         raise ValueError(f"config's modules_to_save: it trains {whole[0]} whole, and this "
-                         f"model's token embedding and head are one matrix (tied); PEFT "
-                         f"without ensure_weight_tying (or for a name other than embed_tokens "
-                         f"or lm_head) trains a copy of one and leaves the other the base's, "
+                         f"model's token embedding and head are one matrix (tied); {why} "
+                         f"trains a copy of one and leaves the other the base's, "
                          f"which this model cannot hold: set ensure_weight_tying=True and "
                          f"name embed_tokens or lm_head, or leave them out")
     if tying and embedding in chosen:

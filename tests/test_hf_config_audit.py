@@ -130,3 +130,35 @@ def test_phi4_mini_s_own_keys_load_at_their_values_and_others_are_refused(tmp_pa
         path.write_text(json.dumps({**config, **phi4, key: value}))
         with pytest.raises(ValueError, match=key):
             load_hf(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_a_fractional_query_pre_attn_scalar_is_refused_as_transformers_refuses_it(
+        tmp_path, family):
+    from ggmlopt.io import load_hf, save_hf
+    from ggmlopt.models import Gemma2, Gemma2Config, Gemma3, Gemma3Config
+    cls, cfg_cls = (Gemma2, Gemma2Config) if family == "gemma2" else (Gemma3, Gemma3Config)
+    save_hf(cls(cfg_cls(vocab_size=61, dim=16, n_layers=2, n_heads=2, head_dim=8), seed=0),
+            tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "query_pre_attn_scalar": 13.5}))
+    with pytest.raises(ValueError, match="query_pre_attn_scalar: expected an int"):
+        load_hf(tmp_path)
+
+
+def test_a_gemma3_with_local_layers_and_no_window_is_refused_both_ways(tmp_path):
+    """transformers' Gemma 3 finds no window for its sliding layers and fails: a
+    config.json of them is refused, and save_hf writes none."""
+    from ggmlopt.io import load_hf, save_hf
+    from ggmlopt.models import Gemma3, Gemma3Config
+    model = Gemma3(Gemma3Config(vocab_size=61, dim=16, n_layers=2, n_heads=2, head_dim=8,
+                                sliding_window=4, sliding_layers=(True, False)), seed=0)
+    save_hf(model, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "sliding_window": None}))
+    with pytest.raises(ValueError, match="sliding_window: null, with sliding_attention"):
+        load_hf(tmp_path)
+    windowless = Gemma3(Gemma3Config(vocab_size=61, dim=16, n_layers=2, n_heads=2, head_dim=8,
+                                     sliding_window=None, sliding_layers=(True, False)), seed=0)
+    with pytest.raises(ValueError, match="local layers have no window"):
+        save_hf(windowless, tmp_path / "other")

@@ -5,7 +5,10 @@ another model than transformers' is refused, never dropped.
 
 - SmolLM3-3B's file: pretraining_tp and max_window_layers (SmolLM3 reads neither);
 - SmolLM2's llama files: nanotron's is_llama_config and rope_interleaved (false);
-- distilgpt2 and 4.x re-saves: _num_labels, gradient_checkpointing;
+- distilgpt2 and 4.x re-saves: _num_labels, gradient_checkpointing, and gpt2's
+  n_ctx (an old name transformers keeps, whatever its value, and never reads);
+- the published GPT-2 files' tensor names, without the base model's
+  "transformer." prefix, and their attention-mask buffers;
 - Qwen2/Qwen3: use_sliding_window with max_window_layers at or past the last
   layer (transformers lays every layer out as full attention);
 - a GPT-2 file whose lm_head.weight differs from its token embedding
@@ -57,7 +60,7 @@ CASES = {
               {"is_llama_config": True, "rope_interleaved": False}),
     "gpt2": (lambda: GPT2(GPT2Config(vocab_size=61, dim=16, n_layers=2, n_heads=2,
                                      max_seq_len=32), seed=0),
-             {"_num_labels": 1, "gradient_checkpointing": False}),
+             {"_num_labels": 1, "gradient_checkpointing": False, "n_ctx": 1024}),
 }
 
 
@@ -149,3 +152,21 @@ def test_generation_stops_at_generation_config_s_eos_ids(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": "x"}))
     with pytest.raises(ValueError, match="eos_token_id"):
         load_hf(tmp_path)
+
+
+def test_the_published_gpt2_layout_without_the_base_prefix_loads(tmp_path):
+    """openai-community/gpt2's model.safetensors names its tensors wte.weight,
+    h.0.attn.c_attn.weight, ... (no "transformer."), with h.N.attn.bias mask
+    buffers: transformers reads them as its base model's; so does load_hf."""
+    from safetensors.numpy import load_file, save_file
+    model = CASES["gpt2"][0]()
+    saved(model, tmp_path)
+    want = np.asarray(load_hf(tmp_path).forward(TOKENS))
+    weights = tmp_path / "model.safetensors"
+    tensors = {k.removeprefix("transformer."): v for k, v in load_file(weights).items()}
+    assert "wte.weight" in tensors
+    mask = np.tril(np.ones((32, 32), np.float32))[None, None]
+    tensors.update({f"h.{i}.attn.bias": mask for i in range(2)})
+    save_file(tensors, weights)
+    np.testing.assert_array_equal(np.asarray(load_hf(tmp_path).forward(TOKENS)), want)
+

@@ -370,6 +370,17 @@ def _load_kept(tensors, model, where: str):
     return model
 
 
+def _with_base_prefix(tensors: dict, prefix: str) -> dict:
+    """The tensors under the base model's prefix ("transformer." for GPT-2) where
+    none has it: the published GPT-2 files store wte.weight, h.0..., which
+    transformers' from_pretrained reads as its base model's (base_model_prefix);
+    lm_head.weight stays as it is."""
+    if not prefix or any(name.startswith(prefix) for name in tensors):
+        return tensors
+    return {name if name == "lm_head.weight" else prefix + name: value
+            for name, value in tensors.items()}
+
+
 def load_hf(directory, *, keep_types=False):
     """A model of one of ggmlopt.models' families (Llama, Qwen2, GPT2, ...; the
     registry's, by config.json's model_type) from a Hugging Face checkpoint directory
@@ -404,6 +415,7 @@ def load_hf(directory, *, keep_types=False):
 
     with skip_init():   # every parameter is read from the file
         model = _model_from_config(config, config_path)
+    tensors = _with_base_prefix(tensors, family_of(model).hf_prefix)
     if _head_differs(model, tensors):
         try:
             with skip_init():

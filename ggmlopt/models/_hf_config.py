@@ -75,7 +75,8 @@ def no_dropout(hf: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None
     rates = {k: hf[k] for k in keys if hf.get(k)}
     if rates:
         warnings.warn(f"{where}: {rates}: ggmlopt's model applies no dropout there (the "
-                      "forward pass is the same; training differs from one with dropout)",
+                      "forward pass is the same; training differs from one with dropout, "
+                      "and save_hf writes the model as it is: without these rates)",
                       UserWarning, stacklevel=5)
 
 

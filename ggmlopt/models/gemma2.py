@@ -221,6 +221,9 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma2Config:
     scalar = hf.get("query_pre_attn_scalar", 256)
     if isinstance(scalar, bool) or not isinstance(scalar, numbers.Real):
         raise TypeError(f"query_pre_attn_scalar: expected a number, got {scalar!r}")
+    if not float(scalar).is_integer():   # (transformers' config refuses it)
+        raise ValueError(f"query_pre_attn_scalar: expected an int, as transformers' Gemma 2 "
+                         f"config reads it, got {scalar!r}")
     # the Llama layout's RoPE keys (rope_parameters, or 4.x's rope_theta and rope_scaling),
     # one rotary embedding for every layer as transformers' Gemma 2 has; the activation
     # was checked above

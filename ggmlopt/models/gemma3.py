@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -381,6 +382,15 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
     if any(t not in ("sliding_attention", "full_attention") for t in types):
         raise ValueError(f"layer_types: expected sliding_attention or full_attention, got "
                          f"{sorted(set(types))}")
+    scalar = hf.get("query_pre_attn_scalar", 256)
+    if isinstance(scalar, bool) or not isinstance(scalar, numbers.Real) \
+            or not float(scalar).is_integer():   # (transformers' config refuses it)
+        raise ValueError(f"query_pre_attn_scalar: expected an int, as transformers' Gemma 3 "
+                         f"config reads it, got {scalar!r}")
+    if "sliding_window" in hf and hf["sliding_window"] is None and \
+            "sliding_attention" in types[:n_layers]:
+        raise ValueError("sliding_window: null, with sliding_attention layers: transformers' "
+                         "Gemma 3 cannot run them (it finds no window); give the window")
     return Gemma3Config(
         vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=n_layers,
         n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads", 4),
@@ -388,7 +398,7 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Gemma3Config:
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_base=float(theta),
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)), rope_scaling=scaling,
         head_dim=hf.get("head_dim", 256),
-        query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+        query_pre_attn_scalar=float(scalar),
         sliding_window=hf.get("sliding_window", 4096), rope_local_base=float(local_theta),
         sliding_layers=tuple(t == "sliding_attention" for t in types))
 
@@ -397,6 +407,10 @@ def _to_hf(cfg: Gemma3Config) -> dict[str, Any]:
     if not float(cfg.query_pre_attn_scalar).is_integer():
         raise ValueError(f"model: query_pre_attn_scalar={cfg.query_pre_attn_scalar} has no "
                          "Hugging Face form (transformers' Gemma 3 config takes an int)")
+    if cfg.sliding_window is None and any(cfg.sliding_layers or ()):
+        raise ValueError("model: its local layers have no window (sliding_window None), "
+                         "which transformers' Gemma 3 cannot run; give a window, or make "
+                         "every layer global (sliding_layers all False)")
     family = llama_hf_config(cfg)
     del family["hidden_act"], family["rope_scaling"], family["rope_theta"]
     full = {"rope_type": "default", "rope_theta": cfg.rope_base} if cfg.rope_scaling is None \

@@ -163,9 +163,8 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> GPT2Config:
                          "1/sqrt(head_dim) scaling is supported")
     if not hf.get("tie_word_embeddings", True):
         raise ValueError("tie_word_embeddings: GPT-2's head is tied to its token embedding")
-    n_ctx = hf.get("n_ctx")
-    if n_ctx is not None and n_ctx != hf.get("n_positions", 1024):
-        raise ValueError(f"n_ctx: {n_ctx} differs from n_positions {hf.get('n_positions')}")
+    # n_ctx: an old name transformers keeps and never reads (n_positions bounds the
+    # positions), whatever its value
     no_dropout(hf, ("resid_pdrop", "embd_pdrop", "attn_pdrop"), where)
     return GPT2Config(vocab_size=hf["vocab_size"], dim=dim, n_layers=hf["n_layer"],
                       n_heads=hf["n_head"], max_seq_len=hf.get("n_positions", 1024),

@@ -273,7 +273,8 @@ def _from_hf(hf: Mapping[str, Any], where: str) -> Phi3Config:
                           or hf[key] != neutral):
             raise ValueError(f"{key}: {hf[key]!r} is not supported (only {neutral!r}, Phi-4-mini's, "
                              "which transformers' Phi3 computes)")
-    no_dropout(hf, ("resid_pdrop", "embd_pdrop"), where)
+    # (transformers' Phi3 reads no embd_pdrop: a rate there changes nothing)
+    no_dropout(hf, ("resid_pdrop",), where)
     original = hf.get("original_max_position_embeddings", 4096)
     hf, partial = _as_longrope(hf, original)
     fields = llama_fields(hf, where, max_len=4096, eps=1e-5)
