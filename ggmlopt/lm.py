@@ -119,6 +119,10 @@ def perplexity(model: Any, ids: npt.ArrayLike | str, n_ctx: int, *, tokenizer: A
         if bos_id is None:
             raise ValueError("bos_id: required with add_bos=True")
         bos_id = int_arg(bos_id, "bos_id", 0)
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        if isinstance(vocab, (int, np.integer)) and bos_id >= vocab:
+            raise ValueError(f"bos_id: {bos_id} is outside the model's vocabulary "
+                             f"[0, {vocab})")
     # the model's own limit, refused by the argument that asks for more (its forward
     # would name its tokens' T instead)
     max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
@@ -244,14 +248,20 @@ def _scaled_past_range(logits, temperature):
 def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
     """The next id from one row of logits: greedy at temperature 0 (the first
     maximum, as argmax), else a draw from softmax(logits / temperature) cut to
-    the top_k largest (exactly k: ids tied with the k-th are cut in index order,
-    as llama.cpp's partial sort does; transformers' TopK keeps every tie), then
+    the top_k largest (exactly k: ids tied with the k-th are cut in index order;
+    transformers' TopK keeps every tie, llama.cpp's partial sort keeps some of
+    them, by its own order), then
     to the smallest set whose probability reaches
     top_p, then to the ids at least min_p times as likely as the likeliest (the
     order of transformers' logits warpers; llama.cpp's default chain applies
     the temperature after the cuts instead)."""
     if temperature == 0:
         return int(np.argmax(logits))
+    if np.isnan(logits).any():
+        # (greedy takes the first maximum as transformers' argmax does; a draw has
+        # no distribution to draw from)
+        raise ValueError(f"the model's logits hold NaN at {int(np.isnan(logits).sum())} ids: "
+                         f"there is no distribution to sample from (has the model diverged?)")
     with np.errstate(over="ignore", invalid="ignore"):
         z = logits.astype(np.float64) / temperature
         # overflowed either way (every logit negative gives -inf everywhere); logits
@@ -269,10 +279,14 @@ def _pick(logits, temperature, top_k, top_p, rng, min_p=None):
         p = np.exp(z - z.max())
         p /= p.sum()
         return int(rng.choice(p.size, p=p))
-    order = _largest_first(z, top_k)
-    z = z[order]
-    p = np.exp(z - z[0])
-    p /= p.sum()
+    if top_k is None:   # top_p alone: sort only the ids its mass can reach
+        order, p = _top_p_candidates(z, top_p)
+        z = z[order]
+    else:
+        order = _largest_first(z, top_k)
+        z = z[order]
+        p = np.exp(z - z[0])
+        p /= p.sum()
     if top_p is not None:
         keep = int(np.searchsorted(np.cumsum(p), top_p)) + 1
         p, z, order = p[:keep], z[:keep], order[:keep]
@@ -292,6 +306,22 @@ def _largest_first(z, k):
     above = np.flatnonzero(z > kth)
     candidates = np.concatenate([above, np.flatnonzero(z == kth)[:k - above.size]])
     return candidates[np.argsort(-z[candidates], kind="stable")]
+
+
+def _top_p_candidates(z, top_p):
+    """(the largest-first indices of z, equal values in index order, as many as
+    top_p's mass needs; their probabilities in softmax(z) over every id): the
+    candidates grow eightfold from 64 until their mass reaches top_p, so a
+    vocabulary of 150k ids is partitioned a few times, not sorted whole."""
+    e = np.exp(z - z.max())
+    total = e.sum()
+    k = 64
+    while True:
+        order = _largest_first(z, k)   # (every id once k reaches the vocabulary)
+        p = e[order] / total
+        if k >= z.size or np.cumsum(p)[-1] >= top_p:
+            return order, p
+        k *= 8
 
 
 def _stop_ids(stop_ids, tokenizer, model) -> set[int]:
@@ -343,10 +373,19 @@ def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
     stops = _stop_ids(stop_ids, tokenizer, model)
     cfg = getattr(model, "config", None)
     limit = getattr(cfg, "max_seq_len", None)
+    if limit is not None and prompt.size > limit:
+        raise ValueError(f"prompt_ids: the prompt's {prompt.size} tokens exceed the model's "
+                         f"max_seq_len={limit}")
     if limit is not None and prompt.size + max_new_tokens > limit:
         raise ValueError(f"max_new_tokens: the prompt's {prompt.size} tokens and "
-                         f"{max_new_tokens} new ones exceed the model's max_seq_len={limit}")
+                         f"{max_new_tokens} new ones exceed the model's max_seq_len={limit} "
+                         f"(at most {limit - prompt.size} new ones fit)")
     vocab = getattr(cfg, "vocab_size", None)
+    if vocab is not None and stop_ids is not None and \
+            any(not 0 <= i < vocab for i in stops):
+        raise ValueError(f"stop_ids: {sorted(i for i in stops if not 0 <= i < vocab)[:5]} "
+                         f"are outside the model's vocabulary [0, {vocab}): no token can "
+                         f"stop there")
     if vocab is not None and prompt.max() >= vocab:
         raise IndexError(f"prompt_ids: id {int(prompt.max())} is outside the vocabulary "
                          f"[0, {vocab})")
@@ -491,8 +530,11 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int | None =
     sampling.setdefault("tokenizer", tokenizer)
     if max_new_tokens is None:
         limit = getattr(getattr(model, "config", None), "max_seq_len", None)
+        if limit is not None and ids.size >= limit:
+            raise ValueError(f"messages: the conversation's {ids.size} tokens fill the model's "
+                             f"max_seq_len={limit}, leaving no room for a reply; shorten it")
         max_new_tokens = CHAT_MAX_NEW_TOKENS if limit is None else \
-            max(1, min(CHAT_MAX_NEW_TOKENS, limit - ids.size))
+            min(CHAT_MAX_NEW_TOKENS, limit - ids.size)
     reply = generate(model, ids, max_new_tokens, **sampling)
     stops = _stop_ids(sampling.get("stop_ids"), sampling["tokenizer"], model)   # generate's
     if reply.size and int(reply[-1]) in stops:

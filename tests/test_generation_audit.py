@@ -335,3 +335,83 @@ def test_chat_reads_transformers_chat_template_ids_and_stops_at_its_eos(tmp_path
         assert go.chat(model, tok, messages, 12, temperature=0) == tok.decode(hello)
         assert seen["ids"] == want
         assert model.step == len(hello) + 1
+
+
+def _top_p_reference(logits, temperature, top_p):
+    """top_p alone in float64 over a full stable sort: the ids from the likeliest
+    down (ties in index order) until their mass reaches top_p, renormalized."""
+    z = logits.astype(np.float64) / temperature
+    order = np.argsort(-z, kind="stable")
+    p = np.exp(z[order] - z[order[0]])
+    p /= p.sum()
+    keep = int(np.searchsorted(np.cumsum(p), top_p)) + 1
+    out = np.zeros(z.size)
+    out[order[:keep]] = p[:keep] / p[:keep].sum()
+    return out
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_p_over_a_large_vocabulary_keeps_the_full_sorts_ids(ties):
+    """top_p alone sorts only the candidates its mass can reach (a vocabulary is
+    not sorted whole each token): the ids kept and their probabilities are those
+    of a full sort, for masses reached within 64 ids and far beyond."""
+    rng = np.random.default_rng(3)
+    for case in range(40):
+        n = int(rng.integers(300, 3000))
+        scale = float(rng.choice([0.3, 2.0, 8.0]))
+        logits = (rng.standard_normal(n) * scale).astype(np.float32)
+        if ties:
+            logits = np.round(logits).astype(np.float32)
+        temperature = float(rng.choice([0.5, 1.0, 2.0]))
+        top_p = float(rng.choice([0.05, 0.5, 0.9, 0.999]))
+        want = _top_p_reference(logits, temperature, top_p)
+        got = _ours(logits, temperature, None, top_p, None)
+        np.testing.assert_array_equal(got > 0, want > 0, err_msg=f"case {case}")
+        np.testing.assert_allclose(got, want, rtol=0, atol=PROB_TOL, err_msg=f"case {case}")
+
+
+def test_nan_logits_are_refused_by_name_when_sampling():
+    logits = np.zeros(50, np.float32)
+    logits[7] = np.nan
+    for top_k, top_p in ((None, None), (5, None), (None, 0.9)):
+        with pytest.raises(ValueError, match="logits hold NaN"):
+            lm._pick(logits, 1.0, top_k, top_p, np.random.default_rng(0))
+
+
+def _tiny_llama():
+    from ggmlopt.models import Llama, LlamaConfig
+    return Llama(LlamaConfig(vocab_size=41, dim=16, n_layers=1, n_heads=2, max_seq_len=12),
+                 seed=0)
+
+
+def test_the_context_limit_is_said_by_the_argument_that_passes_it():
+    import ggmlopt as go
+    model = _tiny_llama()
+    with pytest.raises(ValueError, match=r"prompt_ids: the prompt's 13 tokens exceed"):
+        go.generate(model, np.arange(13) % 41, 0)
+    with pytest.raises(ValueError, match=r"max_new_tokens: .*\(at most 2 new ones fit\)"):
+        go.generate(model, np.arange(10), 3)
+
+
+def test_stop_ids_outside_the_vocabulary_are_refused():
+    import ggmlopt as go
+    model = _tiny_llama()
+    for bad in ([-1], [41], [3, 10**12]):
+        with pytest.raises(ValueError, match="stop_ids: .*outside the model's vocabulary"):
+            go.generate(model, [1, 2], 2, stop_ids=bad)
+
+
+def test_perplexity_names_a_bos_id_outside_the_vocabulary():
+    import ggmlopt as go
+    with pytest.raises(ValueError, match=r"bos_id: 41 is outside the model's vocabulary"):
+        go.lm.perplexity(_tiny_llama(), np.arange(24) % 41, 8, bos_id=41)
+
+
+def test_chat_at_the_context_limit_says_so_without_max_new_tokens():
+    import ggmlopt as go
+    from ggmlopt.text import ByteTokenizer
+    model = go.models.Llama(go.models.LlamaConfig(vocab_size=257, dim=16, n_layers=1,
+                                                  n_heads=2, max_seq_len=24), seed=0)
+    tok = ByteTokenizer(chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ValueError, match="messages: the conversation's .* leaving no room"):
+        go.chat(model, tok, [{"role": "user", "content": "x" * 30}])
