@@ -768,16 +768,42 @@ def main(argv=None) -> int:
     Bad arguments exit with status 2 and a message naming them."""
     p = parser()
     args = p.parse_args(argv)
-    bad = _problems(args) + _without_effect(args, _given(p, argv))
-    if bad:
-        p.error("; ".join(bad))
+    comm = _world(args)
+    try:
+        bad = _problems(args) + _without_effect(args, _given(p, argv))
+        if bad:
+            p.error("; ".join(bad))
+        return _run(p, args, comm)
+    except SystemExit as e:
+        if comm is not None and comm.Get_size() > 1 and e.code not in (0, None):
+            # a rank refused its input (its --data missing on its host, say) while the
+            # others go on into fit's first collective, where they would wait for it
+            # for ever: take every rank down, as an interrupt does
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            comm.Abort(e.code if isinstance(e.code, int) else 1)
+        raise
+
+
+def _world(args):
+    """MPI's world communicator with --mpi (None without, or without mpi4py,
+    which _problems then says)."""
+    if not args.mpi:
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    return MPI.COMM_WORLD
+
+
+def _run(p, args, comm) -> int:
+    """main's work once the arguments parsed: load, build the data, train, write."""
     import ggmlopt as go
 
     from . import lora
-    comm = None
-    if args.mpi:
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
     # every rank trains; rank 0 alone prints and writes (fit's checkpoint as well)
     writes = comm is None or comm.Get_rank() == 0
     try:

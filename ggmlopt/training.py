@@ -208,6 +208,8 @@ def fit(model: Any, dataset: Dataset, loss_type: LossType | int | str,
                              checkpoint, drop_last, shuffle)
     if comm is not None:
         silent = silent or comm.Get_rank() != 0  # rank 0 alone prints
+        if dataset_is_part is True:
+            _agree_on_parts(comm, dataset)
     plan.check_schedule(get_opt_pars, optimizer)
     _check_memory(model, dataset, plan, optimizer, silent, optimizer_in_backward, precision,
                   comm, shard_optimizer)
@@ -322,6 +324,19 @@ def _run_restoring_order(loop, ctx, dataset, order, *start) -> None:
         if ctx.iter == iter_before:
             dataset._set_permutation(order)
         raise
+
+
+def _agree_on_parts(comm, dataset):
+    """dataset_is_part=True: every rank's part holds as many datapoints, of the
+    same shapes (parts of other window lengths trained on, each rank gathering
+    predictions of another size), said before anything else is compared."""
+    from .distributed import Distributed
+    labels = getattr(dataset, "labels", None)
+    shape = f"{dataset.ndata} datapoints of {tuple(dataset.data.shape[1:])}, labels " \
+        f"{None if labels is None else tuple(labels.shape[1:])}"
+    Distributed(comm).agree(None, "fit", shape,
+                            hint="with dataset_is_part=True every rank's part must hold as "
+                                 "many datapoints (its own rows), each of the same shape")
 
 
 def _check_accumulate(accumulate, loss_type, dataset, comm):

@@ -262,17 +262,21 @@ def test_a_rank_whose_part_is_padding_alone_trains_as_one_process(tmp_path):
 
 
 @pytest.mark.parametrize("what", ["optimizer", "clip", "nepoch", "bucket", "lr", "data",
-                                  "frozen-past-48"])
+                                  "frozen-past-48", "part-width", "part-rows"])
 def test_ranks_that_disagree_stop_with_a_clear_error(tmp_path, what):
     """A rank with another optimizer, clipping, exchange, number of epochs or
     learning rate than the others, rows of its own (as many: each rank trained
     half of its rows, silently) or another parameter frozen past the 48th
-    (the mask compared stopped there): ValueError on every rank before any
-    rank's parameters change (it hung, aborted MPI, or trained apart)."""
+    (the mask compared stopped there), or with dataset_is_part a part of other
+    windows or of fewer rows: ValueError on every rank before any rank's
+    parameters change (it hung, aborted MPI, or trained apart; parts of other
+    windows trained on, each rank gathering predictions of its own size)."""
     ranks = mpirun(2, tmp_path, "disagree", what)
     for got in ranks:
         assert str(got["kind"]) == "ValueError", got["msg"]
         assert "the ranks disagree" in str(got["msg"])
+        if what.startswith("part-"):
+            assert "every rank's part must hold as many datapoints" in str(got["msg"])
         assert not bool(got["changed"])
 
 

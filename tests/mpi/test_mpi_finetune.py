@@ -95,3 +95,23 @@ def test_an_interrupted_rank_takes_the_others_down(files):
     assert proc.returncode != 0
     assert "finetune: interrupted" in proc.stderr
     assert not (files / "x.gguf").exists()
+
+
+def test_a_rank_refusing_its_input_takes_the_others_down(files):
+    """A rank whose --data is missing (on its host) refuses it before training
+    while the others wait in fit's first collective: the run ends, it does not
+    hang, and nothing is written."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS,
+                                                       os.environ.get("PYTHONPATH", "")]),
+               OPENBLAS_NUM_THREADS="1", GGMLOPT_NUM_THREADS="1")
+    cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(TESTS, "mpi", "missing_data_rank1.py"),
+           *_command(files, files / "x.gguf", "--mpi")]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env,
+                              check=False)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"rank 0 waits for ever for rank 1, which refused its input: {e.stderr}")
+    assert proc.returncode != 0
+    assert "--data" in proc.stderr
+    assert not (files / "x.gguf").exists()
+

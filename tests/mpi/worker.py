@@ -179,6 +179,22 @@ def main(scenario, out, *args):
             after = np.concatenate([p.data.ravel() for p in model.parameters()])
             save(out, kind=kind, msg=msg, changed=not np.array_equal(before, after))
             return
+        if what in ("part-width", "part-rows"):   # dataset_is_part: parts of other shapes
+            from ggmlopt.models import Llama, LlamaConfig
+            model = Llama(LlamaConfig(vocab_size=31, dim=8, n_layers=1, n_heads=2,
+                                      max_seq_len=16), seed=0)
+            width = 15 if other and what == "part-width" else 16
+            rows = 8 if other and what == "part-rows" else 12
+            ids = np.random.default_rng(comm.Get_rank()).integers(0, 31, (rows, width + 1))
+            part = go.Dataset.from_arrays(ids[:, :-1].astype(np.int32),
+                                          ids[:, 1:].astype(np.int32))
+            before = np.concatenate([p.data.ravel() for p in model.parameters()])
+            kind, msg = outcome(lambda: go.fit(model, part, go.LossType.CROSS_ENTROPY,
+                                               nepoch=1, nbatch_logical=4, nbatch_physical=2,
+                                               silent=True, comm=comm, dataset_is_part=True))
+            after = np.concatenate([p.data.ravel() for p in model.parameters()])
+            save(out, kind=kind, msg=msg, changed=not np.array_equal(before, after))
+            return
         kind, msg = outcome(lambda: run(comm, **kw))
         save(out, kind=kind, msg=msg, changed=False)
     elif scenario == "kept-base":  # a kept (quantized) base of another seed on rank 1
