@@ -351,7 +351,7 @@ def _check_split(sd, layout):
             return  # another model: the parameter count check says so
         raise ValueError(f"state_dict['trainable']: the state is of a model with {len(saved)} "
                          f"parameters ({sum(saved)} trainable), this model has {len(mine)} "
-                         f"({sum(mine)} trainable)")
+                         f"({sum(mine)} trainable){_adapters_hint(sd, layout)}")
     if "trainable_names" in sd and sum(saved) == sum(mine) and \
             _get_str(sd, "trainable_names") != json.dumps(
                 [n for n, t in zip(layout.names, saved) if t]):
@@ -364,6 +364,30 @@ def _check_split(sd, layout):
     raise ValueError(f"state_dict['trainable']: parameter {layout.names[i]!r} is {here} in "
                      f"this model but {state} in the state; freeze the same parameters as "
                      "the run that saved it")
+
+
+def _is_adapter(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in ("lora_a", "lora_b")
+
+
+def _adapters_hint(sd, layout) -> str:
+    """Where one side's trainable parameters are LoRA adapters and the other's
+    not: what to do about it (else "")."""
+    try:
+        saved = json.loads(str(sd.get("trainable_names", "[]")))
+    except json.JSONDecodeError:
+        return ""
+    if not isinstance(saved, list):
+        return ""
+    theirs = any(_is_adapter(str(n)) for n in saved)
+    ours = any(_is_adapter(n) for n, t in zip(layout.names, layout.trainable) if t)
+    if theirs and not ours:
+        return ("; the state's trainable parameters are LoRA adapters and this model has "
+                "none: put the same adapters on it (lora.apply) before loading")
+    if ours and not theirs:
+        return ("; this model holds LoRA adapters and the state none: load it into the "
+                "model as it was saved (before lora.apply)")
+    return ""
 
 
 def _check_names(sd, layout):
@@ -440,7 +464,8 @@ def _validate(sd, layout, *, warn=True):
         nparams = _get_int(sd, "nparams")
         if nparams != len(layout.shapes):
             raise ValueError(f"state_dict['nparams']: the state has {nparams} parameters, "
-                             f"this context's model {len(layout.shapes)}")
+                             f"this context's model {len(layout.shapes)}"
+                             f"{_adapters_hint(sd, layout)}")
     expected = layout.keys()
     missing = sorted(expected - sd.keys(), key=str)
     extra = sorted(set(sd.keys()) - expected - set(_OPTIONAL_KEYS) - set(_OPTIONAL_STR_KEYS),
@@ -662,8 +687,10 @@ def load_context(cls: type[OptContext], path: str | os.PathLike[str], model: Any
         raise type(e)(f"model or checkpoint {os.fspath(path)!r} do not match: {e}") from None
     shapes = [p.data.shape for p, t in zip(params, trainable) if t]
     if len(shapes) != settings["nparams"]:
+        hint = _adapters_hint(ctx_sd, _Layout(loss_type, optimizer, build_type, 1, [], None,
+                                              trainable, names, precision))
         raise ValueError(f"model: it has {len(shapes)} parameters, the checkpoint "
-                         f"{os.fspath(path)!r} {settings['nparams']}")
+                         f"{os.fspath(path)!r} {settings['nparams']}{hint}")
     lay = _Layout(loss_type, optimizer, build_type, settings["opt_period"], shapes, bg_type,
                   trainable, names, precision)
     for i, shape in enumerate(shapes):

@@ -474,3 +474,31 @@ def test_fit_resume_from_another_models_checkpoint_leaves_the_model_alone(tmp_pa
         assert p.data is data and p.grad is grad
         np.testing.assert_array_equal(p.data, values)
     np.testing.assert_array_equal(ds.permutation, perm)
+
+
+@pytest.mark.parametrize("saved_with_adapters", [True, False])
+def test_a_checkpoint_with_or_without_adapters_says_so(tmp_path, saved_with_adapters):
+    """A LoRA run's checkpoint loaded into the base model (or the other way
+    round): the counts differ, and the message says why and what to do."""
+    import warnings
+
+    from ggmlopt import lora
+    from ggmlopt.models import Llama, LlamaConfig
+    cfg = LlamaConfig(vocab_size=31, dim=16, n_layers=1, n_heads=2, max_seq_len=8)
+
+    def model(adapted):
+        m = Llama(cfg, seed=0)
+        if adapted:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                lora.apply(m, rank=2)
+        return m
+
+    path = tmp_path / "c.npz"
+    go.OptContext(model(saved_with_adapters), batch_size=1, ne_datapoint=8,
+                  loss_type="cross_entropy", class_labels=True,
+                  inputs_dtype=np.int32).save(path)
+    said = "the state's trainable parameters are LoRA adapters and this model has none" \
+        if saved_with_adapters else "this model holds LoRA adapters and the state none"
+    with pytest.raises(ValueError, match=said):
+        go.OptContext.load(path, model(not saved_with_adapters))
