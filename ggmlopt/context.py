@@ -152,7 +152,9 @@ def _warn_nothing_in_bf16(model) -> None:
     """precision='bf16' reaches float32 Linear layers and output heads; a base
     kept in its file's types (QLoRA) multiplies its blocks in float32 and an
     adapter's thin products stay float32, so a kept model with nothing else
-    trains exactly as precision='f32' would: said, not left silent."""
+    trains in float32: said, not left silent (within float32 rounding of
+    precision='f32', not bit for bit: a bf16 pass runs its float32 products on
+    the bf16 engine's library)."""
     from .nn.embedding import Embedding
     from .nn.linear import Linear
     from .nn.module import modules
@@ -169,9 +171,10 @@ def _warn_nothing_in_bf16(model) -> None:
         if tied and isinstance(m, Embedding) and getattr(m, "weight", None) is not None:
             return   # a float32 tied head multiplies in bf16
     warnings.warn(f"precision='bf16': nothing in this model multiplies in bf16, so it trains "
-                  f"in float32 as precision='f32' does: its {len(kept)} layers kept in their "
-                  f"file's types (keep_types=True) multiply their blocks in float32, and LoRA "
-                  f"adapters' products stay float32 (load with keep_types=False for bf16 "
+                  f"in float32: its {len(kept)} layers kept in their file's types "
+                  f"(keep_types=True) multiply their blocks in float32, and LoRA adapters' "
+                  f"products stay float32 (within float32 rounding of precision='f32', whose "
+                  f"products run on another library; load with keep_types=False for bf16 "
                   f"products of float32 weights)", UserWarning, stacklevel=4)
 
 

@@ -134,3 +134,39 @@ def test_without_bf16_products_the_fit_is_float32_s_bit_for_bit():
         out[precision] = done.stdout.split()
     assert out["bf16"][0] == "True" and out["f32"][0] == "False"
     assert out["bf16"][1] == out["f32"][1]
+
+
+def _bf16_values(a):
+    """a rounded to bf16 (nearest even) and widened to float64."""
+    bits = go.kernels.to_bfloat16(np.ascontiguousarray(a, np.float32)).astype(np.uint32) << 16
+    return bits.view(np.float32).astype(np.float64)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_lora_base_weight_trained_again_takes_its_gradient_from_bf16_copies(bias):
+    """An adapter's base weight made trainable again multiplies like a Linear's
+    in a bf16 pass: dW = r(x)^T r(g) (it was the float32 x^T g), the bias the
+    float32 column sums."""
+    from ggmlopt.nn import Linear
+    from ggmlopt.nn.lora_layers import LoRALinear
+    rng = np.random.default_rng(0)
+    layer = LoRALinear(Linear(40, 24, bias=bias, rng=1), 4, 8.0, rng=2)
+    layer.lora_b.data[...] = rng.standard_normal(layer.lora_b.shape) * 0.1
+    layer.weight.requires_grad = True
+    if bias:
+        layer.bias.requires_grad = True
+        layer.bias.grad[...] = 0
+    layer.weight.grad[...] = 0
+    x = rng.standard_normal((6, 40)).astype(np.float32)
+    g = rng.standard_normal((6, 24)).astype(np.float32)
+    with gemm.products_in("bf16"):
+        layer.forward(x)
+        layer.backward(g)
+    want = _bf16_values(x).T @ _bf16_values(g)
+    # float32 sums of 6 exact products of bf16 values: a few float32 roundings
+    tol = 8 * np.finfo(np.float32).eps * (np.abs(_bf16_values(x)).T @ np.abs(_bf16_values(g)))
+    assert np.all(np.abs(layer.weight.grad - want) <= tol)
+    assert np.abs(layer.weight.grad - x.astype(np.float64).T @ g).max() > 1e-3   # not x^T g
+    if bias:
+        np.testing.assert_allclose(layer.bias.grad, g.astype(np.float64).sum(0), rtol=1e-6,
+                                   atol=1e-6)

@@ -12,7 +12,8 @@ import numpy as np
 
 from .. import gemm, kernels_embedding
 from . import init
-from ._buffers import add_into, rows2d
+from ._bf16 import add_product_bf16, bf16_copy
+from ._buffers import add_into, rows2d, trains
 from .dropout import Dropout
 from .embedding import Embedding
 from .linear import Linear
@@ -173,7 +174,7 @@ class LoRALinear(_AdapterTraining, Linear):
         u_rows = np.copyto(self._u_rows, u.T) or self._u_rows
         da_rows = gemm.matmul(u_rows, xd, self._da_rows)
         add_into(self.lora_a, lambda out: np.copyto(out, da_rows.T), self, "lora_a")
-        self._add_dense_grads(g)  # the frozen weight's product is skipped
+        self._add_base_grads(g)  # the frozen weight's product is skipped
         if not self.needs_input_grad:
             return None
         grad_in, grad_in2 = self._input_grad()
@@ -186,6 +187,19 @@ class LoRALinear(_AdapterTraining, Linear):
         lora_in = gemm.matmul(u, self.lora_a.data.T, np.empty_like(grad_in2))
         np.add(grad_in2, self.lora_dropout.backward(lora_in), out=grad_in2)
         return grad_in
+
+    def _add_base_grads(self, g):
+        """The base's weight and bias gradients where they train again: in a bf16
+        pass the weight's from the bf16 copies of x and g, as a Linear's."""
+        base = self._base
+        x16 = getattr(base, "_px16", None)
+        if not (trains(self.weight) and getattr(base, "_bf16_pass", False) and x16 is not None):
+            self._add_dense_grads(g)
+            return
+        add_product_bf16(self.weight, x16.T, bf16_copy(base, "_pg16", g))
+        if trains(self.bias):
+            ones = self._ones
+            add_into(self.bias, lambda out: gemm.matmul(ones, g, out), self, "bias")
 
     def __repr__(self):
         return (f"LoRALinear(in_features={self.in_features}, out_features={self.out_features}, "
