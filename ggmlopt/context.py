@@ -148,6 +148,20 @@ def _warn_float32_convolutions(model) -> None:
                       stacklevel=4)
 
 
+def _warn_hidden_parameters(model) -> None:
+    """Trainable parameters where the module tree is not walked (torch registers
+    them, so a torch user's model would train them): said, not left silent."""
+    from .nn.module import hidden_parameters
+    hidden = hidden_parameters(model) if callable(getattr(model, "parameters", None)) else []
+    if hidden:
+        warnings.warn(f"model: {', '.join(hidden[:5])}{', ...' if len(hidden) > 5 else ''} "
+                      f"hold{'s' if len(hidden) == 1 else ''} trainable parameters that "
+                      f"parameters() does not reach (an attribute named with a leading '_', "
+                      f"or a dict), so they do not train; ggmlopt's modules find sub-layers "
+                      f"in public attributes and in lists or tuples of them", UserWarning,
+                      stacklevel=4)
+
+
 def _warn_nothing_in_bf16(model) -> None:
     """precision='bf16' reaches float32 Linear layers and output heads; a base
     kept in its file's types (QLoRA) multiplies its blocks in float32 and an
@@ -400,6 +414,7 @@ class OptContext:
 
         params = self._collect_parameters(model)
         trainable = [p for p in params if _trains(p)]
+        _warn_hidden_parameters(model)
         if self._built != BuildType.FORWARD:
             # first: over a base kept in its file's types, the way out is lora.apply
             # (or keep_types=False), even when nothing else trains either
@@ -469,6 +484,7 @@ class OptContext:
         self._frozen_ids = {id(p) for p in self._frozen}
         self._requires_grad_changes = Parameter._requires_grad_changes
         self._build_arena(trainable)
+        self._storage_changes = Parameter._storage_changes
 
         self.iter = 1
         self.opt_i = 0
@@ -517,8 +533,13 @@ class OptContext:
                 seen.add(id(p))
                 params.append(p)
         if not params or sum(p.data.size for p in params) == 0:
+            from .nn.module import hidden_parameters
+            hidden = hidden_parameters(model)
+            where = (f"; {', '.join(hidden[:5])} hold parameters that parameters() does not "
+                     f"reach (an attribute named with a leading '_', or a dict): make them "
+                     f"public attributes, or lists of layers" if hidden else "")
             raise ValueError("model: it has no parameters to train (parameters() gave "
-                             f"{len(params)} with no elements)")
+                             f"{len(params)} with no elements){where}")
         return params
 
     def _check_step_in_backward(self, trainable, clip_grad_norm):
@@ -569,6 +590,7 @@ class OptContext:
                 p.grad = grad
             start += w.size
         self._grads = [p.grad for p in params] if kept else []
+        self._weights = [p.data for p in params]
         self._flagged = [p for p in params if hasattr(p, "grad_is_zero")]
         self.arena = arena
         if lent:
@@ -826,7 +848,8 @@ class OptContext:
         if bt > self._built:
             raise RuntimeError(f"alloc(backward={bool(backward)}): this eval needs build type "
                                f"{bt.name} but the context was built for {self._built.name}")
-        if Parameter._requires_grad_changes != self._requires_grad_changes:
+        if Parameter._requires_grad_changes != self._requires_grad_changes or \
+                Parameter._storage_changes != self._storage_changes:
             self._check_split()
         # the training protocol (ggmlopt.nn.module): whether this eval trains, and the
         # generator of the model's random numbers (part of this context's checkpoints)
@@ -849,7 +872,10 @@ class OptContext:
     def _check_split(self):
         """Raise unless every parameter trains as when the context was built (a
         requires_grad changed since); when it does, the gradients are the
-        arena's again (a flag set to False and back dropped them)."""
+        arena's again (a flag set to False and back dropped them).  An array
+        assigned to a parameter's data or grad since (as torch users do) is
+        taken into the arena, whose views they become again; a grad set to None
+        (torch's zero_grad(set_to_none=True)) is a zero gradient."""
         for p in self._params:
             if not _trains(p):
                 raise RuntimeError(f"alloc: {p!r} was frozen (requires_grad=False) after this "
@@ -863,12 +889,31 @@ class OptContext:
                                    "this context was built, which has no gradient or "
                                    "optimizer memory for it: set it back, or build a new "
                                    "context")
+        for p, w in zip(self._params, self._weights):
+            if p.data is not w:   # an array assigned: its values train, in the arena
+                np.copyto(w, p.data)
+                if isinstance(p, Parameter):
+                    p._data = w
+                else:
+                    p.data = w
         for p, grad in zip(self._params, self._grads):   # none when lent
-            if p.grad is not grad:
+            current = p._grad if isinstance(p, Parameter) else p.grad
+            if current is grad:
+                continue
+            if current is not None:   # an array assigned: the gradient so far
+                np.copyto(grad, current)
+            elif getattr(p, "_grad_cleared", False):   # None assigned: a zero gradient
+                grad.fill(0.0)
+            zero = current is None and getattr(p, "_grad_cleared", False)
+            if isinstance(p, Parameter):
+                p._grad, p._grad_cleared = grad, False
+            else:
                 p.grad = grad
-                if hasattr(p, "grad_is_zero"):
-                    p.grad_is_zero = False  # the arena's values stand
+            if hasattr(p, "grad_is_zero"):
+                # (a flag set to False and back dropped the gradient: the arena's stand)
+                p.grad_is_zero = zero
         self._requires_grad_changes = Parameter._requires_grad_changes
+        self._storage_changes = Parameter._storage_changes
 
     def _undo_alloc(self, build_type_last):
         """Forget an alloc whose eval did not run (build_type_last: the value before

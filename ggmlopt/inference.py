@@ -219,8 +219,12 @@ def _borrowed(model: Any) -> Iterator[None]:
         for p, was in trains:
             p._requires_grad = was
         for p, data, grad, zero in saved:
-            p.data = data
-            p.grad = grad
+            if isinstance(p, Parameter):   # put back as they were (no assignment)
+                p._swap_data(data)
+                p._grad = grad
+            else:
+                p.data = data
+                p.grad = grad
             if zero is not _ABSENT:
                 p.grad_is_zero = zero
         for m, key, generator in generators:

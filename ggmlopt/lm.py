@@ -121,7 +121,7 @@ def perplexity(model: Any, ids: npt.ArrayLike | str, n_ctx: int, *, tokenizer: A
         bos_id = int_arg(bos_id, "bos_id", 0)
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         if isinstance(vocab, (int, np.integer)) and bos_id >= vocab:
-            raise ValueError(f"bos_id: {bos_id} is outside the model's vocabulary "
+            raise IndexError(f"bos_id: {bos_id} is outside the vocabulary "
                              f"[0, {vocab})")
     # the model's own limit, refused by the argument that asks for more (its forward
     # would name its tokens' T instead)
@@ -383,8 +383,8 @@ def stream(model: Any, prompt_ids: npt.ArrayLike, max_new_tokens: int, *,
     vocab = getattr(cfg, "vocab_size", None)
     if vocab is not None and stop_ids is not None and \
             any(not 0 <= i < vocab for i in stops):
-        raise ValueError(f"stop_ids: {sorted(i for i in stops if not 0 <= i < vocab)[:5]} "
-                         f"are outside the model's vocabulary [0, {vocab}): no token can "
+        raise IndexError(f"stop_ids: {sorted(i for i in stops if not 0 <= i < vocab)[:5]} "
+                         f"are outside the vocabulary [0, {vocab}): no token can "
                          f"stop there")
     if vocab is not None and prompt.max() >= vocab:
         raise IndexError(f"prompt_ids: id {int(prompt.max())} is outside the vocabulary "

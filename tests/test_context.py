@@ -484,3 +484,68 @@ def test_loss_type_bad_name_lists_the_names():
         go.OptContext(model, loss_type="cross-entropy")
     with pytest.raises(TypeError, match="loss_type: expected a LossType or one of its names"):
         go.OptContext(model, loss_type=2.0)
+
+
+def _storage_problem():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype(np.float32)
+    y = np.eye(2, dtype=np.float32)[(x[:, 0] > 0).astype(int)]
+    ds = go.Dataset.from_arrays(x, y)
+    model = go.nn.Sequential(go.nn.Linear(4, 8, rng=0), go.nn.ReLU(), go.nn.Linear(8, 2, rng=1))
+    return model, ds
+
+
+def _steps(ctx, ds, n, before_each=None):
+    for ib in range(n):
+        if before_each is not None:
+            before_each()
+        ctx.alloc(True)
+        ds.get_batch(ctx.inputs, ctx.labels, ib)
+        ctx.eval()
+
+
+def test_a_grad_set_to_none_as_torch_users_do_is_a_zero_gradient():
+    """torch's zero_grad(set_to_none=True): p.grad = None while a context holds
+    the model.  The next backward then added into a private array the optimizer
+    never read, and the parameter stopped training; it is a zero gradient, in
+    the arena."""
+    model, ds = _storage_problem()
+    ctx = go.OptContext(model, batch_size=16, ne_datapoint=4, loss_type="cross_entropy")
+
+    def clear():
+        for p in model.parameters():
+            p.grad = None
+    _steps(ctx, ds, 4, clear)
+    twin, _ = _storage_problem()
+    _steps(go.OptContext(twin, batch_size=16, ne_datapoint=4, loss_type="cross_entropy"), ds, 4)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert p.data.tobytes() == q.data.tobytes()
+    # inside an accumulation window: what was accumulated is dropped
+    ctx = go.OptContext(model, batch_size=16, ne_datapoint=4, loss_type="cross_entropy",
+                        opt_period=2)
+    _steps(ctx, ds, 1)
+    assert any(np.abs(p.grad).sum() > 0 for p in model.parameters())
+    clear()
+    ctx.alloc(True)
+    for p, view in zip(model.parameters(), ctx._grads):
+        assert p.grad is view and not np.any(view) and p.grad_is_zero
+
+
+def test_an_array_assigned_to_data_trains_in_the_arena():
+    """p.data = new_array (same shape, float32) while a context holds the model:
+    the context took no notice, so the model computed with the new array while
+    the optimizer stepped (and checkpoints saved) the old one.  The next alloc
+    takes its values into the arena, as torch's optimizer steps the new data."""
+    model, ds = _storage_problem()
+    ctx = go.OptContext(model, batch_size=16, ne_datapoint=4, loss_type="cross_entropy")
+    new = [np.full(p.data.shape, 0.1, np.float32) for p in model.parameters()]
+    for p, v in zip(model.parameters(), new):
+        p.data = v.copy()
+    _steps(ctx, ds, 3)
+    twin, _ = _storage_problem()
+    for p, v in zip(twin.parameters(), new):
+        p.data[...] = v
+    _steps(go.OptContext(twin, batch_size=16, ne_datapoint=4, loss_type="cross_entropy"), ds, 3)
+    for p, q, w in zip(model.parameters(), twin.parameters(), ctx._weights):
+        assert p.data is w
+        assert p.data.tobytes() == q.data.tobytes()

@@ -203,3 +203,71 @@ def test_a_copy_of_a_lora_layer_after_a_forward_computes_afresh(base, how):
     twin = _copied(layer, how)
     want = np.array(layer.forward(x2), copy=True)
     np.testing.assert_array_equal(twin.forward(x2), want)
+
+
+def test_get_and_set_submodule_follow_the_names_named_modules_gives():
+    """A Sequential's layers by index, a Checkpoint passed through, as torch's
+    get_submodule / set_submodule (a Sequential's layer was set as a stray
+    attribute "1", and its names raised AttributeError)."""
+    from ggmlopt.nn.module import get_submodule, named_modules, set_submodule
+    inner = nn.Sequential(nn.Linear(4, 4, rng=0), nn.ReLU())
+    model = nn.Sequential(nn.Linear(3, 4, rng=1), nn.Dropout(0.5), inner,
+                          nn.Checkpoint(nn.Sequential(nn.Linear(4, 2, rng=2))))
+    for name, module in named_modules(model):
+        assert get_submodule(model, name) is module, name
+    relu = nn.ReLU()
+    set_submodule(model, "1", relu)
+    assert model.layers[1] is relu and "1" not in vars(model)
+    tanh = nn.Tanh()
+    set_submodule(model, "2.1", tanh)
+    assert inner.layers[1] is tanh
+    last = nn.Linear(4, 2, rng=3)
+    set_submodule(model, "3.0", last)
+    assert get_submodule(model, "3.0") is last
+    with pytest.raises(AttributeError, match=r"'2\.7': 2 \(Sequential\) has no sub-module '7'"):
+        get_submodule(model, "2.7")
+    with pytest.raises(AttributeError):
+        set_submodule(model, "9", nn.ReLU())
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_model_copies_after_a_fit_that_stepped_in_the_backward_pass(how):
+    """The parameters keep their context's gradient lender after such a fit: a
+    pickle failed on it (a weak reference) and a deep copy dragged it along."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 6)).astype(np.float32)
+    y = rng.normal(size=(32, 3)).astype(np.float32)
+    model = nn.Sequential(nn.Linear(6, 8, rng=0), nn.ReLU(), nn.Linear(8, 3, rng=2))
+    go.fit(model, go.Dataset.from_arrays(x, y), "mean_squared_error", nepoch=1,
+           nbatch_logical=8, silent=True, seed=0, optimizer_in_backward=True)
+    twin = _copied(model, how)
+    assert all(p._lender is None for p in twin.parameters())
+    np.testing.assert_array_equal(twin(x), model(x))
+    twin.forward(x)
+    twin.backward(np.ones((32, 3), np.float32))
+    assert not np.shares_memory(twin[0].weight.grad, model[0].weight.grad)
+
+
+def test_parameters_where_the_tree_is_not_walked_are_said_not_left_silent():
+    """A sub-layer in an attribute named with a leading '_' or in a dict: torch
+    registers it, ggmlopt's parameters() does not reach it. Training it
+    silently left it as initialised; the context now warns (and the error of a
+    model with nothing else says where its parameters are)."""
+    class Hidden(go.nn.Module):
+        def __init__(self, visible):
+            self._proj = nn.Linear(4, 4, rng=0)
+            self.heads = {"out": nn.Linear(4, 2, rng=1)}
+            if visible:
+                self.scale = nn.Linear(2, 2, rng=2)
+
+        def forward(self, x):
+            return self.heads["out"].forward(self._proj.forward(x))
+
+        def backward(self, g):
+            return self._proj.backward(self.heads["out"].backward(g))
+
+    with pytest.raises(ValueError, match="no parameters to train.*_proj, heads hold"):
+        go.OptContext(Hidden(False), loss_type=go.LossType.MEAN_SQUARED_ERROR)
+    with pytest.warns(UserWarning, match="_proj, heads hold trainable parameters that "
+                                         "parameters\\(\\) does not reach"):
+        go.OptContext(Hidden(True), loss_type=go.LossType.MEAN_SQUARED_ERROR)

@@ -68,11 +68,12 @@ class GemmaRMSNorm(RMSNorm):
         if scale is None or scale.shape != stored.shape:
             scale = self._scale_buf = np.empty_like(stored)
         np.add(stored, np.float32(1.0), out=scale)
-        w.data = scale
+        # (swapped in and out quietly: no assignment an OptContext would check)
+        w._swap_data(scale)
         try:
             return run()
         finally:
-            w.data = stored
+            w._swap_data(stored)
 
     def __repr__(self):
         return f"GemmaRMSNorm({self.dim}, eps={self.eps})"

@@ -439,24 +439,95 @@ def _named_modules(obj, prefix, seen) -> Iterator[tuple[str, object]]:
         yield from _named_modules(child, f"{prefix}{name}.", seen)
 
 
+def _children_of(obj) -> dict[str, object]:
+    if isinstance(obj, Module):
+        return dict(obj.named_children())
+    return dict(Module.named_children(obj)) if hasattr(obj, "__dict__") else {}
+
+
 def get_submodule(model, target: str):
-    """The module at dotted name target (``layers.0.mlp.up_proj``; a list's
-    elements by index), as torch's ``Module.get_submodule``."""
+    """The module at dotted name target, as named_modules names it
+    (``layers.0.mlp.up_proj``; a Sequential's layers and a list's elements by
+    index, through a Checkpoint as if it were not there), as torch's
+    ``Module.get_submodule``.  AttributeError names the part not found."""
     obj = model
+    walked: list[str] = []
     for part in target.split(".") if target else ():
-        obj = obj[int(part)] if isinstance(obj, (list, tuple)) else getattr(obj, part)
+        children = _children_of(obj)
+        if part in children:
+            obj = children[part]
+        elif isinstance(obj, (list, tuple)) and part.isdigit() and int(part) < len(obj):
+            obj = obj[int(part)]
+        elif hasattr(obj, part):
+            obj = getattr(obj, part)
+        else:
+            where = ".".join(walked) or "the model"
+            raise AttributeError(f"{target!r}: {where} ({type(obj).__name__}) has no "
+                                 f"sub-module {part!r}; it has {sorted(children) or 'none'}")
+        walked.append(part)
     return obj
 
 
 def set_submodule(model, target: str, module) -> None:
     """Put module at dotted name target, in place of what is there (torch's
-    ``Module.set_submodule``)."""
+    ``Module.set_submodule``): a Sequential's layer by its index, a list's
+    element, an attribute, through a Checkpoint to the module it wraps."""
+    if not target:
+        raise ValueError("target: expected the dotted name of a sub-module, got ''")
     parent_name, _, last = target.rpartition(".")
     parent = get_submodule(model, parent_name)
-    if isinstance(parent, list):
+    while getattr(type(parent), "wraps_transparently", False):
+        parent = parent.module
+    layers = getattr(parent, "layers", None)
+    if last.isdigit() and isinstance(layers, list) and last not in vars(parent):
+        if int(last) >= len(layers):
+            raise AttributeError(f"{target!r}: {parent_name or 'the model'} has "
+                                 f"{len(layers)} layers")
+        layers[int(last)] = module   # a Sequential's: ("0", layer), ...
+    elif isinstance(parent, list):
         parent[int(last)] = module
     else:
+        get_submodule(parent, last)   # (AttributeError naming it, as torch's)
         setattr(parent, last, module)
+
+
+def hidden_parameters(model) -> list[str]:
+    """Where trainable parameters sit that named_parameters (and so training)
+    does not reach: an attribute whose name starts with "_", or a dict (torch
+    registers any attribute; ggmlopt's modules name their public ones, and lists
+    or tuples of them).  Each as "module.attribute" ("" the model itself)."""
+    known = {id(p) for p in _all_named(model)}
+    found = []
+    for name, module in named_modules(model):
+        if not hasattr(module, "__dict__"):
+            continue
+        for key, value in vars(module).items():
+            if not (key.startswith("_") or isinstance(value, dict)):
+                continue
+            items = value.values() if isinstance(value, dict) else \
+                value if isinstance(value, (list, tuple)) else (value,)
+            for item in items:
+                if isinstance(item, Parameter):
+                    held = [item]
+                elif callable(getattr(item, "forward", None)) and \
+                        callable(getattr(item, "parameters", None)):
+                    try:
+                        held = list(item.parameters())
+                    except (TypeError, AttributeError, ValueError):
+                        held = []
+                else:
+                    continue
+                if any(id(p) not in known and getattr(p, "requires_grad", True) for p in held):
+                    found.append(f"{name}.{key}" if name else key)
+                    break
+    return found
+
+
+def _all_named(model) -> list[Parameter]:
+    try:
+        return [p for _, p in _named(model, "", set())]
+    except (TypeError, AttributeError, ValueError):
+        return []
 
 
 def named_modules(model) -> list[tuple[str, object]]:

@@ -39,12 +39,17 @@ class Parameter:
     to run once the split it was built with has changed.
     """
 
-    __slots__ = ("_data", "_grad", "_lender", "_requires_grad", "grad_is_zero", "name")
+    __slots__ = ("_data", "_grad", "_grad_cleared", "_lender", "_requires_grad",
+                 "grad_is_zero", "name")
     _grad: np.ndarray | None
 
     # how many times any parameter's requires_grad changed: an OptContext compares
     # it on every alloc and checks its own parameters only when it moved
     _requires_grad_changes = 0
+    # how many times any parameter's data or grad was assigned: likewise (an array
+    # assigned is not the arena's view the context steps; a grad set to None, as
+    # torch's zero_grad(set_to_none=True) does, is a zero gradient)
+    _storage_changes = 0
 
     def __init__(self, data, name=None, *, requires_grad=True):
         arr = np.asarray(data)
@@ -55,11 +60,23 @@ class Parameter:
         self._data = np.array(arr, dtype=np.float32, order="C", copy=True)
         self._requires_grad = bool(requires_grad)
         self._grad = None   # made on first use (the grad property)
+        self._grad_cleared = False   # grad = None assigned (a zero gradient)
         # what makes it instead of np.zeros: an OptContext that steps each parameter
         # in the backward pass lends gradients from a pool (ggmlopt.step_in_backward)
         self._lender = None
         self.name = name
         self.grad_is_zero = True
+
+    def __getstate__(self):
+        """A copy's state (pickle, copy.deepcopy): no lender (a context's gradient
+        pool, which the copy is not in, and which does not pickle)."""
+        return {k: getattr(self, k) for k in self.__slots__ if k != "_lender"}
+
+    def __setstate__(self, state):
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+        self._lender = None
+        self._grad_cleared = state.get("_grad_cleared", False)
 
     @classmethod
     def zeros(cls, shape, name=None, *, requires_grad=True) -> Parameter:
@@ -92,6 +109,7 @@ class Parameter:
             raise ValueError(f"data{self._label()}: expected a C-contiguous array (use "
                              "numpy.ascontiguousarray)")
         self._data = value
+        Parameter._storage_changes += 1
         parts_changed()   # a decode step that read the old array reads again
 
     @property
@@ -109,6 +127,14 @@ class Parameter:
     @grad.setter
     def grad(self, value: np.ndarray | None) -> None:
         self._grad = value
+        self._grad_cleared = value is None
+        Parameter._storage_changes += 1
+
+    def _swap_data(self, data: np.ndarray) -> None:
+        """Point data at another array for a moment and back (no checks, not an
+        assignment an OptContext acts on: internal)."""
+        self._data = data
+        parts_changed()
 
     def _set_storage(self, data: np.ndarray, grad: np.ndarray | None,
                      lender: Callable[[Parameter], np.ndarray] | None = None) -> None:
@@ -117,6 +143,7 @@ class Parameter:
         gradient on its first use after grad is None (no checks: internal)."""
         self._data = data
         self._grad = grad
+        self._grad_cleared = False
         self._lender = lender
         parts_changed()
 
