@@ -350,6 +350,9 @@ class OptContext:
             checks()
         self._wants_step_in_backward = bool(optimizer_in_backward)
         self._in_backward: StepInBackward | None = None
+        # an eval stopped inside its backward pass (an exception, Ctrl-C): the
+        # gradients hold part of a batch, so no eval runs until reset or a load
+        self._interrupted = False
         args = (model, batch_size, ne_datapoint, loss_type, build_type, opt_period, optimizer,
                 get_opt_pars, get_opt_pars_ud, seed, clip_grad_norm, class_labels, inputs_dtype)
         before_taking = _BEFORE_TAKING.get()
@@ -839,6 +842,7 @@ class OptContext:
         """Prepare one eval: backward=False is a forward pass (FORWARD); backward=True
         computes gradients (GRAD), and on the last physical batch of a logical
         batch ((opt_i + 1) % opt_period == 0) also steps the optimizer (OPT)."""
+        self._refuse_if_interrupted("alloc")
         if self._eval_ready:
             raise RuntimeError("alloc: already called; call eval() before the next alloc()")
         if backward:
@@ -924,8 +928,10 @@ class OptContext:
 
     def reset(self, optimizer: bool) -> None:
         """Zero the gradients; optimizer=True also zeroes the AdamW momenta and sets
-        iter back to 1."""
+        iter back to 1.  After an eval stopped inside its backward pass, this is
+        what lets the context run evals again."""
         self._zero_grads()
+        self._interrupted = False
         if optimizer:
             self.arena.zero_momenta()
             if self._dist is not None:  # a sharded state
@@ -1015,6 +1021,7 @@ class OptContext:
         Raises FloatingPointError, before any gradient or parameter changes, when
         the loss is NaN or infinite; a refused eval leaves ctx.rng as it was.
         """
+        self._refuse_if_interrupted("eval")
         if not self._eval_ready:
             raise RuntimeError("eval: call alloc() first (one alloc before every eval)")
         if result is not None and not isinstance(result, Result):
@@ -1042,9 +1049,11 @@ class OptContext:
             else:
                 out, grad, loss, pred, ncorrect, nlabelled = self._outputs_and_loss(
                     x, y, batch, backward, weight)
-        except BaseException:
+        except BaseException as e:
             for g, state in generators:
                 g.bit_generator.state = state
+            if backward and not isinstance(e, Exception) and self._fuses_head(x, y):
+                self._stopped_inside()   # (Ctrl-C: the head's gradient may be half written)
             raise
         if ncorrect is not None and nlabelled == 0 and bt != BuildType.FORWARD:
             warnings.warn(f"eval: physical batch {self.opt_i + 1}/{self._opt_period} of "
@@ -1053,28 +1062,11 @@ class OptContext:
                           UserWarning, stacklevel=2)
 
         if backward:
-            with gemm.products_in(self._precision):
-                if step is not None and self._in_backward is not None:
-                    # each parameter stepped as its gradient becomes final
-                    self._in_backward.backward(grad, step, self.iter)
-                elif step is not None:   # the eval that steps: its exchange may start here
-                    self._exchange.backward(self, grad)
-                else:
-                    self.model.backward(grad)
-            if step is not None and self._in_backward is not None:
-                self._opt_pars_in_force = step
-                self.iter += 1
-            elif step is not None:
-                # the gradients summed over the processes; with a sharded optimizer the
-                # exchange also clips and steps (stepped is True)
-                stepped = self._exchange.step(self, step)
-                if self._clip_grad_norm is not None and not stepped:
-                    self.grad_norm = self.arena.clip_grad_norm(self._clip_grad_norm)
-                self._opt_pars_in_force = step
-                if not stepped:
-                    weights, grads, state = self._step_arrays
-                    self._optimizer.step(weights, grads, state, step, self.iter)
-                self.iter += 1
+            try:
+                self._backward_and_step(grad, step)
+            except BaseException:
+                self._stopped_inside()
+                raise
         self.opt_i = (self.opt_i + 1) % self._evals_per_step
         self._eval_ready = False
 
@@ -1088,6 +1080,45 @@ class OptContext:
             result._add(batch, loss, self._per_datapoint, self._opt_period,
                         self.pred, ncorrect, nlabelled,
                         counted=weight is not None and bool(self._step_labelled))
+
+    def _refuse_if_interrupted(self, what):
+        if self._interrupted:
+            raise RuntimeError(
+                f"{what}: an earlier eval stopped inside its backward pass (an exception or "
+                f"Ctrl-C), so the gradients hold part of its batch"
+                f"{' and some parameters may have stepped' if self._in_backward else ''}: "
+                f"call reset(False) to zero the gradients (the logical batch goes on without "
+                f"what it accumulated), or load a checkpoint")
+
+    def _stopped_inside(self):
+        self._interrupted = True
+        self._eval_ready = False
+
+    def _backward_and_step(self, grad, step):
+        """eval's backward pass and, on the last physical batch of a logical
+        batch (step: its optimizer parameters), the optimizer step."""
+        with gemm.products_in(self._precision):
+            if step is not None and self._in_backward is not None:
+                # each parameter stepped as its gradient becomes final
+                self._in_backward.backward(grad, step, self.iter)
+            elif step is not None:   # the eval that steps: its exchange may start here
+                self._exchange.backward(self, grad)
+            else:
+                self.model.backward(grad)
+        if step is not None and self._in_backward is not None:
+            self._opt_pars_in_force = step
+            self.iter += 1
+        elif step is not None:
+            # the gradients summed over the processes; with a sharded optimizer the
+            # exchange also clips and steps (stepped is True)
+            stepped = self._exchange.step(self, step)
+            if self._clip_grad_norm is not None and not stepped:
+                self.grad_norm = self.arena.clip_grad_norm(self._clip_grad_norm)
+            self._opt_pars_in_force = step
+            if not stepped:
+                weights, grads, state = self._step_arrays
+                self._optimizer.step(weights, grads, state, step, self.iter)
+            self.iter += 1
 
     # ---- checkpoints (ggmlopt.checkpoint) -------------------------------------------------
 
@@ -1107,6 +1138,7 @@ class OptContext:
                 self, state_dict, lambda: checkpoint.load_context_state_dict(self, state_dict))
         else:
             checkpoint.load_context_state_dict(self, state_dict)
+        self._interrupted = False   # every gradient and parameter is the state's
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write state_dict() to path as one .npz file, atomically (a crash leaves

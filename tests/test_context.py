@@ -549,3 +549,47 @@ def test_an_array_assigned_to_data_trains_in_the_arena():
     for p, q, w in zip(model.parameters(), twin.parameters(), ctx._weights):
         assert p.data is w
         assert p.data.tobytes() == q.data.tobytes()
+
+
+class _StopsOnce(go.nn.Module):
+    """A Linear whose backward raises once, after adding its weight gradient:
+    a Ctrl-C (or a user layer's error) in the middle of a backward pass."""
+
+    def __init__(self, exc):
+        self.inner = go.nn.Linear(4, 2, rng=0)
+        self.exc = exc
+
+    def forward(self, x):
+        return self.inner.forward(x)
+
+    def backward(self, g):
+        out = self.inner.backward(g)
+        if self.exc is not None:
+            exc, self.exc = self.exc, None
+            raise exc
+        return out
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), ValueError("a layer's own")])
+def test_an_eval_stopped_inside_its_backward_refuses_to_go_on_until_reset(exc):
+    """The gradients hold part of the batch: a retried eval added the batch again
+    (weights off by 2e-3 after a few steps). alloc and eval refuse, naming
+    reset(False) and checkpoints; after reset the context trains as a fresh one
+    from the same weights."""
+    model, ds = _storage_problem()
+    layer = _StopsOnce(type(exc)(*exc.args))
+    ctx = go.OptContext(layer, batch_size=16, ne_datapoint=4, loss_type="mean_squared_error",
+                        opt_period=2)
+    x = ds.data[:16]
+    y = np.zeros((16, 2), np.float32)
+    ctx.alloc(True)
+    with pytest.raises(type(exc)):
+        ctx.eval(inputs=x, labels=y)
+    with pytest.raises(RuntimeError, match="stopped inside its backward pass.*reset\\(False\\)"):
+        ctx.alloc(True)
+    with pytest.raises(RuntimeError, match="stopped inside its backward pass"):
+        ctx.eval(inputs=x, labels=y)
+    ctx.reset(False)
+    assert not np.any(layer.inner.weight.grad)
+    ctx.alloc(True)
+    ctx.eval(inputs=x, labels=y)   # goes on
