@@ -39,9 +39,16 @@ from threadpoolctl import (  # type: ignore[import-untyped]
     ThreadpoolController,
 )
 
-__all__ = ["blas_config", "blas_threads_for_training", "blas_threads_setting",
-           "choose_blas_threads", "current_blas_threads", "others_running_recently",
-           "work_split"]
+__all__ = [
+    "blas_config",
+    "blas_limit_for_decoding",
+    "blas_threads_for_training",
+    "blas_threads_setting",
+    "choose_blas_threads",
+    "current_blas_threads",
+    "others_running_recently",
+    "work_split",
+]
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 # variables that force OpenBLAS's kernel choice (an older kernel is slower)
@@ -218,11 +225,11 @@ def blas_config():
 
 
 class _Training:
-    """The BLAS limit of the trainings running now, process-wide as the BLAS's
-    threads are: the first sets it, those that start while it holds train under
-    it, the last to finish puts the BLAS back (a fit in another Python thread
-    that set and restored its own limit took the first's from under it, and
-    could leave its own in force for good)."""
+    """The BLAS limit of the trainings (and decode steps) running now,
+    process-wide as the BLAS's threads are: the first sets it, those that start
+    while it holds run under it, the last to finish puts the BLAS back (a fit in
+    another Python thread that set and restored its own limit took the first's
+    from under it, and could leave its own in force for good)."""
 
     lock = threading.Lock()
     count = 0
@@ -246,13 +253,63 @@ def blas_threads_for_training(model=None):
     try:
         yield threads
     finally:
-        with _Training.lock:
-            _Training.count -= 1
-            if _Training.count == 0 and _Training.limiter is not None:
-                _let_this_thread_set_limits()   # (maybe not the thread that set it)
-                _Training.limiter.restore_original_limits()
+        _release_limit()
+
+
+def _release_limit() -> None:
+    """One holder of the shared limit done: the last puts the BLAS back."""
+    with _Training.lock:
+        if _Training.count == 0:   # (a forked child let go of its parent's holders)
+            return
+        _Training.count -= 1
+        if _Training.count == 0 and _Training.limiter is not None:
+            _let_this_thread_set_limits()   # (maybe not the thread that set it)
+            _Training.limiter.restore_original_limits()
+            _let_this_thread_set_limits()
+            _Training.limiter = None
+
+
+@contextlib.contextmanager
+def blas_limit_for_decoding(want: int | None):
+    """Within the block (a decode step) BLAS runs on want threads, the limit
+    shared as trainings share theirs: a training running holds its limit (the
+    step runs under it), and a training that starts during the step trains
+    under the step's until the last of them ends (a step that set and restored
+    its own changed the BLAS under a training).  want None: BLAS untouched."""
+    with _Training.lock:
+        joined = want is not None or _Training.count > 0
+        if _Training.count == 0 and want is not None:
+            current = current_blas_threads()
+            if current is None or want == current:
+                _Training.threads, _Training.limiter = current, None
+            else:
                 _let_this_thread_set_limits()
-                _Training.limiter = None
+                _Training.threads, _Training.limiter = want, _blas().limit(limits=want)
+        if joined:
+            _Training.count += 1
+    try:
+        yield
+    finally:
+        if joined:
+            _release_limit()
+
+
+def _forget_in_child() -> None:
+    """A forked child: the holders of the limit were the parent's threads (gone
+    with the fork; the lock perhaps held by one): the BLAS gets its setting from
+    before them back, and the child starts with no holder."""
+    _Training.lock = threading.Lock()
+    limiter, _Training.limiter = _Training.limiter, None
+    _Training.count, _Training.threads = 0, None
+    if limiter is not None:
+        with contextlib.suppress(Exception):   # (a child's BLAS may refuse: no harm)
+            _let_this_thread_set_limits()
+            limiter.restore_original_limits()
+            _let_this_thread_set_limits()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _let_this_thread_set_limits() -> None:

@@ -6,6 +6,7 @@ decoding at once): the longest held linger is in force, and the setting from
 before the first hold comes back when the last one ends."""
 from __future__ import annotations
 
+import os
 import threading
 
 _holds: list[float] = []
@@ -30,5 +31,22 @@ def release(seconds: float) -> None:
     from . import kernels
 
     with _lock:
+        if seconds not in _holds:   # (a forked child dropped its parent's holds)
+            return
         _holds.remove(seconds)
         kernels.set_pool_linger(max(_holds) if _holds else _before)
+
+
+def _forget_in_child() -> None:
+    """A forked child: the holds were other threads' (gone with the fork), and
+    the lock may have been held by one of them."""
+    global _lock
+    _lock = threading.Lock()
+    if _holds:
+        _holds.clear()
+        from . import kernels
+        kernels.set_pool_linger(_before)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

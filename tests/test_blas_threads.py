@@ -279,3 +279,29 @@ def test_trainings_in_two_threads_share_one_limit_and_restore_it(monkeypatch):
         w.join()
     assert [(t, n) for _, t, n in seen] == [(1, 1), (1, 1)], seen
     assert blas_threads() == before
+
+
+def test_a_decode_step_and_a_training_share_one_limit(monkeypatch):
+    """A decode step set and restored its own BLAS limit under a training
+    running in another thread (the epoch recorded 1 thread, BLAS ran on 2);
+    both now hold one shared limit, and the last to end puts the BLAS back."""
+    from ggmlopt._blas_threads import (
+        blas_limit_for_decoding,
+        blas_threads_for_training,
+        current_blas_threads,
+    )
+    start = current_blas_threads()
+    if start is None or start < 2:
+        pytest.skip("a BLAS of one thread has no limit to share")
+    monkeypatch.setenv("GGMLOPT_BLAS_THREADS", "1")
+    decoding = blas_limit_for_decoding(1)
+    decoding.__enter__()
+    assert current_blas_threads() == 1
+    with blas_threads_for_training() as recorded:
+        assert recorded == 1
+        decoding.__exit__(None, None, None)   # the step ends while the training runs
+        assert current_blas_threads() == 1
+        with blas_limit_for_decoding(1):       # a step during the training: under it
+            assert current_blas_threads() == 1
+        assert current_blas_threads() == 1
+    assert current_blas_threads() == start

@@ -576,7 +576,7 @@ def test_an_eval_stopped_inside_its_backward_refuses_to_go_on_until_reset(exc):
     (weights off by 2e-3 after a few steps). alloc and eval refuse, naming
     reset(False) and checkpoints; after reset the context trains as a fresh one
     from the same weights."""
-    model, ds = _storage_problem()
+    _, ds = _storage_problem()
     layer = _StopsOnce(type(exc)(*exc.args))
     ctx = go.OptContext(layer, batch_size=16, ne_datapoint=4, loss_type="mean_squared_error",
                         opt_period=2)

@@ -10,8 +10,8 @@ import numpy as np
 
 from .. import _pool_linger, kernels_attention
 from .._blas_threads import (
-    _blas,
     _usable_cpus,
+    blas_limit_for_decoding,
     blas_threads_setting,
     choose_blas_threads,
     current_blas_threads,
@@ -107,15 +107,8 @@ def blas_threads_for_rows(rows):
         current = current_blas_threads()
         if current is not None:
             want = choose_blas_threads(current, _usable_cpus(), others_running_recently())
-    libs = _blas().lib_controllers if want is not None else []
-    before = [c.num_threads for c in libs]
-    for c in libs:
-        c.set_num_threads(want)
-    try:
+    with blas_limit_for_decoding(want):   # (shared with a training running)
         yield
-    finally:
-        for c, n in zip(libs, before):
-            c.set_num_threads(n)
 
 
 # how long the kernel threads poll for the next call during a decode step with
