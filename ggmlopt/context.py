@@ -24,7 +24,7 @@ from ._arena import ParamArena
 from ._args import enum_arg, int_arg
 from ._memory import AlignedBuffer
 from .clipping import check_max_norm
-from .nn.module import TrainingProtocol, eval_mode
+from .nn.module import TrainingProtocol, eval_mode, in_use
 from .nn.parameter import Parameter
 from .nn.quantized import refuse_full_finetune_of_quantized
 from .optim_params import (
@@ -1020,7 +1020,13 @@ class OptContext:
 
         Raises FloatingPointError, before any gradient or parameter changes, when
         the loss is NaN or infinite; a refused eval leaves ctx.rng as it was.
+        The model computes in this thread only meanwhile (another thread's call
+        is refused: ggmlopt.nn.module.in_use).
         """
+        with in_use(self.model, "an OptContext's eval"):
+            self._eval(result, inputs, labels)
+
+    def _eval(self, result, inputs, labels):
         self._refuse_if_interrupted("eval")
         if not self._eval_ready:
             raise RuntimeError("eval: call alloc() first (one alloc before every eval)")

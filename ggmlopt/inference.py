@@ -22,7 +22,7 @@ from . import kernels
 from ._args import enum_arg, int_arg
 from .context import OptContext, first_nonfinite
 from .dataset import Dataset
-from .nn.module import modules, with_followers
+from .nn.module import in_use, modules, with_followers
 from .nn.parameter import Parameter
 from .optim_params import BuildType, LossType
 from .result import Result
@@ -191,6 +191,13 @@ def _rows(x: np.ndarray, start: int, stop: int, scale: float | None) -> np.ndarr
 
 @contextmanager
 def _borrowed(model: Any) -> Iterator[None]:
+    """_borrowed_here, the model in use by this thread throughout (in_use)."""
+    with in_use(model, "evaluate or predict"), _borrowed_here(model):
+        yield
+
+
+@contextmanager
+def _borrowed_here(model: Any) -> Iterator[None]:
     """Give model back as it came: each parameter's .data, .grad and grad_is_zero,
     every module's training flag and the generator a layer that draws holds.  Inside, every ggmlopt Parameter reads as
     frozen, so the forward-only context reads the weights where they are: no copy

@@ -20,7 +20,7 @@ from .._blas_threads import (
 from ..nn._buffers import empty, trains
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
-from ..nn.module import Module, grads_ready
+from ..nn.module import Module, grads_ready, in_use
 from ..nn.parameter import Parameter
 from ..nn.positions import split_documents
 from ..nn.recompute import checkpointed_backward, checkpointed_forward
@@ -511,8 +511,10 @@ class CausalLM(Module):
         self._hidden_backward(dh.reshape(self._b, self._t, -1))
 
     def __call__(self, tokens):
-        """forward(tokens), copied into an array the caller owns."""
-        return np.array(self.forward(tokens), copy=True)
+        """forward(tokens), copied into an array the caller owns (the model in
+        use by this thread meanwhile: another thread's call is refused)."""
+        with in_use(self, "model(tokens)"):
+            return np.array(self.forward(tokens), copy=True)
 
     # ---- generation ----------------------------------------------------------------
 

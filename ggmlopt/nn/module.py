@@ -80,6 +80,7 @@ objects with a ``forward`` method.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -229,7 +230,8 @@ class Module:
         neither x nor the layer's buffers): ``a = m(x1); b = m(x2)`` never changes
         ``a``.  Use ``forward`` where the copy matters and the next call may
         overwrite the result."""
-        return np.array(self.forward(x), copy=True)
+        with in_use(self, "model(x)"):
+            return np.array(self.forward(x), copy=True)
 
 
 def _is_module(obj) -> bool:
@@ -372,11 +374,51 @@ class TrainingProtocol:
 _MISSING = object()
 
 
+# model id -> (the thread computing with it, how deep): in_use
+_IN_USE: dict[int, tuple[int, int, str]] = {}
+_IN_USE_LOCK = threading.Lock()
+
+
+@contextmanager
+def in_use(model, what: str):
+    """with in_use(model, what): the block computes with model in this thread.
+    A model's layers keep their buffers and activations between calls, so two
+    threads computing with one model at once gave each other's numbers: a
+    second thread is refused (RuntimeError) while the first is inside; the same
+    thread may nest."""
+    key, me = id(model), threading.get_ident()
+    with _IN_USE_LOCK:
+        holder = _IN_USE.get(key)
+        if holder is not None and holder[0] != me:
+            raise RuntimeError(f"model: another thread is computing with it ({holder[2]}); "
+                               f"a model computes in one thread at a time (its layers keep "
+                               f"their buffers between calls): give each thread its own copy "
+                               f"(copy.deepcopy(model)), or wait for the other")
+        _IN_USE[key] = (me, 1 if holder is None else holder[1] + 1,
+                        what if holder is None else holder[2])
+    try:
+        yield
+    finally:
+        with _IN_USE_LOCK:
+            _, depth, first = _IN_USE[key]
+            if depth == 1:
+                del _IN_USE[key]
+            else:
+                _IN_USE[key] = (me, depth - 1, first)
+
+
 @contextmanager
 def eval_mode(model):
     """with eval_mode(model): ... runs the block with training False everywhere in
     model's tree (set_training(model, False)), then puts back every module's own
-    ``training`` attribute as it was."""
+    ``training`` attribute as it was; the model is in use by this thread
+    (in_use) throughout."""
+    with in_use(model, "a generation or an evaluation"), _training_off(model):
+        yield model
+
+
+@contextmanager
+def _training_off(model):
     saved = [(m, getattr(m, "training", _MISSING)) for m in with_followers(modules(model))]
     try:
         set_training(model, False)
