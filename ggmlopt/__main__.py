@@ -14,6 +14,9 @@ def main(argv: list[str]) -> int:
         from ggmlopt.finetune import main as finetune
 
         return finetune(argv[1:])
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if argv:
         print(f"python -m ggmlopt: takes no arguments (it shows the configuration and runs one "
               f"AdamW step), got {' '.join(argv)!r}; the fine-tuning command is "

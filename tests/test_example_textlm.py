@@ -227,3 +227,31 @@ def test_step_options_checked(extra, message, text_file, capsys):
     with pytest.raises(SystemExit):
         textlm.main(["--text", str(text_file), *SMALL, *extra])
     assert message in capsys.readouterr().err
+
+
+def test_load_refuses_the_options_it_would_ignore(text_file, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        textlm.main(["--text", str(text_file), "--load", str(tmp_path / "m.npz"),
+                     "--dim", "64", "--model", "gpt2"])
+    assert info.value.code == 2
+    assert "--load evaluates the saved model as it is: --model, --dim" in \
+        capsys.readouterr().err
+
+
+def test_a_held_out_text_too_short_is_said_before_training(tmp_path, capsys, monkeypatch):
+    """(it was said after the training, and after --save had written the model)"""
+    short = tmp_path / "short.txt"
+    short.write_text("abcdefghij" * 72, encoding="utf-8")   # 72 held-out bytes < 128
+    monkeypatch.setattr(textlm, "train", lambda *a, **k: pytest.fail("trained first"))
+    with pytest.raises(SystemExit) as info:
+        textlm.main(["--text", str(short), "--save", str(tmp_path / "m.npz")])
+    assert info.value.code == 2
+    assert "the held-out text has 72 tokens" in capsys.readouterr().err
+    assert not (tmp_path / "m.npz").exists()
+
+
+def test_seed_must_not_be_negative(text_file, capsys):
+    with pytest.raises(SystemExit) as info:
+        textlm.main(["--text", str(text_file), "--seed", "-1"])
+    assert info.value.code == 2 and "--seed: expected a non-negative integer" in \
+        capsys.readouterr().err

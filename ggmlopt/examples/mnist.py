@@ -87,6 +87,8 @@ def mnist_cnn(seed=None, hw=HW):
 
 # (nbatch_logical, nbatch_physical) offline: ggml's 1000/500 scaled to 1500 images
 OFFLINE_BATCHES = {"fc": (100, 50), "cnn": (50, 10)}
+# the offline data and its train/test split, whatever --seed is (as MNIST's own split is fixed)
+SPLIT_SEED = 0
 
 MODELS = {
     "fc": (mnist_fc, f"mnist-fc {NE_IN}-{NE_HIDDEN}-{NCLASSES}"),
@@ -100,9 +102,11 @@ def _onehot(labels):
     return y
 
 
-def digits_as_mnist(seed):
+def digits_as_mnist(seed=SPLIT_SEED):
     """scikit-learn's 1797 8x8 digits as 28x28 uint8 images (values 0..16, scale
-    1/16), shuffled with seed: 1500 for training, 297 for testing."""
+    1/16), shuffled with seed: 1500 for training, 297 for testing (main passes
+    SPLIT_SEED whatever --seed is: a model trained with one seed and loaded with
+    another is tested on the same images, none of which it trained on)."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -118,8 +122,9 @@ def digits_as_mnist(seed):
     return train, test
 
 
-def synthetic(seed):
-    """10 classes of noisy random 784-pixel prototypes: 2000 training, 500 test."""
+def synthetic(seed=SPLIT_SEED):
+    """10 classes of noisy random 784-pixel prototypes: 2000 training, 500 test
+    (main passes SPLIT_SEED: the same task and test set whatever --seed is)."""
     rng = np.random.default_rng(seed)
     prototypes = rng.random((NCLASSES, NE_IN), dtype=np.float32)
 
@@ -194,7 +199,10 @@ def check_outputs(args):
     if args.plot:
         missing = _missing("matplotlib", "plot", "--plot")
         problems.append(missing)
-        if missing is None and _suffix(args.plot):
+        if not _suffix(args.plot):
+            problems.append(f"--plot: give the image format by the file's suffix "
+                            f"({args.plot}.png, .pdf, .svg), got {args.plot!r}")
+        elif missing is None:
             from matplotlib.figure import Figure
 
             formats = Figure().canvas.get_supported_filetypes()
@@ -398,6 +406,19 @@ def _mpi(threads):
     return comm, comm.Get_rank(), comm.Get_size(), nthreads
 
 
+def _at_least(minimum):
+    """An argparse type: an int >= minimum (argparse's message and status 2)."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    return parse
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m ggmlopt.examples.mnist",
                                      description=__doc__.split("\n\n")[0])
@@ -407,12 +428,13 @@ def main(argv=None):
     parser.add_argument("--model", choices=sorted(MODELS), default=None,
                         help="ggml's mnist-fc (default) or mnist-cnn (with --load: the "
                              "file's model)")
-    parser.add_argument("--epochs", type=int, default=30, help="epochs (ggml: 30)")
-    parser.add_argument("--nbatch-logical", type=int, metavar="N",
+    parser.add_argument("--epochs", type=_at_least(1), default=30, help="epochs (ggml: 30)")
+    parser.add_argument("--nbatch-logical", type=_at_least(1), metavar="N",
                         help="datapoints per optimizer step (ggml: 1000; offline: scaled)")
-    parser.add_argument("--nbatch-physical", type=int, metavar="N",
+    parser.add_argument("--nbatch-physical", type=_at_least(1), metavar="N",
                         help="datapoints per forward/backward pass (ggml: 500)")
-    parser.add_argument("--seed", type=int, default=0, help="initialisation and shuffles")
+    parser.add_argument("--seed", type=_at_least(0), default=0,
+                        help="initialisation and shuffles (the test images stay the same)")
     parser.add_argument("--silent", action="store_true", help="no progress bars")
     # -- models that leave: GGUF for ggml's programs, learning curves --
     interop = parser.add_argument_group("saving, loading and plotting")
@@ -431,10 +453,12 @@ def main(argv=None):
                         help="data-parallel over the processes of mpiexec/srun (mpi extra)")
     parser.add_argument("--shard-optimizer", action="store_true",
                         help="with --mpi: each process keeps 1/P of AdamW's moments")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=_at_least(1), default=None,
                         help="kernel and BLAS threads per process (default with --mpi: "
                              "cores / processes on the machine)")
     args = parser.parse_args(argv)
+    if args.shard_optimizer and not args.mpi:
+        parser.error("--shard-optimizer shards over the processes of --mpi: give --mpi")
     if args.load and (args.save or args.plot):
         parser.error("--load evaluates a saved model: it trains nothing to --save or --plot")
     if args.load:
@@ -456,14 +480,20 @@ def main(argv=None):
     if args.data:
         from ggmlopt.datasets import load_mnist
 
-        train, test = load_mnist(args.data, ndata_shard=10)
+        try:
+            train, test = load_mnist(args.data, ndata_shard=10)
+        except (OSError, ValueError, TypeError) as e:
+            parser.error(f"--data: {e}")
+        if train.data.shape[1] != NE_IN:
+            parser.error(f"--data: its images have {train.data.shape[1]} pixels; ggml's "
+                         f"MNIST models read 28x28 ({NE_IN})")
         name, nbatch_logical, nbatch_physical = f"MNIST from {args.data}", 1000, 500
     else:
         try:
-            train, test = digits_as_mnist(args.seed)
+            train, test = digits_as_mnist(SPLIT_SEED)
             name = "scikit-learn's 8x8 digits upsampled to 28x28 (offline)"
         except ImportError:
-            train, test = synthetic(args.seed)
+            train, test = synthetic(SPLIT_SEED)
             name = ("SYNTHETIC data (noisy random prototypes; scikit-learn is not installed: "
                     f"{install_hint('examples')} for real digits)")
         nbatch_logical, nbatch_physical = OFFLINE_BATCHES[args.model]
@@ -499,10 +529,17 @@ def main(argv=None):
         load_model(model, args.load, args.model)
     else:
         mpi = {} if comm is None else {"comm": comm, "shard_optimizer": args.shard_optimizer}
-        history = go.fit(model, train, go.LossType.CROSS_ENTROPY, go.default_optimizer_params,
-                         nepoch=args.epochs, nbatch_logical=nbatch_logical,
-                         nbatch_physical=nbatch_physical, val_split=VAL_SPLIT, silent=args.silent,
-                         seed=args.seed, **mpi)
+        try:
+            history = go.fit(model, train, go.LossType.CROSS_ENTROPY,
+                             go.default_optimizer_params, nepoch=args.epochs,
+                             nbatch_logical=nbatch_logical, nbatch_physical=nbatch_physical,
+                             val_split=VAL_SPLIT, silent=args.silent, seed=args.seed, **mpi)
+        except KeyboardInterrupt:
+            print("mnist: interrupted", file=sys.stderr)
+            if comm is not None and nranks > 1:
+                sys.stderr.flush()
+                comm.Abort(130)   # the others wait for this rank in a collective
+            raise SystemExit(130) from None
         if rank == 0:
             save_outputs(model, history, args)
 

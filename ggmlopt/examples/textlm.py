@@ -12,8 +12,9 @@
 
 The model and settings are nanoGPT's CPU configuration (its README's
 shakespeare_char run on a laptop): 4 layers, 4 heads, dim 128, a context of 64
-bytes, batches of 12 windows, AdamW (lr 1e-3, beta2 0.99, weight decay 0.1,
-gradients clipped to norm 1) with a linear warmup over the first 5% of the steps
+bytes, batches of 12 windows, AdamW (lr 1e-3, beta2 0.99, weight decay 0.1 on
+every parameter, as ggml's AdamW decays them, where nanoGPT leaves norms and
+biases undecayed; gradients clipped to norm 1) with a linear warmup over the first 5% of the steps
 (at most 100) and a cosine decay to 1e-4; the tokens are the 256 bytes of UTF-8
 plus ``<|endoftext|>`` (ggmlopt.text.ByteTokenizer).  nanoGPT's reference point
 is 2000 steps, the default (about 3 CPU-minutes, a validation loss of 1.47
@@ -34,8 +35,9 @@ draws new random windows at every step, and 2000 steps in 10 epochs here
 overfit (validation loss 1.51 against 1.47 in 2 epochs, the default).  The held-out 10% is scored at
 the end by ggmlopt.lm.perplexity (llama-perplexity's protocol: chunks of 64
 tokens, the second half of each scored).  The sample continues --prompt; past
-the 64 positions the model knows, each new window starts from the last 32
-tokens (nanoGPT crops its context the same way).
+the 64 positions the model knows, a new window starts from the last 32 tokens
+and fills up again (nanoGPT instead feeds the last 64 at every token: from the
+64th position on the two samples differ).
 
 --save writes a .npz holding every named parameter and the configuration as
 JSON (``config.json``); --load reads one back and evaluates it instead of
@@ -60,7 +62,7 @@ import numpy as np
 
 import ggmlopt as go
 from ggmlopt._blas_threads import blas_threads_for_training
-from ggmlopt.io._files import input_path, output_path
+from ggmlopt.io._files import atomic_output, input_path, output_path
 from ggmlopt.models import GPT2, GPT2Config, Llama, LlamaConfig
 from ggmlopt.text import ByteTokenizer
 
@@ -96,7 +98,9 @@ def save_model(model, path: str) -> None:
     config = {"model": type(model).__name__.lower(), **dataclasses.asdict(model.config)}
     arrays = {name: p.data for name, p in model.named_parameters()}
     arrays["config.json"] = np.array(json.dumps(config))
-    with open(path, "wb") as f:   # np.savez would add .npz to a name without it
+    # atomically (a full disk or a Ctrl-C leaves the previous model whole); np.savez
+    # would add .npz to a name without it
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)
 
 
@@ -311,6 +315,8 @@ def main(argv=None) -> Run:
                              ("--max-new-tokens", max_new, 0), ("--eval-tokens", eval_tokens, 1)):
         if value is not None and value < low:
             parser.error(f"{name}: expected at least {low}, got {value}")
+    if args.seed < 0:
+        parser.error(f"--seed: expected a non-negative integer, got {args.seed}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         parser.error(f"--lr: expected a finite value > 0, got {args.lr}")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
@@ -322,6 +328,14 @@ def main(argv=None) -> Run:
         parser.error(f"{'--resume' if args.resume else '--checkpoint-every'}: needs "
                      f"--checkpoint FILE")
     if args.load:
+        ignored = [name for name, value, default in (
+            ("--model", args.model, "llama"), ("--n-layers", args.n_layers, 4),
+            ("--n-heads", args.n_heads, 4), ("--dim", args.dim, 128),
+            ("--n-ctx", args.n_ctx, 64), ("--batch", args.batch, 12), ("--lr", args.lr, 1e-3),
+            ("--steps", args.steps, None), ("--epochs", args.epochs, None)) if value != default]
+        if ignored:
+            parser.error(f"--load evaluates the saved model as it is: {', '.join(ignored)} "
+                         f"would change nothing")
         try:
             args.load = input_path(args.load, "--load")
         except (OSError, ValueError) as e:
@@ -344,6 +358,10 @@ def main(argv=None) -> Run:
     say(f"textlm: text: {description}: {tokens.size} bytes, {train_tokens.size} to train, "
         f"{nheld} held out")
 
+    n_ctx = model.config.max_seq_len if args.load else args.n_ctx
+    if held_out.size < 2 * n_ctx:   # said before any training
+        parser.error(f"the held-out text has {held_out.size} tokens; the perplexity needs "
+                     f"at least {2 * n_ctx}: give a longer --text (or more --eval-tokens)")
     if args.load:
         say(f"textlm: loaded a {kind} model from {args.load}; not training")
         history = None
@@ -353,7 +371,14 @@ def main(argv=None) -> Run:
                                args.seed)
         except (TypeError, ValueError) as e:
             parser.error(str(e))
-        history = train(model, train_tokens, steps, epochs, args, say)
+        try:
+            history = train(model, train_tokens, steps, epochs, args, say)
+        except KeyboardInterrupt:
+            kept = f"; {args.checkpoint} holds the last state saved (run again with " \
+                "--resume to go on)" if args.checkpoint and os.path.exists(args.checkpoint) \
+                else ""
+            print(f"textlm: interrupted{kept}", file=sys.stderr)
+            raise SystemExit(130) from None
         if args.save:
             save_model(model, args.save)
             say(f"textlm: saved the model to {args.save}")
@@ -361,10 +386,6 @@ def main(argv=None) -> Run:
             history.plot(args.plot)
             say(f"textlm: wrote the training curves to {args.plot}")
 
-    n_ctx = model.config.max_seq_len
-    if held_out.size < 2 * n_ctx:
-        parser.error(f"the held-out text has {held_out.size} tokens; the perplexity needs "
-                     f"at least {2 * n_ctx}: give a longer --text (or more --eval-tokens)")
     # BLAS threads capped to the idle cores as fit caps them for each epoch: lm.perplexity
     # and generation do not yet, and busy-waiting BLAS threads on a shared machine made
     # them ~10x slower
