@@ -79,19 +79,26 @@ def test_a_batch_the_ranks_cannot_share_is_refused(files):
     assert proc.returncode == 2 and "--batch: with --mpi over 2 ranks" in proc.stderr
 
 
-def test_an_interrupted_rank_takes_the_others_down(files):
-    """Ctrl-C reaches each rank at another point: one leaving fit while the others
-    wait for it in a collective must end the run, not leave them waiting."""
+def _two_ranks_with_rank1_failing(script, args):
+    """mpiexec -n 2 of tests/mpi/script (finetune with rank 1 failing its way), which
+    must end within a minute: rank 0 must not wait for ever for rank 1."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS,
                                                        os.environ.get("PYTHONPATH", "")]),
                OPENBLAS_NUM_THREADS="1", GGMLOPT_NUM_THREADS="1")
-    cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(TESTS, "mpi", "interrupt_rank1.py"),
-           *_command(files, files / "x.gguf", "--mpi", "--checkpoint", str(files / "c.npz"))]
+    cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(TESTS, "mpi", script), *args]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env,
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env,
                               check=False)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"rank 0 waits for ever for the interrupted rank 1: {e.stderr}")
+        pytest.fail(f"rank 0 waits for ever for rank 1 ({script}): {e.stderr}")
+
+
+def test_an_interrupted_rank_takes_the_others_down(files):
+    """Ctrl-C reaches each rank at another point: one leaving fit while the others
+    wait for it in a collective must end the run, not leave them waiting."""
+    proc = _two_ranks_with_rank1_failing(
+        "interrupt_rank1.py",
+        _command(files, files / "x.gguf", "--mpi", "--checkpoint", str(files / "c.npz")))
     assert proc.returncode != 0
     assert "finetune: interrupted" in proc.stderr
     assert not (files / "x.gguf").exists()
@@ -101,16 +108,8 @@ def test_a_rank_refusing_its_input_takes_the_others_down(files):
     """A rank whose --data is missing (on its host) refuses it before training
     while the others wait in fit's first collective: the run ends, it does not
     hang, and nothing is written."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, TESTS,
-                                                       os.environ.get("PYTHONPATH", "")]),
-               OPENBLAS_NUM_THREADS="1", GGMLOPT_NUM_THREADS="1")
-    cmd = [MPIEXEC, "-n", "2", sys.executable, os.path.join(TESTS, "mpi", "missing_data_rank1.py"),
-           *_command(files, files / "x.gguf", "--mpi")]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env,
-                              check=False)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"rank 0 waits for ever for rank 1, which refused its input: {e.stderr}")
+    proc = _two_ranks_with_rank1_failing("missing_data_rank1.py",
+                                         _command(files, files / "x.gguf", "--mpi"))
     assert proc.returncode != 0
     assert "--data" in proc.stderr
     assert not (files / "x.gguf").exists()
