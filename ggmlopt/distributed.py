@@ -825,7 +825,7 @@ def set_rank_threads(nthreads=None, comm=None):
     nthreads: int >= 1, or None for cores / ranks on this machine (comm given:
     an mpi4py communicator's ranks on this machine come from MPI's shared-memory
     split, ``comm.Split_type(MPI.COMM_TYPE_SHARED)``, see local_ranks), at least
-    1.  Returns the number set.  Several ranks on one machine each starting a
+    1.  Returns the kernel threads set (the pool runs at most 64).  Several ranks on one machine each starting a
     thread per core oversubscribe the cores; an OptContext (or fit) over an
     mpi4py communicator does this by itself when the process has not chosen its
     threads (see auto_rank_threads); call it to choose another count.
@@ -839,7 +839,7 @@ def set_rank_threads(nthreads=None, comm=None):
     kernels.set_num_threads(nthreads)
     _set_blas_threads(nthreads)
     _threads_chosen = True
-    return nthreads
+    return kernels.get_num_threads()   # (the pool runs at most 64)
 
 
 def _set_blas_threads(nthreads):

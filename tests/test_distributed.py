@@ -434,8 +434,11 @@ def test_set_rank_threads():
         for bad in (0, -1, 1.5, True):
             with pytest.raises(ValueError, match="nthreads"):
                 distributed.set_rank_threads(bad)
+        # the pool runs at most 64: the count returned is the one set (it said 1000)
+        assert distributed.set_rank_threads(1000) == 64 == go.get_num_threads()
     finally:
         go.set_num_threads(before)
+        distributed.set_rank_threads(before)
 
 
 def test_without_comm_mpi4py_is_never_imported():
