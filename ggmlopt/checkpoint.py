@@ -893,11 +893,13 @@ class FitCheckpoint:
             self.path = os.fsdecode(self.path)
         if os.path.isdir(self.path):
             raise ValueError(f"checkpoint: {self.path!r} is a directory; expected a file name")
+        # the folder the file lands in (atomic_output writes through a symbolic link)
         directory = os.path.dirname(os.path.abspath(self.path))
-        if not os.path.isdir(directory):
+        real = os.path.dirname(os.path.realpath(self.path))
+        if not os.path.isdir(real):
             raise ValueError(f"checkpoint: the directory {directory!r} of {self.path!r} does "
                              "not exist; create it first")
-        if not os.access(directory, os.W_OK | os.X_OK):
+        if not os.access(real, os.W_OK | os.X_OK):
             raise ValueError(f"checkpoint: the directory {directory!r} of {self.path!r} is "
                              "not writable")
         self.config = {"fit.ndata": ndata, "fit.nbatch_logical": nbatch_logical,

@@ -148,11 +148,12 @@ def _warn_float32_convolutions(model) -> None:
                       stacklevel=4)
 
 
-def _warn_hidden_parameters(model) -> None:
-    """Trainable parameters where the module tree is not walked (torch registers
-    them, so a torch user's model would train them): said, not left silent."""
+def _warn_hidden_parameters(model, params) -> None:
+    """Trainable parameters where the module tree is not walked and that the
+    model's parameters() (params) does not give either (torch registers them, so
+    a torch user's model would train them): said, not left silent."""
     from .nn.module import hidden_parameters
-    hidden = hidden_parameters(model) if callable(getattr(model, "parameters", None)) else []
+    hidden = hidden_parameters(model, params)
     if hidden:
         warnings.warn(f"model: {', '.join(hidden[:5])}{', ...' if len(hidden) > 5 else ''} "
                       f"hold{'s' if len(hidden) == 1 else ''} trainable parameters that "
@@ -417,7 +418,8 @@ class OptContext:
 
         params = self._collect_parameters(model)
         trainable = [p for p in params if _trains(p)]
-        _warn_hidden_parameters(model)
+        if self._built != BuildType.FORWARD:   # (an evaluation trains nothing anyway)
+            _warn_hidden_parameters(model, params)
         if self._built != BuildType.FORWARD:
             # first: over a base kept in its file's types, the way out is lora.apply
             # (or keep_types=False), even when nothing else trains either
@@ -1087,6 +1089,22 @@ class OptContext:
                         self.pred, ncorrect, nlabelled,
                         counted=weight is not None and bool(self._step_labelled))
 
+    def _adopt_arena(self):
+        """Every trainable parameter's data and grad the arena's views again,
+        an array assigned before (a loaded state overwrote what it held) dropped."""
+        for p, w in zip(self._params, self._weights):
+            if p.data is not w:
+                if isinstance(p, Parameter):
+                    p._swap_data(w)
+                else:
+                    p.data = w
+        for p, grad in zip(self._params, self._grads):
+            if isinstance(p, Parameter):
+                p._grad, p._grad_cleared = grad, False
+            elif p.grad is not grad:
+                p.grad = grad
+        self._storage_changes = Parameter._storage_changes
+
     def _refuse_if_interrupted(self, what):
         if self._interrupted:
             raise RuntimeError(
@@ -1145,6 +1163,7 @@ class OptContext:
         else:
             checkpoint.load_context_state_dict(self, state_dict)
         self._interrupted = False   # every gradient and parameter is the state's
+        self._adopt_arena()
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write state_dict() to path as one .npz file, atomically (a crash leaves

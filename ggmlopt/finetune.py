@@ -370,7 +370,7 @@ def _problems(args) -> list[str]:
                                f"under it")
                     continue
             else:
-                folder = os.path.dirname(os.path.abspath(path))
+                folder = os.path.dirname(os.path.realpath(path))
                 if not os.path.isdir(folder):
                     bad.append(f"{flag}: no directory {folder!r} to write into")
                     continue

@@ -3,6 +3,7 @@ the file system takes, symbolic links written through, a path that is no regular
 file refused rather than replaced, errors naming the path asked for."""
 import os
 
+import numpy as np
 import pytest
 
 import ggmlopt as go
@@ -109,3 +110,19 @@ def test_a_directory_is_refused_by_name(tmp_path):
         load_state(tmp_path)
     with pytest.raises(ValueError, match="is a directory"):
         go.OptContext.load(tmp_path, _context()[0])
+
+
+def test_fit_checks_the_folder_a_linked_checkpoint_lands_in_before_training(tmp_path):
+    """A checkpoint path that is a link into a folder that does not exist: refused
+    before the first epoch (it failed after it)."""
+    link = tmp_path / "ckpt.npz"
+    link.symlink_to(tmp_path / "no" / "such" / "ckpt.npz")
+    model = go.nn.Sequential(go.nn.Linear(3, 2, rng=0))
+    rng = np.random.default_rng(0)
+    ds = go.Dataset.from_arrays(rng.normal(size=(8, 3)).astype(np.float32),
+                                rng.normal(size=(8, 2)).astype(np.float32))
+    before = model[0].weight.data.copy()
+    with pytest.raises(ValueError, match="does not exist"):
+        go.fit(model, ds, go.LossType.MEAN_SQUARED_ERROR, nbatch_logical=4, silent=True,
+               checkpoint=link)
+    np.testing.assert_array_equal(model[0].weight.data, before)

@@ -593,3 +593,41 @@ def test_an_eval_stopped_inside_its_backward_refuses_to_go_on_until_reset(exc):
     assert not np.any(layer.inner.weight.grad)
     ctx.alloc(True)
     ctx.eval(inputs=x, labels=y)   # goes on
+
+
+def test_a_loaded_state_wins_over_an_array_assigned_before_it():
+    """p.data = array, then load_state_dict: the next alloc copied the older
+    array over the loaded weights (off by 4.0)."""
+    model, ds = _storage_problem()
+    ctx = go.OptContext(model, batch_size=16, ne_datapoint=4, loss_type="cross_entropy")
+    _steps(ctx, ds, 2)
+    state = ctx.state_dict()
+    for p in model.parameters():
+        p.data = np.full(p.data.shape, 4.0, np.float32)
+    ctx.load_state_dict(state)
+    ctx.alloc(True)
+    for i, p in enumerate(model.parameters()):
+        np.testing.assert_array_equal(p.data, state[f"param.{i}"])
+
+
+def test_the_hidden_parameter_warning_spares_what_parameters_gives():
+    """A model whose own parameters() reaches a layer kept in a private attribute
+    trains it: no warning that it does not (and none for an evaluation)."""
+    import warnings
+
+    class Wrapped:
+        def __init__(self):
+            self._inner = go.nn.Linear(4, 2, rng=0)
+
+        def parameters(self):
+            return self._inner.parameters()
+
+        def forward(self, x):
+            return self._inner.forward(x)
+
+        def backward(self, g):
+            return self._inner.backward(g)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        go.OptContext(Wrapped(), loss_type=go.LossType.MEAN_SQUARED_ERROR)

@@ -271,3 +271,40 @@ def test_parameters_where_the_tree_is_not_walked_are_said_not_left_silent():
     with pytest.warns(UserWarning, match="_proj, heads hold trainable parameters that "
                                          "parameters\\(\\) does not reach"):
         go.OptContext(Hidden(True), loss_type=go.LossType.MEAN_SQUARED_ERROR)
+
+
+class _ScaledParameter(go.nn.Parameter):
+    decay = 1.0
+
+
+def test_a_parameter_subclass_keeps_its_attributes_in_copies_and_older_pickles_load():
+    """Parameter's copy state leaves the context's lender out: it also dropped a
+    subclass's own attributes (silently back to the class default), and a pickle
+    written before it (Python's (None, slots) state) failed to load."""
+    import copy
+    import pickle
+
+    from ggmlopt.nn.parameter import Parameter
+    p = _ScaledParameter(np.ones(3, np.float32), name="w")
+    p.decay = 0.0
+    for twin in (copy.copy(p), copy.deepcopy(p), pickle.loads(pickle.dumps(p))):
+        assert twin.decay == 0.0 and twin.name == "w" and twin._lender is None
+        np.testing.assert_array_equal(twin.data, p.data)
+    old = Parameter(np.arange(4, dtype=np.float32), name="b")
+    slots = {k: getattr(old, k) for k in Parameter.__slots__ if k not in ("_lender", "_grad_cleared")}
+    back = Parameter.__new__(Parameter)
+    back.__setstate__((None, slots))   # the state an older ggmlopt pickled
+    assert back.name == "b" and back._lender is None and not back._grad_cleared
+    np.testing.assert_array_equal(back.data, old.data)
+
+
+def test_set_submodule_puts_no_layer_by_a_name_the_model_does_not_have():
+    """A Llama's blocks are named "layers.0": "0" names nothing, and set_submodule
+    refuses it (it replaced the first block)."""
+    from ggmlopt.models import Llama, LlamaConfig
+    from ggmlopt.nn.module import set_submodule
+    model = Llama(LlamaConfig(vocab_size=31, dim=16, n_layers=2, n_heads=2), seed=0)
+    first = model.layers[0]
+    with pytest.raises(AttributeError):
+        set_submodule(model, "0", nn.Linear(16, 16, rng=0))
+    assert model.layers[0] is first

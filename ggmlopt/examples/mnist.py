@@ -174,10 +174,12 @@ def _output_problem(path, option):
     """Why path cannot be written (a sentence), else None: checked before training."""
     if os.path.isdir(path):
         return f"{option}: {path} is a directory; expected a file name"
+    # the folder the file lands in (through a symbolic link), named as given
     directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
+    real = os.path.dirname(os.path.realpath(path))
+    if not os.path.isdir(real):
         return f"{option}: the folder {directory} does not exist"
-    if not os.access(directory, os.W_OK | os.X_OK):
+    if not os.access(real, os.W_OK | os.X_OK):
         return f"{option}: the folder {directory} is not writable"
     return None
 

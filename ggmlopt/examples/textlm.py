@@ -205,7 +205,7 @@ def check_outputs(args, parser) -> None:
             path = output_path(args.save, "--save")
         except (OSError, ValueError) as e:
             parser.error(str(e))
-        if not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+        if not os.access(os.path.dirname(os.path.realpath(path)), os.W_OK):
             parser.error(f"--save: the folder of {args.save!r} is not writable")
     if args.plot:
         try:
@@ -222,7 +222,7 @@ def check_outputs(args, parser) -> None:
         if suffix not in formats:
             parser.error(f"--plot: expected a file name ending in one of "
                          f"{', '.join('.' + f for f in sorted(formats))}, got {args.plot!r}")
-        if not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+        if not os.access(os.path.dirname(os.path.realpath(path)), os.W_OK):
             parser.error(f"--plot: the folder of {args.plot!r} is not writable")
 
 

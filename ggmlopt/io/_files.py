@@ -43,7 +43,8 @@ def output_path(path, name: str = "path") -> str:
     if os.path.isdir(path):
         raise ValueError(f"{name}: {path!r} is a directory; expected a file name")
     directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
+    # (the folder the file lands in, through a symbolic link: atomic_output's)
+    if not os.path.isdir(os.path.dirname(os.path.realpath(path))):
         raise FileNotFoundError(f"{name}: the directory {directory!r} of {path!r} does not exist")
     return path
 

@@ -521,7 +521,9 @@ def set_submodule(model, target: str, module) -> None:
     while getattr(type(parent), "wraps_transparently", False):
         parent = parent.module
     layers = getattr(parent, "layers", None)
-    if last.isdigit() and isinstance(layers, list) and last not in vars(parent):
+    # a Sequential's own ("0", layer) names (a model's "layers" list is named
+    # "layers.0": its "0" is no sub-module)
+    if last.isdigit() and isinstance(layers, list) and last in _children_of(parent):
         if int(last) >= len(layers):
             raise AttributeError(f"{target!r}: {parent_name or 'the model'} has "
                                  f"{len(layers)} layers")
@@ -533,12 +535,14 @@ def set_submodule(model, target: str, module) -> None:
         setattr(parent, last, module)
 
 
-def hidden_parameters(model) -> list[str]:
+def hidden_parameters(model, reached=()) -> list[str]:
     """Where trainable parameters sit that named_parameters (and so training)
     does not reach: an attribute whose name starts with "_", or a dict (torch
     registers any attribute; ggmlopt's modules name their public ones, and lists
-    or tuples of them).  Each as "module.attribute" ("" the model itself)."""
-    known = {id(p) for p in _all_named(model)}
+    or tuples of them).  Each as "module.attribute" ("" the model itself).
+    reached: parameters that train anyway (what the model's own parameters()
+    gives, which may reach what the walk does not)."""
+    known = {id(p) for p in _all_named(model)} | {id(p) for p in reached}
     found = []
     for name, module in named_modules(model):
         if not hasattr(module, "__dict__"):

@@ -18,9 +18,10 @@ class Parameter:
     requires a float32 C-contiguous ndarray of ``p.shape``: an array of another
     shape (e.g. a weight in torch's ``(out, in)`` layout where ggmlopt's
     ``Linear`` keeps ``(in, out)``) raises ValueError, another dtype TypeError,
-    at the assignment rather than later inside a matrix product.  To change the
-    values of a parameter that an OptContext trains, write into it
-    (``p.data[...] = a``): a new array would not be the one the context updates.
+    at the assignment rather than later inside a matrix product.  A parameter
+    that an OptContext trains takes an assigned array's values into the
+    context's memory at its next alloc, and data is the context's array again
+    (later writes into ``a`` are not seen: write into ``p.data[...]`` instead).
 
     grad: float32 zeros of data's shape; backward passes add into it.  None
     while the parameter is frozen (as torch's ``.grad`` of a tensor that does
@@ -68,15 +69,24 @@ class Parameter:
         self.grad_is_zero = True
 
     def __getstate__(self):
-        """A copy's state (pickle, copy.deepcopy): no lender (a context's gradient
-        pool, which the copy is not in, and which does not pickle)."""
-        return {k: getattr(self, k) for k in self.__slots__ if k != "_lender"}
+        """A copy's state (pickle, copy.deepcopy), as Python's own for a class
+        with slots, (a subclass's __dict__ or None, {slot: value}): without the
+        lender (a context's gradient pool, which the copy is not in, and which
+        does not pickle)."""
+        slots = {k: getattr(self, k) for k in Parameter.__slots__
+                 if k != "_lender" and hasattr(self, k)}
+        return getattr(self, "__dict__", None) or None, slots
 
     def __setstate__(self, state):
-        for k, v in state.items():
+        # (also a pickle written before __getstate__ existed: the same pair)
+        own, slots = state if isinstance(state, tuple) else (None, state)
+        if own:
+            self.__dict__.update(own)
+        for k, v in (slots or {}).items():
             object.__setattr__(self, k, v)
         self._lender = None
-        self._grad_cleared = state.get("_grad_cleared", False)
+        if "_grad_cleared" not in (slots or {}):
+            self._grad_cleared = False
 
     @classmethod
     def zeros(cls, shape, name=None, *, requires_grad=True) -> Parameter:
