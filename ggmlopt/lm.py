@@ -528,8 +528,11 @@ def chat(model: Any, tokenizer: Any, messages: Any, max_new_tokens: int | None =
                                                                       or ids[0] != bos):
         ids = np.concatenate([[bos], ids]).astype(np.int32)
     sampling.setdefault("tokenizer", tokenizer)
+    limit = getattr(getattr(model, "config", None), "max_seq_len", None)
+    if limit is not None and ids.size > limit:
+        raise ValueError(f"messages: the conversation's {ids.size} tokens exceed the model's "
+                         f"max_seq_len={limit}; shorten it")
     if max_new_tokens is None:
-        limit = getattr(getattr(model, "config", None), "max_seq_len", None)
         if limit is not None and ids.size >= limit:
             raise ValueError(f"messages: the conversation's {ids.size} tokens fill the model's "
                              f"max_seq_len={limit}, leaving no room for a reply; shorten it")

@@ -232,9 +232,9 @@ def test_step_options_checked(extra, message, text_file, capsys):
 def test_load_refuses_the_options_it_would_ignore(text_file, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         textlm.main(["--text", str(text_file), "--load", str(tmp_path / "m.npz"),
-                     "--dim", "64", "--model", "gpt2"])
+                     "--dim", "64", "--model", "gpt2", "--eval-every", "5"])
     assert info.value.code == 2
-    assert "--load evaluates the saved model as it is: --model, --dim" in \
+    assert "--load evaluates the saved model as it is: --model, --dim, --eval-every" in \
         capsys.readouterr().err
 
 

@@ -413,5 +413,16 @@ def test_chat_at_the_context_limit_says_so_without_max_new_tokens():
     model = go.models.Llama(go.models.LlamaConfig(vocab_size=257, dim=16, n_layers=1,
                                                   n_heads=2, max_seq_len=24), seed=0)
     tok = ByteTokenizer(chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    with pytest.raises(ValueError, match="messages: the conversation's .* leaving no room"):
-        go.chat(model, tok, [{"role": "user", "content": "x" * 30}])
+    with pytest.raises(ValueError, match="messages: the conversation's 24 tokens fill .* "
+                                         "leaving no room"):
+        go.chat(model, tok, [{"role": "user", "content": "x" * 24}])
+
+
+def test_chat_names_messages_for_a_conversation_past_the_context():
+    import ggmlopt as go
+    from ggmlopt.text import ByteTokenizer
+    model = go.models.Llama(go.models.LlamaConfig(vocab_size=257, dim=16, n_layers=1,
+                                                  n_heads=2, max_seq_len=24), seed=0)
+    tok = ByteTokenizer(chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ValueError, match="messages: the conversation's 30 tokens exceed"):
+        go.chat(model, tok, [{"role": "user", "content": "x" * 30}], max_new_tokens=4)

@@ -162,3 +162,32 @@ def test_a_gemma3_with_local_layers_and_no_window_is_refused_both_ways(tmp_path)
                                      sliding_window=None, sliding_layers=(True, False)), seed=0)
     with pytest.raises(ValueError, match="local layers have no window"):
         save_hf(windowless, tmp_path / "other")
+
+
+def test_a_gemma3_without_a_window_saves_one_transformers_can_run(tmp_path):
+    """Every layer global and no window (what a gemma3 GGUF without one loads as):
+    config.json's sliding_window was null, where transformers' Gemma 3 stops; a
+    window no layer reads is written, and the model loads back the same."""
+    from ggmlopt.io import load_hf, save_hf
+    from ggmlopt.models import Gemma3, Gemma3Config
+    model = Gemma3(Gemma3Config(vocab_size=61, dim=16, n_layers=2, n_heads=2, head_dim=8,
+                                sliding_window=None, sliding_layers=(False, False)), seed=0)
+    save_hf(model, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["sliding_window"] is not None
+    ids = np.arange(12)[None] % 61
+    np.testing.assert_array_equal(load_hf(tmp_path)(ids), model(ids))
+
+
+def test_a_mismatch_names_the_file_s_own_tensors(tmp_path):
+    """The base prefix is added only where it makes the names the model's: a
+    mismatch names the tensors as the file has them."""
+    from safetensors.numpy import load_file, save_file
+
+    from ggmlopt.io import load_hf, save_hf
+    from ggmlopt.models import Llama, LlamaConfig
+    save_hf(Llama(LlamaConfig(vocab_size=61, dim=16, n_layers=1, n_heads=2), seed=0), tmp_path)
+    weights = tmp_path / "model.safetensors"
+    tensors = {k.replace("model.", "transformer.", 1): v for k, v in load_file(weights).items()}
+    save_file(tensors, weights)
+    with pytest.raises(ValueError, match=r"unexpected \['transformer\.embed_tokens\.weight'"):
+        load_hf(tmp_path)

@@ -300,6 +300,7 @@ def main(argv=None) -> Run:
     files.add_argument("--resume", action="store_true",
                        help="continue from --checkpoint when it exists (the same arguments)")
     args = parser.parse_args(argv)
+    eval_every_given = args.eval_every
     quick = QUICK if args.quick else {}
     steps = args.steps if args.steps is not None else quick.get("steps", 2000)
     epochs = args.epochs if args.epochs is not None else quick.get("epochs", 2)
@@ -332,7 +333,9 @@ def main(argv=None) -> Run:
             ("--model", args.model, "llama"), ("--n-layers", args.n_layers, 4),
             ("--n-heads", args.n_heads, 4), ("--dim", args.dim, 128),
             ("--n-ctx", args.n_ctx, 64), ("--batch", args.batch, 12), ("--lr", args.lr, 1e-3),
-            ("--steps", args.steps, None), ("--epochs", args.epochs, None)) if value != default]
+            ("--steps", args.steps, None), ("--epochs", args.epochs, None),
+            ("--eval-every", eval_every_given, None), ("--quick", args.quick, False))
+            if value != default]
         if ignored:
             parser.error(f"--load evaluates the saved model as it is: {', '.join(ignored)} "
                          f"would change nothing")

@@ -370,15 +370,17 @@ def _load_kept(tensors, model, where: str):
     return model
 
 
-def _with_base_prefix(tensors: dict, prefix: str) -> dict:
+def _with_base_prefix(tensors: dict, prefix: str, expected: set) -> dict:
     """The tensors under the base model's prefix ("transformer." for GPT-2) where
-    none has it: the published GPT-2 files store wte.weight, h.0..., which
-    transformers' from_pretrained reads as its base model's (base_model_prefix);
-    lm_head.weight stays as it is."""
+    none has it and so they are the model's expected names: the published GPT-2
+    files store wte.weight, h.0..., which transformers' from_pretrained reads as
+    its base model's (base_model_prefix); lm_head.weight stays as it is.  Names
+    that match nothing either way stay as the file has them (for the message)."""
     if not prefix or any(name.startswith(prefix) for name in tensors):
         return tensors
-    return {name if name == "lm_head.weight" else prefix + name: value
-            for name, value in tensors.items()}
+    renamed = {name if name == "lm_head.weight" else prefix + name: value
+               for name, value in tensors.items()}
+    return renamed if (renamed.keys() - {"lm_head.weight"}) & expected else tensors
 
 
 def load_hf(directory, *, keep_types=False):
@@ -415,7 +417,8 @@ def load_hf(directory, *, keep_types=False):
 
     with skip_init():   # every parameter is read from the file
         model = _model_from_config(config, config_path)
-    tensors = _with_base_prefix(tensors, family_of(model).hf_prefix)
+    tensors = _with_base_prefix(tensors, family_of(model).hf_prefix,
+                                {name for name, _, _ in _tensor_map(model)})
     if _head_differs(model, tensors):
         try:
             with skip_init():

@@ -419,7 +419,9 @@ def _to_hf(cfg: Gemma3Config) -> dict[str, Any]:
     return {**family, "head_dim": cfg.head_dim, "hidden_activation": "gelu_pytorch_tanh",
             # transformers' field is an int (256 in every release)
             "query_pre_attn_scalar": int(cfg.query_pre_attn_scalar),
-            "sliding_window": cfg.sliding_window,
+            # (transformers' Gemma 3 builds its sliding mask whatever the layers: with
+            # every layer global, any window, which none reads)
+            "sliding_window": 4096 if cfg.sliding_window is None else cfg.sliding_window,
             "layer_types": ["sliding_attention" if s else "full_attention"
                             for s in cfg.sliding_layers or ()],
             "rope_parameters": {"full_attention": full, "sliding_attention": {
