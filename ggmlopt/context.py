@@ -148,6 +148,12 @@ def _warn_float32_convolutions(model) -> None:
                       stacklevel=4)
 
 
+def _follows_get_opt_pars(optimizer) -> bool:
+    """Whether the optimizer reads get_opt_pars (it overrides hyperparameters),
+    rather than settings fixed when it was made (Optimizer's default)."""
+    return type(optimizer).hyperparameters is not Optimizer.hyperparameters
+
+
 def _warn_hidden_parameters(model, params) -> None:
     """Trainable parameters where the module tree is not walked and that the
     model's parameters() (params) does not give either (torch registers them, so
@@ -383,6 +389,12 @@ class OptContext:
         self._loss_type = enum_arg(loss_type, LossType, "loss_type")
         self._built = enum_arg(build_type, BuildType, "build_type")
         self._optimizer = optimizer_arg(optimizer)
+        if self._built == BuildType.OPT and not _follows_get_opt_pars(self._optimizer):
+            # settings fixed when it was made (Lion(alpha=...)): said now, by their name
+            try:
+                self._optimizer.hyperparameters(None)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"optimizer: {e}") from None
         self._opt_period = int_arg(opt_period, "opt_period", 1)
         if not callable(get_opt_pars):
             raise TypeError(f"get_opt_pars: expected a callable, got {type(get_opt_pars).__name__}")
@@ -1002,14 +1014,23 @@ class OptContext:
         # per-step schedules read ctx.iter, so they receive the context itself
         ud = self if getattr(self.get_opt_pars, "unit", None) == "step" else self.get_opt_pars_ud
         returned = self.get_opt_pars(ud)
+        opt = self._optimizer
         try:
-            return tuple(self._optimizer.hyperparameters(returned))
+            values = tuple(opt.hyperparameters(returned))
         except (TypeError, ValueError) as e:
             # (the kind, not the class: an optimizer's own exception class may take other
             # arguments)
             kind = TypeError if isinstance(e, TypeError) else ValueError
-            raise kind(f"get_opt_pars: what it returned for step {self.iter} is refused: "
-                       f"{e}") from e
+            where = (f"get_opt_pars: what it returned for step {self.iter} is refused"
+                     if _follows_get_opt_pars(opt) else
+                     f"optimizer: {type(opt).__name__}'s settings are refused")
+            raise kind(f"{where}: {e}") from e
+        names = tuple(opt.hyperparameter_names)
+        if len(values) != len(names):   # (a step would unpack them; a checkpoint names them)
+            raise ValueError(f"optimizer: {type(opt).__name__}.hyperparameters gave "
+                             f"{len(values)} values for its {len(names)} hyperparameter_names "
+                             f"{list(names)}")
+        return values
 
     def eval(self, result: Result | None = None, inputs: npt.ArrayLike | None = None,
              labels: npt.ArrayLike | None = None) -> None:

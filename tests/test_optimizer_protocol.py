@@ -260,3 +260,30 @@ def test_hyperparameters_from_the_optimizers_own_settings(tmp_path):
 
     with pytest.raises(NotImplementedError, match="gamma"):
         _steps(_ctx(make_problem(0)[0], Unsure()), make_problem(0)[1], 1)
+
+
+def test_a_fixed_setting_is_refused_when_the_context_is_made_by_its_name():
+    """Lion(alpha=nan): refused at the first eval as get_opt_pars' fault; now by
+    the optimizer, when the context is built."""
+    model, _ = make_problem(0)
+    with pytest.raises(ValueError, match=r"^optimizer: lion\.alpha: expected a finite"):
+        _ctx(model, Lion(alpha=float("nan")))
+
+
+class _Short(HeavyBall):
+    def hyperparameters(self, opt_pars):
+        return (np.float32(opt_pars.sgd.alpha),)   # one value for two names
+
+
+def test_hyperparameters_of_the_wrong_count_are_refused_before_anything_changes():
+    """(the step's unpacking failed after the backward pass, and a checkpoint
+    indexed the values by name)"""
+    model, ds = make_problem(0)
+    ctx = _ctx(model, _Short())
+    before = _flat(model)
+    ctx.alloc(True)
+    ds.get_batch(ctx.inputs, ctx.labels, 0)
+    with pytest.raises(ValueError, match=r"_Short\.hyperparameters gave 1 values for its 2"):
+        ctx.eval()
+    np.testing.assert_array_equal(_flat(model), before)
+    assert all(not np.any(p.grad) for p in model.parameters())
