@@ -118,7 +118,8 @@ cdef class ParamArena:
         if self._g == NULL:
             return 0.0
         cdef double norm = sqrt(sumsq_f32(self.size, self._g))
-        if norm + 1e-6 > max_norm:
+        # (written as "not within": a NaN norm scales by NaN, as torch's clamp does)
+        if not (norm + 1e-6 <= max_norm):
             scale_f32(self.size, <float>(max_norm / (norm + 1e-6)), self._g)
         return norm
 

@@ -46,7 +46,9 @@ def clip_grad_norm(ctx: OptContext, max_norm: float) -> float:
     """Clip ctx's gradients (summed over the physical batches of the logical
     batch so far) to global L2 norm max_norm, in place, now.
 
-    ctx: an OptContext.  max_norm: float > 0.  Returns the norm before clipping.
+    ctx: an OptContext.  max_norm: float > 0.  Returns the norm before clipping
+    (a NaN norm makes every element NaN, as torch's).  RuntimeError for a
+    context that keeps no gradient (optimizer_in_backward, FORWARD).
     OptContext(clip_grad_norm=...) and fit(clip_grad_norm=...) do this before
     every optimizer step; call it yourself only to clip outside of a step.
     """
@@ -56,4 +58,8 @@ def clip_grad_norm(ctx: OptContext, max_norm: float) -> float:
     arena = getattr(ctx, "arena", None)
     if arena is None or not callable(getattr(arena, "clip_grad_norm", None)):
         raise TypeError(f"ctx: expected an OptContext, got {type(ctx).__name__}")
+    if not getattr(arena, "has_grads", True):
+        raise RuntimeError("clip_grad_norm: this context keeps no summed gradient to clip "
+                           "(built with optimizer_in_backward=True, which steps each "
+                           "parameter as its gradient is made, or for FORWARD only)")
     return arena.clip_grad_norm(checked)

@@ -463,6 +463,8 @@ class Distributed:
         # the step's hyper-parameters (a rank with another schedule or learning rate
         # would step other parameters)
         token = "pars " + " ".join(np.float32(h).tobytes().hex() for h in pars)
+        # and the clipping (a rank that changed ctx.clip_grad_norm alone clipped apart)
+        token += f" clip {ctx.clip_grad_norm!r}"
         if self._requests is not None:  # backward() started the buckets
             self._finish_buckets(ctx, self._grads_in_flight, token)
             self._wait += time.perf_counter() - t0
@@ -485,7 +487,8 @@ class Distributed:
             self._allreduce_sum(total)
             self._wait += time.perf_counter() - t0
             norm = math.sqrt(total[0])
-            if norm + 1e-6 > ctx.clip_grad_norm:  # clipping.py's rule over the whole gradient
+            # clipping.py's rule over the whole gradient (a NaN norm scales by NaN)
+            if not norm + 1e-6 <= ctx.clip_grad_norm:
                 kernels.scale(g[:n], np.float32(ctx.clip_grad_norm / (norm + 1e-6)))
             ctx.grad_norm = norm
         if n > 0:  # the optimizer over this rank's shard

@@ -176,3 +176,33 @@ def test_bad_clip_grad_norm(bad, exc):
     assert ctx.clip_grad_norm == 3.0
     ctx.clip_grad_norm = None
     assert ctx.clip_grad_norm is None
+
+
+def test_a_nan_norm_makes_the_gradient_nan_as_torch_does():
+    """[nan, 2, 3] clipped to 1: torch scales by clamp(nan) = nan; the finite
+    elements were left unclipped (and stepped)."""
+    p = go.nn.Parameter(np.zeros(3, np.float32))
+
+    class Holder:
+        def parameters(self):
+            return [p]
+
+        def forward(self, x):
+            return x
+
+        def backward(self, g):
+            return g
+
+    ctx = go.OptContext(Holder(), loss_type=go.LossType.MEAN_SQUARED_ERROR,
+                        build_type=go.BuildType.GRAD)
+    p.grad[...] = np.array([np.nan, 2.0, 3.0], np.float32)
+    norm = go.clipping.clip_grad_norm(ctx, 1.0)
+    assert np.isnan(norm) and np.isnan(p.grad).all()
+
+
+def test_clipping_a_context_that_keeps_no_gradient_says_why():
+    model = go.nn.Sequential(go.nn.Linear(3, 1, rng=0))
+    ctx = go.OptContext(model, loss_type=go.LossType.MEAN_SQUARED_ERROR,
+                        optimizer_in_backward=True)
+    with pytest.raises(RuntimeError, match="optimizer_in_backward=True"):
+        go.clipping.clip_grad_norm(ctx, 1.0)

@@ -262,7 +262,7 @@ def test_a_rank_whose_part_is_padding_alone_trains_as_one_process(tmp_path):
 
 
 @pytest.mark.parametrize("what", ["optimizer", "clip", "nepoch", "bucket", "lr", "data",
-                                  "frozen-past-48", "part-width", "part-rows"])
+                                  "frozen-past-48", "part-width", "part-rows", "clip-later"])
 def test_ranks_that_disagree_stop_with_a_clear_error(tmp_path, what):
     """A rank with another optimizer, clipping, exchange, number of epochs or
     learning rate than the others, rows of its own (as many: each rank trained

@@ -179,6 +179,27 @@ def main(scenario, out, *args):
             after = np.concatenate([p.data.ravel() for p in model.parameters()])
             save(out, kind=kind, msg=msg, changed=not np.array_equal(before, after))
             return
+        if what == "clip-later":   # rank 1 changes ctx.clip_grad_norm alone after a step
+            model, ds = make_problem(0)
+            ctx = go.OptContext(model, batch_size=10, ne_datapoint=13,
+                                loss_type=go.LossType.CROSS_ENTROPY, opt_period=2, comm=comm,
+                                clip_grad_norm=1.0)
+            before = None
+
+            def steps():
+                nonlocal before
+                for i in range(8):
+                    if i == 4:   # after two steps
+                        before = np.concatenate([p.data.ravel() for p in model.parameters()])
+                        if other:
+                            ctx.clip_grad_norm = 0.001
+                    ctx.alloc(True)
+                    ds.get_batch(ctx.inputs, ctx.labels, comm.Get_rank() + 2 * (i // 2))
+                    ctx.eval()
+            kind, msg = outcome(steps)
+            after = np.concatenate([p.data.ravel() for p in model.parameters()])
+            save(out, kind=kind, msg=msg, changed=not np.array_equal(before, after))
+            return
         if what in ("part-width", "part-rows"):   # dataset_is_part: parts of other shapes
             from ggmlopt.models import Llama, LlamaConfig
             model = Llama(LlamaConfig(vocab_size=31, dim=8, n_layers=1, n_heads=2,
