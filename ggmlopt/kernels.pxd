@@ -4,9 +4,17 @@
 #     with nogil:
 #         adamw_step_f32(n, w, g, m, v, params)
 #
-# Each forwards to the function of the same name with a ggmlopt_ prefix in
-# ggmlopt.h (see ggmlopt.get_include()), which documents the formulas.  They
-# take raw pointers, check nothing, never allocate and never need the GIL.
+# Each forwards to the function of ggmlopt.h (see ggmlopt.get_include()) that
+# documents its formula: the same name with a ggmlopt_ prefix, but
+# gather_shards_bytes (ggmlopt_gather_shards) and quantize_q8_0_row (without
+# the header's Q8_1 sums: NULL).  They take raw pointers and never need the
+# GIL; they check nothing and never allocate, but sgemm_f32, gemm_bf16 and
+# matmul_columns_f32 (partials NULL), which allocate their scratch and return
+# -2 without it (sgemm_f32: -1 for strides it does not take).  The header's
+# declarations are for these: its functions live inside the kernels module,
+# which C code does not link against; the scratch sizes
+# (ggmlopt_conv2d_direct_workspace, ...) come from the Python functions
+# (kernels.conv2d_direct_workspace).
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t
 
 cdef void adamw_step_f32(int64_t n, float *w, const float *g, float *m, float *v,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -39,9 +40,14 @@ class Perplexity(NamedTuple):
 
 def _token_ids(ids: npt.ArrayLike, name: str = "ids") -> np.ndarray:
     try:
-        arr = np.asarray(ids)
+        with warnings.catch_warnings():
+            # (NumPy before 1.24 makes an object array of ragged lists, with a warning)
+            warnings.simplefilter("ignore")
+            arr = np.asarray(ids)
     except ValueError:   # ragged nested lists
         raise ValueError(f"{name}: expected a flat sequence of token ids") from None
+    if arr.dtype == object and any(isinstance(v, (list, tuple, np.ndarray)) for v in arr.flat):
+        raise ValueError(f"{name}: expected a flat sequence of token ids")
     if arr.size == 0 and arr.ndim == 1:
         return arr.astype(np.int32)   # [] has dtype float64
     if arr.dtype.kind not in "iu":

@@ -108,6 +108,7 @@ def load_safetensors(path, model, layout="torch") -> dict:
 def _read_tensor(f, name: str, path: str) -> np.ndarray:
     try:
         return f.get_tensor(name)
-    except TypeError as e:  # a dtype NumPy has no type for (bfloat16...)
+    except (TypeError, AttributeError) as e:  # a dtype NumPy has no type for (bfloat16,
+        # float8: safetensors asks numpy for an attribute it does not have)
         raise TypeError(f"path: tensor {name!r} of {path!r} cannot be read as a NumPy array "
                         f"({e})") from None

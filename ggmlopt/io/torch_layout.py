@@ -16,7 +16,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..nn.linear import Linear
-from ..nn.module import named_modules, named_parameters
+from ..nn.lora_layers import LoRAEmbedding
+from ..nn.module import named_layers, named_parameters
 from ..nn.parameter import Parameter
 from ..nn.quantized import refuse_quantized
 
@@ -62,9 +63,13 @@ def torch_tensors(model) -> list[TorchTensor]:
         raise ValueError("model: it has no parameters to save or load")
     # a LoRALinear's adapters are (in, rank) and (rank, out) matrices too: torch's
     # layout (PEFT's lora_A, lora_B) is their transpose, as for the weight
-    linear_weights = {id(p) for _, m in named_modules(model) if isinstance(m, Linear)
+    # (so are an embedding adapter's: PEFT's lora_embedding_A (r, vocab), _B (dim, r));
+    # a layer inside a Checkpoint counts as itself
+    linear_weights = {id(p) for _, m in named_layers(model) if isinstance(m, Linear)
                       for p in (m.weight, getattr(m, "lora_a", None), getattr(m, "lora_b", None))
                       if p is not None}
+    linear_weights |= {id(p) for _, m in named_layers(model) if isinstance(m, LoRAEmbedding)
+                       for p in (m.lora_a, m.lora_b)}
     return [TorchTensor(name, p, id(p) in linear_weights) for name, p in named]
 
 

@@ -576,6 +576,21 @@ def _all_named(model) -> list[Parameter]:
         return []
 
 
+def named_layers(model) -> list[tuple[str, object]]:
+    """named_modules, and inside a wrapper that adds no level to the names
+    (nn.Checkpoint) the layer it wraps, under the wrapper's name: every layer
+    whose kind decides how its weights are stored (a Linear's are transposed in
+    torch's layout, Checkpoint(Linear)'s as well)."""
+    out: list[tuple[str, Any]] = []
+    for name, m in named_modules(model):
+        layer: Any = m
+        out.append((name, layer))
+        while getattr(type(layer), "wraps_transparently", False):
+            layer = layer.module
+            out.append((name, layer))
+    return out
+
+
 def named_modules(model) -> list[tuple[str, object]]:
     """(dotted name, module) for any model and every sub-module in it, each once,
     parents first: ``("", model)``, then e.g. ``("0", first layer)`` in a

@@ -18,7 +18,7 @@ import numpy as np
 from .. import gemm, kernels, kernels_quant
 from ._buffers import add_into, as_rows, empty, output_array, rows2d
 from .embedding import padding_index
-from .module import Module, named_modules
+from .module import Module, named_layers, named_modules
 from .parameter import Parameter
 
 __all__ = ["ACTIVATIONS", "QuantizedEmbedding", "QuantizedLinear", "is_quantized",
@@ -430,7 +430,7 @@ def quantized_layers(model) -> list[tuple[str, QuantizedLinear | QuantizedEmbedd
     """(dotted name, layer) of every QuantizedLinear and QuantizedEmbedding of
     model, an adapter's base included."""
     found: list[tuple[str, QuantizedLinear | QuantizedEmbedding]] = []
-    for name, m in named_modules(model):
+    for name, m in named_layers(model):   # (inside a Checkpoint too)
         if isinstance(m, QUANTIZED):
             found.append((name, m))
         base = getattr(m, "_base", None)
